@@ -1,0 +1,239 @@
+// latentq/qmath.h — the one source of truth for element-level quantization math.
+//
+// Every function here is `__host__ __device__` (LQ_HD) and is used unchanged by the CPU reference
+// (quant/src/quantize.cpp) and by the CUDA kernels (kernels/). Byte identity between the two
+// follows from three rules:
+//   1. Only IEEE-754 single-precision +, -, *, / with round-to-nearest-even, each rounded on its
+//      own: the device side uses __fadd_rn/__fsub_rn/__fmul_rn/__fdiv_rn (never contracted into an
+//      FMA), the host side is compiled with -ffp-contract=off and without fast-math.
+//   2. Integer rounding is round-half-to-even, computed as (v + 1.5·2^23) − 1.5·2^23 after v has
+//      been clamped to the code range (|v| ≤ 2^22), which is exact IEEE RNE and vectorizes.
+//   3. Storage-dtype conversions (fp16, bf16, fp8 e4m3) are done with integer bit manipulation,
+//      round-to-nearest-even, no hardware intrinsics.
+//
+// Conventions (see also quant/include/latentq/spec.h):
+//   Symmetric  (bits b): qmax = 2^(b-1) − 1, scale = absmax / qmax, q = clamp(rne(x / scale), −qmax, qmax),
+//              x̂ = scale·q. The code stored is u = q + 2^(b-1) ∈ [1, 2^b − 1] (offset binary).
+//   Asymmetric (bits b): scale = (max − min) / (2^b − 1), offset = min, q = clamp(rne((x − offset) / scale),
+//              0, 2^b − 1), x̂ = offset + scale·q (KIVI). The code stored is u = q.
+//   scale and offset are computed in float32 from the group's true statistics and rounded to
+//   their storage dtype (fp16 or fp32) BEFORE encoding, so decode uses exactly what is stored.
+//   A stored scale of 0 (zero-range group, or a range below the scale dtype's resolution) encodes
+//   every element as q = 0 (u = 2^(b-1) for sym) with no division: x̂ = offset (asym) or 0 (sym).
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#if defined(__CUDACC__)
+#define LQ_HD __host__ __device__ __forceinline__
+#else
+#define LQ_HD inline
+#endif
+
+namespace latentq::qmath {
+
+// ---- bit casts -----------------------------------------------------------------------------
+LQ_HD uint32_t f32_bits(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+#endif
+}
+LQ_HD float f32_from_bits(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+#endif
+}
+
+// ---- IEEE single-precision arithmetic, never contracted ------------------------------------
+LQ_HD float add_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+LQ_HD float sub_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fsub_rn(a, b);
+#else
+  return a - b;
+#endif
+}
+LQ_HD float mul_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+LQ_HD float div_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+/// min/max that ignore a NaN operand (IEEE minNum/maxNum, as fminf/fmaxf), written out so the host
+/// compiler vectorizes it. NaN inputs are rejected before quantization (see count_nonfinite).
+LQ_HD float min_num(float a, float b) { return (b < a) ? b : a; }
+LQ_HD float max_num(float a, float b) { return (b > a) ? b : a; }
+LQ_HD float abs_f(float a) { return f32_from_bits(f32_bits(a) & 0x7fffffffu); }
+LQ_HD bool is_finite(float a) { return (f32_bits(a) & 0x7f800000u) != 0x7f800000u; }
+
+/// Round half to even for |v| ≤ 2^22: (v + 1.5·2^23) − 1.5·2^23 is exact IEEE RNE in that range.
+LQ_HD float rne_small(float v) {
+  constexpr float kMagic = 12582912.0f;  // 1.5 · 2^23
+  return sub_rn(add_rn(v, kMagic), kMagic);
+}
+/// clamp(rne(v), lo, hi) for integer-valued lo ≤ hi with |lo|, |hi| ≤ 2^22. Clamping first is
+/// equivalent because rne is monotonic and lo, hi are integers; a NaN v maps to lo.
+LQ_HD float rne_clamp(float v, float lo, float hi) { return rne_small(min_num(max_num(v, lo), hi)); }
+
+// ---- fp16 (IEEE binary16), round to nearest even --------------------------------------------
+/// float32 → fp16 bits, RNE, overflow → ±inf, NaN → quiet NaN 0x7e00. (F. Giesen's rtne method.)
+LQ_HD uint16_t f32_to_f16_bits(float f) {
+  uint32_t u = f32_bits(f);
+  const uint32_t sign = u & 0x80000000u;
+  u ^= sign;
+  uint16_t o;
+  if (u >= (143u << 23)) {                     // |f| ≥ 65536: inf, or NaN
+    o = (u > 0x7f800000u) ? 0x7e00 : 0x7c00;
+  } else if (u < (113u << 23)) {               // |f| < 2^-14: fp16 subnormal or zero
+    const float denorm_magic = f32_from_bits(126u << 23);  // 0.5: aligns 10 mantissa bits at the bottom
+    o = static_cast<uint16_t>(f32_bits(add_rn(f32_from_bits(u), denorm_magic)) - (126u << 23));
+  } else {
+    const uint32_t mant_odd = (u >> 13) & 1u;
+    u += (static_cast<uint32_t>(15 - 127) << 23) + 0xfffu + mant_odd;
+    o = static_cast<uint16_t>(u >> 13);        // a carry into the exponent gives 0x7c00 (inf)
+  }
+  return static_cast<uint16_t>(o | (sign >> 16));
+}
+/// fp16 bits → float32, exact.
+LQ_HD float f16_bits_to_f32(uint16_t h) {
+  const uint32_t shifted_exp = 0x7c00u << 13;
+  uint32_t o = (static_cast<uint32_t>(h) & 0x7fffu) << 13;
+  const uint32_t exp = shifted_exp & o;
+  o += static_cast<uint32_t>(127 - 15) << 23;
+  if (exp == shifted_exp) {
+    o += static_cast<uint32_t>(128 - 16) << 23;  // inf / NaN
+  } else if (exp == 0) {
+    o += 1u << 23;                                // zero / subnormal: renormalize
+    o = f32_bits(sub_rn(f32_from_bits(o), f32_from_bits(113u << 23)));
+  }
+  return f32_from_bits(o | ((static_cast<uint32_t>(h) & 0x8000u) << 16));
+}
+
+// ---- bf16, round to nearest even ------------------------------------------------------------
+LQ_HD uint16_t f32_to_bf16_bits(float f) {
+  uint32_t u = f32_bits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);  // quiet NaN
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+LQ_HD float bf16_bits_to_f32(uint16_t b) { return f32_from_bits(static_cast<uint32_t>(b) << 16); }
+
+// ---- fp8 e4m3 (OCP "e4m3fn": bias 7, max 448, no inf, NaN = 0x7f / 0xff) ----------------------
+constexpr float kE4M3Max = 448.0f;
+/// float32 → e4m3 bits, RNE, saturating to ±448 (as torch's float8_e4m3fn cast after FlashMLA's
+/// clamp); NaN → 0x7f.
+LQ_HD uint8_t f32_to_e4m3_bits(float f) {
+  uint32_t u = f32_bits(f);
+  const uint8_t sign = static_cast<uint8_t>((u >> 24) & 0x80u);
+  u &= 0x7fffffffu;
+  if (u > 0x7f800000u) return 0x7f;
+  const float a = f32_from_bits(u);
+  uint8_t o;
+  if (!(a < kE4M3Max)) {
+    o = 0x7e;                                  // saturate (±448)
+  } else if (u < (121u << 23)) {               // |f| < 2^-6: subnormal, m·2^-9, m ∈ [0, 8]
+    o = static_cast<uint8_t>(rne_small(mul_rn(a, 512.0f)));  // m = 8 is the smallest normal: same bits
+  } else {
+    const uint32_t mant_odd = (u >> 20) & 1u;
+    u += (static_cast<uint32_t>(7 - 127) << 23) + 0x7ffffu + mant_odd;
+    const uint32_t c = u >> 20;
+    o = static_cast<uint8_t>(c > 0x7eu ? 0x7eu : c);
+  }
+  return static_cast<uint8_t>(o | sign);
+}
+/// e4m3 bits → float32, exact.
+LQ_HD float e4m3_bits_to_f32(uint8_t c) {
+  const uint32_t sign = static_cast<uint32_t>(c & 0x80u) << 24;
+  const uint32_t e = (c >> 3) & 0xfu, m = c & 7u;
+  if (e == 0xfu && m == 7u) return f32_from_bits(sign | 0x7fc00000u);
+  if (e == 0) return f32_from_bits(f32_bits(mul_rn(static_cast<float>(m), 0.001953125f)) | sign);  // m·2^-9
+  return f32_from_bits(sign | ((e + 120u) << 23) | (m << 20));
+}
+
+// ---- scale / offset storage dtype ------------------------------------------------------------
+/// Storage dtype of a scale or offset. Values are kept as float32 in registers after being rounded.
+enum class ScaleDtype : uint8_t { F16 = 0, F32 = 1 };
+LQ_HD float round_to_dtype(float v, ScaleDtype d) {
+  return d == ScaleDtype::F16 ? f16_bits_to_f32(f32_to_f16_bits(v)) : v;
+}
+
+// ---- integer codes ----------------------------------------------------------------------------
+/// Largest symmetric code magnitude, 2^(b-1) − 1: 127, 7, 1 for b = 8, 4, 2.
+LQ_HD int sym_qmax(int bits) { return (1 << (bits - 1)) - 1; }
+/// Largest asymmetric code, 2^b − 1: 255, 15, 3.
+LQ_HD int asym_qmax(int bits) { return (1 << bits) - 1; }
+
+/// (scale, offset) as stored: already rounded to the storage dtype.
+struct ScaleOffset {
+  float scale;   ///< step between codes; ≥ 0, finite unless the dtype overflowed (caller checks)
+  float offset;  ///< value of code 0 (asym: the group min); 0 for symmetric
+};
+
+/// Symmetric parameters from the group's absmax: scale = absmax / qmax (float32), then rounded.
+LQ_HD ScaleOffset sym_params(float absmax, int bits, ScaleDtype d) {
+  return {round_to_dtype(div_rn(absmax, static_cast<float>(sym_qmax(bits))), d), 0.0f};
+}
+/// Asymmetric parameters from the group's min and max: scale = (max − min) / (2^b − 1), offset = min,
+/// each computed in float32 then rounded to the storage dtype. max == min gives scale 0.
+LQ_HD ScaleOffset asym_params(float mn, float mx, int bits, ScaleDtype d) {
+  return {round_to_dtype(div_rn(sub_rn(mx, mn), static_cast<float>(asym_qmax(bits))), d), round_to_dtype(mn, d)};
+}
+
+/// Symmetric encode → offset-binary code u = q + 2^(b-1) ∈ [1, 2^b − 1]; scale 0 → q = 0.
+LQ_HD uint32_t encode_sym(float x, float scale, int bits) {
+  const float qmax = static_cast<float>(sym_qmax(bits));
+  const float q = scale > 0.0f ? rne_clamp(div_rn(x, scale), -qmax, qmax) : 0.0f;
+  return static_cast<uint32_t>(static_cast<int>(q) + (1 << (bits - 1)));
+}
+LQ_HD float decode_sym(uint32_t u, float scale, int bits) {
+  return mul_rn(scale, static_cast<float>(static_cast<int>(u) - (1 << (bits - 1))));
+}
+/// Asymmetric encode → code u = q ∈ [0, 2^b − 1]; scale 0 → q = 0.
+LQ_HD uint32_t encode_asym(float x, float scale, float offset, int bits) {
+  const float q = scale > 0.0f ? rne_clamp(div_rn(sub_rn(x, offset), scale), 0.0f, static_cast<float>(asym_qmax(bits)))
+                               : 0.0f;
+  return static_cast<uint32_t>(q);
+}
+LQ_HD float decode_asym(uint32_t u, float scale, float offset) {
+  return add_rn(offset, mul_rn(scale, static_cast<float>(u)));
+}
+
+// ---- FP8 e4m3 tile (FlashMLA / vLLM fp8_ds_mla) -----------------------------------------------
+/// FlashMLA's reference clamps a tile's amax at 1e-4 so a zero tile keeps a finite, non-zero scale.
+constexpr float kFp8TileAmaxFloor = 1e-4f;
+/// scale = max(amax, 1e-4) / 448, stored as float32.
+LQ_HD float fp8_tile_scale(float amax) { return div_rn(max_num(amax, kFp8TileAmaxFloor), kE4M3Max); }
+LQ_HD uint8_t encode_fp8(float x, float scale) { return f32_to_e4m3_bits(div_rn(x, scale)); }
+LQ_HD float decode_fp8(uint8_t c, float scale) { return mul_rn(e4m3_bits_to_f32(c), scale); }
+
+// ---- bit packing ------------------------------------------------------------------------------
+// Codes of one token row are packed little-end first: INT4 element 2k in bits 0–3 of byte k and
+// 2k+1 in bits 4–7; INT2 element 4k+j in bits 2j..2j+1 of byte k; INT8 one byte each. A row is
+// padded to whole bytes with zero bits (deterministic padding).
+/// Bytes of one packed row of `cols` codes at `bits` per code.
+LQ_HD int64_t packed_row_bytes(int64_t cols, int bits) { return (cols * bits + 7) / 8; }
+
+}  // namespace latentq::qmath
