@@ -1,0 +1,120 @@
+// The `latentq` Python module: the C++ quantizers (latentq/quantize.h) on numpy arrays.
+// Quantization and dequantization run the very same C++ reference code as the CLI, so a decode
+// here is byte-identical to the C++ one.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstring>
+#include <vector>
+
+#include "latentq/metrics.h"
+#include "latentq/quantize.h"
+
+namespace py = pybind11;
+using namespace latentq;
+
+namespace {
+
+using F32Array = py::array_t<float, py::array::c_style | py::array::forcecast>;
+
+// Checks a [T, D] float32 matrix; raises ValueError naming the shape otherwise.
+std::pair<int64_t, int64_t> matrix_shape(const F32Array& x) {
+  if (x.ndim() != 2) throw py::value_error("expected a 2-D float32 array [T, D], got " + std::to_string(x.ndim()) + " dimensions");
+  return {x.shape(0), x.shape(1)};
+}
+
+std::vector<int64_t> offsets_or_single(const std::optional<std::vector<int64_t>>& so, int64_t T) {
+  return so ? *so : std::vector<int64_t>{0, T};
+}
+
+template <typename T>
+py::array_t<T> to_numpy(const std::vector<uint8_t>& bytes, std::vector<py::ssize_t> shape) {
+  py::array_t<T> a(shape);
+  if (!bytes.empty()) std::memcpy(a.mutable_data(), bytes.data(), bytes.size());
+  return a;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(latentq, m) {
+  m.doc() = "latentq: quantizers of the MLA latent KV cache (c_kv [T, kv_lora_rank], k_pe [T, qk_rope_head_dim]).\n"
+            "Spec strings as in the C++ CLI, e.g. 'int4-asym-channel-g32', 'fp8-e4m3-tile128', 'bf16'.";
+  py::register_exception<std::invalid_argument>(m, "LatentqError", PyExc_ValueError);
+
+  m.def("spec_grammar", &spec_grammar, "The valid quantizer spec forms.");
+  m.def("canonical_spec", [](const std::string& s) { return QuantSpec::parse(s).to_string(); },
+        "Canonical form of a spec string. Raises ValueError (listing the valid forms) for an unknown spec.");
+
+  py::class_<QuantizedTensor>(m, "QuantizedTensor",
+                              "Real storage of a quantized [rows, cols] matrix (layout: latentq/quantize.h).")
+      .def_property_readonly("spec", [](const QuantizedTensor& q) { return q.spec.to_string(); })
+      .def_readonly("rows", &QuantizedTensor::rows)
+      .def_readonly("cols", &QuantizedTensor::cols)
+      .def_property_readonly("codes", [](const QuantizedTensor& q) {
+        return to_numpy<uint8_t>(q.codes, {q.rows, q.row_bytes()});
+      }, "uint8 [rows, row_bytes] packed codes (INT4: element 2k in the low nibble of byte k).")
+      .def_property_readonly("scales", [](const QuantizedTensor& q) -> py::object {
+        const py::ssize_t n = static_cast<py::ssize_t>(q.scales.size()) / (q.spec.scale_dtype == ScaleDtype::F16 ? 2 : 4);
+        if (q.spec.scale_dtype == ScaleDtype::F16) return to_numpy<uint16_t>(q.scales, {n}).attr("view")("float16");
+        return to_numpy<float>(q.scales, {n});
+      }, "1-D scales as stored (float16 or float32).")
+      .def_property_readonly("offsets", [](const QuantizedTensor& q) -> py::object {
+        const py::ssize_t n = static_cast<py::ssize_t>(q.offsets.size()) / (q.spec.scale_dtype == ScaleDtype::F16 ? 2 : 4);
+        if (q.spec.scale_dtype == ScaleDtype::F16) return to_numpy<uint16_t>(q.offsets, {n}).attr("view")("float16");
+        return to_numpy<float>(q.offsets, {n});
+      }, "1-D offsets (asymmetric only; empty otherwise), same dtype as scales.")
+      .def_readonly("group_bounds", &QuantizedTensor::group_bounds)
+      .def_property_readonly("storage_bytes", &QuantizedTensor::storage_bytes)
+      .def_property_readonly("bits_per_element", [](const QuantizedTensor& q) { return account(q).bits_per_element; })
+      .def_property_readonly("bytes_per_token", [](const QuantizedTensor& q) { return account(q).bytes_per_token; });
+
+  m.def("quantize",
+        [](const F32Array& x, const std::string& spec, const std::string& target,
+           std::optional<std::vector<int64_t>> seq_offsets) {
+          auto [T, D] = matrix_shape(x);
+          const auto so = offsets_or_single(seq_offsets, T);
+          py::gil_scoped_release nogil;
+          return quantize(QuantSpec::parse(spec), parse_target(target), x.data(), T, D, so);
+        },
+        py::arg("x"), py::arg("spec"), py::arg("target") = "c_kv", py::arg("seq_offsets") = py::none(),
+        "Quantize x: float32 [T, D] row-major (c_kv or k_pe). seq_offsets: int64 [S+1] sequence boundaries\n"
+        "(per-channel groups never cross them; default one sequence). Returns a QuantizedTensor.\n"
+        "Raises ValueError for an unknown spec/target, an empty matrix, NaN/Inf, or a scale overflowing fp16.");
+  m.def("dequantize",
+        [](const QuantizedTensor& q) {
+          py::array_t<float> out({q.rows, q.cols});
+          float* o = out.mutable_data();
+          {
+            py::gil_scoped_release nogil;
+            dequantize(q, o);
+          }
+          return out;
+        },
+        py::arg("q"), "Decode a QuantizedTensor into float32 [rows, cols] (the C++ decode, bit for bit).");
+  m.def("quantize_dequantize",
+        [](const F32Array& x, const std::string& spec, const std::string& target,
+           std::optional<std::vector<int64_t>> seq_offsets) {
+          auto [T, D] = matrix_shape(x);
+          const auto so = offsets_or_single(seq_offsets, T);
+          py::array_t<float> out({T, D});
+          float* o = out.mutable_data();
+          {
+            py::gil_scoped_release nogil;
+            quantize_dequantize(QuantSpec::parse(spec), parse_target(target), x.data(), T, D, so, o);
+          }
+          return out;
+        },
+        py::arg("x"), py::arg("spec"), py::arg("target") = "c_kv", py::arg("seq_offsets") = py::none(),
+        "Quantize then dequantize x float32 [T, D]; returns float32 [T, D]. Same errors as quantize().");
+  m.def("error_metrics",
+        [](const F32Array& x, const F32Array& x_hat) {
+          auto [T, D] = matrix_shape(x);
+          auto [T2, D2] = matrix_shape(x_hat);
+          if (T != T2 || D != D2 || T == 0 || D == 0) throw py::value_error("x and x_hat must have the same non-empty [T, D] shape");
+          const ErrorMetrics e = error_metrics(x.data(), x_hat.data(), T, D);
+          return py::dict(py::arg("rel_fro") = e.rel_fro, py::arg("mse") = e.mse, py::arg("sqnr_db") = e.sqnr_db,
+                          py::arg("max_abs_err") = e.max_abs_err, py::arg("cos_mean") = e.cos_mean);
+        },
+        py::arg("x"), py::arg("x_hat"), "rel_fro, mse, sqnr_db, max_abs_err, cos_mean of x_hat against x (float32 [T, D]).");
+}

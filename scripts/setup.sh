@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# latentq set-up for a fresh Debian 12 machine, as root. Installs what is missing, then:
+#   scripts/setup.sh run    configure + build, then `build/latentq run` (the embedded default study)
+#   scripts/setup.sh test   configure + build (CUDA kernels too when nvcc is found), then every test (ctest,
+#                           which also runs the Python tests, the default study and the threshold gate)
+# Environment: BUILD_DIR (default build), JOBS (default nproc), LATENTQ_CMAKE_ARGS (extra cmake arguments).
+set -euo pipefail
+mode="${1:-}"
+case "$mode" in run|test) ;; *) echo "usage: $0 run|test" >&2; exit 2 ;; esac
+root="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$root"
+build="${BUILD_DIR:-build}"
+jobs="${JOBS:-$(nproc)}"
+
+# --- Debian packages (C++ dependencies, the KJV text, Python venv support) -------------------
+pkgs=(build-essential cmake ninja-build pkg-config git
+      libhdf5-dev libeigen3-dev libgtest-dev libbenchmark-dev libcli11-dev libtomlplusplus-dev
+      nlohmann-json3-dev libfmt-dev pybind11-dev libssl-dev
+      bible-kjv bible-kjv-text python3 python3-venv python3-dev)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# --- the project venv: torch first, pinned (a CPU build; unpinned pulls a multi-GB CUDA build) ---
+if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c "import torch, transformers, safetensors, h5py, numpy, matplotlib, pytest" 2>/dev/null; then
+  echo "setup: creating the Python venv in .venv"
+  python3 -m venv .venv
+  .venv/bin/pip install -q --disable-pip-version-check torch==2.13.0
+  .venv/bin/pip install -q --disable-pip-version-check -r requirements.txt
+fi
+
+# --- configure + build -----------------------------------------------------------------------
+gen=()
+command -v ninja >/dev/null && gen=(-G Ninja)
+if [ ! -f "$build/CMakeCache.txt" ]; then
+  cmake -S . -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release \
+        -DLATENTQ_PYTHON_EXECUTABLE="$root/.venv/bin/python" ${LATENTQ_CMAKE_ARGS:-}
+fi
+cmake --build "$build" -j "$jobs"
+
+if [ "$mode" = run ]; then
+  exec "$build/latentq" run
+else
+  cd "$build"
+  exec ctest --output-on-failure -j "$jobs"
+fi
