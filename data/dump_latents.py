@@ -1,0 +1,374 @@
+"""Dump the latent KV cache of an MLA model to HDF5 (format ``latentq-dump/1``, see data/README.md).
+
+    .venv/bin/python data/dump_latents.py --model data/tiny-mla --text /tmp/heldout.txt \\
+        --seq-len 512 --num-seqs 4 --q-rows 256 --out data/latents/tiny-mla.h5 [--force]
+
+--model is a tiny-mla directory (config.json with ``architectures == ["TinyMLAForCausalLM"]``) or any
+HF DeepseekV2/V3-architecture checkpoint directory / hub id (loaded with AutoModelForCausalLM,
+``attn_implementation="eager"``; ``--trust-remote-code`` for remote-code checkpoints).
+
+Tokens: the text's bytes for tiny-mla (byte-level vocabulary); for HF models the checkpoint's
+AutoTokenizer when it has one (no special tokens added), else the bytes. The dump covers
+``--num-seqs`` consecutive non-overlapping windows of ``--seq-len`` tokens from the start of the
+text; each window is run as its own sequence (positions 0..seq_len-1, causal attention).
+
+Query rows: per sequence k = q_rows // num_seqs rows (the first q_rows % num_seqs sequences get one
+more), evenly spaced and ending at the last position: positions floor((j + 1) * L / k) - 1 for
+j = 0..k-1 (L = sequence length). For L = 512, k = 64: 7, 15, ..., 511.
+
+The model runs in float32 (``--dtype``) with a fixed thread count and no randomness. Before writing,
+the absorbed recomputation of attn_out from the dumped tensors is checked against the model's own
+attention output (max abs error / max abs value <= 1e-4 in float32); a mismatch is an error.
+The file is written to a temporary file in the output directory, then renamed: an interrupted dump
+never leaves a partial file. An existing output is refused unless --force.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import hashlib
+import json
+import os
+import sys
+import tempfile
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from latent_hooks import (LatentCapture, MLAModuleNotFoundError, config_softmax_scale,  # noqa: E402
+                          find_mla_layers, mla_dims)
+
+SCHEMA = "latentq-dump/1"
+Q_ROWS_RULE = "per sequence k rows at positions floor((j+1)*L/k)-1, j=0..k-1; k=q_rows//S (+1 for the first q_rows%S)"
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class DumpError(ValueError):
+    """Bad dump request (text too short, output exists, bad q_rows ...)."""
+
+
+def select_q_rows(seq_lens: list[int], q_rows: int) -> list[np.ndarray]:
+    """Local query positions per sequence (see module docstring). Returns one int64 array per
+    sequence, sorted. Raises DumpError if q_rows < 1 or a sequence would need more rows than it has."""
+    S = len(seq_lens)
+    if q_rows < 1:
+        raise DumpError(f"q_rows must be >= 1 (got {q_rows})")
+    out = []
+    for s, L in enumerate(seq_lens):
+        k = q_rows // S + (1 if s < q_rows % S else 0)
+        if k > L:
+            raise DumpError(f"q_rows={q_rows} needs {k} rows from sequence {s} of length {L}")
+        out.append(np.array([(j + 1) * L // k - 1 for j in range(k)], dtype=np.int64))
+    return out
+
+
+def windows(tokens: list[int] | np.ndarray, seq_len: int, num_seqs: int) -> list[np.ndarray]:
+    """num_seqs consecutive non-overlapping windows of seq_len tokens from the start.
+    Raises DumpError if there are fewer than seq_len * num_seqs tokens."""
+    need = seq_len * num_seqs
+    if seq_len < 1 or num_seqs < 1:
+        raise DumpError("seq_len and num_seqs must be >= 1")
+    if len(tokens) < need:
+        raise DumpError(f"text too short: {len(tokens)} tokens, need seq_len*num_seqs = {seq_len}*{num_seqs} = {need}")
+    t = np.asarray(tokens, dtype=np.int64)
+    return [t[i * seq_len:(i + 1) * seq_len] for i in range(num_seqs)]
+
+
+def absorbed_attention(c_kv, k_pe, q_nope, q_pe, w_uk, w_uv, q_rows, seq_offsets, softmax_scale):
+    """Recompute the attention output from the latent cache with absorbed weights.
+
+    c_kv [T, r], k_pe [T, d_r], q_nope [Tq, H, d_n], q_pe [Tq, H, d_r], w_uk [H, d_n, r],
+    w_uv [H, d_v, r], q_rows [Tq] (indices into T), seq_offsets [S+1]. Any float dtype
+    (numpy or torch); computed in float32 with an fp32 softmax, causal within each sequence:
+    scores = scale * (q_nope W_UK c_kv^T + q_pe k_pe^T), out = W_UV (softmax(scores) c_kv).
+    Returns [Tq, H, d_v] float32 torch tensor.
+    """
+    f = lambda x: torch.as_tensor(np.asarray(x) if not isinstance(x, torch.Tensor) else x).float()
+    c_kv, k_pe, q_nope, q_pe, w_uk, w_uv = map(f, (c_kv, k_pe, q_nope, q_pe, w_uk, w_uv))
+    q_rows = torch.as_tensor(np.asarray(q_rows), dtype=torch.long)
+    off = torch.as_tensor(np.asarray(seq_offsets), dtype=torch.long)
+    seq_of = torch.searchsorted(off, q_rows, right=True) - 1                   # [Tq]
+    start = off[seq_of]
+    keys = torch.arange(c_kv.shape[0])
+    allowed = (keys[None, :] >= start[:, None]) & (keys[None, :] <= q_rows[:, None])   # [Tq, T]
+    q_lat = torch.einsum("qhd,hdc->qhc", q_nope, w_uk)                         # [Tq, H, r]
+    scores = torch.einsum("qhc,tc->qht", q_lat, c_kv) + torch.einsum("qhd,td->qht", q_pe, k_pe)
+    scores = scores * softmax_scale
+    scores = scores.masked_fill(~allowed[:, None, :], float("-inf"))
+    p = torch.softmax(scores, dim=-1, dtype=torch.float32)
+    o_lat = torch.einsum("qht,tc->qhc", p, c_kv)                               # [Tq, H, r]
+    return torch.einsum("qhc,hdc->qhd", o_lat, w_uv)
+
+
+def rel_err(a, b) -> float:
+    """max |a - b| / max |b| (float64)."""
+    a = torch.as_tensor(np.asarray(a) if not isinstance(a, torch.Tensor) else a).double()
+    b = torch.as_tensor(np.asarray(b) if not isinstance(b, torch.Tensor) else b).double()
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-300))
+
+
+def _is_hf(model) -> bool:
+    try:
+        from transformers import PreTrainedModel
+    except ImportError:
+        return False
+    return isinstance(model, PreTrainedModel)
+
+
+def run_model(model, ids: torch.Tensor) -> torch.Tensor:
+    """One forward pass, input_ids [B, T] int64 -> logits [B, T, V] (HF: use_cache=False)."""
+    if _is_hf(model):
+        return model(input_ids=ids, use_cache=False).logits
+    return model(ids)
+
+
+def state_dict_sha256(model) -> str:
+    """sha256 over the state dict (names, dtypes, shapes, bytes), sorted by name."""
+    h = hashlib.sha256()
+    for k, v in sorted(model.state_dict().items()):
+        t = v.detach().cpu().contiguous()
+        h.update(f"{k}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+@torch.no_grad()
+def dump(model, config_dict: dict, token_ids_per_seq, q_rows: int, out_path: str, *, model_name: str = "",
+         revision: str | None = None, source: str = "hf-hooks", original_dtype: str | None = None,
+         text_sha256: str = "", force: bool = False, compression: str | None = None,
+         check_tol: float | None = None, extra_attrs: dict | None = None) -> dict:
+    """Run ``model`` on each sequence and write a ``latentq-dump/1`` HDF5 file to ``out_path``.
+
+    model: an MLA model in eval mode (tiny-mla or HF), already in the compute dtype.
+    config_dict: the model config as a dict (stored as ``config_json``; must hold qk_nope_head_dim,
+    qk_rope_head_dim, v_head_dim, kv_lora_rank, num_attention_heads).
+    token_ids_per_seq: list of 1-D int sequences (each run separately, positions from 0).
+    q_rows: total number of query rows to dump per layer (see ``select_q_rows``).
+    revision: stored as ``revision``; default sha256 of the state dict.
+    compression: None (contiguous, uncompressed) or "gzip".
+    check_tol: max relative error allowed between the absorbed recomputation and the model's
+    attn_out (default 1e-4 in float32, 2e-2 otherwise).
+    Returns a summary dict (path, bytes, softmax_scale, rope_layout, max_rel_err per layer).
+
+    Raises DumpError (existing output without force, bad q_rows, empty input), MLAModuleNotFoundError
+    (no MLA module), RuntimeError (inconsistent scale/layout across layers, failed self-check).
+    """
+    import h5py
+
+    if os.path.exists(out_path) and not force:
+        raise DumpError(f"{out_path} exists; pass force=True (--force) to overwrite")
+    seqs = [np.asarray(s, dtype=np.int64).reshape(-1) for s in token_ids_per_seq]
+    if not seqs or any(len(s) == 0 for s in seqs):
+        raise DumpError("need at least one non-empty sequence")
+    mla = find_mla_layers(model)
+    layer_ids = sorted(i for i, _, _ in mla)
+    attn_of = {i: a for i, _, a in mla}
+    dims = mla_dims(mla[0][2])
+    for key, cfg_key in (("num_heads", "num_attention_heads"), ("kv_lora_rank", "kv_lora_rank"),
+                         ("qk_rope_head_dim", "qk_rope_head_dim"), ("qk_nope_head_dim", "qk_nope_head_dim"),
+                         ("v_head_dim", "v_head_dim")):
+        if cfg_key in config_dict and int(config_dict[cfg_key]) != dims[key]:
+            raise RuntimeError(f"config {cfg_key}={config_dict[cfg_key]} but the weights give {dims[key]}")
+    param = next(model.parameters())
+    compute_dtype = param.dtype
+    if check_tol is None:
+        check_tol = 1e-4 if compute_dtype == torch.float32 else 2e-2
+    seq_lens = [len(s) for s in seqs]
+    local_rows = select_q_rows(seq_lens, q_rows)
+    offsets = np.concatenate([[0], np.cumsum(seq_lens)]).astype(np.int64)
+    tokens = np.concatenate(seqs)
+    positions = np.concatenate([np.arange(n) for n in seq_lens])
+    q_rows_global = np.concatenate([off + r for off, r in zip(offsets[:-1], local_rows)])
+
+    per = {i: {k: [] for k in ("c_kv", "k_pe", "q_nope", "q_pe", "attn_out")} for i in layer_ids}
+    scales, layouts, functions, sources = set(), set(), set(), set()
+    was_training = model.training
+    model.eval()
+    try:
+        with LatentCapture(model) as cap:
+            for s, rows in zip(seqs, local_rows):
+                cap.clear()
+                cap.q_rows = torch.as_tensor(rows)
+                run_model(model, torch.as_tensor(s, device=param.device)[None, :])
+                for i in layer_ids:
+                    rec = cap.layers[i]
+                    for k in per[i]:
+                        per[i][k].append(rec[k][0].numpy())
+                    scales.add(rec["softmax_scale"])
+                    layouts.add(rec["rope_layout"])
+                    functions.add(rec["rope_function"])
+                    sources.add(rec["softmax_scale_source"])
+    finally:
+        model.train(was_training)
+    if len(scales) != 1 or len(layouts) != 1:
+        raise RuntimeError(f"layers disagree: softmax scales {sorted(scales)}, rope layouts {sorted(layouts)}")
+    softmax_scale, rope_layout = scales.pop(), layouts.pop()
+
+    data = {}
+    errs = {}
+    H, nope, vd, r = dims["num_heads"], dims["qk_nope_head_dim"], dims["v_head_dim"], dims["kv_lora_rank"]
+    for i in layer_ids:
+        d = {k: np.ascontiguousarray(np.concatenate(v, axis=0), dtype=np.float32) for k, v in per[i].items()}
+        wkv_b = attn_of[i].kv_b_proj.weight.detach().float().cpu().view(H, nope + vd, r)
+        d["w_uk"] = np.ascontiguousarray(wkv_b[:, :nope].numpy())
+        d["w_uv"] = np.ascontiguousarray(wkv_b[:, nope:].numpy())
+        d["q_rows"] = q_rows_global.astype(np.int32)
+        rec_out = absorbed_attention(d["c_kv"], d["k_pe"], d["q_nope"], d["q_pe"], d["w_uk"], d["w_uv"],
+                                     q_rows_global, offsets, softmax_scale)
+        errs[i] = rel_err(rec_out, d["attn_out"])
+        if not errs[i] <= check_tol:
+            raise RuntimeError(f"layer {i}: absorbed recomputation differs from the model's attn_out by "
+                               f"{errs[i]:.3g} (relative) > {check_tol:g}; the captured tensors or scale are inconsistent")
+        data[i] = d
+
+    if revision is None:
+        revision = "sha256-state-dict:" + state_dict_sha256(model)
+    if original_dtype is None:
+        original_dtype = str(config_dict.get("torch_dtype") or config_dict.get("dtype") or compute_dtype).replace("torch.", "")
+    import transformers  # noqa: F401  (version only)
+    attrs = {
+        "schema": SCHEMA,
+        "model": model_name,
+        "revision": revision,
+        "source": source,
+        "created": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "config_json": json.dumps(config_dict, sort_keys=True, default=str),
+        "num_layers": np.int64(len(layer_ids)),
+        "num_heads": np.int64(H),
+        "kv_lora_rank": np.int64(r),
+        "qk_rope_head_dim": np.int64(dims["qk_rope_head_dim"]),
+        "qk_nope_head_dim": np.int64(nope),
+        "v_head_dim": np.int64(vd),
+        "softmax_scale": np.float64(softmax_scale),
+        "softmax_scale_source": ",".join(sorted(sources)),
+        "rope_layout": rope_layout,
+        "rope_function": ",".join(sorted(functions)),
+        "original_dtype": original_dtype,
+        "compute_dtype": str(compute_dtype).replace("torch.", ""),
+        "num_seqs": np.int64(len(seqs)),
+        "seq_len": np.int64(seq_lens[0] if len(set(seq_lens)) == 1 else -1),
+        "text_sha256": text_sha256,
+        "q_rows_rule": Q_ROWS_RULE,
+        "torch_version": torch.__version__,
+        "transformers_version": transformers.__version__,
+    }
+    if extra_attrs:
+        attrs.update(extra_attrs)
+
+    out_dir = os.path.dirname(os.path.abspath(out_path))
+    os.makedirs(out_dir, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-" + os.path.basename(out_path) + ".", dir=out_dir)
+    os.close(fd)
+    kw = {"compression": "gzip", "compression_opts": 4, "shuffle": True} if compression == "gzip" else {}
+    try:
+        with h5py.File(tmp, "w") as f:
+            for k, v in attrs.items():
+                f.attrs[k] = str(v) if isinstance(v, str) else v     # str(): TorchVersion is a str subclass
+            f.create_dataset("tokens", data=tokens.astype(np.int32), **kw)
+            f.create_dataset("positions", data=positions.astype(np.int32), **kw)
+            f.create_dataset("seq_offsets", data=offsets.astype(np.int64), **kw)
+            g = f.create_group("layers")
+            for i in layer_ids:
+                gl = g.create_group(f"{i:03d}")
+                for k in ("c_kv", "k_pe", "q_rows", "q_nope", "q_pe", "w_uk", "w_uv", "attn_out"):
+                    gl.create_dataset(k, data=data[i][k], **kw)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)          # mkstemp creates 0600
+        os.replace(tmp, out_path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+    return {"path": out_path, "bytes": os.path.getsize(out_path), "softmax_scale": softmax_scale,
+            "softmax_scale_config": config_softmax_scale(config_dict) if "qk_nope_head_dim" in config_dict else None,
+            "rope_layout": rope_layout, "max_rel_err": errs, "num_layers": len(layer_ids)}
+
+
+def file_sha256(paths: list[str]) -> str:
+    """sha256 over the bytes of the given files, concatenated in the given order (hex string)."""
+    h = hashlib.sha256()
+    for p in paths:
+        with open(p, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+def load_model(path: str, dtype: torch.dtype, trust_remote_code: bool = False):
+    """Load tiny-mla (config.json architectures == ["TinyMLAForCausalLM"]) or an HF model.
+    Returns (model, config_dict, source, revision, original_dtype, tokenizer_or_None)."""
+    cfg_path = os.path.join(path, "config.json")
+    cfg_file = None
+    if os.path.isfile(cfg_path):
+        with open(cfg_path) as f:
+            cfg_file = json.load(f)
+    if cfg_file is not None and cfg_file.get("architectures") == ["TinyMLAForCausalLM"]:
+        from tiny_mla import TinyMLAForCausalLM
+        model = TinyMLAForCausalLM.from_pretrained(path).to(dtype).eval()
+        rev = "sha256:" + file_sha256([os.path.join(path, "model.safetensors")])
+        return model, cfg_file, "tiny-mla", rev, str(cfg_file.get("torch_dtype", "float32")), None
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="eager",
+                                                 trust_remote_code=trust_remote_code).eval()
+    cfg = model.config.to_dict()
+    orig = str((cfg_file or {}).get("torch_dtype") or (cfg_file or {}).get("dtype") or "unknown")
+    rev = getattr(model.config, "_commit_hash", None)
+    if not rev and os.path.isdir(path):
+        w = sorted(os.path.join(path, n) for n in os.listdir(path) if n.endswith((".safetensors", ".bin")))
+        rev = "sha256:" + file_sha256(w) if w else None
+    try:
+        tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except Exception as e:  # no tokenizer files: fall back to bytes
+        print(f"warning: no tokenizer for {path} ({type(e).__name__}); using byte tokens", file=sys.stderr)
+        tok = None
+    return model, cfg, "hf-hooks", rev, orig, tok
+
+
+def main(argv=None) -> int:
+    """CLI entry point (see the module docstring). Returns 0 on success, 2 on a refused request
+    (existing output without --force, text too short, bad --q-rows, no MLA module)."""
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True, help="tiny-mla directory or HF model directory / id")
+    ap.add_argument("--text", required=True, help="text file (its bytes are tokenized)")
+    ap.add_argument("--seq-len", type=int, default=512)
+    ap.add_argument("--num-seqs", type=int, default=4)
+    ap.add_argument("--q-rows", type=int, default=256, help="query rows per layer, over all sequences")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--force", action="store_true", help="overwrite an existing --out")
+    ap.add_argument("--dtype", choices=sorted(_DTYPES), default="float32", help="compute dtype (stored data is float32)")
+    ap.add_argument("--gzip", action="store_true", help="gzip-compress the datasets (default: uncompressed)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--trust-remote-code", action="store_true")
+    a = ap.parse_args(argv)
+
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(0)
+    if os.path.exists(a.out) and not a.force:
+        print(f"error: {a.out} exists; pass --force to overwrite", file=sys.stderr)
+        return 2
+    with open(a.text, "rb") as f:
+        text = f.read()
+    model, cfg, source, rev, orig, tok = load_model(a.model, _DTYPES[a.dtype], a.trust_remote_code)
+    if tok is not None:
+        ids = tok(text.decode("utf-8", errors="replace"), add_special_tokens=False)["input_ids"]
+        tokenizer = type(tok).__name__
+    else:
+        ids = list(text)
+        tokenizer = "bytes"
+    try:
+        seqs = windows(ids, a.seq_len, a.num_seqs)
+        summary = dump(model, cfg, seqs, a.q_rows, a.out, model_name=os.path.basename(os.path.normpath(a.model)),
+                       revision=rev, source=source, original_dtype=orig,
+                       text_sha256=hashlib.sha256(text).hexdigest(), force=a.force,
+                       compression="gzip" if a.gzip else None, extra_attrs={"tokenizer": tokenizer})
+    except (DumpError, MLAModuleNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(summary, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

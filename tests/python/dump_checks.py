@@ -1,0 +1,116 @@
+"""Shared checks for latentq-dump/1 files (used by test_dump, test_hf_hooks, test_shipped_dump).
+
+Independent of data/dump_latents.py on purpose: the reference recomputation below loops over query
+rows and never calls the dumper's own ``absorbed_attention``.
+"""
+from __future__ import annotations
+
+import json
+
+import h5py
+import numpy as np
+import torch
+
+ROOT_ATTRS_STR = ("schema", "model", "revision", "source", "created", "config_json", "rope_layout",
+                  "original_dtype", "text_sha256")
+ROOT_ATTRS_INT = ("num_layers", "num_heads", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim",
+                  "v_head_dim", "num_seqs", "seq_len")
+LAYER_DATASETS = ("c_kv", "k_pe", "q_rows", "q_nope", "q_pe", "w_uk", "w_uv", "attn_out")
+
+
+def _s(v):
+    return v.decode() if isinstance(v, bytes) else v
+
+
+def check_schema(path: str) -> dict:
+    """Assert every attr/dataset of latentq-dump/1 is present with the right dtype and shape.
+    Returns {"attrs": {...}, "root": {name: array}, "layers": {idx: {name: array}}}."""
+    out = {"attrs": {}, "root": {}, "layers": {}}
+    with h5py.File(path, "r") as f:
+        a = f.attrs
+        for k in ROOT_ATTRS_STR:
+            assert k in a, f"missing root attr {k}"
+            assert isinstance(_s(a[k]), str), f"attr {k} is not a string: {a[k]!r}"
+            out["attrs"][k] = _s(a[k])
+        for k in ROOT_ATTRS_INT:
+            assert k in a, f"missing root attr {k}"
+            assert np.asarray(a[k]).dtype.kind in "iu", f"attr {k} is not an integer"
+            out["attrs"][k] = int(a[k])
+        assert "softmax_scale" in a and np.asarray(a["softmax_scale"]).dtype == np.float64
+        out["attrs"]["softmax_scale"] = float(a["softmax_scale"])
+        A = out["attrs"]
+        assert A["schema"] == "latentq-dump/1"
+        assert A["source"] in ("tiny-mla", "hf-hooks")
+        assert A["rope_layout"] in ("interleaved", "half")
+        assert A["created"].endswith("Z") and "T" in A["created"]
+        cfg = json.loads(A["config_json"])
+        assert int(cfg["kv_lora_rank"]) == A["kv_lora_rank"]
+        assert 0 < A["softmax_scale"] < 1
+
+        tokens, positions, offsets = f["tokens"][()], f["positions"][()], f["seq_offsets"][()]
+        assert f["tokens"].dtype == np.int32 and tokens.ndim == 1
+        assert f["positions"].dtype == np.int32 and positions.shape == tokens.shape
+        assert f["seq_offsets"].dtype == np.int64 and offsets.shape == (A["num_seqs"] + 1,)
+        T = tokens.shape[0]
+        assert offsets[0] == 0 and offsets[-1] == T and np.all(np.diff(offsets) > 0)
+        for s in range(A["num_seqs"]):
+            np.testing.assert_array_equal(positions[offsets[s]:offsets[s + 1]], np.arange(offsets[s + 1] - offsets[s]))
+        if A["seq_len"] > 0:
+            assert np.all(np.diff(offsets) == A["seq_len"])
+        out["root"] = {"tokens": tokens, "positions": positions, "seq_offsets": offsets}
+
+        H, r, dr, dn, dv = (A[k] for k in ("num_heads", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim"))
+        names = sorted(f["layers"].keys())
+        assert len(names) == A["num_layers"]
+        assert names == [f"{i:03d}" for i in range(A["num_layers"])]
+        for n in names:
+            g = f["layers"][n]
+            assert set(g.keys()) == set(LAYER_DATASETS), f"layer {n}: {sorted(g.keys())}"
+            Tq = g["q_rows"].shape[0]
+            want = {"c_kv": (np.float32, (T, r)), "k_pe": (np.float32, (T, dr)), "q_rows": (np.int32, (Tq,)),
+                    "q_nope": (np.float32, (Tq, H, dn)), "q_pe": (np.float32, (Tq, H, dr)),
+                    "w_uk": (np.float32, (H, dn, r)), "w_uv": (np.float32, (H, dv, r)),
+                    "attn_out": (np.float32, (Tq, H, dv))}
+            d = {}
+            for k, (dt, shape) in want.items():
+                assert g[k].dtype == dt, f"layer {n} {k}: dtype {g[k].dtype}"
+                assert g[k].shape == shape, f"layer {n} {k}: shape {g[k].shape} != {shape}"
+                d[k] = g[k][()]
+                if dt == np.float32:
+                    assert np.all(np.isfinite(d[k])), f"layer {n} {k}: non-finite values"
+            assert np.all((d["q_rows"] >= 0) & (d["q_rows"] < T)) and np.all(np.diff(d["q_rows"]) > 0)
+            out["layers"][int(n)] = d
+    return out
+
+
+def reference_attn_out(d: dict, offsets: np.ndarray, scale: float) -> np.ndarray:
+    """Absorbed MLA attention recomputed from one dumped layer, one sequence at a time (fp32 softmax):
+    for query row t of sequence s, scores = scale * (q_nope W_UK c_kv^T + q_pe k_pe^T) over the keys
+    offsets[s]..t, out = W_UV (p c_kv). Returns [Tq, H, v_head_dim] float32."""
+    c = torch.from_numpy(d["c_kv"])
+    kpe = torch.from_numpy(d["k_pe"])
+    w_uk, w_uv = torch.from_numpy(d["w_uk"]), torch.from_numpy(d["w_uv"])
+    rows = np.asarray(d["q_rows"], dtype=np.int64)
+    out = np.zeros(d["attn_out"].shape, dtype=np.float32)
+    for s in range(len(offsets) - 1):
+        lo, hi = int(offsets[s]), int(offsets[s + 1])
+        sel = np.nonzero((rows >= lo) & (rows < hi))[0]
+        if len(sel) == 0:
+            continue
+        qn = torch.from_numpy(d["q_nope"][sel]).transpose(0, 1)     # [H, n, dn]
+        qp = torch.from_numpy(d["q_pe"][sel]).transpose(0, 1)       # [H, n, dr]
+        ck, kp = c[lo:hi], kpe[lo:hi]                               # [L, r], [L, dr]
+        q_lat = torch.bmm(qn, w_uk)                                 # [H, n, r]
+        scores = (q_lat @ ck.T + qp @ kp.T) * scale                 # [H, n, L]
+        visible = torch.arange(lo, hi)[None, :] <= torch.from_numpy(rows[sel])[:, None]   # [n, L]
+        scores = scores.masked_fill(~visible, float("-inf"))
+        p = torch.softmax(scores.float(), dim=-1)
+        o_lat = p @ ck                                              # [H, n, r]
+        out[sel] = torch.bmm(o_lat, w_uv.transpose(1, 2)).transpose(0, 1).numpy()   # [n, H, dv]
+    return out
+
+
+def rel(a, b) -> float:
+    """max |a - b| / max |b|."""
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-300))
