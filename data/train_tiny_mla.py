@@ -57,6 +57,9 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=50)
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--checkpoint-every", type=int, default=25,
+                    help="save model, optimizer and sampler state to OUT/checkpoint.pt every N steps")
+    ap.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt (same settings)")
     a = ap.parse_args()
 
     torch.manual_seed(a.seed)
@@ -78,10 +81,26 @@ def main() -> None:
     gen = torch.Generator().manual_seed(a.seed)
     os.makedirs(a.out, exist_ok=True)
     log_path = os.path.join(a.out, "train_log.tsv")
-    t0 = time.time()
-    with open(log_path + ".tmp", "w") as log:
-        log.write("step\tloss_nats_per_byte\tlr\telapsed_s\n")
-        for step in range(1, a.steps + 1):
+    ckpt_path = os.path.join(a.out, "checkpoint.pt")
+    start, elapsed0 = 1, 0.0
+    if a.resume and os.path.exists(ckpt_path):
+        ck = torch.load(ckpt_path, weights_only=False)
+        if ck["settings"] != {k: v for k, v in vars(a).items() if k != "resume"}:
+            raise SystemExit(f"{ckpt_path} was written with other settings: {ck['settings']}")
+        model.load_state_dict(ck["model"])
+        opt.load_state_dict(ck["opt"])
+        gen.set_state(ck["gen"])
+        torch.set_rng_state(ck["rng"])
+        start, elapsed0 = ck["step"] + 1, ck["elapsed"]
+        with open(log_path + ".tmp", "w") as log:
+            log.write(ck["log"])
+        print(f"resumed at step {start}", flush=True)
+    else:
+        with open(log_path + ".tmp", "w") as log:
+            log.write("step\tloss_nats_per_byte\tlr\telapsed_s\n")
+    t0 = time.time() - elapsed0
+    with open(log_path + ".tmp", "a") as log:
+        for step in range(start, a.steps + 1):
             if step <= a.warmup:
                 lr = a.lr * step / a.warmup
             else:
@@ -101,7 +120,16 @@ def main() -> None:
             log.flush()
             if step % 25 == 0 or step == 1:
                 print(f"step {step}/{a.steps} loss {loss.item():.4f} lr {lr:.2e} {time.time() - t0:.0f}s", flush=True)
+            if a.checkpoint_every and step % a.checkpoint_every == 0 and step < a.steps:
+                with open(log_path + ".tmp") as lf:
+                    logtext = lf.read()
+                torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "gen": gen.get_state(),
+                            "rng": torch.get_rng_state(), "step": step, "elapsed": time.time() - t0, "log": logtext,
+                            "settings": {k: v for k, v in vars(a).items() if k != "resume"}}, ckpt_path + ".tmp")
+                os.replace(ckpt_path + ".tmp", ckpt_path)
     os.replace(log_path + ".tmp", log_path)
+    if os.path.exists(ckpt_path):
+        os.unlink(ckpt_path)
     train_s = time.time() - t0
     model.eval()
     ho = heldout_nats_per_byte(model, heldout, a.seq_len)
@@ -116,6 +144,7 @@ def main() -> None:
         "heldout_sha256": sha256(heldout),
         "text_source": "Debian bible-kjv: bible \"Gen1:1-Rev22:21\"",
         "train_seconds": round(train_s, 1),
+        "train_seconds_note": "wall time on the training machine, other jobs included; see train_log.tsv elapsed_s",
         "tokens_seen": a.steps * a.batch * a.seq_len,
         "settings": vars(a),
         "torch": torch.__version__,
