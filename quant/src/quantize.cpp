@@ -33,20 +33,47 @@ float get_scale(const std::vector<uint8_t>& buf, int64_t i, ScaleDtype d) {
   return v;
 }
 
+// `v` is the float32 value before rounding to the storage dtype (the rounded one would read "inf").
 [[noreturn]] void overflow(const QuantSpec& spec, const char* what, float v, const std::string& where) {
   throw std::invalid_argument(std::string(what) + " " + std::to_string(v) + " of " + where + " overflows the " +
-                              to_string(spec.scale_dtype) + " storage of '" + spec.to_string() +
-                              "'; use the -fp32 variant");
+                              to_string(spec.scale_dtype) + " storage of '" + spec.to_string() + "'" +
+                              (spec.scale_dtype == ScaleDtype::F16 ? "; use the -fp32 variant"
+                                                                   : " (the input range exceeds float32)"));
 }
 
 // Stored (scale, offset) of a group from its statistics; checks the storage dtype did not overflow.
 q::ScaleOffset group_params(const QuantSpec& spec, float mn, float mx, int64_t gi) {
-  const q::ScaleOffset p = spec.scheme == Scheme::Sym
-                               ? q::sym_params(q::max_num(q::abs_f(mn), q::abs_f(mx)), spec.bits, spec.scale_dtype)
-                               : q::asym_params(mn, mx, spec.bits, spec.scale_dtype);
-  if (!q::is_finite(p.scale)) overflow(spec, "scale", p.scale, "group " + std::to_string(gi));
-  if (!q::is_finite(p.offset)) overflow(spec, "offset", p.offset, "group " + std::to_string(gi));
+  auto params = [&](ScaleDtype d) {
+    return spec.scheme == Scheme::Sym ? q::sym_params(q::max_num(q::abs_f(mn), q::abs_f(mx)), spec.bits, d)
+                                      : q::asym_params(mn, mx, spec.bits, d);
+  };
+  const q::ScaleOffset p = params(spec.scale_dtype);
+  if (!q::is_finite(p.scale) || !q::is_finite(p.offset)) {
+    const q::ScaleOffset raw = params(ScaleDtype::F32);  // unrounded, for the message
+    if (!q::is_finite(p.scale)) overflow(spec, "scale", raw.scale, "group " + std::to_string(gi));
+    overflow(spec, "offset", raw.offset, "group " + std::to_string(gi));
+  }
   return p;
+}
+
+// Specs normally come from QuantSpec::parse; a hand-built one with impossible fields would make the
+// packing below write out of bounds (bits 3) or divide by zero (bits 16), so reject it.
+void validate(const QuantSpec& spec) {
+  const std::string what = "invalid quantizer spec fields (format " + std::to_string(static_cast<int>(spec.format)) +
+                           ", bits " + std::to_string(spec.bits) + ", group_size " + std::to_string(spec.group_size) +
+                           "): ";
+  switch (spec.format) {
+    case Format::Int:
+      if (spec.bits != 2 && spec.bits != 4 && spec.bits != 8)
+        throw std::invalid_argument(what + "integer specs need bits 2, 4 or 8; build specs with QuantSpec::parse");
+      if (spec.group_size < 0) throw std::invalid_argument(what + "the group size must be >= 0");
+      return;
+    case Format::Fp8Tile:
+      if (spec.group_size <= 0) throw std::invalid_argument(what + "the fp8 tile width must be > 0");
+      return;
+    case Format::BF16: return;
+  }
+  throw std::invalid_argument(what + "unknown format");
 }
 
 // Encode n elements of x with per-element (scale, offset) pointers advanced by `step` (0: one
@@ -145,8 +172,11 @@ QuantizedTensor quantize(const QuantSpec& spec_in, Target target, const float* X
   if (const int64_t bad = count_nonfinite(X, T * D))
     throw std::invalid_argument(std::to_string(bad) + " NaN/Inf values in the [" + std::to_string(T) + ", " +
                                 std::to_string(D) + "] input");
+  validate(spec_in);
   QuantizedTensor qt;
   qt.spec = spec_in.stored_for(target);
+  // fp8 tile scales are always stored as float32 (see below); record that so scale_at() reads them right.
+  if (qt.spec.format == Format::Fp8Tile) qt.spec.scale_dtype = ScaleDtype::F32;
   const QuantSpec& spec = qt.spec;
   qt.rows = T;
   qt.cols = D;

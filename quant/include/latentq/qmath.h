@@ -82,8 +82,9 @@ LQ_HD float div_rn(float a, float b) {
   return a / b;
 #endif
 }
-/// min/max that ignore a NaN operand (IEEE minNum/maxNum, as fminf/fmaxf), written out so the host
-/// compiler vectorizes it. NaN inputs are rejected before quantization (see count_nonfinite).
+/// min/max written out so the host compiler vectorizes them. A NaN in the SECOND operand b is ignored
+/// (the result is a); a NaN in a is returned as is, so accumulate as m = min_num(m, x[i]).
+/// NaN inputs are rejected before quantization anyway (see count_nonfinite).
 LQ_HD float min_num(float a, float b) { return (b < a) ? b : a; }
 LQ_HD float max_num(float a, float b) { return (b > a) ? b : a; }
 LQ_HD float abs_f(float a) { return f32_from_bits(f32_bits(a) & 0x7fffffffu); }
@@ -95,8 +96,9 @@ LQ_HD float rne_small(float v) {
   return sub_rn(add_rn(v, kMagic), kMagic);
 }
 /// clamp(rne(v), lo, hi) for integer-valued lo ≤ hi with |lo|, |hi| ≤ 2^22. Clamping first is
-/// equivalent because rne is monotonic and lo, hi are integers; a NaN v maps to lo.
-LQ_HD float rne_clamp(float v, float lo, float hi) { return rne_small(min_num(max_num(v, lo), hi)); }
+/// equivalent because rne is monotonic and lo, hi are integers; a NaN v maps to lo (v is max_num's
+/// second operand, whose NaN is ignored).
+LQ_HD float rne_clamp(float v, float lo, float hi) { return rne_small(min_num(max_num(lo, v), hi)); }
 
 // ---- fp16 (IEEE binary16), round to nearest even --------------------------------------------
 /// float32 → fp16 bits, RNE, overflow → ±inf, NaN → quiet NaN 0x7e00. (F. Giesen's rtne method.)

@@ -58,7 +58,10 @@ int64_t count_nonfinite(const float* x, int64_t n);
 /// seq_offsets [S+1] (int64) gives the sequence boundaries; only per-channel grouping uses it
 /// (pass {0, T} for a single sequence).
 /// Throws std::invalid_argument for T == 0 or D == 0, NaN/Inf in X (with the count), bad
-/// seq_offsets, or a scale/offset that overflows its storage dtype (naming the value).
+/// seq_offsets, a scale/offset that overflows its storage dtype (naming the float32 value), or a
+/// hand-built spec with fields parse() never produces (Int bits not 2/4/8, negative group size,
+/// fp8 tile width ≤ 0). fp8 tile scales are float32 whatever spec.scale_dtype says; the returned
+/// qt.spec records F32.
 QuantizedTensor quantize(const QuantSpec& spec, Target target, const float* X, int64_t T, int64_t D,
                          std::span<const int64_t> seq_offsets);
 

@@ -1,0 +1,188 @@
+// Storage accounting (bits per element, bytes per token, metadata included) for known layouts,
+// hand-computed, and the errors quantize() throws for bad input.
+#include "test_helpers.h"
+
+namespace {
+using namespace lqtest;
+
+std::vector<float> ramp(int64_t n) {
+  std::vector<float> v(n);
+  for (int64_t i = 0; i < n; ++i) v[i] = static_cast<float>((i * 37) % 101) * 0.125f - 6.0f;
+  return v;
+}
+
+struct Acct {
+  const char* spec;
+  Target target;
+  int64_t T, D;
+  std::vector<int64_t> seq;
+  int64_t bytes;         // total storage, hand-computed
+  double bytes_per_token, bits_per_element;
+};
+
+TEST(Accounting, KnownLayouts) {
+  const Acct cases[] = {
+      // codes 64 tokens × 128·4/8 = 64 B = 4096 B; 2 token groups × 128 channels × (fp16 scale + fp16
+      // offset) = 2·128·4 = 1024 B; 5120 B / 64 = 80 B/token; 5120·8 / (64·128) = 5 bits.
+      {"int4-asym-channel-g32", Target::CKV, 64, 128, {0, 64}, 5120, 80.0, 5.0},
+      // -fp32: metadata 2·128·8 = 2048 B -> 6144 B, 96 B/token, 6 bits.
+      {"int4-asym-channel-g32-fp32", Target::CKV, 64, 128, {0, 64}, 6144, 96.0, 6.0},
+      // 8192 B of codes + one fp16 scale: 8194 B, 128.03125 B/token, 65552/8192 = 8.001953125 bits.
+      {"int8-sym-tensor", Target::CKV, 64, 128, {0, 64}, 8194, 128.03125, 8.001953125},
+      // per token: 128·2/8 = 32 B codes + 4 groups × (2 + 2) B = 48 B; 48·8/128 = 3 bits.
+      {"int2-asym-token-g32", Target::CKV, 4, 128, {0, 4}, 192, 48.0, 3.0},
+      // FlashMLA c_kv: 512 fp8 bytes + 4 tiles × 4 B fp32 scales = 528 B/token, 8.25 bits.
+      {"fp8-e4m3-tile128", Target::CKV, 3, 512, {0, 3}, 3 * 528, 528.0, 8.25},
+      // FlashMLA k_pe: bf16, 64 × 2 = 128 B/token, 16 bits.  528 + 128 = 656 B/token/layer.
+      {"fp8-e4m3-tile128", Target::KPE, 3, 64, {0, 3}, 3 * 128, 128.0, 16.0},
+      {"bf16", Target::CKV, 5, 128, {0, 5}, 5 * 256, 256.0, 16.0},
+      // llama.cpp-like blocks of 32 along the 576 row: q8_0 576 + 18·2 = 612 B; q4_0 288 + 36 = 324 B.
+      {"int8-sym-token-g32", Target::CKV, 2, 576, {0, 2}, 2 * 612, 612.0, 612.0 * 8 / 576},
+      {"int4-sym-token-g32", Target::CKV, 2, 576, {0, 2}, 2 * 324, 324.0, 4.5},
+      // A single decode token in a per-channel group: 32 B codes + 128·(2+2) B metadata = 544 B,
+      // 34 bits per element: the metadata is counted, not hidden.
+      {"int2-asym-channel-g32", Target::CKV, 1, 128, {0, 1}, 544, 544.0, 34.0},
+      // tiny-mla dump shape: 4 sequences × 512 tokens, 16 groups each -> 64 groups × 128 × 4 B = 32768 B
+      // + 2048 × 32 B codes = 65536 B -> 98304 B, 48 B/token, 3 bits (KIVI's "about 3 bits" at INT2, G=32).
+      {"int2-asym-channel-g32", Target::CKV, 2048, 128, {0, 512, 1024, 1536, 2048}, 98304, 48.0, 3.0},
+      // Three uneven sequences with g32: ceil(40/32) + ceil(1/32) + ceil(23/32) = 2 + 1 + 1 = 4 groups;
+      // codes 64 × 64 = 4096 B, metadata 4·128·4 = 2048 B -> 6144 B, 96 B/token, 6 bits.
+      {"int4-asym-channel-g32", Target::CKV, 64, 128, {0, 40, 41, 64}, 6144, 96.0, 6.0},
+      // Odd D: 33 int4 codes take 17 bytes; int2-sym-tensor on 7×33: 7·9 + 2 = 65 B.
+      {"int4-asym-token", Target::CKV, 7, 33, {0, 7}, 7 * (17 + 4), 21.0, 21.0 * 8 / 33},
+      {"int2-sym-tensor", Target::CKV, 7, 33, {0, 7}, 65, 65.0 / 7, 65.0 * 8 / (7 * 33)},
+  };
+  for (const Acct& c : cases) {
+    SCOPED_TRACE(std::string(c.spec) + (c.target == Target::KPE ? " on k_pe" : "") + " [" + std::to_string(c.T) +
+                 ", " + std::to_string(c.D) + "]");
+    const std::vector<float> X = ramp(c.T * c.D);
+    const QuantizedTensor q = quant(c.spec, X, c.T, c.D, c.seq, c.target);
+    EXPECT_EQ(q.storage_bytes(), c.bytes);
+    const latentq::Accounting a = latentq::account(q);
+    EXPECT_DOUBLE_EQ(a.bytes_per_token, c.bytes_per_token);
+    EXPECT_DOUBLE_EQ(a.bits_per_element, c.bits_per_element);
+  }
+  // FlashMLA / vLLM fp8_ds_mla total for one layer: c_kv 512 + k_pe 64 = 656 bytes per token.
+  const std::vector<float> ckv = ramp(2 * 512), kpe = ramp(2 * 64);
+  const double total = latentq::account(quant("fp8-e4m3-tile128", ckv, 2, 512)).bytes_per_token +
+                       latentq::account(quant("fp8-e4m3-tile128", kpe, 2, 64, {}, Target::KPE)).bytes_per_token;
+  EXPECT_EQ(total, 656.0);
+}
+
+// ---- errors -------------------------------------------------------------------------------------
+
+// Runs f, expects std::invalid_argument whose message contains every needle.
+template <class F>
+void expect_invalid(F&& f, std::initializer_list<std::string> needles) {
+  try {
+    f();
+    ADD_FAILURE() << "no exception";
+  } catch (const std::invalid_argument& e) {
+    const std::string m = e.what();
+    for (const std::string& n : needles) EXPECT_NE(m.find(n), std::string::npos) << "'" << n << "' not in: " << m;
+  }
+}
+
+TEST(Errors, EmptyMatrix) {
+  const std::vector<float> X(4, 1.0f);
+  const QuantSpec s = QuantSpec::parse("int8-asym-tensor");
+  const std::vector<int64_t> seq0 = {0, 0}, seq1 = {0, 1};
+  expect_invalid([&] { latentq::quantize(s, Target::CKV, X.data(), 0, 4, seq0); }, {"empty", "[0, 4]"});
+  expect_invalid([&] { latentq::quantize(s, Target::CKV, X.data(), 1, 0, seq1); }, {"empty", "[1, 0]"});
+}
+
+TEST(Errors, NonFiniteInputCounted) {
+  std::vector<float> X = ramp(3 * 4);
+  X[1] = std::numeric_limits<float>::quiet_NaN();
+  X[6] = std::numeric_limits<float>::infinity();
+  X[11] = -std::numeric_limits<float>::infinity();
+  EXPECT_EQ(latentq::count_nonfinite(X.data(), 12), 3);
+  for (const char* spec : {"int4-asym-channel-g32", "int8-sym-tensor", "bf16", "fp8-e4m3-tile128"}) {
+    SCOPED_TRACE(spec);
+    expect_invalid([&] { quant(spec, X, 3, 4); }, {"3 NaN/Inf", "[3, 4]"});
+  }
+  X[6] = 1.0f;
+  X[11] = 1.0f;
+  expect_invalid([&] { quant("int2-sym-token", X, 3, 4); }, {"1 NaN/Inf"});
+}
+
+TEST(Errors, BadSeqOffsetsForPerChannel) {
+  const std::vector<float> X = ramp(6 * 2);
+  const std::vector<std::vector<int64_t>> bad = {{0, 5}, {1, 6}, {0, 7}, {0}, {6}};
+  for (const auto& seq : bad) {
+    SCOPED_TRACE(::testing::PrintToString(seq));
+    expect_invalid([&] { quant("int4-asym-channel-g2", X, 6, 2, seq); }, {"seq_offsets", "T = 6"});
+  }
+  expect_invalid([&] { quant("int4-asym-channel", X, 6, 2, {0, 4, 3, 6}); }, {"non-decreasing", "sequence 1"});
+  const std::vector<int64_t> none;
+  expect_invalid([&] { latentq::quantize(QuantSpec::parse("int8-sym-channel"), Target::CKV, X.data(), 6, 2, none); },
+                 {"seq_offsets"});
+  expect_invalid([&] { latentq::channel_groups(std::vector<int64_t>{0, 3}, 4, 0); }, {"T = 4"});
+}
+
+TEST(Errors, ScaleOverflowsFp16NamesTheValueAndSuggestsFp32) {
+  // int2-sym-tensor: scale = absmax / 1 = 1e6 > 65504 (fp16 max).
+  const std::vector<float> X = {1e6f, -1e6f, 5e5f, 0.0f};
+  expect_invalid([&] { quant("int2-sym-tensor", X, 1, 4); }, {"scale", "1000000", "int2-sym-tensor", "-fp32"});
+  // -fp32 accepts it: scale 1e6 stored exactly, codes 3, 1, 0.5->0 (u 2), 2, decodes ±1e6, 0, 0.
+  const QuantizedTensor q = quant("int2-sym-tensor-fp32", X, 1, 4);
+  EXPECT_EQ(le32f(q.scales), (std::vector<float>{1e6f}));
+  EXPECT_EQ(unpack_codes(q), (std::vector<uint32_t>{3, 1, 2, 2}));
+  EXPECT_EQ(decode(q), (std::vector<float>{1e6f, -1e6f, 0.0f, 0.0f}));
+  // Per-group: the message names the group.
+  expect_invalid([&] { quant("int8-asym-token", {0, 1, 0, 1e8f}, 2, 2); }, {"scale", "group 1", "-fp32"});
+}
+
+TEST(Errors, OffsetOverflowsFp16) {
+  // offset = min = -1e5 < -65504; the scale 100/255 itself is fine.
+  expect_invalid([&] { quant("int8-asym-tensor", {-1e5f, -1e5f + 100.0f}, 1, 2); }, {"offset", "-100000", "-fp32"});
+  const QuantizedTensor q = quant("int8-asym-tensor-fp32", {-1e5f, -1e5f + 100.0f}, 1, 2);
+  EXPECT_EQ(le32f(q.offsets), (std::vector<float>{-1e5f}));
+}
+
+TEST(Errors, Fp32RangeOverflowIsRejectedNotStored) {
+  // max − min = 6e38 overflows float32 itself: an error, not an inf scale; no -fp32 advice.
+  try {
+    quant("int8-asym-tensor-fp32", {-3e38f, 3e38f}, 1, 2);
+    ADD_FAILURE() << "no exception";
+  } catch (const std::invalid_argument& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("overflows"), std::string::npos) << m;
+    EXPECT_EQ(m.find("use the -fp32"), std::string::npos) << m;
+  }
+}
+
+TEST(Errors, HandBuiltInvalidSpecsRejected) {
+  const std::vector<float> X = ramp(2 * 8);
+  const std::vector<int64_t> seq = {0, 2};
+  for (int bits : {0, 1, 3, 16}) {
+    QuantSpec s = QuantSpec::parse("int4-asym-token");
+    s.bits = bits;
+    SCOPED_TRACE("bits " + std::to_string(bits));
+    expect_invalid([&] { latentq::quantize(s, Target::CKV, X.data(), 2, 8, seq); }, {"bits"});
+  }
+  QuantSpec g = QuantSpec::parse("int4-asym-channel");
+  g.group_size = -4;
+  expect_invalid([&] { latentq::quantize(g, Target::CKV, X.data(), 2, 8, seq); }, {"group size"});
+  QuantSpec f = QuantSpec::parse("fp8-e4m3-tile128");
+  f.group_size = 0;
+  expect_invalid([&] { latentq::quantize(f, Target::CKV, X.data(), 2, 8, seq); }, {"tile"});
+}
+
+TEST(Errors, HandBuiltFp8SpecStoresAndReadsFp32Scales) {
+  // A hand-built fp8 spec left with the default fp16 scale dtype: the tile scales are written as
+  // float32, and the stored spec must say so, or scale_at()/dequantize() would read them as fp16.
+  QuantSpec f;
+  f.format = Format::Fp8Tile;
+  f.group_size = 128;
+  ASSERT_EQ(f.scale_dtype, ScaleDtype::F16);
+  const std::vector<float> X = ramp(2 * 130);
+  const std::vector<int64_t> seq = {0, 2};
+  const QuantizedTensor a = latentq::quantize(f, Target::CKV, X.data(), 2, 130, seq);
+  const QuantizedTensor b = quant("fp8-e4m3-tile128", X, 2, 130);
+  EXPECT_EQ(a.spec, b.spec);
+  EXPECT_EQ(a.scales, b.scales);
+  EXPECT_TRUE(same_bits(decode(a), decode(b)));
+}
+
+}  // namespace

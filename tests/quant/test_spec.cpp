@@ -1,0 +1,137 @@
+// Spec strings (quant/include/latentq/spec.h): round trips, canonical forms, rejections.
+#include "test_helpers.h"
+
+namespace {
+using namespace lqtest;
+
+TEST(Spec, StudyMatrixRoundTrips) {
+  int n = 0;
+  for (int bits : {8, 4, 2})
+    for (const char* scheme : {"sym", "asym"})
+      for (const char* gran : {"tensor", "channel", "token"})
+        for (int g : {0, 32, 128})
+          for (const char* dt : {"", "-fp32"}) {
+            if (std::string(gran) == "tensor" && g != 0) continue;
+            const std::string s = "int" + std::to_string(bits) + "-" + scheme + "-" + gran +
+                                  (g ? "-g" + std::to_string(g) : std::string()) + dt;
+            SCOPED_TRACE(s);
+            const QuantSpec q = QuantSpec::parse(s);
+            EXPECT_EQ(q.format, Format::Int);
+            EXPECT_EQ(q.bits, bits);
+            EXPECT_EQ(q.scheme, std::string(scheme) == "sym" ? Scheme::Sym : Scheme::Asym);
+            EXPECT_EQ(latentq::to_string(q.granularity), std::string(gran));
+            EXPECT_EQ(q.group_size, g);
+            EXPECT_EQ(q.scale_dtype, *dt ? ScaleDtype::F32 : ScaleDtype::F16);
+            EXPECT_EQ(q.to_string(), s);  // these strings are already canonical
+            EXPECT_EQ(QuantSpec::parse(q.to_string()), q);
+            ++n;
+          }
+  EXPECT_EQ(n, 3 * 2 * (1 + 3 + 3) * 2);
+}
+
+TEST(Spec, Baselines) {
+  const QuantSpec b = QuantSpec::parse("bf16");
+  EXPECT_EQ(b.format, Format::BF16);
+  EXPECT_EQ(b.bits, 16);
+  EXPECT_EQ(b.to_string(), "bf16");
+  EXPECT_EQ(QuantSpec::parse(b.to_string()), b);
+
+  const QuantSpec f = QuantSpec::parse("fp8-e4m3-tile128");
+  EXPECT_EQ(f.format, Format::Fp8Tile);
+  EXPECT_EQ(f.bits, 8);
+  EXPECT_EQ(f.group_size, 128);
+  EXPECT_EQ(f.scale_dtype, ScaleDtype::F32);
+  EXPECT_EQ(f.to_string(), "fp8-e4m3-tile128");
+  EXPECT_EQ(QuantSpec::parse(f.to_string()), f);
+  EXPECT_EQ(QuantSpec::parse("fp8-e4m3-tile64").group_size, 64);
+
+  // On k_pe the FlashMLA layout stores bf16; on c_kv the spec itself. Int specs are unchanged.
+  EXPECT_EQ(f.stored_for(Target::KPE), b);
+  EXPECT_EQ(f.stored_for(Target::CKV), f);
+  const QuantSpec i = QuantSpec::parse("int4-asym-channel-g32");
+  EXPECT_EQ(i.stored_for(Target::KPE), i);
+  EXPECT_EQ(b.stored_for(Target::KPE), b);
+}
+
+TEST(Spec, CanonicalForms) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"int4-asym-channel-g0", "int4-asym-channel"},
+      {"int4-asym-channel-g0-fp32", "int4-asym-channel-fp32"},
+      {"int4-asym-channel-g32-fp16", "int4-asym-channel-g32"},
+      {"int8-sym-tensor-fp16", "int8-sym-tensor"},
+      {"int2-sym-token-g0-fp16", "int2-sym-token"},
+      {"int2-asym-token-fp16", "int2-asym-token"},
+  };
+  for (auto [in, canon] : cases) {
+    SCOPED_TRACE(in);
+    const QuantSpec q = QuantSpec::parse(in);
+    EXPECT_EQ(q.to_string(), canon);
+    EXPECT_EQ(QuantSpec::parse(canon), q);
+  }
+}
+
+TEST(Spec, RejectionsNameTheStringAndListTheValidForms) {
+  const std::pair<const char*, const char*> cases[] = {
+      // {string, a word the reason must contain}
+      {"", "expected"},
+      {"int4", "expected"},
+      {"int4-sym", "expected"},
+      {"foo", "expected"},
+      {"fp16", "expected"},
+      {"INT4-asym-channel", "expected"},
+      {"int3-sym-tensor", "bits must be 2, 4 or 8, got 3"},
+      {"int16-asym-token", "bits must be 2, 4 or 8, got 16"},
+      {"int-asym-token", "bits must be a number"},
+      {"intx-asym-token", "bits must be a number"},
+      {"int4-signed-token", "scheme"},
+      {"int4-asym-row", "granularity"},
+      {"int4-asym-channel-g-32", "-32"},
+      {"int4-asym-channel-gx", "group size"},
+      {"int4-asym-channel-g", "group size"},
+      {"int4-asym-channel-g+32", "group size"},
+      {"int8-sym-tensor-g32", "per-tensor"},
+      {"int8-sym-tensor-g0", "per-tensor"},
+      {"fp8-e4m3-tile0", "tile width"},
+      {"fp8-e4m3-tile", "tile width"},
+      {"fp8-e4m3-tile-128", "expected"},
+      {"fp8-e4m3-tilex", "tile width"},
+      {"int4-asym-channel-g32-fp32-x", "unexpected 'x'"},
+      {"int4-asym-channel-g32x", "group size"},
+      {"int4-asym-channel-fp32-g32", "unexpected 'g32'"},
+      {"int4-asym-channel-fp64", "unexpected 'fp64'"},
+      {"int4-asym-channel-", "unexpected ''"},
+      {"bf16-x", "expected"},
+      {" int4-asym-channel", "expected"},
+  };
+  const std::string grammar = latentq::spec_grammar();
+  ASSERT_NE(grammar.find("int{8|4|2}-{sym|asym}-tensor"), std::string::npos);
+  ASSERT_NE(grammar.find("fp8-e4m3-tile"), std::string::npos);
+  for (auto [s, why] : cases) {
+    SCOPED_TRACE(std::string("spec '") + s + "'");
+    try {
+      (void)QuantSpec::parse(s);
+      ADD_FAILURE() << "accepted";
+    } catch (const std::invalid_argument& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find(std::string("'") + s + "'"), std::string::npos) << m;
+      EXPECT_NE(m.find(why), std::string::npos) << m;
+      EXPECT_NE(m.find(grammar), std::string::npos) << m;
+    }
+  }
+}
+
+TEST(Spec, TargetsAndNames) {
+  EXPECT_EQ(latentq::parse_target("c_kv"), Target::CKV);
+  EXPECT_EQ(latentq::parse_target("k_pe"), Target::KPE);
+  EXPECT_STREQ(latentq::to_string(Target::KPE), "k_pe");
+  EXPECT_STREQ(latentq::to_string(ScaleDtype::F32), "fp32");
+  try {
+    latentq::parse_target("kv");
+    ADD_FAILURE() << "accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("'kv'"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("c_kv or k_pe"), std::string::npos);
+  }
+}
+
+}  // namespace
