@@ -1,0 +1,138 @@
+// latentq/probes/attention.h — the absorbed MLA attention check for one layer.
+//
+// Source of the math: DeepSeek-V3 inference/model.py, MLA.forward, attn_impl == "absorb"
+// (see /work/shared/FIELD.md §1):
+//   q_lat  = einsum("shd,hdc->shc", q_nope, W_UK)                      [Tq, H, r]
+//   scores = (einsum("shc,tc->sht", q_lat, c_kv) + einsum("shr,tr->sht", q_pe, k_pe)) · softmax_scale
+//   p      = softmax(scores) over the keys, in the working precision, max-subtracted
+//   o_lat  = einsum("sht,tc->shc", p, c_kv)
+//   out    = einsum("shc,hdc->shd", o_lat, W_UV)                       [Tq, H, v]
+// and the unabsorbed ("naive") path: k_nope = W_UK·c_kv and v = W_UV·c_kv per head, K = [k_nope ; k_pe],
+// standard attention. Both give the same output up to rounding.
+//
+// Keys: a query row i sits at token t = q_rows[i] of sequence s (seq_offsets[s] ≤ t < seq_offsets[s+1]);
+// its keys are the tokens seq_offsets[s] .. t (causal within the sequence): nkeys = t − seq_offsets[s] + 1.
+//
+// Precision: Scalar = float computes everything in float32 with float32 accumulation (Eigen GEMMs), as
+// a GPU kernel would; Scalar = double computes everything in float64 (for tight tests). Inputs are
+// float32 either way. In the float path q_lat is rounded to float32 once (it is precomputed).
+//
+// Cost: the per-layer part that does not depend on the latents (q_lat, the row ordering) is done once
+// by AbsorbedAttention's constructor; run() then does two GEMMs per chunk of ≤ 8 query rows of one
+// sequence (all heads stacked), over that chunk's causal key range; chunks run in parallel (OpenMP).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include <Eigen/Dense>
+
+namespace latentq::probes {
+
+struct MlaDims {
+  int64_t num_heads = 0;         ///< H
+  int64_t kv_lora_rank = 0;      ///< r
+  int64_t qk_nope_head_dim = 0;  ///< nope
+  int64_t qk_rope_head_dim = 0;  ///< rope
+  int64_t v_head_dim = 0;        ///< v
+};
+
+/// The latent-independent inputs of one layer, as in a latentq-dump/1 file (all row-major). Views only:
+/// AbsorbedAttention copies what it needs, so the spans may die after construction.
+struct AttentionQueries {
+  MlaDims dims;
+  int64_t num_tokens = 0;                ///< T, tokens in the cache (all sequences)
+  std::span<const int64_t> seq_offsets;  ///< [S+1] int64
+  std::span<const int32_t> q_rows;       ///< [Tq] int32, token index of each query row
+  std::span<const float> q_nope;         ///< [Tq, H, qk_nope_head_dim] float32
+  std::span<const float> q_pe;           ///< [Tq, H, qk_rope_head_dim] float32, after RoPE
+  std::span<const float> w_uk;           ///< [H, qk_nope_head_dim, kv_lora_rank] float32 (W_UK)
+  std::span<const float> w_uv;           ///< [H, v_head_dim, kv_lora_rank] float32 (W_UV)
+  double softmax_scale = 0;              ///< > 0, finite
+};
+
+/// Output of one attention evaluation; query rows in q_rows order.
+template <typename Scalar>
+struct AttentionResult {
+  int64_t num_queries = 0, num_heads = 0, v_head_dim = 0;
+  std::vector<Scalar> out;            ///< [Tq, H, v_head_dim] (before o_proj; compare with a dump's attn_out)
+  std::vector<int64_t> nkeys;         ///< [Tq] keys of each query row
+  std::vector<int64_t> prob_offsets;  ///< [Tq+1] start of row i's probabilities in probs (H·nkeys[i] each)
+  std::vector<Scalar> probs;          ///< empty unless requested; see prob()
+
+  /// Attention probabilities of row i, head h: nkeys[i] values, key j = token seq_offsets[s] + j.
+  std::span<const Scalar> prob(int64_t i, int64_t h) const {
+    return {probs.data() + prob_offsets[i] + h * nkeys[i], static_cast<size_t>(nkeys[i])};
+  }
+};
+
+/// Absorbed attention for one layer with its queries fixed: construct once per layer, run() once per
+/// latent variant (exact, quantized, SVD-pruned).
+template <typename Scalar>
+class AbsorbedAttention {
+ public:
+  /// Validates and precomputes q_lat. Throws std::invalid_argument for dims < 1 (H, r, nope, v; rope
+  /// may be 0), span sizes that do not match dims/Tq, bad seq_offsets, a q_row outside [0, T),
+  /// NaN/Inf in q_nope/q_pe/W_UK/W_UV, or a softmax_scale that is not finite and > 0.
+  explicit AbsorbedAttention(const AttentionQueries& q);
+
+  /// Attention over the cache c_kv [T, kv_lora_rank], k_pe [T, qk_rope_head_dim] (row-major float32).
+  /// keep_probs stores the attention probabilities (needed by attention_error).
+  /// Throws std::invalid_argument for wrong sizes or NaN/Inf in c_kv / k_pe (with the count).
+  AttentionResult<Scalar> run(std::span<const float> c_kv, std::span<const float> k_pe, bool keep_probs = false) const;
+
+  int64_t num_queries() const { return static_cast<int64_t>(nkeys_.size()); }
+  const MlaDims& dims() const { return dims_; }
+
+ private:
+  using Mat = Eigen::Matrix<Scalar, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  struct Chunk {
+    int64_t begin, end;  // positions in the sorted query order
+    int64_t key_begin;   // first key token (sequence start)
+    int64_t nk;          // keys covered by the chunk (max nkeys of its rows)
+  };
+  MlaDims dims_;
+  int64_t T_ = 0;
+  Scalar scale_ = 0;
+  std::vector<int64_t> order_;   // sorted position → original query row
+  std::vector<int64_t> nkeys_;   // [Tq] by original row
+  std::vector<Chunk> chunks_;
+  Mat q_lat_;                    // [Tq·H, r], row = sorted_pos·H + h
+  Mat q_pe_;                     // [Tq·H, rope], same row order
+  Mat w_uv_;                     // [H·v, r]
+};
+
+/// Convenience: AbsorbedAttention<Scalar>(q).run(c_kv, k_pe, keep_probs).
+template <typename Scalar>
+AttentionResult<Scalar> absorbed_attention(const AttentionQueries& q, std::span<const float> c_kv,
+                                           std::span<const float> k_pe, bool keep_probs = false);
+
+/// The unabsorbed path (per head K = [W_UK·c_kv ; k_pe], V = W_UV·c_kv, standard causal attention).
+/// Same inputs, errors and output layout as AbsorbedAttention. Slower; a cross-check.
+template <typename Scalar>
+AttentionResult<Scalar> unabsorbed_attention(const AttentionQueries& q, std::span<const float> c_kv,
+                                             std::span<const float> k_pe, bool keep_probs = false);
+
+/// Errors of a run on quantized/pruned latents (test) against the run on exact latents (ref), same
+/// queries. All accumulated in float64; "rows×heads" means the Tq·H (query row, head) pairs.
+struct AttentionError {
+  double out_rel_fro = 0;  ///< ‖out̂ − out‖_F / ‖out‖_F over all [Tq, H, v] (0 if both 0, inf if only out is 0)
+  double cos_mean = 0;     ///< mean over rows×heads of cos(out̂[i,h,:], out[i,h,:]); a pair where either
+                           ///< norm is 0 counts 1 if the vectors are equal, else 0 (as latentq/metrics.h)
+  double kl_mean = 0;      ///< mean over rows×heads of KL(p ‖ p̂) = Σ_j p_j (ln p_j − ln max(p̂_j, 1e-30)),
+                           ///< natural log (nats); terms with p_j = 0 contribute 0; the 1e-30 floor keeps
+                           ///< a key that underflowed to 0 in p̂ finite (≈ 69 nats per unit of p); rounding
+                           ///< of p, p̂ (each sums to 1 only up to rounding) can leave it ~1e-9 below 0
+  double top1_agree = 0;   ///< fraction of rows×heads where argmax p == argmax p̂ (ties → lowest key index)
+  double top8_agree = 0;   ///< mean of |topm(p) ∩ topm(p̂)| / m, m = min(8, nkeys) (ties → lowest index)
+};
+
+/// Throws std::invalid_argument if the two results differ in shape or nkeys, or either lacks probs.
+template <typename Scalar>
+AttentionError attention_error(const AttentionResult<Scalar>& ref, const AttentionResult<Scalar>& test);
+
+/// The KL floor used by attention_error.
+inline constexpr double kKlProbFloor = 1e-30;
+
+}  // namespace latentq::probes

@@ -1,0 +1,86 @@
+// latentq/probes/svd_probe.h — SVD pruning probe on c_kv [T, kv_lora_rank] (row-major float32).
+//
+// A rank-r basis is fit on the fit split of the tokens (latentq/probes/split.h: the first half of
+// the sequences) and evaluated on the held-out split. Reconstruction of a token c (row vector):
+//     ĉ = (c − μ)·V_r·V_rᵀ + μ
+// with V_r the first r right singular vectors of the fit matrix (centered: X_fit − μ, μ the fit
+// mean per latent dimension; not centered: μ = 0). A centered basis stores μ: kv_lora_rank extra
+// floats per layer. The basis comes from Eigen's SelfAdjointEigenSolver on the Gram matrix
+// ZᵀZ (Z = X_fit − μ) accumulated in float64: σ_i = sqrt(max(λ_i, 0)), descending.
+//
+// rel_fro at rank r over a split X (uncentered data, as stored): ‖X − X̂_r‖_F / ‖X‖_F. It is computed
+// as sqrt(Σ_{j>r} ‖(X − μ)·v_j‖² / ‖X‖_F²) (V is a complete orthonormal basis, so this is exact and
+// free of cancellation), in float64.
+// Energy rank for a fraction f: the smallest r with Σ_{i≤r} σ_i² ≥ f · Σ_i σ_i² (spectrum of the
+// centered fit matrix when centered).
+#pragma once
+
+#include <Eigen/Dense>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace latentq::probes {
+
+/// An orthonormal basis fit on the fit split of X [T, dim].
+struct SvdBasis {
+  int64_t dim = 0;                  ///< D: kv_lora_rank (or w·kv_lora_rank for a cross-layer window)
+  bool centered = false;            ///< μ subtracted before projection
+  Eigen::VectorXd mean;             ///< [D] fit mean μ (zeros when !centered)
+  Eigen::MatrixXd V;                ///< [D, D]; column j = j-th right singular vector, σ descending
+  Eigen::VectorXd singular_values;  ///< [D] σ of the (centered) fit matrix, descending, ≥ 0
+
+  /// out = (x − μ)·V_r·V_rᵀ + μ for x [T, dim] row-major float32 → out [T, dim] float32
+  /// (computed in float64, rounded once). out may alias x.
+  /// Throws std::invalid_argument if rank < 1 or rank > dim (naming the rank), or T < 0.
+  void reconstruct(const float* x, int64_t T, int64_t rank, float* out) const;
+  /// Floats stored for the basis at rank r: dim·r, plus dim for μ when centered.
+  int64_t basis_floats(int64_t rank) const { return dim * rank + (centered ? dim : 0); }
+};
+
+/// Fit the basis on the rows of X [T, D] (row-major float32) inside `rows` (token ranges [b, e)).
+/// Throws std::invalid_argument for D < 1, an empty or out-of-range row set, NaN/Inf in those rows
+/// (with the count), or fewer than 2 rows when centered.
+SvdBasis fit_svd_basis(const float* X, int64_t T, int64_t D, std::span<const std::pair<int64_t, int64_t>> rows,
+                       bool centered);
+
+/// Smallest r with cumulative σ² ≥ fraction · total (singular_values descending). Returns 0 when all σ
+/// are 0. Throws std::invalid_argument unless 0 < fraction ≤ 1.
+int64_t energy_rank(const Eigen::VectorXd& singular_values, double fraction);
+
+/// The default rank list for kv_lora_rank D: D/16, D/8, D/4, D/2, 3D/4, D (integer division, at
+/// least 1, duplicates removed, ascending). D = 128 → {8, 16, 32, 64, 96, 128}.
+std::vector<int64_t> default_svd_ranks(int64_t kv_lora_rank);
+
+struct SvdProbeOptions {
+  bool centered = true;                                ///< subtract the fit mean (stored: D floats)
+  std::vector<int64_t> ranks;                          ///< empty → default_svd_ranks(kv_lora_rank)
+  std::vector<double> energy_fractions{0.9, 0.99, 0.999};
+};
+
+struct SvdRankError {
+  int64_t rank = 0;
+  double fit_rel_fro = 0;      ///< rel_fro of the rank-r reconstruction on the fit split
+  double heldout_rel_fro = 0;  ///< same on the held-out split (the number that matters)
+  double fit_energy = 0;       ///< Σ_{i≤r} σ_i² / Σ σ_i² on the fit split (1 when all σ are 0)
+};
+
+struct SvdProbeResult {
+  bool centered = false;
+  int64_t kv_lora_rank = 0;
+  int64_t fit_tokens = 0, heldout_tokens = 0;
+  SvdBasis basis;                          ///< spectrum in basis.singular_values [kv_lora_rank], descending
+  std::vector<SvdRankError> ranks;         ///< in the order of options.ranks
+  std::vector<double> energy_fractions;    ///< as requested
+  std::vector<int64_t> energy_ranks;       ///< energy_rank(σ, fraction) for each fraction
+};
+
+/// The SVD pruning probe on c_kv [T, kv_lora_rank] (row-major float32) with sequences seq_offsets [S+1].
+/// Throws std::invalid_argument for: bad seq_offsets / empty split (fit_heldout_split); a rank < 1 or
+/// > kv_lora_rank (naming it); a fit split with fewer tokens than the largest rank (+1 when centered:
+/// every basis direction used must be determined by the fit data); NaN/Inf in c_kv; an energy
+/// fraction outside (0, 1].
+SvdProbeResult svd_probe(const float* c_kv, int64_t T, int64_t kv_lora_rank, std::span<const int64_t> seq_offsets,
+                         const SvdProbeOptions& options = {});
+
+}  // namespace latentq::probes

@@ -1,0 +1,140 @@
+#include "latentq/probes/cross_layer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+#include <string>
+
+#include "detail.h"
+#include "latentq/probes/split.h"
+#include "latentq/probes/svd_probe.h"
+
+namespace latentq::probes {
+
+namespace {
+
+using RowMatF = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+Eigen::MatrixXd centered_columns(const float* X, int64_t T, int64_t D) {
+  Eigen::MatrixXd M = Eigen::Map<const RowMatF>(X, T, D).cast<double>();
+  M.rowwise() -= M.colwise().mean();
+  return M;
+}
+
+void check_shape(int64_t T, int64_t d, const char* what) {
+  if (T < 2) throw std::invalid_argument(std::string(what) + ": T = " + std::to_string(T) + " tokens, need at least 2");
+  if (d < 1) throw std::invalid_argument(std::string(what) + ": dimension " + std::to_string(d) + " < 1");
+}
+
+double cka_centered(const Eigen::MatrixXd& X, const Eigen::MatrixXd& Y) {
+  const double num = (Y.transpose() * X).squaredNorm();
+  const double den = (X.transpose() * X).norm() * (Y.transpose() * Y).norm();
+  return den > 0 ? num / den : kNaN;
+}
+
+}  // namespace
+
+double linear_cka(const float* X, int64_t dx, const float* Y, int64_t dy, int64_t T) {
+  check_shape(T, dx, "linear CKA (X)");
+  check_shape(T, dy, "linear CKA (Y)");
+  detail::require_finite(X, T * dx, "linear CKA: X");
+  detail::require_finite(Y, T * dy, "linear CKA: Y");
+  return cka_centered(centered_columns(X, T, dx), centered_columns(Y, T, dy));
+}
+
+CrossLayerPair cross_layer_pair(const float* A, const float* B, int64_t T, int64_t r) {
+  check_shape(T, r, "cross-layer pair");
+  detail::require_finite(A, T * r, "cross-layer pair: A");
+  detail::require_finite(B, T * r, "cross-layer pair: B");
+  const Eigen::Map<const RowMatF> Af(A, T, r), Bf(B, T, r);
+  const Eigen::MatrixXd Ac = centered_columns(A, T, r), Bc = centered_columns(B, T, r);
+  CrossLayerPair res;
+  double sum = 0;
+  for (int64_t i = 0; i < r; ++i) {
+    const bool constant = Af.col(i).minCoeff() == Af.col(i).maxCoeff() || Bf.col(i).minCoeff() == Bf.col(i).maxCoeff();
+    if (constant) {
+      ++res.constant_channels;
+      continue;
+    }
+    const double rho = Ac.col(i).dot(Bc.col(i)) / (Ac.col(i).norm() * Bc.col(i).norm());
+    sum += std::abs(rho);
+    ++res.pearson_channels;
+  }
+  res.pearson_mean_abs = res.pearson_channels > 0 ? sum / static_cast<double>(res.pearson_channels) : kNaN;
+  res.cka_linear = cka_centered(Ac, Bc);
+  return res;
+}
+
+std::vector<SharedBasisResult> shared_basis_probe(std::span<const float* const> layers, int64_t T, int64_t r,
+                                                  std::span<const int64_t> seq_offsets,
+                                                  std::span<const int64_t> ranks, bool centered) {
+  const int64_t w = static_cast<int64_t>(layers.size());
+  if (w < 1) throw std::invalid_argument("shared-basis probe: empty layer window");
+  if (r < 1) throw std::invalid_argument("shared-basis probe: kv_lora_rank " + std::to_string(r) + " < 1");
+  for (int64_t l = 0; l < w; ++l)
+    if (layers[l] == nullptr)
+      throw std::invalid_argument("shared-basis probe: layer " + std::to_string(l) + " of the window is null");
+  const TokenSplit split = fit_heldout_split(seq_offsets, T);
+  int64_t max_k = 0;
+  for (int64_t k : ranks) {
+    if (k < 1 || k > w * r || k % w != 0)
+      throw std::invalid_argument("shared-basis probe: rank k = " + std::to_string(k) +
+                                  " must be in [1, w·kv_lora_rank = " + std::to_string(w * r) +
+                                  "] and a multiple of the window w = " + std::to_string(w));
+    max_k = std::max(max_k, k);
+  }
+  const int64_t need = max_k + (centered ? 1 : 0);
+  if (split.fit_tokens() < need)
+    throw std::invalid_argument("shared-basis probe: the fit split has " + std::to_string(split.fit_tokens()) +
+                                " tokens; rank " + std::to_string(max_k) + " needs at least " + std::to_string(need));
+  for (int64_t l = 0; l < w; ++l)
+    detail::require_finite(layers[l], T * r, "shared-basis probe: layer " + std::to_string(l) + " of the window");
+
+  // Shared: [T, w·r], layer l in columns [l·r, (l+1)·r).
+  const int64_t Dw = w * r;
+  std::vector<float> cat(static_cast<size_t>(T * Dw));
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t l = 0; l < w; ++l) std::copy_n(layers[l] + t * r, r, cat.data() + t * Dw + l * r);
+  const SvdBasis shared = fit_svd_basis(cat.data(), T, Dw, split.fit, centered);
+  const Eigen::MatrixXd Xf = detail::gather_rows(cat.data(), T, Dw, split.fit);
+  const Eigen::MatrixXd Xh = detail::gather_rows(cat.data(), T, Dw, split.heldout);
+  const Eigen::VectorXd sf = detail::projected_energy(Xf, shared.mean, shared.V);
+  const Eigen::VectorXd sh = detail::projected_energy(Xh, shared.mean, shared.V);
+  const double nf = Xf.squaredNorm(), nh = Xh.squaredNorm();  // = Σ over layers
+
+  // Per layer: energies along each layer's own basis.
+  std::vector<Eigen::VectorXd> pf(w), ph(w);
+  for (int64_t l = 0; l < w; ++l) {
+    const SvdBasis b = fit_svd_basis(layers[l], T, r, split.fit, centered);
+    pf[l] = detail::projected_energy(detail::gather_rows(layers[l], T, r, split.fit), b.mean, b.V);
+    ph[l] = detail::projected_energy(detail::gather_rows(layers[l], T, r, split.heldout), b.mean, b.V);
+  }
+  auto rel = [](double resid, double ref) {
+    return ref > 0 ? std::sqrt(resid / ref) : (resid > 0 ? INFINITY : 0.0);
+  };
+  std::vector<SharedBasisResult> out;
+  for (int64_t k : ranks) {
+    SharedBasisResult res;
+    res.window = w;
+    res.rank = k;
+    res.rank_per_layer = k / w;
+    res.centered = centered;
+    res.shared_fit_rel_fro = rel(sf.tail(Dw - k).sum(), nf);
+    res.shared_heldout_rel_fro = rel(sh.tail(Dw - k).sum(), nh);
+    double rf = 0, rh = 0;
+    for (int64_t l = 0; l < w; ++l) {
+      rf += pf[l].tail(r - k / w).sum();
+      rh += ph[l].tail(r - k / w).sum();
+    }
+    res.per_layer_fit_rel_fro = rel(rf, nf);
+    res.per_layer_heldout_rel_fro = rel(rh, nh);
+    res.shared_basis_floats = Dw * k + (centered ? Dw : 0);
+    res.per_layer_basis_floats = r * k + (centered ? Dw : 0);
+    out.push_back(res);
+  }
+  return out;
+}
+
+}  // namespace latentq::probes

@@ -1,0 +1,137 @@
+#include "latentq/probes/svd_probe.h"
+
+#include <Eigen/Eigenvalues>
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+#include "detail.h"
+#include "latentq/probes/split.h"
+
+namespace latentq::probes {
+
+using RowMatF = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+void SvdBasis::reconstruct(const float* x, int64_t T, int64_t rank, float* out) const {
+  if (rank < 1 || rank > dim)
+    throw std::invalid_argument("SVD reconstruction rank " + std::to_string(rank) + " outside [1, " +
+                                std::to_string(dim) + "]");
+  if (T < 0) throw std::invalid_argument("SVD reconstruction: T = " + std::to_string(T) + " < 0");
+  if (T == 0) return;
+  const auto Vr = V.leftCols(rank);
+  const Eigen::MatrixXd Z = Eigen::Map<const RowMatF>(x, T, dim).cast<double>().rowwise() - mean.transpose();
+  const Eigen::MatrixXd Xhat = ((Z * Vr) * Vr.transpose()).rowwise() + mean.transpose();
+  Eigen::Map<RowMatF>(out, T, dim) = Xhat.cast<float>();
+}
+
+SvdBasis fit_svd_basis(const float* X, int64_t T, int64_t D, std::span<const std::pair<int64_t, int64_t>> rows,
+                       bool centered) {
+  if (D < 1) throw std::invalid_argument("SVD basis: dimension " + std::to_string(D) + " < 1");
+  const Eigen::MatrixXd Xf = detail::gather_rows(X, T, D, rows);
+  const int64_t n = Xf.rows();
+  if (n < (centered ? 2 : 1))
+    throw std::invalid_argument("SVD basis: " + std::to_string(n) + " fit token(s); need at least " +
+                                std::to_string(centered ? 2 : 1));
+  if (!Xf.allFinite()) {
+    int64_t bad = 0;
+    for (const auto& [b, e] : rows) bad += latentq::count_nonfinite(X + b * D, (e - b) * D);
+    throw std::invalid_argument("SVD basis: " + std::to_string(bad) + " NaN/Inf value(s) in the fit tokens");
+  }
+  SvdBasis basis;
+  basis.dim = D;
+  basis.centered = centered;
+  basis.mean = centered ? Eigen::VectorXd(Xf.colwise().mean().transpose()) : Eigen::VectorXd::Zero(D);
+  const Eigen::MatrixXd Z = Xf.rowwise() - basis.mean.transpose();
+  Eigen::MatrixXd G = Eigen::MatrixXd::Zero(D, D);
+  G.selfadjointView<Eigen::Lower>().rankUpdate(Z.transpose());  // G = ZᵀZ (lower triangle)
+  const Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd> es(G, Eigen::ComputeEigenvectors);
+  if (es.info() != Eigen::Success) throw std::runtime_error("SVD basis: the eigensolver did not converge");
+  // Eigen sorts ascending; reverse to σ descending. Sign convention: the largest-|.| entry of each
+  // column is positive, so the basis is deterministic.
+  basis.V = es.eigenvectors().rowwise().reverse();
+  basis.singular_values = es.eigenvalues().reverse().cwiseMax(0.0).cwiseSqrt();
+  for (int64_t j = 0; j < D; ++j) {
+    Eigen::Index imax = 0;
+    basis.V.col(j).cwiseAbs().maxCoeff(&imax);
+    if (basis.V(imax, j) < 0) basis.V.col(j) *= -1.0;
+  }
+  return basis;
+}
+
+int64_t energy_rank(const Eigen::VectorXd& singular_values, double fraction) {
+  if (!(fraction > 0.0 && fraction <= 1.0))
+    throw std::invalid_argument("energy fraction " + std::to_string(fraction) + " outside (0, 1]");
+  const Eigen::VectorXd e = singular_values.cwiseAbs2();
+  const double total = e.sum();
+  if (total == 0.0) return 0;
+  double cum = 0;
+  for (Eigen::Index i = 0; i < e.size(); ++i) {
+    cum += e[i];
+    if (cum >= fraction * total) return i + 1;
+  }
+  return e.size();  // rounding: the full sum always holds the fraction
+}
+
+std::vector<int64_t> default_svd_ranks(int64_t D) {
+  if (D < 1) throw std::invalid_argument("kv_lora_rank " + std::to_string(D) + " < 1");
+  std::vector<int64_t> r{D / 16, D / 8, D / 4, D / 2, 3 * D / 4, D};
+  for (auto& x : r) x = std::max<int64_t>(1, x);
+  std::sort(r.begin(), r.end());
+  r.erase(std::unique(r.begin(), r.end()), r.end());
+  return r;
+}
+
+SvdProbeResult svd_probe(const float* c_kv, int64_t T, int64_t D, std::span<const int64_t> seq_offsets,
+                         const SvdProbeOptions& options) {
+  if (D < 1) throw std::invalid_argument("SVD probe: kv_lora_rank " + std::to_string(D) + " < 1");
+  const TokenSplit split = fit_heldout_split(seq_offsets, T);
+  const std::vector<int64_t> ranks = options.ranks.empty() ? default_svd_ranks(D) : options.ranks;
+  int64_t max_rank = 0;
+  for (int64_t r : ranks) {
+    if (r < 1 || r > D)
+      throw std::invalid_argument("SVD probe: rank " + std::to_string(r) + " outside [1, kv_lora_rank = " +
+                                  std::to_string(D) + "]");
+    max_rank = std::max(max_rank, r);
+  }
+  for (double f : options.energy_fractions)
+    if (!(f > 0.0 && f <= 1.0))
+      throw std::invalid_argument("SVD probe: energy fraction " + std::to_string(f) + " outside (0, 1]");
+  const int64_t need = max_rank + (options.centered ? 1 : 0);
+  if (split.fit_tokens() < need)
+    throw std::invalid_argument("SVD probe: the fit split has " + std::to_string(split.fit_tokens()) +
+                                " tokens; rank " + std::to_string(max_rank) + (options.centered ? " centered" : "") +
+                                " needs at least " + std::to_string(need));
+  detail::require_finite(c_kv, T * D, "SVD probe: c_kv");
+
+  SvdProbeResult res;
+  res.centered = options.centered;
+  res.kv_lora_rank = D;
+  res.fit_tokens = split.fit_tokens();
+  res.heldout_tokens = split.heldout_tokens();
+  res.basis = fit_svd_basis(c_kv, T, D, split.fit, options.centered);
+
+  const Eigen::MatrixXd Xf = detail::gather_rows(c_kv, T, D, split.fit);
+  const Eigen::MatrixXd Xh = detail::gather_rows(c_kv, T, D, split.heldout);
+  const Eigen::VectorXd ef = detail::projected_energy(Xf, res.basis.mean, res.basis.V);
+  const Eigen::VectorXd eh = detail::projected_energy(Xh, res.basis.mean, res.basis.V);
+  const double nf = Xf.squaredNorm(), nh = Xh.squaredNorm();
+  const Eigen::VectorXd s2 = res.basis.singular_values.cwiseAbs2();
+  const double s2_total = s2.sum();
+  auto rel = [](double resid, double ref) {
+    return ref > 0 ? std::sqrt(resid / ref) : (resid > 0 ? INFINITY : 0.0);
+  };
+  for (int64_t r : ranks) {
+    SvdRankError e;
+    e.rank = r;
+    e.fit_rel_fro = rel(ef.tail(D - r).sum(), nf);
+    e.heldout_rel_fro = rel(eh.tail(D - r).sum(), nh);
+    e.fit_energy = s2_total > 0 ? s2.head(r).sum() / s2_total : 1.0;
+    res.ranks.push_back(e);
+  }
+  res.energy_fractions = options.energy_fractions;
+  for (double f : options.energy_fractions) res.energy_ranks.push_back(energy_rank(res.basis.singular_values, f));
+  return res;
+}
+
+}  // namespace latentq::probes

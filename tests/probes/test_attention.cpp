@@ -1,0 +1,320 @@
+// Absorbed MLA attention check: absorbed vs unabsorbed vs a loop reference, causality within
+// sequences, metrics (hand-computed KL / top-1 / top-8), errors.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <stdexcept>
+#include <vector>
+
+#include "latentq/probes/attention.h"
+#include "probe_test_util.h"
+
+using namespace latentq::probes;
+
+namespace {
+
+/// A random layer at a realistic scale: c_kv and k_pe ~ N(0, 1) (c_kv is RMS-normalized in a model),
+/// W_UK, W_UV ~ N(0, 1/r) so k_nope, v ~ N(0, 1), q ~ N(0, 2²): scores with sd ≈ 2 after the scale
+/// (nope+rope)^-1/2, some rows peaked, as in a trained model.
+struct RandomLayer {
+  MlaDims dims;
+  int64_t T = 0;
+  std::vector<int64_t> seq_offsets;
+  std::vector<int32_t> q_rows;
+  std::vector<float> q_nope, q_pe, w_uk, w_uv, c_kv, k_pe;
+  double scale = 0;
+  uint64_t seed = 0;
+
+  AttentionQueries queries() const {
+    return {dims, T, seq_offsets, q_rows, q_nope, q_pe, w_uk, w_uv, scale};
+  }
+  std::string describe() const {
+    return "seed " + std::to_string(seed) + " T " + std::to_string(T) + " S " + std::to_string(seq_offsets.size() - 1) +
+           " Tq " + std::to_string(q_rows.size()) + " H " + std::to_string(dims.num_heads) + " r " +
+           std::to_string(dims.kv_lora_rank) + " nope " + std::to_string(dims.qk_nope_head_dim) + " rope " +
+           std::to_string(dims.qk_rope_head_dim) + " v " + std::to_string(dims.v_head_dim);
+  }
+};
+
+RandomLayer make_layer(uint64_t seed, int64_t S, int64_t L, int64_t Tq, MlaDims d) {
+  std::mt19937_64 rng(seed);
+  RandomLayer l;
+  l.seed = seed;
+  l.dims = d;
+  l.T = S * L;
+  for (int64_t s = 0; s <= S; ++s) l.seq_offsets.push_back(s * L);
+  // Distinct query tokens in random order, always including each sequence's first token (1 key)
+  // and last token (L keys).
+  std::vector<int32_t> all(static_cast<size_t>(l.T));
+  std::iota(all.begin(), all.end(), 0);
+  std::shuffle(all.begin(), all.end(), rng);
+  for (int64_t s = 0; s < S; ++s) {
+    l.q_rows.push_back(static_cast<int32_t>(s * L));
+    l.q_rows.push_back(static_cast<int32_t>(s * L + L - 1));
+  }
+  for (int32_t t : all) {
+    if (static_cast<int64_t>(l.q_rows.size()) >= Tq) break;
+    if (t % L != 0 && t % L != L - 1) l.q_rows.push_back(t);
+  }
+  std::shuffle(l.q_rows.begin(), l.q_rows.end(), rng);
+  const int64_t H = d.num_heads, r = d.kv_lora_rank;
+  const int64_t nq = static_cast<int64_t>(l.q_rows.size());
+  l.q_nope = probe_test::gaussian_vec(rng, nq * H * d.qk_nope_head_dim, 2.0);
+  l.q_pe = probe_test::gaussian_vec(rng, nq * H * d.qk_rope_head_dim, 2.0);
+  l.w_uk = probe_test::gaussian_vec(rng, H * d.qk_nope_head_dim * r, 1.0 / std::sqrt(double(r)));
+  l.w_uv = probe_test::gaussian_vec(rng, H * d.v_head_dim * r, 1.0 / std::sqrt(double(r)));
+  l.c_kv = probe_test::gaussian_vec(rng, l.T * r);
+  l.k_pe = probe_test::gaussian_vec(rng, l.T * d.qk_rope_head_dim);
+  l.scale = 1.0 / std::sqrt(double(d.qk_nope_head_dim + d.qk_rope_head_dim));
+  return l;
+}
+
+const MlaDims kTinyMla{6, 128, 64, 32, 64};  // tiny-mla: H, kv_lora_rank, nope, rope, v
+
+template <typename Scalar>
+double rel_fro(const std::vector<Scalar>& ref, const std::vector<Scalar>& x) {
+  double e = 0, n = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    e += (double(x[i]) - double(ref[i])) * (double(x[i]) - double(ref[i]));
+    n += double(ref[i]) * double(ref[i]);
+  }
+  return std::sqrt(e / n);
+}
+
+/// Plain loops in float64, straight from the einsums (no Eigen, no absorption).
+struct LoopReference {
+  std::vector<double> out;    // [Tq, H, v]
+  std::vector<double> probs;  // same layout as AttentionResult::probs
+};
+LoopReference loop_reference(const RandomLayer& l) {
+  const MlaDims& d = l.dims;
+  const int64_t H = d.num_heads, r = d.kv_lora_rank, nope = d.qk_nope_head_dim, rope = d.qk_rope_head_dim,
+                v = d.v_head_dim;
+  LoopReference ref;
+  ref.out.assign(l.q_rows.size() * H * v, 0.0);
+  for (size_t i = 0; i < l.q_rows.size(); ++i) {
+    const int64_t t = l.q_rows[i];
+    int64_t s0 = 0;
+    for (size_t s = 0; s + 1 < l.seq_offsets.size(); ++s)
+      if (l.seq_offsets[s] <= t && t < l.seq_offsets[s + 1]) s0 = l.seq_offsets[s];
+    for (int64_t h = 0; h < H; ++h) {
+      std::vector<double> sc;
+      for (int64_t j = s0; j <= t; ++j) {
+        double a = 0;
+        for (int64_t dn = 0; dn < nope; ++dn) {
+          double k = 0;
+          for (int64_t c = 0; c < r; ++c) k += double(l.w_uk[(h * nope + dn) * r + c]) * l.c_kv[j * r + c];
+          a += double(l.q_nope[(i * H + h) * nope + dn]) * k;
+        }
+        for (int64_t dr = 0; dr < rope; ++dr) a += double(l.q_pe[(i * H + h) * rope + dr]) * l.k_pe[j * rope + dr];
+        sc.push_back(a * l.scale);
+      }
+      const double m = *std::max_element(sc.begin(), sc.end());
+      double z = 0;
+      for (auto& x : sc) z += (x = std::exp(x - m));
+      for (auto& x : sc) x /= z;
+      for (int64_t dv = 0; dv < v; ++dv) {
+        double o = 0;
+        for (int64_t j = s0; j <= t; ++j) {
+          double vv = 0;
+          for (int64_t c = 0; c < r; ++c) vv += double(l.w_uv[(h * v + dv) * r + c]) * l.c_kv[j * r + c];
+          o += sc[j - s0] * vv;
+        }
+        ref.out[(i * H + h) * v + dv] = o;
+      }
+      ref.probs.insert(ref.probs.end(), sc.begin(), sc.end());
+    }
+  }
+  return ref;
+}
+
+}  // namespace
+
+TEST(Attention, AbsorbedMatchesLoopReference) {
+  const RandomLayer l = make_layer(21, 3, 40, 20, MlaDims{2, 16, 8, 4, 8});
+  SCOPED_TRACE(l.describe());
+  const LoopReference ref = loop_reference(l);
+  const auto a = absorbed_attention<double>(l.queries(), l.c_kv, l.k_pe, true);
+  const auto u = unabsorbed_attention<double>(l.queries(), l.c_kv, l.k_pe, true);
+  EXPECT_LT(rel_fro(ref.out, a.out), 1e-12);
+  EXPECT_LT(rel_fro(ref.out, u.out), 1e-12);
+  ASSERT_EQ(a.probs.size(), ref.probs.size());
+  for (size_t j = 0; j < ref.probs.size(); ++j) ASSERT_NEAR(a.probs[j], ref.probs[j], 1e-13) << j;
+  for (size_t i = 0; i < l.q_rows.size(); ++i) {
+    EXPECT_EQ(a.nkeys[i], l.q_rows[i] % 40 + 1);
+    for (int64_t h = 0; h < 2; ++h) EXPECT_NEAR(std::accumulate(a.prob(i, h).begin(), a.prob(i, h).end(), 0.0), 1.0, 1e-12);
+  }
+}
+
+TEST(Attention, AbsorbedMatchesUnabsorbedFloat64) {
+  const RandomLayer l = make_layer(22, 4, 512, 256, kTinyMla);
+  SCOPED_TRACE(l.describe());
+  const auto a = absorbed_attention<double>(l.queries(), l.c_kv, l.k_pe, true);
+  const auto u = unabsorbed_attention<double>(l.queries(), l.c_kv, l.k_pe, true);
+  EXPECT_LE(rel_fro(u.out, a.out), 1e-12);
+  const AttentionError e = attention_error(u, a);
+  EXPECT_LT(std::abs(e.kl_mean), 1e-13);  // first-order rounding terms of Σ p·(ln p − ln p̂)
+  EXPECT_EQ(e.top1_agree, 1.0);
+}
+
+TEST(Attention, AbsorbedMatchesUnabsorbedFloat32) {
+  for (uint64_t seed : {23, 24}) {
+    const RandomLayer l = make_layer(seed, 4, 512, 256, kTinyMla);
+    SCOPED_TRACE(l.describe());
+    const auto a = absorbed_attention<float>(l.queries(), l.c_kv, l.k_pe);
+    const auto u = unabsorbed_attention<float>(l.queries(), l.c_kv, l.k_pe);
+    const auto ref = absorbed_attention<double>(l.queries(), l.c_kv, l.k_pe);
+    const double au = rel_fro(u.out, a.out);
+    EXPECT_LE(au, 1e-6);
+    // Both float32 paths are float32-accurate against float64.
+    std::vector<double> af(a.out.begin(), a.out.end()), uf(u.out.begin(), u.out.end());
+    EXPECT_LE(rel_fro(ref.out, af), 1e-6);
+    EXPECT_LE(rel_fro(ref.out, uf), 1e-6);
+    EXPECT_GT(au, 0.0);  // the two float32 paths do round differently
+  }
+}
+
+TEST(Attention, RunIsReusableAndOrderIndependent) {
+  // One AbsorbedAttention per layer, run on several latent variants; a query's output does not
+  // depend on the other queries (the row permutation only permutes the output).
+  RandomLayer l = make_layer(25, 2, 64, 30, MlaDims{3, 16, 8, 4, 8});
+  SCOPED_TRACE(l.describe());
+  const AbsorbedAttention<double> att(l.queries());
+  const auto r1 = att.run(l.c_kv, l.k_pe);
+  RandomLayer p = l;
+  std::reverse(p.q_rows.begin(), p.q_rows.end());
+  const int64_t H = 3, nope = 8, rope = 4, v = 8, nq = static_cast<int64_t>(l.q_rows.size());
+  for (int64_t i = 0; i < nq; ++i) {
+    std::copy_n(l.q_nope.begin() + i * H * nope, H * nope, p.q_nope.begin() + (nq - 1 - i) * H * nope);
+    std::copy_n(l.q_pe.begin() + i * H * rope, H * rope, p.q_pe.begin() + (nq - 1 - i) * H * rope);
+  }
+  const auto r2 = AbsorbedAttention<double>(p.queries()).run(p.c_kv, p.k_pe);
+  for (int64_t i = 0; i < nq; ++i)
+    for (int64_t j = 0; j < H * v; ++j) EXPECT_EQ(r1.out[i * H * v + j], r2.out[(nq - 1 - i) * H * v + j]);
+  // Changing a latent after the last key of every query changes nothing; before, it does.
+  std::vector<float> c2 = l.c_kv;
+  const int64_t last = *std::max_element(l.q_rows.begin(), l.q_rows.end());
+  if (last + 1 < l.T) {
+    for (int64_t c = 0; c < 16; ++c) c2[(last + 1) * 16 + c] += 5.0f;
+    EXPECT_EQ(att.run(c2, l.k_pe).out, r1.out);
+  }
+  c2 = l.c_kv;
+  for (int64_t c = 0; c < 16; ++c) c2[c] += 1.0f;  // token 0: a key of every row of sequence 0
+  EXPECT_NE(att.run(c2, l.k_pe).out, r1.out);
+}
+
+TEST(Attention, SingleKeyRowIsItsValue) {
+  // A query at the first token of a sequence attends only to it: p = 1, out = W_UV·c_kv[s0].
+  RandomLayer l = make_layer(26, 2, 16, 4, MlaDims{2, 8, 4, 2, 4});
+  l.q_rows = {16, 0, 5, 31};
+  SCOPED_TRACE(l.describe());
+  const auto a = absorbed_attention<double>(l.queries(), l.c_kv, l.k_pe, true);
+  EXPECT_EQ(a.nkeys, (std::vector<int64_t>{1, 1, 6, 16}));
+  for (int64_t h = 0; h < 2; ++h) {
+    ASSERT_EQ(a.prob(0, h).size(), 1u);
+    EXPECT_EQ(a.prob(0, h)[0], 1.0);
+    for (int64_t dv = 0; dv < 4; ++dv) {
+      double expect = 0;
+      for (int64_t c = 0; c < 8; ++c) expect += double(l.w_uv[(h * 4 + dv) * 8 + c]) * l.c_kv[16 * 8 + c];
+      EXPECT_NEAR(a.out[(0 * 2 + h) * 4 + dv], expect, 1e-14);
+    }
+  }
+}
+
+TEST(AttentionError, IdenticalInputs) {
+  const RandomLayer l = make_layer(27, 2, 100, 40, MlaDims{4, 32, 16, 8, 16});
+  SCOPED_TRACE(l.describe());
+  const AbsorbedAttention<float> att(l.queries());
+  const auto a = att.run(l.c_kv, l.k_pe, true), b = att.run(l.c_kv, l.k_pe, true);
+  const AttentionError e = attention_error(a, b);
+  EXPECT_EQ(e.out_rel_fro, 0.0);
+  EXPECT_DOUBLE_EQ(e.cos_mean, 1.0);
+  EXPECT_EQ(e.kl_mean, 0.0);
+  EXPECT_EQ(e.top1_agree, 1.0);
+  EXPECT_EQ(e.top8_agree, 1.0);
+  // Perturbed latents: every metric moves the right way.
+  std::mt19937_64 rng(28);
+  std::vector<float> noisy = l.c_kv;
+  const auto noise = probe_test::gaussian_vec(rng, static_cast<int64_t>(noisy.size()), 0.3);
+  for (size_t i = 0; i < noisy.size(); ++i) noisy[i] += noise[i];
+  const AttentionError n = attention_error(a, att.run(noisy, l.k_pe, true));
+  EXPECT_GT(n.out_rel_fro, 0.01);
+  EXPECT_LT(n.cos_mean, 1.0);
+  EXPECT_GT(n.kl_mean, 1e-4);
+  EXPECT_LT(n.top8_agree, 1.0);
+  EXPECT_GT(n.top8_agree, 0.3);
+}
+
+TEST(AttentionError, HandComputed) {
+  // Two query rows, one head, v = 1.
+  // Row 0, 3 keys: p = (0.5, 0.25, 0.25), p̂ = (0.25, 0.5, 0.25):
+  //   KL = 0.5·ln 2 + 0.25·ln 0.5 = 0.25·ln 2; argmax 0 vs 1 → top-1 miss; m = 3 → top-m agreement 1.
+  // Row 1, 10 keys: p = (0.2, 0.1 ×8, 0) with p̂ = (0, 0.1 ×8, 0.2):
+  //   KL = 0.2·(ln 0.2 − ln 1e-30) (floor) + 0; top-1: key 0 vs key 9 → miss;
+  //   top-8 of p = keys 0..7 (ties → lower index); of p̂ = 9, 1..7 → 7 common → 7/8.
+  AttentionResult<double> ref, test;
+  for (auto* r : {&ref, &test}) {
+    r->num_queries = 2;
+    r->num_heads = 1;
+    r->v_head_dim = 1;
+    r->nkeys = {3, 10};
+    r->prob_offsets = {0, 3, 13};
+  }
+  ref.out = {1.0, 2.0};
+  test.out = {1.0, -2.0};
+  ref.probs = {0.5, 0.25, 0.25, 0.2, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.0};
+  test.probs = {0.25, 0.5, 0.25, 0.0, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.2};
+  const AttentionError e = attention_error(ref, test);
+  const double kl0 = 0.25 * std::log(2.0), kl1 = 0.2 * (std::log(0.2) - std::log(1e-30));
+  EXPECT_NEAR(e.kl_mean, (kl0 + kl1) / 2, 1e-12);
+  EXPECT_EQ(e.top1_agree, 0.0);
+  EXPECT_NEAR(e.top8_agree, (1.0 + 7.0 / 8.0) / 2, 1e-15);
+  EXPECT_NEAR(e.out_rel_fro, 4.0 / std::sqrt(5.0), 1e-15);  // ‖(0, −4)‖ / ‖(1, 2)‖
+  EXPECT_NEAR(e.cos_mean, 0.0, 1e-15);                      // (1 + (−1)) / 2
+  test.probs.clear();
+  EXPECT_THROW(attention_error(ref, test), std::invalid_argument);
+}
+
+TEST(Attention, Errors) {
+  const RandomLayer l = make_layer(29, 2, 16, 6, MlaDims{2, 8, 4, 2, 4});
+  SCOPED_TRACE(l.describe());
+  {
+    RandomLayer b = l;
+    b.q_rows[2] = 32;  // T = 32
+    try {
+      AbsorbedAttention<float> att(b.queries());
+      FAIL() << "q_row 32 accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("q_rows[2] = 32"), std::string::npos) << e.what();
+    }
+  }
+  {
+    RandomLayer b = l;
+    b.w_uv.pop_back();
+    EXPECT_THROW(AbsorbedAttention<float>{b.queries()}, std::invalid_argument);
+    EXPECT_THROW(unabsorbed_attention<float>(b.queries(), b.c_kv, b.k_pe), std::invalid_argument);
+  }
+  {
+    RandomLayer b = l;
+    b.scale = 0;
+    EXPECT_THROW(AbsorbedAttention<double>{b.queries()}, std::invalid_argument);
+    b = l;
+    b.q_nope[3] = NAN;
+    EXPECT_THROW(AbsorbedAttention<double>{b.queries()}, std::invalid_argument);
+    b = l;
+    b.seq_offsets = {0, 20, 16};
+    EXPECT_THROW(AbsorbedAttention<double>{b.queries()}, std::invalid_argument);
+  }
+  const AbsorbedAttention<float> att(l.queries());
+  std::vector<float> c = l.c_kv;
+  c[7] = INFINITY;
+  EXPECT_THROW(att.run(c, l.k_pe), std::invalid_argument);
+  c.resize(c.size() - 8);
+  EXPECT_THROW(att.run(c, l.k_pe), std::invalid_argument);
+  const auto a = att.run(l.c_kv, l.k_pe, true);
+  AbsorbedAttention<float> other(make_layer(30, 2, 16, 5, MlaDims{2, 8, 4, 2, 4}).queries());
+  EXPECT_THROW(attention_error(a, other.run(l.c_kv, l.k_pe, true)), std::invalid_argument);
+}
