@@ -1,0 +1,434 @@
+"""Tests of experiments/report.py (`latentq report`): synthetic latentq-results/1 files built with h5py,
+the script run as a subprocess; figures checked as PNGs, report.md checked for figures, tables and the
+lines about missing groups; bad inputs give exit code 2 and a one-line message, never a traceback."""
+import importlib.util
+import math
+import os
+import struct
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+SCRIPT = os.path.join(REPO, "experiments", "report.py")
+SEED = 1234
+
+ALL_FIGURES = ["frontier_c_kv.png", "frontier_model_bytes.png", "per_layer.png", "svd.png", "cross_layer.png",
+               "cross_layer_sharing.png", "e2e.png"]
+
+
+def load_report_module():
+    spec = importlib.util.spec_from_file_location("latentq_report", SCRIPT)
+    m = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(m)
+    return m
+
+
+R = load_report_module()
+
+
+# ---------------------------------------------------------------------------------------------
+# Synthetic results files
+
+L, D, DR = 6, 128, 32  # layers, kv_lora_rank, qk_rope_head_dim
+
+
+def quantizer_list():
+    qs = []
+    for b in (8, 4, 2):
+        for s in ("sym", "asym"):
+            qs.append(f"int{b}-{s}-tensor")
+            for g in ("channel", "token"):
+                for gs in (0, 32, 128):
+                    qs.append(f"int{b}-{s}-{g}" + (f"-g{gs}" if gs else ""))
+    return qs + ["bf16", "fp8-e4m3-tile128"]
+
+
+def bits_per_element(q, dim):
+    p = R.parse_spec(q)
+    if p["kind"] == "bf16":
+        return 16.0
+    if p["kind"] == "fp8":
+        return 8.0 + 32.0 / 128 if dim == D else 16.0  # fp8 on k_pe stores bf16
+    meta = 16.0 * (2 if p["scheme"] == "asym" else 1)
+    if p["granularity"] == "tensor":
+        return p["bits"] + meta / (512 * dim)
+    if p["granularity"] == "channel":
+        return p["bits"] + meta / (p["group_size"] or 512)
+    return p["bits"] + meta / (p["group_size"] or dim)
+
+
+def rel_fro(q, layer, rng, target):
+    p = R.parse_spec(q)
+    if p["kind"] == "bf16":
+        base = 2.0e-3
+    elif p["kind"] == "fp8":
+        base = 3.0e-2 if target == "c_kv" else 2.0e-3
+    else:
+        gfac = {"tensor": 3.0, "channel": 1.0, "token": 1.4}[p["granularity"]]
+        gsf = {0: 1.5, 32: 0.8, 128: 1.0}[p["group_size"]] if p["granularity"] != "tensor" else 1.0
+        base = 2.0 ** (-(p["bits"] - 1)) * gfac * gsf * (0.8 if p["scheme"] == "asym" else 1.0)
+    return base * (1 + 0.1 * layer) * (1 + 0.05 * rng.standard_normal())
+
+
+def write_group(f, name, cols):
+    g = f.create_group(name)
+    for k, v in cols.items():
+        v = np.asarray(v)
+        if v.dtype.kind in "US":
+            g.create_dataset(k, data=v.astype(object), dtype=h5py.string_dtype("utf-8"))
+        else:
+            g.create_dataset(k, data=v)
+
+
+def make_results(path, groups=("latent_error", "summary", "attention_error", "svd", "svd_spectrum", "cross_layer",
+                               "cross_layer_sharing", "e2e"), schema="latentq-results/1"):
+    """A synthetic results file; returns the per-quantizer mean c_kv rel_fro (dict) for checks."""
+    rng = np.random.default_rng(SEED)
+    qs = quantizer_list()
+    le = {k: [] for k in ("layer", "target", "quantizer", "bits", "scheme", "granularity", "group_size",
+                          "scale_dtype", "bits_per_element", "bytes_per_token_layer", "rel_fro", "mse", "sqnr_db",
+                          "max_abs_err", "cos_mean")}
+    for layer in range(L):
+        for t, dim in (("c_kv", D), ("k_pe", DR)):
+            for q in qs:
+                p = R.parse_spec(q)
+                bpe = bits_per_element(q, dim)
+                e = rel_fro(q, layer, rng, t)
+                for k, v in (("layer", layer), ("target", t), ("quantizer", q), ("bits", p["bits"]),
+                             ("scheme", p["scheme"]), ("granularity", p["granularity"]),
+                             ("group_size", p["group_size"]), ("scale_dtype", p["scale_dtype"]),
+                             ("bits_per_element", bpe), ("bytes_per_token_layer", bpe * dim / 8), ("rel_fro", e),
+                             ("mse", e * e), ("sqnr_db", -20 * math.log10(e)), ("max_abs_err", 4 * e),
+                             ("cos_mean", 1 - e * e / 2)):
+                    le[k].append(v)
+    le = {k: np.array(v) for k, v in le.items()}
+    mean_c = {q: float(le["rel_fro"][(le["quantizer"] == q) & (le["target"] == "c_kv")].mean()) for q in qs}
+    with h5py.File(path, "w") as f:
+        if schema is not None:
+            f.attrs["schema"] = schema
+        f.attrs["model"] = "tiny-mla"
+        f.attrs["input_path"] = "/data/latents/tiny-mla.h5"
+        f.attrs["input_sha256"] = "ab" * 32
+        f.attrs["num_layers"] = np.int64(L)
+        f.attrs["kv_lora_rank"] = np.int64(D)
+        f.attrs["qk_rope_head_dim"] = np.int64(DR)
+        f.attrs["latentq_version"] = "0.1.0"
+        f.attrs["git_commit"] = "0123456789abcdef"
+        if "latent_error" in groups:
+            write_group(f, "latent_error", le)
+        if "summary" in groups:
+            s = {k: [] for k in ("quantizer", "mean_rel_fro_c_kv", "max_rel_fro_c_kv", "mean_rel_fro_k_pe",
+                                 "max_rel_fro_k_pe", "bits_per_element", "bytes_per_token_model", "ratio_vs_bf16")}
+            for q in qs:
+                mc, mk = (le["quantizer"] == q) & (le["target"] == "c_kv"), (le["quantizer"] == q) & (le["target"] == "k_pe")
+                byt = L * (le["bytes_per_token_layer"][mc].mean() + le["bytes_per_token_layer"][mk].mean())
+                for k, v in (("quantizer", q), ("mean_rel_fro_c_kv", le["rel_fro"][mc].mean()),
+                             ("max_rel_fro_c_kv", le["rel_fro"][mc].max()), ("mean_rel_fro_k_pe", le["rel_fro"][mk].mean()),
+                             ("max_rel_fro_k_pe", le["rel_fro"][mk].max()), ("bits_per_element", le["bits_per_element"][mc].mean()),
+                             ("bytes_per_token_model", byt), ("ratio_vs_bf16", byt / (L * (D + DR) * 2))):
+                    s[k].append(v)
+            write_group(f, "summary", s)
+        if "attention_error" in groups:
+            a = {k: [] for k in ("layer", "quantizer", "targets", "out_rel_fro", "cos_mean", "kl_mean", "top1_agree",
+                                 "top8_agree")}
+            for layer in range(L):
+                rows = [(q, "c_kv", 0.7 * mean_c[q]) for q in qs] + [(q, "k_pe", 0.2 * mean_c[q]) for q in qs[:4]]
+                rows += [(f"svd-rank{r}", "c_kv", 0.5 * (1 - r / D) + 1e-3) for r in (8, 16, 32, 64, 96, 128)]
+                for q, t, e in rows:
+                    e *= 1 + 0.1 * layer
+                    for k, v in (("layer", layer), ("quantizer", q), ("targets", t), ("out_rel_fro", e),
+                                 ("cos_mean", 1 - e * e / 2), ("kl_mean", e * e), ("top1_agree", 1 - e),
+                                 ("top8_agree", 1 - e / 2)):
+                        a[k].append(v)
+            write_group(f, "attention_error", a)
+        if "svd" in groups:
+            s = {k: [] for k in ("layer", "rank", "centered", "fit_rel_fro", "heldout_rel_fro", "rank_90", "rank_99",
+                                 "rank_999")}
+            for layer in range(L):
+                for r in (8, 16, 32, 64, 96, 128):
+                    ho = max(0.6 * math.exp(-r / (25 + 5 * layer)), 1e-7) if r < D else 1e-7
+                    for k, v in (("layer", layer), ("rank", r), ("centered", 1), ("fit_rel_fro", 0.9 * ho),
+                                 ("heldout_rel_fro", ho), ("rank_90", 20 + layer), ("rank_99", 60 + 2 * layer),
+                                 ("rank_999", 100 + 3 * layer)):
+                        s[k].append(v)
+            write_group(f, "svd", s)
+        if "svd_spectrum" in groups:
+            s = {"layer": [], "index": [], "singular_value": []}
+            for layer in range(L):
+                for i in range(D):
+                    s["layer"].append(layer)
+                    s["index"].append(i)
+                    s["singular_value"].append(50.0 * math.exp(-i / (15 + 4 * layer)))
+            write_group(f, "svd_spectrum", s)
+        if "cross_layer" in groups:
+            c = {"layer_a": [], "layer_b": [], "mean_abs_pearson": [], "cka": []}
+            for a_ in range(L):
+                for b_ in range(a_ + 1, L):  # a < b only: the report must symmetrize
+                    c["layer_a"].append(a_)
+                    c["layer_b"].append(b_)
+                    c["mean_abs_pearson"].append(0.1 + 0.5 / (b_ - a_))
+                    c["cka"].append(0.3 + 0.6 / (b_ - a_))
+            write_group(f, "cross_layer", c)
+        if "cross_layer_sharing" in groups:
+            c = {k: [] for k in ("window_start", "window", "rank", "shared_heldout_rel_fro", "per_layer_heldout_rel_fro")}
+            for ws in (0, 2, 4):
+                for r in (16, 32, 64, 128, 192):
+                    for k, v in (("window_start", ws), ("window", 2), ("rank", r),
+                                 ("shared_heldout_rel_fro", 0.5 * math.exp(-r / (60 + 10 * ws))),
+                                 ("per_layer_heldout_rel_fro", 0.55 * math.exp(-r / (70 + 10 * ws)))):
+                        c[k].append(v)
+            write_group(f, "cross_layer_sharing", c)
+        if "e2e" in groups:
+            e = {k: [] for k in ("quantizer", "targets", "kl_mean", "top1_agree", "nll_ref", "nll_quant", "ppl_ref",
+                                 "ppl_quant", "num_tokens")}
+            for q in qs:
+                kl = mean_c[q] ** 2
+                for k, v in (("quantizer", q), ("targets", "c_kv+k_pe"), ("kl_mean", kl), ("top1_agree", max(0.0, 1 - mean_c[q])),
+                             ("nll_ref", 1.5), ("nll_quant", 1.5 + kl), ("ppl_ref", math.exp(1.5)),
+                             ("ppl_quant", math.exp(1.5 + kl)), ("num_tokens", 2048)):
+                    e[k].append(v)
+            write_group(f, "e2e", e)
+    return mean_c
+
+
+def run_report(*args):
+    env = dict(os.environ, MPLBACKEND="Agg")
+    env.pop("LATENTQ_DEBUG", None)
+    return subprocess.run([sys.executable, SCRIPT, *map(str, args)], capture_output=True, text=True, env=env,
+                          timeout=600)
+
+
+def assert_png(path):
+    assert os.path.isfile(path), f"{path} missing"
+    with open(path, "rb") as f:
+        data = f.read()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", f"{path}: not a PNG"
+    assert data[12:16] == b"IHDR"
+    w, h = struct.unpack(">II", data[16:24])
+    assert w >= 400 and h >= 300, f"{path}: {w}x{h}"
+    assert len(data) > 15000, f"{path}: only {len(data)} bytes"
+
+
+def assert_clean_stderr(p):
+    assert "Traceback" not in p.stderr, p.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# Full and partial files
+
+
+@pytest.fixture(scope="module")
+def full(tmp_path_factory):
+    d = tmp_path_factory.mktemp("full")
+    mean_c = make_results(d / "res.h5")
+    p = run_report(d / "res.h5", "--out", d / "out")
+    return d / "out", p, mean_c
+
+
+def test_full_report_writes_every_figure(full):
+    out, p, _ = full
+    assert p.returncode == 0, p.stderr
+    assert_clean_stderr(p)
+    for fn in ALL_FIGURES:
+        assert_png(out / fn)
+    md = (out / "report.md").read_text()
+    for fn in ALL_FIGURES:
+        assert f"]({fn})" in md, fn
+    assert md.startswith("# latentq report: tiny-mla")
+    assert "/data/latents/tiny-mla.h5" in md
+    assert "not in the results file" not in md and "not in the results file" not in p.stdout
+    assert not [f for f in os.listdir(out) if f.endswith(".tmp")]
+
+
+def test_full_report_tables(full):
+    out, p, mean_c = full
+    md = (out / "report.md").read_text()
+    # top table: the best quantizer at each integer bit width (by mean c_kv rel_fro) ranks first
+    for b in (2, 4, 8):
+        cand = {q: e for q, e in mean_c.items() if q.startswith(f"int{b}-")}
+        best = min(cand, key=cand.get)
+        line = next(l for l in md.splitlines() if l.startswith(f"| {b} | 1 | "))
+        assert f"`{best}`" in line, (b, best, line)
+        assert f"{cand[best]:.2e}" in line
+    # adjacent layers (the file has a<b pairs only): CKA then Pearson, 3 decimals
+    for a in range(L - 1):
+        assert f"| {a} | {a + 1} | {0.3 + 0.6:.3f} | {0.1 + 0.5:.3f} |" in md
+    # SVD energy ranks per layer
+    for layer in range(L):
+        assert f"| {layer} | {20 + layer} | {60 + 2 * layer} | {100 + 3 * layer} |" in md
+    # e2e: the lowest KL at 4 bits first in its group, baselines present; a '|' in a header is escaped
+    kl4 = {q: e * e for q, e in mean_c.items() if q.startswith("int4-")}
+    best = min(kl4, key=kl4.get)
+    line = next(l for l in md.splitlines() if l.startswith("| 4 | `") and "c_kv+k_pe" in l)
+    assert f"`{best}`" in line and f"{kl4[best]:.2e}" in line, line
+    assert md.count("| bf16 | `bf16` | c_kv+k_pe |") == 1
+    assert "mean \\|Pearson\\|" in md
+    # the Pareto front line names only quantizers of the file
+    front = next(l for l in md.splitlines() if l.startswith("Pareto front"))
+    assert "`bf16`" in front or "`int8" in front
+
+
+def test_partial_file(tmp_path):
+    make_results(tmp_path / "res.h5", groups=("latent_error", "summary"))
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "svd.png").write_bytes(b"stale figure of an earlier report")
+    (tmp_path / "out" / "notes.txt").write_text("not ours")
+    p = run_report(tmp_path / "res.h5", "--out", tmp_path / "out", "--quantizers", "int4-*-channel-g32", "nope-*", "bf16")
+    assert p.returncode == 0, p.stderr
+    assert_clean_stderr(p)
+    out = tmp_path / "out"
+    for fn in ("frontier_c_kv.png", "frontier_model_bytes.png", "per_layer.png"):
+        assert_png(out / fn)
+    for fn in ("svd.png", "cross_layer.png", "cross_layer_sharing.png", "e2e.png"):
+        assert not (out / fn).exists(), fn
+    assert (out / "notes.txt").read_text() == "not ours"
+    md = (out / "report.md").read_text()
+    for g in ("/attention_error", "/svd and /svd_spectrum", "/cross_layer not", "/cross_layer_sharing", "/e2e"):
+        assert sum(g in l and "not in the results file" in l for l in md.splitlines()) == 1, g
+        assert sum(g in l and "not in the results file" in l for l in p.stdout.splitlines()) == 1, g
+    assert "'nope-*' matches no quantizer" in p.stderr
+    assert "given by --quantizers" in md
+
+
+def test_only_svd_groups(tmp_path):
+    make_results(tmp_path / "res.h5", groups=("svd",))
+    p = run_report(tmp_path / "res.h5", "--out", tmp_path / "out")
+    assert p.returncode == 0, p.stderr
+    assert_png(tmp_path / "out" / "svd.png")
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "/svd_spectrum not in the results file" in md
+    assert "/latent_error and /summary not in the results file" in md
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad inputs: exit 2, one message, nothing written
+
+
+def _no_schema(p):
+    with h5py.File(p, "w") as f:
+        f.create_group("latent_error")
+
+
+def _no_groups(p):
+    with h5py.File(p, "w") as f:
+        f.attrs["schema"] = "latentq-results/1"
+
+
+def _empty_groups(p):
+    with h5py.File(p, "w") as f:
+        f.attrs["schema"] = "latentq-results/1"
+        f.create_group("latent_error")
+        f.create_group("summary")
+
+
+@pytest.mark.parametrize("kind,expect", [
+    ("missing", "no such file"),
+    ("empty", "empty file"),
+    ("text", "not an HDF5 file"),
+    ("no_schema", "no root attribute 'schema'"),
+    ("wrong_schema", 'schema = "latentq-dump/1"'),
+    ("no_groups", "no result tables"),
+    ("empty_groups", "no result tables"),
+])
+def test_bad_input(tmp_path, kind, expect):
+    p = tmp_path / "res.h5"
+    if kind == "empty":
+        p.write_bytes(b"")
+    elif kind == "text":
+        p.write_text("layer,rel_fro\n0,0.1\n")
+    elif kind == "no_schema":
+        _no_schema(p)
+    elif kind == "wrong_schema":
+        make_results(p, groups=("latent_error",), schema="latentq-dump/1")
+    elif kind == "no_groups":
+        _no_groups(p)
+    elif kind == "empty_groups":
+        _empty_groups(p)
+    r = run_report(p, "--out", tmp_path / "out")
+    assert r.returncode == 2, (kind, r.returncode, r.stderr)
+    assert_clean_stderr(r)
+    assert r.stderr.startswith(f"latentq report: {p}: "), r.stderr
+    assert expect in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_out_is_a_file(tmp_path):
+    make_results(tmp_path / "res.h5", groups=("latent_error",))
+    (tmp_path / "out").write_text("x")
+    r = run_report(tmp_path / "res.h5", "--out", tmp_path / "out")
+    assert r.returncode == 2
+    assert "not a directory" in r.stderr
+    assert_clean_stderr(r)
+
+
+def test_help_is_fast_and_lists_options():
+    r = run_report("--help")
+    assert r.returncode == 0
+    assert "--quantizers" in r.stdout and "--out" in r.stdout
+
+
+# ---------------------------------------------------------------------------------------------
+# Pure helpers
+
+
+def test_pareto_front_hand_computed():
+    x = [1, 2, 3, 4, 2, 5]
+    y = [5, 3, 4, 1, 3.5, float("nan")]
+    # (1,5) (2,3) (4,1) are undominated; (3,4) dominated by (2,3); (2,3.5) same x, higher y; NaN ignored
+    assert R.pareto_front(x, y) == [0, 1, 3]
+    assert R.pareto_front([], []) == []
+
+
+def test_symmetric_matrix_from_upper_triangle_and_full():
+    layers, M = R.symmetric_matrix([0, 0, 1], [1, 2, 2], [0.5, 0.2, 0.7])
+    assert layers == [0, 1, 2]
+    np.testing.assert_array_equal(M, [[1, 0.5, 0.2], [0.5, 1, 0.7], [0.2, 0.7, 1]])
+    # a full matrix with its own diagonal is kept as is; a missing pair stays NaN
+    layers, M = R.symmetric_matrix([0, 1, 0, 1, 3], [0, 1, 1, 0, 3], [0.9, 0.8, 0.4, 0.45, 1.0])
+    assert layers == [0, 1, 3]
+    assert M[0, 0] == 0.9 and M[1, 1] == 0.8 and M[0, 1] == 0.4 and M[1, 0] == 0.45
+    assert math.isnan(M[0, 2]) and math.isnan(M[2, 1]) and M[2, 2] == 1.0
+
+
+def test_parse_spec_and_short_label():
+    assert R.parse_spec("int4-asym-channel-g32") == dict(kind="int", bits=4, scheme="asym", granularity="channel",
+                                                         group_size=32, scale_dtype="fp16")
+    assert R.parse_spec("int2-sym-token-fp32")["scale_dtype"] == "fp32"
+    assert R.parse_spec("fp8-e4m3-tile128")["group_size"] == 128
+    assert R.parse_spec("svd-rank16") ["kind"] == "svd"
+    assert R.short_label("int4-asym-channel-g32") == "int4 asym ch g32"
+    assert R.short_label("int8-sym-token") == "int8 sym tok all"
+    assert R.short_label("int2-sym-tensor-fp32") == "int2 sym tensor fp32"
+    assert R.short_label("bf16") == "bf16"
+
+
+def test_default_selection_and_defensive_columns():
+    cols = {"quantizer": np.array(["int4-sym-channel", "int4-asym-channel-g32", "int4-sym-token", "bf16"], dtype=object),
+            "rel_fro_c_kv_mean": np.array([0.2, 0.1, 0.3, 0.002]),  # renamed: found by its words
+            "bytes_per_token_model_total": np.array([100.0, 110.0, 105.0, 1920.0])}
+    Q = R.quantizer_table({"summary": R.Table("summary", cols, 4)})
+    assert Q["int4-asym-channel-g32"]["err_c_kv"] == 0.1
+    assert Q["bf16"]["bytes_model"] == 1920.0
+    assert math.isnan(Q["bf16"]["ratio"])  # no ratio column: NaN, no crash
+    warns = []
+    assert R.select_quantizers(Q, None, warns.append) == ["int4-asym-channel-g32", "int4-sym-token", "bf16"]
+    assert R.select_quantizers(Q, ["int4-*-channel*", "x"], warns.append) == ["int4-sym-channel", "int4-asym-channel-g32"]
+    assert warns == ["--quantizers: 'x' matches no quantizer of the results file"]
+
+
+def test_cross_layer_columns_named_as_the_probe_struct():
+    # cross_layer.h names the fields cka_linear / pearson_mean_abs and also has pearson_channels,
+    # which must not be taken for the Pearson value
+    cols = {"layer_a": np.array([0, 0, 1]), "layer_b": np.array([1, 2, 2]),
+            "pearson_channels": np.array([128, 128, 128]), "pearson_mean_abs": np.array([0.5, 0.25, 0.75]),
+            "cka_linear": np.array([0.9, 0.8, 0.7])}
+    layers, mats = R.cross_layer_matrices({"cross_layer": R.Table("cross_layer", cols, 3)})
+    assert layers == [0, 1, 2]
+    np.testing.assert_array_equal(mats["CKA (linear)"], [[1, 0.9, 0.8], [0.9, 1, 0.7], [0.8, 0.7, 1]])
+    np.testing.assert_array_equal(mats["mean |Pearson|"], [[1, 0.5, 0.25], [0.5, 1, 0.75], [0.25, 0.75, 1]])
