@@ -1,0 +1,89 @@
+// latentq/config.h — study configuration files (TOML, parsed with toml++).
+//
+// A config names the input dump, the layers and targets, and the quantizer matrix; the full
+// reference with comments is experiments/default.toml (embedded into the latentq binary).
+//
+//   [input]      dump = "path.h5"          relative to the config file's directory
+//                layers = "all" | [0, 2]
+//                targets = ["c_kv", "k_pe"]
+//   [quantizers] bits, schemes, granularities, group_sizes, scale_dtypes   the cross product
+//                extra = [spec, ...]                                        appended as given
+//                exclude = [spec or '*' glob, ...]                          removed from the above
+//   [targets.<c_kv|k_pe>]  quantizers = [spec, ...]   replaces the list for that target
+//                          exclude = [spec or glob]   removed for that target only
+//   [output]     results = "path.h5"       relative to the config file's directory
+//
+// Unknown keys, unknown specs, wrong types and out-of-range values are errors
+// (std::invalid_argument naming the config source, line:column and key).
+#pragma once
+
+#include <filesystem>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "latentq/spec.h"
+
+namespace latentq {
+
+/// A quantizer of the study: its canonical spec string (QuantSpec::to_string) and the spec.
+struct Quantizer {
+  std::string name;
+  QuantSpec spec;
+  bool operator==(const Quantizer&) const = default;
+};
+
+/// The quantizers to run on one target, in run order.
+struct TargetPlan {
+  Target target;
+  std::vector<Quantizer> quantizers;
+};
+
+struct StudyConfig {
+  std::string text;                  ///< the full config text (stored in results files)
+  std::string source;                ///< where it came from (a path, or the embedded default's path)
+  std::filesystem::path base_dir;    ///< directory relative paths resolve against
+  std::filesystem::path dump;        ///< [input].dump resolved; empty if not given
+  std::vector<int> layers;           ///< [input].layers; empty = all layers of the dump
+  std::vector<TargetPlan> targets;   ///< one per [input].targets entry, in that order
+  std::filesystem::path results;     ///< [output].results resolved; empty if not given
+  std::vector<std::string> warnings; ///< non-fatal remarks (e.g. an exclude pattern matching nothing)
+
+  /// Every quantizer of any target, first occurrence order (c_kv's list first when it is first).
+  std::vector<Quantizer> all_quantizers() const;
+  /// The plan of `t`, or nullptr if the target is not studied.
+  const TargetPlan* plan(Target t) const;
+};
+
+/// Parse config text. `source` names it in messages; `base_dir` resolves relative paths.
+/// Throws std::invalid_argument with "<source>:<line>:<col>: ..." for TOML syntax errors, unknown
+/// keys (naming the key and the valid ones), wrong types, bits outside {2, 4, 8}, negative group
+/// sizes, unknown granularities/schemes/scale dtypes/targets, invalid spec strings (the message of
+/// QuantSpec::parse, which lists the valid forms), or a target left with no quantizer.
+StudyConfig parse_config(std::string_view text, const std::string& source, const std::filesystem::path& base_dir);
+
+/// Read and parse a config file (base_dir = its directory). Throws std::runtime_error if it
+/// cannot be read, and as parse_config.
+StudyConfig load_config(const std::filesystem::path& path);
+
+/// The embedded experiments/default.toml, parsed as if it lived at <source dir>/experiments/.
+StudyConfig default_config();
+/// The embedded default config text and the path it stands for.
+std::string_view default_config_text();
+std::filesystem::path default_config_path();
+
+/// The quantizer cross product, in order: bits × schemes × (tensor × scale_dtypes, or
+/// {channel, token} × group_sizes × scale_dtypes), following the order of each list and of
+/// `granularities`; duplicates (by canonical name) dropped. Throws std::invalid_argument as
+/// parse_config for bad values.
+std::vector<Quantizer> expand_matrix(const std::vector<int64_t>& bits, const std::vector<std::string>& schemes,
+                                     const std::vector<std::string>& granularities,
+                                     const std::vector<int64_t>& group_sizes,
+                                     const std::vector<std::string>& scale_dtypes);
+
+/// True if the canonical quantizer name matches `pattern`: a '*' glob (fnmatch) or, without '*',
+/// the canonical form of a spec string (so "int4-asym-channel-g32-fp16" matches
+/// "int4-asym-channel-g32").
+bool quantizer_matches(const std::string& name, const std::string& pattern);
+
+}  // namespace latentq

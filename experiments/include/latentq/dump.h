@@ -1,0 +1,96 @@
+// latentq/dump.h — loader for latent KV-cache dumps, HDF5 schema `latentq-dump/1`
+// (written by data/dump_latents.py; format in data/README.md).
+//
+//   /                 attrs: schema = "latentq-dump/1", model, revision, source, config_json,
+//                     rope_layout, original_dtype (strings); num_layers, num_heads, kv_lora_rank,
+//                     qk_rope_head_dim, qk_nope_head_dim, v_head_dim (integers); softmax_scale (float)
+//   /tokens           int32 [T]
+//   /positions        int32 [T]
+//   /seq_offsets      int64 [S+1], 0 = o_0 <= o_1 <= ... <= o_S = T
+//   /layers/NNN/c_kv  float32 [T, kv_lora_rank]      (after kv_a_layernorm)
+//   /layers/NNN/k_pe  float32 [T, qk_rope_head_dim]  (after RoPE)
+//   optional, all or none (absorbed-attention data):
+//   /layers/NNN/q_rows   int32 [Tq] (indices into /tokens)
+//   /layers/NNN/q_nope   float32 [Tq, H, qk_nope_head_dim]
+//   /layers/NNN/q_pe     float32 [Tq, H, qk_rope_head_dim]
+//   /layers/NNN/w_uk     float32 [H, qk_nope_head_dim, kv_lora_rank]
+//   /layers/NNN/w_uv     float32 [H, v_head_dim, kv_lora_rank]
+//   /layers/NNN/attn_out float32 [Tq, H, v_head_dim]
+// NNN is the layer index, zero-padded to 3 digits. All arrays are row-major. Other attributes
+// (created, compute_dtype, ...) may be present and are ignored.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace latentq {
+
+inline constexpr const char* kDumpSchema = "latentq-dump/1";
+
+/// Root attributes of a dump.
+struct DumpAttrs {
+  std::string model, revision, source, rope_layout, original_dtype, config_json;
+  int64_t num_layers = 0, num_heads = 0, kv_lora_rank = 0, qk_rope_head_dim = 0, qk_nope_head_dim = 0,
+          v_head_dim = 0;
+  double softmax_scale = 0;  ///< the model's attention softmax scale (mscale² included)
+};
+
+/// One layer of a dump. Latents are always loaded; the attention data only when requested and
+/// present (empty vectors otherwise).
+struct Layer {
+  int index = 0;                 ///< the layer index (the NNN of /layers/NNN)
+  std::vector<float> c_kv;       ///< [T, kv_lora_rank] row-major float32
+  std::vector<float> k_pe;       ///< [T, qk_rope_head_dim] row-major float32
+  std::vector<int32_t> q_rows;   ///< [Tq] indices into /tokens
+  std::vector<float> q_nope;     ///< [Tq, H, qk_nope_head_dim]
+  std::vector<float> q_pe;       ///< [Tq, H, qk_rope_head_dim]
+  std::vector<float> w_uk;       ///< [H, qk_nope_head_dim, kv_lora_rank] (W_UK)
+  std::vector<float> w_uv;       ///< [H, v_head_dim, kv_lora_rank] (W_UV)
+  std::vector<float> attn_out;   ///< [Tq, H, v_head_dim] the model's attention output (before o_proj)
+
+  /// True when all six attention datasets were loaded.
+  bool has_attention() const {
+    return !q_rows.empty() && !q_nope.empty() && !q_pe.empty() && !w_uk.empty() && !w_uv.empty() &&
+           !attn_out.empty();
+  }
+  /// Number of query rows Tq (0 without attention data).
+  int64_t num_query_rows() const { return static_cast<int64_t>(q_rows.size()); }
+};
+
+/// A loaded dump. Invariants (checked by load_dump): every loaded layer has the shapes above,
+/// all latents are finite, seq_offsets runs from 0 to T non-decreasing.
+struct Dump {
+  DumpAttrs attrs;
+  std::vector<int32_t> tokens;       ///< [T]
+  std::vector<int32_t> positions;    ///< [T]
+  std::vector<int64_t> seq_offsets;  ///< [S+1]
+  std::vector<Layer> layers;         ///< the loaded layers, ascending index
+  std::vector<int> file_layers;      ///< every layer index present in the file, ascending
+  bool file_has_attention = false;   ///< the file holds the attention datasets (even if not loaded)
+  std::filesystem::path path;        ///< the file it was loaded from
+
+  int64_t num_tokens() const { return static_cast<int64_t>(tokens.size()); }                 ///< T
+  int64_t num_seqs() const { return static_cast<int64_t>(seq_offsets.size()) - 1; }          ///< S
+  /// The loaded layer with this index; throws std::invalid_argument if it was not loaded.
+  const Layer& layer(int index) const;
+};
+
+struct LoadOptions {
+  std::vector<int> layers;     ///< layer indices to load; empty = all layers of the file
+  bool attention = true;       ///< load q_rows/q_nope/q_pe/w_uk/w_uv/attn_out when present
+};
+
+/// Load and validate a `latentq-dump/1` file.
+/// Throws std::runtime_error for a missing/unreadable file, a file that is not HDF5, or an HDF5
+/// error while reading (truncated or corrupt file; the message names the path and dataset), and
+/// std::invalid_argument for content that breaks the schema: wrong or missing `schema` or other
+/// root attribute, missing dataset, wrong dtype/rank/shape (e.g. "/layers/003/c_kv has shape
+/// [2048, 127], expected [2048, 128] (T, kv_lora_rank)"), attention data present in part or with
+/// shapes that differ across layers, NaN/Inf in any loaded float dataset (layer, dataset, count),
+/// an empty layer (T = 0), bad seq_offsets or q_rows, a requested layer that is not in the file.
+/// Every message starts with the file path.
+Dump load_dump(const std::filesystem::path& path, const LoadOptions& options = {});
+
+}  // namespace latentq

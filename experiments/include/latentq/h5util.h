@@ -1,0 +1,44 @@
+// latentq/h5util.h — small helpers over the HDF5 C++ API shared by the dump loader and the
+// results reader/writer (internal to latentq_core; not a general HDF5 wrapper).
+#pragma once
+
+#include <H5Cpp.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace latentq::h5 {
+
+/// Silence HDF5's automatic error-stack printing (errors become H5::Exception, which latentq turns
+/// into messages). Idempotent.
+void quiet();
+
+/// The innermost descriptions of the current HDF5 error stack, joined with "; " (empty if none).
+/// Call it inside a catch(H5::Exception&) block, before any other HDF5 call.
+std::string error_stack();
+
+/// "int32", "int64", "uint8", "float32", "float64", "string", or the HDF5 class name.
+std::string dtype_name(const H5::DataType& t);
+
+/// Dims of a dataset's dataspace ([] for a scalar).
+std::vector<hsize_t> dims_of(const H5::DataSet& ds);
+
+/// "[2048, 128]"
+std::string shape_str(const std::vector<hsize_t>& dims);
+
+/// True if `name` (absolute path, every component checked) is a link in `file`.
+bool exists(const H5::H5File& file, const std::string& name);
+
+/// A variable-length UTF-8 string type (what h5py writes for Python str).
+H5::StrType vlen_utf8();
+
+/// Read a string attribute (fixed or variable length). Throws H5::Exception on HDF5 errors.
+std::string read_string_attr(const H5::Attribute& a);
+
+/// Write/overwrite a scalar attribute on `obj`.
+void write_attr(H5::H5Object& obj, const std::string& name, const std::string& value);
+void write_attr(H5::H5Object& obj, const std::string& name, int64_t value);
+void write_attr(H5::H5Object& obj, const std::string& name, double value);
+
+}  // namespace latentq::h5

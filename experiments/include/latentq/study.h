@@ -1,0 +1,122 @@
+// latentq/study.h — the latent-error study: every (layer, target, quantizer) cell of a config is
+// quantized and dequantized (latentq/quantize.h, with the dump's seq_offsets), compared with the
+// original (latentq/metrics.h) and accounted (account()).
+//
+// Cells have stable string keys "<layer:03d>/<target>/<quantizer>/<group>", e.g.
+// "003/c_kv/int4-asym-channel-g32/latent_error", so later groups (svd, attention_error, e2e ...)
+// and resumed or sharded runs can name the same cell. Results are ColumnTables written by
+// latentq/results.h; row order is the cell order (layer, then target in config order, then
+// quantizer in config order), independent of the thread count.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "latentq/config.h"
+#include "latentq/dump.h"
+#include "latentq/metrics.h"
+#include "latentq/quantize.h"
+#include "latentq/results.h"
+#include "latentq/table.h"
+
+namespace latentq {
+
+/// One (layer, target, quantizer) cell.
+struct Cell {
+  int layer = 0;
+  Target target = Target::CKV;
+  Quantizer quantizer;
+  /// "<layer:03d>/<target>/<quantizer>/<group>", e.g. "003/c_kv/int8-sym-tensor/latent_error".
+  std::string key(std::string_view group = "latent_error") const;
+};
+
+/// The cells of `config` over the loaded layers of `dump`: layer-major, then target in config
+/// order, then the target's quantizers in config order.
+std::vector<Cell> plan_cells(const StudyConfig& config, const Dump& dump);
+
+/// What one cell measures.
+struct CellResult {
+  QuantSpec stored;      ///< the format actually stored (QuantSpec::stored_for)
+  Accounting accounting; ///< bits per element, bytes per token (one layer, one target), metadata included
+  ErrorMetrics metrics;  ///< of the dequantized matrix against the original
+};
+
+/// Where cells are computed. The CPU backend is the reference (quantize_dequantize + error_metrics
+/// + account); a CUDA backend must give the same numbers (codes byte-identical).
+class LatentBackend {
+ public:
+  virtual ~LatentBackend() = default;
+  virtual std::string name() const = 0;
+  /// True if run() may be called from several threads at once.
+  virtual bool concurrent() const = 0;
+  /// Quantize X [T, D] (row-major float32) as `spec` for `target` with sequence boundaries
+  /// seq_offsets [S+1], dequantize, measure. Throws std::invalid_argument as quantize().
+  virtual CellResult run(const QuantSpec& spec, Target target, const float* X, int64_t T, int64_t D,
+                         std::span<const int64_t> seq_offsets) = 0;
+};
+
+/// The CPU reference backend (thread-safe).
+std::unique_ptr<LatentBackend> make_cpu_backend();
+/// The CUDA backend: the GPU path's hook. A build without it (LATENTQ_CUDA=OFF, or no
+/// experiments/src/backend_cuda.cu) throws std::runtime_error saying so; a CUDA build throws
+/// std::runtime_error when no GPU is present.
+std::unique_ptr<LatentBackend> make_cuda_backend();
+/// "cpu" or "cuda"; throws std::invalid_argument for another name, and as make_cuda_backend().
+std::unique_ptr<LatentBackend> make_backend(std::string_view device);
+
+struct RunOptions {
+  int threads = 0;  ///< worker threads; 0 = std::thread::hardware_concurrency()
+  /// Called from the calling thread about every 100 ms and once at the end with (cells done, total).
+  std::function<void(size_t, size_t)> progress;
+};
+
+/// Column names of /latent_error, in order.
+const std::vector<std::string>& latent_error_columns();
+
+/// Run the cells and return the /latent_error table, one row per cell in `cells` order:
+///   layer (int64), target, quantizer (the requested spec), stored (the spec actually stored),
+///   bits (int64: 2/4/8, 16 for bf16, 8 for fp8), scheme (sym/asym; "none" for bf16; fp8: sym),
+///   granularity (tensor/channel/token; bf16: element; fp8: tile), group_size (int64; fp8: the
+///   tile), scale_dtype (fp16/fp32; bf16: none; fp8: fp32), bits_per_element,
+///   bytes_per_token_layer, rel_fro, mse, sqnr_db, max_abs_err, cos_mean (float64).
+/// The columns describe the stored format (fp8-e4m3-tile128 rows of k_pe say bf16).
+/// Throws std::invalid_argument naming the cell (key) when a cell fails (e.g. a scale that
+/// overflows fp16); with several failures, the first in cell order.
+ColumnTable run_latent_error(const Dump& dump, const std::vector<Cell>& cells, LatentBackend& backend,
+                             const RunOptions& options = {});
+
+/// Column names of /summary, in order.
+const std::vector<std::string>& summary_columns();
+
+/// One row per quantizer (in `quantizers` order) from a /latent_error table:
+///   quantizer; mean_rel_fro_c_kv, max_rel_fro_c_kv, mean_rel_fro_k_pe, max_rel_fro_k_pe (over
+///   layers; NaN when that target did not run the quantizer); bits_per_element (c_kv, NaN if not
+///   run); bytes_per_token_model = num_layers · (c_kv + k_pe bytes per token and layer, averaged
+///   over the studied layers), a target that did not run the quantizer counted as bf16;
+///   ratio_vs_bf16 = bytes_per_token_model / (num_layers · (kv_lora_rank + qk_rope_head_dim) · 2);
+///   c_kv_accounting, k_pe_accounting: "measured" or "bf16 (not run)".
+ColumnTable summarize(const ColumnTable& latent_error, const std::vector<Quantizer>& quantizers, const DumpAttrs& attrs);
+
+/// A complete `latentq run`: the config (with any overrides already applied), the dump it names,
+/// the backend. Output tables and root attributes ready for write_results().
+struct StudyOutput {
+  ColumnTable latent_error, summary;
+  Attrs attrs;  ///< created, latentq_version, git_commit, config, config_source, input_path,
+                ///< input_sha256, input_revision, model, num_layers, kv_lora_rank,
+                ///< qk_rope_head_dim, layers, targets, device
+  std::vector<Quantizer> quantizers;  ///< every quantizer, summary row order
+  DumpAttrs dump_attrs;               ///< of the input dump
+};
+/// Throws as load_dump() and run_latent_error(); std::invalid_argument if config.dump is empty.
+StudyOutput run_study(const StudyConfig& config, LatentBackend& backend, const RunOptions& options = {});
+
+/// A paper-style summary table of a /summary table (fmt), sorted by bytes per token, then by mean
+/// c_kv rel_fro.
+std::string format_summary(const ColumnTable& summary, const DumpAttrs& attrs);
+
+}  // namespace latentq

@@ -1,0 +1,337 @@
+// Study configs (latentq/config.h), parsed with toml++.
+#include "latentq/config.h"
+
+#include <fnmatch.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <stdexcept>
+#include <toml++/toml.h>
+
+#include "latentq_default_config.h"  // generated: kDefaultConfigText, kDefaultConfigPath
+
+namespace latentq {
+namespace fs = std::filesystem;
+namespace {
+
+class Parser {
+ public:
+  explicit Parser(std::string source) : source_(std::move(source)) {}
+
+  std::string where(const toml::node& n) const {
+    const auto& b = n.source().begin;
+    return b.line ? fmt::format("{}:{}:{}", source_, b.line, b.column) : source_;
+  }
+  [[noreturn]] void fail(const toml::node& n, const std::string& msg) const {
+    throw std::invalid_argument(where(n) + ": " + msg);
+  }
+  [[noreturn]] void fail(const std::string& msg) const { throw std::invalid_argument(source_ + ": " + msg); }
+
+  void check_keys(const toml::table& t, const std::string& prefix, std::initializer_list<const char*> valid) const {
+    for (auto&& [k, v] : t) {
+      const bool ok = std::any_of(valid.begin(), valid.end(), [&](const char* s) { return k.str() == s; });
+      if (!ok) {
+        std::vector<std::string> vs(valid.begin(), valid.end());
+        fail(v, fmt::format("unknown key '{}{}' (valid keys{}: {})", prefix, k.str(),
+                            prefix.empty() ? "" : " in [" + prefix.substr(0, prefix.size() - 1) + "]", fmt::join(vs, ", ")));
+      }
+    }
+  }
+
+  const toml::table* table(const toml::table& t, const char* key, const std::string& name) const {
+    const toml::node* n = t.get(key);
+    if (!n) return nullptr;
+    if (!n->is_table()) fail(*n, fmt::format("'{}' must be a table", name));
+    return n->as_table();
+  }
+
+  std::string string(const toml::node& n, const std::string& name) const {
+    if (!n.is_string()) fail(n, fmt::format("'{}' must be a string", name));
+    return n.as_string()->get();
+  }
+
+  std::vector<std::string> strings(const toml::node& n, const std::string& name) const {
+    if (!n.is_array()) fail(n, fmt::format("'{}' must be an array of strings", name));
+    std::vector<std::string> out;
+    for (const toml::node& e : *n.as_array()) {
+      if (!e.is_string()) fail(e, fmt::format("'{}' must be an array of strings", name));
+      out.push_back(e.as_string()->get());
+    }
+    return out;
+  }
+
+  std::vector<int64_t> ints(const toml::node& n, const std::string& name) const {
+    if (!n.is_array()) fail(n, fmt::format("'{}' must be an array of integers", name));
+    std::vector<int64_t> out;
+    for (const toml::node& e : *n.as_array()) {
+      if (!e.is_integer()) fail(e, fmt::format("'{}' must be an array of integers", name));
+      out.push_back(e.as_integer()->get());
+    }
+    return out;
+  }
+
+  // Parse a spec string, prefixing QuantSpec::parse's message with the location.
+  Quantizer quantizer(const toml::node& n, const std::string& s) const {
+    try {
+      const QuantSpec q = QuantSpec::parse(s);
+      return {q.to_string(), q};
+    } catch (const std::invalid_argument& e) {
+      fail(n, e.what());
+    }
+  }
+
+  const std::string& source() const { return source_; }
+
+ private:
+  std::string source_;
+};
+
+void add_unique(std::vector<Quantizer>& v, const Quantizer& q) {
+  if (std::none_of(v.begin(), v.end(), [&](const Quantizer& x) { return x.name == q.name; })) v.push_back(q);
+}
+
+// Removes the quantizers matching any pattern; returns, per pattern, whether it matched.
+std::vector<bool> apply_excludes(std::vector<Quantizer>& v, const std::vector<std::string>& patterns) {
+  std::vector<bool> matched(patterns.size(), false);
+  std::erase_if(v, [&](const Quantizer& q) {
+    bool hit = false;
+    for (size_t i = 0; i < patterns.size(); ++i)
+      if (quantizer_matches(q.name, patterns[i])) hit = matched[i] = true;
+    return hit;
+  });
+  return matched;
+}
+
+fs::path resolve(const fs::path& base, const std::string& p) {
+  const fs::path x(p);
+  return (x.is_absolute() ? x : base / x).lexically_normal();
+}
+
+}  // namespace
+
+bool quantizer_matches(const std::string& name, const std::string& pattern) {
+  if (pattern.find('*') != std::string::npos) return fnmatch(pattern.c_str(), name.c_str(), 0) == 0;
+  try {
+    return QuantSpec::parse(pattern).to_string() == name;
+  } catch (const std::invalid_argument&) {
+    return pattern == name;
+  }
+}
+
+std::vector<Quantizer> expand_matrix(const std::vector<int64_t>& bits, const std::vector<std::string>& schemes,
+                                     const std::vector<std::string>& granularities,
+                                     const std::vector<int64_t>& group_sizes,
+                                     const std::vector<std::string>& scale_dtypes) {
+  for (int64_t b : bits)
+    if (b != 2 && b != 4 && b != 8) throw std::invalid_argument(fmt::format("bits = {} is not one of 2, 4, 8", b));
+  for (const auto& s : schemes)
+    if (s != "sym" && s != "asym") throw std::invalid_argument(fmt::format("scheme '{}' is not one of sym, asym", s));
+  for (const auto& g : granularities)
+    if (g != "tensor" && g != "channel" && g != "token")
+      throw std::invalid_argument(fmt::format("granularity '{}' is not one of tensor, channel, token", g));
+  for (int64_t g : group_sizes)
+    if (g < 0) throw std::invalid_argument(fmt::format("group size {} is negative (group sizes are >= 0; 0 = whole axis)", g));
+  for (const auto& d : scale_dtypes)
+    if (d != "fp16" && d != "fp32") throw std::invalid_argument(fmt::format("scale dtype '{}' is not one of fp16, fp32", d));
+  std::vector<Quantizer> out;
+  auto add = [&](const std::string& s) {
+    const QuantSpec q = QuantSpec::parse(s);
+    add_unique(out, {q.to_string(), q});
+  };
+  for (int64_t b : bits)
+    for (const auto& s : schemes)
+      for (const auto& g : granularities) {
+        if (g == "tensor") {
+          for (const auto& d : scale_dtypes) add(fmt::format("int{}-{}-tensor-{}", b, s, d));
+          continue;
+        }
+        for (int64_t gs : group_sizes)
+          for (const auto& d : scale_dtypes) add(fmt::format("int{}-{}-{}-g{}-{}", b, s, g, gs, d));
+      }
+  return out;
+}
+
+std::vector<Quantizer> StudyConfig::all_quantizers() const {
+  std::vector<Quantizer> out;
+  for (const TargetPlan& p : targets)
+    for (const Quantizer& q : p.quantizers) add_unique(out, q);
+  return out;
+}
+
+const TargetPlan* StudyConfig::plan(Target t) const {
+  for (const TargetPlan& p : targets)
+    if (p.target == t) return &p;
+  return nullptr;
+}
+
+StudyConfig parse_config(std::string_view text, const std::string& source, const fs::path& base_dir) {
+  const Parser P(source);
+  toml::table root;
+  try {
+    root = toml::parse(text, source);
+  } catch (const toml::parse_error& e) {
+    const auto& b = e.source().begin;
+    throw std::invalid_argument(fmt::format("{}:{}:{}: TOML syntax error: {}", source, b.line, b.column, e.description()));
+  }
+  StudyConfig C;
+  C.text = std::string(text);
+  C.source = source;
+  C.base_dir = base_dir;
+  P.check_keys(root, "", {"input", "quantizers", "targets", "output"});
+
+  // [input]
+  std::vector<Target> targets = {Target::CKV, Target::KPE};
+  if (const toml::table* in = P.table(root, "input", "input")) {
+    P.check_keys(*in, "input.", {"dump", "layers", "targets"});
+    if (const toml::node* n = in->get("dump")) C.dump = resolve(base_dir, P.string(*n, "input.dump"));
+    if (const toml::node* n = in->get("layers")) {
+      if (n->is_string()) {
+        if (n->as_string()->get() != "all") P.fail(*n, "'input.layers' must be \"all\" or an array of layer indices");
+      } else {
+        for (int64_t l : P.ints(*n, "input.layers")) {
+          if (l < 0 || l > 999) P.fail(*n, fmt::format("'input.layers': {} is not a layer index (0..999)", l));
+          if (std::find(C.layers.begin(), C.layers.end(), static_cast<int>(l)) != C.layers.end())
+            P.fail(*n, fmt::format("'input.layers': layer {} is listed twice", l));
+          C.layers.push_back(static_cast<int>(l));
+        }
+        if (C.layers.empty()) P.fail(*n, "'input.layers' is empty (use \"all\" for every layer)");
+      }
+    }
+    if (const toml::node* n = in->get("targets")) {
+      targets.clear();
+      for (const std::string& s : P.strings(*n, "input.targets")) {
+        Target t;
+        try {
+          t = parse_target(s);
+        } catch (const std::invalid_argument& e) {
+          P.fail(*n, std::string("'input.targets': ") + e.what());
+        }
+        if (std::find(targets.begin(), targets.end(), t) != targets.end())
+          P.fail(*n, fmt::format("'input.targets': '{}' is listed twice", s));
+        targets.push_back(t);
+      }
+      if (targets.empty()) P.fail(*n, "'input.targets' is empty (expected c_kv and/or k_pe)");
+    }
+  }
+
+  // [output]
+  if (const toml::table* out = P.table(root, "output", "output")) {
+    P.check_keys(*out, "output.", {"results"});
+    if (const toml::node* n = out->get("results")) C.results = resolve(base_dir, P.string(*n, "output.results"));
+  }
+
+  // [quantizers]
+  std::vector<Quantizer> common;
+  if (const toml::table* q = P.table(root, "quantizers", "quantizers")) {
+    P.check_keys(*q, "quantizers.", {"bits", "schemes", "granularities", "group_sizes", "scale_dtypes", "extra", "exclude"});
+    const toml::node* nb = q->get("bits");
+    const toml::node* ns = q->get("schemes");
+    const toml::node* ng = q->get("granularities");
+    if (nb || ns || ng) {
+      if (!(nb && ns && ng)) P.fail(*(nb ? nb : ns ? ns : ng), "'quantizers.bits', 'schemes' and 'granularities' go together: give all three");
+      const auto bits = P.ints(*nb, "quantizers.bits");
+      const auto schemes = P.strings(*ns, "quantizers.schemes");
+      const auto grans = P.strings(*ng, "quantizers.granularities");
+      std::vector<int64_t> groups{0};
+      std::vector<std::string> dtypes{"fp16"};
+      const toml::node* ngs = q->get("group_sizes");
+      const toml::node* nsd = q->get("scale_dtypes");
+      if (ngs) groups = P.ints(*ngs, "quantizers.group_sizes");
+      if (nsd) dtypes = P.strings(*nsd, "quantizers.scale_dtypes");
+      // Check each list against its own node, for the location in the message.
+      auto check = [&](const toml::node& n, const char* key, auto&& fn) {
+        try {
+          fn();
+        } catch (const std::invalid_argument& e) {
+          P.fail(n, fmt::format("'quantizers.{}': {}", key, e.what()));
+        }
+      };
+      check(*nb, "bits", [&] { expand_matrix(bits, {}, {}, {}, {}); });
+      check(*ns, "schemes", [&] { expand_matrix({}, schemes, {}, {}, {}); });
+      check(*ng, "granularities", [&] { expand_matrix({}, {}, grans, {}, {}); });
+      if (ngs) check(*ngs, "group_sizes", [&] { expand_matrix({}, {}, {}, groups, {}); });
+      if (nsd) check(*nsd, "scale_dtypes", [&] { expand_matrix({}, {}, {}, {}, dtypes); });
+      if (groups.empty()) P.fail(ngs ? *ngs : *ng, "'quantizers.group_sizes' is empty (use [0] for whole-axis groups)");
+      if (dtypes.empty()) P.fail(nsd ? *nsd : *ng, "'quantizers.scale_dtypes' is empty");
+      common = expand_matrix(bits, schemes, grans, groups, dtypes);
+    }
+    if (const toml::node* n = q->get("extra")) {
+      if (!n->is_array()) P.fail(*n, "'quantizers.extra' must be an array of strings");
+      for (const toml::node& e : *n->as_array()) add_unique(common, P.quantizer(e, P.string(e, "quantizers.extra")));
+    }
+    if (const toml::node* n = q->get("exclude")) {
+      const auto pats = P.strings(*n, "quantizers.exclude");
+      for (const toml::node& e : *n->as_array()) {
+        const std::string s = e.as_string()->get();
+        if (s.find('*') == std::string::npos) P.quantizer(e, s);  // a plain entry must be a valid spec
+      }
+      const auto matched = apply_excludes(common, pats);
+      for (size_t i = 0; i < pats.size(); ++i)
+        if (!matched[i]) C.warnings.push_back(fmt::format("{}: exclude pattern '{}' matches no quantizer", P.where(*n), pats[i]));
+    }
+  }
+
+  // [targets.<name>]
+  std::map<Target, std::vector<Quantizer>> per_target;
+  for (Target t : targets) per_target[t] = common;
+  if (const toml::table* ts = P.table(root, "targets", "targets")) {
+    P.check_keys(*ts, "targets.", {"c_kv", "k_pe"});
+    for (auto&& [k, v] : *ts) {
+      const std::string name = std::string(k.str());
+      if (!v.is_table()) P.fail(v, fmt::format("'targets.{}' must be a table", name));
+      const Target t = parse_target(name);
+      if (std::find(targets.begin(), targets.end(), t) == targets.end())
+        P.fail(v, fmt::format("[targets.{}] is configured but '{}' is not in input.targets", name, name));
+      const toml::table& tt = *v.as_table();
+      P.check_keys(tt, "targets." + name + ".", {"quantizers", "exclude"});
+      if (const toml::node* n = tt.get("quantizers")) {
+        if (!n->is_array()) P.fail(*n, fmt::format("'targets.{}.quantizers' must be an array of strings", name));
+        per_target[t].clear();
+        for (const toml::node& e : *n->as_array())
+          add_unique(per_target[t], P.quantizer(e, P.string(e, "targets." + name + ".quantizers")));
+      }
+      if (const toml::node* n = tt.get("exclude")) {
+        const auto pats = P.strings(*n, "targets." + name + ".exclude");
+        for (const toml::node& e : *n->as_array()) {
+          const std::string s = e.as_string()->get();
+          if (s.find('*') == std::string::npos) P.quantizer(e, s);
+        }
+        const auto matched = apply_excludes(per_target[t], pats);
+        for (size_t i = 0; i < pats.size(); ++i)
+          if (!matched[i]) C.warnings.push_back(fmt::format("{}: exclude pattern '{}' matches no quantizer", P.where(*n), pats[i]));
+      }
+    }
+  }
+  for (Target t : targets) {
+    if (per_target[t].empty())
+      P.fail(fmt::format("no quantizer for target {}: give [quantizers] bits/schemes/granularities or extra, "
+                         "or [targets.{}] quantizers",
+                         to_string(t), to_string(t)));
+    C.targets.push_back({t, per_target[t]});
+  }
+
+  return C;
+}
+
+StudyConfig load_config(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::error_code ec;
+  if (!in || fs::is_directory(path, ec)) throw std::runtime_error(path.string() + ": cannot read the config file");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  const fs::path abs = fs::absolute(path);
+  return parse_config(ss.str(), path.string(), abs.parent_path());
+}
+
+std::string_view default_config_text() { return kDefaultConfigText; }
+fs::path default_config_path() { return fs::path(kDefaultConfigPath); }
+
+StudyConfig default_config() {
+  return parse_config(kDefaultConfigText, std::string(kDefaultConfigPath) + " (embedded)",
+                      fs::path(kDefaultConfigPath).parent_path());
+}
+
+}  // namespace latentq

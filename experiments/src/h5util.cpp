@@ -1,0 +1,108 @@
+#include "latentq/h5util.h"
+
+#include <fmt/format.h>
+
+namespace latentq::h5 {
+
+void quiet() { H5::Exception::dontPrint(); }
+
+std::string error_stack() {
+  std::vector<std::string> descs;
+  auto cb = [](unsigned, const H5E_error2_t* e, void* data) -> herr_t {
+    auto* v = static_cast<std::vector<std::string>*>(data);
+    if (e && e->desc && *e->desc) v->emplace_back(e->desc);
+    return 0;
+  };
+  H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, cb, &descs);
+  // The innermost entries say what actually went wrong ("truncated file: eof = ...").
+  std::string out;
+  const size_t keep = 3;
+  for (size_t i = descs.size() > keep ? descs.size() - keep : 0; i < descs.size(); ++i) {
+    if (!out.empty()) out += "; ";
+    out += descs[i];
+  }
+  return out;
+}
+
+std::string dtype_name(const H5::DataType& t) {
+  const size_t sz = t.getSize();
+  switch (t.getClass()) {
+    case H5T_INTEGER: {
+      const H5::IntType it(t.getId());
+      const bool sgn = it.getSign() != H5T_SGN_NONE;
+      return fmt::format("{}int{}", sgn ? "" : "u", 8 * sz);
+    }
+    case H5T_FLOAT: return fmt::format("float{}", 8 * sz);
+    case H5T_STRING: return "string";
+    case H5T_COMPOUND: return "compound";
+    case H5T_ENUM: return "enum";
+    case H5T_ARRAY: return "array";
+    case H5T_VLEN: return "vlen";
+    case H5T_OPAQUE: return "opaque";
+    case H5T_BITFIELD: return "bitfield";
+    case H5T_REFERENCE: return "reference";
+    default: return "unknown";
+  }
+}
+
+std::vector<hsize_t> dims_of(const H5::DataSet& ds) {
+  const H5::DataSpace sp = ds.getSpace();
+  const int rank = sp.getSimpleExtentNdims();
+  std::vector<hsize_t> d(static_cast<size_t>(rank > 0 ? rank : 0));
+  if (rank > 0) sp.getSimpleExtentDims(d.data());
+  return d;
+}
+
+std::string shape_str(const std::vector<hsize_t>& dims) { return fmt::format("[{}]", fmt::join(dims, ", ")); }
+
+bool exists(const H5::H5File& file, const std::string& name) {
+  // H5Lexists needs every intermediate link to exist: walk the components.
+  std::string cur;
+  size_t start = name.starts_with('/') ? 1 : 0;
+  while (start <= name.size()) {
+    const size_t p = name.find('/', start);
+    const std::string comp = name.substr(start, p == std::string::npos ? std::string::npos : p - start);
+    if (!comp.empty()) {
+      cur += "/" + comp;
+      if (H5Lexists(file.getId(), cur.c_str(), H5P_DEFAULT) <= 0) return false;
+    }
+    if (p == std::string::npos) break;
+    start = p + 1;
+  }
+  return true;
+}
+
+H5::StrType vlen_utf8() {
+  H5::StrType t(H5::PredType::C_S1, H5T_VARIABLE);
+  t.setCset(H5T_CSET_UTF8);
+  return t;
+}
+
+std::string read_string_attr(const H5::Attribute& a) {
+  std::string s;
+  const H5::StrType t = a.getStrType();
+  a.read(t, s);
+  // Fixed-length strings may carry NUL padding.
+  if (const size_t z = s.find('\0'); z != std::string::npos) s.resize(z);
+  return s;
+}
+
+namespace {
+H5::Attribute fresh_attr(H5::H5Object& obj, const std::string& name, const H5::DataType& t) {
+  if (obj.attrExists(name)) obj.removeAttr(name);
+  return obj.createAttribute(name, t, H5::DataSpace(H5S_SCALAR));
+}
+}  // namespace
+
+void write_attr(H5::H5Object& obj, const std::string& name, const std::string& value) {
+  const H5::StrType t = vlen_utf8();
+  fresh_attr(obj, name, t).write(t, value);
+}
+void write_attr(H5::H5Object& obj, const std::string& name, int64_t value) {
+  fresh_attr(obj, name, H5::PredType::STD_I64LE).write(H5::PredType::NATIVE_INT64, &value);
+}
+void write_attr(H5::H5Object& obj, const std::string& name, double value) {
+  fresh_attr(obj, name, H5::PredType::IEEE_F64LE).write(H5::PredType::NATIVE_DOUBLE, &value);
+}
+
+}  // namespace latentq::h5

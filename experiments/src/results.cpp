@@ -1,0 +1,300 @@
+// Results files (latentq/results.h), HDF5 C++ API plus the few C calls it lacks (link creation
+// order, object copy).
+#include "latentq/results.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+
+#include <stdexcept>
+
+#include "latentq/h5util.h"
+
+namespace latentq {
+namespace fs = std::filesystem;
+namespace {
+
+// A group whose links are tracked and indexed in creation order (h5py iterates in that order).
+H5::Group create_ordered_group(H5::H5File& file, const std::string& name) {
+  const hid_t gcpl = H5Pcreate(H5P_GROUP_CREATE);
+  H5Pset_link_creation_order(gcpl, H5P_CRT_ORDER_TRACKED | H5P_CRT_ORDER_INDEXED);
+  const hid_t g = H5Gcreate2(file.getId(), name.c_str(), H5P_DEFAULT, gcpl, H5P_DEFAULT);
+  H5Pclose(gcpl);
+  if (g < 0) throw H5::GroupIException("create_ordered_group", "H5Gcreate2 failed for " + name);
+  H5::Group out(g);
+  H5Gclose(g);  // H5::Group(hid_t) took its own reference
+  return out;
+}
+
+// Names of the links of `loc` in creation order when tracked, else in name order.
+std::vector<std::string> link_names(hid_t loc) {
+  H5G_info_t info;
+  if (H5Gget_info(loc, &info) < 0) throw H5::GroupIException("link_names", "H5Gget_info failed");
+  std::vector<std::string> out;
+  for (hsize_t i = 0; i < info.nlinks; ++i) {
+    H5_index_t idx = H5_INDEX_CRT_ORDER;
+    ssize_t n = H5Lget_name_by_idx(loc, ".", idx, H5_ITER_INC, i, nullptr, 0, H5P_DEFAULT);
+    if (n < 0) {
+      idx = H5_INDEX_NAME;
+      H5Eclear2(H5E_DEFAULT);
+      n = H5Lget_name_by_idx(loc, ".", idx, H5_ITER_INC, i, nullptr, 0, H5P_DEFAULT);
+    }
+    if (n < 0) throw H5::GroupIException("link_names", "H5Lget_name_by_idx failed");
+    std::string s(static_cast<size_t>(n), '\0');
+    H5Lget_name_by_idx(loc, ".", idx, H5_ITER_INC, i, s.data(), static_cast<size_t>(n) + 1, H5P_DEFAULT);
+    out.push_back(s);
+  }
+  return out;
+}
+
+void write_column(H5::Group& g, const std::string& name, const Column& col) {
+  const hsize_t n = column_size(col);
+  const H5::DataSpace sp(1, &n);
+  switch (col.index()) {
+    case 0: {
+      const auto& v = std::get<std::vector<int64_t>>(col);
+      H5::DataSet ds = g.createDataSet(name, H5::PredType::STD_I64LE, sp);
+      if (n) ds.write(v.data(), H5::PredType::NATIVE_INT64);
+      break;
+    }
+    case 1: {
+      const auto& v = std::get<std::vector<double>>(col);
+      H5::DataSet ds = g.createDataSet(name, H5::PredType::IEEE_F64LE, sp);
+      if (n) ds.write(v.data(), H5::PredType::NATIVE_DOUBLE);
+      break;
+    }
+    default: {
+      const auto& v = std::get<std::vector<std::string>>(col);
+      const H5::StrType t = h5::vlen_utf8();
+      H5::DataSet ds = g.createDataSet(name, t, sp);
+      std::vector<const char*> p;
+      p.reserve(v.size());
+      for (const auto& s : v) p.push_back(s.c_str());
+      if (n) ds.write(p.data(), t);
+      break;
+    }
+  }
+}
+
+void write_attr_value(H5::H5Object& obj, const std::string& name, const AttrValue& v) {
+  std::visit([&](const auto& x) { h5::write_attr(obj, name, x); }, v);
+}
+
+void write_table(H5::H5File& f, const NamedTable& t) {
+  H5::Group g = create_ordered_group(f, "/" + t.group);
+  for (const auto& [name, col] : t.table.columns()) write_column(g, name, col);
+  for (const auto& [k, v] : t.attrs) write_attr_value(g, k, v);
+  h5::write_attr(g, "rows", static_cast<int64_t>(t.table.num_rows()));
+  h5::write_attr(g, "columns", fmt::format("{}", fmt::join(t.table.names(), ",")));
+}
+
+AttrValue read_attr_value(const H5::Attribute& a, const std::string& where) {
+  if (a.getSpace().getSimpleExtentNpoints() != 1 && a.getTypeClass() != H5T_STRING)
+    throw std::invalid_argument(where + ": attribute is not a scalar");
+  switch (a.getTypeClass()) {
+    case H5T_INTEGER: {
+      int64_t v = 0;
+      a.read(H5::PredType::NATIVE_INT64, &v);
+      return v;
+    }
+    case H5T_FLOAT: {
+      double v = 0;
+      a.read(H5::PredType::NATIVE_DOUBLE, &v);
+      return v;
+    }
+    case H5T_STRING: return h5::read_string_attr(a);
+    default: throw std::invalid_argument(where + ": attribute has type " + h5::dtype_name(a.getDataType()));
+  }
+}
+
+Attrs read_all_attrs(const H5::H5Object& obj, const std::string& where) {
+  Attrs out;
+  const int n = obj.getNumAttrs();
+  for (int i = 0; i < n; ++i) {
+    const H5::Attribute a = obj.openAttribute(static_cast<unsigned>(i));
+    const std::string name = a.getName();
+    out.emplace_back(name, read_attr_value(a, where + " attribute '" + name + "'"));
+  }
+  return out;
+}
+
+// Opens a results file read-only and checks its schema.
+H5::H5File open_results(const fs::path& path) {
+  h5::quiet();
+  const std::string p = path.string();
+  std::error_code ec;
+  if (!fs::exists(path, ec)) throw std::runtime_error(p + ": no such file");
+  bool is_h5 = false;
+  try {
+    is_h5 = !fs::is_directory(path, ec) && H5::H5File::isHdf5(p);
+  } catch (const H5::Exception&) {
+  }
+  if (!is_h5) throw std::runtime_error(p + ": not an HDF5 file (expected a latentq-results/1 file)");
+  H5::H5File f(p, H5F_ACC_RDONLY);
+  if (!f.attrExists("schema"))
+    throw std::invalid_argument(p + ": not a latentq-results/1 file (no root attribute 'schema')");
+  const H5::Attribute a = f.openAttribute("schema");
+  const std::string schema = a.getTypeClass() == H5T_STRING ? h5::read_string_attr(a) : std::string("<not a string>");
+  if (schema != kResultsSchema)
+    throw std::invalid_argument(p + ": not a latentq-results/1 file (schema = \"" + schema + "\")");
+  return f;
+}
+
+template <class F>
+auto with_h5_errors(const fs::path& path, const char* what, F&& f) {
+  try {
+    return f();
+  } catch (const H5::Exception& e) {
+    const std::string stack = h5::error_stack();
+    throw std::runtime_error(fmt::format("{}: HDF5 error while {}: {}{}", path.string(), what, e.getDetailMsg(),
+                                         stack.empty() ? "" : " (" + stack + ")"));
+  }
+}
+
+void fsync_file(const fs::path& p) {
+  const int fd = ::open(p.c_str(), O_RDONLY);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+}
+
+}  // namespace
+
+const AttrValue& attr(const Attrs& attrs, const std::string& name) {
+  for (const auto& [k, v] : attrs)
+    if (k == name) return v;
+  throw std::invalid_argument("missing attribute '" + name + "'");
+}
+
+void write_results(const fs::path& path, const Attrs& root_attrs, const std::vector<NamedTable>& tables, WriteMode mode) {
+  h5::quiet();
+  for (const NamedTable& t : tables) {
+    if (t.group.empty() || t.group.find('/') != std::string::npos || t.group == "." )
+      throw std::invalid_argument("bad table group name '" + t.group + "' (one path component expected)");
+    t.table.num_rows();  // throws on ragged columns
+  }
+  for (size_t i = 0; i < tables.size(); ++i)
+    for (size_t j = i + 1; j < tables.size(); ++j)
+      if (tables[i].group == tables[j].group) throw std::invalid_argument("table group '" + tables[i].group + "' given twice");
+
+  const fs::path dest = fs::absolute(path);
+  const fs::path dir = dest.parent_path();
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw std::runtime_error(fmt::format("{}: cannot create directory {}: {}", path.string(), dir.string(), ec.message()));
+  const bool update = mode == WriteMode::Update && fs::exists(dest);
+  // Check the existing file before anything is written.
+  Attrs old_attrs;
+  if (update) old_attrs = with_h5_errors(dest, "reading the existing file", [&] { return read_results_attrs(dest); });
+
+  const fs::path tmp = dir / fmt::format(".{}.{}.tmp", dest.filename().string(), ::getpid());
+  try {
+    with_h5_errors(dest, "writing", [&] {
+      const hid_t fcpl = H5Pcreate(H5P_FILE_CREATE);
+      H5Pset_link_creation_order(fcpl, H5P_CRT_ORDER_TRACKED | H5P_CRT_ORDER_INDEXED);
+      H5::FileCreatPropList fc(fcpl);
+      H5Pclose(fcpl);
+      H5::H5File f(tmp.string(), H5F_ACC_TRUNC, fc);
+      if (update) {
+        for (const auto& [k, v] : old_attrs) write_attr_value(f, k, v);
+        const H5::H5File old(dest.string(), H5F_ACC_RDONLY);
+        for (const std::string& name : link_names(old.getId())) {
+          bool replaced = false;
+          for (const NamedTable& t : tables) replaced = replaced || t.group == name;
+          if (replaced) continue;
+          if (H5Ocopy(old.getId(), name.c_str(), f.getId(), name.c_str(), H5P_DEFAULT, H5P_DEFAULT) < 0)
+            throw H5::FileIException("write_results", "H5Ocopy failed for /" + name);
+        }
+      }
+      h5::write_attr(f, "schema", std::string(kResultsSchema));
+      for (const auto& [k, v] : root_attrs)
+        if (k != "schema") write_attr_value(f, k, v);
+      for (const NamedTable& t : tables) write_table(f, t);
+      f.close();
+      return 0;
+    });
+    fsync_file(tmp);
+    fs::rename(tmp, dest);
+  } catch (...) {
+    fs::remove(tmp, ec);
+    throw;
+  }
+}
+
+Attrs read_results_attrs(const fs::path& path) {
+  return with_h5_errors(path, "reading", [&] {
+    const H5::H5File f = open_results(path);
+    return read_all_attrs(f, path.string());
+  });
+}
+
+std::vector<std::string> list_tables(const fs::path& path) {
+  return with_h5_errors(path, "reading", [&] {
+    const H5::H5File f = open_results(path);
+    std::vector<std::string> out;
+    for (const std::string& n : link_names(f.getId())) {
+      if (f.childObjType(n) == H5O_TYPE_GROUP) out.push_back(n);
+    }
+    return out;
+  });
+}
+
+ColumnTable read_table(const fs::path& path, const std::string& group) {
+  return with_h5_errors(path, "reading", [&] {
+    const H5::H5File f = open_results(path);
+    const std::string p = path.string();
+    if (!h5::exists(f, "/" + group)) throw std::invalid_argument(p + ": no group /" + group);
+    const H5::Group g = f.openGroup("/" + group);
+    ColumnTable t;
+    for (const std::string& name : link_names(g.getId())) {
+      const std::string where = p + ": /" + group + "/" + name;
+      const H5::DataSet ds = g.openDataSet(name);
+      const auto dims = h5::dims_of(ds);
+      if (dims.size() != 1) throw std::invalid_argument(where + " has shape " + h5::shape_str(dims) + ", expected 1-D");
+      const size_t n = dims[0];
+      const H5::DataType dt = ds.getDataType();
+      switch (dt.getClass()) {
+        case H5T_INTEGER: {
+          std::vector<int64_t> v(n);
+          if (n) ds.read(v.data(), H5::PredType::NATIVE_INT64);
+          t.add_column(name, std::move(v));
+          break;
+        }
+        case H5T_FLOAT: {
+          std::vector<double> v(n);
+          if (n) ds.read(v.data(), H5::PredType::NATIVE_DOUBLE);
+          t.add_column(name, std::move(v));
+          break;
+        }
+        case H5T_STRING: {
+          std::vector<std::string> v(n);
+          const H5::StrType st = ds.getStrType();
+          if (n && st.isVariableStr()) {
+            std::vector<char*> buf(n, nullptr);
+            ds.read(buf.data(), st);
+            for (size_t i = 0; i < n; ++i) v[i] = buf[i] ? buf[i] : "";
+            H5::DataSet::vlenReclaim(buf.data(), st, ds.getSpace());
+          } else if (n) {
+            const size_t len = st.getSize();
+            std::vector<char> buf(n * len);
+            ds.read(buf.data(), st);
+            for (size_t i = 0; i < n; ++i) {
+              std::string s(buf.data() + i * len, len);
+              if (const size_t z = s.find('\0'); z != std::string::npos) s.resize(z);
+              v[i] = s;
+            }
+          }
+          t.add_column(name, std::move(v));
+          break;
+        }
+        default: throw std::invalid_argument(where + " has type " + h5::dtype_name(dt) + ", expected int, float or string");
+      }
+    }
+    t.num_rows();
+    return t;
+  });
+}
+
+}  // namespace latentq

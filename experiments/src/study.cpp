@@ -1,0 +1,338 @@
+// The latent-error study (latentq/study.h).
+#include "latentq/study.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <exception>
+#include <limits>
+#include <mutex>
+#include <numeric>
+#include <stdexcept>
+#include <thread>
+
+#include "latentq/util.h"
+
+namespace latentq {
+namespace {
+
+const char* scheme_of(const QuantSpec& s) {
+  switch (s.format) {
+    case Format::BF16: return "none";
+    case Format::Fp8Tile: return "sym";
+    case Format::Int: break;
+  }
+  return to_string(s.scheme);
+}
+const char* granularity_of(const QuantSpec& s) {
+  switch (s.format) {
+    case Format::BF16: return "element";
+    case Format::Fp8Tile: return "tile";
+    case Format::Int: break;
+  }
+  return to_string(s.granularity);
+}
+const char* scale_dtype_of(const QuantSpec& s) {
+  switch (s.format) {
+    case Format::BF16: return "none";
+    case Format::Fp8Tile: return "fp32";
+    case Format::Int: break;
+  }
+  return to_string(s.scale_dtype);
+}
+
+class CpuBackend final : public LatentBackend {
+ public:
+  std::string name() const override { return "cpu"; }
+  bool concurrent() const override { return true; }
+  CellResult run(const QuantSpec& spec, Target target, const float* X, int64_t T, int64_t D,
+                 std::span<const int64_t> seq_offsets) override {
+    thread_local std::vector<float> out;
+    out.resize(static_cast<size_t>(T * D));
+    const QuantizedTensor q = quantize_dequantize(spec, target, X, T, D, seq_offsets, out.data());
+    return {q.spec, account(q), error_metrics(X, out.data(), T, D)};
+  }
+};
+
+double mean_of(const std::vector<double>& v) {
+  if (v.empty()) return std::numeric_limits<double>::quiet_NaN();
+  return std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
+}
+double max_of(const std::vector<double>& v) {
+  if (v.empty()) return std::numeric_limits<double>::quiet_NaN();
+  double m = v.front();
+  for (double x : v) m = (std::isnan(x) || x > m) ? x : m;  // NaN propagates
+  return m;
+}
+
+}  // namespace
+
+std::string Cell::key(std::string_view group) const {
+  return fmt::format("{:03d}/{}/{}/{}", layer, to_string(target), quantizer.name, group);
+}
+
+std::vector<Cell> plan_cells(const StudyConfig& config, const Dump& dump) {
+  std::vector<Cell> cells;
+  for (const Layer& l : dump.layers)
+    for (const TargetPlan& p : config.targets)
+      for (const Quantizer& q : p.quantizers) cells.push_back({l.index, p.target, q});
+  return cells;
+}
+
+std::unique_ptr<LatentBackend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
+
+std::unique_ptr<LatentBackend> make_backend(std::string_view device) {
+  if (device == "cpu") return make_cpu_backend();
+  if (device == "cuda") return make_cuda_backend();
+  throw std::invalid_argument(fmt::format("unknown device '{}' (expected cpu or cuda)", device));
+}
+
+const std::vector<std::string>& latent_error_columns() {
+  static const std::vector<std::string> c = {
+      "layer",       "target",           "quantizer",             "stored",  "bits", "scheme",
+      "granularity", "group_size",       "scale_dtype",           "bits_per_element",
+      "bytes_per_token_layer", "rel_fro", "mse", "sqnr_db", "max_abs_err", "cos_mean"};
+  return c;
+}
+
+ColumnTable run_latent_error(const Dump& dump, const std::vector<Cell>& cells, LatentBackend& backend,
+                             const RunOptions& options) {
+  const size_t n = cells.size();
+  std::vector<CellResult> results(n);
+  std::vector<std::exception_ptr> errors(n);
+  const int64_t T = dump.num_tokens();
+  const DumpAttrs& A = dump.attrs;
+  // Resolve layer pointers up front (throws for a cell whose layer is not loaded).
+  std::vector<const Layer*> layer_of(n);
+  for (size_t i = 0; i < n; ++i) layer_of[i] = &dump.layer(cells[i].layer);
+
+  std::atomic<size_t> next{0}, done{0};
+  auto work = [&] {
+    for (size_t i = next++; i < n; i = next++) {
+      const Cell& c = cells[i];
+      const Layer& l = *layer_of[i];
+      const bool ckv = c.target == Target::CKV;
+      const float* X = ckv ? l.c_kv.data() : l.k_pe.data();
+      const int64_t D = ckv ? A.kv_lora_rank : A.qk_rope_head_dim;
+      try {
+        results[i] = backend.run(c.quantizer.spec, c.target, X, T, D, dump.seq_offsets);
+      } catch (...) {
+        errors[i] = std::current_exception();
+      }
+      ++done;
+    }
+  };
+  int threads = options.threads > 0 ? options.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (!backend.concurrent()) threads = 1;
+  threads = static_cast<int>(std::min<size_t>(static_cast<size_t>(threads), std::max<size_t>(n, 1)));
+  {
+    std::vector<std::jthread> pool;
+    for (int t = 1; t < threads; ++t) pool.emplace_back(work);
+    if (options.progress) {
+      // The calling thread reports progress while the pool works, then joins in.
+      std::jthread last(work);
+      while (done.load() < n) {
+        options.progress(done.load(), n);
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+    } else {
+      work();
+    }
+  }
+  if (options.progress) options.progress(n, n);
+
+  for (size_t i = 0; i < n; ++i) {
+    if (!errors[i]) continue;
+    try {
+      std::rethrow_exception(errors[i]);
+    } catch (const std::exception& e) {
+      throw std::invalid_argument(fmt::format("{}: cell {}: {}", dump.path.string(), cells[i].key(), e.what()));
+    }
+  }
+
+  ColumnTable t;
+  auto& layer = t.add<int64_t>("layer");
+  auto& target = t.add<std::string>("target");
+  auto& quantizer = t.add<std::string>("quantizer");
+  auto& stored = t.add<std::string>("stored");
+  auto& bits = t.add<int64_t>("bits");
+  auto& scheme = t.add<std::string>("scheme");
+  auto& granularity = t.add<std::string>("granularity");
+  auto& group_size = t.add<int64_t>("group_size");
+  auto& scale_dtype = t.add<std::string>("scale_dtype");
+  auto& bpe = t.add<double>("bits_per_element");
+  auto& bpt = t.add<double>("bytes_per_token_layer");
+  auto& rel_fro = t.add<double>("rel_fro");
+  auto& mse = t.add<double>("mse");
+  auto& sqnr = t.add<double>("sqnr_db");
+  auto& maxabs = t.add<double>("max_abs_err");
+  auto& cos = t.add<double>("cos_mean");
+  for (size_t i = 0; i < n; ++i) {
+    const Cell& c = cells[i];
+    const CellResult& r = results[i];
+    const QuantSpec& s = r.stored;
+    layer.push_back(c.layer);
+    target.emplace_back(to_string(c.target));
+    quantizer.push_back(c.quantizer.name);
+    stored.push_back(s.to_string());
+    bits.push_back(s.bits);
+    scheme.emplace_back(scheme_of(s));
+    granularity.emplace_back(granularity_of(s));
+    group_size.push_back(s.format == Format::BF16 ? 0 : s.group_size);
+    scale_dtype.emplace_back(scale_dtype_of(s));
+    bpe.push_back(r.accounting.bits_per_element);
+    bpt.push_back(r.accounting.bytes_per_token);
+    rel_fro.push_back(r.metrics.rel_fro);
+    mse.push_back(r.metrics.mse);
+    sqnr.push_back(r.metrics.sqnr_db);
+    maxabs.push_back(r.metrics.max_abs_err);
+    cos.push_back(r.metrics.cos_mean);
+  }
+  return t;
+}
+
+const std::vector<std::string>& summary_columns() {
+  static const std::vector<std::string> c = {
+      "quantizer",        "mean_rel_fro_c_kv", "max_rel_fro_c_kv",      "mean_rel_fro_k_pe", "max_rel_fro_k_pe",
+      "bits_per_element", "bytes_per_token_model", "ratio_vs_bf16", "c_kv_accounting", "k_pe_accounting"};
+  return c;
+}
+
+ColumnTable summarize(const ColumnTable& le, const std::vector<Quantizer>& quantizers, const DumpAttrs& attrs) {
+  const auto& q = le.get<std::string>("quantizer");
+  const auto& tg = le.get<std::string>("target");
+  const auto& rf = le.get<double>("rel_fro");
+  const auto& bpe = le.get<double>("bits_per_element");
+  const auto& bpt = le.get<double>("bytes_per_token_layer");
+  const double L = static_cast<double>(attrs.num_layers);
+  const double bf16_ckv = 2.0 * static_cast<double>(attrs.kv_lora_rank);
+  const double bf16_kpe = 2.0 * static_cast<double>(attrs.qk_rope_head_dim);
+  const double bf16_model = L * (bf16_ckv + bf16_kpe);
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+
+  ColumnTable t;
+  auto& name = t.add<std::string>("quantizer");
+  auto& mean_c = t.add<double>("mean_rel_fro_c_kv");
+  auto& max_c = t.add<double>("max_rel_fro_c_kv");
+  auto& mean_k = t.add<double>("mean_rel_fro_k_pe");
+  auto& max_k = t.add<double>("max_rel_fro_k_pe");
+  auto& bits = t.add<double>("bits_per_element");
+  auto& bytes = t.add<double>("bytes_per_token_model");
+  auto& ratio = t.add<double>("ratio_vs_bf16");
+  auto& acc_c = t.add<std::string>("c_kv_accounting");
+  auto& acc_k = t.add<std::string>("k_pe_accounting");
+  for (const Quantizer& qu : quantizers) {
+    std::vector<double> rf_c, rf_k, bpe_c, bpt_c, bpt_k;
+    for (size_t i = 0; i < q.size(); ++i) {
+      if (q[i] != qu.name) continue;
+      if (tg[i] == "c_kv") {
+        rf_c.push_back(rf[i]);
+        bpe_c.push_back(bpe[i]);
+        bpt_c.push_back(bpt[i]);
+      } else {
+        rf_k.push_back(rf[i]);
+        bpt_k.push_back(bpt[i]);
+      }
+    }
+    name.push_back(qu.name);
+    mean_c.push_back(mean_of(rf_c));
+    max_c.push_back(max_of(rf_c));
+    mean_k.push_back(mean_of(rf_k));
+    max_k.push_back(max_of(rf_k));
+    bits.push_back(bpe_c.empty() ? nan : mean_of(bpe_c));
+    const double b = L * ((bpt_c.empty() ? bf16_ckv : mean_of(bpt_c)) + (bpt_k.empty() ? bf16_kpe : mean_of(bpt_k)));
+    bytes.push_back(b);
+    ratio.push_back(b / bf16_model);
+    acc_c.emplace_back(bpt_c.empty() ? "bf16 (not run)" : "measured");
+    acc_k.emplace_back(bpt_k.empty() ? "bf16 (not run)" : "measured");
+  }
+  return t;
+}
+
+StudyOutput run_study(const StudyConfig& config, LatentBackend& backend, const RunOptions& options) {
+  if (config.dump.empty())
+    throw std::invalid_argument(config.source + ": no input dump: set [input] dump or pass --input");
+  LoadOptions lo;
+  lo.layers = config.layers;
+  lo.attention = false;
+  const Dump dump = load_dump(config.dump, lo);
+  const std::string sha = file_sha256(config.dump);
+  const std::vector<Cell> cells = plan_cells(config, dump);
+
+  StudyOutput out;
+  out.latent_error = run_latent_error(dump, cells, backend, options);
+  out.quantizers = config.all_quantizers();
+  out.summary = summarize(out.latent_error, out.quantizers, dump.attrs);
+
+  std::vector<int> layers;
+  for (const Layer& l : dump.layers) layers.push_back(l.index);
+  std::vector<std::string> targets;
+  for (const TargetPlan& p : config.targets) targets.emplace_back(to_string(p.target));
+  const DumpAttrs& A = dump.attrs;
+  out.dump_attrs = A;
+  out.attrs = {
+      {"created", utc_now_iso8601()},
+      {"latentq_version", std::string(version())},
+      {"git_commit", std::string(git_commit())},
+      {"config", config.text},
+      {"config_source", config.source},
+      {"input_path", std::filesystem::absolute(config.dump).lexically_normal().string()},
+      {"input_sha256", sha},
+      {"input_revision", A.revision},
+      {"model", A.model},
+      {"num_layers", A.num_layers},
+      {"kv_lora_rank", A.kv_lora_rank},
+      {"qk_rope_head_dim", A.qk_rope_head_dim},
+      {"layers", fmt::format("{}", fmt::join(layers, ","))},
+      {"targets", fmt::format("{}", fmt::join(targets, ","))},
+      {"device", backend.name()},
+  };
+  return out;
+}
+
+std::string format_summary(const ColumnTable& s, const DumpAttrs& attrs) {
+  const auto& name = s.get<std::string>("quantizer");
+  const auto& mc = s.get<double>("mean_rel_fro_c_kv");
+  const auto& xc = s.get<double>("max_rel_fro_c_kv");
+  const auto& mk = s.get<double>("mean_rel_fro_k_pe");
+  const auto& xk = s.get<double>("max_rel_fro_k_pe");
+  const auto& bits = s.get<double>("bits_per_element");
+  const auto& bytes = s.get<double>("bytes_per_token_model");
+  const auto& ratio = s.get<double>("ratio_vs_bf16");
+  const auto& acc_c = s.get<std::string>("c_kv_accounting");
+  const auto& acc_k = s.get<std::string>("k_pe_accounting");
+  std::vector<size_t> order(name.size());
+  std::iota(order.begin(), order.end(), 0);
+  auto key = [](double x) { return std::isnan(x) ? std::numeric_limits<double>::infinity() : x; };
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    if (bytes[a] != bytes[b]) return bytes[a] < bytes[b];
+    return key(mc[a]) < key(mc[b]);
+  });
+  auto num = [](double x, int prec) { return std::isnan(x) ? std::string("-") : fmt::format("{:.{}f}", x, prec); };
+  auto sci = [](double x) { return std::isnan(x) ? std::string("-") : fmt::format("{:.3e}", x); };
+  size_t w = 9;
+  for (const auto& n : name) w = std::max(w, n.size() + 1);
+  std::string out;
+  out += fmt::format("{}: {} layers, c_kv [T, {}] + k_pe [T, {}]; bf16 = {} bytes/token (whole model)\n", attrs.model,
+                     attrs.num_layers, attrs.kv_lora_rank, attrs.qk_rope_head_dim,
+                     attrs.num_layers * (attrs.kv_lora_rank + attrs.qk_rope_head_dim) * 2);
+  out += fmt::format("{:<{}} {:>9} {:>11} {:>8} {:>10} {:>10} {:>10} {:>10}\n", "quantizer", w, "bits/elem",
+                     "bytes/token", "vs bf16", "c_kv mean", "c_kv max", "k_pe mean", "k_pe max");
+  out += fmt::format("{:<{}} {:>9} {:>11} {:>8} {:>21} {:>21}\n", "", w, "(c_kv)", "(model)", "", "rel_fro", "rel_fro");
+  bool assumed = false;
+  for (size_t i : order) {
+    const bool a = acc_c[i] != "measured" || acc_k[i] != "measured";
+    assumed = assumed || a;
+    out += fmt::format("{:<{}} {:>9} {:>11} {:>8} {:>10} {:>10} {:>10} {:>10}{}\n", name[i], w, num(bits[i], 3),
+                       num(bytes[i], 1), num(ratio[i], 3), sci(mc[i]), sci(xc[i]), sci(mk[i]), sci(xk[i]), a ? " *" : "");
+  }
+  if (assumed) out += "* a target that did not run this quantizer is counted as bf16\n";
+  out += "rel_fro = ||X_hat - X||_F / ||X||_F per layer; mean/max over layers. vs bf16 = bytes / bf16 bytes.\n";
+  return out;
+}
+
+}  // namespace latentq

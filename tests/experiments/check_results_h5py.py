@@ -1,0 +1,39 @@
+"""ctest `experiments.cli_results_h5py`: a latentq results file reads with plain h5py + numpy the way
+the README says (one 1-D dataset per column, columns in order, strings via .asstr()).
+Usage: check_results_h5py.py RESULTS.h5   (exit 77 = skipped: no h5py)"""
+import sys
+
+try:
+    import h5py
+    import numpy as np
+except ImportError as e:  # pragma: no cover
+    print(f"SKIP: {e}")
+    sys.exit(77)
+
+EXPECTED = ["layer", "target", "quantizer", "stored", "bits", "scheme", "granularity", "group_size",
+            "scale_dtype", "bits_per_element", "bytes_per_token_layer", "rel_fro", "mse", "sqnr_db",
+            "max_abs_err", "cos_mean"]
+
+with h5py.File(sys.argv[1], "r") as f:
+    assert f.attrs["schema"] == "latentq-results/1", f.attrs["schema"]
+    for k in ("created", "latentq_version", "git_commit", "config", "input_path", "input_sha256", "model"):
+        assert isinstance(f.attrs[k], str), k
+    assert len(f.attrs["input_sha256"]) == 64
+    assert int(f.attrs["num_layers"]) == 4 and int(f.attrs["kv_lora_rank"]) == 16
+    g = f["latent_error"]
+    assert list(g.keys()) == EXPECTED, list(g.keys())
+    cols = {k: (v.asstr()[:] if h5py.check_string_dtype(v.dtype) else v[:]) for k, v in g.items()}
+    n = len(cols["layer"])
+    assert all(v.shape == (n,) for v in cols.values())
+    assert cols["layer"].dtype == np.int64 and cols["rel_fro"].dtype == np.float64
+    # 4 layers x (c_kv: 3 bits x (1 + 2 + 2) + 2 extra = 17, k_pe: 3) = 80 rows
+    assert n == 80, n
+    assert set(cols["target"]) == {"c_kv", "k_pe"}
+    fp8 = (cols["quantizer"] == "fp8-e4m3-tile128") & (cols["target"] == "c_kv")
+    assert fp8.sum() == 4 and (cols["granularity"][fp8] == "tile").all() and (cols["group_size"][fp8] == 128).all()
+    assert (cols["rel_fro"] >= 0).all() and np.isfinite(cols["rel_fro"]).all()
+    s = f["summary"]
+    assert s["quantizer"].asstr()[:].tolist()[-2:] == ["bf16", "fp8-e4m3-tile128"]
+    acc = dict(zip(s["quantizer"].asstr()[:], s["k_pe_accounting"].asstr()[:]))
+    assert acc["int8-asym-channel-g32"] == "measured" and acc["int2-asym-tensor"] == "bf16 (not run)", acc
+print(f"ok: {n} rows")

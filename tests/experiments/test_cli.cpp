@@ -1,0 +1,257 @@
+// The CLI logic in-process (run_cli): exit codes, messages, and that errors write nothing.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "latentq/cli.h"
+#include "latentq/results.h"
+#include "latentq/util.h"
+#include "synth_dump.h"
+
+namespace {
+using namespace latentq;
+using lqtest::TempDir;
+namespace fs = std::filesystem;
+
+struct Outcome {
+  int rc;
+  std::string out, err;
+};
+
+Outcome cli(std::vector<std::string> args) {
+  args.insert(args.begin(), "latentq");
+  std::ostringstream out, err;
+  const int rc = run_cli(args, out, err);
+  return {rc, out.str(), err.str()};
+}
+
+#define EXPECT_CONTAINS(haystack, needle) \
+  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << "'" << (needle) << "' not in:\n" << (haystack)
+
+const char* kConfig = R"(
+[input]
+dump = "dump.h5"
+[quantizers]
+bits = [8, 4]
+schemes = ["sym", "asym"]
+granularities = ["channel", "token"]
+group_sizes = [0, 8]
+extra = ["bf16", "fp8-e4m3-tile128"]
+[output]
+results = "out/results.h5"
+)";
+
+struct CliTest : ::testing::Test {
+  TempDir dir;
+  fs::path dump = dir / "dump.h5", config = dir / "study.toml", results = dir / "out" / "results.h5";
+  void SetUp() override {
+    lqtest::write_synth(dump, lqtest::make_synth());
+    std::ofstream(config) << kConfig;
+  }
+  void write(const fs::path& p, const std::string& text) { std::ofstream(p) << text; }
+};
+
+TEST_F(CliTest, RunWritesResultsAndPrintsTheSummary) {
+  const Outcome o = cli({"run", config.string(), "--threads", "2"});
+  ASSERT_EQ(o.rc, 0) << o.err;
+  EXPECT_TRUE(o.err.empty()) << o.err;  // no progress bar when not asked
+  EXPECT_CONTAINS(o.out, "int4-asym-channel-g8");
+  EXPECT_CONTAINS(o.out, "bf16 = 144 bytes/token");  // 3 layers x (16 + 8) x 2
+  EXPECT_CONTAINS(o.out, "results: " + results.string());
+  EXPECT_CONTAINS(o.out, "108 cells (18 quantizers)");  // 3 layers x 2 targets x (2 x 2 x 4 + 2)
+  const Attrs a = read_results_attrs(results);
+  EXPECT_EQ(std::get<std::string>(attr(a, "input_sha256")), file_sha256(dump));
+  EXPECT_EQ(std::get<std::string>(attr(a, "input_path")), dump.string());
+  EXPECT_EQ(std::get<std::string>(attr(a, "config")), kConfig);
+  EXPECT_EQ(std::get<std::string>(attr(a, "model")), "synthetic");
+  EXPECT_EQ(std::get<int64_t>(attr(a, "num_layers")), 3);
+  EXPECT_EQ(std::get<int64_t>(attr(a, "kv_lora_rank")), 16);
+  EXPECT_EQ(std::get<int64_t>(attr(a, "qk_rope_head_dim")), 8);
+  EXPECT_EQ(std::get<std::string>(attr(a, "latentq_version")), version());
+  EXPECT_EQ(std::get<std::string>(attr(a, "git_commit")), git_commit());
+  const std::string created = std::get<std::string>(attr(a, "created"));
+  EXPECT_EQ(created.size(), 20u);
+  EXPECT_EQ(created.back(), 'Z');
+  EXPECT_EQ(list_tables(results), (std::vector<std::string>{"latent_error", "summary"}));
+  EXPECT_EQ(read_table(results, "latent_error").num_rows(), 108u);
+  EXPECT_EQ(read_table(results, "summary").num_rows(), 18u);
+}
+
+TEST_F(CliTest, OverridesAndRelativePaths) {
+  // --input and --out are relative to the current directory; config paths to the config's.
+  const fs::path cwd = fs::current_path();
+  fs::current_path(dir.path());
+  const Outcome o = cli({"run", "study.toml", "--input", "dump.h5", "--out", "elsewhere.h5"});
+  fs::current_path(cwd);
+  ASSERT_EQ(o.rc, 0) << o.err;
+  EXPECT_TRUE(fs::exists(dir / "elsewhere.h5"));
+  EXPECT_FALSE(fs::exists(results));
+}
+
+TEST_F(CliTest, InputErrorsWriteNothing) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string message;
+  };
+  write(dir / "bad_key.toml", "[input]\ndump = \"dump.h5\"\nlayerz = 1\n");
+  write(dir / "bad_spec.toml", "[input]\ndump = \"dump.h5\"\n[quantizers]\nextra = [\"int5-sym-token\"]\n");
+  write(dir / "bad_layer.toml", "[input]\ndump = \"dump.h5\"\nlayers = [9]\n[quantizers]\nextra = [\"bf16\"]\n");
+  const fs::path broken = dir / "broken.h5";
+  fs::copy_file(dump, broken);
+  fs::resize_file(broken, fs::file_size(broken) / 3);
+  const std::vector<Case> cases = {
+      {{"run", config.string(), "--input", (dir / "missing.h5").string()}, "missing.h5: no such file"},
+      {{"run", config.string(), "--input", broken.string()}, "broken.h5"},
+      {{"run", config.string(), "--input", config.string()}, "not an HDF5 file"},
+      {{"run", (dir / "bad_key.toml").string()}, "unknown key 'input.layerz'"},
+      {{"run", (dir / "bad_spec.toml").string(), "--out", results.string()}, "unknown quantizer spec 'int5-sym-token'"},
+      {{"run", (dir / "bad_layer.toml").string(), "--out", results.string()}, "layer 9 was requested"},
+      {{"run", (dir / "none.toml").string()}, "cannot read the config file"},
+      {{"run", config.string(), "--out", dump.string()}, "the results path is the input dump"},
+      {{"run", config.string(), "--device", "cuda"}, "CUDA"},
+      {{"run", config.string(), "--device", "tpu"}, "--device"},
+      {{"run", config.string(), "--threads", "-1"}, "--threads"},
+      {{"frobnicate"}, "latentq: error:"},
+      {{}, "A subcommand is required"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(::testing::PrintToString(c.args));
+    const Outcome o = cli(c.args);
+    if (c.message == "CUDA" && o.rc == 0) continue;  // a CUDA build on a GPU machine
+    EXPECT_EQ(o.rc, 2);
+    EXPECT_CONTAINS(o.err, "latentq: error: ");
+    EXPECT_CONTAINS(o.err, c.message);
+    EXPECT_FALSE(fs::exists(results));
+    EXPECT_FALSE(fs::exists(dir / "out"));
+  }
+}
+
+TEST_F(CliTest, Inspect) {
+  Outcome o = cli({"inspect", dump.string()});
+  ASSERT_EQ(o.rc, 0) << o.err;
+  EXPECT_CONTAINS(o.out, "kv_lora_rank 16");
+  EXPECT_CONTAINS(o.out, "1 [3]");  // the outlier channel of the synthetic c_kv
+  lqtest::set_string_attr(dump, "schema", "something/else");
+  o = cli({"inspect", dump.string()});
+  EXPECT_EQ(o.rc, 2);
+  EXPECT_CONTAINS(o.err, "expected \"latentq-dump/1\"");
+  o = cli({"inspect"});
+  EXPECT_EQ(o.rc, 2);
+}
+
+TEST_F(CliTest, VersionAndHelp) {
+  Outcome o = cli({"--version"});
+  EXPECT_EQ(o.rc, 0);
+  EXPECT_CONTAINS(o.out, std::string("latentq ") + version());
+  o = cli({"run", "--help"});
+  EXPECT_EQ(o.rc, 0);
+  EXPECT_CONTAINS(o.out, "int4-asym-channel-g32");
+}
+
+struct RegressTest : CliTest {
+  void SetUp() override {
+    CliTest::SetUp();
+    const Outcome o = cli({"run", config.string()});
+    ASSERT_EQ(o.rc, 0) << o.err;
+  }
+  Outcome regress(const std::string& thresholds) {
+    const fs::path p = dir / "thresholds.toml";
+    write(p, thresholds);
+    return cli({"regress", results.string(), "--thresholds", p.string()});
+  }
+};
+
+const char* kPassing = R"(
+[[threshold]]
+quantizer = "int8-asym-channel-g8"
+target = "c_kv"
+metric = "rel_fro"
+statistic = "max"
+bound = 0.05
+
+[[threshold]]
+quantizer = "int8-asym-channel-g8-fp16"   # canonical form int8-asym-channel-g8
+target = "k_pe"
+metric = "cos_mean"
+statistic = "min"
+direction = "min"
+bound = 0.99
+
+[[threshold]]
+quantizer = "bf16"
+target = "k_pe"
+metric = "sqnr_db"
+statistic = "mean"
+direction = "min"
+bound = 40
+)";
+
+TEST_F(RegressTest, Passes) {
+  const Outcome o = regress(kPassing);
+  EXPECT_EQ(o.rc, 0) << o.out << o.err;
+  EXPECT_CONTAINS(o.out, "PASS  int8-asym-channel-g8 c_kv max(rel_fro)");
+  EXPECT_CONTAINS(o.out, ">= 0.99");
+  EXPECT_CONTAINS(o.out, "(3 rows)");
+  EXPECT_CONTAINS(o.out, "gate: 3 of 3 thresholds pass");
+}
+
+TEST_F(RegressTest, FailsOnAViolatedBound) {
+  const Outcome o = regress(std::string(kPassing) + R"(
+[[threshold]]
+quantizer = "int4-sym-token"
+target = "c_kv"
+metric = "rel_fro"
+statistic = "mean"
+bound = 1e-6
+)");
+  EXPECT_EQ(o.rc, 1);
+  EXPECT_CONTAINS(o.out, "FAIL  int4-sym-token c_kv mean(rel_fro)");
+  EXPECT_CONTAINS(o.out, "gate: 3 of 4 thresholds pass");
+}
+
+TEST_F(RegressTest, FailsOnAThresholdMatchingNothing) {
+  const Outcome o = regress(std::string(kPassing) + R"(
+[[threshold]]
+quantizer = "int2-asym-channel-g32"
+target = "c_kv"
+metric = "rel_fro"
+bound = 1.0
+)");
+  EXPECT_EQ(o.rc, 1);
+  EXPECT_CONTAINS(o.out, "no rows match");
+}
+
+TEST_F(RegressTest, MalformedInputs) {
+  Outcome o = regress(std::string(kPassing) + "[[threshold]]\nquantizer = \"bf16\"\ntarget = \"c_kv\"\nmetric = \"rel_fro\"\nbound = 1\nslack = 2\n");
+  EXPECT_EQ(o.rc, 2);
+  EXPECT_CONTAINS(o.err, "unknown key 'slack'");
+  o = regress("[[threshold]]\nquantizer = \"bf16\"\ntarget = \"c_kv\"\nmetric = \"scheme\"\nbound = 1\n");
+  EXPECT_EQ(o.rc, 2);
+  EXPECT_CONTAINS(o.err, "metric 'scheme' is not a numeric column of /latent_error");
+  o = regress("[[threshold]]\nquantizer = \"bf16\"\ntarget = \"c_kv\"\nmetric = \"rel_fro\"\n");
+  EXPECT_EQ(o.rc, 2);
+  EXPECT_CONTAINS(o.err, "without 'bound'");
+  o = regress("[[threshold]]\nquantizer = \"bf17\"\ntarget = \"c_kv\"\nmetric = \"rel_fro\"\nbound = 1\n");
+  EXPECT_EQ(o.rc, 2);
+  EXPECT_CONTAINS(o.err, "unknown quantizer spec 'bf17'");
+  o = regress("[[threshold]]\nquantizer = \"bf16\"\ntarget = \"c_kv\"\nmetric = \"rel_fro\"\nbound = 1\ndirection = \"up\"\n");
+  EXPECT_EQ(o.rc, 2);
+  o = regress("[[threshold]]\nquantizer = \"bf16\"\ntarget = \"c_kv\"\nmetric = \"rel_fro\"\nbound = 1\nstatistic = \"p99\"\n");
+  EXPECT_EQ(o.rc, 2);
+  // A results path that is a dump, not a results file.
+  const fs::path p = dir / "t.toml";
+  write(p, kPassing);
+  o = cli({"regress", dump.string(), "--thresholds", p.string()});
+  EXPECT_EQ(o.rc, 2);
+  EXPECT_CONTAINS(o.err, "not a latentq-results/1 file");
+  o = cli({"regress", (dir / "missing.h5").string(), "--thresholds", p.string()});
+  EXPECT_EQ(o.rc, 2);
+  o = cli({"regress", results.string(), "--thresholds", (dir / "missing.toml").string()});
+  EXPECT_EQ(o.rc, 2);
+  o = cli({"regress", results.string()});
+  EXPECT_EQ(o.rc, 2);
+  EXPECT_CONTAINS(o.err, "--thresholds");
+}
+
+}  // namespace

@@ -1,0 +1,277 @@
+// The dump loader: a good synthetic dump loads exactly; each kind of bad input gives a clear error.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <limits>
+
+#include "latentq/dump.h"
+#include "latentq/util.h"
+#include "synth_dump.h"
+
+namespace {
+using namespace latentq;
+using lqtest::SynthData;
+using lqtest::TempDir;
+namespace fs = std::filesystem;
+
+// Expects `f` to throw E whose message contains every string of `parts`.
+template <class E, class F>
+void expect_error(F&& f, std::initializer_list<std::string> parts) {
+  try {
+    f();
+    ADD_FAILURE() << "no exception";
+  } catch (const E& e) {
+    const std::string msg = e.what();
+    for (const std::string& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "wrong exception type: " << e.what();
+  }
+}
+
+struct DumpTest : ::testing::Test {
+  TempDir dir;
+  SynthData data = lqtest::make_synth();
+  fs::path path = dir / "dump.h5";
+  void SetUp() override { lqtest::write_synth(path, data); }
+  std::string p() const { return path.string(); }
+};
+
+TEST_F(DumpTest, LoadsWhatWasWritten) {
+  const Dump d = load_dump(path);
+  EXPECT_EQ(d.attrs.model, "synthetic");
+  EXPECT_EQ(d.attrs.source, "synthetic");
+  EXPECT_EQ(d.attrs.revision, "seed-1234");
+  EXPECT_EQ(d.attrs.rope_layout, "interleaved");
+  EXPECT_EQ(d.attrs.original_dtype, "float32");
+  EXPECT_EQ(d.attrs.config_json, "{}");
+  EXPECT_EQ(d.attrs.num_layers, 3);
+  EXPECT_EQ(d.attrs.num_heads, 2);
+  EXPECT_EQ(d.attrs.kv_lora_rank, 16);
+  EXPECT_EQ(d.attrs.qk_rope_head_dim, 8);
+  EXPECT_EQ(d.attrs.qk_nope_head_dim, 4);
+  EXPECT_EQ(d.attrs.v_head_dim, 4);
+  EXPECT_EQ(d.attrs.softmax_scale, 0.125);
+  EXPECT_EQ(d.num_tokens(), 64);
+  EXPECT_EQ(d.num_seqs(), 2);
+  EXPECT_EQ(d.seq_offsets, (std::vector<int64_t>{0, 40, 64}));
+  EXPECT_EQ(d.tokens, data.tokens);
+  EXPECT_EQ(d.positions, data.positions);
+  EXPECT_EQ(d.file_layers, (std::vector<int>{0, 1, 2}));
+  EXPECT_TRUE(d.file_has_attention);
+  ASSERT_EQ(d.layers.size(), 3u);
+  for (int l = 0; l < 3; ++l) {
+    SCOPED_TRACE("layer " + std::to_string(l));
+    const Layer& ly = d.layer(l);
+    EXPECT_EQ(ly.index, l);
+    EXPECT_EQ(ly.c_kv, data.c_kv[l]);
+    EXPECT_EQ(ly.k_pe, data.k_pe[l]);
+    EXPECT_TRUE(ly.has_attention());
+    EXPECT_EQ(ly.num_query_rows(), 6);
+    EXPECT_EQ(ly.q_rows, data.q_rows);
+    EXPECT_EQ(ly.q_nope, data.q_nope[l]);
+    EXPECT_EQ(ly.q_pe, data.q_pe[l]);
+    EXPECT_EQ(ly.w_uk, data.w_uk[l]);
+    EXPECT_EQ(ly.w_uv, data.w_uv[l]);
+    EXPECT_EQ(ly.attn_out, data.attn_out[l]);
+  }
+  EXPECT_EQ(d.path, path);
+}
+
+TEST_F(DumpTest, LayerSubsetAndNoAttention) {
+  LoadOptions o;
+  o.layers = {2, 0};
+  o.attention = false;
+  const Dump d = load_dump(path, o);
+  ASSERT_EQ(d.layers.size(), 2u);
+  EXPECT_EQ(d.layers[0].index, 0);
+  EXPECT_EQ(d.layers[1].index, 2);
+  EXPECT_EQ(d.layers[1].c_kv, data.c_kv[2]);
+  EXPECT_FALSE(d.layers[0].has_attention());
+  EXPECT_TRUE(d.layers[0].q_nope.empty());
+  EXPECT_TRUE(d.file_has_attention);
+  EXPECT_EQ(d.file_layers, (std::vector<int>{0, 1, 2}));
+  expect_error<std::invalid_argument>([&] { d.layer(1); }, {"layer 1 was not loaded"});
+}
+
+TEST(DumpLoad, LatentOnlyDump) {
+  TempDir dir;
+  lqtest::SynthSpec s;
+  s.attention = false;
+  lqtest::write_synth(dir / "d.h5", lqtest::make_synth(s));
+  const Dump d = load_dump(dir / "d.h5");
+  EXPECT_FALSE(d.file_has_attention);
+  EXPECT_FALSE(d.layers[0].has_attention());
+  EXPECT_EQ(d.layers.size(), 3u);
+}
+
+TEST_F(DumpTest, RequestedLayerMissing) {
+  LoadOptions o;
+  o.layers = {7};
+  expect_error<std::invalid_argument>([&] { load_dump(path, o); }, {p(), "layer 7 was requested", "[0, 1, 2]"});
+}
+
+TEST(DumpLoad, MissingFile) {
+  TempDir dir;
+  const fs::path missing = dir / "nope.h5";
+  expect_error<std::runtime_error>([&] { load_dump(missing); }, {missing.string(), "no such file"});
+}
+
+TEST(DumpLoad, NotHdf5) {
+  TempDir dir;
+  const fs::path f = dir / "text.h5";
+  std::ofstream(f) << "this is not an HDF5 file\n";
+  expect_error<std::runtime_error>([&] { load_dump(f); }, {f.string(), "not an HDF5 file"});
+  expect_error<std::runtime_error>([&] { load_dump(dir.path()); }, {"is a directory"});
+}
+
+TEST_F(DumpTest, TruncatedFile) {
+  const fs::path t = dir / "truncated.h5";
+  fs::copy_file(path, t);
+  const auto size = fs::file_size(t);
+  fs::resize_file(t, size / 2);
+  SCOPED_TRACE("truncated from " + std::to_string(size) + " bytes");
+  expect_error<std::runtime_error>([&] { load_dump(t); }, {t.string(), "HDF5 error", "truncated or corrupt"});
+}
+
+TEST_F(DumpTest, WrongSchema) {
+  lqtest::set_string_attr(path, "schema", "latentq-dump/0");
+  expect_error<std::invalid_argument>([&] { load_dump(path); },
+                                      {p(), "'schema' is \"latentq-dump/0\", expected \"latentq-dump/1\""});
+}
+
+TEST_F(DumpTest, MissingSchema) {
+  lqtest::delete_attr(path, "schema");
+  expect_error<std::invalid_argument>([&] { load_dump(path); }, {p(), "missing root attribute 'schema'"});
+}
+
+TEST_F(DumpTest, MissingOrMistypedAttr) {
+  lqtest::delete_attr(path, "kv_lora_rank");
+  expect_error<std::invalid_argument>([&] { load_dump(path); }, {p(), "missing root attribute 'kv_lora_rank'"});
+  lqtest::set_string_attr(path, "kv_lora_rank", "16");
+  expect_error<std::invalid_argument>([&] { load_dump(path); }, {"'kv_lora_rank' has type string, expected an integer"});
+}
+
+TEST_F(DumpTest, NumLayersDisagrees) {
+  lqtest::set_int_attr(path, "num_layers", 4);
+  expect_error<std::invalid_argument>([&] { load_dump(path); }, {"/layers holds 3 layers", "num_layers = 4"});
+}
+
+TEST_F(DumpTest, MissingDataset) {
+  lqtest::delete_link(path, "/layers/001/k_pe");
+  expect_error<std::invalid_argument>([&] { load_dump(path); }, {p(), "missing dataset /layers/001/k_pe"});
+}
+
+TEST_F(DumpTest, WrongDtype) {
+  std::vector<double> v(data.c_kv[1].begin(), data.c_kv[1].end());
+  lqtest::put_f64(path, "/layers/001/c_kv", {64, 16}, v);
+  expect_error<std::invalid_argument>([&] { load_dump(path); }, {p(), "/layers/001/c_kv has dtype float64, expected float32"});
+}
+
+TEST_F(DumpTest, WrongShape) {
+  lqtest::put_f32(path, "/layers/001/c_kv", {64, 15}, std::vector<float>(64 * 15, 1.0f));
+  expect_error<std::invalid_argument>(
+      [&] { load_dump(path); },
+      {p(), "/layers/001/c_kv has shape [64, 15], expected [64, 16] (T from /tokens, kv_lora_rank)"});
+}
+
+TEST_F(DumpTest, WrongRank) {
+  lqtest::put_f32(path, "/layers/000/k_pe", {64 * 8}, std::vector<float>(64 * 8, 1.0f));
+  expect_error<std::invalid_argument>([&] { load_dump(path); }, {"/layers/000/k_pe has shape [512], expected [64, 8]"});
+}
+
+TEST_F(DumpTest, ShapesDifferAcrossLayers) {
+  // Layer 002 has 5 query rows where layer 000 has 6.
+  lqtest::put_i32(path, "/layers/002/q_rows", {5}, {1, 2, 3, 4, 5});
+  expect_error<std::invalid_argument>([&] { load_dump(path); },
+                                      {"/layers/002/q_rows has shape [5], expected [6] (Tq of layer 000)"});
+}
+
+TEST_F(DumpTest, NonFiniteLatents) {
+  std::vector<float> c = data.c_kv[2];
+  c[0] = std::numeric_limits<float>::quiet_NaN();
+  c[17] = std::numeric_limits<float>::infinity();
+  c[100] = -std::numeric_limits<float>::infinity();
+  lqtest::put_f32(path, "/layers/002/c_kv", {64, 16}, c);
+  expect_error<std::invalid_argument>([&] { load_dump(path); },
+                                      {p(), "layer 002", "/layers/002/c_kv has 3 NaN/Inf values (of 1024)"});
+  // Not loading layer 2 avoids the check.
+  LoadOptions o;
+  o.layers = {0, 1};
+  EXPECT_NO_THROW(load_dump(path, o));
+}
+
+TEST_F(DumpTest, NonFiniteAttentionData) {
+  std::vector<float> a = data.attn_out[0];
+  a[3] = std::numeric_limits<float>::quiet_NaN();
+  lqtest::put_f32(path, "/layers/000/attn_out", {6, 2, 4}, a);
+  expect_error<std::invalid_argument>([&] { load_dump(path); }, {"/layers/000/attn_out has 1 NaN/Inf values"});
+  LoadOptions o;
+  o.attention = false;
+  EXPECT_NO_THROW(load_dump(path, o));
+}
+
+TEST_F(DumpTest, EmptyLayer) {
+  lqtest::put_f32(path, "/layers/001/c_kv", {0, 16}, {});
+  expect_error<std::invalid_argument>([&] { load_dump(path); }, {p(), "layer 001 is empty", "(T = 0)"});
+}
+
+TEST(DumpLoad, NoTokens) {
+  TempDir dir;
+  const fs::path f = dir / "d.h5";
+  lqtest::write_synth(f, lqtest::make_synth());
+  lqtest::put_i32(f, "/tokens", {0}, {});
+  expect_error<std::invalid_argument>([&] { load_dump(f); }, {"/tokens is empty (T = 0)"});
+}
+
+TEST_F(DumpTest, BadSeqOffsets) {
+  const std::vector<std::vector<int64_t>> bad = {{0, 40, 30, 64}, {1, 64}, {0, 63}, {64}, {0, 70, 64}};
+  for (const auto& o : bad) {
+    SCOPED_TRACE(::testing::PrintToString(o));
+    lqtest::put_i64(path, "/seq_offsets", {o.size()}, o);
+    expect_error<std::invalid_argument>([&] { load_dump(path); }, {p(), "/seq_offsets must run from 0 to T = 64"});
+  }
+  lqtest::put_i32(path, "/seq_offsets", {3}, {0, 40, 64});
+  expect_error<std::invalid_argument>([&] { load_dump(path); }, {"/seq_offsets has dtype int32, expected int64"});
+}
+
+TEST_F(DumpTest, PartialAttentionData) {
+  lqtest::delete_link(path, "/layers/001/w_uv");
+  expect_error<std::invalid_argument>([&] { load_dump(path); },
+                                      {"layer 001: attention datasets must be all present or all absent", "but not w_uv"});
+}
+
+TEST_F(DumpTest, AttentionInSomeLayersOnly) {
+  for (const char* n : {"q_rows", "q_nope", "q_pe", "w_uk", "w_uv", "attn_out"})
+    lqtest::delete_link(path, std::string("/layers/002/") + n);
+  expect_error<std::invalid_argument>([&] { load_dump(path); }, {"layer 000 has attention data but layer 002 has none"});
+}
+
+TEST_F(DumpTest, QueryRowOutOfRange) {
+  lqtest::put_i32(path, "/layers/000/q_rows", {6}, {0, 1, 2, 3, 4, 64});
+  expect_error<std::invalid_argument>([&] { load_dump(path); }, {"/layers/000/q_rows[5] = 64 is not a token index in [0, 64)"});
+}
+
+TEST_F(DumpTest, BadLayerName) {
+  lqtest::put_f32(path, "/layers/extra/c_kv", {1, 1}, {0.0f});
+  expect_error<std::invalid_argument>([&] { load_dump(path); }, {"/layers/extra is not a layer name"});
+}
+
+TEST(Sha256, KnownDigests) {
+  TempDir dir;
+  std::ofstream(dir / "abc", std::ios::binary) << "abc";
+  std::ofstream(dir / "empty", std::ios::binary).flush();
+  EXPECT_EQ(file_sha256(dir / "abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  EXPECT_EQ(file_sha256(dir / "empty"), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  // A file larger than one read chunk (1 MiB): 2^20 + 3 bytes of 'a' (digest from `head -c 1048579 /dev/zero
+  // | tr '\0' a | sha256sum`).
+  {
+    std::ofstream f(dir / "big", std::ios::binary);
+    const std::string chunk(1 << 20, 'a');
+    f << chunk << "aaa";
+  }
+  EXPECT_EQ(file_sha256(dir / "big"), "f5e25b6b994188fdb721357d459785dc479934edfd40f95658a45ab2ce2d8027");
+  EXPECT_THROW(file_sha256(dir / "missing"), std::runtime_error);
+}
+
+}  // namespace
