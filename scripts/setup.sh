@@ -34,8 +34,12 @@ fi
 if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c "import torch, transformers, safetensors, h5py, numpy, matplotlib, pytest" 2>/dev/null; then
   echo "setup: creating the Python venv in .venv"
   python3 -m venv .venv
-  .venv/bin/pip install -q --disable-pip-version-check torch==2.13.0
-  .venv/bin/pip install -q --disable-pip-version-check -r requirements.txt
+  if ! { .venv/bin/pip install --disable-pip-version-check torch==2.13.0 &&
+         .venv/bin/pip install --disable-pip-version-check -r requirements.txt; } > .venv/pip.log 2>&1; then
+    tail -n 30 .venv/pip.log >&2
+    echo "setup: pip failed; the whole log is in .venv/pip.log" >&2
+    exit 1
+  fi
 fi
 
 # --- configure + build -----------------------------------------------------------------------
