@@ -8,12 +8,18 @@
 #include <fmt/format.h>
 
 #include <chrono>
+#include <csignal>
+#include <cstdlib>
 #include <iostream>
 #include <stdexcept>
 
+#include "latentq/batch.h"
+#include "latentq/batch_study.h"
 #include "latentq/config.h"
 #include "latentq/dump.h"
+#include "latentq/external.h"
 #include "latentq/inspect.h"
+#include "latentq/probe_study.h"
 #include "latentq/regress.h"
 #include "latentq/results.h"
 #include "latentq/study.h"
@@ -26,7 +32,27 @@ namespace {
 struct RunArgs {
   std::string config, input, out, device = "cpu";
   int threads = 0;
+  std::string shard;               // "i/n"; empty = all cells
+  bool resume = false;
+  double checkpoint_interval = 0;  // seconds
+  bool no_e2e = false;             // skip [e2e] even when enabled
 };
+
+// LATENTQ_TEST_KILL_AFTER_CELLS=N (tests only): stop after N computed cells, checkpoint, SIGKILL.
+size_t test_kill_after_cells() {
+  const char* v = std::getenv("LATENTQ_TEST_KILL_AFTER_CELLS");
+  if (!v || !*v) return 0;
+  char* end = nullptr;
+  const long long n = std::strtoll(v, &end, 10);
+  if (*end || n < 1) throw std::invalid_argument(fmt::format("LATENTQ_TEST_KILL_AFTER_CELLS='{}' is not a positive integer", v));
+  return static_cast<size_t>(n);
+}
+
+const ColumnTable* find_table(const std::vector<NamedTable>& tables, const std::string& group) {
+  for (const NamedTable& t : tables)
+    if (t.group == group) return &t.table;
+  return nullptr;
+}
 
 int cmd_run(const RunArgs& a, std::ostream& out, std::ostream& err, bool progress_bar) {
   StudyConfig cfg = a.config.empty() ? default_config() : load_config(a.config);
@@ -37,6 +63,8 @@ int cmd_run(const RunArgs& a, std::ostream& out, std::ostream& err, bool progres
   std::error_code ec;
   if (!cfg.dump.empty() && fs::equivalent(cfg.dump, cfg.results, ec))
     throw std::invalid_argument(cfg.results.string() + ": the results path is the input dump; choose another --out");
+  const Shard shard = a.shard.empty() ? Shard{} : Shard::parse(a.shard);
+  const size_t kill_after = test_kill_after_cells();
   const std::unique_ptr<LatentBackend> backend = make_backend(a.device);
 
   RunOptions opt;
@@ -52,12 +80,55 @@ int cmd_run(const RunArgs& a, std::ostream& out, std::ostream& err, bool progres
     };
   }
   const auto t0 = std::chrono::steady_clock::now();
-  const StudyOutput o = run_study(cfg, *backend, opt);
+  StudyPlan plan = plan_study(cfg, *backend);
+  // The probe cells (svd, cross_layer, attention; latentq/probe_study.h) after the latent cells.
+  const ProbeStage probes = prepare_probe_stage(cfg);
+  plan.tasks.insert(plan.tasks.end(), probes.tasks.begin(), probes.tasks.end());
+  BatchOptions bo;
+  bo.shard = shard;
+  bo.resume = a.resume;
+  bo.threads = a.threads;
+  bo.checkpoint_interval = a.checkpoint_interval;
+  bo.progress = opt.progress;
+  bo.stop_after = kill_after;
+  const BatchResult r = run_batch(cfg.results, plan.attrs, plan.tasks, derive_study_tables, bo);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  write_results(cfg.results, o.attrs, {{"latent_error", o.latent_error, {}}, {"summary", o.summary, {}}}, WriteMode::Replace);
-  out << format_summary(o.summary, o.dump_attrs);
-  out << fmt::format("\n{} cells ({} quantizers) on {} in {:.1f} s\nresults: {}\n", o.latent_error.num_rows(),
-                     o.quantizers.size(), backend->name(), secs, cfg.results.string());
+  if (!r.complete) {  // only with LATENTQ_TEST_KILL_AFTER_CELLS: die like a killed job
+    err << fmt::format("latentq: LATENTQ_TEST_KILL_AFTER_CELLS={}: SIGKILL after {} computed cells ({} of {} in {})\n",
+                       kill_after, r.computed, r.resumed + r.computed, r.owned, r.written.string());
+    err.flush();
+    ::kill(::getpid(), SIGKILL);
+    return kExitUserError;  // not reached
+  }
+  const std::string resumed = r.resumed_from.empty() ? std::string()
+                              : fmt::format("; {} resumed from {}, {} computed", r.resumed, r.resumed_from.string(), r.computed);
+  if (shard.count == 1) {
+    const ColumnTable* summary = find_table(r.tables, "summary");
+    if (summary) out << format_summary(*summary, plan.dump->attrs);
+    print_probe_report(cfg, probes, summary, r.tables, plan.dump->attrs, out, err);
+    out << fmt::format("\n{} cells ({} quantizers{}) on {} in {:.1f} s\nresults: {}\n", r.owned, plan.quantizers.size(),
+                       resumed, backend->name(), secs, cfg.results.string());
+    if (cfg.probes.e2e.enabled && !a.no_e2e) run_e2e_step(cfg, plan.dump->attrs, cfg.results, a.threads, out, err);
+  } else {
+    print_probe_report(cfg, probes, nullptr, r.tables, plan.dump->attrs, out, err);
+    if (cfg.probes.e2e.enabled && !a.no_e2e)
+      out << "e2e: skipped: a shard; run experiments/e2e_inject.py --results MERGED.h5 after `latentq merge`\n";
+    out << fmt::format("shard {}: {} of the {} cells{} on {} in {:.1f} s (no /summary: `latentq merge` writes it)\n"
+                       "results: {}\n",
+                       shard.to_string(), r.owned, r.total, resumed, backend->name(), secs, cfg.results.string());
+  }
+  return kExitOk;
+}
+
+int cmd_merge(const std::string& merged, const std::vector<std::string>& inputs, std::ostream& out) {
+  const std::vector<fs::path> in(inputs.begin(), inputs.end());
+  const MergeResult m = merge_results(merged, in, derive_study_tables);
+  if (const ColumnTable* summary = find_table(m.tables, "summary"))
+    out << format_summary(*summary, dump_attrs_from_results(m.attrs)) << "\n";
+  out << fmt::format("merged {} shard{} ({} files): {} cells{}\nresults: {}\n", m.shards, m.shards == 1 ? "" : "s",
+                     inputs.size(), m.cells,
+                     m.overlapping ? fmt::format(" ({} of them in more than one file, equal)", m.overlapping) : "",
+                     merged);
   return kExitOk;
 }
 
@@ -99,16 +170,40 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   run->add_option("--out", ra.out, "the results file (latentq-results/1 HDF5), overrides [output] results");
   run->add_option("--threads", ra.threads, "worker threads (0 = all cores)")->check(CLI::NonNegativeNumber);
   run->add_option("--device", ra.device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+  run->add_option("--shard", ra.shard,
+                  "run only shard i/n of the cells (0 <= i < n; a cell goes to shard sha256(key) mod n); "
+                  "the shard files are joined by `latentq merge`");
+  run->add_flag("--resume", ra.resume,
+                "continue a run: skip the cells already in OUT.partial (the checkpoint of an interrupted run) "
+                "or OUT; refused if they were written for another config or input");
+  run->add_option("--checkpoint-interval", ra.checkpoint_interval,
+                  "minimum seconds between checkpoints to OUT.partial (default 0: whenever cells completed)")
+      ->check(CLI::NonNegativeNumber);
+  run->add_flag("--no-e2e", ra.no_e2e, "do not start experiments/e2e_inject.py even when the config has [e2e] enabled");
   run->footer("Quantizer specs:\n" + spec_grammar());
 
   std::string inspect_path;
   CLI::App* inspect = app.add_subcommand("inspect", "Validate a dump and summarize it (dims, per-layer statistics)");
   inspect->add_option("dump", inspect_path, "the dump (latentq-dump/1 HDF5)")->required();
 
+  std::string report_results, report_out;
+  CLI::App* report = app.add_subcommand(
+      "report", "Figures (PNG) and report.md from a results file: runs experiments/report.py with the project venv "
+                "and passes its exit code through");
+  report->add_option("results", report_results, "results file (latentq-results/1 HDF5)")->required();
+  report->add_option("--out", report_out, "output directory (created)")->required();
+
   std::string reg_results, reg_thresholds;
   CLI::App* regress = app.add_subcommand("regress", "Check a results file against thresholds (exit 1 on failure)");
   regress->add_option("results", reg_results, "results file (latentq-results/1 HDF5)")->required();
   regress->add_option("--thresholds", reg_thresholds, "thresholds TOML ([[threshold]] entries)")->required();
+
+  std::string merge_out;
+  std::vector<std::string> merge_inputs;
+  CLI::App* merge = app.add_subcommand(
+      "merge", "Join the shard files of a `latentq run --shard i/n` study into one results file (= an unsharded run)");
+  merge->add_option("merged", merge_out, "the merged results file to write")->required();
+  merge->add_option("shards", merge_inputs, "the shard files (every shard 0..n-1 of one config and input)")->required();
 
   std::vector<const char*> argv;
   for (const auto& s : args) argv.push_back(s.c_str());
@@ -123,6 +218,8 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   try {
     if (run->parsed()) return cmd_run(ra, out, err, progress_bar);
     if (inspect->parsed()) return cmd_inspect(inspect_path, out);
+    if (report->parsed()) return run_report(report_results, report_out, out);
+    if (merge->parsed()) return cmd_merge(merge_out, merge_inputs, out);
     if (regress->parsed()) return cmd_regress(reg_results, reg_thresholds, out);
   } catch (const std::invalid_argument& e) {
     err << "latentq: error: " << e.what() << "\n";

@@ -267,14 +267,18 @@ StudyOutput run_study(const StudyConfig& config, LatentBackend& backend, const R
   out.latent_error = run_latent_error(dump, cells, backend, options);
   out.quantizers = config.all_quantizers();
   out.summary = summarize(out.latent_error, out.quantizers, dump.attrs);
+  out.dump_attrs = dump.attrs;
+  out.attrs = study_attrs(config, dump, sha, backend.name());
+  return out;
+}
 
+Attrs study_attrs(const StudyConfig& config, const Dump& dump, const std::string& sha, const std::string& device) {
   std::vector<int> layers;
   for (const Layer& l : dump.layers) layers.push_back(l.index);
   std::vector<std::string> targets;
   for (const TargetPlan& p : config.targets) targets.emplace_back(to_string(p.target));
   const DumpAttrs& A = dump.attrs;
-  out.dump_attrs = A;
-  out.attrs = {
+  return {
       {"created", utc_now_iso8601()},
       {"latentq_version", std::string(version())},
       {"git_commit", std::string(git_commit())},
@@ -289,9 +293,8 @@ StudyOutput run_study(const StudyConfig& config, LatentBackend& backend, const R
       {"qk_rope_head_dim", A.qk_rope_head_dim},
       {"layers", fmt::format("{}", fmt::join(layers, ","))},
       {"targets", fmt::format("{}", fmt::join(targets, ","))},
-      {"device", backend.name()},
+      {"device", device},
   };
-  return out;
 }
 
 std::string format_summary(const ColumnTable& s, const DumpAttrs& attrs) {

@@ -7,6 +7,7 @@
 #include <random>
 
 #include "latentq/h5util.h"
+#include "latentq/probes/attention.h"
 
 namespace lqtest {
 namespace fs = std::filesystem;
@@ -41,7 +42,23 @@ SynthData make_synth(const SynthSpec& s) {
     d.q_pe.push_back(randn(static_cast<size_t>(Tq * H * dr), 1.0f));
     d.w_uk.push_back(randn(static_cast<size_t>(H * dn * r), 1.0f));
     d.w_uv.push_back(randn(static_cast<size_t>(H * dv * r), 1.0f));
-    d.attn_out.push_back(randn(static_cast<size_t>(Tq * H * dv), 1.0f));
+    d.attn_out.push_back(randn(static_cast<size_t>(Tq * H * dv), 1.0f));  // drawn to keep the RNG stream
+  }
+  // attn_out as the model would give it: the absorbed attention on these latents (float64, rounded
+  // once), so the /attention_check of a synthetic dump passes.
+  for (int l = 0; l < s.layers; ++l) {
+    latentq::probes::AttentionQueries q;
+    q.dims = {H, r, dn, dr, dv};
+    q.num_tokens = T;
+    q.seq_offsets = d.seq_offsets;
+    q.q_rows = d.q_rows;
+    q.q_nope = d.q_nope[l];
+    q.q_pe = d.q_pe[l];
+    q.w_uk = d.w_uk[l];
+    q.w_uv = d.w_uv[l];
+    q.softmax_scale = kSynthSoftmaxScale;
+    const auto out = latentq::probes::absorbed_attention<double>(q, d.c_kv[l], d.k_pe[l]).out;
+    std::transform(out.begin(), out.end(), d.attn_out[l].begin(), [](double x) { return static_cast<float>(x); });
   }
   return d;
 }
@@ -91,7 +108,7 @@ void write_synth(const fs::path& path, const SynthData& d) {
   h5::write_attr(f, "qk_rope_head_dim", s.qk_rope_head_dim);
   h5::write_attr(f, "qk_nope_head_dim", s.qk_nope_head_dim);
   h5::write_attr(f, "v_head_dim", s.v_head_dim);
-  h5::write_attr(f, "softmax_scale", 0.125);
+  h5::write_attr(f, "softmax_scale", kSynthSoftmaxScale);
   const hsize_t T = static_cast<hsize_t>(d.T);
   put(f, "/tokens", {T}, d.tokens.data(), H5::PredType::STD_I32LE, H5::PredType::NATIVE_INT32);
   put(f, "/positions", {T}, d.positions.data(), H5::PredType::STD_I32LE, H5::PredType::NATIVE_INT32);

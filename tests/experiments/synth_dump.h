@@ -31,8 +31,12 @@ struct SynthData {
   std::vector<std::vector<float>> c_kv, k_pe, q_nope, q_pe, w_uk, w_uv, attn_out;  ///< per layer
 };
 
-/// Random data: c_kv ~ N(0,1) (channel outlier_channel × outlier_scale), k_pe ~ 3·N(0,1), attention
-/// tensors ~ N(0,1), from std::mt19937_64(seed).
+/// The softmax_scale attribute of a synthetic dump.
+inline constexpr double kSynthSoftmaxScale = 0.125;
+
+/// Random data: c_kv ~ N(0,1) (channel outlier_channel × outlier_scale), k_pe ~ 3·N(0,1), q_nope,
+/// q_pe, W_UK, W_UV ~ N(0,1), from std::mt19937_64(seed); attn_out = the absorbed attention of those
+/// (latentq/probes/attention.h, float64, rounded to float32).
 SynthData make_synth(const SynthSpec& spec = {});
 
 /// Write `d` as a latentq-dump/1 file.

@@ -40,6 +40,13 @@ group_sizes = [0, 8]
 extra = ["bf16", "fp8-e4m3-tile128"]
 [output]
 results = "out/results.h5"
+# the latent study only (the probe groups: test_probe_study.cpp)
+[svd]
+enabled = false
+[cross_layer]
+enabled = false
+[attention]
+enabled = false
 )";
 
 struct CliTest : ::testing::Test {
@@ -73,7 +80,7 @@ TEST_F(CliTest, RunWritesResultsAndPrintsTheSummary) {
   const std::string created = std::get<std::string>(attr(a, "created"));
   EXPECT_EQ(created.size(), 20u);
   EXPECT_EQ(created.back(), 'Z');
-  EXPECT_EQ(list_tables(results), (std::vector<std::string>{"latent_error", "summary"}));
+  EXPECT_EQ(list_tables(results), (std::vector<std::string>{"latent_error", "summary", "cells"}));  // /cells: latentq/batch.h
   EXPECT_EQ(read_table(results, "latent_error").num_rows(), 108u);
   EXPECT_EQ(read_table(results, "summary").num_rows(), 18u);
 }

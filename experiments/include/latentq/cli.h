@@ -1,7 +1,12 @@
 // latentq/cli.h — the `latentq` command line (CLI11). main.cpp only calls cli_main().
 //
 //   latentq run [CONFIG.toml] [--input DUMP.h5] [--out RESULTS.h5] [--threads N] [--device cpu|cuda]
+//               [--shard I/N] [--resume] [--checkpoint-interval SECONDS] [--no-e2e]
+//   latentq merge MERGED.h5 SHARD.h5...
+// (batch runs: latentq/batch.h; the test hook LATENTQ_TEST_KILL_AFTER_CELLS=N makes `run` stop after
+// N computed cells, checkpoint them to OUT.partial and SIGKILL itself, like a killed job)
 //   latentq inspect DUMP.h5
+//   latentq report RESULTS.h5 --out DIR      (experiments/report.py; its exit code passed through)
 //   latentq regress RESULTS.h5 --thresholds THRESHOLDS.toml
 //   latentq --version
 //

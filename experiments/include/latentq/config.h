@@ -12,6 +12,7 @@
 //   [targets.<c_kv|k_pe>]  quantizers = [spec, ...]   replaces the list for that target
 //                          exclude = [spec or glob]   removed for that target only
 //   [output]     results = "path.h5"       relative to the config file's directory
+//   [svd], [cross_layer], [attention], [e2e]   the probes: latentq/probe_config.h
 //
 // Unknown keys, unknown specs, wrong types and out-of-range values are errors
 // (std::invalid_argument naming the config source, line:column and key).
@@ -22,6 +23,7 @@
 #include <string_view>
 #include <vector>
 
+#include "latentq/probe_config.h"
 #include "latentq/spec.h"
 
 namespace latentq {
@@ -48,6 +50,7 @@ struct StudyConfig {
   std::vector<TargetPlan> targets;   ///< one per [input].targets entry, in that order
   std::filesystem::path results;     ///< [output].results resolved; empty if not given
   std::vector<std::string> warnings; ///< non-fatal remarks (e.g. an exclude pattern matching nothing)
+  ProbeConfig probes;                ///< [svd], [cross_layer], [attention], [e2e] (latentq/probe_config.h)
 
   /// Every quantizer of any target, first occurrence order (c_kv's list first when it is first).
   std::vector<Quantizer> all_quantizers() const;

@@ -115,6 +115,11 @@ struct StudyOutput {
 /// Throws as load_dump() and run_latent_error(); std::invalid_argument if config.dump is empty.
 StudyOutput run_study(const StudyConfig& config, LatentBackend& backend, const RunOptions& options = {});
 
+/// The root attributes of a results file of `config` run on `dump` (loaded from config.dump, whose
+/// SHA-256 is `input_sha256`) on `device`: those listed at StudyOutput::attrs.
+Attrs study_attrs(const StudyConfig& config, const Dump& dump, const std::string& input_sha256,
+                  const std::string& device);
+
 /// A paper-style summary table of a /summary table (fmt), sorted by bytes per token, then by mean
 /// c_kv rel_fro.
 std::string format_summary(const ColumnTable& summary, const DumpAttrs& attrs);

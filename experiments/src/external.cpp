@@ -1,0 +1,193 @@
+// Python steps started by latentq (latentq/external.h): posix_spawn with a pipe for the output.
+#include "latentq/external.h"
+
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+#include <stdexcept>
+#include <thread>
+
+#include "latentq/probe_study.h"
+#include "latentq/results.h"
+
+extern char** environ;
+
+#ifndef LATENTQ_PYTHON_EXECUTABLE
+#define LATENTQ_PYTHON_EXECUTABLE ""
+#endif
+#ifndef LATENTQ_SOURCE_DIR
+#define LATENTQ_SOURCE_DIR ""
+#endif
+#ifndef LATENTQ_PYMODULE_DIR
+#define LATENTQ_PYMODULE_DIR ""
+#endif
+
+namespace latentq {
+namespace fs = std::filesystem;
+
+namespace {
+std::string env_or(const char* name, const char* fallback) {
+  const char* v = std::getenv(name);
+  return v ? std::string(v) : std::string(fallback);
+}
+}  // namespace
+
+PythonTools python_tools() {
+  PythonTools t;
+  t.python = env_or("LATENTQ_PYTHON", LATENTQ_PYTHON_EXECUTABLE);
+  t.source_dir = env_or("LATENTQ_SOURCE_DIR", LATENTQ_SOURCE_DIR);
+  t.pymodule_dir = env_or("LATENTQ_PYMODULE_DIR", LATENTQ_PYMODULE_DIR);
+  return t;
+}
+
+std::string python_unavailable_reason(const PythonTools& t, const std::string& script, bool need_module) {
+  std::error_code ec;
+  if (t.python.empty())
+    return "no Python interpreter: this latentq was built without LATENTQ_PYTHON_EXECUTABLE (the project venv)";
+  if (!fs::is_regular_file(t.python, ec) || ::access(t.python.c_str(), X_OK) != 0)
+    return fmt::format("the Python interpreter {} is missing or not executable", t.python.string());
+  const fs::path s = t.source_dir / script;
+  if (!fs::is_regular_file(s, ec)) return fmt::format("the script {} is missing", s.string());
+  if (need_module) {
+    bool found = false;
+    if (!t.pymodule_dir.empty() && fs::is_directory(t.pymodule_dir, ec)) {
+      for (const auto& e : fs::directory_iterator(t.pymodule_dir, ec)) {
+        const std::string n = e.path().filename().string();
+        if (n.rfind("latentq", 0) == 0 && n.size() > 3 && n.substr(n.size() - 3) == ".so") found = true;
+      }
+    }
+    if (!found)
+      return fmt::format("the compiled latentq Python module is not in {} (build the target latentq_py)",
+                         t.pymodule_dir.empty() ? std::string("(no module directory)") : t.pymodule_dir.string());
+  }
+  return "";
+}
+
+int run_process(const std::vector<std::string>& argv, const std::vector<std::pair<std::string, std::string>>& env,
+                std::ostream& out) {
+  if (argv.empty()) throw std::runtime_error("run_process: empty command");
+  // Environment: the current one with `env` replacing same-named entries.
+  std::vector<std::string> envs;
+  for (char** e = environ; e && *e; ++e) {
+    const std::string s(*e);
+    bool replaced = false;
+    for (const auto& [k, v] : env) replaced = replaced || s.rfind(k + "=", 0) == 0;
+    if (!replaced) envs.push_back(s);
+  }
+  for (const auto& [k, v] : env) envs.push_back(k + "=" + v);
+  std::vector<char*> envp, args;
+  for (auto& s : envs) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  std::vector<std::string> argv_copy = argv;
+  for (auto& s : argv_copy) args.push_back(s.data());
+  args.push_back(nullptr);
+
+  int fds[2];
+  if (::pipe(fds) != 0) throw std::runtime_error(fmt::format("{}: cannot create a pipe: {}", argv[0], std::strerror(errno)));
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addclose(&fa, fds[0]);
+  posix_spawn_file_actions_adddup2(&fa, fds[1], STDOUT_FILENO);
+  posix_spawn_file_actions_adddup2(&fa, fds[1], STDERR_FILENO);
+  posix_spawn_file_actions_addclose(&fa, fds[1]);
+  pid_t pid = 0;
+  out.flush();
+  const int rc = ::posix_spawn(&pid, argv[0].c_str(), &fa, nullptr, args.data(), envp.data());
+  posix_spawn_file_actions_destroy(&fa);
+  ::close(fds[1]);
+  if (rc != 0) {
+    ::close(fds[0]);
+    throw std::runtime_error(fmt::format("{}: cannot start: {}", argv[0], std::strerror(rc)));
+  }
+  char buf[4096];
+  for (;;) {
+    const ssize_t n = ::read(fds[0], buf, sizeof buf);
+    if (n > 0) {
+      out.write(buf, n);
+      out.flush();
+    } else if (n == 0 || errno != EINTR) {
+      break;
+    }
+  }
+  ::close(fds[0]);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 1;
+}
+
+bool run_e2e_step(const StudyConfig& config, const DumpAttrs& attrs, const fs::path& results, int threads,
+                  std::ostream& out, std::ostream& err) {
+  const E2eSettings& E = config.probes.e2e;
+  const PythonTools t = python_tools();
+  std::error_code ec;
+  std::string why;
+  if (attrs.model != "tiny-mla")
+    why = fmt::format("the dump's model is '{}'; experiments/e2e_inject.py runs the tiny-mla model only", attrs.model);
+  else if (!E.model.empty() && !fs::is_regular_file(E.model / "config.json", ec))
+    why = fmt::format("the model directory {} ([e2e] model) has no config.json", E.model.string());
+  else
+    why = python_unavailable_reason(t, "experiments/e2e_inject.py", true);
+  if (!why.empty()) {
+    out << "e2e: skipped: " << why << "\n";
+    return false;
+  }
+  std::vector<std::string> argv = {t.python.string(), (t.source_dir / "experiments" / "e2e_inject.py").string(),
+                                   "--results", fs::absolute(results).string()};
+  if (!E.model.empty()) argv.insert(argv.end(), {"--model", E.model.string()});
+  const int n = threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  argv.insert(argv.end(), {"--threads", std::to_string(n)});
+  if (!E.quantizers.empty()) {
+    argv.push_back("--quantizers");
+    argv.insert(argv.end(), E.quantizers.begin(), E.quantizers.end());
+  }
+  out << "\ne2e: " << fmt::format("{}", fmt::join(argv, " ")) << "\n";
+  out.flush();
+  // The script prints one line per quantizer; keep them for a failure, show its last line.
+  std::ostringstream log;
+  int rc = 0;
+  try {
+    rc = run_process(argv, {{"LATENTQ_PYMODULE_DIR", t.pymodule_dir.string()}}, log);
+  } catch (const std::runtime_error& e) {
+    err << "latentq: warning: e2e: " << e.what() << "\n";
+    return false;
+  }
+  std::string text = log.str();
+  while (!text.empty() && text.back() == '\n') text.pop_back();
+  if (rc != 0) {
+    err << text << "\n"
+        << fmt::format("latentq: warning: e2e: experiments/e2e_inject.py exited with code {}; {} has no new /e2e\n", rc,
+                       results.string());
+    return false;
+  }
+  out << text.substr(text.rfind('\n') == std::string::npos ? 0 : text.rfind('\n') + 1) << "\n";
+  try {
+    const std::vector<std::string> groups = list_tables(results);
+    const bool has_summary = std::find(groups.begin(), groups.end(), "summary") != groups.end();
+    out << format_e2e_summary(read_table(results, "e2e"), has_summary ? read_table(results, "summary") : ColumnTable{});
+  } catch (const std::exception& e) {
+    err << "latentq: warning: e2e: cannot read /e2e back: " << e.what() << "\n";
+    return false;
+  }
+  return true;
+}
+
+int run_report(const std::string& results, const std::string& out_dir, std::ostream& out) {
+  const PythonTools t = python_tools();
+  if (const std::string why = python_unavailable_reason(t, "experiments/report.py", false); !why.empty())
+    throw std::runtime_error("report: " + why);
+  return run_process({t.python.string(), (t.source_dir / "experiments" / "report.py").string(), results, "--out", out_dir},
+                     {{"LATENTQ_PYMODULE_DIR", t.pymodule_dir.string()}}, out);
+}
+
+}  // namespace latentq

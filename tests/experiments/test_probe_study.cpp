@@ -1,0 +1,426 @@
+// The probe groups of `latentq run` (latentq/probe_study.h): the attention recomputation against the
+// real dump, cell plans and keys, independence of cells (subsets, thread counts), SVD-pruned
+// attention at full rank, latent-only dumps, config errors, the CLI integration (groups written and
+// readable, the printed tables, e2e / report skipped without Python).
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "latentq/cli.h"
+#include "latentq/external.h"
+#include "latentq/probe_study.h"
+#include "latentq/results.h"
+#include "synth_dump.h"
+
+namespace {
+using namespace latentq;
+using lqtest::TempDir;
+namespace fs = std::filesystem;
+
+#define EXPECT_CONTAINS(haystack, needle) \
+  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << "'" << (needle) << "' not in:\n" << (haystack)
+
+struct Outcome {
+  int rc;
+  std::string out, err;
+};
+Outcome cli(std::vector<std::string> args) {
+  args.insert(args.begin(), "latentq");
+  std::ostringstream out, err;
+  const int rc = run_cli(args, out, err);
+  return {rc, out.str(), err.str()};
+}
+
+size_t count_of(const std::string& s, const std::string& needle) {
+  size_t n = 0;
+  for (size_t p = s.find(needle); p != std::string::npos; p = s.find(needle, p + 1)) ++n;
+  return n;
+}
+
+// Sets an environment variable for the scope of the object.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const std::string& value) : name_(name) {
+    if (const char* v = std::getenv(name)) old_ = v, had_ = true;
+    ::setenv(name, value.c_str(), 1);
+  }
+  ~ScopedEnv() {
+    if (had_) ::setenv(name_, old_.c_str(), 1);
+    else ::unsetenv(name_);
+  }
+
+ private:
+  const char* name_;
+  std::string old_;
+  bool had_ = false;
+};
+
+const char* kConfig = R"(
+[quantizers]
+bits = [4]
+schemes = ["asym"]
+granularities = ["channel", "token"]
+group_sizes = [32]
+extra = ["bf16"]
+[targets.k_pe]
+quantizers = ["int4-asym-channel-g32", "int8-sym-token"]
+)";
+
+struct ProbeTest : ::testing::Test {
+  TempDir dir;
+  fs::path path = dir / "dump.h5";
+  Dump dump;
+  StudyConfig config;
+  void make(const lqtest::SynthSpec& spec, const std::string& extra_config = "") {
+    lqtest::write_synth(path, lqtest::make_synth(spec));
+    config = parse_config(std::string(kConfig) + extra_config, "probe.toml", dir.path());
+    config.dump = path;
+    dump = load_probe_dump(config);
+  }
+  void SetUp() override { make({}); }
+};
+
+// ---- plans and keys ------------------------------------------------------------------------------
+
+TEST_F(ProbeTest, PlanKeysAreStable) {
+  const ProbePlan p = plan_probes(config, dump);
+  const std::vector<std::string> k = p.keys();
+  ASSERT_EQ(std::set<std::string>(k.begin(), k.end()).size(), k.size()) << "duplicate keys";
+  // kv_lora_rank 16: SVD ranks 1, 2, 4, 8, 12, 16. Quantizers: c_kv int4-asym-channel-g32,
+  // int4-asym-token-g32, bf16; k_pe int4-asym-channel-g32, int8-sym-token.
+  const std::vector<std::string> expected_head = {
+      "000/svd", "001/svd", "002/svd",                                 // svd + svd_spectrum
+      "000-001/cross_layer", "000-002/cross_layer", "001-002/cross_layer",
+      "w2-000/cross_layer_sharing", "w2-001/cross_layer_sharing",
+      "000/attention_check", "001/attention_check", "002/attention_check",
+      "000/c_kv/int4-asym-channel-g32/attention_error", "000/c_kv/int4-asym-token-g32/attention_error",
+      "000/c_kv/bf16/attention_error",
+      "000/k_pe/int4-asym-channel-g32/attention_error", "000/k_pe/int8-sym-token/attention_error",
+      "000/c_kv+k_pe/int4-asym-channel-g32/attention_error",  // the only quantizer run on both targets
+      "000/c_kv/svd-rank1/attention_error", "000/c_kv/svd-rank2/attention_error",
+      "000/c_kv/svd-rank4/attention_error", "000/c_kv/svd-rank8/attention_error",
+      "000/c_kv/svd-rank12/attention_error", "000/c_kv/svd-rank16/attention_error",
+      "001/c_kv/int4-asym-channel-g32/attention_error"};
+  ASSERT_GE(k.size(), expected_head.size());
+  EXPECT_EQ(std::vector<std::string>(k.begin(), k.begin() + static_cast<ptrdiff_t>(expected_head.size())), expected_head);
+  EXPECT_EQ(k.size(), 3u + 3u + 2u + 3u + 3u * 12u);
+  EXPECT_EQ(p.groups, probe_groups());
+  EXPECT_TRUE(p.attention_skipped.empty());
+  EXPECT_EQ(cell_groups(p.cells[0]), (std::vector<std::string>{"svd", "svd_spectrum"}));
+  EXPECT_EQ(cell_groups(p.cells.back()), (std::vector<std::string>{"attention_error"}));
+}
+
+TEST_F(ProbeTest, PairSelectionAndLayerSubsets) {
+  make({.layers = 4}, "[cross_layer]\npairs = \"adjacent\"\nwindows = [2, 3]\nranks = [6, 12]\n");
+  ProbePlan p = plan_probes(config, dump);
+  std::vector<std::string> cl;
+  for (const auto& k : p.keys())
+    if (k.find("cross_layer") != std::string::npos) cl.push_back(k);
+  EXPECT_EQ(cl, (std::vector<std::string>{"000-001/cross_layer", "001-002/cross_layer", "002-003/cross_layer",
+                                          "w2-000/cross_layer_sharing", "w2-001/cross_layer_sharing",
+                                          "w2-002/cross_layer_sharing", "w3-000/cross_layer_sharing",
+                                          "w3-001/cross_layer_sharing"}));
+  // A layer subset: pairs and windows run over the studied layers in order.
+  config = parse_config(std::string(kConfig) + "[input]\nlayers = [0, 3]\n", "probe.toml", dir.path());
+  config.dump = path;
+  dump = load_probe_dump(config);
+  p = plan_probes(config, dump);
+  EXPECT_EQ(std::get<CrossLayerCell>(p.cells[2]).key(), "000-003/cross_layer");
+  EXPECT_EQ(std::get<SharingCell>(p.cells[3]).layers, (std::vector<int>{0, 3}));
+}
+
+TEST_F(ProbeTest, DefaultSharingRanksAreMultiplesOfTheWindow) {
+  EXPECT_EQ(sharing_ranks(config, dump.attrs, 2), (std::vector<int64_t>{4, 8, 16}));   // 2·16/8, /4, /2
+  EXPECT_EQ(sharing_ranks(config, dump.attrs, 3), (std::vector<int64_t>{6, 12, 24}));  // 48/8 = 6, 12, 24
+  DumpAttrs big = dump.attrs;
+  big.kv_lora_rank = 128;
+  EXPECT_EQ(sharing_ranks(config, big, 2), (std::vector<int64_t>{32, 64, 128}));
+  EXPECT_EQ(svd_ranks(config, big), (std::vector<int64_t>{8, 16, 32, 64, 96, 128}));
+}
+
+TEST_F(ProbeTest, RanksTheDumpCannotTakeAreErrors) {
+  config = parse_config(std::string(kConfig) + "[svd]\nranks = [8, 17]\n", "probe.toml", dir.path());
+  try {
+    plan_probes(config, dump);
+    FAIL() << "no error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_CONTAINS(e.what(), "rank 17 is larger than kv_lora_rank 16");
+  }
+  config = parse_config(std::string(kConfig) + "[cross_layer]\nranks = [34]\n", "probe.toml", dir.path());
+  EXPECT_THROW(plan_probes(config, dump), std::invalid_argument);
+}
+
+TEST_F(ProbeTest, ConfigErrorsNameTheKey) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"[svd]\nrank = [4]\n", "unknown key 'svd.rank'"},
+      {"[svd]\nranks = [0]\n", "'svd.ranks': 0 is < 1"},
+      {"[svd]\nenabled = 1\n", "'svd.enabled' must be true or false"},
+      {"[cross_layer]\nwindows = [2]\nranks = [3]\n", "rank 3 is not a multiple of the window size 2"},
+      {"[cross_layer]\npairs = \"some\"\n", "'cross_layer.pairs' is 'some'"},
+      {"[cross_layer]\nwindows = [1]\n", "'cross_layer.windows': 1 is < 2"},
+      {"[attention]\ntargets = [\"c_kv\", \"q\"]\n", "'attention.targets': 'q' is not one of"},
+      {"[attention]\ncheck_tolerance = -1\n", "'attention.check_tolerance' must be > 0"},
+      {"[e2e]\nquantizers = [\"int3-sym-token\"]\n", "'e2e.quantizers'"},
+      {"[e2e]\nmodle = \"x\"\n", "unknown key 'e2e.modle'"},
+  };
+  for (const auto& [text, message] : cases) {
+    SCOPED_TRACE(text);
+    try {
+      parse_config(std::string(kConfig) + text, "probe.toml", dir.path());
+      ADD_FAILURE() << "no error";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_CONTAINS(e.what(), "probe.toml:");
+      EXPECT_CONTAINS(e.what(), message);
+    }
+  }
+  // Defaults when the sections are absent; [e2e] model resolves against the config's directory.
+  const StudyConfig c = parse_config(std::string(kConfig) + "[e2e]\nenabled = true\nmodel = \"m\"\n", "p.toml", dir.path());
+  EXPECT_TRUE(c.probes.svd.enabled && c.probes.cross_layer.enabled && c.probes.attention.enabled);
+  EXPECT_EQ(c.probes.cross_layer.windows, (std::vector<int64_t>{2}));
+  EXPECT_TRUE(c.probes.e2e.enabled);
+  EXPECT_EQ(c.probes.e2e.model, (dir.path() / "m").lexically_normal());
+  EXPECT_FALSE(parse_config(kConfig, "p.toml", dir.path()).probes.e2e.enabled);
+}
+
+// ---- values ----------------------------------------------------------------------------------------
+
+bool tables_equal(const ColumnTable& a, const ColumnTable& b) { return a.columns() == b.columns(); }
+
+TEST_F(ProbeTest, CellsAreIndependentOfThreadsAndOfEachOther) {
+  const ProbePlan plan = plan_probes(config, dump);
+  RunOptions one, many;
+  one.threads = 1;
+  many.threads = 3;
+  const std::vector<NamedTable> a = run_probes(config, dump, plan, one);
+  const std::vector<NamedTable> b = run_probes(config, dump, plan, many);
+  ASSERT_EQ(a.size(), probe_groups().size());
+  for (size_t g = 0; g < a.size(); ++g) {
+    SCOPED_TRACE(a[g].group);
+    EXPECT_EQ(a[g].group, probe_groups()[g]);
+    EXPECT_EQ(a[g].table.names(), probe_columns(a[g].group));
+    EXPECT_GT(a[g].table.num_rows(), 0u);
+    EXPECT_TRUE(tables_equal(a[g].table, b[g].table));
+  }
+  // Only layer 1's cells, in reverse order, one runner per cell: the same rows as in the full run.
+  ProbePlan sub = plan.subset([](const std::string& k) { return k.rfind("001/", 0) == 0; });
+  ASSERT_GT(sub.cells.size(), 10u);
+  for (auto it = sub.cells.rbegin(); it != sub.cells.rend(); ++it) {
+    const ProbeRunner runner(config, dump);
+    const std::vector<ColumnTable> rows = runner.run(*it);
+    const std::vector<std::string> groups = cell_groups(*it);
+    ASSERT_EQ(rows.size(), groups.size());
+    for (size_t g = 0; g < groups.size(); ++g) {
+      const NamedTable& full = *std::find_if(a.begin(), a.end(), [&](const NamedTable& t) { return t.group == groups[g]; });
+      const std::vector<std::string> keys = row_keys(groups[g], full.table);
+      const std::vector<std::string> mine = row_keys(groups[g], rows[g]);
+      ASSERT_FALSE(mine.empty());
+      for (const std::string& k : mine) EXPECT_EQ(k, cell_key(*it));
+      // The cell's rows are a contiguous block of the full table.
+      const size_t first = static_cast<size_t>(std::find(keys.begin(), keys.end(), cell_key(*it)) - keys.begin());
+      ASSERT_LE(first + rows[g].num_rows(), full.table.num_rows());
+      ColumnTable block = empty_probe_table(groups[g]);
+      for (const auto& [name, col] : full.table.columns()) {
+        std::visit([&](const auto& v) {
+          using V = std::decay_t<decltype(v)>;
+          std::get<V>(block.at(name)).assign(v.begin() + static_cast<ptrdiff_t>(first),
+                                             v.begin() + static_cast<ptrdiff_t>(first + rows[g].num_rows()));
+        }, col);
+      }
+      EXPECT_TRUE(tables_equal(block, rows[g])) << cell_key(*it);
+    }
+  }
+}
+
+TEST_F(ProbeTest, AttentionRowsOnASyntheticDump) {
+  // Sequences of 40, 24 and 5 tokens: the g32 channel groups of the last two are partial.
+  make({.seq_lens = {40, 24, 5}});
+  const ProbeRunner runner(config, dump);
+  const int64_t r = dump.attrs.kv_lora_rank, rope = dump.attrs.qk_rope_head_dim;
+  for (int layer = 0; layer < 3; ++layer) {
+    SCOPED_TRACE(layer);
+    // The synthetic attn_out is the float64 absorbed attention: the float32 recomputation is close.
+    const ColumnTable check = runner.run(AttentionCheckCell{layer})[0];
+    EXPECT_LT(check.get<double>("ref_vs_dump_rel_fro")[0], 1e-4);
+    EXPECT_EQ(check.get<int64_t>("tq")[0], 6);
+    // SVD-pruned c_kv at full rank: the same latents up to rounding, so ~ no attention error.
+    const ColumnTable full = runner.run(AttentionCell{layer, "c_kv", "svd-rank16", {}, r})[0];
+    EXPECT_LT(full.get<double>("out_rel_fro")[0], 1e-5);
+    EXPECT_LT(std::abs(full.get<double>("kl_mean")[0]), 1e-8);
+    EXPECT_EQ(full.get<double>("top1_agree")[0], 1.0);
+    EXPECT_EQ(full.get<double>("bits_per_element_c_kv")[0], 16.0);
+    EXPECT_EQ(full.get<double>("bytes_per_token_layer")[0], 2.0 * static_cast<double>(r + rope));
+    // Low rank: a real error, accounted as r bf16 coefficients.
+    const ColumnTable low = runner.run(AttentionCell{layer, "c_kv", "svd-rank2", {}, 2})[0];
+    EXPECT_GT(low.get<double>("out_rel_fro")[0], 1e-2);
+    EXPECT_EQ(low.get<double>("bits_per_element_c_kv")[0], 2.0);
+    EXPECT_EQ(low.get<double>("bytes_per_token_layer")[0], 4.0 + 2.0 * static_cast<double>(rope));
+    // Quantized k_pe only: c_kv counted as bf16; int8 sym token over 8 dims: 8 bits + fp16 scale per token.
+    const QuantSpec s8 = QuantSpec::parse("int8-sym-token");
+    const ColumnTable k = runner.run(AttentionCell{layer, "k_pe", s8.to_string(), s8, 0})[0];
+    EXPECT_EQ(k.get<double>("bits_per_element_c_kv")[0], 16.0);
+    EXPECT_EQ(k.get<double>("bytes_per_token_layer")[0], 2.0 * static_cast<double>(r) + static_cast<double>(rope) + 2.0);
+    EXPECT_GT(k.get<double>("out_rel_fro")[0], 0.0);
+    EXPECT_LT(k.get<double>("out_rel_fro")[0], 0.1);
+    // Quantizing more cannot be free: c_kv+k_pe at int4 has an error, a top-1 agreement in [0, 1].
+    const QuantSpec s4 = QuantSpec::parse("int4-asym-channel-g32");
+    const ColumnTable both = runner.run(AttentionCell{layer, "c_kv+k_pe", s4.to_string(), s4, 0})[0];
+    EXPECT_GT(both.get<double>("out_rel_fro")[0], 1e-3);
+    EXPECT_GE(both.get<double>("top1_agree")[0], 0.0);
+    EXPECT_LE(both.get<double>("top1_agree")[0], 1.0);
+    EXPECT_GE(both.get<double>("kl_mean")[0], -1e-9);
+  }
+}
+
+TEST_F(ProbeTest, LatentOnlyDumpSkipsTheAttentionGroups) {
+  make({.attention = false});
+  const ProbePlan p = plan_probes(config, dump);
+  EXPECT_CONTAINS(p.attention_skipped, "has no dataset /layers/000/q_rows");
+  for (const std::string& k : p.keys()) EXPECT_EQ(k.find("attention"), std::string::npos) << k;
+  EXPECT_EQ(p.groups, (std::vector<std::string>{"svd", "svd_spectrum", "cross_layer", "cross_layer_sharing"}));
+  const ProbeRunner runner(config, dump);
+  try {
+    runner.run(AttentionCheckCell{0});
+    FAIL() << "no error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_CONTAINS(e.what(), "cell 000/attention_check");
+    EXPECT_CONTAINS(e.what(), "q_rows");
+  }
+}
+
+// The recomputation on the shipped dump equals the model's attn_out (skipped without the dump).
+TEST(ProbeRealDump, AbsorbedRecomputationMatchesTheDumpedAttnOut) {
+  const fs::path dump_path = fs::path(LATENTQ_SOURCE_DIR) / "data" / "latents" / "tiny-mla.h5";
+  if (!fs::exists(dump_path)) GTEST_SKIP() << dump_path << " is missing";
+  StudyConfig config = default_config();
+  config.dump = dump_path;
+  const Dump dump = load_probe_dump(config);
+  ASSERT_EQ(dump.layers.size(), 6u);
+  const ProbeRunner runner(config, dump);
+  for (const Layer& l : dump.layers) {
+    SCOPED_TRACE(l.index);
+    const ColumnTable t = runner.run(AttentionCheckCell{l.index})[0];
+    const double rel = t.get<double>("ref_vs_dump_rel_fro")[0];
+    EXPECT_LE(rel, 1e-4);
+    EXPECT_GT(rel, 0.0);  // float32 against the model's float32 path: equal only up to rounding
+    EXPECT_EQ(t.get<int64_t>("tq")[0], 256);
+    // SVD-pruned c_kv at full rank (kv_lora_rank 128): ~ no attention error.
+    const ColumnTable s = runner.run(AttentionCell{l.index, "c_kv", "svd-rank128", {}, 128})[0];
+    EXPECT_LT(s.get<double>("out_rel_fro")[0], 1e-5);
+    EXPECT_EQ(s.get<double>("top1_agree")[0], 1.0);
+  }
+}
+
+// ---- the CLI -----------------------------------------------------------------------------------------
+
+struct ProbeCliTest : ::testing::Test {
+  TempDir dir;
+  fs::path dump = dir / "dump.h5", config = dir / "study.toml", results = dir / "out.h5";
+  void write_config(const std::string& extra) { std::ofstream(config) << "[input]\ndump = \"dump.h5\"\n" << kConfig << extra; }
+};
+
+TEST_F(ProbeCliTest, RunWritesEveryGroupAndPrintsTheTables) {
+  lqtest::write_synth(dump, lqtest::make_synth());
+  write_config("");
+  const Outcome o = cli({"run", config.string(), "--out", results.string(), "--threads", "2"});
+  ASSERT_EQ(o.rc, 0) << o.err;
+  EXPECT_TRUE(o.err.empty()) << o.err;  // no attention-check warning: the synthetic attn_out is exact
+  const std::vector<std::string> groups = list_tables(results);
+  for (const std::string& g : probe_groups()) {
+    SCOPED_TRACE(g);
+    ASSERT_NE(std::find(groups.begin(), groups.end(), g), groups.end());
+    const ColumnTable t = read_table(results, g);
+    EXPECT_EQ(t.names(), probe_columns(g));
+  }
+  EXPECT_EQ(read_table(results, "svd").num_rows(), 3u * 6u);
+  EXPECT_EQ(read_table(results, "svd_spectrum").num_rows(), 3u * 16u);
+  EXPECT_EQ(read_table(results, "attention_error").num_rows(), 3u * 12u);
+  EXPECT_CONTAINS(o.out, "Latent error vs attention error");
+  EXPECT_CONTAINS(o.out, "svd-rank16");
+  EXPECT_CONTAINS(o.out, "SVD of c_kv (kv_lora_rank 16");
+  EXPECT_CONTAINS(o.out, "Adjacent layers: c_kv similarity");
+  EXPECT_EQ(o.out.find("e2e"), std::string::npos);  // [e2e] absent: off
+  EXPECT_EQ(o.out.find("attention: skipped"), std::string::npos);
+}
+
+TEST_F(ProbeCliTest, LatentOnlyDumpRunsWithOneSkipLine) {
+  lqtest::write_synth(dump, lqtest::make_synth({.attention = false}));
+  write_config("");
+  const Outcome o = cli({"run", config.string(), "--out", results.string()});
+  ASSERT_EQ(o.rc, 0) << o.err;
+  EXPECT_EQ(count_of(o.out, "attention: skipped: "), 1u) << o.out;
+  EXPECT_CONTAINS(o.out, "has no dataset /layers/000/q_rows");
+  const std::vector<std::string> groups = list_tables(results);
+  EXPECT_EQ(std::count(groups.begin(), groups.end(), "attention_error"), 0);
+  EXPECT_EQ(std::count(groups.begin(), groups.end(), "svd"), 1);
+  EXPECT_EQ(std::count(groups.begin(), groups.end(), "cross_layer"), 1);
+}
+
+TEST_F(ProbeCliTest, SvdRankAboveKvLoraRankIsExit2AndWritesNothing) {
+  lqtest::write_synth(dump, lqtest::make_synth());
+  write_config("[svd]\nranks = [4, 40]\n");
+  const Outcome o = cli({"run", config.string(), "--out", results.string()});
+  EXPECT_EQ(o.rc, 2);
+  EXPECT_CONTAINS(o.err, "latentq: error: ");
+  EXPECT_CONTAINS(o.err, "rank 40 is larger than kv_lora_rank 16");
+  EXPECT_FALSE(fs::exists(results));
+}
+
+TEST_F(ProbeCliTest, E2eIsSkippedWithOneLine) {
+  lqtest::write_synth(dump, lqtest::make_synth());
+  write_config("[e2e]\nenabled = true\n");
+  Outcome o = cli({"run", config.string(), "--out", results.string(), "--threads", "1"});
+  ASSERT_EQ(o.rc, 0) << o.err;
+  EXPECT_EQ(count_of(o.out, "e2e: skipped: "), 1u);
+  EXPECT_CONTAINS(o.out, "e2e: skipped: the dump's model is 'synthetic'");
+  // A tiny-mla dump, but no interpreter.
+  lqtest::set_string_attr(dump, "model", "tiny-mla");
+  {
+    const ScopedEnv env("LATENTQ_PYTHON", (dir / "no-python").string());
+    o = cli({"run", config.string(), "--out", results.string(), "--threads", "1"});
+  }
+  ASSERT_EQ(o.rc, 0) << o.err;
+  EXPECT_EQ(count_of(o.out, "e2e: skipped: "), 1u);
+  EXPECT_CONTAINS(o.out, "e2e: skipped: the Python interpreter " + (dir / "no-python").string() + " is missing");
+  // No compiled module.
+  if (python_unavailable_reason(python_tools(), "experiments/e2e_inject.py", false).empty()) {
+    const ScopedEnv env("LATENTQ_PYMODULE_DIR", dir.path().string());
+    o = cli({"run", config.string(), "--out", results.string(), "--threads", "1"});
+    ASSERT_EQ(o.rc, 0) << o.err;
+    EXPECT_CONTAINS(o.out, "e2e: skipped: the compiled latentq Python module is not in " + dir.path().string());
+  }
+}
+
+TEST_F(ProbeCliTest, ReportNeedsPythonAndPassesItsExitCodeThrough) {
+  {
+    const ScopedEnv env("LATENTQ_PYTHON", (dir / "no-python").string());
+    const Outcome o = cli({"report", (dir / "r.h5").string(), "--out", (dir / "rep").string()});
+    EXPECT_EQ(o.rc, 2);
+    EXPECT_CONTAINS(o.err, "latentq: error: report: the Python interpreter");
+  }
+  if (!python_unavailable_reason(python_tools(), "experiments/report.py", false).empty())
+    GTEST_SKIP() << "no project Python";
+  // report.py's own input error (a missing file): exit 2 passed through.
+  const Outcome o = cli({"report", (dir / "missing.h5").string(), "--out", (dir / "rep").string()});
+  EXPECT_EQ(o.rc, 2) << o.out << o.err;
+  EXPECT_CONTAINS(o.out, "latentq report:");
+}
+
+TEST(ProbeRowKeys, KeysFromColumns) {
+  ColumnTable t = empty_probe_table("attention_error");
+  std::get<std::vector<int64_t>>(t.at("layer")) = {3};
+  std::get<std::vector<std::string>>(t.at("quantizer")) = {"svd-rank32"};
+  std::get<std::vector<std::string>>(t.at("targets")) = {"c_kv"};
+  for (const char* c : {"out_rel_fro", "cos_mean", "kl_mean", "top1_agree", "top8_agree", "bits_per_element_c_kv",
+                        "bytes_per_token_layer"})
+    std::get<std::vector<double>>(t.at(c)) = {0.0};
+  EXPECT_EQ(row_keys("attention_error", t), (std::vector<std::string>{"003/c_kv/svd-rank32/attention_error"}));
+  ColumnTable s = empty_probe_table("cross_layer_sharing");
+  EXPECT_TRUE(row_keys("cross_layer_sharing", s).empty());
+  EXPECT_THROW(row_keys("summary", s), std::invalid_argument);
+  EXPECT_THROW(probe_columns("nope"), std::invalid_argument);
+}
+
+}  // namespace
