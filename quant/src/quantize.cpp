@@ -76,14 +76,15 @@ void validate(const QuantSpec& spec) {
   throw std::invalid_argument(what + "unknown format");
 }
 
-// Encode n elements of x with per-element (scale, offset) pointers advanced by `step` (0: one
-// group for the whole span, 1: one per element) into byte codes u[n].
-template <bool Sym>
-void encode_span(const float* x, int64_t n, const float* scale, const float* offset, int step, int bits, uint8_t* u) {
+// Encode n elements of x with per-element (scale, offset) pointers advanced by `Step` (0: one
+// group for the whole span, 1: one per element) into byte codes u[n]. Step is a template argument
+// so both loops vectorize (Step 0: the compiler hoists the scale > 0 test out of the loop).
+template <bool Sym, int Step>
+void encode_span(const float* x, int64_t n, const float* scale, const float* offset, int bits, uint8_t* u) {
   for (int64_t i = 0; i < n; ++i) {
-    const float s = scale[i * step];
+    const float s = scale[i * Step];
     if constexpr (Sym) u[i] = static_cast<uint8_t>(q::encode_sym(x[i], s, bits));
-    else u[i] = static_cast<uint8_t>(q::encode_asym(x[i], s, offset[i * step], bits));
+    else u[i] = static_cast<uint8_t>(q::encode_asym(x[i], s, offset[i * Step], bits));
   }
 }
 
@@ -115,8 +116,22 @@ void unpack_row(const uint8_t* in, int64_t D, int bits, uint8_t* u) {
     return;
   }
   const int per = 8 / bits;
+  const int64_t full = D / per;
+  if (bits == 4) {  // whole bytes first (vectorizes), then the partial last byte
+    for (int64_t k = 0; k < full; ++k) {
+      u[2 * k] = static_cast<uint8_t>(in[k] & 0xf);
+      u[2 * k + 1] = static_cast<uint8_t>(in[k] >> 4);
+    }
+  } else {
+    for (int64_t k = 0; k < full; ++k) {
+      u[4 * k] = static_cast<uint8_t>(in[k] & 3);
+      u[4 * k + 1] = static_cast<uint8_t>((in[k] >> 2) & 3);
+      u[4 * k + 2] = static_cast<uint8_t>((in[k] >> 4) & 3);
+      u[4 * k + 3] = static_cast<uint8_t>(in[k] >> 6);
+    }
+  }
   const uint8_t mask = static_cast<uint8_t>((1 << bits) - 1);
-  for (int64_t i = 0; i < D; ++i) u[i] = static_cast<uint8_t>((in[i / per] >> (bits * (i % per))) & mask);
+  for (int64_t i = full * per; i < D; ++i) u[i] = static_cast<uint8_t>((in[i / per] >> (bits * (i % per))) & mask);
 }
 
 }  // namespace
@@ -213,9 +228,18 @@ QuantizedTensor quantize(const QuantSpec& spec_in, Target target, const float* X
   const int bits = spec.bits;
   const int64_t sb = scale_bytes(spec.scale_dtype);
   std::vector<uint8_t> u(static_cast<size_t>(D));
+  // codes of x[0, n) into u[0, n): one (scale, offset) for the span (step 0) or one per element (step 1)
+  auto encode = [&](const float* x, int64_t n, const float* sc, const float* of, int step, uint8_t* uo) {
+    if (step == 0) {
+      if (sym) encode_span<true, 0>(x, n, sc, of, bits, uo);
+      else encode_span<false, 0>(x, n, sc, of, bits, uo);
+    } else {
+      if (sym) encode_span<true, 1>(x, n, sc, of, bits, uo);
+      else encode_span<false, 1>(x, n, sc, of, bits, uo);
+    }
+  };
   auto encode_row = [&](const float* x, const float* sc, const float* of, int step, uint8_t* out) {
-    if (sym) encode_span<true>(x, D, sc, of, step, bits, u.data());
-    else encode_span<false>(x, D, sc, of, step, bits, u.data());
+    encode(x, D, sc, of, step, u.data());
     pack_row(u.data(), D, bits, out);
   };
 
@@ -269,7 +293,6 @@ QuantizedTensor quantize(const QuantSpec& spec_in, Target target, const float* X
       const int64_t nt = qt.scales_per_row(), g = qt.row_group();
       qt.scales.assign(static_cast<size_t>(T * nt * sb), 0);
       if (asym) qt.offsets.assign(static_cast<size_t>(T * nt * sb), 0);
-      std::vector<float> sc(static_cast<size_t>(D)), of(static_cast<size_t>(D));
       for (int64_t t = 0; t < T; ++t) {
         const float* x = X + t * D;
         for (int64_t j = 0; j < nt; ++j) {
@@ -282,10 +305,9 @@ QuantizedTensor quantize(const QuantSpec& spec_in, Target target, const float* X
           const q::ScaleOffset p = group_params(spec, mn, mx, t * nt + j);
           put_scale(qt.scales, t * nt + j, p.scale, spec.scale_dtype);
           if (asym) put_scale(qt.offsets, t * nt + j, p.offset, spec.scale_dtype);
-          std::fill(sc.begin() + d0, sc.begin() + d1, p.scale);
-          std::fill(of.begin() + d0, of.begin() + d1, p.offset);
+          encode(x + d0, d1 - d0, &p.scale, &p.offset, 0, u.data() + d0);  // the group's codes
         }
-        encode_row(x, sc.data(), of.data(), 1, qt.codes.data() + t * rb);
+        pack_row(u.data(), D, bits, qt.codes.data() + t * rb);
       }
       return qt;
     }
@@ -344,9 +366,10 @@ void dequantize(const QuantizedTensor& qt, float* out) {
     case Granularity::Token: {
       const int64_t nt = qt.scales_per_row(), g = qt.row_group();
       for (int64_t t = 0; t < T; ++t) {
-        for (int64_t d = 0; d < D; ++d) {
-          sc[d] = qt.scale_at(t * nt + d / g);
-          if (!sym) of[d] = qt.offset_at(t * nt + d / g);
+        for (int64_t j = 0; j < nt; ++j) {  // each group's stored (scale, offset) over its columns
+          const int64_t d0 = j * g, d1 = std::min(D, d0 + g);
+          std::fill(sc.begin() + d0, sc.begin() + d1, qt.scale_at(t * nt + j));
+          if (!sym) std::fill(of.begin() + d0, of.begin() + d1, qt.offset_at(t * nt + j));
         }
         decode_row(t);
       }

@@ -1,0 +1,61 @@
+// bench/bench_common.h — shared pieces of latentq_bench: the benchmarked specs and sizes, inputs,
+// byte accounting and the memcpy-ratio convention.
+//
+// Byte accounting: quantize reads T·D·4 bytes and writes storage_bytes() (codes + scales + offsets);
+// dequantize reads storage_bytes() and writes T·D·4. The "bytes_per_second" column counts read +
+// written bytes. vs_memcpy = that bandwidth / the bandwidth of a copy moving the same traffic
+// (a copy of M = (read + written) / 2 bytes reads M and writes M), measured in the same binary:
+// single-threaded std::memcpy for CPU benchmarks, cudaMemcpyAsync device-to-device for GPU ones.
+// Targets (documented, not asserted): GPU ≥ 0.85 at ≥ 64M elements; CPU ≥ 0.60 for channel and
+// token specs.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace latentq::bench {
+
+/// kv_lora_rank + qk_rope_head_dim of DeepSeek-V2/V3 (512 + 64): the benchmarked D.
+inline constexpr int64_t kD = 576;
+/// Tokens of one benchmark sequence (channel -g0 groups span one sequence).
+inline constexpr int64_t kSeqTokens = 4096;
+
+struct Options {
+  int64_t cpu_max_tokens = 65536;   ///< CPU benchmarks up to this T (--lq_cpu_max_tokens)
+  bool verify = false;              ///< GPU: compare with the CPU reference after timing (--lq_verify)
+  int64_t verify_max_elems = int64_t{1} << 28;  ///< ... for T·D up to this (--lq_verify_max_elems)
+};
+
+/// Asymmetric INT8/4/2 × {tensor, channel-g32, channel-g0, token-g32, token-g0}, then fp8 tiles and bf16.
+inline std::vector<std::string> bench_specs() {
+  std::vector<std::string> out;
+  for (const char* g : {"tensor", "channel-g32", "channel-g0", "token-g32", "token-g0"})
+    for (const int bits : {8, 4, 2}) out.push_back("int" + std::to_string(bits) + "-asym-" + g);
+  out.push_back("fp8-e4m3-tile128");
+  out.push_back("bf16");
+  return out;
+}
+
+/// Benchmarked T (tokens): 4096·576 = 2.4M up to 1,048,576·576 = 604M elements.
+inline std::vector<int64_t> bench_tokens() { return {4096, 16384, 65536, 262144, 1048576}; }
+
+/// Sequences of kSeqTokens tokens (the last one shorter if T is not a multiple).
+inline std::vector<int64_t> bench_seq_offsets(int64_t T) {
+  std::vector<int64_t> s{0};
+  for (int64_t t = kSeqTokens; t < T; t += kSeqTokens) s.push_back(t);
+  s.push_back(T);
+  return s;
+}
+
+/// Benchmark name: "<device>/<op>/<spec>/T:<T>/D:<D>".
+inline std::string bench_name(const char* device, const char* op, const std::string& spec, int64_t T) {
+  return std::string(device) + "/" + op + "/" + spec + "/T:" + std::to_string(T) + "/D:" + std::to_string(kD);
+}
+
+void register_cpu_benchmarks(const Options& opt);
+#if defined(LATENTQ_BENCH_GPU)
+void register_gpu_benchmarks(const Options& opt);
+#endif
+
+}  // namespace latentq::bench

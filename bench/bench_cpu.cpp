@@ -1,0 +1,133 @@
+// bench/bench_cpu.cpp — CPU reference quantize / dequantize benchmarks and the single-threaded
+// std::memcpy baseline (see bench_common.h for the byte accounting and vs_memcpy).
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "bench_common.h"
+#include "latentq/quantize.h"
+
+namespace latentq::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Latent-like [T, D] input: per-channel scale and offset, 0.1% outliers ×20. Cached per T.
+const std::vector<float>& cpu_input(int64_t T) {
+  static std::map<int64_t, std::vector<float>> cache;
+  auto it = cache.find(T);
+  if (it != cache.end()) return it->second;
+  std::mt19937_64 rng(static_cast<uint64_t>(T));
+  std::normal_distribution<float> nd;
+  std::vector<float> scale(kD), offset(kD);
+  for (int64_t d = 0; d < kD; ++d) {
+    scale[d] = std::exp(0.7f * nd(rng));
+    offset[d] = 0.2f * nd(rng);
+  }
+  std::vector<float> X(static_cast<size_t>(T * kD));
+  for (int64_t i = 0; i < T * kD; ++i) X[i] = nd(rng) * scale[i % kD] + offset[i % kD];
+  for (int64_t k = 0; k < T * kD / 1000; ++k) X[rng() % (T * kD)] *= 20.0f;
+  return cache.emplace(T, std::move(X)).first->second;
+}
+
+/// Seconds per single-threaded std::memcpy of `bytes` (median of ≥ 5 copies and ≥ 0.2 s). Cached.
+double memcpy_seconds(int64_t bytes) {
+  static std::map<int64_t, double> cache;
+  if (auto it = cache.find(bytes); it != cache.end()) return it->second;
+  std::unique_ptr<char[]> src(new char[static_cast<size_t>(bytes)]), dst(new char[static_cast<size_t>(bytes)]);
+  std::memset(src.get(), 1, static_cast<size_t>(bytes));
+  std::memset(dst.get(), 2, static_cast<size_t>(bytes));
+  std::vector<double> t;
+  const auto start = Clock::now();
+  while (t.size() < 5 || std::chrono::duration<double>(Clock::now() - start).count() < 0.2) {
+    const auto t0 = Clock::now();
+    std::memcpy(dst.get(), src.get(), static_cast<size_t>(bytes));
+    benchmark::ClobberMemory();
+    t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  std::nth_element(t.begin(), t.begin() + static_cast<std::ptrdiff_t>(t.size() / 2), t.end());
+  return cache[bytes] = t[t.size() / 2];
+}
+
+void set_counters(benchmark::State& st, int64_t bytes, double seconds_total) {
+  st.SetBytesProcessed(static_cast<int64_t>(st.iterations()) * bytes);
+  const double per_iter = seconds_total / static_cast<double>(std::max<int64_t>(st.iterations(), 1));
+  const double ref = memcpy_seconds((bytes + 1) / 2);  // a copy moving the same read + written bytes
+  st.counters["vs_memcpy"] = per_iter > 0 ? ref / per_iter : 0.0;
+  st.counters["MB"] = static_cast<double>(bytes) / 1e6;
+}
+
+void bm_quantize(benchmark::State& st, const std::string& spec_s, int64_t T) {
+  const QuantSpec spec = QuantSpec::parse(spec_s);
+  const std::vector<float>& X = cpu_input(T);
+  const std::vector<int64_t> seqs = bench_seq_offsets(T);
+  const int64_t bytes = T * kD * 4 + quantize(spec, Target::CKV, X.data(), T, kD, seqs).storage_bytes();
+  double total = 0;
+  for (auto _ : st) {
+    const auto t0 = Clock::now();
+    QuantizedTensor q = quantize(spec, Target::CKV, X.data(), T, kD, seqs);
+    benchmark::DoNotOptimize(q.codes.data());
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    st.SetIterationTime(s);
+    total += s;
+  }  // q is freed outside the timed region
+  set_counters(st, bytes, total);
+}
+
+void bm_dequantize(benchmark::State& st, const std::string& spec_s, int64_t T) {
+  const QuantSpec spec = QuantSpec::parse(spec_s);
+  const QuantizedTensor q = quantize(spec, Target::CKV, cpu_input(T).data(), T, kD, bench_seq_offsets(T));
+  std::vector<float> out(static_cast<size_t>(T * kD), 0.0f);
+  const int64_t bytes = q.storage_bytes() + T * kD * 4;
+  double total = 0;
+  for (auto _ : st) {
+    const auto t0 = Clock::now();
+    dequantize(q, out.data());
+    benchmark::ClobberMemory();
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    st.SetIterationTime(s);
+    total += s;
+  }
+  set_counters(st, bytes, total);
+}
+
+void bm_memcpy(benchmark::State& st, int64_t bytes) {
+  std::unique_ptr<char[]> src(new char[static_cast<size_t>(bytes)]), dst(new char[static_cast<size_t>(bytes)]);
+  std::memset(src.get(), 1, static_cast<size_t>(bytes));
+  std::memset(dst.get(), 2, static_cast<size_t>(bytes));
+  for (auto _ : st) {
+    std::memcpy(dst.get(), src.get(), static_cast<size_t>(bytes));
+    benchmark::ClobberMemory();
+  }
+  st.SetBytesProcessed(static_cast<int64_t>(st.iterations()) * 2 * bytes);  // read + written
+  st.counters["MB"] = 2.0 * static_cast<double>(bytes) / 1e6;
+}
+
+}  // namespace
+
+void register_cpu_benchmarks(const Options& opt) {
+  for (const int64_t T : bench_tokens()) {
+    if (T > opt.cpu_max_tokens) continue;
+    // baseline: copy of the float32 [T, 576] matrix (reads and writes T·576·4 bytes)
+    benchmark::RegisterBenchmark(("cpu/memcpy/T:" + std::to_string(T) + "/D:" + std::to_string(kD)).c_str(),
+                                 bm_memcpy, T * kD * 4)
+        ->Unit(benchmark::kMillisecond);
+    for (const std::string& spec : bench_specs()) {
+      benchmark::RegisterBenchmark(bench_name("cpu", "quantize", spec, T).c_str(), bm_quantize, spec, T)
+          ->UseManualTime()
+          ->Unit(benchmark::kMillisecond);
+      benchmark::RegisterBenchmark(bench_name("cpu", "dequantize", spec, T).c_str(), bm_dequantize, spec, T)
+          ->UseManualTime()
+          ->Unit(benchmark::kMillisecond);
+    }
+  }
+}
+
+}  // namespace latentq::bench

@@ -1,0 +1,209 @@
+#!/usr/bin/env bash
+# kernels/gpu_check.sh — THE GPU check of latentq's CUDA quantizer (≤ 5 minutes on one H200).
+#
+#   1. configure + build (Release, the GPU's own architecture or 90, only the needed targets,
+#      -j$(nproc)): the full project with -DLATENTQ_PYTHON=OFF if its dependencies are there, else
+#      kernels/standalone (CUDA toolkit + CMake only; GoogleTest / Google Benchmark optional);
+#   2. latentq_cuda_info: which GPU, or "no NVIDIA GPU found: <reason>" → host-emulator tests, exit 77;
+#   3. test_gpu (CPU vs GPU byte for byte, every spec) and test_gpu_emu;
+#   4. compute-sanitizer memcheck + racecheck on a few tests (LQ_SANITIZE=0 skips; skipped if absent);
+#   5. latentq_bench: GPU quantize/dequantize + device-to-device copy at T = 262144 and 1048576
+#      (151M and 604M elements of D = 576), each result compared with the CPU reference at 262144;
+#   6. a table, printed LAST: spec, size, GB/s, ratio to the D2D copy, identical.
+#
+# Usage:   bash kernels/gpu_check.sh          (from any directory)
+# Env:     LQ_CUDA_ARCH   CUDA architecture (default: nvidia-smi's compute capability, else 90)
+#          LQ_BUILD_DIR   build folder (default <repo>/build-gpucheck)
+#          LQ_DEPS_DIR    folder with Debian .debs used when GoogleTest / Google Benchmark are missing
+#                         (default <repo>/build-gpudeps: libgtest-dev, libbenchmark-dev, libbenchmark1debian;
+#                         fetch with `apt-get download libgtest-dev libbenchmark-dev libbenchmark1debian`)
+#          LQ_STANDALONE  1: skip the full-project configure
+#          LQ_IGNORE_SYSTEM_DEPS  1: use the carried .debs even if the system has the packages (testing)
+#          LQ_SANITIZE    0: skip compute-sanitizer
+#          LQ_BENCH_T     regex of the benchmarked T (default 262144|1048576)
+#          OUT            folder for the logs (build, test_gpu, sanitizer, bench) and bench.json
+#                         (default <build>/out)
+# Exit:    0 everything passed and identical · 1 a test failed or a result differed
+#          2 configure/build failed · 77 no NVIDIA GPU (built; host-emulator tests ran)
+set -uo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BUILD=${LQ_BUILD_DIR:-$ROOT/build-gpucheck}
+DEPS=${LQ_DEPS_DIR:-$ROOT/build-gpudeps}
+OUTDIR=${OUT:-$BUILD/out}
+BENCH_T=${LQ_BENCH_T:-262144|1048576}
+JOBS=$(nproc 2>/dev/null || echo 4)
+T0=$SECONDS
+mkdir -p "$BUILD" "$OUTDIR"
+rm -f "$OUTDIR"/build.log "$OUTDIR"/test_gpu.log "$OUTDIR"/sanitizer.log.* "$OUTDIR"/bench.log "$OUTDIR"/bench.json
+say() { printf '[gpu_check %3ds] %s\n' $((SECONDS - T0)) "$*"; }
+
+# ---- tools ------------------------------------------------------------------------------------
+NVCC=$(command -v nvcc || true)
+[ -z "$NVCC" ] && [ -x /usr/local/cuda/bin/nvcc ] && NVCC=/usr/local/cuda/bin/nvcc
+if [ -z "$NVCC" ]; then say "no nvcc found (CUDA toolkit needed to build)"; exit 2; fi
+command -v cmake >/dev/null || { say "cmake not found (need >= 3.25)"; exit 2; }
+GEN=()
+command -v ninja >/dev/null && GEN=(-G Ninja)
+say "nvcc: $("$NVCC" --version | tail -1); cmake: $(cmake --version | head -1); $JOBS cores"
+
+ARCH=${LQ_CUDA_ARCH:-}
+if [ -z "$ARCH" ] && command -v nvidia-smi >/dev/null; then
+  CAP=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .')
+  [[ "$CAP" =~ ^[0-9]+$ ]] && ARCH=$CAP
+fi
+ARCH=${ARCH:-90}
+say "CUDA architecture: $ARCH"
+
+# ---- GoogleTest / Google Benchmark: system, else the carried Debian packages -------------------
+find_cfg() {  # find_cfg <Name>: folder holding <Name>Config.cmake in the usual prefixes
+  local d
+  [ "${LQ_IGNORE_SYSTEM_DEPS:-0}" = 1 ] && return 1  # testing knob: act as if the system had none
+  for d in /usr/lib/*/cmake/"$1" /usr/lib/cmake/"$1" /usr/lib64/cmake/"$1" /usr/local/lib/cmake/"$1" \
+           /usr/local/lib64/cmake/"$1" /usr/local/lib/*/cmake/"$1" /usr/share/"$1"/cmake; do
+    [ -f "$d/$1Config.cmake" ] && { echo "$d"; return 0; }
+  done
+  return 1
+}
+extract_debs() {
+  local root=$DEPS/root deb
+  mkdir -p "$root"
+  for deb in "$DEPS"/*.deb; do
+    [ -f "$deb" ] || continue
+    if command -v dpkg-deb >/dev/null; then
+      dpkg-deb -x "$deb" "$root"
+    else  # ar + tar
+      local tmp; tmp=$(mktemp -d)
+      (cd "$tmp" && ar x "$deb" && tar -xf data.tar.* -C "$root")
+      rm -rf "$tmp"
+    fi
+  done
+}
+DEP_ARGS=()
+MISSING=()
+for pkg in GTest benchmark; do
+  if dir=$(find_cfg $pkg); then
+    say "$pkg: system ($dir)"
+  else
+    [ -d "$DEPS/root" ] || extract_debs
+    dir=$(ls -d "$DEPS"/root/usr/lib/*/cmake/$pkg 2>/dev/null | head -1)
+    if [ -n "$dir" ] && [ -f "$dir/${pkg}Config.cmake" ]; then
+      say "$pkg: carried Debian package ($dir)"
+      DEP_ARGS+=("-D${pkg}_DIR=$dir")
+    else
+      say "$pkg: NOT FOUND (its targets are skipped; put its .debs in $DEPS)"
+      MISSING+=("$pkg")
+    fi
+  fi
+done
+
+# ---- configure + build ------------------------------------------------------------------------
+COMMON=(-DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DCMAKE_CUDA_COMPILER="$NVCC" "${DEP_ARGS[@]}")
+MODE=full
+if [ "${LQ_STANDALONE:-0}" != 1 ] && [ ${#MISSING[@]} -eq 0 ] &&
+   cmake -S "$ROOT" -B "$BUILD/full" "${GEN[@]}" "${COMMON[@]}" -DLATENTQ_CUDA=ON -DLATENTQ_PYTHON=OFF \
+         >"$OUTDIR/build.log" 2>&1; then
+  B=$BUILD/full
+else
+  [ "${LQ_STANDALONE:-0}" != 1 ] && [ ${#MISSING[@]} -eq 0 ] &&
+    say "full project does not configure here (missing: $(grep -oE 'Could NOT find [A-Za-z0-9_]+|Could not find a package configuration file provided by "[A-Za-z0-9_]+"' "$OUTDIR/build.log" | sed -E 's/.*(find |by ")//; s/"//' | sort -u | tr '\n' ' ')); using kernels/standalone"
+  MODE=standalone
+  B=$BUILD/standalone
+  if ! cmake -S "$ROOT/kernels/standalone" -B "$B" "${GEN[@]}" "${COMMON[@]}" >>"$OUTDIR/build.log" 2>&1; then
+    tail -30 "$OUTDIR/build.log"; say "configure FAILED (log: $OUTDIR/build.log)"; exit 2
+  fi
+fi
+TARGETS=(latentq_cuda latentq_cuda_info)
+[[ " ${MISSING[*]} " != *" GTest "* ]] && TARGETS+=(test_gpu test_gpu_emu)
+[[ " ${MISSING[*]} " != *" benchmark "* ]] && TARGETS+=(latentq_bench)
+say "building ($MODE project in $B): ${TARGETS[*]}"
+if ! cmake --build "$B" -j"$JOBS" --target "${TARGETS[@]}" >>"$OUTDIR/build.log" 2>&1; then
+  grep -E "error|Error" "$OUTDIR/build.log" | head -30; say "build FAILED (log: $OUTDIR/build.log)"; exit 2
+fi
+say "built"
+bin() { find "$B" -type f -name "$1" -perm -u+x | head -1; }
+INFO=$(bin latentq_cuda_info); TEST=$(bin test_gpu); EMU=$(bin test_gpu_emu); BENCH=$(bin latentq_bench)
+
+# ---- device -----------------------------------------------------------------------------------
+DEV=$("$INFO" 2>&1); DEV_RC=$?
+echo "$DEV"
+if [ $DEV_RC -ne 0 ]; then
+  if [ -n "$EMU" ]; then
+    say "host-emulator tests (test_gpu_emu)"
+    "$EMU" --gtest_brief=1 >"$OUTDIR/test_gpu.log" 2>&1 && say "test_gpu_emu passed" || { tail -20 "$OUTDIR/test_gpu.log"; say "test_gpu_emu FAILED"; }
+  fi
+  echo "no NVIDIA GPU found: ${DEV#no CUDA device: }"
+  exit 77
+fi
+
+STATUS=0
+# ---- tests ------------------------------------------------------------------------------------
+if [ -n "$TEST" ]; then
+  say "test_gpu"
+  if "$TEST" --gtest_brief=1 >"$OUTDIR/test_gpu.log" 2>&1; then
+    say "test_gpu passed: $(grep -oE '[0-9]+ tests? from [0-9]+ test suites? ran' "$OUTDIR/test_gpu.log" | tail -1)"
+  else
+    STATUS=1; grep -vE '^\[ +(OK|RUN) ' "$OUTDIR/test_gpu.log" | tail -60; say "test_gpu FAILED"
+  fi
+  "$EMU" --gtest_brief=1 >>"$OUTDIR/test_gpu.log" 2>&1 || { STATUS=1; tail -20 "$OUTDIR/test_gpu.log"; say "test_gpu_emu FAILED"; }
+fi
+SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
+if [ -n "$TEST" ] && [ "${LQ_SANITIZE:-1}" != 0 ] && [ -n "$SAN" ]; then
+  F='GpuSpec.int4_asym_channel_g32:GpuSpec.int2_sym_channel_g0:GpuSpec.int4_asym_token_g3:GpuSpec.int8_sym_token_g128:GpuSpec.fp8_e4m3_tile20:GpuSpec.bf16:GpuSpec.int4_asym_tensor:GpuSpecial.DeviceApiReuseAndUnalignedInput'
+  for tool in memcheck racecheck; do
+    [ $tool = racecheck ] && F='GpuSpec.int4_asym_token_g32:GpuSpec.int2_sym_token_g128:GpuSpec.fp8_e4m3_tile128'
+    say "compute-sanitizer --tool $tool (${F//:/ })"
+    LQ_GPU_TEST_MAX_T=300 timeout $([ $tool = memcheck ] && echo 120 || echo 90) \
+      "$SAN" --tool $tool --error-exitcode 9 "$TEST" --gtest_brief=1 --gtest_filter="$F" \
+      >"$OUTDIR/sanitizer.log.$tool" 2>&1
+    rc=$?
+    if [ $rc -eq 0 ]; then say "$tool: clean"
+    elif [ $rc -eq 9 ]; then STATUS=1; grep -m 20 -E "=========" "$OUTDIR/sanitizer.log.$tool"; say "$tool: ERRORS"
+    else say "$tool: did not run to the end (rc $rc; e.g. unsupported here): $(tail -2 "$OUTDIR/sanitizer.log.$tool" | tr '\n' ' ')"; fi
+  done
+fi
+
+# ---- benchmarks -------------------------------------------------------------------------------
+if [ -n "$BENCH" ]; then
+  say "latentq_bench (GPU, T = $BENCH_T, D = 576; verify against the CPU at T·D ≤ 2^28)"
+  "$BENCH" --benchmark_filter="^gpu/.*/T:($BENCH_T)/" --benchmark_min_time=0.2 --lq_verify \
+    --lq_verify_max_elems=268435456 --benchmark_out="$OUTDIR/bench.json" --benchmark_out_format=json \
+    >"$OUTDIR/bench.log" 2>&1 || { STATUS=1; tail -20 "$OUTDIR/bench.log"; say "latentq_bench FAILED"; }
+fi
+say "done in $((SECONDS - T0)) s; files in $OUTDIR"
+
+# ---- the table (last) -------------------------------------------------------------------------
+if [ -f "$OUTDIR/bench.json" ] && command -v python3 >/dev/null; then
+  python3 - "$OUTDIR/bench.json" <<'PY' || STATUS=1
+import json, re, sys
+runs = json.load(open(sys.argv[1]))["benchmarks"]
+rows, d2d, ident, bad = [], {}, {}, 0
+for r in runs:
+    m = re.match(r"gpu/(quantize|dequantize)/([^/]+)/T:(\d+)/D:(\d+)", r["name"])
+    c = re.match(r"gpu/d2d_copy/T:(\d+)/D:(\d+)", r["name"])
+    if r.get("error_occurred"):
+        print("ERROR", r["name"], r.get("error_message", "")); bad += 1; continue
+    if c: d2d[int(c.group(1))] = r["bytes_per_second"] / 1e9
+    if m:
+        op, spec, T, D = m.group(1), m.group(2), int(m.group(3)), int(m.group(4))
+        if "identical" in r: ident[(spec, T)] = r["identical"] >= 1
+        rows.append((spec, op, T, D, r["bytes_per_second"] / 1e9, r.get("vs_memcpy", 0.0)))
+print("\nGPU quantizer vs device-to-device copy (bytes read + written; target ratio >= 0.85 at >= 64M elements)")
+print(f"{'spec':<22} {'op':<10} {'T x D':>14} {'Melem':>6} {'GB/s':>8} {'vs D2D':>7}  identical")
+for spec, op, T, D, gbs, ratio in rows:
+    i = ident.get((spec, T))
+    mark = "-" if i is None else ("yes" if i else "NO")
+    bad += i is False
+    print(f"{spec:<22} {op:<10} {f'{T}x{D}':>14} {T*D/1e6:6.0f} {gbs:8.0f} {ratio:7.2f}  {mark}")
+for T, g in sorted(d2d.items()):
+    print(f"{'d2d copy':<22} {'memcpy':<10} {f'{T}x576':>14} {T*576/1e6:6.0f} {g:8.0f} {1.0:7.2f}  -")
+met = sum(1 for r in rows if r[2] * r[3] >= 64 << 20 and r[5] >= 0.85)
+big = sum(1 for r in rows if r[2] * r[3] >= 64 << 20)
+print(f"ratio >= 0.85 in {met} of {big} rows at >= 64M elements; identical: "
+      f"{sum(ident.values())} of {len(ident)} verified specs")
+sys.exit(1 if bad else 0)
+PY
+elif [ -f "$OUTDIR/bench.log" ]; then
+  grep -E "^gpu/" "$OUTDIR/bench.log"
+fi
+exit $STATUS
