@@ -114,6 +114,7 @@ else
   fi
 fi
 TARGETS=(latentq_cuda latentq_cuda_info)
+[ "$MODE" = full ] && TARGETS+=(latentq lq_results_equal)
 [[ " ${MISSING[*]} " != *" GTest "* ]] && TARGETS+=(test_gpu test_gpu_emu)
 [[ " ${MISSING[*]} " != *" benchmark "* ]] && TARGETS+=(latentq_bench)
 say "building ($MODE project in $B): ${TARGETS[*]}"
@@ -123,6 +124,7 @@ fi
 say "built"
 bin() { find "$B" -type f -name "$1" -perm -u+x | head -1; }
 INFO=$(bin latentq_cuda_info); TEST=$(bin test_gpu); EMU=$(bin test_gpu_emu); BENCH=$(bin latentq_bench)
+CLI=$(bin latentq); REQ=$(bin lq_results_equal)
 
 # ---- device -----------------------------------------------------------------------------------
 DEV=$("$INFO" 2>&1); DEV_RC=$?
@@ -161,6 +163,20 @@ if [ -n "$TEST" ] && [ "${LQ_SANITIZE:-1}" != 0 ] && [ -n "$SAN" ]; then
     elif [ $rc -eq 9 ]; then STATUS=1; grep -m 20 -E "=========" "$OUTDIR/sanitizer.log.$tool"; say "$tool: ERRORS"
     else say "$tool: did not run to the end (rc $rc; e.g. unsupported here): $(tail -2 "$OUTDIR/sanitizer.log.$tool" | tr '\n' ' ')"; fi
   done
+fi
+
+# ---- the study on the GPU: `latentq run --device cuda` equals the CPU run, the gate passes ------
+if [ -n "$CLI" ] && [ -n "$REQ" ] && [ -f "$ROOT/data/latents/tiny-mla.h5" ]; then
+  say "latentq run --device cuda vs --device cpu (default study, no e2e)"
+  if "$CLI" run --no-e2e --device cpu --out "$OUTDIR/study_cpu.h5" >"$OUTDIR/study.log" 2>&1 &&
+     "$CLI" run --no-e2e --device cuda --out "$OUTDIR/study_cuda.h5" >>"$OUTDIR/study.log" 2>&1 &&
+     "$REQ" "$OUTDIR/study_cpu.h5" "$OUTDIR/study_cuda.h5" >>"$OUTDIR/study.log" 2>&1 &&
+     "$CLI" regress "$OUTDIR/study_cuda.h5" --thresholds "$ROOT/results/thresholds.toml" >>"$OUTDIR/study.log" 2>&1; then
+    say "study: cuda results equal the cpu results; the threshold gate passes on them"
+  else
+    STATUS=1; tail -20 "$OUTDIR/study.log"; say "study on the GPU FAILED (log: $OUTDIR/study.log)"
+  fi
+  rm -f "$OUTDIR/study_cpu.h5" "$OUTDIR/study_cuda.h5"
 fi
 
 # ---- benchmarks -------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 // The CUDA backend hook for builds without one. A CUDA build provides make_cuda_backend() in
-// experiments/src/backend_cuda.cu instead of this file (see experiments/CMakeLists.txt): it must
+// experiments/src/backend_cuda.cpp instead of this file (see experiments/CMakeLists.txt): it must
 // return a LatentBackend (latentq/study.h) whose run() gives the CPU reference's numbers, and throw
 // std::runtime_error("... no CUDA device ...") when no GPU is present.
 #include <stdexcept>
@@ -11,7 +11,7 @@ namespace latentq {
 std::unique_ptr<LatentBackend> make_cuda_backend() {
   throw std::runtime_error(
       "--device cuda: this latentq build has no CUDA backend (configure with -DLATENTQ_CUDA=ON on a machine "
-      "with nvcc; the GPU path lives in experiments/src/backend_cuda.cu); use --device cpu");
+      "with nvcc; the GPU path lives in experiments/src/backend_cuda.cpp); use --device cpu");
 }
 
 }  // namespace latentq

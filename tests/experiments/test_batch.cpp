@@ -278,7 +278,9 @@ TEST_F(BatchTest, EmptyShardsAndEmptyStudies) {
 
 TEST_F(BatchTest, StopAndResumeEqualsAnUninterruptedRun) {
   run(dir / "ref.h5");
-  for (size_t stop : {1u, 7u, 22u}) {
+  // 23 cells; with 3 threads up to 2 cells in flight finish after the stop, so the last stop
+  // point leaves room for them (stop 22 could complete the run).
+  for (size_t stop : {1u, 7u, 20u}) {
     for (int threads : {1, 3}) {
       SCOPED_TRACE(fmt::format("stop after {}, threads {}", stop, threads));
       const fs::path out = dir / fmt::format("r{}_{}.h5", stop, threads);

@@ -63,7 +63,7 @@ class LatentBackend {
 /// The CPU reference backend (thread-safe).
 std::unique_ptr<LatentBackend> make_cpu_backend();
 /// The CUDA backend: the GPU path's hook. A build without it (LATENTQ_CUDA=OFF, or no
-/// experiments/src/backend_cuda.cu) throws std::runtime_error saying so; a CUDA build throws
+/// experiments/src/backend_cuda.cpp) throws std::runtime_error saying so; a CUDA build throws
 /// std::runtime_error when no GPU is present.
 std::unique_ptr<LatentBackend> make_cuda_backend();
 /// "cpu" or "cuda"; throws std::invalid_argument for another name, and as make_cuda_backend().
