@@ -1272,6 +1272,24 @@ def table_e2e(rows, Q, k=3):
 # Main
 
 
+def subset_warning(attrs):
+    """One line when the file holds only part of the study's cells (a shard, or a checkpoint with
+    root attribute complete = 0), else None. Files without these attributes count as complete."""
+    parts = []
+    count, index = _int_attr(attrs, "shard_count"), _int_attr(attrs, "shard_index")
+    cells, total = _int_attr(attrs, "cells"), _int_attr(attrs, "cells_total")
+    if count is not None and count > 1:
+        of = f" ({cells} of the {total} cells)" if cells is not None and total is not None else ""
+        parts.append(f"shard {index if index is not None else '?'}/{count}: means over a subset of cells{of}; "
+                     "merge the shards with `latentq merge` for the study's numbers")
+    if _int_attr(attrs, "complete") == 0:
+        want = _int_attr(attrs, "shard_cells")
+        want = want if want is not None else total
+        parts.append(f"incomplete run: {cells if cells is not None else '?'} of {want if want is not None else '?'} "
+                     "cells (a checkpoint); means over the finished cells only")
+    return "; ".join(parts) or None
+
+
 def write_report(path, loaded, out, patterns):
     """Make the figures and report.md from loaded = load_results(path).
     Returns (written files, missing lines, warnings)."""
@@ -1387,6 +1405,9 @@ def write_report(path, loaded, out, patterns):
     # report.md
     model = attrs.get("model", "?")
     L = [f"# latentq report: {model}", ""]
+    subset = subset_warning(attrs)
+    if subset:
+        L += [f"> **WARNING: {subset}.**", ""]
     meta = [("results", os.path.abspath(path)), ("input", attrs.get("input_path", "?")),
             ("input sha256", attrs.get("input_sha256", "?")[:16]), ("created", attrs.get("created", "?")),
             ("latentq", f"{attrs.get('latentq_version', '?')} ({attrs.get('git_commit', '?')[:12]})"),
@@ -1462,6 +1483,9 @@ def main(argv=None):
         print(f"{PROG}: {path}: internal error: {type(e).__name__}: {e} (set LATENTQ_DEBUG=1 for the traceback)",
               file=sys.stderr)
         return 1
+    subset = subset_warning(loaded[0])
+    if subset:
+        print(f"WARNING: {path}: {subset}")
     for w in warnings:
         print(f"{PROG}: warning: {w}", file=sys.stderr)
     for m in missing:

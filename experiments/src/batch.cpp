@@ -551,10 +551,14 @@ BatchResult run_batch(const fs::path& out, const Attrs& attrs, const std::vector
     for (size_t i : owned)
       if (errors[i])
         throw std::invalid_argument(fmt::format(
-            "{} ({} of {} cells failed{})", cell_error(errors[i], plan[i].key), failed, owned.size(),
-            present ? fmt::format("; the {} cells completed are kept in {}, `latentq run --resume` continues from it",
-                                  present, partial.string())
-                    : ""));
+            "{} ({} of {} cells failed; the first failed cell is {}. The data is out of range for that spec or "
+            "the input is bad: the cell fails the same way on every run, --resume included; change the config: "
+            "use the spec's -fp32 scale variant when an fp16 scale overflows, or exclude the spec "
+            "([quantizers] exclude){}; no {} was written)",
+            cell_error(errors[i], plan[i].key), failed, owned.size(), plan[i].key,
+            present ? fmt::format(". The {} completed cells are kept in the checkpoint {}", present, partial.string())
+                    : "",
+            out.filename().string()));
     res.tables = assemble_cell_tables(present_cells(done));
     return res;  // stopped (options.stop_after)
   }

@@ -11,6 +11,8 @@
 #include <csignal>
 #include <cstdlib>
 #include <iostream>
+#include <optional>
+#include <variant>
 #include <stdexcept>
 
 #include "latentq/batch.h"
@@ -66,6 +68,7 @@ int cmd_run(const RunArgs& a, std::ostream& out, std::ostream& err, bool progres
   const Shard shard = a.shard.empty() ? Shard{} : Shard::parse(a.shard);
   const size_t kill_after = test_kill_after_cells();
   const std::unique_ptr<LatentBackend> backend = make_backend(a.device);
+  install_temp_file_signal_cleanup();  // SIGTERM/SIGINT during a write: remove the temporary file
 
   RunOptions opt;
   opt.threads = a.threads;
@@ -83,6 +86,14 @@ int cmd_run(const RunArgs& a, std::ostream& out, std::ostream& err, bool progres
   StudyPlan plan = plan_study(cfg, *backend);
   // The probe cells (svd, cross_layer, attention; latentq/probe_study.h) after the latent cells.
   const ProbeStage probes = prepare_probe_stage(cfg);
+  if (cfg.probes.cross_layer.enabled && probes.dump) {
+    const size_t studied = probes.dump->layers.size();
+    for (int64_t w : cfg.probes.cross_layer.windows)
+      if (w > 0 && static_cast<size_t>(w) > studied)
+        err << fmt::format("latentq: warning: {}: [cross_layer] windows: window {} is larger than the {} studied layer{}: "
+                           "no /cross_layer_sharing rows for it\n",
+                           cfg.source, w, studied, studied == 1 ? "" : "s");
+  }
   plan.tasks.insert(plan.tasks.end(), probes.tasks.begin(), probes.tasks.end());
   BatchOptions bo;
   bo.shard = shard;
@@ -122,6 +133,23 @@ int cmd_run(const RunArgs& a, std::ostream& out, std::ostream& err, bool progres
 
 int cmd_merge(const std::string& merged, const std::vector<std::string>& inputs, std::ostream& out) {
   const std::vector<fs::path> in(inputs.begin(), inputs.end());
+  // The same file twice (also through another name) would count its cells twice; OUT among the
+  // inputs would be replaced while it is read.
+  auto same = [](const fs::path& a, const fs::path& b) {
+    std::error_code ec;
+    if (fs::exists(a, ec) && fs::exists(b, ec)) return fs::equivalent(a, b, ec) && !ec;
+    return fs::absolute(a).lexically_normal() == fs::absolute(b).lexically_normal();
+  };
+  for (size_t i = 0; i < in.size(); ++i) {
+    if (same(in[i], merged))
+      throw std::invalid_argument(fmt::format("merge: the output {} is also input {} ({}); choose another output file",
+                                              merged, i + 1, in[i].string()));
+    for (size_t j = 0; j < i; ++j)
+      if (same(in[i], in[j]))
+        throw std::invalid_argument(fmt::format("merge: inputs {} ({}) and {} ({}) are the same file; give each shard once",
+                                                j + 1, in[j].string(), i + 1, in[i].string()));
+  }
+  install_temp_file_signal_cleanup();
   const MergeResult m = merge_results(merged, in, derive_study_tables);
   if (const ColumnTable* summary = find_table(m.tables, "summary"))
     out << format_summary(*summary, dump_attrs_from_results(m.attrs)) << "\n";
@@ -139,7 +167,24 @@ int cmd_inspect(const std::string& path, std::ostream& out) {
 }
 
 int cmd_regress(const std::string& results, const std::string& thresholds, std::ostream& out) {
-  read_results_attrs(results);  // schema check first: a wrong file is an input error
+  const Attrs attrs = read_results_attrs(results);  // schema check first: a wrong file is an input error
+  // A gate over part of the cells is meaningless: refuse shards and checkpoints (files without these
+  // attributes, older or synthetic, are accepted).
+  auto int_attr = [&](const char* name) -> std::optional<int64_t> {
+    for (const auto& [k, v] : attrs)
+      if (k == name && std::holds_alternative<int64_t>(v)) return std::get<int64_t>(v);
+    return std::nullopt;
+  };
+  if (const auto count = int_attr("shard_count"); count && *count > 1)
+    throw std::invalid_argument(fmt::format(
+        "{}: is shard {}/{} (root attribute shard_count = {}): a gate over a subset of the cells is meaningless; "
+        "run `latentq merge MERGED.h5 SHARD.h5...` and gate the merged file",
+        results, int_attr("shard_index").value_or(-1), *count, *count));
+  if (const auto complete = int_attr("complete"); complete && *complete == 0)
+    throw std::invalid_argument(fmt::format(
+        "{}: is an incomplete run (root attribute complete = 0: a checkpoint with {} of {} cells): a gate over part "
+        "of the cells is meaningless; finish it with `latentq run ... --resume`",
+        results, int_attr("cells").value_or(-1), int_attr("shard_cells").value_or(int_attr("cells_total").value_or(-1))));
   const std::vector<Threshold> th = load_thresholds(thresholds);
   const std::vector<std::string> groups = list_tables(results);
   if (std::find(groups.begin(), groups.end(), "latent_error") == groups.end())

@@ -14,6 +14,8 @@
 
 namespace latentq {
 
+bool higher_is_better(const std::string& metric) { return metric == "sqnr_db" || metric == "cos_mean"; }
+
 std::vector<Threshold> parse_thresholds(const std::string& text, const std::string& source) {
   toml::table root;
   try {
@@ -76,6 +78,10 @@ std::vector<Threshold> parse_thresholds(const std::string& text, const std::stri
     }
     for (const char* req : {"quantizer", "target", "metric", "bound"})
       if (!t.contains(req)) throw std::invalid_argument(fmt::format("{}: [[threshold]] without '{}'", th.where, req));
+    if (th.direction.empty()) {  // higher is better for sqnr_db and cos_mean, lower for the rest
+      th.direction = higher_is_better(th.metric) ? "min" : "max";
+      th.direction_inferred = true;
+    }
     out.push_back(th);
   }
   return out;
@@ -140,8 +146,12 @@ std::string format_threshold_results(const std::vector<ThresholdResult>& results
       out += fmt::format("FAIL  {:<52} no rows match (quantizer '{}', target '{}' not in /latent_error)\n", what,
                          t.quantizer, t.target);
     } else {
-      out += fmt::format("{}  {:<52} = {:<12.6g} {} {:.6g}   ({} rows)\n", r.pass ? "PASS" : "FAIL", what, r.value,
-                         t.direction == "max" ? "<=" : ">=", t.bound, r.rows);
+      const std::string inferred =
+          t.direction_inferred && t.direction == "min"
+              ? fmt::format("; direction min inferred: higher {} is better", t.metric)
+              : std::string();
+      out += fmt::format("{}  {:<52} = {:<12.6g} {} {:.6g}   ({} rows{})\n", r.pass ? "PASS" : "FAIL", what, r.value,
+                         t.direction == "max" ? "<=" : ">=", t.bound, r.rows, inferred);
     }
     fails += !r.pass;
   }

@@ -7,6 +7,10 @@
 
 #include <fmt/format.h>
 
+#include <atomic>
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
 #include <stdexcept>
 
 #include "latentq/h5util.h"
@@ -14,6 +18,59 @@
 namespace latentq {
 namespace fs = std::filesystem;
 namespace {
+
+// The temporary files being written, for the SIGTERM/SIGINT handler (install_temp_file_signal_cleanup).
+// A slot is 0 free, 1 being filled or emptied, 2 armed (path valid); the handler reads only armed slots.
+struct TempSlot {
+  std::atomic<int> state{0};
+  char path[4096];
+};
+constexpr int kTempSlots = 8;
+TempSlot g_temp_slots[kTempSlots];
+static_assert(std::atomic<int>::is_always_lock_free, "the signal handler needs a lock-free atomic");
+
+// Registers `path` for the handler while alive (no slot free or a path too long: not registered).
+class TempRegistration {
+ public:
+  explicit TempRegistration(const fs::path& path) {
+    const std::string s = path.string();
+    if (s.size() >= sizeof(TempSlot::path)) return;
+    for (int i = 0; i < kTempSlots; ++i) {
+      int expected = 0;
+      if (!g_temp_slots[i].state.compare_exchange_strong(expected, 1)) continue;
+      std::memcpy(g_temp_slots[i].path, s.c_str(), s.size() + 1);
+      g_temp_slots[i].state.store(2);
+      slot_ = i;
+      return;
+    }
+  }
+  ~TempRegistration() {
+    if (slot_ < 0) return;
+    g_temp_slots[slot_].state.store(1);
+    g_temp_slots[slot_].state.store(0);
+  }
+  TempRegistration(const TempRegistration&) = delete;
+  TempRegistration& operator=(const TempRegistration&) = delete;
+
+ private:
+  int slot_ = -1;
+};
+
+// Async-signal-safe: unlink the armed temporary files, then die of the signal (default action).
+extern "C" void remove_temps_and_die(int sig) {
+  for (TempSlot& t : g_temp_slots)
+    if (t.state.load() == 2) ::unlink(t.path);
+  ::signal(sig, SIG_DFL);
+  ::raise(sig);
+  ::_exit(128 + sig);  // not reached unless the signal is blocked
+}
+
+// LATENTQ_TEST_RAISE_IN_WRITE=SIG (tests only): raise signal SIG once the temporary file is written,
+// before the rename.
+int test_raise_in_write() {
+  const char* v = std::getenv("LATENTQ_TEST_RAISE_IN_WRITE");
+  return v && *v ? std::atoi(v) : 0;
+}
 
 // A group whose links are tracked and indexed in creation order (h5py iterates in that order).
 H5::Group create_ordered_group(H5::H5File& file, const std::string& name) {
@@ -190,6 +247,7 @@ void write_results(const fs::path& path, const Attrs& root_attrs, const std::vec
   if (update) old_attrs = with_h5_errors(dest, "reading the existing file", [&] { return read_results_attrs(dest); });
 
   const fs::path tmp = dir / fmt::format(".{}.{}.tmp", dest.filename().string(), ::getpid());
+  const TempRegistration registered(tmp);
   try {
     with_h5_errors(dest, "writing", [&] {
       const hid_t fcpl = H5Pcreate(H5P_FILE_CREATE);
@@ -216,10 +274,26 @@ void write_results(const fs::path& path, const Attrs& root_attrs, const std::vec
       return 0;
     });
     fsync_file(tmp);
+    if (const int sig = test_raise_in_write()) ::raise(sig);
     fs::rename(tmp, dest);
   } catch (...) {
     fs::remove(tmp, ec);
     throw;
+  }
+}
+
+void install_temp_file_signal_cleanup() {
+  static std::atomic<bool> installed{false};
+  if (installed.exchange(true)) return;
+  for (const int sig : {SIGTERM, SIGINT}) {
+    struct sigaction old {};
+    if (::sigaction(sig, nullptr, &old) == 0 && old.sa_handler == SIG_IGN) continue;  // keep an ignored signal ignored
+    struct sigaction sa {};
+    sa.sa_handler = remove_temps_and_die;
+    sigemptyset(&sa.sa_mask);
+    sigaddset(&sa.sa_mask, SIGTERM);
+    sigaddset(&sa.sa_mask, SIGINT);
+    ::sigaction(sig, &sa, nullptr);
   }
 }
 

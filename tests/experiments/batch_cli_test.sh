@@ -13,7 +13,10 @@
 #     tests/slurm/slurm_study.toml (latent error and every probe group on 2 layers) killed from
 #     outside (kill -9) at several moments, each resumed and compared with an uninterrupted run;
 #  5. refusals (exit 2, nothing written): merge with a missing shard, shards of two configs, a
-#     resume with an edited config (both config hashes shown).
+#     resume with an edited config (both config hashes shown); regress of a shard and of a
+#     checkpoint; merge into one of its inputs, an input given twice;
+#  6. LATENTQ_TEST_RAISE_IN_WRITE=SIG (SIGTERM, SIGINT raised after the temporary file is written,
+#     before the rename): the process dies of the signal and leaves no file at all.
 set -uo pipefail
 [[ $# -ge 5 ]] || { echo "usage: $0 LATENTQ LQ_SYNTH_DUMP LQ_RESULTS_EQUAL CONFIG WORKDIR [SOURCE_DIR]" >&2; exit 2; }
 lq=$1 synth=$2 equal=$3 config=$4 work=$5 src=${6:-}
@@ -103,4 +106,36 @@ grep -q "1 of 3 shards missing: shard 1" miss.err || fail "missing shard message
 [[ $? -eq 2 ]] && grep -q "another config (config sha256 [0-9a-f]\{64\} in the file, [0-9a-f]\{64\} now)" res.err ||
   fail "resume with an edited config not refused with both hashes: $(cat res.err)"
 "$equal" ref.h5 merged.h5 >/dev/null || fail "the refused resume changed ref.h5"
+step "regress refuses a shard and a checkpoint"
+printf '[[threshold]]\nquantizer = "bf16"\ntarget = "c_kv"\nmetric = "rel_fro"\nbound = 1\n' >gate.toml
+"$lq" regress ref.h5 --thresholds gate.toml >/dev/null || fail "regress of the complete reference"
+"$lq" regress shards/shard_0001.h5 --thresholds gate.toml >/dev/null 2>rs.err
+[[ $? -eq 2 ]] && grep -q "shards/shard_0001.h5: is shard 1/3 (root attribute shard_count = 3)" rs.err ||
+  fail "regress of a shard not refused: $(cat rs.err)"
+LATENTQ_TEST_KILL_AFTER_CELLS=2 run --out kp.h5 --threads 1 >/dev/null 2>&1
+[[ $? -eq 137 && -f kp.h5.partial ]] || fail "kill for the checkpoint"
+"$lq" regress kp.h5.partial --thresholds gate.toml >/dev/null 2>rp.err
+[[ $? -eq 2 ]] && grep -q "kp.h5.partial: is an incomplete run (root attribute complete = 0" rp.err ||
+  fail "regress of a checkpoint not refused: $(cat rp.err)"
+
+step "merge refuses OUT among the inputs and an input given twice"
+cp shards/shard_0000.h5 s0.h5
+"$lq" merge s0.h5 s0.h5 shards/shard_0001.h5 shards/shard_0002.h5 >/dev/null 2>mo.err
+[[ $? -eq 2 ]] && grep -q "the output s0.h5 is also input 1" mo.err || fail "merge into an input not refused: $(cat mo.err)"
+cmp -s s0.h5 shards/shard_0000.h5 || fail "the refused merge changed s0.h5"
+"$lq" merge twice.h5 shards/shard_0000.h5 shards/shard_0001.h5 shards/../shards/shard_0000.h5 shards/shard_0002.h5 \
+  >/dev/null 2>mt.err
+[[ $? -eq 2 ]] && grep -qF "inputs 1 (shards/shard_0000.h5) and 3 (shards/../shards/shard_0000.h5) are the same file" mt.err || fail "an input given twice not refused: $(cat mt.err)"
+[[ ! -e twice.h5 ]] || fail "merge wrote twice.h5"
+
+step "SIGTERM / SIGINT while a file is written leave no temporary file"
+for sig in 15 2; do
+  mkdir -p "sig$sig"
+  LATENTQ_TEST_RAISE_IN_WRITE=$sig run --out "sig$sig/s.h5" --threads 1 >/dev/null 2>&1
+  rc=$?
+  [[ $rc -eq $((128 + sig)) ]] || fail "signal $sig in a write: exit $rc, expected $((128 + sig))"
+  left=$(ls -A "sig$sig")
+  [[ -z $left ]] || fail "signal $sig in a write left: $left"
+done
+
 echo "PASS"

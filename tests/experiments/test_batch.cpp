@@ -418,7 +418,10 @@ TEST_F(BatchTest, AFailingCellKeepsTheOthers) {
   } catch (const std::invalid_argument& e) {
     EXPECT_CONTAINS(e.what(), "cell c006/t: synthetic failure");
     EXPECT_CONTAINS(e.what(), "1 of 23 cells failed");
-    EXPECT_CONTAINS(e.what(), "the 22 cells completed are kept in " + partial_path(out).string());
+    EXPECT_CONTAINS(e.what(), "the first failed cell is c006/t");
+    EXPECT_CONTAINS(e.what(), "fails the same way on every run, --resume included");
+    EXPECT_CONTAINS(e.what(), "The 22 completed cells are kept in the checkpoint " + partial_path(out).string());
+    EXPECT_CONTAINS(e.what(), "no f.h5 was written");
   }
   EXPECT_FALSE(fs::exists(out));
   EXPECT_EQ(read_batch_file(partial_path(out)).cells.size(), 22u);

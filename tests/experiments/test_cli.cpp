@@ -229,6 +229,66 @@ bound = 1.0
   EXPECT_CONTAINS(o.out, "no rows match");
 }
 
+TEST_F(RegressTest, InfersDirectionMinForHigherIsBetterMetrics) {
+  // No `direction`: cos_mean and sqnr_db are gated from below (value >= bound), rel_fro from above.
+  const char* th = R"(
+[[threshold]]
+quantizer = "int8-asym-channel-g8"
+target = "k_pe"
+metric = "cos_mean"
+statistic = "min"
+bound = 0.99
+
+[[threshold]]
+quantizer = "bf16"
+target = "k_pe"
+metric = "sqnr_db"
+statistic = "mean"
+bound = 40
+
+[[threshold]]
+quantizer = "int8-asym-channel-g8"
+target = "c_kv"
+metric = "rel_fro"
+bound = 0.05
+)";
+  Outcome o = regress(th);
+  EXPECT_EQ(o.rc, 0) << o.out << o.err;
+  EXPECT_CONTAINS(o.out, "PASS  int8-asym-channel-g8 k_pe min(cos_mean)");
+  EXPECT_CONTAINS(o.out, ">= 0.99");
+  EXPECT_CONTAINS(o.out, "direction min inferred: higher cos_mean is better");
+  EXPECT_CONTAINS(o.out, "direction min inferred: higher sqnr_db is better");
+  EXPECT_CONTAINS(o.out, "<= 0.05   (3 rows)\n");  // rel_fro: max, nothing said
+  EXPECT_CONTAINS(o.out, "gate: 3 of 3 thresholds pass");
+  // A bound above every value fails under the inferred "min" (it would pass as "max").
+  o = regress("[[threshold]]\nquantizer = \"bf16\"\ntarget = \"k_pe\"\nmetric = \"cos_mean\"\nbound = 2\n");
+  EXPECT_EQ(o.rc, 1) << o.out;
+  EXPECT_CONTAINS(o.out, "FAIL  bf16 k_pe max(cos_mean)");
+  EXPECT_CONTAINS(o.out, ">= 2");
+  // An explicit direction is kept and nothing is said about it.
+  o = regress("[[threshold]]\nquantizer = \"bf16\"\ntarget = \"k_pe\"\nmetric = \"cos_mean\"\nbound = 2\n"
+              "direction = \"max\"\n");
+  EXPECT_EQ(o.rc, 0) << o.out;
+  EXPECT_CONTAINS(o.out, "<= 2");
+  EXPECT_EQ(o.out.find("inferred"), std::string::npos) << o.out;
+}
+
+TEST_F(CliTest, WarnsAboutCrossLayerWindowsLargerThanTheStudiedLayers) {
+  std::string cfg = kConfig;
+  const std::string off = "[cross_layer]\nenabled = false\n";
+  ASSERT_NE(cfg.find(off), std::string::npos);
+  cfg.replace(cfg.find(off), off.size(), "[cross_layer]\nwindows = [2, 7, 4]\n");
+  write(config, cfg);
+  const Outcome o = cli({"run", config.string()});
+  ASSERT_EQ(o.rc, 0) << o.err;
+  EXPECT_CONTAINS(o.err, "window 7 is larger than the 3 studied layers");
+  EXPECT_CONTAINS(o.err, "window 4 is larger than the 3 studied layers");
+  EXPECT_EQ(o.err.find("window 2 "), std::string::npos) << o.err;
+  size_t n = 0;
+  for (size_t p = o.err.find("[cross_layer] windows"); p != std::string::npos; p = o.err.find("[cross_layer] windows", p + 1)) ++n;
+  EXPECT_EQ(n, 2u) << o.err;
+}
+
 TEST_F(RegressTest, MalformedInputs) {
   Outcome o = regress(std::string(kPassing) + "[[threshold]]\nquantizer = \"bf16\"\ntarget = \"c_kv\"\nmetric = \"rel_fro\"\nbound = 1\nslack = 2\n");
   EXPECT_EQ(o.rc, 2);

@@ -242,6 +242,7 @@ def test_full_report_writes_every_figure(full):
     assert md.startswith("# latentq report: tiny-mla")
     assert "/data/latents/tiny-mla.h5" in md
     assert "not in the results file" not in md and "not in the results file" not in p.stdout
+    assert "WARNING" not in md and "WARNING" not in p.stdout  # no shard/complete attributes: complete
     assert not [f for f in os.listdir(out) if f.endswith(".tmp")]
 
 
@@ -293,6 +294,29 @@ def test_partial_file(tmp_path):
         assert sum(g in l and "not in the results file" in l for l in p.stdout.splitlines()) == 1, g
     assert "'nope-*' matches no quantizer" in p.stderr
     assert "given by --quantizers" in md
+
+
+@pytest.mark.parametrize("kind,attrs,expect", [
+    ("shard", dict(shard="1/3", shard_index=1, shard_count=3, cells=40, cells_total=120, shard_cells=40, complete=1),
+     "shard 1/3: means over a subset of cells (40 of the 120 cells)"),
+    ("checkpoint", dict(shard="0/1", shard_index=0, shard_count=1, cells=10, cells_total=120, shard_cells=120,
+                        complete=0),
+     "incomplete run: 10 of 120 cells"),
+])
+def test_shard_or_incomplete_file_warns(tmp_path, kind, attrs, expect):
+    make_results(tmp_path / "res.h5", groups=("latent_error", "summary"))
+    with h5py.File(tmp_path / "res.h5", "a") as f:
+        for k, v in attrs.items():
+            f.attrs[k] = v if isinstance(v, str) else np.int64(v)
+    p = run_report(tmp_path / "res.h5", "--out", tmp_path / "out")
+    assert p.returncode == 0, p.stderr
+    assert_clean_stderr(p)
+    warn = [l for l in p.stdout.splitlines() if l.startswith("WARNING")]
+    assert len(warn) == 1 and expect in warn[0], p.stdout
+    md = (tmp_path / "out" / "report.md").read_text().splitlines()
+    assert md[0].startswith("# latentq report")
+    top = next(l for l in md[1:] if l.strip())  # the first thing after the title
+    assert top.startswith("> **WARNING:") and expect in top, top
 
 
 def test_only_svd_groups(tmp_path):

@@ -6,8 +6,9 @@
 //   metric    = "rel_fro"                # any numeric column of /latent_error
 //   statistic = "max"                    # max, mean or min over the matching rows (layers)
 //   bound     = 0.11
-//   direction = "max"                    # optional: "max" (default): value <= bound;
-//                                        #           "min": value >= bound (for sqnr_db, cos_mean)
+//   direction = "max"                    # optional: "max": value <= bound; "min": value >= bound.
+//                                        # Without it: "min" for sqnr_db and cos_mean (higher is
+//                                        # better; the PASS/FAIL line says it was inferred), else "max".
 // A threshold fails when its value breaks the bound, when it is NaN, or when no row matches.
 #pragma once
 
@@ -20,10 +21,15 @@
 namespace latentq {
 
 struct Threshold {
-  std::string quantizer, target, metric, statistic = "max", direction = "max";
+  std::string quantizer, target, metric, statistic = "max";
+  std::string direction;            ///< "max" or "min"; parse_thresholds() fills it in when absent
+  bool direction_inferred = false;  ///< true when the entry had no `direction` (see the header comment)
   double bound = 0;
   std::string where;  ///< "<file>:<line>:<col>" of the entry
 };
+
+/// True for the metrics where higher is better (sqnr_db, cos_mean): their default direction is "min".
+bool higher_is_better(const std::string& metric);
 
 /// Parse a thresholds file. Throws std::runtime_error if unreadable, std::invalid_argument for
 /// TOML errors, unknown keys, missing keys, bad values (naming file, line and key).

@@ -57,6 +57,13 @@ enum class WriteMode {
 void write_results(const std::filesystem::path& path, const Attrs& root_attrs, const std::vector<NamedTable>& tables,
                    WriteMode mode = WriteMode::Replace);
 
+/// Install handlers for SIGTERM and SIGINT (once per process; a signal inherited as ignored stays
+/// ignored) that unlink the temporary files write_results() is writing at that moment, then let the
+/// signal terminate the process (its default action: the exit status shows the signal). Used by
+/// `latentq run`: a job killed by Slurm or Ctrl-C leaves no stray ".<name>.<pid>.tmp". SIGKILL
+/// cannot be caught; its leftovers are removed by the next run (batch.cpp).
+void install_temp_file_signal_cleanup();
+
 /// Root attributes of a results file (schema checked). Throws std::runtime_error for a missing or
 /// non-HDF5 file, std::invalid_argument for a missing or wrong `schema` ("... is not a
 /// latentq-results/1 file").
