@@ -328,7 +328,9 @@ def load_model(path: str, dtype: torch.dtype, trust_remote_code: bool = False):
 
 def main(argv=None) -> int:
     """CLI entry point (see the module docstring). Returns 0 on success, 2 on a refused request
-    (existing output without --force, text too short, bad --q-rows, no MLA module)."""
+    (existing output without --force, missing/unreadable --text, a --model directory without a
+    readable config.json, text too short, bad --q-rows, no MLA module), with one line
+    "dump_latents: error: ..." on stderr."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True, help="tiny-mla directory or HF model directory / id")
     ap.add_argument("--text", required=True, help="text file (its bytes are tokenized)")
@@ -345,11 +347,26 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
-    if os.path.exists(a.out) and not a.force:
-        print(f"error: {a.out} exists; pass --force to overwrite", file=sys.stderr)
+    def fail(msg: str) -> int:
+        print(f"dump_latents: error: {msg}", file=sys.stderr)
         return 2
-    with open(a.text, "rb") as f:
-        text = f.read()
+
+    if os.path.exists(a.out) and not a.force:
+        return fail(f"{a.out} exists; pass --force to overwrite")
+    try:
+        with open(a.text, "rb") as f:
+            text = f.read()
+    except OSError as e:
+        return fail(f"--text {a.text}: cannot read ({e.strerror or type(e).__name__})")
+    if os.path.isdir(a.model):
+        cfg_path = os.path.join(a.model, "config.json")
+        if not os.path.isfile(cfg_path):
+            return fail(f"--model {a.model}: no config.json in the directory (expected a tiny-mla or HF model directory)")
+        try:
+            with open(cfg_path) as f:
+                json.load(f)
+        except (OSError, ValueError) as e:
+            return fail(f"--model {a.model}: cannot read {cfg_path} as JSON ({e})")
     model, cfg, source, rev, orig, tok = load_model(a.model, _DTYPES[a.dtype], a.trust_remote_code)
     if tok is not None:
         ids = tok(text.decode("utf-8", errors="replace"), add_special_tokens=False)["input_ids"]
@@ -364,8 +381,7 @@ def main(argv=None) -> int:
                        text_sha256=hashlib.sha256(text).hexdigest(), force=a.force,
                        compression="gzip" if a.gzip else None, extra_attrs={"tokenizer": tokenizer})
     except (DumpError, MLAModuleNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return fail(str(e))
     print(json.dumps(summary, indent=2, default=str))
     return 0
 

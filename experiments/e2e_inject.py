@@ -6,7 +6,11 @@ quantizer injected into its latent cache, and measure what reaches the logits.
 For every quantizer of the study in RESULTS.h5 (the `quantizer` column of /latent_error, in order),
 c_kv is replaced at the output of `kv_a_layernorm` and k_pe after RoPE (data/latent_hooks.py) by
 its quantize-dequantize through the C++ quantizers (the `latentq` Python module, the very code of
-the CLI), on every MLA layer, for the targets the study ran that quantizer on. Per quantizer:
+the CLI), on the MLA layers the study ran (the root attribute `layers` of RESULTS.h5, else the
+`layer` column of /latent_error; recorded in the /e2e attribute `layers`), for the targets the study
+ran that quantizer on (c_kv+k_pe for a --quantizers spec the study did not run, with a warning).
+Like the study, each window's whole prefill is quantized at once (per-channel groups and per-tensor
+scales see later tokens of the window). Per quantizer:
 
   kl_mean     mean over tokens of KL(p_ref ‖ p_q), p = softmax(logits) over the 256 bytes, nats
   top1_agree  fraction of tokens whose argmax logit is unchanged
@@ -52,10 +56,39 @@ def import_latentq():
     return latentq
 
 
+def open_results(results_path: str) -> h5py.File:
+    """Open a results file read-only. Raises ValueError naming the path when it is missing or not a
+    readable HDF5 file (instead of h5py's errno text)."""
+    if not os.path.isfile(results_path):
+        raise ValueError(f"{results_path}: results file not found")
+    try:
+        return h5py.File(results_path, "r")
+    except OSError:
+        raise ValueError(f"{results_path}: cannot read the results file (unreadable or not HDF5)") from None
+
+
+def study_layers(results_path: str) -> list[int] | None:
+    """Layers the study ran: the root attribute `layers` ("0,1,2"), else the distinct values of the
+    /latent_error `layer` column (ascending); None when neither is present. Raises ValueError on a
+    malformed attribute."""
+    with open_results(results_path) as f:
+        if "layers" in f.attrs:
+            v = f.attrs["layers"]
+            v = v.decode() if isinstance(v, bytes) else str(v)
+            try:
+                return [int(x) for x in v.split(",") if x.strip()]
+            except ValueError:
+                raise ValueError(f"{results_path}: root attribute layers = '{v}', expected comma-separated "
+                                 "layer indices") from None
+        if "latent_error" in f and "layer" in f["latent_error"]:
+            return sorted({int(x) for x in f["latent_error/layer"][:]})
+    return None
+
+
 def study_quantizers(results_path: str) -> list[tuple[str, tuple[str, ...]]]:
     """(quantizer, targets) pairs of /latent_error in first-seen order. Raises ValueError on a file
-    that is not latentq-results/1 or has no /latent_error."""
-    with h5py.File(results_path, "r") as f:
+    that is missing, unreadable, not latentq-results/1 or has no /latent_error."""
+    with open_results(results_path) as f:
         schema = f.attrs.get("schema", b"")
         schema = schema.decode() if isinstance(schema, bytes) else str(schema)
         if schema != "latentq-results/1":
@@ -73,10 +106,11 @@ def study_quantizers(results_path: str) -> list[tuple[str, tuple[str, ...]]]:
     return [(q, tuple(t)) for q, t in order.items()]
 
 
-def make_inject(latentq, spec: str, targets: tuple[str, ...]):
-    """Injection callback: quantize-dequantize c_kv / k_pe [B, T, D] per layer, one sequence per batch row."""
+def make_inject(latentq, spec: str, targets: tuple[str, ...], layers=None):
+    """Injection callback: quantize-dequantize c_kv / k_pe [B, T, D] per layer, one sequence per batch
+    row; only the layers in `layers` (None: every layer)."""
     def fn(layer: int, name: str, x: torch.Tensor) -> torch.Tensor:
-        if name not in targets:
+        if name not in targets or (layers is not None and layer not in layers):
             return x
         B, T, D = x.shape
         flat = x.detach().to(torch.float32).reshape(B * T, D).contiguous().numpy()
@@ -137,6 +171,11 @@ def main(argv=None) -> int:
     ap.add_argument("--quantizers", nargs="*", help="spec strings (default: every quantizer of the study)")
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args(argv)
+    for flag, v, lo in (("--seq-len", a.seq_len, 1), ("--num-seqs", a.num_seqs, 1), ("--offset-bytes", a.offset_bytes, 0),
+                        ("--threads", a.threads, 1)):
+        if v < lo:
+            print(f"e2e_inject: error: {flag} {v}: must be >= {lo}", file=sys.stderr)
+            return 2
 
     latentq = import_latentq()
     from latent_hooks import LatentInjector
@@ -145,12 +184,22 @@ def main(argv=None) -> int:
     torch.set_num_threads(a.threads)
     try:
         pairs = study_quantizers(a.results)
+        layers = study_layers(a.results)
         if a.quantizers:
             known = dict(pairs)
-            pairs = [(latentq.canonical_spec(q), known.get(latentq.canonical_spec(q), ("c_kv", "k_pe"))) for q in a.quantizers]
+            pairs = []
+            for q in a.quantizers:
+                c = latentq.canonical_spec(q)
+                if c not in known:
+                    print(f"e2e_inject: warning: quantizer {c} is not in the study of {a.results}; "
+                          "its targets default to c_kv+k_pe", file=sys.stderr)
+                pairs.append((c, known.get(c, ("c_kv", "k_pe"))))
         if a.text:
-            with open(a.text, "rb") as f:
-                text = f.read()
+            try:
+                with open(a.text, "rb") as f:
+                    text = f.read()
+            except OSError as e:
+                raise ValueError(f"--text {a.text}: cannot read ({e.strerror or type(e).__name__})") from None
         else:
             from kjv_text import load_kjv, split_kjv
             text = split_kjv(load_kjv())[1]
@@ -159,9 +208,23 @@ def main(argv=None) -> int:
             raise ValueError(f"text has {len(text)} bytes; {need} needed for --offset-bytes {a.offset_bytes} + "
                              f"{a.num_seqs} x {a.seq_len}")
         model = TinyMLAForCausalLM.from_pretrained(a.model)
-    except (ValueError, OSError, FileNotFoundError, RuntimeError) as e:
+        max_pos = model.config.max_position_embeddings
+        if a.seq_len > max_pos:
+            raise ValueError(f"--seq-len {a.seq_len} exceeds max_position_embeddings {max_pos} of the model {a.model}")
+        num_layers = model.config.num_hidden_layers
+        if layers is None:
+            layers = list(range(num_layers))
+        bad = [l for l in layers if not 0 <= l < num_layers]
+        if bad:
+            raise ValueError(f"{a.results}: study layer(s) {bad} not in the model {a.model} "
+                             f"({num_layers} layers)")
+    except (ValueError, OSError, RuntimeError) as e:
         print(f"e2e_inject: error: {e}", file=sys.stderr)
         return 2
+    if len(layers) < num_layers:
+        print(f"e2e_inject: note: the study ran layers {','.join(map(str, layers))} only; the other "
+              f"{num_layers - len(layers)} of {num_layers} layers stay unquantized", file=sys.stderr)
+    layer_set = frozenset(layers)
 
     buf = np.frombuffer(text[a.offset_bytes:need], dtype=np.uint8).astype(np.int64)
     ids = torch.from_numpy(buf.reshape(a.num_seqs, a.seq_len))
@@ -170,7 +233,7 @@ def main(argv=None) -> int:
         ref = model(ids)
         rows = []
         for spec, targets in pairs:
-            with LatentInjector(model, make_inject(latentq, spec, targets)):
+            with LatentInjector(model, make_inject(latentq, spec, targets, layer_set)):
                 q = model(ids)
             m = logit_metrics(ref, q, ids)
             rows.append({"quantizer": spec, "targets": "+".join(targets), **m})
@@ -180,7 +243,7 @@ def main(argv=None) -> int:
     cols["num_tokens"] = np.full(len(rows), a.num_seqs * a.seq_len, dtype=np.int64)
     write_group(a.results, "e2e", cols, {
         "model": os.path.abspath(a.model), "text_offset_bytes": a.offset_bytes,
-        "seq_len": a.seq_len, "num_seqs": a.num_seqs,
+        "seq_len": a.seq_len, "num_seqs": a.num_seqs, "layers": ",".join(map(str, layers)),
         "definition": "KL(p_ref||p_q) mean over tokens (nats); top1 = argmax agreement; ppl = exp(mean next-byte NLL)"})
     print(f"e2e: {len(rows)} quantizers, {a.num_seqs}x{a.seq_len} tokens, {time.time() - t0:.1f}s -> {a.results}:/e2e")
     return 0

@@ -401,32 +401,27 @@ struct ProbeRunner::Impl {
     const AttentionEntry& e = attention_of(c.layer);
     const Layer& l = dump.layer(c.layer);
     const int64_t T = dump.num_tokens(), r = dump.attrs.kv_lora_rank, rope = dump.attrs.qk_rope_head_dim;
-    std::vector<float> ckv_buf, kpe_buf;
-    std::span<const float> ckv = l.c_kv, kpe = l.k_pe;
+    // A target this row does not quantize is stored (and charged) as bf16, so it is rounded to bf16 here:
+    // the measured error then matches the accounting. SVD rows round their coefficients to bf16
+    // (probes::CoeffDtype::BF16), the dtype charged for them.
+    static const QuantSpec kBf16 = QuantSpec::parse("bf16");
+    std::vector<float> ckv_buf(l.c_kv.size()), kpe_buf(l.k_pe.size());
     double bits_c = 16, bytes_c = 2.0 * static_cast<double>(r), bytes_k = 2.0 * static_cast<double>(rope);
     if (c.svd_rank > 0) {
-      ckv_buf.resize(l.c_kv.size());
-      basis_of(c.layer).reconstruct(l.c_kv.data(), T, c.svd_rank, ckv_buf.data());
-      ckv = ckv_buf;
+      basis_of(c.layer).reconstruct(l.c_kv.data(), T, c.svd_rank, ckv_buf.data(), probes::CoeffDtype::BF16);
       bits_c = 16.0 * static_cast<double>(c.svd_rank) / static_cast<double>(r);
       bytes_c = 2.0 * static_cast<double>(c.svd_rank);
     } else {
-      if (c.targets != "k_pe") {
-        ckv_buf.resize(l.c_kv.size());
-        const Accounting a = account(
-            quantize_dequantize(c.spec, Target::CKV, l.c_kv.data(), T, r, dump.seq_offsets, ckv_buf.data()));
-        bits_c = a.bits_per_element;
-        bytes_c = a.bytes_per_token;
-        ckv = ckv_buf;
-      }
-      if (c.targets != "c_kv") {
-        kpe_buf.resize(l.k_pe.size());
-        bytes_k = account(quantize_dequantize(c.spec, Target::KPE, l.k_pe.data(), T, rope, dump.seq_offsets,
-                                              kpe_buf.data()))
-                      .bytes_per_token;
-        kpe = kpe_buf;
-      }
+      const Accounting a =
+          account(quantize_dequantize(c.targets != "k_pe" ? c.spec : kBf16, Target::CKV, l.c_kv.data(), T, r,
+                                      dump.seq_offsets, ckv_buf.data()));
+      bits_c = a.bits_per_element;
+      bytes_c = a.bytes_per_token;
     }
+    bytes_k = account(quantize_dequantize(c.svd_rank == 0 && c.targets != "c_kv" ? c.spec : kBf16, Target::KPE,
+                                          l.k_pe.data(), T, rope, dump.seq_offsets, kpe_buf.data()))
+                  .bytes_per_token;
+    const std::span<const float> ckv = ckv_buf, kpe = kpe_buf;
     const probes::AttentionError x = probes::attention_error(e.ref, e.att->run(ckv, kpe, true));
     add_row(t, {int64_t{c.layer}, c.quantizer, c.targets, x.out_rel_fro, x.cos_mean, x.kl_mean, x.top1_agree,
                 x.top8_agree, bits_c, bytes_c + bytes_k});
@@ -567,16 +562,18 @@ std::vector<NamedTable> run_probes(const StudyConfig& config, const Dump& dump, 
     if (g == "svd")
       t.attrs = {{"definition", std::string("rank-r basis of c_kv fit on the fit split (first half of the sequences; "
                                             "one sequence: its first half of tokens), rel_fro = ||X - X_hat||_F / "
-                                            "||X||_F on each split; rank_f = smallest r whose cumulative sigma^2 "
-                                            "reaches f of the total")}};
+                                            "||X||_F on each split, X_hat = bf16((X - mu) V_r) V_r^T + mu (the r "
+                                            "per-token coefficients rounded to bf16, the dtype charged for them); "
+                                            "rank_f = smallest r whose cumulative sigma^2 reaches f of the total")}};
     if (g == "cross_layer")
       t.attrs = {{"definition", std::string("mean over non-constant channels of |Pearson(A[:,i], B[:,i])|; linear CKA "
                                             "= ||Y^T X||_F^2 / (||X^T X||_F ||Y^T Y||_F), X, Y column-centered")}};
     if (g == "attention_check") t.attrs = {{"tolerance", config.probes.attention.check_tolerance}};
     if (g == "attention_error")
       t.attrs = {{"definition", std::string("absorbed float32 attention on quantized latents vs on exact latents, same "
-                                            "queries; KL(p || p_hat) in nats, p_hat floored at 1e-30; an unquantized "
-                                            "target is counted as bf16")}};
+                                            "queries; KL(p || p_hat) in nats, p_hat floored at 1e-30; a target the row "
+                                            "does not quantize is rounded to bf16 and counted as bf16; svd-rank<r> "
+                                            "rows: r bf16 coefficients per token, k_pe bf16")}};
   }
   return out;
 }
@@ -735,7 +732,7 @@ std::string attention_table(const ColumnTable& summary, const ColumnTable& att, 
                        num(mean_at(m.top1, q, "c_kv+k_pe"), 4), num(mean_at(m.top8, q, "c_kv+k_pe"), 4),
                        sci(mean_at(m.out_rel, q, "c_kv")));
   }
-  // SVD-pruned c_kv (k_pe exact).
+  // SVD-pruned c_kv (k_pe bf16).
   std::set<int64_t> ranks;
   for (const auto& [k, v] : m.out_rel)
     if (k.first.rfind("svd-rank", 0) == 0) ranks.insert(std::stoll(k.first.substr(8)));
@@ -746,7 +743,7 @@ std::string attention_table(const ColumnTable& summary, const ColumnTable& att, 
       const auto& ho = svd->get<double>("heldout_rel_fro");
       for (size_t i = 0; i < rk.size(); ++i) held[rk[i]].push_back(ho[i]);
     }
-    out += fmt::format("\nSVD-pruned c_kv (k_pe exact; r bf16 coefficients per token, basis not counted)\n");
+    out += fmt::format("\nSVD-pruned c_kv (k_pe bf16; r bf16 coefficients per token, basis not counted)\n");
     out += fmt::format("{:<{}} {:>11} {:>10} | {:>10} {:>10} {:>7} {:>7}\n", "quantizer", w, "bytes/token", "held-out",
                        "attn out", "KL", "top-1", "top-8");
     out += fmt::format("{:<{}} {:>11} {:>10} | {:>10}\n", "", w, "(model)", "rel_fro", "rel_fro");

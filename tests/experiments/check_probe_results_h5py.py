@@ -57,7 +57,8 @@ for layer in range(4):
     m = sv["layer"] == layer
     assert list(sv["rank"][m]) == [1, 2, 4, 8, 12, 16]
     assert np.all(np.diff(sv["fit_rel_fro"][m]) <= 1e-12), sv["fit_rel_fro"][m]  # more rank, less fit error
-    assert sv["fit_rel_fro"][m][-1] < 1e-6                                      # full rank: exact
+    # full rank: the coefficients are rounded to bf16 (the dtype charged), so bf16-level, not 0
+    assert 1e-4 < sv["fit_rel_fro"][m][-1] < 2.0 ** -8, sv["fit_rel_fro"][m]
     assert 1 <= sv["rank_90"][m][0] <= sv["rank_99"][m][0] <= sv["rank_999"][m][0] <= 16
     s = t["svd_spectrum"]["singular_value"][t["svd_spectrum"]["layer"] == layer]
     assert np.all(np.diff(s) <= 0) and (s >= 0).all()
@@ -78,7 +79,14 @@ assert set(ae["targets"][~svd]) == {"c_kv", "k_pe", "c_kv+k_pe"}
 both = ae["targets"] == "c_kv+k_pe"
 assert sorted(set(ae["quantizer"][both])) == ["bf16", "int4-asym-channel-g32", "int8-asym-channel-g32"]
 full = ae["quantizer"] == "svd-rank16"
-assert (ae["out_rel_fro"][full] < 1e-5).all() and (ae["top1_agree"][full] == 1).all()
+# full rank with bf16 coefficients and bf16 k_pe: the same order as the bf16 row of the layer
+bf16_both = (ae["quantizer"] == "bf16") & both
+assert list(ae["layer"][full]) == list(ae["layer"][bf16_both]) == [0, 1, 2, 3]
+ratio = ae["out_rel_fro"][full] / ae["out_rel_fro"][bf16_both]
+assert ((ratio > 0.25) & (ratio < 4)).all(), ratio
+# a target the row does not quantize is rounded to bf16: bf16 on c_kv alone = bf16 on both
+bf16_c = (ae["quantizer"] == "bf16") & (ae["targets"] == "c_kv")
+assert (ae["out_rel_fro"][bf16_c] == ae["out_rel_fro"][bf16_both]).all()
 assert (ae["bytes_per_token_layer"][full] == 2 * (16 + 8)).all()
 kpe = ae["targets"] == "k_pe"
 assert (ae["bits_per_element_c_kv"][kpe] == 16).all()

@@ -115,6 +115,7 @@ TEST(SvdProbe, KnownSpectrumUncentered) {
   SCOPED_TRACE(testing::Message() << "seed " << seed << " shape [" << 2 * ks.n << ", " << ks.D << "]");
   SvdProbeOptions opt;
   opt.centered = false;
+  opt.coeff_dtype = CoeffDtype::Float64;  // the exact subspace error; bf16 coefficients: KnownSpectrumBf16
   opt.ranks = {1, 2, 3, 4, 5, 6, 8, 16};
   const SvdProbeResult res = svd_probe(ks.X.data(), 2 * ks.n, ks.D, ks.seq_offsets, opt);
   EXPECT_FALSE(res.centered);
@@ -143,6 +144,7 @@ TEST(SvdProbe, KnownSpectrumCentered) {
   SCOPED_TRACE(testing::Message() << "seed " << seed << " shape [" << 2 * ks.n << ", " << ks.D << "]");
   SvdProbeOptions opt;
   opt.centered = true;
+  opt.coeff_dtype = CoeffDtype::Float64;
   opt.ranks = {1, 3, 5, 6, 7};
   const SvdProbeResult res = svd_probe(ks.X.data(), 2 * ks.n, ks.D, ks.seq_offsets, opt);
   EXPECT_TRUE(res.centered);
@@ -160,6 +162,41 @@ TEST(SvdProbe, KnownSpectrumCentered) {
   EXPECT_EQ(res.basis.basis_floats(6), 24 * 6 + 24);
 }
 
+TEST(SvdProbe, KnownSpectrumBf16) {
+  // bf16 coefficients: the rounding error Y − round(Y) lies in span(V_r), orthogonal to the residual,
+  // so rel_fro_bf16² = rel_fro_exact² + ‖Y − round(Y)‖²/‖X‖², and RNE to bf16 (8 significant bits, unit
+  // roundoff 2^-8) changes each coefficient by at most 2^-8 of it:
+  // 0 < rel_fro_bf16² − rel_fro_exact² ≤ 2^-16 · ‖Y_r‖²/‖X‖² = 2^-16 · energy(r).
+  // A rank-k matrix at rank ≥ k therefore has a bf16-level error (not 0).
+  const uint64_t seed = 4321;
+  const KnownSpectrum ks = make_known(seed, 256, 16, false);
+  SCOPED_TRACE(testing::Message() << "seed " << seed << " shape [" << 2 * ks.n << ", " << ks.D << "]");
+  SvdProbeOptions opt;
+  opt.centered = false;
+  opt.ranks = {1, 3, 6, 8, 16};
+  EXPECT_EQ(opt.coeff_dtype, CoeffDtype::BF16);  // the default
+  const SvdProbeResult bf = svd_probe(ks.X.data(), 2 * ks.n, ks.D, ks.seq_offsets, opt);
+  EXPECT_EQ(bf.coeff_dtype, CoeffDtype::BF16);
+  opt.coeff_dtype = CoeffDtype::Float64;
+  const SvdProbeResult ex = svd_probe(ks.X.data(), 2 * ks.n, ks.D, ks.seq_offsets, opt);
+  ASSERT_EQ(bf.ranks.size(), ex.ranks.size());
+  for (size_t i = 0; i < bf.ranks.size(); ++i) {
+    SCOPED_TRACE(testing::Message() << "rank " << bf.ranks[i].rank);
+    const double bound = std::ldexp(1.0, -16) * ex.ranks[i].fit_energy;
+    for (auto [b, e] : {std::pair{bf.ranks[i].fit_rel_fro, ex.ranks[i].fit_rel_fro},
+                        std::pair{bf.ranks[i].heldout_rel_fro, ex.ranks[i].heldout_rel_fro}}) {
+      const double d2 = b * b - e * e;
+      EXPECT_GT(d2, 0.0);
+      EXPECT_LE(d2, bound * (1 + 1e-6) + 1e-12);
+      EXPECT_GT(d2, bound / 64);  // random coefficients: the mean squared RNE error is ≈ 2^-19 of ‖Y‖²
+    }
+    if (bf.ranks[i].rank >= ks.k) {
+      EXPECT_GT(bf.ranks[i].heldout_rel_fro, 1e-4);
+      EXPECT_LT(bf.ranks[i].heldout_rel_fro, std::ldexp(1.0, -8));
+    }
+  }
+}
+
 TEST(SvdProbe, ReconstructMatchesReportedError) {
   // Random data with a decaying spectrum: the error of basis.reconstruct on the held-out tokens,
   // measured by latentq::error_metrics, is the probe's held-out rel_fro.
@@ -173,15 +210,18 @@ TEST(SvdProbe, ReconstructMatchesReportedError) {
   std::vector<float> x = to_row_major_f32((X.rowwise() + Eigen::RowVectorXd::Constant(D, 2.0)).eval());
   std::vector<int64_t> offs(S + 1);
   for (int64_t s = 0; s <= S; ++s) offs[s] = s * L;
-  for (bool centered : {false, true}) {
+  for (bool centered : {false, true})
+  for (CoeffDtype coeff : {CoeffDtype::BF16, CoeffDtype::Float64}) {
     SvdProbeOptions opt;
     opt.centered = centered;
+    opt.coeff_dtype = coeff;
     const SvdProbeResult res = svd_probe(x.data(), T, D, offs, opt);
     for (const auto& e : res.ranks) {
-      SCOPED_TRACE(testing::Message() << "centered " << centered << " rank " << e.rank);
+      SCOPED_TRACE(testing::Message() << "centered " << centered << " bf16 " << (coeff == CoeffDtype::BF16)
+                                      << " rank " << e.rank);
       const float* held = x.data() + 2 * L * D;
       std::vector<float> rec(static_cast<size_t>(2 * L * D));
-      res.basis.reconstruct(held, 2 * L, e.rank, rec.data());
+      res.basis.reconstruct(held, 2 * L, e.rank, rec.data(), coeff);
       const auto m = latentq::error_metrics(held, rec.data(), 2 * L, D);
       EXPECT_NEAR(m.rel_fro, e.heldout_rel_fro, 1e-5 * std::max(1.0, e.heldout_rel_fro) + 1e-6);
       if (e.rank > 1) {

@@ -262,3 +262,22 @@ def test_self_check_rejects_wrong_scale(model, seqs, tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="absorbed recomputation"):
         dump_latents.dump(model, model.config.to_hf_dict(), seqs, 6, str(tmp_path / "o.h5"))
     assert os.listdir(tmp_path) == []
+
+
+def test_cli_missing_text_and_model_without_config(saved_model_dir, tmp_path, capsys):
+    """A missing --text file or a --model directory without config.json: exit 2, one line naming the path."""
+    out = tmp_path / "o.h5"
+    missing = tmp_path / "nope.txt"
+    rc = dump_latents.main(["--model", saved_model_dir, "--text", str(missing), "--out", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith("dump_latents: error: ") and str(missing) in err, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    text = tmp_path / "t.txt"
+    text.write_bytes(bytes(range(256)) * 2)
+    empty_dir = tmp_path / "empty-model"
+    empty_dir.mkdir()
+    rc = dump_latents.main(["--model", str(empty_dir), "--text", str(text), "--out", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith("dump_latents: error: ") and str(empty_dir) in err and "config.json" in err, err
+    assert len(err.strip().splitlines()) == 1
+    assert not out.exists()

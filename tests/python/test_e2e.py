@@ -5,6 +5,7 @@ import sys
 
 import h5py
 import numpy as np
+import torch
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -64,3 +65,77 @@ def test_errors(tmp_path):
     assert e2e_inject.main(["--results", str(res), "--text", str(short)]) == 2
     with h5py.File(res, "r") as f:
         assert "e2e" not in f
+
+
+def _err_line(capsys):
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    lines = [l for l in err.strip().splitlines() if l]
+    assert len(lines) == 1 and lines[0].startswith("e2e_inject: error: "), err
+    return lines[0]
+
+
+def test_bad_sizes_and_missing_files(tmp_path, capsys):
+    res = tmp_path / "r.h5"
+    make_results(res)
+    for flag, v in (("--seq-len", "0"), ("--num-seqs", "0"), ("--offset-bytes", "-1")):
+        assert e2e_inject.main(["--results", str(res), flag, v]) == 2
+        line = _err_line(capsys)
+        assert flag in line and v in line, line
+    # Longer than the model's max_position_embeddings (1024): both numbers named.
+    text = tmp_path / "t.txt"
+    text.write_bytes(b"a" * 4096)
+    assert e2e_inject.main(["--results", str(res), "--text", str(text), "--offset-bytes", "0",
+                            "--seq-len", "2000", "--num-seqs", "1"]) == 2
+    line = _err_line(capsys)
+    assert "2000" in line and "max_position_embeddings 1024" in line, line
+    # A missing or non-HDF5 results file: the path is named, not h5py's errno text.
+    missing = tmp_path / "missing.h5"
+    assert e2e_inject.main(["--results", str(missing)]) == 2
+    line = _err_line(capsys)
+    assert str(missing) in line and "errno" not in line.lower(), line
+    garbage = tmp_path / "garbage.h5"
+    garbage.write_bytes(b"not hdf5")
+    assert e2e_inject.main(["--results", str(garbage)]) == 2
+    line = _err_line(capsys)
+    assert str(garbage) in line and "errno" not in line.lower(), line
+    assert e2e_inject.main(["--results", str(res), "--text", str(tmp_path / "no.txt")]) == 2
+    assert str(tmp_path / "no.txt") in _err_line(capsys)
+    with h5py.File(res, "r") as f:
+        assert "e2e" not in f
+
+
+def test_only_the_study_layers_are_injected(tmp_path, capsys):
+    """A study of layers 1 and 3: the injection touches only those (the callback sees layer_idx), the
+    /e2e attrs record them, a note says the rest stay unquantized; an unknown --quantizers spec warns."""
+    res = tmp_path / "r.h5"
+    make_results(res)
+    with h5py.File(res, "r+") as f:
+        f.attrs["layers"] = "1,3"
+    assert e2e_inject.study_layers(str(res)) == [1, 3]
+    text = tmp_path / "text.txt"
+    text.write_bytes((b"In the beginning God created the heaven and the earth. " * 20)[:512])
+    rc = e2e_inject.main(["--results", str(res), "--text", str(text), "--offset-bytes", "0", "--seq-len", "128",
+                          "--num-seqs", "2", "--threads", "1", "--quantizers", "int2-sym-tensor", "int4-sym-token"])
+    assert rc == 0
+    err = capsys.readouterr().err
+    assert "layers 1,3 only" in err and "4 of 6 layers stay unquantized" in err, err
+    assert "int4-sym-token is not in the study" in err and "c_kv+k_pe" in err, err
+    assert "int2-sym-tensor is not in the study" not in err
+    with h5py.File(res, "r") as f:
+        assert f["e2e"].attrs["layers"] == "1,3"
+        kl_2layers = float(f["e2e/kl_mean"][0])
+    # The callback: layers outside the set pass through unchanged.
+    import latentq
+    fn = e2e_inject.make_inject(latentq, "int2-sym-tensor", ("c_kv",), frozenset({1, 3}))
+    x = torch.randn(2, 8, 16)
+    assert fn(0, "c_kv", x) is x and fn(1, "k_pe", x) is x
+    assert not torch.equal(fn(1, "c_kv", x), x)
+    # Without the attribute, every layer: int2 on all 6 layers moves the logits more than on 2.
+    with h5py.File(res, "r+") as f:
+        del f.attrs["layers"]
+    assert e2e_inject.main(["--results", str(res), "--text", str(text), "--offset-bytes", "0", "--seq-len", "128",
+                            "--num-seqs", "2", "--threads", "1", "--quantizers", "int2-sym-tensor"]) == 0
+    with h5py.File(res, "r") as f:
+        assert f["e2e"].attrs["layers"] == "0,1,2,3,4,5"
+        assert float(f["e2e/kl_mean"][0]) > kl_2layers

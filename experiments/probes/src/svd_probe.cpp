@@ -8,20 +8,39 @@
 
 #include "detail.h"
 #include "latentq/probes/split.h"
+#include "latentq/qmath.h"
 
 namespace latentq::probes {
 
 using RowMatF = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
-void SvdBasis::reconstruct(const float* x, int64_t T, int64_t rank, float* out) const {
+namespace {
+
+/// Coefficients Y = (X − μ)·V_r [n, r] of the rows of X [n, D], rounded per `coeff`.
+Eigen::MatrixXd coefficients(const Eigen::MatrixXd& X, const SvdBasis& b, int64_t rank, CoeffDtype coeff) {
+  Eigen::MatrixXd Y = (X.rowwise() - b.mean.transpose()) * b.V.leftCols(rank);
+  if (coeff == CoeffDtype::BF16)
+    Y = Y.unaryExpr([](double y) {
+      return static_cast<double>(qmath::bf16_bits_to_f32(qmath::f32_to_bf16_bits(static_cast<float>(y))));
+    });
+  return Y;
+}
+
+/// X̂ = Y·V_rᵀ + μ for coefficients Y [n, r].
+Eigen::MatrixXd project_back(const Eigen::MatrixXd& Y, const SvdBasis& b) {
+  return (Y * b.V.leftCols(Y.cols()).transpose()).rowwise() + b.mean.transpose();
+}
+
+}  // namespace
+
+void SvdBasis::reconstruct(const float* x, int64_t T, int64_t rank, float* out, CoeffDtype coeff) const {
   if (rank < 1 || rank > dim)
     throw std::invalid_argument("SVD reconstruction rank " + std::to_string(rank) + " outside [1, " +
                                 std::to_string(dim) + "]");
   if (T < 0) throw std::invalid_argument("SVD reconstruction: T = " + std::to_string(T) + " < 0");
   if (T == 0) return;
-  const auto Vr = V.leftCols(rank);
-  const Eigen::MatrixXd Z = Eigen::Map<const RowMatF>(x, T, dim).cast<double>().rowwise() - mean.transpose();
-  const Eigen::MatrixXd Xhat = ((Z * Vr) * Vr.transpose()).rowwise() + mean.transpose();
+  const Eigen::MatrixXd X = Eigen::Map<const RowMatF>(x, T, dim).cast<double>();
+  const Eigen::MatrixXd Xhat = project_back(coefficients(X, *this, rank, coeff), *this);
   Eigen::Map<RowMatF>(out, T, dim) = Xhat.cast<float>();
 }
 
@@ -106,6 +125,7 @@ SvdProbeResult svd_probe(const float* c_kv, int64_t T, int64_t D, std::span<cons
 
   SvdProbeResult res;
   res.centered = options.centered;
+  res.coeff_dtype = options.coeff_dtype;
   res.kv_lora_rank = D;
   res.fit_tokens = split.fit_tokens();
   res.heldout_tokens = split.heldout_tokens();
@@ -124,8 +144,14 @@ SvdProbeResult svd_probe(const float* c_kv, int64_t T, int64_t D, std::span<cons
   for (int64_t r : ranks) {
     SvdRankError e;
     e.rank = r;
-    e.fit_rel_fro = rel(ef.tail(D - r).sum(), nf);
-    e.heldout_rel_fro = rel(eh.tail(D - r).sum(), nh);
+    if (options.coeff_dtype == CoeffDtype::Float64) {
+      e.fit_rel_fro = rel(ef.tail(D - r).sum(), nf);
+      e.heldout_rel_fro = rel(eh.tail(D - r).sum(), nh);
+    } else {
+      e.fit_rel_fro = rel((Xf - project_back(coefficients(Xf, res.basis, r, options.coeff_dtype), res.basis)).squaredNorm(), nf);
+      e.heldout_rel_fro =
+          rel((Xh - project_back(coefficients(Xh, res.basis, r, options.coeff_dtype), res.basis)).squaredNorm(), nh);
+    }
     e.fit_energy = s2_total > 0 ? s2.head(r).sum() / s2_total : 1.0;
     res.ranks.push_back(e);
   }

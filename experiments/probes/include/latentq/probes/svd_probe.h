@@ -2,15 +2,22 @@
 //
 // A rank-r basis is fit on the fit split of the tokens (latentq/probes/split.h: the first half of
 // the sequences) and evaluated on the held-out split. Reconstruction of a token c (row vector):
-//     ĉ = (c − μ)·V_r·V_rᵀ + μ
+//     y = (c − μ)·V_r              the r per-token coefficients (what a pruned cache stores)
+//     ĉ = round(y)·V_rᵀ + μ
+// round() follows CoeffDtype: BF16 (the default) rounds each coefficient to bf16 (float64 → float32 →
+// bf16, both round-to-nearest-even, latentq::qmath::f32_to_bf16_bits), so the measured error matches
+// the storage charged for it (r bf16 coefficients per token, 16·r/kv_lora_rank bits per element): at
+// r = kv_lora_rank the error is bf16-level (≤ 2^-8 relative, ≈ 2^-9.4 RMS), not 0. Float64 keeps the coefficients
+// unrounded (the pure subspace error).
 // with V_r the first r right singular vectors of the fit matrix (centered: X_fit − μ, μ the fit
 // mean per latent dimension; not centered: μ = 0). A centered basis stores μ: kv_lora_rank extra
 // floats per layer. The basis comes from Eigen's SelfAdjointEigenSolver on the Gram matrix
 // ZᵀZ (Z = X_fit − μ) accumulated in float64: σ_i = sqrt(max(λ_i, 0)), descending.
 //
-// rel_fro at rank r over a split X (uncentered data, as stored): ‖X − X̂_r‖_F / ‖X‖_F. It is computed
-// as sqrt(Σ_{j>r} ‖(X − μ)·v_j‖² / ‖X‖_F²) (V is a complete orthonormal basis, so this is exact and
-// free of cancellation), in float64.
+// rel_fro at rank r over a split X (uncentered data, as stored): ‖X − X̂_r‖_F / ‖X‖_F, in float64.
+// BF16: computed directly from X̂_r (X and X̂_r in float64). Float64: computed as
+// sqrt(Σ_{j>r} ‖(X − μ)·v_j‖² / ‖X‖_F²) (V is a complete orthonormal basis, so this is exact and
+// free of cancellation).
 // Energy rank for a fraction f: the smallest r with Σ_{i≤r} σ_i² ≥ f · Σ_i σ_i² (spectrum of the
 // centered fit matrix when centered).
 #pragma once
@@ -22,6 +29,12 @@
 
 namespace latentq::probes {
 
+/// Storage dtype of the per-token SVD coefficients y = (c − μ)·V_r.
+enum class CoeffDtype {
+  BF16,     ///< rounded to bf16 (RNE) before projecting back: the dtype the accounting charges
+  Float64,  ///< unrounded (float64): the error of the rank-r subspace alone
+};
+
 /// An orthonormal basis fit on the fit split of X [T, dim].
 struct SvdBasis {
   int64_t dim = 0;                  ///< D: kv_lora_rank (or w·kv_lora_rank for a cross-layer window)
@@ -30,10 +43,11 @@ struct SvdBasis {
   Eigen::MatrixXd V;                ///< [D, D]; column j = j-th right singular vector, σ descending
   Eigen::VectorXd singular_values;  ///< [D] σ of the (centered) fit matrix, descending, ≥ 0
 
-  /// out = (x − μ)·V_r·V_rᵀ + μ for x [T, dim] row-major float32 → out [T, dim] float32
-  /// (computed in float64, rounded once). out may alias x.
+  /// out = round((x − μ)·V_r)·V_rᵀ + μ for x [T, dim] row-major float32 → out [T, dim] float32
+  /// (computed in float64, the coefficients rounded per `coeff` (CoeffDtype), out rounded to float32
+  /// once). out may alias x.
   /// Throws std::invalid_argument if rank < 1 or rank > dim (naming the rank), or T < 0.
-  void reconstruct(const float* x, int64_t T, int64_t rank, float* out) const;
+  void reconstruct(const float* x, int64_t T, int64_t rank, float* out, CoeffDtype coeff = CoeffDtype::BF16) const;
   /// Floats stored for the basis at rank r: dim·r, plus dim for μ when centered.
   int64_t basis_floats(int64_t rank) const { return dim * rank + (centered ? dim : 0); }
 };
@@ -56,6 +70,7 @@ struct SvdProbeOptions {
   bool centered = true;                                ///< subtract the fit mean (stored: D floats)
   std::vector<int64_t> ranks;                          ///< empty → default_svd_ranks(kv_lora_rank)
   std::vector<double> energy_fractions{0.9, 0.99, 0.999};
+  CoeffDtype coeff_dtype = CoeffDtype::BF16;          ///< dtype of the stored per-token coefficients
 };
 
 struct SvdRankError {
@@ -67,6 +82,7 @@ struct SvdRankError {
 
 struct SvdProbeResult {
   bool centered = false;
+  CoeffDtype coeff_dtype = CoeffDtype::BF16;
   int64_t kv_lora_rank = 0;
   int64_t fit_tokens = 0, heldout_tokens = 0;
   SvdBasis basis;                          ///< spectrum in basis.singular_values [kv_lora_rank], descending
