@@ -1,5 +1,6 @@
 // The probe groups of `latentq run` as cells (latentq/probe_study.h).
 #include "latentq/probe_study.h"
+#include "latentq/util.h"
 
 #include <fmt/format.h>
 
@@ -451,34 +452,8 @@ std::vector<NamedTable> run_probe_cells(const ProbeRunner& runner, const std::ve
                                         const RunOptions& options) {
   const size_t n = cells.size();
   std::vector<std::vector<ColumnTable>> rows(n);
-  std::vector<std::exception_ptr> errors(n);
-  std::atomic<size_t> next{0}, done{0};
-  auto work = [&] {
-    for (size_t i = next++; i < n; i = next++) {
-      try {
-        rows[i] = runner.run(cells[i]);
-      } catch (...) {
-        errors[i] = std::current_exception();
-      }
-      ++done;
-    }
-  };
-  int threads = options.threads > 0 ? options.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  threads = static_cast<int>(std::min<size_t>(static_cast<size_t>(threads), std::max<size_t>(n, 1)));
-  {
-    std::vector<std::jthread> pool;
-    for (int t = 1; t < threads; ++t) pool.emplace_back(work);
-    if (options.progress) {
-      std::jthread last(work);
-      while (done.load() < n) {
-        options.progress(done.load(), n);
-        std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      }
-    } else {
-      work();
-    }
-  }
-  if (options.progress) options.progress(n, n);
+  const std::vector<std::exception_ptr> errors =
+      parallel_cells(n, options.threads, [&](size_t i) { rows[i] = runner.run(cells[i]); }, options.progress);
   for (size_t i = 0; i < n; ++i)
     if (errors[i]) std::rethrow_exception(errors[i]);
 

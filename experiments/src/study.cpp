@@ -103,47 +103,22 @@ ColumnTable run_latent_error(const Dump& dump, const std::vector<Cell>& cells, L
                              const RunOptions& options) {
   const size_t n = cells.size();
   std::vector<CellResult> results(n);
-  std::vector<std::exception_ptr> errors(n);
   const int64_t T = dump.num_tokens();
   const DumpAttrs& A = dump.attrs;
   // Resolve layer pointers up front (throws for a cell whose layer is not loaded).
   std::vector<const Layer*> layer_of(n);
   for (size_t i = 0; i < n; ++i) layer_of[i] = &dump.layer(cells[i].layer);
 
-  std::atomic<size_t> next{0}, done{0};
-  auto work = [&] {
-    for (size_t i = next++; i < n; i = next++) {
-      const Cell& c = cells[i];
-      const Layer& l = *layer_of[i];
-      const bool ckv = c.target == Target::CKV;
-      const float* X = ckv ? l.c_kv.data() : l.k_pe.data();
-      const int64_t D = ckv ? A.kv_lora_rank : A.qk_rope_head_dim;
-      try {
-        results[i] = backend.run(c.quantizer.spec, c.target, X, T, D, dump.seq_offsets);
-      } catch (...) {
-        errors[i] = std::current_exception();
-      }
-      ++done;
-    }
+  auto one = [&](size_t i) {
+    const Cell& c = cells[i];
+    const Layer& l = *layer_of[i];
+    const bool ckv = c.target == Target::CKV;
+    const float* X = ckv ? l.c_kv.data() : l.k_pe.data();
+    const int64_t D = ckv ? A.kv_lora_rank : A.qk_rope_head_dim;
+    results[i] = backend.run(c.quantizer.spec, c.target, X, T, D, dump.seq_offsets);
   };
-  int threads = options.threads > 0 ? options.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  if (!backend.concurrent()) threads = 1;
-  threads = static_cast<int>(std::min<size_t>(static_cast<size_t>(threads), std::max<size_t>(n, 1)));
-  {
-    std::vector<std::jthread> pool;
-    for (int t = 1; t < threads; ++t) pool.emplace_back(work);
-    if (options.progress) {
-      // The calling thread reports progress while the pool works, then joins in.
-      std::jthread last(work);
-      while (done.load() < n) {
-        options.progress(done.load(), n);
-        std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      }
-    } else {
-      work();
-    }
-  }
-  if (options.progress) options.progress(n, n);
+  const std::vector<std::exception_ptr> errors =
+      parallel_cells(n, backend.concurrent() ? options.threads : 1, one, options.progress);
 
   for (size_t i = 0; i < n; ++i) {
     if (!errors[i]) continue;

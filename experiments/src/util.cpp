@@ -2,7 +2,10 @@
 
 #include <openssl/evp.h>
 
+#include <atomic>
+#include <chrono>
 #include <ctime>
+#include <thread>
 #include <fstream>
 #include <memory>
 #include <stdexcept>
@@ -53,5 +56,39 @@ std::string utc_now_iso8601() {
 
 const char* version() { return LATENTQ_VERSION; }
 const char* git_commit() { return LATENTQ_GIT_COMMIT; }
+
+std::vector<std::exception_ptr> parallel_cells(size_t n, int threads, const std::function<void(size_t)>& fn,
+                                               const std::function<void(size_t, size_t)>& progress) {
+  std::vector<std::exception_ptr> errors(n);
+  std::atomic<size_t> next{0}, done{0};
+  auto work = [&] {
+    for (size_t i = next++; i < n; i = next++) {
+      try {
+        fn(i);
+      } catch (...) {
+        errors[i] = std::current_exception();
+      }
+      ++done;
+    }
+  };
+  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  threads = static_cast<int>(std::min<size_t>(static_cast<size_t>(threads), std::max<size_t>(n, 1)));
+  {
+    std::vector<std::jthread> pool;
+    for (int t = 1; t < threads; ++t) pool.emplace_back(work);
+    if (progress) {
+      // The calling thread reports progress while the pool works, then joins in.
+      std::jthread last(work);
+      while (done.load() < n) {
+        progress(done.load(), n);
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+    } else {
+      work();
+    }
+  }
+  if (progress) progress(n, n);
+  return errors;
+}
 
 }  // namespace latentq

@@ -2,7 +2,10 @@
 #pragma once
 
 #include <filesystem>
+#include <exception>
+#include <functional>
 #include <string>
+#include <vector>
 
 namespace latentq {
 
@@ -17,5 +20,12 @@ std::string utc_now_iso8601();
 /// (LATENTQ_GIT_COMMIT, "unknown" outside a git checkout).
 const char* version();
 const char* git_commit();
+
+/// Runs fn(i) for every i in [0, n) on `threads` workers (0 = std::thread::hardware_concurrency(),
+/// at most n). An exception thrown by fn(i) is caught and stored in the returned vector at i (the
+/// others still run). With `progress` set, the calling thread reports (done, n) about every 100 ms
+/// while the workers run, then once with (n, n). Used by the study and the probe cells.
+std::vector<std::exception_ptr> parallel_cells(size_t n, int threads, const std::function<void(size_t)>& fn,
+                                               const std::function<void(size_t, size_t)>& progress = {});
 
 }  // namespace latentq
