@@ -1,5 +1,6 @@
 // Study configs (latentq/config.h), parsed with toml++.
 #include "latentq/config.h"
+#include "latentq/toml_util.h"
 
 #include <fnmatch.h>
 #include <fmt/format.h>
@@ -169,13 +170,7 @@ const TargetPlan* StudyConfig::plan(Target t) const {
 
 StudyConfig parse_config(std::string_view text, const std::string& source, const fs::path& base_dir) {
   const Parser P(source);
-  toml::table root;
-  try {
-    root = toml::parse(text, source);
-  } catch (const toml::parse_error& e) {
-    const auto& b = e.source().begin;
-    throw std::invalid_argument(fmt::format("{}:{}:{}: TOML syntax error: {}", source, b.line, b.column, e.description()));
-  }
+  const toml::table root = parse_toml(text, source);
   StudyConfig C;
   C.text = std::string(text);
   C.source = source;

@@ -1,5 +1,6 @@
 // The probe sections of a study config (latentq/probe_config.h), parsed with toml++.
 #include "latentq/probe_config.h"
+#include "latentq/toml_util.h"
 
 #include <fmt/format.h>
 
@@ -87,13 +88,7 @@ const char* to_string(PairSelection p) {
 
 ProbeConfig parse_probe_config(std::string_view text, const std::string& source, const fs::path& base_dir) {
   const Reader R(source);
-  toml::table root;
-  try {
-    root = toml::parse(text, source);
-  } catch (const toml::parse_error& e) {
-    const auto& b = e.source().begin;
-    throw std::invalid_argument(fmt::format("{}:{}:{}: TOML syntax error: {}", source, b.line, b.column, e.description()));
-  }
+  const toml::table root = parse_toml(text, source);
   ProbeConfig P;
 
   if (const toml::table* t = R.section(root, "svd")) {

@@ -1,4 +1,5 @@
 #include "latentq/regress.h"
+#include "latentq/toml_util.h"
 
 #include <fmt/format.h>
 
@@ -17,13 +18,7 @@ namespace latentq {
 bool higher_is_better(const std::string& metric) { return metric == "sqnr_db" || metric == "cos_mean"; }
 
 std::vector<Threshold> parse_thresholds(const std::string& text, const std::string& source) {
-  toml::table root;
-  try {
-    root = toml::parse(text, source);
-  } catch (const toml::parse_error& e) {
-    const auto& b = e.source().begin;
-    throw std::invalid_argument(fmt::format("{}:{}:{}: TOML syntax error: {}", source, b.line, b.column, e.description()));
-  }
+  const toml::table root = parse_toml(text, source);
   auto where = [&](const toml::node& n) {
     const auto& b = n.source().begin;
     return fmt::format("{}:{}:{}", source, b.line, b.column);
