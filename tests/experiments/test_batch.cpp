@@ -15,15 +15,15 @@
 #include "latentq/cli.h"
 #include "latentq/results.h"
 #include "latentq/util.h"
+#include "cli_capture.h"
 #include "synth_dump.h"
 
 namespace {
 using namespace latentq;
+using lqtest::cli;
+using lqtest::Outcome;
 using lqtest::TempDir;
 namespace fs = std::filesystem;
-
-#define EXPECT_CONTAINS(haystack, needle) \
-  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << "'" << (needle) << "' not in:\n" << (haystack)
 
 // Every group of two results files equal, in the same order (root attributes not compared).
 void expect_same_file(const fs::path& a, const fs::path& b) {
@@ -567,16 +567,6 @@ TEST_F(StudyBatchTest, EqualsRunStudy) {
 }
 
 // The CLI in-process: --shard, merge, and the refusals (exit 2, nothing written).
-struct Outcome {
-  int rc;
-  std::string out, err;
-};
-Outcome cli(std::vector<std::string> args) {
-  args.insert(args.begin(), "latentq");
-  std::ostringstream out, err;
-  const int rc = run_cli(args, out, err);
-  return {rc, out.str(), err.str()};
-}
 
 TEST_F(StudyBatchTest, CliShardsMergeAndRefusals) {
   const std::string cfg = config.string();

@@ -7,27 +7,16 @@
 #include "latentq/cli.h"
 #include "latentq/results.h"
 #include "latentq/util.h"
+#include "cli_capture.h"
 #include "synth_dump.h"
 
 namespace {
 using namespace latentq;
+using lqtest::cli;
+using lqtest::Outcome;
 using lqtest::TempDir;
 namespace fs = std::filesystem;
 
-struct Outcome {
-  int rc;
-  std::string out, err;
-};
-
-Outcome cli(std::vector<std::string> args) {
-  args.insert(args.begin(), "latentq");
-  std::ostringstream out, err;
-  const int rc = run_cli(args, out, err);
-  return {rc, out.str(), err.str()};
-}
-
-#define EXPECT_CONTAINS(haystack, needle) \
-  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << "'" << (needle) << "' not in:\n" << (haystack)
 
 const char* kConfig = R"(
 [input]
