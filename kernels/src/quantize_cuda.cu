@@ -49,10 +49,6 @@ void check_shape(int64_t T, int64_t D) {
                                 " rows (T), got a " + shape(T, D) + " matrix; use the CPU reference");
 }
 
-std::string nonfinite_message(unsigned long long bad, int64_t T, int64_t D) {
-  return std::to_string(bad) + " NaN/Inf values in the " + shape(T, D) + " input";  // = quantize.cpp
-}
-
 // NaN/Inf count of d_x [n] with the workspace's CUB storage; synchronizes the stream.
 unsigned long long count_nonfinite_ws(gpu::Workspace& ws, const float* d_x, int64_t n, cudaStream_t stream) {
   size_t temp = 0;
@@ -164,28 +160,12 @@ void finish(const DeviceQuantized& out, const float* d_x, cudaStream_t stream) {
   gpu::DeviceStatus h{};
   LQ_CUDA_CHECK(cudaMemcpyAsync(&h, out.ws.status.data(), sizeof h, cudaMemcpyDeviceToHost, stream));
   LQ_CUDA_CHECK(cudaStreamSynchronize(stream));
-  if (h.nonfinite) throw std::invalid_argument(nonfinite_message(h.nonfinite, out.rows, out.cols));
+  if (h.nonfinite) throw std::invalid_argument(nonfinite_message(static_cast<int64_t>(h.nonfinite), out.rows, out.cols));
   if (h.overflow_key != gpu::kNoOverflow) {
     const int64_t gi = static_cast<int64_t>(h.overflow_key >> 1);
     const bool offset = (h.overflow_key & 1) != 0;
-    const ScaleDtype sd = out.spec.scale_dtype;
-    const float v = raw_group_param(out, d_x, gi, offset, stream);
-    // = the message of overflow() in quant/src/quantize.cpp (test_gpu compares them)
-    throw std::invalid_argument(std::string(offset ? "offset" : "scale") + " " + std::to_string(v) + " of group " +
-                                std::to_string(gi) + " overflows the " + to_string(sd) + " storage of '" +
-                                out.spec.to_string() + "'" +
-                                (sd == ScaleDtype::F16 ? "; use the -fp32 variant" : " (the input range exceeds float32)"));
+    throw std::invalid_argument(overflow_message(out.spec, offset, raw_group_param(out, d_x, gi, offset, stream), gi));
   }
-}
-
-// Fields QuantSpec::parse can produce; anything else is refused with the CPU reference's message.
-bool parseable(const QuantSpec& s) {
-  switch (s.format) {
-    case Format::Int: return (s.bits == 2 || s.bits == 4 || s.bits == 8) && s.group_size >= 0;
-    case Format::Fp8Tile: return s.group_size > 0;
-    case Format::BF16: return true;
-  }
-  return false;
 }
 
 __global__ void probe_kernel(int* p /*[1]*/) { *p = 42; }
@@ -245,15 +225,13 @@ void quantize_device(const QuantSpec& spec, Target target, const float* d_x, int
   check_shape(T, D);
   if (d_x == nullptr) throw std::invalid_argument("quantize_device: the input pointer is null");
   gpu::Workspace& ws = out.ws;
-  if (!parseable(spec)) {
-    // the CPU reference reports NaN/Inf first, then rejects the spec: take its message from a 1×1 call
+  try {
+    validate_spec_fields(spec);
+  } catch (const std::invalid_argument&) {
+    // the CPU reference reports NaN/Inf before it looks at the spec fields
     if (const unsigned long long bad = count_nonfinite_ws(ws, d_x, T * D, stream))
-      throw std::invalid_argument(nonfinite_message(bad, T, D));
-    const float one = 1.0f;
-    const int64_t seq[2] = {0, 1};
-    (void)quantize(spec, target, &one, 1, 1, seq);
-    throw std::invalid_argument("quantize_device: unsupported spec fields (bits " + std::to_string(spec.bits) +
-                                ", group_size " + std::to_string(spec.group_size) + ")");
+      throw std::invalid_argument(nonfinite_message(static_cast<int64_t>(bad), T, D));
+    throw;
   }
   QuantSpec st = spec.stored_for(target);
   if (st.format == Format::Fp8Tile) st.scale_dtype = ScaleDtype::F32;  // as quantize.cpp records it
@@ -269,7 +247,7 @@ void quantize_device(const QuantSpec& spec, Target target, const float* d_x, int
     } catch (const std::invalid_argument&) {
       // the CPU reference reports NaN/Inf before it looks at seq_offsets
       if (const unsigned long long bad = count_nonfinite_ws(ws, d_x, T * D, stream))
-        throw std::invalid_argument(nonfinite_message(bad, T, D));
+        throw std::invalid_argument(nonfinite_message(static_cast<int64_t>(bad), T, D));
       throw;
     }
     out.group_bounds = ws.bounds;

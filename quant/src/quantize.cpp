@@ -33,14 +33,6 @@ float get_scale(const std::vector<uint8_t>& buf, int64_t i, ScaleDtype d) {
   return v;
 }
 
-// `v` is the float32 value before rounding to the storage dtype (the rounded one would read "inf").
-[[noreturn]] void overflow(const QuantSpec& spec, const char* what, float v, const std::string& where) {
-  throw std::invalid_argument(std::string(what) + " " + std::to_string(v) + " of " + where + " overflows the " +
-                              to_string(spec.scale_dtype) + " storage of '" + spec.to_string() + "'" +
-                              (spec.scale_dtype == ScaleDtype::F16 ? "; use the -fp32 variant"
-                                                                   : " (the input range exceeds float32)"));
-}
-
 // Stored (scale, offset) of a group from its statistics; checks the storage dtype did not overflow.
 q::ScaleOffset group_params(const QuantSpec& spec, float mn, float mx, int64_t gi) {
   auto params = [&](ScaleDtype d) {
@@ -50,30 +42,10 @@ q::ScaleOffset group_params(const QuantSpec& spec, float mn, float mx, int64_t g
   const q::ScaleOffset p = params(spec.scale_dtype);
   if (!q::is_finite(p.scale) || !q::is_finite(p.offset)) {
     const q::ScaleOffset raw = params(ScaleDtype::F32);  // unrounded, for the message
-    if (!q::is_finite(p.scale)) overflow(spec, "scale", raw.scale, "group " + std::to_string(gi));
-    overflow(spec, "offset", raw.offset, "group " + std::to_string(gi));
+    if (!q::is_finite(p.scale)) throw std::invalid_argument(overflow_message(spec, false, raw.scale, gi));
+    throw std::invalid_argument(overflow_message(spec, true, raw.offset, gi));
   }
   return p;
-}
-
-// Specs normally come from QuantSpec::parse; a hand-built one with impossible fields would make the
-// packing below write out of bounds (bits 3) or divide by zero (bits 16), so reject it.
-void validate(const QuantSpec& spec) {
-  const std::string what = "invalid quantizer spec fields (format " + std::to_string(static_cast<int>(spec.format)) +
-                           ", bits " + std::to_string(spec.bits) + ", group_size " + std::to_string(spec.group_size) +
-                           "): ";
-  switch (spec.format) {
-    case Format::Int:
-      if (spec.bits != 2 && spec.bits != 4 && spec.bits != 8)
-        throw std::invalid_argument(what + "integer specs need bits 2, 4 or 8; build specs with QuantSpec::parse");
-      if (spec.group_size < 0) throw std::invalid_argument(what + "the group size must be >= 0");
-      return;
-    case Format::Fp8Tile:
-      if (spec.group_size <= 0) throw std::invalid_argument(what + "the fp8 tile width must be > 0");
-      return;
-    case Format::BF16: return;
-  }
-  throw std::invalid_argument(what + "unknown format");
 }
 
 // Encode n elements of x with per-element (scale, offset) pointers advanced by `Step` (0: one
@@ -180,14 +152,40 @@ int64_t count_nonfinite(const float* x, int64_t n) {
   return c;
 }
 
+void validate_spec_fields(const QuantSpec& spec) {
+  const std::string what = "invalid quantizer spec fields (format " + std::to_string(static_cast<int>(spec.format)) +
+                           ", bits " + std::to_string(spec.bits) + ", group_size " + std::to_string(spec.group_size) +
+                           "): ";
+  switch (spec.format) {
+    case Format::Int:
+      if (spec.bits != 2 && spec.bits != 4 && spec.bits != 8)
+        throw std::invalid_argument(what + "integer specs need bits 2, 4 or 8; build specs with QuantSpec::parse");
+      if (spec.group_size < 0) throw std::invalid_argument(what + "the group size must be >= 0");
+      return;
+    case Format::Fp8Tile:
+      if (spec.group_size <= 0) throw std::invalid_argument(what + "the fp8 tile width must be > 0");
+      return;
+    case Format::BF16: return;
+  }
+  throw std::invalid_argument(what + "unknown format");
+}
+
+std::string nonfinite_message(int64_t count, int64_t T, int64_t D) {
+  return std::to_string(count) + " NaN/Inf values in the [" + std::to_string(T) + ", " + std::to_string(D) + "] input";
+}
+
+std::string overflow_message(const QuantSpec& spec, bool offset, float raw, int64_t group) {
+  return std::string(offset ? "offset" : "scale") + " " + std::to_string(raw) + " of group " + std::to_string(group) +
+         " overflows the " + to_string(spec.scale_dtype) + " storage of '" + spec.to_string() + "'" +
+         (spec.scale_dtype == ScaleDtype::F16 ? "; use the -fp32 variant" : " (the input range exceeds float32)");
+}
+
 QuantizedTensor quantize(const QuantSpec& spec_in, Target target, const float* X, int64_t T, int64_t D,
                          std::span<const int64_t> seq_offsets) {
   if (T <= 0 || D <= 0)
     throw std::invalid_argument("cannot quantize an empty matrix [" + std::to_string(T) + ", " + std::to_string(D) + "]");
-  if (const int64_t bad = count_nonfinite(X, T * D))
-    throw std::invalid_argument(std::to_string(bad) + " NaN/Inf values in the [" + std::to_string(T) + ", " +
-                                std::to_string(D) + "] input");
-  validate(spec_in);
+  if (const int64_t bad = count_nonfinite(X, T * D)) throw std::invalid_argument(nonfinite_message(bad, T, D));
+  validate_spec_fields(spec_in);
   QuantizedTensor qt;
   qt.spec = spec_in.stored_for(target);
   // fp8 tile scales are always stored as float32 (see below); record that so scale_at() reads them right.

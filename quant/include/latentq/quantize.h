@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <span>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "latentq/spec.h"
@@ -53,6 +54,19 @@ std::vector<int64_t> channel_groups(std::span<const int64_t> seq_offsets, int64_
 
 /// Number of NaN/Inf values in x [n].
 int64_t count_nonfinite(const float* x, int64_t n);
+
+// Input errors, one wording for the CPU reference and the CUDA kernels (kernels/), which must throw
+// exactly what quantize() throws.
+/// Throws std::invalid_argument for spec fields QuantSpec::parse never produces: integer bits outside
+/// {2, 4, 8}, a negative group size, an fp8 tile width <= 0 (a hand-built spec would otherwise make
+/// the packing write out of bounds or divide by zero).
+void validate_spec_fields(const QuantSpec& spec);
+/// Message of the std::invalid_argument for `count` NaN/Inf values in a [T, D] input.
+std::string nonfinite_message(int64_t count, int64_t T, int64_t D);
+/// Message of the std::invalid_argument when the scale (offset = false) or the offset of scale group
+/// `group` overflows the storage dtype of `spec` (the stored spec); raw = the float32 value before
+/// rounding to that dtype.
+std::string overflow_message(const QuantSpec& spec, bool offset, float raw, int64_t group);
 
 /// Quantize X [T, D] (row-major float32) with `spec` as stored for `target`.
 /// seq_offsets [S+1] (int64) gives the sequence boundaries; only per-channel grouping uses it
