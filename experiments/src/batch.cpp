@@ -503,7 +503,7 @@ BatchResult run_batch(const fs::path& out, const Attrs& attrs, const std::vector
     cv.notify_one();
   };
 
-  int threads = options.threads > 0 ? options.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  int threads = worker_threads(options.threads);
   threads = static_cast<int>(std::min<size_t>(static_cast<size_t>(threads), pending.size()));
   using clock = std::chrono::steady_clock;
   auto last_write = clock::now() - std::chrono::hours(1);

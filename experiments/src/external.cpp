@@ -1,5 +1,6 @@
 // Python steps started by latentq (latentq/external.h): posix_spawn with a pipe for the output.
 #include "latentq/external.h"
+#include "latentq/util.h"
 
 #include <spawn.h>
 #include <sys/wait.h>
@@ -145,7 +146,7 @@ bool run_e2e_step(const StudyConfig& config, const DumpAttrs& attrs, const fs::p
   std::vector<std::string> argv = {t.python.string(), (t.source_dir / "experiments" / "e2e_inject.py").string(),
                                    "--results", fs::absolute(results).string()};
   if (!E.model.empty()) argv.insert(argv.end(), {"--model", E.model.string()});
-  const int n = threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int n = worker_threads(threads);
   argv.insert(argv.end(), {"--threads", std::to_string(n)});
   if (!E.quantizers.empty()) {
     argv.push_back("--quantizers");

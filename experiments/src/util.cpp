@@ -57,6 +57,10 @@ std::string utc_now_iso8601() {
 const char* version() { return LATENTQ_VERSION; }
 const char* git_commit() { return LATENTQ_GIT_COMMIT; }
 
+int worker_threads(int threads) {
+  return threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
 std::vector<std::exception_ptr> parallel_cells(size_t n, int threads, const std::function<void(size_t)>& fn,
                                                const std::function<void(size_t, size_t)>& progress) {
   std::vector<std::exception_ptr> errors(n);
@@ -71,8 +75,7 @@ std::vector<std::exception_ptr> parallel_cells(size_t n, int threads, const std:
       ++done;
     }
   };
-  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  threads = static_cast<int>(std::min<size_t>(static_cast<size_t>(threads), std::max<size_t>(n, 1)));
+  threads = static_cast<int>(std::min<size_t>(static_cast<size_t>(worker_threads(threads)), std::max<size_t>(n, 1)));
   {
     std::vector<std::jthread> pool;
     for (int t = 1; t < threads; ++t) pool.emplace_back(work);

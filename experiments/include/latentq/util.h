@@ -21,6 +21,10 @@ std::string utc_now_iso8601();
 const char* version();
 const char* git_commit();
 
+/// The worker count for a `threads` option: itself when > 0, else std::thread::hardware_concurrency()
+/// (at least 1).
+int worker_threads(int threads);
+
 /// Runs fn(i) for every i in [0, n) on `threads` workers (0 = std::thread::hardware_concurrency(),
 /// at most n). An exception thrown by fn(i) is caught and stored in the returned vector at i (the
 /// others still run). With `progress` set, the calling thread reports (done, n) about every 100 ms
