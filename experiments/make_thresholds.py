@@ -21,11 +21,12 @@ import numpy as np
 # The key quantizers of the gate: every bit width and scheme at the three granularities that
 # matter (per-channel KIVI groups of 32, per-token whole row, per-tensor), plus the baselines.
 KEY = [f"int{b}-{s}-{g}" for b in (8, 4, 2) for s in ("asym", "sym") for g in ("channel-g32", "token", "tensor")]
-KEY += ["bf16", "fp8-e4m3-tile128"]
+KEY += ["bf16", "flashmla-v32-fp8", "vllm-fp8-ds-mla", "flashmla-v41-fp8", "fp8-e4m3-tensor", "mxfp8", "mxfp4", "nvfp4",
+        "q8_0", "q4_0", "q4_1"]
 MEAN_REL_FRO = ["int8-asym-channel-g32", "int4-asym-channel-g32", "int2-asym-channel-g32", "int4-sym-token",
-                "fp8-e4m3-tile128"]
+                "flashmla-v32-fp8", "mxfp4", "nvfp4", "q4_0"]
 COS_MIN = ["int8-asym-channel-g32", "int4-asym-channel-g32", "int4-asym-token", "int2-asym-channel-g32",
-           "fp8-e4m3-tile128"]
+           "flashmla-v32-fp8", "q4_0"]
 
 
 def round_up(x: float, digits: int = 2) -> float:

@@ -184,29 +184,43 @@ def load_results(path):
     if not tables:
         raise ReportError("no result tables (expected groups such as /latent_error and /summary; "
                           "run `latentq run` first)")
+    register_specs(tables.get("latent_error"))
     return attrs, tables, notes
 
 
 # ----------------------------------------------------------------------------------------------
 # Quantizer specs and per-quantizer aggregates
 
-_INT_RE = re.compile(r"^int(\d+)-(sym|asym)-(tensor|channel|token)(?:-g(\d+))?(?:-(fp16|fp32|bf16))?$")
-_FP8_RE = re.compile(r"^fp8-(e4m3|e5m2)-tile(\d+)$")
 _SVD_RE = re.compile(r"^svd-rank(\d+)$")
+# Spec fields by quantizer name, from the columns /latent_error stores for each cell (the C++ format
+# descriptor wrote them: format, bits, scheme, granularity, group_size, scale_dtype), c_kv rows first.
+# The report never re-parses quantizer spec strings.
+_SPEC_FIELDS = {}
+_FIELD_COLS = ("format", "bits", "scheme", "granularity", "group_size", "scale_dtype")
+
+
+def register_specs(le):
+    """Fill the spec-field table from a /latent_error Table (None or missing columns: nothing)."""
+    _SPEC_FIELDS.clear()
+    if le is None or not all(c in le.cols for c in _FIELD_COLS + ("quantizer", "target")):
+        return
+    for want in ("c_kv", "k_pe"):
+        for i in range(le.n):
+            q = str(le.cols["quantizer"][i])
+            if str(le.cols["target"][i]) != want or q in _SPEC_FIELDS:
+                continue
+            _SPEC_FIELDS[q] = dict(kind=str(le.cols["format"][i]), bits=int(le.cols["bits"][i]),
+                                   scheme=str(le.cols["scheme"][i]), granularity=str(le.cols["granularity"][i]),
+                                   group_size=int(le.cols["group_size"][i]), scale_dtype=str(le.cols["scale_dtype"][i]))
 
 
 def parse_spec(q):
-    """Family fields of a spec string: dict(kind, bits, scheme, granularity, group_size, scale_dtype).
-    kind is "int", "bf16", "fp8", "svd" or "other"."""
-    m = _INT_RE.match(q)
-    if m:
-        return dict(kind="int", bits=int(m[1]), scheme=m[2], granularity=m[3],
-                    group_size=int(m[4]) if m[4] else 0, scale_dtype=m[5] or "fp16")
-    if q == "bf16":
-        return dict(kind="bf16", bits=16, scheme="none", granularity="element", group_size=0, scale_dtype="none")
-    m = _FP8_RE.match(q)
-    if m:
-        return dict(kind="fp8", bits=8, scheme="sym", granularity="tile", group_size=int(m[2]), scale_dtype="fp32")
+    """Family fields of a quantizer: dict(kind, bits, scheme, granularity, group_size, scale_dtype),
+    as /latent_error stores them (register_specs). kind is the format family ("int", "bf16", "fp8",
+    "mx", "nvfp4", "fp4", "ggml"), "svd" for the SVD probe's rank rows, or "other" for a name the
+    results do not describe."""
+    if q in _SPEC_FIELDS:
+        return _SPEC_FIELDS[q]
     m = _SVD_RE.match(q)
     if m:
         return dict(kind="svd", bits=None, scheme="none", granularity="svd", group_size=int(m[1]), scale_dtype="none")
@@ -228,7 +242,9 @@ def short_label(q):
 
 
 def is_baseline(q):
-    return parse_spec(q)["kind"] in ("bf16", "fp8")
+    """bf16 and the engine / standard formats (anything but our integer quantizers and SVD rows): marked
+    on the frontier figure."""
+    return parse_spec(q)["kind"] not in ("int", "svd", "other")
 
 
 def _nanmean(a):

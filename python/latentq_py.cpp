@@ -5,6 +5,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -35,11 +36,21 @@ py::array_t<T> to_numpy(const std::vector<uint8_t>& bytes, std::vector<py::ssize
   return a;
 }
 
+// Stored scale/offset bytes as a typed 1-D array: fp16 -> float16, fp32 -> float32, UE8M0/e4m3 -> uint8 raw bits.
+py::object stored_values(const std::vector<uint8_t>& bytes, ScaleDtype d) {
+  const py::ssize_t n = static_cast<py::ssize_t>(bytes.size()) / qmath::scale_dtype_bytes(d);
+  switch (d) {
+    case ScaleDtype::F16: return to_numpy<uint16_t>(bytes, {n}).attr("view")("float16");
+    case ScaleDtype::F32: return to_numpy<float>(bytes, {n});
+    default: return to_numpy<uint8_t>(bytes, {n});
+  }
+}
+
 }  // namespace
 
 PYBIND11_MODULE(latentq, m) {
   m.doc() = "latentq: quantizers of the MLA latent KV cache (c_kv [T, kv_lora_rank], k_pe [T, qk_rope_head_dim]).\n"
-            "Spec strings as in the C++ CLI, e.g. 'int4-asym-channel-g32', 'fp8-e4m3-tile128', 'bf16'.";
+            "Spec strings as in the C++ CLI, e.g. 'int4-asym-channel-g32', 'fp8-e4m3-tile128-pow2', 'mxfp4', 'q4_0', 'bf16'.";
   py::register_exception<std::invalid_argument>(m, "LatentqError", PyExc_ValueError);
 
   m.def("spec_grammar", &spec_grammar, "The valid quantizer spec forms.");
@@ -54,16 +65,13 @@ PYBIND11_MODULE(latentq, m) {
       .def_property_readonly("codes", [](const QuantizedTensor& q) {
         return to_numpy<uint8_t>(q.codes, {q.rows, q.row_bytes()});
       }, "uint8 [rows, row_bytes] packed codes (INT4: element 2k in the low nibble of byte k).")
-      .def_property_readonly("scales", [](const QuantizedTensor& q) -> py::object {
-        const py::ssize_t n = static_cast<py::ssize_t>(q.scales.size()) / (q.spec.scale_dtype == ScaleDtype::F16 ? 2 : 4);
-        if (q.spec.scale_dtype == ScaleDtype::F16) return to_numpy<uint16_t>(q.scales, {n}).attr("view")("float16");
-        return to_numpy<float>(q.scales, {n});
-      }, "1-D scales as stored (float16 or float32).")
-      .def_property_readonly("offsets", [](const QuantizedTensor& q) -> py::object {
-        const py::ssize_t n = static_cast<py::ssize_t>(q.offsets.size()) / (q.spec.scale_dtype == ScaleDtype::F16 ? 2 : 4);
-        if (q.spec.scale_dtype == ScaleDtype::F16) return to_numpy<uint16_t>(q.offsets, {n}).attr("view")("float16");
-        return to_numpy<float>(q.offsets, {n});
-      }, "1-D offsets (asymmetric only; empty otherwise), same dtype as scales.")
+      .def_property_readonly("scales", [](const QuantizedTensor& q) { return stored_values(q.scales, q.spec.scale_dtype); },
+                             "1-D scales as stored: float16 / float32, or uint8 raw bits for UE8M0 and e4m3 scales\n"
+                             "([T * blocks_per_row] for per-token groups and block formats, [G * D] per-channel, [1] per-tensor).")
+      .def_property_readonly("offsets", [](const QuantizedTensor& q) { return stored_values(q.offsets, q.spec.scale_dtype); },
+                             "1-D offsets (asymmetric int and q4_1; empty otherwise), same dtype and layout as scales.")
+      .def_property_readonly("global_scale", [](const QuantizedTensor& q) { return to_numpy<float>(q.global, {static_cast<py::ssize_t>(q.global.size() / 4)}); },
+                             "float32 [1] per-tensor scale (fp8-e4m3-tensor, nvfp4), float32 [0] otherwise.")
       .def_readonly("group_bounds", &QuantizedTensor::group_bounds)
       .def_property_readonly("storage_bytes", &QuantizedTensor::storage_bytes)
       .def_property_readonly("bits_per_element", [](const QuantizedTensor& q) { return account(q).bits_per_element; })
@@ -107,6 +115,28 @@ PYBIND11_MODULE(latentq, m) {
         },
         py::arg("x"), py::arg("spec"), py::arg("target") = "c_kv", py::arg("seq_offsets") = py::none(),
         "Quantize then dequantize x float32 [T, D]; returns float32 [T, D]. Same errors as quantize().");
+  m.def("pack_record",
+        [](const QuantizedTensor& ckv, const QuantizedTensor& kpe, const std::string& preset) {
+          const std::vector<uint8_t> r = pack_record(QuantSpec::parse(preset), ckv, kpe);
+          return to_numpy<uint8_t>(r, {ckv.rows, static_cast<py::ssize_t>(r.size()) / std::max<int64_t>(ckv.rows, 1)});
+        },
+        py::arg("q_ckv"), py::arg("q_kpe"), py::arg("preset"),
+        "The engine's per-token record of a preset (e.g. 'flashmla-v32-fp8') from c_kv and k_pe quantized with it:\n"
+        "uint8 [T, record_bytes]. Raises ValueError for a spec mismatch or widths the engine record does not hold.");
+  m.def("record_bytes",
+        [](const std::string& preset, int64_t d_ckv, int64_t d_kpe) { return record_bytes(QuantSpec::parse(preset), d_ckv, d_kpe); },
+        py::arg("preset"), py::arg("d_ckv"), py::arg("d_kpe"), "Bytes per token of a preset's record at these widths (one layer).");
+  m.def("diagnose",
+        [](const QuantizedTensor& q, const F32Array& x) {
+          auto [T, D] = matrix_shape(x);
+          if (T != q.rows || D != q.cols) throw py::value_error("x must be the [rows, cols] matrix q was quantized from");
+          const QuantDiagnostics d = diagnose(q, x.data());
+          return py::dict(py::arg("scale_underflow") = d.scale_underflow, py::arg("offset_rounding") = d.offset_rounding,
+                          py::arg("saturated") = d.saturated);
+        },
+        py::arg("q"), py::arg("x"),
+        "Precision lost silently under the format's conventions: groups whose scale underflowed to zero/subnormal,\n"
+        "asymmetric groups whose stored offset is off the min by more than half a step, saturated values.");
   m.def("error_metrics",
         [](const F32Array& x, const F32Array& x_hat) {
           auto [T, D] = matrix_shape(x);

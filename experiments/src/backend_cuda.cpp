@@ -23,7 +23,7 @@ class CudaBackend final : public LatentBackend {
     out_.resize(static_cast<size_t>(T * D));
     QuantizedTensor q;
     quantize_dequantize_gpu(spec, target, X, T, D, seq_offsets, out_.data(), &q);
-    return {q.spec, account(q), error_metrics(X, out_.data(), T, D)};
+    return {q.spec, account(q), error_metrics(X, out_.data(), T, D), diagnose(q, X)};
   }
 
  private:

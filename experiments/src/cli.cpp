@@ -113,6 +113,8 @@ int cmd_run(const RunArgs& a, std::ostream& out, std::ostream& err, bool progres
   }
   const std::string resumed = r.resumed_from.empty() ? std::string()
                               : fmt::format("; {} resumed from {}, {} computed", r.resumed, r.resumed_from.string(), r.computed);
+  if (const ColumnTable* le = find_table(r.tables, "latent_error"))
+    for (const std::string& w : latent_precision_warnings(*le)) err << "latentq: warning: " << w << "\n";
   if (shard.count == 1) {
     const ColumnTable* summary = find_table(r.tables, "summary");
     if (summary) out << format_summary(*summary, plan.dump->attrs);

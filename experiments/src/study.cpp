@@ -2,6 +2,7 @@
 #include "latentq/study.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <atomic>
@@ -10,7 +11,10 @@
 #include <condition_variable>
 #include <exception>
 #include <limits>
+#include <map>
 #include <mutex>
+#include <set>
+#include <array>
 #include <numeric>
 #include <stdexcept>
 #include <thread>
@@ -19,31 +23,6 @@
 
 namespace latentq {
 namespace {
-
-const char* scheme_of(const QuantSpec& s) {
-  switch (s.format) {
-    case Format::BF16: return "none";
-    case Format::Fp8Tile: return "sym";
-    case Format::Int: break;
-  }
-  return to_string(s.scheme);
-}
-const char* granularity_of(const QuantSpec& s) {
-  switch (s.format) {
-    case Format::BF16: return "element";
-    case Format::Fp8Tile: return "tile";
-    case Format::Int: break;
-  }
-  return to_string(s.granularity);
-}
-const char* scale_dtype_of(const QuantSpec& s) {
-  switch (s.format) {
-    case Format::BF16: return "none";
-    case Format::Fp8Tile: return "fp32";
-    case Format::Int: break;
-  }
-  return to_string(s.scale_dtype);
-}
 
 class CpuBackend final : public LatentBackend {
  public:
@@ -54,7 +33,7 @@ class CpuBackend final : public LatentBackend {
     thread_local std::vector<float> out;
     out.resize(static_cast<size_t>(T * D));
     const QuantizedTensor q = quantize_dequantize(spec, target, X, T, D, seq_offsets, out.data());
-    return {q.spec, account(q), error_metrics(X, out.data(), T, D)};
+    return {q.spec, account(q), error_metrics(X, out.data(), T, D), diagnose(q, X)};
   }
 };
 
@@ -95,7 +74,8 @@ const std::vector<std::string>& latent_error_columns() {
   static const std::vector<std::string> c = {
       "layer",       "target",           "quantizer",             "stored",  "bits", "scheme",
       "granularity", "group_size",       "scale_dtype",           "bits_per_element",
-      "bytes_per_token_layer", "rel_fro", "mse", "sqnr_db", "max_abs_err", "cos_mean"};
+      "bytes_per_token_layer", "rel_fro", "mse", "sqnr_db", "max_abs_err", "cos_mean",
+      "format", "scale_underflow_groups", "offset_rounding_groups", "saturated_values"};
   return c;
 }
 
@@ -146,6 +126,10 @@ ColumnTable run_latent_error(const Dump& dump, const std::vector<Cell>& cells, L
   auto& sqnr = t.add<double>("sqnr_db");
   auto& maxabs = t.add<double>("max_abs_err");
   auto& cos = t.add<double>("cos_mean");
+  auto& family = t.add<std::string>("format");
+  auto& underflow = t.add<int64_t>("scale_underflow_groups");
+  auto& offround = t.add<int64_t>("offset_rounding_groups");
+  auto& saturated = t.add<int64_t>("saturated_values");
   for (size_t i = 0; i < n; ++i) {
     const Cell& c = cells[i];
     const CellResult& r = results[i];
@@ -157,7 +141,8 @@ ColumnTable run_latent_error(const Dump& dump, const std::vector<Cell>& cells, L
     bits.push_back(s.bits);
     scheme.emplace_back(scheme_of(s));
     granularity.emplace_back(granularity_of(s));
-    group_size.push_back(s.format == Format::BF16 ? 0 : s.group_size);
+    group_size.push_back(s.format == Format::Int || s.format == Format::Fp8Tile ? s.group_size
+                         : layout(s, c.target == Target::CKV ? A.kv_lora_rank : A.qk_rope_head_dim).block);
     scale_dtype.emplace_back(scale_dtype_of(s));
     bpe.push_back(r.accounting.bits_per_element);
     bpt.push_back(r.accounting.bytes_per_token);
@@ -166,8 +151,48 @@ ColumnTable run_latent_error(const Dump& dump, const std::vector<Cell>& cells, L
     sqnr.push_back(r.metrics.sqnr_db);
     maxabs.push_back(r.metrics.max_abs_err);
     cos.push_back(r.metrics.cos_mean);
+    family.emplace_back(family_of(s));
+    underflow.push_back(r.diagnostics.scale_underflow);
+    offround.push_back(r.diagnostics.offset_rounding);
+    saturated.push_back(r.diagnostics.saturated);
   }
   return t;
+}
+
+std::vector<std::string> latent_precision_warnings(const ColumnTable& le) {
+  std::vector<std::string> out;
+  if (!le.has("scale_underflow_groups")) return out;  // results of an older version
+  const auto& q = le.get<std::string>("quantizer");
+  const auto& tg = le.get<std::string>("target");
+  const auto& uf = le.get<int64_t>("scale_underflow_groups");
+  const auto& orr = le.get<int64_t>("offset_rounding_groups");
+  const auto& sat = le.get<int64_t>("saturated_values");
+  std::vector<std::string> order;
+  std::map<std::string, std::array<int64_t, 3>> sum;
+  std::map<std::string, std::set<std::string>> where;
+  for (size_t i = 0; i < q.size(); ++i) {
+    if (!uf[i] && !orr[i] && !sat[i]) continue;
+    if (!sum.count(q[i])) order.push_back(q[i]);
+    auto& s = sum[q[i]];
+    s[0] += uf[i];
+    s[1] += orr[i];
+    s[2] += sat[i];
+    where[q[i]].insert(tg[i]);
+  }
+  for (const std::string& name : order) {
+    const auto& s = sum[name];
+    std::vector<std::string> parts;
+    if (s[0]) parts.push_back(fmt::format("{} groups whose scale underflowed to zero or subnormal", s[0]));
+    if (s[1]) parts.push_back(fmt::format("{} groups whose stored offset is off the min by more than half a step", s[1]));
+    if (s[2]) parts.push_back(fmt::format("{} values saturated at the element format's max", s[2]));
+    std::string targets;
+    for (const std::string& t : where[name]) targets += (targets.empty() ? "" : ", ") + t;
+    const bool int16 = name.starts_with("int") && name.find("-fp32") == std::string::npos;
+    out.push_back(fmt::format("{} ({}): precision lost under its storage conventions: {}{}", name, targets,
+                              fmt::join(parts, "; "),
+                              int16 && (s[0] || s[1]) ? fmt::format("; try {}-fp32", name) : std::string()));
+  }
+  return out;
 }
 
 const std::vector<std::string>& summary_columns() {

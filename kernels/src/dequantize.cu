@@ -36,21 +36,7 @@ __global__ void __launch_bounds__(kDequantThreads) dequantize_kernel(const Dequa
     } else {
       constexpr int QB = BITS / 2;  // code bytes of a quad
       const uint32_t w = load_bytes<QB>(row + c * QB, min(QB, a.rb - c * QB));
-      if constexpr (M == Mode::Fp8) {
-        int j = static_cast<int>(a.div_g.div(static_cast<uint32_t>(d0)));
-        int next = (j + 1) * a.g;
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int d = d0 + e;
-          if (d < a.D) {
-            if (d >= next) {
-              ++j;
-              next += a.g;
-            }
-            o[e] = q::decode_fp8(static_cast<uint8_t>(w >> (8 * e)), reinterpret_cast<const float*>(a.scales)[t * a.nt + j]);
-          }
-        }
-      } else {
+      {
         int64_t base;  // scale index of element d0
         int j = 0, next = 0;
         if (a.gran == Granularity::Tensor) {
@@ -110,7 +96,6 @@ cudaError_t launch(const DequantArgs& a, cudaStream_t stream) {
 cudaError_t launch_dequantize(const DequantArgs& a, int bits, Mode mode, cudaStream_t stream) {
   if (a.T <= 0) return cudaSuccess;
   if (mode == Mode::Bf16) return launch<16, Mode::Bf16>(a, stream);
-  if (mode == Mode::Fp8) return launch<8, Mode::Fp8>(a, stream);
   if (mode != Mode::Sym && mode != Mode::Asym) return cudaErrorInvalidValue;
   LQ_DISPATCH_INT(bits, mode == Mode::Sym, return launch<BITS, MODE>(a, stream);)
   return cudaErrorInvalidValue;

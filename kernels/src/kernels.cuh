@@ -25,8 +25,9 @@ namespace latentq::gpu::detail {
 
 namespace q = ::latentq::qmath;
 
-/// What a kernel instantiation encodes: integer symmetric / asymmetric codes, fp8 e4m3 tiles, bf16.
-enum class Mode : uint8_t { Sym = 0, Asym = 1, Fp8 = 2, Bf16 = 3 };
+/// What a kernel instantiation encodes: integer symmetric / asymmetric codes, bf16. The block
+/// formats (fp8 tiles, MX, NVFP4, ggml) have their own kernel (blocks.cu).
+enum class Mode : uint8_t { Sym = 0, Asym = 1, Bf16 = 3 };
 
 /// Dispatch on (bits, scheme) of an integer spec: defines constexpr BITS and MODE for the body.
 /// Unsupported bits return cudaErrorInvalidValue from the enclosing launcher.
@@ -142,7 +143,27 @@ struct DequantArgs {
 };
 constexpr int kDequantThreads = 256;
 
+/// Block formats (latentq/blockfmt.h): one thread per (token, block), calling the same
+/// qmath::quantize_block / dequantize_block as the CPU reference.
+struct BlocksArgs {
+  const float* x;          ///< [T, D] input (quantize)
+  float* out;              ///< [T, D] output (dequantize)
+  int64_t T;
+  int64_t D;
+  int64_t rb;              ///< code bytes of a row
+  int64_t nb;              ///< blocks per row (1 for a per-tensor-only format)
+  q::BlockDesc desc;
+  int scale_bytes;         ///< bytes of a stored block scale (0: none)
+  float global;            ///< the per-tensor scale (fp8-e4m3-tensor, nvfp4)
+  uint8_t* codes;          ///< [T, rb]
+  uint8_t* scales;         ///< [T, nb] of scale_bytes
+  uint8_t* offsets;        ///< [T, nb] q4_1 only
+  DeviceStatus* st;
+};
+
 // ---- launchers (defined in the .cu files; each returns the launch's cudaError_t) -----------------
+cudaError_t launch_quantize_blocks(const BlocksArgs& a, cudaStream_t stream);
+cudaError_t launch_dequantize_blocks(const BlocksArgs& a, cudaStream_t stream);
 cudaError_t launch_quantize_rows(const RowsArgs& a, int bits, Mode mode, cudaStream_t stream);
 cudaError_t launch_bf16_encode(const float* x /*[n]*/, int64_t n, uint8_t* codes /*[n, 2]*/, DeviceStatus* st,
                                cudaStream_t stream);

@@ -12,24 +12,18 @@ namespace latentq {
 namespace gd = gpu::detail;
 namespace {
 
-bool is_asym(const QuantSpec& s) { return s.format == Format::Int && s.scheme == Scheme::Asym; }
-int64_t scale_bytes(ScaleDtype d) { return d == ScaleDtype::F16 ? 2 : 4; }
-
-// Bytes of the scales buffer (and of the offsets buffer of an asymmetric spec), as quantize.h lays them out.
+// Bytes of the scales buffer (and of the offsets buffer when the layout has offsets), as quantize.h
+// lays them out: from the format descriptor (latentq::layout).
 int64_t scales_len(const QuantizedTensor& h) {
   const QuantSpec& s = h.spec;
-  switch (s.format) {
-    case Format::BF16: return 0;
-    case Format::Fp8Tile: return h.rows * h.scales_per_row() * 4;
-    case Format::Int: break;
-  }
-  const int64_t sb = scale_bytes(s.scale_dtype);
-  switch (s.granularity) {
-    case Granularity::Tensor: return sb;
-    case Granularity::Channel: return (static_cast<int64_t>(h.group_bounds.size()) - 1) * h.cols * sb;
-    case Granularity::Token: return h.rows * h.scales_per_row() * sb;
-  }
-  return 0;
+  if (s.format == Format::BF16) return 0;
+  const Layout L = h.layout();
+  if (s.format == Format::Int && s.granularity == Granularity::Tensor) return qmath::scale_dtype_bytes(s.scale_dtype);
+  if (L.channel) return (static_cast<int64_t>(h.group_bounds.size()) - 1) * h.cols * L.scale_bytes;
+  return h.rows * L.blocks_per_row * L.scale_bytes;
+}
+bool is_asym(const QuantSpec& s) {
+  return (s.format == Format::Int && s.scheme == Scheme::Asym) || s.format == Format::Q4_1;
 }
 
 std::string shape(int64_t T, int64_t D) {
@@ -161,11 +155,30 @@ void finish(const DeviceQuantized& out, const float* d_x, cudaStream_t stream) {
   LQ_CUDA_CHECK(cudaMemcpyAsync(&h, out.ws.status.data(), sizeof h, cudaMemcpyDeviceToHost, stream));
   LQ_CUDA_CHECK(cudaStreamSynchronize(stream));
   if (h.nonfinite) throw std::invalid_argument(nonfinite_message(static_cast<int64_t>(h.nonfinite), out.rows, out.cols));
-  if (h.overflow_key != gpu::kNoOverflow) {
-    const int64_t gi = static_cast<int64_t>(h.overflow_key >> 1);
-    const bool offset = (h.overflow_key & 1) != 0;
-    throw std::invalid_argument(overflow_message(out.spec, offset, raw_group_param(out, d_x, gi, offset, stream), gi));
+  if (h.overflow_key == gpu::kNoOverflow) return;
+  const int64_t gi = static_cast<int64_t>(h.overflow_key >> 1);
+  const bool offset = (h.overflow_key & 1) != 0;
+  const QuantizedTensor hdr = out.header();
+  if (out.spec.format == Format::BF16) {  // an element whose bf16 rounding overflowed: key 2·(flat index)
+    float raw = 0.0f;
+    LQ_CUDA_CHECK(cudaMemcpy(&raw, d_x + gi, sizeof raw, cudaMemcpyDeviceToHost));
+    throw std::invalid_argument(overflow_message(out.spec, "value", raw,
+                                                 "token " + std::to_string(gi / out.cols) + ", dimension " +
+                                                     std::to_string(gi % out.cols)));
   }
+  const Layout L = hdr.layout();
+  float raw;
+  if (L.block_format) {  // the block quantizer, rerun on the host on the block's elements, gives the raw value
+    const int64_t t = gi / L.blocks_per_row, d0 = (gi % L.blocks_per_row) * L.block;
+    const int n = static_cast<int>(std::min(out.cols, d0 + L.block) - d0);
+    std::vector<float> x(static_cast<size_t>(n));
+    LQ_CUDA_CHECK(cudaMemcpy(x.data(), d_x + t * out.cols + d0, x.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    std::vector<uint8_t> codes(static_cast<size_t>(L.row_code_bytes)), sc(4), of(4);
+    raw = qmath::quantize_block(L.desc, x.data(), n, hdr.global_scale(), codes.data(), sc.data(), of.data()).raw;
+  } else {
+    raw = raw_group_param(out, d_x, gi, offset, stream);
+  }
+  throw std::invalid_argument(overflow_message(out.spec, offset ? "offset" : "scale", raw, group_name(hdr, gi)));
 }
 
 __global__ void probe_kernel(int* p /*[1]*/) { *p = 42; }
@@ -217,6 +230,7 @@ QuantizedTensor DeviceQuantized::header() const {
   h.rows = rows;
   h.cols = cols;
   h.group_bounds = group_bounds;
+  h.global = global;
   return h;
 }
 
@@ -233,12 +247,20 @@ void quantize_device(const QuantSpec& spec, Target target, const float* d_x, int
       throw std::invalid_argument(nonfinite_message(static_cast<int64_t>(bad), T, D));
     throw;
   }
-  QuantSpec st = spec.stored_for(target);
-  if (st.format == Format::Fp8Tile) st.scale_dtype = ScaleDtype::F32;  // as quantize.cpp records it
+  try {
+    validate_seq_offsets(seq_offsets, T);  // every spec, as the CPU reference
+  } catch (const std::invalid_argument&) {
+    if (const unsigned long long bad = count_nonfinite_ws(ws, d_x, T * D, stream))
+      throw std::invalid_argument(nonfinite_message(static_cast<int64_t>(bad), T, D));
+    throw;
+  }
+  const QuantSpec st = spec.stored_for(target);
+  const Layout L = layout(st, D);  // throws for rows the format cannot store, as the CPU reference
   out.spec = st;
   out.rows = T;
   out.cols = D;
   out.group_bounds.clear();
+  out.global.clear();
   const bool channel = st.format == Format::Int && st.granularity == Granularity::Channel;
   if (channel) {
     bool changed;
@@ -266,14 +288,33 @@ void quantize_device(const QuantSpec& spec, Target target, const float* d_x, int
   LQ_CUDA_CHECK(cudaMemsetAsync(&status->nonfinite, 0, sizeof(unsigned long long), stream));
   LQ_CUDA_CHECK(cudaMemsetAsync(&status->overflow_key, 0xff, sizeof(unsigned long long), stream));
 
+  if (L.block_format) {
+    float global = 0.0f;
+    if (L.tensor_bytes > 0) {  // per-tensor scale from max|x| (CUB reduce; max(|min|, |max|) is exact)
+      size_t temp = 0;
+      ws.tensor_stats.resize(1, "per-tensor statistics");
+      LQ_CUDA_CHECK(gd::tensor_stats(nullptr, temp, d_x, T * D, ws.tensor_stats.data(), stream));
+      ws.cub_temp.resize(std::max<size_t>(temp, 1), "CUB temporary storage");
+      LQ_CUDA_CHECK(gd::tensor_stats(ws.cub_temp.data(), temp, d_x, T * D, ws.tensor_stats.data(), stream));
+      gpu::TensorStats ts{};
+      LQ_CUDA_CHECK(cudaMemcpyAsync(&ts, ws.tensor_stats.data(), sizeof ts, cudaMemcpyDeviceToHost, stream));
+      LQ_CUDA_CHECK(cudaStreamSynchronize(stream));
+      if (ts.nonfinite) throw std::invalid_argument(nonfinite_message(static_cast<int64_t>(ts.nonfinite), T, D));
+      global = qmath::global_scale(L.desc.kind, qmath::max_num(qmath::abs_f(ts.mn), qmath::abs_f(ts.mx)),
+                                   st.rule == ScaleRule::Unit);
+      out.global.assign(4, 0);
+      qmath::store_dtype(out.global.data(), global, ScaleDtype::F32);
+    }
+    LQ_CUDA_CHECK(cudaMemsetAsync(out.codes.data(), 0, out.codes.size(), stream));  // nibble blocks OR into bytes
+    gd::BlocksArgs ba{d_x, nullptr, T, D, rb, L.blocks_per_row > 0 ? L.blocks_per_row : 1, L.desc, L.scale_bytes, global,
+                      out.codes.data(), out.scales.data(), out.offsets.data(), status};
+    LQ_CUDA_CHECK(gd::launch_quantize_blocks(ba, stream));
+    finish(out, d_x, stream);
+    return;
+  }
   switch (st.format) {
     case Format::BF16:
       LQ_CUDA_CHECK(gd::launch_bf16_encode(d_x, T * D, out.codes.data(), status, stream));
-      break;
-    case Format::Fp8Tile:
-      LQ_CUDA_CHECK(gd::launch_quantize_rows(
-          rows_args(d_x, T, D, rb, h.row_group(), h.scales_per_row(), false, false, ScaleDtype::F32, out, status), 8,
-          gd::Mode::Fp8, stream));
       break;
     case Format::Int: {
       const bool sym = st.scheme == Scheme::Sym;
@@ -326,6 +367,7 @@ void quantize_device(const QuantSpec& spec, Target target, const float* d_x, int
       }
       break;
     }
+    default: throw std::logic_error("quantize_device: unhandled format '" + st.to_string() + "'");
   }
   finish(out, d_x, stream);
 }
@@ -351,6 +393,14 @@ void dequantize_device(const DeviceQuantized& q, float* d_out, cudaStream_t stre
                                 std::to_string(T * rb) + "; scales " + std::to_string(q.scales.size()) + ", expected " +
                                 std::to_string(sl) + ")");
 
+  const Layout L = h.layout();
+  if (L.block_format) {
+    gd::BlocksArgs ba{nullptr, d_out, T, D, rb, L.blocks_per_row > 0 ? L.blocks_per_row : 1, L.desc, L.scale_bytes,
+                      h.global_scale(), const_cast<uint8_t*>(q.codes.data()), const_cast<uint8_t*>(q.scales.data()),
+                      const_cast<uint8_t*>(q.offsets.data()), nullptr};
+    LQ_CUDA_CHECK(gd::launch_dequantize_blocks(ba, stream));
+    return;
+  }
   gd::DequantArgs a{};
   a.codes = q.codes.data();
   a.scales = q.scales.data();
@@ -369,12 +419,9 @@ void dequantize_device(const DeviceQuantized& q, float* d_out, cudaStream_t stre
           (reinterpret_cast<uintptr_t>(q.codes.data()) & 7) == 0;
   a.out = d_out;
   gd::Mode mode;
-  switch (st.format) {
-    case Format::BF16: mode = gd::Mode::Bf16; break;
-    case Format::Fp8Tile: mode = gd::Mode::Fp8; break;
-    default: mode = st.scheme == Scheme::Sym ? gd::Mode::Sym : gd::Mode::Asym; break;
-  }
-  if (st.format == Format::Fp8Tile || (st.format == Format::Int && st.granularity == Granularity::Token)) {
+  if (st.format == Format::BF16) mode = gd::Mode::Bf16;
+  else mode = st.scheme == Scheme::Sym ? gd::Mode::Sym : gd::Mode::Asym;
+  if (st.format == Format::Int && st.granularity == Granularity::Token) {
     a.g = static_cast<int>(h.row_group());
     a.nt = static_cast<int>(h.scales_per_row());
   }
@@ -412,6 +459,7 @@ DeviceQuantized to_device(const QuantizedTensor& q, cudaStream_t stream) {
   d.rows = q.rows;
   d.cols = q.cols;
   d.group_bounds = q.group_bounds;
+  d.global = q.global;
   d.codes.upload(q.codes.data(), q.codes.size(), stream, "codes");
   d.scales.upload(q.scales.data(), q.scales.size(), stream, "scales");
   d.offsets.upload(q.offsets.data(), q.offsets.size(), stream, "offsets");

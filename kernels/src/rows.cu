@@ -1,4 +1,4 @@
-// kernels/src/rows.cu — row-tile kernels: per-token groups (any group size), fp8-e4m3 tiles and the
+// kernels/src/rows.cu — row-tile kernels: per-token groups (any group size) and the
 // encode pass of per-tensor specs, all in ONE pass over the input; and the bf16 encode.
 //
 // quantize_rows_kernel<BITS, MODE>: a block owns R consecutive rows (R·D floats, contiguous in
@@ -45,11 +45,7 @@ struct StatOp {
 /// (scale, offset) of group gi from its statistics, stored to the output.
 template <int BITS, Mode M>
 __device__ __forceinline__ q::ScaleOffset finish_group(GroupStat<M> s, int64_t gi, const RowsArgs& a) {
-  if constexpr (M == Mode::Fp8) {
-    const float scale = q::fp8_tile_scale(s);
-    reinterpret_cast<float*>(a.scales)[gi] = scale;
-    return {scale, 0.0f};
-  } else if constexpr (M == Mode::Asym) {
+  if constexpr (M == Mode::Asym) {
     fix_zero_signs(s);
     return finish_int_group<false>(s.mn, s.mx, BITS, a.sd, gi, a.scales, a.offsets, a.st);
   } else {
@@ -173,14 +169,21 @@ __global__ void __launch_bounds__(kRowsThreads) quantize_rows_kernel(const RowsA
           ++j;
           next += a.g;
         }
-        if constexpr (M == Mode::Fp8) u[e] = q::encode_fp8(v[e], scr[j]);
-        else if constexpr (M == Mode::Sym) u[e] = q::encode_sym(v[e], scr[j], BITS);
+        if constexpr (M == Mode::Sym) u[e] = q::encode_sym(v[e], scr[j], BITS);
         else u[e] = q::encode_asym(v[e], scr[j], of[r * a.nt + j], BITS);
       }
     }
     store_bytes<QB>(a.codes + (r0 + r) * a.rb + c * QB, pack_quad<BITS>(u[0], u[1], u[2], u[3]),
                     min(QB, a.rb - c * QB));
   }
+}
+
+/// bf16 bits of a finite x at flat index i, recording an overflow to ±inf (the CPU's first is the
+/// lowest index) as key 2·i.
+__device__ __forceinline__ uint16_t bf16_checked(float x, int64_t i, DeviceStatus* st) {
+  const uint16_t b = q::f32_to_bf16_bits(x);
+  if ((b & 0x7fffu) == 0x7f80u && q::is_finite(x)) atomicMin(&st->overflow_key, 2ull * static_cast<unsigned long long>(i));
+  return b;
 }
 
 /// bf16 storage: thread per quad of 4 elements (float4 in, 8 bytes out when aligned).
@@ -194,15 +197,17 @@ __global__ void bf16_encode_kernel(const float* __restrict__ x /*[n]*/, int64_t 
     if (vec && e0 + 4 <= n) {
       const float4 v = reinterpret_cast<const float4*>(x)[i];
       bad += !q::is_finite(v.x) + !q::is_finite(v.y) + !q::is_finite(v.z) + !q::is_finite(v.w);
+      const uint16_t b[4] = {bf16_checked(v.x, e0, st), bf16_checked(v.y, e0 + 1, st), bf16_checked(v.z, e0 + 2, st),
+                             bf16_checked(v.w, e0 + 3, st)};
       uint2 w;
-      w.x = q::f32_to_bf16_bits(v.x) | (static_cast<uint32_t>(q::f32_to_bf16_bits(v.y)) << 16);
-      w.y = q::f32_to_bf16_bits(v.z) | (static_cast<uint32_t>(q::f32_to_bf16_bits(v.w)) << 16);
+      w.x = b[0] | (static_cast<uint32_t>(b[1]) << 16);
+      w.y = b[2] | (static_cast<uint32_t>(b[3]) << 16);
       reinterpret_cast<uint2*>(codes)[i] = w;
     } else {
       for (int64_t e = e0; e < n && e < e0 + 4; ++e) {
         const float v = x[e];
         bad += !q::is_finite(v);
-        reinterpret_cast<uint16_t*>(codes)[e] = q::f32_to_bf16_bits(v);
+        reinterpret_cast<uint16_t*>(codes)[e] = bf16_checked(v, e, st);
       }
     }
   }
@@ -226,7 +231,6 @@ cudaError_t launch_rows(const RowsArgs& a, cudaStream_t stream) {
 }  // namespace
 
 cudaError_t launch_quantize_rows(const RowsArgs& a, int bits, Mode mode, cudaStream_t stream) {
-  if (mode == Mode::Fp8) return launch_rows<8, Mode::Fp8>(a, stream);
   if (mode != Mode::Sym && mode != Mode::Asym) return cudaErrorInvalidValue;
   LQ_DISPATCH_INT(bits, mode == Mode::Sym, return launch_rows<BITS, MODE>(a, stream);)
   return cudaErrorInvalidValue;

@@ -3,6 +3,8 @@
 #include "latentq/quantize.h"
 
 #include <algorithm>
+#include <cmath>
+#include <iterator>
 #include <cassert>
 #include <cstring>
 #include <string>
@@ -11,30 +13,17 @@ namespace latentq {
 namespace q = qmath;
 namespace {
 
-int64_t scale_bytes(ScaleDtype d) { return d == ScaleDtype::F16 ? 2 : 4; }
-
 void put_scale(std::vector<uint8_t>& buf, int64_t i, float v, ScaleDtype d) {
-  if (d == ScaleDtype::F16) {
-    const uint16_t h = q::f32_to_f16_bits(v);
-    std::memcpy(buf.data() + 2 * i, &h, 2);
-  } else {
-    std::memcpy(buf.data() + 4 * i, &v, 4);
-  }
+  q::store_dtype(buf.data() + q::scale_dtype_bytes(d) * i, v, d);
 }
 
 float get_scale(const std::vector<uint8_t>& buf, int64_t i, ScaleDtype d) {
-  if (d == ScaleDtype::F16) {
-    uint16_t h;
-    std::memcpy(&h, buf.data() + 2 * i, 2);
-    return q::f16_bits_to_f32(h);
-  }
-  float v;
-  std::memcpy(&v, buf.data() + 4 * i, 4);
-  return v;
+  return q::load_dtype(buf.data() + q::scale_dtype_bytes(d) * i, d);
 }
 
 // Stored (scale, offset) of a group from its statistics; checks the storage dtype did not overflow.
-q::ScaleOffset group_params(const QuantSpec& spec, float mn, float mx, int64_t gi) {
+q::ScaleOffset group_params(const QuantizedTensor& qt, float mn, float mx, int64_t gi) {
+  const QuantSpec& spec = qt.spec;
   auto params = [&](ScaleDtype d) {
     return spec.scheme == Scheme::Sym ? q::sym_params(q::max_num(q::abs_f(mn), q::abs_f(mx)), spec.bits, d)
                                       : q::asym_params(mn, mx, spec.bits, d);
@@ -42,8 +31,8 @@ q::ScaleOffset group_params(const QuantSpec& spec, float mn, float mx, int64_t g
   const q::ScaleOffset p = params(spec.scale_dtype);
   if (!q::is_finite(p.scale) || !q::is_finite(p.offset)) {
     const q::ScaleOffset raw = params(ScaleDtype::F32);  // unrounded, for the message
-    if (!q::is_finite(p.scale)) throw std::invalid_argument(overflow_message(spec, false, raw.scale, gi));
-    throw std::invalid_argument(overflow_message(spec, true, raw.offset, gi));
+    if (!q::is_finite(p.scale)) throw std::invalid_argument(overflow_message(spec, "scale", raw.scale, group_name(qt, gi)));
+    throw std::invalid_argument(overflow_message(spec, "offset", raw.offset, group_name(qt, gi)));
   }
   return p;
 }
@@ -109,41 +98,59 @@ void unpack_row(const uint8_t* in, int64_t D, int bits, uint8_t* u) {
 }  // namespace
 
 int64_t QuantizedTensor::row_bytes() const {
-  switch (spec.format) {
-    case Format::BF16: return 2 * cols;
-    case Format::Fp8Tile: return cols;
-    case Format::Int: break;
-  }
-  return q::packed_row_bytes(cols, spec.bits);
+  return spec.format == Format::BF16 ? 2 * cols : layout().row_code_bytes;
 }
-
-int64_t QuantizedTensor::row_group() const {
-  if (spec.format == Format::Fp8Tile || (spec.format == Format::Int && spec.granularity == Granularity::Token))
-    return spec.group_size > 0 ? std::min(spec.group_size, cols) : cols;
-  return 0;
-}
-
-int64_t QuantizedTensor::scales_per_row() const {
-  const int64_t g = row_group();
-  return g > 0 ? (cols + g - 1) / g : 0;
-}
+int64_t QuantizedTensor::row_group() const { return layout().block; }
+int64_t QuantizedTensor::scales_per_row() const { return layout().blocks_per_row; }
 
 float QuantizedTensor::scale_at(int64_t i) const { return get_scale(scales, i, spec.scale_dtype); }
 float QuantizedTensor::offset_at(int64_t i) const { return get_scale(offsets, i, spec.scale_dtype); }
+float QuantizedTensor::global_scale() const { return global.size() == 4 ? q::load_dtype(global.data(), ScaleDtype::F32) : 0.0f; }
+
+void validate_seq_offsets(std::span<const int64_t> seq_offsets, int64_t T) {
+  if (seq_offsets.size() < 2 || seq_offsets.front() != 0 || seq_offsets.back() != T)
+    throw std::invalid_argument("seq_offsets must run from 0 to T = " + std::to_string(T) + " with at least one sequence, got " +
+                                std::to_string(seq_offsets.size()) + " entries" +
+                                (seq_offsets.empty() ? std::string()
+                                                     : " from " + std::to_string(seq_offsets.front()) + " to " +
+                                                           std::to_string(seq_offsets.back())));
+  for (size_t s = 0; s + 1 < seq_offsets.size(); ++s)
+    if (seq_offsets[s + 1] < seq_offsets[s])
+      throw std::invalid_argument("seq_offsets must be non-decreasing (sequence " + std::to_string(s) + ": " +
+                                  std::to_string(seq_offsets[s]) + " > " + std::to_string(seq_offsets[s + 1]) + ")");
+}
 
 std::vector<int64_t> channel_groups(std::span<const int64_t> seq_offsets, int64_t T, int64_t group_size) {
-  if (seq_offsets.size() < 2 || seq_offsets.front() != 0 || seq_offsets.back() != T)
-    throw std::invalid_argument("seq_offsets must run from 0 to T = " + std::to_string(T) + " with at least one sequence");
+  validate_seq_offsets(seq_offsets, T);
+  if (group_size < 0) throw std::invalid_argument("the group size must be >= 0, got " + std::to_string(group_size));
   std::vector<int64_t> b{0};
   for (size_t s = 0; s + 1 < seq_offsets.size(); ++s) {
     const int64_t s0 = seq_offsets[s], s1 = seq_offsets[s + 1];
-    if (s1 < s0) throw std::invalid_argument("seq_offsets must be non-decreasing (sequence " + std::to_string(s) + ")");
     if (s1 == s0) continue;  // empty sequence: no group
     const int64_t g = group_size > 0 ? group_size : (s1 - s0);
-    for (int64_t t = s0 + g; t < s1; t += g) b.push_back(t);
+    // t + g is formed only while s1 − t > g, so it stays below s1: no overflow for any g.
+    for (int64_t t = s0; s1 - t > g;) {
+      t += g;
+      b.push_back(t);
+    }
     b.push_back(s1);
   }
   return b;
+}
+
+std::string group_name(const QuantizedTensor& qt, int64_t gi) {
+  const Layout L = qt.layout();
+  if (L.channel && !qt.group_bounds.empty()) {
+    const int64_t g = gi / qt.cols, d = gi % qt.cols;
+    return "tokens [" + std::to_string(qt.group_bounds[static_cast<size_t>(g)]) + ", " +
+           std::to_string(qt.group_bounds[static_cast<size_t>(g) + 1]) + "), dimension " + std::to_string(d);
+  }
+  if (L.blocks_per_row > 0) {
+    const int64_t t = gi / L.blocks_per_row, d0 = (gi % L.blocks_per_row) * L.block;
+    return "token " + std::to_string(t) + ", dimensions [" + std::to_string(d0) + ", " +
+           std::to_string(std::min(qt.cols, d0 + L.block)) + ")";
+  }
+  return "the whole tensor";
 }
 
 int64_t count_nonfinite(const float* x, int64_t n) {
@@ -161,23 +168,36 @@ void validate_spec_fields(const QuantSpec& spec) {
       if (spec.bits != 2 && spec.bits != 4 && spec.bits != 8)
         throw std::invalid_argument(what + "integer specs need bits 2, 4 or 8; build specs with QuantSpec::parse");
       if (spec.group_size < 0) throw std::invalid_argument(what + "the group size must be >= 0");
+      if (spec.scale_dtype != ScaleDtype::F16 && spec.scale_dtype != ScaleDtype::F32)
+        throw std::invalid_argument(what + "integer scales are fp16 or fp32");
       return;
     case Format::Fp8Tile:
       if (spec.group_size <= 0) throw std::invalid_argument(what + "the fp8 tile width must be > 0");
-      return;
-    case Format::BF16: return;
+      break;
+    case Format::Preset:
+      if (spec.preset >= std::size(kPresets)) throw std::invalid_argument(what + "unknown preset");
+      break;
+    default:
+      if (static_cast<int>(spec.format) >= static_cast<int>(std::size(kFormats)))
+        throw std::invalid_argument(what + "unknown format");
+      break;
   }
-  throw std::invalid_argument(what + "unknown format");
+  // every other family has no free fields: the spec must be exactly what parse() gives for its name
+  if (QuantSpec::parse(spec.to_string()) != spec)
+    throw std::invalid_argument(what + "fields that QuantSpec::parse never produces for '" + spec.to_string() + "'");
 }
 
 std::string nonfinite_message(int64_t count, int64_t T, int64_t D) {
   return std::to_string(count) + " NaN/Inf values in the [" + std::to_string(T) + ", " + std::to_string(D) + "] input";
 }
 
-std::string overflow_message(const QuantSpec& spec, bool offset, float raw, int64_t group) {
-  return std::string(offset ? "offset" : "scale") + " " + std::to_string(raw) + " of group " + std::to_string(group) +
-         " overflows the " + to_string(spec.scale_dtype) + " storage of '" + spec.to_string() + "'" +
-         (spec.scale_dtype == ScaleDtype::F16 ? "; use the -fp32 variant" : " (the input range exceeds float32)");
+std::string overflow_message(const QuantSpec& spec, const char* what, float raw, const std::string& where) {
+  const bool value = std::string_view(what) == "value";
+  const char* dtype = value ? "bf16" : spec.format == Format::Int ? to_string(spec.scale_dtype) : "fp16";
+  const bool fixable = spec.format == Format::Int && spec.scale_dtype == ScaleDtype::F16;
+  return std::string(what) + " " + std::to_string(raw) + " of " + where + " overflows the " + dtype + " storage of '" +
+         spec.to_string() + "'" +
+         (fixable ? "; use the -fp32 variant" : value ? " (bf16 holds at most 3.3895e38)" : " (the input range exceeds what the format can store)");
 }
 
 QuantizedTensor quantize(const QuantSpec& spec_in, Target target, const float* X, int64_t T, int64_t D,
@@ -186,11 +206,11 @@ QuantizedTensor quantize(const QuantSpec& spec_in, Target target, const float* X
     throw std::invalid_argument("cannot quantize an empty matrix [" + std::to_string(T) + ", " + std::to_string(D) + "]");
   if (const int64_t bad = count_nonfinite(X, T * D)) throw std::invalid_argument(nonfinite_message(bad, T, D));
   validate_spec_fields(spec_in);
+  validate_seq_offsets(seq_offsets, T);
   QuantizedTensor qt;
   qt.spec = spec_in.stored_for(target);
-  // fp8 tile scales are always stored as float32 (see below); record that so scale_at() reads them right.
-  if (qt.spec.format == Format::Fp8Tile) qt.spec.scale_dtype = ScaleDtype::F32;
   const QuantSpec& spec = qt.spec;
+  const Layout L = latentq::layout(spec, D);  // throws for rows a format cannot store
   qt.rows = T;
   qt.cols = D;
   const int64_t rb = qt.row_bytes();
@@ -199,24 +219,35 @@ QuantizedTensor quantize(const QuantSpec& spec_in, Target target, const float* X
   if (spec.format == Format::BF16) {
     for (int64_t i = 0; i < T * D; ++i) {
       const uint16_t b = q::f32_to_bf16_bits(X[i]);
+      if ((b & 0x7fffu) == 0x7f80u)  // a finite float32 beyond bf16's range rounds to ±inf
+        throw std::invalid_argument(overflow_message(spec, "value", X[i],
+                                                     "token " + std::to_string(i / D) + ", dimension " + std::to_string(i % D)));
       std::memcpy(qt.codes.data() + 2 * i, &b, 2);
     }
     return qt;
   }
-  if (spec.format == Format::Fp8Tile) {
-    const int64_t tile = qt.row_group(), nt = qt.scales_per_row();
-    qt.scales.assign(static_cast<size_t>(T * nt * 4), 0);
-    for (int64_t t = 0; t < T; ++t) {
-      const float* x = X + t * D;
-      for (int64_t j = 0; j < nt; ++j) {
-        const int64_t d0 = j * tile, d1 = std::min(D, d0 + tile);
-        float amax = 0.0f;
-        for (int64_t d = d0; d < d1; ++d) amax = q::max_num(amax, q::abs_f(x[d]));
-        const float s = q::fp8_tile_scale(amax);
-        put_scale(qt.scales, t * nt + j, s, ScaleDtype::F32);
-        for (int64_t d = d0; d < d1; ++d) qt.codes[t * rb + d] = q::encode_fp8(x[d], s);
-      }
+  if (L.block_format) {
+    float global = 0.0f;
+    if (L.tensor_bytes > 0) {  // the per-tensor scale from max|x| over the whole matrix
+      float amax = 0.0f;
+      for (int64_t i = 0; i < T * D; ++i) amax = q::max_num(amax, q::abs_f(X[i]));
+      global = q::global_scale(L.desc.kind, amax, spec.rule == ScaleRule::Unit);
+      qt.global.assign(4, 0);
+      q::store_dtype(qt.global.data(), global, ScaleDtype::F32);
     }
+    const int64_t nb = L.blocks_per_row > 0 ? L.blocks_per_row : 1, blk = L.desc.block;
+    const int sb = L.scale_bytes;
+    qt.scales.assign(static_cast<size_t>(L.blocks_per_row > 0 ? T * nb * sb : 0), 0);
+    if (L.offsets) qt.offsets.assign(qt.scales.size(), 0);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t j = 0; j < nb; ++j) {
+        const int64_t d0 = j * blk, n = std::min(D, d0 + blk) - d0, gi = t * nb + j;
+        const q::BlockStatus st = q::quantize_block(
+            L.desc, X + t * D + d0, static_cast<int>(n), global, qt.codes.data() + t * rb + d0 * L.code_bits / 8,
+            sb ? qt.scales.data() + gi * sb : nullptr, L.offsets ? qt.offsets.data() + gi * sb : nullptr);
+        if (st.overflow)
+          throw std::invalid_argument(overflow_message(spec, st.overflow_offset ? "offset" : "scale", st.raw, group_name(qt, gi)));
+      }
     return qt;
   }
 
@@ -224,7 +255,7 @@ QuantizedTensor quantize(const QuantSpec& spec_in, Target target, const float* X
   const bool sym = spec.scheme == Scheme::Sym;
   const bool asym = !sym;
   const int bits = spec.bits;
-  const int64_t sb = scale_bytes(spec.scale_dtype);
+  const int64_t sb = q::scale_dtype_bytes(spec.scale_dtype);
   std::vector<uint8_t> u(static_cast<size_t>(D));
   // codes of x[0, n) into u[0, n): one (scale, offset) for the span (step 0) or one per element (step 1)
   auto encode = [&](const float* x, int64_t n, const float* sc, const float* of, int step, uint8_t* uo) {
@@ -248,7 +279,7 @@ QuantizedTensor quantize(const QuantSpec& spec_in, Target target, const float* X
         mn = q::min_num(mn, X[i]);
         mx = q::max_num(mx, X[i]);
       }
-      const q::ScaleOffset p = group_params(spec, mn, mx, 0);
+      const q::ScaleOffset p = group_params(qt, mn, mx, 0);
       qt.scales.assign(static_cast<size_t>(sb), 0);
       put_scale(qt.scales, 0, p.scale, spec.scale_dtype);
       if (asym) {
@@ -277,7 +308,7 @@ QuantizedTensor quantize(const QuantSpec& spec_in, Target target, const float* X
           }
         }
         for (int64_t d = 0; d < D; ++d) {
-          const q::ScaleOffset p = group_params(spec, mn[d], mx[d], g * D + d);
+          const q::ScaleOffset p = group_params(qt, mn[d], mx[d], g * D + d);
           sc[d] = p.scale;
           of[d] = p.offset;
           put_scale(qt.scales, g * D + d, p.scale, spec.scale_dtype);
@@ -300,7 +331,7 @@ QuantizedTensor quantize(const QuantSpec& spec_in, Target target, const float* X
             mn = q::min_num(mn, x[d]);
             mx = q::max_num(mx, x[d]);
           }
-          const q::ScaleOffset p = group_params(spec, mn, mx, t * nt + j);
+          const q::ScaleOffset p = group_params(qt, mn, mx, t * nt + j);
           put_scale(qt.scales, t * nt + j, p.scale, spec.scale_dtype);
           if (asym) put_scale(qt.offsets, t * nt + j, p.offset, spec.scale_dtype);
           encode(x + d0, d1 - d0, &p.scale, &p.offset, 0, u.data() + d0);  // the group's codes
@@ -326,10 +357,17 @@ void dequantize(const QuantizedTensor& qt, float* out) {
     }
     return;
   }
-  if (spec.format == Format::Fp8Tile) {
-    const int64_t tile = qt.row_group(), nt = qt.scales_per_row();
+  const Layout L = qt.layout();
+  if (L.block_format) {
+    const int64_t nb = L.blocks_per_row > 0 ? L.blocks_per_row : 1, blk = L.desc.block;
+    const int sb = L.scale_bytes;
+    const float global = qt.global_scale();
     for (int64_t t = 0; t < T; ++t)
-      for (int64_t d = 0; d < D; ++d) out[t * D + d] = q::decode_fp8(qt.codes[t * rb + d], qt.scale_at(t * nt + d / tile));
+      for (int64_t j = 0; j < nb; ++j) {
+        const int64_t d0 = j * blk, n = std::min(D, d0 + blk) - d0, gi = t * nb + j;
+        q::dequantize_block(L.desc, qt.codes.data() + t * rb + d0 * L.code_bits / 8, sb ? qt.scales.data() + gi * sb : nullptr,
+                            L.offsets ? qt.offsets.data() + gi * sb : nullptr, global, static_cast<int>(n), out + t * D + d0);
+      }
     return;
   }
   const bool sym = spec.scheme == Scheme::Sym;
@@ -381,6 +419,94 @@ QuantizedTensor quantize_dequantize(const QuantSpec& spec, Target target, const 
   QuantizedTensor qt = quantize(spec, target, X, T, D, seq_offsets);
   dequantize(qt, out);
   return qt;
+}
+
+QuantDiagnostics diagnose(const QuantizedTensor& qt, const float* X) {
+  QuantDiagnostics r;
+  const QuantSpec& spec = qt.spec;
+  const int64_t T = qt.rows, D = qt.cols;
+  if (spec.format == Format::BF16) return r;
+  const Layout L = qt.layout();
+  if (L.block_format) {  // saturation, counted by the block quantizer itself on scratch storage
+    const int64_t nb = L.blocks_per_row > 0 ? L.blocks_per_row : 1, blk = L.desc.block;
+    const float global = qt.global_scale();
+    std::vector<uint8_t> codes(static_cast<size_t>(q::block_code_bytes(static_cast<int>(blk), L.code_bits)));
+    uint8_t sc[4], of[4];
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t j = 0; j < nb; ++j) {
+        const int64_t d0 = j * blk, n = std::min(D, d0 + blk) - d0;
+        std::fill(codes.begin(), codes.end(), 0);
+        r.saturated += q::quantize_block(L.desc, X + t * D + d0, static_cast<int>(n), global, codes.data(), sc, of).saturated;
+      }
+    return r;
+  }
+  // integer groups: the true statistics against the stored (scale, offset)
+  const bool asym = spec.scheme == Scheme::Asym;
+  const float tiny = spec.scale_dtype == ScaleDtype::F16 ? 6.103515625e-05f : q::kFltMin;  // smallest normal
+  auto check = [&](float mn, float mx, int64_t gi) {
+    const float range = asym ? q::sub_rn(mx, mn) : q::max_num(q::abs_f(mn), q::abs_f(mx));
+    const float sc = qt.scale_at(gi);
+    if (range > 0.0f && sc < tiny) ++r.scale_underflow;
+    if (asym && std::abs(static_cast<double>(qt.offset_at(gi)) - static_cast<double>(mn)) > 0.5 * static_cast<double>(sc))
+      ++r.offset_rounding;
+  };
+  auto fold = [&](int64_t t0, int64_t t1, int64_t d0, int64_t d1, int64_t gi) {
+    float mn = X[t0 * D + d0], mx = mn;
+    for (int64_t t = t0; t < t1; ++t)
+      for (int64_t d = d0; d < d1; ++d) {
+        mn = q::min_num(mn, X[t * D + d]);
+        mx = q::max_num(mx, X[t * D + d]);
+      }
+    check(mn, mx, gi);
+  };
+  switch (spec.granularity) {
+    case Granularity::Tensor: fold(0, T, 0, D, 0); break;
+    case Granularity::Channel:
+      for (size_t g = 0; g + 1 < qt.group_bounds.size(); ++g)
+        for (int64_t d = 0; d < D; ++d)
+          fold(qt.group_bounds[g], qt.group_bounds[g + 1], d, d + 1, static_cast<int64_t>(g) * D + d);
+      break;
+    case Granularity::Token:
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t j = 0; j < L.blocks_per_row; ++j)
+          fold(t, t + 1, j * L.block, std::min(D, (j + 1) * L.block), t * L.blocks_per_row + j);
+      break;
+  }
+  return r;
+}
+
+std::vector<uint8_t> pack_record(const QuantSpec& preset, const QuantizedTensor& ckv, const QuantizedTensor& kpe) {
+  if (preset.format != Format::Preset)
+    throw std::invalid_argument("pack_record: '" + preset.to_string() + "' is not an engine preset");
+  const PresetTraits& P = kPresets[preset.preset];
+  if (ckv.spec != preset.stored_for(Target::CKV) || kpe.spec != preset.stored_for(Target::KPE))
+    throw std::invalid_argument(std::string("pack_record: ") + P.name + " stores c_kv as '" + P.ckv + "' and k_pe as '" +
+                                P.kpe + "', got '" + ckv.spec.to_string() + "' and '" + kpe.spec.to_string() + "'");
+  if (ckv.rows != kpe.rows)
+    throw std::invalid_argument("pack_record: c_kv has " + std::to_string(ckv.rows) + " tokens, k_pe " + std::to_string(kpe.rows));
+  if ((P.native_ckv && ckv.cols != P.native_ckv) || (P.native_kpe && kpe.cols != P.native_kpe))
+    throw std::invalid_argument(std::string("pack_record: the ") + P.name + " record holds c_kv of " +
+                                std::to_string(P.native_ckv) + " and k_pe of " + std::to_string(P.native_kpe) +
+                                " dims, got " + std::to_string(ckv.cols) + " + " + std::to_string(kpe.cols) +
+                                " (its bytes per token at other widths: record_bytes())");
+  const int64_t T = ckv.rows, R = record_bytes(preset, ckv.cols, kpe.cols);
+  const int64_t cb = ckv.row_bytes(), kb = kpe.row_bytes();
+  const int64_t cs = static_cast<int64_t>(ckv.scales.size()) / T, ks = static_cast<int64_t>(kpe.scales.size()) / T;
+  std::vector<uint8_t> out(static_cast<size_t>(T * R), 0);
+  for (int64_t t = 0; t < T; ++t) {
+    uint8_t* o = out.data() + t * R;
+    auto put = [&](const std::vector<uint8_t>& v, int64_t n) {
+      std::memcpy(o, v.data() + t * n, static_cast<size_t>(n));
+      o += n;
+    };
+    switch (P.order) {
+      case RecordOrder::CodesScalesRope: put(ckv.codes, cb); put(ckv.scales, cs); put(kpe.codes, kb); put(kpe.scales, ks); break;
+      case RecordOrder::CodesRopeScalesPad8: put(ckv.codes, cb); put(kpe.codes, kb); put(ckv.scales, cs); put(kpe.scales, ks); break;
+      case RecordOrder::CodesCodesScalesScales: put(ckv.codes, cb); put(kpe.codes, kb); put(ckv.scales, cs); put(kpe.scales, ks); break;
+    }
+    assert(o <= out.data() + (t + 1) * R);
+  }
+  return out;
 }
 
 Accounting account(const QuantizedTensor& qt) {

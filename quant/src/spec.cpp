@@ -1,11 +1,54 @@
 #include "latentq/spec.h"
 
+#include <algorithm>
 #include <charconv>
+#include <iterator>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 namespace latentq {
+
+// clang-format off
+const FormatTraits kFormats[12] = {
+  {Format::Int, "int{8|4|2}-{sym|asym}-tensor[-fp32] | int{8|4|2}-{sym|asym}-{channel|token}[-g<N>][-fp32]   (N >= 0; g0 or no -g = whole axis; scale/offset fp16 unless -fp32)",
+   "int", nullptr, nullptr, "KIVI (arXiv 2402.02750) min/max scalar quantization"},
+  {Format::BF16, "bf16", "bf16", "none", "element", "bf16 storage, round to nearest even"},
+  {Format::Fp8Tile, "fp8-e4m3-tile<N>-pow2[-ue8m0] | fp8-e4m3-tile<N>-fp32   (N > 0; pow2: FlashMLA 2^ceil(log2(max(amax/448,1e-4))), -ue8m0 stores it as one byte; fp32: vLLM max(amax/448, FLT_MIN))",
+   "fp8", "sym", "tile", "FlashMLA tests/quant.py quantize_k_cache (pow2); vLLM csrc/cache_kernels.cu concat_and_cache_ds_mla_kernel (fp32)"},
+  {Format::Fp8Tensor, "fp8-e4m3-tensor[-s1]   (one fp32 scale per layer matrix: amax/448, or 1.0 with -s1)",
+   "fp8", "sym", "tensor", "vLLM kv_cache_dtype=fp8 on MLA (per-tensor scale; 1.0 when uncalibrated)"},
+  {Format::MxFp8, "mxfp8   (e4m3, one E8M0 scale per 32)", "mx", "sym", "block", "OCP Microscaling v1.0 MXFP8, §6.3 floor rule"},
+  {Format::MxFp4, "mxfp4   (e2m1, one E8M0 scale per 32)", "mx", "sym", "block", "OCP Microscaling v1.0 MXFP4, §6.3 floor rule"},
+  {Format::NvFp4, "nvfp4   (e2m1, one e4m3 scale per 16, one fp32 per-tensor scale)", "nvfp4", "sym", "block",
+   "NVFP4 as torchao prototype/mx_formats/nvfp4_tensor.py nvfp4_quantize (two-level scaling)"},
+  {Format::Q8_0, "q8_0   (ggml: int8, fp16 d per 32)", "ggml", "sym", "block", "ggml ggml-quants.c quantize_row_q8_0_ref"},
+  {Format::Q4_0, "q4_0   (ggml: 4-bit, fp16 d per 32)", "ggml", "sym", "block", "ggml ggml-quants.c quantize_row_q4_0_ref"},
+  {Format::Q4_1, "q4_1   (ggml: 4-bit, fp16 d and min per 32)", "ggml", "asym", "block", "ggml ggml-quants.c quantize_row_q4_1_ref"},
+  {Format::Preset, "flashmla-v32-fp8 | vllm-fp8-ds-mla | flashmla-model1-fp8 | flashmla-v41-fp8 | flashmla-v41-fp4   (an engine's per-token record: c_kv and k_pe formats)",
+   "preset", nullptr, nullptr, "see kPresets"},
+  {Format::Fp4Tile, "fp4-e2m1-tile16-e4m3   (e2m1, one e4m3 scale e4m3(clamp(amax/6, 2^-9, 448)) per 16, no per-tensor scale)",
+   "fp4", "sym", "tile", "FlashMLA tests/quant.py V41_FP4Sparse"},
+};
+
+const PresetTraits kPresets[5] = {
+  {"flashmla-v32-fp8", "fp8-e4m3-tile128-pow2", "bf16", "FlashMLA V32_FP8Sparse (tests/quant.py quantize_k_cache): 656 B at 512 + 64",
+   RecordOrder::CodesScalesRope, 0, 0},
+  {"vllm-fp8-ds-mla", "fp8-e4m3-tile128-fp32", "bf16",
+   "vLLM fp8_ds_mla (csrc/cache_kernels.cu concat_and_cache_ds_mla_kernel): 656 B at 512 + 64",
+   RecordOrder::CodesScalesRope, 0, 0},
+  {"flashmla-model1-fp8", "fp8-e4m3-tile64-pow2-ue8m0", "bf16",
+   "FlashMLA MODEL1_FP8Sparse (448 nope + 64 rope, tile 64, UE8M0 scale bytes): 584 B at 448 + 64",
+   RecordOrder::CodesRopeScalesPad8, 448, 64},
+  {"flashmla-v41-fp8", "fp8-e4m3-tile32-pow2-ue8m0", "fp8-e4m3-tile32-pow2-ue8m0",
+   "FlashMLA V4.1 FP8 (csrc/cuda_kernels/kv_cache_format.h; tile 32, rope dims quantized too): 528 B at 448 + 64",
+   RecordOrder::CodesCodesScalesScales, 448, 64},
+  {"flashmla-v41-fp4", "fp4-e2m1-tile16-e4m3", "fp4-e2m1-tile16-e4m3",
+   "FlashMLA V4.1 FP4 (tests/quant.py V41_FP4Sparse; tile 16, e4m3 scales): 288 B at 448 + 64",
+   RecordOrder::CodesCodesScalesScales, 448, 64},
+};
+// clang-format on
+
 namespace {
 
 std::vector<std::string_view> split_dash(std::string_view s) {
@@ -32,35 +75,73 @@ bool parse_int(std::string_view t, int64_t& v) {
   return ec == std::errc() && p == t.data() + t.size();
 }
 
+QuantSpec simple(Format f, int bits, ScaleDtype sd) {
+  QuantSpec q;
+  q.format = f;
+  q.bits = bits;
+  q.scale_dtype = sd;
+  return q;
+}
+
 }  // namespace
 
 std::string spec_grammar() {
-  return "  int{8|4|2}-{sym|asym}-tensor[-fp32]\n"
-         "  int{8|4|2}-{sym|asym}-{channel|token}[-g<N>][-fp32]   (N >= 0; g0 or no -g = whole axis)\n"
-         "  bf16\n"
-         "  fp8-e4m3-tile<N>                                       (N > 0; FlashMLA uses tile128)\n"
-         "  scale/offset dtype is fp16 unless -fp32 is given\n"
-         "  examples: int4-asym-channel-g32, int8-sym-tensor, int2-asym-token-g64, fp8-e4m3-tile128, bf16";
+  std::string s;
+  for (const FormatTraits& t : kFormats) s += "  " + std::string(t.grammar) + "\n";
+  s += "  examples: int4-asym-channel-g32, int8-sym-tensor, int2-asym-token-g64, fp8-e4m3-tile128-pow2, mxfp4, q4_0, "
+       "flashmla-v32-fp8, bf16";
+  return s;
 }
 
 QuantSpec QuantSpec::parse(std::string_view s) {
-  QuantSpec q;
-  if (s == "bf16") {
-    q.format = Format::BF16;
-    q.bits = 16;
+  if (s == "bf16") return simple(Format::BF16, 16, ScaleDtype::F32);
+  if (s == "mxfp8") return simple(Format::MxFp8, 8, ScaleDtype::UE8M0);
+  if (s == "mxfp4") return simple(Format::MxFp4, 4, ScaleDtype::UE8M0);
+  if (s == "nvfp4") return simple(Format::NvFp4, 4, ScaleDtype::E4M3);
+  if (s == "q8_0") return simple(Format::Q8_0, 8, ScaleDtype::F16);
+  if (s == "q4_0") return simple(Format::Q4_0, 4, ScaleDtype::F16);
+  if (s == "q4_1") return simple(Format::Q4_1, 4, ScaleDtype::F16);
+  if (s == "fp4-e2m1-tile16-e4m3") {
+    QuantSpec q = simple(Format::Fp4Tile, 4, ScaleDtype::E4M3);
+    q.group_size = 16;
     return q;
   }
+  for (size_t i = 0; i < std::size(kPresets); ++i)
+    if (s == kPresets[i].name) {
+      QuantSpec q = simple(Format::Preset, 8, ScaleDtype::F32);
+      q.preset = static_cast<uint8_t>(i);
+      return q;
+    }
   const auto parts = split_dash(s);
-  if (parts.size() == 3 && parts[0] == "fp8" && parts[1] == "e4m3" && parts[2].starts_with("tile")) {
-    int64_t tile = 0;
-    if (!parse_int(parts[2].substr(4), tile) || tile <= 0) bad(s, "the tile width must be a positive integer");
-    q.format = Format::Fp8Tile;
-    q.bits = 8;
-    q.group_size = tile;
-    q.scale_dtype = ScaleDtype::F32;
-    return q;
+  if (parts.size() >= 3 && parts[0] == "fp8" && parts[1] == "e4m3") {
+    if (parts[2] == "tensor") {
+      QuantSpec q = simple(Format::Fp8Tensor, 8, ScaleDtype::F32);
+      q.rule = ScaleRule::Calibrated;
+      if (parts.size() == 4 && parts[3] == "s1") q.rule = ScaleRule::Unit;
+      else if (parts.size() != 3) bad(s, "expected fp8-e4m3-tensor or fp8-e4m3-tensor-s1");
+      return q;
+    }
+    if (parts[2].starts_with("tile")) {
+      int64_t tile = 0;
+      if (!parse_int(parts[2].substr(4), tile) || tile <= 0) bad(s, "the tile width must be a positive integer");
+      QuantSpec q = simple(Format::Fp8Tile, 8, ScaleDtype::F32);
+      q.group_size = tile;
+      if (parts.size() == 3)
+        bad(s, "fp8-e4m3-tile<N> (scale max(amax,1e-4)/448) is retired: it reproduced neither engine. Use "
+               "fp8-e4m3-tile<N>-pow2 (FlashMLA), fp8-e4m3-tile<N>-fp32 (vLLM fp8_ds_mla), or the presets "
+               "flashmla-v32-fp8 / vllm-fp8-ds-mla (k_pe in bf16)");
+      if (parts[3] == "pow2" && parts.size() == 4) q.rule = ScaleRule::Pow2;
+      else if (parts[3] == "pow2" && parts.size() == 5 && parts[4] == "ue8m0") {
+        q.rule = ScaleRule::Pow2;
+        q.scale_dtype = ScaleDtype::UE8M0;
+      } else if (parts[3] == "fp32" && parts.size() == 4) q.rule = ScaleRule::Fp32;
+      else bad(s, "the fp8 tile scale rule must be pow2, pow2-ue8m0 or fp32");
+      return q;
+    }
   }
-  if (parts.size() < 3 || !parts[0].starts_with("int")) bad(s, "expected int<bits>-<scheme>-<granularity>, bf16 or fp8-e4m3-tile<N>");
+  QuantSpec q;
+  if (parts.size() < 3 || !parts[0].starts_with("int"))
+    bad(s, "expected int<bits>-<scheme>-<granularity>, a block format or an engine preset");
   int64_t bits = 0;
   if (!parse_int(parts[0].substr(3), bits)) bad(s, "bits must be a number");
   if (bits != 8 && bits != 4 && bits != 2) bad(s, "bits must be 2, 4 or 8, got " + std::to_string(bits));
@@ -96,7 +177,18 @@ QuantSpec QuantSpec::parse(std::string_view s) {
 std::string QuantSpec::to_string() const {
   switch (format) {
     case Format::BF16: return "bf16";
-    case Format::Fp8Tile: return "fp8-e4m3-tile" + std::to_string(group_size);
+    case Format::Fp8Tile:
+      return "fp8-e4m3-tile" + std::to_string(group_size) +
+             (rule == ScaleRule::Fp32 ? "-fp32" : scale_dtype == ScaleDtype::UE8M0 ? "-pow2-ue8m0" : "-pow2");
+    case Format::Fp8Tensor: return rule == ScaleRule::Unit ? "fp8-e4m3-tensor-s1" : "fp8-e4m3-tensor";
+    case Format::MxFp8: return "mxfp8";
+    case Format::MxFp4: return "mxfp4";
+    case Format::NvFp4: return "nvfp4";
+    case Format::Q8_0: return "q8_0";
+    case Format::Q4_0: return "q4_0";
+    case Format::Q4_1: return "q4_1";
+    case Format::Fp4Tile: return "fp4-e2m1-tile16-e4m3";
+    case Format::Preset: return kPresets[preset].name;
     case Format::Int: break;
   }
   std::string s = "int" + std::to_string(bits) + "-" + latentq::to_string(scheme) + "-" + latentq::to_string(granularity);
@@ -106,8 +198,83 @@ std::string QuantSpec::to_string() const {
 }
 
 QuantSpec QuantSpec::stored_for(Target target) const {
-  if (format == Format::Fp8Tile && target == Target::KPE) return parse("bf16");
-  return *this;
+  if (format != Format::Preset) return *this;
+  if (preset >= std::size(kPresets)) throw std::invalid_argument("invalid preset index " + std::to_string(preset));
+  return parse(target == Target::CKV ? kPresets[preset].ckv : kPresets[preset].kpe);
+}
+
+Layout layout(const QuantSpec& s, int64_t D) {
+  if (D <= 0) throw std::invalid_argument("layout of '" + s.to_string() + "': the row length must be > 0, got " + std::to_string(D));
+  Layout L;
+  L.code_bits = s.bits;
+  L.row_code_bytes = qmath::packed_row_bytes(D, s.bits);
+  auto blocks = [&](int64_t block, ScaleDtype sd, bool offsets) {
+    L.block = std::min(block, D);
+    L.blocks_per_row = (D + L.block - 1) / L.block;  // no overflow: L.block ≤ D
+    L.sd = sd;
+    L.scale_bytes = qmath::scale_dtype_bytes(sd);
+    L.offsets = offsets;
+  };
+  auto block_format = [&](qmath::BlockKind k, int64_t block, bool has_scale, bool has_offset) {
+    L.block_format = true;
+    if (has_scale) blocks(block, s.scale_dtype, has_offset);
+    else L.sd = ScaleDtype::F32;
+    L.desc = {k, static_cast<int>(has_scale ? L.block : D), s.bits, s.scale_dtype, has_scale, has_offset};
+  };
+  switch (s.format) {
+    case Format::Int: {
+      const int64_t sb = qmath::scale_dtype_bytes(s.scale_dtype);
+      const bool asym = s.scheme == Scheme::Asym;
+      L.sd = s.scale_dtype;
+      switch (s.granularity) {
+        case Granularity::Tensor: L.tensor_bytes = sb * (asym ? 2 : 1); break;
+        case Granularity::Channel:
+          L.channel = true;
+          L.scale_bytes = static_cast<int>(sb);
+          L.offsets = asym;
+          break;
+        case Granularity::Token: blocks(s.group_size > 0 ? s.group_size : D, s.scale_dtype, asym); break;
+      }
+      return L;
+    }
+    case Format::BF16: return L;
+    case Format::Fp8Tile:
+      block_format(s.rule == ScaleRule::Fp32 ? qmath::BlockKind::Fp8Fp32 : qmath::BlockKind::Fp8Pow2, s.group_size, true,
+                   false);
+      return L;
+    case Format::Fp8Tensor:
+      block_format(qmath::BlockKind::Fp8Tensor, D, false, false);
+      L.tensor_bytes = 4;
+      return L;
+    case Format::MxFp8: block_format(qmath::BlockKind::MxFp8, 32, true, false); return L;
+    case Format::MxFp4: block_format(qmath::BlockKind::MxFp4, 32, true, false); return L;
+    case Format::Fp4Tile: block_format(qmath::BlockKind::Fp4Tile, 16, true, false); return L;
+    case Format::NvFp4:
+      block_format(qmath::BlockKind::NvFp4, 16, true, false);
+      L.tensor_bytes = 4;
+      return L;
+    case Format::Q8_0:
+    case Format::Q4_0:
+    case Format::Q4_1:
+      if (D % 32 != 0)
+        throw std::invalid_argument("'" + s.to_string() + "' needs a row length that is a multiple of 32 (ggml blocks), got " +
+                                    std::to_string(D));
+      block_format(s.format == Format::Q8_0   ? qmath::BlockKind::Q8_0
+                   : s.format == Format::Q4_0 ? qmath::BlockKind::Q4_0
+                                              : qmath::BlockKind::Q4_1,
+                   32, true, s.format == Format::Q4_1);
+      return L;
+    case Format::Preset: break;
+  }
+  throw std::invalid_argument("layout(): '" + s.to_string() + "' is a preset; use stored_for(target) first");
+}
+
+int64_t record_bytes(const QuantSpec& p, int64_t D_ckv, int64_t D_kpe) {
+  const int64_t b = layout(p.stored_for(Target::CKV), D_ckv).bytes_per_token() +
+                    layout(p.stored_for(Target::KPE), D_kpe).bytes_per_token();
+  if (p.format == Format::Preset && kPresets[p.preset].order == RecordOrder::CodesRopeScalesPad8)
+    return (b + 7) / 8 * 8;  // zero pad to a multiple of 8 bytes
+  return b;
 }
 
 const char* to_string(Scheme s) { return s == Scheme::Sym ? "sym" : "asym"; }
@@ -120,7 +287,29 @@ const char* to_string(Granularity g) {
   return "?";
 }
 const char* to_string(Target t) { return t == Target::CKV ? "c_kv" : "k_pe"; }
-const char* to_string(ScaleDtype d) { return d == ScaleDtype::F16 ? "fp16" : "fp32"; }
+const char* to_string(ScaleDtype d) {
+  switch (d) {
+    case ScaleDtype::F16: return "fp16";
+    case ScaleDtype::F32: return "fp32";
+    case ScaleDtype::UE8M0: return "ue8m0";
+    case ScaleDtype::E4M3: return "e4m3";
+  }
+  return "?";
+}
+
+const char* family_of(const QuantSpec& s) { return traits(s.format).family; }
+const char* scheme_of(const QuantSpec& s) {
+  const char* t = traits(s.format).scheme;
+  return t ? t : to_string(s.scheme);
+}
+const char* granularity_of(const QuantSpec& s) {
+  const char* t = traits(s.format).granularity;
+  return t ? t : to_string(s.granularity);
+}
+const char* scale_dtype_of(const QuantSpec& s) {
+  if (s.format == Format::BF16) return "none";
+  return to_string(s.scale_dtype);
+}
 
 Target parse_target(std::string_view s) {
   if (s == "c_kv") return Target::CKV;

@@ -29,11 +29,11 @@ with h5py.File(sys.argv[1], "r") as f:
     # 4 layers x (c_kv: 3 bits x (1 + 2 + 2) + 2 extra = 17, k_pe: 3) = 80 rows
     assert n == 80, n
     assert set(cols["target"]) == {"c_kv", "k_pe"}
-    fp8 = (cols["quantizer"] == "fp8-e4m3-tile128") & (cols["target"] == "c_kv")
+    fp8 = (cols["quantizer"] == "flashmla-v32-fp8") & (cols["target"] == "c_kv")
     assert fp8.sum() == 4 and (cols["granularity"][fp8] == "tile").all() and (cols["group_size"][fp8] == 128).all()
     assert (cols["rel_fro"] >= 0).all() and np.isfinite(cols["rel_fro"]).all()
     s = f["summary"]
-    assert s["quantizer"].asstr()[:].tolist()[-2:] == ["bf16", "fp8-e4m3-tile128"]
+    assert s["quantizer"].asstr()[:].tolist()[-2:] == ["bf16", "flashmla-v32-fp8"]
     acc = dict(zip(s["quantizer"].asstr()[:], s["k_pe_accounting"].asstr()[:]))
     assert acc["int8-asym-channel-g32"] == "measured" and acc["int2-asym-tensor"] == "bf16 (not run)", acc
 print(f"ok: {n} rows")

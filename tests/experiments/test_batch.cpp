@@ -530,7 +530,7 @@ bits = [8, 4]
 schemes = ["sym", "asym"]
 granularities = ["tensor", "channel"]
 group_sizes = [0, 8]
-extra = ["bf16", "fp8-e4m3-tile128"]
+extra = ["bf16", "flashmla-v32-fp8"]
 [targets.k_pe]
 quantizers = ["int8-asym-channel", "bf16"]
 )";

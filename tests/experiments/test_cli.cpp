@@ -26,7 +26,7 @@ bits = [8, 4]
 schemes = ["sym", "asym"]
 granularities = ["channel", "token"]
 group_sizes = [0, 8]
-extra = ["bf16", "fp8-e4m3-tile128"]
+extra = ["bf16", "flashmla-v32-fp8"]
 [output]
 results = "out/results.h5"
 # the latent study only (the probe groups: test_probe_study.cpp)

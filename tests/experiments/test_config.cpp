@@ -55,7 +55,7 @@ TEST(Config, DefaultIsTheFullMatrix) {
                                       "int8-sym-channel-g128", "int8-sym-token", "int8-sym-token-g32",
                                       "int8-sym-token-g128", "int8-asym-tensor"}));
   EXPECT_EQ(n[42], "bf16");
-  EXPECT_EQ(n[43], "fp8-e4m3-tile128");
+  EXPECT_EQ(n[43], "flashmla-v32-fp8");
   EXPECT_EQ(c.all_quantizers().size(), 44u);
   EXPECT_TRUE(c.layers.empty());
   const fs::path exp_dir = default_config_path().parent_path();
@@ -128,7 +128,7 @@ dump = "../d/x.h5"
 layers = [3, 1]
 targets = ["k_pe"]
 [quantizers]
-extra = ["bf16", "fp8-e4m3-tile128"]
+extra = ["bf16", "flashmla-v32-fp8"]
 [output]
 results = "/abs/out.h5"
 )");
@@ -136,7 +136,7 @@ results = "/abs/out.h5"
   EXPECT_EQ(c.layers, (std::vector<int>{3, 1}));
   ASSERT_EQ(c.targets.size(), 1u);
   EXPECT_EQ(c.targets[0].target, Target::KPE);
-  EXPECT_EQ(names(c.targets[0].quantizers), (std::vector<std::string>{"bf16", "fp8-e4m3-tile128"}));
+  EXPECT_EQ(names(c.targets[0].quantizers), (std::vector<std::string>{"bf16", "flashmla-v32-fp8"}));
   EXPECT_EQ(c.results, fs::path("/abs/out.h5"));
   EXPECT_EQ(c.base_dir, fs::path("/base/dir"));
 }

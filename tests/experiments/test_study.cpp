@@ -19,7 +19,7 @@ bits = [4, 2]
 schemes = ["asym"]
 granularities = ["tensor", "channel", "token"]
 group_sizes = [0, 8]
-extra = ["bf16", "fp8-e4m3-tile128"]
+extra = ["bf16", "flashmla-v32-fp8"]
 )";
 
 struct StudyTest : ::testing::Test {
@@ -119,9 +119,9 @@ TEST_F(StudyTest, StoredFormatColumns) {
     EXPECT_DOUBLE_EQ(t.get<double>("bits_per_element")[i], bpe);
   };
   // fp8 on c_kv [64, 16]: 1 byte per element + one fp32 scale per token (tile 128 > 16): 8 + 32/16 bits.
-  expect_row(row("fp8-e4m3-tile128", "c_kv"), "fp8-e4m3-tile128", 8, "sym", "tile", 128, "fp32", 10.0);
+  expect_row(row("flashmla-v32-fp8", "c_kv"), "fp8-e4m3-tile128-pow2", 8, "sym", "tile", 128, "fp32", 10.0);
   // fp8 on k_pe stores bf16, and says so.
-  expect_row(row("fp8-e4m3-tile128", "k_pe"), "bf16", 16, "none", "element", 0, "none", 16.0);
+  expect_row(row("flashmla-v32-fp8", "k_pe"), "bf16", 16, "none", "element", 0, "none", 16.0);
   expect_row(row("bf16", "c_kv"), "bf16", 16, "none", "element", 0, "none", 16.0);
   // int4 asym token g8 on k_pe [64, 8]: 4 bits + fp16 scale and offset per 8 elements = 4 + 32/8.
   expect_row(row("int4-asym-token-g8", "k_pe"), "int4-asym-token-g8", 4, "asym", "token", 8, "fp16", 8.0);

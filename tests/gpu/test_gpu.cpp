@@ -169,6 +169,18 @@ int64_t max_tokens() {
 void run_spec(const std::string& spec, bool both_targets = false) {
   for (const Shape& s : kShapes) {
     if (s.T > max_tokens()) continue;
+    if (s.D % 32 != 0 && (spec == "q8_0" || spec == "q4_0" || spec == "q4_1")) {
+      // ggml blocks need D % 32 == 0: both refuse, with the same message
+      const std::vector<float> X = make_input(s.T, s.D, s.seed);
+      const std::vector<int64_t> seqs{0, s.T};
+      const QuantSpec q = QuantSpec::parse(spec);
+      std::string cpu, gpu;
+      try { (void)quantize(q, Target::CKV, X.data(), s.T, s.D, seqs); } catch (const std::invalid_argument& e) { cpu = e.what(); }
+      try { (void)quantize_gpu(q, Target::CKV, X.data(), s.T, s.D, seqs); } catch (const std::invalid_argument& e) { gpu = e.what(); }
+      EXPECT_NE(cpu.find("multiple of 32"), std::string::npos) << cpu;
+      EXPECT_EQ(gpu, cpu);
+      continue;
+    }
     check_spec(spec, Target::CKV, s.T, s.D, s.seed, s.n_seqs);
     if (both_targets) check_spec(spec, Target::KPE, s.T, s.D, s.seed + 100, s.n_seqs);
     if (::testing::Test::HasFailure()) return;  // one shape's report is enough
@@ -246,10 +258,24 @@ LQ_SPEC_TEST(int2_asym_channel_g7, "int2-asym-channel-g7")
 LQ_SPEC_TEST(int4_sym_channel_g33, "int4-sym-channel-g33")
 LQ_SPEC_TEST(int8_asym_channel_g600, "int8-asym-channel-g600")
 // ---- baselines -----------------------------------------------------------------------------------
-LQ_SPEC_TEST_BOTH_TARGETS(fp8_e4m3_tile128, "fp8-e4m3-tile128")  // k_pe stores bf16
-LQ_SPEC_TEST(fp8_e4m3_tile64, "fp8-e4m3-tile64")
-LQ_SPEC_TEST(fp8_e4m3_tile20, "fp8-e4m3-tile20")  // ≤ 32: one thread per tile; partial last tile
 LQ_SPEC_TEST_BOTH_TARGETS(bf16, "bf16")
+// ---- block formats (blocks.cu: one thread per block, qmath::quantize_block) ------------------------
+LQ_SPEC_TEST(fp8_e4m3_tile128_pow2, "fp8-e4m3-tile128-pow2")
+LQ_SPEC_TEST(fp8_e4m3_tile64_pow2_ue8m0, "fp8-e4m3-tile64-pow2-ue8m0")
+LQ_SPEC_TEST(fp8_e4m3_tile20_pow2, "fp8-e4m3-tile20-pow2")  // partial last tile
+LQ_SPEC_TEST(fp8_e4m3_tile128_fp32, "fp8-e4m3-tile128-fp32")
+LQ_SPEC_TEST(fp8_e4m3_tile32_fp32, "fp8-e4m3-tile32-fp32")
+LQ_SPEC_TEST(fp8_e4m3_tensor, "fp8-e4m3-tensor")
+LQ_SPEC_TEST(fp8_e4m3_tensor_s1, "fp8-e4m3-tensor-s1")
+LQ_SPEC_TEST(mxfp8, "mxfp8")
+LQ_SPEC_TEST(mxfp4, "mxfp4")
+LQ_SPEC_TEST(nvfp4, "nvfp4")
+LQ_SPEC_TEST(q8_0, "q8_0")
+LQ_SPEC_TEST(q4_0, "q4_0")
+LQ_SPEC_TEST(q4_1, "q4_1")
+LQ_SPEC_TEST_BOTH_TARGETS(flashmla_v32_fp8, "flashmla-v32-fp8")  // k_pe stores bf16
+LQ_SPEC_TEST_BOTH_TARGETS(vllm_fp8_ds_mla, "vllm-fp8-ds-mla")
+LQ_SPEC_TEST_BOTH_TARGETS(flashmla_v41_fp8, "flashmla-v41-fp8")
 
 // ---- signed zeros in per-tensor statistics (cub::DeviceReduce order) ---------------------------
 TEST(GpuSpecial, PerTensorMinIsTheFirstZerosSign) {
@@ -300,7 +326,8 @@ TEST(GpuSpecial, NonFiniteInputThrowsTheCpuMessage) {
   const std::vector<int64_t> seqs = {0, T * 2 / 5, T};
   const std::string expected = "5 NaN/Inf values in the [" + std::to_string(T) + ", 576] input";
   for (const char* spec : {"int8-asym-tensor", "int4-sym-tensor", "int4-asym-channel-g32", "int2-sym-channel-g0",
-                           "int4-asym-token-g32", "int8-sym-token-g128", "fp8-e4m3-tile128", "bf16"}) {
+                           "int4-asym-token-g32", "int8-sym-token-g128", "fp8-e4m3-tile128-pow2", "mxfp4",
+                           "nvfp4", "fp8-e4m3-tensor", "q4_1", "bf16"}) {
     SCOPED_TRACE(spec);
     const QuantSpec s = QuantSpec::parse(spec);
     const std::string cpu = what_of([&] { (void)quantize(s, Target::CKV, X.data(), T, D, seqs); });
@@ -364,18 +391,15 @@ TEST(GpuSpecial, HandBuiltSpecsAreRefusedAsOnTheCpu) {
   bits3.bits = 3;
   QuantSpec neg_group = QuantSpec::parse("int8-sym-channel-g32");
   neg_group.group_size = -4;
-  QuantSpec tile0 = QuantSpec::parse("fp8-e4m3-tile128");
+  QuantSpec tile0 = QuantSpec::parse("fp8-e4m3-tile128-pow2");
   tile0.group_size = 0;
-  for (const QuantSpec& s : {bits3, neg_group, tile0}) {
+  QuantSpec fp8_f16 = QuantSpec::parse("fp8-e4m3-tile128-pow2");  // block formats have no free fields
+  fp8_f16.scale_dtype = ScaleDtype::F16;
+  for (const QuantSpec& s : {bits3, neg_group, tile0, fp8_f16}) {
     const std::string cpu = what_of([&] { (void)quantize(s, Target::CKV, X.data(), T, D, seqs); });
     EXPECT_NE(cpu.find("invalid quantizer spec fields"), std::string::npos) << cpu;
     EXPECT_EQ(what_of([&] { (void)quantize_gpu(s, Target::CKV, X.data(), T, D, seqs); }), cpu);
   }
-  // fp8 tile scales are float32 whatever the hand-built spec says; both record F32
-  QuantSpec fp8_f16 = QuantSpec::parse("fp8-e4m3-tile128");
-  fp8_f16.scale_dtype = ScaleDtype::F16;
-  const QuantizedTensor cpu = quantize(fp8_f16, Target::CKV, X.data(), T, D, seqs);
-  expect_same_storage(cpu, quantize_gpu(fp8_f16, Target::CKV, X.data(), T, D, seqs));
 }
 
 // ---- bad input: refused, never a wrong answer ----------------------------------------------------
@@ -407,7 +431,7 @@ TEST(GpuSpecial, LargestSupportedD) {
   LQ_REQUIRE_GPU();
   const int64_t D = gpu::kMaxCols;
   for (const char* spec : {"int4-asym-token-g1", "int2-sym-token-g3", "int8-asym-token-g0", "int4-asym-channel-g32",
-                           "int2-asym-channel-g0", "fp8-e4m3-tile128", "int8-sym-tensor"})
+                           "int2-asym-channel-g0", "fp8-e4m3-tile128-pow2", "nvfp4", "q4_0", "int8-sym-tensor"})
     check_spec(spec, Target::CKV, 9, D, 71, 2);
 }
 
@@ -421,7 +445,7 @@ TEST(GpuSpecial, DeviceApiReuseAndUnalignedInput) {
     int n_seqs;
   } runs[] = {{"int4-asym-channel-g32", 1000 / kDiv, 576, 3}, {"int4-asym-channel-g32", 1000 / kDiv, 576, 3},
               {"int2-sym-channel-g0", 300 / kDiv, 64, 2},     {"int8-asym-token-g32", 2000 / kDiv, 512, 1},
-              {"fp8-e4m3-tile128", 50, 576, 1},               {"int4-asym-channel-g32", 1000 / kDiv, 576, 4}};
+              {"fp8-e4m3-tile128-fp32", 50, 576, 1},         {"nvfp4", 50, 576, 1},               {"int4-asym-channel-g32", 1000 / kDiv, 576, 4}};
   uint64_t seed = 51;
   for (const auto& r : runs) {
     const std::vector<int64_t> seqs = make_seqs(r.T, r.n_seqs, seed);  // the same for both shifts: cached plan

@@ -86,8 +86,8 @@ def test_storage_layout_and_accounting():
     assert q.storage_bytes == 64 * 64 + 2 * 128 * 2 * 2
     assert q.bytes_per_token == pytest.approx((64 * 64 + 1024) / 64)
     assert q.bits_per_element == pytest.approx(8 * (64 * 64 + 1024) / (64 * 128))
-    # fp8-e4m3-tile128 stores bf16 on k_pe (FlashMLA layout): 2 bytes per element
-    k = latentq.quantize(x[:, :64].copy(), "fp8-e4m3-tile128", "k_pe")
+    # the FlashMLA V3.2 preset stores bf16 on k_pe: 2 bytes per element
+    k = latentq.quantize(x[:, :64].copy(), "flashmla-v32-fp8", "k_pe")
     assert k.spec == "bf16" and k.bytes_per_token == 128
 
 

@@ -3,6 +3,7 @@ the script run as a subprocess; figures checked as PNGs, report.md checked for f
 lines about missing groups; bad inputs give exit code 2 and a one-line message, never a traceback."""
 import importlib.util
 import math
+import re
 import os
 import struct
 import subprocess
@@ -45,11 +46,26 @@ def quantizer_list():
             for g in ("channel", "token"):
                 for gs in (0, 32, 128):
                     qs.append(f"int{b}-{s}-{g}" + (f"-g{gs}" if gs else ""))
-    return qs + ["bf16", "fp8-e4m3-tile128"]
+    return qs + ["bf16", "flashmla-v32-fp8"]
+
+
+_INT = re.compile(r"^int(\d+)-(sym|asym)-(tensor|channel|token)(?:-g(\d+))?(?:-(fp32))?$")
+
+
+def spec_fields(q):
+    """The spec columns latentq writes to /latent_error for the quantizers of these synthetic files (c_kv)."""
+    m = _INT.match(q)
+    if m:
+        return dict(kind="int", bits=int(m[1]), scheme=m[2], granularity=m[3], group_size=int(m[4] or 0),
+                    scale_dtype=m[5] or "fp16")
+    if q == "bf16":
+        return dict(kind="bf16", bits=16, scheme="none", granularity="element", group_size=0, scale_dtype="none")
+    assert q == "flashmla-v32-fp8", q
+    return dict(kind="fp8", bits=8, scheme="sym", granularity="tile", group_size=128, scale_dtype="fp32")
 
 
 def bits_per_element(q, dim):
-    p = R.parse_spec(q)
+    p = spec_fields(q)
     if p["kind"] == "bf16":
         return 16.0
     if p["kind"] == "fp8":
@@ -63,7 +79,7 @@ def bits_per_element(q, dim):
 
 
 def rel_fro(q, layer, rng, target):
-    p = R.parse_spec(q)
+    p = spec_fields(q)
     if p["kind"] == "bf16":
         base = 2.0e-3
     elif p["kind"] == "fp8":
@@ -90,16 +106,16 @@ def make_results(path, groups=("latent_error", "summary", "attention_error", "sv
     """A synthetic results file; returns the per-quantizer mean c_kv rel_fro (dict) for checks."""
     rng = np.random.default_rng(SEED)
     qs = quantizer_list()
-    le = {k: [] for k in ("layer", "target", "quantizer", "bits", "scheme", "granularity", "group_size",
+    le = {k: [] for k in ("layer", "target", "quantizer", "format", "bits", "scheme", "granularity", "group_size",
                           "scale_dtype", "bits_per_element", "bytes_per_token_layer", "rel_fro", "mse", "sqnr_db",
                           "max_abs_err", "cos_mean")}
     for layer in range(L):
         for t, dim in (("c_kv", D), ("k_pe", DR)):
             for q in qs:
-                p = R.parse_spec(q)
+                p = spec_fields(q)
                 bpe = bits_per_element(q, dim)
                 e = rel_fro(q, layer, rng, t)
-                for k, v in (("layer", layer), ("target", t), ("quantizer", q), ("bits", p["bits"]),
+                for k, v in (("layer", layer), ("target", t), ("quantizer", q), ("format", p["kind"]), ("bits", p["bits"]),
                              ("scheme", p["scheme"]), ("granularity", p["granularity"]),
                              ("group_size", p["group_size"]), ("scale_dtype", p["scale_dtype"]),
                              ("bits_per_element", bpe), ("bytes_per_token_layer", bpe * dim / 8), ("rel_fro", e),
@@ -420,11 +436,18 @@ def test_symmetric_matrix_from_upper_triangle_and_full():
     assert math.isnan(M[0, 2]) and math.isnan(M[2, 1]) and M[2, 2] == 1.0
 
 
-def test_parse_spec_and_short_label():
+def test_parse_spec_and_short_label(tmp_path):
+    # the fields come from the /latent_error columns of the results file, not from the spec strings
+    path = tmp_path / "r.h5"
+    make_results(path)
+    R.load_results(str(path))
+    assert R.parse_spec("flashmla-v32-fp8")["kind"] == "fp8" and R.is_baseline("flashmla-v32-fp8")
+    assert not R.is_baseline("int4-asym-channel-g32")
+    assert R.parse_spec("q4_0")["kind"] == "other"  # not in these results
     assert R.parse_spec("int4-asym-channel-g32") == dict(kind="int", bits=4, scheme="asym", granularity="channel",
                                                          group_size=32, scale_dtype="fp16")
     assert R.parse_spec("int2-sym-token-fp32")["scale_dtype"] == "fp32"
-    assert R.parse_spec("fp8-e4m3-tile128")["group_size"] == 128
+    assert R.parse_spec("flashmla-v32-fp8")["group_size"] == 128
     assert R.parse_spec("svd-rank16") ["kind"] == "svd"
     assert R.short_label("int4-asym-channel-g32") == "int4 asym ch g32"
     assert R.short_label("int8-sym-token") == "int8 sym tok all"

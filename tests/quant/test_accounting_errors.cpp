@@ -31,10 +31,26 @@ TEST(Accounting, KnownLayouts) {
       {"int8-sym-tensor", Target::CKV, 64, 128, {0, 64}, 8194, 128.03125, 8.001953125},
       // per token: 128·2/8 = 32 B codes + 4 groups × (2 + 2) B = 48 B; 48·8/128 = 3 bits.
       {"int2-asym-token-g32", Target::CKV, 4, 128, {0, 4}, 192, 48.0, 3.0},
-      // FlashMLA c_kv: 512 fp8 bytes + 4 tiles × 4 B fp32 scales = 528 B/token, 8.25 bits.
-      {"fp8-e4m3-tile128", Target::CKV, 3, 512, {0, 3}, 3 * 528, 528.0, 8.25},
-      // FlashMLA k_pe: bf16, 64 × 2 = 128 B/token, 16 bits.  528 + 128 = 656 B/token/layer.
-      {"fp8-e4m3-tile128", Target::KPE, 3, 64, {0, 3}, 3 * 128, 128.0, 16.0},
+      // vLLM fp8_ds_mla c_kv: 512 fp8 bytes + 4 tiles × 4 B fp32 scales = 528 B/token, 8.25 bits.
+      {"fp8-e4m3-tile128-fp32", Target::CKV, 3, 512, {0, 3}, 3 * 528, 528.0, 8.25},
+      {"flashmla-v32-fp8", Target::CKV, 3, 512, {0, 3}, 3 * 528, 528.0, 8.25},
+      // The FlashMLA preset keeps k_pe in bf16: 64 × 2 = 128 B/token, 16 bits.  528 + 128 = 656 B/token/layer.
+      {"flashmla-v32-fp8", Target::KPE, 3, 64, {0, 3}, 3 * 128, 128.0, 16.0},
+      // MODEL1-style UE8M0 scale bytes: 512 + 8 tiles of 64 × 1 B = 520 B/token.
+      {"fp8-e4m3-tile64-pow2-ue8m0", Target::CKV, 3, 512, {0, 3}, 3 * 520, 520.0, 520.0 * 8 / 512},
+      // ggml at the 512 + 64 = 576 row (blocks never straddle c_kv and k_pe): q8_0 34 B per 32 -> 612 per
+      // 576; q4_0 18 B per 32 -> 324; q4_1 20 B per 32 -> 360.
+      {"q8_0", Target::CKV, 2, 576, {0, 2}, 2 * 612, 612.0, 8.5},
+      {"q4_0", Target::CKV, 2, 576, {0, 2}, 2 * 324, 324.0, 4.5},
+      {"q4_1", Target::CKV, 2, 576, {0, 2}, 2 * 360, 360.0, 5.0},
+      // OCP MX: codes + one E8M0 byte per 32: mxfp8 512 + 16 = 528, mxfp4 256 + 16 = 272 B/token.
+      {"mxfp8", Target::CKV, 3, 512, {0, 3}, 3 * 528, 528.0, 8.25},
+      {"mxfp4", Target::CKV, 3, 512, {0, 3}, 3 * 272, 272.0, 4.25},
+      // NVFP4: 256 B codes + 32 e4m3 block scales = 288 B/token, plus one fp32 per-tensor scale (4 B per matrix).
+      {"nvfp4", Target::CKV, 4, 512, {0, 4}, 4 * 288 + 4, 289.0, (4 * 288 + 4) * 8.0 / (4 * 512)},
+      // per-tensor fp8: 1 B per element + 4 B per matrix.
+      {"fp8-e4m3-tensor", Target::CKV, 4, 512, {0, 4}, 4 * 512 + 4, 513.0, (4 * 512 + 4) * 8.0 / (4 * 512)},
+      {"fp8-e4m3-tensor-s1", Target::KPE, 4, 64, {0, 4}, 4 * 64 + 4, 65.0, (4 * 64 + 4) * 8.0 / (4 * 64)},
       {"bf16", Target::CKV, 5, 128, {0, 5}, 5 * 256, 256.0, 16.0},
       // llama.cpp-like blocks of 32 along the 576 row: q8_0 576 + 18·2 = 612 B; q4_0 288 + 36 = 324 B.
       {"int8-sym-token-g32", Target::CKV, 2, 576, {0, 2}, 2 * 612, 612.0, 612.0 * 8 / 576},
@@ -64,9 +80,18 @@ TEST(Accounting, KnownLayouts) {
   }
   // FlashMLA / vLLM fp8_ds_mla total for one layer: c_kv 512 + k_pe 64 = 656 bytes per token.
   const std::vector<float> ckv = ramp(2 * 512), kpe = ramp(2 * 64);
-  const double total = latentq::account(quant("fp8-e4m3-tile128", ckv, 2, 512)).bytes_per_token +
-                       latentq::account(quant("fp8-e4m3-tile128", kpe, 2, 64, {}, Target::KPE)).bytes_per_token;
-  EXPECT_EQ(total, 656.0);
+  for (const char* preset : {"flashmla-v32-fp8", "vllm-fp8-ds-mla"}) {
+    SCOPED_TRACE(preset);
+    const double total = latentq::account(quant(preset, ckv, 2, 512)).bytes_per_token +
+                         latentq::account(quant(preset, kpe, 2, 64, {}, Target::KPE)).bytes_per_token;
+    EXPECT_EQ(total, 656.0);
+    EXPECT_EQ(latentq::record_bytes(QuantSpec::parse(preset), 512, 64), 656);
+  }
+  // the other engine records, at DeepSeek's 512 + 64 and at the 448 + 64 they were made for
+  EXPECT_EQ(latentq::record_bytes(QuantSpec::parse("flashmla-model1-fp8"), 448, 64), 584);  // 448 + 128 + 7 + 1 pad
+  EXPECT_EQ(latentq::record_bytes(QuantSpec::parse("flashmla-model1-fp8"), 512, 64), 648);  // 512 + 128 + 8
+  EXPECT_EQ(latentq::record_bytes(QuantSpec::parse("flashmla-v41-fp8"), 448, 64), 528);    // 512 + 16
+  EXPECT_EQ(latentq::record_bytes(QuantSpec::parse("flashmla-v41-fp8"), 512, 64), 594);    // 576 + 18
 }
 
 // ---- errors -------------------------------------------------------------------------------------
@@ -97,7 +122,8 @@ TEST(Errors, NonFiniteInputCounted) {
   X[6] = std::numeric_limits<float>::infinity();
   X[11] = -std::numeric_limits<float>::infinity();
   EXPECT_EQ(latentq::count_nonfinite(X.data(), 12), 3);
-  for (const char* spec : {"int4-asym-channel-g32", "int8-sym-tensor", "bf16", "fp8-e4m3-tile128"}) {
+  for (const char* spec : {"int4-asym-channel-g32", "int8-sym-tensor", "bf16", "fp8-e4m3-tile4-pow2", "fp8-e4m3-tile2-fp32",
+                           "fp8-e4m3-tensor", "mxfp8", "mxfp4", "nvfp4", "flashmla-v32-fp8"}) {
     SCOPED_TRACE(spec);
     expect_invalid([&] { quant(spec, X, 3, 4); }, {"3 NaN/Inf", "[3, 4]"});
   }
@@ -130,7 +156,10 @@ TEST(Errors, ScaleOverflowsFp16NamesTheValueAndSuggestsFp32) {
   EXPECT_EQ(unpack_codes(q), (std::vector<uint32_t>{3, 1, 2, 2}));
   EXPECT_EQ(decode(q), (std::vector<float>{1e6f, -1e6f, 0.0f, 0.0f}));
   // Per-group: the message names the group.
-  expect_invalid([&] { quant("int8-asym-token", {0, 1, 0, 1e8f}, 2, 2); }, {"scale", "group 1", "-fp32"});
+  expect_invalid([&] { quant("int8-asym-token", {0, 1, 0, 1e8f}, 2, 2); }, {"scale", "token 1, dimensions [0, 2)", "-fp32"});
+  // per-channel: the group is named as (token range, dimension), not a flat index
+  expect_invalid([&] { quant("int8-sym-channel-g2", {0, 1, 0, 1e8f, 0, 0}, 3, 2); },
+                 {"scale", "tokens [0, 2), dimension 1", "-fp32"});
 }
 
 TEST(Errors, OffsetOverflowsFp16) {
@@ -164,25 +193,26 @@ TEST(Errors, HandBuiltInvalidSpecsRejected) {
   QuantSpec g = QuantSpec::parse("int4-asym-channel");
   g.group_size = -4;
   expect_invalid([&] { latentq::quantize(g, Target::CKV, X.data(), 2, 8, seq); }, {"group size"});
-  QuantSpec f = QuantSpec::parse("fp8-e4m3-tile128");
+  QuantSpec f = QuantSpec::parse("fp8-e4m3-tile128-pow2");
   f.group_size = 0;
   expect_invalid([&] { latentq::quantize(f, Target::CKV, X.data(), 2, 8, seq); }, {"tile"});
 }
 
-TEST(Errors, HandBuiltFp8SpecStoresAndReadsFp32Scales) {
-  // A hand-built fp8 spec left with the default fp16 scale dtype: the tile scales are written as
-  // float32, and the stored spec must say so, or scale_at()/dequantize() would read them as fp16.
+TEST(Errors, HandBuiltBlockSpecsWithFreeFieldsRejected) {
+  // Block formats have no free fields: a hand-built spec whose fields parse() never gives for its name
+  // (an fp8 tile left with fp16 scales, an mxfp4 with fp16 scales) is refused, not stored in a layout
+  // that scale_at() would misread.
+  const std::vector<float> X = ramp(2 * 130);
+  const std::vector<int64_t> seq = {0, 2};
   QuantSpec f;
   f.format = Format::Fp8Tile;
   f.group_size = 128;
+  f.rule = latentq::ScaleRule::Pow2;
   ASSERT_EQ(f.scale_dtype, ScaleDtype::F16);
-  const std::vector<float> X = ramp(2 * 130);
-  const std::vector<int64_t> seq = {0, 2};
-  const QuantizedTensor a = latentq::quantize(f, Target::CKV, X.data(), 2, 130, seq);
-  const QuantizedTensor b = quant("fp8-e4m3-tile128", X, 2, 130);
-  EXPECT_EQ(a.spec, b.spec);
-  EXPECT_EQ(a.scales, b.scales);
-  EXPECT_TRUE(same_bits(decode(a), decode(b)));
+  expect_invalid([&] { latentq::quantize(f, Target::CKV, X.data(), 2, 130, seq); }, {"never produces"});
+  QuantSpec m = QuantSpec::parse("mxfp4");
+  m.scale_dtype = ScaleDtype::F16;
+  expect_invalid([&] { latentq::quantize(m, Target::CKV, X.data(), 2, 130, seq); }, {"never produces"});
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // Element math of quant/include/latentq/qmath.h: fp16 / bf16 / e4m3 conversions against
 // independent double-precision references and hand values, and rne_clamp ties.
+#include <cmath>
 #include <random>
 
 #include "test_helpers.h"
@@ -254,9 +255,22 @@ TEST(QmathCodes, ParamsEncodeDecode) {
   const qm::ScaleOffset p = qm::asym_params(-1.0f, 0.1f * 255.0f - 1.0f, 8, ScaleDtype::F16);
   EXPECT_EQ(p.scale, 0.0999755859375f);
   EXPECT_EQ(p.offset, -1.0f);
-  // fp8 tile scale: amax floor 1e-4.
-  EXPECT_EQ(qm::fp8_tile_scale(0.0f), 1e-4f / 448.0f);
-  EXPECT_EQ(qm::fp8_tile_scale(448.0f), 1.0f);
+  // power-of-two helpers of the FlashMLA / MX scale rules
+  EXPECT_EQ(qm::ceil_log2_normal(1.0f), 0);
+  EXPECT_EQ(qm::ceil_log2_normal(std::nextafter(1.0f, 2.0f)), 1);
+  EXPECT_EQ(qm::ceil_log2_normal(1e-4f), -13);  // 2^-14 = 6.1e-5 < 1e-4 < 2^-13
+  EXPECT_EQ(qm::floor_log2_bits(448.0f), 8);
+  EXPECT_EQ(qm::floor_log2_bits(0.0f), -127);
+  EXPECT_EQ(qm::floor_log2_bits(1e-40f), -127);  // subnormal: the exponent field, as torchao
+  EXPECT_EQ(qm::exp2_int(-127), std::ldexp(1.0f, -127));
+  EXPECT_EQ(qm::exp2_int(127), std::ldexp(1.0f, 127));
+  EXPECT_EQ(qm::e8m0_bits_to_f32(127), 1.0f);
+  EXPECT_TRUE(std::isnan(qm::e8m0_bits_to_f32(255)));
+  // C roundf: half away from zero, exact near halves
+  EXPECT_EQ(qm::round_half_away(2.5f), 3.0f);
+  EXPECT_EQ(qm::round_half_away(-2.5f), -3.0f);
+  EXPECT_EQ(qm::round_half_away(0.49999997f), 0.0f);  // 0.49999997 + 0.5 rounds to 1 in float: not used
+  EXPECT_EQ(qm::round_half_away(-0.5f), -1.0f);
   EXPECT_EQ(qm::packed_row_bytes(33, 4), 17);
   EXPECT_EQ(qm::packed_row_bytes(33, 2), 9);
   EXPECT_EQ(qm::packed_row_bytes(33, 8), 33);

@@ -69,9 +69,12 @@ TEST(FormatsFp16Rounding, OffsetRoundedAboveMinClampsToCodeZero) {
 
 // ---- FP8 e4m3, one fp32 scale per 128-dimension tile of each token ------------------------------
 
-TEST(FormatsFp8Tile, HandTilesWithPartialTailZeroTileAndTies) {
+// Both engine rules on the same hand rows: FlashMLA's pow2 (scale = 2^ceil(log2(max(amax/448, 1e-4)))) and
+// vLLM fp8_ds_mla's fp32 (scale = max(amax/448, FLT_MIN)). Where amax = 448·2^k the two agree (scale 2^k).
+void hand_fp8_tiles(bool pow2) {
   const int64_t T = 2, D = 576;  // 4.5 tiles: tiles [0,128) ... [384,512) and the partial [512,576)
-  const float floor_scale = 1e-4f / 448.0f;  // zero tile: amax clamped to 1e-4
+  // zero tile: pow2 floors amax/448 at 1e-4 -> 2^ceil(log2 1e-4) = 2^-13; fp32 floors it at FLT_MIN
+  const float floor_scale = pow2 ? 0x1p-13f : 1.17549435e-38f;
   std::vector<float> X(T * D, 0.0f);
   // Row 0: tile j holds s_j·p(d) with p(d) = 0.25·(d mod 8 − 4) ∈ {−1, …, 0.75} (exact in e4m3) and
   // p = 448 at the tile's first element, so amax = 448·s_j and scale = s_j exactly (powers of two).
@@ -99,15 +102,19 @@ TEST(FormatsFp8Tile, HandTilesWithPartialTailZeroTileAndTies) {
   // Row 1, tail tile: amax 1e-6 < 1e-4 -> floor scale; 1e-6/floor_scale = 4.48 -> 4.5 (0x49).
   r1[512] = 1e-6f;
 
-  const QuantizedTensor q = quant("fp8-e4m3-tile128", X, T, D);
-  ASSERT_EQ(q.spec, QuantSpec::parse("fp8-e4m3-tile128"));
+  const char* spec = pow2 ? "fp8-e4m3-tile128-pow2" : "fp8-e4m3-tile128-fp32";
+  const QuantizedTensor q = quant(spec, X, T, D);
+  ASSERT_EQ(q.spec, QuantSpec::parse(spec));
   ASSERT_EQ(q.codes.size(), static_cast<size_t>(T * D));
   ASSERT_EQ(q.scales.size(), static_cast<size_t>(T * 5 * 4));  // [T, ceil(576/128) = 5] fp32
   EXPECT_TRUE(q.offsets.empty());
   const std::vector<float> sc = le32f(q.scales);
-  const float s100 = 100.0f / 448.0f;
+  // tile 1 of row 1 (amax 100): pow2 2^ceil(log2(0.2232)) = 0.25; fp32 fl(100/448)
+  const float s100 = pow2 ? 0.25f : 100.0f / 448.0f;
+  // tail of row 1 (amax 1e-6): pow2 floors at 1e-4 -> 2^-13; fp32 fl(1e-6/448)
+  const float stail = pow2 ? 0x1p-13f : 1e-6f / 448.0f;
   EXPECT_EQ(sc, (std::vector<float>{1.0f, 0.125f, floor_scale, 4.0f, 0.25f,  //
-                                    1.0f, s100, floor_scale, floor_scale, floor_scale}));
+                                    1.0f, s100, floor_scale, floor_scale, stail}));
   // Row 0 codes: first element of each non-zero tile 0x7e (448); others e4m3(p(d)).
   for (int64_t d = 0; d < D; ++d) {
     const int j = static_cast<int>(d / 128);
@@ -129,9 +136,15 @@ TEST(FormatsFp8Tile, HandTilesWithPartialTailZeroTileAndTies) {
   EXPECT_EQ(int(c1[3]), 0x02);
   EXPECT_EQ(int(c1[4]), 0x58);
   EXPECT_EQ(int(c1[5]), 0xda);  // −20
-  EXPECT_EQ(int(c1[128]), 0x7e);
-  EXPECT_EQ(int(c1[129]), 0xf6);  // −50/s100 = −224.000002 -> −224 = −1.75·2^7: e = 14, m = 6
-  EXPECT_EQ(int(c1[512]), 0x49);
+  if (pow2) {
+    EXPECT_EQ(int(c1[128]), 0x7c);  // 100/0.25 = 400: tie 384/416 -> 384 = 1.5·2^8 (even mantissa)
+    EXPECT_EQ(int(c1[129]), 0xf4);  // −200: tie −192/−208 -> −192 = −1.5·2^7
+    EXPECT_EQ(int(c1[512]), 0x04);  // 1e-6 / 2^-13 = 0.008192 = 4.19·2^-9 -> subnormal m = 4
+  } else {
+    EXPECT_EQ(int(c1[128]), 0x7e);
+    EXPECT_EQ(int(c1[129]), 0xf6);  // −50/s100 = −224.000002 -> −224 = −1.75·2^7: e = 14, m = 6
+    EXPECT_EQ(int(c1[512]), 0x7e);  // 1e-6 / fl(1e-6/448) = 448 up to one rounding: 448
+  }
 
   const std::vector<float> xh = decode(q);
   for (int64_t d = 0; d < D; ++d) {
@@ -144,20 +157,24 @@ TEST(FormatsFp8Tile, HandTilesWithPartialTailZeroTileAndTies) {
   EXPECT_EQ(xh[D + 3], 0x2p-9f);
   EXPECT_EQ(xh[D + 4], 16.0f);
   EXPECT_EQ(xh[D + 5], -20.0f);
-  EXPECT_EQ(xh[D + 128], 448.0f * s100);
-  EXPECT_EQ(xh[D + 512], 4.5f * floor_scale);
+  EXPECT_EQ(xh[D + 128], (pow2 ? 384.0f : 448.0f) * s100);
+  EXPECT_EQ(xh[D + 512], pow2 ? 4.0f * 0x1p-9f * 0x1p-13f : 448.0f * stail);
   for (int64_t d = 513; d < D; ++d) EXPECT_EQ(xh[D + d], 0.0f);
   for (float v : xh) ASSERT_TRUE(std::isfinite(v));
 }
 
-TEST(FormatsFp8Tile, OnKpeStoresBf16) {
-  // fp8-e4m3-tile128 applied to k_pe stores bf16 (FlashMLA layout): 2 bytes per element, no scales.
+TEST(FormatsFp8Tile, HandTilesFlashMlaPow2) { hand_fp8_tiles(true); }
+TEST(FormatsFp8Tile, HandTilesVllmFp32) { hand_fp8_tiles(false); }
+
+TEST(FormatsFp8Tile, PresetOnKpeStoresBf16) {
+  // The FlashMLA V3.2 preset applied to k_pe stores bf16 (its record keeps the rope dims in bf16):
+  // 2 bytes per element, no scales.
   std::mt19937 rng(5);
   std::normal_distribution<float> nd(0.0f, 3.0f);
   const int64_t T = 3, D = 64;
   std::vector<float> X(T * D);
   for (float& v : X) v = nd(rng);
-  const QuantizedTensor q = quant("fp8-e4m3-tile128", X, T, D, {}, Target::KPE);
+  const QuantizedTensor q = quant("flashmla-v32-fp8", X, T, D, {}, Target::KPE);
   EXPECT_EQ(q.spec, QuantSpec::parse("bf16"));
   EXPECT_EQ(q.codes.size(), static_cast<size_t>(2 * T * D));
   EXPECT_TRUE(q.scales.empty());
@@ -167,17 +184,20 @@ TEST(FormatsFp8Tile, OnKpeStoresBf16) {
 }
 
 TEST(FormatsFp8Tile, RandomTilesMatchReference) {
-  // Each element decodes to e4m3(x/s)·s with s = max(amax_tile, 1e-4)/448, the per-tile amax
-  // computed here; codes re-derived with the independent double-precision RNE reference.
+  // Each element decodes to e4m3(x/s)·s with the engine's s from the per-tile amax computed here
+  // (pow2: 2^ceil(log2(max(amax/448, 1e-4))) in double; fp32: max(amax/448, FLT_MIN)); codes
+  // re-derived with the independent double-precision RNE reference (saturating at 448).
+  for (const bool pow2 : {true, false})
   for (uint32_t seed : {1u, 2u, 3u}) {
     for (int64_t D : {576, 64, 33, 128}) {
       const int64_t T = 7;
-      SCOPED_TRACE("seed " + std::to_string(seed) + " [" + std::to_string(T) + ", " + std::to_string(D) + "]");
+      SCOPED_TRACE(std::string(pow2 ? "pow2" : "fp32") + " seed " + std::to_string(seed) + " [" + std::to_string(T) + ", " +
+                   std::to_string(D) + "]");
       std::mt19937 rng(seed);
       std::normal_distribution<float> nd(0.0f, 1.0f);
       std::vector<float> X(T * D);
       for (int64_t i = 0; i < T * D; ++i) X[i] = nd(rng) * ((i % D) < 16 ? 20.0f : 1.0f);
-      const QuantizedTensor q = quant("fp8-e4m3-tile128", X, T, D);
+      const QuantizedTensor q = quant(pow2 ? "fp8-e4m3-tile128-pow2" : "fp8-e4m3-tile128-fp32", X, T, D);
       const int64_t nt = (D + 127) / 128;
       ASSERT_EQ(q.scales.size(), static_cast<size_t>(T * nt * 4));
       const std::vector<float> sc = le32f(q.scales), xh = decode(q);
@@ -185,12 +205,14 @@ TEST(FormatsFp8Tile, RandomTilesMatchReference) {
         for (int64_t j = 0; j < nt; ++j) {
           float amax = 0;
           for (int64_t d = 128 * j; d < std::min(D, 128 * j + 128); ++d) amax = std::max(amax, std::fabs(X[t * D + d]));
-          const float s = std::max(amax, 1e-4f) / 448.0f;
+          const float s = pow2 ? static_cast<float>(std::exp2(std::ceil(std::log2(std::max<double>(amax / 448.0f, 1e-4f)))))
+                               : std::max(amax / 448.0f, 1.17549435e-38f);
           ASSERT_EQ(sc[t * nt + j], s) << "t " << t << " tile " << j;
           for (int64_t d = 128 * j; d < std::min(D, 128 * j + 128); ++d) {
             const float x = X[t * D + d];
-            ASSERT_EQ(e4m3_value(q.codes[t * D + d]), ref_e4m3(x / s)) << "t " << t << " d " << d;
-            ASSERT_EQ(xh[t * D + d], static_cast<float>(ref_e4m3(x / s)) * s) << "t " << t << " d " << d;
+            const double want = std::clamp(ref_e4m3(x / s), -448.0, 448.0);
+            ASSERT_EQ(e4m3_value(q.codes[t * D + d]), want) << "t " << t << " d " << d;
+            ASSERT_EQ(xh[t * D + d], static_cast<float>(want) * s) << "t " << t << " d " << d;
           }
         }
     }

@@ -36,21 +36,73 @@ TEST(Spec, Baselines) {
   EXPECT_EQ(b.to_string(), "bf16");
   EXPECT_EQ(QuantSpec::parse(b.to_string()), b);
 
-  const QuantSpec f = QuantSpec::parse("fp8-e4m3-tile128");
+  // FP8 tiles: the scale rule and its storage are part of the name.
+  const QuantSpec f = QuantSpec::parse("fp8-e4m3-tile128-pow2");
   EXPECT_EQ(f.format, Format::Fp8Tile);
   EXPECT_EQ(f.bits, 8);
   EXPECT_EQ(f.group_size, 128);
+  EXPECT_EQ(f.rule, latentq::ScaleRule::Pow2);
   EXPECT_EQ(f.scale_dtype, ScaleDtype::F32);
-  EXPECT_EQ(f.to_string(), "fp8-e4m3-tile128");
-  EXPECT_EQ(QuantSpec::parse(f.to_string()), f);
-  EXPECT_EQ(QuantSpec::parse("fp8-e4m3-tile64").group_size, 64);
-
-  // On k_pe the FlashMLA layout stores bf16; on c_kv the spec itself. Int specs are unchanged.
-  EXPECT_EQ(f.stored_for(Target::KPE), b);
-  EXPECT_EQ(f.stored_for(Target::CKV), f);
+  EXPECT_EQ(QuantSpec::parse("fp8-e4m3-tile64-pow2-ue8m0").scale_dtype, ScaleDtype::UE8M0);
+  EXPECT_EQ(QuantSpec::parse("fp8-e4m3-tile128-fp32").rule, latentq::ScaleRule::Fp32);
+  EXPECT_EQ(QuantSpec::parse("fp8-e4m3-tensor").rule, latentq::ScaleRule::Calibrated);
+  EXPECT_EQ(QuantSpec::parse("fp8-e4m3-tensor-s1").rule, latentq::ScaleRule::Unit);
+  // Every block format and preset round-trips through its canonical string.
+  for (const char* name : {"fp8-e4m3-tile128-pow2", "fp8-e4m3-tile64-pow2-ue8m0", "fp8-e4m3-tile32-fp32", "fp8-e4m3-tensor",
+                           "fp8-e4m3-tensor-s1", "mxfp8", "mxfp4", "nvfp4", "q8_0", "q4_0", "q4_1", "flashmla-v32-fp8",
+                           "vllm-fp8-ds-mla", "flashmla-model1-fp8", "flashmla-v41-fp8"}) {
+    SCOPED_TRACE(name);
+    const QuantSpec q = QuantSpec::parse(name);
+    EXPECT_EQ(q.to_string(), name);
+    EXPECT_EQ(QuantSpec::parse(q.to_string()), q);
+  }
+  // Presets: one stored format per target; other specs store themselves on both.
+  const QuantSpec v32 = QuantSpec::parse("flashmla-v32-fp8");
+  EXPECT_EQ(v32.stored_for(Target::CKV), f);
+  EXPECT_EQ(v32.stored_for(Target::KPE), b);
+  EXPECT_EQ(QuantSpec::parse("vllm-fp8-ds-mla").stored_for(Target::CKV), QuantSpec::parse("fp8-e4m3-tile128-fp32"));
+  EXPECT_EQ(QuantSpec::parse("flashmla-v41-fp8").stored_for(Target::KPE), QuantSpec::parse("fp8-e4m3-tile32-pow2-ue8m0"));
+  EXPECT_EQ(f.stored_for(Target::KPE), f);
   const QuantSpec i = QuantSpec::parse("int4-asym-channel-g32");
   EXPECT_EQ(i.stored_for(Target::KPE), i);
   EXPECT_EQ(b.stored_for(Target::KPE), b);
+  // Labels come from the descriptor table.
+  EXPECT_STREQ(latentq::family_of(QuantSpec::parse("q4_1")), "ggml");
+  EXPECT_STREQ(latentq::scheme_of(QuantSpec::parse("q4_1")), "asym");
+  EXPECT_STREQ(latentq::granularity_of(QuantSpec::parse("mxfp4")), "block");
+  EXPECT_STREQ(latentq::scale_dtype_of(QuantSpec::parse("nvfp4")), "e4m3");
+  EXPECT_STREQ(latentq::scheme_of(i), "asym");
+  EXPECT_STREQ(latentq::granularity_of(i), "channel");
+}
+
+TEST(Spec, RetiredFp8TileNameSaysWhatReplacesIt) {
+  try {
+    (void)QuantSpec::parse("fp8-e4m3-tile128");
+    ADD_FAILURE() << "accepted";
+  } catch (const std::invalid_argument& e) {
+    const std::string m = e.what();
+    for (const char* n : {"retired", "fp8-e4m3-tile<N>-pow2", "fp8-e4m3-tile<N>-fp32", "flashmla-v32-fp8", "vllm-fp8-ds-mla"})
+      EXPECT_NE(m.find(n), std::string::npos) << n << " in " << m;
+  }
+}
+
+TEST(Spec, LayoutFromTheDescriptor) {
+  using latentq::layout;
+  EXPECT_EQ(layout(QuantSpec::parse("q4_0"), 576).bytes_per_token(), 324);
+  EXPECT_EQ(layout(QuantSpec::parse("q4_0"), 576).blocks_per_row, 18);
+  EXPECT_EQ(layout(QuantSpec::parse("mxfp4"), 576).bytes_per_token(), 288 + 18);
+  EXPECT_EQ(layout(QuantSpec::parse("nvfp4"), 512).bytes_per_token(), 256 + 32);
+  EXPECT_EQ(layout(QuantSpec::parse("nvfp4"), 512).tensor_bytes, 4);
+  EXPECT_EQ(layout(QuantSpec::parse("fp8-e4m3-tile128-pow2"), 576).blocks_per_row, 5);  // a partial last tile of 64
+  EXPECT_EQ(layout(QuantSpec::parse("int4-asym-token-g32"), 128).bytes_per_token(), 64 + 4 * 4);
+  // a group size beyond D is one group per row, without overflow
+  EXPECT_EQ(layout(QuantSpec::parse("int4-asym-token-g9223372036854775807"), 128).blocks_per_row, 1);
+  try {
+    (void)layout(QuantSpec::parse("q8_0"), 48);
+    ADD_FAILURE() << "accepted D = 48";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("multiple of 32"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Spec, CanonicalForms) {
@@ -93,7 +145,11 @@ TEST(Spec, RejectionsNameTheStringAndListTheValidForms) {
       {"int8-sym-tensor-g0", "per-tensor"},
       {"fp8-e4m3-tile0", "tile width"},
       {"fp8-e4m3-tile", "tile width"},
-      {"fp8-e4m3-tile-128", "expected"},
+      {"fp8-e4m3-tile-128", "tile width"},
+      {"fp8-e4m3-tile128-pow3", "scale rule"},
+      {"fp8-e4m3-tile128-fp32-ue8m0", "scale rule"},
+      {"fp8-e4m3-tensor-s2", "fp8-e4m3-tensor-s1"},
+      {"mxfp6", "expected"},
       {"fp8-e4m3-tilex", "tile width"},
       {"int4-asym-channel-g32-fp32-x", "unexpected 'x'"},
       {"int4-asym-channel-g32x", "group size"},

@@ -44,6 +44,7 @@ struct CellResult {
   QuantSpec stored;      ///< the format actually stored (QuantSpec::stored_for)
   Accounting accounting; ///< bits per element, bytes per token (one layer, one target), metadata included
   ErrorMetrics metrics;  ///< of the dequantized matrix against the original
+  QuantDiagnostics diagnostics;  ///< precision lost silently under the format's conventions (diagnose())
 };
 
 /// Where cells are computed. The CPU backend is the reference (quantize_dequantize + error_metrics
@@ -75,6 +76,11 @@ struct RunOptions {
   std::function<void(size_t, size_t)> progress;
 };
 
+/// One warning line per quantizer of /latent_error `le` with any scale underflow, offset rounding or
+/// saturation (columns scale_underflow_groups, offset_rounding_groups, saturated_values), naming the
+/// counts, the targets and, for fp16-scaled integer specs, the -fp32 variant. Empty if none.
+std::vector<std::string> latent_precision_warnings(const ColumnTable& le);
+
 /// Column names of /latent_error, in order.
 const std::vector<std::string>& latent_error_columns();
 
@@ -84,7 +90,7 @@ const std::vector<std::string>& latent_error_columns();
 ///   granularity (tensor/channel/token; bf16: element; fp8: tile), group_size (int64; fp8: the
 ///   tile), scale_dtype (fp16/fp32; bf16: none; fp8: fp32), bits_per_element,
 ///   bytes_per_token_layer, rel_fro, mse, sqnr_db, max_abs_err, cos_mean (float64).
-/// The columns describe the stored format (fp8-e4m3-tile128 rows of k_pe say bf16).
+/// The columns describe the stored format (a preset's rows say what it stores for that target, e.g. bf16 for flashmla-v32-fp8 on k_pe).
 /// Throws std::invalid_argument naming the cell (key) when a cell fails (e.g. a scale that
 /// overflows fp16); with several failures, the first in cell order.
 ColumnTable run_latent_error(const Dump& dump, const std::vector<Cell>& cells, LatentBackend& backend,

@@ -71,13 +71,16 @@ struct DeviceQuantized {
   gpu::DeviceBuffer<uint8_t> codes;       ///< [rows, row_bytes()]
   gpu::DeviceBuffer<uint8_t> scales;      ///< raw little-endian scale values, layout as QuantizedTensor
   gpu::DeviceBuffer<uint8_t> offsets;     ///< asymmetric only
+  std::vector<uint8_t> global;            ///< fp32 per-tensor scale [4 bytes] (fp8-e4m3-tensor, nvfp4), host copy
   gpu::DeviceBuffer<int64_t> d_group_bounds;  ///< channel: device copy of group_bounds [G+1]
   mutable gpu::Workspace ws;              ///< scratch, see gpu::Workspace
 
-  /// Metadata-only QuantizedTensor (spec, rows, cols, group_bounds; no data): its row_bytes(),
+  /// Metadata-only QuantizedTensor (spec, rows, cols, group_bounds, global; no codes): its row_bytes(),
   /// row_group() and scales_per_row() define this layout.
   QuantizedTensor header() const;
-  int64_t storage_bytes() const { return static_cast<int64_t>(codes.size() + scales.size() + offsets.size()); }
+  int64_t storage_bytes() const {
+    return static_cast<int64_t>(codes.size() + scales.size() + offsets.size() + global.size());
+  }
 };
 
 /// Quantize d_x [T, D] (device, row-major float32) with `spec` as stored for `target` into `out`,

@@ -175,11 +175,107 @@ LQ_HD float e4m3_bits_to_f32(uint8_t c) {
   return f32_from_bits(sign | ((e + 120u) << 23) | (m << 20));
 }
 
+// ---- fp4 e2m1 (OCP MX v1.0 §5.3.3: bias 1, values 0, 0.5, 1, 1.5, 2, 3, 4, 6; no inf, no NaN) ----
+constexpr float kE2M1Max = 6.0f;
+/// float32 → e2m1 code (4 bits: sign in bit 3), RNE, saturating to ±6 (as torchao's
+/// f32_to_f4_unpacked after its clamp, and ml_dtypes.float4_e2m1fn); NaN → +6 (callers reject NaN).
+LQ_HD uint8_t f32_to_e2m1_bits(float f) {
+  uint32_t u = f32_bits(f);
+  const uint8_t sign = static_cast<uint8_t>((u >> 28) & 0x8u);
+  u &= 0x7fffffffu;
+  const float a = f32_from_bits(u);
+  uint8_t o;
+  if (!(a < kE2M1Max)) {
+    o = 0x7;                                   // saturate (±6); NaN lands here too
+  } else if (u < (127u << 23)) {               // |f| < 1: subnormal m·0.5, m ∈ [0, 2]
+    o = static_cast<uint8_t>(rne_small(mul_rn(a, 2.0f)));  // m = 2 is the smallest normal: same bits
+  } else {
+    const uint32_t mant_odd = (u >> 22) & 1u;
+    u += (static_cast<uint32_t>(1 - 127) << 23) + 0x1fffffu + mant_odd;
+    const uint32_t c = u >> 22;
+    o = static_cast<uint8_t>(c > 0x7u ? 0x7u : c);
+  }
+  return static_cast<uint8_t>(o | sign);
+}
+/// e2m1 code (low 4 bits) → float32, exact.
+LQ_HD float e2m1_bits_to_f32(uint8_t c) {
+  const uint32_t e = (c >> 1) & 3u, m = c & 1u;
+  const float mag = e == 0 ? mul_rn(static_cast<float>(m), 0.5f) : f32_from_bits(((e + 126u) << 23) | (m << 22));
+  return (c & 0x8u) ? -mag : mag;
+}
+
+// ---- E8M0 / UE8M0 scale bytes (OCP MX v1.0 §5.4.1: value 2^(b − 127), b = 255 is NaN) ---------
+/// 2^e as float32 for −127 ≤ e ≤ 127 (2^−127 is a float32 subnormal), exact.
+LQ_HD float exp2_int(int e) {
+  return e >= -126 ? f32_from_bits(static_cast<uint32_t>(e + 127) << 23) : f32_from_bits(0x00400000u);
+}
+LQ_HD float e8m0_bits_to_f32(uint8_t b) { return b == 0xff ? f32_from_bits(0x7fc00000u) : exp2_int(static_cast<int>(b) - 127); }
+/// floor(log2(v)) from the float32 exponent field (v ≥ 0 finite): exact for normal v; a subnormal
+/// or zero v gives −127 (torchao's FLOOR mode reads the exponent bits the same way).
+LQ_HD int floor_log2_bits(float v) { return static_cast<int>((f32_bits(v) >> 23) & 0xffu) - 127; }
+/// ceil(log2(v)) for a normal positive float32 v, exact: the exponent, plus one if any mantissa bit is set.
+LQ_HD int ceil_log2_normal(float v) {
+  const uint32_t u = f32_bits(v);
+  return static_cast<int>((u >> 23) & 0xffu) - 127 + ((u & 0x7fffffu) != 0u ? 1 : 0);
+}
+
+// ---- round half away from zero (C roundf), as ggml's reference quantizers use -----------------
+/// roundf(v) for |v| < 2^31, exact: trunc(|v|) + (frac ≥ 0.5), sign restored.
+LQ_HD float round_half_away(float v) {
+  const float a = abs_f(v);
+  const float t = static_cast<float>(static_cast<int32_t>(a));  // trunc, exact for a < 2^31
+  const float r = add_rn(t, sub_rn(a, t) >= 0.5f ? 1.0f : 0.0f);
+  return f32_from_bits(f32_bits(r) | (f32_bits(v) & 0x80000000u));
+}
+
 // ---- scale / offset storage dtype ------------------------------------------------------------
 /// Storage dtype of a scale or offset. Values are kept as float32 in registers after being rounded.
-enum class ScaleDtype : uint8_t { F16 = 0, F32 = 1 };
+///   F16   IEEE binary16 (2 bytes)     F32   float32 (4 bytes)
+///   UE8M0 one exponent byte, 2^(b−127) (power-of-two scales: FlashMLA MODEL1 / V4.1, OCP MX E8M0)
+///   E4M3  one fp8 e4m3fn byte (NVFP4 block scales)
+enum class ScaleDtype : uint8_t { F16 = 0, F32 = 1, UE8M0 = 2, E4M3 = 3 };
+/// Bytes of one stored scale/offset of dtype d.
+LQ_HD int scale_dtype_bytes(ScaleDtype d) {
+  return d == ScaleDtype::F16 ? 2 : d == ScaleDtype::F32 ? 4 : 1;
+}
+/// v rounded to dtype d (F16: RNE, may overflow to ±inf; F32: v; UE8M0: v must already be a power
+/// of two in range (the scale rules produce only those); E4M3: RNE saturating).
 LQ_HD float round_to_dtype(float v, ScaleDtype d) {
-  return d == ScaleDtype::F16 ? f16_bits_to_f32(f32_to_f16_bits(v)) : v;
+  switch (d) {
+    case ScaleDtype::F16: return f16_bits_to_f32(f32_to_f16_bits(v));
+    case ScaleDtype::E4M3: return e4m3_bits_to_f32(f32_to_e4m3_bits(v));
+    default: return v;
+  }
+}
+/// Raw little-endian bytes of v (already representable in d) into dst[scale_dtype_bytes(d)].
+LQ_HD void store_dtype(uint8_t* dst, float v, ScaleDtype d) {
+  switch (d) {
+    case ScaleDtype::F16: {
+      const uint16_t h = f32_to_f16_bits(v);
+      dst[0] = static_cast<uint8_t>(h);
+      dst[1] = static_cast<uint8_t>(h >> 8);
+      return;
+    }
+    case ScaleDtype::F32: {
+      const uint32_t w = f32_bits(v);
+      for (int k = 0; k < 4; ++k) dst[k] = static_cast<uint8_t>(w >> (8 * k));
+      return;
+    }
+    case ScaleDtype::UE8M0: dst[0] = static_cast<uint8_t>(floor_log2_bits(v) + 127); return;
+    case ScaleDtype::E4M3: dst[0] = f32_to_e4m3_bits(v); return;
+  }
+}
+/// Decoded value of the stored bytes src[scale_dtype_bytes(d)], exact.
+LQ_HD float load_dtype(const uint8_t* src, ScaleDtype d) {
+  switch (d) {
+    case ScaleDtype::F16: return f16_bits_to_f32(static_cast<uint16_t>(src[0] | (src[1] << 8)));
+    case ScaleDtype::F32:
+      return f32_from_bits(static_cast<uint32_t>(src[0]) | (static_cast<uint32_t>(src[1]) << 8) |
+                           (static_cast<uint32_t>(src[2]) << 16) | (static_cast<uint32_t>(src[3]) << 24));
+    case ScaleDtype::UE8M0: return e8m0_bits_to_f32(src[0]);
+    case ScaleDtype::E4M3: return e4m3_bits_to_f32(src[0]);
+  }
+  return 0.0f;
 }
 
 // ---- integer codes ----------------------------------------------------------------------------
@@ -223,13 +319,6 @@ LQ_HD float decode_asym(uint32_t u, float scale, float offset) {
   return add_rn(offset, mul_rn(scale, static_cast<float>(u)));
 }
 
-// ---- FP8 e4m3 tile (FlashMLA / vLLM fp8_ds_mla) -----------------------------------------------
-/// FlashMLA's reference clamps a tile's amax at 1e-4 so a zero tile keeps a finite, non-zero scale.
-constexpr float kFp8TileAmaxFloor = 1e-4f;
-/// scale = max(amax, 1e-4) / 448, stored as float32.
-LQ_HD float fp8_tile_scale(float amax) { return div_rn(max_num(amax, kFp8TileAmaxFloor), kE4M3Max); }
-LQ_HD uint8_t encode_fp8(float x, float scale) { return f32_to_e4m3_bits(div_rn(x, scale)); }
-LQ_HD float decode_fp8(uint8_t c, float scale) { return mul_rn(e4m3_bits_to_f32(c), scale); }
 
 // ---- bit packing ------------------------------------------------------------------------------
 // Codes of one token row are packed little-end first: INT4 element 2k in bits 0–3 of byte k and

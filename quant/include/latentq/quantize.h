@@ -2,19 +2,21 @@
 // byte (ggml's *_ref role). Element math lives in latentq/qmath.h; specs in latentq/spec.h.
 //
 // Storage layout of a QuantizedTensor for an input X of shape [T, D] (row-major float32, T tokens
-// of all sequences concatenated, D = kv_lora_rank or qk_rope_head_dim):
-//   codes   : uint8 [T, row_bytes], row_bytes = ceil(D·bits/8); packing order in qmath.h
-//             (INT4: element 2k in the low nibble of byte k; INT2: element 4k+j at bits 2j..2j+1;
-//             symmetric codes are offset binary u = q + 2^(b-1)); bf16: 2 bytes per element,
-//             little-endian; fp8: 1 byte per element.
-//   scales  : little-endian values of the scale dtype (fp16: 2 bytes, fp32: 4 bytes):
-//               tensor  -> [1]
-//               channel -> [G, D]   G token groups (never across sequences), see channel_groups()
-//               token   -> [T, ceil(D/g)]   (g = D when group_size is 0)
-//               fp8 tile-> [T, ceil(D/tile)] fp32
-//               bf16    -> []
-//   offsets : asymmetric only, same layout and dtype as scales (the group min, as stored).
-// Dequantization reads only codes, scales and offsets.
+// of all sequences concatenated, D = kv_lora_rank or qk_rope_head_dim); latentq::layout() in spec.h
+// gives the sizes:
+//   codes   : uint8 [T, row_code_bytes]; integer packing in qmath.h (INT4: element 2k in the low
+//             nibble of byte k; INT2: element 4k+j at bits 2j..2j+1; symmetric codes are offset
+//             binary u = q + 2^(b-1)); bf16: 2 bytes per element, little-endian; e4m3 / q8_0: 1 byte
+//             per element; e2m1 (mxfp4, nvfp4): element 2k in the low nibble of byte k; ggml q4_0 /
+//             q4_1: within each block of 32, byte j holds element j (low) and j + 16 (high).
+//   scales  : little-endian values of the scale dtype (fp16: 2 bytes, fp32: 4, ue8m0 / e4m3: 1):
+//               int tensor  -> [1]
+//               int channel -> [G, D]   G token groups (never across sequences), see channel_groups()
+//               int token, every block format -> [T, blocks_per_row]
+//               bf16, fp8-e4m3-tensor -> []
+//   offsets : int asymmetric and q4_1 only, same layout and dtype as scales (the group min, as stored).
+//   global  : fp8-e4m3-tensor and nvfp4: the fp32 per-tensor scale [1] (4 bytes).
+// Dequantization reads only codes, scales, offsets and global.
 #pragma once
 
 #include <cstdint>
@@ -36,21 +38,36 @@ struct QuantizedTensor {
   std::vector<uint8_t> codes;         ///< packed codes, [rows, row_bytes()]
   std::vector<uint8_t> scales;        ///< raw scale values, see layout
   std::vector<uint8_t> offsets;       ///< raw offsets (asymmetric only), same layout as scales
+  std::vector<uint8_t> global;        ///< fp32 per-tensor scale [4 bytes] (fp8-e4m3-tensor, nvfp4); else empty
 
+  Layout layout() const { return latentq::layout(spec, cols); }  ///< the stored layout (spec.h)
   int64_t row_bytes() const;          ///< bytes of one packed code row
-  int64_t row_group() const;          ///< token/fp8: width of a scale group along D (min(group, D)); else 0
-  int64_t scales_per_row() const;     ///< token/fp8: scale groups per row, ceil(D / row_group()); else 0
-  /// Bytes actually stored: codes + scales + offsets.
-  int64_t storage_bytes() const { return static_cast<int64_t>(codes.size() + scales.size() + offsets.size()); }
+  int64_t row_group() const;          ///< per-row scale groups (token groups, blocks): width along D; else 0
+  int64_t scales_per_row() const;     ///< per-row scale groups per row, ceil(D / row_group()); else 0
+  /// Bytes actually stored: codes + scales + offsets + global.
+  int64_t storage_bytes() const {
+    return static_cast<int64_t>(codes.size() + scales.size() + offsets.size() + global.size());
+  }
+  /// The stored per-tensor scale (fp8-e4m3-tensor, nvfp4), exact; 0 if none.
+  float global_scale() const;
   /// Decoded value of stored scale i / offset i (float32, exact).
   float scale_at(int64_t i) const;
   float offset_at(int64_t i) const;
 };
 
-/// Token-group boundaries for per-channel grouping: for each sequence [s0, s1) of seq_offsets,
-/// boundaries s0, s0+g, ..., s1 (g = group_size, 0 = whole sequence). Returns [G+1] int64.
-/// Throws std::invalid_argument if seq_offsets is not 0 = o_0 ≤ ... ≤ o_S = T with S ≥ 1.
+/// Checks seq_offsets [S+1] (int64): 0 = o_0 ≤ o_1 ≤ ... ≤ o_S = T with S ≥ 1 (empty sequences
+/// allowed). Throws std::invalid_argument naming the first offending entry otherwise.
+void validate_seq_offsets(std::span<const int64_t> seq_offsets, int64_t T);
+
+/// Token-group boundaries for per-channel grouping: for each non-empty sequence [s0, s1) of
+/// seq_offsets, boundaries s0, s0+g, ..., s1 (g = group_size, 0 = whole sequence; a g at or beyond
+/// the sequence length gives one group; overflow-safe for any g up to 2^63 − 1). Returns [G+1]
+/// int64. Throws std::invalid_argument as validate_seq_offsets, or for a negative group_size.
 std::vector<int64_t> channel_groups(std::span<const int64_t> seq_offsets, int64_t T, int64_t group_size);
+
+/// Where stored group gi of qt lies, for messages: "tokens [t0, t1), dimension d" (channel),
+/// "token t, dimensions [d0, d1)" (token groups and blocks), "the whole tensor" (tensor).
+std::string group_name(const QuantizedTensor& qt, int64_t gi);
 
 /// Number of NaN/Inf values in x [n].
 int64_t count_nonfinite(const float* x, int64_t n);
@@ -63,19 +80,21 @@ int64_t count_nonfinite(const float* x, int64_t n);
 void validate_spec_fields(const QuantSpec& spec);
 /// Message of the std::invalid_argument for `count` NaN/Inf values in a [T, D] input.
 std::string nonfinite_message(int64_t count, int64_t T, int64_t D);
-/// Message of the std::invalid_argument when the scale (offset = false) or the offset of scale group
-/// `group` overflows the storage dtype of `spec` (the stored spec); raw = the float32 value before
-/// rounding to that dtype.
-std::string overflow_message(const QuantSpec& spec, bool offset, float raw, int64_t group);
+/// Message of the std::invalid_argument when a stored value overflows its storage dtype: the scale
+/// (what = "scale"), the offset ("offset") or an element ("value") of `where` (group_name()), in the
+/// stored spec `spec`; raw = the float32 value before rounding to that dtype. One wording for every
+/// storage conversion (fp16/fp32 scales and offsets, bf16 values) of the CPU reference and the kernels.
+std::string overflow_message(const QuantSpec& spec, const char* what, float raw, const std::string& where);
 
 /// Quantize X [T, D] (row-major float32) with `spec` as stored for `target`.
 /// seq_offsets [S+1] (int64) gives the sequence boundaries; only per-channel grouping uses it
 /// (pass {0, T} for a single sequence).
+/// seq_offsets are validated for every spec (validate_seq_offsets).
 /// Throws std::invalid_argument for T == 0 or D == 0, NaN/Inf in X (with the count), bad
-/// seq_offsets, a scale/offset that overflows its storage dtype (naming the float32 value), or a
-/// hand-built spec with fields parse() never produces (Int bits not 2/4/8, negative group size,
-/// fp8 tile width ≤ 0). fp8 tile scales are float32 whatever spec.scale_dtype says; the returned
-/// qt.spec records F32.
+/// seq_offsets, a stored value that overflows its storage dtype (a scale or offset beyond fp16, a
+/// value beyond bf16's range, a ggml fp16 d or m: naming the float32 value and the group), a row
+/// length a format cannot store (ggml: D % 32 != 0), or a hand-built spec with fields parse() never
+/// produces (Int bits not 2/4/8, negative group size, fp8 tile width ≤ 0).
 QuantizedTensor quantize(const QuantSpec& spec, Target target, const float* X, int64_t T, int64_t D,
                          std::span<const int64_t> seq_offsets);
 
@@ -85,6 +104,26 @@ void dequantize(const QuantizedTensor& q, float* out);
 /// quantize then dequantize into out [T, D]; returns the storage (for accounting).
 QuantizedTensor quantize_dequantize(const QuantSpec& spec, Target target, const float* X, int64_t T, int64_t D,
                                     std::span<const int64_t> seq_offsets, float* out);
+
+/// Precision lost silently by a quantized matrix under the documented conventions (issue: "the
+/// conventions stay, the results record it"). Counts, over the stored groups of qt:
+struct QuantDiagnostics {
+  int64_t scale_underflow = 0;  ///< groups with a non-zero range whose stored scale is 0 or subnormal in its dtype
+  int64_t offset_rounding = 0;  ///< asymmetric groups whose stored offset is off the true min by more than half a step
+  int64_t saturated = 0;        ///< elements clamped at the element format's max (fp8/fp4 codes at ±max + half a step)
+  bool any() const { return scale_underflow || offset_rounding || saturated; }
+};
+/// Diagnostics of qt, quantized from X [qt.rows, qt.cols] (row-major float32), recomputed from the
+/// stored bytes and X (the same for the CPU reference and the kernels).
+QuantDiagnostics diagnose(const QuantizedTensor& qt, const float* X);
+
+/// The engine's per-token record of `preset` (spec.h kPresets) from the stored c_kv [T, D_ckv] and
+/// k_pe [T, D_kpe] of that preset (each quantized with the preset for its target): uint8
+/// [T, record_bytes(preset, D_ckv, D_kpe)], row-major, parts in the preset's RecordOrder, pad bytes
+/// zero. Throws std::invalid_argument if preset is not a preset, a tensor's spec is not the preset's
+/// for its target, the token counts differ, or the widths are not the engine's own (MODEL1 and
+/// V4.1 hold 448 + 64 dims; their bytes per token at other widths are record_bytes(), not a record).
+std::vector<uint8_t> pack_record(const QuantSpec& preset, const QuantizedTensor& ckv, const QuantizedTensor& kpe);
 
 /// Honest storage accounting of a quantized matrix, metadata included.
 struct Accounting {

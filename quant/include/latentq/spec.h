@@ -1,73 +1,155 @@
-// latentq/spec.h — quantizer specs: one string names a quantizer everywhere (CLI, config, HDF5,
-// thresholds).
+// latentq/spec.h — quantizer specs and the format descriptor: one string names a quantizer
+// everywhere (CLI, config, HDF5, thresholds), and one table row per format (kFormats, in the style
+// of ggml's type_traits) gives its grammar, its labels, the engine or standard it reproduces and,
+// through layout(), its byte layout and bytes per token for a given row length.
 //
-// Grammar (canonical form first; parsing also accepts the optional parts spelled out):
+// Grammar (canonical form first; spec_grammar() prints it from the table):
 //   int{8|4|2}-{sym|asym}-tensor[-fp32]
 //   int{8|4|2}-{sym|asym}-{channel|token}[-g{N}][-fp32]     N ≥ 0; -g0 (or no -g) = whole axis
 //   bf16
-//   fp8-e4m3-tile{N}                                          N > 0 (production: tile128)
-// The scale/offset dtype is fp16 unless -fp32 is given (-fp16 is accepted and omitted).
+//   fp8-e4m3-tile{N}-pow2[-ue8m0] | fp8-e4m3-tile{N}-fp32    N > 0
+//   fp8-e4m3-tensor[-s1]
+//   mxfp8 | mxfp4 | nvfp4 | fp4-e2m1-tile16-e4m3
+//   q8_0 | q4_0 | q4_1
+//   engine presets (a per-target pair): flashmla-v32-fp8, vllm-fp8-ds-mla, flashmla-model1-fp8,
+//   flashmla-v41-fp8, flashmla-v41-fp4
+// The integer scale/offset dtype is fp16 unless -fp32 is given (-fp16 is accepted and omitted).
 //
-// Granularity, on a [T, D] row-major matrix (T tokens of all sequences, D = kv_lora_rank or
+// Integer granularity, on a [T, D] row-major matrix (T tokens of all sequences, D = kv_lora_rank or
 // qk_rope_head_dim):
-//   tensor  : one (scale, offset) for the whole layer matrix, over all sequences (a calibrated
-//             static scale, as vLLM's per-tensor FP8).
+//   tensor  : one (scale, offset) for the whole layer matrix, over all sequences.
 //   channel : one (scale, offset) per latent dimension for each group of group_size consecutive
 //             tokens of ONE sequence (0 = all tokens of the sequence); KIVI's key grouping. A group
-//             never spans two sequences; a last, partial group uses its own statistics.
+//             never spans two sequences; a group size beyond a sequence's length means one group
+//             for that sequence; a last, partial group uses its own statistics.
 //   token   : one (scale, offset) per token for each group of group_size consecutive dimensions
 //             (0 = all D dimensions); a last, partial group uses its own statistics.
-// Baselines:
-//   bf16             : every element stored as bf16 (RNE); no metadata.
-//   fp8-e4m3-tile128 : c_kv as FP8 e4m3 with one fp32 scale (max(amax,1e-4)/448) per 128-dimension
-//                      tile of each token; applied to k_pe it stores bf16, as the production
-//                      layout does. This is DeepSeek FlashMLA / vLLM `fp8_ds_mla` (656 bytes per
-//                      token per layer for 512 + 64).
+// Block formats (element math in latentq/blockfmt.h): per token, blocks of `block` consecutive
+// dimensions, one stored scale per block (see layout()); fp8-e4m3-tensor and nvfp4 also store one
+// fp32 per-tensor scale per layer matrix.
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 
+#include "latentq/blockfmt.h"
 #include "latentq/qmath.h"
 
 namespace latentq {
 
 using qmath::ScaleDtype;
 
-/// Format family of a spec.
+/// Format family of a spec; one row of kFormats each.
 enum class Format : uint8_t {
-  Int = 0,      ///< INT8/4/2 scalar quantization with (scale, offset) per group
-  BF16 = 1,     ///< bf16 storage baseline
-  Fp8Tile = 2,  ///< FP8 e4m3 with an fp32 scale per tile of each row (FlashMLA layout)
+  Int = 0,        ///< INT8/4/2 with (scale, offset) per group
+  BF16 = 1,       ///< bf16 storage baseline
+  Fp8Tile = 2,    ///< FP8 e4m3, one scale per tile of each row (FlashMLA pow2 / vLLM fp32 rule)
+  Fp8Tensor = 3,  ///< FP8 e4m3, one fp32 scale per layer matrix (vLLM kv_cache_dtype=fp8)
+  MxFp8 = 4,      ///< OCP MX: e4m3 elements, E8M0 scale per 32
+  MxFp4 = 5,      ///< OCP MX: e2m1 elements, E8M0 scale per 32
+  NvFp4 = 6,      ///< e2m1, e4m3 scale per 16, fp32 per-tensor scale
+  Q8_0 = 7,       ///< ggml q8_0
+  Q4_0 = 8,       ///< ggml q4_0
+  Q4_1 = 9,       ///< ggml q4_1
+  Preset = 10,    ///< an engine's per-token record: one stored format for c_kv, one for k_pe
+  Fp4Tile = 11,   ///< e2m1, one e4m3 scale per 16, no per-tensor scale (FlashMLA V4.1 FP4)
 };
 enum class Scheme : uint8_t { Sym = 0, Asym = 1 };
 enum class Granularity : uint8_t { Tensor = 0, Channel = 1, Token = 2 };
+/// Scale rule of an FP8 tile / tensor spec.
+enum class ScaleRule : uint8_t {
+  None = 0,
+  Pow2 = 1,        ///< FlashMLA: 2^ceil(log2(max(amax/448, 1e-4)))
+  Fp32 = 2,        ///< vLLM fp8_ds_mla: max(amax/448, FLT_MIN), raw fp32
+  Calibrated = 3,  ///< per-tensor amax/448
+  Unit = 4,        ///< per-tensor 1.0 (uncalibrated)
+};
 
-/// Which cached tensor a spec is applied to. Some formats store the two differently.
+/// Which cached tensor a spec is applied to. Presets store the two differently.
 enum class Target : uint8_t { CKV = 0, KPE = 1 };
 
 /// A parsed quantizer spec. Fields that do not apply to a format hold their defaults.
 struct QuantSpec {
   Format format = Format::Int;
-  int bits = 8;                                 ///< 8, 4 or 2 (Int); 16 (BF16); 8 (Fp8Tile)
+  int bits = 8;                                 ///< code bits: 8/4/2 (Int), 16 (BF16), 8 (fp8, mxfp8, q8_0), 4 (fp4, q4)
   Scheme scheme = Scheme::Asym;                 ///< Int only
   Granularity granularity = Granularity::Tensor;///< Int only
   int64_t group_size = 0;                       ///< Int channel/token: group length, 0 = whole axis; Fp8Tile: tile width
-  ScaleDtype scale_dtype = ScaleDtype::F16;     ///< Int only; Fp8Tile scales are always fp32
+  ScaleDtype scale_dtype = ScaleDtype::F16;     ///< dtype of the stored per-group scale (see kFormats)
+  ScaleRule rule = ScaleRule::None;             ///< Fp8Tile / Fp8Tensor only
+  uint8_t preset = 0;                           ///< Preset: index into kPresets
 
   /// Parse a spec string. Throws std::invalid_argument naming the string and listing the valid
-  /// forms for an unknown string, bits outside {2,4,8}, a negative or malformed group size, or a
-  /// group size on a per-tensor spec.
+  /// forms for an unknown string, bits outside {2,4,8}, a negative or malformed group size, a
+  /// group size on a per-tensor spec, or a retired name (with its replacement).
   static QuantSpec parse(std::string_view s);
   /// Canonical string; parse(to_string()) == *this.
   std::string to_string() const;
 
-  /// The format actually stored for `target` (fp8-e4m3-tile keeps k_pe in bf16).
+  /// The format actually stored for `target` (a preset's per-target format; else *this).
   QuantSpec stored_for(Target target) const;
 
   bool operator==(const QuantSpec&) const = default;
 };
+
+/// One row of the format descriptor table.
+struct FormatTraits {
+  Format format;
+  const char* grammar;      ///< the spec forms of this family (one line of spec_grammar())
+  const char* family;       ///< results column `format`
+  const char* scheme;       ///< results column `scheme` (nullptr: from the Int spec)
+  const char* granularity;  ///< results column `granularity` (nullptr: from the Int spec)
+  const char* source;       ///< the engine file/function or standard section it reproduces
+};
+/// The descriptor table, indexed by Format.
+extern const FormatTraits kFormats[12];
+inline const FormatTraits& traits(Format f) { return kFormats[static_cast<int>(f)]; }
+
+/// Order of the parts of an engine's per-token record (pack_record() in quantize.h).
+enum class RecordOrder : uint8_t {
+  CodesScalesRope = 0,        ///< c_kv codes | c_kv scales | k_pe (V3.2 / vLLM fp8_ds_mla)
+  CodesRopeScalesPad8 = 1,    ///< c_kv codes | k_pe | c_kv scales | zero pad to a multiple of 8 (MODEL1)
+  CodesCodesScalesScales = 2, ///< c_kv codes | k_pe codes | c_kv scales | k_pe scales (V4.1)
+};
+/// An engine preset: the formats of c_kv and k_pe in the engine's per-token record.
+struct PresetTraits {
+  const char* name;
+  const char* ckv;     ///< spec of c_kv
+  const char* kpe;     ///< spec of k_pe
+  const char* source;  ///< engine file / layout name
+  RecordOrder order;   ///< the per-token record (pack_record)
+  int64_t native_ckv;  ///< the c_kv width the engine record is defined for (0: any); pack_record refuses others
+  int64_t native_kpe;  ///< the k_pe width likewise
+};
+extern const PresetTraits kPresets[5];
+
+/// Byte layout of one stored target ([T, D] matrix) of a non-preset spec. Every stored byte is one
+/// of: codes [T, row_code_bytes]; scales/offsets per group; a constant per matrix.
+struct Layout {
+  int code_bits = 0;          ///< bits per element code (16 for bf16)
+  int64_t row_code_bytes = 0; ///< code bytes of one token row, padded to a whole byte
+  int64_t block = 0;          ///< width along D of a per-row scale group (token groups, tiles, blocks); 0 = none
+  int64_t blocks_per_row = 0; ///< ceil(D / block); 0 = none
+  ScaleDtype sd = ScaleDtype::F32;  ///< dtype of the per-group scale and offset
+  int scale_bytes = 0;        ///< bytes of one stored scale (0 = none stored per group)
+  bool offsets = false;       ///< an offset is stored next to each scale
+  bool channel = false;       ///< per-channel token groups: scales [G, D] (count depends on seq_offsets)
+  int64_t tensor_bytes = 0;   ///< bytes stored once per matrix (per-tensor scale/offset, global scale)
+  bool block_format = false;  ///< quantized through latentq/blockfmt.h
+  qmath::BlockDesc desc{};    ///< block formats: the kernel/CPU block description
+
+  /// Bytes per token of one layer for one target, metadata included, for formats whose storage is
+  /// per token (per-token groups, blocks, bf16); per-matrix bytes are left out (amortized over T).
+  int64_t bytes_per_token() const { return row_code_bytes + blocks_per_row * scale_bytes * (offsets ? 2 : 1); }
+};
+/// The layout of `stored` (not a preset) for rows of D elements. Throws std::invalid_argument for
+/// D ≤ 0, a preset, or a ggml format with D not a multiple of 32 (ggml's blocks never straddle).
+Layout layout(const QuantSpec& stored, int64_t D);
+
+/// Bytes of the engine's per-token record of a preset for c_kv of D_ckv and k_pe of D_kpe elements.
+int64_t record_bytes(const QuantSpec& preset, int64_t D_ckv, int64_t D_kpe);
 
 /// Human-readable list of the valid spec forms (used in error messages and --help).
 std::string spec_grammar();
@@ -76,6 +158,11 @@ const char* to_string(Scheme);
 const char* to_string(Granularity);
 const char* to_string(Target);
 const char* to_string(ScaleDtype);
+/// Results labels of a stored spec: columns format, scheme, granularity, scale_dtype.
+const char* family_of(const QuantSpec&);
+const char* scheme_of(const QuantSpec&);
+const char* granularity_of(const QuantSpec&);
+const char* scale_dtype_of(const QuantSpec&);
 /// Parses "c_kv" / "k_pe"; throws std::invalid_argument otherwise.
 Target parse_target(std::string_view);
 

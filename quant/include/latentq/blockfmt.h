@@ -1,0 +1,312 @@
+// latentq/blockfmt.h — the element math of the block formats: FP8 e4m3 tiles (FlashMLA, vLLM
+// fp8_ds_mla), per-tensor FP8 (vLLM kv_cache_dtype=fp8), OCP MX (MXFP8, MXFP4), NVFP4 and ggml's
+// q8_0 / q4_0 / q4_1. One `__host__ __device__` function quantizes one block of one token row and
+// one decodes it; the CPU reference (quant/src/quantize.cpp) loops over blocks calling them and the
+// CUDA kernel (kernels/src/blocks.cu) runs one block per thread calling the same functions, so the
+// two are byte-identical by construction (qmath.h's rules: IEEE ops each rounded on its own, integer
+// bit manipulation for every dtype conversion).
+//
+// A block is n ≤ BlockDesc::block consecutive elements of one token row (D = kv_lora_rank or
+// qk_rope_head_dim); a row has ceil(D / block) blocks, the last one possibly partial (its own
+// statistics). Codes of block j start at byte j·block·code_bits/8 of the row; scales are stored
+// [T, blocks_per_row] (token, then block), one value of BlockDesc::sd each.
+//
+// Sources of each rule (the formula is restated at each case below):
+//   fp8 tile pow2  FlashMLA tests/quant.py quantize_k_cache (V32_FP8Sparse; MODEL1 / V4.1 store the
+//                  same power of two as one UE8M0 byte)
+//   fp8 tile fp32  vLLM csrc/cache_kernels.cu concat_and_cache_ds_mla_kernel
+//   fp8 tensor     vLLM kv_cache_dtype=fp8 (one scale per layer; calibrated amax/448, or 1.0)
+//   MX             OCP Microscaling Formats (MX) v1.0 §6.3 (shared exponent floor(log2 amax) − emax),
+//                  as torchao prototype/mx_formats to_mx, ScaleCalculationMode.FLOOR
+//   NVFP4          torchao prototype/mx_formats nvfp4_tensor.py nvfp4_quantize (two-level scaling)
+//   fp4 tile       FlashMLA tests/quant.py (V41_FP4Sparse): s = e4m3(clamp(amax/6, 2^-9, 448)), code = e2m1(x/s)
+//   ggml           ggml/src/ggml-quants.c quantize_row_q8_0_ref / q4_0_ref / q4_1_ref, and the
+//                  dequantize_row_* routines
+#pragma once
+
+#include <cstdint>
+
+#include "latentq/qmath.h"
+
+namespace latentq::qmath {
+
+/// Which element/scale rule a block format uses.
+enum class BlockKind : uint8_t {
+  Fp8Pow2 = 0,    ///< e4m3, s = 2^ceil(log2(max(amax/448, 1e-4))) (FlashMLA)
+  Fp8Fp32 = 1,    ///< e4m3, s = max(amax/448, FLT_MIN) (vLLM fp8_ds_mla)
+  Fp8Tensor = 2,  ///< e4m3, one per-tensor scale (global), no per-block scale
+  MxFp8 = 3,      ///< e4m3 elements, E8M0 shared scale per 32
+  MxFp4 = 4,      ///< e2m1 elements, E8M0 shared scale per 32
+  NvFp4 = 5,      ///< e2m1 elements, e4m3 scale per 16, fp32 per-tensor scale (global)
+  Q8_0 = 6,       ///< ggml: int8 codes, fp16 d = amax/127, per 32
+  Q4_0 = 7,       ///< ggml: 4-bit codes, fp16 d = max/−8 (max: the signed value of largest |x|), per 32
+  Q4_1 = 8,       ///< ggml: 4-bit codes, fp16 d = (max−min)/15 and fp16 m = min, per 32
+  Fp4Tile = 9,    ///< e2m1, e4m3 scale e4m3(clamp(amax/6, 2^-9, 448)) per tile, no per-tensor scale (FlashMLA V4.1 FP4)
+};
+
+/// Runtime description of a block format, as the kernels receive it (POD).
+struct BlockDesc {
+  BlockKind kind;
+  int block;       ///< elements per block along the row (a tile width for fp8 tiles, D for Fp8Tensor)
+  int code_bits;   ///< 8 or 4
+  ScaleDtype sd;   ///< dtype of the per-block scale (and q4_1's offset)
+  bool has_scale;  ///< a scale is stored per block (false: Fp8Tensor)
+  bool has_offset; ///< an offset is stored per block (q4_1's m)
+};
+
+constexpr float kFlashMlaScaleFloor = 1e-4f;  ///< FlashMLA: max(amax / 448, 1e-4)
+constexpr float kFltMin = 1.17549435e-38f;     ///< FLT_MIN, vLLM's floor
+constexpr float kE4M3Tiny = 0.015625f;         ///< 2^-6, torch.finfo(float8_e4m3fn).tiny: NVFP4's scale floor
+
+/// What quantize_block reports: whether a stored value overflowed its dtype (then raw holds the
+/// float32 value before rounding, offset tells which), and how many elements saturated (|x/s| at or
+/// beyond the element format's max plus half its last step: 464 for e4m3, 7 for e2m1).
+struct BlockStatus {
+  bool overflow = false;
+  bool overflow_offset = false;
+  float raw = 0.0f;
+  int saturated = 0;
+};
+
+/// Bytes of the codes of n elements at code_bits (n even for 4-bit blocks except a row's tail).
+LQ_HD int block_code_bytes(int n, int code_bits) { return (n * code_bits + 7) / 8; }
+
+/// The per-tensor ("global") scale of a tensor-scaled format from the tensor's amax = max|x|:
+///   Fp8Tensor calibrated: amax / 448 (1.0 for an all-zero tensor); NvFp4: amax / (448 · 6)
+///   (torchao per_tensor_amax_to_scale; 0 for an all-zero tensor, whose codes are then all zero).
+/// unit = true: Fp8Tensor's uncalibrated default scale 1.0 (vLLM without calibration).
+LQ_HD float global_scale(BlockKind k, float amax, bool unit) {
+  if (k == BlockKind::NvFp4) return div_rn(amax, mul_rn(kE4M3Max, kE2M1Max));
+  if (unit || amax == 0.0f) return 1.0f;
+  return div_rn(amax, kE4M3Max);
+}
+
+namespace detail {
+/// ggml's id = d ? 1/d : 0, with an infinite 1/d (|d| below 2^-128, where ggml's float → int8 cast
+/// is undefined) also mapped to 0: the stored fp16 d is 0 there, so every decoded value is 0 (q8_0,
+/// q4_0) or m (q4_1) whatever the codes.
+LQ_HD float ggml_inverse(float d) {
+  const float id = d != 0.0f ? div_rn(1.0f, d) : 0.0f;
+  return is_finite(id) ? id : 0.0f;
+}
+LQ_HD void put_code(uint8_t* codes, int i, uint32_t c, int code_bits, bool ggml_order, int n) {
+  if (code_bits == 8) {
+    codes[i] = static_cast<uint8_t>(c);
+  } else if (ggml_order) {  // ggml q4: byte j holds element j (low) and j + n/2 (high)
+    const int h = n / 2;
+    if (i < h) codes[i] = static_cast<uint8_t>((codes[i] & 0xf0u) | c);
+    else codes[i - h] = static_cast<uint8_t>((codes[i - h] & 0x0fu) | (c << 4));
+  } else {                  // element 2k in the low nibble of byte k
+    const int b = i >> 1;
+    codes[b] = (i & 1) ? static_cast<uint8_t>((codes[b] & 0x0fu) | (c << 4)) : static_cast<uint8_t>((codes[b] & 0xf0u) | c);
+  }
+}
+LQ_HD uint32_t get_code(const uint8_t* codes, int i, int code_bits, bool ggml_order, int n) {
+  if (code_bits == 8) return codes[i];
+  if (ggml_order) {
+    const int h = n / 2;
+    return i < h ? (codes[i] & 0x0fu) : (codes[i - h] >> 4);
+  }
+  return (codes[i >> 1] >> ((i & 1) * 4)) & 0x0fu;
+}
+/// e4m3 code of v with the saturation count (|v| ≥ 464).
+LQ_HD uint8_t e4m3_sat(float v, int& saturated) {
+  saturated += abs_f(v) >= 464.0f ? 1 : 0;
+  return f32_to_e4m3_bits(v);
+}
+LQ_HD uint8_t e2m1_sat(float v, int& saturated) {
+  saturated += abs_f(v) >= 7.0f ? 1 : 0;
+  return f32_to_e2m1_bits(v);
+}
+}  // namespace detail
+
+/// Quantize x[0, n) (n ≤ f.block, finite) into codes[block_code_bytes(n)] (zeroed by the caller),
+/// scale[scale_dtype_bytes(f.sd)] and offset[...] (q4_1). global: the per-tensor scale
+/// (Fp8Tensor, NvFp4; ignored otherwise). The stored values are written even when they overflow;
+/// the caller refuses the result (BlockStatus::overflow).
+LQ_HD BlockStatus quantize_block(const BlockDesc& f, const float* x, int n, float global, uint8_t* codes,
+                                 uint8_t* scale, uint8_t* offset) {
+  BlockStatus st;
+  float amax = 0.0f;
+  for (int i = 0; i < n; ++i) amax = max_num(amax, abs_f(x[i]));
+  switch (f.kind) {
+    case BlockKind::Fp8Pow2: {
+      // FlashMLA: scale = 2^ceil(log2(max(amax / 448, 1e-4))); code = e4m3(x / scale)
+      const float s = exp2_int(ceil_log2_normal(max_num(div_rn(amax, kE4M3Max), kFlashMlaScaleFloor)));
+      store_dtype(scale, s, f.sd);
+      for (int i = 0; i < n; ++i) codes[i] = detail::e4m3_sat(div_rn(x[i], s), st.saturated);
+      return st;
+    }
+    case BlockKind::Fp8Fp32: {
+      // vLLM fp8_ds_mla: scale = max(amax / 448, FLT_MIN); code = e4m3(x / scale)
+      const float s = max_num(div_rn(amax, kE4M3Max), kFltMin);
+      store_dtype(scale, s, ScaleDtype::F32);
+      for (int i = 0; i < n; ++i) codes[i] = detail::e4m3_sat(div_rn(x[i], s), st.saturated);
+      return st;
+    }
+    case BlockKind::Fp8Tensor:
+      for (int i = 0; i < n; ++i) codes[i] = detail::e4m3_sat(div_rn(x[i], global), st.saturated);
+      return st;
+    case BlockKind::MxFp8:
+    case BlockKind::MxFp4: {
+      // OCP MX v1.0 §6.3: X = 2^(floor(log2(amax)) − emax_elem), clamped to the E8M0 range; P_i = x_i / X
+      // cast with saturation (emax: 8 for e4m3, 2 for e2m1)
+      const bool fp8 = f.kind == BlockKind::MxFp8;
+      int e = floor_log2_bits(amax) - (fp8 ? 8 : 2);
+      e = e < -127 ? -127 : (e > 127 ? 127 : e);
+      const float s = exp2_int(e);
+      scale[0] = static_cast<uint8_t>(e + 127);
+      for (int i = 0; i < n; ++i) {
+        const float v = div_rn(x[i], s);
+        detail::put_code(codes, i, fp8 ? detail::e4m3_sat(v, st.saturated) : detail::e2m1_sat(v, st.saturated),
+                         f.code_bits, false, n);
+      }
+      return st;
+    }
+    case BlockKind::NvFp4: {
+      // torchao nvfp4_quantize, two-level: s_b = e4m3(clamp(amax/6 / global, 2^-6, 448));
+      // code = e2m1(clamp(x · ((1/global) / s_b), −6, 6)); decode x̂ = code · (global · s_b)
+      if (global == 0.0f) {  // an all-zero tensor: scale byte 0, codes 0
+        scale[0] = 0;
+        return st;
+      }
+      float sb = div_rn(div_rn(amax, kE2M1Max), global);
+      sb = min_num(max_num(sb, kE4M3Tiny), kE4M3Max);
+      const uint8_t sbits = f32_to_e4m3_bits(sb);
+      scale[0] = sbits;
+      const float inv = div_rn(div_rn(1.0f, global), e4m3_bits_to_f32(sbits));  // torchao: x · ((1/g) / s_b)
+      for (int i = 0; i < n; ++i) detail::put_code(codes, i, detail::e2m1_sat(mul_rn(x[i], inv), st.saturated), 4, false, n);
+      return st;
+    }
+    case BlockKind::Fp4Tile: {
+      // FlashMLA V4.1 FP4: s = e4m3(clamp(amax / 6, 2^-9, 448)); code = e2m1(x / s) (true division)
+      const uint8_t sbits = f32_to_e4m3_bits(min_num(max_num(div_rn(amax, kE2M1Max), 0.001953125f), kE4M3Max));
+      scale[0] = sbits;
+      const float sc = e4m3_bits_to_f32(sbits);
+      for (int i = 0; i < n; ++i) detail::put_code(codes, i, detail::e2m1_sat(div_rn(x[i], sc), st.saturated), 4, false, n);
+      return st;
+    }
+    case BlockKind::Q8_0: {
+      // ggml quantize_row_q8_0_ref: d = amax / 127; id = d ? 1/d : 0; q = roundf(x · id); store fp16(d)
+      const float d = div_rn(amax, 127.0f);
+      const float id = detail::ggml_inverse(d);
+      store_dtype(scale, d, ScaleDtype::F16);
+      if (!is_finite(round_to_dtype(d, ScaleDtype::F16))) {
+        st.overflow = true;
+        st.raw = d;
+      }
+      for (int i = 0; i < n; ++i) {
+        float q = round_half_away(mul_rn(x[i], id));
+        q = min_num(max_num(q, -127.0f), 127.0f);  // never binds for finite input: |x · id| ≤ 127 (1 + 2^-23)
+        codes[i] = static_cast<uint8_t>(static_cast<int8_t>(q));
+      }
+      return st;
+    }
+    case BlockKind::Q4_0: {
+      // ggml quantize_row_q4_0_ref: max = the x of largest |x| (first on ties); d = max / −8;
+      // id = d ? 1/d : 0; q = min(15, (int8_t)(x · id + 8.5f)); store fp16(d)
+      float am = 0.0f, mx = 0.0f;
+      for (int i = 0; i < n; ++i)
+        if (am < abs_f(x[i])) {
+          am = abs_f(x[i]);
+          mx = x[i];
+        }
+      const float d = div_rn(mx, -8.0f);
+      const float id = detail::ggml_inverse(d);
+      store_dtype(scale, d, ScaleDtype::F16);
+      if (!is_finite(round_to_dtype(d, ScaleDtype::F16))) {
+        st.overflow = true;
+        st.raw = d;
+      }
+      for (int i = 0; i < n; ++i) {
+        const int q = static_cast<int>(add_rn(mul_rn(x[i], id), 8.5f));  // C's (int8_t) truncation
+        detail::put_code(codes, i, static_cast<uint32_t>(q < 15 ? (q < 0 ? 0 : q) : 15), 4, true, n);
+      }
+      return st;
+    }
+    case BlockKind::Q4_1: {
+      // ggml quantize_row_q4_1_ref: d = (max − min) / 15; id = d ? 1/d : 0;
+      // q = min(15, (int8_t)((x − min) · id + 0.5f)); store fp16(d), fp16(min)
+      float mn = x[0], mx = x[0];
+      for (int i = 1; i < n; ++i) {
+        mn = min_num(mn, x[i]);
+        mx = max_num(mx, x[i]);
+      }
+      const float d = div_rn(sub_rn(mx, mn), 15.0f);
+      const float id = detail::ggml_inverse(d);
+      store_dtype(scale, d, ScaleDtype::F16);
+      store_dtype(offset, mn, ScaleDtype::F16);
+      if (!is_finite(round_to_dtype(d, ScaleDtype::F16))) {
+        st.overflow = true;
+        st.raw = d;
+      } else if (!is_finite(round_to_dtype(mn, ScaleDtype::F16))) {
+        st.overflow = true;
+        st.overflow_offset = true;
+        st.raw = mn;
+      }
+      for (int i = 0; i < n; ++i) {
+        const int q = static_cast<int>(add_rn(mul_rn(sub_rn(x[i], mn), id), 0.5f));
+        detail::put_code(codes, i, static_cast<uint32_t>(q < 15 ? (q < 0 ? 0 : q) : 15), 4, true, n);
+      }
+      return st;
+    }
+  }
+  return st;
+}
+
+/// Decode n elements of one block into out[n]: reads only the stored codes, scale, offset and the
+/// stored global scale.
+LQ_HD void dequantize_block(const BlockDesc& f, const uint8_t* codes, const uint8_t* scale, const uint8_t* offset,
+                            float global, int n, float* out) {
+  switch (f.kind) {
+    case BlockKind::Fp8Pow2:
+    case BlockKind::Fp8Fp32: {
+      const float s = load_dtype(scale, f.sd);
+      for (int i = 0; i < n; ++i) out[i] = mul_rn(e4m3_bits_to_f32(codes[i]), s);
+      return;
+    }
+    case BlockKind::Fp8Tensor:
+      for (int i = 0; i < n; ++i) out[i] = mul_rn(e4m3_bits_to_f32(codes[i]), global);
+      return;
+    case BlockKind::MxFp8:
+    case BlockKind::MxFp4: {
+      const float s = e8m0_bits_to_f32(scale[0]);
+      for (int i = 0; i < n; ++i) {
+        const uint32_t c = detail::get_code(codes, i, f.code_bits, false, n);
+        out[i] = mul_rn(f.kind == BlockKind::MxFp8 ? e4m3_bits_to_f32(static_cast<uint8_t>(c))
+                                                    : e2m1_bits_to_f32(static_cast<uint8_t>(c)),
+                        s);
+      }
+      return;
+    }
+    case BlockKind::NvFp4: {
+      const float total = mul_rn(global, e4m3_bits_to_f32(scale[0]));
+      for (int i = 0; i < n; ++i) out[i] = mul_rn(e2m1_bits_to_f32(static_cast<uint8_t>(detail::get_code(codes, i, 4, false, n))), total);
+      return;
+    }
+    case BlockKind::Fp4Tile: {
+      const float sc = e4m3_bits_to_f32(scale[0]);
+      for (int i = 0; i < n; ++i) out[i] = mul_rn(e2m1_bits_to_f32(static_cast<uint8_t>(detail::get_code(codes, i, 4, false, n))), sc);
+      return;
+    }
+    case BlockKind::Q8_0: {  // ggml dequantize_row_q8_0: x = q · d
+      const float d = load_dtype(scale, ScaleDtype::F16);
+      for (int i = 0; i < n; ++i) out[i] = mul_rn(static_cast<float>(static_cast<int8_t>(codes[i])), d);
+      return;
+    }
+    case BlockKind::Q4_0: {  // dequantize_row_q4_0: x = (q − 8) · d
+      const float d = load_dtype(scale, ScaleDtype::F16);
+      for (int i = 0; i < n; ++i)
+        out[i] = mul_rn(static_cast<float>(static_cast<int>(detail::get_code(codes, i, 4, true, n)) - 8), d);
+      return;
+    }
+    case BlockKind::Q4_1: {  // dequantize_row_q4_1: x = q · d + m (two roundings: no FMA)
+      const float d = load_dtype(scale, ScaleDtype::F16), m = load_dtype(offset, ScaleDtype::F16);
+      for (int i = 0; i < n; ++i)
+        out[i] = add_rn(mul_rn(static_cast<float>(detail::get_code(codes, i, 4, true, n)), d), m);
+      return;
+    }
+  }
+}
+
+}  // namespace latentq::qmath
