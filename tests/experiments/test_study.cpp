@@ -42,7 +42,7 @@ TEST_F(StudyTest, CellsAndKeys) {
   ASSERT_EQ(cells.size(), 3u * 2u * 12u);
   EXPECT_EQ(cells[0].key(), "000/c_kv/int4-asym-tensor/latent_error");
   EXPECT_EQ(cells[12].key(), "000/k_pe/int4-asym-tensor/latent_error");
-  EXPECT_EQ(cells.back().key("svd"), "002/k_pe/fp8-e4m3-tile128/svd");
+  EXPECT_EQ(cells.back().key("svd"), "002/k_pe/flashmla-v32-fp8/svd");
 }
 
 TEST_F(StudyTest, RowsMatchTheReferenceForAnyThreadCount) {

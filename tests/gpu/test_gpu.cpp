@@ -270,12 +270,14 @@ LQ_SPEC_TEST(fp8_e4m3_tensor_s1, "fp8-e4m3-tensor-s1")
 LQ_SPEC_TEST(mxfp8, "mxfp8")
 LQ_SPEC_TEST(mxfp4, "mxfp4")
 LQ_SPEC_TEST(nvfp4, "nvfp4")
+LQ_SPEC_TEST(fp4_e2m1_tile16_e4m3, "fp4-e2m1-tile16-e4m3")
 LQ_SPEC_TEST(q8_0, "q8_0")
 LQ_SPEC_TEST(q4_0, "q4_0")
 LQ_SPEC_TEST(q4_1, "q4_1")
 LQ_SPEC_TEST_BOTH_TARGETS(flashmla_v32_fp8, "flashmla-v32-fp8")  // k_pe stores bf16
 LQ_SPEC_TEST_BOTH_TARGETS(vllm_fp8_ds_mla, "vllm-fp8-ds-mla")
 LQ_SPEC_TEST_BOTH_TARGETS(flashmla_v41_fp8, "flashmla-v41-fp8")
+LQ_SPEC_TEST_BOTH_TARGETS(flashmla_v41_fp4, "flashmla-v41-fp4")
 
 // ---- signed zeros in per-tensor statistics (cub::DeviceReduce order) ---------------------------
 TEST(GpuSpecial, PerTensorMinIsTheFirstZerosSign) {

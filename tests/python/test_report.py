@@ -446,12 +446,13 @@ def test_parse_spec_and_short_label(tmp_path):
     assert R.parse_spec("q4_0")["kind"] == "other"  # not in these results
     assert R.parse_spec("int4-asym-channel-g32") == dict(kind="int", bits=4, scheme="asym", granularity="channel",
                                                          group_size=32, scale_dtype="fp16")
-    assert R.parse_spec("int2-sym-token-fp32")["scale_dtype"] == "fp32"
+    assert R.parse_spec("int2-sym-token")["scale_dtype"] == "fp16"
     assert R.parse_spec("flashmla-v32-fp8")["group_size"] == 128
     assert R.parse_spec("svd-rank16") ["kind"] == "svd"
     assert R.short_label("int4-asym-channel-g32") == "int4 asym ch g32"
     assert R.short_label("int8-sym-token") == "int8 sym tok all"
-    assert R.short_label("int2-sym-tensor-fp32") == "int2 sym tensor fp32"
+    assert R.short_label("int2-sym-tensor") == "int2 sym tensor"
+    assert R.short_label("int2-sym-tensor-fp32") == "int2-sym-tensor-fp32"  # not in these results: the name itself
     assert R.short_label("bf16") == "bf16"
 
 
