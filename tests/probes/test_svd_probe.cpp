@@ -264,3 +264,24 @@ TEST(SvdProbe, Errors) {
   EXPECT_THROW(ok.basis.reconstruct(out.data(), T, 9, out.data()), std::invalid_argument);
   EXPECT_THROW(ok.basis.reconstruct(out.data(), T, 0, out.data()), std::invalid_argument);
 }
+
+// The bf16 coefficients are checked after the narrowing: one beyond the bf16 range would be inf and the
+// reconstruction (and any error computed from it) NaN/inf, silently.
+TEST(SvdBasis, CoefficientOverflowingBf16IsAnError) {
+  const std::vector<float> X = {1, 1, 2, 2, 3, 3};  // [3, 2]: the first direction is (1, 1)/√2
+  const std::vector<std::pair<int64_t, int64_t>> rows = {{0, 3}};
+  const SvdBasis b = fit_svd_basis(X.data(), 3, 2, rows, false);
+  const std::vector<float> x = {3e38f, 3e38f};  // finite float32, coefficient ≈ 4.2e38
+  std::vector<float> out(2);
+  try {
+    b.reconstruct(x.data(), 1, 1, out.data(), CoeffDtype::BF16);
+    ADD_FAILURE() << "no error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()), "SVD: 1 rank-1 coefficient(s) overflow bf16 (|y| > 3.39e38): the latents are out "
+                                     "of range for bf16 coefficients");
+  }
+  // Unrounded coefficients hold it, and the reconstruction is back in float32 range.
+  b.reconstruct(x.data(), 1, 1, out.data(), CoeffDtype::Float64);
+  EXPECT_NEAR(out[0], 3e38f, 3e38 * 1e-6);
+  EXPECT_NEAR(out[1], 3e38f, 3e38 * 1e-6);
+}

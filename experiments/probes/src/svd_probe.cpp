@@ -3,6 +3,7 @@
 #include <Eigen/Eigenvalues>
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <stdexcept>
 #include <string>
 
@@ -19,10 +20,18 @@ namespace {
 /// Coefficients Y = (X − μ)·V_r [n, r] of the rows of X [n, D], rounded per `coeff`.
 Eigen::MatrixXd coefficients(const Eigen::MatrixXd& X, const SvdBasis& b, int64_t rank, CoeffDtype coeff) {
   Eigen::MatrixXd Y = (X.rowwise() - b.mean.transpose()) * b.V.leftCols(rank);
-  if (coeff == CoeffDtype::BF16)
+  if (coeff == CoeffDtype::BF16) {
     Y = Y.unaryExpr([](double y) {
       return static_cast<double>(qmath::bf16_bits_to_f32(qmath::f32_to_bf16_bits(static_cast<float>(y))));
     });
+    // Checked after the narrowing: a coefficient beyond the bf16 range is inf, and the error computed
+    // from it would be NaN/inf silently.
+    if (!Y.allFinite())
+      throw std::invalid_argument("SVD: " + std::to_string((!Y.array().isFinite()).count()) + " rank-" +
+                                  std::to_string(rank) +
+                                  " coefficient(s) overflow bf16 (|y| > 3.39e38): the latents are out of range "
+                                  "for bf16 coefficients");
+  }
   return Y;
 }
 
@@ -41,6 +50,9 @@ void SvdBasis::reconstruct(const float* x, int64_t T, int64_t rank, float* out, 
   if (T == 0) return;
   const Eigen::MatrixXd X = Eigen::Map<const RowMatF>(x, T, dim).cast<double>();
   const Eigen::MatrixXd Xhat = project_back(coefficients(X, *this, rank, coeff), *this);
+  if (Xhat.cwiseAbs().maxCoeff() > static_cast<double>(std::numeric_limits<float>::max()))
+    throw std::invalid_argument("SVD reconstruction at rank " + std::to_string(rank) +
+                                ": a value overflows float32 (|x| > 3.4028235e+38)");
   Eigen::Map<RowMatF>(out, T, dim) = Xhat.cast<float>();
 }
 

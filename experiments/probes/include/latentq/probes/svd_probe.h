@@ -46,7 +46,8 @@ struct SvdBasis {
   /// out = round((x − μ)·V_r)·V_rᵀ + μ for x [T, dim] row-major float32 → out [T, dim] float32
   /// (computed in float64, the coefficients rounded per `coeff` (CoeffDtype), out rounded to float32
   /// once). out may alias x.
-  /// Throws std::invalid_argument if rank < 1 or rank > dim (naming the rank), or T < 0.
+  /// Throws std::invalid_argument if rank < 1 or rank > dim (naming the rank), T < 0, a BF16
+  /// coefficient overflows bf16, or an output value overflows float32 (checked after each narrowing).
   void reconstruct(const float* x, int64_t T, int64_t rank, float* out, CoeffDtype coeff = CoeffDtype::BF16) const;
   /// Floats stored for the basis at rank r: dim·r, plus dim for μ when centered.
   int64_t basis_floats(int64_t rank) const { return dim * rank + (centered ? dim : 0); }
