@@ -86,6 +86,7 @@ int cmd_run(const RunArgs& a, std::ostream& out, std::ostream& err, bool progres
   StudyPlan plan = plan_study(cfg, *backend);
   // The probe cells (svd, cross_layer, attention; latentq/probe_study.h) after the latent cells.
   const ProbeStage probes = prepare_probe_stage(cfg);
+  for (const std::string& w : probes.plan.warnings) err << "latentq: warning: " << w << "\n";
   if (cfg.probes.cross_layer.enabled && probes.dump) {
     const size_t studied = probes.dump->layers.size();
     for (int64_t w : cfg.probes.cross_layer.windows)

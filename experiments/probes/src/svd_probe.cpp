@@ -128,11 +128,10 @@ SvdProbeResult svd_probe(const float* c_kv, int64_t T, int64_t D, std::span<cons
   for (double f : options.energy_fractions)
     if (!(f > 0.0 && f <= 1.0))
       throw std::invalid_argument("SVD probe: energy fraction " + std::to_string(f) + " outside (0, 1]");
-  const int64_t need = max_rank + (options.centered ? 1 : 0);
-  if (split.fit_tokens() < need)
+  if (max_rank > max_fit_rank(split.fit_tokens(), options.centered))
     throw std::invalid_argument("SVD probe: the fit split has " + std::to_string(split.fit_tokens()) +
                                 " tokens; rank " + std::to_string(max_rank) + (options.centered ? " centered" : "") +
-                                " needs at least " + std::to_string(need));
+                                " needs at least " + std::to_string(max_rank + (options.centered ? 1 : 0)));
   detail::require_finite(c_kv, T * D, "SVD probe: c_kv");
 
   SvdProbeResult res;

@@ -95,8 +95,8 @@ struct SvdProbeResult {
 /// The SVD pruning probe on c_kv [T, kv_lora_rank] (row-major float32) with sequences seq_offsets [S+1].
 /// Throws std::invalid_argument for: bad seq_offsets / empty split (fit_heldout_split); a rank < 1 or
 /// > kv_lora_rank (naming it); a fit split with fewer tokens than the largest rank (+1 when centered:
-/// every basis direction used must be determined by the fit data); NaN/Inf in c_kv; an energy
-/// fraction outside (0, 1].
+/// every basis direction used must be determined by the fit data: max_fit_rank); NaN/Inf in c_kv; an
+/// energy fraction outside (0, 1]; a bf16 coefficient overflow (SvdBasis::reconstruct).
 SvdProbeResult svd_probe(const float* c_kv, int64_t T, int64_t kv_lora_rank, std::span<const int64_t> seq_offsets,
                          const SvdProbeOptions& options = {});
 
