@@ -557,6 +557,55 @@ TEST_F(ProbeCliTest, E2eIsSkippedWithOneLine) {
   }
 }
 
+// Issue 9, item 7: shards never run the e2e step; `latentq merge` runs it on the merged file (as an
+// unsharded run does) unless --no-e2e, resolving [e2e] model against the root attribute config_dir.
+// (With Python and the model: ctest experiments.e2e_and_report, experiments.default_study_sharded and
+// slurm.array_merge compare the merged /e2e with the unsharded run's.)
+TEST_F(ProbeCliTest, MergeRunsTheE2eStep) {
+  lqtest::write_synth(dump, lqtest::make_synth());
+  write_config("[e2e]\nenabled = true\nmodel = \"no-model\"\n");
+  std::vector<std::string> merge_args = {"merge", (dir / "merged.h5").string()};
+  for (int i = 0; i < 2; ++i) {
+    const fs::path shard = dir / ("s" + std::to_string(i) + ".h5");
+    const Outcome o = cli({"run", config.string(), "--shard", std::to_string(i) + "/2", "--out", shard.string()});
+    ASSERT_EQ(o.rc, 0) << o.err;
+    EXPECT_CONTAINS(o.out, "e2e: skipped: a shard; `latentq merge` runs it on the merged file\n");
+    merge_args.push_back(shard.string());
+  }
+  const Attrs attrs = read_results_attrs(dir / "s0.h5");
+  const auto it = std::find_if(attrs.begin(), attrs.end(), [](const auto& a) { return a.first == "config_dir"; });
+  ASSERT_NE(it, attrs.end());
+  EXPECT_EQ(std::get<std::string>(it->second), dir.path().string());
+  // The step runs: here it stops at its first check, the dump's model (a synthetic dump).
+  Outcome o = cli(merge_args);
+  ASSERT_EQ(o.rc, 0) << o.err;
+  EXPECT_EQ(count_of(o.out, "e2e: skipped: "), 1u) << o.out;
+  EXPECT_CONTAINS(o.out, "e2e: skipped: the dump's model is 'synthetic'");
+  // A tiny-mla dump: the next check resolves [e2e] model against the config's directory.
+  for (int i = 0; i < 2; ++i) lqtest::set_string_attr(dir / ("s" + std::to_string(i) + ".h5"), "model", "tiny-mla");
+  o = cli(merge_args);
+  ASSERT_EQ(o.rc, 0) << o.err;
+  EXPECT_CONTAINS(o.out, "e2e: skipped: the model directory " + (dir / "no-model").string() +
+                             " ([e2e] model) has no config.json");
+  // --no-e2e: no step.
+  merge_args.push_back("--no-e2e");
+  o = cli(merge_args);
+  ASSERT_EQ(o.rc, 0) << o.err;
+  EXPECT_EQ(o.out.find("e2e"), std::string::npos) << o.out;
+  merge_args.pop_back();
+  // Shards without config_dir (an older latentq): the step is skipped, saying why.
+  for (int i = 0; i < 2; ++i) lqtest::delete_attr(dir / ("s" + std::to_string(i) + ".h5"), "config_dir");
+  o = cli(merge_args);
+  ASSERT_EQ(o.rc, 0) << o.err;
+  EXPECT_CONTAINS(o.out, "e2e: skipped: " + (dir / "merged.h5").string() + " has no root attribute config_dir");
+  // [e2e] disabled: merge says nothing about it.
+  write_config("");
+  ASSERT_EQ(cli({"run", config.string(), "--shard", "0/1", "--out", (dir / "one.h5").string()}).rc, 0);
+  o = cli({"merge", (dir / "merged1.h5").string(), (dir / "one.h5").string()});
+  ASSERT_EQ(o.rc, 0) << o.err;
+  EXPECT_EQ(o.out.find("e2e"), std::string::npos) << o.out;
+}
+
 TEST_F(ProbeCliTest, ReportNeedsPythonAndPassesItsExitCodeThrough) {
   {
     const ScopedEnv env("LATENTQ_PYTHON", (dir / "no-python").string());
