@@ -120,9 +120,21 @@ def make_inject(latentq, spec: str, targets: tuple[str, ...], layers=None):
     return fn
 
 
-def logit_metrics(ref: torch.Tensor, q: torch.Tensor, ids: torch.Tensor) -> dict:
+def require_finite_logits(x: torch.Tensor, what: str) -> None:
+    """Raise ValueError naming `what` and the count when the logits x (any shape) hold NaN/Inf: no
+    metric is computed from them (a NaN reference would give NaN or, for top-1, arbitrary numbers)."""
+    bad = int((~torch.isfinite(x)).sum())
+    if bad:
+        raise ValueError(f"{what}: {bad} of {x.numel()} logits are NaN/Inf; no metric is computed from "
+                         "non-finite logits")
+
+
+def logit_metrics(ref: torch.Tensor, q: torch.Tensor, ids: torch.Tensor, what: str = "the quantized run") -> dict:
     """ref, q: [B, T, V] float32 logits; ids [B, T] int64. KL and top-1 over all B·T positions;
-    NLL on next-token targets (positions 0..T-2)."""
+    NLL on next-token targets (positions 0..T-2). Raises ValueError when ref or q has NaN/Inf
+    (require_finite_logits; `what` names the run of q)."""
+    require_finite_logits(ref, "the reference run (exact latents)")
+    require_finite_logits(q, what)
     lp_ref = F.log_softmax(ref.double(), -1)
     lp_q = F.log_softmax(q.double(), -1)
     kl = (lp_ref.exp() * (lp_ref - lp_q)).sum(-1)
@@ -229,16 +241,21 @@ def main(argv=None) -> int:
     buf = np.frombuffer(text[a.offset_bytes:need], dtype=np.uint8).astype(np.int64)
     ids = torch.from_numpy(buf.reshape(a.num_seqs, a.seq_len))
     t0 = time.time()
-    with torch.no_grad():
-        ref = model(ids)
-        rows = []
-        for spec, targets in pairs:
-            with LatentInjector(model, make_inject(latentq, spec, targets, layer_set)):
-                q = model(ids)
-            m = logit_metrics(ref, q, ids)
-            rows.append({"quantizer": spec, "targets": "+".join(targets), **m})
-            print(f"  {spec:28s} KL {m['kl_mean']:.3e}  top1 {m['top1_agree']:.4f}  "
-                  f"ppl {m['ppl_ref']:.4f} -> {m['ppl_quant']:.4f}", flush=True)
+    try:
+        with torch.no_grad():
+            ref = model(ids)
+            require_finite_logits(ref, f"the reference run (exact latents) of {a.model}")
+            rows = []
+            for spec, targets in pairs:
+                with LatentInjector(model, make_inject(latentq, spec, targets, layer_set)):
+                    q = model(ids)
+                m = logit_metrics(ref, q, ids, f"the run with {spec} latents ({'+'.join(targets)})")
+                rows.append({"quantizer": spec, "targets": "+".join(targets), **m})
+                print(f"  {spec:28s} KL {m['kl_mean']:.3e}  top1 {m['top1_agree']:.4f}  "
+                      f"ppl {m['ppl_ref']:.4f} -> {m['ppl_quant']:.4f}", flush=True)
+    except ValueError as e:  # non-finite logits: nothing is written
+        print(f"e2e_inject: error: {e}; {a.results} is left unchanged", file=sys.stderr)
+        return 2
     cols = {k: np.array([r[k] for r in rows]) for k in rows[0]}
     cols["num_tokens"] = np.full(len(rows), a.num_seqs * a.seq_len, dtype=np.int64)
     write_group(a.results, "e2e", cols, {

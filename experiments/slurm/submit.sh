@@ -7,7 +7,8 @@
 #        task i runs  $LATENTQ_BIN run CONFIG --shard i/N --out OUTDIR/shards/shard_<i, 4 digits>.h5 [run args]
 #   2. sbatch --parsable --dependency=afterok:<array job id> --kill-on-invalid-dep=yes \
 #             latentq_merge.sbatch MERGED OUTDIR N
-#        runs  $LATENTQ_BIN merge MERGED OUTDIR/shards/shard_0000.h5 ... shard_<N-1>.h5
+#        runs  $LATENTQ_BIN merge MERGED OUTDIR/shards/shard_0000.h5 ... shard_<N-1>.h5, which also runs
+#        the e2e step on MERGED when the config has [e2e] enabled (as an unsharded `latentq run`)
 #      It starts only when every array task exited 0; if one fails, Slurm cancels it
 #      (--kill-on-invalid-dep) instead of leaving it pending forever.
 # Prints "array_job_id=<id>" and "merge_job_id=<id>" on stdout (everything else goes to stderr).

@@ -551,10 +551,9 @@ BatchResult run_batch(const fs::path& out, const Attrs& attrs, const std::vector
     for (size_t i : owned)
       if (errors[i])
         throw std::invalid_argument(fmt::format(
-            "{} ({} of {} cells failed; the first failed cell is {}. The data is out of range for that spec or "
-            "the input is bad: the cell fails the same way on every run, --resume included; change the config: "
-            "use the spec's -fp32 scale variant when an fp16 scale overflows, or exclude the spec "
-            "([quantizers] exclude){}; no {} was written)",
+            "{} ({} of {} cells failed; the first failed cell is {}. Its message names the cause: a cell "
+            "fails the same way on every run, --resume included, until that cause is fixed in the config or the "
+            "input{}; no {} was written)",
             cell_error(errors[i], plan[i].key), failed, owned.size(), plan[i].key,
             present ? fmt::format(". The {} completed cells are kept in the checkpoint {}", present, partial.string())
                     : "",

@@ -48,19 +48,27 @@ DumpAttrs dump_attrs_from_results(const Attrs& root) {
   return a;
 }
 
+StudyConfig config_from_results(const Attrs& root, bool* has_dir) {
+  auto string_attr = [&](const char* name) -> const std::string* {
+    for (const auto& [k, v] : root)
+      if (k == name) return std::get_if<std::string>(&v);
+    return nullptr;
+  };
+  const AttrValue& text = attr(root, "config");  // throws naming a missing attribute
+  if (!std::holds_alternative<std::string>(text)) throw std::invalid_argument("attribute 'config' is not a string");
+  const std::string* source = string_attr("config_source");
+  const std::string* dir = string_attr("config_dir");
+  if (has_dir) *has_dir = dir != nullptr;
+  return parse_config(std::get<std::string>(text), source ? *source : std::string("<config attribute>"),
+                      dir ? std::filesystem::path(*dir) : std::filesystem::path("."));
+}
+
 std::vector<NamedTable> derive_study_tables(const Attrs& root, const std::vector<NamedTable>& cell_tables) {
   std::vector<NamedTable> out;
   for (const NamedTable& t : cell_tables) {
     if (t.group != "latent_error") continue;
-    const AttrValue& text = attr(root, "config");
-    const AttrValue* source = nullptr;
-    for (const auto& [k, v] : root)
-      if (k == "config_source") source = &v;
-    if (!std::holds_alternative<std::string>(text)) throw std::invalid_argument("attribute 'config' is not a string");
-    const std::string src = source && std::holds_alternative<std::string>(*source) ? std::get<std::string>(*source)
-                                                                                   : std::string("<config attribute>");
-    // Relative paths in the config do not matter here: only the quantizer lists are used.
-    const StudyConfig config = parse_config(std::get<std::string>(text), src, ".");
+    // Only the quantizer lists of the config are used here.
+    const StudyConfig config = config_from_results(root);
     out.push_back({"summary", summarize(t.table, config.all_quantizers(), dump_attrs_from_results(root)), {}});
   }
   return out;

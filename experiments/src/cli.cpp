@@ -86,6 +86,7 @@ int cmd_run(const RunArgs& a, std::ostream& out, std::ostream& err, bool progres
   StudyPlan plan = plan_study(cfg, *backend);
   // The probe cells (svd, cross_layer, attention; latentq/probe_study.h) after the latent cells.
   const ProbeStage probes = prepare_probe_stage(cfg);
+  for (const std::string& w : probes.plan.warnings) err << "latentq: warning: " << w << "\n";
   if (cfg.probes.cross_layer.enabled && probes.dump) {
     const size_t studied = probes.dump->layers.size();
     for (int64_t w : cfg.probes.cross_layer.windows)
@@ -125,7 +126,7 @@ int cmd_run(const RunArgs& a, std::ostream& out, std::ostream& err, bool progres
   } else {
     print_probe_report(cfg, probes, nullptr, r.tables, plan.dump->attrs, out, err);
     if (cfg.probes.e2e.enabled && !a.no_e2e)
-      out << "e2e: skipped: a shard; run experiments/e2e_inject.py --results MERGED.h5 after `latentq merge`\n";
+      out << "e2e: skipped: a shard; `latentq merge` runs it on the merged file\n";
     out << fmt::format("shard {}: {} of the {} cells{} on {} in {:.1f} s (no /summary: `latentq merge` writes it)\n"
                        "results: {}\n",
                        shard.to_string(), r.owned, r.total, resumed, backend->name(), secs, cfg.results.string());
@@ -133,7 +134,31 @@ int cmd_run(const RunArgs& a, std::ostream& out, std::ostream& err, bool progres
   return kExitOk;
 }
 
-int cmd_merge(const std::string& merged, const std::vector<std::string>& inputs, std::ostream& out) {
+struct MergeArgs {
+  std::string out;
+  std::vector<std::string> inputs;
+  int threads = 0;
+  bool no_e2e = false;
+};
+
+// The e2e step of a merged study: what `latentq run` does after writing an unsharded OUT, so the
+// merged file gets every group of the unsharded run (shards never run it).
+void merged_e2e_step(const fs::path& merged, const Attrs& attrs, int threads, std::ostream& out, std::ostream& err) {
+  bool has_dir = false;
+  const StudyConfig cfg = config_from_results(attrs, &has_dir);
+  if (!cfg.probes.e2e.enabled) return;
+  if (!has_dir) {
+    out << fmt::format("e2e: skipped: {} has no root attribute config_dir (shards of an older latentq), so the "
+                       "config's [e2e] model cannot be resolved; run experiments/e2e_inject.py --results {}\n",
+                       merged.string(), merged.string());
+    return;
+  }
+  run_e2e_step(cfg, dump_attrs_from_results(attrs), merged, threads, out, err);
+}
+
+int cmd_merge(const MergeArgs& a, std::ostream& out, std::ostream& err) {
+  const std::string& merged = a.out;
+  const std::vector<std::string>& inputs = a.inputs;
   const std::vector<fs::path> in(inputs.begin(), inputs.end());
   // The same file twice (also through another name) would count its cells twice; OUT among the
   // inputs would be replaced while it is read.
@@ -159,6 +184,7 @@ int cmd_merge(const std::string& merged, const std::vector<std::string>& inputs,
                      inputs.size(), m.cells,
                      m.overlapping ? fmt::format(" ({} of them in more than one file, equal)", m.overlapping) : "",
                      merged);
+  if (!a.no_e2e) merged_e2e_step(merged, m.attrs, a.threads, out, err);
   return kExitOk;
 }
 
@@ -245,12 +271,14 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   regress->add_option("results", reg_results, "results file (latentq-results/1 HDF5)")->required();
   regress->add_option("--thresholds", reg_thresholds, "thresholds TOML ([[threshold]] entries)")->required();
 
-  std::string merge_out;
-  std::vector<std::string> merge_inputs;
+  MergeArgs ma;
   CLI::App* merge = app.add_subcommand(
-      "merge", "Join the shard files of a `latentq run --shard i/n` study into one results file (= an unsharded run)");
-  merge->add_option("merged", merge_out, "the merged results file to write")->required();
-  merge->add_option("shards", merge_inputs, "the shard files (every shard 0..n-1 of one config and input)")->required();
+      "merge", "Join the shard files of a `latentq run --shard i/n` study into one results file (= an unsharded run: "
+               "with [e2e] enabled it then runs the e2e step on the merged file, as `run` does)");
+  merge->add_option("merged", ma.out, "the merged results file to write")->required();
+  merge->add_option("shards", ma.inputs, "the shard files (every shard 0..n-1 of one config and input)")->required();
+  merge->add_option("--threads", ma.threads, "threads of the e2e step (0 = all cores)")->check(CLI::NonNegativeNumber);
+  merge->add_flag("--no-e2e", ma.no_e2e, "do not start experiments/e2e_inject.py even when the config has [e2e] enabled");
 
   std::vector<const char*> argv;
   for (const auto& s : args) argv.push_back(s.c_str());
@@ -266,7 +294,7 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
     if (run->parsed()) return cmd_run(ra, out, err, progress_bar);
     if (inspect->parsed()) return cmd_inspect(inspect_path, out);
     if (report->parsed()) return run_report(report_results, report_out, out);
-    if (merge->parsed()) return cmd_merge(merge_out, merge_inputs, out);
+    if (merge->parsed()) return cmd_merge(ma, out, err);
     if (regress->parsed()) return cmd_regress(reg_results, reg_thresholds, out);
   } catch (const std::invalid_argument& e) {
     err << "latentq: error: " << e.what() << "\n";

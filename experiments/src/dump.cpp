@@ -6,9 +6,11 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <limits>
 #include <stdexcept>
 
 #include "latentq/h5util.h"
+#include "latentq/probes/narrow.h"
 #include "latentq/quantize.h"  // count_nonfinite
 
 namespace latentq {
@@ -148,6 +150,12 @@ Dump load(const std::filesystem::path& path, const H5::H5File& file, const LoadO
   A.softmax_scale = L.float_attr("softmax_scale");
   if (!(A.softmax_scale > 0) || !std::isfinite(A.softmax_scale))
     L.invalid(fmt::format("root attribute 'softmax_scale' = {}, expected a finite value > 0", A.softmax_scale));
+  // Checked after the conversion too: the attention runs in float32, where 1e300 is inf (a NaN
+  // attention) and 1e-50 is 0 (a uniform softmax).
+  if (const std::string p = probes::narrowing_problem<float>(A.softmax_scale); !p.empty())
+    L.invalid(fmt::format("root attribute 'softmax_scale' = {} {}; the attention runs in float32: expected a value "
+                          "> 0 in the float32 normal range [{:.8g}, {:.8g}]",
+                          A.softmax_scale, p, std::numeric_limits<float>::min(), std::numeric_limits<float>::max()));
 
   // -- token arrays --
   D.tokens = L.read<int32_t>(L.open("/tokens", DType::I32, {-1}, "T"), "/tokens");

@@ -83,40 +83,132 @@ std::vector<std::string> cell_groups(const ProbeCell& c) {
 
 // ---- plans -------------------------------------------------------------------------------------------
 
-std::vector<int64_t> svd_ranks(const StudyConfig& config, const DumpAttrs& attrs) {
-  const int64_t r = attrs.kv_lora_rank;
-  if (config.probes.svd.ranks.empty()) return probes::default_svd_ranks(r);
-  for (int64_t k : config.probes.svd.ranks)
+namespace {
+
+// What the fit split of a dump supports (probes::fit_heldout_split, probes::max_fit_rank).
+struct FitLimit {
+  int64_t tokens = 0;    // fit tokens
+  int64_t max_rank = 0;  // the largest rank they determine
+  int64_t seqs = 0;      // non-empty sequences of the dump
+};
+FitLimit fit_limit(const Dump& dump, bool centered) {
+  FitLimit f;
+  try {
+    f.tokens = probes::fit_heldout_split(dump.seq_offsets, dump.num_tokens()).fit_tokens();
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(fmt::format("{}: {}", dump.path.string(), e.what()));
+  }
+  f.max_rank = probes::max_fit_rank(f.tokens, centered);
+  for (size_t s = 0; s + 1 < dump.seq_offsets.size(); ++s) f.seqs += dump.seq_offsets[s + 1] > dump.seq_offsets[s];
+  return f;
+}
+std::string fit_split_words(const Dump& dump, const FitLimit& f) {
+  return fmt::format("the fit split of {} has {} token{} ({})", dump.path.string(), f.tokens, f.tokens == 1 ? "" : "s",
+                     f.seqs == 1 ? "the first half of its only non-empty sequence"
+                                 : fmt::format("the first {} of its {} non-empty sequences", f.seqs / 2, f.seqs));
+}
+std::string fit_words(const Dump& dump, const FitLimit& f, bool centered) {
+  return fmt::format("{}, which determine ranks up to {}{}", fit_split_words(dump, f), f.max_rank,
+                     centered ? " (centered: one fewer than the tokens)" : "");
+}
+
+// The automatic ranks before capping.
+std::vector<int64_t> auto_sharing_ranks(int64_t r, int64_t w) {
+  std::vector<int64_t> out;
+  for (int64_t f : {8, 4, 2}) {
+    const int64_t k = std::max(w, (w * r / f) / w * w);
+    if (std::find(out.begin(), out.end(), k) == out.end()) out.push_back(k);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+// Each rank capped at `cap` (> 0), duplicates removed, ascending.
+std::vector<int64_t> capped(std::vector<int64_t> ranks, int64_t cap) {
+  for (int64_t& k : ranks) k = std::min(k, cap);
+  std::sort(ranks.begin(), ranks.end());
+  ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
+  return ranks;
+}
+
+}  // namespace
+
+std::vector<int64_t> svd_ranks(const StudyConfig& config, const Dump& dump) {
+  const int64_t r = dump.attrs.kv_lora_rank;
+  const bool centered = config.probes.svd.centered;
+  const FitLimit f = fit_limit(dump, centered);
+  if (config.probes.svd.ranks.empty()) {
+    if (f.max_rank < 1)
+      throw std::invalid_argument(fmt::format("{}: [svd]: {}: no SVD rank can be fit (disable [svd] or use a dump with "
+                                              "more tokens)",
+                                              config.source, fit_words(dump, f, centered)));
+    return capped(probes::default_svd_ranks(r), f.max_rank);
+  }
+  for (int64_t k : config.probes.svd.ranks) {
     if (k > r)
       throw std::invalid_argument(fmt::format("{}: [svd] ranks: rank {} is larger than kv_lora_rank {} of the dump "
                                               "(SVD ranks must be 1 .. kv_lora_rank)",
                                               config.source, k, r));
+    if (k > f.max_rank)
+      throw std::invalid_argument(fmt::format("{}: [svd] ranks: rank {} needs {} fit tokens, but {}", config.source, k,
+                                              k + (centered ? 1 : 0), fit_words(dump, f, centered)));
+  }
   return config.probes.svd.ranks;
 }
 
-std::vector<int64_t> sharing_ranks(const StudyConfig& config, const DumpAttrs& attrs, int64_t w) {
-  const int64_t r = attrs.kv_lora_rank;
-  std::vector<int64_t> out;
+std::vector<int64_t> sharing_ranks(const StudyConfig& config, const Dump& dump, int64_t w) {
+  const int64_t r = dump.attrs.kv_lora_rank;
+  const bool centered = config.probes.cross_layer.centered;
+  const FitLimit f = fit_limit(dump, centered);
+  const int64_t cap = f.max_rank / w * w;  // the largest multiple of w the fit split determines
   if (config.probes.cross_layer.ranks.empty()) {
-    for (int64_t f : {8, 4, 2}) {
-      const int64_t k = std::max(w, (w * r / f) / w * w);
-      if (std::find(out.begin(), out.end(), k) == out.end()) out.push_back(k);
-    }
-    std::sort(out.begin(), out.end());
-    return out;
+    if (cap < w)
+      throw std::invalid_argument(fmt::format("{}: [cross_layer]: window {}: {}: no multiple of {} can be fit (disable "
+                                              "[cross_layer] or use a dump with more tokens)",
+                                              config.source, w, fit_words(dump, f, centered), w));
+    return capped(auto_sharing_ranks(r, w), cap);
   }
-  for (int64_t k : config.probes.cross_layer.ranks)
+  for (int64_t k : config.probes.cross_layer.ranks) {
     if (k > w * r)
       throw std::invalid_argument(fmt::format("{}: [cross_layer] ranks: rank {} is larger than window {} x kv_lora_rank "
                                               "{} = {} of the dump",
                                               config.source, k, w, r, w * r));
+    if (k > f.max_rank)
+      throw std::invalid_argument(fmt::format("{}: [cross_layer] ranks: rank {} needs {} fit tokens, but {}",
+                                              config.source, k, k + (centered ? 1 : 0), fit_words(dump, f, centered)));
+  }
   return config.probes.cross_layer.ranks;
+}
+
+std::vector<std::string> rank_cap_warnings(const StudyConfig& config, const Dump& dump) {
+  const int64_t r = dump.attrs.kv_lora_rank;
+  std::vector<std::string> parts;
+  const bool svd_used = config.probes.svd.enabled || (config.probes.attention.enabled && config.probes.attention.svd &&
+                                                      attention_unavailable_reason(dump).empty());
+  if (svd_used && config.probes.svd.ranks.empty()) {
+    const std::vector<int64_t> full = probes::default_svd_ranks(r), used = svd_ranks(config, dump);
+    if (used != full)
+      parts.push_back(fmt::format("[svd] ranks {} instead of {}", fmt::join(used, ", "), fmt::join(full, ", ")));
+  }
+  if (config.probes.cross_layer.enabled && config.probes.cross_layer.ranks.empty()) {
+    const size_t studied = dump.layers.size();
+    for (int64_t w : config.probes.cross_layer.windows) {
+      if (w < 1 || static_cast<size_t>(w) > studied) continue;  // no cell: nothing capped
+      const std::vector<int64_t> full = auto_sharing_ranks(r, w), used = sharing_ranks(config, dump, w);
+      if (used != full)
+        parts.push_back(fmt::format("[cross_layer] window {} ranks {} instead of {}", w, fmt::join(used, ", "),
+                                    fmt::join(full, ", ")));
+    }
+  }
+  if (parts.empty()) return {};
+  return {fmt::format("{}: automatic ranks capped at what the fit split determines ({}): {}; give the ranks "
+                      "explicitly to choose others",
+                      config.source, fit_split_words(dump, fit_limit(dump, false)), fmt::join(parts, "; "))};
 }
 
 std::vector<SvdCell> plan_svd_cells(const StudyConfig& config, const Dump& dump) {
   std::vector<SvdCell> cells;
   if (!config.probes.svd.enabled) return cells;
-  svd_ranks(config, dump.attrs);
+  svd_ranks(config, dump);
   for (int l : loaded_layers(dump)) cells.push_back({l});
   return cells;
 }
@@ -139,7 +231,7 @@ std::vector<SharingCell> plan_sharing_cells(const StudyConfig& config, const Dum
   if (!s.enabled) return cells;
   const std::vector<int> L = loaded_layers(dump);
   for (int64_t w : s.windows) {
-    sharing_ranks(config, dump.attrs, w);
+    if (static_cast<size_t>(w) <= L.size()) sharing_ranks(config, dump, w);  // a window without cells takes no rank
     for (size_t i = 0; i + static_cast<size_t>(w) <= L.size(); ++i)
       cells.push_back({static_cast<int>(w), std::vector<int>(L.begin() + static_cast<ptrdiff_t>(i),
                                                              L.begin() + static_cast<ptrdiff_t>(i) + w)});
@@ -168,7 +260,7 @@ std::vector<AttentionCell> plan_attention_cells(const StudyConfig& config, const
   std::vector<AttentionCell> cells;
   const AttentionSettings& s = config.probes.attention;
   if (!s.enabled || !attention_unavailable_reason(dump).empty()) return cells;
-  const std::vector<int64_t> ranks = s.svd ? svd_ranks(config, dump.attrs) : std::vector<int64_t>{};
+  const std::vector<int64_t> ranks = s.svd ? svd_ranks(config, dump) : std::vector<int64_t>{};
   const std::vector<Quantizer> qs = config.all_quantizers();
   auto ran = [&](Target t, const Quantizer& q) {
     const TargetPlan* p = config.plan(t);
@@ -341,7 +433,7 @@ struct ProbeRunner::Impl {
   std::vector<ColumnTable> run(const SvdCell& c) {
     probes::SvdProbeOptions opt;
     opt.centered = config.probes.svd.centered;
-    opt.ranks = svd_ranks(config, dump.attrs);
+    opt.ranks = svd_ranks(config, dump);
     opt.energy_fractions.assign(std::begin(kEnergyFractions), std::end(kEnergyFractions));
     const probes::SvdProbeResult p = probes::svd_probe(dump.layer(c.layer).c_kv.data(), dump.num_tokens(),
                                                        dump.attrs.kv_lora_rank, dump.seq_offsets, opt);
@@ -367,7 +459,7 @@ struct ProbeRunner::Impl {
 
   std::vector<ColumnTable> run(const SharingCell& c) {
     ColumnTable t = empty_probe_table("cross_layer_sharing");
-    const std::vector<int64_t> ranks = sharing_ranks(config, dump.attrs, c.window);
+    const std::vector<int64_t> ranks = sharing_ranks(config, dump, c.window);
     std::vector<const float*> ptrs;
     for (int l : c.layers) ptrs.push_back(dump.layer(l).c_kv.data());
     for (const probes::SharedBasisResult& x :
@@ -485,6 +577,7 @@ ProbePlan ProbePlan::subset(const std::function<bool(const std::string&)>& keep)
   ProbePlan p;
   p.groups = groups;
   p.attention_skipped = attention_skipped;
+  p.warnings = warnings;
   for (const ProbeCell& c : cells)
     if (keep(cell_key(c))) p.cells.push_back(c);
   return p;
@@ -496,6 +589,7 @@ ProbePlan plan_probes(const StudyConfig& config, const Dump& dump) {
     for (const auto& c : v) p.cells.emplace_back(c);
   };
   const ProbeConfig& P = config.probes;
+  p.warnings = rank_cap_warnings(config, dump);
   if (P.svd.enabled) {
     add(plan_svd_cells(config, dump));
     p.groups.insert(p.groups.end(), {"svd", "svd_spectrum"});
@@ -535,8 +629,8 @@ std::vector<NamedTable> run_probes(const StudyConfig& config, const Dump& dump, 
     out.push_back(it != ran.end() ? std::move(*it) : NamedTable{g, empty_probe_table(g), {}});
     NamedTable& t = out.back();
     if (g == "svd")
-      t.attrs = {{"definition", std::string("rank-r basis of c_kv fit on the fit split (first half of the sequences; "
-                                            "one sequence: its first half of tokens), rel_fro = ||X - X_hat||_F / "
+      t.attrs = {{"definition", std::string("rank-r basis of c_kv fit on the fit split (first half of the non-empty "
+                                            "sequences; one: its first half of tokens), rel_fro = ||X - X_hat||_F / "
                                             "||X||_F on each split, X_hat = bf16((X - mu) V_r) V_r^T + mu (the r "
                                             "per-token coefficients rounded to bf16, the dtype charged for them); "
                                             "rank_f = smallest r whose cumulative sigma^2 reaches f of the total")}};
@@ -765,7 +859,8 @@ std::string svd_table(const ColumnTable& svd, const DumpAttrs& A) {
     out += fmt::format("{:>5} {:>7} {:>7} {:>8} | {:>12} {:>12} {:>12} {:>12}\n", l, r90[i0], r99[i0], r999[i0],
                        sci(at(l, q4, ho)), sci(hh), sci(fh), sci(hh - fh));
   }
-  out += fmt::format("gap = held-out - fit rel_fro at rank {}; fit = first half of the sequences, held-out = the rest.\n", h2);
+  out += fmt::format("gap = held-out - fit rel_fro at rank {}; fit = first half of the non-empty sequences, held-out = "
+                     "the rest.\n", h2);
   return out;
 }
 

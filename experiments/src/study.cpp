@@ -284,6 +284,7 @@ Attrs study_attrs(const StudyConfig& config, const Dump& dump, const std::string
       {"git_commit", std::string(git_commit())},
       {"config", config.text},
       {"config_source", config.source},
+      {"config_dir", std::filesystem::absolute(config.base_dir).lexically_normal().string()},
       {"input_path", std::filesystem::absolute(config.dump).lexically_normal().string()},
       {"input_sha256", sha},
       {"input_revision", A.revision},

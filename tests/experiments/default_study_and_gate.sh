@@ -1,7 +1,8 @@
 #!/bin/sh
-# ctest `experiments.default_study_and_gate`: the embedded default study on the shipped dump, then
-# the regression gate with results/thresholds.toml (the probes run too; the e2e step is left to
-# experiments.e2e_and_report). Skipped (exit 77) without the dump.
+# ctest `experiments.default_study_and_gate`: the embedded default study on the shipped dump (the
+# probes and the e2e step run too: OUT_DIR/default_study.h5 is the unsharded reference of ctest
+# experiments.default_study_sharded), then the regression gate with results/thresholds.toml.
+# Skipped (exit 77) without the dump.
 #   default_study_and_gate.sh LATENTQ SOURCE_DIR OUT_DIR
 set -eu
 LATENTQ=$1
@@ -13,5 +14,5 @@ if [ ! -f "$DUMP" ]; then
   exit 77
 fi
 mkdir -p "$OUT"
-"$LATENTQ" run --out "$OUT/default_study.h5" --no-e2e   # e2e: experiments.e2e_and_report
+"$LATENTQ" run --out "$OUT/default_study.h5" --threads 2
 "$LATENTQ" regress "$OUT/default_study.h5" --thresholds "$SRC/results/thresholds.toml"

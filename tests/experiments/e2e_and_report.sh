@@ -1,7 +1,9 @@
 #!/bin/sh
 # ctest `experiments.e2e_and_report`: `latentq run` on the shipped tiny-mla dump with [e2e] enabled
 # (tests/experiments/data/e2e_study.toml, two quantizers): experiments/e2e_inject.py appends /e2e and
-# keeps the other groups, the e2e table is printed; then `latentq report` writes report.md.
+# keeps the other groups, the e2e table is printed; the same study as 3 shards + `latentq merge` (which
+# runs the e2e step; `merge --no-e2e` does not) equals it, /e2e included; then `latentq report`
+# writes report.md.
 # Skipped (exit 77) without the dump, the project venv, or the compiled latentq Python module.
 #   e2e_and_report.sh LATENTQ SOURCE_DIR OUT_DIR PYTHON
 set -eu
@@ -33,6 +35,27 @@ with h5py.File(sys.argv[1], "r") as f:
     assert 0 <= kl[1] < kl[0], kl  # bf16 perturbs the logits less than int4
     assert len(f["attention_error"]["layer"]) == 6 * (2 + 2), len(f["attention_error"]["layer"])
 print("ok: /e2e", q, "and the other groups kept")
+PYEOF
+# Sharded: the shards skip the e2e step, the merge runs it; every group equals the unsharded run.
+for i in 0 1 2; do
+  "$LATENTQ" run "$SRC/tests/experiments/data/e2e_study.toml" --input "$DUMP" --shard "$i/3" \
+    --out "$OUT/shards/s$i.h5" --threads 2 >"$OUT/shard$i.log"
+  grep -q '^e2e: skipped: a shard; `latentq merge` runs it on the merged file' "$OUT/shard$i.log"
+done
+"$LATENTQ" merge "$OUT/merged.h5" "$OUT/shards/s0.h5" "$OUT/shards/s1.h5" "$OUT/shards/s2.h5" --threads 2 \
+  >"$OUT/merge.log"
+cat "$OUT/merge.log"
+grep -q "^End to end" "$OUT/merge.log"
+"$PY" "$SRC/tests/slurm/compare_results.py" "$OUT/e2e.h5" "$OUT/merged.h5" --group-tol e2e:1e-4:1e-7
+"$LATENTQ" merge "$OUT/merged_no_e2e.h5" "$OUT/shards/s0.h5" "$OUT/shards/s1.h5" "$OUT/shards/s2.h5" --no-e2e \
+  >"$OUT/merge_no_e2e.log"
+if grep -q -e "^e2e:" -e "^End to end" "$OUT/merge_no_e2e.log"; then echo "FAIL: merge --no-e2e ran the e2e step"; exit 1; fi
+"$PY" - "$OUT/merged_no_e2e.h5" <<'PYEOF'
+import sys
+import h5py
+with h5py.File(sys.argv[1], "r") as f:
+    assert "e2e" not in f and "attention_error" in f, list(f)
+print("ok: merge --no-e2e wrote no /e2e")
 PYEOF
 "$LATENTQ" report "$OUT/e2e.h5" --out "$OUT/report"
 test -s "$OUT/report/report.md"

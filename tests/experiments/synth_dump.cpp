@@ -146,6 +146,9 @@ void set_string_attr(const fs::path& path, const std::string& name, const std::s
 void set_int_attr(const fs::path& path, const std::string& name, int64_t value) {
   with_file(path, [&](H5::H5File& f) { h5::write_attr(f, name, value); });
 }
+void set_double_attr(const fs::path& path, const std::string& name, double value) {
+  with_file(path, [&](H5::H5File& f) { h5::write_attr(f, name, value); });
+}
 void put_f32(const fs::path& path, const std::string& name, const std::vector<hsize_t>& dims, const std::vector<float>& v) {
   with_file(path, [&](H5::H5File& f) { put(f, name, dims, v.data(), H5::PredType::IEEE_F32LE, H5::PredType::NATIVE_FLOAT); });
 }

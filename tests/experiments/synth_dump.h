@@ -47,6 +47,8 @@ void delete_link(const std::filesystem::path& path, const std::string& name);
 void delete_attr(const std::filesystem::path& path, const std::string& name);
 void set_string_attr(const std::filesystem::path& path, const std::string& name, const std::string& value);
 void set_int_attr(const std::filesystem::path& path, const std::string& name, int64_t value);
+/// Write the root attribute `name` as a float64 scalar (e.g. softmax_scale).
+void set_double_attr(const std::filesystem::path& path, const std::string& name, double value);
 /// Replace dataset `name` by a float32 / float64 / int64 dataset of shape `dims` with `values`.
 void put_f32(const std::filesystem::path& path, const std::string& name, const std::vector<hsize_t>& dims,
              const std::vector<float>& values);

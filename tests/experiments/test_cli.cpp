@@ -4,6 +4,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "latentq/batch.h"
 #include "latentq/cli.h"
 #include "latentq/results.h"
 #include "latentq/util.h"
@@ -83,6 +84,28 @@ TEST_F(CliTest, OverridesAndRelativePaths) {
   ASSERT_EQ(o.rc, 0) << o.err;
   EXPECT_TRUE(fs::exists(dir / "elsewhere.h5"));
   EXPECT_FALSE(fs::exists(results));
+}
+
+// Issue 9, item 2: the default study on a copy of the shipped dump whose softmax_scale is finite as a
+// float64 but not as the float32 the attention runs in. It used to exit 0 with a NaN attention check and
+// /attention_error rows scored out_rel_fro 0, KL 0, top-1 1 (1e300), or a uniform softmax (1e-50).
+TEST_F(CliTest, DefaultStudyRefusesASoftmaxScaleThatFloat32CannotHold) {
+  const fs::path shipped = fs::path(LATENTQ_SOURCE_DIR) / "data" / "latents" / "tiny-mla.h5";
+  if (!fs::exists(shipped)) GTEST_SKIP() << shipped << " is missing";
+  const fs::path copy = dir / "tiny-mla-scale.h5", out = dir / "default.h5";
+  fs::copy_file(shipped, copy);
+  for (const auto& [scale, words] : std::vector<std::pair<double, std::string>>{
+           {1e300, "root attribute 'softmax_scale' = 1e+300 is inf in float32"},
+           {1e-50, "root attribute 'softmax_scale' = 1e-50 becomes 0 in float32"}}) {
+    SCOPED_TRACE(words);
+    lqtest::set_double_attr(copy, "softmax_scale", scale);
+    const Outcome o = cli({"run", "--input", copy.string(), "--out", out.string(), "--threads", "2"});
+    EXPECT_EQ(o.rc, 2) << o.out << o.err;
+    EXPECT_CONTAINS(o.err, "latentq: error: " + copy.string() + ": " + words);
+    EXPECT_FALSE(fs::exists(out));
+    EXPECT_FALSE(fs::exists(partial_path(out)));
+    EXPECT_EQ(dir.entries(), (std::vector<std::string>{"dump.h5", "study.toml", "tiny-mla-scale.h5"}));
+  }
 }
 
 TEST_F(CliTest, InputErrorsWriteNothing) {

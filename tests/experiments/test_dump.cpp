@@ -152,6 +152,25 @@ TEST_F(DumpTest, MissingOrMistypedAttr) {
   expect_error<std::invalid_argument>([&] { load_dump(path); }, {"'kv_lora_rank' has type string, expected an integer"});
 }
 
+// softmax_scale is a float64 attribute used by a float32 attention: checked after the conversion.
+TEST_F(DumpTest, SoftmaxScaleMustBeANormalFloat32) {
+  lqtest::set_double_attr(path, "softmax_scale", 1e300);  // finite as a double, inf as a float
+  expect_error<std::invalid_argument>(
+      [&] { load_dump(path); },
+      {p() + ": root attribute 'softmax_scale' = 1e+300 is inf in float32 (largest finite 3.4028235e+38); the "
+             "attention runs in float32: expected a value > 0 in the float32 normal range [1.1754944e-38, "
+             "3.4028235e+38]"});
+  lqtest::set_double_attr(path, "softmax_scale", 1e-50);  // 0 as a float: a uniform softmax
+  expect_error<std::invalid_argument>(
+      [&] { load_dump(path); }, {p() + ": root attribute 'softmax_scale' = 1e-50 becomes 0 in float32"});
+  lqtest::set_double_attr(path, "softmax_scale", 1e-40);  // a subnormal float: the precision is lost
+  expect_error<std::invalid_argument>([&] { load_dump(path); }, {"'softmax_scale' = 1e-40 becomes 9.9999461e-41"});
+  lqtest::set_double_attr(path, "softmax_scale", -0.125);
+  expect_error<std::invalid_argument>([&] { load_dump(path); }, {"'softmax_scale' = -0.125, expected a finite value > 0"});
+  lqtest::set_double_attr(path, "softmax_scale", 0.1147214);  // DeepSeek-V2-Lite
+  EXPECT_EQ(load_dump(path).attrs.softmax_scale, 0.1147214);
+}
+
 TEST_F(DumpTest, NumLayersDisagrees) {
   lqtest::set_int_attr(path, "num_layers", 4);
   expect_error<std::invalid_argument>([&] { load_dump(path); }, {"/layers holds 3 layers", "num_layers = 4"});

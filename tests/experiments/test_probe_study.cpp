@@ -9,6 +9,7 @@
 #include <set>
 #include <sstream>
 
+#include "latentq/batch.h"
 #include "latentq/cli.h"
 #include "latentq/external.h"
 #include "latentq/probe_study.h"
@@ -123,12 +124,62 @@ TEST_F(ProbeTest, PairSelectionAndLayerSubsets) {
 }
 
 TEST_F(ProbeTest, DefaultSharingRanksAreMultiplesOfTheWindow) {
-  EXPECT_EQ(sharing_ranks(config, dump.attrs, 2), (std::vector<int64_t>{4, 8, 16}));   // 2·16/8, /4, /2
-  EXPECT_EQ(sharing_ranks(config, dump.attrs, 3), (std::vector<int64_t>{6, 12, 24}));  // 48/8 = 6, 12, 24
-  DumpAttrs big = dump.attrs;
-  big.kv_lora_rank = 128;
+  EXPECT_EQ(sharing_ranks(config, dump, 2), (std::vector<int64_t>{4, 8, 16}));   // 2·16/8, /4, /2
+  EXPECT_EQ(sharing_ranks(config, dump, 3), (std::vector<int64_t>{6, 12, 24}));  // 48/8 = 6, 12, 24
+  Dump big = dump;  // the ranks depend on kv_lora_rank and the fit split only
+  big.attrs.kv_lora_rank = 128;
+  big.tokens.resize(2000);
+  big.seq_offsets = {0, 1000, 2000};  // 1000 fit tokens: no cap
   EXPECT_EQ(sharing_ranks(config, big, 2), (std::vector<int64_t>{32, 64, 128}));
   EXPECT_EQ(svd_ranks(config, big), (std::vector<int64_t>{8, 16, 32, 64, 96, 128}));
+  EXPECT_TRUE(rank_cap_warnings(config, big).empty());
+}
+
+// A short dump of a real model's shape (kv_lora_rank 512, 2 × 256 tokens): the automatic ranks reach
+// 512 but the 256 fit tokens (centered) determine ranks up to 255. Automatic ranks are capped, with one
+// warning line; a rank given explicitly is an error naming it and the fit tokens.
+TEST_F(ProbeTest, AutomaticRanksAreCappedByTheFitSplit) {
+  Dump big = dump;
+  big.attrs.kv_lora_rank = 512;
+  big.tokens.resize(512);
+  big.seq_offsets = {0, 256, 512};
+  EXPECT_EQ(svd_ranks(config, big), (std::vector<int64_t>{32, 64, 128, 255}));  // 256, 384, 512 → 255
+  EXPECT_EQ(sharing_ranks(config, big, 2), (std::vector<int64_t>{128, 254}));   // 256, 512 → 254 (even)
+  EXPECT_EQ(sharing_ranks(config, big, 3), (std::vector<int64_t>{192, 255}));   // 384, 768 → 255 (× 3)
+  const std::vector<std::string> w = rank_cap_warnings(config, big);
+  ASSERT_EQ(w.size(), 1u);
+  EXPECT_CONTAINS(w[0], "automatic ranks capped");
+  EXPECT_CONTAINS(w[0], "has 256 tokens (the first 1 of its 2 non-empty sequences)");
+  EXPECT_CONTAINS(w[0], "[svd] ranks 32, 64, 128, 255 instead of 32, 64, 128, 256, 384, 512");
+  EXPECT_CONTAINS(w[0], "[cross_layer] window 2 ranks 128, 254 instead of 128, 256, 512");
+  // Uncentered: the fit tokens themselves.
+  StudyConfig unc = parse_config(std::string(kConfig) + "[svd]\ncentered = false\n", "probe.toml", dir.path());
+  EXPECT_EQ(svd_ranks(unc, big), (std::vector<int64_t>{32, 64, 128, 256}));
+  // Explicit ranks are never capped: an error naming the rank, the tokens it needs and those there are.
+  StudyConfig expl = parse_config(std::string(kConfig) + "[svd]\nranks = [64, 300]\n", "probe.toml", dir.path());
+  try {
+    svd_ranks(expl, big);
+    ADD_FAILURE() << "no error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_CONTAINS(e.what(), "probe.toml: [svd] ranks: rank 300 needs 301 fit tokens, but the fit split of ");
+    EXPECT_CONTAINS(e.what(), "has 256 tokens");
+  }
+  expl = parse_config(std::string(kConfig) + "[cross_layer]\nranks = [256]\n", "probe.toml", dir.path());
+  try {
+    sharing_ranks(expl, big, 2);
+    ADD_FAILURE() << "no error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_CONTAINS(e.what(), "probe.toml: [cross_layer] ranks: rank 256 needs 257 fit tokens");
+  }
+  // A fit split that determines no rank at all (centered: 1 fit token).
+  big.seq_offsets = {0, 1, 512};
+  try {
+    svd_ranks(config, big);
+    ADD_FAILURE() << "no error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_CONTAINS(e.what(), "has 1 token (the first 1 of its 2 non-empty sequences), which determine ranks up to 0");
+    EXPECT_CONTAINS(e.what(), "no SVD rank can be fit");
+  }
 }
 
 TEST_F(ProbeTest, RanksTheDumpCannotTakeAreErrors) {
@@ -375,6 +426,112 @@ TEST_F(ProbeCliTest, SvdRankAboveKvLoraRankIsExit2AndWritesNothing) {
   EXPECT_FALSE(fs::exists(results));
 }
 
+// Issue 9, item 4 (the same kind): a short dump of a real model's shape, kv_lora_rank 512 and 2 × 256
+// tokens. The automatic SVD ranks reach 512 (513 fit tokens needed) and used to fail the whole run
+// (exit 2); now they are capped at the 255 that the 256 fit tokens determine, with one warning line.
+TEST_F(ProbeCliTest, ShortDumpOfARealShapeCapsTheAutomaticRanks) {
+  lqtest::write_synth(dump, lqtest::make_synth({.layers = 2, .seq_lens = {256, 256}, .kv_lora_rank = 512,
+                                                 .qk_rope_head_dim = 64, .query_rows = 8}));
+  write_config("");
+  const Outcome o = cli({"run", config.string(), "--out", results.string(), "--threads", "2"});
+  ASSERT_EQ(o.rc, 0) << o.err;
+  EXPECT_EQ(count_of(o.err, "latentq: warning: "), 1u) << o.err;
+  EXPECT_CONTAINS(o.err, "automatic ranks capped at what the fit split determines (the fit split of " + dump.string() +
+                             " has 256 tokens (the first 1 of its 2 non-empty sequences)): [svd] ranks 32, 64, 128, 255 "
+                             "instead of 32, 64, 128, 256, 384, 512; [cross_layer] window 2 ranks 128, 254 instead of "
+                             "128, 256, 512");
+  const ColumnTable svd = read_table(results, "svd");
+  EXPECT_EQ(svd.get<int64_t>("rank"), (std::vector<int64_t>{32, 64, 128, 255, 32, 64, 128, 255}));
+  EXPECT_EQ(svd.get<int64_t>("fit_tokens")[0], 256);
+  EXPECT_EQ(read_table(results, "cross_layer_sharing").get<int64_t>("rank"), (std::vector<int64_t>{128, 254}));
+  const auto q = read_table(results, "attention_error").get<std::string>("quantizer");
+  EXPECT_EQ(std::count(q.begin(), q.end(), "svd-rank255"), 2);
+  // Ranks given explicitly are never capped: exit 2 naming the rank and the fit tokens, nothing written.
+  fs::remove(results);
+  write_config("[svd]\nranks = [64, 300]\n");
+  const Outcome e = cli({"run", config.string(), "--out", results.string(), "--threads", "2"});
+  EXPECT_EQ(e.rc, 2);
+  EXPECT_CONTAINS(e.err, "latentq: error: " + config.string() + ": [svd] ranks: rank 300 needs 301 fit tokens, but the "
+                         "fit split of " + dump.string() + " has 256 tokens");
+  EXPECT_EQ(dir.entries(), (std::vector<std::string>{"dump.h5", "study.toml"}));
+}
+
+// Issue 9, item 2 (the same kind): finite inputs whose float32 attention overflows. The reference on
+// exact latents is NaN; metrics from it used to be a "perfect" row (out_rel_fro 0, KL 0, top-1 1). Now
+// the cell fails with its real cause (no hint about -fp32 scales), the run exits 2, no OUT.
+TEST_F(ProbeCliTest, AttentionOverflowingFloat32IsAnErrorNotAPerfectRow) {
+  const lqtest::SynthData d = lqtest::make_synth();
+  lqtest::write_synth(dump, d);
+  std::vector<float> q = d.q_nope[0];
+  for (float& x : q) x *= 1e37f;  // finite (|q| < 1e38), but q_nope·W_UK·c_kv overflows float32
+  const auto& sp = d.spec;
+  lqtest::put_f32(dump, "/layers/000/q_nope",
+                  {static_cast<hsize_t>(sp.query_rows), static_cast<hsize_t>(sp.num_heads),
+                   static_cast<hsize_t>(sp.qk_nope_head_dim)},
+                  q);
+  write_config("");
+  const Outcome o = cli({"run", config.string(), "--out", results.string(), "--threads", "2"});
+  EXPECT_EQ(o.rc, 2) << o.out;
+  EXPECT_CONTAINS(o.err, "latentq: error: " + dump.string() + ": cell 000/attention_check: attention: ");
+  EXPECT_CONTAINS(o.err, "are NaN/Inf in float32 (the scores or the output overflow the working precision); no metric "
+                         "is computed from a non-finite attention");
+  EXPECT_CONTAINS(o.err, "the first failed cell is 000/attention_check. Its message names the cause");
+  EXPECT_EQ(o.err.find("fp32"), std::string::npos) << o.err;  // no hint about scale dtypes
+  EXPECT_FALSE(fs::exists(results));
+}
+
+// Issue 9, item 4: empty sequences (seq_offsets entries repeated) hold no token, so every result group
+// equals that of the dump without them, bit for bit (table_difference, the comparator of
+// lq_results_equal). The fit/held-out split used to count an empty sequence in its "first half": /svd,
+// /cross_layer_sharing and the svd-rank rows of /attention_error changed silently (one empty sequence
+// first), or the run failed with a hint about -fp32 scales (four empty sequences first).
+void expect_same_groups(const fs::path& ref, const fs::path& test) {
+  const std::vector<std::string> groups = list_tables(ref);
+  ASSERT_EQ(list_tables(test), groups);
+  for (const std::string& g : groups) {
+    SCOPED_TRACE(g);
+    EXPECT_EQ(table_difference(read_table(ref, g), read_table(test, g)), "");
+  }
+}
+
+TEST_F(ProbeCliTest, EmptySequencesChangeNoResultGroupSynthetic) {
+  // The synthetic data depends on T only, so these dumps differ in /seq_offsets alone.
+  write_config("");  // per-channel g32 groups (which follow the sequences), per-token, bf16; every probe group
+  lqtest::write_synth(dump, lqtest::make_synth({.seq_lens = {40, 24, 32}}));
+  const Outcome ref = cli({"run", config.string(), "--out", results.string(), "--threads", "2"});
+  ASSERT_EQ(ref.rc, 0) << ref.err;
+  const std::vector<std::vector<int64_t>> variants = {{0, 40, 24, 32}, {0, 0, 0, 0, 40, 24, 32}, {40, 0, 24, 0, 32, 0}};
+  for (const std::vector<int64_t>& lens : variants) {
+    SCOPED_TRACE(::testing::PrintToString(lens));
+    const fs::path d = dir / "empty.h5", r = dir / "empty_out.h5";
+    lqtest::write_synth(d, lqtest::make_synth({.seq_lens = lens}));
+    const Outcome o = cli({"run", config.string(), "--input", d.string(), "--out", r.string(), "--threads", "2"});
+    ASSERT_EQ(o.rc, 0) << o.err;
+    expect_same_groups(results, r);
+  }
+}
+
+TEST_F(ProbeCliTest, EmptySequencesChangeNoResultGroupShippedDump) {
+  const fs::path shipped = fs::path(LATENTQ_SOURCE_DIR) / "data" / "latents" / "tiny-mla.h5";
+  if (!fs::exists(shipped)) GTEST_SKIP() << shipped << " is missing";
+  // Two layers, per-channel groups (which follow the sequences), automatic SVD and sharing ranks, every
+  // probe group.
+  std::ofstream(config) << "[input]\nlayers = [0, 1]\n[quantizers]\nextra = [\"int4-asym-channel-g32\", "
+                           "\"int4-asym-channel\", \"int4-asym-tensor\", \"bf16\"]\n[attention]\ntargets = "
+                           "[\"c_kv+k_pe\"]\n";
+  const fs::path ref = dir / "ref.h5";
+  ASSERT_EQ(cli({"run", config.string(), "--input", shipped.string(), "--out", ref.string(), "--threads", "2"}).rc, 0);
+  for (const std::vector<int64_t>& offsets :
+       {std::vector<int64_t>{0, 0, 512, 1024, 1536, 2048}, std::vector<int64_t>{0, 0, 0, 0, 0, 512, 1024, 1536, 2048}}) {
+    SCOPED_TRACE(::testing::PrintToString(offsets));
+    fs::copy_file(shipped, dump, fs::copy_options::overwrite_existing);
+    lqtest::put_i64(dump, "/seq_offsets", {offsets.size()}, offsets);
+    const Outcome o = cli({"run", config.string(), "--input", dump.string(), "--out", results.string(), "--threads", "2"});
+    ASSERT_EQ(o.rc, 0) << o.err;
+    expect_same_groups(ref, results);
+  }
+}
+
 TEST_F(ProbeCliTest, E2eIsSkippedWithOneLine) {
   lqtest::write_synth(dump, lqtest::make_synth());
   write_config("[e2e]\nenabled = true\n");
@@ -398,6 +555,55 @@ TEST_F(ProbeCliTest, E2eIsSkippedWithOneLine) {
     ASSERT_EQ(o.rc, 0) << o.err;
     EXPECT_CONTAINS(o.out, "e2e: skipped: the compiled latentq Python module is not in " + dir.path().string());
   }
+}
+
+// Issue 9, item 7: shards never run the e2e step; `latentq merge` runs it on the merged file (as an
+// unsharded run does) unless --no-e2e, resolving [e2e] model against the root attribute config_dir.
+// (With Python and the model: ctest experiments.e2e_and_report, experiments.default_study_sharded and
+// slurm.array_merge compare the merged /e2e with the unsharded run's.)
+TEST_F(ProbeCliTest, MergeRunsTheE2eStep) {
+  lqtest::write_synth(dump, lqtest::make_synth());
+  write_config("[e2e]\nenabled = true\nmodel = \"no-model\"\n");
+  std::vector<std::string> merge_args = {"merge", (dir / "merged.h5").string()};
+  for (int i = 0; i < 2; ++i) {
+    const fs::path shard = dir / ("s" + std::to_string(i) + ".h5");
+    const Outcome o = cli({"run", config.string(), "--shard", std::to_string(i) + "/2", "--out", shard.string()});
+    ASSERT_EQ(o.rc, 0) << o.err;
+    EXPECT_CONTAINS(o.out, "e2e: skipped: a shard; `latentq merge` runs it on the merged file\n");
+    merge_args.push_back(shard.string());
+  }
+  const Attrs attrs = read_results_attrs(dir / "s0.h5");
+  const auto it = std::find_if(attrs.begin(), attrs.end(), [](const auto& a) { return a.first == "config_dir"; });
+  ASSERT_NE(it, attrs.end());
+  EXPECT_EQ(std::get<std::string>(it->second), dir.path().string());
+  // The step runs: here it stops at its first check, the dump's model (a synthetic dump).
+  Outcome o = cli(merge_args);
+  ASSERT_EQ(o.rc, 0) << o.err;
+  EXPECT_EQ(count_of(o.out, "e2e: skipped: "), 1u) << o.out;
+  EXPECT_CONTAINS(o.out, "e2e: skipped: the dump's model is 'synthetic'");
+  // A tiny-mla dump: the next check resolves [e2e] model against the config's directory.
+  for (int i = 0; i < 2; ++i) lqtest::set_string_attr(dir / ("s" + std::to_string(i) + ".h5"), "model", "tiny-mla");
+  o = cli(merge_args);
+  ASSERT_EQ(o.rc, 0) << o.err;
+  EXPECT_CONTAINS(o.out, "e2e: skipped: the model directory " + (dir / "no-model").string() +
+                             " ([e2e] model) has no config.json");
+  // --no-e2e: no step.
+  merge_args.push_back("--no-e2e");
+  o = cli(merge_args);
+  ASSERT_EQ(o.rc, 0) << o.err;
+  EXPECT_EQ(o.out.find("e2e"), std::string::npos) << o.out;
+  merge_args.pop_back();
+  // Shards without config_dir (an older latentq): the step is skipped, saying why.
+  for (int i = 0; i < 2; ++i) lqtest::delete_attr(dir / ("s" + std::to_string(i) + ".h5"), "config_dir");
+  o = cli(merge_args);
+  ASSERT_EQ(o.rc, 0) << o.err;
+  EXPECT_CONTAINS(o.out, "e2e: skipped: " + (dir / "merged.h5").string() + " has no root attribute config_dir");
+  // [e2e] disabled: merge says nothing about it.
+  write_config("");
+  ASSERT_EQ(cli({"run", config.string(), "--shard", "0/1", "--out", (dir / "one.h5").string()}).rc, 0);
+  o = cli({"merge", (dir / "merged1.h5").string(), (dir / "one.h5").string()});
+  ASSERT_EQ(o.rc, 0) << o.err;
+  EXPECT_EQ(o.out.find("e2e"), std::string::npos) << o.out;
 }
 
 TEST_F(ProbeCliTest, ReportNeedsPythonAndPassesItsExitCodeThrough) {

@@ -318,3 +318,106 @@ TEST(Attention, Errors) {
   AbsorbedAttention<float> other(make_layer(30, 2, 16, 5, MlaDims{2, 8, 4, 2, 4}).queries());
   EXPECT_THROW(attention_error(a, other.run(l.c_kv, l.k_pe, true)), std::invalid_argument);
 }
+
+// A double softmax_scale is checked after its conversion to the working precision: 1e300 is finite as a
+// double but inf in float32 (a NaN attention), 1e-50 becomes 0 (a uniform softmax). Both used to run.
+TEST(Attention, SoftmaxScaleIsCheckedAfterTheConversion) {
+  const RandomLayer l = make_layer(31, 2, 16, 6, MlaDims{2, 8, 4, 2, 4});
+  auto message = [&](double scale, auto scalar) -> std::string {
+    RandomLayer b = l;
+    b.scale = scale;
+    try {
+      AbsorbedAttention<decltype(scalar)> att(b.queries());
+      return "";
+    } catch (const std::invalid_argument& e) {
+      return e.what();
+    }
+  };
+  EXPECT_EQ(message(1e300, 0.0f),
+            "attention: softmax_scale 1e+300 is inf in float32 (largest finite 3.4028235e+38), the precision the "
+            "attention runs in");
+  EXPECT_EQ(message(1e-50, 0.0f),
+            "attention: softmax_scale 1e-50 becomes 0 in float32 (smallest normal 1.1754944e-38: the precision is "
+            "lost), the precision the attention runs in");
+  EXPECT_NE(message(1e-40, 0.0f).find("softmax_scale 1e-40 becomes 9.9999461e-41 in float32"), std::string::npos);
+  EXPECT_EQ(message(1e-50, 0.0), "");  // a normal float64
+  EXPECT_EQ(message(0.125, 0.0f), "");
+  RandomLayer b = l;
+  b.scale = 1e300;
+  try {
+    unabsorbed_attention<float>(b.queries(), b.c_kv, b.k_pe);
+    ADD_FAILURE() << "no error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("softmax_scale 1e+300 is inf in float32"), std::string::npos) << e.what();
+  }
+}
+
+// An attention that overflows its working precision on finite inputs is an error, never a result: a
+// NaN reference used to score as a perfect row (out_rel_fro 0, KL 0, top-1 1).
+TEST(Attention, NonFiniteResultIsAnError) {
+  RandomLayer l = make_layer(32, 2, 16, 6, MlaDims{2, 8, 4, 2, 4});
+  for (float& x : l.q_nope) x *= 1e20f;  // finite inputs, but q_lat·c_kv ~ 1e40 overflows float32
+  for (float& x : l.c_kv) x *= 1e20f;
+  const AbsorbedAttention<float> att(l.queries());
+  try {
+    att.run(l.c_kv, l.k_pe, true);
+    ADD_FAILURE() << "no error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("are NaN/Inf in float32"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("no metric is computed from a non-finite attention"), std::string::npos);
+  }
+  EXPECT_THROW(unabsorbed_attention<float>(l.queries(), l.c_kv, l.k_pe), std::invalid_argument);
+  // float64 holds these scores: a finite result.
+  const auto d = AbsorbedAttention<double>(l.queries()).run(l.c_kv, l.k_pe, true);
+  EXPECT_TRUE(std::all_of(d.out.begin(), d.out.end(), [](double x) { return std::isfinite(x); }));
+}
+
+TEST(AttentionError, NonFiniteReferenceOrTestIsAnError) {
+  AttentionResult<double> ref;
+  ref.num_queries = 1;
+  ref.num_heads = 1;
+  ref.v_head_dim = 2;
+  ref.nkeys = {2};
+  ref.prob_offsets = {0, 2};
+  ref.out = {1.0, 2.0};
+  ref.probs = {0.75, 0.25};
+  const AttentionResult<double> test = ref;
+  EXPECT_EQ(attention_error(ref, test).out_rel_fro, 0.0);
+  AttentionResult<double> nan_ref = ref;
+  nan_ref.out[1] = NAN;
+  nan_ref.probs = {NAN, NAN};
+  try {
+    attention_error(nan_ref, test);
+    ADD_FAILURE() << "a NaN reference gave metrics";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "attention_error: the reference: 1 of 2 outputs and 2 of 2 kept probabilities are NaN/Inf in float64 "
+              "(the scores or the output overflow the working precision); no metric is computed from a non-finite "
+              "attention");
+  }
+  AttentionResult<double> inf_test = ref;
+  inf_test.out[0] = INFINITY;
+  try {
+    attention_error(ref, inf_test);
+    ADD_FAILURE() << "an Inf test gave metrics";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("attention_error: the test: 1 of 2 outputs"), std::string::npos) << e.what();
+  }
+}
+
+// Empty sequences hold no key: the attention with them equals the attention without them, bit for bit.
+TEST(Attention, EmptySequencesChangeNothing) {
+  const RandomLayer l = make_layer(33, 3, 40, 20, MlaDims{2, 16, 8, 4, 8});
+  RandomLayer e = l;
+  e.seq_offsets = {0, 0, 40, 40, 40, 80, 120, 120};
+  for (auto path : {0, 1}) {
+    SCOPED_TRACE(path ? "unabsorbed" : "absorbed");
+    const auto a = path ? unabsorbed_attention<float>(l.queries(), l.c_kv, l.k_pe, true)
+                        : absorbed_attention<float>(l.queries(), l.c_kv, l.k_pe, true);
+    const auto b = path ? unabsorbed_attention<float>(e.queries(), e.c_kv, e.k_pe, true)
+                        : absorbed_attention<float>(e.queries(), e.c_kv, e.k_pe, true);
+    EXPECT_EQ(a.nkeys, b.nkeys);
+    EXPECT_EQ(a.out, b.out);
+    EXPECT_EQ(a.probs, b.probs);
+  }
+}

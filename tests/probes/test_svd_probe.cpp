@@ -87,7 +87,48 @@ TEST(Split, RejectsBadOffsetsAndEmptySplits) {
   EXPECT_THROW(fit_heldout_split(std::vector<int64_t>{0, 9}, 10), std::invalid_argument);
   EXPECT_THROW(fit_heldout_split(std::vector<int64_t>{0, 6, 4, 10}, 10), std::invalid_argument);
   EXPECT_THROW(fit_heldout_split(std::vector<int64_t>{0, 1}, 1), std::invalid_argument);       // 0 fit tokens
-  EXPECT_THROW(fit_heldout_split(std::vector<int64_t>{0, 0, 10}, 10), std::invalid_argument);  // empty fit sequence
+  EXPECT_THROW(fit_heldout_split(std::vector<int64_t>{0, 1, 1}, 1), std::invalid_argument);    // the same, + an empty one
+  EXPECT_THROW(fit_heldout_split(std::vector<int64_t>{0, 0, 0}, 0), std::invalid_argument);    // no token at all
+  try {
+    fit_heldout_split(std::vector<int64_t>{0, 0, 1, 1}, 1);
+    ADD_FAILURE() << "no error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("1 of 3 sequences are non-empty) leaves 0 fit and 1 held-out tokens"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// Empty sequences hold no token and take no place in the split: with them or without, the same token
+// ranges (the dumps: one empty sequence first, or four).
+TEST(Split, EmptySequencesAreSkipped) {
+  const TokenSplit ref = fit_heldout_split(std::vector<int64_t>{0, 512, 1024, 1536, 2048}, 2048);
+  for (const std::vector<int64_t>& offs :
+       {std::vector<int64_t>{0, 0, 512, 1024, 1536, 2048}, std::vector<int64_t>{0, 0, 0, 0, 0, 512, 1024, 1536, 2048},
+        std::vector<int64_t>{0, 512, 512, 1024, 1536, 1536, 2048, 2048}}) {
+    SCOPED_TRACE(::testing::PrintToString(offs));
+    const TokenSplit s = fit_heldout_split(offs, 2048);
+    EXPECT_EQ(s.fit, ref.fit);
+    EXPECT_EQ(s.heldout, ref.heldout);
+  }
+  // Three non-empty sequences among five entries: fit on the first non-empty one (⌊3/2⌋ = 1).
+  const TokenSplit s3 = fit_heldout_split(std::vector<int64_t>{0, 0, 10, 10, 30, 35}, 35);
+  EXPECT_EQ(s3.fit, (std::vector<Range>{Range(0, 10)}));
+  EXPECT_EQ(s3.heldout, (std::vector<Range>{Range(10, 30), Range(30, 35)}));
+  // One non-empty sequence after an empty one: its halves, as for a dump with that sequence alone.
+  const TokenSplit s1 = fit_heldout_split(std::vector<int64_t>{0, 0, 10}, 10);
+  EXPECT_EQ(s1.fit, (std::vector<Range>{Range(0, 5)}));
+  EXPECT_EQ(s1.heldout, (std::vector<Range>{Range(5, 10)}));
+  const TokenSplit s1b = fit_heldout_split(std::vector<int64_t>{0, 4, 4, 4}, 4);
+  EXPECT_EQ(s1b.fit, (std::vector<Range>{Range(0, 2)}));
+  EXPECT_EQ(s1b.heldout, (std::vector<Range>{Range(2, 4)}));
+}
+
+TEST(Split, MaxFitRank) {
+  EXPECT_EQ(max_fit_rank(256, true), 255);
+  EXPECT_EQ(max_fit_rank(256, false), 256);
+  EXPECT_EQ(max_fit_rank(1, true), 0);
+  EXPECT_EQ(max_fit_rank(0, true), 0);
 }
 
 TEST(EnergyRank, HandComputed) {
@@ -263,4 +304,25 @@ TEST(SvdProbe, Errors) {
   std::vector<float> out(static_cast<size_t>(T * D));
   EXPECT_THROW(ok.basis.reconstruct(out.data(), T, 9, out.data()), std::invalid_argument);
   EXPECT_THROW(ok.basis.reconstruct(out.data(), T, 0, out.data()), std::invalid_argument);
+}
+
+// The bf16 coefficients are checked after the narrowing: one beyond the bf16 range would be inf and the
+// reconstruction (and any error computed from it) NaN/inf, silently.
+TEST(SvdBasis, CoefficientOverflowingBf16IsAnError) {
+  const std::vector<float> X = {1, 1, 2, 2, 3, 3};  // [3, 2]: the first direction is (1, 1)/√2
+  const std::vector<std::pair<int64_t, int64_t>> rows = {{0, 3}};
+  const SvdBasis b = fit_svd_basis(X.data(), 3, 2, rows, false);
+  const std::vector<float> x = {3e38f, 3e38f};  // finite float32, coefficient ≈ 4.2e38
+  std::vector<float> out(2);
+  try {
+    b.reconstruct(x.data(), 1, 1, out.data(), CoeffDtype::BF16);
+    ADD_FAILURE() << "no error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()), "SVD: 1 rank-1 coefficient(s) overflow bf16 (|y| > 3.39e38): the latents are out "
+                                     "of range for bf16 coefficients");
+  }
+  // Unrounded coefficients hold it, and the reconstruction is back in float32 range.
+  b.reconstruct(x.data(), 1, 1, out.data(), CoeffDtype::Float64);
+  EXPECT_NEAR(out[0], 3e38f, 3e38 * 1e-6);
+  EXPECT_NEAR(out[1], 3e38f, 3e38 * 1e-6);
 }

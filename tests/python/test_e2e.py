@@ -139,3 +139,34 @@ def test_only_the_study_layers_are_injected(tmp_path, capsys):
     with h5py.File(res, "r") as f:
         assert f["e2e"].attrs["layers"] == "0,1,2,3,4,5"
         assert float(f["e2e/kl_mean"][0]) > kl_2layers
+
+
+def test_non_finite_logits_are_an_error(tmp_path, capsys, monkeypatch):
+    """No metric from a non-finite reference (issue 9, item 2's kind): NaN reference logits used to give
+    NaN KL and an arbitrary top-1; now exit 2 naming the run, and the results file is left unchanged."""
+    ids = torch.zeros(1, 4, dtype=torch.int64)
+    good = torch.zeros(1, 4, 256)
+    bad = good.clone()
+    bad[0, 1, 7] = float("nan")
+    assert e2e_inject.logit_metrics(good, good, ids)["kl_mean"] == 0.0
+    with pytest.raises(ValueError, match=r"^the reference run \(exact latents\): 1 of 1024 logits are NaN/Inf; no "
+                                         r"metric is computed from non-finite logits$"):
+        e2e_inject.logit_metrics(bad, good, ids)
+    with pytest.raises(ValueError, match=r"^int4: 1 of 1024 logits are NaN/Inf"):
+        e2e_inject.logit_metrics(good, bad, ids, "int4")
+    # The whole script: a model whose logits are NaN. Exit 2, one error line, no /e2e written.
+    import tiny_mla
+    forward = tiny_mla.TinyMLAForCausalLM.forward
+    monkeypatch.setattr(tiny_mla.TinyMLAForCausalLM, "forward",
+                        lambda self, *a, **k: forward(self, *a, **k) * float("nan"))
+    res = tmp_path / "r.h5"
+    make_results(res)
+    before = res.read_bytes()
+    text = tmp_path / "text.txt"
+    text.write_bytes(b"In the beginning God created the heaven and the earth. " * 4)
+    assert e2e_inject.main(["--results", str(res), "--text", str(text), "--offset-bytes", "0", "--seq-len", "64",
+                            "--num-seqs", "1", "--threads", "1"]) == 2
+    line = _err_line(capsys)
+    assert "the reference run (exact latents) of " in line and "logits are NaN/Inf" in line, line
+    assert "is left unchanged" in line, line
+    assert res.read_bytes() == before

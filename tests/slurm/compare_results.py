@@ -3,6 +3,7 @@
 unsharded run of the same config.
 
 Usage:  compare_results.py A.h5 B.h5 [--keys layer,target,quantizer] [--rtol 0] [--atol 0]
+                          [--group-tol GROUP:RTOL:ATOL ...]
 
 Every dataset of every group (recursively) must exist in both files with the same shape and dtype
 kind (integer, float, string) and equal values; both files must hold the same set of datasets.
@@ -12,7 +13,9 @@ Row order: a group whose datasets are all 1-D of one length is a column table (l
 see experiments/include/latentq/results.h); sharding may change its row order, so its rows are
 sorted before comparing, by the key columns that the table has (default layer, target, quantizer,
 in that order) and then by every other column, in both files alike. Floats compare exactly by
-default (NaN equals NaN, +0 equals -0); --rtol/--atol allow numpy.isclose-style tolerance.
+default (NaN equals NaN, +0 equals -0); --rtol/--atol allow numpy.isclose-style tolerance for every
+group, --group-tol GROUP:RTOL:ATOL (repeatable) for one group only, e.g. --group-tol e2e:1e-4:1e-6
+for /e2e, whose torch logits may differ in the last bits between thread counts.
 
 Exit status: 0 if equal; 1 with the first difference printed (group, column, row, both values);
 2 for a usage error or an unreadable file.
@@ -88,8 +91,31 @@ def equal_values(a: np.ndarray, b: np.ndarray, rtol: float, atol: float) -> np.n
     return a == b
 
 
+def parse_group_tol(text: str) -> tuple[str, float, float]:
+    """'GROUP:RTOL:ATOL' -> (group, rtol, atol); argparse type (ArgumentTypeError on a bad value)."""
+    parts = text.split(":")
+    try:
+        if len(parts) != 3 or not parts[0]:
+            raise ValueError
+        rtol, atol = float(parts[1]), float(parts[2])
+        if not (rtol >= 0 and atol >= 0):
+            raise ValueError
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not GROUP:RTOL:ATOL with RTOL, ATOL >= 0") from None
+    return parts[0], rtol, atol
+
+
+def tolerance(group: str, args) -> tuple[float, float]:
+    """(rtol, atol) for a group: its --group-tol, else --rtol/--atol."""
+    for g, rtol, atol in args.group_tol:
+        if g == group.strip("/"):
+            return rtol, atol
+    return args.rtol, args.atol
+
+
 def compare_group(group: str, a: dict[str, h5py.Dataset], b: dict[str, h5py.Dataset], args) -> None:
     """a, b: column name -> dataset of one group (same names in both)."""
+    rtol, atol = tolerance(group, args)
     shapes = {ds.shape for ds in list(a.values()) + list(b.values())}
     is_table = all(len(s) == 1 for s in shapes)
     va = {n: values(ds) for n, ds in a.items()}
@@ -109,7 +135,7 @@ def compare_group(group: str, a: dict[str, h5py.Dataset], b: dict[str, h5py.Data
         x, y = va[name], vb[name]
         if x.shape != y.shape:
             raise Mismatch(f"group '{group}', column '{name}': shape {x.shape} in A, {y.shape} in B")
-        eq = equal_values(x, y, args.rtol, args.atol)
+        eq = equal_values(x, y, rtol, atol)
         if not eq.all():
             i = int(np.argmin(eq))
             if rows is not None:
@@ -150,6 +176,8 @@ def main(argv: list[str]) -> int:
                    help="comma-separated key columns to sort table rows by (default: %(default)s)")
     p.add_argument("--rtol", type=float, default=0.0)
     p.add_argument("--atol", type=float, default=0.0)
+    p.add_argument("--group-tol", type=parse_group_tol, action="append", default=[], metavar="GROUP:RTOL:ATOL",
+                   help="tolerance for one group (repeatable), e.g. e2e:1e-4:1e-6")
     args = p.parse_args(argv)
     args.keys = [k for k in args.keys.split(",") if k]
     try:

@@ -17,8 +17,10 @@
 #      (N = LATENTQ_SLURM_SHARDS array tasks, default 3, then the merge job with afterok), and
 #      meanwhile runs the unsharded reference `latentq run CONFIG --out ref.h5` directly;
 #   4. waits until squeue is empty, checks that every array task and the merge job COMPLETED with
-#      exit code 0 (scontrol, jobcomp/filetxt log), and compares the merged file with the reference
-#      using tests/slurm/compare_results.py (the project venv's python with h5py);
+#      exit code 0 (scontrol, jobcomp/filetxt log), that the merged file has /e2e when the config
+#      enables the e2e step (the merge job runs it; shards never do), and compares the merged file with
+#      the reference using tests/slurm/compare_results.py (the project venv's python with h5py; /e2e
+#      within rtol 1e-4, atol 1e-7, every other group exactly);
 #   5. always tears down: scancel, stop slurmd, slurmctld, munged, remove the temp dir
 #      (LATENTQ_SLURM_KEEP=1 keeps it).
 # Exit status: 0 pass; 1 fail (a job failed, the results differ, a timeout once the cluster ran);
@@ -295,6 +297,21 @@ for ((i = 0; i < shards; ++i)); do
 done
 [[ -f $merged ]] || fail "merged file $merged missing"
 log "all ${shards} shards and the merge COMPLETED; comparing $merged with the reference"
-"$python" "$here/compare_results.py" "$ref" "$merged" || fail "the merged results differ from the unsharded run"
+# Every group of the unsharded run, /e2e included when the config enables it: the merge job runs the
+# e2e step (torch logits: a tolerance for the last bits, the merge job may use another thread count).
+if grep -q '^e2e: skipped: ' "$tmp/log/reference.stdout"; then
+  log "note: the e2e step was skipped here ($(grep -m1 '^e2e: skipped: ' "$tmp/log/reference.stdout")): /e2e not checked"
+elif grep -q '^\[e2e\]' "$config" && grep -A3 '^\[e2e\]' "$config" | grep -q '^enabled *= *true'; then
+  "$python" - "$ref" "$merged" <<'PYEOF' || fail "the merge job did not write /e2e"
+import sys
+import h5py
+for path in sys.argv[1:]:
+    with h5py.File(path, "r") as f:
+        assert "e2e" in f and len(f["e2e/quantizer"]) > 0, f"{path}: no /e2e group (groups: {list(f)})"
+print("/e2e in the reference and in the merged file")
+PYEOF
+fi
+"$python" "$here/compare_results.py" "$ref" "$merged" --group-tol e2e:1e-4:1e-7 ||
+  fail "the merged results differ from the unsharded run"
 log "PASS: ${shards}-shard Slurm run of $name equals the unsharded run"
 exit 0

@@ -42,4 +42,11 @@ std::vector<NamedTable> derive_study_tables(const Attrs& root, const std::vector
 /// fields default). Throws std::invalid_argument naming a missing attribute.
 DumpAttrs dump_attrs_from_results(const Attrs& root);
 
+/// The study config of a results file: the text of root attribute `config` parsed with source
+/// `config_source` and base directory `config_dir` (the directory relative paths of the config
+/// resolve against, written by study_attrs()); `has_dir` tells whether `config_dir` was there (files of
+/// older versions lack it: relative paths then resolve against the current directory). Throws
+/// std::invalid_argument for a missing or non-string `config`, and as parse_config().
+StudyConfig config_from_results(const Attrs& root, bool* has_dir = nullptr);
+
 }  // namespace latentq

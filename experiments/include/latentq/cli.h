@@ -2,7 +2,7 @@
 //
 //   latentq run [CONFIG.toml] [--input DUMP.h5] [--out RESULTS.h5] [--threads N] [--device cpu|cuda]
 //               [--shard I/N] [--resume] [--checkpoint-interval SECONDS] [--no-e2e]
-//   latentq merge MERGED.h5 SHARD.h5...
+//   latentq merge MERGED.h5 SHARD.h5... [--threads N] [--no-e2e]   (then the e2e step when [e2e] is enabled)
 // (batch runs: latentq/batch.h; the test hook LATENTQ_TEST_KILL_AFTER_CELLS=N makes `run` stop after
 // N computed cells, checkpoint them to OUT.partial and SIGKILL itself, like a killed job)
 //   latentq inspect DUMP.h5

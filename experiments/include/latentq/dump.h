@@ -34,7 +34,8 @@ struct DumpAttrs {
   std::string model, revision, source, rope_layout, original_dtype, config_json;
   int64_t num_layers = 0, num_heads = 0, kv_lora_rank = 0, qk_rope_head_dim = 0, qk_nope_head_dim = 0,
           v_head_dim = 0;
-  double softmax_scale = 0;  ///< the model's attention softmax scale (mscale² included)
+  double softmax_scale = 0;  ///< the model's attention softmax scale (mscale² included); > 0 and a
+                             ///< normal float32 (load_dump checks it after the conversion)
 };
 
 /// One layer of a dump. Latents are always loaded; the attention data only when requested and
@@ -88,7 +89,9 @@ struct LoadOptions {
 /// std::invalid_argument for content that breaks the schema: wrong or missing `schema` or other
 /// root attribute, missing dataset, wrong dtype/rank/shape (e.g. "/layers/003/c_kv has shape
 /// [2048, 127], expected [2048, 128] (T, kv_lora_rank)"), attention data present in part or with
-/// shapes that differ across layers, NaN/Inf in any loaded float dataset (layer, dataset, count),
+/// shapes that differ across layers, a softmax_scale that is not > 0 and finite as a float64 or that
+/// is not a normal float32 after the conversion (1e300 → inf, 1e-50 → 0; the attention runs in
+/// float32), NaN/Inf in any loaded float dataset (layer, dataset, count),
 /// an empty layer (T = 0), bad seq_offsets or q_rows, a requested layer that is not in the file.
 /// Every message starts with the file path.
 Dump load_dump(const std::filesystem::path& path, const LoadOptions& options = {});

@@ -3,8 +3,9 @@
 //
 //   [svd]          enabled = true         the SVD pruning probe on c_kv (/svd, /svd_spectrum)
 //                  centered = true        subtract the fit mean before the SVD (stored: kv_lora_rank floats)
-//                  ranks = []             [] = kv_lora_rank/16, /8, /4, /2, 3/4, 1 (probes::default_svd_ranks);
-//                                         a rank > kv_lora_rank is an error when the dump is known
+//                  ranks = []             [] = kv_lora_rank/16, /8, /4, /2, 3/4, 1 (probes::default_svd_ranks),
+//                                         capped at what the fit split determines (probe_study.h svd_ranks);
+//                                         a rank > kv_lora_rank or > that is an error when the dump is known
 //   [cross_layer]  enabled = true         /cross_layer (pairs) and /cross_layer_sharing (windows)
 //                  pairs = "auto"         "all" (every pair a < b), "adjacent" (consecutive studied
 //                                         layers), "auto" (all for <= 16 studied layers, else adjacent)

@@ -85,13 +85,23 @@ std::vector<std::string> cell_groups(const ProbeCell& c);
 
 // ---- plan functions (one per group; cells in canonical order) --------------------------------------
 
-/// The ranks of the SVD probe for this dump: [svd] ranks, or probes::default_svd_ranks(kv_lora_rank);
-/// ascending. Throws std::invalid_argument for a rank > kv_lora_rank, naming it.
-std::vector<int64_t> svd_ranks(const StudyConfig& config, const DumpAttrs& attrs);
-/// The total ranks k of a sharing window of w layers: [cross_layer] ranks, or w·r/8, w·r/4, w·r/2
-/// (rounded down to a multiple of w, at least w); ascending. Throws std::invalid_argument for a
-/// rank > w·kv_lora_rank, naming it.
-std::vector<int64_t> sharing_ranks(const StudyConfig& config, const DumpAttrs& attrs, int64_t window);
+/// The ranks of the SVD probe for this dump: [svd] ranks as given, or the automatic
+/// probes::default_svd_ranks(kv_lora_rank) capped at probes::max_fit_rank(fit tokens, [svd] centered)
+/// (the fit split of the dump's non-empty sequences, probes::fit_heldout_split), duplicates removed;
+/// ascending. Throws std::invalid_argument for an explicit rank > kv_lora_rank or > what the fit split
+/// determines (naming the rank, the tokens it needs and the fit tokens), for a fit split that
+/// determines no rank, and as fit_heldout_split (prefixed with the dump path).
+std::vector<int64_t> svd_ranks(const StudyConfig& config, const Dump& dump);
+/// The total ranks k of a sharing window of w layers: [cross_layer] ranks as given, or w·r/8, w·r/4,
+/// w·r/2 (rounded down to a multiple of w, at least w), each capped at the largest multiple of w that
+/// the fit split determines (probes::max_fit_rank with [cross_layer] centered), duplicates removed;
+/// ascending. Throws std::invalid_argument for an explicit rank > w·kv_lora_rank or > what the fit
+/// split determines (naming it), or a fit split that determines no multiple of w.
+std::vector<int64_t> sharing_ranks(const StudyConfig& config, const Dump& dump, int64_t window);
+/// One warning line when svd_ranks() or sharing_ranks() capped automatic ranks that the study uses (a
+/// short dump of a large kv_lora_rank: kv_lora_rank 512 with 2 × 256 tokens fits ranks up to 255), naming
+/// the fit tokens and every capped list; empty otherwise. Throws as svd_ranks() and sharing_ranks().
+std::vector<std::string> rank_cap_warnings(const StudyConfig& config, const Dump& dump);
 
 /// One cell per loaded layer (ascending); none when [svd] is disabled. Throws as svd_ranks.
 std::vector<SvdCell> plan_svd_cells(const StudyConfig& config, const Dump& dump);
@@ -181,14 +191,17 @@ struct ProbePlan {
   std::vector<std::string> groups;
   /// Non-empty when [attention] is enabled but the dump has no attention data: one line, why.
   std::string attention_skipped;
+  /// Lines `latentq run` prints as warnings before it runs the cells (rank_cap_warnings()).
+  std::vector<std::string> warnings;
 
   std::vector<std::string> keys() const;
-  /// The cells whose key satisfies `keep` (order, groups and attention_skipped kept).
+  /// The cells whose key satisfies `keep` (order, groups, attention_skipped and warnings kept).
   ProbePlan subset(const std::function<bool(const std::string&)>& keep) const;
 };
 
-/// Plan every probe group. Throws std::invalid_argument for values the dump cannot take (an SVD rank
-/// > kv_lora_rank, a sharing rank > w·kv_lora_rank), naming the value.
+/// Plan every probe group (warnings: rank_cap_warnings()). Throws std::invalid_argument for values
+/// the dump cannot take (an SVD rank > kv_lora_rank, a sharing rank > w·kv_lora_rank, an explicit rank
+/// the fit split does not determine), naming the value.
 ProbePlan plan_probes(const StudyConfig& config, const Dump& dump);
 
 /// The dump the probes need: config.dump and config.layers, with the attention datasets when

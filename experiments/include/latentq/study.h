@@ -112,7 +112,8 @@ ColumnTable summarize(const ColumnTable& latent_error, const std::vector<Quantiz
 /// the backend. Output tables and root attributes ready for write_results().
 struct StudyOutput {
   ColumnTable latent_error, summary;
-  Attrs attrs;  ///< created, latentq_version, git_commit, config, config_source, input_path,
+  Attrs attrs;  ///< created, latentq_version, git_commit, config, config_source, config_dir (the
+                ///< directory the config's relative paths resolve against), input_path,
                 ///< input_sha256, input_revision, model, num_layers, kv_lora_rank,
                 ///< qk_rope_head_dim, layers, targets, device
   std::vector<Quantizer> quantizers;  ///< every quantizer, summary row order

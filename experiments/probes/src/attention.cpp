@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "detail.h"
+#include "latentq/probes/narrow.h"
 #include "latentq/probes/split.h"
 
 #ifdef _OPENMP
@@ -77,6 +78,36 @@ RowInfo validate_queries(const AttentionQueries& q) {
   return info;
 }
 
+/// The softmax scale in the working precision, checked after the conversion (1e300 is inf and 1e-50 is 0
+/// in float32: a NaN or a uniform attention, silently).
+template <typename Scalar>
+Scalar working_scale(double softmax_scale) {
+  if (const std::string p = narrowing_problem<Scalar>(softmax_scale); !p.empty())
+    throw std::invalid_argument("attention: softmax_scale " + format_g8(softmax_scale) + " " + p +
+                                ", the precision the attention runs in");
+  return static_cast<Scalar>(softmax_scale);
+}
+
+template <typename Scalar>
+int64_t count_nonfinite_of(const std::vector<Scalar>& v) {
+  int64_t n = 0;
+  for (const Scalar x : v) n += std::isfinite(x) ? 0 : 1;
+  return n;
+}
+
+/// A result must be finite: the scores, the softmax or the output can overflow the working precision
+/// even on finite inputs, and no metric may be computed from a NaN/Inf reference or test.
+template <typename Scalar>
+void require_finite_result(const AttentionResult<Scalar>& r, const char* what) {
+  const int64_t bad_out = count_nonfinite_of(r.out), bad_p = count_nonfinite_of(r.probs);
+  if (bad_out + bad_p > 0)
+    throw std::invalid_argument(std::string(what) + ": " + sz(bad_out) + " of " + sz(static_cast<int64_t>(r.out.size())) +
+                                " outputs and " + sz(bad_p) + " of " + sz(static_cast<int64_t>(r.probs.size())) +
+                                " kept probabilities are NaN/Inf in " + precision_name<Scalar>() +
+                                " (the scores or the output overflow the working precision); no metric is computed "
+                                "from a non-finite attention");
+}
+
 void check_latents(const MlaDims& d, int64_t T, std::span<const float> c_kv, std::span<const float> k_pe) {
   check_size(c_kv.size(), T * d.kv_lora_rank, "c_kv", "[T, kv_lora_rank]");
   check_size(k_pe.size(), T * d.qk_rope_head_dim, "k_pe", "[T, qk_rope_head_dim]");
@@ -137,7 +168,7 @@ AbsorbedAttention<Scalar>::AbsorbedAttention(const AttentionQueries& q) {
   const RowInfo info = validate_queries(q);
   dims_ = q.dims;
   T_ = q.num_tokens;
-  scale_ = static_cast<Scalar>(q.softmax_scale);
+  scale_ = working_scale<Scalar>(q.softmax_scale);
   nkeys_ = info.nkeys;
   const int64_t Tq = static_cast<int64_t>(info.t.size());
   const int64_t H = dims_.num_heads, r = dims_.kv_lora_rank, nope = dims_.qk_nope_head_dim,
@@ -213,6 +244,7 @@ AttentionResult<Scalar> AbsorbedAttention<Scalar>::run(std::span<const float> c_
     for (int64_t p = 0; p < Tq; ++p)
       Eigen::Map<Eigen::Matrix<Scalar, 1, Eigen::Dynamic>>(res.out.data() + (order_[p] * H + h) * v, v) = R.row(p);
   }
+  require_finite_result(res, "attention");
   return res;
 }
 
@@ -235,7 +267,7 @@ AttentionResult<Scalar> unabsorbed_attention(const AttentionQueries& q, std::spa
   const int64_t H = d.num_heads, r = d.kv_lora_rank, nope = d.qk_nope_head_dim, rope = d.qk_rope_head_dim,
                 v = d.v_head_dim;
   const ScalarView<Scalar> C(c_kv), K(k_pe);
-  const Scalar scale = static_cast<Scalar>(q.softmax_scale);
+  const Scalar scale = working_scale<Scalar>(q.softmax_scale);
   AttentionResult<Scalar> res = make_result<Scalar>(d, info.nkeys, keep_probs);
 
   // Query rows grouped by sequence start.
@@ -284,6 +316,7 @@ AttentionResult<Scalar> unabsorbed_attention(const AttentionQueries& q, std::spa
     for (int64_t a = 0; a < nq; ++a)
       Eigen::Map<Eigen::Matrix<Scalar, 1, Eigen::Dynamic>>(res.out.data() + (order[gb + a] * H + h) * v, v) = O.row(a);
   }
+  require_finite_result(res, "attention");
   return res;
 }
 
@@ -324,6 +357,8 @@ AttentionError attention_error(const AttentionResult<Scalar>& ref, const Attenti
     throw std::invalid_argument("attention_error: both results need their probabilities (run with keep_probs = true)");
   const int64_t Tq = ref.num_queries, H = ref.num_heads, v = ref.v_head_dim;
   if (Tq < 1) throw std::invalid_argument("attention_error: no query rows");
+  require_finite_result(ref, "attention_error: the reference");
+  require_finite_result(test, "attention_error: the test");
   double err2 = 0, ref2 = 0, cos_sum = 0, kl_sum = 0, top1 = 0, top8 = 0;
   for (int64_t i = 0; i < Tq; ++i) {
     for (int64_t h = 0; h < H; ++h) {

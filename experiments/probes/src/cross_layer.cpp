@@ -85,10 +85,10 @@ std::vector<SharedBasisResult> shared_basis_probe(std::span<const float* const> 
                                   "] and a multiple of the window w = " + std::to_string(w));
     max_k = std::max(max_k, k);
   }
-  const int64_t need = max_k + (centered ? 1 : 0);
-  if (split.fit_tokens() < need)
+  if (max_k > max_fit_rank(split.fit_tokens(), centered))
     throw std::invalid_argument("shared-basis probe: the fit split has " + std::to_string(split.fit_tokens()) +
-                                " tokens; rank " + std::to_string(max_k) + " needs at least " + std::to_string(need));
+                                " tokens; rank " + std::to_string(max_k) + (centered ? " centered" : "") +
+                                " needs at least " + std::to_string(max_k + (centered ? 1 : 0)));
   for (int64_t l = 0; l < w; ++l)
     detail::require_finite(layers[l], T * r, "shared-basis probe: layer " + std::to_string(l) + " of the window");
 

@@ -1,5 +1,6 @@
 #include "latentq/probes/split.h"
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 
@@ -36,23 +37,32 @@ void validate_seq_offsets(std::span<const int64_t> seq_offsets, int64_t T, std::
 TokenSplit fit_heldout_split(std::span<const int64_t> seq_offsets, int64_t T) {
   validate_seq_offsets(seq_offsets, T);
   const int64_t S = static_cast<int64_t>(seq_offsets.size()) - 1;
+  // The non-empty sequences [begin, end): an empty one holds no token and takes no place in the split.
+  std::vector<std::pair<int64_t, int64_t>> seqs;
+  for (int64_t s = 0; s < S; ++s)
+    if (seq_offsets[s + 1] > seq_offsets[s]) seqs.emplace_back(seq_offsets[s], seq_offsets[s + 1]);
+  const int64_t N = static_cast<int64_t>(seqs.size());
   TokenSplit split;
-  if (S == 1) {
-    split.fit.emplace_back(0, T / 2);
-    split.heldout.emplace_back(T / 2, T);
+  if (N == 1) {
+    const auto [b, e] = seqs.front();
+    const int64_t mid = b + (e - b) / 2;
+    if (mid > b) split.fit.emplace_back(b, mid);
+    split.heldout.emplace_back(mid, e);
   } else {
-    const int64_t half = S / 2;
-    for (int64_t s = 0; s < S; ++s) {
-      if (seq_offsets[s + 1] == seq_offsets[s]) continue;  // empty sequence
-      (s < half ? split.fit : split.heldout).emplace_back(seq_offsets[s], seq_offsets[s + 1]);
-    }
+    for (int64_t i = 0; i < N; ++i) (i < N / 2 ? split.fit : split.heldout).push_back(seqs[static_cast<size_t>(i)]);
   }
   if (split.fit_tokens() == 0 || split.heldout_tokens() == 0)
-    throw std::invalid_argument("seq_offsets: the fit/held-out split (first half of the " + std::to_string(S) +
-                                " sequence(s) / the rest) leaves " + std::to_string(split.fit_tokens()) +
-                                " fit and " + std::to_string(split.heldout_tokens()) +
-                                " held-out tokens; both must be non-empty");
+    throw std::invalid_argument("seq_offsets: the fit/held-out split (" +
+                                std::string(N == 1 ? "the halves of the only non-empty sequence"
+                                                   : "the first half of the non-empty sequences / the rest") +
+                                "; " + std::to_string(N) + " of " + std::to_string(S) +
+                                " sequences are non-empty) leaves " + std::to_string(split.fit_tokens()) + " fit and " +
+                                std::to_string(split.heldout_tokens()) + " held-out tokens; both must be non-empty");
   return split;
+}
+
+int64_t max_fit_rank(int64_t fit_tokens, bool centered) {
+  return std::max<int64_t>(0, fit_tokens - (centered ? 1 : 0));
 }
 
 }  // namespace latentq::probes

@@ -3,6 +3,7 @@
 #include <Eigen/Eigenvalues>
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <stdexcept>
 #include <string>
 
@@ -19,10 +20,18 @@ namespace {
 /// Coefficients Y = (X − μ)·V_r [n, r] of the rows of X [n, D], rounded per `coeff`.
 Eigen::MatrixXd coefficients(const Eigen::MatrixXd& X, const SvdBasis& b, int64_t rank, CoeffDtype coeff) {
   Eigen::MatrixXd Y = (X.rowwise() - b.mean.transpose()) * b.V.leftCols(rank);
-  if (coeff == CoeffDtype::BF16)
+  if (coeff == CoeffDtype::BF16) {
     Y = Y.unaryExpr([](double y) {
       return static_cast<double>(qmath::bf16_bits_to_f32(qmath::f32_to_bf16_bits(static_cast<float>(y))));
     });
+    // Checked after the narrowing: a coefficient beyond the bf16 range is inf, and the error computed
+    // from it would be NaN/inf silently.
+    if (!Y.allFinite())
+      throw std::invalid_argument("SVD: " + std::to_string((!Y.array().isFinite()).count()) + " rank-" +
+                                  std::to_string(rank) +
+                                  " coefficient(s) overflow bf16 (|y| > 3.39e38): the latents are out of range "
+                                  "for bf16 coefficients");
+  }
   return Y;
 }
 
@@ -41,6 +50,9 @@ void SvdBasis::reconstruct(const float* x, int64_t T, int64_t rank, float* out, 
   if (T == 0) return;
   const Eigen::MatrixXd X = Eigen::Map<const RowMatF>(x, T, dim).cast<double>();
   const Eigen::MatrixXd Xhat = project_back(coefficients(X, *this, rank, coeff), *this);
+  if (Xhat.cwiseAbs().maxCoeff() > static_cast<double>(std::numeric_limits<float>::max()))
+    throw std::invalid_argument("SVD reconstruction at rank " + std::to_string(rank) +
+                                ": a value overflows float32 (|x| > 3.4028235e+38)");
   Eigen::Map<RowMatF>(out, T, dim) = Xhat.cast<float>();
 }
 
@@ -116,11 +128,10 @@ SvdProbeResult svd_probe(const float* c_kv, int64_t T, int64_t D, std::span<cons
   for (double f : options.energy_fractions)
     if (!(f > 0.0 && f <= 1.0))
       throw std::invalid_argument("SVD probe: energy fraction " + std::to_string(f) + " outside (0, 1]");
-  const int64_t need = max_rank + (options.centered ? 1 : 0);
-  if (split.fit_tokens() < need)
+  if (max_rank > max_fit_rank(split.fit_tokens(), options.centered))
     throw std::invalid_argument("SVD probe: the fit split has " + std::to_string(split.fit_tokens()) +
                                 " tokens; rank " + std::to_string(max_rank) + (options.centered ? " centered" : "") +
-                                " needs at least " + std::to_string(need));
+                                " needs at least " + std::to_string(max_rank + (options.centered ? 1 : 0)));
   detail::require_finite(c_kv, T * D, "SVD probe: c_kv");
 
   SvdProbeResult res;

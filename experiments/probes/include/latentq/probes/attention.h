@@ -74,12 +74,15 @@ class AbsorbedAttention {
  public:
   /// Validates and precomputes q_lat. Throws std::invalid_argument for dims < 1 (H, r, nope, v; rope
   /// may be 0), span sizes that do not match dims/Tq, bad seq_offsets, a q_row outside [0, T),
-  /// NaN/Inf in q_nope/q_pe/W_UK/W_UV, or a softmax_scale that is not finite and > 0.
+  /// NaN/Inf in q_nope/q_pe/W_UK/W_UV, a softmax_scale that is not finite and > 0, or one that does not
+  /// survive the conversion to Scalar (latentq/probes/narrow.h: 1e300 is inf, 1e-50 is 0 in float32).
   explicit AbsorbedAttention(const AttentionQueries& q);
 
   /// Attention over the cache c_kv [T, kv_lora_rank], k_pe [T, qk_rope_head_dim] (row-major float32).
   /// keep_probs stores the attention probabilities (needed by attention_error).
-  /// Throws std::invalid_argument for wrong sizes or NaN/Inf in c_kv / k_pe (with the count).
+  /// Throws std::invalid_argument for wrong sizes or NaN/Inf in c_kv / k_pe (with the count), and when
+  /// the result itself has NaN/Inf (scores or outputs that overflow Scalar; with the counts): a
+  /// returned result is always finite.
   AttentionResult<Scalar> run(std::span<const float> c_kv, std::span<const float> k_pe, bool keep_probs = false) const;
 
   int64_t num_queries() const { return static_cast<int64_t>(nkeys_.size()); }
@@ -128,7 +131,9 @@ struct AttentionError {
   double top8_agree = 0;   ///< mean of |topm(p) ∩ topm(p̂)| / m, m = min(8, nkeys) (ties → lowest index)
 };
 
-/// Throws std::invalid_argument if the two results differ in shape or nkeys, or either lacks probs.
+/// Throws std::invalid_argument if the two results differ in shape or nkeys, either lacks probs, or
+/// either has a NaN/Inf output or probability: no metric is computed from a non-finite reference (a
+/// NaN reference would otherwise score as a perfect row: out_rel_fro 0, KL 0, top-1 1).
 template <typename Scalar>
 AttentionError attention_error(const AttentionResult<Scalar>& ref, const AttentionResult<Scalar>& test);
 

@@ -46,7 +46,8 @@ struct SvdBasis {
   /// out = round((x − μ)·V_r)·V_rᵀ + μ for x [T, dim] row-major float32 → out [T, dim] float32
   /// (computed in float64, the coefficients rounded per `coeff` (CoeffDtype), out rounded to float32
   /// once). out may alias x.
-  /// Throws std::invalid_argument if rank < 1 or rank > dim (naming the rank), or T < 0.
+  /// Throws std::invalid_argument if rank < 1 or rank > dim (naming the rank), T < 0, a BF16
+  /// coefficient overflows bf16, or an output value overflows float32 (checked after each narrowing).
   void reconstruct(const float* x, int64_t T, int64_t rank, float* out, CoeffDtype coeff = CoeffDtype::BF16) const;
   /// Floats stored for the basis at rank r: dim·r, plus dim for μ when centered.
   int64_t basis_floats(int64_t rank) const { return dim * rank + (centered ? dim : 0); }
@@ -94,8 +95,8 @@ struct SvdProbeResult {
 /// The SVD pruning probe on c_kv [T, kv_lora_rank] (row-major float32) with sequences seq_offsets [S+1].
 /// Throws std::invalid_argument for: bad seq_offsets / empty split (fit_heldout_split); a rank < 1 or
 /// > kv_lora_rank (naming it); a fit split with fewer tokens than the largest rank (+1 when centered:
-/// every basis direction used must be determined by the fit data); NaN/Inf in c_kv; an energy
-/// fraction outside (0, 1].
+/// every basis direction used must be determined by the fit data: max_fit_rank); NaN/Inf in c_kv; an
+/// energy fraction outside (0, 1]; a bf16 coefficient overflow (SvdBasis::reconstruct).
 SvdProbeResult svd_probe(const float* c_kv, int64_t T, int64_t kv_lora_rank, std::span<const int64_t> seq_offsets,
                          const SvdProbeOptions& options = {});
 
