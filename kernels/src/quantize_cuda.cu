@@ -149,6 +149,19 @@ float raw_group_param(const DeviceQuantized& out, const float* d_x, int64_t gi, 
   return offset ? p.offset : p.scale;
 }
 
+// max|x| of d_x [n] with the CUB per-tensor statistics (synchronizes the stream).
+float block_amax(gpu::Workspace& ws, const float* d_x, int64_t n, cudaStream_t stream) {
+  size_t temp = 0;
+  ws.tensor_stats.resize(1, "per-tensor statistics");
+  LQ_CUDA_CHECK(gd::tensor_stats(nullptr, temp, d_x, n, ws.tensor_stats.data(), stream));
+  ws.cub_temp.resize(std::max<size_t>(temp, 1), "CUB temporary storage");
+  LQ_CUDA_CHECK(gd::tensor_stats(ws.cub_temp.data(), temp, d_x, n, ws.tensor_stats.data(), stream));
+  gpu::TensorStats ts{};
+  LQ_CUDA_CHECK(cudaMemcpyAsync(&ts, ws.tensor_stats.data(), sizeof ts, cudaMemcpyDeviceToHost, stream));
+  LQ_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return qmath::max_num(qmath::abs_f(ts.mn), qmath::abs_f(ts.mx));
+}
+
 // Reads the device status (synchronizing the stream) and throws as the CPU reference would.
 void finish(const DeviceQuantized& out, const float* d_x, cudaStream_t stream) {
   gpu::DeviceStatus h{};
@@ -310,6 +323,14 @@ void quantize_device(const QuantSpec& spec, Target target, const float* d_x, int
                       out.codes.data(), out.scales.data(), out.offsets.data(), status};
     LQ_CUDA_CHECK(gd::launch_quantize_blocks(ba, stream));
     finish(out, d_x, stream);
+    // the CPU reference's decode check for matrices near float32's range (rare: one reduction)
+    const float amax = block_amax(ws, d_x, T * D, stream);
+    if (amax >= kDecodeCheckAmax) {
+      const QuantizedTensor h = to_host(out, stream);
+      std::vector<float> x(static_cast<size_t>(T * D));
+      LQ_CUDA_CHECK(cudaMemcpy(x.data(), d_x, x.size() * sizeof(float), cudaMemcpyDeviceToHost));
+      check_decodable(h, x.data());
+    }
     return;
   }
   switch (st.format) {

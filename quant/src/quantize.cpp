@@ -193,11 +193,12 @@ std::string nonfinite_message(int64_t count, int64_t T, int64_t D) {
 
 std::string overflow_message(const QuantSpec& spec, const char* what, float raw, const std::string& where) {
   const bool value = std::string_view(what) == "value";
-  const char* dtype = value ? "bf16" : spec.format == Format::Int ? to_string(spec.scale_dtype) : "fp16";
+  const char* dtype = value ? (spec.format == Format::BF16 ? "bf16" : "decoded float32")
+                            : spec.format == Format::Int ? to_string(spec.scale_dtype) : "fp16";
   const bool fixable = spec.format == Format::Int && spec.scale_dtype == ScaleDtype::F16;
   return std::string(what) + " " + std::to_string(raw) + " of " + where + " overflows the " + dtype + " storage of '" +
          spec.to_string() + "'" +
-         (fixable ? "; use the -fp32 variant" : value ? " (bf16 holds at most 3.3895e38)" : " (the input range exceeds what the format can store)");
+         (fixable ? "; use the -fp32 variant" : value && spec.format == Format::BF16 ? " (bf16 holds at most 3.3895e38)" : value ? "" : " (the input range exceeds what the format can store)");
 }
 
 QuantizedTensor quantize(const QuantSpec& spec_in, Target target, const float* X, int64_t T, int64_t D,
@@ -248,6 +249,9 @@ QuantizedTensor quantize(const QuantSpec& spec_in, Target target, const float* X
         if (st.overflow)
           throw std::invalid_argument(overflow_message(spec, st.overflow_offset ? "offset" : "scale", st.raw, group_name(qt, gi)));
       }
+    float amax = 0.0f;
+    for (int64_t i = 0; i < T * D; ++i) amax = q::max_num(amax, q::abs_f(X[i]));
+    if (amax >= kDecodeCheckAmax) check_decodable(qt, X);
     return qt;
   }
 
@@ -473,6 +477,17 @@ QuantDiagnostics diagnose(const QuantizedTensor& qt, const float* X) {
       break;
   }
   return r;
+}
+
+void check_decodable(const QuantizedTensor& qt, const float* X) {
+  std::vector<float> out(static_cast<size_t>(qt.rows * qt.cols));
+  dequantize(qt, out.data());
+  for (int64_t i = 0; i < qt.rows * qt.cols; ++i)
+    if (!q::is_finite(out[i]))
+      throw std::invalid_argument(overflow_message(qt.spec, "value", X[i],
+                                                   "token " + std::to_string(i / qt.cols) + ", dimension " +
+                                                       std::to_string(i % qt.cols)) +
+                                  ": its decoded value is beyond float32");
 }
 
 std::vector<uint8_t> pack_record(const QuantSpec& preset, const QuantizedTensor& ckv, const QuantizedTensor& kpe) {

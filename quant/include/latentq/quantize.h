@@ -105,6 +105,14 @@ void dequantize(const QuantizedTensor& q, float* out);
 QuantizedTensor quantize_dequantize(const QuantSpec& spec, Target target, const float* X, int64_t T, int64_t D,
                                     std::span<const int64_t> seq_offsets, float* out);
 
+/// Block formats whose scale can exceed float32's range when multiplied by a code (FlashMLA's
+/// power-of-two ceiling, MX's shared exponent) are checked when the matrix's max|x| reaches this:
+/// a decoded value of ±inf is refused (overflow_message "value"), never stored.
+inline constexpr float kDecodeCheckAmax = 1e36f;
+/// Throws std::invalid_argument (overflow_message, what = "value") if a decoded element of qt is not
+/// finite; used by the CPU reference and the kernels' host code when max|x| ≥ kDecodeCheckAmax.
+void check_decodable(const QuantizedTensor& qt, const float* X);
+
 /// Precision lost silently by a quantized matrix under the documented conventions (issue: "the
 /// conventions stay, the results record it"). Counts, over the stored groups of qt:
 struct QuantDiagnostics {

@@ -1,0 +1,83 @@
+// Issue 9 sweep: every spec of the default study and every block format against the edge inputs —
+// group sizes 2^31 − 1 … 2^63 − 1, values at each storage dtype's max and beyond, subnormal-range
+// values, empty sequences. Each either quantizes with every decoded value finite, or is refused with
+// std::invalid_argument; never a crash, never a non-finite decode.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "latentq/quantize.h"
+
+namespace {
+using latentq::QuantizedTensor;
+using latentq::QuantSpec;
+using latentq::Target;
+
+std::vector<std::string> all_specs() {
+  std::vector<std::string> s;
+  for (int b : {8, 4, 2})
+    for (const char* sc : {"sym", "asym"}) {
+      s.push_back("int" + std::to_string(b) + "-" + sc + "-tensor");
+      for (const char* g : {"channel", "token"})
+        for (const char* gs : {"", "-g32", "-g128"}) s.push_back("int" + std::to_string(b) + "-" + sc + "-" + g + gs);
+    }
+  for (const char* b : {"bf16", "flashmla-v32-fp8", "vllm-fp8-ds-mla", "flashmla-model1-fp8", "flashmla-v41-fp8",
+                        "flashmla-v41-fp4", "fp8-e4m3-tensor", "fp8-e4m3-tensor-s1", "mxfp8", "mxfp4", "nvfp4",
+                        "fp4-e2m1-tile16-e4m3", "q8_0", "q4_0", "q4_1", "int4-asym-channel-g32-fp32"})
+    s.push_back(b);
+  return s;
+}
+
+TEST(EdgeSweep, HugeGroupSizesEqualWholeAxisGroups) {
+  // A group size beyond a sequence is one group per sequence (channel) / per row (token): byte for
+  // byte the -g0 result, with no overflow in the boundary arithmetic.
+  std::vector<float> X(4 * 8);
+  for (size_t i = 0; i < X.size(); ++i) X[i] = std::sin(0.7f * static_cast<float>(i)) * 3.0f;
+  const std::vector<int64_t> seq = {0, 2, 4};
+  for (const char* gran : {"channel", "token"})
+    for (const char* g : {"2147483647", "2147483648", "4611686018427387904", "9223372036854775807"}) {
+      const std::string spec = std::string("int4-asym-") + gran + "-g" + g;
+      SCOPED_TRACE(spec + " on [4, 8], seq_offsets [0, 2, 4]");
+      const QuantizedTensor a = latentq::quantize(QuantSpec::parse(spec), Target::CKV, X.data(), 4, 8, seq);
+      const QuantizedTensor b =
+          latentq::quantize(QuantSpec::parse(std::string("int4-asym-") + gran + "-g0"), Target::CKV, X.data(), 4, 8, seq);
+      EXPECT_EQ(a.codes, b.codes);
+      EXPECT_EQ(a.scales, b.scales);
+      EXPECT_EQ(a.offsets, b.offsets);
+      EXPECT_EQ(a.group_bounds, b.group_bounds);
+    }
+  EXPECT_EQ(latentq::channel_groups(std::vector<int64_t>{0, 2, 4}, 4, std::numeric_limits<int64_t>::max()),
+            (std::vector<int64_t>{0, 2, 4}));
+}
+
+TEST(EdgeSweep, EveryFormatRefusesOrDecodesFinite) {
+  const float vals[] = {3.4e38f, -3.4e38f, 3.3895e38f, 65504.0f, 65520.0f, 1e5f, 448.0f, 464.0f, 512.0f, 6.0f, 7.0f,
+                        1e-40f, -1e-45f, 1e-30f, 0.0f, -0.0f};
+  const int64_t T = 6, D = 64;
+  for (const std::string& spec : all_specs())
+    for (const float v : vals)
+      for (const bool empty_seq : {false, true}) {
+        SCOPED_TRACE(spec + " with one element " + std::to_string(v) + (empty_seq ? ", an empty first sequence" : ""));
+        std::vector<float> X(T * D);
+        for (int64_t i = 0; i < T * D; ++i) X[i] = 0.01f * static_cast<float>((i * 37) % 101 - 50);
+        X[2 * D + 5] = v;
+        const std::vector<int64_t> seq = empty_seq ? std::vector<int64_t>{0, 0, 3, T} : std::vector<int64_t>{0, 3, T};
+        for (const Target t : {Target::CKV, Target::KPE}) {
+          QuantizedTensor q;
+          try {
+            q = latentq::quantize(QuantSpec::parse(spec), t, X.data(), T, D, seq);
+          } catch (const std::invalid_argument& e) {
+            EXPECT_NE(std::string(e.what()).find("overflows"), std::string::npos) << e.what();
+            continue;
+          }
+          std::vector<float> out(T * D);
+          latentq::dequantize(q, out.data());
+          for (int64_t i = 0; i < T * D; ++i) ASSERT_TRUE(std::isfinite(out[i])) << "element " << i;
+        }
+      }
+}
+
+}  // namespace
