@@ -81,3 +81,45 @@ TEST(EdgeSweep, EveryFormatRefusesOrDecodesFinite) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(EdgeSweep, Bf16ValueBeyondItsRangeIsRefused) {
+  // 3.4e38 is a finite float32 that rounds to +inf in bf16 (max 3.3895e38): refused, naming the element.
+  std::vector<float> X(2 * 4, 1.0f);
+  X[6] = 3.4e38f;
+  try {
+    (void)latentq::quantize(QuantSpec::parse("bf16"), Target::CKV, X.data(), 2, 4, std::vector<int64_t>{0, 2});
+    ADD_FAILURE() << "stored inf";
+  } catch (const std::invalid_argument& e) {
+    const std::string m = e.what();
+    for (const char* n : {"value", "token 1, dimension 2", "bf16"}) EXPECT_NE(m.find(n), std::string::npos) << n << " in " << m;
+  }
+}
+
+TEST(EdgeSweep, DiagnosticsCountSilentPrecisionLoss) {
+  // c_kv scaled by 1e-6: int8-sym-channel scales (absmax/127 ~ 8e-9) underflow fp16 to 0 or subnormals.
+  const int64_t T = 8, D = 4;
+  std::vector<float> X(T * D);
+  for (int64_t i = 0; i < T * D; ++i) X[i] = 1e-6f * std::cos(0.3f * static_cast<float>(i));
+  const std::vector<int64_t> seq = {0, T};
+  const QuantizedTensor a = latentq::quantize(QuantSpec::parse("int8-sym-channel"), Target::CKV, X.data(), T, D, seq);
+  EXPECT_EQ(latentq::diagnose(a, X.data()).scale_underflow, D);  // every channel group
+  const QuantizedTensor a32 = latentq::quantize(QuantSpec::parse("int8-sym-channel-fp32"), Target::CKV, X.data(), T, D, seq);
+  EXPECT_FALSE(latentq::diagnose(a32, X.data()).any());
+  // a row [1000.3, 1000.31]: fp16 offset 1000.5 lies above both elements, 0.2 off on a range of 0.01
+  const std::vector<float> R = {1000.3f, 1000.31f};
+  const QuantizedTensor b = latentq::quantize(QuantSpec::parse("int4-asym-token"), Target::CKV, R.data(), 1, 2, std::vector<int64_t>{0, 1});
+  const latentq::QuantDiagnostics db = latentq::diagnose(b, R.data());
+  EXPECT_EQ(db.offset_rounding, 1);
+  EXPECT_EQ(db.scale_underflow, 0);
+  // fp8 with the uncalibrated scale 1.0 saturates values beyond 464; MX's floor rule clips a block max in [464, 512)·2^e
+  const std::vector<float> S = {500.0f, 1.0f, -1000.0f, 2.0f};
+  const QuantizedTensor c = latentq::quantize(QuantSpec::parse("fp8-e4m3-tensor-s1"), Target::CKV, S.data(), 1, 4, std::vector<int64_t>{0, 1});
+  EXPECT_EQ(latentq::diagnose(c, S.data()).saturated, 2);
+  const std::vector<float> M = {480.0f, 1.0f};  // floor(log2 480) = 8 -> e = 0, 480 > 464 saturates to 448
+  const QuantizedTensor m = latentq::quantize(QuantSpec::parse("mxfp8"), Target::CKV, M.data(), 1, 2, std::vector<int64_t>{0, 1});
+  EXPECT_EQ(latentq::diagnose(m, M.data()).saturated, 1);
+}
+
+}  // namespace
