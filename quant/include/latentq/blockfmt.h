@@ -89,6 +89,15 @@ LQ_HD float ggml_inverse(float d) {
   const float id = d != 0.0f ? div_rn(1.0f, d) : 0.0f;
   return is_finite(id) ? id : 0.0f;
 }
+/// Stores d as ggml's fp16 scale/offset; an fp16 overflow marks the block (raw d, offset or not).
+LQ_HD void store_f16_checked(uint8_t* dst, float d, bool offset, BlockStatus& st) {
+  store_dtype(dst, d, ScaleDtype::F16);
+  if (!st.overflow && !is_finite(round_to_dtype(d, ScaleDtype::F16))) {
+    st.overflow = true;
+    st.overflow_offset = offset;
+    st.raw = d;
+  }
+}
 LQ_HD void put_code(uint8_t* codes, int i, uint32_t c, int code_bits, bool ggml_order, int n) {
   if (code_bits == 8) {
     codes[i] = static_cast<uint8_t>(c);
@@ -190,11 +199,7 @@ LQ_HD BlockStatus quantize_block(const BlockDesc& f, const float* x, int n, floa
       // ggml quantize_row_q8_0_ref: d = amax / 127; id = d ? 1/d : 0; q = roundf(x · id); store fp16(d)
       const float d = div_rn(amax, 127.0f);
       const float id = detail::ggml_inverse(d);
-      store_dtype(scale, d, ScaleDtype::F16);
-      if (!is_finite(round_to_dtype(d, ScaleDtype::F16))) {
-        st.overflow = true;
-        st.raw = d;
-      }
+      detail::store_f16_checked(scale, d, false, st);
       for (int i = 0; i < n; ++i) {
         float q = round_half_away(mul_rn(x[i], id));
         q = min_num(max_num(q, -127.0f), 127.0f);  // never binds for finite input: |x · id| ≤ 127 (1 + 2^-23)
@@ -213,11 +218,7 @@ LQ_HD BlockStatus quantize_block(const BlockDesc& f, const float* x, int n, floa
         }
       const float d = div_rn(mx, -8.0f);
       const float id = detail::ggml_inverse(d);
-      store_dtype(scale, d, ScaleDtype::F16);
-      if (!is_finite(round_to_dtype(d, ScaleDtype::F16))) {
-        st.overflow = true;
-        st.raw = d;
-      }
+      detail::store_f16_checked(scale, d, false, st);
       for (int i = 0; i < n; ++i) {
         const int q = static_cast<int>(add_rn(mul_rn(x[i], id), 8.5f));  // C's (int8_t) truncation
         detail::put_code(codes, i, static_cast<uint32_t>(q < 15 ? (q < 0 ? 0 : q) : 15), 4, true, n);
@@ -234,16 +235,8 @@ LQ_HD BlockStatus quantize_block(const BlockDesc& f, const float* x, int n, floa
       }
       const float d = div_rn(sub_rn(mx, mn), 15.0f);
       const float id = detail::ggml_inverse(d);
-      store_dtype(scale, d, ScaleDtype::F16);
-      store_dtype(offset, mn, ScaleDtype::F16);
-      if (!is_finite(round_to_dtype(d, ScaleDtype::F16))) {
-        st.overflow = true;
-        st.raw = d;
-      } else if (!is_finite(round_to_dtype(mn, ScaleDtype::F16))) {
-        st.overflow = true;
-        st.overflow_offset = true;
-        st.raw = mn;
-      }
+      detail::store_f16_checked(scale, d, false, st);
+      detail::store_f16_checked(offset, mn, true, st);
       for (int i = 0; i < n; ++i) {
         const int q = static_cast<int>(add_rn(mul_rn(sub_rn(x[i], mn), id), 0.5f));
         detail::put_code(codes, i, static_cast<uint32_t>(q < 15 ? (q < 0 ? 0 : q) : 15), 4, true, n);

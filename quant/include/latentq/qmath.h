@@ -145,26 +145,36 @@ LQ_HD float bf16_bits_to_f32(uint16_t b) { return f32_from_bits(static_cast<uint
 
 // ---- fp8 e4m3 (OCP "e4m3fn": bias 7, max 448, no inf, NaN = 0x7f / 0xff) ----------------------
 constexpr float kE4M3Max = 448.0f;
+/// float32 → bits of a small float with M mantissa bits, exponent bias B and largest finite code
+/// MAXC (magnitude bits; the sign goes to bit SIGN), RNE, saturating to the largest finite value:
+/// the subnormals (|f| < 2^(1−B)) are m·2^(1−B−M) by rne_small, the normals by integer rounding of
+/// the float32 mantissa (a carry into the exponent is the RNE result; beyond MAXC saturates).
+/// NaN → MAXC (callers reject NaN before encoding).
+template <int M, int B, uint32_t MAXC, int SIGN>
+LQ_HD uint8_t f32_to_minifloat_bits(float f, float max_value) {
+  uint32_t u = f32_bits(f);
+  const uint8_t sign = static_cast<uint8_t>((u >> 31) << SIGN);
+  u &= 0x7fffffffu;
+  const float a = f32_from_bits(u);
+  uint8_t o;
+  if (!(a < max_value)) {
+    o = static_cast<uint8_t>(MAXC);  // saturate; NaN lands here too
+  } else if (u < (static_cast<uint32_t>(128 - B) << 23)) {  // subnormal: m·2^(1−B−M); m = 2^M is the smallest normal, same bits
+    o = static_cast<uint8_t>(rne_small(mul_rn(a, f32_from_bits(static_cast<uint32_t>(127 + B - 1 + M) << 23))));
+  } else {
+    constexpr int S = 23 - M;
+    const uint32_t mant_odd = (u >> S) & 1u;
+    u += (static_cast<uint32_t>(B - 127) << 23) + ((1u << (S - 1)) - 1u) + mant_odd;
+    const uint32_t c = u >> S;
+    o = static_cast<uint8_t>(c > MAXC ? MAXC : c);
+  }
+  return static_cast<uint8_t>(o | sign);
+}
 /// float32 → e4m3 bits, RNE, saturating to ±448 (as torch's float8_e4m3fn cast after FlashMLA's
 /// clamp); NaN → 0x7f.
 LQ_HD uint8_t f32_to_e4m3_bits(float f) {
-  uint32_t u = f32_bits(f);
-  const uint8_t sign = static_cast<uint8_t>((u >> 24) & 0x80u);
-  u &= 0x7fffffffu;
-  if (u > 0x7f800000u) return 0x7f;
-  const float a = f32_from_bits(u);
-  uint8_t o;
-  if (!(a < kE4M3Max)) {
-    o = 0x7e;                                  // saturate (±448)
-  } else if (u < (121u << 23)) {               // |f| < 2^-6: subnormal, m·2^-9, m ∈ [0, 8]
-    o = static_cast<uint8_t>(rne_small(mul_rn(a, 512.0f)));  // m = 8 is the smallest normal: same bits
-  } else {
-    const uint32_t mant_odd = (u >> 20) & 1u;
-    u += (static_cast<uint32_t>(7 - 127) << 23) + 0x7ffffu + mant_odd;
-    const uint32_t c = u >> 20;
-    o = static_cast<uint8_t>(c > 0x7eu ? 0x7eu : c);
-  }
-  return static_cast<uint8_t>(o | sign);
+  if ((f32_bits(f) & 0x7fffffffu) > 0x7f800000u) return 0x7f;
+  return f32_to_minifloat_bits<3, 7, 0x7eu, 7>(f, kE4M3Max);
 }
 /// e4m3 bits → float32, exact.
 LQ_HD float e4m3_bits_to_f32(uint8_t c) {
@@ -179,24 +189,7 @@ LQ_HD float e4m3_bits_to_f32(uint8_t c) {
 constexpr float kE2M1Max = 6.0f;
 /// float32 → e2m1 code (4 bits: sign in bit 3), RNE, saturating to ±6 (as torchao's
 /// f32_to_f4_unpacked after its clamp, and ml_dtypes.float4_e2m1fn); NaN → +6 (callers reject NaN).
-LQ_HD uint8_t f32_to_e2m1_bits(float f) {
-  uint32_t u = f32_bits(f);
-  const uint8_t sign = static_cast<uint8_t>((u >> 28) & 0x8u);
-  u &= 0x7fffffffu;
-  const float a = f32_from_bits(u);
-  uint8_t o;
-  if (!(a < kE2M1Max)) {
-    o = 0x7;                                   // saturate (±6); NaN lands here too
-  } else if (u < (127u << 23)) {               // |f| < 1: subnormal m·0.5, m ∈ [0, 2]
-    o = static_cast<uint8_t>(rne_small(mul_rn(a, 2.0f)));  // m = 2 is the smallest normal: same bits
-  } else {
-    const uint32_t mant_odd = (u >> 22) & 1u;
-    u += (static_cast<uint32_t>(1 - 127) << 23) + 0x1fffffu + mant_odd;
-    const uint32_t c = u >> 22;
-    o = static_cast<uint8_t>(c > 0x7u ? 0x7u : c);
-  }
-  return static_cast<uint8_t>(o | sign);
-}
+LQ_HD uint8_t f32_to_e2m1_bits(float f) { return f32_to_minifloat_bits<1, 1, 0x7u, 3>(f, kE2M1Max); }
 /// e2m1 code (low 4 bits) → float32, exact.
 LQ_HD float e2m1_bits_to_f32(uint8_t c) {
   const uint32_t e = (c >> 1) & 3u, m = c & 1u;
