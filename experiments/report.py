@@ -402,7 +402,10 @@ GRAN_STYLE = {  # color, label
     "?": ("tab:gray", "other"),
 }
 SCHEME_MARKER = {"sym": "o", "asym": "s"}
-KIND_MARKER = {"bf16": "D", "fp8": "*", "svd": "P"}
+KIND_MARKER = {"bf16": "D", "svd": "P"}
+# engine and standard formats (the `format` column): a star, colored by family
+FAMILY_STYLE = {"fp8": ("tab:red", "FP8 (FlashMLA, vLLM)"), "mx": ("tab:brown", "OCP MX"),
+                "nvfp4": ("tab:pink", "NVFP4 / FP4"), "fp4": ("tab:pink", "NVFP4 / FP4"), "ggml": ("tab:olive", "ggml")}
 
 
 def _mpl():
@@ -416,6 +419,8 @@ def _mpl():
 
 
 def _style(e):
+    if e["kind"] in FAMILY_STYLE:
+        return FAMILY_STYLE[e["kind"]][0], "*"
     color, _ = GRAN_STYLE.get(e["granularity"], GRAN_STYLE["?"])
     marker = KIND_MARKER.get(e["kind"], SCHEME_MARKER.get(e["scheme"], "o"))
     return color, marker
@@ -425,8 +430,12 @@ def _legend_handles():
     from matplotlib.lines import Line2D
     h = [Line2D([], [], ls="", marker="o", color=GRAN_STYLE[g][0], label=GRAN_STYLE[g][1])
          for g in ("tensor", "channel", "token")]
-    h += [Line2D([], [], ls="", marker="*", ms=9, color=GRAN_STYLE["tile"][0], label="fp8 e4m3 tile"),
-          Line2D([], [], ls="", marker="D", color="black", label="bf16"),
+    seen = []
+    for color, label in FAMILY_STYLE.values():
+        if label not in seen:
+            seen.append(label)
+            h.append(Line2D([], [], ls="", marker="*", ms=9, color=color, mec="black", mew=0.6, label=label))
+    h += [Line2D([], [], ls="", marker="D", color="black", label="bf16"),
           Line2D([], [], ls="", marker="o", mfc="white", color="0.3", label="sym (circle)"),
           Line2D([], [], ls="", marker="s", mfc="white", color="0.3", label="asym (square)"),
           Line2D([], [], ls="-", color="0.2", lw=1, label="Pareto front")]
@@ -527,7 +536,7 @@ def _frontier_panel(ax, Q, names, x, y, xlabel, ylabel, title):
     hidden = [names[i] for i in range(len(names)) if not ok[i]]
     for i in np.flatnonzero(ok):
         color, marker = _style(Q[names[i]])
-        ax.plot(x[i], y[i], ls="", marker=marker, color=color, ms=9 if marker == "*" else 5.5, mec="black" if Q[names[i]]["kind"] in ("bf16", "fp8") else color,
+        ax.plot(x[i], y[i], ls="", marker=marker, color=color, ms=9 if marker == "*" else 5.5, mec="black" if is_baseline(names[i]) else color,
                 mew=0.6, alpha=0.85, zorder=3)
     idx = np.flatnonzero(ok)
     front = [idx[k] for k in pareto_front(x[idx], y[idx])]
