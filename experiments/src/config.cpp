@@ -137,20 +137,27 @@ std::vector<Quantizer> expand_matrix(const std::vector<int64_t>& bits, const std
     if (g < 0) throw std::invalid_argument(fmt::format("group size {} is negative (group sizes are >= 0; 0 = whole axis)", g));
   for (const auto& d : scale_dtypes)
     if (d != "fp16" && d != "fp32") throw std::invalid_argument(fmt::format("scale dtype '{}' is not one of fp16, fp32", d));
+  // spec values built directly (the grammar's fields), named by their canonical string
   std::vector<Quantizer> out;
-  auto add = [&](const std::string& s) {
-    const QuantSpec q = QuantSpec::parse(s);
+  auto add = [&](int64_t b, const std::string& s, Granularity g, int64_t gs, const std::string& d) {
+    QuantSpec q;
+    q.format = Format::Int;
+    q.bits = static_cast<int>(b);
+    q.scheme = s == "sym" ? Scheme::Sym : Scheme::Asym;
+    q.granularity = g;
+    q.group_size = gs;
+    q.scale_dtype = d == "fp32" ? ScaleDtype::F32 : ScaleDtype::F16;
     add_unique(out, {q.to_string(), q});
   };
   for (int64_t b : bits)
     for (const auto& s : schemes)
       for (const auto& g : granularities) {
         if (g == "tensor") {
-          for (const auto& d : scale_dtypes) add(fmt::format("int{}-{}-tensor-{}", b, s, d));
+          for (const auto& d : scale_dtypes) add(b, s, Granularity::Tensor, 0, d);
           continue;
         }
         for (int64_t gs : group_sizes)
-          for (const auto& d : scale_dtypes) add(fmt::format("int{}-{}-{}-g{}-{}", b, s, g, gs, d));
+          for (const auto& d : scale_dtypes) add(b, s, g == "channel" ? Granularity::Channel : Granularity::Token, gs, d);
       }
   return out;
 }
