@@ -58,7 +58,11 @@ std::vector<Cell> plan_cells(const StudyConfig& config, const Dump& dump) {
   std::vector<Cell> cells;
   for (const Layer& l : dump.layers)
     for (const TargetPlan& p : config.targets)
-      for (const Quantizer& q : p.quantizers) cells.push_back({l.index, p.target, q});
+      for (const Quantizer& q : p.quantizers) {
+        Cell c{l.index, p.target, q};
+        c.quantizer.spec = q.spec_for(l.index, p.target);  // a mixed assignment: this layer's spec
+        cells.push_back(std::move(c));
+      }
   return cells;
 }
 
