@@ -185,7 +185,7 @@ StudyConfig parse_config(std::string_view text, const std::string& source, const
   C.text = std::string(text);
   C.source = source;
   C.base_dir = base_dir;
-  P.check_keys(root, "", {"input", "quantizers", "targets", "mixed", "output", "svd", "cross_layer", "attention", "e2e"});
+  P.check_keys(root, "", {"input", "quantizers", "targets", "output", "svd", "cross_layer", "attention", "e2e", "mixed"});
   C.probes = parse_probe_config(text, source, base_dir);  // the probe sections (latentq/probe_config.h)
 
   // [input]
