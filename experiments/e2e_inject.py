@@ -106,16 +106,30 @@ def study_quantizers(results_path: str) -> list[tuple[str, tuple[str, ...]]]:
     return [(q, tuple(t)) for q, t in order.items()]
 
 
-def make_inject(latentq, spec: str, targets: tuple[str, ...], layers=None):
+def mixed_specs(results_path: str, quantizer: str) -> dict[tuple[int, str], str]:
+    """{(layer, target): stored spec} of the /latent_error rows of `quantizer`: what a mixed
+    assignment ([[mixed]] in the study config, a name that is no spec) stores on each layer."""
+    with open_results(results_path) as f:
+        g = f["latent_error"]
+        dec = lambda v: v.decode() if isinstance(v, bytes) else str(v)
+        return {(int(l), dec(t)): dec(s) for l, t, q, s in
+                zip(g["layer"][:], g["target"][:], g["quantizer"][:], g["stored"][:]) if dec(q) == quantizer}
+
+
+def make_inject(latentq, spec, targets: tuple[str, ...], layers=None):
     """Injection callback: quantize-dequantize c_kv / k_pe [B, T, D] per layer, one sequence per batch
-    row; only the layers in `layers` (None: every layer)."""
+    row; only the layers in `layers` (None: every layer). `spec` is a spec string, or a dict
+    {(layer, target): spec} for a mixed assignment (mixed_specs()): a layer it lacks is left exact."""
     def fn(layer: int, name: str, x: torch.Tensor) -> torch.Tensor:
         if name not in targets or (layers is not None and layer not in layers):
+            return x
+        s = spec if isinstance(spec, str) else spec.get((layer, name))
+        if s is None:
             return x
         B, T, D = x.shape
         flat = x.detach().to(torch.float32).reshape(B * T, D).contiguous().numpy()
         offs = [b * T for b in range(B + 1)]
-        y = latentq.quantize_dequantize(flat, spec, name, offs)
+        y = latentq.quantize_dequantize(flat, s, name, offs)
         return torch.from_numpy(y).reshape(B, T, D)
     return fn
 
@@ -247,7 +261,12 @@ def main(argv=None) -> int:
             require_finite_logits(ref, f"the reference run (exact latents) of {a.model}")
             rows = []
             for spec, targets in pairs:
-                with LatentInjector(model, make_inject(latentq, spec, targets, layer_set)):
+                try:
+                    latentq.canonical_spec(spec)
+                    how = spec
+                except ValueError:  # a mixed assignment: its spec per (layer, target) from /latent_error
+                    how = mixed_specs(a.results, spec)
+                with LatentInjector(model, make_inject(latentq, how, targets, layer_set)):
                     q = model(ids)
                 m = logit_metrics(ref, q, ids, f"the run with {spec} latents ({'+'.join(targets)})")
                 rows.append({"quantizer": spec, "targets": "+".join(targets), **m})

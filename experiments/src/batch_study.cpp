@@ -18,15 +18,16 @@ StudyPlan plan_study(const StudyConfig& config, LatentBackend& backend) {
   p.dump = dump;
   p.attrs = study_attrs(config, *dump, file_sha256(config.dump), backend.name());
   p.quantizers = config.all_quantizers();
+  auto spectra = std::make_shared<SpectrumCache>();  // one eigendecomposition per (layer, target)
   for (const Cell& c : plan_cells(config, *dump)) {
     CellTask t;
     t.key = c.key();
     t.groups = {"latent_error"};
     t.concurrent = backend.concurrent();
-    t.compute = [dump, &backend, c] {
+    t.compute = [dump, spectra, &backend, c] {
       RunOptions one;
       one.threads = 1;
-      return std::vector<ColumnTable>{run_latent_error(*dump, {c}, backend, one)};
+      return std::vector<ColumnTable>{run_latent_error(*dump, {c}, backend, one, spectra.get())};
     };
     p.tasks.push_back(std::move(t));
   }

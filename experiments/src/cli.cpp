@@ -11,6 +11,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <iostream>
+#include <limits>
 #include <optional>
 #include <variant>
 #include <stdexcept>
@@ -21,6 +22,7 @@
 #include "latentq/dump.h"
 #include "latentq/external.h"
 #include "latentq/inspect.h"
+#include "latentq/plan.h"
 #include "latentq/probe_study.h"
 #include "latentq/regress.h"
 #include "latentq/results.h"
@@ -228,6 +230,54 @@ int cmd_regress(const std::string& results, const std::string& thresholds, std::
   return kExitOk;
 }
 
+struct PlanArgs {
+  std::string results, out, objective = "kl";
+  double budget = 0;
+};
+
+// `latentq plan`: the exact multiple-choice knapsack (latentq/plan.h), the best uniform quantizer within
+// the same budget, and the plan written as a study config.
+int cmd_plan(const PlanArgs& a, std::ostream& out) {
+  const PlanInputs in = read_plan_inputs(a.results, a.objective);
+  const PlanSolution s = solve_plan(in.groups, a.budget);  // throws naming the minimum below the cheapest
+  std::string best;
+  double best_obj = std::numeric_limits<double>::infinity(), best_bytes = 0;
+  for (const std::string& q : in.uniform) {
+    double obj = 0, bytes = 0;
+    for (const PlanGroup& g : in.groups)
+      for (const PlanOption& o : g.options)
+        if (o.quantizer == q) {
+          obj += o.objective;
+          bytes += o.bytes;
+          break;
+        }
+    if (bytes <= a.budget + 1e-9 && obj < best_obj) {
+      best = q;
+      best_obj = obj;
+      best_bytes = bytes;
+    }
+  }
+  std::string header = fmt::format(
+      "written by `latentq plan {} --budget {} --objective {}`\n"
+      "objective: {}\n"
+      "planned (row \"mixed\"): {:.2f} bytes/token (whole model, c_kv + k_pe, metadata included), predicted objective {:.4e}\n",
+      a.results, a.budget, a.objective, in.objective_note, s.bytes, s.objective);
+  header += best.empty() ? std::string("best uniform quantizer within the budget: none fits\n")
+                         : fmt::format("best uniform quantizer within the budget: {} ({:.2f} bytes/token, objective {:.4e})\n",
+                                       best, best_bytes, best_obj);
+  header += fmt::format("exact multiple-choice knapsack: DP over the budget in 1/{} byte units, costs rounded up\n",
+                        kPlanUnitsPerByte);
+  write_text_atomic(a.out, plan_config_text(a.results, in.groups, s, best, header));
+  out << fmt::format("{:>5} {:<5} {:<32} {:>11} {:>11}\n", "layer", "target", "quantizer", "bytes/token", a.objective);
+  for (size_t i = 0; i < in.groups.size(); ++i) {
+    const PlanOption& o = in.groups[i].options[s.choice[i]];
+    out << fmt::format("{:>5} {:<6} {:<32} {:>11.2f} {:>11.4e}\n", in.groups[i].layer, to_string(in.groups[i].target),
+                       o.quantizer, o.bytes, o.objective);
+  }
+  out << header << "plan: " << a.out << "\n";
+  return kExitOk;
+}
+
 }  // namespace
 
 int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostream& err, bool progress_bar) {
@@ -280,6 +330,17 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   merge->add_option("--threads", ma.threads, "threads of the e2e step (0 = all cores)")->check(CLI::NonNegativeNumber);
   merge->add_flag("--no-e2e", ma.no_e2e, "do not start experiments/e2e_inject.py even when the config has [e2e] enabled");
 
+  PlanArgs pa;
+  CLI::App* plan = app.add_subcommand(
+      "plan", "Pick one measured quantizer per (layer, target) minimizing the summed objective under a whole-model "
+              "byte budget (exact: DP over bytes) and write it as a study config with a \"mixed\" row");
+  plan->add_option("results", pa.results, "results file of a study (latentq-results/1 HDF5)")->required();
+  plan->add_option("--budget", pa.budget, "bytes per token, whole model (all layers, c_kv + k_pe, metadata included)")
+      ->required();
+  plan->add_option("--objective", pa.objective, "kl (attention KL per target, /attention_error) or mse (latent)")
+      ->check(CLI::IsMember({"kl", "mse"}));
+  plan->add_option("--out", pa.out, "the study config to write (TOML)")->required();
+
   std::vector<const char*> argv;
   for (const auto& s : args) argv.push_back(s.c_str());
   try {
@@ -296,6 +357,7 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
     if (report->parsed()) return run_report(report_results, report_out, out);
     if (merge->parsed()) return cmd_merge(ma, out, err);
     if (regress->parsed()) return cmd_regress(reg_results, reg_thresholds, out);
+    if (plan->parsed()) return cmd_plan(pa, out);
   } catch (const std::invalid_argument& e) {
     err << "latentq: error: " << e.what() << "\n";
     return kExitUserError;

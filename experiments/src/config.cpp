@@ -78,7 +78,7 @@ class Parser {
   Quantizer quantizer(const toml::node& n, const std::string& s) const {
     try {
       const QuantSpec q = QuantSpec::parse(s);
-      return {q.to_string(), q};
+      return {q.to_string(), q, {}};
     } catch (const std::invalid_argument& e) {
       fail(n, e.what());
     }
@@ -147,7 +147,7 @@ std::vector<Quantizer> expand_matrix(const std::vector<int64_t>& bits, const std
     q.granularity = g;
     q.group_size = gs;
     q.scale_dtype = d == "fp32" ? ScaleDtype::F32 : ScaleDtype::F16;
-    add_unique(out, {q.to_string(), q});
+    add_unique(out, {q.to_string(), q, {}});
   };
   for (int64_t b : bits)
     for (const auto& s : schemes)
@@ -160,6 +160,16 @@ std::vector<Quantizer> expand_matrix(const std::vector<int64_t>& bits, const std
           for (const auto& d : scale_dtypes) add(b, s, g == "channel" ? Granularity::Channel : Granularity::Token, gs, d);
       }
   return out;
+}
+
+const QuantSpec& Quantizer::spec_for(int layer, Target target) const {
+  if (mixed.empty()) return spec;
+  for (const MixedRule& r : mixed)
+    if (r.target == target && (r.layers.empty() || std::find(r.layers.begin(), r.layers.end(), layer) != r.layers.end()))
+      return r.spec;
+  throw std::invalid_argument(fmt::format("mixed assignment '{}' assigns no spec to layer {} {} (add a [[mixed]] rule "
+                                          "with name = \"{}\" covering it)",
+                                          name, layer, to_string(target), name));
 }
 
 std::vector<Quantizer> StudyConfig::all_quantizers() const {
@@ -182,7 +192,7 @@ StudyConfig parse_config(std::string_view text, const std::string& source, const
   C.text = std::string(text);
   C.source = source;
   C.base_dir = base_dir;
-  P.check_keys(root, "", {"input", "quantizers", "targets", "output", "svd", "cross_layer", "attention", "e2e"});
+  P.check_keys(root, "", {"input", "quantizers", "targets", "output", "svd", "cross_layer", "attention", "e2e", "mixed"});
   C.probes = parse_probe_config(text, source, base_dir);  // the probe sections (latentq/probe_config.h)
 
   // [input]
@@ -307,6 +317,71 @@ StudyConfig parse_config(std::string_view text, const std::string& source, const
           if (!matched[i]) C.warnings.push_back(fmt::format("{}: exclude pattern '{}' matches no quantizer", P.where(*n), pats[i]));
       }
     }
+  }
+  // [[mixed]]: the rules of each name form one quantizer, appended to every target it assigns.
+  std::vector<Quantizer> mixed;
+  if (const toml::node* n = root.get("mixed")) {
+    if (!n->is_array_of_tables()) P.fail(*n, "'mixed' must be an array of tables ([[mixed]])");
+    for (const toml::node& e : *n->as_array()) {
+      const toml::table& m = *e.as_table();
+      P.check_keys(m, "mixed.", {"name", "layers", "c_kv", "k_pe"});
+      std::string name = "mixed";
+      if (const toml::node* nn = m.get("name")) name = P.string(*nn, "mixed.name");
+      bool is_spec = true;
+      try {
+        QuantSpec::parse(name);
+      } catch (const std::invalid_argument&) {
+        is_spec = false;
+      }
+      if (is_spec || name.empty() || name.find_first_of("/*") != std::string::npos)
+        P.fail(m, fmt::format("'mixed.name' = '{}': a mixed assignment needs a name that is not a spec and holds no '/' "
+                              "or '*' (e.g. \"mixed\")", name));
+      MixedRule base;
+      if (const toml::node* nl = m.get("layers")) {
+        if (nl->is_string()) {
+          if (nl->as_string()->get() != "all") P.fail(*nl, "'mixed.layers' must be \"all\" or an array of layer indices");
+        } else {
+          for (int64_t l : P.ints(*nl, "mixed.layers")) {
+            if (l < 0 || l > 999) P.fail(*nl, fmt::format("'mixed.layers': {} is not a layer index (0..999)", l));
+            base.layers.push_back(static_cast<int>(l));
+          }
+          if (base.layers.empty()) P.fail(*nl, "'mixed.layers' is empty (use \"all\" for every layer)");
+        }
+      }
+      auto it = std::find_if(mixed.begin(), mixed.end(), [&](const Quantizer& q) { return q.name == name; });
+      if (it == mixed.end()) it = mixed.insert(mixed.end(), Quantizer{name, QuantSpec{}, {}});
+      bool any = false;
+      for (Target t : {Target::CKV, Target::KPE}) {
+        const toml::node* ns = m.get(to_string(t));
+        if (!ns) continue;
+        any = true;
+        if (std::find(targets.begin(), targets.end(), t) == targets.end())
+          P.fail(*ns, fmt::format("'mixed.{}' is given but '{}' is not in input.targets", to_string(t), to_string(t)));
+        MixedRule r = base;
+        r.target = t;
+        r.spec = P.quantizer(*ns, P.string(*ns, "mixed." + std::string(to_string(t)))).spec;
+        for (const MixedRule& o : it->mixed) {
+          if (o.target != t) continue;
+          const bool overlap = o.layers.empty() || r.layers.empty() ||
+                               std::any_of(r.layers.begin(), r.layers.end(), [&](int l) {
+                                 return std::find(o.layers.begin(), o.layers.end(), l) != o.layers.end();
+                               });
+          if (overlap) P.fail(*ns, fmt::format("mixed assignment '{}' assigns {} of a layer twice", name, to_string(t)));
+        }
+        it->mixed.push_back(r);
+      }
+      if (!any) P.fail(m, "a [[mixed]] rule needs c_kv and/or k_pe (a spec string)");
+    }
+    for (const Quantizer& q : mixed)
+      for (Target t : targets) {
+        const bool assigns = std::any_of(q.mixed.begin(), q.mixed.end(), [&](const MixedRule& r) { return r.target == t; });
+        if (!assigns)
+          P.fail(*n, fmt::format("mixed assignment '{}' assigns nothing to {} (every studied target needs a spec)", q.name,
+                                 to_string(t)));
+        if (std::any_of(per_target[t].begin(), per_target[t].end(), [&](const Quantizer& x) { return x.name == q.name; }))
+          P.fail(*n, fmt::format("mixed assignment '{}' has the name of a quantizer", q.name));
+        per_target[t].push_back(q);
+      }
   }
   for (Target t : targets) {
     if (per_target[t].empty())

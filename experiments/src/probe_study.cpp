@@ -270,7 +270,11 @@ std::vector<AttentionCell> plan_attention_cells(const StudyConfig& config, const
     for (const std::string& tg : s.targets) {
       const bool ckv = tg != "k_pe", kpe = tg != "c_kv";
       for (const Quantizer& q : qs)
-        if ((!ckv || ran(Target::CKV, q)) && (!kpe || ran(Target::KPE, q))) cells.push_back({l, tg, q.name, q.spec, 0});
+        if ((!ckv || ran(Target::CKV, q)) && (!kpe || ran(Target::KPE, q))) {
+          AttentionCell c{l, tg, q.name, ckv ? q.spec_for(l, Target::CKV) : q.spec_for(l, Target::KPE), 0};
+          if (q.is_mixed() && ckv && kpe) c.spec_kpe = q.spec_for(l, Target::KPE);
+          cells.push_back(std::move(c));
+        }
     }
     for (int64_t k : ranks) cells.push_back({l, "c_kv", fmt::format("svd-rank{}", k), QuantSpec{}, k});
   }
@@ -511,7 +515,7 @@ struct ProbeRunner::Impl {
       bits_c = a.bits_per_element;
       bytes_c = a.bytes_per_token;
     }
-    bytes_k = account(quantize_dequantize(c.svd_rank == 0 && c.targets != "c_kv" ? c.spec : kBf16, Target::KPE,
+    bytes_k = account(quantize_dequantize(c.svd_rank == 0 && c.targets != "c_kv" ? c.spec_kpe.value_or(c.spec) : kBf16, Target::KPE,
                                           l.k_pe.data(), T, rope, dump.seq_offsets, kpe_buf.data()))
                   .bytes_per_token;
     const std::span<const float> ckv = ckv_buf, kpe = kpe_buf;

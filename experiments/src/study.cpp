@@ -58,7 +58,11 @@ std::vector<Cell> plan_cells(const StudyConfig& config, const Dump& dump) {
   std::vector<Cell> cells;
   for (const Layer& l : dump.layers)
     for (const TargetPlan& p : config.targets)
-      for (const Quantizer& q : p.quantizers) cells.push_back({l.index, p.target, q});
+      for (const Quantizer& q : p.quantizers) {
+        Cell c{l.index, p.target, q};
+        c.quantizer.spec = q.spec_for(l.index, p.target);  // a mixed assignment: this layer's spec
+        cells.push_back(std::move(c));
+      }
   return cells;
 }
 
@@ -75,14 +79,29 @@ const std::vector<std::string>& latent_error_columns() {
       "layer",       "target",           "quantizer",             "stored",  "bits", "scheme",
       "granularity", "group_size",       "scale_dtype",           "bits_per_element",
       "bytes_per_token_layer", "rel_fro", "mse", "sqnr_db", "max_abs_err", "cos_mean",
-      "format", "scale_underflow_groups", "offset_rounding_groups", "saturated_values"};
+      "format", "scale_underflow_groups", "offset_rounding_groups", "saturated_values", "bound_rel_fro", "gap_db"};
   return c;
 }
 
+const LatentSpectrum& SpectrumCache::get(const Dump& dump, int layer, Target target) {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  const auto key = std::make_pair(layer, static_cast<int>(target));
+  if (auto it = spectra_.find(key); it != spectra_.end()) return it->second;
+  const Layer& l = dump.layer(layer);
+  const bool ckv = target == Target::CKV;
+  const int64_t D = ckv ? dump.attrs.kv_lora_rank : dump.attrs.qk_rope_head_dim;
+  return spectra_
+      .emplace(key, latent_spectrum(ckv ? l.c_kv.data() : l.k_pe.data(), dump.num_tokens(), D, dump.seq_offsets))
+      .first->second;
+}
+
 ColumnTable run_latent_error(const Dump& dump, const std::vector<Cell>& cells, LatentBackend& backend,
-                             const RunOptions& options) {
+                             const RunOptions& options, SpectrumCache* spectra) {
+  SpectrumCache local;
+  if (!spectra) spectra = &local;
   const size_t n = cells.size();
   std::vector<CellResult> results(n);
+  std::vector<RateDistortionBound> bounds(n);
   const int64_t T = dump.num_tokens();
   const DumpAttrs& A = dump.attrs;
   // Resolve layer pointers up front (throws for a cell whose layer is not loaded).
@@ -96,6 +115,7 @@ ColumnTable run_latent_error(const Dump& dump, const std::vector<Cell>& cells, L
     const float* X = ckv ? l.c_kv.data() : l.k_pe.data();
     const int64_t D = ckv ? A.kv_lora_rank : A.qk_rope_head_dim;
     results[i] = backend.run(c.quantizer.spec, c.target, X, T, D, dump.seq_offsets);
+    bounds[i] = rate_distortion_bound(spectra->get(dump, c.layer, c.target), results[i].accounting.bits_per_element);
   };
   const std::vector<std::exception_ptr> errors =
       parallel_cells(n, backend.concurrent() ? options.threads : 1, one, options.progress);
@@ -130,6 +150,8 @@ ColumnTable run_latent_error(const Dump& dump, const std::vector<Cell>& cells, L
   auto& underflow = t.add<int64_t>("scale_underflow_groups");
   auto& offround = t.add<int64_t>("offset_rounding_groups");
   auto& saturated = t.add<int64_t>("saturated_values");
+  auto& bound_rel_fro = t.add<double>("bound_rel_fro");
+  auto& gap = t.add<double>("gap_db");
   for (size_t i = 0; i < n; ++i) {
     const Cell& c = cells[i];
     const CellResult& r = results[i];
@@ -155,6 +177,8 @@ ColumnTable run_latent_error(const Dump& dump, const std::vector<Cell>& cells, L
     underflow.push_back(r.diagnostics.scale_underflow);
     offround.push_back(r.diagnostics.offset_rounding);
     saturated.push_back(r.diagnostics.saturated);
+    bound_rel_fro.push_back(bounds[i].rel_fro);
+    gap.push_back(gap_db(r.metrics.mse, bounds[i].mse_bound));
   }
   return t;
 }

@@ -12,7 +12,8 @@ except ImportError as e:  # pragma: no cover
 
 EXPECTED = ["layer", "target", "quantizer", "stored", "bits", "scheme", "granularity", "group_size",
             "scale_dtype", "bits_per_element", "bytes_per_token_layer", "rel_fro", "mse", "sqnr_db",
-            "max_abs_err", "cos_mean", "format", "scale_underflow_groups", "offset_rounding_groups", "saturated_values"]
+            "max_abs_err", "cos_mean", "format", "scale_underflow_groups", "offset_rounding_groups", "saturated_values",
+            "bound_rel_fro", "gap_db"]
 
 with h5py.File(sys.argv[1], "r") as f:
     assert f.attrs["schema"] == "latentq-results/1", f.attrs["schema"]
@@ -32,6 +33,9 @@ with h5py.File(sys.argv[1], "r") as f:
     fp8 = (cols["quantizer"] == "flashmla-v32-fp8") & (cols["target"] == "c_kv")
     assert fp8.sum() == 4 and (cols["granularity"][fp8] == "tile").all() and (cols["group_size"][fp8] == 128).all()
     assert (cols["rel_fro"] >= 0).all() and np.isfinite(cols["rel_fro"]).all()
+    # the Gaussian bound: same normalization as rel_fro, so gap_db = 20·log10(rel_fro / bound_rel_fro)
+    assert (cols["bound_rel_fro"] > 0).all() and np.isfinite(cols["gap_db"]).all()
+    np.testing.assert_allclose(cols["gap_db"], 20 * np.log10(cols["rel_fro"] / cols["bound_rel_fro"]), atol=1e-9)
     s = f["summary"]
     assert s["quantizer"].asstr()[:].tolist()[-2:] == ["bf16", "flashmla-v32-fp8"]
     acc = dict(zip(s["quantizer"].asstr()[:], s["k_pe_accounting"].asstr()[:]))

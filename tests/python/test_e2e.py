@@ -170,3 +170,28 @@ def test_non_finite_logits_are_an_error(tmp_path, capsys, monkeypatch):
     assert "the reference run (exact latents) of " in line and "logits are NaN/Inf" in line, line
     assert "is left unchanged" in line, line
     assert res.read_bytes() == before
+
+
+def test_mixed_assignment_uses_each_layers_stored_spec(tmp_path):
+    """A mixed row (a name that is no spec): the injection quantizes each (layer, target) with the
+    `stored` spec of its /latent_error row, bit for bit the spec's own callback on that layer."""
+    res = tmp_path / "r.h5"
+    str_t = h5py.string_dtype("utf-8")
+    with h5py.File(res, "w") as f:
+        f.attrs["schema"] = "latentq-results/1"
+        g = f.create_group("latent_error")
+        g.create_dataset("layer", data=np.array([0, 0, 1, 1], dtype=np.int64))
+        g.create_dataset("target", data=np.array(["c_kv", "k_pe"] * 2, dtype=object), dtype=str_t)
+        g.create_dataset("quantizer", data=np.array(["mixed"] * 4, dtype=object), dtype=str_t)
+        g.create_dataset("stored", data=np.array(["int8-asym-channel-g32", "bf16", "int2-asym-channel-g32", "int4-sym-token"],
+                                                 dtype=object), dtype=str_t)
+    specs = e2e_inject.mixed_specs(str(res), "mixed")
+    assert specs == {(0, "c_kv"): "int8-asym-channel-g32", (0, "k_pe"): "bf16",
+                     (1, "c_kv"): "int2-asym-channel-g32", (1, "k_pe"): "int4-sym-token"}
+    import latentq
+    fn = e2e_inject.make_inject(latentq, specs, ("c_kv", "k_pe"))
+    x = torch.randn(2, 64, 16)
+    for (layer, target), spec in specs.items():
+        one = e2e_inject.make_inject(latentq, spec, ("c_kv", "k_pe"))
+        assert torch.equal(fn(layer, target, x), one(layer, target, x)), (layer, target)
+    assert fn(5, "c_kv", x) is x  # a layer the assignment does not cover stays exact

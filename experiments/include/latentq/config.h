@@ -11,6 +11,9 @@
 //                exclude = [spec or '*' glob, ...]                          removed from the above
 //   [targets.<c_kv|k_pe>]  quantizers = [spec, ...]   replaces the list for that target
 //                          exclude = [spec or glob]   removed for that target only
+//   [[mixed]]    name = "mixed" (default), layers = [0, 1] | "all" (default), c_kv = spec, k_pe = spec
+//                one rule of a mixed assignment; the rules of one name are one quantizer of every
+//                target, which must cover every studied (layer, target) exactly once
 //   [output]     results = "path.h5"       relative to the config file's directory
 //   [svd], [cross_layer], [attention], [e2e]   the probes: latentq/probe_config.h
 //
@@ -28,11 +31,26 @@
 
 namespace latentq {
 
-/// A quantizer of the study: its canonical spec string (QuantSpec::to_string) and the spec.
+/// One rule of a mixed assignment ([[mixed]] in a config): `spec` on `target` of `layers`.
+struct MixedRule {
+  std::vector<int> layers;  ///< the layer indices; empty = every studied layer
+  Target target = Target::CKV;
+  QuantSpec spec;
+  bool operator==(const MixedRule&) const = default;
+};
+
+/// A quantizer of the study: its canonical spec string (QuantSpec::to_string) and the spec; or a
+/// mixed assignment (`mixed` non-empty): a name that is no spec (e.g. "mixed") and one spec per
+/// (layer, target), run as one row whose bytes per token are the sum of what each layer stores.
 struct Quantizer {
   std::string name;
-  QuantSpec spec;
+  QuantSpec spec;                ///< unused for a mixed assignment
+  std::vector<MixedRule> mixed{};  ///< the rules of a mixed assignment, config order; empty otherwise
   bool operator==(const Quantizer&) const = default;
+  bool is_mixed() const { return !mixed.empty(); }
+  /// The spec stored on (layer, target): `spec`, or the mixed rule covering them. Throws
+  /// std::invalid_argument naming the assignment, the layer and the target when no rule covers them.
+  const QuantSpec& spec_for(int layer, Target target) const;
 };
 
 /// The quantizers to run on one target, in run order.

@@ -27,6 +27,7 @@
 #include <functional>
 #include <memory>
 #include <ostream>
+#include <optional>
 #include <string>
 #include <variant>
 #include <vector>
@@ -72,8 +73,9 @@ struct AttentionCell {
   int layer = 0;
   std::string targets;    ///< "c_kv", "k_pe" or "c_kv+k_pe": the latents quantized
   std::string quantizer;  ///< canonical spec string, or "svd-rank<r>"
-  QuantSpec spec;         ///< the spec (unused for svd-rank cells)
+  QuantSpec spec;         ///< the spec (unused for svd-rank cells); on c_kv only when spec_kpe is set
   int64_t svd_rank = 0;   ///< r > 0 for an svd-rank<r> cell
+  std::optional<QuantSpec> spec_kpe{};  ///< the spec on k_pe when it differs (a mixed assignment); else `spec`
   std::string key() const;  ///< "003/c_kv+k_pe/int4-asym-channel-g32/attention_error"
   std::vector<std::string> groups() const { return {"attention_error"}; }
 };

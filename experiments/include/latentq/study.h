@@ -11,7 +11,9 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
@@ -21,6 +23,7 @@
 #include "latentq/dump.h"
 #include "latentq/metrics.h"
 #include "latentq/quantize.h"
+#include "latentq/rate_distortion.h"
 #include "latentq/results.h"
 #include "latentq/table.h"
 
@@ -81,6 +84,18 @@ struct RunOptions {
 /// counts, the targets and, for fp16-scaled integer specs, the -fp32 variant. Empty if none.
 std::vector<std::string> latent_precision_warnings(const ColumnTable& le);
 
+/// The fit-split spectra of a dump's matrices (latent_spectrum()), computed once per (layer, target)
+/// on first use; thread-safe. The /latent_error bound columns read them.
+class SpectrumCache {
+ public:
+  /// Throws as latent_spectrum() and Dump::layer().
+  const LatentSpectrum& get(const Dump& dump, int layer, Target target);
+
+ private:
+  std::mutex mutex_;
+  std::map<std::pair<int, int>, LatentSpectrum> spectra_;
+};
+
 /// Column names of /latent_error, in order.
 const std::vector<std::string>& latent_error_columns();
 
@@ -89,12 +104,16 @@ const std::vector<std::string>& latent_error_columns();
 ///   bits (int64: 2/4/8, 16 for bf16, 8 for fp8), scheme (sym/asym; "none" for bf16; fp8: sym),
 ///   granularity (tensor/channel/token; bf16: element; fp8: tile), group_size (int64; fp8: the
 ///   tile), scale_dtype (fp16/fp32; bf16: none; fp8: fp32), bits_per_element,
-///   bytes_per_token_layer, rel_fro, mse, sqnr_db, max_abs_err, cos_mean (float64).
+///   bytes_per_token_layer, rel_fro, mse, sqnr_db, max_abs_err, cos_mean (float64), format,
+///   scale_underflow_groups, offset_rounding_groups, saturated_values (int64), and the Gaussian
+///   rate–distortion bound at the cell's bits_per_element (latentq/rate_distortion.h):
+///   bound_rel_fro (rel_fro's normalization), gap_db = 10·log10(mse / mse_bound) (float64, may be
+///   negative). `spectra` caches the fit-split spectra across calls (a local cache when null).
 /// The columns describe the stored format (a preset's rows say what it stores for that target, e.g. bf16 for flashmla-v32-fp8 on k_pe).
 /// Throws std::invalid_argument naming the cell (key) when a cell fails (e.g. a scale that
 /// overflows fp16); with several failures, the first in cell order.
 ColumnTable run_latent_error(const Dump& dump, const std::vector<Cell>& cells, LatentBackend& backend,
-                             const RunOptions& options = {});
+                             const RunOptions& options = {}, SpectrumCache* spectra = nullptr);
 
 /// Column names of /summary, in order.
 const std::vector<std::string>& summary_columns();
