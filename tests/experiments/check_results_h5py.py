@@ -12,7 +12,8 @@ except ImportError as e:  # pragma: no cover
 
 EXPECTED = ["layer", "target", "quantizer", "stored", "bits", "scheme", "granularity", "group_size",
             "scale_dtype", "bits_per_element", "bytes_per_token_layer", "rel_fro", "mse", "sqnr_db",
-            "max_abs_err", "cos_mean", "format", "scale_underflow_groups", "offset_rounding_groups", "saturated_values"]
+            "max_abs_err", "cos_mean", "format", "scale_underflow_groups", "offset_rounding_groups", "saturated_values",
+            "transform", "transform_seed"]
 
 with h5py.File(sys.argv[1], "r") as f:
     assert f.attrs["schema"] == "latentq-results/1", f.attrs["schema"]

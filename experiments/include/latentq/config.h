@@ -25,13 +25,15 @@
 
 #include "latentq/probe_config.h"
 #include "latentq/spec.h"
+#include "latentq/transform.h"
 
 namespace latentq {
 
 /// A quantizer of the study: its canonical spec string (QuantSpec::to_string) and the spec.
 struct Quantizer {
-  std::string name;
+  std::string name;     ///< canonical TransformedSpec string ("had,int4-asym-token", "int8-sym-tensor")
   QuantSpec spec;
+  Transform transform{};  ///< the rotation before the quantizer (latentq/transform.h); kind None: none
   bool operator==(const Quantizer&) const = default;
 };
 

@@ -74,6 +74,7 @@ struct AttentionCell {
   std::string quantizer;  ///< canonical spec string, or "svd-rank<r>"
   QuantSpec spec;         ///< the spec (unused for svd-rank cells)
   int64_t svd_rank = 0;   ///< r > 0 for an svd-rank<r> cell
+  Transform transform{};  ///< rotation before the quantizer (probes::fit_rotation per target); None: none
   std::string key() const;  ///< "003/c_kv+k_pe/int4-asym-channel-g32/attention_error"
   std::vector<std::string> groups() const { return {"attention_error"}; }
 };
