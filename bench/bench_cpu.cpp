@@ -13,6 +13,7 @@
 
 #include "bench_common.h"
 #include "latentq/quantize.h"
+#include "latentq/transform.h"
 
 namespace latentq::bench {
 namespace {
@@ -98,6 +99,26 @@ void bm_dequantize(benchmark::State& st, const std::string& spec_s, int64_t T) {
   set_counters(st, bytes, total);
 }
 
+// The randomized Hadamard (latentq/transform.h, `had`: block 64 at D = 576) forward on [T, 576]: reads and
+// writes T·576·4 bytes; the input is restored outside the timed region.
+void bm_hadamard(benchmark::State& st, int64_t T) {
+  const Rotation r = Rotation::make(Transform::parse("had"), kD);
+  const std::vector<float>& X = cpu_input(T);
+  std::vector<float> buf(X);
+  const int64_t bytes = 2 * T * kD * 4;
+  double total = 0;
+  for (auto _ : st) {
+    std::copy(X.begin(), X.end(), buf.begin());
+    const auto t0 = Clock::now();
+    r.forward(buf.data(), T, kD);
+    benchmark::ClobberMemory();
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    st.SetIterationTime(s);
+    total += s;
+  }
+  set_counters(st, bytes, total);
+}
+
 void bm_memcpy(benchmark::State& st, int64_t bytes) {
   std::unique_ptr<char[]> src(new char[static_cast<size_t>(bytes)]), dst(new char[static_cast<size_t>(bytes)]);
   std::memset(src.get(), 1, static_cast<size_t>(bytes));
@@ -118,6 +139,9 @@ void register_cpu_benchmarks(const Options& opt) {
     // baseline: copy of the float32 [T, 576] matrix (reads and writes T·576·4 bytes)
     benchmark::RegisterBenchmark(("cpu/memcpy/T:" + std::to_string(T) + "/D:" + std::to_string(kD)).c_str(),
                                  bm_memcpy, T * kD * 4)
+        ->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark(bench_name("cpu", "hadamard", "had", T).c_str(), bm_hadamard, T)
+        ->UseManualTime()
         ->Unit(benchmark::kMillisecond);
     for (const std::string& spec : bench_specs()) {
       benchmark::RegisterBenchmark(bench_name("cpu", "quantize", spec, T).c_str(), bm_quantize, spec, T)

@@ -15,6 +15,7 @@
 
 #include "bench_common.h"
 #include "latentq/quantize_cuda.h"
+#include "latentq/transform.h"
 
 namespace latentq::bench {
 namespace {
@@ -169,6 +170,39 @@ void bm_dequantize(benchmark::State& st, const std::string& spec_s, int64_t T) {
   }
 }
 
+// The randomized Hadamard forward (`had`: block 64 at D = 576) on the device, in place on a copy of
+// the input; counter identical = 1 when the result equals Rotation::forward byte for byte.
+void bm_hadamard(benchmark::State& st, int64_t T, Options opt) {
+  try {
+    const int64_t block = hadamard_block(kD, 0);
+    const std::vector<float> signs = hadamard_signs(kD, 0);
+    gpu::DeviceBuffer<float> ds, dx(static_cast<size_t>(T * kD), "Hadamard rows");
+    ds.upload(signs.data(), signs.size(), nullptr, "Hadamard signs");
+    const float* d_in = gpu_input(T);
+    Events ev;
+    double total = 0;
+    for (auto _ : st) {
+      LQ_CUDA_CHECK(cudaMemcpyAsync(dx.data(), d_in, static_cast<size_t>(T * kD) * 4, cudaMemcpyDeviceToDevice, nullptr));
+      LQ_CUDA_CHECK(cudaEventRecord(ev.a, nullptr));
+      hadamard_rows_device(dx.data(), T, kD, block, ds.data(), false);
+      LQ_CUDA_CHECK(cudaEventRecord(ev.b, nullptr));
+      const double s = ev.seconds();
+      st.SetIterationTime(s);
+      total += s;
+    }
+    set_counters(st, 2 * T * kD * 4, total);
+    if (opt.verify && T * kD <= opt.verify_max_elems) {
+      std::vector<float> x(static_cast<size_t>(T * kD)), got(x.size());
+      LQ_CUDA_CHECK(cudaMemcpy(x.data(), d_in, x.size() * 4, cudaMemcpyDeviceToHost));
+      dx.download(got.data(), nullptr);
+      Rotation::hadamard(kD, block, 0).forward(x.data(), T, kD);
+      st.counters["identical"] = same_bytes(x, got) ? 1.0 : 0.0;
+    }
+  } catch (const std::exception& e) {
+    st.SkipWithError(e.what());
+  }
+}
+
 void bm_d2d(benchmark::State& st, int64_t bytes) {
   try {
     gpu::DeviceBuffer<char> src(static_cast<size_t>(bytes), "copy source"), dst(static_cast<size_t>(bytes), "copy target");
@@ -206,6 +240,9 @@ void register_gpu_benchmarks(const Options& opt) {
     // baseline: device-to-device copy of the float32 [T, 576] matrix
     benchmark::RegisterBenchmark(("gpu/d2d_copy/T:" + std::to_string(T) + "/D:" + std::to_string(kD)).c_str(), bm_d2d,
                                  T * kD * 4)
+        ->UseManualTime()
+        ->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark(bench_name("gpu", "hadamard", "had", T).c_str(), bm_hadamard, T, opt)
         ->UseManualTime()
         ->Unit(benchmark::kMillisecond);
     for (const std::string& spec : bench_specs()) {

@@ -9,6 +9,8 @@ its quantize-dequantize through the C++ quantizers (the `latentq` Python module,
 the CLI), on the MLA layers the study ran (the root attribute `layers` of RESULTS.h5, else the
 `layer` column of /latent_error; recorded in the /e2e attribute `layers`), for the targets the study
 ran that quantizer on (c_kv+k_pe for a --quantizers spec the study did not run, with a warning).
+A transformed quantizer ('had,int4-asym-token', 'rot,mxfp4') quantizes the rotated rows and injects
+them un-rotated (latentq/transform.h); 'klt,...' quantizers are not injected (a note says so).
 Like the study, each window's whole prefill is quantized at once (per-channel groups and per-tensor
 scales see later tokens of the window). Per quantizer:
 
@@ -251,6 +253,13 @@ def main(argv=None) -> int:
         print(f"e2e_inject: note: the study ran layers {','.join(map(str, layers))} only; the other "
               f"{num_layers - len(layers)} of {num_layers} layers stay unquantized", file=sys.stderr)
     layer_set = frozenset(layers)
+    # KLT rotations are fitted on the dump's fit split by the C++ study (probes::fit_rotation); the
+    # injection sees only its own windows, so it does not refit one: those quantizers are left out.
+    klt = [q for q, _ in pairs if q.startswith("klt,")]
+    if klt:
+        print(f"e2e_inject: note: {len(klt)} klt quantizer(s) not injected (the KLT basis is fitted on the "
+              f"dump's fit split, not available here): {', '.join(klt)}", file=sys.stderr)
+        pairs = [p for p in pairs if not p[0].startswith("klt,")]
 
     buf = np.frombuffer(text[a.offset_bytes:need], dtype=np.uint8).astype(np.int64)
     ids = torch.from_numpy(buf.reshape(a.num_seqs, a.seq_len))

@@ -23,6 +23,10 @@ import numpy as np
 KEY = [f"int{b}-{s}-{g}" for b in (8, 4, 2) for s in ("asym", "sym") for g in ("channel-g32", "token", "tensor")]
 KEY += ["bf16", "flashmla-v32-fp8", "vllm-fp8-ds-mla", "flashmla-v41-fp8", "fp8-e4m3-tensor", "mxfp8", "mxfp4", "nvfp4",
         "q8_0", "q4_0", "q4_1"]
+# Transformed quantizers (issue 11): the rotation stage in front of the per-channel, per-token and ggml
+# formats (a change of the FWHT, the signs or the KLT fit moves these).
+KEY += ["had,int4-asym-channel-g32", "klt,int4-asym-channel-g32", "had,int4-asym-token", "klt,int4-asym-token",
+        "had,int2-asym-channel-g32", "had,q4_0", "had,mxfp4"]
 MEAN_REL_FRO = ["int8-asym-channel-g32", "int4-asym-channel-g32", "int2-asym-channel-g32", "int4-sym-token",
                 "flashmla-v32-fp8", "mxfp4", "nvfp4", "q4_0"]
 COS_MIN = ["int8-asym-channel-g32", "int4-asym-channel-g32", "int4-asym-token", "int2-asym-channel-g32",

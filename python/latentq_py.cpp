@@ -11,6 +11,7 @@
 
 #include "latentq/metrics.h"
 #include "latentq/quantize.h"
+#include "latentq/transform.h"
 
 namespace py = pybind11;
 using namespace latentq;
@@ -54,8 +55,9 @@ PYBIND11_MODULE(latentq, m) {
   py::register_exception<std::invalid_argument>(m, "LatentqError", PyExc_ValueError);
 
   m.def("spec_grammar", &spec_grammar, "The valid quantizer spec forms.");
-  m.def("canonical_spec", [](const std::string& s) { return QuantSpec::parse(s).to_string(); },
-        "Canonical form of a spec string. Raises ValueError (listing the valid forms) for an unknown spec.");
+  m.def("canonical_spec", [](const std::string& s) { return TransformedSpec::parse(s).to_string(); },
+        "Canonical form of a spec string, '<quantizer>' or '<transform>,<quantizer>' (latentq/transform.h).\n"
+        "Raises ValueError (listing the valid forms) for an unknown spec or transform.");
 
   py::class_<QuantizedTensor>(m, "QuantizedTensor",
                               "Real storage of a quantized [rows, cols] matrix (layout: latentq/quantize.h).")
@@ -109,12 +111,28 @@ PYBIND11_MODULE(latentq, m) {
           float* o = out.mutable_data();
           {
             py::gil_scoped_release nogil;
-            quantize_dequantize(QuantSpec::parse(spec), parse_target(target), x.data(), T, D, so, o);
+            const TransformedSpec ts = TransformedSpec::parse(spec);
+            quantize_dequantize_rotated(ts.spec, Rotation::make(ts.transform, D), parse_target(target), x.data(), T,
+                                        D, so, o);
           }
           return out;
         },
         py::arg("x"), py::arg("spec"), py::arg("target") = "c_kv", py::arg("seq_offsets") = py::none(),
-        "Quantize then dequantize x float32 [T, D]; returns float32 [T, D]. Same errors as quantize().");
+        "Quantize then dequantize x float32 [T, D]; returns float32 [T, D]. Same errors as quantize().\n"
+        "A transformed spec ('had,int4-asym-token', 'rot,mxfp4') quantizes the rotated rows and returns them\n"
+        "un-rotated (the C++ quantize_dequantize_rotated); 'klt,...' needs the fit split and raises ValueError.");
+  m.def("rotation_matrix",
+        [](const std::string& transform, int64_t d) {
+          const std::vector<float> R = Rotation::make(Transform::parse(transform), d).matrix();
+          if (R.empty()) throw std::invalid_argument("rotation_matrix: transform '" + transform + "' is the identity");
+          py::array_t<float> out({d, d});
+          std::memcpy(out.mutable_data(), R.data(), R.size() * sizeof(float));
+          return out;
+        },
+        py::arg("transform"), py::arg("d"),
+        "The orthogonal R float32 [d, d] of a transform ('had', 'had64-s3', 'rot', 'rot-s1'; latentq/transform.h):\n"
+        "x' = R @ x. Raises ValueError for an unknown transform, a Hadamard block that does not fit d, or 'klt'\n"
+        "(fitted on a dump's fit split by the C++ study).");
   m.def("pack_record",
         [](const QuantizedTensor& ckv, const QuantizedTensor& kpe, const std::string& preset) {
           const std::vector<uint8_t> r = pack_record(QuantSpec::parse(preset), ckv, kpe);

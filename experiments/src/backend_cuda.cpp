@@ -18,11 +18,12 @@ class CudaBackend final : public LatentBackend {
   std::string name() const override { return "cuda"; }
   bool concurrent() const override { return false; }  // one device, one stream: cells run in turn
   CellResult run(const QuantSpec& spec, Target target, const float* X, int64_t T, int64_t D,
-                 std::span<const int64_t> seq_offsets) override {
+                 std::span<const int64_t> seq_offsets, float* decoded) override {
     std::lock_guard<std::mutex> lock(mu_);
     out_.resize(static_cast<size_t>(T * D));
     QuantizedTensor q;
     quantize_dequantize_gpu(spec, target, X, T, D, seq_offsets, out_.data(), &q);
+    if (decoded) std::copy(out_.begin(), out_.end(), decoded);
     return {q.spec, account(q), error_metrics(X, out_.data(), T, D), diagnose(q, X)};
   }
 

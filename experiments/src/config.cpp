@@ -77,8 +77,8 @@ class Parser {
   // Parse a spec string, prefixing QuantSpec::parse's message with the location.
   Quantizer quantizer(const toml::node& n, const std::string& s) const {
     try {
-      const QuantSpec q = QuantSpec::parse(s);
-      return {q.to_string(), q, {}};
+      const TransformedSpec q = TransformedSpec::parse(s);
+      return {q.to_string(), q.spec, q.transform};
     } catch (const std::invalid_argument& e) {
       fail(n, e.what());
     }
@@ -116,7 +116,7 @@ fs::path resolve(const fs::path& base, const std::string& p) {
 bool quantizer_matches(const std::string& name, const std::string& pattern) {
   if (pattern.find('*') != std::string::npos) return fnmatch(pattern.c_str(), name.c_str(), 0) == 0;
   try {
-    return QuantSpec::parse(pattern).to_string() == name;
+    return TransformedSpec::parse(pattern).to_string() == name;
   } catch (const std::invalid_argument&) {
     return pattern == name;
   }

@@ -9,6 +9,7 @@
 #include <toml++/toml.h>
 
 #include "latentq/spec.h"
+#include "latentq/transform.h"
 
 namespace latentq {
 namespace fs = std::filesystem;
@@ -161,7 +162,7 @@ ProbeConfig parse_probe_config(std::string_view text, const std::string& source,
       const auto specs = R.strings(*n, "e2e.quantizers");
       for (size_t i = 0; i < specs.size(); ++i) {
         try {
-          E.quantizers.push_back(QuantSpec::parse(specs[i]).to_string());
+          E.quantizers.push_back(TransformedSpec::parse(specs[i]).to_string());
         } catch (const std::invalid_argument& e) {
           R.fail(*n->as_array()->get(i), std::string("'e2e.quantizers': ") + e.what());
         }

@@ -273,6 +273,7 @@ std::vector<AttentionCell> plan_attention_cells(const StudyConfig& config, const
         if ((!ckv || ran(Target::CKV, q)) && (!kpe || ran(Target::KPE, q))) {
           AttentionCell c{l, tg, q.name, ckv ? q.spec_for(l, Target::CKV) : q.spec_for(l, Target::KPE), 0};
           if (q.is_mixed() && ckv && kpe) c.spec_kpe = q.spec_for(l, Target::KPE);
+          c.transform = q.transform;
           cells.push_back(std::move(c));
         }
     }
@@ -302,7 +303,9 @@ const std::map<std::string, Schema>& schemas() {
       {"cross_layer_sharing",
        {{"window_start", I64}, {"window", I64}, {"rank", I64}, {"shared_heldout_rel_fro", F64},
         {"per_layer_heldout_rel_fro", F64}, {"shared_fit_rel_fro", F64}, {"per_layer_fit_rel_fro", F64}}},
-      {"attention_check", {{"layer", I64}, {"ref_vs_dump_rel_fro", F64}, {"tq", I64}, {"keys", I64}}},
+      {"attention_check",
+       {{"layer", I64}, {"ref_vs_dump_rel_fro", F64}, {"tq", I64}, {"keys", I64}, {"fold_rel_fro", F64},
+        {"fold_transforms", Str}}},
       {"attention_error",
        {{"layer", I64}, {"quantizer", Str}, {"targets", Str}, {"out_rel_fro", F64}, {"cos_mean", F64},
         {"kl_mean", F64}, {"top1_agree", F64}, {"top8_agree", F64}, {"bits_per_element_c_kv", F64},
@@ -376,6 +379,7 @@ struct ProbeRunner::Impl {
     std::once_flag once;
     std::unique_ptr<probes::AbsorbedAttention<float>> att;
     probes::AttentionResult<float> ref;
+    probes::AttentionQueries queries;  // views into the dump's layer (the fold check rotates copies)
   };
   struct BasisEntry {
     std::once_flag once;
@@ -417,10 +421,20 @@ struct ProbeRunner::Impl {
       q.w_uv = l.w_uv;
       q.softmax_scale = A.softmax_scale;
       auto att = std::make_unique<probes::AbsorbedAttention<float>>(q);
+      e.queries = q;
       e.ref = att->run(l.c_kv, l.k_pe, true);
       e.att = std::move(att);
     });
     return e;
+  }
+
+  // The rotation of transform t for one layer's target (KLT fitted on its fit split); identity for None.
+  Rotation rotation_of(int layer, Target target, const Transform& t) const {
+    if (t.kind == TransformKind::None) return {};
+    const Layer& l = dump.layer(layer);
+    const bool ckv = target == Target::CKV;
+    return probes::fit_rotation(t, ckv ? l.c_kv.data() : l.k_pe.data(), dump.num_tokens(),
+                                ckv ? dump.attrs.kv_lora_rank : dump.attrs.qk_rope_head_dim, dump.seq_offsets);
   }
 
   const probes::SvdBasis& basis_of(int layer) {
@@ -485,8 +499,27 @@ struct ProbeRunner::Impl {
       ref2 += static_cast<double>(dumped[j]) * static_cast<double>(dumped[j]);
     }
     const double rel = ref2 > 0 ? std::sqrt(err2 / ref2) : (err2 > 0 ? std::numeric_limits<double>::infinity() : 0.0);
+    // The fold check (issue 11): every transform of the study (rot when it has none), folded into
+    // W_UK, W_UV and q_pe, must reproduce the unrotated attention to kFoldTolerance; else the cell fails.
+    std::vector<Transform> transforms;
+    for (const Quantizer& q : config.all_quantizers())
+      if (q.transform.kind != TransformKind::None &&
+          std::find(transforms.begin(), transforms.end(), q.transform) == transforms.end())
+        transforms.push_back(q.transform);
+    if (transforms.empty()) transforms.push_back(Transform::parse("rot"));
+    const Layer& l = dump.layer(c.layer);
+    double fold = 0;
+    std::string names;
+    for (const Transform& tr : transforms) {
+      const probes::FoldCheck f = probes::require_fold_exact(
+          e.queries, l.c_kv, l.k_pe, rotation_of(c.layer, Target::CKV, tr), rotation_of(c.layer, Target::KPE, tr),
+          fmt::format("layer {}, transform {}", c.layer, tr.to_string()));
+      fold = std::max(fold, f.out_rel_fro);
+      if (!names.empty()) names += ';';
+      names += tr.to_string();
+    }
     add_row(t, {int64_t{c.layer}, rel, e.ref.num_queries,
-                std::accumulate(e.ref.nkeys.begin(), e.ref.nkeys.end(), int64_t{0})});
+                std::accumulate(e.ref.nkeys.begin(), e.ref.nkeys.end(), int64_t{0}), fold, names});
     return {std::move(t)};
   }
 
@@ -509,14 +542,17 @@ struct ProbeRunner::Impl {
       bits_c = 16.0 * static_cast<double>(c.svd_rank) / static_cast<double>(r);
       bytes_c = 2.0 * static_cast<double>(c.svd_rank);
     } else {
-      const Accounting a =
-          account(quantize_dequantize(c.targets != "k_pe" ? c.spec : kBf16, Target::CKV, l.c_kv.data(), T, r,
-                                      dump.seq_offsets, ckv_buf.data()));
+      const bool q_ckv = c.targets != "k_pe";
+      const Accounting a = account(quantize_dequantize_rotated(
+          q_ckv ? c.spec : kBf16, rotation_of(c.layer, Target::CKV, q_ckv ? c.transform : Transform{}), Target::CKV,
+          l.c_kv.data(), T, r, dump.seq_offsets, ckv_buf.data()));
       bits_c = a.bits_per_element;
       bytes_c = a.bytes_per_token;
     }
-    bytes_k = account(quantize_dequantize(c.svd_rank == 0 && c.targets != "c_kv" ? c.spec_kpe.value_or(c.spec) : kBf16, Target::KPE,
-                                          l.k_pe.data(), T, rope, dump.seq_offsets, kpe_buf.data()))
+    const bool q_kpe = c.svd_rank == 0 && c.targets != "c_kv";
+    bytes_k = account(quantize_dequantize_rotated(q_kpe ? c.spec_kpe.value_or(c.spec) : kBf16,
+                                                  rotation_of(c.layer, Target::KPE, q_kpe ? c.transform : Transform{}),
+                                                  Target::KPE, l.k_pe.data(), T, rope, dump.seq_offsets, kpe_buf.data()))
                   .bytes_per_token;
     const std::span<const float> ckv = ckv_buf, kpe = kpe_buf;
     const probes::AttentionError x = probes::attention_error(e.ref, e.att->run(ckv, kpe, true));

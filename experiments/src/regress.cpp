@@ -12,6 +12,7 @@
 #include <toml++/toml.h>
 
 #include "latentq/spec.h"
+#include "latentq/transform.h"
 
 namespace latentq {
 
@@ -43,7 +44,7 @@ std::vector<Threshold> parse_thresholds(const std::string& text, const std::stri
       if (key == "quantizer") {
         const std::string s = str();
         try {
-          th.quantizer = QuantSpec::parse(s).to_string();
+          th.quantizer = TransformedSpec::parse(s).to_string();
         } catch (const std::invalid_argument& e) {
           throw std::invalid_argument(fmt::format("{}: {}", where(v), e.what()));
         }

@@ -19,6 +19,8 @@
 #include <stdexcept>
 #include <thread>
 
+#include "latentq/probes/svd_probe.h"
+#include "latentq/transform.h"
 #include "latentq/util.h"
 
 namespace latentq {
@@ -29,10 +31,11 @@ class CpuBackend final : public LatentBackend {
   std::string name() const override { return "cpu"; }
   bool concurrent() const override { return true; }
   CellResult run(const QuantSpec& spec, Target target, const float* X, int64_t T, int64_t D,
-                 std::span<const int64_t> seq_offsets) override {
+                 std::span<const int64_t> seq_offsets, float* decoded) override {
     thread_local std::vector<float> out;
     out.resize(static_cast<size_t>(T * D));
     const QuantizedTensor q = quantize_dequantize(spec, target, X, T, D, seq_offsets, out.data());
+    if (decoded) std::copy(out.begin(), out.end(), decoded);
     return {q.spec, account(q), error_metrics(X, out.data(), T, D), diagnose(q, X)};
   }
 };
@@ -79,7 +82,8 @@ const std::vector<std::string>& latent_error_columns() {
       "layer",       "target",           "quantizer",             "stored",  "bits", "scheme",
       "granularity", "group_size",       "scale_dtype",           "bits_per_element",
       "bytes_per_token_layer", "rel_fro", "mse", "sqnr_db", "max_abs_err", "cos_mean",
-      "format", "scale_underflow_groups", "offset_rounding_groups", "saturated_values", "bound_rel_fro", "gap_db"};
+      "format", "scale_underflow_groups", "offset_rounding_groups", "saturated_values", "bound_rel_fro", "gap_db",
+      "transform", "transform_seed"};
   return c;
 }
 
@@ -114,7 +118,18 @@ ColumnTable run_latent_error(const Dump& dump, const std::vector<Cell>& cells, L
     const bool ckv = c.target == Target::CKV;
     const float* X = ckv ? l.c_kv.data() : l.k_pe.data();
     const int64_t D = ckv ? A.kv_lora_rank : A.qk_rope_head_dim;
-    results[i] = backend.run(c.quantizer.spec, c.target, X, T, D, dump.seq_offsets);
+    if (c.quantizer.transform.kind == TransformKind::None) {
+      results[i] = backend.run(c.quantizer.spec, c.target, X, T, D, dump.seq_offsets, nullptr);
+    } else {
+      // Transformed cell: quantize R·x, un-rotate the decoded rows, measure in the original basis. The
+      // diagnostics and the accounting are those of the stored (rotated) matrix.
+      const Rotation rot = probes::fit_rotation(c.quantizer.transform, X, T, D, dump.seq_offsets);
+      std::vector<float> xr(X, X + T * D), dec(static_cast<size_t>(T * D));
+      rot.forward(xr.data(), T, D);
+      results[i] = backend.run(c.quantizer.spec, c.target, xr.data(), T, D, dump.seq_offsets, dec.data());
+      rot.inverse(dec.data(), T, D);
+      results[i].metrics = error_metrics(X, dec.data(), T, D);
+    }
     bounds[i] = rate_distortion_bound(spectra->get(dump, c.layer, c.target), results[i].accounting.bits_per_element);
   };
   const std::vector<std::exception_ptr> errors =
@@ -152,6 +167,8 @@ ColumnTable run_latent_error(const Dump& dump, const std::vector<Cell>& cells, L
   auto& saturated = t.add<int64_t>("saturated_values");
   auto& bound_rel_fro = t.add<double>("bound_rel_fro");
   auto& gap = t.add<double>("gap_db");
+  auto& transform = t.add<std::string>("transform");
+  auto& transform_seed = t.add<int64_t>("transform_seed");
   for (size_t i = 0; i < n; ++i) {
     const Cell& c = cells[i];
     const CellResult& r = results[i];
@@ -179,6 +196,9 @@ ColumnTable run_latent_error(const Dump& dump, const std::vector<Cell>& cells, L
     saturated.push_back(r.diagnostics.saturated);
     bound_rel_fro.push_back(bounds[i].rel_fro);
     gap.push_back(gap_db(r.metrics.mse, bounds[i].mse_bound));
+    const Transform& tr = c.quantizer.transform;
+    transform.push_back(tr.kind == TransformKind::None ? "none" : tr.to_string());
+    transform_seed.push_back(static_cast<int64_t>(tr.seed));
   }
   return t;
 }

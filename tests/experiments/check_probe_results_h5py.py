@@ -20,7 +20,7 @@ COLUMNS = {
     "cross_layer": ["layer_a", "layer_b", "mean_abs_pearson", "pearson_channels", "constant_channels", "cka"],
     "cross_layer_sharing": ["window_start", "window", "rank", "shared_heldout_rel_fro", "per_layer_heldout_rel_fro",
                             "shared_fit_rel_fro", "per_layer_fit_rel_fro"],
-    "attention_check": ["layer", "ref_vs_dump_rel_fro", "tq", "keys"],
+    "attention_check": ["layer", "ref_vs_dump_rel_fro", "tq", "keys", "fold_rel_fro", "fold_transforms"],
     "attention_error": ["layer", "quantizer", "targets", "out_rel_fro", "cos_mean", "kl_mean", "top1_agree",
                         "top8_agree", "bits_per_element_c_kv", "bytes_per_token_layer"],
 }
@@ -72,6 +72,8 @@ assert list(sh["rank"]) == [4, 8, 16] * 3
 ac = t["attention_check"]
 assert (ac["ref_vs_dump_rel_fro"] < 1e-4).all(), ac["ref_vs_dump_rel_fro"]  # synthetic attn_out is exact
 assert (ac["tq"] == 6).all()
+assert (ac["fold_rel_fro"] <= 1e-5).all(), ac["fold_rel_fro"]  # the rotation folds exactly (issue 11)
+assert set(ac["fold_transforms"].astype(str)) == {"rot"}, ac["fold_transforms"]  # no transform in the study: rot
 ae = t["attention_error"]
 svd = np.char.startswith(ae["quantizer"].astype(str), "svd-rank")
 assert set(ae["targets"][svd]) == {"c_kv"}

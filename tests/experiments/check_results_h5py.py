@@ -13,7 +13,7 @@ except ImportError as e:  # pragma: no cover
 EXPECTED = ["layer", "target", "quantizer", "stored", "bits", "scheme", "granularity", "group_size",
             "scale_dtype", "bits_per_element", "bytes_per_token_layer", "rel_fro", "mse", "sqnr_db",
             "max_abs_err", "cos_mean", "format", "scale_underflow_groups", "offset_rounding_groups", "saturated_values",
-            "bound_rel_fro", "gap_db"]
+            "bound_rel_fro", "gap_db", "transform", "transform_seed"]
 
 with h5py.File(sys.argv[1], "r") as f:
     assert f.attrs["schema"] == "latentq-results/1", f.attrs["schema"]

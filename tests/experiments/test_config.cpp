@@ -39,15 +39,21 @@ group_sizes = [0, 32, 128]
 
 TEST(Config, DefaultIsTheFullMatrix) {
   const StudyConfig c = default_config();
-  // 3 bits x 2 schemes x (1 tensor + 3 channel + 3 token) = 42, + bf16 + 12 engine/standard formats.
+  // 3 bits x 2 schemes x (1 tensor + 3 channel + 3 token) = 42, + bf16 + 12 engine/standard formats
+  // + 16 transformed quantizers (issue 11).
   ASSERT_EQ(c.targets.size(), 2u);
   EXPECT_EQ(c.targets[0].target, Target::CKV);
   EXPECT_EQ(c.targets[1].target, Target::KPE);
   for (const TargetPlan& p : c.targets) {
-    ASSERT_EQ(p.quantizers.size(), 55u);
+    ASSERT_EQ(p.quantizers.size(), 71u);
     EXPECT_EQ(std::count_if(p.quantizers.begin(), p.quantizers.end(),
-                            [](const Quantizer& q) { return q.spec.format == Format::Int; }),
+                            [](const Quantizer& q) {
+                              return q.spec.format == Format::Int && q.transform.kind == TransformKind::None;
+                            }),
               42);
+    EXPECT_EQ(std::count_if(p.quantizers.begin(), p.quantizers.end(),
+                            [](const Quantizer& q) { return q.transform.kind != TransformKind::None; }),
+              16);
   }
   const auto n = names(c.targets[0].quantizers);
   EXPECT_EQ(std::vector<std::string>(n.begin(), n.begin() + 8),
@@ -55,11 +61,13 @@ TEST(Config, DefaultIsTheFullMatrix) {
                                       "int8-sym-channel-g128", "int8-sym-token", "int8-sym-token-g32",
                                       "int8-sym-token-g128", "int8-asym-tensor"}));
   EXPECT_EQ(n[42], "bf16");
-  EXPECT_EQ(std::vector<std::string>(n.begin() + 43, n.end()),
+  EXPECT_EQ(std::vector<std::string>(n.begin() + 43, n.begin() + 55),
             (std::vector<std::string>{"flashmla-v32-fp8", "vllm-fp8-ds-mla", "flashmla-v41-fp8", "flashmla-v41-fp4",
                                       "fp8-e4m3-tensor", "fp8-e4m3-tensor-s1", "mxfp8", "mxfp4", "nvfp4", "q8_0", "q4_0",
                                       "q4_1"}));
-  EXPECT_EQ(c.all_quantizers().size(), 55u);
+  EXPECT_EQ(n[55], "had,int4-asym-channel-g32");
+  EXPECT_EQ(n[70], "had,flashmla-v32-fp8");
+  EXPECT_EQ(c.all_quantizers().size(), 71u);
   EXPECT_TRUE(c.layers.empty());
   const fs::path exp_dir = default_config_path().parent_path();
   EXPECT_EQ(c.dump, (exp_dir / "../data/latents/tiny-mla.h5").lexically_normal());

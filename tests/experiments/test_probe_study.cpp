@@ -4,6 +4,8 @@
 // readable, the printed tables, e2e / report skipped without Python).
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include <cstdlib>
 #include <fstream>
 #include <set>
@@ -13,6 +15,8 @@
 #include "latentq/cli.h"
 #include "latentq/external.h"
 #include "latentq/probe_study.h"
+#include "latentq/probes/attention.h"
+#include "latentq/probes/svd_probe.h"
 #include "latentq/results.h"
 #include "cli_capture.h"
 #include "synth_dump.h"
@@ -368,6 +372,59 @@ TEST(ProbeRealDump, AbsorbedRecomputationMatchesTheDumpedAttnOut) {
     EXPECT_LT(bf16_err, 1e-2);
     EXPECT_GT(s.get<double>("out_rel_fro")[0], bf16_err / 4);
     EXPECT_LT(s.get<double>("out_rel_fro")[0], bf16_err * 4);
+  }
+}
+
+// Issue 11: on every layer of tiny-mla, the absorbed attention with the cache rotated (c_kv and k_pe, each
+// with its own rotation) and W_UK, W_UV, q_pe rotated, no quantization, equals the unrotated one to 1e-5
+// relative in float32 — for had, had32 (block-diagonal: 4 blocks on c_kv, 1 on k_pe), rot and klt. Leaving
+// W_UV (or W_UK, or q_pe) unrotated must fail the check loudly. Skipped without the dump.
+TEST(ProbeRealDump, RotationFoldIsExactAndABrokenFoldFails) {
+  const fs::path dump_path = fs::path(LATENTQ_SOURCE_DIR) / "data" / "latents" / "tiny-mla.h5";
+  if (!fs::exists(dump_path)) GTEST_SKIP() << dump_path << " is missing";
+  StudyConfig config = default_config();
+  config.dump = dump_path;
+  const Dump dump = load_probe_dump(config);
+  const DumpAttrs& A = dump.attrs;
+  ASSERT_EQ(A.kv_lora_rank, 128);
+  ASSERT_EQ(A.qk_rope_head_dim, 32);
+  const int64_t T = dump.num_tokens();
+  for (const Layer& l : dump.layers) {
+    probes::AttentionQueries q;
+    q.dims = {A.num_heads, A.kv_lora_rank, A.qk_nope_head_dim, A.qk_rope_head_dim, A.v_head_dim};
+    q.num_tokens = T;
+    q.seq_offsets = dump.seq_offsets;
+    q.q_rows = l.q_rows;
+    q.q_nope = l.q_nope;
+    q.q_pe = l.q_pe;
+    q.w_uk = l.w_uk;
+    q.w_uv = l.w_uv;
+    q.softmax_scale = A.softmax_scale;
+    for (const char* name : {"had", "had32-s5", "rot", "rot-s1", "klt"}) {
+      SCOPED_TRACE(fmt::format("layer {} transform {} T={}", l.index, name, T));
+      const Transform tr = Transform::parse(name);
+      const Rotation rc = probes::fit_rotation(tr, l.c_kv.data(), T, A.kv_lora_rank, dump.seq_offsets);
+      const Rotation rk = probes::fit_rotation(tr, l.k_pe.data(), T, A.qk_rope_head_dim, dump.seq_offsets);
+      const probes::FoldCheck f = probes::require_fold_exact(q, l.c_kv, l.k_pe, rc, rk, name);
+      EXPECT_LE(f.out_rel_fro, probes::kFoldTolerance);
+      EXPECT_GT(f.out_rel_fro, 0.0);  // float32: the rotation rounds, so not bit-equal
+      EXPECT_LT(std::abs(f.kl_mean), 1e-6);
+      // The broken folds: the cache rotated, one weight path not.
+      for (const auto& [mode, what] : {std::pair{probes::FoldMode::SkipWUV, "W_UV"},
+                                       std::pair{probes::FoldMode::SkipWUK, "W_UK"},
+                                       std::pair{probes::FoldMode::SkipQPe, "q_pe"}}) {
+        SCOPED_TRACE(what);
+        const probes::FoldCheck b = probes::fold_check(q, l.c_kv, l.k_pe, rc, rk, mode);
+        EXPECT_GT(b.out_rel_fro, 100 * probes::kFoldTolerance);  // far beyond rounding
+        try {
+          probes::require_fold_exact(q, l.c_kv, l.k_pe, rc, rk, std::string("skip ") + what, mode);
+          ADD_FAILURE() << "a fold without " << what << " passed the check";
+        } catch (const std::runtime_error& e) {
+          EXPECT_NE(std::string(e.what()).find("fold check failed: skip"), std::string::npos) << e.what();
+          EXPECT_NE(std::string(e.what()).find("> 1e-05"), std::string::npos) << e.what();
+        }
+      }
+    }
   }
 }
 

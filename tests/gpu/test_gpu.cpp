@@ -22,6 +22,7 @@
 
 #include "latentq/quantize.h"
 #include "latentq/quantize_cuda.h"
+#include "latentq/transform.h"
 
 namespace {
 using namespace latentq;
@@ -482,3 +483,41 @@ TEST(GpuSpecial, ReportsTheDevice) {
 }
 
 }  // namespace
+
+// ---- the randomized Hadamard (issue 11) ---------------------------------------------------------
+// hadamard_rows_gpu against latentq::fwht_rows / Rotation::forward / Rotation::inverse, byte for byte
+// (memcmp), on make_input rows (outliers, signed zeros), for several (T, D, block): 576 = 9 · 64 blocks,
+// the 2-wide block, the largest block (4096, 16 KiB of shared memory) and T = 0.
+TEST(GpuHadamard, ByteIdenticalToTheCpuReference) {
+  LQ_REQUIRE_GPU();
+  struct Shape { int64_t T, D, block; uint64_t seed; };
+  for (const Shape s : {Shape{7, 128, 128, 1}, Shape{5, 576, 64, 2}, Shape{3, 96, 32, 3}, Shape{9, 32, 2, 4},
+                        Shape{2, 4096, 4096, 5}, Shape{0, 64, 64, 6}}) {
+    SCOPED_TRACE(::testing::Message() << "T=" << s.T << " D=" << s.D << " block=" << s.block << " seed=" << s.seed);
+    const std::vector<float> x0 = s.T > 0 ? make_input(s.T, s.D, s.seed) : std::vector<float>{};
+    // plain FWHT
+    std::vector<float> cpu = x0, gpu = x0;
+    fwht_rows(cpu.data(), s.T, s.D, s.block);
+    hadamard_rows_gpu(gpu.data(), s.T, s.D, s.block, nullptr, false);
+    EXPECT_EQ(std::memcmp(cpu.data(), gpu.data(), cpu.size() * sizeof(float)), 0);
+    // randomized, forward then inverse
+    const Rotation r = Rotation::hadamard(s.D, s.block, s.seed);
+    const std::vector<float> signs = hadamard_signs(s.D, s.seed);
+    cpu = x0;
+    gpu = x0;
+    r.forward(cpu.data(), s.T, s.D);
+    hadamard_rows_gpu(gpu.data(), s.T, s.D, s.block, signs.data(), false);
+    EXPECT_EQ(std::memcmp(cpu.data(), gpu.data(), cpu.size() * sizeof(float)), 0);
+    r.inverse(cpu.data(), s.T, s.D);
+    hadamard_rows_gpu(gpu.data(), s.T, s.D, s.block, signs.data(), true);
+    EXPECT_EQ(std::memcmp(cpu.data(), gpu.data(), cpu.size() * sizeof(float)), 0);
+    if (s.T > 0) EXPECT_NE(std::memcmp(cpu.data(), x0.data(), cpu.size() * sizeof(float)), 0);  // rounding: not the identity
+  }
+  std::vector<float> x(6);
+  try {
+    hadamard_rows_gpu(x.data(), 1, 6, 4, nullptr, false);
+    ADD_FAILURE() << "block 4 on D = 6 accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("D = 6"), std::string::npos) << e.what();
+  }
+}

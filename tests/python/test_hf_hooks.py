@@ -7,6 +7,7 @@ V3: q_lora_rank path (q_a_proj -> q_a_layernorm -> q_b_proj), rope_interleave=Tr
 input pairs, output in the rotate_half layout) and rope_interleave=False (plain rotate_half).
 """
 import math
+import os
 import sys
 
 import numpy as np
@@ -234,3 +235,31 @@ def test_other_mla_families(family, tmp_path):
     assert chk["attrs"]["softmax_scale"] == m.model.layers[0].self_attn.scaling == QK ** -0.5
     for d in chk["layers"].values():
         assert rel(reference_attn_out(d, chk["root"]["seq_offsets"], chk["attrs"]["softmax_scale"]), d["attn_out"]) <= 1e-5
+
+
+def _rel_fro(a, b) -> float:
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+@pytest.mark.parametrize("transform", ["had", "rot-s3"])
+def test_rotation_fold_is_exact(case, transform):
+    """Issue 11 on random-init HF DeepseekV2/V3: with c_kv' = R c_kv, W_UK' = W_UK R^T, W_UV' = W_UV R^T and
+    k_pe' = R_pe k_pe, q_pe' = R_pe q_pe (R from the C++ latentq.rotation_matrix; had: blocks of 64 for
+    kv_lora_rank 64 and 16 for qk_rope_head_dim 16) the absorbed attention (float32) equals the unrotated one
+    to 1e-5 relative (Frobenius); the cache rotated but W_UV left alone fails by orders of magnitude."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.path.insert(0, os.environ.get("LATENTQ_PYMODULE_DIR", os.path.join(root, "build", "python")))
+    latentq = pytest.importorskip("latentq")
+    chk = case["chk"]
+    offs, scale = chk["root"]["seq_offsets"], chk["attrs"]["softmax_scale"]
+    rc, rk = latentq.rotation_matrix(transform, R), latentq.rotation_matrix(transform, ROPE)
+    for i, d in chk["layers"].items():
+        ref = reference_attn_out(d, offs, scale)
+        rot = dict(d, c_kv=d["c_kv"] @ rc.T, k_pe=d["k_pe"] @ rk.T, w_uk=d["w_uk"] @ rc.T, w_uv=d["w_uv"] @ rc.T,
+                   q_pe=d["q_pe"] @ rk.T)
+        err = _rel_fro(reference_attn_out(rot, offs, scale), ref)
+        print(f"{case['kind']} layer {i} {transform}: fold rel_fro {err:.2e}")
+        assert err <= 1e-5, f"{case['kind']} layer {i} {transform}: {err}"
+        broken = _rel_fro(reference_attn_out(dict(rot, w_uv=d["w_uv"]), offs, scale), ref)
+        assert broken > 1e-2, f"{case['kind']} layer {i}: a fold without W_UV passed ({broken})"

@@ -28,6 +28,7 @@
 
 #include "latentq/probe_config.h"
 #include "latentq/spec.h"
+#include "latentq/transform.h"
 
 namespace latentq {
 
@@ -43,8 +44,9 @@ struct MixedRule {
 /// mixed assignment (`mixed` non-empty): a name that is no spec (e.g. "mixed") and one spec per
 /// (layer, target), run as one row whose bytes per token are the sum of what each layer stores.
 struct Quantizer {
-  std::string name;
-  QuantSpec spec;                ///< unused for a mixed assignment
+  std::string name;     ///< canonical TransformedSpec string ("had,int4-asym-token", "int8-sym-tensor"), or a mixed row's name
+  QuantSpec spec;                  ///< unused for a mixed assignment
+  Transform transform{};           ///< the rotation before the quantizer (latentq/transform.h); kind None: none
   std::vector<MixedRule> mixed{};  ///< the rules of a mixed assignment, config order; empty otherwise
   bool operator==(const Quantizer&) const = default;
   bool is_mixed() const { return !mixed.empty(); }

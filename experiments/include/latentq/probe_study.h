@@ -76,6 +76,7 @@ struct AttentionCell {
   QuantSpec spec;         ///< the spec (unused for svd-rank cells); on c_kv only when spec_kpe is set
   int64_t svd_rank = 0;   ///< r > 0 for an svd-rank<r> cell
   std::optional<QuantSpec> spec_kpe{};  ///< the spec on k_pe when it differs (a mixed assignment); else `spec`
+  Transform transform{};  ///< rotation before the quantizer (probes::fit_rotation per target); None: none
   std::string key() const;  ///< "003/c_kv+k_pe/int4-asym-channel-g32/attention_error"
   std::vector<std::string> groups() const { return {"attention_error"}; }
 };

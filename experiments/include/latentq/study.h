@@ -59,9 +59,11 @@ class LatentBackend {
   /// True if run() may be called from several threads at once.
   virtual bool concurrent() const = 0;
   /// Quantize X [T, D] (row-major float32) as `spec` for `target` with sequence boundaries
-  /// seq_offsets [S+1], dequantize, measure. Throws std::invalid_argument as quantize().
+  /// seq_offsets [S+1], dequantize, measure. When `decoded` is not null it receives the decoded
+  /// matrix [T, D] float32 (a transformed cell un-rotates it and measures in the original basis).
+  /// Throws std::invalid_argument as quantize().
   virtual CellResult run(const QuantSpec& spec, Target target, const float* X, int64_t T, int64_t D,
-                         std::span<const int64_t> seq_offsets) = 0;
+                         std::span<const int64_t> seq_offsets, float* decoded) = 0;
 };
 
 /// The CPU reference backend (thread-safe).

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <numeric>
 #include <stdexcept>
@@ -405,6 +406,63 @@ AttentionError attention_error(const AttentionResult<Scalar>& ref, const Attenti
   e.top1_agree = top1 / pairs;
   e.top8_agree = top8 / pairs;
   return e;
+}
+
+// ---- the fold check (issue 11) ------------------------------------------------------------------
+
+FoldCheck fold_check(const AttentionQueries& q, std::span<const float> c_kv, std::span<const float> k_pe,
+                     const Rotation& r_ckv, const Rotation& r_kpe, FoldMode mode) {
+  const MlaDims& d = q.dims;
+  const auto check_dim = [](const Rotation& r, int64_t want, const char* what) {
+    if (!r.identity() && r.dim() != want)
+      throw std::invalid_argument(std::string("fold_check: the ") + what + " rotation has dimension " +
+                                  std::to_string(r.dim()) + ", expected " + std::to_string(want));
+  };
+  check_dim(r_ckv, d.kv_lora_rank, "c_kv");
+  check_dim(r_kpe, d.qk_rope_head_dim, "k_pe");
+  if (c_kv.size() != static_cast<size_t>(q.num_tokens * d.kv_lora_rank) ||
+      k_pe.size() != static_cast<size_t>(q.num_tokens * d.qk_rope_head_dim) ||
+      q.w_uk.size() != static_cast<size_t>(d.num_heads * d.qk_nope_head_dim * d.kv_lora_rank) ||
+      q.w_uv.size() != static_cast<size_t>(d.num_heads * d.v_head_dim * d.kv_lora_rank) ||
+      q.q_pe.size() != q.q_rows.size() * static_cast<size_t>(d.num_heads * d.qk_rope_head_dim))
+    throw std::invalid_argument("fold_check: c_kv, k_pe, W_UK, W_UV or q_pe do not match the dims");
+  const auto rotated = [](std::span<const float> x, const Rotation& r, int64_t D) {
+    std::vector<float> y(x.begin(), x.end());
+    r.forward(y.data(), static_cast<int64_t>(y.size()) / D, D);
+    return y;
+  };
+  const int64_t r = d.kv_lora_rank, rope = d.qk_rope_head_dim;
+  const std::vector<float> c2 = rotated(c_kv, r_ckv, r);
+  const std::vector<float> k2 = rope ? rotated(k_pe, r_kpe, rope) : std::vector<float>{};
+  const std::vector<float> wuk = mode == FoldMode::SkipWUK ? std::vector<float>(q.w_uk.begin(), q.w_uk.end())
+                                                           : rotated(q.w_uk, r_ckv, r);
+  const std::vector<float> wuv = mode == FoldMode::SkipWUV ? std::vector<float>(q.w_uv.begin(), q.w_uv.end())
+                                                           : rotated(q.w_uv, r_ckv, r);
+  const std::vector<float> qpe = (mode == FoldMode::SkipQPe || !rope)
+                                     ? std::vector<float>(q.q_pe.begin(), q.q_pe.end())
+                                     : rotated(q.q_pe, r_kpe, rope);
+  AttentionQueries q2 = q;
+  q2.w_uk = wuk;
+  q2.w_uv = wuv;
+  q2.q_pe = qpe;
+  const AttentionResult<float> ref = absorbed_attention<float>(q, c_kv, k_pe, true);
+  const AttentionResult<float> rot = absorbed_attention<float>(q2, c2, k2, true);
+  const AttentionError e = attention_error(ref, rot);
+  return {e.out_rel_fro, e.kl_mean};
+}
+
+FoldCheck require_fold_exact(const AttentionQueries& q, std::span<const float> c_kv, std::span<const float> k_pe,
+                             const Rotation& r_ckv, const Rotation& r_kpe, const std::string& what, FoldMode mode) {
+  const FoldCheck f = fold_check(q, c_kv, k_pe, r_ckv, r_kpe, mode);
+  if (!(f.out_rel_fro <= kFoldTolerance)) {
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "out_rel_fro %.3g > %.0e (KL %.3g)", f.out_rel_fro, kFoldTolerance, f.kl_mean);
+    throw std::runtime_error("fold check failed: " + what +
+                             ": the absorbed attention on the rotated cache with the rotated W_UK, W_UV and q_pe "
+                             "differs from the unrotated one: " + buf +
+                             " (a rotation applied to the cache but not undone on a weight path)");
+  }
+  return f;
 }
 
 // ---- instantiations -----------------------------------------------------------------------------

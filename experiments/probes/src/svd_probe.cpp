@@ -171,4 +171,14 @@ SvdProbeResult svd_probe(const float* c_kv, int64_t T, int64_t D, std::span<cons
   return res;
 }
 
+Rotation fit_rotation(const Transform& t, const float* X, int64_t T, int64_t D, std::span<const int64_t> seq_offsets) {
+  if (t.kind != TransformKind::Klt) return Rotation::make(t, D);
+  const TokenSplit split = fit_heldout_split(seq_offsets, T);
+  const SvdBasis b = fit_svd_basis(X, T, D, split.fit, false);
+  std::vector<float> R(static_cast<size_t>(D * D));
+  for (int64_t i = 0; i < D; ++i)
+    for (int64_t j = 0; j < D; ++j) R[i * D + j] = static_cast<float>(b.V(j, i));
+  return Rotation::dense(D, std::move(R));
+}
+
 }  // namespace latentq::probes

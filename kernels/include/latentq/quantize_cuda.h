@@ -118,4 +118,19 @@ void quantize_dequantize_gpu(const QuantSpec& spec, Target target, const float* 
                              std::span<const int64_t> seq_offsets, float* out /*[T, D]*/,
                              QuantizedTensor* storage_out = nullptr);
 
+/// The randomized Hadamard of latentq/transform.h on the device, in place on d_x [T, D] (device,
+/// row-major float32), blocks of `block` (a power of two dividing D, ≤ kMaxHadamardBlock): forward
+/// x' = H·(s ⊙ x), inverse x = s ⊙ (H·x'), with d_signs [D] (device, ±1; null = no signs, the plain
+/// fwht_rows). One CUDA block per (row, Hadamard block) in shared memory, butterfly stages in the
+/// order of latentq::fwht_rows (each butterfly is an exact a ± b, no FMA) and the same float32
+/// constant float(1/sqrt(block)) at the end: byte-identical to latentq::fwht_rows /
+/// Rotation::forward / Rotation::inverse. Asynchronous on `stream`. Throws std::invalid_argument for a
+/// bad block (the messages of latentq::fwht_rows) or T < 0.
+inline constexpr int64_t kMaxHadamardBlock = 4096;
+void hadamard_rows_device(float* d_x /*[T, D]*/, int64_t T, int64_t D, int64_t block, const float* d_signs /*[D]*/,
+                          bool inverse, cudaStream_t stream = nullptr);
+/// Host wrapper (synchronous): X [T, D] (host) in place; signs [D] (host) or null.
+void hadamard_rows_gpu(float* X /*[T, D]*/, int64_t T, int64_t D, int64_t block, const float* signs /*[D]*/,
+                       bool inverse);
+
 }  // namespace latentq

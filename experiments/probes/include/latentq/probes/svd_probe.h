@@ -27,6 +27,8 @@
 #include <span>
 #include <vector>
 
+#include "latentq/transform.h"
+
 namespace latentq::probes {
 
 /// Storage dtype of the per-token SVD coefficients y = (c − μ)·V_r.
@@ -99,5 +101,12 @@ struct SvdProbeResult {
 /// energy fraction outside (0, 1]; a bf16 coefficient overflow (SvdBasis::reconstruct).
 SvdProbeResult svd_probe(const float* c_kv, int64_t T, int64_t kv_lora_rank, std::span<const int64_t> seq_offsets,
                          const SvdProbeOptions& options = {});
+
+/// The rotation of transform t for one target X [T, D] (row-major float32) with sequences seq_offsets:
+/// KLT is R = Vᵀ of fit_svd_basis(X, T, D, fit split of fit_heldout_split, uncentered) — rows are the
+/// principal directions of the fit split's second moment, σ descending (the SVD probe's basis at full
+/// rank; uncentered so that it is a rotation, foldable into W_UK/W_UV); every other kind is
+/// Rotation::make(t, D). Throws std::invalid_argument as those.
+Rotation fit_rotation(const Transform& t, const float* X, int64_t T, int64_t D, std::span<const int64_t> seq_offsets);
 
 }  // namespace latentq::probes

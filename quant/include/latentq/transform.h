@@ -1,0 +1,128 @@
+// latentq/transform.h — the transform stage before a quantizer: `<transform>,<quantizer>` (faiss's
+// "RR64,SQ8" pre-transform), one orthogonal rotation R per target (c_kv and k_pe separately, each with
+// its own dimension D). A cell quantizes the rotated rows x' = R·x, dequantizes, and un-rotates
+// x̂ = Rᵀ·x̂' so every error is measured in the original basis.
+//
+// Why it is free for MLA (absorbed decode): with c_kv' = R·c_kv, W_UK' = W_UK·Rᵀ and W_UV' = W_UV·Rᵀ
+// give the same scores q_nope·W_UK'·c_kv' and outputs W_UV'·(Σ p·c_kv'); with k_pe' = R_pe·k_pe,
+// q_pe' = R_pe·q_pe keeps q_pe'·k_pe'. Folded into the weights, the transform stores 0 bytes per token.
+// Not folded (an engine that cannot change its weights), the decoder must store R (hadamard: the D
+// signs, 1 bit each, plus the block size; rot/klt: the dense D×D float32 matrix, 4·D² bytes per layer
+// and target) and apply Rᵀ to every dequantized row (O(D log D) / O(D²) flops per token).
+//
+// Grammar (canonical form first):
+//   had[N][-s<seed>]   randomized Hadamard H·diag(s): s = D random signs (splitmix64 of seed, default
+//                      seed 0), H = block-diagonal normalized Sylvester Hadamard with block N (a power
+//                      of two ≥ 2 dividing D); without N the block is the largest power of two dividing
+//                      D (512 → 512, 576 = 9·64 → 64, 96 = 3·32 → 32, 384 → 128). If that block is
+//                      < 16 (D = 100 → 4) the transform is refused, naming D (use hadN or rot).
+//   rot[-s<seed>]      seeded Haar random orthogonal matrix (Gram-Schmidt QR of a Gaussian matrix with
+//                      positive diagonal R, i.e. Q·sign(diag R)), the control
+//   klt                the KLT/PCA rotation: the eigenbasis of the fit split's uncentered second moment
+//                      (the SVD probe's basis at full rank), fitted per layer and target by the study
+// A full spec is "<transform>,<quantizer>", e.g. had,int4-asym-token, had64,q4_0, rot,mxfp4,
+// klt,int4-asym-channel-g32; a spec without a comma has no transform.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "latentq/quantize.h"
+#include "latentq/spec.h"
+
+namespace latentq {
+
+enum class TransformKind : uint8_t { None = 0, Hadamard = 1, Random = 2, Klt = 3 };
+
+/// A parsed transform. Fields that do not apply to the kind hold their defaults.
+struct Transform {
+  TransformKind kind = TransformKind::None;
+  int64_t block = 0;  ///< Hadamard: block size, 0 = automatic (largest power of two dividing D)
+  uint64_t seed = 0;  ///< Hadamard signs / random rotation
+
+  /// Parses "had", "had64", "had-s7", "rot", "rot-s3", "klt" (or "" = none). Throws std::invalid_argument
+  /// naming the string and listing the forms otherwise (block not a power of two ≥ 2, bad seed).
+  static Transform parse(std::string_view s);
+  /// Canonical string ("" for none); parse(to_string()) == *this. The seed is written when non-zero.
+  std::string to_string() const;
+  bool operator==(const Transform&) const = default;
+};
+
+/// A transform and a quantizer: the unit the study runs. One string names it everywhere.
+struct TransformedSpec {
+  Transform transform;
+  QuantSpec spec;
+  /// Parses "<transform>,<quantizer>" or "<quantizer>". Throws std::invalid_argument naming the string
+  /// (more than one comma, an empty part, or the errors of Transform::parse / QuantSpec::parse).
+  static TransformedSpec parse(std::string_view s);
+  /// Canonical string: "<transform>,<quantizer>" or the quantizer's alone when there is no transform.
+  std::string to_string() const;
+  bool operator==(const TransformedSpec&) const = default;
+};
+
+/// The Hadamard block for rows of D elements: `requested` (0 = automatic). Throws std::invalid_argument
+/// naming D when D ≤ 0, when a requested block is not a power of two ≥ 2 or does not divide D, or when the
+/// automatic block (largest power of two dividing D) is < kMinAutoHadamardBlock.
+inline constexpr int64_t kMinAutoHadamardBlock = 16;
+int64_t hadamard_block(int64_t D, int64_t requested);
+
+/// The D random signs (+1/−1, float32) of a randomized Hadamard: bit 0 of splitmix64(seed + i + 1)
+/// for element i (set = −1). Deterministic on every platform.
+std::vector<float> hadamard_signs(int64_t D, uint64_t seed);
+
+/// In-place fast Walsh–Hadamard transform of each row of X [T, D] (row-major float32) in blocks of
+/// `block` (a power of two dividing D; not checked beyond that, use hadamard_block): for h = 1, 2, 4,
+/// ..., block/2, every pair (i, i+h) with bit h of i clear becomes (a + b, a − b), in increasing i; then
+/// every element is multiplied once by the float32 constant float(1/sqrt(block)). Unnormalized
+/// butterflies are exact sums, so the result is the same bytes on CPU and GPU (kernels/ reproduces
+/// this order). The normalized transform is its own inverse up to rounding (H = Hᵀ, H·H = I).
+/// Throws std::invalid_argument for block < 1, D % block != 0 or T < 0.
+void fwht_rows(float* X, int64_t T, int64_t D, int64_t block);
+
+/// A seeded Haar random orthogonal matrix R [D, D] (row-major float32, rows orthonormal to ~1e-6):
+/// Gaussian entries (Box–Muller on splitmix64, in float64), modified Gram–Schmidt twice on the rows
+/// (float64), rounded to float32. Throws std::invalid_argument for D ≤ 0.
+std::vector<float> haar_orthogonal(int64_t D, uint64_t seed);
+
+/// One target's rotation, ready to apply. forward: x' = R·x for each row x; inverse: x = Rᵀ·x'.
+class Rotation {
+ public:
+  Rotation() = default;  ///< identity (no transform)
+  /// Hadamard with block `block` (hadamard_block) and the signs of `seed`.
+  static Rotation hadamard(int64_t D, int64_t block, uint64_t seed);
+  /// Dense orthogonal R [D, D] row-major (rot, klt). Throws std::invalid_argument for a size ≠ D·D or
+  /// D ≤ 0. Orthogonality is the caller's (checked by the study's fold check).
+  static Rotation dense(int64_t D, std::vector<float> R);
+  /// Builds the rotation of a transform for rows of D elements (not KLT: that needs the fit split;
+  /// throws std::invalid_argument for it, and for the errors of hadamard_block). None gives identity.
+  static Rotation make(const Transform& t, int64_t D);
+
+  /// Rows of X [T, D] in place. Hadamard: x' = H·(s ⊙ x) (fwht_rows); dense: x'_i = Σ_j R_ij x_j,
+  /// accumulated in float64 over j ascending, rounded once. Throws std::invalid_argument if D differs.
+  void forward(float* X, int64_t T, int64_t D) const;
+  /// Rows of X in place: Hadamard: x = s ⊙ (H·x'); dense: x_j = Σ_i R_ij x'_i (float64, i ascending).
+  void inverse(float* X, int64_t T, int64_t D) const;
+  /// The dense matrix R [D, D] row-major (built for Hadamard), e.g. to fold into weights.
+  std::vector<float> matrix() const;
+  bool identity() const { return D_ == 0; }
+  int64_t dim() const { return D_; }
+
+ private:
+  int64_t D_ = 0;          // 0 = identity
+  int64_t block_ = 0;      // Hadamard block; 0 = dense
+  std::vector<float> s_;   // Hadamard signs [D]
+  std::vector<float> R_;   // dense [D, D]
+};
+
+/// The cell of a transformed quantizer on the CPU reference: X' = rows of X [T, D] rotated by r
+/// (forward), quantize_dequantize(spec, target, X', ...) into out, then out un-rotated in place
+/// (inverse), so out [T, D] is the reconstruction in the original basis. Returns the storage of the
+/// rotated matrix (its accounting is the format's: the folded rotation stores nothing per token).
+/// An identity r is quantize_dequantize itself. Throws as quantize() and Rotation::forward.
+QuantizedTensor quantize_dequantize_rotated(const QuantSpec& spec, const Rotation& r, Target target, const float* X,
+                                            int64_t T, int64_t D, std::span<const int64_t> seq_offsets, float* out);
+
+}  // namespace latentq

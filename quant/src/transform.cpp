@@ -1,0 +1,275 @@
+// Transform stage before a quantizer (latentq/transform.h).
+#include "latentq/transform.h"
+
+#include <charconv>
+#include <cmath>
+#include <stdexcept>
+
+namespace latentq {
+
+namespace {
+
+constexpr const char* kTransformForms =
+    "had[N][-s<seed>] (randomized Hadamard, N a power of two >= 2 dividing the dimension; default: the "
+    "largest power of two dividing it, refused below 16), rot[-s<seed>] (seeded Haar random orthogonal), "
+    "klt (PCA basis of the fit split); a full spec is '<transform>,<quantizer>', e.g. had,int4-asym-token";
+
+[[noreturn]] void bad_transform(std::string_view s, const std::string& why) {
+  throw std::invalid_argument("unknown transform '" + std::string(s) + "': " + why + ". Valid forms: " + kTransformForms);
+}
+
+template <typename I>
+bool parse_uint(std::string_view t, I& v) {
+  if (t.empty()) return false;
+  auto [p, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
+  return ec == std::errc() && p == t.data() + t.size();
+}
+
+bool is_pow2(int64_t n) { return n > 0 && (n & (n - 1)) == 0; }
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+void check_rows(const char* what, int64_t T, int64_t D, int64_t want) {
+  if (T < 0 || D != want)
+    throw std::invalid_argument(std::string(what) + ": rows of " + std::to_string(D) + " elements (T = " +
+                                std::to_string(T) + "), expected T >= 0 and rows of " + std::to_string(want));
+}
+
+}  // namespace
+
+Transform Transform::parse(std::string_view s) {
+  Transform t;
+  if (s.empty()) return t;
+  std::string_view head = s, seed;
+  if (const size_t p = s.find('-'); p != std::string_view::npos) {
+    head = s.substr(0, p);
+    seed = s.substr(p + 1);
+    if (!seed.starts_with("s") || !parse_uint(seed.substr(1), t.seed))
+      bad_transform(s, "the suffix must be -s<seed>, seed a non-negative 64-bit integer");
+  }
+  if (head == "klt") {
+    if (!seed.empty()) bad_transform(s, "klt is fitted, it takes no seed");
+    t.kind = TransformKind::Klt;
+  } else if (head == "rot") {
+    t.kind = TransformKind::Random;
+  } else if (head.starts_with("had")) {
+    t.kind = TransformKind::Hadamard;
+    if (head.size() > 3 && (!parse_uint(head.substr(3), t.block) || !is_pow2(t.block) || t.block < 2))
+      bad_transform(s, "the Hadamard block must be a power of two >= 2");
+  } else {
+    bad_transform(s, "expected had, had<N>, rot or klt");
+  }
+  return t;
+}
+
+std::string Transform::to_string() const {
+  std::string s;
+  switch (kind) {
+    case TransformKind::None: return s;
+    case TransformKind::Klt: return "klt";
+    case TransformKind::Random: s = "rot"; break;
+    case TransformKind::Hadamard: s = block ? "had" + std::to_string(block) : "had"; break;
+  }
+  if (seed) s += "-s" + std::to_string(seed);
+  return s;
+}
+
+TransformedSpec TransformedSpec::parse(std::string_view s) {
+  TransformedSpec ts;
+  const size_t p = s.find(',');
+  if (p == std::string_view::npos) {
+    ts.spec = QuantSpec::parse(s);
+    return ts;
+  }
+  if (s.find(',', p + 1) != std::string_view::npos || p == 0 || p + 1 == s.size())
+    throw std::invalid_argument("bad spec '" + std::string(s) +
+                                "': expected '<transform>,<quantizer>' (one comma, both parts non-empty) or '<quantizer>'");
+  ts.transform = Transform::parse(s.substr(0, p));
+  ts.spec = QuantSpec::parse(s.substr(p + 1));
+  return ts;
+}
+
+std::string TransformedSpec::to_string() const {
+  const std::string t = transform.to_string();
+  return t.empty() ? spec.to_string() : t + "," + spec.to_string();
+}
+
+int64_t hadamard_block(int64_t D, int64_t requested) {
+  const std::string dim = "dimension " + std::to_string(D);
+  if (D <= 0) throw std::invalid_argument("Hadamard transform: " + dim + " must be positive");
+  if (requested != 0) {
+    if (!is_pow2(requested) || requested < 2)
+      throw std::invalid_argument("Hadamard transform: block " + std::to_string(requested) +
+                                  " is not a power of two >= 2 (" + dim + ")");
+    if (D % requested != 0)
+      throw std::invalid_argument("Hadamard transform: block " + std::to_string(requested) + " does not divide " + dim +
+                                  "; pick a power of two that divides it");
+    return requested;
+  }
+  const int64_t b = D & -D;  // largest power of two dividing D
+  if (b < kMinAutoHadamardBlock)
+    throw std::invalid_argument("Hadamard transform: the largest power of two dividing " + dim + " is " +
+                                std::to_string(b) + ", below the useful minimum " +
+                                std::to_string(kMinAutoHadamardBlock) + "; use had<N> explicitly or rot");
+  return b;
+}
+
+std::vector<float> hadamard_signs(int64_t D, uint64_t seed) {
+  std::vector<float> s(static_cast<size_t>(D < 0 ? 0 : D));
+  for (int64_t i = 0; i < D; ++i) s[i] = (splitmix64(seed + static_cast<uint64_t>(i) + 1) & 1) ? -1.0f : 1.0f;
+  return s;
+}
+
+void fwht_rows(float* X, int64_t T, int64_t D, int64_t block) {
+  if (block < 1 || T < 0 || D % block != 0 || !is_pow2(block))
+    throw std::invalid_argument("fwht_rows: block " + std::to_string(block) + " must be a power of two dividing D = " +
+                                std::to_string(D) + " (T = " + std::to_string(T) + " >= 0)");
+  const float norm = static_cast<float>(1.0 / std::sqrt(static_cast<double>(block)));
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t b0 = 0; b0 < D; b0 += block) {
+      float* x = X + t * D + b0;
+      for (int64_t h = 1; h < block; h <<= 1)
+        for (int64_t i = 0; i < block; ++i)
+          if (!(i & h)) {
+            const float a = x[i], c = x[i + h];
+            x[i] = a + c;
+            x[i + h] = a - c;
+          }
+      for (int64_t i = 0; i < block; ++i) x[i] *= norm;
+    }
+}
+
+std::vector<float> haar_orthogonal(int64_t D, uint64_t seed) {
+  if (D <= 0) throw std::invalid_argument("haar_orthogonal: dimension " + std::to_string(D) + " must be positive");
+  const size_t n = static_cast<size_t>(D);
+  std::vector<double> G(n * n);
+  uint64_t state = seed;
+  auto uniform = [&] {  // (0, 1]
+    state = splitmix64(state);
+    return (static_cast<double>(state >> 11) + 1.0) * 0x1.0p-53;
+  };
+  for (size_t i = 0; i < n * n; i += 2) {
+    const double r = std::sqrt(-2.0 * std::log(uniform())), a = 2.0 * M_PI * uniform();
+    G[i] = r * std::cos(a);
+    if (i + 1 < n * n) G[i + 1] = r * std::sin(a);
+  }
+  // Modified Gram-Schmidt on the rows, twice (re-orthogonalization); positive diagonal of R by
+  // construction, so the result is Haar distributed.
+  for (size_t i = 0; i < n; ++i) {
+    double* gi = &G[i * n];
+    for (int pass = 0; pass < 2; ++pass)
+      for (size_t k = 0; k < i; ++k) {
+        const double* gk = &G[k * n];
+        double dot = 0;
+        for (size_t j = 0; j < n; ++j) dot += gi[j] * gk[j];
+        for (size_t j = 0; j < n; ++j) gi[j] -= dot * gk[j];
+      }
+    double nrm = 0;
+    for (size_t j = 0; j < n; ++j) nrm += gi[j] * gi[j];
+    nrm = std::sqrt(nrm);
+    for (size_t j = 0; j < n; ++j) gi[j] /= nrm;
+  }
+  std::vector<float> R(n * n);
+  for (size_t i = 0; i < n * n; ++i) R[i] = static_cast<float>(G[i]);
+  return R;
+}
+
+Rotation Rotation::hadamard(int64_t D, int64_t block, uint64_t seed) {
+  Rotation r;
+  r.block_ = hadamard_block(D, block);
+  r.D_ = D;
+  r.s_ = hadamard_signs(D, seed);
+  return r;
+}
+
+Rotation Rotation::dense(int64_t D, std::vector<float> R) {
+  if (D <= 0 || R.size() != static_cast<size_t>(D) * static_cast<size_t>(D))
+    throw std::invalid_argument("Rotation::dense: a [" + std::to_string(D) + ", " + std::to_string(D) +
+                                "] matrix needs D > 0 and D*D values, got " + std::to_string(R.size()));
+  Rotation r;
+  r.D_ = D;
+  r.R_ = std::move(R);
+  return r;
+}
+
+Rotation Rotation::make(const Transform& t, int64_t D) {
+  switch (t.kind) {
+    case TransformKind::None: return {};
+    case TransformKind::Hadamard: return hadamard(D, t.block, t.seed);
+    case TransformKind::Random: return dense(D, haar_orthogonal(D, t.seed));
+    case TransformKind::Klt: break;
+  }
+  throw std::invalid_argument("transform 'klt' of dimension " + std::to_string(D) +
+                              " is fitted on the fit split: build it with Rotation::dense from the basis");
+}
+
+void Rotation::forward(float* X, int64_t T, int64_t D) const {
+  if (identity()) return;
+  check_rows("Rotation::forward", T, D, D_);
+  if (block_) {
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t j = 0; j < D; ++j) X[t * D + j] *= s_[j];
+    fwht_rows(X, T, D, block_);
+    return;
+  }
+  std::vector<float> y(static_cast<size_t>(D));
+  for (int64_t t = 0; t < T; ++t) {
+    float* x = X + t * D;
+    for (int64_t i = 0; i < D; ++i) {
+      double acc = 0;
+      for (int64_t j = 0; j < D; ++j) acc += static_cast<double>(R_[i * D + j]) * x[j];
+      y[i] = static_cast<float>(acc);
+    }
+    std::copy(y.begin(), y.end(), x);
+  }
+}
+
+void Rotation::inverse(float* X, int64_t T, int64_t D) const {
+  if (identity()) return;
+  check_rows("Rotation::inverse", T, D, D_);
+  if (block_) {
+    fwht_rows(X, T, D, block_);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t j = 0; j < D; ++j) X[t * D + j] *= s_[j];
+    return;
+  }
+  std::vector<double> y(static_cast<size_t>(D));
+  for (int64_t t = 0; t < T; ++t) {
+    float* x = X + t * D;
+    std::fill(y.begin(), y.end(), 0.0);
+    for (int64_t i = 0; i < D; ++i)
+      for (int64_t j = 0; j < D; ++j) y[j] += static_cast<double>(R_[i * D + j]) * x[i];
+    for (int64_t j = 0; j < D; ++j) x[j] = static_cast<float>(y[j]);
+  }
+}
+
+std::vector<float> Rotation::matrix() const {
+  if (!block_) return R_;
+  // Row i of R = R·e_i's transpose; R is H·diag(s), so column j = forward(e_j).
+  std::vector<float> M(static_cast<size_t>(D_ * D_));
+  std::vector<float> e(static_cast<size_t>(D_));
+  for (int64_t j = 0; j < D_; ++j) {
+    std::fill(e.begin(), e.end(), 0.0f);
+    e[j] = 1.0f;
+    forward(e.data(), 1, D_);
+    for (int64_t i = 0; i < D_; ++i) M[i * D_ + j] = e[i];
+  }
+  return M;
+}
+
+QuantizedTensor quantize_dequantize_rotated(const QuantSpec& spec, const Rotation& r, Target target, const float* X,
+                                            int64_t T, int64_t D, std::span<const int64_t> seq_offsets, float* out) {
+  if (r.identity()) return quantize_dequantize(spec, target, X, T, D, seq_offsets, out);
+  std::vector<float> xr(X, X + static_cast<size_t>(T * D));
+  r.forward(xr.data(), T, D);
+  QuantizedTensor q = quantize_dequantize(spec, target, xr.data(), T, D, seq_offsets, out);
+  r.inverse(out, T, D);
+  return q;
+}
+
+}  // namespace latentq

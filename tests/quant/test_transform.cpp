@@ -1,0 +1,155 @@
+// The transform stage (latentq/transform.h): grammar, the Hadamard block rule, the FWHT by hand,
+// seeded orthogonality properties of every rotation.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "latentq/transform.h"
+#include "test_helpers.h"
+
+using namespace latentq;
+
+namespace {
+
+void expect_throw_containing(auto&& f, const std::string& needle) {
+  try {
+    f();
+    FAIL() << "no exception, expected one containing '" << needle << "'";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+std::vector<float> random_rows(int64_t T, int64_t D, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(T * D));
+  for (float& v : x) v = n(rng);
+  return x;
+}
+
+}  // namespace
+
+TEST(Transform, ParseAndCanonicalString) {
+  EXPECT_EQ(TransformedSpec::parse("had,int4-asym-token").to_string(), "had,int4-asym-token");
+  EXPECT_EQ(TransformedSpec::parse("had64,q4_0").to_string(), "had64,q4_0");
+  EXPECT_EQ(TransformedSpec::parse("rot,mxfp4").to_string(), "rot,mxfp4");
+  EXPECT_EQ(TransformedSpec::parse("rot-s0,mxfp4").to_string(), "rot,mxfp4");  // seed 0 is the default
+  EXPECT_EQ(TransformedSpec::parse("had-s7,int4-asym-channel-g32-fp16").to_string(), "had-s7,int4-asym-channel-g32");
+  EXPECT_EQ(TransformedSpec::parse("klt,int4-asym-channel-g32").to_string(), "klt,int4-asym-channel-g32");
+  EXPECT_EQ(TransformedSpec::parse("int8-sym-tensor").to_string(), "int8-sym-tensor");
+  const TransformedSpec t = TransformedSpec::parse("had128-s3,flashmla-v32-fp8");
+  EXPECT_EQ(t.transform.kind, TransformKind::Hadamard);
+  EXPECT_EQ(t.transform.block, 128);
+  EXPECT_EQ(t.transform.seed, 3u);
+  EXPECT_EQ(t.spec, QuantSpec::parse("flashmla-v32-fp8"));
+  EXPECT_EQ(TransformedSpec::parse("int8-sym-tensor").transform.kind, TransformKind::None);
+}
+
+TEST(Transform, ParseErrorsNameTheString) {
+  expect_throw_containing([] { Transform::parse("had3"); }, "'had3'");
+  expect_throw_containing([] { Transform::parse("had1"); }, "power of two >= 2");
+  expect_throw_containing([] { Transform::parse("had0"); }, "power of two >= 2");
+  expect_throw_containing([] { Transform::parse("hadx"); }, "'hadx'");
+  expect_throw_containing([] { Transform::parse("rot-7"); }, "-s<seed>");
+  expect_throw_containing([] { Transform::parse("klt-s1"); }, "takes no seed");
+  expect_throw_containing([] { Transform::parse("pca"); }, "expected had, had<N>, rot or klt");
+  expect_throw_containing([] { TransformedSpec::parse("had,,int4-asym-token"); }, "one comma");
+  expect_throw_containing([] { TransformedSpec::parse(",int4-asym-token"); }, "both parts non-empty");
+  expect_throw_containing([] { TransformedSpec::parse("had,"); }, "both parts non-empty");
+  expect_throw_containing([] { TransformedSpec::parse("had,int5-asym-token"); }, "int5-asym-token");
+}
+
+TEST(Transform, HadamardBlockRule) {
+  EXPECT_EQ(hadamard_block(512, 0), 512);
+  EXPECT_EQ(hadamard_block(576, 0), 64);  // 512 + 64 = 9 * 64
+  EXPECT_EQ(hadamard_block(96, 0), 32);
+  EXPECT_EQ(hadamard_block(384, 0), 128);
+  EXPECT_EQ(hadamard_block(128, 0), 128);
+  EXPECT_EQ(hadamard_block(32, 0), 32);
+  EXPECT_EQ(hadamard_block(576, 32), 32);
+  EXPECT_EQ(hadamard_block(6, 2), 2);  // an explicit small block is the user's choice
+  expect_throw_containing([] { hadamard_block(100, 0); }, "dimension 100");  // 100 = 25 * 4
+  expect_throw_containing([] { hadamard_block(576, 128); }, "does not divide dimension 576");
+  expect_throw_containing([] { hadamard_block(64, 24); }, "not a power of two");
+  expect_throw_containing([] { hadamard_block(0, 0); }, "dimension 0");
+}
+
+TEST(Transform, FwhtHandComputed) {
+  // [1, 2, 3, 4]: h=1 -> [3, -1, 7, -1]; h=2 -> [10, -2, -4, 0]; times 1/sqrt(4) = 0.5.
+  std::vector<float> x{1, 2, 3, 4, -1, 0, 0, 0};
+  fwht_rows(x.data(), 2, 4, 4);
+  EXPECT_EQ(x, (std::vector<float>{5, -1, -2, 0, -0.5f, -0.5f, -0.5f, -0.5f}));
+  // Block 2 on one row of 4: pairs (1,2) and (3,4) -> (3,-1), (7,-1), times float(1/sqrt(2)).
+  std::vector<float> y{1, 2, 3, 4};
+  fwht_rows(y.data(), 1, 4, 2);
+  const float n = static_cast<float>(1.0 / std::sqrt(2.0));
+  EXPECT_EQ(y, (std::vector<float>{3 * n, -1 * n, 7 * n, -1 * n}));
+  expect_throw_containing([] { std::vector<float> z(6); fwht_rows(z.data(), 1, 6, 4); }, "D = 6");
+}
+
+TEST(Transform, HadamardSignsAreSeeded) {
+  const std::vector<float> a = hadamard_signs(512, 0), b = hadamard_signs(512, 0), c = hadamard_signs(512, 1);
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, c);
+  int neg = 0;
+  for (float v : a) {
+    EXPECT_TRUE(v == 1.0f || v == -1.0f);
+    neg += v < 0;
+  }
+  EXPECT_GT(neg, 512 / 2 - 64);  // ~Binomial(512, 1/2): mean 256, sd 11
+  EXPECT_LT(neg, 512 / 2 + 64);
+}
+
+// Every rotation: forward preserves the row norm, inverse(forward(x)) = x, matrix() is R with R·Rᵀ = I,
+// and forward agrees with R·x. Seeded: rows from mt19937 seed 5, T = 7.
+TEST(Transform, RotationsAreOrthogonalAndInvertible) {
+  for (const auto& [name, D] : std::vector<std::pair<std::string, int64_t>>{
+           {"had", 128}, {"had", 576}, {"had32-s9", 96}, {"rot", 32}, {"rot-s4", 64}}) {
+    SCOPED_TRACE(name + " D=" + std::to_string(D) + " T=7 seed=5");
+    const Rotation r = Rotation::make(Transform::parse(name), D);
+    const int64_t T = 7;
+    const std::vector<float> x0 = random_rows(T, D, 5);
+    std::vector<float> x = x0;
+    r.forward(x.data(), T, D);
+    const std::vector<float> R = r.matrix();
+    for (int64_t t = 0; t < T; ++t) {
+      double n0 = 0, n1 = 0;
+      for (int64_t j = 0; j < D; ++j) {
+        n0 += double(x0[t * D + j]) * x0[t * D + j];
+        n1 += double(x[t * D + j]) * x[t * D + j];
+        double rx = 0;
+        for (int64_t k = 0; k < D; ++k) rx += double(R[j * D + k]) * x0[t * D + k];
+        EXPECT_NEAR(rx, x[t * D + j], 1e-5 * std::sqrt(n0 / D) * 4);
+      }
+      EXPECT_NEAR(std::sqrt(n1 / n0), 1.0, 1e-6);
+    }
+    for (int64_t i = 0; i < D; ++i)
+      for (int64_t k = 0; k < D; ++k) {
+        double dot = 0;
+        for (int64_t j = 0; j < D; ++j) dot += double(R[i * D + j]) * R[k * D + j];
+        ASSERT_NEAR(dot, i == k ? 1.0 : 0.0, 1e-6) << "row " << i << " col " << k;
+      }
+    r.inverse(x.data(), T, D);
+    for (size_t i = 0; i < x.size(); ++i) ASSERT_NEAR(x[i], x0[i], 2e-6f * (1 + std::abs(x0[i])));
+  }
+}
+
+TEST(Transform, HaarIsSeededAndNotTheIdentity) {
+  EXPECT_EQ(haar_orthogonal(16, 1), haar_orthogonal(16, 1));
+  EXPECT_NE(haar_orthogonal(16, 1), haar_orthogonal(16, 2));
+  const std::vector<float> R = haar_orthogonal(64, 0);
+  double diag = 0;
+  for (int64_t i = 0; i < 64; ++i) diag += std::abs(R[i * 64 + i]);
+  EXPECT_LT(diag / 64, 0.5);  // E|R_ii| ~ sqrt(2/(pi*64)) = 0.1 for a Haar matrix
+}
+
+TEST(Transform, RotationErrors) {
+  expect_throw_containing([] { Rotation::make(Transform::parse("klt"), 64); }, "fit split");
+  expect_throw_containing([] { Rotation::make(Transform::parse("had"), 100); }, "dimension 100");
+  expect_throw_containing([] { Rotation::dense(4, std::vector<float>(15)); }, "got 15");
+  const Rotation r = Rotation::make(Transform::parse("had"), 64);
+  expect_throw_containing([&] { std::vector<float> x(32); r.forward(x.data(), 1, 32); }, "rows of 64");
+  EXPECT_TRUE(Rotation::make(Transform{}, 64).identity());
+}
