@@ -239,6 +239,21 @@ std::vector<SharingCell> plan_sharing_cells(const StudyConfig& config, const Dum
   return cells;
 }
 
+probes::AttentionQueries attention_queries(const Dump& dump, const Layer& l) {
+  const DumpAttrs& A = dump.attrs;
+  probes::AttentionQueries q;
+  q.dims = {A.num_heads, A.kv_lora_rank, A.qk_nope_head_dim, A.qk_rope_head_dim, A.v_head_dim};
+  q.num_tokens = dump.num_tokens();
+  q.seq_offsets = dump.seq_offsets;
+  q.q_rows = l.q_rows;
+  q.q_nope = l.q_nope;
+  q.q_pe = l.q_pe;
+  q.w_uk = l.w_uk;
+  q.w_uv = l.w_uv;
+  q.softmax_scale = A.softmax_scale;
+  return q;
+}
+
 std::string attention_unavailable_reason(const Dump& dump) {
   if (dump.layers.empty()) return fmt::format("{}: no layer loaded", dump.path.string());
   const Layer& l = dump.layers.front();
@@ -409,17 +424,7 @@ struct ProbeRunner::Impl {
     std::call_once(e.once, [&] {
       const Layer& l = dump.layer(layer);
       if (const std::string why = attention_unavailable_reason(dump); !why.empty()) throw std::invalid_argument(why);
-      const DumpAttrs& A = dump.attrs;
-      probes::AttentionQueries q;
-      q.dims = {A.num_heads, A.kv_lora_rank, A.qk_nope_head_dim, A.qk_rope_head_dim, A.v_head_dim};
-      q.num_tokens = dump.num_tokens();
-      q.seq_offsets = dump.seq_offsets;
-      q.q_rows = l.q_rows;
-      q.q_nope = l.q_nope;
-      q.q_pe = l.q_pe;
-      q.w_uk = l.w_uk;
-      q.w_uv = l.w_uv;
-      q.softmax_scale = A.softmax_scale;
+      const probes::AttentionQueries q = attention_queries(dump, l);
       auto att = std::make_unique<probes::AbsorbedAttention<float>>(q);
       e.queries = q;
       e.ref = att->run(l.c_kv, l.k_pe, true);

@@ -390,16 +390,7 @@ TEST(ProbeRealDump, RotationFoldIsExactAndABrokenFoldFails) {
   ASSERT_EQ(A.qk_rope_head_dim, 32);
   const int64_t T = dump.num_tokens();
   for (const Layer& l : dump.layers) {
-    probes::AttentionQueries q;
-    q.dims = {A.num_heads, A.kv_lora_rank, A.qk_nope_head_dim, A.qk_rope_head_dim, A.v_head_dim};
-    q.num_tokens = T;
-    q.seq_offsets = dump.seq_offsets;
-    q.q_rows = l.q_rows;
-    q.q_nope = l.q_nope;
-    q.q_pe = l.q_pe;
-    q.w_uk = l.w_uk;
-    q.w_uv = l.w_uv;
-    q.softmax_scale = A.softmax_scale;
+    const probes::AttentionQueries q = latentq::attention_queries(dump, l);
     for (const char* name : {"had", "had32-s5", "rot", "rot-s1", "klt"}) {
       SCOPED_TRACE(fmt::format("layer {} transform {} T={}", l.index, name, T));
       const Transform tr = Transform::parse(name);

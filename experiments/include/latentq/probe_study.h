@@ -34,6 +34,7 @@
 
 #include "latentq/batch.h"
 #include "latentq/config.h"
+#include "latentq/probes/attention.h"
 #include "latentq/dump.h"
 #include "latentq/results.h"
 #include "latentq/study.h"
@@ -124,6 +125,10 @@ std::vector<AttentionCell> plan_attention_cells(const StudyConfig& config, const
 
 /// Why the attention groups cannot run on this dump ("" when they can), naming the missing dataset.
 std::string attention_unavailable_reason(const Dump& dump);
+/// The absorbed-attention inputs of one dumped layer (query rows, q_nope, q_pe, W_UK, W_UV, dims,
+/// seq_offsets and softmax_scale of the dump), as the attention probes use them. Views into `dump`:
+/// valid while it lives.
+probes::AttentionQueries attention_queries(const Dump& dump, const Layer& layer);
 
 // ---- columns ------------------------------------------------------------------------------------------
 
