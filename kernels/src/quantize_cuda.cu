@@ -302,19 +302,12 @@ void quantize_device(const QuantSpec& spec, Target target, const float* d_x, int
   LQ_CUDA_CHECK(cudaMemsetAsync(&status->overflow_key, 0xff, sizeof(unsigned long long), stream));
 
   if (L.block_format) {
+    // max|x| (CUB reduce over the finite elements; NaN/Inf are counted by the block kernel): the
+    // per-tensor scale, and whether the decode must be checked for float32 overflow, as on the CPU
+    const float amax = block_amax(ws, d_x, T * D, stream);
     float global = 0.0f;
-    if (L.tensor_bytes > 0) {  // per-tensor scale from max|x| (CUB reduce; max(|min|, |max|) is exact)
-      size_t temp = 0;
-      ws.tensor_stats.resize(1, "per-tensor statistics");
-      LQ_CUDA_CHECK(gd::tensor_stats(nullptr, temp, d_x, T * D, ws.tensor_stats.data(), stream));
-      ws.cub_temp.resize(std::max<size_t>(temp, 1), "CUB temporary storage");
-      LQ_CUDA_CHECK(gd::tensor_stats(ws.cub_temp.data(), temp, d_x, T * D, ws.tensor_stats.data(), stream));
-      gpu::TensorStats ts{};
-      LQ_CUDA_CHECK(cudaMemcpyAsync(&ts, ws.tensor_stats.data(), sizeof ts, cudaMemcpyDeviceToHost, stream));
-      LQ_CUDA_CHECK(cudaStreamSynchronize(stream));
-      if (ts.nonfinite) throw std::invalid_argument(nonfinite_message(static_cast<int64_t>(ts.nonfinite), T, D));
-      global = qmath::global_scale(L.desc.kind, qmath::max_num(qmath::abs_f(ts.mn), qmath::abs_f(ts.mx)),
-                                   st.rule == ScaleRule::Unit);
+    if (L.tensor_bytes > 0) {
+      global = qmath::global_scale(L.desc.kind, amax, st.rule == ScaleRule::Unit);
       out.global.assign(4, 0);
       qmath::store_dtype(out.global.data(), global, ScaleDtype::F32);
     }
@@ -323,9 +316,7 @@ void quantize_device(const QuantSpec& spec, Target target, const float* d_x, int
                       out.codes.data(), out.scales.data(), out.offsets.data(), status};
     LQ_CUDA_CHECK(gd::launch_quantize_blocks(ba, stream));
     finish(out, d_x, stream);
-    // the CPU reference's decode check for matrices near float32's range (rare: one reduction)
-    const float amax = block_amax(ws, d_x, T * D, stream);
-    if (amax >= kDecodeCheckAmax) {
+    if (amax >= kDecodeCheckAmax) {  // rare: the CPU reference's decode check on the host
       const QuantizedTensor h = to_host(out, stream);
       std::vector<float> x(static_cast<size_t>(T * D));
       LQ_CUDA_CHECK(cudaMemcpy(x.data(), d_x, x.size() * sizeof(float), cudaMemcpyDeviceToHost));

@@ -228,10 +228,11 @@ QuantizedTensor quantize(const QuantSpec& spec_in, Target target, const float* X
     return qt;
   }
   if (L.block_format) {
+    // max|x| of the matrix: the per-tensor scale, and whether the decode must be checked for overflow
+    float amax = 0.0f;
+    for (int64_t i = 0; i < T * D; ++i) amax = q::max_num(amax, q::abs_f(X[i]));
     float global = 0.0f;
-    if (L.tensor_bytes > 0) {  // the per-tensor scale from max|x| over the whole matrix
-      float amax = 0.0f;
-      for (int64_t i = 0; i < T * D; ++i) amax = q::max_num(amax, q::abs_f(X[i]));
+    if (L.tensor_bytes > 0) {
       global = q::global_scale(L.desc.kind, amax, spec.rule == ScaleRule::Unit);
       qt.global.assign(4, 0);
       q::store_dtype(qt.global.data(), global, ScaleDtype::F32);
@@ -249,8 +250,6 @@ QuantizedTensor quantize(const QuantSpec& spec_in, Target target, const float* X
         if (st.overflow)
           throw std::invalid_argument(overflow_message(spec, st.overflow_offset ? "offset" : "scale", st.raw, group_name(qt, gi)));
       }
-    float amax = 0.0f;
-    for (int64_t i = 0; i < T * D; ++i) amax = q::max_num(amax, q::abs_f(X[i]));
     if (amax >= kDecodeCheckAmax) check_decodable(qt, X);
     return qt;
   }
@@ -516,7 +515,7 @@ std::vector<uint8_t> pack_record(const QuantSpec& preset, const QuantizedTensor&
     };
     switch (P.order) {
       case RecordOrder::CodesScalesRope: put(ckv.codes, cb); put(ckv.scales, cs); put(kpe.codes, kb); put(kpe.scales, ks); break;
-      case RecordOrder::CodesRopeScalesPad8: put(ckv.codes, cb); put(kpe.codes, kb); put(ckv.scales, cs); put(kpe.scales, ks); break;
+      case RecordOrder::CodesRopeScalesPad8:  // k_pe is bf16 there (no scales); the pad stays zero
       case RecordOrder::CodesCodesScalesScales: put(ckv.codes, cb); put(kpe.codes, kb); put(ckv.scales, cs); put(kpe.scales, ks); break;
     }
     assert(o <= out.data() + (t + 1) * R);
