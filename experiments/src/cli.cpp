@@ -27,6 +27,7 @@
 #include "latentq/regress.h"
 #include "latentq/results.h"
 #include "latentq/study.h"
+#include "latentq/synth.h"
 #include "latentq/util.h"
 
 namespace latentq {
@@ -230,6 +231,51 @@ int cmd_regress(const std::string& results, const std::string& thresholds, std::
   return kExitOk;
 }
 
+struct SynthArgs {
+  std::string preset, out;
+  int64_t layers = 0, seqs = 2, seq_len = 512, query_rows = 32;
+  uint64_t seed = 0;
+  bool list = false;
+};
+
+std::string format_presets() {
+  std::string s = fmt::format("{:<17} {:>6} {:>5} {:>5} {:>4} {:>5} {:>4} {:>9} {:<11} {:>9}  {}\n", "preset", "layers",
+                              "heads", "r", "rope", "nope", "v", "theta", "layout", "scale", "checkpoint");
+  for (const ModelShape& m : model_presets())
+    s += fmt::format("{:<17} {:>6} {:>5} {:>5} {:>4} {:>5} {:>4} {:>9.0f} {:<11} {:>9.7f}  {}\n", m.name, m.num_layers,
+                     m.num_heads, m.kv_lora_rank, m.qk_rope_head_dim, m.qk_nope_head_dim, m.v_head_dim, m.rope_theta,
+                     m.rope_layout, m.softmax_scale, m.model);
+  return s;
+}
+
+// `latentq synth`: a synthetic dump of a preset's shape (latentq/synth.h), layer by layer.
+int cmd_synth(const SynthArgs& a, std::ostream& out) {
+  if (a.list) {
+    out << format_presets();
+    return kExitOk;
+  }
+  if (a.preset.empty()) throw std::invalid_argument("synth: --preset is required (--list shows the presets)");
+  if (a.out.empty()) throw std::invalid_argument("synth: --out is required");
+  SynthOptions o;
+  o.shape = find_preset(a.preset);
+  if (a.layers != 0) o.shape.num_layers = a.layers;
+  o.seqs = a.seqs;
+  o.seq_len = a.seq_len;
+  o.query_rows = a.query_rows;
+  o.seed = a.seed;
+  validate(o);
+  const ModelShape& m = o.shape;
+  const double layer_bytes = 4.0 * static_cast<double>(o.seqs * o.seq_len * (m.kv_lora_rank + m.qk_rope_head_dim) +
+                                                       o.query_rows * m.num_heads * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim) +
+                                                       m.num_heads * (m.qk_nope_head_dim + m.v_head_dim) * m.kv_lora_rank);
+  out << fmt::format("synth {}: {} layers, {} x {} tokens, {} query rows, seed {}: {:.1f} MiB per layer, {:.1f} MiB in all\n",
+                     m.name, m.num_layers, o.seqs, o.seq_len, o.query_rows, o.seed, layer_bytes / 1048576.0,
+                     layer_bytes * static_cast<double>(m.num_layers) / 1048576.0);
+  write_synth_dump(a.out, o);
+  out << "dump: " << fs::absolute(a.out).lexically_normal().string() << "\n";
+  return kExitOk;
+}
+
 struct PlanArgs {
   std::string results, out, objective = "kl";
   double budget = 0;
@@ -341,6 +387,20 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
       ->check(CLI::IsMember({"kl", "mse"}));
   plan->add_option("--out", pa.out, "the study config to write (TOML)")->required();
 
+  SynthArgs sa;
+  CLI::App* synth = app.add_subcommand(
+      "synth", "Write a synthetic latentq-dump/1 file with a real model's MLA shape (low-rank RMS-normalized c_kv "
+               "with outlier channels, RoPE'd k_pe, queries, W_UK/W_UV, exact attn_out), one layer at a time");
+  synth->add_option("--preset", sa.preset, "tiny-mla, deepseek-v2-lite, deepseek-v3, glm-4.7-flash or minicpm3-4b");
+  synth->add_flag("--list", sa.list, "print the presets' dims and exit");
+  synth->add_option("--layers", sa.layers, "number of layers (default: the preset's)")->check(CLI::PositiveNumber);
+  synth->add_option("--seqs", sa.seqs, "number of sequences (default 2)")->check(CLI::PositiveNumber);
+  synth->add_option("--seq-len", sa.seq_len, "tokens per sequence (default 512)")->check(CLI::PositiveNumber);
+  synth->add_option("--query-rows", sa.query_rows, "query rows per layer (default 32; attn_out costs Tq x H x T x r)")
+      ->check(CLI::PositiveNumber);
+  synth->add_option("--seed", sa.seed, "random seed (default 0)");
+  synth->add_option("--out", sa.out, "the dump to write (HDF5; written to a temporary file and renamed)");
+
   std::vector<const char*> argv;
   for (const auto& s : args) argv.push_back(s.c_str());
   try {
@@ -358,6 +418,7 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
     if (merge->parsed()) return cmd_merge(ma, out, err);
     if (regress->parsed()) return cmd_regress(reg_results, reg_thresholds, out);
     if (plan->parsed()) return cmd_plan(pa, out);
+    if (synth->parsed()) return cmd_synth(sa, out);
   } catch (const std::invalid_argument& e) {
     err << "latentq: error: " << e.what() << "\n";
     return kExitUserError;
