@@ -7,7 +7,10 @@
 #include <iterator>
 #include <cassert>
 #include <cstring>
+#include <atomic>
+#include <exception>
 #include <string>
+#include <thread>
 
 namespace latentq {
 namespace q = qmath;
@@ -95,7 +98,447 @@ void unpack_row(const uint8_t* in, int64_t D, int bits, uint8_t* u) {
   for (int64_t i = full * per; i < D; ++i) u[i] = static_cast<uint8_t>((in[i / per] >> (bits * (i % per))) & mask);
 }
 
+
+// ---- the fused integer kernels (CpuKernel::Baseline / Avx2) --------------------------------------
+// One source, compiled twice: int_quantize_body / int_dequantize_body and everything they call are
+// always_inline, so the Avx2 wrappers (target("avx2")) vectorize all of it with 32-byte vectors and
+// the Baseline wrappers with the baseline ISA. They compute exactly the reference's values:
+//   * min/max: a fold m = min_num(m, x) over finite floats has the same value in any order; only the
+//     sign of a zero extremum depends on the order (min_num keeps the first of two equal values), and
+//     the reference's left-to-right fold gives the FIRST zero of the span in that case (every element
+//     before it is > 0 for a min, < 0 for a max), which first_zero() restores;
+//   * encoding and decoding call qmath.h's encode_*/decode_* per element, as the reference does;
+//   * NaN/Inf: each pass ORs a per-element exponent-all-ones flag; quantize() then throws the reference's
+//     message (with the whole-matrix count) before any other error the same input would give.
+#define LQ_AI [[gnu::always_inline]] inline
+
+LQ_AI uint32_t nonfinite_bit(float x) { return (q::f32_bits(x) & 0x7f800000u) == 0x7f800000u ? 1u : 0u; }
+
+LQ_AI float first_zero(const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    if (x[i] == 0.0f) return x[i];
+  return 0.0f;  // unreachable when called with a zero extremum
+}
+
+// min and max of x[0, n) as the reference fold from m = x[0] gives them; returns 1 if any is NaN/Inf.
+// Eight lanes in GCC/Clang vector types (the compiler does not vectorize a float min/max reduction
+// with min_num's select semantics by itself): lane k folds x[k], x[k+8], ...; the lanes are then
+// folded in order, and a zero extremum takes the sign of the span's first zero (see above).
+typedef float LqF8 __attribute__((vector_size(32)));
+typedef int32_t LqI8 __attribute__((vector_size(32)));
+LQ_AI uint32_t minmax_span(const float* __restrict x, int64_t n, float& mn_out, float& mx_out) {
+  float mn = x[0], mx = x[0];
+  uint32_t bad = 0;
+  int64_t i = 0;
+  if (n >= 16) {
+    LqF8 a, b;
+    std::memcpy(&a, x, sizeof a);
+    b = a;
+    LqI8 f = {0, 0, 0, 0, 0, 0, 0, 0};
+    const LqI8 expo = {0x7f800000, 0x7f800000, 0x7f800000, 0x7f800000, 0x7f800000, 0x7f800000, 0x7f800000, 0x7f800000};
+    for (; i + 8 <= n; i += 8) {
+      LqF8 v;
+      LqI8 bits;
+      std::memcpy(&v, x + i, sizeof v);
+      std::memcpy(&bits, x + i, sizeof bits);
+      a = v < a ? v : a;  // min_num(a, v) lane-wise
+      b = v > b ? v : b;  // max_num(b, v)
+      f |= (bits & expo) == expo;
+    }
+    for (int k = 0; k < 8; ++k) {
+      mn = q::min_num(mn, a[k]);
+      mx = q::max_num(mx, b[k]);
+      bad |= f[k] != 0 ? 1u : 0u;
+    }
+  }
+  for (; i < n; ++i) {
+    mn = q::min_num(mn, x[i]);
+    mx = q::max_num(mx, x[i]);
+    bad |= nonfinite_bit(x[i]);
+  }
+  if (mn == 0.0f) mn = first_zero(x, n);
+  if (mx == 0.0f) mx = first_zero(x, n);
+  mn_out = mn;
+  mx_out = mx;
+  return bad;
+}
+
+// Per-column min/max over rows [t0, t1) of X [*, D] (the per-channel group statistics): the same
+// left-to-right fold per column as the reference; returns 1 if any element is NaN/Inf.
+LQ_AI uint32_t minmax_cols(const float* __restrict X, int64_t t0, int64_t t1, int64_t D, float* __restrict mn,
+                           float* __restrict mx) {
+  uint32_t bad = 0;
+  const float* x0 = X + t0 * D;
+  for (int64_t d = 0; d < D; ++d) {
+    mn[d] = mx[d] = x0[d];
+    bad |= nonfinite_bit(x0[d]);
+  }
+  for (int64_t t = t0 + 1; t < t1; ++t) {
+    const float* __restrict x = X + t * D;
+    for (int64_t d = 0; d < D; ++d) {
+      mn[d] = q::min_num(mn[d], x[d]);
+      mx[d] = q::max_num(mx[d], x[d]);
+      bad |= nonfinite_bit(x[d]);
+    }
+  }
+  return bad;
+}
+
+LQ_AI void enc_uniform(const float* __restrict x, int64_t n, float s, float o, bool sym, int bits, uint8_t* __restrict u) {
+  if (sym)
+    for (int64_t i = 0; i < n; ++i) u[i] = static_cast<uint8_t>(q::encode_sym(x[i], s, bits));
+  else
+    for (int64_t i = 0; i < n; ++i) u[i] = static_cast<uint8_t>(q::encode_asym(x[i], s, o, bits));
+}
+
+LQ_AI void enc_columns(const float* __restrict x, int64_t n, const float* __restrict s, const float* __restrict o, bool sym,
+                       int bits, uint8_t* __restrict u) {
+  if (sym)
+    for (int64_t i = 0; i < n; ++i) u[i] = static_cast<uint8_t>(q::encode_sym(x[i], s[i], bits));
+  else
+    for (int64_t i = 0; i < n; ++i) u[i] = static_cast<uint8_t>(q::encode_asym(x[i], s[i], o[i], bits));
+}
+
+// The reference's pack_row / unpack_row, always inlined (their loops then vectorize in the caller's ISA).
+LQ_AI void pack_row_ai(const uint8_t* __restrict u, int64_t D, int bits, uint8_t* __restrict out) {
+  const int64_t nb = q::packed_row_bytes(D, bits);
+  if (bits == 8) {
+    std::memcpy(out, u, static_cast<size_t>(D));
+    return;
+  }
+  const int per = 8 / bits;
+  const int64_t full = D / per;
+  if (bits == 4) {
+    for (int64_t k = 0; k < full; ++k) out[k] = static_cast<uint8_t>(u[2 * k] | (u[2 * k + 1] << 4));
+  } else {
+    for (int64_t k = 0; k < full; ++k)
+      out[k] = static_cast<uint8_t>(u[4 * k] | (u[4 * k + 1] << 2) | (u[4 * k + 2] << 4) | (u[4 * k + 3] << 6));
+  }
+  if (full < nb) {
+    uint8_t b = 0;
+    for (int64_t j = 0; full * per + j < D; ++j) b = static_cast<uint8_t>(b | (u[full * per + j] << (bits * j)));
+    out[full] = b;
+  }
+}
+
+LQ_AI void unpack_row_ai(const uint8_t* __restrict in, int64_t D, int bits, uint8_t* __restrict u) {
+  if (bits == 8) {
+    std::memcpy(u, in, static_cast<size_t>(D));
+    return;
+  }
+  const int per = 8 / bits;
+  const int64_t full = D / per;
+  if (bits == 4) {
+    for (int64_t k = 0; k < full; ++k) {
+      u[2 * k] = static_cast<uint8_t>(in[k] & 0xf);
+      u[2 * k + 1] = static_cast<uint8_t>(in[k] >> 4);
+    }
+  } else {
+    for (int64_t k = 0; k < full; ++k) {
+      u[4 * k] = static_cast<uint8_t>(in[k] & 3);
+      u[4 * k + 1] = static_cast<uint8_t>((in[k] >> 2) & 3);
+      u[4 * k + 2] = static_cast<uint8_t>((in[k] >> 4) & 3);
+      u[4 * k + 3] = static_cast<uint8_t>(in[k] >> 6);
+    }
+  }
+  const uint8_t mask = static_cast<uint8_t>((1 << bits) - 1);
+  for (int64_t i = full * per; i < D; ++i) u[i] = static_cast<uint8_t>((in[i / per] >> (bits * (i % per))) & mask);
+}
+
+LQ_AI void dec_uniform(const uint8_t* __restrict u, int64_t n, float s, float o, bool sym, int bits, float* __restrict out) {
+  if (sym)
+    for (int64_t i = 0; i < n; ++i) out[i] = q::decode_sym(u[i], s, bits);
+  else
+    for (int64_t i = 0; i < n; ++i) out[i] = q::decode_asym(u[i], s, o);
+}
+
+LQ_AI void dec_columns(const uint8_t* __restrict u, int64_t n, const float* __restrict s, const float* __restrict o, bool sym,
+                       int bits, float* __restrict out) {
+  if (sym)
+    for (int64_t i = 0; i < n; ++i) out[i] = q::decode_sym(u[i], s[i], bits);
+  else
+    for (int64_t i = 0; i < n; ++i) out[i] = q::decode_asym(u[i], s[i], o[i]);
+}
+
 }  // namespace
+
+// What one call of the fused integer kernel does: rows (tensor, token) or token groups (channel)
+// [begin, end) of an already laid-out QuantizedTensor.
+struct IntJob {
+  QuantizedTensor* qt;
+  const float* X;
+  int64_t begin, end;
+  float tensor_scale, tensor_offset;  // per-tensor: the stored parameters
+};
+
+namespace {
+
+// Stored (scale, offset) of a group, as group_params, writing them into the tensor.
+LQ_AI q::ScaleOffset put_group(QuantizedTensor& qt, float mn, float mx, int64_t gi, bool asym) {
+  const q::ScaleOffset p = group_params(qt, mn, mx, gi);
+  put_scale(qt.scales, gi, p.scale, qt.spec.scale_dtype);
+  if (asym) put_scale(qt.offsets, gi, p.offset, qt.spec.scale_dtype);
+  return p;
+}
+
+// Quantize the job's range; returns 1 if a NaN/Inf was seen (the caller throws).
+LQ_AI uint32_t int_quantize_body(const IntJob& job) {
+  QuantizedTensor& qt = *job.qt;
+  const QuantSpec& spec = qt.spec;
+  const bool sym = spec.scheme == Scheme::Sym, asym = !sym;
+  const int bits = spec.bits;
+  const int64_t D = qt.cols, rb = qt.row_bytes();
+  const float* X = job.X;
+  uint8_t* codes = qt.codes.data();
+  uint32_t bad = 0;
+  std::vector<uint8_t> u(static_cast<size_t>(D));
+  switch (spec.granularity) {
+    case Granularity::Tensor:
+      for (int64_t t = job.begin; t < job.end; ++t) {
+        enc_uniform(X + t * D, D, job.tensor_scale, job.tensor_offset, sym, bits, u.data());
+        pack_row_ai(u.data(), D, bits, codes + t * rb);
+      }
+      break;
+    case Granularity::Channel: {
+      std::vector<float> mn(static_cast<size_t>(D)), mx(static_cast<size_t>(D)), sc(static_cast<size_t>(D)),
+          of(static_cast<size_t>(D), 0.0f);
+      for (int64_t g = job.begin; g < job.end; ++g) {
+        const int64_t t0 = qt.group_bounds[static_cast<size_t>(g)], t1 = qt.group_bounds[static_cast<size_t>(g) + 1];
+        bad |= minmax_cols(X, t0, t1, D, mn.data(), mx.data());
+        if (bad) return bad;
+        for (int64_t d = 0; d < D; ++d) {
+          const q::ScaleOffset p = put_group(qt, mn[static_cast<size_t>(d)], mx[static_cast<size_t>(d)], g * D + d, asym);
+          sc[static_cast<size_t>(d)] = p.scale;
+          of[static_cast<size_t>(d)] = p.offset;
+        }
+        for (int64_t t = t0; t < t1; ++t) {
+          enc_columns(X + t * D, D, sc.data(), of.data(), sym, bits, u.data());
+          pack_row_ai(u.data(), D, bits, codes + t * rb);
+        }
+      }
+      break;
+    }
+    case Granularity::Token: {
+      const int64_t nt = qt.scales_per_row(), g = qt.row_group();
+      for (int64_t t = job.begin; t < job.end; ++t) {
+        const float* x = X + t * D;
+        for (int64_t j = 0; j < nt; ++j) {
+          const int64_t d0 = j * g, d1 = std::min(D, d0 + g);
+          float mn, mx;
+          bad |= minmax_span(x + d0, d1 - d0, mn, mx);
+          if (bad) return bad;
+          const q::ScaleOffset p = put_group(qt, mn, mx, t * nt + j, asym);
+          enc_uniform(x + d0, d1 - d0, p.scale, p.offset, sym, bits, u.data() + d0);
+        }
+        pack_row_ai(u.data(), D, bits, codes + t * rb);
+      }
+      break;
+    }
+  }
+  return bad;
+}
+
+struct DecJob {
+  const QuantizedTensor* qt;
+  float* out;
+  int64_t begin, end;  // rows (tensor, token) or token groups (channel)
+};
+
+LQ_AI void int_dequantize_body(const DecJob& job) {
+  const QuantizedTensor& qt = *job.qt;
+  const bool sym = qt.spec.scheme == Scheme::Sym;
+  const int bits = qt.spec.bits;
+  const int64_t D = qt.cols, rb = qt.row_bytes();
+  std::vector<uint8_t> u(static_cast<size_t>(D));
+  switch (qt.spec.granularity) {
+    case Granularity::Tensor: {
+      const float s = qt.scale_at(0), o = sym ? 0.0f : qt.offset_at(0);
+      for (int64_t t = job.begin; t < job.end; ++t) {
+        unpack_row_ai(qt.codes.data() + t * rb, D, bits, u.data());
+        dec_uniform(u.data(), D, s, o, sym, bits, job.out + t * D);
+      }
+      return;
+    }
+    case Granularity::Channel: {
+      std::vector<float> sc(static_cast<size_t>(D)), of(static_cast<size_t>(D), 0.0f);
+      for (int64_t g = job.begin; g < job.end; ++g) {
+        for (int64_t d = 0; d < D; ++d) {
+          sc[static_cast<size_t>(d)] = qt.scale_at(g * D + d);
+          if (!sym) of[static_cast<size_t>(d)] = qt.offset_at(g * D + d);
+        }
+        for (int64_t t = qt.group_bounds[static_cast<size_t>(g)]; t < qt.group_bounds[static_cast<size_t>(g) + 1]; ++t) {
+          unpack_row_ai(qt.codes.data() + t * rb, D, bits, u.data());
+          dec_columns(u.data(), D, sc.data(), of.data(), sym, bits, job.out + t * D);
+        }
+      }
+      return;
+    }
+    case Granularity::Token: {
+      const int64_t nt = qt.scales_per_row(), g = qt.row_group();
+      for (int64_t t = job.begin; t < job.end; ++t) {
+        unpack_row_ai(qt.codes.data() + t * rb, D, bits, u.data());
+        for (int64_t j = 0; j < nt; ++j) {
+          const int64_t d0 = j * g, d1 = std::min(D, d0 + g);
+          dec_uniform(u.data() + d0, d1 - d0, qt.scale_at(t * nt + j), sym ? 0.0f : qt.offset_at(t * nt + j), sym, bits,
+                      job.out + t * D + d0);
+        }
+      }
+      return;
+    }
+  }
+}
+
+uint32_t int_quantize_baseline(const IntJob& job) { return int_quantize_body(job); }
+void int_dequantize_baseline(const DecJob& job) { int_dequantize_body(job); }
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define LQ_HAVE_AVX2_KERNEL 1
+__attribute__((target("avx2"))) uint32_t int_quantize_avx2(const IntJob& job) { return int_quantize_body(job); }
+__attribute__((target("avx2"))) void int_dequantize_avx2(const DecJob& job) { int_dequantize_body(job); }
+#else
+#define LQ_HAVE_AVX2_KERNEL 0
+#endif
+
+std::atomic<int> g_kernel{static_cast<int>(CpuKernel::Auto)};
+std::atomic<int> g_threads{1};
+
+bool cpu_has_avx2() {
+#if LQ_HAVE_AVX2_KERNEL
+  return __builtin_cpu_supports("avx2");
+#else
+  return false;
+#endif
+}
+
+// Runs fn(begin, end) over [0, n) split into `threads` contiguous ranges (the calling thread takes the
+// first); rethrows the exception of the lowest range that threw (the first error in row order).
+template <class Fn>
+void split_ranges(int64_t n, int threads, Fn&& fn) {
+  threads = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, n)));
+  if (threads == 1) {
+    fn(int64_t{0}, n);
+    return;
+  }
+  std::vector<std::exception_ptr> err(static_cast<size_t>(threads));
+  std::vector<std::thread> pool;
+  auto run = [&](int i) {
+    try {
+      fn(n * i / threads, n * (i + 1) / threads);
+    } catch (...) {
+      err[static_cast<size_t>(i)] = std::current_exception();
+    }
+  };
+  for (int i = 1; i < threads; ++i) pool.emplace_back(run, i);
+  run(0);
+  for (std::thread& th : pool) th.join();
+  for (const std::exception_ptr& e : err)
+    if (e) std::rethrow_exception(e);
+}
+
+constexpr int64_t kThreadMinElems = int64_t{1} << 20;
+
+// The fused integer quantize (CpuKernel Baseline / Avx2).
+QuantizedTensor quantize_int_fast(const QuantSpec& spec_in, Target target, const float* X, int64_t T, int64_t D,
+                                  std::span<const int64_t> seq_offsets, CpuKernel kernel) {
+  QuantizedTensor qt;
+  uint32_t bad = 0;
+  try {
+    validate_spec_fields(spec_in);
+    validate_seq_offsets(seq_offsets, T);
+    qt.spec = spec_in.stored_for(target);
+    const QuantSpec& spec = qt.spec;
+    (void)latentq::layout(spec, D);
+    qt.rows = T;
+    qt.cols = D;
+    qt.codes.assign(static_cast<size_t>(T * qt.row_bytes()), 0);
+    const bool asym = spec.scheme == Scheme::Asym;
+    const int64_t sb = q::scale_dtype_bytes(spec.scale_dtype);
+    IntJob job{&qt, X, 0, 0, 0.0f, 0.0f};
+    int64_t n = T;
+    const int threads = T * D >= kThreadMinElems ? g_threads.load() : 1;
+    switch (spec.granularity) {
+      case Granularity::Tensor: {
+        std::vector<float> mns(static_cast<size_t>(threads)), mxs(static_cast<size_t>(threads));
+        std::vector<uint32_t> bads(static_cast<size_t>(threads), 0);
+        std::vector<int64_t> starts(static_cast<size_t>(threads));
+        // statistics of contiguous element ranges, then the reference's fold over the range results in order
+        split_ranges(threads, threads, [&](int64_t i0, int64_t i1) {
+          for (int64_t i = i0; i < i1; ++i) {
+            const int64_t e0 = T * D * i / threads, e1 = T * D * (i + 1) / threads;
+            starts[static_cast<size_t>(i)] = e0;
+            bads[static_cast<size_t>(i)] = e1 > e0 ? minmax_span(X + e0, e1 - e0, mns[static_cast<size_t>(i)], mxs[static_cast<size_t>(i)]) : 0;
+            if (e1 == e0) mns[static_cast<size_t>(i)] = mxs[static_cast<size_t>(i)] = X[0];
+          }
+        });
+        float mn = X[0], mx = X[0];
+        for (int i = 0; i < threads; ++i) {
+          bad |= bads[static_cast<size_t>(i)];
+          mn = q::min_num(mn, mns[static_cast<size_t>(i)]);  // the first zero wins ties, as in one fold
+          mx = q::max_num(mx, mxs[static_cast<size_t>(i)]);
+        }
+        if (bad) break;
+        const q::ScaleOffset p = group_params(qt, mn, mx, 0);
+        qt.scales.assign(static_cast<size_t>(sb), 0);
+        put_scale(qt.scales, 0, p.scale, spec.scale_dtype);
+        if (asym) {
+          qt.offsets.assign(static_cast<size_t>(sb), 0);
+          put_scale(qt.offsets, 0, p.offset, spec.scale_dtype);
+        }
+        job.tensor_scale = p.scale;
+        job.tensor_offset = p.offset;
+        break;
+      }
+      case Granularity::Channel: {
+        qt.group_bounds = channel_groups(seq_offsets, T, spec.group_size);
+        n = static_cast<int64_t>(qt.group_bounds.size()) - 1;
+        qt.scales.assign(static_cast<size_t>(n * D * sb), 0);
+        if (asym) qt.offsets.assign(static_cast<size_t>(n * D * sb), 0);
+        break;
+      }
+      case Granularity::Token: {
+        const int64_t nt = qt.scales_per_row();
+        qt.scales.assign(static_cast<size_t>(T * nt * sb), 0);
+        if (asym) qt.offsets.assign(static_cast<size_t>(T * nt * sb), 0);
+        break;
+      }
+    }
+    if (!bad) {
+      std::atomic<uint32_t> any_bad{0};
+      split_ranges(n, threads, [&](int64_t b, int64_t e) {
+        IntJob j = job;
+        j.begin = b;
+        j.end = e;
+#if LQ_HAVE_AVX2_KERNEL
+        const uint32_t r = kernel == CpuKernel::Avx2 ? int_quantize_avx2(j) : int_quantize_baseline(j);
+#else
+        const uint32_t r = int_quantize_baseline(j);
+#endif
+        any_bad.fetch_or(r);
+      });
+      bad |= any_bad.load();
+    }
+  } catch (...) {
+    // the reference checks NaN/Inf before anything else: the same input gives the same error
+    if (const int64_t c = count_nonfinite(X, T * D)) throw std::invalid_argument(nonfinite_message(c, T, D));
+    throw;
+  }
+  if (bad) throw std::invalid_argument(nonfinite_message(count_nonfinite(X, T * D), T, D));
+  return qt;
+}
+
+}  // namespace
+
+void set_cpu_kernel(CpuKernel k) {
+  if (k == CpuKernel::Avx2 && !cpu_has_avx2())
+    throw std::invalid_argument("set_cpu_kernel: this CPU or build has no AVX2 kernel");
+  g_kernel.store(static_cast<int>(k));
+}
+CpuKernel active_cpu_kernel() {
+  const auto k = static_cast<CpuKernel>(g_kernel.load());
+  if (k != CpuKernel::Auto) return k;
+  return cpu_has_avx2() ? CpuKernel::Avx2 : CpuKernel::Baseline;
+}
+void set_cpu_threads(int n) { g_threads.store(std::max(1, n)); }
+int cpu_threads() { return g_threads.load(); }
 
 int64_t QuantizedTensor::row_bytes() const {
   return spec.format == Format::BF16 ? 2 * cols : layout().row_code_bytes;
@@ -205,6 +648,9 @@ QuantizedTensor quantize(const QuantSpec& spec_in, Target target, const float* X
                          std::span<const int64_t> seq_offsets) {
   if (T <= 0 || D <= 0)
     throw std::invalid_argument("cannot quantize an empty matrix [" + std::to_string(T) + ", " + std::to_string(D) + "]");
+  if (spec_in.format == Format::Int)
+    if (const CpuKernel k = active_cpu_kernel(); k != CpuKernel::Reference)
+      return quantize_int_fast(spec_in, target, X, T, D, seq_offsets, k);
   if (const int64_t bad = count_nonfinite(X, T * D)) throw std::invalid_argument(nonfinite_message(bad, T, D));
   validate_spec_fields(spec_in);
   validate_seq_offsets(seq_offsets, T);
@@ -371,6 +817,18 @@ void dequantize(const QuantizedTensor& qt, float* out) {
         q::dequantize_block(L.desc, qt.codes.data() + t * rb + d0 * L.code_bits / 8, sb ? qt.scales.data() + gi * sb : nullptr,
                             L.offsets ? qt.offsets.data() + gi * sb : nullptr, global, static_cast<int>(n), out + t * D + d0);
       }
+    return;
+  }
+  if (const CpuKernel k = active_cpu_kernel(); k != CpuKernel::Reference) {
+    const int64_t n = spec.granularity == Granularity::Channel ? static_cast<int64_t>(qt.group_bounds.size()) - 1 : T;
+    const int threads = T * D >= kThreadMinElems ? g_threads.load() : 1;
+    split_ranges(n, threads, [&](int64_t b, int64_t e) {
+      const DecJob job{&qt, out, b, e};
+#if LQ_HAVE_AVX2_KERNEL
+      if (k == CpuKernel::Avx2) return int_dequantize_avx2(job);
+#endif
+      int_dequantize_baseline(job);
+    });
     return;
   }
   const bool sym = spec.scheme == Scheme::Sym;

@@ -105,6 +105,29 @@ void dequantize(const QuantizedTensor& q, float* out);
 QuantizedTensor quantize_dequantize(const QuantSpec& spec, Target target, const float* X, int64_t T, int64_t D,
                                     std::span<const int64_t> seq_offsets, float* out);
 
+/// Which CPU code runs the integer formats (int{8,4,2}-{sym,asym}-{tensor,channel,token}) in quantize()
+/// and dequantize(). All three give the same bytes (tests/quant/test_cpu_kernels.cpp checks it byte for
+/// byte); every other format always runs the reference loops.
+///   Reference  the plain loops: one pass for NaN/Inf, one for the statistics, one to encode.
+///   Baseline   the fused loops (statistics, NaN/Inf flag and encoding of a group while it is in cache;
+///              eight-lane min/max reductions), compiled for the baseline ISA (x86-64: SSE2).
+///   Avx2       the same source compiled with __attribute__((target("avx2"))) (x86-64 only).
+/// Auto (the default) picks Avx2 when the CPU has it (__builtin_cpu_supports), else Baseline.
+/// Element math is qmath.h's in all of them: IEEE float32 +, −, ×, / rounded one by one (vector
+/// division is IEEE division; -ffp-contract=off, no FMA), RNE by the 1.5·2^23 trick.
+enum class CpuKernel : uint8_t { Auto = 0, Reference = 1, Baseline = 2, Avx2 = 3 };
+/// Select the kernel for this process (tests and benchmarks). Throws std::invalid_argument for Avx2
+/// on a CPU (or a build) without it.
+void set_cpu_kernel(CpuKernel k);
+/// The kernel integer quantize()/dequantize() run now (Auto resolved).
+CpuKernel active_cpu_kernel();
+/// Worker threads of integer quantize()/dequantize() on matrices of at least 2^20 elements (default 1:
+/// the study runs cells in parallel already). Rows (tensor, token) or token groups (channel) are split
+/// into contiguous ranges; the bytes do not depend on it, and an error is the one the first failing
+/// group in row order raises. n < 1 is taken as 1.
+void set_cpu_threads(int n);
+int cpu_threads();
+
 /// Block formats whose scale can exceed float32's range when multiplied by a code (FlashMLA's
 /// power-of-two ceiling, MX's shared exponent) are checked when the matrix's max|x| reaches this:
 /// a decoded value of ±inf is refused (overflow_message "value"), never stored.

@@ -1,0 +1,182 @@
+// The fused integer kernels (CpuKernel::Baseline, CpuKernel::Avx2, and both with 2 threads) against the
+// reference loops (CpuKernel::Reference), byte for byte: codes, scales, offsets, group bounds, decoded
+// floats (bit patterns), and the exception message for bad input. Random inputs with fixed seeds (the
+// seed, spec and shape are printed on failure) and edge inputs (signed zeros, constant groups, ties
+// at half steps, subnormals, fp16 overflow, NaN/Inf at every position class).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "latentq/quantize.h"
+
+namespace {
+using namespace latentq;
+
+struct Result {
+  std::optional<QuantizedTensor> q;
+  std::vector<uint32_t> decoded;  // bit patterns
+  std::string error;
+};
+
+Result run(CpuKernel k, int threads, const std::string& spec, const std::vector<float>& x, int64_t T, int64_t D,
+           const std::vector<int64_t>& seqs) {
+  set_cpu_kernel(k);
+  set_cpu_threads(threads);
+  Result r;
+  try {
+    r.q = quantize(QuantSpec::parse(spec), Target::CKV, x.data(), T, D, seqs);
+    std::vector<float> out(static_cast<size_t>(T * D));
+    dequantize(*r.q, out.data());
+    r.decoded.resize(out.size());
+    std::memcpy(r.decoded.data(), out.data(), out.size() * 4);
+  } catch (const std::invalid_argument& e) {
+    r.error = e.what();
+  }
+  set_cpu_kernel(CpuKernel::Auto);
+  set_cpu_threads(1);
+  return r;
+}
+
+std::vector<std::pair<CpuKernel, int>> fast_kernels() {
+  std::vector<std::pair<CpuKernel, int>> k = {{CpuKernel::Baseline, 1}, {CpuKernel::Baseline, 2}};
+  try {
+    set_cpu_kernel(CpuKernel::Avx2);
+    k.push_back({CpuKernel::Avx2, 1});
+    k.push_back({CpuKernel::Avx2, 2});
+  } catch (const std::invalid_argument&) {
+    // no AVX2 on this CPU: the Baseline kernels are still compared
+  }
+  set_cpu_kernel(CpuKernel::Auto);
+  return k;
+}
+
+void expect_same(const std::string& spec, const std::vector<float>& x, int64_t T, int64_t D,
+                 const std::vector<int64_t>& seqs, const std::string& what) {
+  const Result ref = run(CpuKernel::Reference, 1, spec, x, T, D, seqs);
+  for (const auto& [k, th] : fast_kernels()) {
+    const Result got = run(k, th, spec, x, T, D, seqs);
+    const std::string ctx = spec + " [" + std::to_string(T) + ", " + std::to_string(D) + "] " + what + " kernel " +
+                            std::to_string(static_cast<int>(k)) + " threads " + std::to_string(th);
+    ASSERT_EQ(got.error, ref.error) << ctx;
+    if (!ref.q) continue;
+    ASSERT_TRUE(got.q.has_value()) << ctx;
+    EXPECT_EQ(got.q->codes, ref.q->codes) << ctx;
+    EXPECT_EQ(got.q->scales, ref.q->scales) << ctx;
+    EXPECT_EQ(got.q->offsets, ref.q->offsets) << ctx;
+    EXPECT_EQ(got.q->group_bounds, ref.q->group_bounds) << ctx;
+    EXPECT_EQ(got.decoded, ref.decoded) << ctx;
+  }
+}
+
+std::vector<std::string> int_specs() {
+  std::vector<std::string> s;
+  for (const char* g : {"tensor", "channel", "channel-g32", "channel-g7", "token", "token-g32", "token-g7"})
+    for (const int bits : {8, 4, 2})
+      for (const char* sch : {"sym", "asym"})
+        for (const char* dt : {"", "-fp32"}) s.push_back("int" + std::to_string(bits) + "-" + sch + "-" + g + dt);
+  return s;
+}
+
+TEST(CpuKernels, RandomInputsGiveTheReferenceBytes) {
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{1, 1}, {3, 7}, {40, 33}, {97, 576}, {64, 512}};
+  uint64_t seed = 100;
+  for (const auto& [T, D] : shapes)
+    for (const std::string& spec : int_specs()) {
+      std::mt19937_64 rng(++seed);
+      std::normal_distribution<float> N;
+      std::vector<float> x(static_cast<size_t>(T * D));
+      for (float& v : x) v = N(rng) * 3.0f + 0.5f;
+      const std::vector<int64_t> seqs = T > 10 ? std::vector<int64_t>{0, T / 3, T} : std::vector<int64_t>{0, T};
+      expect_same(spec, x, T, D, seqs, "seed " + std::to_string(seed));
+    }
+}
+
+// 2^20+ elements: the threaded split is used (tensor: ranges of elements; channel: token groups; token: rows).
+TEST(CpuKernels, LargeInputsSplitAcrossThreadsGiveTheReferenceBytes) {
+  const int64_t T = 2053, D = 576;  // 1,182,528 elements, T odd
+  std::mt19937_64 rng(7);
+  std::normal_distribution<float> N;
+  std::vector<float> x(static_cast<size_t>(T * D));
+  for (size_t i = 0; i < x.size(); ++i) x[i] = N(rng) * (1.0f + static_cast<float>(i % D) / 64.0f);
+  for (const char* spec : {"int4-asym-tensor", "int8-sym-tensor", "int4-asym-channel-g32", "int2-asym-channel",
+                           "int4-asym-token-g32", "int8-sym-token", "int2-sym-channel-g32-fp32"})
+    expect_same(spec, x, T, D, {0, 1000, T}, "seed 7");
+}
+
+TEST(CpuKernels, EdgeInputsGiveTheReferenceBytes) {
+  const int64_t T = 48, D = 40;
+  auto base = [&] {
+    std::vector<float> x(static_cast<size_t>(T * D));
+    std::mt19937_64 rng(11);
+    std::uniform_real_distribution<float> U(0.0f, 4.0f);
+    for (float& v : x) v = U(rng);
+    return x;
+  };
+  std::vector<std::pair<std::string, std::vector<float>>> cases;
+  {  // signed zeros as the minimum and the maximum, the first zero -0.0 or +0.0, in every group kind
+    for (const float first : {-0.0f, 0.0f}) {
+      std::vector<float> x = base();
+      for (size_t i = 0; i < x.size(); i += 5) x[i] = (i / 5) % 2 ? -first : first;
+      cases.push_back({std::string("zeros as min, first ") + (std::signbit(first) ? "-0" : "+0"), x});
+      for (float& v : x) v = v == 0.0f ? v : -v;
+      cases.push_back({std::string("zeros as max, first ") + (std::signbit(first) ? "-0" : "+0"), x});
+    }
+  }
+  {
+    std::vector<float> x(static_cast<size_t>(T * D), 0.0f);
+    cases.push_back({"all +0", x});
+    for (size_t i = 0; i < x.size(); i += 2) x[i] = -0.0f;
+    cases.push_back({"alternating -0/+0", x});
+    std::fill(x.begin(), x.end(), 1.25f);
+    cases.push_back({"constant", x});
+  }
+  {  // codes exactly at half steps: x = k/2 over a range [0, 15] -> ties in int4-asym
+    std::vector<float> x = base();
+    for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 31) * 0.5f;
+    cases.push_back({"half-step ties", x});
+  }
+  {
+    std::vector<float> x = base();
+    for (size_t i = 0; i < x.size(); i += 3) x[i] = 1e-40f * static_cast<float>(i % 7);  // float32 subnormals
+    cases.push_back({"subnormals", x});
+    for (float& v : x) v *= 1e-6f;
+    cases.push_back({"tiny range (fp16 scale underflow)", x});
+  }
+  {
+    std::vector<float> x = base();
+    x[static_cast<size_t>(T * D / 2)] = 3e5f;  // beyond fp16: the scale or offset overflows in some specs
+    x[static_cast<size_t>(T * D / 2 + 1)] = -3e5f;
+    cases.push_back({"fp16 overflow", x});
+  }
+  for (const size_t pos : {size_t{0}, size_t{17}, static_cast<size_t>(T * D - 1)})
+    for (const float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity()}) {
+      std::vector<float> x = base();
+      x[pos] = bad;
+      cases.push_back({"non-finite " + std::to_string(bad) + " at " + std::to_string(pos), x});
+    }
+  {  // NaN late and an fp16 overflow early: the NaN message wins, as in the reference
+    std::vector<float> x = base();
+    x[1] = 1e6f;
+    x.back() = std::numeric_limits<float>::quiet_NaN();
+    cases.push_back({"overflow then NaN", x});
+  }
+  for (const auto& [what, x] : cases)
+    for (const std::string& spec : int_specs()) expect_same(spec, x, T, D, {0, 20, T}, what);
+}
+
+TEST(CpuKernels, AutoPicksAFastKernel) {
+  set_cpu_kernel(CpuKernel::Auto);
+  EXPECT_NE(active_cpu_kernel(), CpuKernel::Reference);
+  EXPECT_NE(active_cpu_kernel(), CpuKernel::Auto);
+  set_cpu_threads(0);
+  EXPECT_EQ(cpu_threads(), 1);
+}
+
+}  // namespace
