@@ -16,7 +16,7 @@
 //   W_UV ~ N(0, 1/kv_lora_rank), so q_lat = q_nope·W_UK has unit-variance entries
 //   attn_out = the absorbed attention of data/README.md ("Attention from the dump") on these latents,
 //             computed in float64 (latentq/probes/attention.h) and rounded once to float32: the dump's
-//             /attention_check passes (rel_fro ~1e-7).
+//             /attention_check passes (its float32 recomputation: rel_fro ~1e-6).
 //
 // Every layer is a pure function of (seed, layer): synth_layer() needs no other layer, and
 // write_synth_dump() generates, writes and frees one layer at a time into chunked datasets, so its
