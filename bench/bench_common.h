@@ -27,12 +27,13 @@ struct Options {
   int64_t verify_max_elems = int64_t{1} << 28;  ///< ... for T·D up to this (--lq_verify_max_elems)
 };
 
-/// Asymmetric INT8/4/2 × {tensor, channel-g32, channel-g0, token-g32, token-g0}, then the block formats
+/// INT8/4/2 × {asym, sym} × {tensor, channel-g32, channel-g0, token-g32, token-g0}, then the block formats
 /// (engine FP8 tiles, per-tensor FP8, MX, NVFP4, FlashMLA FP4, ggml) and bf16.
 inline std::vector<std::string> bench_specs() {
   std::vector<std::string> out;
   for (const char* g : {"tensor", "channel-g32", "channel-g0", "token-g32", "token-g0"})
-    for (const int bits : {8, 4, 2}) out.push_back("int" + std::to_string(bits) + "-asym-" + g);
+    for (const char* scheme : {"asym", "sym"})
+      for (const int bits : {8, 4, 2}) out.push_back("int" + std::to_string(bits) + "-" + scheme + "-" + g);
   for (const char* b : {"fp8-e4m3-tile128-pow2", "fp8-e4m3-tile128-fp32", "fp8-e4m3-tile32-pow2-ue8m0", "fp8-e4m3-tensor",
                         "mxfp8", "mxfp4", "nvfp4", "fp4-e2m1-tile16-e4m3", "q8_0", "q4_0", "q4_1"})
     out.push_back(b);

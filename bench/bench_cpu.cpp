@@ -65,7 +65,20 @@ void set_counters(benchmark::State& st, int64_t bytes, double seconds_total) {
   st.counters["MB"] = static_cast<double>(bytes) / 1e6;
 }
 
-void bm_quantize(benchmark::State& st, const std::string& spec_s, int64_t T) {
+// The integer kernel and thread count of one benchmark, restored to the defaults (Auto, 1) when it ends.
+struct KernelScope {
+  KernelScope(CpuKernel k, int threads) {
+    set_cpu_kernel(k);
+    set_cpu_threads(threads);
+  }
+  ~KernelScope() {
+    set_cpu_kernel(CpuKernel::Auto);
+    set_cpu_threads(1);
+  }
+};
+
+void bm_quantize(benchmark::State& st, const std::string& spec_s, int64_t T, CpuKernel kernel, int threads) {
+  const KernelScope ks(kernel, threads);
   const QuantSpec spec = QuantSpec::parse(spec_s);
   const std::vector<float>& X = cpu_input(T);
   const std::vector<int64_t> seqs = bench_seq_offsets(T);
@@ -82,7 +95,8 @@ void bm_quantize(benchmark::State& st, const std::string& spec_s, int64_t T) {
   set_counters(st, bytes, total);
 }
 
-void bm_dequantize(benchmark::State& st, const std::string& spec_s, int64_t T) {
+void bm_dequantize(benchmark::State& st, const std::string& spec_s, int64_t T, CpuKernel kernel, int threads) {
+  const KernelScope ks(kernel, threads);
   const QuantSpec spec = QuantSpec::parse(spec_s);
   const QuantizedTensor q = quantize(spec, Target::CKV, cpu_input(T).data(), T, kD, bench_seq_offsets(T));
   std::vector<float> out(static_cast<size_t>(T * kD), 0.0f);
@@ -144,12 +158,28 @@ void register_cpu_benchmarks(const Options& opt) {
         ->UseManualTime()
         ->Unit(benchmark::kMillisecond);
     for (const std::string& spec : bench_specs()) {
-      benchmark::RegisterBenchmark(bench_name("cpu", "quantize", spec, T).c_str(), bm_quantize, spec, T)
-          ->UseManualTime()
-          ->Unit(benchmark::kMillisecond);
-      benchmark::RegisterBenchmark(bench_name("cpu", "dequantize", spec, T).c_str(), bm_dequantize, spec, T)
-          ->UseManualTime()
-          ->Unit(benchmark::kMillisecond);
+      // cpu: the default kernel (CpuKernel::Auto), one thread; at T = 65,536 the integer specs also run
+      // on the reference loops (cpu-ref) and on two threads (cpu-2t)
+      struct Variant {
+        const char* device;
+        CpuKernel kernel;
+        int threads;
+      };
+      std::vector<Variant> variants = {{"cpu", CpuKernel::Auto, 1}};
+      if (T == 65536 && spec.rfind("int", 0) == 0) {
+        variants.push_back({"cpu-ref", CpuKernel::Reference, 1});
+        variants.push_back({"cpu-2t", CpuKernel::Auto, 2});
+      }
+      for (const Variant& v : variants) {
+        benchmark::RegisterBenchmark(bench_name(v.device, "quantize", spec, T).c_str(), bm_quantize, spec, T, v.kernel,
+                                     v.threads)
+            ->UseManualTime()
+            ->Unit(benchmark::kMillisecond);
+        benchmark::RegisterBenchmark(bench_name(v.device, "dequantize", spec, T).c_str(), bm_dequantize, spec, T,
+                                     v.kernel, v.threads)
+            ->UseManualTime()
+            ->Unit(benchmark::kMillisecond);
+      }
     }
   }
 }

@@ -8,6 +8,7 @@
 #include <cassert>
 #include <cstring>
 #include <atomic>
+#include <bit>
 #include <exception>
 #include <string>
 #include <thread>
@@ -273,19 +274,64 @@ struct IntJob {
 
 namespace {
 
-// Stored (scale, offset) of a group, as group_params, writing them into the tensor.
-LQ_AI q::ScaleOffset put_group(QuantizedTensor& qt, float mn, float mx, int64_t gi, bool asym) {
-  const q::ScaleOffset p = group_params(qt, mn, mx, gi);
-  put_scale(qt.scales, gi, p.scale, qt.spec.scale_dtype);
-  if (asym) put_scale(qt.offsets, gi, p.offset, qt.spec.scale_dtype);
-  return p;
+// Stored (scale, offset) of n groups from their statistics, as group_params computes them one by one
+// (sym_params / asym_params of qmath.h, element by element in a vectorizable loop), written into
+// qt.scales / qt.offsets at [g0, g0 + n). If any stored value is not finite, group_params is called
+// group by group instead: it throws the reference's message for the first such group.
+LQ_AI void put_groups(QuantizedTensor& qt, const float* __restrict mn, const float* __restrict mx, int64_t n, int64_t g0,
+                      float* __restrict sc, float* __restrict of) {
+  const QuantSpec& spec = qt.spec;
+  const bool sym = spec.scheme == Scheme::Sym;
+  if (sym) {
+    const float qs = static_cast<float>(q::sym_qmax(spec.bits));
+    for (int64_t i = 0; i < n; ++i) {
+      sc[i] = q::div_rn(q::max_num(q::abs_f(mn[i]), q::abs_f(mx[i])), qs);
+      of[i] = 0.0f;
+    }
+  } else {
+    const float qs = static_cast<float>(q::asym_qmax(spec.bits));
+    for (int64_t i = 0; i < n; ++i) {
+      sc[i] = q::div_rn(q::sub_rn(mx[i], mn[i]), qs);
+      of[i] = mn[i];
+    }
+  }
+  uint32_t nf = 0;
+  if (spec.scale_dtype == ScaleDtype::F16) {
+    for (int64_t i = 0; i < n; ++i) {
+      sc[i] = q::round_to_dtype(sc[i], ScaleDtype::F16);
+      of[i] = q::round_to_dtype(of[i], ScaleDtype::F16);
+    }
+  }
+  for (int64_t i = 0; i < n; ++i) nf |= nonfinite_bit(sc[i]) | nonfinite_bit(of[i]);
+  if (nf) {
+    for (int64_t i = 0; i < n; ++i) (void)group_params(qt, mn[i], mx[i], g0 + i);  // throws for the first bad group
+    assert(false && "put_groups: group_params accepted a non-finite parameter");
+  }
+  static_assert(std::endian::native == std::endian::little, "store_dtype writes little-endian bytes");
+  if (spec.scale_dtype == ScaleDtype::F16) {
+    uint8_t* ds = qt.scales.data() + 2 * g0;
+    for (int64_t i = 0; i < n; ++i) {
+      const uint16_t h = q::f32_to_f16_bits(sc[i]);
+      std::memcpy(ds + 2 * i, &h, 2);
+    }
+    if (!sym) {
+      uint8_t* dof = qt.offsets.data() + 2 * g0;
+      for (int64_t i = 0; i < n; ++i) {
+        const uint16_t h = q::f32_to_f16_bits(of[i]);
+        std::memcpy(dof + 2 * i, &h, 2);
+      }
+    }
+  } else {
+    std::memcpy(qt.scales.data() + 4 * g0, sc, static_cast<size_t>(4 * n));
+    if (!sym) std::memcpy(qt.offsets.data() + 4 * g0, of, static_cast<size_t>(4 * n));
+  }
 }
 
 // Quantize the job's range; returns 1 if a NaN/Inf was seen (the caller throws).
 LQ_AI uint32_t int_quantize_body(const IntJob& job) {
   QuantizedTensor& qt = *job.qt;
   const QuantSpec& spec = qt.spec;
-  const bool sym = spec.scheme == Scheme::Sym, asym = !sym;
+  const bool sym = spec.scheme == Scheme::Sym;
   const int bits = spec.bits;
   const int64_t D = qt.cols, rb = qt.row_bytes();
   const float* X = job.X;
@@ -306,11 +352,7 @@ LQ_AI uint32_t int_quantize_body(const IntJob& job) {
         const int64_t t0 = qt.group_bounds[static_cast<size_t>(g)], t1 = qt.group_bounds[static_cast<size_t>(g) + 1];
         bad |= minmax_cols(X, t0, t1, D, mn.data(), mx.data());
         if (bad) return bad;
-        for (int64_t d = 0; d < D; ++d) {
-          const q::ScaleOffset p = put_group(qt, mn[static_cast<size_t>(d)], mx[static_cast<size_t>(d)], g * D + d, asym);
-          sc[static_cast<size_t>(d)] = p.scale;
-          of[static_cast<size_t>(d)] = p.offset;
-        }
+        put_groups(qt, mn.data(), mx.data(), D, g * D, sc.data(), of.data());
         for (int64_t t = t0; t < t1; ++t) {
           enc_columns(X + t * D, D, sc.data(), of.data(), sym, bits, u.data());
           pack_row_ai(u.data(), D, bits, codes + t * rb);
@@ -320,15 +362,19 @@ LQ_AI uint32_t int_quantize_body(const IntJob& job) {
     }
     case Granularity::Token: {
       const int64_t nt = qt.scales_per_row(), g = qt.row_group();
+      std::vector<float> mn(static_cast<size_t>(nt)), mx(static_cast<size_t>(nt)), sc(static_cast<size_t>(nt)),
+          of(static_cast<size_t>(nt));
       for (int64_t t = job.begin; t < job.end; ++t) {
         const float* x = X + t * D;
         for (int64_t j = 0; j < nt; ++j) {
           const int64_t d0 = j * g, d1 = std::min(D, d0 + g);
-          float mn, mx;
-          bad |= minmax_span(x + d0, d1 - d0, mn, mx);
-          if (bad) return bad;
-          const q::ScaleOffset p = put_group(qt, mn, mx, t * nt + j, asym);
-          enc_uniform(x + d0, d1 - d0, p.scale, p.offset, sym, bits, u.data() + d0);
+          bad |= minmax_span(x + d0, d1 - d0, mn[static_cast<size_t>(j)], mx[static_cast<size_t>(j)]);
+        }
+        if (bad) return bad;
+        put_groups(qt, mn.data(), mx.data(), nt, t * nt, sc.data(), of.data());
+        for (int64_t j = 0; j < nt; ++j) {
+          const int64_t d0 = j * g, d1 = std::min(D, d0 + g);
+          enc_uniform(x + d0, d1 - d0, sc[static_cast<size_t>(j)], of[static_cast<size_t>(j)], sym, bits, u.data() + d0);
         }
         pack_row_ai(u.data(), D, bits, codes + t * rb);
       }
@@ -390,10 +436,14 @@ LQ_AI void int_dequantize_body(const DecJob& job) {
 
 uint32_t int_quantize_baseline(const IntJob& job) { return int_quantize_body(job); }
 void int_dequantize_baseline(const DecJob& job) { int_dequantize_body(job); }
+uint32_t minmax_span_baseline(const float* x, int64_t n, float& mn, float& mx) { return minmax_span(x, n, mn, mx); }
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define LQ_HAVE_AVX2_KERNEL 1
 __attribute__((target("avx2"))) uint32_t int_quantize_avx2(const IntJob& job) { return int_quantize_body(job); }
 __attribute__((target("avx2"))) void int_dequantize_avx2(const DecJob& job) { int_dequantize_body(job); }
+__attribute__((target("avx2"))) uint32_t minmax_span_avx2(const float* x, int64_t n, float& mn, float& mx) {
+  return minmax_span(x, n, mn, mx);
+}
 #else
 #define LQ_HAVE_AVX2_KERNEL 0
 #endif
@@ -465,7 +515,15 @@ QuantizedTensor quantize_int_fast(const QuantSpec& spec_in, Target target, const
           for (int64_t i = i0; i < i1; ++i) {
             const int64_t e0 = T * D * i / threads, e1 = T * D * (i + 1) / threads;
             starts[static_cast<size_t>(i)] = e0;
-            bads[static_cast<size_t>(i)] = e1 > e0 ? minmax_span(X + e0, e1 - e0, mns[static_cast<size_t>(i)], mxs[static_cast<size_t>(i)]) : 0;
+            float* mn_i = &mns[static_cast<size_t>(i)];
+            float* mx_i = &mxs[static_cast<size_t>(i)];
+#if LQ_HAVE_AVX2_KERNEL
+            if (kernel == CpuKernel::Avx2) {
+              bads[static_cast<size_t>(i)] = e1 > e0 ? minmax_span_avx2(X + e0, e1 - e0, *mn_i, *mx_i) : 0;
+              continue;
+            }
+#endif
+            bads[static_cast<size_t>(i)] = e1 > e0 ? minmax_span_baseline(X + e0, e1 - e0, *mn_i, *mx_i) : 0;
             if (e1 == e0) mns[static_cast<size_t>(i)] = mxs[static_cast<size_t>(i)] = X[0];
           }
         });
