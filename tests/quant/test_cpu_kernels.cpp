@@ -128,6 +128,16 @@ TEST(CpuKernels, EdgeInputsGiveTheReferenceBytes) {
       cases.push_back({std::string("zeros as max, first ") + (std::signbit(first) ? "-0" : "+0"), x});
     }
   }
+  {  // the first zero of a span is not its first element and the eight lanes disagree: -0.0 at i ≡ 3,
+     // +0.0 at i ≡ 8 (mod 16), so lane 0 holds +0.0 while the left-to-right fold keeps the -0.0 at i = 3
+    std::vector<float> x = base();
+    for (size_t i = 0; i < x.size(); ++i)
+      if (i % 16 == 3) x[i] = -0.0f;
+      else if (i % 16 == 8) x[i] = 0.0f;
+    cases.push_back({"zeros as min, first zero -0 in lane 3", x});
+    for (float& v : x) v = v == 0.0f ? v : -v;
+    cases.push_back({"zeros as max, first zero -0 in lane 3", x});
+  }
   {
     std::vector<float> x(static_cast<size_t>(T * D), 0.0f);
     cases.push_back({"all +0", x});
