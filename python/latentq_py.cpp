@@ -9,6 +9,7 @@
 #include <cstring>
 #include <vector>
 
+#include "latentq/decode_order.h"
 #include "latentq/metrics.h"
 #include "latentq/quantize.h"
 #include "latentq/transform.h"
@@ -155,6 +156,46 @@ PYBIND11_MODULE(latentq, m) {
         py::arg("q"), py::arg("x"),
         "Precision lost silently under the format's conventions: groups whose scale underflowed to zero/subnormal,\n"
         "asymmetric groups whose stored offset is off the min by more than half a step, saturated values.");
+  m.def("decode_token_group", [](const std::string& spec) { return decode_token_group(TransformedSpec::parse(spec).spec); },
+        py::arg("spec"),
+        "G of a spec in the decode-order cache model (latentq/decode_order.h): group_size of a per-channel integer\n"
+        "spec with group_size > 0, else 1.");
+  m.def("decode_scale_is_causal", [](const std::string& spec) { return decode_scale_is_causal(TransformedSpec::parse(spec).spec); },
+        py::arg("spec"), "False when the spec's scale spans the sequence (per-tensor, channel-g0, nvfp4, fp8-e4m3-tensor).");
+  m.def("decode_order_mask",
+        [](const std::string& mode, int64_t L, int64_t G) {
+          const DecodeOrder o = DecodeOrder::parse(mode);
+          if (L < 0 || G < 1) throw py::value_error("decode_order_mask: need L >= 0 and G >= 1");
+          py::array_t<bool> out({L, L});
+          bool* m = out.mutable_data();
+          for (int64_t t = 0; t < L; ++t)
+            for (int64_t j = 0; j < L; ++j) m[t * L + j] = j <= t && o.reads_quantized(t, j, G);
+          return out;
+        },
+        py::arg("mode"), py::arg("L"), py::arg("G"),
+        "bool [L, L]: entry (t, j) is True iff the query at position t reads key j (j <= t) from the quantized cache\n"
+        "under `mode` ('prefill-at-once' or 'decode-r<R>-s<S>-p<P>'; DecodeOrder::reads_quantized), for token group G.\n"
+        "Raises ValueError for a malformed mode.");
+  m.def("decode_order_latents",
+        [](const F32Array& x, const std::string& spec, const std::string& mode, const std::string& target,
+           std::optional<std::vector<int64_t>> seq_offsets) {
+          auto [T, D] = matrix_shape(x);
+          const auto so = offsets_or_single(seq_offsets, T);
+          const DecodeOrder o = DecodeOrder::parse(mode);
+          py::array_t<float> q({T, D}), b({T, D});
+          {
+            py::gil_scoped_release nogil;
+            const TransformedSpec ts = TransformedSpec::parse(spec);
+            decode_order_quantize(ts.spec, Rotation::make(ts.transform, D), parse_target(target), x.data(), T, D, so, o,
+                                  q.mutable_data());
+            round_bf16(x.data(), T * D, b.mutable_data());
+          }
+          return py::make_tuple(q, b);
+        },
+        py::arg("x"), py::arg("spec"), py::arg("mode"), py::arg("target") = "c_kv", py::arg("seq_offsets") = py::none(),
+        "The decode-order cache of x float32 [T, D] (latentq/decode_order.h decode_order_quantize): returns\n"
+        "(quantized [T, D], bf16 [T, D]); row j of a sequence is read from `quantized` by the query at t iff\n"
+        "decode_order_mask(mode, L, decode_token_group(spec))[t, j]. Same errors as quantize_dequantize.");
   m.def("error_metrics",
         [](const F32Array& x, const F32Array& x_hat) {
           auto [T, D] = matrix_shape(x);

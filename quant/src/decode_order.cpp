@@ -1,0 +1,104 @@
+// Decode-order cache model (latentq/decode_order.h).
+#include "latentq/decode_order.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <stdexcept>
+#include <vector>
+
+#include "latentq/quantize.h"
+
+namespace latentq {
+
+std::string DecodeOrder::label() const {
+  if (mode == CacheMode::PrefillAtOnce) return "prefill-at-once";
+  return "decode-r" + std::to_string(residual) + "-s" + std::to_string(sink) + "-p" + std::to_string(prefill);
+}
+
+DecodeOrder DecodeOrder::parse(const std::string& s) {
+  DecodeOrder o;
+  if (s == "prefill-at-once") return o;
+  long long r = -1, k = -1, p = -1;
+  int used = 0;
+  if (std::sscanf(s.c_str(), "decode-r%lld-s%lld-p%lld%n", &r, &k, &p, &used) != 3 ||
+      used != static_cast<int>(s.size()) || r < 0 || k < 0 || p < 0)
+    throw std::invalid_argument("cache mode '" + s +
+                                "': expected 'prefill-at-once' or 'decode-r<R>-s<S>-p<P>' with R, S, P >= 0");
+  o.mode = CacheMode::Decode;
+  o.residual = r;
+  o.sink = k;
+  o.prefill = p;
+  return o;
+}
+
+void DecodeOrder::validate() const {
+  if (residual < 0 || sink < 0 || prefill < 0)
+    throw std::invalid_argument("decode order: residual, sink and prefill must be >= 0 (got residual " +
+                                std::to_string(residual) + ", sink " + std::to_string(sink) + ", prefill " +
+                                std::to_string(prefill) + ")");
+  if (mode == CacheMode::PrefillAtOnce && (residual != 0 || sink != 0 || prefill != 0))
+    throw std::invalid_argument("decode order: prefill-at-once takes no residual, sink or prefill (got " +
+                                std::to_string(residual) + ", " + std::to_string(sink) + ", " +
+                                std::to_string(prefill) + ")");
+}
+
+int64_t decode_token_group(const QuantSpec& spec) {
+  if (spec.format == Format::Int && spec.granularity == Granularity::Channel && spec.group_size > 0)
+    return spec.group_size;
+  return 1;
+}
+
+bool decode_scale_is_causal(const QuantSpec& spec) {
+  switch (spec.format) {
+    case Format::Int:
+      return !(spec.granularity == Granularity::Tensor ||
+               (spec.granularity == Granularity::Channel && spec.group_size == 0));
+    case Format::Fp8Tensor:
+    case Format::NvFp4:
+      return false;
+    case Format::Preset:
+      return decode_scale_is_causal(spec.stored_for(Target::CKV)) &&
+             decode_scale_is_causal(spec.stored_for(Target::KPE));
+    default:
+      return true;
+  }
+}
+
+DecodeCacheTokens decode_cache_tokens(const DecodeOrder& order, int64_t L, int64_t G) {
+  if (L <= 0) return {};
+  if (order.at_once()) return {0, L};
+  const int64_t q = order.quantized_end(L - 1, G) - order.sink;  // quantized keys of the last query
+  const int64_t quantized = q > 0 ? q : 0;
+  return {L - quantized, quantized};
+}
+
+void round_bf16(const float* x, int64_t n, float* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = qmath::bf16_bits_to_f32(qmath::f32_to_bf16_bits(x[i]));
+}
+
+QuantizedTensor decode_order_quantize(const QuantSpec& spec, const Rotation& r, Target target, const float* X,
+                                      int64_t T, int64_t D, std::span<const int64_t> seq_offsets,
+                                      const DecodeOrder& order, float* quantized) {
+  order.validate();
+  validate_seq_offsets(seq_offsets, T);
+  if (order.at_once() || order.sink == 0)
+    return quantize_dequantize_rotated(spec, r, target, X, T, D, seq_offsets, quantized);
+  // Rows [sink, L) of each sequence, compacted, as their own sequences; the sink rows in bf16.
+  std::vector<int64_t> rows, offs{0};
+  for (size_t s = 0; s + 1 < seq_offsets.size(); ++s) {
+    for (int64_t t = seq_offsets[s] + order.sink; t < seq_offsets[s + 1]; ++t) rows.push_back(t);
+    if (static_cast<int64_t>(rows.size()) > offs.back()) offs.push_back(static_cast<int64_t>(rows.size()));
+    const int64_t sink_end = std::min(seq_offsets[s] + order.sink, seq_offsets[s + 1]);
+    round_bf16(X + seq_offsets[s] * D, (sink_end - seq_offsets[s]) * D, quantized + seq_offsets[s] * D);
+  }
+  if (rows.empty()) return QuantizedTensor{};
+  const int64_t n = static_cast<int64_t>(rows.size());
+  std::vector<float> in(static_cast<size_t>(n * D)), out(static_cast<size_t>(n * D));
+  for (int64_t i = 0; i < n; ++i) std::memcpy(&in[i * D], X + rows[i] * D, sizeof(float) * D);
+  QuantizedTensor qt = quantize_dequantize_rotated(spec, r, target, in.data(), n, D, offs, out.data());
+  for (int64_t i = 0; i < n; ++i) std::memcpy(quantized + rows[i] * D, &out[i * D], sizeof(float) * D);
+  return qt;
+}
+
+}  // namespace latentq
