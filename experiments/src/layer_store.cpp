@@ -6,6 +6,10 @@
 #include <algorithm>
 #include <stdexcept>
 
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
+
 namespace latentq {
 
 struct LayerStore::Slot {
@@ -26,7 +30,18 @@ class StoreAccess final : public LayerAccess {
  public:
   StoreAccess(LayerStore& store, std::vector<std::shared_ptr<LayerStore::Slot>> slots)
       : store_(store), slots_(std::move(slots)) {}
-  ~StoreAccess() override { store_.close(slots_); }
+  ~StoreAccess() override {
+    store_.close(slots_);
+    // The last holder of a dropped layer frees it here: return the freed memory to the system (glibc
+    // keeps large freed blocks in its arenas otherwise, and the peak RSS would grow with the layers).
+    bool last = false;
+    for (const auto& s : slots_) last = last || s.use_count() == 1;
+    data_.clear();
+    slots_.clear();
+#ifdef __GLIBC__
+    if (last) malloc_trim(0);
+#endif
+  }
 
   const Dump& header() const override { return store_.header(); }
   const Layer& layer(int index) const override {
