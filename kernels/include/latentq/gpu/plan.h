@@ -36,10 +36,12 @@ inline constexpr int kChannelStatTokens = 512;
 
 /// Status a quantize call collects on the device: non-finite inputs and the first scale/offset
 /// that overflows its storage dtype, as key 2·group + (0 scale | 1 offset) (atomicMin; all ones =
-/// none), which is the order in which the CPU reference would throw.
+/// none), which is the order in which the CPU reference would throw; block formats also fold
+/// max|x| of the finite inputs (float bits, atomicMax: exact and order-free for values ≥ +0).
 struct DeviceStatus {
   unsigned long long nonfinite;
   unsigned long long overflow_key;
+  unsigned long long amax_bits;
 };
 inline constexpr unsigned long long kNoOverflow = ~0ull;
 
