@@ -170,6 +170,32 @@ LQ_HD TensorStats tensor_stats_of(float x, int64_t i) {
   return s;
 }
 
+/// Statistics of the quad [4q, min(4q + 4, n)) of x [n], folded with TensorStatsOp (the per-tensor
+/// reduction runs over quads: a quarter of the items, one 16-byte load each on the device when x is
+/// 16-byte aligned (vec) and the quad whole). Same result as over elements: the operator is
+/// order-free up to the zero sign, which zkey fixes.
+LQ_HD TensorStats tensor_stats_of_quad(const float* x, int64_t n, int64_t q, bool vec) {
+  const int64_t i0 = 4 * q;
+  const int m = n - i0 < 4 ? static_cast<int>(n - i0) : 4;
+  float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#if defined(__CUDA_ARCH__)
+  if (vec && m == 4) {
+    const float4 f = reinterpret_cast<const float4*>(x)[q];
+    v[0] = f.x;
+    v[1] = f.y;
+    v[2] = f.z;
+    v[3] = f.w;
+  } else
+#endif
+  {
+    (void)vec;
+    for (int k = 0; k < m; ++k) v[k] = x[i0 + k];
+  }
+  TensorStats s = tensor_stats_of(v[0], i0);
+  for (int k = 1; k < m; ++k) s = TensorStatsOp{}(s, tensor_stats_of(v[k], i0 + k));
+  return s;
+}
+
 /// Four codes u[0..3] (each < 2^bits) packed as in qmath.h: code e at bits [bits·e, bits·(e+1)) of
 /// the little-endian word; bits/2 bytes (4, 2, 1 for bits 8, 4, 2).
 template <int BITS>
