@@ -3,14 +3,16 @@
 //
 // Quantize (quantize_blocks_kernel), one CTA per tile of R consecutive token rows, 256 threads:
 //   1. load: the tile's R·D floats (contiguous in x) are read with consecutive threads on consecutive
-//      elements (128-byte warp transactions, 8 loads in flight per thread) and stored to shared
-//      memory block by block with an odd stride sb ≥ block floats per block (so phase 2's
-//      one-thread-per-block walks hit 32 distinct banks); NaN/Inf are counted;
+//      float4 (x 16-byte aligned, D and block multiples of 4; else floats), 4 (8) loads in flight
+//      per thread, and stored to shared memory block by block with an odd stride sb ≥ block
+//      floats per block (so phase 2's one-thread-per-block walks hit 32 distinct banks; the float4
+//      path's stores are 4-way conflicted, cheaper than the encode's arithmetic); NaN/Inf counted;
 //   2. statistics: one thread per (row, block) runs qmath::block_params on its block in shared
 //      memory (the CPU's in-order fold, exact by construction), stores the block's scale/offset
 //      (consecutive threads: consecutive scales) and keeps the parameters in shared memory;
-//   3. encode: one thread per code byte of the tile runs qmath::encode_block_bytes on its byte and
-//      stores it (consecutive threads: consecutive bytes, so the codes [R, rb] leave coalesced).
+//   3. encode: one thread per 4 code bytes of one block (rb, block bytes multiples of 4; else per
+//      byte) runs qmath::encode_block_bytes on them and stores one word (consecutive threads:
+//      consecutive words, so the codes [R, rb] leave coalesced).
 // Shared memory: R·nb·sb floats + R·nb BlockParams (≤ 24 KiB: R = 8 or 9 at D = 576; one row of
 // tiny blocks at large D may need up to 80 KiB, raised per launch); two __shared__
 // words (tile NaN flag, tile amax). Both halves of quantize_block are the functions the CPU
@@ -36,7 +38,8 @@ namespace latentq::gpu::detail {
 namespace {
 
 constexpr int kBlocksThreads = 256;
-constexpr int kLoadUnroll = 8;         // loads in flight per thread in phase 1
+constexpr int kLoadUnroll = 8;         // loads in flight per thread in phase 1 (scalar)
+constexpr int kLoadUnroll4 = 4;        // (float4)
 constexpr int kTileElems = 4608;       // target R·D of a quantize tile (8 rows at D = 576)
 constexpr int64_t kTileSmem = 24 * 1024;  // and its shared memory: ≈ 8 CTAs of 256 threads per SM
 constexpr int kDequantTileElems = 8192;
@@ -53,6 +56,8 @@ struct BlocksPlan {
   int sb;             ///< shared-memory floats per block: odd, ≥ block
   FastDiv div_D, div_block, div_nb, div_rb, div_bb;
   bool vec;           ///< decode: float4 stores of 4 elements of one block
+  bool vec_load;      ///< quantize: float4 loads (x 16-byte aligned, D % 4 == 0, block % 4 == 0)
+  bool words;         ///< quantize: 4-byte code stores (codes 4-byte aligned, rb % 4 == 0, bb % 4 == 0)
 };
 
 __device__ __forceinline__ uint8_t* scale_ptr(const BlocksArgs& a, int64_t gi) {
@@ -81,21 +86,48 @@ __global__ void __launch_bounds__(kBlocksThreads) quantize_blocks_kernel(const B
   const int n = rows * p.D;
   const float* __restrict__ xg = a.x + t0 * p.D;  // [rows, D]
   unsigned bad = 0;
-  for (int base = tid; base < n; base += kLoadUnroll * nthr) {
-    float v[kLoadUnroll];
+  if (p.vec_load) {  // float4: 4 elements of one block, consecutive in shared memory too
+    const int nq = n / 4;
+    for (int base = tid; base < nq; base += kLoadUnroll4 * nthr) {
+      float4 v[kLoadUnroll4];
 #pragma unroll
-    for (int u = 0; u < kLoadUnroll; ++u) {
-      const int e = base + u * nthr;
-      v[u] = e < n ? xg[e] : 0.0f;
+      for (int u = 0; u < kLoadUnroll4; ++u) {
+        const int i = base + u * nthr;
+        if (i < nq) v[u] = reinterpret_cast<const float4*>(xg)[i];
+      }
+#pragma unroll
+      for (int u = 0; u < kLoadUnroll4; ++u) {
+        const int i = base + u * nthr;
+        if (i < nq) {
+          const int e = 4 * i;
+          const int t = static_cast<int>(p.div_D.div(static_cast<uint32_t>(e))), d = e - t * p.D;
+          const int j = static_cast<int>(p.div_block.div(static_cast<uint32_t>(d))), k = d - j * p.desc.block;
+          float* dst = xs + (t * p.nb + j) * p.sb + k;
+          dst[0] = v[u].x;
+          dst[1] = v[u].y;
+          dst[2] = v[u].z;
+          dst[3] = v[u].w;
+          bad += !q::is_finite(v[u].x) + !q::is_finite(v[u].y) + !q::is_finite(v[u].z) + !q::is_finite(v[u].w);
+        }
+      }
     }
+  } else {
+    for (int base = tid; base < n; base += kLoadUnroll * nthr) {
+      float v[kLoadUnroll];
 #pragma unroll
-    for (int u = 0; u < kLoadUnroll; ++u) {
-      const int e = base + u * nthr;
-      if (e < n) {
-        const int t = static_cast<int>(p.div_D.div(static_cast<uint32_t>(e))), d = e - t * p.D;
-        const int j = static_cast<int>(p.div_block.div(static_cast<uint32_t>(d))), k = d - j * p.desc.block;
-        xs[(t * p.nb + j) * p.sb + k] = v[u];
-        bad += !q::is_finite(v[u]);
+      for (int u = 0; u < kLoadUnroll; ++u) {
+        const int e = base + u * nthr;
+        v[u] = e < n ? xg[e] : 0.0f;
+      }
+#pragma unroll
+      for (int u = 0; u < kLoadUnroll; ++u) {
+        const int e = base + u * nthr;
+        if (e < n) {
+          const int t = static_cast<int>(p.div_D.div(static_cast<uint32_t>(e))), d = e - t * p.D;
+          const int j = static_cast<int>(p.div_block.div(static_cast<uint32_t>(d))), k = d - j * p.desc.block;
+          xs[(t * p.nb + j) * p.sb + k] = v[u];
+          bad += !q::is_finite(v[u]);
+        }
       }
     }
   }
@@ -119,15 +151,24 @@ __global__ void __launch_bounds__(kBlocksThreads) quantize_blocks_kernel(const B
   __syncthreads();
   if (tid == 0 && tile_amax) atomicMax(&a.st->amax_bits, static_cast<unsigned long long>(tile_amax));
 
-  // 3. encode: one thread per code byte of [rows, rb] (contiguous in codes)
+  // 3. encode: one thread per code word (4 bytes of one block) or byte of [rows, rb] (contiguous in codes)
   uint8_t* cg = a.codes + t0 * p.rb;  // [rows, rb]
-  const int nbytes = rows * p.rb;
-  for (int B = tid; B < nbytes; B += nthr) {
+  const int w = p.words ? 4 : 1;
+  const int units = rows * p.rb / w;
+  for (int u = tid; u < units; u += nthr) {
+    const int B = u * w;
     const int t = static_cast<int>(p.div_rb.div(static_cast<uint32_t>(B))), r = B - t * p.rb;
     const int j = static_cast<int>(p.div_bb.div(static_cast<uint32_t>(r))), byte = r - j * p.bb;
     const int d0 = j * p.desc.block, nj = p.D - d0 < p.desc.block ? p.D - d0 : p.desc.block;
     const int b = t * p.nb + j;
-    q::encode_block_bytes(p.desc, ps[b], xs + b * p.sb, nj, byte, byte + 1, cg + B);
+    if (p.words) {
+      uint8_t c[4];
+      q::encode_block_bytes(p.desc, ps[b], xs + b * p.sb, nj, byte, byte + 4, c);
+      *reinterpret_cast<uint32_t*>(cg + B) = static_cast<uint32_t>(c[0]) | static_cast<uint32_t>(c[1]) << 8 |
+                                             static_cast<uint32_t>(c[2]) << 16 | static_cast<uint32_t>(c[3]) << 24;
+    } else {
+      q::encode_block_bytes(p.desc, ps[b], xs + b * p.sb, nj, byte, byte + 1, cg + B);
+    }
   }
 }
 
@@ -207,6 +248,8 @@ BlocksPlan plan_of(const BlocksArgs& a, int tile_elems, int64_t smem_budget) {
   p.div_rb = FastDiv(p.rb);
   p.div_bb = FastDiv(std::max(p.bb, 1));
   p.vec = a.D % 4 == 0 && p.desc.block % 4 == 0 && (reinterpret_cast<uintptr_t>(a.out) & 15u) == 0;
+  p.vec_load = a.D % 4 == 0 && p.desc.block % 4 == 0 && (reinterpret_cast<uintptr_t>(a.x) & 15u) == 0;
+  p.words = p.rb % 4 == 0 && p.bb % 4 == 0 && (reinterpret_cast<uintptr_t>(a.codes) & 3u) == 0;
   return p;
 }
 
