@@ -123,6 +123,7 @@ LQ_HD uint8_t e2m1_sat(float v, int& saturated) {
 /// block (the caller's per-tensor amax).
 struct BlockParams {
   float s = 0.0f;      ///< fp8 tile / MX / fp4 tile / fp8 tensor: the divisor; NVFP4: the multiplier; ggml: id
+  float inv = 0.0f;    ///< Fp8Pow2, MX: 1/s, exact (s = 2^E, 1/s = 2^−E is a float32 for every E they reach)
   float mn = 0.0f;     ///< q4_1: min
   float amax = 0.0f;   ///< max|x| of the block
   int zero = 0;        ///< NVFP4 of an all-zero tensor: every code is 0
@@ -140,7 +141,9 @@ LQ_HD BlockParams block_params(const BlockDesc& f, const float* x, int n, float 
   switch (f.kind) {
     case BlockKind::Fp8Pow2: {
       // FlashMLA: scale = 2^ceil(log2(max(amax / 448, 1e-4))); code = e4m3(x / scale)
-      p.s = exp2_int(ceil_log2_normal(max_num(div_rn(amax, kE4M3Max), kFlashMlaScaleFloor)));
+      const int e = ceil_log2_normal(max_num(div_rn(amax, kE4M3Max), kFlashMlaScaleFloor));  // −13 … 120
+      p.s = exp2_int(e);
+      p.inv = exp2_int(-e);
       store_dtype(scale, p.s, f.sd);
       return p;
     }
@@ -160,6 +163,7 @@ LQ_HD BlockParams block_params(const BlockDesc& f, const float* x, int n, float 
       int e = floor_log2_bits(amax) - (f.kind == BlockKind::MxFp8 ? 8 : 2);
       e = e < -127 ? -127 : (e > 127 ? 127 : e);
       p.s = exp2_int(e);
+      p.inv = exp2_int(-e);  // 2^-127 … 2^127 (2^-127 subnormal, exact)
       scale[0] = static_cast<uint8_t>(e + 127);
       return p;
     }
@@ -226,14 +230,19 @@ LQ_HD BlockParams block_params(const BlockDesc& f, const float* x, int n, float 
 }
 
 /// The code (low bits) of one element v of a block with parameters p; counts a saturation.
+/// Power-of-two scales (Fp8Pow2, MX): v / s is computed as v · (1/s), which is the same real value
+/// (1/s = 2^−E is exact), rounded once by either IEEE operation: bit-identical to the division
+/// the sources write, and one multiply instead of a division per element.
 LQ_HD uint32_t encode_element(const BlockDesc& f, const BlockParams& p, float v, int& saturated) {
   switch (f.kind) {
     case BlockKind::Fp8Pow2:
+    case BlockKind::MxFp8:
+      return detail::e4m3_sat(mul_rn(v, p.inv), saturated);
     case BlockKind::Fp8Fp32:
     case BlockKind::Fp8Tensor:
-    case BlockKind::MxFp8:
       return detail::e4m3_sat(div_rn(v, p.s), saturated);
     case BlockKind::MxFp4:
+      return detail::e2m1_sat(mul_rn(v, p.inv), saturated);
     case BlockKind::Fp4Tile:
       return detail::e2m1_sat(div_rn(v, p.s), saturated);
     case BlockKind::NvFp4:
