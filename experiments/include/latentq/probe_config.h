@@ -1,5 +1,7 @@
-// latentq/probe_config.h — the probe sections of a study config ([svd], [cross_layer], [attention],
-// [e2e]), parsed with toml++ from the same text as latentq/config.h (StudyConfig::probes).
+// latentq/probe_config.h — the probe sections of a study config and [e2e] (StudyConfig::probes). Each
+// probe section is parsed by its probe's descriptor (latentq/probe_registry.h, experiments/src/probes/);
+// the settings of the probes shipped here are declared below because several probes read them ([svd]
+// ranks are also the attention probe's svd-rank<r> rows). A new probe declares its settings in its own file.
 //
 //   [svd]          enabled = true         the SVD pruning probe on c_kv (/svd, /svd_spectrum)
 //                  centered = true        subtract the fit mean before the SVD (stored: kv_lora_rank floats)
@@ -28,11 +30,16 @@
 #include <filesystem>
 #include <string>
 #include <string_view>
+#include <map>
+#include <memory>
 #include <vector>
+
+#include "latentq/probe_registry.h"
 
 namespace latentq {
 
-struct SvdSettings {
+/// [svd] (experiments/src/probes/svd.cpp).
+struct SvdSettings : ProbeSettings {
   bool enabled = true;
   bool centered = true;
   std::vector<int64_t> ranks;  ///< empty = probes::default_svd_ranks(kv_lora_rank)
@@ -40,7 +47,8 @@ struct SvdSettings {
 
 enum class PairSelection { Auto, All, Adjacent };
 
-struct CrossLayerSettings {
+/// [cross_layer] (experiments/src/probes/cross_layer.cpp).
+struct CrossLayerSettings : ProbeSettings {
   bool enabled = true;
   PairSelection pairs = PairSelection::Auto;
   std::vector<int64_t> windows{2};  ///< window sizes w (>= 2)
@@ -48,7 +56,8 @@ struct CrossLayerSettings {
   bool centered = true;
 };
 
-struct AttentionSettings {
+/// [attention] (experiments/src/probes/attention.cpp).
+struct AttentionSettings : ProbeSettings {
   bool enabled = true;
   std::vector<std::string> targets{"c_kv", "k_pe", "c_kv+k_pe"};  ///< each "c_kv", "k_pe" or "c_kv+k_pe"
   bool svd = true;                  ///< also the svd-rank<r> cells (c_kv only)
@@ -61,20 +70,17 @@ struct E2eSettings {
   std::vector<std::string> quantizers;  ///< canonical spec strings; empty = every quantizer of the study
 };
 
+/// The probe sections of a config and [e2e].
 struct ProbeConfig {
-  SvdSettings svd;
-  CrossLayerSettings cross_layer;
-  AttentionSettings attention;
   E2eSettings e2e;
+  /// The settings of every registered probe by section name (defaults for a section left out).
+  std::map<std::string, std::shared_ptr<const ProbeSettings>> sections;
 };
 
-/// The root keys this parser owns (the config's root key check accepts them).
-inline constexpr const char* kProbeConfigSections[] = {"svd", "cross_layer", "attention", "e2e"};
-
-/// Parse the probe sections of config text (other sections are ignored). `source` names the text in
-/// messages, `base_dir` resolves [e2e] model. Throws std::invalid_argument for TOML syntax errors,
-/// unknown keys, wrong types, a rank < 1, a window < 2, a cross-layer rank that is not a multiple of
-/// every window, an unknown attention target, a tolerance that is not > 0, or a bad spec string.
+/// Parse [e2e] and every registered probe's section of config text (other sections are ignored).
+/// `source` names the text in messages, `base_dir` resolves relative paths. Throws
+/// std::invalid_argument for TOML syntax errors, unknown keys, wrong types and bad values (naming
+/// "<source>:<line>:<col>" and the key).
 ProbeConfig parse_probe_config(std::string_view text, const std::string& source, const std::filesystem::path& base_dir);
 
 /// "auto", "all" or "adjacent".
