@@ -40,9 +40,10 @@ Per (quantizer, cache_mode), group /e2e (one 1-D dataset per column):
   or 0 for a decode-order row whose spec's scale spans the sequence: latentq.decode_scale_is_causal).
 Group /e2e_position: the same runs by query position, W = the root attribute
 decode_order_position_bucket (else --position-bucket, default 64): quantizer, cache_mode,
-residual, sink, prefill (R, S, P of the mode; 0 for prefill-at-once), pos_start, pos_end (bucket
-[pos_start, pos_end), positions within each window), tokens (windows × positions in the bucket),
-kl_mean, top1_agree.
+residual, sink, prefill (R, S, P of the mode; 0 for prefill-at-once), scale_causal, pos_start,
+pos_end (bucket [pos_start, pos_end), positions within each window), tokens (windows × positions in
+the bucket), kl_mean, top1_agree, bytes_per_token (of the run, as /e2e). The columns follow the
+C++ /attention_position group where the two share a meaning.
 The reference is the model's own run with exact latents; no metric is computed from non-finite
 logits. The file is updated through a temporary copy and a rename, so an interrupted run leaves
 the previous file intact; user errors exit 2 with one line and write nothing.
@@ -491,10 +492,11 @@ def main(argv=None) -> int:
                 causal = mode == PREFILL_AT_ONCE or all(latentq.decode_scale_is_causal(s) for s in specs)
                 bpt = cache_bytes_per_token(latentq, how, targets, layers, mode, dims, a.seq_len, a.num_seqs)
                 rows.append({"quantizer": spec, "targets": "+".join(targets), "cache_mode": mode, **m,
-                             "bytes_per_token": bpt, "scale_causal": np.int8(causal)})
+                             "bytes_per_token": bpt, "scale_causal": np.int64(causal)})
                 R, S, P = rsp.get(mode, (0, 0, 0))
                 for r in position_rows(ref, q, width):
-                    pos_rows.append({"quantizer": spec, "cache_mode": mode, "residual": R, "sink": S, "prefill": P, **r})
+                    pos_rows.append({"quantizer": spec, "cache_mode": mode, "residual": R, "sink": S, "prefill": P,
+                                     "scale_causal": np.int64(causal), **r, "bytes_per_token": bpt})
                 print(f"  {spec:28s} {mode:20s} KL {m['kl_mean']:.3e}  top1 {m['top1_agree']:.4f}  "
                       f"ppl {m['ppl_ref']:.4f} -> {m['ppl_quant']:.4f}  {bpt:.1f} B/token", flush=True)
     except ValueError as e:  # non-finite logits, a spec the quantizers refuse: nothing is written
