@@ -400,3 +400,13 @@ def test_latentq_run_with_e2e_on_an_hf_checkpoint(v3_checkpoint, tmp_path):
         kl = f["e2e/kl_mean"][:]
         assert 0 <= kl[1] < kl[0]
         assert f["e2e"].attrs["model"] == str(v3_checkpoint)
+    # The tiny-mla directory as [e2e] model of this HF dump: skipped with one line, no /e2e.
+    cfg.write_text(cfg.read_text().replace(str(v3_checkpoint), os.path.join(ROOT, "data", "tiny-mla")))
+    out2 = tmp_path / "res2.h5"
+    r = subprocess.run([lq, "run", str(cfg), "--out", str(out2), "--threads", "1"], capture_output=True, text=True,
+                       env=env, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert "e2e: skipped: the dump's model is 'model' but the [e2e] model " in r.stdout
+    assert "is a tiny-mla directory: set [e2e] model to the dump's checkpoint directory" in r.stdout
+    with h5py.File(out2, "r") as f:
+        assert "e2e" not in f
