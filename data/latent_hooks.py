@@ -49,6 +49,13 @@ Injection: ``fn(layer_idx, name, tensor) -> tensor`` with name ``"c_kv"`` ([B, T
 ``"k_pe"`` ([B, T, qk_rope_head_dim], post-RoPE); the returned tensor must have the same shape and is
 cast to the model's dtype/device. The replacement is what the rest of the layer (kv_b_proj, the
 cache, the attention) sees.
+
+Decode order (``DecodeOrderAttention``): the attention of every query t reads key j from one of two
+versions of the latent cache (quantized / bf16) per a [T, T] mask, which is token-by-token decode with
+a quantized cache done in one causal forward (latentq/decode_order.h; the e2e step builds the two
+versions and the mask with the ``latentq`` module). The model's own attention output, the input of
+``o_proj``, is replaced by ``mixed_latent_attention`` (absorbed form, DeepSeek-V3 inference/model.py)
+of the captured q_nope, q_pe, c_kv and k_pe.
 """
 from __future__ import annotations
 

@@ -156,7 +156,7 @@ def make_inject(latentq, spec, targets: tuple[str, ...], layers=None):
         if s is None:
             return x
         B, T, D = x.shape
-        flat = x.detach().to(torch.float32).reshape(B * T, D).contiguous().numpy()
+        flat = x.detach().to("cpu", torch.float32).reshape(B * T, D).contiguous().numpy()
         offs = [b * T for b in range(B + 1)]
         y = latentq.quantize_dequantize(flat, s, name, offs)
         return torch.from_numpy(y).reshape(B, T, D)
