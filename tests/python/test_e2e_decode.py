@@ -363,10 +363,15 @@ def test_script_flags_and_errors(v3_checkpoint, tmp_path, capsys):
     assert "max_position_embeddings 640" in capsys.readouterr().err
     with h5py.File(res, "r") as f:
         assert "e2e" not in f
-    assert e2e_inject.main(base + ["--cache-modes", "decode-r8-s0-p0", "--decode-quantizers", "int4-sym-token"]) == 0
+    assert e2e_inject.main(base + ["--cache-modes", "decode-r8-s0-p0", "--decode-quantizers", "int4-sym-token",
+                                   "int8-asym-tensor"]) == 0
     with h5py.File(res, "r") as f:
-        assert [x.decode() for x in f["e2e/cache_mode"][:]] == ["decode-r8-s0-p0"]
+        assert [x.decode() for x in f["e2e/cache_mode"][:]] == ["decode-r8-s0-p0"] * 2
         assert f["e2e_position/pos_end"][-1] == 32
+        # a per-tensor scale spans the sequence: no causal decode order, flagged
+        assert list(f["e2e/scale_causal"][:]) == [1, 0]
+        # 8 bf16 tokens x 2 B x (32 + 16) and 24 tokens at int4 + an fp16 scale per row: 32/2+2 + 16/2+2 = 28 B
+        assert f["e2e/bytes_per_token"][0] == pytest.approx((8 * 96 + 24 * 28) / 32)
 
 
 def test_latentq_run_with_e2e_on_an_hf_checkpoint(v3_checkpoint, tmp_path):
