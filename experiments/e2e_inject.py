@@ -368,7 +368,7 @@ def main(argv=None) -> int:
     ap.add_argument("--offset-bytes", type=int, default=2048)
     ap.add_argument("--quantizers", nargs="*", help="prefill-at-once spec strings (default: every quantizer of the study)")
     ap.add_argument("--cache-modes", nargs="*", help="cache-mode labels (default: the root attribute decode_order_modes, "
-                    "else prefill-at-once)")
+                    "else prefill-at-once); the prefill-at-once rows run unless this flag leaves that label out")
     ap.add_argument("--decode-quantizers", nargs="*", help="specs run in the decode modes (default: the root attribute "
                     "decode_order_quantizers, else the prefill-at-once quantizers)")
     ap.add_argument("--position-bucket", type=int, help="W of /e2e_position (default: the root attribute "
