@@ -3,6 +3,7 @@
 
 #include <stdexcept>
 
+#include "latentq/probe_study.h"
 #include "latentq/util.h"
 
 namespace latentq {
@@ -17,6 +18,7 @@ StudyPlan plan_study(const StudyConfig& config, LatentBackend& backend) {
   auto dump = std::make_shared<const Dump>(load_dump(config.dump, lo));
   p.dump = dump;
   p.attrs = study_attrs(config, *dump, file_sha256(config.dump), backend.name());
+  for (auto& a : decode_order_attrs(config)) p.attrs.push_back(std::move(a));
   p.quantizers = config.all_quantizers();
   auto spectra = std::make_shared<SpectrumCache>();  // one eigendecomposition per (layer, target)
   for (const Cell& c : plan_cells(config, *dump)) {

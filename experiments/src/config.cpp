@@ -192,7 +192,7 @@ StudyConfig parse_config(std::string_view text, const std::string& source, const
   C.text = std::string(text);
   C.source = source;
   C.base_dir = base_dir;
-  P.check_keys(root, "", {"input", "quantizers", "targets", "output", "svd", "cross_layer", "attention", "e2e", "mixed"});
+  P.check_keys(root, "", {"input", "quantizers", "targets", "output", "svd", "cross_layer", "attention", "decode_order", "e2e", "mixed"});
   C.probes = parse_probe_config(text, source, base_dir);  // the probe sections (latentq/probe_config.h)
 
   // [input]

@@ -78,6 +78,14 @@ class Reader {
 
 }  // namespace
 
+std::vector<DecodeOrder> DecodeOrderSettings::modes() const {
+  std::vector<DecodeOrder> out;
+  for (int64_t r : residual)
+    for (int64_t s : sink)
+      for (int64_t p : prefill) out.push_back({CacheMode::Decode, r, s, p});
+  return out;
+}
+
 const char* to_string(PairSelection p) {
   switch (p) {
     case PairSelection::All: return "all";
@@ -147,6 +155,51 @@ ProbeConfig parse_probe_config(std::string_view text, const std::string& source,
     if (const toml::node* n = t->get("check_tolerance")) {
       A.check_tolerance = R.number(*n, "attention.check_tolerance");
       if (!(A.check_tolerance > 0)) R.fail(*n, "'attention.check_tolerance' must be > 0");
+    }
+  }
+
+  if (const toml::table* t = R.section(root, "decode_order")) {
+    R.check_keys(*t, "decode_order", {"residual", "sink", "prefill", "quantizers", "targets", "position_bucket"});
+    DecodeOrderSettings& D = P.decode_order;
+    D.enabled = true;
+    const auto nonempty = [&](const toml::node& n, const std::vector<int64_t>& v, const char* name) {
+      if (v.empty()) R.fail(n, fmt::format("'decode_order.{}' is empty (give at least one value)", name));
+      return v;
+    };
+    if (const toml::node* n = t->get("residual")) D.residual = nonempty(*n, R.ints(*n, "decode_order.residual", 0), "residual");
+    if (const toml::node* n = t->get("sink")) D.sink = nonempty(*n, R.ints(*n, "decode_order.sink", 0), "sink");
+    if (const toml::node* n = t->get("prefill")) D.prefill = nonempty(*n, R.ints(*n, "decode_order.prefill", 0), "prefill");
+    if (const toml::node* n = t->get("position_bucket")) {
+      if (!n->is_integer() || n->as_integer()->get() < 1)
+        R.fail(*n, "'decode_order.position_bucket' must be an integer >= 1 (query positions bucketed as [b*W, (b+1)*W))");
+      D.position_bucket = n->as_integer()->get();
+    }
+    if (const toml::node* n = t->get("targets")) {
+      D.targets = R.strings(*n, "decode_order.targets");
+      if (D.targets.empty()) R.fail(*n, "'decode_order.targets' is empty");
+      for (size_t i = 0; i < D.targets.size(); ++i) {
+        const std::string& s = D.targets[i];
+        if (s != "c_kv" && s != "k_pe" && s != "c_kv+k_pe")
+          R.fail(*n->as_array()->get(i),
+                 fmt::format("'decode_order.targets': '{}' is not one of \"c_kv\", \"k_pe\", \"c_kv+k_pe\"", s));
+        if (std::count(D.targets.begin(), D.targets.end(), s) > 1)
+          R.fail(*n->as_array()->get(i), fmt::format("'decode_order.targets': '{}' is listed twice", s));
+      }
+    }
+    const toml::node* qn = t->get("quantizers");
+    if (!qn) R.fail(*t, "[decode_order] needs 'quantizers' (spec strings, e.g. [\"int4-asym-channel-g32\"])");
+    const auto specs = R.strings(*qn, "decode_order.quantizers");
+    if (specs.empty()) R.fail(*qn, "'decode_order.quantizers' is empty");
+    for (size_t i = 0; i < specs.size(); ++i) {
+      std::string canon;
+      try {
+        canon = TransformedSpec::parse(specs[i]).to_string();
+      } catch (const std::invalid_argument& e) {
+        R.fail(*qn->as_array()->get(i), std::string("'decode_order.quantizers': ") + e.what());
+      }
+      if (std::find(D.quantizers.begin(), D.quantizers.end(), canon) != D.quantizers.end())
+        R.fail(*qn->as_array()->get(i), fmt::format("'decode_order.quantizers': '{}' is listed twice", canon));
+      D.quantizers.push_back(canon);
     }
   }
 

@@ -21,7 +21,9 @@
 #include "latentq/probes/cross_layer.h"
 #include "latentq/probes/split.h"
 #include "latentq/probes/svd_probe.h"
+#include "latentq/decode_order.h"
 #include "latentq/quantize.h"
+#include "latentq/transform.h"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -73,6 +75,9 @@ std::string SharingCell::key() const {
 }
 std::string AttentionCheckCell::key() const { return fmt::format("{:03d}/attention_check", layer); }
 std::string AttentionCell::key() const { return fmt::format("{:03d}/{}/{}/attention_error", layer, targets, quantizer); }
+std::string AttentionPositionCell::key() const {
+  return fmt::format("{:03d}/{}/{}/attention_position", layer, targets, quantizer);
+}
 
 std::string cell_key(const ProbeCell& c) {
   return std::visit([](const auto& x) { return x.key(); }, c);
@@ -297,6 +302,26 @@ std::vector<AttentionCell> plan_attention_cells(const StudyConfig& config, const
   return cells;
 }
 
+std::vector<AttentionPositionCell> plan_attention_position_cells(const StudyConfig& config, const Dump& dump) {
+  std::vector<AttentionPositionCell> cells;
+  const DecodeOrderSettings& s = config.probes.decode_order;
+  if (!s.enabled || !attention_unavailable_reason(dump).empty()) return cells;
+  for (int l : loaded_layers(dump))
+    for (const std::string& tg : s.targets)
+      for (const std::string& q : s.quantizers) cells.push_back({l, tg, q});
+  return cells;
+}
+
+Attrs decode_order_attrs(const StudyConfig& config) {
+  const DecodeOrderSettings& s = config.probes.decode_order;
+  if (!s.enabled) return {};
+  std::vector<std::string> modes;
+  for (const DecodeOrder& o : s.modes()) modes.push_back(o.label());
+  return {{"decode_order_modes", modes},
+          {"decode_order_quantizers", s.quantizers},
+          {"decode_order_position_bucket", s.position_bucket}};
+}
+
 // ---- columns -----------------------------------------------------------------------------------------
 
 namespace {
@@ -325,6 +350,10 @@ const std::map<std::string, Schema>& schemas() {
        {{"layer", I64}, {"quantizer", Str}, {"targets", Str}, {"out_rel_fro", F64}, {"cos_mean", F64},
         {"kl_mean", F64}, {"top1_agree", F64}, {"top8_agree", F64}, {"bits_per_element_c_kv", F64},
         {"bytes_per_token_layer", F64}}},
+      {"attention_position",
+       {{"layer", I64}, {"targets", Str}, {"quantizer", Str}, {"cache_mode", Str}, {"residual", I64}, {"sink", I64},
+        {"prefill", I64}, {"scale_causal", I64}, {"pos_start", I64}, {"pos_end", I64}, {"queries", I64},
+        {"quantized_key_frac", F64}, {"kl_mean", F64}, {"out_rel_fro", F64}, {"bytes_per_token", F64}}},
   };
   return s;
 }
@@ -355,8 +384,13 @@ void add_row(ColumnTable& t, const std::vector<Value>& values) {
 }  // namespace
 
 const std::vector<std::string>& probe_groups() {
-  static const std::vector<std::string> g = {"svd",           "svd_spectrum",    "cross_layer",
-                                             "cross_layer_sharing", "attention_check", "attention_error"};
+  static const std::vector<std::string> g = {"svd",
+                                             "svd_spectrum",
+                                             "cross_layer",
+                                             "cross_layer_sharing",
+                                             "attention_check",
+                                             "attention_error",
+                                             "attention_position"};
   return g;
 }
 
@@ -565,6 +599,34 @@ struct ProbeRunner::Impl {
                 x.top8_agree, bits_c, bytes_c + bytes_k});
     return {std::move(t)};
   }
+
+  std::vector<ColumnTable> run(const AttentionPositionCell& c) {
+    ColumnTable t = empty_probe_table("attention_position");
+    if (c.targets != "c_kv" && c.targets != "k_pe" && c.targets != "c_kv+k_pe")
+      throw std::invalid_argument(fmt::format("unknown targets '{}' (expected c_kv, k_pe or c_kv+k_pe)", c.targets));
+    const AttentionEntry& e = attention_of(c.layer);
+    const Layer& l = dump.layer(c.layer);
+    const TransformedSpec ts = TransformedSpec::parse(c.quantizer);
+    probes::DecodeOrderQuantizer q;
+    q.spec = ts.spec;
+    q.c_kv = c.targets != "k_pe";
+    q.k_pe = c.targets != "c_kv";
+    const Rotation r_ckv = q.c_kv ? rotation_of(c.layer, Target::CKV, ts.transform) : Rotation{};
+    const Rotation r_kpe = q.k_pe ? rotation_of(c.layer, Target::KPE, ts.transform) : Rotation{};
+    q.r_ckv = &r_ckv;
+    q.r_kpe = &r_kpe;
+    std::vector<DecodeOrder> orders{DecodeOrder{}};  // the baseline prefill-at-once first
+    for (const DecodeOrder& o : config.probes.decode_order.modes()) orders.push_back(o);
+    const probes::DecodeOrderInput in{l.c_kv, l.k_pe, dump.seq_offsets, l.q_rows, dump.positions};
+    const int64_t causal = decode_scale_is_causal(ts.spec) ? 1 : 0;
+    for (const probes::DecodeOrderError& o :
+         probes::decode_order_attention(*e.att, e.ref, in, q, orders, config.probes.decode_order.position_bucket))
+      for (const probes::PositionBucketError& b : o.buckets)
+        add_row(t, {int64_t{c.layer}, c.targets, c.quantizer, o.order.label(), o.order.residual, o.order.sink,
+                    o.order.prefill, causal, b.pos_start, b.pos_end, b.queries, b.quantized_key_frac, b.kl_mean,
+                    b.out_rel_fro, o.bytes_per_token});
+    return {std::move(t)};
+  }
 };
 
 ProbeRunner::ProbeRunner(const StudyConfig& config, const Dump& dump)
@@ -652,6 +714,15 @@ ProbePlan plan_probes(const StudyConfig& config, const Dump& dump) {
       p.groups.insert(p.groups.end(), {"attention_check", "attention_error"});
     }
   }
+  if (P.decode_order.enabled) {
+    // Needs the attention data too (loaded for it when [attention] is disabled: load_probe_dump).
+    if (const std::string why = attention_unavailable_reason(dump); !why.empty()) {
+      if (p.attention_skipped.empty()) p.attention_skipped = why;
+    } else {
+      add(plan_attention_position_cells(config, dump));
+      p.groups.push_back("attention_position");
+    }
+  }
   return p;
 }
 
@@ -660,7 +731,7 @@ Dump load_probe_dump(const StudyConfig& config) {
     throw std::invalid_argument(config.source + ": no input dump: set [input] dump or pass --input");
   LoadOptions lo;
   lo.layers = config.layers;
-  lo.attention = config.probes.attention.enabled;
+  lo.attention = config.probes.attention.enabled || config.probes.decode_order.enabled;
   return load_dump(config.dump, lo);
 }
 
@@ -688,6 +759,13 @@ std::vector<NamedTable> run_probes(const StudyConfig& config, const Dump& dump, 
                                             "queries; KL(p || p_hat) in nats, p_hat floored at 1e-30; a target the row "
                                             "does not quantize is rounded to bf16 and counted as bf16; svd-rank<r> "
                                             "rows: r bf16 coefficients per token, k_pe bf16")}};
+    if (g == "attention_position")
+      t.attrs = {{"definition", std::string("absorbed float32 attention on the decode-order cache vs on exact latents, "
+                                            "same queries (latentq/decode_order.h): the query at position t reads key j "
+                                            "quantized iff reads_quantized(t, j, G), else bf16; scores and values mixed "
+                                            "per (t, j); rows per bucket [pos_start, pos_end) of query positions; KL as "
+                                            "/attention_error; bytes_per_token: one layer, c_kv + k_pe, the cache at each "
+                                            "sequence's end (bf16 tokens at 2 bytes per element)")}};
   }
   return out;
 }
@@ -715,6 +793,10 @@ std::vector<std::string> row_keys(const std::string& group, const ColumnTable& t
     const auto& l = ints("layer");
     const auto &tg = strs("targets"), &q = strs("quantizer");
     for (size_t i = 0; i < n; ++i) k.push_back(fmt::format("{:03d}/{}/{}/attention_error", l[i], tg[i], q[i]));
+  } else if (group == "attention_position") {
+    const auto& l = ints("layer");
+    const auto &tg = strs("targets"), &q = strs("quantizer");
+    for (size_t i = 0; i < n; ++i) k.push_back(fmt::format("{:03d}/{}/{}/attention_position", l[i], tg[i], q[i]));
   } else {
     throw std::invalid_argument(fmt::format("row_keys: group '{}' has no cell keys", group));
   }

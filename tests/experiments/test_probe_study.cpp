@@ -53,7 +53,7 @@ class ScopedEnv {
   bool had_ = false;
 };
 
-const char* kConfig = R"(
+const char* kBaseConfig = R"(
 [quantizers]
 bits = [4]
 schemes = ["asym"]
@@ -63,6 +63,15 @@ extra = ["bf16"]
 [targets.k_pe]
 quantizers = ["int4-asym-channel-g32", "int8-sym-token"]
 )";
+// The synthetic dump's sequences are 40 and 24 tokens: R = 8 and S = 2 leave quantized keys in both.
+const char* kDecodeOrderSection = R"(
+[decode_order]
+residual = [0, 8]
+sink = [0, 2]
+quantizers = ["int4-asym-channel-g32", "int2-asym-token"]
+position_bucket = 16
+)";
+const std::string kConfig = std::string(kBaseConfig) + kDecodeOrderSection;
 
 struct ProbeTest : ::testing::Test {
   TempDir dir;
@@ -101,11 +110,24 @@ TEST_F(ProbeTest, PlanKeysAreStable) {
       "001/c_kv/int4-asym-channel-g32/attention_error"};
   ASSERT_GE(k.size(), expected_head.size());
   EXPECT_EQ(std::vector<std::string>(k.begin(), k.begin() + static_cast<ptrdiff_t>(expected_head.size())), expected_head);
-  EXPECT_EQ(k.size(), 3u + 3u + 2u + 3u + 3u * 12u);
+  EXPECT_EQ(k.size(), 3u + 3u + 2u + 3u + 3u * 12u + 3u * 2u);
   EXPECT_EQ(p.groups, probe_groups());
   EXPECT_TRUE(p.attention_skipped.empty());
   EXPECT_EQ(cell_groups(p.cells[0]), (std::vector<std::string>{"svd", "svd_spectrum"}));
-  EXPECT_EQ(cell_groups(p.cells.back()), (std::vector<std::string>{"attention_error"}));
+  EXPECT_EQ(k[k.size() - 7], "002/c_kv/svd-rank16/attention_error");
+  EXPECT_EQ(std::vector<std::string>(k.end() - 6, k.end()),
+            (std::vector<std::string>{"000/c_kv+k_pe/int4-asym-channel-g32/attention_position",
+                                      "000/c_kv+k_pe/int2-asym-token/attention_position",
+                                      "001/c_kv+k_pe/int4-asym-channel-g32/attention_position",
+                                      "001/c_kv+k_pe/int2-asym-token/attention_position",
+                                      "002/c_kv+k_pe/int4-asym-channel-g32/attention_position",
+                                      "002/c_kv+k_pe/int2-asym-token/attention_position"}));
+  EXPECT_EQ(cell_groups(p.cells.back()), (std::vector<std::string>{"attention_position"}));
+  // Without [decode_order]: no such cell nor group.
+  const StudyConfig base = parse_config(kBaseConfig, "probe.toml", dir.path());
+  const ProbePlan pb = plan_probes(base, dump);
+  EXPECT_EQ(pb.cells.size(), k.size() - 6);
+  EXPECT_EQ(pb.groups, std::vector<std::string>(probe_groups().begin(), probe_groups().end() - 1));
 }
 
 TEST_F(ProbeTest, PairSelectionAndLayerSubsets) {
@@ -214,12 +236,45 @@ TEST_F(ProbeTest, ConfigErrorsNameTheKey) {
   for (const auto& [text, message] : cases) {
     SCOPED_TRACE(text);
     try {
-      parse_config(std::string(kConfig) + text, "probe.toml", dir.path());
+      parse_config(std::string(kBaseConfig) + text, "probe.toml", dir.path());
       ADD_FAILURE() << "no error";
     } catch (const std::invalid_argument& e) {
       EXPECT_CONTAINS(e.what(), "probe.toml:");
       EXPECT_CONTAINS(e.what(), message);
     }
+  }
+  const std::vector<std::pair<std::string, std::string>> decode_cases = {
+      {"[decode_order]\nresidual = [0]\n", "[decode_order] needs 'quantizers'"},
+      {"[decode_order]\nquantizers = []\n", "'decode_order.quantizers' is empty"},
+      {"[decode_order]\nquantizers = [\"int3-asym-token\"]\n", "'decode_order.quantizers': "},
+      {"[decode_order]\nquantizers = [\"int4-asym-token\", \"int4-asym-token\"]\n", "'int4-asym-token' is listed twice"},
+      {"[decode_order]\nquantizers = [\"int4-asym-token\"]\nresidual = [-1]\n", "'decode_order.residual': -1 is < 0"},
+      {"[decode_order]\nquantizers = [\"int4-asym-token\"]\nsink = []\n", "'decode_order.sink' is empty"},
+      {"[decode_order]\nquantizers = [\"int4-asym-token\"]\nposition_bucket = 0\n",
+       "'decode_order.position_bucket' must be an integer >= 1"},
+      {"[decode_order]\nquantizers = [\"int4-asym-token\"]\ntargets = [\"c\"]\n", "'decode_order.targets': 'c' is not one of"},
+      {"[decode_order]\nquantizers = [\"int4-asym-token\"]\nresiduals = [1]\n", "unknown key 'decode_order.residuals'"},
+  };
+  for (const auto& [text, message] : decode_cases) {
+    SCOPED_TRACE(text);
+    try {
+      parse_config(std::string(kBaseConfig) + text, "probe.toml", dir.path());
+      ADD_FAILURE() << "no error";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_CONTAINS(e.what(), "probe.toml:");
+      EXPECT_CONTAINS(e.what(), message);
+    }
+  }
+  {
+    const DecodeOrderSettings d = parse_config(kConfig, "p.toml", dir.path()).probes.decode_order;
+    EXPECT_TRUE(d.enabled);
+    EXPECT_EQ(d.quantizers, (std::vector<std::string>{"int4-asym-channel-g32", "int2-asym-token"}));
+    EXPECT_EQ(d.targets, (std::vector<std::string>{"c_kv+k_pe"}));
+    EXPECT_EQ(d.prefill, (std::vector<int64_t>{0}));
+    std::vector<std::string> labels;
+    for (const DecodeOrder& o : d.modes()) labels.push_back(o.label());
+    EXPECT_EQ(labels, (std::vector<std::string>{"decode-r0-s0-p0", "decode-r0-s2-p0", "decode-r8-s0-p0", "decode-r8-s2-p0"}));
+    EXPECT_FALSE(parse_config(kBaseConfig, "p.toml", dir.path()).probes.decode_order.enabled);
   }
   // Defaults when the sections are absent; [e2e] model resolves against the config's directory.
   const StudyConfig c = parse_config(std::string(kConfig) + "[e2e]\nenabled = true\nmodel = \"m\"\n", "p.toml", dir.path());
@@ -231,6 +286,63 @@ TEST_F(ProbeTest, ConfigErrorsNameTheKey) {
 }
 
 // ---- values ----------------------------------------------------------------------------------------
+
+// /attention_position: the baseline rows reproduce /attention_error of the same cell (bucket means weighted
+// by their queries), every mode has a row per bucket, and the byte cost follows the cache's bf16 part.
+TEST_F(ProbeTest, AttentionPositionBaselineIsTheAttentionErrorCell) {
+  const ProbeRunner runner(config, dump);
+  const QuantSpec spec = QuantSpec::parse("int4-asym-channel-g32");
+  for (int layer : {0, 2}) {
+    SCOPED_TRACE(layer);
+    const ColumnTable err = runner.run(AttentionCell{layer, "c_kv+k_pe", spec.to_string(), spec, 0})[0];
+    const ColumnTable pos = runner.run(AttentionPositionCell{layer, "c_kv+k_pe", spec.to_string()})[0];
+    ASSERT_EQ(pos.names(), probe_columns("attention_position"));
+    const auto& mode = pos.get<std::string>("cache_mode");
+    const auto& q = pos.get<int64_t>("queries");
+    const auto& kl = pos.get<double>("kl_mean");
+    const auto& frac = pos.get<double>("quantized_key_frac");
+    const auto& bytes = pos.get<double>("bytes_per_token");
+    const auto& start = pos.get<int64_t>("pos_start");
+    // The synthetic dump's query rows sit at positions 9, 20, 31 (sequence 0) and 1, 12, 23 (sequence 1):
+    // buckets [0, 16) and [16, 32), 3 rows each.
+    ASSERT_EQ(pos.num_rows(), 5u * 2u);
+    double kl_sum = 0;
+    int64_t nq = 0;
+    for (size_t i = 0; i < 2; ++i) {
+      EXPECT_EQ(mode[i], "prefill-at-once");
+      EXPECT_EQ(start[i], 16 * int64_t(i));
+      EXPECT_EQ(q[i], 3);
+      EXPECT_EQ(frac[i], 1.0);
+      kl_sum += kl[i] * double(q[i]);
+      nq += q[i];
+    }
+    EXPECT_NEAR(kl_sum / double(nq), err.get<double>("kl_mean")[0], 1e-12 * err.get<double>("kl_mean")[0]);
+    EXPECT_EQ(bytes[0], err.get<double>("bytes_per_token_layer")[0]);
+    EXPECT_EQ(mode[2], "decode-r0-s0-p0");
+    EXPECT_EQ(mode[9], "decode-r8-s2-p0");
+    EXPECT_EQ(pos.get<int64_t>("residual")[9], 8);
+    EXPECT_EQ(pos.get<int64_t>("sink")[9], 2);
+    EXPECT_EQ(pos.get<int64_t>("scale_causal")[0], 1);
+    // g32 groups: only the query at position 31 with R = 0 and S = 0 completes one ([0, 32) quantized);
+    // every other decode-mode query reads every key in bf16.
+    for (size_t i = 2; i < 10; ++i) {
+      EXPECT_EQ(frac[i], i == 3 ? 1.0 / 3.0 : 0.0) << i;
+      if (i != 3) {
+        EXPECT_EQ(kl[i], kl[i % 2 + 4]) << i;
+      }
+      EXPECT_GT(bytes[i], bytes[0]) << i;
+      EXPECT_LE(bytes[i], 2.0 * (16 + 8)) << i;
+    }
+    EXPECT_GT(kl[3], kl[5]);
+    EXPECT_LT(kl[2], 1e-2 * kl[0]);  // bf16 reads against int4
+  }
+  EXPECT_EQ(row_keys("attention_position", runner.run(AttentionPositionCell{1, "c_kv", "int2-asym-token"})[0]),
+            std::vector<std::string>(5 * 2, "001/c_kv/int2-asym-token/attention_position"));
+  // int2-asym-token (G = 1): with R = 0 the engines' order reads every key of [S, t] quantized.
+  const ColumnTable t2 = runner.run(AttentionPositionCell{0, "c_kv+k_pe", "int2-asym-token"})[0];
+  EXPECT_EQ(t2.get<double>("quantized_key_frac")[2], 1.0);  // decode-r0-s0-p0, bucket [0, 16)
+  EXPECT_LT(t2.get<double>("quantized_key_frac")[4], 1.0);  // decode-r0-s2-p0: the sink keys are bf16
+}
 
 bool tables_equal(const ColumnTable& a, const ColumnTable& b) { return a.columns() == b.columns(); }
 
@@ -443,6 +555,15 @@ TEST_F(ProbeCliTest, RunWritesEveryGroupAndPrintsTheTables) {
   EXPECT_EQ(read_table(results, "svd").num_rows(), 3u * 6u);
   EXPECT_EQ(read_table(results, "svd_spectrum").num_rows(), 3u * 16u);
   EXPECT_EQ(read_table(results, "attention_error").num_rows(), 3u * 12u);
+  EXPECT_EQ(read_table(results, "attention_position").num_rows(), 3u * 2u * 5u * 2u);
+  // What the e2e step reads to run the same decode orders.
+  const Attrs attrs = read_results_attrs(results);
+  const auto find = [&](const char* name) -> const AttrValue& { return attr(attrs, name); };
+  EXPECT_EQ(std::get<std::vector<std::string>>(find("decode_order_modes")),
+            (std::vector<std::string>{"decode-r0-s0-p0", "decode-r0-s2-p0", "decode-r8-s0-p0", "decode-r8-s2-p0"}));
+  EXPECT_EQ(std::get<std::vector<std::string>>(find("decode_order_quantizers")),
+            (std::vector<std::string>{"int4-asym-channel-g32", "int2-asym-token"}));
+  EXPECT_EQ(std::get<int64_t>(find("decode_order_position_bucket")), 16);
   EXPECT_CONTAINS(o.out, "Latent error vs attention error");
   EXPECT_CONTAINS(o.out, "svd-rank16");
   EXPECT_CONTAINS(o.out, "SVD of c_kv (kv_lora_rank 16");

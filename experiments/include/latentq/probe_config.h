@@ -18,6 +18,17 @@
 //                  targets = ["c_kv", "k_pe", "c_kv+k_pe"]   which latents are quantized
 //                  svd = true             also SVD-pruned c_kv at every [svd] rank ("svd-rank<r>")
 //                  check_tolerance = 1e-4 warn when the recomputation differs from attn_out by more
+//   [decode_order] (absent = off)         /attention_position: attention on the decode-order cache
+//                                         (latentq/decode_order.h) per query-position bucket
+//                  residual = [0]         R values (>= 0): recent keys read in bf16
+//                  sink = [0]             S values (>= 0): first tokens of each sequence kept in bf16
+//                  prefill = [0]          P values (>= 0): queries before P read every key in bf16
+//                  quantizers = [...]     spec strings ("<transform>,<quantizer>" allowed); required, non-empty
+//                  targets = ["c_kv+k_pe"]   each "c_kv", "k_pe" or "c_kv+k_pe"
+//                  position_bucket = 64   W >= 1: query positions bucketed as [b·W, (b+1)·W)
+//                  The modes are the cross product R × S × P (decode-r<R>-s<S>-p<P>) plus the baseline
+//                  prefill-at-once. Needs the dump's attention datasets (loaded for it even when
+//                  [attention] is disabled).
 //   [e2e]          enabled = false        true: run experiments/e2e_inject.py after the results are written
 //                  model = "path"         the tiny-mla model directory, relative to the config file
 //                  quantizers = []        [] = every quantizer of the study; else spec strings
@@ -29,6 +40,8 @@
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "latentq/decode_order.h"
 
 namespace latentq {
 
@@ -55,6 +68,18 @@ struct AttentionSettings {
   double check_tolerance = 1e-4;    ///< /attention_check: warn above this relative error
 };
 
+struct DecodeOrderSettings {
+  bool enabled = false;                    ///< true when the config has a [decode_order] section
+  std::vector<int64_t> residual{0};        ///< R values, >= 0, config order
+  std::vector<int64_t> sink{0};            ///< S values, >= 0
+  std::vector<int64_t> prefill{0};         ///< P values, >= 0
+  std::vector<std::string> quantizers;     ///< canonical TransformedSpec strings, config order
+  std::vector<std::string> targets{"c_kv+k_pe"};  ///< each "c_kv", "k_pe" or "c_kv+k_pe"
+  int64_t position_bucket = 64;            ///< W >= 1
+  /// The decode modes, R-major then S then P (config order; the baseline prefill-at-once not included).
+  std::vector<DecodeOrder> modes() const;
+};
+
 struct E2eSettings {
   bool enabled = false;                 ///< only [e2e] enabled = true runs the script
   std::filesystem::path model;          ///< resolved against the config's directory; empty = the script's default
@@ -65,11 +90,12 @@ struct ProbeConfig {
   SvdSettings svd;
   CrossLayerSettings cross_layer;
   AttentionSettings attention;
+  DecodeOrderSettings decode_order;
   E2eSettings e2e;
 };
 
 /// The root keys this parser owns (the config's root key check accepts them).
-inline constexpr const char* kProbeConfigSections[] = {"svd", "cross_layer", "attention", "e2e"};
+inline constexpr const char* kProbeConfigSections[] = {"svd", "cross_layer", "attention", "decode_order", "e2e"};
 
 /// Parse the probe sections of config text (other sections are ignored). `source` names the text in
 /// messages, `base_dir` resolves [e2e] model. Throws std::invalid_argument for TOML syntax errors,

@@ -14,6 +14,8 @@
 //   /attention_error      "<layer:03d>/<targets>/<quantizer>/attention_error"  1
 //                         targets: c_kv | k_pe | c_kv+k_pe; quantizer: a canonical spec, or
 //                         svd-rank<r> (targets c_kv) for SVD-pruned c_kv
+//   /attention_position   "<layer:03d>/<targets>/<quantizer>/attention_position"  one per cache mode and
+//                         query-position bucket ([decode_order]; prefill-at-once first, then the modes)
 //
 // Work shared by several cells of one layer (the absorbed attention on the exact latents and the SVD basis for /attention_check and
 // /attention_error) is computed once per ProbeRunner, on first use, thread-safely; it is a
@@ -82,7 +84,18 @@ struct AttentionCell {
   std::vector<std::string> groups() const { return {"attention_error"}; }
 };
 
-using ProbeCell = std::variant<SvdCell, CrossLayerCell, SharingCell, AttentionCheckCell, AttentionCell>;
+/// /attention_position: attention on the decode-order cache (latentq/decode_order.h) of [decode_order]'s
+/// modes and the baseline prefill-at-once, per bucket of query positions.
+struct AttentionPositionCell {
+  int layer = 0;
+  std::string targets;      ///< "c_kv", "k_pe" or "c_kv+k_pe"
+  std::string quantizer;    ///< canonical "<transform>,<quantizer>" spec string
+  std::string key() const;  ///< "003/c_kv+k_pe/int4-asym-channel-g32/attention_position"
+  std::vector<std::string> groups() const { return {"attention_position"}; }
+};
+
+using ProbeCell =
+    std::variant<SvdCell, CrossLayerCell, SharingCell, AttentionCheckCell, AttentionCell, AttentionPositionCell>;
 std::string cell_key(const ProbeCell& c);
 /// The groups a cell has rows in, in the order ProbeRunner::run returns their tables.
 std::vector<std::string> cell_groups(const ProbeCell& c);
@@ -123,6 +136,14 @@ std::vector<AttentionCheckCell> plan_attention_check_cells(const StudyConfig& co
 /// disabled or without attention data. Throws as svd_ranks.
 std::vector<AttentionCell> plan_attention_cells(const StudyConfig& config, const Dump& dump);
 
+/// Layer-major; per layer, each [decode_order] target (config order), each [decode_order] quantizer
+/// (config order). None without a [decode_order] section or without attention data.
+std::vector<AttentionPositionCell> plan_attention_position_cells(const StudyConfig& config, const Dump& dump);
+/// The root attributes a run with [decode_order] writes (none without it): decode_order_modes (string
+/// array of the cache_mode labels, baseline excluded), decode_order_quantizers (string array of the
+/// canonical specs), decode_order_position_bucket (int64): what the e2e step reads to run the same settings.
+Attrs decode_order_attrs(const StudyConfig& config);
+
 /// Why the attention groups cannot run on this dump ("" when they can), naming the missing dataset.
 std::string attention_unavailable_reason(const Dump& dump);
 /// The absorbed-attention inputs of one dumped layer (query rows, q_nope, q_pe, W_UK, W_UV, dims,
@@ -150,6 +171,12 @@ probes::AttentionQueries attention_queries(const Dump& dump, const Layer& layer)
 ///                      16·r/kv_lora_rank for svd-rank<r>), bytes_per_token_layer (c_kv + k_pe of one
 ///                      layer; a target left unquantized counts as bf16, svd-rank<r> c_kv as r bf16
 ///                      coefficients; the SVD basis is a one-off cost, not counted)
+///  attention_position  layer, targets, quantizer, cache_mode (DecodeOrder::label()), residual, sink,
+///                      prefill (0 for prefill-at-once), scale_causal (decode_scale_is_causal of the spec,
+///                      0/1), pos_start, pos_end (the bucket [pos_start, pos_end) of query positions in their
+///                      sequence), queries, quantized_key_frac, kl_mean, out_rel_fro (probes::
+///                      decode_order_attention vs the run on exact latents), bytes_per_token (one layer,
+///                      c_kv + k_pe, the cache at each sequence's end)
 /// All float columns float64, integer columns int64.
 const std::vector<std::string>& probe_columns(const std::string& group);
 /// A table with the columns of `group` and no rows.
