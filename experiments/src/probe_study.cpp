@@ -429,7 +429,24 @@ struct ProbeRunner::Impl {
     std::unique_ptr<probes::AbsorbedAttention<float>> att;
     probes::AttentionResult<float> ref;
     probes::AttentionQueries queries;  // views into the dump's layer (the fold check rotates copies)
+    // The bf16 reads of the targets an /attention_error cell does not quantize, and bf16(c_kv)'s partial
+    // scores (every cell that quantizes k_pe only reads them): once per layer, on first use.
+    std::once_flag bf16_once;
+    std::vector<float> ckv_bf16, kpe_bf16;
+    double bytes_ckv_bf16 = 0, bytes_kpe_bf16 = 0;
+    probes::AbsorbedAttention<float>::CkvScores ckv_bf16_scores;
   };
+  // The /attention_error cells of one (layer, quantizer) in the plan: the first of them to run computes
+  // the rows of all (one quantization per target, shared partial scores: AbsorbedAttention::run_variants);
+  // the others take theirs. A row is a deterministic function of its cell, so this changes no value.
+  struct ErrorGroup {
+    std::once_flag once;
+    std::vector<AttentionCell> cells;
+    std::map<std::string, ColumnTable> rows;           // by cell key
+    std::map<std::string, std::exception_ptr> errors;  // by cell key
+  };
+  std::once_flag groups_once;
+  std::map<std::string, ErrorGroup> error_groups;  // "<layer>/<quantizer>"
   struct BasisEntry {
     std::once_flag once;
     probes::SvdBasis basis;
@@ -562,7 +579,136 @@ struct ProbeRunner::Impl {
     return {std::move(t)};
   }
 
+  static bool same_cell(const AttentionCell& a, const AttentionCell& b) {
+    return a.layer == b.layer && a.targets == b.targets && a.quantizer == b.quantizer && a.spec == b.spec &&
+           a.svd_rank == b.svd_rank && a.spec_kpe == b.spec_kpe && a.transform == b.transform;
+  }
+
+  // The plan's group of cell c, or null (an SVD cell, a cell the plan does not hold, a plan that fails).
+  ErrorGroup* group_of(const AttentionCell& c) {
+    std::call_once(groups_once, [&] {
+      try {
+        for (const AttentionCell& x : plan_attention_cells(config, dump))
+          if (x.svd_rank == 0) error_groups[fmt::format("{}/{}", x.layer, x.quantizer)].cells.push_back(x);
+      } catch (const std::exception&) {
+        error_groups.clear();  // every cell computes alone (and reports its own error)
+      }
+    });
+    if (c.svd_rank > 0) return nullptr;
+    const auto it = error_groups.find(fmt::format("{}/{}", c.layer, c.quantizer));
+    if (it == error_groups.end()) return nullptr;
+    for (const AttentionCell& x : it->second.cells)
+      if (same_cell(x, c)) return &it->second;
+    return nullptr;
+  }
+
+  const AttentionEntry& bf16_of(int layer) {
+    attention_of(layer);
+    AttentionEntry& e = entry(attention, layer);
+    std::call_once(e.bf16_once, [&] {
+      static const QuantSpec kBf16 = QuantSpec::parse("bf16");
+      const Layer& l = dump.layer(layer);
+      const int64_t T = dump.num_tokens();
+      e.ckv_bf16.resize(l.c_kv.size());
+      e.kpe_bf16.resize(l.k_pe.size());
+      e.bytes_ckv_bf16 = account(quantize_dequantize_rotated(kBf16, Rotation{}, Target::CKV, l.c_kv.data(), T,
+                                                             dump.attrs.kv_lora_rank, dump.seq_offsets, e.ckv_bf16.data()))
+                             .bytes_per_token;
+      e.bytes_kpe_bf16 = account(quantize_dequantize_rotated(kBf16, Rotation{}, Target::KPE, l.k_pe.data(), T,
+                                                             dump.attrs.qk_rope_head_dim, dump.seq_offsets,
+                                                             e.kpe_bf16.data()))
+                             .bytes_per_token;
+      e.ckv_bf16_scores = e.att->ckv_scores(e.ckv_bf16);
+    });
+    return e;
+  }
+
+  // All cells of a group: one quantized store per (target, spec), the bf16 stores of the layer, one
+  // run_variants. A cell whose quantization or metrics fail records its own error; when the shared
+  // attention itself fails, the cells compute alone (run_alone), so each reports its own error.
+  void compute_group(ErrorGroup& g) {
+    const int layer = g.cells.front().layer;
+    const AttentionEntry& e = bf16_of(layer);
+    const Layer& l = dump.layer(layer);
+    const int64_t T = dump.num_tokens(), r = dump.attrs.kv_lora_rank, rope = dump.attrs.qk_rope_head_dim;
+    struct Store {
+      std::vector<float> x;
+      Accounting a{};
+      std::exception_ptr error;
+    };
+    std::map<std::string, Store> stores;  // "<target>/<spec>"
+    const auto store = [&](Target t, const QuantSpec& spec, const Transform& tr) -> Store& {
+      const std::string key = fmt::format("{}/{}", to_string(t), spec.to_string());
+      auto it = stores.find(key);
+      if (it != stores.end()) return it->second;
+      Store& st = stores[key];
+      const bool ckv = t == Target::CKV;
+      try {
+        st.x.resize(ckv ? l.c_kv.size() : l.k_pe.size());
+        st.a = account(quantize_dequantize_rotated(spec, rotation_of(layer, t, tr), t, ckv ? l.c_kv.data() : l.k_pe.data(),
+                                                   T, ckv ? r : rope, dump.seq_offsets, st.x.data()));
+      } catch (...) {
+        st.error = std::current_exception();
+      }
+      return st;
+    };
+    struct Plan {
+      const AttentionCell* cell;
+      const Store *c, *k;  // null: bf16
+    };
+    std::vector<Plan> plans;
+    std::vector<probes::AbsorbedAttention<float>::Variant> variants;
+    for (const AttentionCell& c : g.cells) {
+      const bool q_ckv = c.targets != "k_pe", q_kpe = c.targets != "c_kv";
+      const Store* sc = q_ckv ? &store(Target::CKV, c.spec, c.transform) : nullptr;
+      const Store* sk =
+          q_kpe ? &store(Target::KPE, c.targets == "k_pe" ? c.spec : c.spec_kpe.value_or(c.spec), c.transform) : nullptr;
+      if ((sc && sc->error) || (sk && sk->error)) {
+        g.errors[c.key()] = sc && sc->error ? sc->error : sk->error;
+        continue;
+      }
+      plans.push_back({&c, sc, sk});
+      probes::AbsorbedAttention<float>::Variant v;
+      v.c_kv = sc ? std::span<const float>(sc->x) : std::span<const float>(e.ckv_bf16);
+      v.k_pe = sk ? std::span<const float>(sk->x) : std::span<const float>(e.kpe_bf16);
+      v.scores = sc ? nullptr : &e.ckv_bf16_scores;
+      variants.push_back(v);
+    }
+    std::vector<probes::AttentionResult<float>> results;
+    try {
+      results = e.att->run_variants(variants, true);
+    } catch (const std::exception&) {
+      return;  // no rows: each cell runs alone
+    }
+    for (size_t i = 0; i < plans.size(); ++i) {
+      const Plan& p = plans[i];
+      try {
+        const probes::AttentionError x = probes::attention_error(e.ref, results[i]);
+        ColumnTable t = empty_probe_table("attention_error");
+        const double bits_c = p.c ? p.c->a.bits_per_element : 16.0;
+        const double bytes_c = p.c ? p.c->a.bytes_per_token : e.bytes_ckv_bf16;
+        const double bytes_k = p.k ? p.k->a.bytes_per_token : e.bytes_kpe_bf16;
+        add_row(t, {int64_t{layer}, p.cell->quantizer, p.cell->targets, x.out_rel_fro, x.cos_mean, x.kl_mean,
+                    x.top1_agree, x.top8_agree, bits_c, bytes_c + bytes_k});
+        g.rows[p.cell->key()] = std::move(t);
+      } catch (...) {
+        g.errors[p.cell->key()] = std::current_exception();
+      }
+    }
+  }
+
   std::vector<ColumnTable> run(const AttentionCell& c) {
+    if (ErrorGroup* g = group_of(c)) {
+      std::call_once(g->once, [&] { compute_group(*g); });
+      const std::string k = c.key();
+      if (const auto it = g->rows.find(k); it != g->rows.end()) return {it->second};
+      if (const auto it = g->errors.find(k); it != g->errors.end()) std::rethrow_exception(it->second);
+    }
+    return run_alone(c);
+  }
+
+  // One /attention_error cell on its own (SVD cells, cells outside the plan, groups whose shared run failed).
+  std::vector<ColumnTable> run_alone(const AttentionCell& c) {
     ColumnTable t = empty_probe_table("attention_error");
     if (c.targets != "c_kv" && c.targets != "k_pe" && c.targets != "c_kv+k_pe")
       throw std::invalid_argument(fmt::format("unknown targets '{}' (expected c_kv, k_pe or c_kv+k_pe)", c.targets));

@@ -715,3 +715,46 @@ TEST(DecodeOrder, BytesPerTokenHandComputed) {
   }
 }
 
+// run_variants shares partial scores and output GEMMs between variants; each result equals run() on the
+// same latents to float32 rounding (tolerance: out rel_fro ≤ 1e-6, probabilities within 1e-6 absolute),
+// and exactly in float64 up to 1e-13 (the scores are summed from two GEMMs instead of accumulated).
+TEST(Attention, RunVariantsEqualsRun) {
+  const RandomLayer l = make_layer(61, 3, 200, 60, kTinyMla);
+  SCOPED_TRACE(l.describe());
+  std::mt19937_64 rng(62);
+  std::vector<float> c2 = l.c_kv, k2 = l.k_pe;
+  for (auto& x : c2) x += 0.05f * std::normal_distribution<float>()(rng);
+  for (auto& x : k2) x += 0.05f * std::normal_distribution<float>()(rng);
+  {
+    const AbsorbedAttention<float> att(l.queries());
+    const auto scores = att.ckv_scores(l.c_kv);
+    using V = AbsorbedAttention<float>::Variant;
+    // The three /attention_error variants of one quantizer, the exact c_kv's scores given.
+    const std::vector<V> vs = {{c2, l.k_pe, nullptr}, {l.c_kv, k2, &scores}, {c2, k2, nullptr}};
+    const auto res = att.run_variants(vs, true);
+    ASSERT_EQ(res.size(), 3u);
+    for (size_t a = 0; a < 3; ++a) {
+      SCOPED_TRACE(a);
+      const auto one = att.run(vs[a].c_kv, vs[a].k_pe, true);
+      EXPECT_LE(rel_fro(one.out, res[a].out), 1e-6);
+      ASSERT_EQ(one.probs.size(), res[a].probs.size());
+      double worst = 0;
+      for (size_t j = 0; j < one.probs.size(); ++j) worst = std::max(worst, double(std::abs(one.probs[j] - res[a].probs[j])));
+      EXPECT_LE(worst, 1e-6);
+      const AttentionError e1 = attention_error(att.run(l.c_kv, l.k_pe, true), one);
+      const AttentionError e2 = attention_error(att.run(l.c_kv, l.k_pe, true), res[a]);
+      EXPECT_NEAR(e2.kl_mean, e1.kl_mean, 1e-4 * e1.kl_mean);
+      EXPECT_NEAR(e2.out_rel_fro, e1.out_rel_fro, 1e-4 * e1.out_rel_fro);
+    }
+    // Scores of another store are refused.
+    const std::vector<V> bad = {{c2, l.k_pe, &scores}};
+    EXPECT_THROW(att.run_variants(bad), std::invalid_argument);
+  }
+  {
+    const AbsorbedAttention<double> att(l.queries());
+    using V = AbsorbedAttention<double>::Variant;
+    const std::vector<V> vs = {{c2, l.k_pe, nullptr}, {c2, k2, nullptr}};
+    const auto res = att.run_variants(vs, false);
+    for (size_t a = 0; a < 2; ++a) EXPECT_LE(rel_fro(att.run(vs[a].c_kv, vs[a].k_pe).out, res[a].out), 1e-13);
+  }
+}

@@ -355,6 +355,134 @@ AttentionResult<Scalar> AbsorbedAttention<Scalar>::run_impl(std::span<const floa
 }
 
 template <typename Scalar>
+typename AbsorbedAttention<Scalar>::CkvScores AbsorbedAttention<Scalar>::ckv_scores(std::span<const float> c_kv) const {
+  check_size(c_kv.size(), T_ * dims_.kv_lora_rank, "c_kv", "[T, kv_lora_rank]");
+  detail::require_finite(c_kv.data(), static_cast<int64_t>(c_kv.size()), "attention: c_kv");
+  const int64_t H = dims_.num_heads, r = dims_.kv_lora_rank;
+  const ScalarView<Scalar> C(c_kv);
+  CkvScores out;
+  out.store = c_kv.data();
+  out.chunks.resize(chunks_.size());
+  const int64_t nchunks = static_cast<int64_t>(chunks_.size());
+  LQ_OMP_FOR_DYNAMIC
+  for (int64_t ci = 0; ci < nchunks; ++ci) {
+    const Chunk& c = chunks_[ci];
+    const Eigen::Map<const Mat> Ck(C.ptr + c.key_begin * r, c.nk, r);
+    out.chunks[ci].resize((c.end - c.begin) * H, c.nk);
+    out.chunks[ci].noalias() = q_lat_.middleRows(c.begin * H, (c.end - c.begin) * H) * Ck.transpose();
+  }
+  return out;
+}
+
+template <typename Scalar>
+std::vector<AttentionResult<Scalar>> AbsorbedAttention<Scalar>::run_variants(std::span<const Variant> variants,
+                                                                             bool keep_probs) const {
+  const int64_t nv = static_cast<int64_t>(variants.size());
+  const int64_t Tq = num_queries();
+  const int64_t H = dims_.num_heads, r = dims_.kv_lora_rank, rope = dims_.qk_rope_head_dim, v = dims_.v_head_dim;
+  // Distinct stores (by data pointer), checked once each.
+  std::vector<const float*> cs, ks;
+  std::vector<int64_t> vc(nv), vk(nv);
+  std::vector<const CkvScores*> c_scores;
+  for (int64_t a = 0; a < nv; ++a) {
+    const Variant& x = variants[a];
+    check_latents(dims_, T_, x.c_kv, x.k_pe);
+    if (x.scores && (x.scores->store != x.c_kv.data() || x.scores->chunks.size() != chunks_.size()))
+      throw std::invalid_argument("attention: run_variants: variant " + sz(a) +
+                                  "'s partial scores were computed from another c_kv store");
+    auto ic = std::find(cs.begin(), cs.end(), x.c_kv.data());
+    if (ic == cs.end()) {
+      cs.push_back(x.c_kv.data());
+      c_scores.push_back(x.scores);
+      ic = cs.end() - 1;
+    } else if (!c_scores[ic - cs.begin()]) {
+      c_scores[ic - cs.begin()] = x.scores;
+    }
+    vc[a] = ic - cs.begin();
+    auto ik = std::find(ks.begin(), ks.end(), x.k_pe.data());
+    if (ik == ks.end()) ks.push_back(x.k_pe.data()), ik = ks.end() - 1;
+    vk[a] = ik - ks.begin();
+  }
+  const int64_t ncs = static_cast<int64_t>(cs.size()), nks = static_cast<int64_t>(ks.size());
+  std::vector<ScalarView<Scalar>> C, K;
+  C.reserve(ncs);
+  K.reserve(nks);
+  for (int64_t u = 0; u < nv; ++u) {
+    if (static_cast<int64_t>(C.size()) == vc[u]) C.emplace_back(variants[u].c_kv);
+    if (static_cast<int64_t>(K.size()) == vk[u]) K.emplace_back(variants[u].k_pe);
+  }
+  // Variants of each c_kv store, in order: their output GEMM is one, stacked.
+  std::vector<std::vector<int64_t>> by_c(ncs);
+  for (int64_t a = 0; a < nv; ++a) by_c[vc[a]].push_back(a);
+
+  std::vector<AttentionResult<Scalar>> res;
+  res.reserve(nv);
+  for (int64_t a = 0; a < nv; ++a) res.push_back(make_result<Scalar>(dims_, nkeys_, keep_probs));
+  std::vector<Mat> o_lat(nv, Mat(Tq * H, r));
+
+  const int64_t nchunks = static_cast<int64_t>(chunks_.size());
+  LQ_OMP_FOR_DYNAMIC
+  for (int64_t ci = 0; ci < nchunks; ++ci) {
+    const Chunk& c = chunks_[ci];
+    const int64_t nH = (c.end - c.begin) * H;
+    const auto Q = q_lat_.middleRows(c.begin * H, nH);
+    std::vector<Mat> Sk(nks);
+    if (rope > 0) {
+      const auto Qp = q_pe_.middleRows(c.begin * H, nH);
+      for (int64_t u = 0; u < nks; ++u) {
+        const Eigen::Map<const Mat> Kk(K[u].ptr + c.key_begin * rope, c.nk, rope);
+        Sk[u].resize(nH, c.nk);
+        Sk[u].noalias() = Qp * Kk.transpose();
+      }
+    }
+    for (int64_t u = 0; u < ncs; ++u) {
+      const Eigen::Map<const Mat> Ck(C[u].ptr + c.key_begin * r, c.nk, r);
+      const std::vector<int64_t>& vs = by_c[u];
+      const int64_t m = static_cast<int64_t>(vs.size());
+      Mat own;
+      if (!c_scores[u]) {
+        own.resize(nH, c.nk);
+        own.noalias() = Q * Ck.transpose();
+      }
+      const Mat& Sc = c_scores[u] ? c_scores[u]->chunks[ci] : own;
+      Mat P(m * nH, c.nk);  // the variants' probabilities, stacked
+      for (int64_t b = 0; b < m; ++b) {
+        const int64_t a = vs[b];
+        auto Pb = P.middleRows(b * nH, nH);
+        if (rope > 0) Pb.noalias() = Sc + Sk[vk[a]];
+        else Pb = Sc;
+        Pb *= scale_;
+        for (int64_t p = c.begin; p < c.end; ++p) {
+          const int64_t i = order_[p], n = nkeys_[i];
+          for (int64_t h = 0; h < H; ++h) {
+            Scalar* row = P.row(b * nH + (p - c.begin) * H + h).data();
+            softmax_row(row, n, c.nk);
+            if (keep_probs) std::copy_n(row, n, res[a].probs.data() + res[a].prob_offsets[i] + h * n);
+          }
+        }
+      }
+      Mat O(m * nH, r);
+      O.noalias() = P * Ck;
+      for (int64_t b = 0; b < m; ++b) o_lat[vs[b]].middleRows(c.begin * H, nH) = O.middleRows(b * nH, nH);
+    }
+  }
+
+  // out[i, h, :] = o_lat[i, h, :] · W_UV[h]ᵀ  ([r] × [r, v]), per variant.
+  for (int64_t a = 0; a < nv; ++a) {
+    for (int64_t h = 0; h < H; ++h) {
+      const Eigen::Map<const Mat, 0, Eigen::OuterStride<>> Oh(o_lat[a].data() + h * r, Tq, r,
+                                                              Eigen::OuterStride<>(H * r));
+      const Eigen::Map<const Mat> Wh(w_uv_.data() + h * v * r, v, r);
+      const Mat R = Oh * Wh.transpose();
+      for (int64_t p = 0; p < Tq; ++p)
+        Eigen::Map<Eigen::Matrix<Scalar, 1, Eigen::Dynamic>>(res[a].out.data() + (order_[p] * H + h) * v, v) = R.row(p);
+    }
+    require_finite_result(res[a], "attention");
+  }
+  return res;
+}
+
+template <typename Scalar>
 AttentionResult<Scalar> absorbed_attention(const AttentionQueries& q, std::span<const float> c_kv,
                                            std::span<const float> k_pe, bool keep_probs) {
   return AbsorbedAttention<Scalar>(q).run(c_kv, k_pe, keep_probs);

@@ -115,6 +115,32 @@ class AbsorbedAttention {
   /// std::invalid_argument when a range span does not hold Tq entries.
   AttentionResult<Scalar> run_mixed(const MixedCache& cache, bool keep_probs = false) const;
 
+  /// The c_kv partial scores q_lat·c_kvᵀ of one store, per GEMM chunk (ckv_scores()); reused by run_variants
+  /// for every variant that reads that store. Memory: Σ over chunks of (rows·H) × (the chunk's keys) Scalars.
+  struct CkvScores {
+    std::vector<Eigen::Matrix<Scalar, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>> chunks;
+    const float* store = nullptr;  ///< the c_kv they were computed from
+  };
+  /// Computes the partial scores of c_kv [T, kv_lora_rank] (a store many runs read, e.g. bf16(c_kv) for
+  /// the cells that quantize k_pe only). Throws as run() for a wrong size or NaN/Inf.
+  CkvScores ckv_scores(std::span<const float> c_kv) const;
+
+  /// One latent variant of run_variants: the c_kv and k_pe it reads, and optionally the partial scores of
+  /// its c_kv (ckv_scores() of the same store).
+  struct Variant {
+    std::span<const float> c_kv, k_pe;
+    const CkvScores* scores = nullptr;
+  };
+  /// run() of each variant, sharing work between them: variants that read the same c_kv store (same data
+  /// pointer) share its partial scores q_lat·c_kvᵀ and one stacked output GEMM; variants that read the
+  /// same k_pe share q_pe·k_peᵀ. E.g. the three /attention_error cells of one quantizer (c_kv quantized +
+  /// k_pe bf16, c_kv bf16 + k_pe quantized, both quantized) cost two score and three output GEMMs instead
+  /// of six, one score GEMM fewer with the bf16 c_kv's partial scores given. The scores are summed as
+  /// q_lat·c_kvᵀ + q_pe·k_peᵀ of separate GEMMs (run() accumulates the second into the first): values
+  /// equal run()'s to float32 rounding (tests: out rel_fro ≤ 1e-6). Throws as run() for each variant, and
+  /// std::invalid_argument for scores computed from another store.
+  std::vector<AttentionResult<Scalar>> run_variants(std::span<const Variant> variants, bool keep_probs = false) const;
+
   /// Key index range of query row i (0 .. nkeys(i) − 1) and the row's position in its sequence
   /// (nkeys(i) − 1).
   int64_t nkeys(int64_t i) const { return nkeys_[i]; }
