@@ -4,6 +4,7 @@
 #   1. configure + build (Release, the GPU's own architecture or 90, only the needed targets,
 #      -j$(nproc)): the full project with -DLATENTQ_PYTHON=OFF if its dependencies are there, else
 #      kernels/standalone (CUDA toolkit + CMake only; GoogleTest / Google Benchmark optional);
+#      or LQ_PREBUILT: binaries built elsewhere (kernels/tools/pack_prebuilt.sh), no build at all;
 #   2. latentq_cuda_info: which GPU, or "no NVIDIA GPU found: <reason>" → host-emulator tests, exit 77;
 #   3. test_gpu (CPU vs GPU byte for byte, every spec) and test_gpu_emu;
 #   4. compute-sanitizer memcheck + racecheck on a few tests (LQ_SANITIZE=0 skips; skipped if absent);
@@ -18,6 +19,8 @@
 #                         (default <repo>/build-gpudeps: libgtest-dev, libbenchmark-dev, libbenchmark1debian;
 #                         fetch with `apt-get download libgtest-dev libbenchmark-dev libbenchmark1debian`)
 #          LQ_STANDALONE  1: skip the full-project configure
+#          LQ_PREBUILT    folder written by kernels/tools/pack_prebuilt.sh (bin/ + lib/): run those
+#                         binaries (the full project's, study check included) instead of building
 #          LQ_IGNORE_SYSTEM_DEPS  1: use the carried .debs even if the system has the packages (testing)
 #          LQ_SANITIZE    0: skip compute-sanitizer
 #          LQ_BENCH_T     regex of the benchmarked T (default 262144|1048576)
@@ -38,6 +41,15 @@ mkdir -p "$BUILD" "$OUTDIR"
 rm -f "$OUTDIR"/build.log "$OUTDIR"/test_gpu.log "$OUTDIR"/sanitizer.log.* "$OUTDIR"/bench.log "$OUTDIR"/bench.json
 say() { printf '[gpu_check %3ds] %s\n' $((SECONDS - T0)) "$*"; }
 
+PREBUILT=${LQ_PREBUILT:-}
+if [ -n "$PREBUILT" ]; then
+  PREBUILT=$(cd "$PREBUILT" 2>/dev/null && pwd) || { say "LQ_PREBUILT=${LQ_PREBUILT}: no such folder"; exit 2; }
+  [ -d "$PREBUILT/bin" ] || { say "LQ_PREBUILT=$PREBUILT has no bin/ (write it with kernels/tools/pack_prebuilt.sh)"; exit 2; }
+  export LD_LIBRARY_PATH="$PREBUILT/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  MODE=prebuilt
+  B=$PREBUILT/bin
+  say "prebuilt binaries: $B ($(cat "$PREBUILT/BUILD_INFO" 2>/dev/null || echo "no BUILD_INFO"))"
+else
 # ---- tools ------------------------------------------------------------------------------------
 NVCC=$(command -v nvcc || true)
 [ -z "$NVCC" ] && [ -x /usr/local/cuda/bin/nvcc ] && NVCC=/usr/local/cuda/bin/nvcc
@@ -122,6 +134,7 @@ if ! cmake --build "$B" -j"$JOBS" --target "${TARGETS[@]}" >>"$OUTDIR/build.log"
   grep -E "error|Error" "$OUTDIR/build.log" | head -30; say "build FAILED (log: $OUTDIR/build.log)"; exit 2
 fi
 say "built"
+fi
 bin() { find "$B" -type f -name "$1" -perm -u+x | head -1; }
 INFO=$(bin latentq_cuda_info); TEST=$(bin test_gpu); EMU=$(bin test_gpu_emu); BENCH=$(bin latentq_bench)
 CLI=$(bin latentq); REQ=$(bin lq_results_equal)
@@ -151,9 +164,9 @@ if [ -n "$TEST" ]; then
 fi
 SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
 if [ -n "$TEST" ] && [ "${LQ_SANITIZE:-1}" != 0 ] && [ -n "$SAN" ]; then
-  F='GpuSpec.int4_asym_channel_g32:GpuSpec.int2_sym_channel_g0:GpuSpec.int4_asym_token_g3:GpuSpec.int8_sym_token_g128:GpuSpec.fp8_e4m3_tile20:GpuSpec.bf16:GpuSpec.int4_asym_tensor:GpuSpecial.DeviceApiReuseAndUnalignedInput'
+  F='GpuSpec.int4_asym_channel_g32:GpuSpec.int2_sym_channel_g0:GpuSpec.int4_asym_token_g3:GpuSpec.int8_sym_token_g128:GpuSpec.fp8_e4m3_tile20_pow2:GpuSpec.nvfp4:GpuSpec.q4_1:GpuSpec.flashmla_v41_fp4:GpuSpec.bf16:GpuSpec.int4_asym_tensor:GpuSpecial.DeviceApiReuseAndUnalignedInput:GpuHadamard.*'
   for tool in memcheck racecheck; do
-    [ $tool = racecheck ] && F='GpuSpec.int4_asym_token_g32:GpuSpec.int2_sym_token_g128:GpuSpec.fp8_e4m3_tile128'
+    [ $tool = racecheck ] && F='GpuSpec.int4_asym_token_g32:GpuSpec.int2_sym_token_g128:GpuSpec.fp8_e4m3_tile128_pow2:GpuSpec.mxfp4:GpuSpec.fp8_e4m3_tensor:GpuHadamard.*'
     say "compute-sanitizer --tool $tool (${F//:/ })"
     LQ_GPU_TEST_MAX_T=300 timeout $([ $tool = memcheck ] && echo 120 || echo 90) \
       "$SAN" --tool $tool --error-exitcode 9 "$TEST" --gtest_brief=1 --gtest_filter="$F" \
@@ -168,8 +181,8 @@ fi
 # ---- the study on the GPU: `latentq run --device cuda` equals the CPU run, the gate passes ------
 if [ -n "$CLI" ] && [ -n "$REQ" ] && [ -f "$ROOT/data/latents/tiny-mla.h5" ]; then
   say "latentq run --device cuda vs --device cpu (default study, no e2e)"
-  if "$CLI" run --no-e2e --device cpu --out "$OUTDIR/study_cpu.h5" >"$OUTDIR/study.log" 2>&1 &&
-     "$CLI" run --no-e2e --device cuda --out "$OUTDIR/study_cuda.h5" >>"$OUTDIR/study.log" 2>&1 &&
+  if "$CLI" run --no-e2e --input "$ROOT/data/latents/tiny-mla.h5" --device cpu --out "$OUTDIR/study_cpu.h5" >"$OUTDIR/study.log" 2>&1 &&
+     "$CLI" run --no-e2e --input "$ROOT/data/latents/tiny-mla.h5" --device cuda --out "$OUTDIR/study_cuda.h5" >>"$OUTDIR/study.log" 2>&1 &&
      "$REQ" "$OUTDIR/study_cpu.h5" "$OUTDIR/study_cuda.h5" >>"$OUTDIR/study.log" 2>&1 &&
      "$CLI" regress "$OUTDIR/study_cuda.h5" --thresholds "$ROOT/results/thresholds.toml" >>"$OUTDIR/study.log" 2>&1; then
     say "study: cuda results equal the cpu results; the threshold gate passes on them"
