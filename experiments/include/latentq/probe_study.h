@@ -18,8 +18,13 @@
 //                         query-position bucket ([decode_order]; prefill-at-once first, then the modes)
 //
 // Work shared by several cells of one layer (the absorbed attention on the exact latents and the SVD basis for /attention_check and
-// /attention_error) is computed once per ProbeRunner, on first use, thread-safely; it is a
-// deterministic function of the layer, so sharing it does not change any value.
+// /attention_error; the bf16 reads of c_kv and k_pe and bf16(c_kv)'s partial scores) is computed once per
+// ProbeRunner, on first use, thread-safely; it is a deterministic function of the layer, so sharing it
+// does not change any value. The /attention_error cells of one (layer, quantizer) in the plan (targets
+// c_kv, k_pe, c_kv+k_pe) are computed together by the first of them to run (one quantization per
+// target, shared partial scores: probes::AbsorbedAttention::run_variants); each takes its own row,
+// the same row it would compute alone, so cells stay independent (a cell the plan does not hold, or a
+// group whose shared run fails, computes alone and reports its own error).
 //
 // The probes compute on the CPU (latentq_probes). Quantized latents for attention go through
 // latentq/quantize.h quantize_dequantize — the CPU reference a CUDA backend must match byte for byte.
