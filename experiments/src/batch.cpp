@@ -436,6 +436,14 @@ BatchResult run_batch(const fs::path& out, const Attrs& attrs, const std::vector
   std::vector<size_t> pending;
   for (size_t i : owned)
     if (!done[i]) pending.push_back(i);
+  if (options.schedule) {  // the start order; the results stay in canonical order
+    std::vector<size_t> order = options.schedule(pending);
+    std::vector<size_t> a = order, b = pending;
+    std::sort(a.begin(), a.end());
+    std::sort(b.begin(), b.end());
+    if (a != b) throw std::logic_error("run_batch: the schedule is not a permutation of the pending cells");
+    pending = std::move(order);
+  }
 
   auto present_cells = [&](const std::vector<std::shared_ptr<const Rows>>& d) {
     std::vector<CellRows> cells;

@@ -1,9 +1,9 @@
 // The latentq study as a batch run (latentq/batch_study.h).
 #include "latentq/batch_study.h"
 
+#include <algorithm>
 #include <stdexcept>
 
-#include "latentq/probe_study.h"
 #include "latentq/util.h"
 
 namespace latentq {
@@ -14,26 +14,74 @@ StudyPlan plan_study(const StudyConfig& config, LatentBackend& backend) {
   LoadOptions lo;
   lo.layers = config.layers;
   lo.attention = false;
+  lo.data = false;
+  Dump header = load_dump(config.dump, lo);
+  ProbePlan probes = plan_probes(config, header);
+  if (std::any_of(probes.cells.begin(), probes.cells.end(), [](const ProbeCell& c) { return c.attention; })) {
+    lo.attention = true;  // check the attention datasets' shapes too (still no values read)
+    header = load_dump(config.dump, lo);
+  }
   StudyPlan p;
-  auto dump = std::make_shared<const Dump>(load_dump(config.dump, lo));
-  p.dump = dump;
-  p.attrs = study_attrs(config, *dump, file_sha256(config.dump), backend.name());
-  for (auto& a : decode_order_attrs(config)) p.attrs.push_back(std::move(a));
+  p.store = std::make_shared<LayerStore>(std::move(header));
+  p.probes = std::move(probes);
+  const std::shared_ptr<LayerStore> store = p.store;
+  const Dump& dump = store->header();
+  p.attrs = study_attrs(config, dump, file_sha256(config.dump), backend.name());
   p.quantizers = config.all_quantizers();
   auto spectra = std::make_shared<SpectrumCache>();  // one eigendecomposition per (layer, target)
-  for (const Cell& c : plan_cells(config, *dump)) {
+  for (const Cell& c : plan_cells(config, dump)) {
     CellTask t;
     t.key = c.key();
     t.groups = {"latent_error"};
     t.concurrent = backend.concurrent();
-    t.compute = [dump, spectra, &backend, c] {
+    const LayerUse use{{c.layer}, false};
+    t.compute = [store, spectra, &backend, c, use] {
+      const std::unique_ptr<LayerAccess> in = store->open(use);
       RunOptions one;
       one.threads = 1;
-      return std::vector<ColumnTable>{run_latent_error(*dump, {c}, backend, one, spectra.get())};
+      return std::vector<ColumnTable>{run_latent_error(
+          store->header(), [&](int l) -> const Layer& { return in->layer(l); }, {c}, backend, one, spectra.get())};
     };
     p.tasks.push_back(std::move(t));
+    p.uses.push_back(use);
+  }
+  const auto cfg = std::make_shared<const StudyConfig>(config);  // tasks may outlive the caller's config
+  for (const ProbeCell& c : p.probes.cells) {
+    CellTask t;
+    t.key = c.key;
+    t.groups = c.groups;
+    const LayerUse use{c.layers, c.attention};
+    t.compute = [store, cfg, c, use] {
+      const std::unique_ptr<LayerAccess> in = store->open(use);
+      return run_probe_cell(*cfg, c, *in);
+    };
+    p.tasks.push_back(std::move(t));
+    p.uses.push_back(use);
   }
   return p;
+}
+
+std::function<std::vector<size_t>(const std::vector<size_t>&)> StudyPlan::schedule() const {
+  const std::shared_ptr<LayerStore> s = store;
+  const std::vector<LayerUse> u = uses;
+  return [s, u](const std::vector<size_t>& pending) {
+    std::vector<size_t> order = pending;
+    auto last = [&](size_t i) { return u[i].layers.empty() ? -1 : *std::max_element(u[i].layers.begin(), u[i].layers.end()); };
+    auto first = [&](size_t i) { return u[i].layers.empty() ? -1 : *std::min_element(u[i].layers.begin(), u[i].layers.end()); };
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      if (last(a) != last(b)) return last(a) < last(b);
+      return first(a) < first(b);
+    });
+    std::vector<LayerUse> announced;
+    for (size_t i : order) announced.push_back(u[i]);
+    s->expect(announced);
+    return order;
+  };
+}
+
+BatchResult run_study_batch(const std::filesystem::path& out, const StudyPlan& plan, BatchOptions options) {
+  options.schedule = plan.schedule();
+  return run_batch(out, plan.attrs, plan.tasks, derive_study_tables, options);
 }
 
 DumpAttrs dump_attrs_from_results(const Attrs& root) {

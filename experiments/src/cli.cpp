@@ -85,19 +85,8 @@ int cmd_run(const RunArgs& a, std::ostream& out, std::ostream& err, bool progres
     };
   }
   const auto t0 = std::chrono::steady_clock::now();
-  StudyPlan plan = plan_study(cfg, *backend);
-  // The probe cells (svd, cross_layer, attention; latentq/probe_study.h) after the latent cells.
-  const ProbeStage probes = prepare_probe_stage(cfg);
-  for (const std::string& w : probes.plan.warnings) err << "latentq: warning: " << w << "\n";
-  if (cfg.probes.cross_layer.enabled && probes.dump) {
-    const size_t studied = probes.dump->layers.size();
-    for (int64_t w : cfg.probes.cross_layer.windows)
-      if (w > 0 && static_cast<size_t>(w) > studied)
-        err << fmt::format("latentq: warning: {}: [cross_layer] windows: window {} is larger than the {} studied layer{}: "
-                           "no /cross_layer_sharing rows for it\n",
-                           cfg.source, w, studied, studied == 1 ? "" : "s");
-  }
-  plan.tasks.insert(plan.tasks.end(), probes.tasks.begin(), probes.tasks.end());
+  const StudyPlan plan = plan_study(cfg, *backend);  // the latent-error cells, then the probe cells
+  for (const std::string& w : plan.probes.warnings) err << "latentq: warning: " << w << "\n";
   BatchOptions bo;
   bo.shard = shard;
   bo.resume = a.resume;
@@ -105,7 +94,7 @@ int cmd_run(const RunArgs& a, std::ostream& out, std::ostream& err, bool progres
   bo.checkpoint_interval = a.checkpoint_interval;
   bo.progress = opt.progress;
   bo.stop_after = kill_after;
-  const BatchResult r = run_batch(cfg.results, plan.attrs, plan.tasks, derive_study_tables, bo);
+  const BatchResult r = run_study_batch(cfg.results, plan, bo);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!r.complete) {  // only with LATENTQ_TEST_KILL_AFTER_CELLS: die like a killed job
     err << fmt::format("latentq: LATENTQ_TEST_KILL_AFTER_CELLS={}: SIGKILL after {} computed cells ({} of {} in {})\n",
@@ -120,13 +109,13 @@ int cmd_run(const RunArgs& a, std::ostream& out, std::ostream& err, bool progres
     for (const std::string& w : latent_precision_warnings(*le)) err << "latentq: warning: " << w << "\n";
   if (shard.count == 1) {
     const ColumnTable* summary = find_table(r.tables, "summary");
-    if (summary) out << format_summary(*summary, plan.dump->attrs);
-    print_probe_report(cfg, probes, summary, r.tables, plan.dump->attrs, out, err);
+    if (summary) out << format_summary(*summary, plan.dump().attrs);
+    print_probe_report(cfg, plan.probes, summary, r.tables, plan.dump().attrs, out, err);
     out << fmt::format("\n{} cells ({} quantizers{}) on {} in {:.1f} s\nresults: {}\n", r.owned, plan.quantizers.size(),
                        resumed, backend->name(), secs, cfg.results.string());
-    if (cfg.probes.e2e.enabled && !a.no_e2e) run_e2e_step(cfg, plan.dump->attrs, cfg.results, a.threads, out, err);
+    if (cfg.probes.e2e.enabled && !a.no_e2e) run_e2e_step(cfg, plan.dump().attrs, cfg.results, a.threads, out, err);
   } else {
-    print_probe_report(cfg, probes, nullptr, r.tables, plan.dump->attrs, out, err);
+    print_probe_report(cfg, plan.probes, nullptr, r.tables, plan.dump().attrs, out, err);
     if (cfg.probes.e2e.enabled && !a.no_e2e)
       out << "e2e: skipped: a shard; `latentq merge` runs it on the merged file\n";
     out << fmt::format("shard {}: {} of the {} cells{} on {} in {:.1f} s (no /summary: `latentq merge` writes it)\n"

@@ -32,10 +32,12 @@ class Parser {
   [[noreturn]] void fail(const std::string& msg) const { throw std::invalid_argument(source_ + ": " + msg); }
 
   void check_keys(const toml::table& t, const std::string& prefix, std::initializer_list<const char*> valid) const {
+    check_keys(t, prefix, std::vector<std::string>(valid.begin(), valid.end()));
+  }
+  void check_keys(const toml::table& t, const std::string& prefix, const std::vector<std::string>& vs) const {
     for (auto&& [k, v] : t) {
-      const bool ok = std::any_of(valid.begin(), valid.end(), [&](const char* s) { return k.str() == s; });
+      const bool ok = std::any_of(vs.begin(), vs.end(), [&](const std::string& s) { return k.str() == s; });
       if (!ok) {
-        std::vector<std::string> vs(valid.begin(), valid.end());
         fail(v, fmt::format("unknown key '{}{}' (valid keys{}: {})", prefix, k.str(),
                             prefix.empty() ? "" : " in [" + prefix.substr(0, prefix.size() - 1) + "]", fmt::join(vs, ", ")));
       }
@@ -192,7 +194,13 @@ StudyConfig parse_config(std::string_view text, const std::string& source, const
   C.text = std::string(text);
   C.source = source;
   C.base_dir = base_dir;
-  P.check_keys(root, "", {"input", "quantizers", "targets", "output", "svd", "cross_layer", "attention", "decode_order", "e2e", "mixed"});
+  {
+    // The study's own sections, [e2e], then every registered probe's section (latentq/probe_registry.h).
+    std::vector<std::string> sections = {"input", "quantizers", "targets", "output"};
+    for (const Probe* p : registered_probes()) sections.push_back(p->section());
+    sections.insert(sections.end(), {"e2e", "mixed"});
+    P.check_keys(root, "", sections);
+  }
   C.probes = parse_probe_config(text, source, base_dir);  // the probe sections (latentq/probe_config.h)
 
   // [input]

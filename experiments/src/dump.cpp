@@ -233,6 +233,27 @@ Dump load(const std::filesystem::path& path, const H5::H5File& file, const LoadO
         if (!d.empty() && d[0] == 0) L.invalid(fmt::format("layer {:03d} is empty: {} has shape {} (T = 0)", li, name, h5::shape_str(d)));
       }
     }
+    if (!opt.data) {  // shapes and dtypes only (read_layer() reads the values)
+      L.open(g + "/c_kv", DType::F32, {T, r}, "T from /tokens, kv_lora_rank");
+      L.open(g + "/k_pe", DType::F32, {T, dr}, "T from /tokens, qk_rope_head_dim");
+      if (opt.attention && D.file_has_attention) {
+        const std::string qn = g + "/q_rows";
+        const H5::DataSet q = Tq < 0 ? L.open(qn, DType::I32, {-1}, "Tq")
+                                     : L.open(qn, DType::I32, {Tq}, fmt::format("Tq of layer {:03d}", tq_layer));
+        if (Tq < 0) {
+          Tq = static_cast<int64_t>(h5::dims_of(q)[0]);
+          tq_layer = li;
+          if (Tq == 0) L.invalid(fmt::format("layer {:03d}: {} is empty (Tq = 0)", li, qn));
+        }
+        L.open(g + "/q_nope", DType::F32, {Tq, H, dn}, "Tq, num_heads, qk_nope_head_dim");
+        L.open(g + "/q_pe", DType::F32, {Tq, H, dr}, "Tq, num_heads, qk_rope_head_dim");
+        L.open(g + "/w_uk", DType::F32, {H, dn, r}, "num_heads, qk_nope_head_dim, kv_lora_rank");
+        L.open(g + "/w_uv", DType::F32, {H, dv, r}, "num_heads, v_head_dim, kv_lora_rank");
+        L.open(g + "/attn_out", DType::F32, {Tq, H, dv}, "Tq, num_heads, v_head_dim");
+      }
+      D.layers.push_back(std::move(ly));
+      continue;
+    }
     ly.c_kv = L.read_finite(g + "/c_kv", {T, r}, "T from /tokens, kv_lora_rank", li);
     ly.k_pe = L.read_finite(g + "/k_pe", {T, dr}, "T from /tokens, qk_rope_head_dim", li);
     if (opt.attention && D.file_has_attention) {
@@ -268,6 +289,7 @@ const Layer& Dump::layer(int index) const {
 }
 
 Dump load_dump(const std::filesystem::path& path, const LoadOptions& options) {
+  const std::lock_guard<std::recursive_mutex> lock(h5::library_mutex());  // HDF5 is not thread-safe here
   h5::quiet();
   const std::string p = path.string();
   std::error_code ec;
@@ -296,6 +318,21 @@ Dump load_dump(const std::filesystem::path& path, const LoadOptions& options) {
     throw std::runtime_error(fmt::format("{}: HDF5 error while reading {}: {}{}; the file may be truncated or corrupt", p,
                                          where, e.getDetailMsg(), stack.empty() ? "" : " (" + stack + ")"));
   }
+}
+
+}  // namespace latentq
+
+namespace latentq {
+
+Layer read_layer(const Dump& header, int index, bool attention) {
+  LoadOptions o;
+  o.layers = {index};
+  o.attention = attention;
+  Dump d = load_dump(header.path, o);
+  if (d.num_tokens() != header.num_tokens() || d.seq_offsets != header.seq_offsets)
+    throw std::invalid_argument(fmt::format("{}: the file changed while it was read (tokens or seq_offsets differ)",
+                                            header.path.string()));
+  return std::move(d.layers.front());
 }
 
 }  // namespace latentq

@@ -6,6 +6,11 @@ namespace latentq::h5 {
 
 void quiet() { H5::Exception::dontPrint(); }
 
+std::recursive_mutex& library_mutex() {
+  static std::recursive_mutex m;
+  return m;
+}
+
 std::string error_stack() {
   std::vector<std::string> descs;
   auto cb = [](unsigned, const H5E_error2_t* e, void* data) -> herr_t {

@@ -230,6 +230,7 @@ const AttrValue& attr(const Attrs& attrs, const std::string& name) {
 }
 
 void write_results(const fs::path& path, const Attrs& root_attrs, const std::vector<NamedTable>& tables, WriteMode mode) {
+  const std::lock_guard<std::recursive_mutex> h5_lock(h5::library_mutex());
   h5::quiet();
   for (const NamedTable& t : tables) {
     if (t.group.empty() || t.group.find('/') != std::string::npos || t.group == "." )
@@ -302,6 +303,7 @@ void install_temp_file_signal_cleanup() {
 }
 
 Attrs read_results_attrs(const fs::path& path) {
+  const std::lock_guard<std::recursive_mutex> h5_lock(h5::library_mutex());
   return with_h5_errors(path, "reading", [&] {
     const H5::H5File f = open_results(path);
     return read_all_attrs(f, path.string());
@@ -309,6 +311,7 @@ Attrs read_results_attrs(const fs::path& path) {
 }
 
 std::vector<std::string> list_tables(const fs::path& path) {
+  const std::lock_guard<std::recursive_mutex> h5_lock(h5::library_mutex());
   return with_h5_errors(path, "reading", [&] {
     const H5::H5File f = open_results(path);
     std::vector<std::string> out;
@@ -320,6 +323,7 @@ std::vector<std::string> list_tables(const fs::path& path) {
 }
 
 ColumnTable read_table(const fs::path& path, const std::string& group) {
+  const std::lock_guard<std::recursive_mutex> h5_lock(h5::library_mutex());
   return with_h5_errors(path, "reading", [&] {
     const H5::H5File f = open_results(path);
     const std::string p = path.string();

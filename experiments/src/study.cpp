@@ -88,10 +88,13 @@ const std::vector<std::string>& latent_error_columns() {
 }
 
 const LatentSpectrum& SpectrumCache::get(const Dump& dump, int layer, Target target) {
+  return get(dump, dump.layer(layer), target);
+}
+
+const LatentSpectrum& SpectrumCache::get(const Dump& dump, const Layer& l, Target target) {
   const std::lock_guard<std::mutex> lock(mutex_);
-  const auto key = std::make_pair(layer, static_cast<int>(target));
+  const auto key = std::make_pair(l.index, static_cast<int>(target));
   if (auto it = spectra_.find(key); it != spectra_.end()) return it->second;
-  const Layer& l = dump.layer(layer);
   const bool ckv = target == Target::CKV;
   const int64_t D = ckv ? dump.attrs.kv_lora_rank : dump.attrs.qk_rope_head_dim;
   return spectra_
@@ -101,6 +104,12 @@ const LatentSpectrum& SpectrumCache::get(const Dump& dump, int layer, Target tar
 
 ColumnTable run_latent_error(const Dump& dump, const std::vector<Cell>& cells, LatentBackend& backend,
                              const RunOptions& options, SpectrumCache* spectra) {
+  return run_latent_error(dump, [&](int l) -> const Layer& { return dump.layer(l); }, cells, backend, options, spectra);
+}
+
+ColumnTable run_latent_error(const Dump& dump, const std::function<const Layer&(int)>& layer_data,
+                             const std::vector<Cell>& cells, LatentBackend& backend, const RunOptions& options,
+                             SpectrumCache* spectra) {
   SpectrumCache local;
   if (!spectra) spectra = &local;
   const size_t n = cells.size();
@@ -110,7 +119,7 @@ ColumnTable run_latent_error(const Dump& dump, const std::vector<Cell>& cells, L
   const DumpAttrs& A = dump.attrs;
   // Resolve layer pointers up front (throws for a cell whose layer is not loaded).
   std::vector<const Layer*> layer_of(n);
-  for (size_t i = 0; i < n; ++i) layer_of[i] = &dump.layer(cells[i].layer);
+  for (size_t i = 0; i < n; ++i) layer_of[i] = &layer_data(cells[i].layer);
 
   auto one = [&](size_t i) {
     const Cell& c = cells[i];
@@ -130,7 +139,7 @@ ColumnTable run_latent_error(const Dump& dump, const std::vector<Cell>& cells, L
       rot.inverse(dec.data(), T, D);
       results[i].metrics = error_metrics(X, dec.data(), T, D);
     }
-    bounds[i] = rate_distortion_bound(spectra->get(dump, c.layer, c.target), results[i].accounting.bits_per_element);
+    bounds[i] = rate_distortion_bound(spectra->get(dump, l, c.target), results[i].accounting.bits_per_element);
   };
   const std::vector<std::exception_ptr> errors =
       parallel_cells(n, backend.concurrent() ? options.threads : 1, one, options.progress);
@@ -295,25 +304,6 @@ ColumnTable summarize(const ColumnTable& le, const std::vector<Quantizer>& quant
     acc_k.emplace_back(bpt_k.empty() ? "bf16 (not run)" : "measured");
   }
   return t;
-}
-
-StudyOutput run_study(const StudyConfig& config, LatentBackend& backend, const RunOptions& options) {
-  if (config.dump.empty())
-    throw std::invalid_argument(config.source + ": no input dump: set [input] dump or pass --input");
-  LoadOptions lo;
-  lo.layers = config.layers;
-  lo.attention = false;
-  const Dump dump = load_dump(config.dump, lo);
-  const std::string sha = file_sha256(config.dump);
-  const std::vector<Cell> cells = plan_cells(config, dump);
-
-  StudyOutput out;
-  out.latent_error = run_latent_error(dump, cells, backend, options);
-  out.quantizers = config.all_quantizers();
-  out.summary = summarize(out.latent_error, out.quantizers, dump.attrs);
-  out.dump_attrs = dump.attrs;
-  out.attrs = study_attrs(config, dump, sha, backend.name());
-  return out;
 }
 
 Attrs study_attrs(const StudyConfig& config, const Dump& dump, const std::string& sha, const std::string& device) {

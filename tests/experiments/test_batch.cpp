@@ -1,5 +1,5 @@
 // Batch runs (latentq/batch.h, latentq/batch_study.h): shard assignment, checkpoints and resume,
-// shards and merge, the refusals, and the latentq study run as a batch (equal to run_study()).
+// shards and merge, the refusals, and the latentq study run as a batch (equal to the study on the loaded dump).
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -545,26 +545,65 @@ struct StudyBatchTest : ::testing::Test {
   }
 };
 
-TEST_F(StudyBatchTest, EqualsRunStudy) {
+// The batch run (the one execution path: plan_study + run_study_batch, layers streamed) equals the
+// latent-error study computed directly on the fully loaded dump, and reads each layer once.
+TEST_F(StudyBatchTest, EqualsTheStudyOnTheLoadedDump) {
   const StudyConfig cfg = load_config(config);
   const auto backend = make_cpu_backend();
-  const StudyOutput ref = run_study(cfg, *backend);
+  LoadOptions lo;
+  lo.attention = false;
+  const Dump full = load_dump(dump, lo);
+  const ColumnTable le = run_latent_error(full, plan_cells(cfg, full), *backend);
+  const ColumnTable summary = summarize(le, cfg.all_quantizers(), full.attrs);
   const StudyPlan plan = plan_study(cfg, *backend);
-  ASSERT_EQ(plan.tasks.size(), ref.latent_error.num_rows());
+  EXPECT_EQ(plan.tasks.size(), le.num_rows() + plan.probes.cells.size());
   EXPECT_EQ(plan.tasks[0].key, "000/c_kv/int8-sym-tensor/latent_error");
-  const BatchResult r = run_batch(dir / "b.h5", plan.attrs, plan.tasks, derive_study_tables);
+  EXPECT_EQ(plan.tasks[le.num_rows()].key, "000/svd");  // the probe cells follow the latent-error cells
+  EXPECT_EQ(plan.store->reads(), 0u);                   // planning reads no layer values
+  BatchOptions bo;
+  bo.threads = 2;
+  const BatchResult r = run_study_batch(dir / "b.h5", plan, bo);
   ASSERT_TRUE(r.complete);
-  EXPECT_EQ(list_tables(dir / "b.h5"), (std::vector<std::string>{"latent_error", "summary", "cells"}));
-  EXPECT_EQ(table_difference(read_table(dir / "b.h5", "latent_error"), ref.latent_error), "");
-  EXPECT_EQ(table_difference(read_table(dir / "b.h5", "summary"), ref.summary), "");
+  EXPECT_EQ(plan.store->reads(), full.layers.size());  // every layer read once
+  const std::vector<std::string> groups = list_tables(dir / "b.h5");
+  EXPECT_EQ(groups.front(), "latent_error");
+  EXPECT_EQ(groups.back(), "cells");
+  EXPECT_EQ(table_difference(read_table(dir / "b.h5", "latent_error"), le), "");
+  EXPECT_EQ(table_difference(read_table(dir / "b.h5", "summary"), summary), "");
   const Attrs a = read_results_attrs(dir / "b.h5");
   EXPECT_EQ(std::get<std::string>(attr(a, "input_sha256")), file_sha256(dump));
   EXPECT_EQ(std::get<std::string>(attr(a, "config")), kStudy);
   // The summary derived from the root attributes alone (as merge does) is the same.
-  const std::vector<NamedTable> d = derive_study_tables(a, {{"latent_error", ref.latent_error, {}}});
+  const std::vector<NamedTable> d = derive_study_tables(a, {{"latent_error", le, {}}});
   ASSERT_EQ(d.size(), 1u);
-  EXPECT_EQ(table_difference(d[0].table, ref.summary), "");
+  EXPECT_EQ(table_difference(d[0].table, summary), "");
   EXPECT_EQ(dump_attrs_from_results(a).kv_lora_rank, 16);
+}
+
+// Bounded memory: with adjacent pairs and windows of 2, a run over 8 layers holds at most the layers of
+// a window and the next layer a second thread starts, never the dump; each layer is read once; the
+// results equal a run with one thread.
+TEST_F(StudyBatchTest, StreamsTheDumpLayerByLayer) {
+  lqtest::SynthSpec spec;
+  spec.layers = 8;
+  lqtest::write_synth(dump, lqtest::make_synth(spec));
+  std::ofstream(config) << kStudy << "[cross_layer]\npairs = \"adjacent\"\n";
+  const StudyConfig cfg = load_config(config);
+  const auto backend = make_cpu_backend();
+  const StudyPlan plan = plan_study(cfg, *backend);
+  BatchOptions bo;
+  bo.threads = 2;
+  ASSERT_TRUE(run_study_batch(dir / "two.h5", plan, bo).complete);
+  EXPECT_EQ(plan.store->reads(), 8u);
+  EXPECT_GE(plan.store->peak_loaded(), 2u);  // a pair needs both of its layers
+  EXPECT_LE(plan.store->peak_loaded(), 3u);
+  const StudyPlan one_plan = plan_study(cfg, *backend);
+  bo.threads = 1;
+  ASSERT_TRUE(run_study_batch(dir / "one.h5", one_plan, bo).complete);
+  EXPECT_EQ(one_plan.store->reads(), 8u);
+  EXPECT_EQ(one_plan.store->peak_loaded(), 2u);
+  for (const std::string& g : list_tables(dir / "one.h5"))
+    EXPECT_EQ(table_difference(read_table(dir / "one.h5", g), read_table(dir / "two.h5", g)), "") << g;
 }
 
 // The CLI in-process: --shard, merge, and the refusals (exit 2, nothing written).

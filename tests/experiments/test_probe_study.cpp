@@ -8,10 +8,12 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <regex>
 #include <set>
 #include <sstream>
 
 #include "latentq/batch.h"
+#include "latentq/batch_study.h"
 #include "latentq/cli.h"
 #include "latentq/external.h"
 #include "latentq/probe_study.h"
@@ -53,7 +55,7 @@ class ScopedEnv {
   bool had_ = false;
 };
 
-const char* kBaseConfig = R"(
+const char* kConfig = R"(
 [quantizers]
 bits = [4]
 schemes = ["asym"]
@@ -63,26 +65,37 @@ extra = ["bf16"]
 [targets.k_pe]
 quantizers = ["int4-asym-channel-g32", "int8-sym-token"]
 )";
-// The synthetic dump's sequences are 40 and 24 tokens: R = 8 and S = 2 leave quantized keys in both.
-const char* kDecodeOrderSection = R"(
-[decode_order]
-residual = [0, 8]
-sink = [0, 2]
-quantizers = ["int4-asym-channel-g32", "int2-asym-token"]
-position_bucket = 16
-)";
-const std::string kConfig = std::string(kBaseConfig) + kDecodeOrderSection;
+
+// The header of the config's dump, as plan_study() reads it (no layer values).
+Dump header_of(const StudyConfig& config) {
+  LoadOptions lo;
+  lo.layers = config.layers;
+  lo.data = false;
+  return load_dump(config.dump, lo);
+}
 
 struct ProbeTest : ::testing::Test {
   TempDir dir;
   fs::path path = dir / "dump.h5";
-  Dump dump;
+  Dump dump;  // the header
   StudyConfig config;
-  void make(const lqtest::SynthSpec& spec, const std::string& extra_config = "") {
+  std::shared_ptr<LayerStore> store;  // its layers, read when a cell opens them
+  void make(const lqtest::SynthSpec& spec, const std::string& extra_config = "", const char* base = kConfig) {
     lqtest::write_synth(path, lqtest::make_synth(spec));
-    config = parse_config(std::string(kConfig) + extra_config, "probe.toml", dir.path());
+    config = parse_config(std::string(base) + extra_config, "probe.toml", dir.path());
     config.dump = path;
-    dump = load_probe_dump(config);
+    reload();
+  }
+  void reload() {
+    dump = header_of(config);
+    store = std::make_shared<LayerStore>(dump);
+  }
+  // One planned cell, run as the batch tasks run it (run_probe_cell on the layers it opens).
+  std::vector<ColumnTable> run(const std::string& key) {
+    const ProbePlan plan = plan_probes(config, dump);
+    const ProbeCell& c = plan.cell(key);
+    const std::unique_ptr<LayerAccess> in = store->open({c.layers, c.attention});
+    return run_probe_cell(config, c, *in);
   }
   void SetUp() override { make({}); }
 };
@@ -110,24 +123,13 @@ TEST_F(ProbeTest, PlanKeysAreStable) {
       "001/c_kv/int4-asym-channel-g32/attention_error"};
   ASSERT_GE(k.size(), expected_head.size());
   EXPECT_EQ(std::vector<std::string>(k.begin(), k.begin() + static_cast<ptrdiff_t>(expected_head.size())), expected_head);
-  EXPECT_EQ(k.size(), 3u + 3u + 2u + 3u + 3u * 12u + 3u * 2u);
+  EXPECT_EQ(k.size(), 3u + 3u + 2u + 3u + 3u * 12u);
   EXPECT_EQ(p.groups, probe_groups());
-  EXPECT_TRUE(p.attention_skipped.empty());
-  EXPECT_EQ(cell_groups(p.cells[0]), (std::vector<std::string>{"svd", "svd_spectrum"}));
-  EXPECT_EQ(k[k.size() - 7], "002/c_kv/svd-rank16/attention_error");
-  EXPECT_EQ(std::vector<std::string>(k.end() - 6, k.end()),
-            (std::vector<std::string>{"000/c_kv+k_pe/int4-asym-channel-g32/attention_position",
-                                      "000/c_kv+k_pe/int2-asym-token/attention_position",
-                                      "001/c_kv+k_pe/int4-asym-channel-g32/attention_position",
-                                      "001/c_kv+k_pe/int2-asym-token/attention_position",
-                                      "002/c_kv+k_pe/int4-asym-channel-g32/attention_position",
-                                      "002/c_kv+k_pe/int2-asym-token/attention_position"}));
-  EXPECT_EQ(cell_groups(p.cells.back()), (std::vector<std::string>{"attention_position"}));
-  // Without [decode_order]: no such cell nor group.
-  const StudyConfig base = parse_config(kBaseConfig, "probe.toml", dir.path());
-  const ProbePlan pb = plan_probes(base, dump);
-  EXPECT_EQ(pb.cells.size(), k.size() - 6);
-  EXPECT_EQ(pb.groups, std::vector<std::string>(probe_groups().begin(), probe_groups().end() - 1));
+  for (const ProbePlan::Part& part : p.parts) EXPECT_TRUE(part.part.notes.empty());
+  EXPECT_EQ(p.cells[0].groups, (std::vector<std::string>{"svd", "svd_spectrum"}));
+  EXPECT_EQ(p.cells[0].layers, (std::vector<int>{0}));
+  EXPECT_EQ(p.cells.back().groups, (std::vector<std::string>{"attention_error"}));
+  EXPECT_TRUE(p.cells.back().attention);
 }
 
 TEST_F(ProbeTest, PairSelectionAndLayerSubsets) {
@@ -143,10 +145,11 @@ TEST_F(ProbeTest, PairSelectionAndLayerSubsets) {
   // A layer subset: pairs and windows run over the studied layers in order.
   config = parse_config(std::string(kConfig) + "[input]\nlayers = [0, 3]\n", "probe.toml", dir.path());
   config.dump = path;
-  dump = load_probe_dump(config);
+  reload();
   p = plan_probes(config, dump);
-  EXPECT_EQ(std::get<CrossLayerCell>(p.cells[2]).key(), "000-003/cross_layer");
-  EXPECT_EQ(std::get<SharingCell>(p.cells[3]).layers, (std::vector<int>{0, 3}));
+  EXPECT_EQ(p.cells[2].key, "000-003/cross_layer");
+  EXPECT_EQ(p.cells[3].key, "w2-000/cross_layer_sharing");
+  EXPECT_EQ(p.cells[3].layers, (std::vector<int>{0, 3}));
 }
 
 TEST_F(ProbeTest, DefaultSharingRanksAreMultiplesOfTheWindow) {
@@ -236,50 +239,18 @@ TEST_F(ProbeTest, ConfigErrorsNameTheKey) {
   for (const auto& [text, message] : cases) {
     SCOPED_TRACE(text);
     try {
-      parse_config(std::string(kBaseConfig) + text, "probe.toml", dir.path());
+      parse_config(std::string(kConfig) + text, "probe.toml", dir.path());
       ADD_FAILURE() << "no error";
     } catch (const std::invalid_argument& e) {
       EXPECT_CONTAINS(e.what(), "probe.toml:");
       EXPECT_CONTAINS(e.what(), message);
     }
-  }
-  const std::vector<std::pair<std::string, std::string>> decode_cases = {
-      {"[decode_order]\nresidual = [0]\n", "[decode_order] needs 'quantizers'"},
-      {"[decode_order]\nquantizers = []\n", "'decode_order.quantizers' is empty"},
-      {"[decode_order]\nquantizers = [\"int3-asym-token\"]\n", "'decode_order.quantizers': "},
-      {"[decode_order]\nquantizers = [\"int4-asym-token\", \"int4-asym-token\"]\n", "'int4-asym-token' is listed twice"},
-      {"[decode_order]\nquantizers = [\"int4-asym-token\"]\nresidual = [-1]\n", "'decode_order.residual': -1 is < 0"},
-      {"[decode_order]\nquantizers = [\"int4-asym-token\"]\nsink = []\n", "'decode_order.sink' is empty"},
-      {"[decode_order]\nquantizers = [\"int4-asym-token\"]\nposition_bucket = 0\n",
-       "'decode_order.position_bucket' must be an integer >= 1"},
-      {"[decode_order]\nquantizers = [\"int4-asym-token\"]\ntargets = [\"c\"]\n", "'decode_order.targets': 'c' is not one of"},
-      {"[decode_order]\nquantizers = [\"int4-asym-token\"]\nresiduals = [1]\n", "unknown key 'decode_order.residuals'"},
-  };
-  for (const auto& [text, message] : decode_cases) {
-    SCOPED_TRACE(text);
-    try {
-      parse_config(std::string(kBaseConfig) + text, "probe.toml", dir.path());
-      ADD_FAILURE() << "no error";
-    } catch (const std::invalid_argument& e) {
-      EXPECT_CONTAINS(e.what(), "probe.toml:");
-      EXPECT_CONTAINS(e.what(), message);
-    }
-  }
-  {
-    const DecodeOrderSettings d = parse_config(kConfig, "p.toml", dir.path()).probes.decode_order;
-    EXPECT_TRUE(d.enabled);
-    EXPECT_EQ(d.quantizers, (std::vector<std::string>{"int4-asym-channel-g32", "int2-asym-token"}));
-    EXPECT_EQ(d.targets, (std::vector<std::string>{"c_kv+k_pe"}));
-    EXPECT_EQ(d.prefill, (std::vector<int64_t>{0}));
-    std::vector<std::string> labels;
-    for (const DecodeOrder& o : d.modes()) labels.push_back(o.label());
-    EXPECT_EQ(labels, (std::vector<std::string>{"decode-r0-s0-p0", "decode-r0-s2-p0", "decode-r8-s0-p0", "decode-r8-s2-p0"}));
-    EXPECT_FALSE(parse_config(kBaseConfig, "p.toml", dir.path()).probes.decode_order.enabled);
   }
   // Defaults when the sections are absent; [e2e] model resolves against the config's directory.
   const StudyConfig c = parse_config(std::string(kConfig) + "[e2e]\nenabled = true\nmodel = \"m\"\n", "p.toml", dir.path());
-  EXPECT_TRUE(c.probes.svd.enabled && c.probes.cross_layer.enabled && c.probes.attention.enabled);
-  EXPECT_EQ(c.probes.cross_layer.windows, (std::vector<int64_t>{2}));
+  EXPECT_TRUE(probe_settings<SvdSettings>(c, "svd").enabled && probe_settings<CrossLayerSettings>(c, "cross_layer").enabled &&
+              probe_settings<AttentionSettings>(c, "attention").enabled);
+  EXPECT_EQ(probe_settings<CrossLayerSettings>(c, "cross_layer").windows, (std::vector<int64_t>{2}));
   EXPECT_TRUE(c.probes.e2e.enabled);
   EXPECT_EQ(c.probes.e2e.model, (dir.path() / "m").lexically_normal());
   EXPECT_FALSE(parse_config(kConfig, "p.toml", dir.path()).probes.e2e.enabled);
@@ -287,127 +258,85 @@ TEST_F(ProbeTest, ConfigErrorsNameTheKey) {
 
 // ---- values ----------------------------------------------------------------------------------------
 
-// /attention_position: the baseline rows reproduce /attention_error of the same cell (bucket means weighted
-// by their queries), every mode has a row per bucket, and the byte cost follows the cache's bf16 part.
-TEST_F(ProbeTest, AttentionPositionBaselineIsTheAttentionErrorCell) {
-  const ProbeRunner runner(config, dump);
-  const QuantSpec spec = QuantSpec::parse("int4-asym-channel-g32");
-  for (int layer : {0, 2}) {
-    SCOPED_TRACE(layer);
-    const ColumnTable err = runner.run(AttentionCell{layer, "c_kv+k_pe", spec.to_string(), spec, 0})[0];
-    const ColumnTable pos = runner.run(AttentionPositionCell{layer, "c_kv+k_pe", spec.to_string()})[0];
-    ASSERT_EQ(pos.names(), probe_columns("attention_position"));
-    const auto& mode = pos.get<std::string>("cache_mode");
-    const auto& q = pos.get<int64_t>("queries");
-    const auto& kl = pos.get<double>("kl_mean");
-    const auto& frac = pos.get<double>("quantized_key_frac");
-    const auto& bytes = pos.get<double>("bytes_per_token");
-    const auto& start = pos.get<int64_t>("pos_start");
-    // The synthetic dump's query rows sit at positions 9, 20, 31 (sequence 0) and 1, 12, 23 (sequence 1):
-    // buckets [0, 16) and [16, 32), 3 rows each.
-    ASSERT_EQ(pos.num_rows(), 5u * 2u);
-    double kl_sum = 0;
-    int64_t nq = 0;
-    for (size_t i = 0; i < 2; ++i) {
-      EXPECT_EQ(mode[i], "prefill-at-once");
-      EXPECT_EQ(start[i], 16 * int64_t(i));
-      EXPECT_EQ(q[i], 3);
-      EXPECT_EQ(frac[i], 1.0);
-      kl_sum += kl[i] * double(q[i]);
-      nq += q[i];
-    }
-    EXPECT_NEAR(kl_sum / double(nq), err.get<double>("kl_mean")[0], 1e-12 * err.get<double>("kl_mean")[0]);
-    EXPECT_EQ(bytes[0], err.get<double>("bytes_per_token_layer")[0]);
-    EXPECT_EQ(mode[2], "decode-r0-s0-p0");
-    EXPECT_EQ(mode[9], "decode-r8-s2-p0");
-    EXPECT_EQ(pos.get<int64_t>("residual")[9], 8);
-    EXPECT_EQ(pos.get<int64_t>("sink")[9], 2);
-    EXPECT_EQ(pos.get<int64_t>("scale_causal")[0], 1);
-    // g32 groups: only the query at position 31 with R = 0 and S = 0 completes one ([0, 32) quantized);
-    // every other decode-mode query reads every key in bf16.
-    for (size_t i = 2; i < 10; ++i) {
-      EXPECT_EQ(frac[i], i == 3 ? 1.0 / 3.0 : 0.0) << i;
-      if (i != 3) {
-        EXPECT_EQ(kl[i], kl[i % 2 + 4]) << i;
-      }
-      EXPECT_GT(bytes[i], bytes[0]) << i;
-      EXPECT_LE(bytes[i], 2.0 * (16 + 8)) << i;
-    }
-    EXPECT_GT(kl[3], kl[5]);
-    EXPECT_LT(kl[2], 1e-2 * kl[0]);  // bf16 reads against int4
-  }
-  EXPECT_EQ(row_keys("attention_position", runner.run(AttentionPositionCell{1, "c_kv", "int2-asym-token"})[0]),
-            std::vector<std::string>(5 * 2, "001/c_kv/int2-asym-token/attention_position"));
-  // int2-asym-token (G = 1): with R = 0 the engines' order reads every key of [S, t] quantized.
-  const ColumnTable t2 = runner.run(AttentionPositionCell{0, "c_kv+k_pe", "int2-asym-token"})[0];
-  EXPECT_EQ(t2.get<double>("quantized_key_frac")[2], 1.0);  // decode-r0-s0-p0, bucket [0, 16)
-  EXPECT_LT(t2.get<double>("quantized_key_frac")[4], 1.0);  // decode-r0-s2-p0: the sink keys are bf16
+
+const ColumnTable& table_of(const std::vector<NamedTable>& tables, const std::string& group) {
+  const auto it = std::find_if(tables.begin(), tables.end(), [&](const NamedTable& t) { return t.group == group; });
+  if (it == tables.end()) throw std::invalid_argument("no table " + group);
+  return it->table;
 }
 
-bool tables_equal(const ColumnTable& a, const ColumnTable& b) { return a.columns() == b.columns(); }
-
 TEST_F(ProbeTest, CellsAreIndependentOfThreadsAndOfEachOther) {
-  const ProbePlan plan = plan_probes(config, dump);
-  RunOptions one, many;
+  config.results = dir / "a.h5";
+  const auto backend = make_cpu_backend();
+  BatchOptions one, many;
   one.threads = 1;
   many.threads = 3;
-  const std::vector<NamedTable> a = run_probes(config, dump, plan, one);
-  const std::vector<NamedTable> b = run_probes(config, dump, plan, many);
-  ASSERT_EQ(a.size(), probe_groups().size());
-  for (size_t g = 0; g < a.size(); ++g) {
-    SCOPED_TRACE(a[g].group);
-    EXPECT_EQ(a[g].group, probe_groups()[g]);
-    EXPECT_EQ(a[g].table.names(), probe_columns(a[g].group));
-    EXPECT_GT(a[g].table.num_rows(), 0u);
-    EXPECT_TRUE(tables_equal(a[g].table, b[g].table));
+  const BatchResult ra = run_study_batch(dir / "a.h5", plan_study(config, *backend), one);
+  const BatchResult rb = run_study_batch(dir / "b.h5", plan_study(config, *backend), many);
+  for (const std::string& g : probe_groups()) {
+    SCOPED_TRACE(g);
+    const ColumnTable& a = table_of(ra.tables, g);
+    EXPECT_EQ(a.names(), probe_columns(g));
+    EXPECT_GT(a.num_rows(), 0u);
+    EXPECT_EQ(table_difference(a, table_of(rb.tables, g)), "");
   }
-  // Only layer 1's cells, in reverse order, one runner per cell: the same rows as in the full run.
-  ProbePlan sub = plan.subset([](const std::string& k) { return k.rfind("001/", 0) == 0; });
-  ASSERT_GT(sub.cells.size(), 10u);
-  for (auto it = sub.cells.rbegin(); it != sub.cells.rend(); ++it) {
-    const ProbeRunner runner(config, dump);
-    const std::vector<ColumnTable> rows = runner.run(*it);
-    const std::vector<std::string> groups = cell_groups(*it);
-    ASSERT_EQ(rows.size(), groups.size());
-    for (size_t g = 0; g < groups.size(); ++g) {
-      const NamedTable& full = *std::find_if(a.begin(), a.end(), [&](const NamedTable& t) { return t.group == groups[g]; });
-      const std::vector<std::string> keys = row_keys(groups[g], full.table);
-      const std::vector<std::string> mine = row_keys(groups[g], rows[g]);
+  // Only layer 1's cells, in reverse order, each alone on a fresh plan (its own layer store): the same
+  // rows as in the full run.
+  const StudyPlan plan = plan_study(config, *backend);
+  std::vector<size_t> sub;
+  for (size_t i = 0; i < plan.tasks.size(); ++i)
+    if (plan.tasks[i].key.rfind("001/", 0) == 0 && plan.tasks[i].key.find("latent_error") == std::string::npos)
+      sub.push_back(i);
+  ASSERT_GT(sub.size(), 10u);
+  for (auto it = sub.rbegin(); it != sub.rend(); ++it) {
+    const StudyPlan fresh = plan_study(config, *backend);
+    const CellTask& task = fresh.tasks[*it];
+    const std::vector<ColumnTable> rows = task.compute();
+    ASSERT_EQ(rows.size(), task.groups.size());
+    for (size_t g = 0; g < task.groups.size(); ++g) {
+      const ColumnTable& full = table_of(ra.tables, task.groups[g]);
+      const std::vector<std::string> keys = row_keys(task.groups[g], full);
+      const std::vector<std::string> mine = row_keys(task.groups[g], rows[g]);
       ASSERT_FALSE(mine.empty());
-      for (const std::string& k : mine) EXPECT_EQ(k, cell_key(*it));
+      for (const std::string& k : mine) EXPECT_EQ(k, task.key);
       // The cell's rows are a contiguous block of the full table.
-      const size_t first = static_cast<size_t>(std::find(keys.begin(), keys.end(), cell_key(*it)) - keys.begin());
-      ASSERT_LE(first + rows[g].num_rows(), full.table.num_rows());
-      ColumnTable block = empty_probe_table(groups[g]);
-      for (const auto& [name, col] : full.table.columns()) {
+      const size_t first = static_cast<size_t>(std::find(keys.begin(), keys.end(), task.key) - keys.begin());
+      ASSERT_LE(first + rows[g].num_rows(), full.num_rows());
+      ColumnTable block = empty_probe_table(task.groups[g]);
+      for (const auto& [name, col] : full.columns()) {
         std::visit([&](const auto& v) {
           using V = std::decay_t<decltype(v)>;
           std::get<V>(block.at(name)).assign(v.begin() + static_cast<ptrdiff_t>(first),
                                              v.begin() + static_cast<ptrdiff_t>(first + rows[g].num_rows()));
         }, col);
       }
-      EXPECT_TRUE(tables_equal(block, rows[g])) << cell_key(*it);
+      EXPECT_EQ(table_difference(block, rows[g]), "") << task.key;
     }
   }
 }
 
 TEST_F(ProbeTest, AttentionRowsOnASyntheticDump) {
   // Sequences of 40, 24 and 5 tokens: the g32 channel groups of the last two are partial.
-  make({.seq_lens = {40, 24, 5}});
-  const ProbeRunner runner(config, dump);
+  // k_pe runs bf16 too, so that the c_kv, k_pe and c_kv+k_pe bf16 rows are all planned.
+  const std::string with_bf16 = std::regex_replace(std::string(kConfig), std::regex("\"int8-sym-token\"\\]"),
+                                                   "\"int8-sym-token\", \"bf16\"]");
+  ASSERT_NE(with_bf16, kConfig);
+  make({.seq_lens = {40, 24, 5}}, "", with_bf16.c_str());
   const int64_t r = dump.attrs.kv_lora_rank, rope = dump.attrs.qk_rope_head_dim;
   for (int layer = 0; layer < 3; ++layer) {
     SCOPED_TRACE(layer);
     // The synthetic attn_out is the float64 absorbed attention: the float32 recomputation is close.
-    const ColumnTable check = runner.run(AttentionCheckCell{layer})[0];
+    auto key = [&](const char* targets, const std::string& q) {
+      return fmt::format("{:03d}/{}/{}/attention_error", layer, targets, q);
+    };
+    const ColumnTable check = run(fmt::format("{:03d}/attention_check", layer))[0];
     EXPECT_LT(check.get<double>("ref_vs_dump_rel_fro")[0], 1e-4);
     EXPECT_EQ(check.get<int64_t>("tq")[0], 6);
     // A target the row does not quantize is rounded to bf16 (it is charged as bf16): quantizing c_kv,
     // k_pe or both with "bf16" is the same computation, so the three rows agree exactly.
-    const QuantSpec b16 = QuantSpec::parse("bf16");
-    const ColumnTable bc = runner.run(AttentionCell{layer, "c_kv", "bf16", b16, 0})[0];
-    const ColumnTable bk = runner.run(AttentionCell{layer, "k_pe", "bf16", b16, 0})[0];
-    const ColumnTable bb = runner.run(AttentionCell{layer, "c_kv+k_pe", "bf16", b16, 0})[0];
+    const ColumnTable bc = run(key("c_kv", "bf16"))[0];
+    const ColumnTable bk = run(key("k_pe", "bf16"))[0];
+    const ColumnTable bb = run(key("c_kv+k_pe", "bf16"))[0];
     const double bf16_err = bb.get<double>("out_rel_fro")[0];
     EXPECT_GT(bf16_err, 0.0);
     EXPECT_LT(bf16_err, 1e-2);
@@ -416,26 +345,26 @@ TEST_F(ProbeTest, AttentionRowsOnASyntheticDump) {
     EXPECT_EQ(bc.get<double>("bytes_per_token_layer")[0], 2.0 * static_cast<double>(r + rope));
     // SVD-pruned c_kv at full rank: the coefficients are rounded to bf16 (the dtype charged) and k_pe is
     // bf16, so the error is bf16-level: not 0, the same order as the bf16 row.
-    const ColumnTable full = runner.run(AttentionCell{layer, "c_kv", "svd-rank16", {}, r})[0];
+    const ColumnTable full = run(key("c_kv", "svd-rank16"))[0];
     EXPECT_GT(full.get<double>("out_rel_fro")[0], bf16_err / 4);
     EXPECT_LT(full.get<double>("out_rel_fro")[0], bf16_err * 4);
     EXPECT_EQ(full.get<double>("bits_per_element_c_kv")[0], 16.0);
     EXPECT_EQ(full.get<double>("bytes_per_token_layer")[0], 2.0 * static_cast<double>(r + rope));
     // Low rank: a real error, accounted as r bf16 coefficients.
-    const ColumnTable low = runner.run(AttentionCell{layer, "c_kv", "svd-rank2", {}, 2})[0];
+    const ColumnTable low = run(key("c_kv", "svd-rank2"))[0];
     EXPECT_GT(low.get<double>("out_rel_fro")[0], 1e-2);
     EXPECT_EQ(low.get<double>("bits_per_element_c_kv")[0], 2.0);
     EXPECT_EQ(low.get<double>("bytes_per_token_layer")[0], 4.0 + 2.0 * static_cast<double>(rope));
     // Quantized k_pe only: c_kv counted as bf16; int8 sym token over 8 dims: 8 bits + fp16 scale per token.
     const QuantSpec s8 = QuantSpec::parse("int8-sym-token");
-    const ColumnTable k = runner.run(AttentionCell{layer, "k_pe", s8.to_string(), s8, 0})[0];
+    const ColumnTable k = run(key("k_pe", s8.to_string()))[0];
     EXPECT_EQ(k.get<double>("bits_per_element_c_kv")[0], 16.0);
     EXPECT_EQ(k.get<double>("bytes_per_token_layer")[0], 2.0 * static_cast<double>(r) + static_cast<double>(rope) + 2.0);
     EXPECT_GT(k.get<double>("out_rel_fro")[0], 0.0);
     EXPECT_LT(k.get<double>("out_rel_fro")[0], 0.1);
     // Quantizing more cannot be free: c_kv+k_pe at int4 has an error, a top-1 agreement in [0, 1].
     const QuantSpec s4 = QuantSpec::parse("int4-asym-channel-g32");
-    const ColumnTable both = runner.run(AttentionCell{layer, "c_kv+k_pe", s4.to_string(), s4, 0})[0];
+    const ColumnTable both = run(key("c_kv+k_pe", s4.to_string()))[0];
     EXPECT_GT(both.get<double>("out_rel_fro")[0], 1e-3);
     EXPECT_GE(both.get<double>("top1_agree")[0], 0.0);
     EXPECT_LE(both.get<double>("top1_agree")[0], 1.0);
@@ -444,14 +373,21 @@ TEST_F(ProbeTest, AttentionRowsOnASyntheticDump) {
 }
 
 TEST_F(ProbeTest, LatentOnlyDumpSkipsTheAttentionGroups) {
+  const ProbePlan with = plan_probes(config, dump);  // the dump with attention data
   make({.attention = false});
   const ProbePlan p = plan_probes(config, dump);
-  EXPECT_CONTAINS(p.attention_skipped, "has no dataset /layers/000/q_rows");
+  std::vector<std::string> notes;
+  for (const ProbePlan::Part& part : p.parts) notes.insert(notes.end(), part.part.notes.begin(), part.part.notes.end());
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_CONTAINS(notes[0], "attention: skipped: ");
+  EXPECT_CONTAINS(notes[0], "has no dataset /layers/000/q_rows");
   for (const std::string& k : p.keys()) EXPECT_EQ(k.find("attention"), std::string::npos) << k;
   EXPECT_EQ(p.groups, (std::vector<std::string>{"svd", "svd_spectrum", "cross_layer", "cross_layer_sharing"}));
-  const ProbeRunner runner(config, dump);
+  // An attention cell run on the latent-only dump anyway names the cell and the missing dataset.
+  const ProbeCell& c = with.cell("000/attention_check");
   try {
-    runner.run(AttentionCheckCell{0});
+    const std::unique_ptr<LayerAccess> in = store->open({c.layers, c.attention});
+    run_probe_cell(config, c, *in);
     FAIL() << "no error";
   } catch (const std::invalid_argument& e) {
     EXPECT_CONTAINS(e.what(), "cell 000/attention_check");
@@ -465,21 +401,27 @@ TEST(ProbeRealDump, AbsorbedRecomputationMatchesTheDumpedAttnOut) {
   if (!fs::exists(dump_path)) GTEST_SKIP() << dump_path << " is missing";
   StudyConfig config = default_config();
   config.dump = dump_path;
-  const Dump dump = load_probe_dump(config);
+  const Dump dump = header_of(config);
   ASSERT_EQ(dump.layers.size(), 6u);
-  const ProbeRunner runner(config, dump);
+  LayerStore store(dump);
+  const ProbePlan plan = plan_probes(config, dump);
+  auto run = [&](const std::string& key) {
+    const ProbeCell& c = plan.cell(key);
+    const std::unique_ptr<LayerAccess> in = store.open({c.layers, c.attention});
+    return run_probe_cell(config, c, *in);
+  };
   for (const Layer& l : dump.layers) {
     SCOPED_TRACE(l.index);
-    const ColumnTable t = runner.run(AttentionCheckCell{l.index})[0];
+    const ColumnTable t = run(fmt::format("{:03d}/attention_check", l.index))[0];
     const double rel = t.get<double>("ref_vs_dump_rel_fro")[0];
     EXPECT_LE(rel, 1e-4);
     EXPECT_GT(rel, 0.0);  // float32 against the model's float32 path: equal only up to rounding
     EXPECT_EQ(t.get<int64_t>("tq")[0], 256);
     // SVD-pruned c_kv at full rank (kv_lora_rank 128), bf16 coefficients and bf16 k_pe: a bf16-level
     // attention error, the same order as the bf16 row's.
-    const QuantSpec b16 = QuantSpec::parse("bf16");
-    const double bf16_err = runner.run(AttentionCell{l.index, "c_kv+k_pe", "bf16", b16, 0})[0].get<double>("out_rel_fro")[0];
-    const ColumnTable s = runner.run(AttentionCell{l.index, "c_kv", "svd-rank128", {}, 128})[0];
+    const double bf16_err =
+        run(fmt::format("{:03d}/c_kv+k_pe/bf16/attention_error", l.index))[0].get<double>("out_rel_fro")[0];
+    const ColumnTable s = run(fmt::format("{:03d}/c_kv/svd-rank128/attention_error", l.index))[0];
     EXPECT_GT(bf16_err, 0.0);
     EXPECT_LT(bf16_err, 1e-2);
     EXPECT_GT(s.get<double>("out_rel_fro")[0], bf16_err / 4);
@@ -494,9 +436,7 @@ TEST(ProbeRealDump, AbsorbedRecomputationMatchesTheDumpedAttnOut) {
 TEST(ProbeRealDump, RotationFoldIsExactAndABrokenFoldFails) {
   const fs::path dump_path = fs::path(LATENTQ_SOURCE_DIR) / "data" / "latents" / "tiny-mla.h5";
   if (!fs::exists(dump_path)) GTEST_SKIP() << dump_path << " is missing";
-  StudyConfig config = default_config();
-  config.dump = dump_path;
-  const Dump dump = load_probe_dump(config);
+  const Dump dump = load_dump(dump_path);  // every layer with its attention data
   const DumpAttrs& A = dump.attrs;
   ASSERT_EQ(A.kv_lora_rank, 128);
   ASSERT_EQ(A.qk_rope_head_dim, 32);
@@ -555,15 +495,6 @@ TEST_F(ProbeCliTest, RunWritesEveryGroupAndPrintsTheTables) {
   EXPECT_EQ(read_table(results, "svd").num_rows(), 3u * 6u);
   EXPECT_EQ(read_table(results, "svd_spectrum").num_rows(), 3u * 16u);
   EXPECT_EQ(read_table(results, "attention_error").num_rows(), 3u * 12u);
-  EXPECT_EQ(read_table(results, "attention_position").num_rows(), 3u * 2u * 5u * 2u);
-  // What the e2e step reads to run the same decode orders.
-  const Attrs attrs = read_results_attrs(results);
-  const auto find = [&](const char* name) -> const AttrValue& { return attr(attrs, name); };
-  EXPECT_EQ(std::get<std::vector<std::string>>(find("decode_order_modes")),
-            (std::vector<std::string>{"decode-r0-s0-p0", "decode-r0-s2-p0", "decode-r8-s0-p0", "decode-r8-s2-p0"}));
-  EXPECT_EQ(std::get<std::vector<std::string>>(find("decode_order_quantizers")),
-            (std::vector<std::string>{"int4-asym-channel-g32", "int2-asym-token"}));
-  EXPECT_EQ(std::get<int64_t>(find("decode_order_position_bucket")), 16);
   EXPECT_CONTAINS(o.out, "Latent error vs attention error");
   EXPECT_CONTAINS(o.out, "svd-rank16");
   EXPECT_CONTAINS(o.out, "SVD of c_kv (kv_lora_rank 16");
@@ -788,6 +719,49 @@ TEST_F(ProbeCliTest, ReportNeedsPythonAndPassesItsExitCodeThrough) {
   const Outcome o = cli({"report", (dir / "missing.h5").string(), "--out", (dir / "rep").string()});
   EXPECT_EQ(o.rc, 2) << o.out << o.err;
   EXPECT_CONTAINS(o.out, "latentq report:");
+}
+
+// The registry: the shipped probes in canonical order; config sections come from it (an unregistered
+// section is an error naming the file and the known sections); a probe reads its own section's
+// settings with SettingsReader (here a section no registered probe owns, as a new probe would).
+TEST(ProbeRegistry, SectionsGroupsAndSettings) {
+  std::vector<std::string> sections;
+  for (const Probe* p : registered_probes()) sections.push_back(p->section());
+  EXPECT_EQ(sections, (std::vector<std::string>{"svd", "cross_layer", "attention"}));
+  EXPECT_EQ(probe_groups(), (std::vector<std::string>{"svd", "svd_spectrum", "cross_layer", "cross_layer_sharing",
+                                                      "attention_check", "attention_error"}));
+  EXPECT_EQ(probe_of_group("cross_layer_sharing"), find_probe("cross_layer"));
+  EXPECT_EQ(find_probe("decode_order"), nullptr);
+  try {
+    parse_config("[decode_order]\nresidual = [0, 32]\n", "probe.toml", ".");
+    ADD_FAILURE() << "no error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_CONTAINS(e.what(), "probe.toml:1:");
+    EXPECT_CONTAINS(e.what(), "unknown key 'decode_order'");
+    EXPECT_CONTAINS(e.what(), "svd, cross_layer, attention, e2e, mixed");
+  }
+  const std::string text = "[decode_order]\nresidual = [0, 32, 128]\nsink = [0, 4]\nprefill = 0\n";
+  const auto r = make_settings_reader(text, "probe.toml", ".", "decode_order");
+  EXPECT_TRUE(r->present());
+  r->check_keys({"residual", "sink", "prefill"});
+  EXPECT_EQ(*r->ints("residual", 0), (std::vector<int64_t>{0, 32, 128}));
+  EXPECT_EQ(*r->ints("sink", 0), (std::vector<int64_t>{0, 4}));
+  EXPECT_EQ(*r->number("prefill"), 0.0);
+  EXPECT_FALSE(r->boolean("enabled").has_value());  // absent: the probe's default
+  try {
+    make_settings_reader(text, "probe.toml", ".", "decode_order")->check_keys({"residual", "sink"});
+    ADD_FAILURE() << "no error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_CONTAINS(e.what(), "probe.toml:4:");
+    EXPECT_CONTAINS(e.what(), "unknown key 'decode_order.prefill' (valid keys in [decode_order]: residual, sink)");
+  }
+  try {
+    make_settings_reader("[decode_order]\nsink = [4, 4]\n", "probe.toml", ".", "decode_order")->ints("sink", 0);
+    ADD_FAILURE() << "no error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_CONTAINS(e.what(), "'decode_order.sink': 4 is listed twice");
+  }
+  EXPECT_FALSE(make_settings_reader("", "probe.toml", ".", "decode_order")->present());
 }
 
 TEST(ProbeRowKeys, KeysFromColumns) {

@@ -145,6 +145,11 @@ struct BatchOptions {
   /// Called from the calling thread about every 100 ms and at the end with (cells of the shard
   /// present, cells of the shard); resumed cells count as present.
   std::function<void(size_t, size_t)> progress;
+  /// The order in which the cells this run computes are started: called once, before any starts, with
+  /// their plan indices in canonical order (the shard's cells not resumed); returns the same indices
+  /// reordered. Unset: canonical order. Rows are written in canonical order either way. The study uses
+  /// it to run the cells layer by layer and to know how often each dump layer will be read.
+  std::function<std::vector<size_t>(const std::vector<size_t>& pending)> schedule;
 };
 
 struct BatchResult {

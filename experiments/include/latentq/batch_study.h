@@ -3,7 +3,8 @@
 // tables, and the dimensions a merge needs from a results file's root attributes.
 //
 // Canonical cell order: the /latent_error cells in plan_cells() order (layer, then target in config
-// order, then quantizer in config order); cell kinds added later (probe groups) come after them.
+// order, then quantizer in config order), then the probe cells (latentq/probe_study.h). Execution
+// order is layer by layer (StudyPlan::schedule): the dump is streamed, never held whole.
 #pragma once
 
 #include <memory>
@@ -13,24 +14,40 @@
 #include "latentq/batch.h"
 #include "latentq/config.h"
 #include "latentq/dump.h"
+#include "latentq/layer_store.h"
+#include "latentq/probe_study.h"
 #include "latentq/results.h"
 #include "latentq/study.h"
 
 namespace latentq {
 
-/// A study ready for run_batch().
+/// A study ready for run_batch(): the one execution path of `latentq run`, its shards and the tests.
 struct StudyPlan {
-  std::shared_ptr<const Dump> dump;   ///< the loaded input; the tasks refer to it
+  std::shared_ptr<LayerStore> store;  ///< the input dump, streamed (header read; layers read by the cells)
   std::vector<CellTask> tasks;        ///< every cell of the study, canonical order
+  std::vector<LayerUse> uses;         ///< per task: the dump layers it reads
   Attrs attrs;                        ///< root attributes (study_attrs())
   std::vector<Quantizer> quantizers;  ///< every quantizer (config.all_quantizers(), /summary row order)
+  ProbePlan probes;                   ///< the probe cells (the tasks after the latent-error ones)
+
+  const Dump& dump() const { return store->header(); }
+  /// BatchOptions::schedule for these tasks: the pending cells ordered by the last dump layer they read,
+  /// then the first, then canonical order (so a layer is read once and dropped once its cells — and the
+  /// windows that include it — are done); it announces their layer uses to the store.
+  std::function<std::vector<size_t>(const std::vector<size_t>&)> schedule() const;
 };
 
-/// Load config.dump (latents only), hash it and plan every cell: one task per plan_cells() cell,
-/// key Cell::key() ("<layer:03d>/<target>/<quantizer>/latent_error"), group latent_error, one row
-/// as run_latent_error() gives it (the same numbers as an unbatched run). `backend` must outlive
-/// the tasks. Throws as load_dump(); std::invalid_argument if config.dump is empty.
+/// Read the header of config.dump (load_dump with data = false: attributes, tokens, every studied
+/// dataset's dtype and shape; the attention datasets when [attention] is enabled), hash the file and
+/// plan every cell: one task per plan_cells() cell (key Cell::key(), group latent_error, one row as
+/// run_latent_error() gives it), then the probe cells (plan_probes(), run_probe_cell()). Every task reads
+/// its layers through `store`. `backend` must outlive the tasks. Throws as load_dump() and
+/// plan_probes(); std::invalid_argument if config.dump is empty.
 StudyPlan plan_study(const StudyConfig& config, LatentBackend& backend);
+
+/// The tables of a complete run of `plan` (all shards, no checkpoint) written to `out` and read back:
+/// what the tests compare (run_batch() with plan.schedule()).
+BatchResult run_study_batch(const std::filesystem::path& out, const StudyPlan& plan, BatchOptions options = {});
 
 /// The DeriveFn of the study: /summary (summarize()) from /latent_error, with the quantizers of the
 /// config text in root attribute `config` (source `config_source`) and num_layers, kv_lora_rank,

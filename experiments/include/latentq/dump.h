@@ -81,6 +81,10 @@ struct Dump {
 struct LoadOptions {
   std::vector<int> layers;     ///< layer indices to load; empty = all layers of the file
   bool attention = true;       ///< load q_rows/q_nope/q_pe/w_uk/w_uv/attn_out when present
+  /// false: a header only — attributes, tokens, positions, seq_offsets, the layer list, and every
+  /// dataset's dtype and shape checked, but no layer values read (Layer entries hold their index only;
+  /// read_layer() reads one layer's values). The finiteness checks happen when the values are read.
+  bool data = true;
 };
 
 /// Load and validate a `latentq-dump/1` file.
@@ -95,5 +99,11 @@ struct LoadOptions {
 /// an empty layer (T = 0), bad seq_offsets or q_rows, a requested layer that is not in the file.
 /// Every message starts with the file path.
 Dump load_dump(const std::filesystem::path& path, const LoadOptions& options = {});
+
+/// The values of one layer of the dump whose header (load_dump with data = false) is `header`: c_kv,
+/// k_pe and, with `attention` and when the file has them, the attention datasets. Validated as
+/// load_dump() validates them (the same messages); also throws std::invalid_argument when the file's
+/// tokens changed since the header was read. Thread-safe (HDF5 calls hold h5::library_mutex()).
+Layer read_layer(const Dump& header, int index, bool attention);
 
 }  // namespace latentq

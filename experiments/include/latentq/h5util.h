@@ -5,6 +5,7 @@
 #include <H5Cpp.h>
 
 #include <cstdint>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -13,6 +14,10 @@ namespace latentq::h5 {
 /// Silence HDF5's automatic error-stack printing (errors become H5::Exception, which latentq turns
 /// into messages). Idempotent.
 void quiet();
+
+/// The lock every HDF5 call of latentq holds (the HDF5 library here is not built thread-safe): dump
+/// reads on worker threads (read_layer) and results writes on the calling thread take it.
+std::recursive_mutex& library_mutex();
 
 /// The innermost descriptions of the current HDF5 error stack, joined with "; " (empty if none).
 /// Call it inside a catch(H5::Exception&) block, before any other HDF5 call.

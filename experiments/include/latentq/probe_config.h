@@ -1,5 +1,7 @@
-// latentq/probe_config.h — the probe sections of a study config ([svd], [cross_layer], [attention],
-// [e2e]), parsed with toml++ from the same text as latentq/config.h (StudyConfig::probes).
+// latentq/probe_config.h — the probe sections of a study config and [e2e] (StudyConfig::probes). Each
+// probe section is parsed by its probe's descriptor (latentq/probe_registry.h, experiments/src/probes/);
+// the settings of the probes shipped here are declared below because several probes read them ([svd]
+// ranks are also the attention probe's svd-rank<r> rows). A new probe declares its settings in its own file.
 //
 //   [svd]          enabled = true         the SVD pruning probe on c_kv (/svd, /svd_spectrum)
 //                  centered = true        subtract the fit mean before the SVD (stored: kv_lora_rank floats)
@@ -18,17 +20,6 @@
 //                  targets = ["c_kv", "k_pe", "c_kv+k_pe"]   which latents are quantized
 //                  svd = true             also SVD-pruned c_kv at every [svd] rank ("svd-rank<r>")
 //                  check_tolerance = 1e-4 warn when the recomputation differs from attn_out by more
-//   [decode_order] (absent = off)         /attention_position: attention on the decode-order cache
-//                                         (latentq/decode_order.h) per query-position bucket
-//                  residual = [0]         R values (>= 0): recent keys read in bf16
-//                  sink = [0]             S values (>= 0): first tokens of each sequence kept in bf16
-//                  prefill = [0]          P values (>= 0): queries before P read every key in bf16
-//                  quantizers = [...]     spec strings ("<transform>,<quantizer>" allowed); required, non-empty
-//                  targets = ["c_kv+k_pe"]   each "c_kv", "k_pe" or "c_kv+k_pe"
-//                  position_bucket = 64   W >= 1: query positions bucketed as [b·W, (b+1)·W)
-//                  The modes are the cross product R × S × P (decode-r<R>-s<S>-p<P>) plus the baseline
-//                  prefill-at-once. Needs the dump's attention datasets (loaded for it even when
-//                  [attention] is disabled).
 //   [e2e]          enabled = false        true: run experiments/e2e_inject.py after the results are written
 //                  model = "path"         the tiny-mla model directory, relative to the config file
 //                  quantizers = []        [] = every quantizer of the study; else spec strings
@@ -39,13 +30,16 @@
 #include <filesystem>
 #include <string>
 #include <string_view>
+#include <map>
+#include <memory>
 #include <vector>
 
-#include "latentq/decode_order.h"
+#include "latentq/probe_registry.h"
 
 namespace latentq {
 
-struct SvdSettings {
+/// [svd] (experiments/src/probes/svd.cpp).
+struct SvdSettings : ProbeSettings {
   bool enabled = true;
   bool centered = true;
   std::vector<int64_t> ranks;  ///< empty = probes::default_svd_ranks(kv_lora_rank)
@@ -53,7 +47,8 @@ struct SvdSettings {
 
 enum class PairSelection { Auto, All, Adjacent };
 
-struct CrossLayerSettings {
+/// [cross_layer] (experiments/src/probes/cross_layer.cpp).
+struct CrossLayerSettings : ProbeSettings {
   bool enabled = true;
   PairSelection pairs = PairSelection::Auto;
   std::vector<int64_t> windows{2};  ///< window sizes w (>= 2)
@@ -61,23 +56,12 @@ struct CrossLayerSettings {
   bool centered = true;
 };
 
-struct AttentionSettings {
+/// [attention] (experiments/src/probes/attention.cpp).
+struct AttentionSettings : ProbeSettings {
   bool enabled = true;
   std::vector<std::string> targets{"c_kv", "k_pe", "c_kv+k_pe"};  ///< each "c_kv", "k_pe" or "c_kv+k_pe"
   bool svd = true;                  ///< also the svd-rank<r> cells (c_kv only)
   double check_tolerance = 1e-4;    ///< /attention_check: warn above this relative error
-};
-
-struct DecodeOrderSettings {
-  bool enabled = false;                    ///< true when the config has a [decode_order] section
-  std::vector<int64_t> residual{0};        ///< R values, >= 0, config order
-  std::vector<int64_t> sink{0};            ///< S values, >= 0
-  std::vector<int64_t> prefill{0};         ///< P values, >= 0
-  std::vector<std::string> quantizers;     ///< canonical TransformedSpec strings, config order
-  std::vector<std::string> targets{"c_kv+k_pe"};  ///< each "c_kv", "k_pe" or "c_kv+k_pe"
-  int64_t position_bucket = 64;            ///< W >= 1
-  /// The decode modes, R-major then S then P (config order; the baseline prefill-at-once not included).
-  std::vector<DecodeOrder> modes() const;
 };
 
 struct E2eSettings {
@@ -86,21 +70,17 @@ struct E2eSettings {
   std::vector<std::string> quantizers;  ///< canonical spec strings; empty = every quantizer of the study
 };
 
+/// The probe sections of a config and [e2e].
 struct ProbeConfig {
-  SvdSettings svd;
-  CrossLayerSettings cross_layer;
-  AttentionSettings attention;
-  DecodeOrderSettings decode_order;
   E2eSettings e2e;
+  /// The settings of every registered probe by section name (defaults for a section left out).
+  std::map<std::string, std::shared_ptr<const ProbeSettings>> sections;
 };
 
-/// The root keys this parser owns (the config's root key check accepts them).
-inline constexpr const char* kProbeConfigSections[] = {"svd", "cross_layer", "attention", "decode_order", "e2e"};
-
-/// Parse the probe sections of config text (other sections are ignored). `source` names the text in
-/// messages, `base_dir` resolves [e2e] model. Throws std::invalid_argument for TOML syntax errors,
-/// unknown keys, wrong types, a rank < 1, a window < 2, a cross-layer rank that is not a multiple of
-/// every window, an unknown attention target, a tolerance that is not > 0, or a bad spec string.
+/// Parse [e2e] and every registered probe's section of config text (other sections are ignored).
+/// `source` names the text in messages, `base_dir` resolves relative paths. Throws
+/// std::invalid_argument for TOML syntax errors, unknown keys, wrong types and bad values (naming
+/// "<source>:<line>:<col>" and the key).
 ProbeConfig parse_probe_config(std::string_view text, const std::string& source, const std::filesystem::path& base_dir);
 
 /// "auto", "all" or "adjacent".

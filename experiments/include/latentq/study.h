@@ -92,6 +92,8 @@ class SpectrumCache {
  public:
   /// Throws as latent_spectrum() and Dump::layer().
   const LatentSpectrum& get(const Dump& dump, int layer, Target target);
+  /// The same for the data `layer` of a layer of `dump` (whose header gives T, dims, seq_offsets).
+  const LatentSpectrum& get(const Dump& dump, const Layer& layer, Target target);
 
  private:
   std::mutex mutex_;
@@ -116,6 +118,11 @@ const std::vector<std::string>& latent_error_columns();
 /// overflows fp16); with several failures, the first in cell order.
 ColumnTable run_latent_error(const Dump& dump, const std::vector<Cell>& cells, LatentBackend& backend,
                              const RunOptions& options = {}, SpectrumCache* spectra = nullptr);
+/// The same with the layers' data from `layer_data` (a layer index → its data) and the header from
+/// `dump` (T, dims, seq_offsets, path): the batch runner's cells read streamed layers this way.
+ColumnTable run_latent_error(const Dump& dump, const std::function<const Layer&(int)>& layer_data,
+                             const std::vector<Cell>& cells, LatentBackend& backend, const RunOptions& options = {},
+                             SpectrumCache* spectra = nullptr);
 
 /// Column names of /summary, in order.
 const std::vector<std::string>& summary_columns();
@@ -129,22 +136,10 @@ const std::vector<std::string>& summary_columns();
 ///   c_kv_accounting, k_pe_accounting: "measured" or "bf16 (not run)".
 ColumnTable summarize(const ColumnTable& latent_error, const std::vector<Quantizer>& quantizers, const DumpAttrs& attrs);
 
-/// A complete `latentq run`: the config (with any overrides already applied), the dump it names,
-/// the backend. Output tables and root attributes ready for write_results().
-struct StudyOutput {
-  ColumnTable latent_error, summary;
-  Attrs attrs;  ///< created, latentq_version, git_commit, config, config_source, config_dir (the
-                ///< directory the config's relative paths resolve against), input_path,
-                ///< input_sha256, input_revision, model, num_layers, kv_lora_rank,
-                ///< qk_rope_head_dim, layers, targets, device
-  std::vector<Quantizer> quantizers;  ///< every quantizer, summary row order
-  DumpAttrs dump_attrs;               ///< of the input dump
-};
-/// Throws as load_dump() and run_latent_error(); std::invalid_argument if config.dump is empty.
-StudyOutput run_study(const StudyConfig& config, LatentBackend& backend, const RunOptions& options = {});
-
 /// The root attributes of a results file of `config` run on `dump` (loaded from config.dump, whose
-/// SHA-256 is `input_sha256`) on `device`: those listed at StudyOutput::attrs.
+/// SHA-256 is `input_sha256`) on `device`: created, latentq_version, git_commit, config, config_source,
+/// config_dir (the directory the config's relative paths resolve against), input_path, input_sha256,
+/// input_revision, model, num_layers, kv_lora_rank, qk_rope_head_dim, layers, targets, device.
 Attrs study_attrs(const StudyConfig& config, const Dump& dump, const std::string& input_sha256,
                   const std::string& device);
 
