@@ -109,11 +109,10 @@ def rel_err(a, b) -> float:
 
 
 def _is_hf(model) -> bool:
-    try:
-        from transformers import PreTrainedModel
-    except ImportError:
-        return False
-    return isinstance(model, PreTrainedModel)
+    """Whether model is an HF PreTrainedModel. Does not import transformers (seconds) when it is not
+    imported yet: then no HF model exists."""
+    tf = sys.modules.get("transformers")
+    return tf is not None and isinstance(model, tf.PreTrainedModel)
 
 
 def run_model(model, ids: torch.Tensor) -> torch.Tensor:

@@ -49,6 +49,13 @@ Injection: ``fn(layer_idx, name, tensor) -> tensor`` with name ``"c_kv"`` ([B, T
 ``"k_pe"`` ([B, T, qk_rope_head_dim], post-RoPE); the returned tensor must have the same shape and is
 cast to the model's dtype/device. The replacement is what the rest of the layer (kv_b_proj, the
 cache, the attention) sees.
+
+Decode order (``DecodeOrderAttention``): the attention of every query t reads key j from one of two
+versions of the latent cache (quantized / bf16) per a [T, T] mask, which is token-by-token decode with
+a quantized cache done in one causal forward (latentq/decode_order.h; the e2e step builds the two
+versions and the mask with the ``latentq`` module). The model's own attention output, the input of
+``o_proj``, is replaced by ``mixed_latent_attention`` (absorbed form, DeepSeek-V3 inference/model.py)
+of the captured q_nope, q_pe, c_kv and k_pe.
 """
 from __future__ import annotations
 
@@ -468,3 +475,100 @@ def config_softmax_scale(cfg: dict) -> float:
         m = yarn_mscale(float(rs["factor"]), float(rs["mscale_all_dim"]))
         scale *= m * m
     return scale
+
+
+# ---- decode order: a quantized cache read per (query, key) in one causal forward ------------------
+
+# cache_fn(layer_idx, c_kv [B, T, r], k_pe [B, T, d_r]) -> None (the layer reads its exact latents) or
+# (c_kv_quantized, c_kv_bf16, c_kv_read_quantized [T, T] bool, k_pe_quantized, k_pe_bf16, k_pe_read_quantized)
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """float64 for a float64 tensor, else float32 (the decode-order attention's arithmetic)."""
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+DecodeCacheFn = Callable[[int, torch.Tensor, torch.Tensor], "tuple | None"]
+
+
+def mixed_latent_attention(q_nope: torch.Tensor, q_pe: torch.Tensor, c_q: torch.Tensor, c_b: torch.Tensor,
+                           read_c: torch.Tensor, kpe_q: torch.Tensor, kpe_b: torch.Tensor, read_kpe: torch.Tensor,
+                           w_uk: torch.Tensor, w_uv: torch.Tensor, softmax_scale: float) -> torch.Tensor:
+    """Causal MLA attention in absorbed form over a latent cache read two ways, chosen per (query t, key j).
+
+    q_nope [B, T, H, d_n], q_pe [B, T, H, d_r] (post-RoPE); c_q / c_b [B, T, r]: c_kv as read from the
+    quantized cache / in bf16; kpe_q / kpe_b [B, T, d_r]: post-RoPE k_pe, same; read_c, read_kpe bool
+    [T, T]: True where query t reads key j of c_kv / k_pe quantized (entries j > t are ignored: the
+    attention is causal); w_uk [H, d_n, r], w_uv [H, d_v, r] (kv_b_proj.weight.view(H, d_n + d_v, r)
+    split, DeepSeek-V3 inference/model.py); softmax_scale: the model's applied scale.
+        s[t, h, j]  = scale · (q_nope W_UK · c[j] + q_pe · k_pe[j]),  each read per its mask at (t, j)
+        out[t, h]   = W_UV (Σ_j softmax_j(s)[t, h, j] · c[j])         (c read per read_c, as the score)
+    Computed in float32 (fp32 softmax), float64 when q_nope is float64, on the inputs' device.
+    Returns [B, T, H, d_v] in that dtype.
+    """
+    dt = _compute_dtype(q_nope)
+    q_nope, q_pe, c_q, c_b, kpe_q, kpe_b, w_uk, w_uv = (
+        x.to(dt) for x in (q_nope, q_pe, c_q, c_b, kpe_q, kpe_b, w_uk, w_uv))
+    T, dev = c_q.shape[1], c_q.device
+    read_c = read_c.to(device=dev, dtype=torch.bool)
+    read_kpe = read_kpe.to(device=dev, dtype=torch.bool)
+    causal = torch.ones(T, T, dtype=torch.bool, device=dev).tril()
+    q_lat = torch.einsum("bthd,hdc->bhtc", q_nope, w_uk)                        # [B, H, T, r]
+    q_pe = q_pe.transpose(1, 2)                                                # [B, H, T, d_r]
+    kt = lambda x: x[:, None].transpose(-1, -2)                                # [B, 1, D, T]
+    s = (torch.where(read_c, q_lat @ kt(c_q), q_lat @ kt(c_b))
+         + torch.where(read_kpe, q_pe @ kt(kpe_q), q_pe @ kt(kpe_b))) * softmax_scale
+    p = torch.softmax(s.masked_fill(~causal, float("-inf")), dim=-1)          # [B, H, T, T]
+    zero = torch.zeros((), dtype=p.dtype, device=dev)
+    o_lat = torch.where(read_c, p, zero) @ c_q[:, None] + torch.where(read_c, zero, p) @ c_b[:, None]
+    return torch.einsum("bhtc,hdc->bthd", o_lat, w_uv)                          # [B, T, H, d_v]
+
+
+class DecodeOrderAttention(LatentHooks):
+    """``with DecodeOrderAttention(model, cache_fn): model(ids)`` runs the model with each MLA layer's
+    attention reading its latent cache per (query, key) as ``cache_fn`` says (DecodeCacheFn): the exact decode order
+    of a quantized cache (latentq/decode_order.h) in one causal forward, since a token's hidden state
+    at every layer is computed when that token is processed.
+
+    Per layer, the model's own attention runs on the exact latents; its output (the input of
+    ``o_proj``) is then replaced by ``mixed_latent_attention`` of the captured q_nope, post-RoPE q_pe
+    and the two reads of c_kv and k_pe ``cache_fn(layer, c_kv, k_pe)`` returns, with the
+    softmax scale captured at call time (LatentHooks; attribute fallback). A layer for which
+    ``cache_fn`` returns None keeps the model's own output. Input ids [B, T]: every batch row is one
+    sequence at positions 0..T-1 without padding (the masks are [T, T], shared by the rows).
+    The captured tensors stay on the model's device (float32; float64 for a float64 model).
+    Raises as LatentHooks.
+    """
+
+    def __init__(self, model: nn.Module, cache_fn: DecodeCacheFn):
+        if not callable(cache_fn):
+            raise TypeError("cache_fn must be callable: cache_fn(layer_idx, c_kv, k_pe) -> tuple | None")
+        super().__init__(model, capture=True, inject=None)
+        self.cache_fn = cache_fn
+
+    def _store(self, layer: int, name: str, x: torch.Tensor) -> None:
+        self.layers.setdefault(layer, {})[name] = x.detach().to(_compute_dtype(x))
+
+    def _hook_layer(self, idx: int, attn: nn.Module) -> None:
+        super()._hook_layer(idx, attn)
+        dims = self.dims[idx]
+        H, nope, vd, r = dims["num_heads"], dims["qk_nope_head_dim"], dims["v_head_dim"], dims["kv_lora_rank"]
+
+        def o_pre(mod, args):
+            rec = self.layers[idx]
+            cache = self.cache_fn(idx, rec["c_kv"], rec["k_pe"])
+            if cache is None:
+                return None
+            scale = rec.get("softmax_scale")
+            if scale is None:
+                scale = next((float(getattr(attn, a)) for a in ("scaling", "softmax_scale")
+                              if isinstance(getattr(attn, a, None), (int, float))), None)
+                if scale is None:
+                    raise RuntimeError(f"layer {idx}: no softmax scale captured and no scaling attribute")
+            wkv_b = attn.kv_b_proj.weight.detach().to(_compute_dtype(rec["q_nope"])).view(H, nope + vd, r)
+            dev = rec["q_nope"].device
+            c_q, c_b, read_c, kpe_q, kpe_b, read_kpe = (torch.as_tensor(x).to(dev) for x in cache)
+            out = mixed_latent_attention(rec["q_nope"], rec["q_pe"], c_q, c_b, read_c, kpe_q, kpe_b, read_kpe,
+                                         wkv_b[:, :nope], wkv_b[:, nope:], scale)
+            x = args[0]
+            return (out.reshape(x.shape).to(x.dtype),) + tuple(args[1:])
+
+        self._handles.append(attn.o_proj.register_forward_pre_hook(o_pre))

@@ -1,36 +1,63 @@
-"""End-to-end check: run tiny-mla (or any MLA model the hooks support) on held-out text with each
-quantizer injected into its latent cache, and measure what reaches the logits.
+"""End-to-end check: run an MLA model (tiny-mla, or an HF DeepseekV2 / DeepseekV3 / GLM-4 MoE Lite /
+MiniCPM3 checkpoint) on held-out text with each quantizer in its latent cache, and measure what
+reaches the logits.
 
-    .venv/bin/python experiments/e2e_inject.py --results results/default.h5
+    .venv/bin/python experiments/e2e_inject.py --results results/default.h5 [--model DIR]
+        [--device cpu|cuda] [--dtype float32|bfloat16|float16] [--text FILE]
+        [--cache-modes prefill-at-once decode-r32-s4-p0 ...] [--decode-quantizers SPEC ...]
 
-For every quantizer of the study in RESULTS.h5 (the `quantizer` column of /latent_error, in order),
-c_kv is replaced at the output of `kv_a_layernorm` and k_pe after RoPE (data/latent_hooks.py) by
-its quantize-dequantize through the C++ quantizers (the `latentq` Python module, the very code of
-the CLI), on the MLA layers the study ran (the root attribute `layers` of RESULTS.h5, else the
+Cache modes (latentq/decode_order.h, through the `latentq` Python module; the rule is not restated
+here):
+  prefill-at-once  for every quantizer of the study in RESULTS.h5 (the `quantizer` column of
+    /latent_error, in order; or --quantizers): c_kv is replaced at the output of `kv_a_layernorm`
+    and k_pe after RoPE (data/latent_hooks.py LatentInjector) by its quantize-dequantize through
+    the C++ quantizers, each window's whole prefill at once (per-channel groups and per-tensor
+    scales see later tokens of the window): the study's rows.
+  decode-r<R>-s<S>-p<P>  the cache as a serving engine builds it token by token: the query at t
+    reads key j from the quantized cache iff latentq.decode_order_mask(mode, L, G)[t, j]
+    (G = latentq.decode_token_group(spec)), else in bf16; the two reads are
+    latentq.decode_order_latents(x, spec, mode, target, seq_offsets). A token's hidden state at
+    every layer is computed when that token is processed, so one causal forward whose attention
+    mixes the two reads per (t, j) (latent_hooks.DecodeOrderAttention) is token-by-token decode
+    with a quantized cache, exactly (tests/python/test_e2e_decode.py checks it against a literal
+    decode loop). Run for the quantizers × modes of the root attributes decode_order_quantizers ×
+    decode_order_modes that the C++ study writes from its [decode_order] section, else of
+    --decode-quantizers × --cache-modes (flags win; --decode-quantizers defaults to the
+    prefill-at-once quantizers).
+Quantized layers: the MLA layers the study ran (the root attribute `layers` of RESULTS.h5, else the
 `layer` column of /latent_error; recorded in the /e2e attribute `layers`), for the targets the study
-ran that quantizer on (c_kv+k_pe for a --quantizers spec the study did not run, with a warning).
-A transformed quantizer ('had,int4-asym-token', 'rot,mxfp4') quantizes the rotated rows and injects
-them un-rotated (latentq/transform.h); 'klt,...' quantizers are not injected (a note says so).
-Like the study, each window's whole prefill is quantized at once (per-channel groups and per-tensor
-scales see later tokens of the window). Per quantizer:
+ran that quantizer on (c_kv+k_pe for a spec the study did not run, with a warning). A transformed
+quantizer ('had,int4-asym-token', 'rot,mxfp4') quantizes the rotated rows and reads them
+un-rotated (latentq/transform.h); 'klt,...' quantizers are not injected (a note says so).
 
-  kl_mean     mean over tokens of KL(p_ref ‖ p_q), p = softmax(logits) over the 256 bytes, nats
-  top1_agree  fraction of tokens whose argmax logit is unchanged
-  ppl_ref     perplexity of the reference model on the next byte, exp(mean NLL), per byte
-  ppl_quant   the same with the quantized latents
+Per (quantizer, cache_mode), group /e2e (one 1-D dataset per column):
+  quantizer, targets, cache_mode, kl_mean (mean over tokens of KL(p_ref ‖ p_q) over the vocabulary,
+  nats), top1_agree (fraction of tokens whose argmax logit is unchanged), nll_ref, nll_quant,
+  ppl_ref / ppl_quant (exp(mean next-token NLL)), num_tokens, bytes_per_token (the cache at the
+  sequence end, per token per layer, mean over the quantized layers: c_kv + k_pe, the bf16 tokens of
+  the decode order at 2 bytes/element, the quantized ones at the format's bytes per token
+  (QuantizedTensor.bytes_per_token), a target not quantized at 2 bytes/element), scale_causal (1,
+  or 0 for a decode-order row whose spec's scale spans the sequence: latentq.decode_scale_is_causal).
+Group /e2e_position: the same runs by query position, W = the root attribute
+decode_order_position_bucket (else --position-bucket, default 64): quantizer, cache_mode,
+residual, sink, prefill (R, S, P of the mode; 0 for prefill-at-once), scale_causal, pos_start,
+pos_end (bucket [pos_start, pos_end), positions within each window), tokens (windows × positions in
+the bucket), kl_mean, top1_agree, bytes_per_token (of the run, as /e2e). The columns follow the
+C++ /attention_position group where the two share a meaning.
+The reference is the model's own run with exact latents; no metric is computed from non-finite
+logits. The file is updated through a temporary copy and a rename, so an interrupted run leaves
+the previous file intact; user errors exit 2 with one line and write nothing.
 
-The rows are written as group /e2e (one 1-D dataset per column) into RESULTS.h5; the other groups
-of the file are kept. The file is updated through a temporary copy and a rename, so an interrupted
-run leaves the previous file intact.
-
-Text: by default the held-out split of the KJV text (data/kjv_text.py), `--num-seqs` windows of
-`--seq-len` bytes starting after the first `--offset-bytes` bytes (the shipped dump reads the first
-4 × 512 bytes, so the default 2048 keeps the two apart).
+Text: by default the held-out split of the KJV text (data/kjv_text.py); tokens from byte
+`--offset-bytes` on (the shipped dump reads the first 4 × 512 bytes, so the default 2048 keeps the
+two apart): the bytes for tiny-mla, the checkpoint's tokenizer for an HF model that has one (no
+special tokens; else the bytes), `--num-seqs` windows of `--seq-len` tokens.
 """
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -129,7 +156,7 @@ def make_inject(latentq, spec, targets: tuple[str, ...], layers=None):
         if s is None:
             return x
         B, T, D = x.shape
-        flat = x.detach().to(torch.float32).reshape(B * T, D).contiguous().numpy()
+        flat = x.detach().to("cpu", torch.float32).reshape(B * T, D).contiguous().numpy()
         offs = [b * T for b in range(B + 1)]
         y = latentq.quantize_dequantize(flat, s, name, offs)
         return torch.from_numpy(y).reshape(B, T, D)
@@ -145,42 +172,159 @@ def require_finite_logits(x: torch.Tensor, what: str) -> None:
                          "non-finite logits")
 
 
-def logit_metrics(ref: torch.Tensor, q: torch.Tensor, ids: torch.Tensor, what: str = "the quantized run") -> dict:
-    """ref, q: [B, T, V] float32 logits; ids [B, T] int64. KL and top-1 over all B·T positions;
-    NLL on next-token targets (positions 0..T-2). Raises ValueError when ref or q has NaN/Inf
-    (require_finite_logits; `what` names the run of q)."""
-    require_finite_logits(ref, "the reference run (exact latents)")
-    require_finite_logits(q, what)
+def token_metrics(ref: torch.Tensor, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token KL(p_ref ‖ p_q) (nats, float64) and top-1 agreement (float64 0/1), both [B, T], of
+    the logits ref, q [B, T, V] (softmax over the vocabulary in float64). No finiteness check: the
+    callers check first (require_finite_logits)."""
     lp_ref = F.log_softmax(ref.double(), -1)
     lp_q = F.log_softmax(q.double(), -1)
-    kl = (lp_ref.exp() * (lp_ref - lp_q)).sum(-1)
-    top1 = (ref.argmax(-1) == q.argmax(-1)).double()
+    return (lp_ref.exp() * (lp_ref - lp_q)).sum(-1), (ref.argmax(-1) == q.argmax(-1)).double()
+
+
+def logit_metrics(ref: torch.Tensor, q: torch.Tensor, ids: torch.Tensor, what: str = "the quantized run") -> dict:
+    """ref, q: [B, T, V] float32 logits; ids [B, T] int64. KL and top-1 over all B·T positions
+    (token_metrics); NLL on next-token targets (positions 0..T-2). Raises ValueError when ref or q
+    has NaN/Inf (require_finite_logits; `what` names the run of q)."""
+    require_finite_logits(ref, "the reference run (exact latents)")
+    require_finite_logits(q, what)
+    kl, top1 = token_metrics(ref, q)
     tgt = ids[:, 1:]
-    nll_ref = -lp_ref[:, :-1].gather(-1, tgt[..., None]).mean()
-    nll_q = -lp_q[:, :-1].gather(-1, tgt[..., None]).mean()
+    nll_ref = -F.log_softmax(ref.double(), -1)[:, :-1].gather(-1, tgt[..., None]).mean()
+    nll_q = -F.log_softmax(q.double(), -1)[:, :-1].gather(-1, tgt[..., None]).mean()
     return {"kl_mean": float(kl.mean()), "top1_agree": float(top1.mean()),
             "nll_ref": float(nll_ref), "nll_quant": float(nll_q),
             "ppl_ref": float(torch.exp(nll_ref)), "ppl_quant": float(torch.exp(nll_q))}
 
 
-def write_group(results_path: str, name: str, columns: dict[str, np.ndarray], attrs: dict) -> None:
-    """Replace group `name` in results_path, keeping every other group: copy → edit → rename."""
+def position_rows(ref: torch.Tensor, q: torch.Tensor, width: int) -> list[dict]:
+    """KL and top-1 by query position: one dict(pos_start, pos_end, tokens, kl_mean, top1_agree) per
+    bucket [b·width, min((b+1)·width, T)) of the positions of ref, q [B, T, V] (finite: the caller
+    checked); tokens = B × positions in the bucket."""
+    kl, top1 = token_metrics(ref, q)
+    T = kl.shape[1]
+    rows = []
+    for a in range(0, T, width):
+        b = min(a + width, T)
+        rows.append({"pos_start": a, "pos_end": b, "tokens": kl.shape[0] * (b - a),
+                     "kl_mean": float(kl[:, a:b].mean()), "top1_agree": float(top1[:, a:b].mean())})
+    return rows
+
+
+PREFILL_AT_ONCE = "prefill-at-once"
+_MODE_RE = re.compile(r"decode-r(\d+)-s(\d+)-p(\d+)")
+
+
+def mode_rsp(latentq, mode: str) -> tuple[int, int, int]:
+    """(residual, sink, prefill) of a cache-mode label ('prefill-at-once': (0, 0, 0)); the label is
+    validated by the module (DecodeOrder::parse). Raises ValueError naming a malformed label."""
+    try:
+        latentq.decode_order_mask(mode, 1, 1)
+    except ValueError as e:
+        raise ValueError(f"cache mode '{mode}': {e}") from None
+    if mode == PREFILL_AT_ONCE:
+        return 0, 0, 0
+    m = _MODE_RE.fullmatch(mode)
+    if m is None:
+        raise ValueError(f"cache mode '{mode}': expected 'prefill-at-once' or 'decode-r<R>-s<S>-p<P>'")
+    return int(m[1]), int(m[2]), int(m[3])
+
+
+def decode_settings(results_path: str) -> tuple[list[str] | None, list[str] | None, int | None]:
+    """The root attributes the C++ study writes from its [decode_order] section: (decode_order_modes,
+    decode_order_quantizers, decode_order_position_bucket), each None when absent."""
+    dec = lambda v: v.decode() if isinstance(v, bytes) else str(v)
+    with open_results(results_path) as f:
+        A = f.attrs
+        modes = [dec(v) for v in np.atleast_1d(A["decode_order_modes"])] if "decode_order_modes" in A else None
+        qs = [dec(v) for v in np.atleast_1d(A["decode_order_quantizers"])] if "decode_order_quantizers" in A else None
+        w = int(A["decode_order_position_bucket"]) if "decode_order_position_bucket" in A else None
+    return modes, qs, w
+
+
+def spec_at(spec, layer: int, target: str) -> str | None:
+    """The spec of (layer, target): `spec` itself (a string), or its entry in a mixed assignment dict."""
+    return spec if isinstance(spec, str) else spec.get((layer, target))
+
+
+def make_decode_cache(latentq, spec, targets: tuple[str, ...], layers, mode: str):
+    """cache_fn for latent_hooks.DecodeOrderAttention: per layer in `layers` (None: every layer),
+    c_kv / k_pe [B, T, D] (one sequence per batch row) -> (quantized, bf16, read_quantized [T, T])
+    for each, from latentq.decode_order_latents and latentq.decode_order_mask(mode, T, G) with
+    G = latentq.decode_token_group of the target's spec. A target the quantizer does not cover is read
+    exact on both sides (mask all False); a layer with no covered target returns None (model's own)."""
+    masks: dict[tuple[int, int], torch.Tensor] = {}
+
+    def fn(layer: int, c_kv: torch.Tensor, k_pe: torch.Tensor):
+        if layers is not None and layer not in layers:
+            return None
+        out, covered = [], False
+        for name, x in (("c_kv", c_kv), ("k_pe", k_pe)):
+            s = spec_at(spec, layer, name) if name in targets else None
+            B, T, D = x.shape
+            if s is None:
+                out += [x, x, torch.zeros(T, T, dtype=torch.bool)]
+                continue
+            flat = x.detach().to("cpu", torch.float32).reshape(B * T, D).contiguous().numpy()
+            q, b = latentq.decode_order_latents(flat, s, mode, name, [i * T for i in range(B + 1)])
+            G = latentq.decode_token_group(s)
+            if (G, T) not in masks:
+                masks[(G, T)] = torch.from_numpy(latentq.decode_order_mask(mode, T, G))
+            out += [torch.from_numpy(q).reshape(B, T, D), torch.from_numpy(b).reshape(B, T, D), masks[(G, T)]]
+            covered = True
+        return tuple(out) if covered else None
+    return fn
+
+
+def cache_bytes_per_token(latentq, spec, targets: tuple[str, ...], layers: list[int], mode: str, dims: dict,
+                          L: int, num_seqs: int) -> float:
+    """Bytes per token per layer of the latent cache once L tokens are decoded, mean over `layers`:
+    per target (c_kv: kv_lora_rank, k_pe: qk_rope_head_dim columns), the bf16 tokens at 2 bytes/element
+    and the quantized ones at the format's bytes per token (QuantizedTensor.bytes_per_token of the
+    spec's quantizer storing num_seqs sequences of that many tokens; a per-tensor scale is amortized
+    over them); the bf16/quantized split is the last row of latentq.decode_order_mask(mode, L, G).
+    A target the spec does not cover counts at 2 bytes/element. Raises ValueError as quantize()."""
+    widths = {"c_kv": dims["kv_lora_rank"], "k_pe": dims["qk_rope_head_dim"]}
+    rng = np.random.default_rng(0)
+    memo: dict[tuple[str, str], float] = {}
+    total = 0.0
+    for layer in layers:
+        for name, D in widths.items():
+            s = spec_at(spec, layer, name) if name in targets else None
+            if s is None:
+                total += 2.0 * D
+                continue
+            if (s, name) not in memo:
+                nq = int(latentq.decode_order_mask(mode, L, latentq.decode_token_group(s))[L - 1].sum())
+                bq = 0.0
+                if nq:  # the format's storage; a rotation costs nothing (folded into W_UK / W_UV)
+                    base = latentq.canonical_spec(s).split(",")[-1]
+                    x = rng.standard_normal((num_seqs * nq, D)).astype(np.float32)
+                    bq = latentq.quantize(x, base, name, [i * nq for i in range(num_seqs + 1)]).bytes_per_token
+                memo[(s, name)] = ((L - nq) * 2.0 * D + nq * bq) / L
+            total += memo[(s, name)]
+    return total / len(layers)
+
+
+def write_groups(results_path: str, groups: dict[str, tuple[dict[str, np.ndarray], dict]]) -> None:
+    """Replace the groups {name: (columns, attrs)} in results_path, keeping every other group:
+    copy → edit → rename (an interrupted run leaves the previous file)."""
     d = os.path.dirname(os.path.abspath(results_path))
     fd, tmp = tempfile.mkstemp(prefix=".e2e-", suffix=".h5.tmp", dir=d)
     os.close(fd)
     try:
         shutil.copyfile(results_path, tmp)
         with h5py.File(tmp, "r+") as f:
-            if name in f:
-                del f[name]
-            g = f.create_group(name)
-            for k, v in columns.items():
-                if v.dtype.kind in "US":
-                    g.create_dataset(k, data=v.astype(object), dtype=h5py.string_dtype("utf-8"))
-                else:
-                    g.create_dataset(k, data=v)
-            for k, v in attrs.items():
-                g.attrs[k] = v
+            for name, (columns, attrs) in groups.items():
+                if name in f:
+                    del f[name]
+                g = f.create_group(name)
+                for k, v in columns.items():
+                    if v.dtype.kind in "USO":
+                        g.create_dataset(k, data=v.astype(object), dtype=h5py.string_dtype("utf-8"))
+                    else:
+                        g.create_dataset(k, data=v)
+                for k, v in attrs.items():
+                    g.attrs[k] = v
         os.replace(tmp, results_path)
     except BaseException:
         if os.path.exists(tmp):
@@ -188,40 +332,95 @@ def write_group(results_path: str, name: str, columns: dict[str, np.ndarray], at
         raise
 
 
+def load_tokens(text: bytes, offset_bytes: int, tokenizer, seq_len: int, num_seqs: int, vocab_size: int) -> torch.Tensor:
+    """[num_seqs, seq_len] int64 token windows of text[offset_bytes:]: its bytes, or the checkpoint's
+    tokenizer (no special tokens). Raises ValueError when there are too few tokens or an id is
+    outside the model's vocabulary."""
+    rest = text[offset_bytes:]
+    if tokenizer is None:
+        ids, what = list(rest), "bytes"
+    else:
+        ids, what = tokenizer(rest.decode("utf-8", errors="replace"), add_special_tokens=False)["input_ids"], "tokens"
+    need = seq_len * num_seqs
+    if len(ids) < need:
+        raise ValueError(f"text has {len(ids)} {what} after --offset-bytes {offset_bytes}; {need} needed for "
+                         f"{num_seqs} x {seq_len}")
+    t = torch.tensor(ids[:need], dtype=torch.int64).reshape(num_seqs, seq_len)
+    if int(t.max()) >= vocab_size:
+        raise ValueError(f"token id {int(t.max())} is outside the model's vocabulary ({vocab_size})")
+    return t
+
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--results", required=True, help="latentq-results/1 file of `latentq run` (updated in place)")
-    ap.add_argument("--model", default=os.path.join(ROOT, "data", "tiny-mla"), help="tiny-mla directory")
-    ap.add_argument("--text", help="text file (bytes are the tokens); default: the KJV held-out split")
-    ap.add_argument("--seq-len", type=int, default=512)
+    ap.add_argument("--model", default=os.path.join(ROOT, "data", "tiny-mla"),
+                    help="tiny-mla directory or HF MLA checkpoint directory (DeepseekV2/V3, GLM-4 MoE Lite, MiniCPM3)")
+    ap.add_argument("--device", default="cpu", help="torch device of the model (cpu, cuda, cuda:1)")
+    ap.add_argument("--dtype", choices=sorted(_DTYPES), default="float32", help="compute dtype of the model")
+    ap.add_argument("--trust-remote-code", action="store_true", help="for a remote-code checkpoint")
+    ap.add_argument("--text", help="text file; default: the KJV held-out split")
+    ap.add_argument("--seq-len", type=int, default=512, help="tokens per window")
     ap.add_argument("--num-seqs", type=int, default=4)
     ap.add_argument("--offset-bytes", type=int, default=2048)
-    ap.add_argument("--quantizers", nargs="*", help="spec strings (default: every quantizer of the study)")
+    ap.add_argument("--quantizers", nargs="*", help="prefill-at-once spec strings (default: every quantizer of the study)")
+    ap.add_argument("--cache-modes", nargs="*", help="cache-mode labels (default: the root attribute decode_order_modes, "
+                    "else prefill-at-once); the prefill-at-once rows run unless this flag leaves that label out")
+    ap.add_argument("--decode-quantizers", nargs="*", help="specs run in the decode modes (default: the root attribute "
+                    "decode_order_quantizers, else the prefill-at-once quantizers)")
+    ap.add_argument("--position-bucket", type=int, help="W of /e2e_position (default: the root attribute "
+                    "decode_order_position_bucket, else 64)")
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args(argv)
     for flag, v, lo in (("--seq-len", a.seq_len, 1), ("--num-seqs", a.num_seqs, 1), ("--offset-bytes", a.offset_bytes, 0),
-                        ("--threads", a.threads, 1)):
-        if v < lo:
+                        ("--threads", a.threads, 1), ("--position-bucket", a.position_bucket, 1)):
+        if v is not None and v < lo:
             print(f"e2e_inject: error: {flag} {v}: must be >= {lo}", file=sys.stderr)
             return 2
 
     latentq = import_latentq()
-    from latent_hooks import LatentInjector
-    from tiny_mla import TinyMLAForCausalLM
+    from dump_latents import load_model, run_model
+    from latent_hooks import DecodeOrderAttention, LatentInjector, find_mla_layers, mla_dims
 
     torch.set_num_threads(a.threads)
     try:
         pairs = study_quantizers(a.results)
         layers = study_layers(a.results)
-        if a.quantizers:
-            known = dict(pairs)
-            pairs = []
-            for q in a.quantizers:
-                c = latentq.canonical_spec(q)
+        attr_modes, attr_qs, attr_w = decode_settings(a.results)
+        known = dict(pairs)
+
+        def with_targets(specs: list[str], flag: str) -> list[tuple[str, tuple[str, ...]]]:
+            out = []
+            for q in specs:
+                try:
+                    c = latentq.canonical_spec(q)
+                except ValueError as e:
+                    raise ValueError(f"{flag} {q}: {str(e).splitlines()[0]}") from None
                 if c not in known:
                     print(f"e2e_inject: warning: quantizer {c} is not in the study of {a.results}; "
                           "its targets default to c_kv+k_pe", file=sys.stderr)
-                pairs.append((c, known.get(c, ("c_kv", "k_pe"))))
+                out.append((c, known.get(c, ("c_kv", "k_pe"))))
+            return out
+
+        if a.quantizers:
+            pairs = with_targets(a.quantizers, "--quantizers")
+        modes = a.cache_modes if a.cache_modes is not None else (attr_modes or [PREFILL_AT_ONCE])
+        rsp = {m: mode_rsp(latentq, m) for m in modes}
+        decode_modes = [m for m in dict.fromkeys(modes) if m != PREFILL_AT_ONCE]
+        if a.decode_quantizers is not None:
+            decode_pairs = with_targets(a.decode_quantizers, "--decode-quantizers")
+        elif attr_qs is not None:
+            decode_pairs = with_targets(attr_qs, f"{a.results}: decode_order_quantizers")
+        else:
+            decode_pairs = list(pairs)
+        width = a.position_bucket or attr_w or 64
+        if width < 1:
+            raise ValueError(f"{a.results}: decode_order_position_bucket {width}: must be >= 1")
+        if a.device.startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError(f"--device {a.device}: CUDA is not available to torch here")
         if a.text:
             try:
                 with open(a.text, "rb") as f:
@@ -231,66 +430,93 @@ def main(argv=None) -> int:
         else:
             from kjv_text import load_kjv, split_kjv
             text = split_kjv(load_kjv())[1]
-        need = a.offset_bytes + a.seq_len * a.num_seqs
-        if len(text) < need:
-            raise ValueError(f"text has {len(text)} bytes; {need} needed for --offset-bytes {a.offset_bytes} + "
-                             f"{a.num_seqs} x {a.seq_len}")
-        model = TinyMLAForCausalLM.from_pretrained(a.model)
-        max_pos = model.config.max_position_embeddings
-        if a.seq_len > max_pos:
+        if not os.path.isfile(os.path.join(a.model, "config.json")):
+            raise ValueError(f"--model {a.model}: no config.json (expected a tiny-mla or HF MLA checkpoint directory)")
+        model, _cfg, _src, _rev, _orig, tokenizer = load_model(a.model, _DTYPES[a.dtype], a.trust_remote_code)
+        model = model.to(a.device)
+        mla = find_mla_layers(model)
+        dims = mla_dims(mla[0][2])
+        max_pos = getattr(model.config, "max_position_embeddings", None)
+        if max_pos is not None and a.seq_len > max_pos:
             raise ValueError(f"--seq-len {a.seq_len} exceeds max_position_embeddings {max_pos} of the model {a.model}")
-        num_layers = model.config.num_hidden_layers
+        vocab = getattr(model.config, "vocab_size", None) or model.get_output_embeddings().weight.shape[0]
+        ids = load_tokens(text, a.offset_bytes, tokenizer, a.seq_len, a.num_seqs, vocab).to(a.device)
+        model_layers = sorted(i for i, _, _ in mla)
         if layers is None:
-            layers = list(range(num_layers))
-        bad = [l for l in layers if not 0 <= l < num_layers]
+            layers = model_layers
+        bad = [l for l in layers if l not in model_layers]
         if bad:
             raise ValueError(f"{a.results}: study layer(s) {bad} not in the model {a.model} "
-                             f"({num_layers} layers)")
+                             f"(MLA layers {model_layers[0]}..{model_layers[-1]})")
     except (ValueError, OSError, RuntimeError) as e:
         print(f"e2e_inject: error: {e}", file=sys.stderr)
         return 2
-    if len(layers) < num_layers:
+    if len(layers) < len(model_layers):
         print(f"e2e_inject: note: the study ran layers {','.join(map(str, layers))} only; the other "
-              f"{num_layers - len(layers)} of {num_layers} layers stay unquantized", file=sys.stderr)
+              f"{len(model_layers) - len(layers)} of {len(model_layers)} layers stay unquantized", file=sys.stderr)
     layer_set = frozenset(layers)
     # KLT rotations are fitted on the dump's fit split by the C++ study (probes::fit_rotation); the
     # injection sees only its own windows, so it does not refit one: those quantizers are left out.
-    klt = [q for q, _ in pairs if q.startswith("klt,")]
+    klt = sorted({q for q, _ in pairs + decode_pairs if q.startswith("klt,")})
     if klt:
         print(f"e2e_inject: note: {len(klt)} klt quantizer(s) not injected (the KLT basis is fitted on the "
               f"dump's fit split, not available here): {', '.join(klt)}", file=sys.stderr)
-        pairs = [p for p in pairs if not p[0].startswith("klt,")]
+    runs = [(q, t, PREFILL_AT_ONCE) for q, t in pairs if not q.startswith("klt,")]
+    if PREFILL_AT_ONCE not in modes and a.cache_modes is not None:
+        runs = []
+    runs += [(q, t, m) for m in decode_modes for q, t in decode_pairs if not q.startswith("klt,")]
+    if not runs:
+        print("e2e_inject: error: no quantizer to run (only klt quantizers, or no cache mode)", file=sys.stderr)
+        return 2
 
-    buf = np.frombuffer(text[a.offset_bytes:need], dtype=np.uint8).astype(np.int64)
-    ids = torch.from_numpy(buf.reshape(a.num_seqs, a.seq_len))
     t0 = time.time()
+    rows, pos_rows = [], []
     try:
         with torch.no_grad():
-            ref = model(ids)
+            ref = run_model(model, ids).float().cpu()
             require_finite_logits(ref, f"the reference run (exact latents) of {a.model}")
-            rows = []
-            for spec, targets in pairs:
+            for spec, targets, mode in runs:
                 try:
                     latentq.canonical_spec(spec)
                     how = spec
                 except ValueError:  # a mixed assignment: its spec per (layer, target) from /latent_error
                     how = mixed_specs(a.results, spec)
-                with LatentInjector(model, make_inject(latentq, how, targets, layer_set)):
-                    q = model(ids)
-                m = logit_metrics(ref, q, ids, f"the run with {spec} latents ({'+'.join(targets)})")
-                rows.append({"quantizer": spec, "targets": "+".join(targets), **m})
-                print(f"  {spec:28s} KL {m['kl_mean']:.3e}  top1 {m['top1_agree']:.4f}  "
-                      f"ppl {m['ppl_ref']:.4f} -> {m['ppl_quant']:.4f}", flush=True)
-    except ValueError as e:  # non-finite logits: nothing is written
+                if mode == PREFILL_AT_ONCE:
+                    hooks = LatentInjector(model, make_inject(latentq, how, targets, layer_set))
+                else:
+                    hooks = DecodeOrderAttention(model, make_decode_cache(latentq, how, targets, layer_set, mode))
+                with hooks:
+                    q = run_model(model, ids).float().cpu()
+                m = logit_metrics(ref, q, ids.cpu(), f"the run with {spec} latents ({'+'.join(targets)}, {mode})")
+                specs = [how] if isinstance(how, str) else sorted(set(how.values()))
+                causal = mode == PREFILL_AT_ONCE or all(latentq.decode_scale_is_causal(s) for s in specs)
+                bpt = cache_bytes_per_token(latentq, how, targets, layers, mode, dims, a.seq_len, a.num_seqs)
+                rows.append({"quantizer": spec, "targets": "+".join(targets), "cache_mode": mode, **m,
+                             "bytes_per_token": bpt, "scale_causal": np.int64(causal)})
+                R, S, P = rsp.get(mode, (0, 0, 0))
+                for r in position_rows(ref, q, width):
+                    pos_rows.append({"quantizer": spec, "cache_mode": mode, "residual": R, "sink": S, "prefill": P,
+                                     "scale_causal": np.int64(causal), **r, "bytes_per_token": bpt})
+                print(f"  {spec:28s} {mode:20s} KL {m['kl_mean']:.3e}  top1 {m['top1_agree']:.4f}  "
+                      f"ppl {m['ppl_ref']:.4f} -> {m['ppl_quant']:.4f}  {bpt:.1f} B/token", flush=True)
+    except ValueError as e:  # non-finite logits, a spec the quantizers refuse: nothing is written
         print(f"e2e_inject: error: {e}; {a.results} is left unchanged", file=sys.stderr)
         return 2
     cols = {k: np.array([r[k] for r in rows]) for k in rows[0]}
     cols["num_tokens"] = np.full(len(rows), a.num_seqs * a.seq_len, dtype=np.int64)
-    write_group(a.results, "e2e", cols, {
-        "model": os.path.abspath(a.model), "text_offset_bytes": a.offset_bytes,
-        "seq_len": a.seq_len, "num_seqs": a.num_seqs, "layers": ",".join(map(str, layers)),
-        "definition": "KL(p_ref||p_q) mean over tokens (nats); top1 = argmax agreement; ppl = exp(mean next-byte NLL)"})
-    print(f"e2e: {len(rows)} quantizers, {a.num_seqs}x{a.seq_len} tokens, {time.time() - t0:.1f}s -> {a.results}:/e2e")
+    pcols = {k: np.array([r[k] for r in pos_rows]) for k in pos_rows[0]}
+    common = {"model": os.path.abspath(a.model), "text_offset_bytes": a.offset_bytes, "seq_len": a.seq_len,
+              "num_seqs": a.num_seqs, "layers": ",".join(map(str, layers)), "device": a.device, "dtype": a.dtype,
+              "tokenizer": "bytes" if tokenizer is None else type(tokenizer).__name__}
+    write_groups(a.results, {
+        "e2e": (cols, {**common, "definition": "KL(p_ref||p_q) mean over tokens (nats); top1 = argmax agreement; "
+                       "ppl = exp(mean next-token NLL); bytes_per_token: cache at the sequence end, per layer; "
+                       "cache_mode: latentq/decode_order.h"}),
+        "e2e_position": (pcols, {**common, "position_bucket": np.int64(width),
+                                 "definition": "KL and top-1 of the /e2e runs over query positions [pos_start, pos_end) "
+                                               "of each window"})})
+    print(f"e2e: {len(rows)} runs, {a.num_seqs}x{a.seq_len} tokens, {time.time() - t0:.1f}s -> "
+          f"{a.results}:/e2e, /e2e_position")
     return 0
 
 

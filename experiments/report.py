@@ -19,6 +19,10 @@ captions and short tables. Figures, each made only when its groups are in the fi
   cross_layer_sharing.png  shared-basis vs per-layer SVD error over windows of layers (/cross_layer_sharing)
   e2e.png                  logit KL and perplexity of the model with quantized latents against
                            bytes per token for the whole model (/e2e joined with /summary)
+  error_vs_position.png    KL against query position for the decode-order quantizers, one panel per
+                           quantizer: e2e logit KL (/e2e_position) and, when present, attention KL
+                           (/attention_position, mean over layers); prefill-at-once and the decode
+                           orders with residual R in {0, 32, 128} and sink S in {0, 4}
 
 A group that is missing gives no figure and one line saying so (stdout and report.md).
 Exit codes: 0 done; 2 input error (missing file, not HDF5, wrong schema, no result tables, bad
@@ -38,10 +42,10 @@ import tempfile
 
 SCHEMA = "latentq-results/1"
 KNOWN_GROUPS = ("latent_error", "summary", "attention_error", "svd", "svd_spectrum", "cross_layer",
-                "cross_layer_sharing", "e2e")
+                "cross_layer_sharing", "e2e", "e2e_position", "attention_position")
 PROG = "latentq report"
 FIGURES = ("frontier_c_kv.png", "frontier_model_bytes.png", "per_layer.png", "svd.png", "cross_layer.png",
-           "cross_layer_sharing.png", "e2e.png")
+           "cross_layer_sharing.png", "e2e.png", "error_vs_position.png")
 
 
 class ReportError(Exception):
@@ -1072,7 +1076,8 @@ def fig_sharing(out, tables, attrs):
 
 
 def e2e_rows(tables, Q):
-    """Per /e2e row: dict(quantizer, targets, kl, top1, ppl_ref, ppl_quant, bytes_model)."""
+    """Per prefill-at-once /e2e row (all rows of a file without a cache_mode column): dict(quantizer,
+    targets, kl, top1, ppl_ref, ppl_quant, bytes_model)."""
     e = tables.get("e2e")
     if e is None:
         return []
@@ -1080,11 +1085,14 @@ def e2e_rows(tables, Q):
     if qs is None:
         return []
     tg = e.str("targets", "target", contains=("target",))
+    modes = e.str("cache_mode")
     cols = dict(kl=e.num("kl_mean", contains=("kl",)), top1=e.num("top1_agree", contains=("top1",)),
                 ppl_ref=e.num("ppl_ref", contains=("ppl", "ref")), ppl_quant=e.num("ppl_quant", contains=("ppl", "quant")),
                 nll_ref=e.num("nll_ref"), nll_quant=e.num("nll_quant"), num_tokens=e.num("num_tokens", contains=("tokens",)))
     rows = []
     for i, q in enumerate(qs):
+        if modes is not None and modes[i] != PREFILL_AT_ONCE:
+            continue  # decode-order rows: the error-vs-position figure
         r = dict(quantizer=q, targets=tg[i] if tg is not None else "",
                  bytes_model=Q[q]["bytes_model"] if q in Q else math.nan)
         for k, v in cols.items():
@@ -1147,6 +1155,129 @@ def fig_e2e(out, tables, attrs, Q):
     if hidden:
         cap += f" Not shown on the log axis (KL 0 or missing): {', '.join(sorted(hidden))}."
     return fn, cap
+
+
+PREFILL_AT_ONCE = "prefill-at-once"
+POSITION_RESIDUALS = (0, 32, 128)   # R of the error-vs-position curves
+POSITION_SINKS = (0, 4)             # S of the error-vs-position curves
+POSITION_MAX_PANELS = 4
+
+
+def position_curves(table, count_col):
+    """{(quantizer, cache_mode): (residual, sink, prefill, x [n], kl [n])} from an /e2e_position or
+    /attention_position table: per position bucket [pos_start, pos_end) the KL mean weighted by
+    `count_col` (tokens / queries) over the rows of the bucket (the layers of /attention_position;
+    its targets 'c_kv+k_pe' when present, else its first targets); x = the bucket's midpoint.
+    None when a needed column is missing."""
+    import numpy as np
+    if table is None:
+        return None
+    q, m = table.str("quantizer"), table.str("cache_mode")
+    a, b, kl = table.num("pos_start"), table.num("pos_end"), table.num("kl_mean")
+    if any(v is None for v in (q, m, a, b, kl)):
+        return None
+    w = table.num(count_col)
+    w = np.ones(table.n) if w is None else w
+    R, S, P = (table.num(c) for c in ("residual", "sink", "prefill"))
+    tg = table.str("targets")
+    keep = np.ones(table.n, dtype=bool)
+    if tg is not None:
+        pick = "c_kv+k_pe" if "c_kv+k_pe" in set(tg) else tg[0]
+        keep = tg == pick
+    acc = {}
+    for i in np.nonzero(keep & np.isfinite(kl))[0]:
+        key = (q[i], m[i])
+        d = acc.setdefault(key, {"rsp": tuple(int(v[i]) if v is not None else 0 for v in (R, S, P)), "b": {}})
+        s = d["b"].setdefault((a[i], b[i]), [0.0, 0.0])
+        s[0] += w[i] * kl[i]
+        s[1] += w[i]
+    out = {}
+    for key, d in acc.items():
+        bs = sorted(k for k, v in d["b"].items() if v[1] > 0)
+        x = np.array([(lo + hi) / 2 for lo, hi in bs])
+        y = np.array([d["b"][k][0] / d["b"][k][1] for k in bs])
+        out[key] = (*d["rsp"], x, y)
+    return out
+
+
+def _position_modes(curves):
+    """Cache modes drawn: prefill-at-once, and per (R, S) with R in POSITION_RESIDUALS and S in
+    POSITION_SINKS the decode mode with the smallest prefill."""
+    best = {}
+    for (_, mode), (r, s, p, _x, _y) in curves.items():
+        if mode == PREFILL_AT_ONCE:
+            best[("at-once",)] = (mode, -1)
+        elif r in POSITION_RESIDUALS and s in POSITION_SINKS and (best.get((r, s)) is None or p < best[(r, s)][1]):
+            best[(r, s)] = (mode, p)
+    return {v[0] for v in best.values()}
+
+
+def fig_position(out, tables):
+    """error_vs_position.png (see the module docstring); returns (filename, caption, table markdown) or
+    None when neither /e2e_position nor /attention_position has a decode-order row with the columns."""
+    import numpy as np
+    e = position_curves(tables.get("e2e_position"), "tokens")
+    a = position_curves(tables.get("attention_position"), "queries")
+    sources = [(n, c) for n, c in (("e2e logit KL", e), ("attention KL (mean over layers)", a)) if c]
+    qs = []
+    for _, c in sources:
+        for (q, mode) in c:
+            if mode != PREFILL_AT_ONCE and q not in qs:
+                qs.append(q)
+    if not qs:
+        return None
+    shown, dropped = qs[:POSITION_MAX_PANELS], qs[POSITION_MAX_PANELS:]
+    plt = _mpl()
+    fig, axes = plt.subplots(len(sources), len(shown), figsize=(4.6 * len(shown), 3.8 * len(sources)),
+                             squeeze=False)
+    colors = {0: "tab:red", 32: "tab:orange", 128: "tab:green"}
+    drawn_modes = set()
+    for row, (what, curves) in enumerate(sources):
+        modes = _position_modes(curves)
+        for col, q in enumerate(shown):
+            ax = axes[row][col]
+            for (qq, mode), (r, s, p, x, y) in sorted(curves.items(), key=lambda kv: kv[1][:3]):
+                if qq != q or mode not in modes:
+                    continue
+                ok = y > 0
+                if mode == PREFILL_AT_ONCE:
+                    ax.plot(x[ok], y[ok], color="black", ls=":", lw=1.4, label="prefill-at-once")
+                else:
+                    ax.plot(x[ok], y[ok], color=colors[r], ls="-" if s == 0 else "--", marker="o", ms=3, lw=1.2,
+                            label=f"R={r}, S={s}" + (f", P={p}" if p else ""))
+                drawn_modes.add(mode)
+            ax.set_yscale("log")
+            ax.set_title(q, fontsize=9)
+            ax.set_xlabel("query position (bucket midpoint)")
+            if col == 0:
+                ax.set_ylabel(f"{what}, nats")
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    fn = "error_vs_position.png"
+    _save(fig, os.path.join(out, fn))
+    cap = ("KL against query position, by decode-order cache mode (latentq/decode_order.h): color = residual R "
+           "(most recent keys read in bf16: red 0, orange 32, green 128), solid S = 0, dashed S = 4 sink tokens in "
+           "bf16; dotted black: the whole window quantized at once (the study's rows). "
+           + " ".join(f"Row {i + 1}: {w}." for i, (w, _) in enumerate(sources)))
+    if dropped:
+        cap += f" Not drawn (first {POSITION_MAX_PANELS} quantizers only): {', '.join(dropped)}."
+    # Table: e2e KL first/last bucket and bytes per token of each drawn (quantizer, mode)
+    rows = []
+    src = e or a
+    bpt = {}
+    t = tables.get("e2e")
+    if t is not None and t.str("cache_mode") is not None and t.num("bytes_per_token") is not None:
+        bpt = dict(zip(zip(t.str("quantizer"), t.str("cache_mode")), t.num("bytes_per_token")))
+    for (q, mode), (r, s, p, x, y) in sorted(src.items(), key=lambda kv: (qs.index(kv[0][0]) if kv[0][0] in qs else 99,
+                                                                            kv[1][:3])):
+        if q not in shown or mode not in drawn_modes or not len(y):
+            continue
+        rows.append([f"`{q}`", mode, fmt(bpt.get((q, mode), math.nan), "f1"), fmt(float(y[0]), "e"),
+                     fmt(float(y[-1]), "e"), fmt(float(np.mean(y)), "e")])
+    tmd = md_table(["quantizer", "cache mode", "B/token/layer", "KL first bucket", "KL last bucket", "KL mean of buckets"],
+                   rows) if rows else ""
+    return fn, cap, tmd
 
 
 def _int_attr(attrs, k):
@@ -1426,6 +1557,17 @@ def write_report(path, loaded, out, patterns):
             sections.append(("End to end", None, "", table_e2e(e2e, Q)))
     else:
         miss(["e2e"], "end-to-end figure (run experiments/e2e_inject.py)")
+    # 6. error against position (decode order)
+    if "e2e_position" in have or "attention_position" in have:
+        r = fig_position(out, tables)
+        if r:
+            add("Error against position (decode order)", r, r[2])
+        else:
+            warnings.append("/e2e_position and /attention_position hold no decode-order row with quantizer, "
+                            "cache_mode, pos_start, pos_end and kl_mean: no error-vs-position figure")
+    elif "e2e" in have:
+        miss(["e2e_position", "attention_position"], "error-vs-position figure (a [decode_order] section in the "
+             "study, or experiments/e2e_inject.py --cache-modes)")
 
     # report.md
     model = attrs.get("model", "?")

@@ -12,6 +12,8 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <sstream>
 #include <stdexcept>
 #include <thread>
@@ -127,16 +129,33 @@ int run_process(const std::vector<std::string>& argv, const std::vector<std::pai
   return 1;
 }
 
+namespace {
+/// Whether the model directory's config.json names the tiny-mla architecture (data/tiny_mla.py);
+/// false when it cannot be read.
+bool is_tiny_mla_dir(const fs::path& dir) {
+  std::ifstream f(dir / "config.json");
+  const std::string text{std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+  return text.find("\"TinyMLAForCausalLM\"") != std::string::npos;
+}
+}  // namespace
+
 bool run_e2e_step(const StudyConfig& config, const DumpAttrs& attrs, const fs::path& results, int threads,
                   std::ostream& out, std::ostream& err) {
   const E2eSettings& E = config.probes.e2e;
   const PythonTools t = python_tools();
   std::error_code ec;
   std::string why;
-  if (attrs.model != "tiny-mla")
-    why = fmt::format("the dump's model is '{}'; experiments/e2e_inject.py runs the tiny-mla model only", attrs.model);
+  // The script runs the [e2e] model (default: tiny-mla); it must be the dump's model: a tiny-mla dump
+  // with a tiny-mla directory, another dump (an HF checkpoint) with a non-tiny-mla directory.
+  const bool dump_tiny = attrs.model == "tiny-mla";
+  if (E.model.empty() && !dump_tiny)
+    why = fmt::format("the dump's model is '{}' and [e2e] names no model: set [e2e] model to its checkpoint "
+                      "directory", attrs.model);
   else if (!E.model.empty() && !fs::is_regular_file(E.model / "config.json", ec))
     why = fmt::format("the model directory {} ([e2e] model) has no config.json", E.model.string());
+  else if (!E.model.empty() && dump_tiny != is_tiny_mla_dir(E.model))
+    why = fmt::format("the dump's model is '{}' but the [e2e] model {} is {}a tiny-mla directory: set [e2e] model "
+                      "to the dump's checkpoint directory", attrs.model, E.model.string(), dump_tiny ? "not " : "");
   else
     why = python_unavailable_reason(t, "experiments/e2e_inject.py", true);
   if (!why.empty()) {

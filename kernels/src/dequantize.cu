@@ -1,5 +1,6 @@
 // kernels/src/dequantize.cu — decode of every format: one block per R rows, one thread per quad of
-// 4 elements (bits/2 code bytes in, a float4 out when aligned). Scale index per element:
+// 4 elements (bits/2 code bytes in, a float4 out when aligned); a quad loads each distinct
+// (scale, offset) once (token/tensor: usually one). Scale index per element:
 //   tensor 0 · channel token_group[t]·D + d · token / fp8 tile t·nt + d / g.
 // Values from qmath::decode_* with the stored (scale, offset), exactly as latentq::dequantize.
 #include <algorithm>
@@ -36,39 +37,43 @@ __global__ void __launch_bounds__(kDequantThreads) dequantize_kernel(const Dequa
     } else {
       constexpr int QB = BITS / 2;  // code bytes of a quad
       const uint32_t w = load_bytes<QB>(row + c * QB, min(QB, a.rb - c * QB));
-      {
-        int64_t base;  // scale index of element d0
-        int j = 0, next = 0;
-        if (a.gran == Granularity::Tensor) {
-          base = 0;
-        } else if (a.gran == Granularity::Channel) {
-          base = static_cast<int64_t>(a.token_group[t]) * a.D + d0;
-        } else {
-          j = static_cast<int>(a.div_g.div(static_cast<uint32_t>(d0)));
-          next = (j + 1) * a.g;
-          base = t * a.nt;
-        }
+      int64_t base;  // scale index of element d0
+      int j = 0, next = 0;
+      if (a.gran == Granularity::Tensor) {
+        base = 0;
+      } else if (a.gran == Granularity::Channel) {
+        base = static_cast<int64_t>(a.token_group[t]) * a.D + d0;
+      } else {
+        j = static_cast<int>(a.div_g.div(static_cast<uint32_t>(d0)));
+        next = (j + 1) * a.g;
+        base = t * a.nt;
+      }
+      int64_t cur = -1;  // index of the (scale, offset) held in sv, ov: loaded once per group of the quad
+      float sv = 0.0f, ov = 0.0f;
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int d = d0 + e;
-          if (d < a.D) {
-            int64_t si;
-            if (a.gran == Granularity::Tensor) {
-              si = 0;
-            } else if (a.gran == Granularity::Channel) {
-              si = base + e;
-            } else {
-              if (d >= next) {
-                ++j;
-                next += a.g;
-              }
-              si = base + j;
+      for (int e = 0; e < 4; ++e) {
+        const int d = d0 + e;
+        if (d < a.D) {
+          int64_t si;
+          if (a.gran == Granularity::Tensor) {
+            si = 0;
+          } else if (a.gran == Granularity::Channel) {
+            si = base + e;
+          } else {
+            if (d >= next) {
+              ++j;
+              next += a.g;
             }
-            const uint32_t u = (w >> (BITS * e)) & ((1u << BITS) - 1u);
-            const float s = load_scale(a.scales, si, a.sd);
-            if constexpr (M == Mode::Sym) o[e] = q::decode_sym(u, s, BITS);
-            else o[e] = q::decode_asym(u, s, load_scale(a.offsets, si, a.sd));
+            si = base + j;
           }
+          if (si != cur) {
+            sv = load_scale(a.scales, si, a.sd);
+            if constexpr (M == Mode::Asym) ov = load_scale(a.offsets, si, a.sd);
+            cur = si;
+          }
+          const uint32_t u = (w >> (BITS * e)) & ((1u << BITS) - 1u);
+          if constexpr (M == Mode::Sym) o[e] = q::decode_sym(u, sv, BITS);
+          else o[e] = q::decode_asym(u, sv, ov);
         }
       }
     }

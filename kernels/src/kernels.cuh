@@ -143,8 +143,8 @@ struct DequantArgs {
 };
 constexpr int kDequantThreads = 256;
 
-/// Block formats (latentq/blockfmt.h): one thread per (token, block), calling the same
-/// qmath::quantize_block / dequantize_block as the CPU reference.
+/// Block formats (latentq/blockfmt.h), tiles of token rows (blocks.cu): the halves of the CPU
+/// reference's qmath::quantize_block (block_params, encode_block_bytes) and dequantize_elements.
 struct BlocksArgs {
   const float* x;          ///< [T, D] input (quantize)
   float* out;              ///< [T, D] output (dequantize)
@@ -164,6 +164,10 @@ struct BlocksArgs {
 // ---- launchers (defined in the .cu files; each returns the launch's cudaError_t) -----------------
 cudaError_t launch_quantize_blocks(const BlocksArgs& a, cudaStream_t stream);
 cudaError_t launch_dequantize_blocks(const BlocksArgs& a, cudaStream_t stream);
+/// max|x| over the finite elements of x [n], atomicMax'ed as float bits into *amax_bits [1] (the
+/// per-tensor scale of fp8-e4m3-tensor / nvfp4; one pass, float4 loads when aligned).
+cudaError_t launch_block_amax(const float* x /*[n]*/, int64_t n, unsigned long long* amax_bits /*[1]*/,
+                              cudaStream_t stream);
 cudaError_t launch_quantize_rows(const RowsArgs& a, int bits, Mode mode, cudaStream_t stream);
 cudaError_t launch_bf16_encode(const float* x /*[n]*/, int64_t n, uint8_t* codes /*[n, 2]*/, DeviceStatus* st,
                                cudaStream_t stream);

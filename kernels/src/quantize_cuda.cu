@@ -149,26 +149,24 @@ float raw_group_param(const DeviceQuantized& out, const float* d_x, int64_t gi, 
   return offset ? p.offset : p.scale;
 }
 
-// max|x| of d_x [n] with the CUB per-tensor statistics (synchronizes the stream).
-float block_amax(gpu::Workspace& ws, const float* d_x, int64_t n, cudaStream_t stream) {
-  size_t temp = 0;
-  ws.tensor_stats.resize(1, "per-tensor statistics");
-  LQ_CUDA_CHECK(gd::tensor_stats(nullptr, temp, d_x, n, ws.tensor_stats.data(), stream));
-  ws.cub_temp.resize(std::max<size_t>(temp, 1), "CUB temporary storage");
-  LQ_CUDA_CHECK(gd::tensor_stats(ws.cub_temp.data(), temp, d_x, n, ws.tensor_stats.data(), stream));
-  gpu::TensorStats ts{};
-  LQ_CUDA_CHECK(cudaMemcpyAsync(&ts, ws.tensor_stats.data(), sizeof ts, cudaMemcpyDeviceToHost, stream));
+// max|x| over the finite elements of d_x [n] (block formats with a per-tensor scale), into the
+// status word amax_bits (zeroed by the caller); synchronizes the stream.
+float block_amax(gpu::DeviceStatus* status, const float* d_x, int64_t n, cudaStream_t stream) {
+  LQ_CUDA_CHECK(gd::launch_block_amax(d_x, n, &status->amax_bits, stream));
+  unsigned long long bits = 0;
+  LQ_CUDA_CHECK(cudaMemcpyAsync(&bits, &status->amax_bits, sizeof bits, cudaMemcpyDeviceToHost, stream));
   LQ_CUDA_CHECK(cudaStreamSynchronize(stream));
-  return qmath::max_num(qmath::abs_f(ts.mn), qmath::abs_f(ts.mx));
+  return qmath::f32_from_bits(static_cast<uint32_t>(bits));
 }
 
-// Reads the device status (synchronizing the stream) and throws as the CPU reference would.
-void finish(const DeviceQuantized& out, const float* d_x, cudaStream_t stream) {
+// Reads the device status (synchronizing the stream) and throws as the CPU reference would;
+// returns the status (block formats: max|x| in amax_bits).
+gpu::DeviceStatus finish(const DeviceQuantized& out, const float* d_x, cudaStream_t stream) {
   gpu::DeviceStatus h{};
   LQ_CUDA_CHECK(cudaMemcpyAsync(&h, out.ws.status.data(), sizeof h, cudaMemcpyDeviceToHost, stream));
   LQ_CUDA_CHECK(cudaStreamSynchronize(stream));
   if (h.nonfinite) throw std::invalid_argument(nonfinite_message(static_cast<int64_t>(h.nonfinite), out.rows, out.cols));
-  if (h.overflow_key == gpu::kNoOverflow) return;
+  if (h.overflow_key == gpu::kNoOverflow) return h;
   const int64_t gi = static_cast<int64_t>(h.overflow_key >> 1);
   const bool offset = (h.overflow_key & 1) != 0;
   const QuantizedTensor hdr = out.header();
@@ -300,22 +298,25 @@ void quantize_device(const QuantSpec& spec, Target target, const float* d_x, int
   gpu::DeviceStatus* status = ws.status.data();
   LQ_CUDA_CHECK(cudaMemsetAsync(&status->nonfinite, 0, sizeof(unsigned long long), stream));
   LQ_CUDA_CHECK(cudaMemsetAsync(&status->overflow_key, 0xff, sizeof(unsigned long long), stream));
+  LQ_CUDA_CHECK(cudaMemsetAsync(&status->amax_bits, 0, sizeof(unsigned long long), stream));
 
   if (L.block_format) {
-    // max|x| (CUB reduce over the finite elements; NaN/Inf are counted by the block kernel): the
-    // per-tensor scale, and whether the decode must be checked for float32 overflow, as on the CPU
-    const float amax = block_amax(ws, d_x, T * D, stream);
-    float global = 0.0f;
+    // max|x| of the finite elements: the per-tensor scale (a pass before the block kernel, which
+    // needs it) and whether the decode must be checked for float32 overflow, as on the CPU. Without
+    // a per-tensor scale the block kernel folds it (no extra pass over x).
+    float amax = 0.0f, global = 0.0f;
     if (L.tensor_bytes > 0) {
+      amax = block_amax(status, d_x, T * D, stream);
       global = qmath::global_scale(L.desc.kind, amax, st.rule == ScaleRule::Unit);
       out.global.assign(4, 0);
       qmath::store_dtype(out.global.data(), global, ScaleDtype::F32);
     }
-    LQ_CUDA_CHECK(cudaMemsetAsync(out.codes.data(), 0, out.codes.size(), stream));  // nibble blocks OR into bytes
+    // every code byte is written by the kernel (no memset)
     gd::BlocksArgs ba{d_x, nullptr, T, D, rb, L.blocks_per_row > 0 ? L.blocks_per_row : 1, L.desc, L.scale_bytes, global,
                       out.codes.data(), out.scales.data(), out.offsets.data(), status};
     LQ_CUDA_CHECK(gd::launch_quantize_blocks(ba, stream));
-    finish(out, d_x, stream);
+    const gpu::DeviceStatus hs = finish(out, d_x, stream);
+    if (L.tensor_bytes == 0) amax = qmath::f32_from_bits(static_cast<uint32_t>(hs.amax_bits));
     if (amax >= kDecodeCheckAmax) {  // rare: the CPU reference's decode check on the host
       const QuantizedTensor h = to_host(out, stream);
       std::vector<float> x(static_cast<size_t>(T * D));

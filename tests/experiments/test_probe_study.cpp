@@ -744,11 +744,13 @@ TEST_F(ProbeCliTest, MergeRunsTheE2eStep) {
   const auto it = std::find_if(attrs.begin(), attrs.end(), [](const auto& a) { return a.first == "config_dir"; });
   ASSERT_NE(it, attrs.end());
   EXPECT_EQ(std::get<std::string>(it->second), dir.path().string());
-  // The step runs: here it stops at its first check, the dump's model (a synthetic dump).
+  // The step runs: here it stops at its first check, the [e2e] model directory (it has no config.json;
+  // a dump of another model than tiny-mla runs with its checkpoint directory as [e2e] model).
   Outcome o = cli(merge_args);
   ASSERT_EQ(o.rc, 0) << o.err;
   EXPECT_EQ(count_of(o.out, "e2e: skipped: "), 1u) << o.out;
-  EXPECT_CONTAINS(o.out, "e2e: skipped: the dump's model is 'synthetic'");
+  EXPECT_CONTAINS(o.out, "e2e: skipped: the model directory " + (dir / "no-model").string() +
+                             " ([e2e] model) has no config.json");
   // A tiny-mla dump: the next check resolves [e2e] model against the config's directory.
   for (int i = 0; i < 2; ++i) lqtest::set_string_attr(dir / ("s" + std::to_string(i) + ".h5"), "model", "tiny-mla");
   o = cli(merge_args);

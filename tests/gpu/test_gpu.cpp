@@ -260,7 +260,7 @@ LQ_SPEC_TEST(int4_sym_channel_g33, "int4-sym-channel-g33")
 LQ_SPEC_TEST(int8_asym_channel_g600, "int8-asym-channel-g600")
 // ---- baselines -----------------------------------------------------------------------------------
 LQ_SPEC_TEST_BOTH_TARGETS(bf16, "bf16")
-// ---- block formats (blocks.cu: one thread per block, qmath::quantize_block) ------------------------
+// ---- block formats (blocks.cu: row tiles; qmath::block_params / encode_block_bytes) ---------------
 LQ_SPEC_TEST(fp8_e4m3_tile128_pow2, "fp8-e4m3-tile128-pow2")
 LQ_SPEC_TEST(fp8_e4m3_tile64_pow2_ue8m0, "fp8-e4m3-tile64-pow2-ue8m0")
 LQ_SPEC_TEST(fp8_e4m3_tile20_pow2, "fp8-e4m3-tile20-pow2")  // partial last tile
@@ -279,6 +279,22 @@ LQ_SPEC_TEST_BOTH_TARGETS(flashmla_v32_fp8, "flashmla-v32-fp8")  // k_pe stores 
 LQ_SPEC_TEST_BOTH_TARGETS(vllm_fp8_ds_mla, "vllm-fp8-ds-mla")
 LQ_SPEC_TEST_BOTH_TARGETS(flashmla_v41_fp8, "flashmla-v41-fp8")
 LQ_SPEC_TEST_BOTH_TARGETS(flashmla_v41_fp4, "flashmla-v41-fp4")
+
+// Rows narrower than a block (one clipped block per row: odd 4-bit blocks, a code byte with one
+// element), odd tiles, and tiny tiles at D = 4096 (the quantize tile needs > 48 KiB of shared memory).
+TEST(GpuSpec, block_formats_narrow_rows_and_tiny_tiles) {
+  LQ_REQUIRE_GPU();
+  for (const int64_t D : {1, 5, 7, 33})
+    for (const char* spec : {"mxfp4", "nvfp4", "fp4-e2m1-tile16-e4m3", "mxfp8", "fp8-e4m3-tile128-pow2", "fp8-e4m3-tile3-fp32",
+                             "fp8-e4m3-tensor"}) {
+      check_spec(spec, Target::CKV, 37, D, 40 + static_cast<uint64_t>(D), 2);
+      if (::testing::Test::HasFailure()) return;
+    }
+  for (const char* spec : {"fp8-e4m3-tile1-fp32", "fp8-e4m3-tile2-pow2", "fp8-e4m3-tile3-pow2-ue8m0"}) {
+    check_spec(spec, Target::CKV, 3, 4096, 50, 1);
+    if (::testing::Test::HasFailure()) return;
+  }
+}
 
 // ---- signed zeros in per-tensor statistics (cub::DeviceReduce order) ---------------------------
 TEST(GpuSpecial, PerTensorMinIsTheFirstZerosSign) {

@@ -19,7 +19,7 @@ SCRIPT = os.path.join(REPO, "experiments", "report.py")
 SEED = 1234
 
 ALL_FIGURES = ["frontier_c_kv.png", "frontier_model_bytes.png", "per_layer.png", "svd.png", "cross_layer.png",
-               "cross_layer_sharing.png", "e2e.png"]
+               "cross_layer_sharing.png", "e2e.png", "error_vs_position.png"]
 
 
 def load_report_module():
@@ -102,7 +102,7 @@ def write_group(f, name, cols):
 
 
 def make_results(path, groups=("latent_error", "summary", "attention_error", "svd", "svd_spectrum", "cross_layer",
-                               "cross_layer_sharing", "e2e"), schema="latentq-results/1"):
+                               "cross_layer_sharing", "e2e", "e2e_position"), schema="latentq-results/1"):
     """A synthetic results file; returns the per-quantizer mean c_kv rel_fro (dict) for checks."""
     rng = np.random.default_rng(SEED)
     qs = quantizer_list()
@@ -209,7 +209,39 @@ def make_results(path, groups=("latent_error", "summary", "attention_error", "sv
                              ("ppl_quant", math.exp(1.5 + kl)), ("num_tokens", 2048)):
                     e[k].append(v)
             write_group(f, "e2e", e)
+        if "e2e_position" in groups:
+            write_group(f, "e2e_position", position_columns(POSITION_KL))
+        if "attention_position" in groups:
+            c = position_columns(POSITION_KL, count="queries")
+            n = len(c["quantizer"])
+            for k in list(c):  # two layers at 2x and 4x the KL: the figure draws their mean (3x)
+                c[k] = c[k] + c[k]
+            c["layer"] = [0] * n + [1] * n
+            c["kl_mean"] = [v * 2.0 for v in c["kl_mean"][:n]] + [v * 4.0 for v in c["kl_mean"][n:]]
+            c["targets"] = ["c_kv+k_pe"] * (2 * n)
+            write_group(f, "attention_position", c)
     return mean_c
+
+
+# (quantizer, cache_mode, R, S, P) -> KL per bucket of 64 positions (4 buckets): int2 grows with position,
+# a residual and a sink lower it; decode-r64-s0-p0 is drawn by no curve (R not in {0, 32, 128}).
+POSITION_KL = {("int2-asym-channel-g32", "prefill-at-once", 0, 0, 0): [0.05, 0.06, 0.07, 0.08],
+               ("int2-asym-channel-g32", "decode-r0-s0-p0", 0, 0, 0): [0.04, 0.06, 0.08, 0.10],
+               ("int2-asym-channel-g32", "decode-r32-s4-p0", 32, 4, 0): [0.001, 0.02, 0.03, 0.04],
+               ("int2-asym-channel-g32", "decode-r128-s4-p0", 128, 4, 0): [1e-4, 2e-4, 0.01, 0.02],
+               ("int2-asym-channel-g32", "decode-r64-s0-p0", 64, 0, 0): [1e-4, 0.01, 0.02, 0.03],
+               ("int4-asym-channel-g32", "decode-r0-s0-p0", 0, 0, 0): [0.004, 0.005, 0.006, 0.007]}
+
+
+def position_columns(table, count="tokens"):
+    c = {k: [] for k in ("quantizer", "cache_mode", "residual", "sink", "prefill", "pos_start", "pos_end", count,
+                         "kl_mean")}
+    for (q, m, r, s_, p), kls in table.items():
+        for b, kl in enumerate(kls):
+            for k, v in (("quantizer", q), ("cache_mode", m), ("residual", r), ("sink", s_), ("prefill", p),
+                         ("pos_start", 64 * b), ("pos_end", 64 * b + 64), (count, 128), ("kl_mean", kl)):
+                c[k].append(v)
+    return c
 
 
 def run_report(*args):
@@ -480,3 +512,44 @@ def test_cross_layer_columns_named_as_the_probe_struct():
     assert layers == [0, 1, 2]
     np.testing.assert_array_equal(mats["CKA (linear)"], [[1, 0.9, 0.8], [0.9, 1, 0.7], [0.8, 0.7, 1]])
     np.testing.assert_array_equal(mats["mean |Pearson|"], [[1, 0.5, 0.25], [0.5, 1, 0.75], [0.25, 0.75, 1]])
+
+
+def test_error_vs_position_figure(tmp_path):
+    """/e2e_position and /attention_position: one panel per decode-order quantizer, two rows; the curves
+    are the R in {0, 32, 128} x S in {0, 4} modes and prefill-at-once; the table lists the drawn modes with
+    their first and last bucket's KL; /e2e's decode rows stay out of the e2e figure's rows."""
+    make_results(tmp_path / "res.h5", groups=("latent_error", "summary", "e2e", "e2e_position", "attention_position"))
+    p = run_report(tmp_path / "res.h5", "--out", tmp_path / "out")
+    assert p.returncode == 0, p.stderr
+    assert_clean_stderr(p)
+    assert_png(tmp_path / "out" / "error_vs_position.png")
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "## Error against position (decode order)" in md
+    assert "Row 1: e2e logit KL. Row 2: attention KL (mean over layers)." in md
+    assert "| `int2-asym-channel-g32` | decode-r32-s4-p0 | – | 1.00e-03 | 4.00e-02 |" in md
+    assert "| `int2-asym-channel-g32` | prefill-at-once | – | 5.00e-02 | 8.00e-02 |" in md
+    assert "decode-r64-s0-p0" not in md
+    # the curves: bucket means weighted by tokens / queries; attention = mean over its two layers (3x)
+    e = R.position_curves(R.load_results(str(tmp_path / "res.h5"))[1]["e2e_position"], "tokens")
+    r, s, pf, x, y = e[("int2-asym-channel-g32", "decode-r128-s4-p0")]
+    assert (r, s, pf) == (128, 4, 0) and list(x) == [32, 96, 160, 224] and list(y) == [1e-4, 2e-4, 0.01, 0.02]
+    a = R.position_curves(R.load_results(str(tmp_path / "res.h5"))[1]["attention_position"], "queries")
+    assert a[("int4-asym-channel-g32", "decode-r0-s0-p0")][4] == pytest.approx([0.012, 0.015, 0.018, 0.021])
+    assert R._position_modes(e) == {"prefill-at-once", "decode-r0-s0-p0", "decode-r32-s4-p0", "decode-r128-s4-p0"}
+
+
+def test_e2e_rows_are_the_prefill_at_once_rows():
+    t = R.Table("e2e", {"quantizer": np.array(["a", "a", "b"], dtype=object),
+                        "cache_mode": np.array(["prefill-at-once", "decode-r0-s0-p0", "prefill-at-once"], dtype=object),
+                        "kl_mean": np.array([1.0, 2.0, 3.0])}, 3)
+    rows = R.e2e_rows({"e2e": t}, {})
+    assert [(r["quantizer"], r["kl"]) for r in rows] == [("a", 1.0), ("b", 3.0)]
+
+
+def test_e2e_without_position_groups_says_so(tmp_path):
+    make_results(tmp_path / "res.h5", groups=("latent_error", "summary", "e2e"))
+    p = run_report(tmp_path / "res.h5", "--out", tmp_path / "out")
+    assert p.returncode == 0, p.stderr
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "/e2e_position and /attention_position not in the results file: no error-vs-position figure" in md
+    assert not (tmp_path / "out" / "error_vs_position.png").exists()

@@ -45,8 +45,9 @@ int run_process(const std::vector<std::string>& argv, const std::vector<std::pai
 ///   <python> <source>/experiments/e2e_inject.py --results RESULTS [--model DIR] [--threads N]
 ///            [--quantizers SPEC...]
 /// with LATENTQ_PYMODULE_DIR set, the script's output copied to `out`, then prints the /e2e table
-/// (format_e2e_summary). Prints one line "e2e: skipped: <why>" to `out` instead when the dump's
-/// model is not tiny-mla (the script runs tiny-mla only), the model directory has no config.json, or
+/// (format_e2e_summary). Prints one line "e2e: skipped: <why>" to `out` instead when the [e2e] model
+/// is not the dump's kind (a tiny-mla dump needs no model or a tiny-mla directory; another dump, an HF
+/// MLA checkpoint, needs its checkpoint directory as [e2e] model), the model directory has no config.json, or
 /// python_unavailable_reason() says why it cannot run; "latentq: warning: e2e: ..." to `err` when the
 /// script fails. Never throws for these; returns true when /e2e was written.
 bool run_e2e_step(const StudyConfig& config, const DumpAttrs& attrs, const std::filesystem::path& results,

@@ -1,9 +1,10 @@
 // latentq/blockfmt.h — the element math of the block formats: FP8 e4m3 tiles (FlashMLA, vLLM
 // fp8_ds_mla), per-tensor FP8 (vLLM kv_cache_dtype=fp8), OCP MX (MXFP8, MXFP4), NVFP4 and ggml's
 // q8_0 / q4_0 / q4_1. One `__host__ __device__` function quantizes one block of one token row and
-// one decodes it; the CPU reference (quant/src/quantize.cpp) loops over blocks calling them and the
-// CUDA kernel (kernels/src/blocks.cu) runs one block per thread calling the same functions, so the
-// two are byte-identical by construction (qmath.h's rules: IEEE ops each rounded on its own, integer
+// one decodes it; the CPU reference (quant/src/quantize.cpp) loops over blocks calling them; the
+// CUDA kernels (kernels/src/blocks.cu) call their halves — block_params (statistics, stored scale)
+// from one thread per block, encode_block_bytes / dequantize_elements from one thread per few
+// code bytes / elements — so the two are byte-identical by construction (qmath.h's rules: IEEE ops each rounded on its own, integer
 // bit manipulation for every dtype conversion).
 //
 // A block is n ≤ BlockDesc::block consecutive elements of one token row (D = kv_lora_rank or
@@ -98,18 +99,6 @@ LQ_HD void store_f16_checked(uint8_t* dst, float d, bool offset, BlockStatus& st
     st.raw = d;
   }
 }
-LQ_HD void put_code(uint8_t* codes, int i, uint32_t c, int code_bits, bool ggml_order, int n) {
-  if (code_bits == 8) {
-    codes[i] = static_cast<uint8_t>(c);
-  } else if (ggml_order) {  // ggml q4: byte j holds element j (low) and j + n/2 (high)
-    const int h = n / 2;
-    if (i < h) codes[i] = static_cast<uint8_t>((codes[i] & 0xf0u) | c);
-    else codes[i - h] = static_cast<uint8_t>((codes[i - h] & 0x0fu) | (c << 4));
-  } else {                  // element 2k in the low nibble of byte k
-    const int b = i >> 1;
-    codes[b] = (i & 1) ? static_cast<uint8_t>((codes[b] & 0x0fu) | (c << 4)) : static_cast<uint8_t>((codes[b] & 0xf0u) | c);
-  }
-}
 LQ_HD uint32_t get_code(const uint8_t* codes, int i, int code_bits, bool ggml_order, int n) {
   if (code_bits == 8) return codes[i];
   if (ggml_order) {
@@ -129,83 +118,83 @@ LQ_HD uint8_t e2m1_sat(float v, int& saturated) {
 }
 }  // namespace detail
 
-/// Quantize x[0, n) (n ≤ f.block, finite) into codes[block_code_bytes(n)] (zeroed by the caller),
-/// scale[scale_dtype_bytes(f.sd)] and offset[...] (q4_1). global: the per-tensor scale
-/// (Fp8Tensor, NvFp4; ignored otherwise). The stored values are written even when they overflow;
-/// the caller refuses the result (BlockStatus::overflow).
-LQ_HD BlockStatus quantize_block(const BlockDesc& f, const float* x, int n, float global, uint8_t* codes,
-                                 uint8_t* scale, uint8_t* offset) {
-  BlockStatus st;
+/// What a block's statistics fix for its elements (block_params → encode_block_bytes): the
+/// divisor or multiplier of every element, q4_1's min, NVFP4's all-zero tensor, and max|x| of the
+/// block (the caller's per-tensor amax).
+struct BlockParams {
+  float s = 0.0f;      ///< fp8 tile / MX / fp4 tile / fp8 tensor: the divisor; NVFP4: the multiplier; ggml: id
+  float inv = 0.0f;    ///< Fp8Pow2, MX: 1/s, exact (s = 2^E, 1/s = 2^−E is a float32 for every E they reach)
+  float mn = 0.0f;     ///< q4_1: min
+  float amax = 0.0f;   ///< max|x| of the block
+  int zero = 0;        ///< NVFP4 of an all-zero tensor: every code is 0
+};
+
+/// The statistics half of quantize_block: from x[0, n) (n ≤ f.block, finite) computes the block's
+/// parameters and stores its scale[scale_dtype_bytes(f.sd)] and offset[...] (q4_1); an overflow of
+/// a stored value is reported in st (the stored value is written anyway).
+LQ_HD BlockParams block_params(const BlockDesc& f, const float* x, int n, float global, uint8_t* scale, uint8_t* offset,
+                               BlockStatus& st) {
+  BlockParams p;
   float amax = 0.0f;
   for (int i = 0; i < n; ++i) amax = max_num(amax, abs_f(x[i]));
+  p.amax = amax;
   switch (f.kind) {
     case BlockKind::Fp8Pow2: {
       // FlashMLA: scale = 2^ceil(log2(max(amax / 448, 1e-4))); code = e4m3(x / scale)
-      const float s = exp2_int(ceil_log2_normal(max_num(div_rn(amax, kE4M3Max), kFlashMlaScaleFloor)));
-      store_dtype(scale, s, f.sd);
-      for (int i = 0; i < n; ++i) codes[i] = detail::e4m3_sat(div_rn(x[i], s), st.saturated);
-      return st;
+      const int e = ceil_log2_normal(max_num(div_rn(amax, kE4M3Max), kFlashMlaScaleFloor));  // −13 … 120
+      p.s = exp2_int(e);
+      p.inv = exp2_int(-e);
+      store_dtype(scale, p.s, f.sd);
+      return p;
     }
     case BlockKind::Fp8Fp32: {
       // vLLM fp8_ds_mla: scale = max(amax / 448, FLT_MIN); code = e4m3(x / scale)
-      const float s = max_num(div_rn(amax, kE4M3Max), kFltMin);
-      store_dtype(scale, s, ScaleDtype::F32);
-      for (int i = 0; i < n; ++i) codes[i] = detail::e4m3_sat(div_rn(x[i], s), st.saturated);
-      return st;
+      p.s = max_num(div_rn(amax, kE4M3Max), kFltMin);
+      store_dtype(scale, p.s, ScaleDtype::F32);
+      return p;
     }
-    case BlockKind::Fp8Tensor:
-      for (int i = 0; i < n; ++i) codes[i] = detail::e4m3_sat(div_rn(x[i], global), st.saturated);
-      return st;
+    case BlockKind::Fp8Tensor:  // code = e4m3(x / global)
+      p.s = global;
+      return p;
     case BlockKind::MxFp8:
     case BlockKind::MxFp4: {
       // OCP MX v1.0 §6.3: X = 2^(floor(log2(amax)) − emax_elem), clamped to the E8M0 range; P_i = x_i / X
       // cast with saturation (emax: 8 for e4m3, 2 for e2m1)
-      const bool fp8 = f.kind == BlockKind::MxFp8;
-      int e = floor_log2_bits(amax) - (fp8 ? 8 : 2);
+      int e = floor_log2_bits(amax) - (f.kind == BlockKind::MxFp8 ? 8 : 2);
       e = e < -127 ? -127 : (e > 127 ? 127 : e);
-      const float s = exp2_int(e);
+      p.s = exp2_int(e);
+      p.inv = exp2_int(-e);  // 2^-127 … 2^127 (2^-127 subnormal, exact)
       scale[0] = static_cast<uint8_t>(e + 127);
-      for (int i = 0; i < n; ++i) {
-        const float v = div_rn(x[i], s);
-        detail::put_code(codes, i, fp8 ? detail::e4m3_sat(v, st.saturated) : detail::e2m1_sat(v, st.saturated),
-                         f.code_bits, false, n);
-      }
-      return st;
+      return p;
     }
     case BlockKind::NvFp4: {
       // torchao nvfp4_quantize, two-level: s_b = e4m3(clamp(amax/6 / global, 2^-6, 448));
       // code = e2m1(clamp(x · ((1/global) / s_b), −6, 6)); decode x̂ = code · (global · s_b)
       if (global == 0.0f) {  // an all-zero tensor: scale byte 0, codes 0
         scale[0] = 0;
-        return st;
+        p.zero = 1;
+        return p;
       }
       float sb = div_rn(div_rn(amax, kE2M1Max), global);
       sb = min_num(max_num(sb, kE4M3Tiny), kE4M3Max);
       const uint8_t sbits = f32_to_e4m3_bits(sb);
       scale[0] = sbits;
-      const float inv = div_rn(div_rn(1.0f, global), e4m3_bits_to_f32(sbits));  // torchao: x · ((1/g) / s_b)
-      for (int i = 0; i < n; ++i) detail::put_code(codes, i, detail::e2m1_sat(mul_rn(x[i], inv), st.saturated), 4, false, n);
-      return st;
+      p.s = div_rn(div_rn(1.0f, global), e4m3_bits_to_f32(sbits));  // torchao: x · ((1/g) / s_b)
+      return p;
     }
     case BlockKind::Fp4Tile: {
       // FlashMLA V4.1 FP4: s = e4m3(clamp(amax / 6, 2^-9, 448)); code = e2m1(x / s) (true division)
       const uint8_t sbits = f32_to_e4m3_bits(min_num(max_num(div_rn(amax, kE2M1Max), 0.001953125f), kE4M3Max));
       scale[0] = sbits;
-      const float sc = e4m3_bits_to_f32(sbits);
-      for (int i = 0; i < n; ++i) detail::put_code(codes, i, detail::e2m1_sat(div_rn(x[i], sc), st.saturated), 4, false, n);
-      return st;
+      p.s = e4m3_bits_to_f32(sbits);
+      return p;
     }
     case BlockKind::Q8_0: {
       // ggml quantize_row_q8_0_ref: d = amax / 127; id = d ? 1/d : 0; q = roundf(x · id); store fp16(d)
       const float d = div_rn(amax, 127.0f);
-      const float id = detail::ggml_inverse(d);
+      p.s = detail::ggml_inverse(d);
       detail::store_f16_checked(scale, d, false, st);
-      for (int i = 0; i < n; ++i) {
-        float q = round_half_away(mul_rn(x[i], id));
-        q = min_num(max_num(q, -127.0f), 127.0f);  // never binds for finite input: |x · id| ≤ 127 (1 + 2^-23)
-        codes[i] = static_cast<uint8_t>(static_cast<int8_t>(q));
-      }
-      return st;
+      return p;
     }
     case BlockKind::Q4_0: {
       // ggml quantize_row_q4_0_ref: max = the x of largest |x| (first on ties); d = max / −8;
@@ -217,13 +206,9 @@ LQ_HD BlockStatus quantize_block(const BlockDesc& f, const float* x, int n, floa
           mx = x[i];
         }
       const float d = div_rn(mx, -8.0f);
-      const float id = detail::ggml_inverse(d);
+      p.s = detail::ggml_inverse(d);
       detail::store_f16_checked(scale, d, false, st);
-      for (int i = 0; i < n; ++i) {
-        const int q = static_cast<int>(add_rn(mul_rn(x[i], id), 8.5f));  // C's (int8_t) truncation
-        detail::put_code(codes, i, static_cast<uint32_t>(q < 15 ? (q < 0 ? 0 : q) : 15), 4, true, n);
-      }
-      return st;
+      return p;
     }
     case BlockKind::Q4_1: {
       // ggml quantize_row_q4_1_ref: d = (max − min) / 15; id = d ? 1/d : 0;
@@ -234,72 +219,150 @@ LQ_HD BlockStatus quantize_block(const BlockDesc& f, const float* x, int n, floa
         mx = max_num(mx, x[i]);
       }
       const float d = div_rn(sub_rn(mx, mn), 15.0f);
-      const float id = detail::ggml_inverse(d);
+      p.s = detail::ggml_inverse(d);
+      p.mn = mn;
       detail::store_f16_checked(scale, d, false, st);
       detail::store_f16_checked(offset, mn, true, st);
-      for (int i = 0; i < n; ++i) {
-        const int q = static_cast<int>(add_rn(mul_rn(sub_rn(x[i], mn), id), 0.5f));
-        detail::put_code(codes, i, static_cast<uint32_t>(q < 15 ? (q < 0 ? 0 : q) : 15), 4, true, n);
-      }
-      return st;
+      return p;
     }
   }
+  return p;
+}
+
+/// The code (low bits) of one element v of a block with parameters p; counts a saturation.
+/// Power-of-two scales (Fp8Pow2, MX): v / s is computed as v · (1/s), which is the same real value
+/// (1/s = 2^−E is exact), rounded once by either IEEE operation: bit-identical to the division
+/// the sources write, and one multiply instead of a division per element.
+LQ_HD uint32_t encode_element(const BlockDesc& f, const BlockParams& p, float v, int& saturated) {
+  switch (f.kind) {
+    case BlockKind::Fp8Pow2:
+    case BlockKind::MxFp8:
+      return detail::e4m3_sat(mul_rn(v, p.inv), saturated);
+    case BlockKind::Fp8Fp32:
+    case BlockKind::Fp8Tensor:
+      return detail::e4m3_sat(div_rn(v, p.s), saturated);
+    case BlockKind::MxFp4:
+      return detail::e2m1_sat(mul_rn(v, p.inv), saturated);
+    case BlockKind::Fp4Tile:
+      return detail::e2m1_sat(div_rn(v, p.s), saturated);
+    case BlockKind::NvFp4:
+      return p.zero ? 0u : detail::e2m1_sat(mul_rn(v, p.s), saturated);
+    case BlockKind::Q8_0: {
+      float q = round_half_away(mul_rn(v, p.s));
+      q = min_num(max_num(q, -127.0f), 127.0f);  // never binds for finite input: |x · id| ≤ 127 (1 + 2^-23)
+      return static_cast<uint8_t>(static_cast<int8_t>(q));
+    }
+    case BlockKind::Q4_0: {
+      const int q = static_cast<int>(add_rn(mul_rn(v, p.s), 8.5f));  // C's (int8_t) truncation
+      return static_cast<uint32_t>(q < 15 ? (q < 0 ? 0 : q) : 15);
+    }
+    case BlockKind::Q4_1: {
+      const int q = static_cast<int>(add_rn(mul_rn(sub_rn(v, p.mn), p.s), 0.5f));
+      return static_cast<uint32_t>(q < 15 ? (q < 0 ? 0 : q) : 15);
+    }
+  }
+  return 0;
+}
+
+/// The element half of quantize_block: writes the code bytes [b0, b1) of a block of n elements
+/// x[0, n) with parameters p, each byte whole (8-bit: element b; 4-bit: elements 2b (low nibble)
+/// and 2b + 1, or ggml's b and b + n/2; a nibble without an element is 0). Returns the number of
+/// saturated elements. Bytes are independent, so any split of [0, block_code_bytes(n)) among
+/// callers gives the same codes.
+LQ_HD int encode_block_bytes(const BlockDesc& f, const BlockParams& p, const float* x, int n, int b0, int b1,
+                             uint8_t* codes /*[b1 - b0]*/) {
+  int sat = 0;
+  const bool ggml = f.kind == BlockKind::Q4_0 || f.kind == BlockKind::Q4_1;
+  for (int b = b0; b < b1; ++b) {
+    uint32_t c;
+    if (f.code_bits == 8) {
+      c = encode_element(f, p, x[b], sat);
+    } else if (ggml) {  // ggml q4: byte j holds element j (low) and j + n/2 (high)
+      const int h = n / 2;
+      c = (b < h ? encode_element(f, p, x[b], sat) : 0u) | (b + h < n ? encode_element(f, p, x[b + h], sat) << 4 : 0u);
+    } else {            // element 2k in the low nibble of byte k
+      c = encode_element(f, p, x[2 * b], sat) | (2 * b + 1 < n ? encode_element(f, p, x[2 * b + 1], sat) << 4 : 0u);
+    }
+    codes[b - b0] = static_cast<uint8_t>(c);
+  }
+  return sat;
+}
+
+/// Quantize x[0, n) (n ≤ f.block, finite) into codes[block_code_bytes(n)], scale[scale_dtype_bytes(f.sd)]
+/// and offset[...] (q4_1). global: the per-tensor scale (Fp8Tensor, NvFp4; ignored otherwise). The
+/// stored values are written even when they overflow; the caller refuses the result
+/// (BlockStatus::overflow). = block_params, then encode_block_bytes over every code byte (the CUDA
+/// kernel calls the two halves from different threads).
+LQ_HD BlockStatus quantize_block(const BlockDesc& f, const float* x, int n, float global, uint8_t* codes,
+                                 uint8_t* scale, uint8_t* offset) {
+  BlockStatus st;
+  const BlockParams p = block_params(f, x, n, global, scale, offset, st);
+  st.saturated = encode_block_bytes(f, p, x, n, 0, block_code_bytes(n, f.code_bits), codes);
   return st;
 }
 
-/// Decode n elements of one block into out[n]: reads only the stored codes, scale, offset and the
-/// stored global scale.
-LQ_HD void dequantize_block(const BlockDesc& f, const uint8_t* codes, const uint8_t* scale, const uint8_t* offset,
-                            float global, int n, float* out) {
+/// Decode elements [i0, i1) of a block of n elements into out[i1 − i0]: reads only the stored
+/// codes, scale, offset and the stored global scale. Elements are independent (any split gives the
+/// same values).
+LQ_HD void dequantize_elements(const BlockDesc& f, const uint8_t* codes, const uint8_t* scale, const uint8_t* offset,
+                               float global, int n, int i0, int i1, float* out) {
   switch (f.kind) {
     case BlockKind::Fp8Pow2:
     case BlockKind::Fp8Fp32: {
       const float s = load_dtype(scale, f.sd);
-      for (int i = 0; i < n; ++i) out[i] = mul_rn(e4m3_bits_to_f32(codes[i]), s);
+      for (int i = i0; i < i1; ++i) out[i - i0] = mul_rn(e4m3_bits_to_f32(codes[i]), s);
       return;
     }
     case BlockKind::Fp8Tensor:
-      for (int i = 0; i < n; ++i) out[i] = mul_rn(e4m3_bits_to_f32(codes[i]), global);
+      for (int i = i0; i < i1; ++i) out[i - i0] = mul_rn(e4m3_bits_to_f32(codes[i]), global);
       return;
     case BlockKind::MxFp8:
     case BlockKind::MxFp4: {
       const float s = e8m0_bits_to_f32(scale[0]);
-      for (int i = 0; i < n; ++i) {
+      for (int i = i0; i < i1; ++i) {
         const uint32_t c = detail::get_code(codes, i, f.code_bits, false, n);
-        out[i] = mul_rn(f.kind == BlockKind::MxFp8 ? e4m3_bits_to_f32(static_cast<uint8_t>(c))
-                                                    : e2m1_bits_to_f32(static_cast<uint8_t>(c)),
-                        s);
+        out[i - i0] = mul_rn(f.kind == BlockKind::MxFp8 ? e4m3_bits_to_f32(static_cast<uint8_t>(c))
+                                                        : e2m1_bits_to_f32(static_cast<uint8_t>(c)),
+                             s);
       }
       return;
     }
     case BlockKind::NvFp4: {
       const float total = mul_rn(global, e4m3_bits_to_f32(scale[0]));
-      for (int i = 0; i < n; ++i) out[i] = mul_rn(e2m1_bits_to_f32(static_cast<uint8_t>(detail::get_code(codes, i, 4, false, n))), total);
+      for (int i = i0; i < i1; ++i)
+        out[i - i0] = mul_rn(e2m1_bits_to_f32(static_cast<uint8_t>(detail::get_code(codes, i, 4, false, n))), total);
       return;
     }
     case BlockKind::Fp4Tile: {
       const float sc = e4m3_bits_to_f32(scale[0]);
-      for (int i = 0; i < n; ++i) out[i] = mul_rn(e2m1_bits_to_f32(static_cast<uint8_t>(detail::get_code(codes, i, 4, false, n))), sc);
+      for (int i = i0; i < i1; ++i)
+        out[i - i0] = mul_rn(e2m1_bits_to_f32(static_cast<uint8_t>(detail::get_code(codes, i, 4, false, n))), sc);
       return;
     }
     case BlockKind::Q8_0: {  // ggml dequantize_row_q8_0: x = q · d
       const float d = load_dtype(scale, ScaleDtype::F16);
-      for (int i = 0; i < n; ++i) out[i] = mul_rn(static_cast<float>(static_cast<int8_t>(codes[i])), d);
+      for (int i = i0; i < i1; ++i) out[i - i0] = mul_rn(static_cast<float>(static_cast<int8_t>(codes[i])), d);
       return;
     }
     case BlockKind::Q4_0: {  // dequantize_row_q4_0: x = (q − 8) · d
       const float d = load_dtype(scale, ScaleDtype::F16);
-      for (int i = 0; i < n; ++i)
-        out[i] = mul_rn(static_cast<float>(static_cast<int>(detail::get_code(codes, i, 4, true, n)) - 8), d);
+      for (int i = i0; i < i1; ++i)
+        out[i - i0] = mul_rn(static_cast<float>(static_cast<int>(detail::get_code(codes, i, 4, true, n)) - 8), d);
       return;
     }
     case BlockKind::Q4_1: {  // dequantize_row_q4_1: x = q · d + m (two roundings: no FMA)
       const float d = load_dtype(scale, ScaleDtype::F16), m = load_dtype(offset, ScaleDtype::F16);
-      for (int i = 0; i < n; ++i)
-        out[i] = add_rn(mul_rn(static_cast<float>(detail::get_code(codes, i, 4, true, n)), d), m);
+      for (int i = i0; i < i1; ++i)
+        out[i - i0] = add_rn(mul_rn(static_cast<float>(detail::get_code(codes, i, 4, true, n)), d), m);
       return;
     }
   }
+}
+
+/// Decode n elements of one block into out[n] (dequantize_elements over [0, n)).
+LQ_HD void dequantize_block(const BlockDesc& f, const uint8_t* codes, const uint8_t* scale, const uint8_t* offset,
+                            float global, int n, float* out) {
+  dequantize_elements(f, codes, scale, offset, global, n, 0, n, out);
 }
 
 }  // namespace latentq::qmath

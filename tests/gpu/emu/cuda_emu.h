@@ -115,6 +115,16 @@ inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v)
   *p = o + v;
   return o;
 }
+inline unsigned atomicMax(unsigned* p, unsigned v) {
+  const unsigned o = *p;
+  if (v > o) *p = v;
+  return o;
+}
+inline unsigned long long atomicMax(unsigned long long* p, unsigned long long v) {
+  const unsigned long long o = *p;
+  if (v > o) *p = v;
+  return o;
+}
 inline unsigned long long atomicMin(unsigned long long* p, unsigned long long v) {
   const unsigned long long o = *p;
   if (v < o) *p = v;

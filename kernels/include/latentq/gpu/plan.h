@@ -36,10 +36,12 @@ inline constexpr int kChannelStatTokens = 512;
 
 /// Status a quantize call collects on the device: non-finite inputs and the first scale/offset
 /// that overflows its storage dtype, as key 2·group + (0 scale | 1 offset) (atomicMin; all ones =
-/// none), which is the order in which the CPU reference would throw.
+/// none), which is the order in which the CPU reference would throw; block formats also fold
+/// max|x| of the finite inputs (float bits, atomicMax: exact and order-free for values ≥ +0).
 struct DeviceStatus {
   unsigned long long nonfinite;
   unsigned long long overflow_key;
+  unsigned long long amax_bits;
 };
 inline constexpr unsigned long long kNoOverflow = ~0ull;
 
@@ -165,6 +167,32 @@ LQ_HD TensorStats tensor_stats_of(float x, int64_t i) {
   s.mn = x;
   s.mx = x;
   if (x == 0.0f) s.zkey = (static_cast<unsigned long long>(i) << 1) | (qmath::f32_bits(x) >> 31);
+  return s;
+}
+
+/// Statistics of the quad [4q, min(4q + 4, n)) of x [n], folded with TensorStatsOp (the per-tensor
+/// reduction runs over quads: a quarter of the items, one 16-byte load each on the device when x is
+/// 16-byte aligned (vec) and the quad whole). Same result as over elements: the operator is
+/// order-free up to the zero sign, which zkey fixes.
+LQ_HD TensorStats tensor_stats_of_quad(const float* x, int64_t n, int64_t q, bool vec) {
+  const int64_t i0 = 4 * q;
+  const int m = n - i0 < 4 ? static_cast<int>(n - i0) : 4;
+  float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#if defined(__CUDA_ARCH__)
+  if (vec && m == 4) {
+    const float4 f = reinterpret_cast<const float4*>(x)[q];
+    v[0] = f.x;
+    v[1] = f.y;
+    v[2] = f.z;
+    v[3] = f.w;
+  } else
+#endif
+  {
+    (void)vec;
+    for (int k = 0; k < m; ++k) v[k] = x[i0 + k];
+  }
+  TensorStats s = tensor_stats_of(v[0], i0);
+  for (int k = 1; k < m; ++k) s = TensorStatsOp{}(s, tensor_stats_of(v[k], i0 + k));
   return s;
 }
 
