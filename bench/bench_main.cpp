@@ -41,6 +41,7 @@ int main(int argc, char** argv) {
   int n = static_cast<int>(rest.size());
   rest.push_back(nullptr);
   latentq::bench::register_cpu_benchmarks(opt);
+  latentq::bench::register_attention_benchmarks(opt);
 #if defined(LATENTQ_BENCH_GPU)
   latentq::bench::register_gpu_benchmarks(opt);
 #endif

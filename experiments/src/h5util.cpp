@@ -109,5 +109,37 @@ void write_attr(H5::H5Object& obj, const std::string& name, int64_t value) {
 void write_attr(H5::H5Object& obj, const std::string& name, double value) {
   fresh_attr(obj, name, H5::PredType::IEEE_F64LE).write(H5::PredType::NATIVE_DOUBLE, &value);
 }
+void write_attr(H5::H5Object& obj, const std::string& name, const std::vector<std::string>& value) {
+  if (obj.attrExists(name)) obj.removeAttr(name);
+  const H5::StrType t = vlen_utf8();
+  const hsize_t n = value.size();
+  const H5::Attribute a = obj.createAttribute(name, t, H5::DataSpace(1, &n));
+  std::vector<const char*> p;
+  for (const std::string& s : value) p.push_back(s.c_str());
+  if (n) a.write(t, p.data());
+}
+std::vector<std::string> read_string_array_attr(const H5::Attribute& a) {
+  const hssize_t n = a.getSpace().getSimpleExtentNpoints();
+  std::vector<std::string> out;
+  if (n <= 0) return out;
+  const H5::StrType t = a.getStrType();
+  if (t.isVariableStr()) {
+    const H5::StrType vt = vlen_utf8();
+    std::vector<char*> p(static_cast<size_t>(n), nullptr);
+    a.read(vt, p.data());
+    for (char* c : p) out.emplace_back(c ? c : "");
+    H5Dvlen_reclaim(vt.getId(), a.getSpace().getId(), H5P_DEFAULT, p.data());
+  } else {
+    const size_t len = t.getSize();
+    std::vector<char> buf(static_cast<size_t>(n) * len);
+    a.read(t, buf.data());
+    for (hssize_t i = 0; i < n; ++i) {
+      std::string s(buf.data() + static_cast<size_t>(i) * len, len);
+      if (const size_t z = s.find('\0'); z != std::string::npos) s.resize(z);
+      out.push_back(std::move(s));
+    }
+  }
+  return out;
+}
 
 }  // namespace latentq::h5

@@ -160,7 +160,11 @@ AttrValue read_attr_value(const H5::Attribute& a, const std::string& where) {
       a.read(H5::PredType::NATIVE_DOUBLE, &v);
       return v;
     }
-    case H5T_STRING: return h5::read_string_attr(a);
+    case H5T_STRING: {
+      const H5::DataSpace sp = a.getSpace();
+      if (sp.getSimpleExtentType() == H5S_SIMPLE && sp.getSimpleExtentNdims() == 1) return h5::read_string_array_attr(a);
+      return h5::read_string_attr(a);
+    }
     default: throw std::invalid_argument(where + ": attribute has type " + h5::dtype_name(a.getDataType()));
   }
 }

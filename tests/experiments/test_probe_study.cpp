@@ -124,7 +124,8 @@ TEST_F(ProbeTest, PlanKeysAreStable) {
   ASSERT_GE(k.size(), expected_head.size());
   EXPECT_EQ(std::vector<std::string>(k.begin(), k.begin() + static_cast<ptrdiff_t>(expected_head.size())), expected_head);
   EXPECT_EQ(k.size(), 3u + 3u + 2u + 3u + 3u * 12u);
-  EXPECT_EQ(p.groups, probe_groups());
+  // Every group but /attention_position ([decode_order] absent: off).
+  EXPECT_EQ(p.groups, std::vector<std::string>(probe_groups().begin(), probe_groups().end() - 1));
   for (const ProbePlan::Part& part : p.parts) EXPECT_TRUE(part.part.notes.empty());
   EXPECT_EQ(p.cells[0].groups, (std::vector<std::string>{"svd", "svd_spectrum"}));
   EXPECT_EQ(p.cells[0].layers, (std::vector<int>{0}));
@@ -275,6 +276,7 @@ TEST_F(ProbeTest, CellsAreIndependentOfThreadsAndOfEachOther) {
   const BatchResult rb = run_study_batch(dir / "b.h5", plan_study(config, *backend), many);
   for (const std::string& g : probe_groups()) {
     SCOPED_TRACE(g);
+    if (g == "attention_position") continue;  // [decode_order] absent (ProbeCliTest runs it)
     const ColumnTable& a = table_of(ra.tables, g);
     EXPECT_EQ(a.names(), probe_columns(g));
     EXPECT_GT(a.num_rows(), 0u);
@@ -479,9 +481,19 @@ struct ProbeCliTest : ::testing::Test {
   void write_config(const std::string& extra) { std::ofstream(config) << "[input]\ndump = \"dump.h5\"\n" << kConfig << extra; }
 };
 
+// The synthetic dump's sequences are 40 and 24 tokens, its query rows at positions 9, 20, 31 and 1, 12,
+// 23: with position_bucket 16, two buckets of 3 rows.
+const char* kDecodeOrderSection = R"(
+[decode_order]
+residual = [0, 8]
+sink = [0, 2]
+quantizers = ["int4-asym-channel-g32", "int2-asym-token"]
+position_bucket = 16
+)";
+
 TEST_F(ProbeCliTest, RunWritesEveryGroupAndPrintsTheTables) {
   lqtest::write_synth(dump, lqtest::make_synth());
-  write_config("");
+  write_config(kDecodeOrderSection);
   const Outcome o = cli({"run", config.string(), "--out", results.string(), "--threads", "2"});
   ASSERT_EQ(o.rc, 0) << o.err;
   EXPECT_TRUE(o.err.empty()) << o.err;  // no attention-check warning: the synthetic attn_out is exact
@@ -495,6 +507,62 @@ TEST_F(ProbeCliTest, RunWritesEveryGroupAndPrintsTheTables) {
   EXPECT_EQ(read_table(results, "svd").num_rows(), 3u * 6u);
   EXPECT_EQ(read_table(results, "svd_spectrum").num_rows(), 3u * 16u);
   EXPECT_EQ(read_table(results, "attention_error").num_rows(), 3u * 12u);
+  // /attention_position: 3 layers x 2 quantizers x (baseline + 4 modes) x 2 buckets.
+  const ColumnTable pos = read_table(results, "attention_position");
+  ASSERT_EQ(pos.num_rows(), 3u * 2u * 5u * 2u);
+  const ColumnTable err = read_table(results, "attention_error");
+  for (size_t row = 0; row < pos.num_rows(); row += 10) {  // each cell's first row: prefill-at-once, bucket 0
+    SCOPED_TRACE(row);
+    const auto& mode = pos.get<std::string>("cache_mode");
+    const auto& kl = pos.get<double>("kl_mean");
+    const auto& q = pos.get<int64_t>("queries");
+    const auto& frac = pos.get<double>("quantized_key_frac");
+    EXPECT_EQ(mode[row], "prefill-at-once");
+    EXPECT_EQ(mode[row + 2], "decode-r0-s0-p0");
+    EXPECT_EQ(mode[row + 9], "decode-r8-s2-p0");
+    EXPECT_EQ(q[row] + q[row + 1], 6);
+    EXPECT_EQ(frac[row], 1.0);
+    // The baseline reproduces /attention_error's cell (query-weighted mean over the buckets).
+    const int64_t layer = pos.get<int64_t>("layer")[row];
+    const std::string& quant = pos.get<std::string>("quantizer")[row];
+    const double both = (kl[row] * double(q[row]) + kl[row + 1] * double(q[row + 1])) / 6.0;
+    for (size_t i = 0; i < err.num_rows(); ++i)
+      if (err.get<int64_t>("layer")[i] == layer && err.get<std::string>("quantizer")[i] == quant &&
+          err.get<std::string>("targets")[i] == "c_kv+k_pe") {
+        EXPECT_NEAR(both, err.get<double>("kl_mean")[i], 1e-12 * err.get<double>("kl_mean")[i]);
+        EXPECT_EQ(pos.get<double>("bytes_per_token")[row], err.get<double>("bytes_per_token_layer")[i]);
+      }
+    if (quant == "int4-asym-channel-g32") {
+      // g32 groups: only the query at position 31 with R = 0 and S = 0 completes one ([0, 32) quantized).
+      for (size_t i = 2; i < 10; ++i) EXPECT_EQ(frac[row + i], i == 3 ? 1.0 / 3.0 : 0.0) << i;
+    } else {
+      EXPECT_EQ(frac[row + 2], 1.0);  // int2-asym-token, R = 0, S = 0: every key of [0, t] quantized
+      EXPECT_LT(frac[row + 4], 1.0);  // S = 2: the sink keys are bf16
+    }
+  }
+  // What the e2e step reads to run the same decode orders.
+  const Attrs attrs = read_results_attrs(results);
+  EXPECT_EQ(std::get<std::vector<std::string>>(attr(attrs, "decode_order_modes")),
+            (std::vector<std::string>{"decode-r0-s0-p0", "decode-r0-s2-p0", "decode-r8-s0-p0", "decode-r8-s2-p0"}));
+  EXPECT_EQ(std::get<std::vector<std::string>>(attr(attrs, "decode_order_quantizers")),
+            (std::vector<std::string>{"int4-asym-channel-g32", "int2-asym-token"}));
+  EXPECT_EQ(std::get<int64_t>(attr(attrs, "decode_order_position_bucket")), 16);
+  // Config errors name the key.
+  for (const auto& [text, message] : std::vector<std::pair<std::string, std::string>>{
+           {"[decode_order]\nresidual = [0]\n", "[decode_order] needs 'quantizers'"},
+           {"[decode_order]\nquantizers = [\"int3-asym-token\"]\n", "'decode_order.quantizers': "},
+           {"[decode_order]\nquantizers = [\"int4-asym-token\"]\nresidual = [-1]\n", "-1 is < 0"},
+           {"[decode_order]\nquantizers = [\"int4-asym-token\"]\nposition_bucket = 0\n", "position_bucket"},
+           {"[decode_order]\nquantizers = [\"int4-asym-token\"]\nresiduals = [1]\n", "residuals"}}) {
+    SCOPED_TRACE(text);
+    try {
+      parse_config(std::string(kConfig) + text, "probe.toml", dir.path());
+      ADD_FAILURE() << "no error";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_CONTAINS(e.what(), "probe.toml:");
+      EXPECT_CONTAINS(e.what(), message);
+    }
+  }
   EXPECT_CONTAINS(o.out, "Latent error vs attention error");
   EXPECT_CONTAINS(o.out, "svd-rank16");
   EXPECT_CONTAINS(o.out, "SVD of c_kv (kv_lora_rank 16");
@@ -729,18 +797,24 @@ TEST_F(ProbeCliTest, ReportNeedsPythonAndPassesItsExitCodeThrough) {
 TEST(ProbeRegistry, SectionsGroupsAndSettings) {
   std::vector<std::string> sections;
   for (const Probe* p : registered_probes()) sections.push_back(p->section());
-  EXPECT_EQ(sections, (std::vector<std::string>{"svd", "cross_layer", "attention"}));
+  EXPECT_EQ(sections, (std::vector<std::string>{"svd", "cross_layer", "attention", "decode_order"}));
   EXPECT_EQ(probe_groups(), (std::vector<std::string>{"svd", "svd_spectrum", "cross_layer", "cross_layer_sharing",
-                                                      "attention_check", "attention_error"}));
+                                                      "attention_check", "attention_error", "attention_position"}));
   EXPECT_EQ(probe_of_group("cross_layer_sharing"), find_probe("cross_layer"));
-  EXPECT_EQ(find_probe("decode_order"), nullptr);
+  EXPECT_EQ(probe_of_group("attention_position"), find_probe("decode_order"));
   try {
     parse_config("[decode_order]\nresidual = [0, 32]\n", "probe.toml", ".");
     ADD_FAILURE() << "no error";
   } catch (const std::invalid_argument& e) {
-    EXPECT_CONTAINS(e.what(), "probe.toml:1:");
-    EXPECT_CONTAINS(e.what(), "unknown key 'decode_order'");
-    EXPECT_CONTAINS(e.what(), "svd, cross_layer, attention, e2e, mixed");
+    EXPECT_CONTAINS(e.what(), "probe.toml:");
+    EXPECT_CONTAINS(e.what(), "[decode_order] needs 'quantizers'");
+  }
+  try {
+    parse_config("[decode_orders]\nresidual = [0, 32]\n", "probe.toml", ".");
+    ADD_FAILURE() << "no error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_CONTAINS(e.what(), "unknown key 'decode_orders'");
+    EXPECT_CONTAINS(e.what(), "attention, decode_order");
   }
   const std::string text = "[decode_order]\nresidual = [0, 32, 128]\nsink = [0, 4]\nprefill = 0\n";
   const auto r = make_settings_reader(text, "probe.toml", ".", "decode_order");

@@ -45,5 +45,9 @@ std::string read_string_attr(const H5::Attribute& a);
 void write_attr(H5::H5Object& obj, const std::string& name, const std::string& value);
 void write_attr(H5::H5Object& obj, const std::string& name, int64_t value);
 void write_attr(H5::H5Object& obj, const std::string& name, double value);
+/// Write/overwrite a 1-D variable-length UTF-8 string array attribute (h5py: a numpy array of str).
+void write_attr(H5::H5Object& obj, const std::string& name, const std::vector<std::string>& value);
+/// Read a 1-D string array attribute (fixed or variable length).
+std::vector<std::string> read_string_array_attr(const H5::Attribute& a);
 
 }  // namespace latentq::h5

@@ -28,8 +28,9 @@ namespace latentq {
 
 inline constexpr const char* kResultsSchema = "latentq-results/1";
 
-/// A scalar HDF5 attribute value: int64, float64 or string.
-using AttrValue = std::variant<int64_t, double, std::string>;
+/// An HDF5 attribute value: a scalar int64, float64 or string, or a 1-D string array (h5py: a numpy
+/// array of str; e.g. decode_order_modes).
+using AttrValue = std::variant<int64_t, double, std::string, std::vector<std::string>>;
 /// Ordered attributes.
 using Attrs = std::vector<std::pair<std::string, AttrValue>>;
 

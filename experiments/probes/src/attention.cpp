@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <map>
 #include <numeric>
 #include <stdexcept>
 #include <string>
@@ -12,6 +13,7 @@
 #include "detail.h"
 #include "latentq/probes/narrow.h"
 #include "latentq/probes/split.h"
+#include "latentq/quantize.h"
 
 #ifdef _OPENMP
 #define LQ_OMP_FOR_DYNAMIC _Pragma("omp parallel for schedule(dynamic)")
@@ -206,10 +208,37 @@ AbsorbedAttention<Scalar>::AbsorbedAttention(const AttentionQueries& q) {
 template <typename Scalar>
 AttentionResult<Scalar> AbsorbedAttention<Scalar>::run(std::span<const float> c_kv, std::span<const float> k_pe,
                                                         bool keep_probs) const {
+  return run_impl(c_kv, k_pe, nullptr, keep_probs);
+}
+
+template <typename Scalar>
+AttentionResult<Scalar> AbsorbedAttention<Scalar>::run_mixed(const MixedCache& m, bool keep_probs) const {
+  const int64_t Tq = num_queries();
+  if (static_cast<int64_t>(m.ckv_from_a.size()) != Tq || static_cast<int64_t>(m.kpe_from_a.size()) != Tq)
+    throw std::invalid_argument("attention: the mixed cache's key ranges have " + sz(static_cast<int64_t>(m.ckv_from_a.size())) +
+                                " (c_kv) and " + sz(static_cast<int64_t>(m.kpe_from_a.size())) +
+                                " (k_pe) entries, expected Tq = " + sz(Tq));
+  return run_impl(m.c_kv_a, m.k_pe_a, &m, keep_probs);
+}
+
+namespace {
+/// The part of range r inside [0, n).
+KeyRange clip_range(const KeyRange& r, int64_t n) {
+  const int64_t b = std::clamp<int64_t>(r.begin, 0, n), e = std::clamp<int64_t>(r.end, 0, n);
+  return {b, std::max(b, e)};
+}
+}  // namespace
+
+template <typename Scalar>
+AttentionResult<Scalar> AbsorbedAttention<Scalar>::run_impl(std::span<const float> c_kv, std::span<const float> k_pe,
+                                                             const MixedCache* mixed, bool keep_probs) const {
   check_latents(dims_, T_, c_kv, k_pe);
+  if (mixed) check_latents(dims_, T_, mixed->c_kv_b, mixed->k_pe_b);
   const int64_t Tq = num_queries();
   const int64_t H = dims_.num_heads, r = dims_.kv_lora_rank, rope = dims_.qk_rope_head_dim, v = dims_.v_head_dim;
   const ScalarView<Scalar> C(c_kv), K(k_pe);
+  const ScalarView<Scalar> CB(mixed ? mixed->c_kv_b : std::span<const float>{}),
+      KB(mixed ? mixed->k_pe_b : std::span<const float>{});
   AttentionResult<Scalar> res = make_result<Scalar>(dims_, nkeys_, keep_probs);
   Mat o_lat(Tq * H, r);
 
@@ -218,12 +247,77 @@ AttentionResult<Scalar> AbsorbedAttention<Scalar>::run(std::span<const float> c_
   for (int64_t ci = 0; ci < nchunks; ++ci) {
     const Chunk& c = chunks_[ci];
     const int64_t nH = (c.end - c.begin) * H;
+    // Which stores this chunk reads (without a mixed cache: A only, the plain run).
+    bool c_a = true, c_b = false, k_a = true, k_b = false;
+    if (mixed) {
+      c_a = k_a = false;
+      for (int64_t p = c.begin; p < c.end; ++p) {
+        const int64_t i = order_[p], n = nkeys_[i];
+        const KeyRange rc = clip_range(mixed->ckv_from_a[i], n), rk = clip_range(mixed->kpe_from_a[i], n);
+        c_a = c_a || rc.end > rc.begin;
+        c_b = c_b || rc.end - rc.begin < n;
+        k_a = k_a || rk.end > rk.begin;
+        k_b = k_b || rk.end - rk.begin < n;
+      }
+    }
+    // Row q of a chunk matrix is (sorted position c.begin + q / H, head q % H); keeps (from_a = true) or
+    // clears the columns of its row's keys that the range does (not) cover.
+    const auto mask_cols = [&](Mat& M, std::span<const KeyRange> ranges, bool keep_a) {
+      for (int64_t p = c.begin; p < c.end; ++p) {
+        const int64_t i = order_[p];
+        const KeyRange rr = clip_range(ranges[i], nkeys_[i]);
+        for (int64_t h = 0; h < H; ++h) {
+          Scalar* row = M.row((p - c.begin) * H + h).data();
+          if (keep_a) {
+            std::fill(row, row + rr.begin, Scalar(0));
+            std::fill(row + rr.end, row + c.nk, Scalar(0));
+          } else {
+            std::fill(row + rr.begin, row + rr.end, Scalar(0));
+          }
+        }
+      }
+    };
+    // A's values where the range covers the key, B's elsewhere: dst (A's) takes B's outside the ranges.
+    const auto take_b_outside = [&](Mat& dst, const Mat& b, std::span<const KeyRange> ranges) {
+      for (int64_t p = c.begin; p < c.end; ++p) {
+        const int64_t i = order_[p];
+        const KeyRange rr = clip_range(ranges[i], nkeys_[i]);
+        for (int64_t h = 0; h < H; ++h) {
+          const int64_t q = (p - c.begin) * H + h;
+          for (int64_t j = 0; j < rr.begin; ++j) dst(q, j) = b(q, j);
+          for (int64_t j = rr.end; j < c.nk; ++j) dst(q, j) = b(q, j);
+        }
+      }
+    };
     const Eigen::Map<const Mat> Ck(C.ptr + c.key_begin * r, c.nk, r);
+    const Eigen::Map<const Mat> CkB(mixed ? CB.ptr + c.key_begin * r : C.ptr, c.nk, r);
+    const auto Q = q_lat_.middleRows(c.begin * H, nH);
     Mat S(nH, c.nk);
-    S.noalias() = q_lat_.middleRows(c.begin * H, nH) * Ck.transpose();
+    if (c_a) {
+      S.noalias() = Q * Ck.transpose();
+      if (c_b) {
+        Mat SB(nH, c.nk);
+        SB.noalias() = Q * CkB.transpose();
+        take_b_outside(S, SB, mixed->ckv_from_a);
+      }
+    } else {
+      S.noalias() = Q * CkB.transpose();
+    }
     if (rope > 0) {
       const Eigen::Map<const Mat> Kk(K.ptr + c.key_begin * rope, c.nk, rope);
-      S.noalias() += q_pe_.middleRows(c.begin * H, nH) * Kk.transpose();
+      const Eigen::Map<const Mat> KkB(mixed ? KB.ptr + c.key_begin * rope : K.ptr, c.nk, rope);
+      const auto Qp = q_pe_.middleRows(c.begin * H, nH);
+      if (k_a && !k_b) {
+        S.noalias() += Qp * Kk.transpose();
+      } else if (!k_a) {
+        S.noalias() += Qp * KkB.transpose();
+      } else {
+        Mat SA(nH, c.nk), SB(nH, c.nk);
+        SA.noalias() = Qp * Kk.transpose();
+        SB.noalias() = Qp * KkB.transpose();
+        take_b_outside(SA, SB, mixed->kpe_from_a);
+        S += SA;
+      }
     }
     S *= scale_;
     for (int64_t p = c.begin; p < c.end; ++p) {
@@ -234,7 +328,18 @@ AttentionResult<Scalar> AbsorbedAttention<Scalar>::run(std::span<const float> c_
         if (keep_probs) std::copy_n(row, n, res.probs.data() + res.prob_offsets[i] + h * n);
       }
     }
-    o_lat.middleRows(c.begin * H, nH).noalias() = S * Ck;
+    auto O = o_lat.middleRows(c.begin * H, nH);
+    if (!c_b) {
+      O.noalias() = S * Ck;
+    } else if (!c_a) {
+      O.noalias() = S * CkB;
+    } else {
+      Mat PB = S;
+      mask_cols(S, mixed->ckv_from_a, true);
+      mask_cols(PB, mixed->ckv_from_a, false);
+      O.noalias() = S * Ck;
+      O.noalias() += PB * CkB;
+    }
   }
 
   // out[i, h, :] = o_lat[i, h, :] · W_UV[h]ᵀ  ([r] × [r, v]).
@@ -246,6 +351,134 @@ AttentionResult<Scalar> AbsorbedAttention<Scalar>::run(std::span<const float> c_
       Eigen::Map<Eigen::Matrix<Scalar, 1, Eigen::Dynamic>>(res.out.data() + (order_[p] * H + h) * v, v) = R.row(p);
   }
   require_finite_result(res, "attention");
+  return res;
+}
+
+template <typename Scalar>
+typename AbsorbedAttention<Scalar>::CkvScores AbsorbedAttention<Scalar>::ckv_scores(std::span<const float> c_kv) const {
+  check_size(c_kv.size(), T_ * dims_.kv_lora_rank, "c_kv", "[T, kv_lora_rank]");
+  detail::require_finite(c_kv.data(), static_cast<int64_t>(c_kv.size()), "attention: c_kv");
+  const int64_t H = dims_.num_heads, r = dims_.kv_lora_rank;
+  const ScalarView<Scalar> C(c_kv);
+  CkvScores out;
+  out.store = c_kv.data();
+  out.chunks.resize(chunks_.size());
+  const int64_t nchunks = static_cast<int64_t>(chunks_.size());
+  LQ_OMP_FOR_DYNAMIC
+  for (int64_t ci = 0; ci < nchunks; ++ci) {
+    const Chunk& c = chunks_[ci];
+    const Eigen::Map<const Mat> Ck(C.ptr + c.key_begin * r, c.nk, r);
+    out.chunks[ci].resize((c.end - c.begin) * H, c.nk);
+    out.chunks[ci].noalias() = q_lat_.middleRows(c.begin * H, (c.end - c.begin) * H) * Ck.transpose();
+  }
+  return out;
+}
+
+template <typename Scalar>
+std::vector<AttentionResult<Scalar>> AbsorbedAttention<Scalar>::run_variants(std::span<const Variant> variants,
+                                                                             bool keep_probs) const {
+  const int64_t nv = static_cast<int64_t>(variants.size());
+  const int64_t Tq = num_queries();
+  const int64_t H = dims_.num_heads, r = dims_.kv_lora_rank, rope = dims_.qk_rope_head_dim, v = dims_.v_head_dim;
+  // Distinct stores (by data pointer), checked once each.
+  std::vector<const float*> cs, ks;
+  std::vector<int64_t> vc(nv), vk(nv);
+  std::vector<const CkvScores*> c_scores;
+  for (int64_t a = 0; a < nv; ++a) {
+    const Variant& x = variants[a];
+    check_latents(dims_, T_, x.c_kv, x.k_pe);
+    if (x.scores && (x.scores->store != x.c_kv.data() || x.scores->chunks.size() != chunks_.size()))
+      throw std::invalid_argument("attention: run_variants: variant " + sz(a) +
+                                  "'s partial scores were computed from another c_kv store");
+    auto ic = std::find(cs.begin(), cs.end(), x.c_kv.data());
+    if (ic == cs.end()) {
+      cs.push_back(x.c_kv.data());
+      c_scores.push_back(x.scores);
+      ic = cs.end() - 1;
+    } else if (!c_scores[ic - cs.begin()]) {
+      c_scores[ic - cs.begin()] = x.scores;
+    }
+    vc[a] = ic - cs.begin();
+    auto ik = std::find(ks.begin(), ks.end(), x.k_pe.data());
+    if (ik == ks.end()) ks.push_back(x.k_pe.data()), ik = ks.end() - 1;
+    vk[a] = ik - ks.begin();
+  }
+  const int64_t ncs = static_cast<int64_t>(cs.size()), nks = static_cast<int64_t>(ks.size());
+  std::vector<ScalarView<Scalar>> C, K;
+  C.reserve(ncs);
+  K.reserve(nks);
+  for (int64_t u = 0; u < nv; ++u) {
+    if (static_cast<int64_t>(C.size()) == vc[u]) C.emplace_back(variants[u].c_kv);
+    if (static_cast<int64_t>(K.size()) == vk[u]) K.emplace_back(variants[u].k_pe);
+  }
+  // Variants of each c_kv store, in order: their output GEMM is one, stacked.
+  std::vector<std::vector<int64_t>> by_c(ncs);
+  for (int64_t a = 0; a < nv; ++a) by_c[vc[a]].push_back(a);
+
+  std::vector<AttentionResult<Scalar>> res;
+  res.reserve(nv);
+  for (int64_t a = 0; a < nv; ++a) res.push_back(make_result<Scalar>(dims_, nkeys_, keep_probs));
+  std::vector<Mat> o_lat(nv, Mat(Tq * H, r));
+
+  const int64_t nchunks = static_cast<int64_t>(chunks_.size());
+  LQ_OMP_FOR_DYNAMIC
+  for (int64_t ci = 0; ci < nchunks; ++ci) {
+    const Chunk& c = chunks_[ci];
+    const int64_t nH = (c.end - c.begin) * H;
+    const auto Q = q_lat_.middleRows(c.begin * H, nH);
+    std::vector<Mat> Sk(nks);
+    if (rope > 0) {
+      const auto Qp = q_pe_.middleRows(c.begin * H, nH);
+      for (int64_t u = 0; u < nks; ++u) {
+        const Eigen::Map<const Mat> Kk(K[u].ptr + c.key_begin * rope, c.nk, rope);
+        Sk[u].resize(nH, c.nk);
+        Sk[u].noalias() = Qp * Kk.transpose();
+      }
+    }
+    for (int64_t u = 0; u < ncs; ++u) {
+      const Eigen::Map<const Mat> Ck(C[u].ptr + c.key_begin * r, c.nk, r);
+      const std::vector<int64_t>& vs = by_c[u];
+      const int64_t m = static_cast<int64_t>(vs.size());
+      Mat own;
+      if (!c_scores[u]) {
+        own.resize(nH, c.nk);
+        own.noalias() = Q * Ck.transpose();
+      }
+      const Mat& Sc = c_scores[u] ? c_scores[u]->chunks[ci] : own;
+      Mat P(m * nH, c.nk);  // the variants' probabilities, stacked
+      for (int64_t b = 0; b < m; ++b) {
+        const int64_t a = vs[b];
+        auto Pb = P.middleRows(b * nH, nH);
+        if (rope > 0) Pb.noalias() = Sc + Sk[vk[a]];
+        else Pb = Sc;
+        Pb *= scale_;
+        for (int64_t p = c.begin; p < c.end; ++p) {
+          const int64_t i = order_[p], n = nkeys_[i];
+          for (int64_t h = 0; h < H; ++h) {
+            Scalar* row = P.row(b * nH + (p - c.begin) * H + h).data();
+            softmax_row(row, n, c.nk);
+            if (keep_probs) std::copy_n(row, n, res[a].probs.data() + res[a].prob_offsets[i] + h * n);
+          }
+        }
+      }
+      Mat O(m * nH, r);
+      O.noalias() = P * Ck;
+      for (int64_t b = 0; b < m; ++b) o_lat[vs[b]].middleRows(c.begin * H, nH) = O.middleRows(b * nH, nH);
+    }
+  }
+
+  // out[i, h, :] = o_lat[i, h, :] · W_UV[h]ᵀ  ([r] × [r, v]), per variant.
+  for (int64_t a = 0; a < nv; ++a) {
+    for (int64_t h = 0; h < H; ++h) {
+      const Eigen::Map<const Mat, 0, Eigen::OuterStride<>> Oh(o_lat[a].data() + h * r, Tq, r,
+                                                              Eigen::OuterStride<>(H * r));
+      const Eigen::Map<const Mat> Wh(w_uv_.data() + h * v * r, v, r);
+      const Mat R = Oh * Wh.transpose();
+      for (int64_t p = 0; p < Tq; ++p)
+        Eigen::Map<Eigen::Matrix<Scalar, 1, Eigen::Dynamic>>(res[a].out.data() + (order_[p] * H + h) * v, v) = R.row(p);
+    }
+    require_finite_result(res[a], "attention");
+  }
   return res;
 }
 
@@ -345,23 +578,30 @@ void top_m(std::span<const Scalar> p, int64_t m, int64_t* idx) {
 
 }  // namespace
 
+namespace {
+
 template <typename Scalar>
-AttentionError attention_error(const AttentionResult<Scalar>& ref, const AttentionResult<Scalar>& test) {
+AttentionError error_over_rows(const AttentionResult<Scalar>& ref, const AttentionResult<Scalar>& test,
+                               std::span<const int64_t> rows, const char* what) {
   if (ref.num_queries != test.num_queries || ref.num_heads != test.num_heads || ref.v_head_dim != test.v_head_dim ||
       ref.out.size() != test.out.size() || ref.nkeys != test.nkeys)
-    throw std::invalid_argument("attention_error: the two results differ in shape (Tq " + sz(ref.num_queries) +
+    throw std::invalid_argument(std::string(what) + ": the two results differ in shape (Tq " + sz(ref.num_queries) +
                                 " vs " + sz(test.num_queries) + ", H " + sz(ref.num_heads) + " vs " +
                                 sz(test.num_heads) + ", v " + sz(ref.v_head_dim) + " vs " + sz(test.v_head_dim) +
                                 ") or in their key counts");
   if (ref.probs.size() != static_cast<size_t>(ref.prob_offsets.back()) ||
       test.probs.size() != static_cast<size_t>(test.prob_offsets.back()))
-    throw std::invalid_argument("attention_error: both results need their probabilities (run with keep_probs = true)");
+    throw std::invalid_argument(std::string(what) + ": both results need their probabilities (run with keep_probs = true)");
   const int64_t Tq = ref.num_queries, H = ref.num_heads, v = ref.v_head_dim;
-  if (Tq < 1) throw std::invalid_argument("attention_error: no query rows");
-  require_finite_result(ref, "attention_error: the reference");
-  require_finite_result(test, "attention_error: the test");
+  if (Tq < 1) throw std::invalid_argument(std::string(what) + ": no query rows");
+  if (rows.empty()) throw std::invalid_argument(std::string(what) + ": no query rows selected");
+  for (const int64_t i : rows)
+    if (i < 0 || i >= Tq)
+      throw std::invalid_argument(std::string(what) + ": query row " + sz(i) + " outside [0, Tq = " + sz(Tq) + ")");
+  require_finite_result(ref, (std::string(what) + ": the reference").c_str());
+  require_finite_result(test, (std::string(what) + ": the test").c_str());
   double err2 = 0, ref2 = 0, cos_sum = 0, kl_sum = 0, top1 = 0, top8 = 0;
-  for (int64_t i = 0; i < Tq; ++i) {
+  for (const int64_t i : rows) {
     for (int64_t h = 0; h < H; ++h) {
       const Scalar* a = ref.out.data() + (i * H + h) * v;
       const Scalar* b = test.out.data() + (i * H + h) * v;
@@ -393,12 +633,12 @@ AttentionError attention_error(const AttentionResult<Scalar>& ref, const Attenti
       top_m(ph, m, tph);
       top1 += tp[0] == tph[0] ? 1.0 : 0.0;
       int64_t common = 0;
-      for (int64_t a = 0; a < m; ++a)
-        for (int64_t b = 0; b < m; ++b) common += tp[a] == tph[b] ? 1 : 0;
+      for (int64_t a2 = 0; a2 < m; ++a2)
+        for (int64_t b2 = 0; b2 < m; ++b2) common += tp[a2] == tph[b2] ? 1 : 0;
       top8 += static_cast<double>(common) / static_cast<double>(m);
     }
   }
-  const double pairs = static_cast<double>(Tq * H);
+  const double pairs = static_cast<double>(static_cast<int64_t>(rows.size()) * H);
   AttentionError e;
   e.out_rel_fro = ref2 > 0 ? std::sqrt(err2 / ref2) : (err2 > 0 ? std::numeric_limits<double>::infinity() : 0.0);
   e.cos_mean = cos_sum / pairs;
@@ -406,6 +646,162 @@ AttentionError attention_error(const AttentionResult<Scalar>& ref, const Attenti
   e.top1_agree = top1 / pairs;
   e.top8_agree = top8 / pairs;
   return e;
+}
+
+}  // namespace
+
+template <typename Scalar>
+AttentionError attention_error(const AttentionResult<Scalar>& ref, const AttentionResult<Scalar>& test) {
+  std::vector<int64_t> rows(static_cast<size_t>(std::max<int64_t>(ref.num_queries, 0)));
+  std::iota(rows.begin(), rows.end(), int64_t{0});
+  if (rows.empty()) rows.push_back(0);  // error_over_rows reports "no query rows" (or the shape mismatch) first
+  return error_over_rows(ref, test, rows, "attention_error");
+}
+
+template <typename Scalar>
+AttentionError attention_error_rows(const AttentionResult<Scalar>& ref, const AttentionResult<Scalar>& test,
+                                    std::span<const int64_t> rows) {
+  return error_over_rows(ref, test, rows, "attention_error_rows");
+}
+
+// ---- decode order (issue 12) -------------------------------------------------------------------
+
+std::vector<KeyRange> decode_order_ranges(const DecodeOrder& order, std::span<const int64_t> positions, int64_t G) {
+  if (G < 1) throw std::invalid_argument("decode_order_ranges: token group G = " + sz(G) + " < 1");
+  std::vector<KeyRange> out;
+  out.reserve(positions.size());
+  for (const int64_t t : positions) {
+    if (t < 0) throw std::invalid_argument("decode_order_ranges: negative position " + sz(t));
+    // Key by key with the one rule; the quantized keys must form one range.
+    KeyRange k{0, 0};
+    bool seen = false, closed = false;
+    for (int64_t j = 0; j <= t; ++j) {
+      const bool q = order.reads_quantized(t, j, G);
+      if (q && closed)
+        throw std::logic_error("decode_order_ranges: " + order.label() + " reads the keys of position " + sz(t) +
+                               " quantized in more than one range");
+      if (q && !seen) k = {j, j + 1}, seen = true;
+      else if (q) k.end = j + 1;
+      else if (seen) closed = true;
+    }
+    out.push_back(k);
+  }
+  return out;
+}
+
+std::vector<DecodeOrderError> decode_order_attention(const AbsorbedAttention<float>& att, const AttentionResult<float>& ref,
+                                                     const DecodeOrderInput& in, const DecodeOrderQuantizer& q,
+                                                     std::span<const DecodeOrder> orders, int64_t bucket) {
+  const char* what = "decode-order attention";
+  if (bucket < 1) throw std::invalid_argument(std::string(what) + ": position bucket " + sz(bucket) + " < 1");
+  if (!q.c_kv && !q.k_pe) throw std::invalid_argument(std::string(what) + ": neither c_kv nor k_pe is quantized");
+  const MlaDims& d = att.dims();
+  const int64_t r = d.kv_lora_rank, rope = d.qk_rope_head_dim, Tq = att.num_queries();
+  const int64_t T = static_cast<int64_t>(in.positions.size());
+  check_size(in.c_kv.size(), T * r, "c_kv", "[T, kv_lora_rank] (T from positions)");
+  check_size(in.k_pe.size(), T * rope, "k_pe", "[T, qk_rope_head_dim] (T from positions)");
+  check_size(in.q_rows.size(), Tq, "q_rows", "[Tq] of the attention");
+  validate_seq_offsets(in.seq_offsets, T, "decode-order attention: seq_offsets");
+  // Each row's position in its sequence (the dump's /positions) must be the key index the attention uses.
+  std::vector<int64_t> pos(static_cast<size_t>(Tq));
+  for (int64_t i = 0; i < Tq; ++i) {
+    const int64_t tok = in.q_rows[i];
+    if (tok < 0 || tok >= T)
+      throw std::invalid_argument(std::string(what) + ": q_rows[" + sz(i) + "] = " + sz(tok) + " outside [0, T = " + sz(T) + ")");
+    pos[i] = in.positions[tok];
+    if (pos[i] != att.nkeys(i) - 1)
+      throw std::invalid_argument(std::string(what) + ": /positions[" + sz(tok) + "] = " + sz(pos[i]) + " for query row " +
+                                  sz(i) + ", but the row is key " + sz(att.nkeys(i) - 1) +
+                                  " of its sequence (positions must count from each sequence's start)");
+  }
+  for (const DecodeOrder& o : orders) o.validate();
+
+  // The bf16 reads, and the quantized caches (one per distinct sink: the contents do not depend on R or P).
+  std::vector<float> bc(in.c_kv.size()), bk(in.k_pe.size());
+  round_bf16(in.c_kv.data(), static_cast<int64_t>(bc.size()), bc.data());
+  round_bf16(in.k_pe.data(), static_cast<int64_t>(bk.size()), bk.data());
+  const Rotation identity;
+  struct Quantized {
+    std::vector<float> c, k;  // empty: that target reads bf16
+    double bpt_c = 0, bpt_k = 0;
+  };
+  std::map<int64_t, Quantized> caches;  // key: the sink (0 for prefill-at-once: the same contents)
+  const auto quantized_for = [&](const DecodeOrder& o) -> const Quantized& {
+    const int64_t key = o.at_once() ? 0 : o.sink;
+    auto it = caches.find(key);
+    if (it != caches.end()) return it->second;
+    Quantized Qz;
+    const auto one = [&](bool on, Target t, std::span<const float> X, int64_t D, const Rotation* rot,
+                         std::vector<float>& out, double& bpt) {
+      bpt = 2.0 * static_cast<double>(D);
+      if (!on || D == 0) return;
+      out.resize(X.size());
+      const QuantizedTensor qt = decode_order_quantize(q.spec, rot ? *rot : identity, t, X.data(), T, D, in.seq_offsets,
+                                                       o, out.data());
+      bpt = qt.rows > 0 ? account(qt).bytes_per_token : 0.0;
+    };
+    one(q.c_kv, Target::CKV, in.c_kv, r, q.r_ckv, Qz.c, Qz.bpt_c);
+    one(q.k_pe, Target::KPE, in.k_pe, rope, q.r_kpe, Qz.k, Qz.bpt_k);
+    return caches.emplace(key, std::move(Qz)).first->second;
+  };
+  const int64_t G_c = decode_token_group(q.spec.stored_for(Target::CKV));
+  const int64_t G_k = decode_token_group(q.spec.stored_for(Target::KPE));
+
+  // Buckets of rows by position.
+  std::map<int64_t, std::vector<int64_t>> rows_of;
+  for (int64_t i = 0; i < Tq; ++i) rows_of[pos[i] / bucket].push_back(i);
+
+  std::vector<DecodeOrderError> out;
+  for (const DecodeOrder& o : orders) {
+    const Quantized& Qz = quantized_for(o);
+    const bool qc = !Qz.c.empty(), qk = !Qz.k.empty();
+    std::vector<KeyRange> rc, rk;
+    if (qc) rc = decode_order_ranges(o, pos, G_c);
+    if (qk) rk = decode_order_ranges(o, pos, G_k);
+    // A target read in bf16 everywhere has store A = store B: any range gives the same values; the other
+    // target's ranges let a chunk read one store only.
+    if (!qc) rc = qk ? rk : std::vector<KeyRange>(static_cast<size_t>(Tq));
+    if (!qk) rk = rc;
+    const MixedCache m{qc ? std::span<const float>(Qz.c) : std::span<const float>(bc),
+                       qk ? std::span<const float>(Qz.k) : std::span<const float>(bk),
+                       bc, bk, rc, rk};
+    const AttentionResult<float> test = att.run_mixed(m, true);
+
+    DecodeOrderError e;
+    e.order = o;
+    const std::vector<KeyRange>& primary = qc ? rc : rk;
+    for (const auto& [b, rows] : rows_of) {
+      PositionBucketError pb;
+      pb.pos_start = b * bucket;
+      pb.pos_end = (b + 1) * bucket;
+      pb.queries = static_cast<int64_t>(rows.size());
+      double frac = 0;
+      for (const int64_t i : rows) {
+        const KeyRange k = clip_range(primary[i], att.nkeys(i));
+        frac += static_cast<double>(k.end - k.begin) / static_cast<double>(att.nkeys(i));
+      }
+      pb.quantized_key_frac = frac / static_cast<double>(rows.size());
+      const AttentionError x = attention_error_rows(ref, test, rows);
+      pb.kl_mean = x.kl_mean;
+      pb.out_rel_fro = x.out_rel_fro;
+      e.buckets.push_back(pb);
+    }
+    // Bytes at each sequence's end.
+    double bytes = 0;
+    for (size_t s = 0; s + 1 < in.seq_offsets.size(); ++s) {
+      const int64_t L = in.seq_offsets[s + 1] - in.seq_offsets[s];
+      const auto part = [&](bool on, int64_t G, int64_t D, double bpt) {
+        if (!on) return static_cast<double>(L) * 2.0 * static_cast<double>(D);
+        const DecodeCacheTokens c = decode_cache_tokens(o, L, G);
+        return static_cast<double>(c.bf16_tokens) * 2.0 * static_cast<double>(D) +
+               static_cast<double>(c.quantized_tokens) * bpt;
+      };
+      bytes += part(qc, G_c, r, Qz.bpt_c) + part(qk, G_k, rope, Qz.bpt_k);
+    }
+    e.bytes_per_token = bytes / static_cast<double>(T);
+    out.push_back(std::move(e));
+  }
+  return out;
 }
 
 // ---- the fold check (issue 11) ------------------------------------------------------------------
@@ -479,5 +875,9 @@ template AttentionResult<double> unabsorbed_attention<double>(const AttentionQue
                                                               std::span<const float>, bool);
 template AttentionError attention_error<float>(const AttentionResult<float>&, const AttentionResult<float>&);
 template AttentionError attention_error<double>(const AttentionResult<double>&, const AttentionResult<double>&);
+template AttentionError attention_error_rows<float>(const AttentionResult<float>&, const AttentionResult<float>&,
+                                                    std::span<const int64_t>);
+template AttentionError attention_error_rows<double>(const AttentionResult<double>&, const AttentionResult<double>&,
+                                                     std::span<const int64_t>);
 
 }  // namespace latentq::probes

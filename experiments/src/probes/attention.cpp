@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <exception>
 #include <limits>
 #include <map>
 #include <numeric>
@@ -37,6 +38,9 @@ struct ErrorCell {
   int64_t svd_rank = 0;   // r > 0 for an svd-rank<r> cell
   std::optional<QuantSpec> spec_kpe{};  // the spec on k_pe when it differs (a mixed assignment); else `spec`
   Transform transform{};                // rotation before the quantizer; None: none
+  // The plan's /attention_error cells of the same (layer, quantizer), this one included (non-SVD cells):
+  // computed together by the first of them to run (run_error_group).
+  std::shared_ptr<const std::vector<ErrorCell>> group{};
 };
 
 const GroupSpec kCheck = {"attention_check",
@@ -130,7 +134,122 @@ std::vector<ColumnTable> run_check(const StudyConfig& config, const CheckCell& c
   return {std::move(t)};
 }
 
+// The bf16 reads of a layer's targets and bf16(c_kv)'s partial scores, shared by its /attention_error cells.
+struct Bf16Stores {
+  std::vector<float> ckv, kpe;
+  double bytes_ckv = 0, bytes_kpe = 0;
+  probes::AbsorbedAttention<float>::CkvScores ckv_scores;
+};
+
+// The rows of a group of /attention_error cells of one (layer, quantizer): one quantization per target, the
+// layer's bf16 stores, one AbsorbedAttention::run_variants (shared partial scores and output GEMMs). A cell
+// whose quantization or metrics fail keeps its own error; when the shared run fails, no rows: each cell
+// then computes alone and reports its own error. Each row equals the one the cell computes alone (the same
+// float operations; tests).
+struct GroupRows {
+  std::map<std::string, ColumnTable> rows;           // by cell key
+  std::map<std::string, std::exception_ptr> errors;  // by cell key
+};
+
+GroupRows run_error_group(const std::vector<ErrorCell>& cells, const LayerAccess& in) {
+  GroupRows g;
+  const int layer = cells.front().layer;
+  const Dump& dump = in.header();
+  const Layer& l = in.layer(layer);
+  const int64_t T = dump.num_tokens(), r = dump.attrs.kv_lora_rank, rope = dump.attrs.qk_rope_head_dim;
+  const std::shared_ptr<const Reference> e = reference_of(in, layer);
+  const std::shared_ptr<const Bf16Stores> b = in.shared<Bf16Stores>(layer, "attention.bf16", [&] {
+    static const QuantSpec kBf16 = QuantSpec::parse("bf16");
+    Bf16Stores x;
+    x.ckv.resize(l.c_kv.size());
+    x.kpe.resize(l.k_pe.size());
+    x.bytes_ckv = account(quantize_dequantize_rotated(kBf16, Rotation{}, Target::CKV, l.c_kv.data(), T, r,
+                                                      dump.seq_offsets, x.ckv.data()))
+                      .bytes_per_token;
+    x.bytes_kpe = account(quantize_dequantize_rotated(kBf16, Rotation{}, Target::KPE, l.k_pe.data(), T, rope,
+                                                      dump.seq_offsets, x.kpe.data()))
+                      .bytes_per_token;
+    x.ckv_scores = e->att->ckv_scores(x.ckv);
+    return x;
+  });
+  struct Store {
+    std::vector<float> x;
+    Accounting a{};
+    std::exception_ptr error;
+  };
+  std::map<std::string, Store> stores;  // "<target>/<spec>"
+  const auto store = [&](Target t, const QuantSpec& spec, const Transform& tr) -> const Store& {
+    const std::string key = fmt::format("{}/{}", to_string(t), spec.to_string());
+    if (const auto it = stores.find(key); it != stores.end()) return it->second;
+    Store& st = stores[key];
+    const bool ckv = t == Target::CKV;
+    try {
+      st.x.resize(ckv ? l.c_kv.size() : l.k_pe.size());
+      st.a = account(quantize_dequantize_rotated(spec, rotation_of(in, layer, t, tr), t,
+                                                 ckv ? l.c_kv.data() : l.k_pe.data(), T, ckv ? r : rope,
+                                                 dump.seq_offsets, st.x.data()));
+    } catch (...) {
+      st.error = std::current_exception();
+    }
+    return st;
+  };
+  std::vector<const ErrorCell*> planned;
+  std::vector<const Store*> sc_of, sk_of;
+  std::vector<probes::AbsorbedAttention<float>::Variant> variants;
+  for (const ErrorCell& c : cells) {
+    const bool q_ckv = c.targets != "k_pe", q_kpe = c.targets != "c_kv";
+    const Store* sc = q_ckv ? &store(Target::CKV, c.spec, c.transform) : nullptr;
+    const Store* sk =
+        q_kpe ? &store(Target::KPE, c.targets == "k_pe" ? c.spec : c.spec_kpe.value_or(c.spec), c.transform) : nullptr;
+    const std::string key = error_key(c.layer, c.targets, c.quantizer);
+    if ((sc && sc->error) || (sk && sk->error)) {
+      g.errors[key] = sc && sc->error ? sc->error : sk->error;
+      continue;
+    }
+    planned.push_back(&c);
+    sc_of.push_back(sc);
+    sk_of.push_back(sk);
+    probes::AbsorbedAttention<float>::Variant v;
+    v.c_kv = sc ? std::span<const float>(sc->x) : std::span<const float>(b->ckv);
+    v.k_pe = sk ? std::span<const float>(sk->x) : std::span<const float>(b->kpe);
+    v.scores = sc ? nullptr : &b->ckv_scores;
+    variants.push_back(v);
+  }
+  std::vector<probes::AttentionResult<float>> results;
+  try {
+    results = e->att->run_variants(variants, true);
+  } catch (const std::exception&) {
+    g.rows.clear();
+    g.errors.clear();
+    return g;  // each cell computes alone
+  }
+  for (size_t i = 0; i < planned.size(); ++i) {
+    const ErrorCell& c = *planned[i];
+    const std::string key = error_key(c.layer, c.targets, c.quantizer);
+    try {
+      const probes::AttentionError x = probes::attention_error(e->ref, results[i]);
+      ColumnTable t = empty_table(kError);
+      const double bits_c = sc_of[i] ? sc_of[i]->a.bits_per_element : 16.0;
+      const double bytes_c = sc_of[i] ? sc_of[i]->a.bytes_per_token : b->bytes_ckv;
+      const double bytes_k = sk_of[i] ? sk_of[i]->a.bytes_per_token : b->bytes_kpe;
+      add_row(t, {int64_t{c.layer}, c.quantizer, c.targets, x.out_rel_fro, x.cos_mean, x.kl_mean, x.top1_agree,
+                  x.top8_agree, bits_c, bytes_c + bytes_k});
+      g.rows[key] = std::move(t);
+    } catch (...) {
+      g.errors[key] = std::current_exception();
+    }
+  }
+  return g;
+}
+
 std::vector<ColumnTable> run_error(const StudyConfig& config, const ErrorCell& c, const LayerAccess& in) {
+  if (c.svd_rank == 0 && c.group && !c.group->empty()) {
+    const std::shared_ptr<const GroupRows> g = in.shared<GroupRows>(
+        c.layer, "attention.group/" + c.quantizer, [&] { return run_error_group(*c.group, in); });
+    const std::string key = error_key(c.layer, c.targets, c.quantizer);
+    if (const auto it = g->rows.find(key); it != g->rows.end()) return {it->second};
+    if (const auto it = g->errors.find(key); it != g->errors.end()) std::rethrow_exception(it->second);
+  }
   ColumnTable t = empty_table(kError);
   if (c.targets != "c_kv" && c.targets != "k_pe" && c.targets != "c_kv+k_pe")
     throw std::invalid_argument(fmt::format("unknown targets '{}' (expected c_kv, k_pe or c_kv+k_pe)", c.targets));
@@ -335,6 +454,7 @@ class AttentionProbe final : public Probe {
       p.cells.push_back(ProbeCell::make(this, std::move(key), {"attention_error"}, {l}, true, std::move(c)));
     };
     for (int l : L) {
+      std::vector<ErrorCell> layer_cells;
       for (const std::string& tg : s.targets) {
         const bool ckv = tg != "k_pe", kpe = tg != "c_kv";
         for (const Quantizer& q : qs)
@@ -342,8 +462,17 @@ class AttentionProbe final : public Probe {
             ErrorCell c{l, tg, q.name, ckv ? q.spec_for(l, Target::CKV) : q.spec_for(l, Target::KPE), 0};
             if (q.is_mixed() && ckv && kpe) c.spec_kpe = q.spec_for(l, Target::KPE);
             c.transform = q.transform;
-            add(std::move(c));
+            layer_cells.push_back(std::move(c));
           }
+      }
+      // The cells of one quantizer share their group (run_error_group).
+      std::map<std::string, std::vector<ErrorCell>> by_quantizer;
+      for (const ErrorCell& c : layer_cells) by_quantizer[c.quantizer].push_back(c);
+      std::map<std::string, std::shared_ptr<const std::vector<ErrorCell>>> groups;
+      for (auto& [q, v] : by_quantizer) groups[q] = std::make_shared<const std::vector<ErrorCell>>(std::move(v));
+      for (ErrorCell& c : layer_cells) {
+        c.group = groups[c.quantizer];
+        add(std::move(c));
       }
       for (int64_t k : ranks) add(ErrorCell{l, "c_kv", fmt::format("svd-rank{}", k), QuantSpec{}, k});
     }

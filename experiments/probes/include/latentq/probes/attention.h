@@ -28,6 +28,8 @@
 
 #include <Eigen/Dense>
 
+#include "latentq/decode_order.h"
+#include "latentq/spec.h"
 #include "latentq/transform.h"
 
 namespace latentq::probes {
@@ -69,6 +71,25 @@ struct AttentionResult {
   }
 };
 
+/// Keys [begin, end) of one query row, as key indices j = 0 .. nkeys − 1 (j = the key's position in
+/// its sequence; key j is token seq_offsets[s] + j). begin ≥ end is the empty range.
+struct KeyRange {
+  int64_t begin = 0, end = 0;
+  bool contains(int64_t j) const { return j >= begin && j < end; }
+};
+
+/// A cache read from two stores per (query row, key): row i reads key j of c_kv from store A iff
+/// ckv_from_a[i].contains(j), else from store B; k_pe likewise with kpe_from_a. Scores and values mix
+/// per (row, key): score_j = q_lat·c_kv_X[j] + q_pe·k_pe_Y[j], out = W_UV·Σ_j p_j c_kv_X[j], X and Y the
+/// stores the ranges pick. The decode-order cache (latentq/decode_order.h) is this with A = the quantized
+/// cache, B = its bf16 reads and the range [sink, quantized_end(t, G)).
+struct MixedCache {
+  std::span<const float> c_kv_a, k_pe_a;        ///< store A: [T, kv_lora_rank], [T, qk_rope_head_dim] float32
+  std::span<const float> c_kv_b, k_pe_b;        ///< store B: same shapes
+  std::span<const KeyRange> ckv_from_a;         ///< [Tq], q_rows order
+  std::span<const KeyRange> kpe_from_a;         ///< [Tq], q_rows order
+};
+
 /// Absorbed attention for one layer with its queries fixed: construct once per layer, run() once per
 /// latent variant (exact, quantized, SVD-pruned).
 template <typename Scalar>
@@ -87,6 +108,43 @@ class AbsorbedAttention {
   /// returned result is always finite.
   AttentionResult<Scalar> run(std::span<const float> c_kv, std::span<const float> k_pe, bool keep_probs = false) const;
 
+  /// Attention over a cache mixed per (query row, key) from two stores (MixedCache). When every range
+  /// covers all of its row's keys this is run(c_kv_a, k_pe_a) (the same float operations, the same
+  /// values); when none covers any key it is run(c_kv_b, k_pe_b). Keys read from both stores cost two
+  /// score GEMMs and two output GEMMs per chunk. Throws as run() for each store, and
+  /// std::invalid_argument when a range span does not hold Tq entries.
+  AttentionResult<Scalar> run_mixed(const MixedCache& cache, bool keep_probs = false) const;
+
+  /// The c_kv partial scores q_lat·c_kvᵀ of one store, per GEMM chunk (ckv_scores()); reused by run_variants
+  /// for every variant that reads that store. Memory: Σ over chunks of (rows·H) × (the chunk's keys) Scalars.
+  struct CkvScores {
+    std::vector<Eigen::Matrix<Scalar, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>> chunks;
+    const float* store = nullptr;  ///< the c_kv they were computed from
+  };
+  /// Computes the partial scores of c_kv [T, kv_lora_rank] (a store many runs read, e.g. bf16(c_kv) for
+  /// the cells that quantize k_pe only). Throws as run() for a wrong size or NaN/Inf.
+  CkvScores ckv_scores(std::span<const float> c_kv) const;
+
+  /// One latent variant of run_variants: the c_kv and k_pe it reads, and optionally the partial scores of
+  /// its c_kv (ckv_scores() of the same store).
+  struct Variant {
+    std::span<const float> c_kv, k_pe;
+    const CkvScores* scores = nullptr;
+  };
+  /// run() of each variant, sharing work between them: variants that read the same c_kv store (same data
+  /// pointer) share its partial scores q_lat·c_kvᵀ and one stacked output GEMM; variants that read the
+  /// same k_pe share q_pe·k_peᵀ. E.g. the three /attention_error cells of one quantizer (c_kv quantized +
+  /// k_pe bf16, c_kv bf16 + k_pe quantized, both quantized) cost two score and three output GEMMs instead
+  /// of six, one score GEMM fewer with the bf16 c_kv's partial scores given. The scores are summed as
+  /// q_lat·c_kvᵀ + q_pe·k_peᵀ of separate GEMMs (run() accumulates the second into the first): values
+  /// equal run()'s to float32 rounding (tests: out rel_fro ≤ 1e-6). Throws as run() for each variant, and
+  /// std::invalid_argument for scores computed from another store.
+  std::vector<AttentionResult<Scalar>> run_variants(std::span<const Variant> variants, bool keep_probs = false) const;
+
+  /// Key index range of query row i (0 .. nkeys(i) − 1) and the row's position in its sequence
+  /// (nkeys(i) − 1).
+  int64_t nkeys(int64_t i) const { return nkeys_[i]; }
+
   int64_t num_queries() const { return static_cast<int64_t>(nkeys_.size()); }
   const MlaDims& dims() const { return dims_; }
 
@@ -97,6 +155,8 @@ class AbsorbedAttention {
     int64_t key_begin;   // first key token (sequence start)
     int64_t nk;          // keys covered by the chunk (max nkeys of its rows)
   };
+  AttentionResult<Scalar> run_impl(std::span<const float> c_kv_a, std::span<const float> k_pe_a,
+                                   const MixedCache* mixed, bool keep_probs) const;
   MlaDims dims_;
   int64_t T_ = 0;
   Scalar scale_ = 0;
@@ -139,9 +199,78 @@ struct AttentionError {
 template <typename Scalar>
 AttentionError attention_error(const AttentionResult<Scalar>& ref, const AttentionResult<Scalar>& test);
 
+/// attention_error over the query rows `rows` only (indices into q_rows order, each < Tq; duplicates
+/// count twice): means over those rows × heads, out_rel_fro over their outputs. Same checks as
+/// attention_error (the whole results must be finite), and std::invalid_argument for an empty `rows` or
+/// an index outside [0, Tq).
+template <typename Scalar>
+AttentionError attention_error_rows(const AttentionResult<Scalar>& ref, const AttentionResult<Scalar>& test,
+                                    std::span<const int64_t> rows);
+
 /// The KL floor used by attention_error.
 inline constexpr double kKlProbFloor = 1e-30;
 
+// ---- decode order (issue 12): attention on the cache a serving engine builds token by token --------
+
+/// Per query row, the keys read from the quantized cache under `order` for token-group length G ≥ 1:
+/// the row at sequence position positions[i] = t reads key j ≤ t quantized iff
+/// order.reads_quantized(t, j, G) (latentq/decode_order.h, the one definition; the quantized keys of a
+/// row are contiguous by that rule, [sink, quantized_end), and this returns them as a KeyRange, checked
+/// key by key). Throws std::invalid_argument for a negative position or G < 1.
+std::vector<KeyRange> decode_order_ranges(const DecodeOrder& order, std::span<const int64_t> positions, int64_t G);
+
+/// The latents of one layer and where the query rows sit, for decode_order_attention.
+struct DecodeOrderInput {
+  std::span<const float> c_kv;           ///< [T, kv_lora_rank] float32, exact (as dumped)
+  std::span<const float> k_pe;           ///< [T, qk_rope_head_dim] float32, exact
+  std::span<const int64_t> seq_offsets;  ///< [S+1], the sequences of the queries (AttentionQueries)
+  std::span<const int32_t> q_rows;       ///< [Tq] token index of each query row (AttentionQueries)
+  std::span<const int32_t> positions;    ///< [T] position of each token in its sequence (a dump's /positions)
+};
+
+/// What is quantized: `spec` (behind the rotations; identity rotations for none) on c_kv and/or k_pe.
+/// A target left unquantized is read in bf16 everywhere, as /attention_error charges it.
+struct DecodeOrderQuantizer {
+  QuantSpec spec;
+  const Rotation* r_ckv = nullptr;  ///< null = identity
+  const Rotation* r_kpe = nullptr;  ///< null = identity
+  bool c_kv = true, k_pe = true;
+};
+
+/// The error of one bucket of query positions [pos_start, pos_end) (pos_end = pos_start + bucket).
+struct PositionBucketError {
+  int64_t pos_start = 0, pos_end = 0;
+  int64_t queries = 0;              ///< query rows in the bucket (all sequences)
+  double quantized_key_frac = 0;    ///< mean over the rows of (keys read quantized) / (keys), c_kv's keys
+                                    ///< (k_pe's when only k_pe is quantized)
+  double kl_mean = 0;               ///< attention_error_rows(ref, test, rows).kl_mean (nats)
+  double out_rel_fro = 0;           ///< attention_error_rows(...).out_rel_fro
+};
+
+/// One decode order's result: its buckets (ascending, non-empty only) and the bytes per token of the
+/// cache at each sequence's end: Σ over sequences and targets of (bf16 tokens · 2 · D + quantized tokens ·
+/// the format's bytes per token) / T, with decode_cache_tokens(order, L, G) and the format's bytes per
+/// token as account() of the quantized rows (decode_order_quantize; metadata included); an unquantized
+/// target costs 2 · D per token. One layer, c_kv + k_pe (prefill-at-once: /attention_error's
+/// bytes_per_token_layer).
+struct DecodeOrderError {
+  DecodeOrder order;
+  double bytes_per_token = 0;
+  std::vector<PositionBucketError> buckets;
+};
+
+/// The absorbed float32 attention of `att`'s queries on the decode-order cache of each order in `orders`
+/// against `ref` (att.run on the exact latents, keep_probs): per (row at position t, key j) the quantized
+/// cache (decode_order_quantize: groups aligned at the sink, rotations as quantize_dequantize_rotated)
+/// when reads_quantized(t, j, G), else bf16 (round_bf16); G = decode_token_group of the format stored for
+/// that target. Rows bucketed by position: bucket b = [b·bucket, (b+1)·bucket). Cost: one quantization per
+/// distinct sink, one mixed attention per order. Throws std::invalid_argument for bucket < 1, nothing
+/// quantized, sizes that do not match att, a row whose positions[q_row] is not its key index in its
+/// sequence (the dump's /positions must count from each sequence's start), an invalid order, and as
+/// decode_order_quantize / run_mixed / attention_error_rows.
+std::vector<DecodeOrderError> decode_order_attention(const AbsorbedAttention<float>& att, const AttentionResult<float>& ref,
+                                                     const DecodeOrderInput& in, const DecodeOrderQuantizer& q,
+                                                     std::span<const DecodeOrder> orders, int64_t bucket);
 
 /// Which weights the fold check rotates. Full is the real fold; the others leave one part out on
 /// purpose (the bug the field keeps making: MLA's value is a view of the same latent, so a rotated
