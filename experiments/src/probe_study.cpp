@@ -151,8 +151,11 @@ std::string format_e2e_summary(const ColumnTable& e2e, const ColumnTable& summar
     for (size_t i = 0; i < sq.size(); ++i) bytes[sq[i]] = sb[i];
   }
   auto b_of = [&](const std::string& s) { return bytes.count(s) ? bytes[s] : kNaN; };
-  std::vector<size_t> order(q.size());
-  std::iota(order.begin(), order.end(), 0);
+  // Rows of a decode-order cache (cache_mode other than prefill-at-once) get their own table below.
+  const bool has_mode = e2e.has("cache_mode");
+  auto at_once = [&](size_t i) { return !has_mode || e2e.get<std::string>("cache_mode")[i] == "prefill-at-once"; };
+  std::vector<size_t> order, decode;
+  for (size_t i = 0; i < q.size(); ++i) (at_once(i) ? order : decode).push_back(i);
   auto key = [](double x) { return std::isnan(x) ? std::numeric_limits<double>::infinity() : x; };
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
     if (key(b_of(q[a])) != key(b_of(q[b]))) return key(b_of(q[a])) < key(b_of(q[b]));
@@ -167,6 +170,20 @@ std::string format_e2e_summary(const ColumnTable& e2e, const ColumnTable& summar
     out += fmt::format("{:<{}} {:>11} {:>10} {:>7} {:>9} {:>9} {:>9}\n", q[i], w, num(b_of(q[i]), 1), sci(kl[i]),
                        num(top1[i], 4), num(pr[i], 4), num(pq[i], 4), fmt::format("{:+.4f}", pq[i] - pr[i]));
   out += "KL(p_ref || p_quant) of the next-byte distribution, mean over tokens, nats; ppl = exp(mean next-byte NLL).\n";
+  if (decode.empty()) return out;
+  const auto& mode = e2e.get<std::string>("cache_mode");
+  const bool has_b = e2e.has("bytes_per_token");
+  size_t wm = 10;
+  for (size_t i : decode) wm = std::max(wm, mode[i].size() + 1);
+  out += "\nEnd to end in decode order (residual R and sink S tokens in bf16; quant/include/latentq/decode_order.h)\n";
+  out += fmt::format("{:<{}} {:<{}} {:>11} {:>10} {:>7} {:>9}\n", "quantizer", w, "cache_mode", wm, "B/tok/layer", "KL",
+                     "top-1", "delta");
+  for (size_t i : decode)
+    out += fmt::format("{:<{}} {:<{}} {:>11} {:>10} {:>7} {:>9}\n", q[i], w, mode[i], wm,
+                       has_b ? num(e2e.get<double>("bytes_per_token")[i], 1) : std::string("-"), sci(kl[i]),
+                       num(top1[i], 4), fmt::format("{:+.4f}", pq[i] - pr[i]));
+  out += "B/tok/layer: the cache of one layer at the sequence end (bf16 tokens at 2 bytes per element); /e2e_position "
+         "has the error by query position.\n";
   return out;
 }
 

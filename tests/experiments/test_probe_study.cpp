@@ -856,3 +856,32 @@ TEST(ProbeRowKeys, KeysFromColumns) {
 }
 
 }  // namespace
+
+// The printed e2e summary: prefill-at-once rows in the first table (sorted by bytes, then KL), rows of
+// a decode-order cache once each in a second table with their cache_mode and per-layer bytes.
+TEST(E2eSummary, DecodeOrderRowsGetTheirOwnTable) {
+  ColumnTable e2e, summary;
+  e2e.add<std::string>("quantizer") = {"int4-asym-token", "int4-asym-token", "bf16"};
+  e2e.add<std::string>("cache_mode") = {"prefill-at-once", "decode-r32-s4-p0", "prefill-at-once"};
+  e2e.add<double>("kl_mean") = {1.5e-2, 1.7e-4, 7e-6};
+  e2e.add<double>("top1_agree") = {0.9, 0.99, 1.0};
+  e2e.add<double>("ppl_ref") = {4.25, 4.25, 4.25};
+  e2e.add<double>("ppl_quant") = {4.5, 4.26, 4.25};
+  e2e.add<double>("bytes_per_token") = {88.0, 103.5, 320.0};
+  summary.add<std::string>("quantizer") = {"int4-asym-token", "bf16"};
+  summary.add<double>("bytes_per_token_model") = {528.0, 1920.0};
+  const std::string out = format_e2e_summary(e2e, summary);
+  const size_t second = out.find("End to end in decode order");
+  ASSERT_NE(second, std::string::npos) << out;
+  const std::string first = out.substr(0, second), rest = out.substr(second);
+  EXPECT_EQ(first.find("1.700e-04"), std::string::npos) << out;
+  EXPECT_NE(first.find("1.500e-02"), std::string::npos) << out;
+  EXPECT_LT(first.find("int4-asym-token"), first.find("bf16")) << out;  // 528 < 1920 bytes/token
+  EXPECT_NE(rest.find("decode-r32-s4-p0"), std::string::npos) << out;
+  EXPECT_NE(rest.find("103.5"), std::string::npos) << out;
+  EXPECT_EQ(rest.find("1.500e-02"), std::string::npos) << out;
+  // Without a cache_mode column (results of an older run) every row is in the first table.
+  ColumnTable old;
+  for (const char* c : {"quantizer", "kl_mean", "top1_agree", "ppl_ref", "ppl_quant"}) old.add_column(c, e2e.at(c));
+  EXPECT_EQ(format_e2e_summary(old, summary).find("decode order"), std::string::npos);
+}
