@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <stdexcept>
 
-#include "latentq/probe_study.h"
+#include "latentq/probe_registry.h"
 #include "latentq/util.h"
 
 namespace latentq {
@@ -28,7 +28,8 @@ StudyPlan plan_study(const StudyConfig& config, LatentBackend& backend) {
   const std::shared_ptr<LayerStore> store = p.store;
   const Dump& dump = store->header();
   p.attrs = study_attrs(config, dump, file_sha256(config.dump), backend.name());
-  for (auto& a : decode_order_attrs(config)) p.attrs.push_back(std::move(a));
+  for (const Probe* probe : registered_probes())
+    for (auto& a : probe->root_attrs(config)) p.attrs.push_back(std::move(a));
   p.quantizers = config.all_quantizers();
   auto spectra = std::make_shared<SpectrumCache>();  // one eigendecomposition per (layer, target)
   for (const Cell& c : plan_cells(config, dump)) {

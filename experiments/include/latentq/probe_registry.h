@@ -195,6 +195,9 @@ class Probe {
   /// and tables (to out). Default: nothing.
   virtual std::vector<std::string> report_warnings(const ProbeReportInput&) const { return {}; }
   virtual std::string report(const ProbeReportInput&) const { return {}; }
+  /// Root attributes of the results file that its settings add (e.g. for a later step to read; the
+  /// runner writes them with the study's own). Default: none.
+  virtual Attrs root_attrs(const StudyConfig&) const { return {}; }
 };
 
 /// Every registered probe, ascending order(). Checks (once) that sections, orders and group names

@@ -64,11 +64,6 @@ std::string attention_unavailable_reason(const Dump& dump);
 /// The absorbed-attention inputs of one dumped layer (query rows, q_nope, q_pe, W_UK, W_UV, dims,
 /// seq_offsets and softmax_scale of the dump). Views into `dump` and `layer`: valid while they live.
 probes::AttentionQueries attention_queries(const Dump& dump, const Layer& layer);
-/// The root attributes a run with a [decode_order] section writes (none without it; experiments/src/probes/
-/// decode_order.cpp): decode_order_modes (string array of the cache_mode labels, the baseline excluded),
-/// decode_order_quantizers (string array of canonical specs), decode_order_position_bucket (int64), which
-/// the e2e step reads to run the same settings.
-Attrs decode_order_attrs(const StudyConfig& config);
 /// Warning lines for the /attention_check rows above `tolerance` (or NaN).
 std::vector<std::string> attention_check_warnings(const ColumnTable& check, double tolerance);
 

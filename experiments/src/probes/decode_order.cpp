@@ -191,19 +191,22 @@ class DecodeOrderProbe final : public Probe {
     for (size_t i = 0; i < l.size(); ++i) k.push_back(position_key(l[i], tg[i], q[i]));
     return k;
   }
+
+  /// decode_order_modes (string array of the cache_mode labels, the baseline excluded), decode_order_quantizers
+  /// (canonical specs), decode_order_position_bucket (int64): the e2e step reads them to run the same settings.
+  Attrs root_attrs(const StudyConfig& config) const override {
+    const DecodeOrderSettings& s = probe_settings<DecodeOrderSettings>(config, "decode_order");
+    if (!s.enabled) return {};
+    std::vector<std::string> modes;
+    for (const DecodeOrder& o : s.modes()) modes.push_back(o.label());
+    return {{"decode_order_modes", modes},
+            {"decode_order_quantizers", s.quantizers},
+            {"decode_order_position_bucket", s.position_bucket}};
+  }
 };
 
 }  // namespace
 
-Attrs decode_order_attrs(const StudyConfig& config) {
-  const DecodeOrderSettings& s = probe_settings<DecodeOrderSettings>(config, "decode_order");
-  if (!s.enabled) return {};
-  std::vector<std::string> modes;
-  for (const DecodeOrder& o : s.modes()) modes.push_back(o.label());
-  return {{"decode_order_modes", modes},
-          {"decode_order_quantizers", s.quantizers},
-          {"decode_order_position_bucket", s.position_bucket}};
-}
 
 }  // namespace latentq
 
