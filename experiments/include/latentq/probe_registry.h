@@ -11,6 +11,7 @@
 //   run()       one cell → one table per group of the cell
 //   row_keys()  the cell key of every row of one of its groups (for merge/resume checks and tests)
 //   report()    what `latentq run` prints after the latent summary (notes, warnings, tables)
+//   root_attrs() root attributes of the results file its settings add (e.g. for the e2e step)
 //
 // How to add a probe (e.g. [decode_order] with groups /decode_order): write ONE file
 // experiments/src/probes/decode_order.cpp that defines a class deriving from Probe and ends with
