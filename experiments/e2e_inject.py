@@ -36,8 +36,8 @@ Per (quantizer, cache_mode), group /e2e (one 1-D dataset per column):
   ppl_ref / ppl_quant (exp(mean next-token NLL)), num_tokens, bytes_per_token (the cache at the
   sequence end, per token per layer, mean over the quantized layers: c_kv + k_pe, the bf16 tokens of
   the decode order at 2 bytes/element, the quantized ones at the format's bytes per token
-  (QuantizedTensor.bytes_per_token), a target not quantized at 2 bytes/element), scale_causal (1,
-  or 0 for a decode-order row whose spec's scale spans the sequence: latentq.decode_scale_is_causal).
+  (QuantizedTensor.bytes_per_token), a target not quantized at 2 bytes/element), scale_causal (0 when
+  the spec's scale spans the sequence, latentq.decode_scale_is_causal; on every row, as /attention_position).
 Group /e2e_position: the same runs by query position, W = the root attribute
 decode_order_position_bucket (else --position-bucket, default 64): quantizer, cache_mode,
 residual, sink, prefill (R, S, P of the mode; 0 for prefill-at-once), scale_causal, pos_start,
@@ -220,7 +220,7 @@ def mode_rsp(latentq, mode: str) -> tuple[int, int, int]:
     try:
         latentq.decode_order_mask(mode, 1, 1)
     except ValueError as e:
-        raise ValueError(f"cache mode '{mode}': {e}") from None
+        raise ValueError(str(e) if str(e).startswith(f"cache mode '{mode}'") else f"cache mode '{mode}': {e}") from None
     if mode == PREFILL_AT_ONCE:
         return 0, 0, 0
     m = _MODE_RE.fullmatch(mode)
@@ -489,7 +489,7 @@ def main(argv=None) -> int:
                     q = run_model(model, ids).float().cpu()
                 m = logit_metrics(ref, q, ids.cpu(), f"the run with {spec} latents ({'+'.join(targets)}, {mode})")
                 specs = [how] if isinstance(how, str) else sorted(set(how.values()))
-                causal = mode == PREFILL_AT_ONCE or all(latentq.decode_scale_is_causal(s) for s in specs)
+                causal = all(latentq.decode_scale_is_causal(s) for s in specs)
                 bpt = cache_bytes_per_token(latentq, how, targets, layers, mode, dims, a.seq_len, a.num_seqs)
                 rows.append({"quantizer": spec, "targets": "+".join(targets), "cache_mode": mode, **m,
                              "bytes_per_token": bpt, "scale_causal": np.int64(causal)})

@@ -190,6 +190,13 @@ bool run_e2e_step(const StudyConfig& config, const DumpAttrs& attrs, const fs::p
                        results.string());
     return false;
   }
+  // The step's notes and warnings (klt specs not injected, a quantizer the study did not run, layers
+  // left unquantized) reach the user; the rest of its log is progress.
+  {
+    std::istringstream lines(text);
+    for (std::string line; std::getline(lines, line);)
+      if (line.rfind("e2e_inject: warning:", 0) == 0 || line.rfind("e2e_inject: note:", 0) == 0) err << line << "\n";
+  }
   out << text.substr(text.rfind('\n') == std::string::npos ? 0 : text.rfind('\n') + 1) << "\n";
   try {
     const std::vector<std::string> groups = list_tables(results);

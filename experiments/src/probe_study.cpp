@@ -163,7 +163,7 @@ std::string format_e2e_summary(const ColumnTable& e2e, const ColumnTable& summar
   });
   size_t w = 9;
   for (const auto& s : q) w = std::max(w, s.size() + 1);
-  std::string out = "\nEnd to end (model logits with quantized latents on every layer)\n";
+  std::string out = "\nEnd to end (model logits with quantized latents on the study's layers)\n";
   out += fmt::format("{:<{}} {:>11} {:>10} {:>7} {:>9} {:>9} {:>9}\n", "quantizer", w, "bytes/token", "KL", "top-1",
                      "ppl ref", "ppl quant", "delta");
   for (size_t i : order)

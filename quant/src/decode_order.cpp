@@ -29,6 +29,10 @@ DecodeOrder DecodeOrder::parse(const std::string& s) {
   o.residual = r;
   o.sink = k;
   o.prefill = p;
+  // The canonical label only: no leading zeros, signs, blanks, or values that saturated in sscanf.
+  if (o.label() != s)
+    throw std::invalid_argument("cache mode '" + s + "': not canonical (expected '" + o.label() +
+                                "': decimal R, S, P without signs, blanks or leading zeros, each < 2^63)");
   return o;
 }
 
@@ -87,9 +91,10 @@ QuantizedTensor decode_order_quantize(const QuantSpec& spec, const Rotation& r, 
   // Rows [sink, L) of each sequence, compacted, as their own sequences; the sink rows in bf16.
   std::vector<int64_t> rows, offs{0};
   for (size_t s = 0; s + 1 < seq_offsets.size(); ++s) {
-    for (int64_t t = seq_offsets[s] + order.sink; t < seq_offsets[s + 1]; ++t) rows.push_back(t);
+    // min() first: seq_offsets[s] + sink may not fit in int64 for a huge sink.
+    const int64_t sink_end = seq_offsets[s] + std::min(order.sink, seq_offsets[s + 1] - seq_offsets[s]);
+    for (int64_t t = sink_end; t < seq_offsets[s + 1]; ++t) rows.push_back(t);
     if (static_cast<int64_t>(rows.size()) > offs.back()) offs.push_back(static_cast<int64_t>(rows.size()));
-    const int64_t sink_end = std::min(seq_offsets[s] + order.sink, seq_offsets[s + 1]);
     round_bf16(X + seq_offsets[s] * D, (sink_end - seq_offsets[s]) * D, quantized + seq_offsets[s] * D);
   }
   if (rows.empty()) return QuantizedTensor{};

@@ -388,7 +388,7 @@ def test_latentq_run_with_e2e_on_an_hf_checkpoint(v3_checkpoint, tmp_path):
                               "4", "--q-rows", "16", "--out", str(dump), "--threads", "1"]) == 0
     cfg = tmp_path / "study.toml"
     cfg.write_text(f'[input]\ndump = "{dump}"\n\n[quantizers]\nbits = [4]\nschemes = ["asym"]\n'
-                   f'granularities = ["channel"]\ngroup_sizes = [32]\nextra = ["bf16"]\n\n'
+                   f'granularities = ["channel"]\ngroup_sizes = [32]\nextra = ["bf16", "klt,int4-asym-channel-g32"]\n\n'
                    f'[svd]\nenabled = false\n\n[cross_layer]\nenabled = false\n\n'
                    f'[e2e]\nenabled = true\nmodel = "{v3_checkpoint}"\n')
     out = tmp_path / "res.h5"
@@ -398,6 +398,8 @@ def test_latentq_run_with_e2e_on_an_hf_checkpoint(v3_checkpoint, tmp_path):
     print(r.stdout[-3000:], r.stderr[-3000:])
     assert r.returncode == 0
     assert "e2e: skipped" not in r.stdout
+    # the step's notes reach the user (the klt quantizer is not injected: its basis needs the fit split)
+    assert "e2e_inject: note: 1 klt quantizer(s) not injected" in r.stderr, r.stderr
     with h5py.File(out, "r") as f:
         assert "e2e" in f and "e2e_position" in f
         q = [x.decode() for x in f["e2e/quantizer"][:]]

@@ -2,6 +2,7 @@
 // equivalences the header states, byte accounting, and the cache contents with a sink.
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -83,7 +84,8 @@ TEST(DecodeOrder, LabelsRoundTripAndBadInputThrows) {
   for (const DecodeOrder& o : {DecodeOrder{}, decode(0, 0, 0), decode(128, 4, 512)})
     EXPECT_EQ(DecodeOrder::parse(o.label()), o) << o.label();
   EXPECT_EQ(decode(32, 4, 0).label(), "decode-r32-s4-p0");
-  for (const char* bad : {"decode", "decode-r-1-s0-p0", "decode-r1-s0", "decode-r1-s0-p0x", "prefill"})
+  for (const char* bad : {"decode", "decode-r-1-s0-p0", "decode-r1-s0", "decode-r1-s0-p0x", "prefill", "decode-r01-s0-p0",
+                          "decode-r+1-s0-p0", "decode-r 1-s0-p0", "decode-r99999999999999999999-s0-p0"})
     EXPECT_THROW(DecodeOrder::parse(bad), std::invalid_argument) << bad;
   EXPECT_THROW((DecodeOrder{CacheMode::PrefillAtOnce, 4, 0, 0}.validate()), std::invalid_argument);
   EXPECT_THROW(decode(0, -1, 0).validate(), std::invalid_argument);
@@ -148,4 +150,25 @@ TEST(DecodeOrder, SinkRowsAreBf16AndGroupsStartAfterTheSink) {
   // Group [1, 3) of dimension 0 holds only its two tokens: its error is below half a step of their range.
   const float step = std::abs(X[1 * D] - X[2 * D]) / 255.0f;
   EXPECT_LE(std::abs(q[1 * D] - X[1 * D]), 0.51f * step + 1e-3f);
+}
+
+TEST(DecodeOrder, HugeWindowsSinksAndPrefillsDoNotOverflow) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  for (const DecodeOrder& o : {decode(kMax, 0, 0), decode(kMax, 4, 0), decode(0, kMax, 0), decode(kMax, kMax, kMax),
+                               decode(3, kMax - 1, 0)})
+    for (int64_t t : {int64_t{0}, int64_t{5}, int64_t{1} << 40}) {
+      EXPECT_EQ(o.quantized_end(t, 4), o.sink) << o.label() << " t " << t;
+      EXPECT_FALSE(o.reads_quantized(t, t, 1)) << o.label();
+    }
+  EXPECT_EQ(decode_cache_tokens(decode(kMax, kMax, 0), 100, 1).quantized_tokens, 0);
+  // decode_order_quantize with a sink beyond int64 range of seq_offsets[s] + sink: every row bf16.
+  const int64_t T = 8, D = 2;
+  std::vector<float> X(T * D), q(T * D), b(T * D);
+  for (int64_t i = 0; i < T * D; ++i) X[i] = 0.37f * static_cast<float>(i) - 1.0f;
+  const std::vector<int64_t> offs{0, 3, 8};
+  const QuantizedTensor qt = decode_order_quantize(QuantSpec::parse("int4-asym-token"), Rotation{}, Target::CKV,
+                                                   X.data(), T, D, offs, decode(0, kMax, 0), q.data());
+  EXPECT_EQ(qt.rows, 0);
+  round_bf16(X.data(), T * D, b.data());
+  EXPECT_EQ(q, b);
 }

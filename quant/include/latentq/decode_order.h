@@ -61,9 +61,9 @@ struct DecodeOrder {
   /// length G ≥ 1; the quantized keys are [sink, quantized_end) (prefill-at-once: [0, t + 1)).
   LQ_HD int64_t quantized_end(int64_t t, int64_t G) const {
     if (mode == CacheMode::PrefillAtOnce) return t + 1;
-    if (t < prefill) return sink;
-    const int64_t n = t + 1 - residual - sink;
-    return n <= 0 ? sink : sink + (n / G) * G;
+    if (t < prefill || residual > t + 1 || sink >= t + 1 - residual) return sink;  // no overflow for any R, S ≥ 0
+    const int64_t n = t + 1 - residual - sink;                                     // > 0
+    return sink + (n / G) * G;
   }
   /// Whether the query at position t reads key j (0 ≤ j ≤ t) quantized.
   LQ_HD bool reads_quantized(int64_t t, int64_t j, int64_t G) const {
@@ -74,7 +74,8 @@ struct DecodeOrder {
   bool at_once() const { return mode == CacheMode::PrefillAtOnce; }
   /// "prefill-at-once", or "decode-r<R>-s<S>-p<P>" (the results column `cache_mode`).
   std::string label() const;
-  /// Inverse of label(). Throws std::invalid_argument naming the string.
+  /// Inverse of label(): only canonical labels (no leading zeros, signs or blanks). Throws
+  /// std::invalid_argument naming the string.
   static DecodeOrder parse(const std::string& s);
   /// Throws std::invalid_argument naming the value for a negative R, S or P, or a prefill-at-once
   /// order with R, S or P ≠ 0.
