@@ -53,8 +53,12 @@ void encode_span(const float* x, int64_t n, const float* scale, const float* off
   }
 }
 
+// Always inlined (LQ_AI): the reference loops and the fused kernels below share these two, whose
+// loops then vectorize in the caller's ISA (integer operations only: the bytes are the same in any ISA).
+#define LQ_AI [[gnu::always_inline]] inline
+
 // Pack D byte codes u[D] at `bits` per code into out[packed_row_bytes(D, bits)], order per qmath.h.
-void pack_row(const uint8_t* u, int64_t D, int bits, uint8_t* out) {
+LQ_AI void pack_row(const uint8_t* __restrict u, int64_t D, int bits, uint8_t* __restrict out) {
   const int64_t nb = q::packed_row_bytes(D, bits);
   if (bits == 8) {
     std::memcpy(out, u, static_cast<size_t>(D));
@@ -75,7 +79,7 @@ void pack_row(const uint8_t* u, int64_t D, int bits, uint8_t* out) {
   }
 }
 
-void unpack_row(const uint8_t* in, int64_t D, int bits, uint8_t* u) {
+LQ_AI void unpack_row(const uint8_t* __restrict in, int64_t D, int bits, uint8_t* __restrict u) {
   if (bits == 8) {
     std::memcpy(u, in, static_cast<size_t>(D));
     return;
@@ -111,7 +115,6 @@ void unpack_row(const uint8_t* in, int64_t D, int bits, uint8_t* u) {
 //   * encoding and decoding call qmath.h's encode_*/decode_* per element, as the reference does;
 //   * NaN/Inf: each pass ORs a per-element exponent-all-ones flag; quantize() then throws the reference's
 //     message (with the whole-matrix count) before any other error the same input would give.
-#define LQ_AI [[gnu::always_inline]] inline
 
 LQ_AI uint32_t nonfinite_bit(float x) { return (q::f32_bits(x) & 0x7f800000u) == 0x7f800000u ? 1u : 0u; }
 
@@ -198,52 +201,6 @@ LQ_AI void enc_columns(const float* __restrict x, int64_t n, const float* __rest
     for (int64_t i = 0; i < n; ++i) u[i] = static_cast<uint8_t>(q::encode_sym(x[i], s[i], bits));
   else
     for (int64_t i = 0; i < n; ++i) u[i] = static_cast<uint8_t>(q::encode_asym(x[i], s[i], o[i], bits));
-}
-
-// The reference's pack_row / unpack_row, always inlined (their loops then vectorize in the caller's ISA).
-LQ_AI void pack_row_ai(const uint8_t* __restrict u, int64_t D, int bits, uint8_t* __restrict out) {
-  const int64_t nb = q::packed_row_bytes(D, bits);
-  if (bits == 8) {
-    std::memcpy(out, u, static_cast<size_t>(D));
-    return;
-  }
-  const int per = 8 / bits;
-  const int64_t full = D / per;
-  if (bits == 4) {
-    for (int64_t k = 0; k < full; ++k) out[k] = static_cast<uint8_t>(u[2 * k] | (u[2 * k + 1] << 4));
-  } else {
-    for (int64_t k = 0; k < full; ++k)
-      out[k] = static_cast<uint8_t>(u[4 * k] | (u[4 * k + 1] << 2) | (u[4 * k + 2] << 4) | (u[4 * k + 3] << 6));
-  }
-  if (full < nb) {
-    uint8_t b = 0;
-    for (int64_t j = 0; full * per + j < D; ++j) b = static_cast<uint8_t>(b | (u[full * per + j] << (bits * j)));
-    out[full] = b;
-  }
-}
-
-LQ_AI void unpack_row_ai(const uint8_t* __restrict in, int64_t D, int bits, uint8_t* __restrict u) {
-  if (bits == 8) {
-    std::memcpy(u, in, static_cast<size_t>(D));
-    return;
-  }
-  const int per = 8 / bits;
-  const int64_t full = D / per;
-  if (bits == 4) {
-    for (int64_t k = 0; k < full; ++k) {
-      u[2 * k] = static_cast<uint8_t>(in[k] & 0xf);
-      u[2 * k + 1] = static_cast<uint8_t>(in[k] >> 4);
-    }
-  } else {
-    for (int64_t k = 0; k < full; ++k) {
-      u[4 * k] = static_cast<uint8_t>(in[k] & 3);
-      u[4 * k + 1] = static_cast<uint8_t>((in[k] >> 2) & 3);
-      u[4 * k + 2] = static_cast<uint8_t>((in[k] >> 4) & 3);
-      u[4 * k + 3] = static_cast<uint8_t>(in[k] >> 6);
-    }
-  }
-  const uint8_t mask = static_cast<uint8_t>((1 << bits) - 1);
-  for (int64_t i = full * per; i < D; ++i) u[i] = static_cast<uint8_t>((in[i / per] >> (bits * (i % per))) & mask);
 }
 
 LQ_AI void dec_uniform(const uint8_t* __restrict u, int64_t n, float s, float o, bool sym, int bits, float* __restrict out) {
@@ -342,7 +299,7 @@ LQ_AI uint32_t int_quantize_body(const IntJob& job) {
     case Granularity::Tensor:
       for (int64_t t = job.begin; t < job.end; ++t) {
         enc_uniform(X + t * D, D, job.tensor_scale, job.tensor_offset, sym, bits, u.data());
-        pack_row_ai(u.data(), D, bits, codes + t * rb);
+        pack_row(u.data(), D, bits, codes + t * rb);
       }
       break;
     case Granularity::Channel: {
@@ -355,7 +312,7 @@ LQ_AI uint32_t int_quantize_body(const IntJob& job) {
         put_groups(qt, mn.data(), mx.data(), D, g * D, sc.data(), of.data());
         for (int64_t t = t0; t < t1; ++t) {
           enc_columns(X + t * D, D, sc.data(), of.data(), sym, bits, u.data());
-          pack_row_ai(u.data(), D, bits, codes + t * rb);
+          pack_row(u.data(), D, bits, codes + t * rb);
         }
       }
       break;
@@ -376,7 +333,7 @@ LQ_AI uint32_t int_quantize_body(const IntJob& job) {
           const int64_t d0 = j * g, d1 = std::min(D, d0 + g);
           enc_uniform(x + d0, d1 - d0, sc[static_cast<size_t>(j)], of[static_cast<size_t>(j)], sym, bits, u.data() + d0);
         }
-        pack_row_ai(u.data(), D, bits, codes + t * rb);
+        pack_row(u.data(), D, bits, codes + t * rb);
       }
       break;
     }
@@ -400,7 +357,7 @@ LQ_AI void int_dequantize_body(const DecJob& job) {
     case Granularity::Tensor: {
       const float s = qt.scale_at(0), o = sym ? 0.0f : qt.offset_at(0);
       for (int64_t t = job.begin; t < job.end; ++t) {
-        unpack_row_ai(qt.codes.data() + t * rb, D, bits, u.data());
+        unpack_row(qt.codes.data() + t * rb, D, bits, u.data());
         dec_uniform(u.data(), D, s, o, sym, bits, job.out + t * D);
       }
       return;
@@ -413,7 +370,7 @@ LQ_AI void int_dequantize_body(const DecJob& job) {
           if (!sym) of[static_cast<size_t>(d)] = qt.offset_at(g * D + d);
         }
         for (int64_t t = qt.group_bounds[static_cast<size_t>(g)]; t < qt.group_bounds[static_cast<size_t>(g) + 1]; ++t) {
-          unpack_row_ai(qt.codes.data() + t * rb, D, bits, u.data());
+          unpack_row(qt.codes.data() + t * rb, D, bits, u.data());
           dec_columns(u.data(), D, sc.data(), of.data(), sym, bits, job.out + t * D);
         }
       }
@@ -422,7 +379,7 @@ LQ_AI void int_dequantize_body(const DecJob& job) {
     case Granularity::Token: {
       const int64_t nt = qt.scales_per_row(), g = qt.row_group();
       for (int64_t t = job.begin; t < job.end; ++t) {
-        unpack_row_ai(qt.codes.data() + t * rb, D, bits, u.data());
+        unpack_row(qt.codes.data() + t * rb, D, bits, u.data());
         for (int64_t j = 0; j < nt; ++j) {
           const int64_t d0 = j * g, d1 = std::min(D, d0 + g);
           dec_uniform(u.data() + d0, d1 - d0, qt.scale_at(t * nt + j), sym ? 0.0f : qt.offset_at(t * nt + j), sym, bits,
