@@ -580,9 +580,13 @@ TEST_F(StudyBatchTest, EqualsTheStudyOnTheLoadedDump) {
   EXPECT_EQ(dump_attrs_from_results(a).kv_lora_rank, 16);
 }
 
-// Bounded memory: with adjacent pairs and windows of 2, a run over 8 layers holds at most the layers of
-// a window and the next layer a second thread starts, never the dump; each layer is read once; the
-// results equal a run with one thread.
+// Bounded memory: with adjacent pairs and windows of 2, a run over 8 layers holds at most threads x 2
+// layers, never the dump; each layer is read once; the results equal a run with one thread.
+// Why threads x widest cell: tasks run in order of their last layer, so when a cell opens, every layer
+// with a use not yet started lies inside the window of the cell just started; the others held belong to
+// cells in flight. How far the bound is reached depends on timing: a slow pair cell (0, 1) on one
+// thread while the other runs layer 1's cells and then the pair (1, 2) holds {0, 1, 2} plus, if it goes
+// on to the pair (2, 3) first, layer 3 (4 = 2 x 2; layer 1 stays for the pair still in flight).
 TEST_F(StudyBatchTest, StreamsTheDumpLayerByLayer) {
   lqtest::SynthSpec spec;
   spec.layers = 8;
@@ -596,7 +600,7 @@ TEST_F(StudyBatchTest, StreamsTheDumpLayerByLayer) {
   ASSERT_TRUE(run_study_batch(dir / "two.h5", plan, bo).complete);
   EXPECT_EQ(plan.store->reads(), 8u);
   EXPECT_GE(plan.store->peak_loaded(), 2u);  // a pair needs both of its layers
-  EXPECT_LE(plan.store->peak_loaded(), 3u);
+  EXPECT_LE(plan.store->peak_loaded(), 2u * 2u) << "threads 2, widest cell 2 layers";
   const StudyPlan one_plan = plan_study(cfg, *backend);
   bo.threads = 1;
   ASSERT_TRUE(run_study_batch(dir / "one.h5", one_plan, bo).complete);

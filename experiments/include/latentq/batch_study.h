@@ -33,7 +33,10 @@ struct StudyPlan {
   const Dump& dump() const { return store->header(); }
   /// BatchOptions::schedule for these tasks: the pending cells ordered by the last dump layer they read,
   /// then the first, then canonical order (so a layer is read once and dropped once its cells — and the
-  /// windows that include it — are done); it announces their layer uses to the store.
+  /// windows that include it — are done); it announces their layer uses to the store. Memory bound:
+  /// at most threads x (the most layers one cell reads) layers are held at once when the cells read
+  /// runs of consecutive layers (pairs = "adjacent", windows); pairs = "all" keeps a layer until its
+  /// pair with the last layer is done.
   std::function<std::vector<size_t>(const std::vector<size_t>&)> schedule() const;
 };
 
