@@ -196,15 +196,18 @@ def dump(model, config_dict: dict, token_ids_per_seq, q_rows: int, out_path: str
     Streaming: the file (a temporary file in the output directory) is created before the first
     forward pass with every dataset at its final shape (T, Tq and the dims are known from the
     sequence lengths, ``select_q_rows`` and the weights), chunked along the first axis with
-    ``chunk_shape`` (whole rows, ~1 MiB per chunk: c_kv [T, r] -> (2**18 // r, r); w_uk/w_uv
-    [H, d, r] -> (1, d, r); tokens, positions, seq_offsets, q_rows -> 65536 elements). W_UK/W_UV and
-    q_rows are written at creation. During the forward of sequence s, each layer's forward hook
+    ``chunk_shape`` (whole rows, ~1 MiB per chunk: c_kv [T, r] -> (min(T, 2**18 // r), r); q_nope
+    [Tq, H, d_n] -> (min(Tq, 2**18 // (H d_n)), H, d_n)); w_uk/w_uv [H, d, r] -> (1, d, r), one head per
+    chunk; tokens, positions, seq_offsets, q_rows -> min(n, 65536) elements (the chunking of
+    ``latentq synth``). W_UK/W_UV and q_rows are written at creation. During the forward of
+    sequence s, each layer's forward hook
     (``LatentCapture(on_layer=...)``) hands over that layer's record, whose c_kv, k_pe rows are
     written at rows seq_offsets[s].. and q_nope, q_pe, attn_out at the sequence's query-row offset
     of /layers/NNN/...; the record is then dropped, before the next layer runs. Peak host memory is
     about one layer's tensors of one sequence (c_kv + k_pe [L, r + d_r], q_nope/q_pe/attn_out of its
-    query rows, pre-RoPE copies, the self-check's [rows, H, L] blocks of <= 64 MiB) plus the model,
-    whatever the number of layers or sequences. The root attributes are written after the last pass,
+    query rows, pre-RoPE copies, the self-check's [rows, H, L] blocks of <= 64 MiB) on top of the
+    model and its own forward activations for one sequence, whatever the number of layers or
+    sequences. The root attributes are written after the last pass,
     then the file is renamed to ``out_path``; any failure removes the temporary file. The file
     layout (datasets, names, dtypes, shapes, attributes) is the same as with the whole-file writer
     it replaces, and so are the values; only the storage is chunked instead of contiguous.
@@ -267,8 +270,8 @@ def dump(model, config_dict: dict, token_ids_per_seq, q_rows: int, out_path: str
     kw = {"compression": "gzip", "compression_opts": 4, "shuffle": True} if compression == "gzip" else {}
 
     def put(parent, name, data):
-        """A dataset written whole at creation, chunked (INDEX_CHUNK elements for 1-D, else chunk_shape)."""
-        chunks = (min(len(data), INDEX_CHUNK),) if data.ndim == 1 else chunk_shape(data.shape)
+        """A dataset written whole at creation, chunked: INDEX_CHUNK elements (1-D), one head (W_UK/W_UV)."""
+        chunks = (min(len(data), INDEX_CHUNK),) if data.ndim == 1 else (1,) + data.shape[1:]
         parent.create_dataset(name, data=data, chunks=chunks, **kw)
 
     out_dir = os.path.dirname(os.path.abspath(out_path))

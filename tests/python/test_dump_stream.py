@@ -142,7 +142,7 @@ def test_streamed_equals_whole_file_dump(name, tmp_path, monkeypatch):
             assert got == v, (name, k, got, v)
         assert set(f) == {"tokens", "positions", "seq_offsets", "layers"}
         for k, v in root.items():
-            assert f[k].dtype == v.dtype and f[k].shape == v.shape, (name, k)
+            assert f[k].dtype == v.dtype and f[k].shape == v.shape and f[k].chunks == v.shape, (name, k)
             np.testing.assert_array_equal(f[k][()], v)
         assert sorted(f["layers"]) == [f"{i:03d}" for i in sorted(layers)]
         for i, d in layers.items():
@@ -156,6 +156,10 @@ def test_streamed_equals_whole_file_dump(name, tmp_path, monkeypatch):
                 if k in ("c_kv", "k_pe", "q_nope", "q_pe", "attn_out"):
                     row_bytes = 4 * int(np.prod(ds.shape[1:]))
                     assert ds.chunks == (min(ds.shape[0], max(1, chunk_bytes // row_bytes)),) + ds.shape[1:], (k, ds.chunks)
+                elif k in ("w_uk", "w_uv"):
+                    assert ds.chunks == (1,) + ds.shape[1:], (k, ds.chunks)
+                else:
+                    assert ds.chunks == ds.shape, (k, ds.chunks)            # Tq < 65536
     if name == "tiny-gzip-small-chunks":                 # the sequence boundaries fall inside 7-row chunks
         assert all(o % 7 for o in root["seq_offsets"][1:-1])
     # rel_err: the per-(sequence, layer) accumulation is max|diff| / max|ref| of the whole layer ...
