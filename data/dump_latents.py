@@ -16,11 +16,14 @@ Query rows: per sequence k = q_rows // num_seqs rows (the first q_rows % num_seq
 more), evenly spaced and ending at the last position: positions floor((j + 1) * L / k) - 1 for
 j = 0..k-1 (L = sequence length). For L = 512, k = 64: 7, 15, ..., 511.
 
-The model runs in float32 (``--dtype``) with a fixed thread count and no randomness. Before writing,
-the absorbed recomputation of attn_out from the dumped tensors is checked against the model's own
-attention output (max abs error / max abs value <= 1e-4 in float32); a mismatch is an error.
-The file is written to a temporary file in the output directory, then renamed: an interrupted dump
-never leaves a partial file. An existing output is refused unless --force.
+The model runs in float32 (``--dtype``) with a fixed thread count and no randomness. The file is
+streamed: each layer's rows of a sequence are written (chunked datasets, ~1 MiB chunks) as the
+forward pass produces them and dropped before the next layer runs, so host memory holds about one
+layer's tensors of one sequence, not the dump (see ``dump``). The absorbed recomputation of
+attn_out from the dumped tensors is checked per (sequence, layer) against the model's own
+attention output (max abs error / max abs value over the whole layer <= 1e-4 in float32); a
+mismatch is an error. The file is written to a temporary file in the output directory, then
+renamed: an interrupted dump never leaves a partial file. An existing output is refused unless --force.
 """
 from __future__ import annotations
 
@@ -132,12 +135,52 @@ def state_dict_sha256(model) -> str:
     return h.hexdigest()
 
 
+CHUNK_BYTES = 1 << 20          # target bytes per HDF5 chunk of a per-token / per-query dataset
+INDEX_CHUNK = 1 << 16          # elements per chunk of tokens, positions, seq_offsets, q_rows
+CHECK_BLOCK_ELEMS = 1 << 24    # self-check: query rows per block so that one [rows, H, L] fp32 tensor is <= 64 MiB
+
+
+def chunk_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """HDF5 chunk shape of a float32 dataset of ``shape`` written row by row: whole rows, about 1 MiB
+    per chunk, rows = max(1, 2**20 // (4 * elements per row)), capped at shape[0] (the rule of the C++
+    synthetic dumper, experiments/src/synth.cpp rows_per_mib). Example: c_kv [32768, 512] -> (512, 512)."""
+    row = int(np.prod(shape[1:], dtype=np.int64)) if len(shape) > 1 else 1
+    return (max(1, min(int(shape[0]), CHUNK_BYTES // (4 * row))),) + tuple(int(d) for d in shape[1:])
+
+
+def _seq_check(rec: dict, w_uk, w_uv, local_rows: np.ndarray, softmax_scale: float) -> tuple[float, float]:
+    """(max |rec - attn_out|, max |attn_out|) over one sequence's query rows of one layer, float64.
+
+    rec: one layer's LatentCapture record of one sequence (c_kv [1, L, r], k_pe [1, L, d_r], q_nope
+    [1, k, H, d_n], q_pe [1, k, H, d_r], attn_out [1, k, H, d_v]); local_rows [k] positions in the
+    sequence. The absorbed recomputation is ``absorbed_attention`` with offsets [0, L], run over blocks
+    of query rows (each [rows, H, L] score tensor <= CHECK_BLOCK_ELEMS elements). The maxima over all
+    (sequence, block) pieces of a layer give exactly max|a - b| and max|b| of the whole layer, so
+    max_diff / max_ref is ``rel_err`` on the whole layer (up to float32 rounding of the recomputation,
+    whose matmuls have another key count)."""
+    c_kv, k_pe = rec["c_kv"][0], rec["k_pe"][0]
+    L = c_kv.shape[0]
+    H = rec["q_nope"].shape[2]
+    block = max(1, CHECK_BLOCK_ELEMS // (H * L))
+    off = np.array([0, L], dtype=np.int64)
+    max_diff = max_ref = 0.0
+    for a in range(0, len(local_rows), block):
+        sl = slice(a, a + block)
+        out = absorbed_attention(c_kv, k_pe, rec["q_nope"][0, sl], rec["q_pe"][0, sl], w_uk, w_uv,
+                                 local_rows[sl], off, softmax_scale).double()
+        ref = rec["attn_out"][0, sl].double()
+        # np.maximum propagates NaN (a NaN anywhere must fail the check, as rel_err's NaN does)
+        max_diff = float(np.maximum(max_diff, float((out - ref).abs().max())))
+        max_ref = float(np.maximum(max_ref, float(ref.abs().max())))
+    return max_diff, max_ref
+
+
 @torch.no_grad()
 def dump(model, config_dict: dict, token_ids_per_seq, q_rows: int, out_path: str, *, model_name: str = "",
          revision: str | None = None, source: str = "hf-hooks", original_dtype: str | None = None,
          text_sha256: str = "", force: bool = False, compression: str | None = None,
          check_tol: float | None = None, extra_attrs: dict | None = None) -> dict:
-    """Run ``model`` on each sequence and write a ``latentq-dump/1`` HDF5 file to ``out_path``.
+    """Run ``model`` on each sequence and write a ``latentq-dump/1`` HDF5 file to ``out_path``, streaming.
 
     model: an MLA model in eval mode (tiny-mla or HF), already in the compute dtype.
     config_dict: the model config as a dict (stored as ``config_json``; must hold qk_nope_head_dim,
@@ -145,13 +188,40 @@ def dump(model, config_dict: dict, token_ids_per_seq, q_rows: int, out_path: str
     token_ids_per_seq: list of 1-D int sequences (each run separately, positions from 0).
     q_rows: total number of query rows to dump per layer (see ``select_q_rows``).
     revision: stored as ``revision``; default sha256 of the state dict.
-    compression: None (contiguous, uncompressed) or "gzip".
+    compression: None (uncompressed) or "gzip" (level 4, shuffle).
     check_tol: max relative error allowed between the absorbed recomputation and the model's
     attn_out (default 1e-4 in float32, 2e-2 otherwise).
     Returns a summary dict (path, bytes, softmax_scale, rope_layout, max_rel_err per layer).
 
+    Streaming: the file (a temporary file in the output directory) is created before the first
+    forward pass with every dataset at its final shape (T, Tq and the dims are known from the
+    sequence lengths, ``select_q_rows`` and the weights), chunked along the first axis with
+    ``chunk_shape`` (whole rows, ~1 MiB per chunk: c_kv [T, r] -> (min(T, 2**18 // r), r); q_nope
+    [Tq, H, d_n] -> (min(Tq, 2**18 // (H d_n)), H, d_n)); w_uk/w_uv [H, d, r] -> (1, d, r), one head per
+    chunk; tokens, positions, seq_offsets, q_rows -> min(n, 65536) elements (the chunking of
+    ``latentq synth``). W_UK/W_UV and q_rows are written at creation. During the forward of
+    sequence s, each layer's forward hook
+    (``LatentCapture(on_layer=...)``) hands over that layer's record, whose c_kv, k_pe rows are
+    written at rows seq_offsets[s].. and q_nope, q_pe, attn_out at the sequence's query-row offset
+    of /layers/NNN/...; the record is then dropped, before the next layer runs. Peak host memory is
+    about one layer's tensors of one sequence (c_kv + k_pe [L, r + d_r], q_nope/q_pe/attn_out of its
+    query rows, pre-RoPE copies, the self-check's [rows, H, L] blocks of <= 64 MiB) on top of the
+    model and its own forward activations for one sequence, whatever the number of layers or
+    sequences. The root attributes are written after the last pass,
+    then the file is renamed to ``out_path``; any failure removes the temporary file. The file
+    layout (datasets, names, dtypes, shapes, attributes) is the same as with the whole-file writer
+    it replaces, and so are the values; only the storage is chunked instead of contiguous.
+
+    Self-check, per (sequence, layer) while streaming: the absorbed recomputation of that
+    sequence's query rows (``absorbed_attention``, offsets [0, L]) against the model's attn_out; the
+    per-layer maxima of |rec - attn_out| and |attn_out| over all sequences give ``rel_err``
+    (max|Δ| / max|attn_out|) of the whole layer. After each forward pass the softmax scales and
+    rope layouts of all layers must agree, and a layer over ``check_tol`` (its error over the
+    sequences run so far already exceeds it, and can only grow) is an error.
+
     Raises DumpError (existing output without force, bad q_rows, empty input), MLAModuleNotFoundError
-    (no MLA module), RuntimeError (inconsistent scale/layout across layers, failed self-check).
+    (no MLA module), RuntimeError (config/weights disagree, inconsistent scale/layout across layers, a
+    layer that did not run, failed self-check); input errors are raised before any file is created.
     """
     import h5py
 
@@ -176,102 +246,132 @@ def dump(model, config_dict: dict, token_ids_per_seq, q_rows: int, out_path: str
     seq_lens = [len(s) for s in seqs]
     local_rows = select_q_rows(seq_lens, q_rows)
     offsets = np.concatenate([[0], np.cumsum(seq_lens)]).astype(np.int64)
+    q_offsets = np.concatenate([[0], np.cumsum([len(r) for r in local_rows])]).astype(np.int64)
     tokens = np.concatenate(seqs)
     positions = np.concatenate([np.arange(n) for n in seq_lens])
     q_rows_global = np.concatenate([off + r for off, r in zip(offsets[:-1], local_rows)])
-
-    per = {i: {k: [] for k in ("c_kv", "k_pe", "q_nope", "q_pe", "attn_out")} for i in layer_ids}
-    scales, layouts, functions, sources = set(), set(), set(), set()
-    was_training = model.training
-    model.eval()
-    try:
-        with LatentCapture(model) as cap:
-            for s, rows in zip(seqs, local_rows):
-                cap.clear()
-                cap.q_rows = torch.as_tensor(rows)
-                run_model(model, torch.as_tensor(s, device=param.device)[None, :])
-                for i in layer_ids:
-                    rec = cap.layers[i]
-                    for k in per[i]:
-                        per[i][k].append(rec[k][0].numpy())
-                    scales.add(rec["softmax_scale"])
-                    layouts.add(rec["rope_layout"])
-                    functions.add(rec["rope_function"])
-                    sources.add(rec["softmax_scale_source"])
-    finally:
-        model.train(was_training)
-    if len(scales) != 1 or len(layouts) != 1:
-        raise RuntimeError(f"layers disagree: softmax scales {sorted(scales)}, rope layouts {sorted(layouts)}")
-    softmax_scale, rope_layout = scales.pop(), layouts.pop()
-
-    data = {}
-    errs = {}
     H, nope, vd, r = dims["num_heads"], dims["qk_nope_head_dim"], dims["v_head_dim"], dims["kv_lora_rank"]
-    for i in layer_ids:
-        d = {k: np.ascontiguousarray(np.concatenate(v, axis=0), dtype=np.float32) for k, v in per[i].items()}
+    rope = dims["qk_rope_head_dim"]
+    T, Tq = int(offsets[-1]), int(q_offsets[-1])
+    shapes = {"c_kv": (T, r), "k_pe": (T, rope), "q_rows": (Tq,), "q_nope": (Tq, H, nope),
+              "q_pe": (Tq, H, rope), "w_uk": (H, nope, r), "w_uv": (H, vd, r), "attn_out": (Tq, H, vd)}
+
+    def w_uk_uv(i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """W_UK [H, d_n, r], W_UV [H, d_v, r] of layer i (float32 CPU; views of kv_b_proj.weight when it is)."""
         wkv_b = attn_of[i].kv_b_proj.weight.detach().float().cpu().view(H, nope + vd, r)
-        d["w_uk"] = np.ascontiguousarray(wkv_b[:, :nope].numpy())
-        d["w_uv"] = np.ascontiguousarray(wkv_b[:, nope:].numpy())
-        d["q_rows"] = q_rows_global.astype(np.int32)
-        rec_out = absorbed_attention(d["c_kv"], d["k_pe"], d["q_nope"], d["q_pe"], d["w_uk"], d["w_uv"],
-                                     q_rows_global, offsets, softmax_scale)
-        errs[i] = rel_err(rec_out, d["attn_out"])
-        if not errs[i] <= check_tol:
-            raise RuntimeError(f"layer {i}: absorbed recomputation differs from the model's attn_out by "
-                               f"{errs[i]:.3g} (relative) > {check_tol:g}; the captured tensors or scale are inconsistent")
-        data[i] = d
+        return wkv_b[:, :nope], wkv_b[:, nope:]
 
     if revision is None:
         revision = "sha256-state-dict:" + state_dict_sha256(model)
     if original_dtype is None:
         original_dtype = str(config_dict.get("torch_dtype") or config_dict.get("dtype") or compute_dtype).replace("torch.", "")
     import transformers  # noqa: F401  (version only)
-    attrs = {
-        "schema": SCHEMA,
-        "model": model_name,
-        "revision": revision,
-        "source": source,
-        "created": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "config_json": json.dumps(config_dict, sort_keys=True, default=str),
-        "num_layers": np.int64(len(layer_ids)),
-        "num_heads": np.int64(H),
-        "kv_lora_rank": np.int64(r),
-        "qk_rope_head_dim": np.int64(dims["qk_rope_head_dim"]),
-        "qk_nope_head_dim": np.int64(nope),
-        "v_head_dim": np.int64(vd),
-        "softmax_scale": np.float64(softmax_scale),
-        "softmax_scale_source": ",".join(sorted(sources)),
-        "rope_layout": rope_layout,
-        "rope_function": ",".join(sorted(functions)),
-        "original_dtype": original_dtype,
-        "compute_dtype": str(compute_dtype).replace("torch.", ""),
-        "num_seqs": np.int64(len(seqs)),
-        "seq_len": np.int64(seq_lens[0] if len(set(seq_lens)) == 1 else -1),
-        "text_sha256": text_sha256,
-        "q_rows_rule": Q_ROWS_RULE,
-        "torch_version": torch.__version__,
-        "transformers_version": transformers.__version__,
-    }
-    if extra_attrs:
-        attrs.update(extra_attrs)
+
+    kw = {"compression": "gzip", "compression_opts": 4, "shuffle": True} if compression == "gzip" else {}
+
+    def put(parent, name, data):
+        """A dataset written whole at creation, chunked: INDEX_CHUNK elements (1-D), one head (W_UK/W_UV)."""
+        chunks = (min(len(data), INDEX_CHUNK),) if data.ndim == 1 else (1,) + data.shape[1:]
+        parent.create_dataset(name, data=data, chunks=chunks, **kw)
 
     out_dir = os.path.dirname(os.path.abspath(out_path))
     os.makedirs(out_dir, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".tmp-" + os.path.basename(out_path) + ".", dir=out_dir)
     os.close(fd)
-    kw = {"compression": "gzip", "compression_opts": 4, "shuffle": True} if compression == "gzip" else {}
+    scales, layouts, functions, sources = set(), set(), set(), set()
+    max_diff = {i: 0.0 for i in layer_ids}
+    max_ref = {i: 0.0 for i in layer_ids}
+    was_training = model.training
     try:
         with h5py.File(tmp, "w") as f:
-            for k, v in attrs.items():
-                f.attrs[k] = str(v) if isinstance(v, str) else v     # str(): TorchVersion is a str subclass
-            f.create_dataset("tokens", data=tokens.astype(np.int32), **kw)
-            f.create_dataset("positions", data=positions.astype(np.int32), **kw)
-            f.create_dataset("seq_offsets", data=offsets.astype(np.int64), **kw)
+            put(f, "tokens", tokens.astype(np.int32))
+            put(f, "positions", positions.astype(np.int32))
+            put(f, "seq_offsets", offsets.astype(np.int64))
             g = f.create_group("layers")
             for i in layer_ids:
                 gl = g.create_group(f"{i:03d}")
                 for k in ("c_kv", "k_pe", "q_rows", "q_nope", "q_pe", "w_uk", "w_uv", "attn_out"):
-                    gl.create_dataset(k, data=data[i][k], **kw)
+                    if k == "q_rows":
+                        put(gl, k, q_rows_global.astype(np.int32))
+                    elif k in ("w_uk", "w_uv"):
+                        put(gl, k, np.ascontiguousarray(w_uk_uv(i)[0 if k == "w_uk" else 1].numpy()))
+                    else:
+                        gl.create_dataset(k, shape=shapes[k], dtype="<f4", chunks=chunk_shape(shapes[k]), **kw)
+
+            state = {"seq": 0, "done": set()}
+
+            def on_layer(i: int, rec: dict) -> None:
+                """Write layer i's rows of the current sequence, self-check them; rec is dropped after."""
+                s = state["seq"]
+                a, b = int(offsets[s]), int(offsets[s + 1])
+                qa, qb = int(q_offsets[s]), int(q_offsets[s + 1])
+                gl = f["layers"][f"{i:03d}"]
+                for k, (lo, hi) in (("c_kv", (a, b)), ("k_pe", (a, b)), ("q_nope", (qa, qb)), ("q_pe", (qa, qb)),
+                                    ("attn_out", (qa, qb))):
+                    x = np.ascontiguousarray(rec[k][0].numpy(), dtype=np.float32)
+                    if x.shape != (hi - lo,) + shapes[k][1:]:
+                        raise RuntimeError(f"layer {i}, sequence {s}: captured {k} has shape {x.shape}, expected "
+                                           f"{(hi - lo,) + shapes[k][1:]}")
+                    gl[k][lo:hi] = x             # the Dataset object (and its chunk cache) closes here
+                scales.add(rec["softmax_scale"])
+                layouts.add(rec["rope_layout"])
+                functions.add(rec["rope_function"])
+                sources.add(rec["softmax_scale_source"])
+                d, m = _seq_check(rec, *w_uk_uv(i), local_rows[s], rec["softmax_scale"])
+                max_diff[i] = float(np.maximum(max_diff[i], d))
+                max_ref[i] = float(np.maximum(max_ref[i], m))
+                state["done"].add(i)
+
+            model.eval()
+            with LatentCapture(model, on_layer=on_layer) as cap:
+                for s, (seq, rows) in enumerate(zip(seqs, local_rows)):
+                    state["seq"], state["done"] = s, set()
+                    cap.clear()
+                    cap.q_rows = torch.as_tensor(rows)
+                    run_model(model, torch.as_tensor(seq, device=param.device)[None, :])
+                    missing = sorted(set(layer_ids) - state["done"])
+                    if missing:
+                        raise RuntimeError(f"sequence {s}: MLA layers {missing} did not run in the forward pass")
+                    if len(scales) != 1 or len(layouts) != 1:
+                        raise RuntimeError(f"layers disagree: softmax scales {sorted(scales)}, rope layouts {sorted(layouts)}")
+                    for i in layer_ids:
+                        err = max_diff[i] / max(max_ref[i], 1e-300)
+                        if not err <= check_tol:
+                            raise RuntimeError(
+                                f"layer {i}: absorbed recomputation differs from the model's attn_out by "
+                                f"{err:.3g} (relative) > {check_tol:g}; the captured tensors or scale are inconsistent "
+                                f"(sequences 0..{s} of {len(seqs)})")
+            softmax_scale, rope_layout = next(iter(scales)), next(iter(layouts))
+            attrs = {
+                "schema": SCHEMA,
+                "model": model_name,
+                "revision": revision,
+                "source": source,
+                "created": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                "config_json": json.dumps(config_dict, sort_keys=True, default=str),
+                "num_layers": np.int64(len(layer_ids)),
+                "num_heads": np.int64(H),
+                "kv_lora_rank": np.int64(r),
+                "qk_rope_head_dim": np.int64(rope),
+                "qk_nope_head_dim": np.int64(nope),
+                "v_head_dim": np.int64(vd),
+                "softmax_scale": np.float64(softmax_scale),
+                "softmax_scale_source": ",".join(sorted(sources)),
+                "rope_layout": rope_layout,
+                "rope_function": ",".join(sorted(functions)),
+                "original_dtype": original_dtype,
+                "compute_dtype": str(compute_dtype).replace("torch.", ""),
+                "num_seqs": np.int64(len(seqs)),
+                "seq_len": np.int64(seq_lens[0] if len(set(seq_lens)) == 1 else -1),
+                "text_sha256": text_sha256,
+                "q_rows_rule": Q_ROWS_RULE,
+                "torch_version": torch.__version__,
+                "transformers_version": transformers.__version__,
+            }
+            if extra_attrs:
+                attrs.update(extra_attrs)
+            for k, v in attrs.items():
+                f.attrs[k] = str(v) if isinstance(v, str) else v     # str(): TorchVersion is a str subclass
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)          # mkstemp creates 0600
@@ -280,6 +380,9 @@ def dump(model, config_dict: dict, token_ids_per_seq, q_rows: int, out_path: str
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
+    finally:
+        model.train(was_training)
+    errs = {i: max_diff[i] / max(max_ref[i], 1e-300) for i in layer_ids}
     return {"path": out_path, "bytes": os.path.getsize(out_path), "softmax_scale": softmax_scale,
             "softmax_scale_config": config_softmax_scale(config_dict) if "qk_nope_head_dim" in config_dict else None,
             "rope_layout": rope_layout, "max_rel_err": errs, "num_layers": len(layer_ids)}

@@ -78,6 +78,7 @@ EAGER_ATTENTION_NAMES = ("eager_attention_forward",)
 INJECTABLE = ("c_kv", "k_pe")
 
 InjectFn = Callable[[int, str, torch.Tensor], torch.Tensor]
+LayerFn = Callable[[int, dict], None]
 
 
 class MLAModuleNotFoundError(ValueError):
@@ -196,15 +197,25 @@ class LatentHooks:
     ``inject``: ``fn(layer_idx, name, tensor) -> tensor`` replacing c_kv and/or post-RoPE k_pe.
     ``q_rows``: optional 1-D int tensor/list of positions along T; per-query tensors are kept only
     at those rows (settable between forward passes).
+    ``on_layer``: optional ``fn(layer_idx, record) -> None`` (capture only), called from the layer's
+    forward hook (``self_attn`` output), when that layer's record is complete: c_kv, k_pe (and the
+    pre-RoPE copies), q_nope, q_pe, attn_out (the ``o_proj`` pre-hook ran inside the layer) and the
+    softmax scale, layout and function. The record is removed from ``self.layers`` before the call,
+    so with ``on_layer`` at most the running layer's tensors are held (streaming: data/dump_latents.py);
+    without it, records stay in ``self.layers`` as above. An exception raised by ``fn`` propagates
+    out of the forward pass.
 
     Raises MLAModuleNotFoundError (a ValueError) on a model without MLA modules, RuntimeError if a
     layer ran without calling a known RoPE function, or if the RoPE output fails the layout check.
     """
 
     def __init__(self, model: nn.Module, capture: bool = True, inject: InjectFn | None = None,
-                 q_rows=None):
+                 q_rows=None, on_layer: LayerFn | None = None):
+        if on_layer is not None and not capture:
+            raise ValueError("on_layer needs capture=True")
         self.model = model
         self.capture = capture
+        self.on_layer = on_layer
         self.inject = inject
         self.q_rows = q_rows
         self.mla = find_mla_layers(model)
@@ -312,6 +323,8 @@ class LatentHooks:
                             rec["softmax_scale"] = float(getattr(mod, a))
                             rec["softmax_scale_source"] = f"attribute:{a}"
                             break
+                if self.on_layer is not None:
+                    self.on_layer(idx, self.layers.pop(idx))
 
         self._handles.append(attn.register_forward_pre_hook(pre))
         self._handles.append(attn.register_forward_hook(post))
@@ -442,10 +455,12 @@ def _as_bthd(q: torch.Tensor, H: int) -> torch.Tensor:
 
 
 class LatentCapture(LatentHooks):
-    """``with LatentCapture(model) as cap: model(ids)`` -> ``cap.layers[i]["c_kv"]`` etc. (capture only)."""
+    """``with LatentCapture(model) as cap: model(ids)`` -> ``cap.layers[i]["c_kv"]`` etc. (capture only).
+    With ``on_layer=fn`` each layer's record is handed to ``fn(layer_idx, record)`` as soon as the
+    layer has run, and not kept (see LatentHooks)."""
 
-    def __init__(self, model: nn.Module, q_rows=None):
-        super().__init__(model, capture=True, inject=None, q_rows=q_rows)
+    def __init__(self, model: nn.Module, q_rows=None, on_layer: LayerFn | None = None):
+        super().__init__(model, capture=True, inject=None, q_rows=q_rows, on_layer=on_layer)
 
 
 class LatentInjector(LatentHooks):
