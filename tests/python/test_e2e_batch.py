@@ -117,3 +117,35 @@ def test_batch_hooks_give_each_run_its_own_values():
     for k in range(3):  # float32 GEMMs of another batch size: equal to rounding, not bit for bit
         assert float((batched[k] - alone[k]).abs().max()) < 1e-4, k
     assert float((alone[0] - alone[2]).abs().max()) > 1e-2  # the runs are told apart
+
+
+def test_a_refused_spec_gives_the_unbatched_error(tmp_path, capsys, monkeypatch):
+    """A quantizer that raises inside a batched forward: the batch is replayed run by run, so the output
+    lines and the error (naming the spec) are those of K = 1, and the results file is left unchanged."""
+    make = e2e_inject.make_inject
+
+    def refusing(latentq, spec, targets, layers=None):
+        fn = make(latentq, spec, targets, layers)
+        if spec != "int4-sym-tensor":
+            return fn
+
+        def bad(layer, name, x):
+            raise ValueError("int4-sym-tensor: refused by the test")
+        return bad
+    monkeypatch.setattr(e2e_inject, "make_inject", refusing)
+    text = tmp_path / "t.txt"
+    text.write_bytes((b"In the beginning God created the heaven and the earth. " * 4)[:200])
+    outs = []
+    for k in (1, 16):
+        res = tmp_path / f"r{k}.h5"
+        make_results(res)
+        before = res.read_bytes()
+        assert e2e_inject.main(["--results", str(res), "--model", MODEL, "--text", str(text), "--offset-bytes", "0",
+                                "--seq-len", "32", "--num-seqs", "2", "--threads", "1", "--batch-runs", str(k)]) == 2
+        assert res.read_bytes() == before
+        cap = capsys.readouterr()
+        outs.append((cap.out, cap.err.replace(str(res), "RES")))
+    assert outs[0] == outs[1]
+    lines = outs[0][0].splitlines()
+    assert [l.split()[0] for l in lines] == ["int4-asym-channel-g8", "int2-sym-token", "had,int4-asym-token"], lines
+    assert outs[0][1].strip() == "e2e_inject: error: int4-sym-tensor: refused by the test; RES is left unchanged"
