@@ -324,11 +324,12 @@ BATCH_BYTES = 768 << 20
 
 
 def auto_batch_runs(config, seq_len: int, num_seqs: int, budget: int = BATCH_BYTES) -> int:
-    """K for --batch-runs 0: the largest K in 1..16 with K · num_seqs · (bytes per sequence) <= budget, where
+    """K of the prefill-at-once runs for --batch-runs 0: the largest K in 1..16 with
+    K · num_seqs · (bytes per sequence) <= budget, where
     a sequence of T = seq_len tokens takes 4 · T · (8·hidden + 3·intermediate + 4·vocab) bytes (float32
-    hidden states, MLP, logits and their copies) + 4 · 5 · H · T² (the decode-order attention's float32
-    [H, T, T] scores, probabilities and masked copies, latent_hooks.mixed_latent_attention); a rough
-    upper estimate, not a measurement. config: the model config (hidden_size, intermediate_size,
+    hidden states, MLP, logits and their copies) + 4 · 5 · H · T² (float32 [H, T, T] scores, probabilities
+    and masked copies: the CPU attention, and latent_hooks.mixed_latent_attention for a decode-order
+    batch of an explicit K); a rough upper estimate (tiny-mla, K = 4: the step's peak RSS 0.79 -> 1.49 GB). config: the model config (hidden_size, intermediate_size,
     vocab_size, num_attention_heads). tiny-mla, 4 x 512: 46 MB per sequence, K = 4 (about 740 MB)."""
     g = lambda k, d=0: int(getattr(config, k, None) or d)
     inter = max(g("intermediate_size"), g("moe_intermediate_size") * max(1, g("num_experts_per_tok", 1)))
@@ -440,8 +441,9 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--batch-runs", type=int, default=0,
                     help="runs per forward pass: K runs (and the reference) share one forward of K x num-seqs "
-                    "sequences, each run's quantizer on its own rows; 0 (default) = auto, as many as keep the "
-                    "activations under 768 MiB (auto_batch_runs; 4 for tiny-mla at 4 x 512); 1 = one run per forward")
+                    "sequences, each run's quantizer on its own rows; 0 (default) = auto: prefill-at-once runs as "
+                    "many as keep the activations under 768 MiB (auto_batch_runs; 4 for tiny-mla at 4 x 512), "
+                    "decode-order runs one per forward (batching them gained nothing); 1 = one run per forward")
     a = ap.parse_args(argv)
     for flag, v, lo in (("--seq-len", a.seq_len, 1), ("--num-seqs", a.num_seqs, 1), ("--offset-bytes", a.offset_bytes, 0),
                         ("--threads", a.threads, 1), ("--position-bucket", a.position_bucket, 1),
@@ -538,14 +540,18 @@ def main(argv=None) -> int:
         print("e2e_inject: error: no quantizer to run (only klt quantizers, or no cache mode)", file=sys.stderr)
         return 2
 
+    # Auto: the prefill-at-once runs K at a time (the memory bound); the decode-order runs one at a time,
+    # since batching them gained nothing (README "End to end": their forward is bound by the [H, T, T]
+    # passes of mixed_latent_attention, whose work grows with K).
     K = a.batch_runs or auto_batch_runs(model.config, a.seq_len, a.num_seqs)
+    K_dec = a.batch_runs or 1
     n = ids.shape[0]
     # Runs in forwards of K: the reference with the first prefill-at-once runs (LatentInjector), the
     # decode-order runs apart (DecodeOrderAttention), in the order of `runs` (the rows' order).
     REF = None
     pre = [REF] + [r for r in runs if r[2] == PREFILL_AT_ONCE]
     dec = [r for r in runs if r[2] != PREFILL_AT_ONCE]
-    chunks = [pre[i:i + K] for i in range(0, len(pre), K)] + [dec[i:i + K] for i in range(0, len(dec), K)]
+    chunks = [pre[i:i + K] for i in range(0, len(pre), K)] + [dec[i:i + K_dec] for i in range(0, len(dec), K_dec)]
 
     def resolve(spec):
         try:
@@ -622,7 +628,8 @@ def main(argv=None) -> int:
     pcols = {k: np.array([r[k] for r in pos_rows]) for k in pos_rows[0]}
     common = {"model": os.path.abspath(a.model), "text_offset_bytes": a.offset_bytes, "seq_len": a.seq_len,
               "num_seqs": a.num_seqs, "layers": ",".join(map(str, layers)), "device": a.device, "dtype": a.dtype,
-              "tokenizer": "bytes" if tokenizer is None else type(tokenizer).__name__, "batch_runs": np.int64(K)}
+              "tokenizer": "bytes" if tokenizer is None else type(tokenizer).__name__, "batch_runs": np.int64(K),
+              "batch_runs_decode": np.int64(K_dec)}
     write_groups(a.results, {
         "e2e": (cols, {**common, "definition": "KL(p_ref||p_q) mean over tokens (nats); top1 = argmax agreement; "
                        "ppl = exp(mean next-token NLL); bytes_per_token: cache at the sequence end, per layer; "

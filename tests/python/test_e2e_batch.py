@@ -57,7 +57,8 @@ def run_script(tmp_path, k):
                           "--seq-len", "48", "--num-seqs", "3", "--threads", "1", "--batch-runs", str(k)])
     assert rc == 0, k
     with h5py.File(res, "r") as f:
-        assert int(f["e2e"].attrs["batch_runs"]) == k
+        # 0 = auto: the prefill-at-once runs by the memory bound (16 at 3 x 48 tokens), decode-order runs alone
+        assert (int(f["e2e"].attrs["batch_runs"]), int(f["e2e"].attrs["batch_runs_decode"])) == ((k, k) if k else (16, 1))
         return ({n: {c: v[:] for c, v in f[n].items()} for n in ("e2e", "e2e_position")})
 
 
@@ -68,7 +69,8 @@ ATOL = {"kl_mean": 1e-8, "nll_ref": 1e-5, "nll_quant": 1e-5, "ppl_ref": 1e-5, "p
 
 def test_batched_tables_equal_one_run_per_forward(tmp_path):
     one = run_script(tmp_path, 1)
-    for k in (3, 16):  # 3: ragged chunks (reference + 6 prefill runs = 7; 6 decode runs); 16: one chunk per kind
+    # 3: ragged chunks (the reference + 6 prefill runs = 7; 6 decode runs); 16: one chunk per kind; 0: auto
+    for k in (3, 16, 0):
         many = run_script(tmp_path, k)
         for name in ("e2e", "e2e_position"):
             a, b = one[name], many[name]
