@@ -45,7 +45,13 @@ pos_end (bucket [pos_start, pos_end), positions within each window), tokens (win
 the bucket), kl_mean, top1_agree, bytes_per_token (of the run, as /e2e). The columns follow the
 C++ /attention_position group where the two share a meaning.
 The reference is the model's own run with exact latents; no metric is computed from non-finite
-logits. The file is updated through a temporary copy and a rename, so an interrupted run leaves
+logits. Forwards: --batch-runs K runs share one forward of K × num_seqs sequences (the ids repeated
+K times), run k's quantizer on rows k·num_seqs .. (k+1)·num_seqs - 1 with its own per-sequence offsets
+(batch_inject, batch_decode_cache), the reference with the first prefill-at-once runs; the default
+(auto) batches the prefill-at-once runs under a memory bound (auto_batch_runs) and runs the
+decode-order runs one per forward. The tables do not depend on K beyond float32 rounding
+(tests/python/test_e2e_batch.py); a run that fails inside a batch is replayed alone, for the error of
+an unbatched run. The file is updated through a temporary copy and a rename, so an interrupted run leaves
 the previous file intact; user errors exit 2 with one line and write nothing.
 
 Text: by default the held-out split of the KJV text (data/kjv_text.py); tokens from byte
