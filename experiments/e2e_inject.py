@@ -335,7 +335,8 @@ def auto_batch_runs(config, seq_len: int, num_seqs: int, budget: int = BATCH_BYT
     a sequence of T = seq_len tokens takes 4 · T · (8·hidden + 3·intermediate + 4·vocab) bytes (float32
     hidden states, MLP, logits and their copies) + 4 · 5 · H · T² (float32 [H, T, T] scores, probabilities
     and masked copies: the CPU attention, and latent_hooks.mixed_latent_attention for a decode-order
-    batch of an explicit K); a rough upper estimate (tiny-mla, K = 4: the step's peak RSS 0.79 -> 1.49 GB). config: the model config (hidden_size, intermediate_size,
+    batch of an explicit K); a rough upper estimate (tiny-mla, K = 4: the step's peak RSS 0.84 GB,
+    as unbatched; 1.49 GB with the decode-order runs batched by 4 too). config: the model config (hidden_size, intermediate_size,
     vocab_size, num_attention_heads). tiny-mla, 4 x 512: 46 MB per sequence, K = 4 (about 740 MB)."""
     g = lambda k, d=0: int(getattr(config, k, None) or d)
     inter = max(g("intermediate_size"), g("moe_intermediate_size") * max(1, g("num_experts_per_tok", 1)))
