@@ -495,7 +495,9 @@ def config_softmax_scale(cfg: dict) -> float:
 # ---- decode order: a quantized cache read per (query, key) in one causal forward ------------------
 
 # cache_fn(layer_idx, c_kv [B, T, r], k_pe [B, T, d_r]) -> None (the layer reads its exact latents) or
-# (c_kv_quantized, c_kv_bf16, c_kv_read_quantized [T, T] bool, k_pe_quantized, k_pe_bf16, k_pe_read_quantized)
+# (c_kv_quantized, c_kv_bf16, c_kv_read_quantized, k_pe_quantized, k_pe_bf16, k_pe_read_quantized[, rows]):
+# the read masks bool [T, T] (every batch row) or [B, 1, T, T] (one per batch row); `rows` bool [B], optional:
+# the batch rows whose attention output is replaced (the others keep the model's own output, as for None).
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:
     """float64 for a float64 tensor, else float32 (the decode-order attention's arithmetic)."""
     return torch.float64 if x.dtype == torch.float64 else torch.float32
@@ -511,8 +513,8 @@ def mixed_latent_attention(q_nope: torch.Tensor, q_pe: torch.Tensor, c_q: torch.
 
     q_nope [B, T, H, d_n], q_pe [B, T, H, d_r] (post-RoPE); c_q / c_b [B, T, r]: c_kv as read from the
     quantized cache / in bf16; kpe_q / kpe_b [B, T, d_r]: post-RoPE k_pe, same; read_c, read_kpe bool
-    [T, T]: True where query t reads key j of c_kv / k_pe quantized (entries j > t are ignored: the
-    attention is causal); w_uk [H, d_n, r], w_uv [H, d_v, r] (kv_b_proj.weight.view(H, d_n + d_v, r)
+    [T, T], or [B, 1, T, T] for a mask per batch row: True where query t reads key j of c_kv / k_pe
+    quantized (entries j > t are ignored: the attention is causal); w_uk [H, d_n, r], w_uv [H, d_v, r] (kv_b_proj.weight.view(H, d_n + d_v, r)
     split, DeepSeek-V3 inference/model.py); softmax_scale: the model's applied scale.
         s[t, h, j]  = scale · (q_nope W_UK · c[j] + q_pe · k_pe[j]),  each read per its mask at (t, j)
         out[t, h]   = W_UV (Σ_j softmax_j(s)[t, h, j] · c[j])         (c read per read_c, as the score)
@@ -547,8 +549,10 @@ class DecodeOrderAttention(LatentHooks):
     ``o_proj``) is then replaced by ``mixed_latent_attention`` of the captured q_nope, post-RoPE q_pe
     and the two reads of c_kv and k_pe ``cache_fn(layer, c_kv, k_pe)`` returns, with the
     softmax scale captured at call time (LatentHooks; attribute fallback). A layer for which
-    ``cache_fn`` returns None keeps the model's own output. Input ids [B, T]: every batch row is one
-    sequence at positions 0..T-1 without padding (the masks are [T, T], shared by the rows).
+    ``cache_fn`` returns None keeps the model's own output; a 7th element ``rows`` (bool [B]) keeps it
+    for the batch rows it marks False (e2e_inject batches several runs, some of which leave a layer
+    exact). Input ids [B, T]: every batch row is one sequence at positions 0..T-1 without padding (the
+    masks are [T, T], shared by the rows, or [B, 1, T, T], one per row).
     The captured tensors stay on the model's device (float32; float64 for a float64 model).
     Raises as LatentHooks.
     """
@@ -580,10 +584,14 @@ class DecodeOrderAttention(LatentHooks):
                     raise RuntimeError(f"layer {idx}: no softmax scale captured and no scaling attribute")
             wkv_b = attn.kv_b_proj.weight.detach().to(_compute_dtype(rec["q_nope"])).view(H, nope + vd, r)
             dev = rec["q_nope"].device
-            c_q, c_b, read_c, kpe_q, kpe_b, read_kpe = (torch.as_tensor(x).to(dev) for x in cache)
+            c_q, c_b, read_c, kpe_q, kpe_b, read_kpe = (torch.as_tensor(x).to(dev) for x in cache[:6])
             out = mixed_latent_attention(rec["q_nope"], rec["q_pe"], c_q, c_b, read_c, kpe_q, kpe_b, read_kpe,
                                          wkv_b[:, :nope], wkv_b[:, nope:], scale)
             x = args[0]
-            return (out.reshape(x.shape).to(x.dtype),) + tuple(args[1:])
+            out = out.reshape(x.shape).to(x.dtype)
+            if len(cache) > 6:  # rows marked False keep the model's own output, bit for bit
+                rows = torch.as_tensor(cache[6], dtype=torch.bool, device=x.device)
+                out = torch.where(rows.view(-1, *([1] * (x.dim() - 1))), out, x)
+            return (out,) + tuple(args[1:])
 
         self._handles.append(attn.o_proj.register_forward_pre_hook(o_pre))

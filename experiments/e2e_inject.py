@@ -45,7 +45,13 @@ pos_end (bucket [pos_start, pos_end), positions within each window), tokens (win
 the bucket), kl_mean, top1_agree, bytes_per_token (of the run, as /e2e). The columns follow the
 C++ /attention_position group where the two share a meaning.
 The reference is the model's own run with exact latents; no metric is computed from non-finite
-logits. The file is updated through a temporary copy and a rename, so an interrupted run leaves
+logits. Forwards: --batch-runs K runs share one forward of K × num_seqs sequences (the ids repeated
+K times), run k's quantizer on rows k·num_seqs .. (k+1)·num_seqs - 1 with its own per-sequence offsets
+(batch_inject, batch_decode_cache), the reference with the first prefill-at-once runs; the default
+(auto) batches the prefill-at-once runs under a memory bound (auto_batch_runs) and runs the
+decode-order runs one per forward. The tables do not depend on K beyond float32 rounding
+(tests/python/test_e2e_batch.py); a run that fails inside a batch is replayed alone, for the error of
+an unbatched run. The file is updated through a temporary copy and a rename, so an interrupted run leaves
 the previous file intact; user errors exit 2 with one line and write nothing.
 
 Text: by default the held-out split of the KJV text (data/kjv_text.py); tokens from byte
@@ -275,17 +281,82 @@ def make_decode_cache(latentq, spec, targets: tuple[str, ...], layers, mode: str
     return fn
 
 
+def batch_inject(fns: list, n: int):
+    """Injection callback for K runs in one forward (LatentInjector): the batch [K·n, T, D] holds run k's
+    n sequences at rows k·n .. (k+1)·n - 1 (the ids repeated K times), and run k's callback fns[k]
+    (make_inject; None: the exact latents, the reference run) sees only those rows. Each run's
+    quantizer therefore gets the same [n, T, D] rows and sequence offsets as when it runs alone: the
+    same quantized values, bit for bit (make_inject's offsets are per sequence, never across rows)."""
+    def fn(layer: int, name: str, x: torch.Tensor) -> torch.Tensor:
+        parts = []
+        for k, f in enumerate(fns):
+            xs = x[k * n:(k + 1) * n]
+            parts.append(xs if f is None else f(layer, name, xs).to(dtype=x.dtype, device=x.device))
+        return torch.cat(parts)
+    return fn
+
+
+def batch_decode_cache(fns: list, n: int):
+    """cache_fn (DecodeOrderAttention) for K decode-order runs in one forward, rows as batch_inject:
+    run k's cache_fn fns[k] (make_decode_cache) sees its n rows of c_kv / k_pe [K·n, T, D]; the read
+    masks become [K·n, 1, T, T] (run k's [T, T] mask on its rows), and a run whose cache_fn returns None
+    for the layer keeps the model's own attention output on its rows (the 7th element, rows [K·n])."""
+    def fn(layer: int, c_kv: torch.Tensor, k_pe: torch.Tensor):
+        res = [None if f is None else f(layer, c_kv[k * n:(k + 1) * n], k_pe[k * n:(k + 1) * n])
+               for k, f in enumerate(fns)]
+        if all(r is None for r in res):
+            return None
+        T, out = c_kv.shape[1], []
+        for i, x in ((0, c_kv), (3, k_pe)):
+            q, b, m = [], [], []
+            for k, r in enumerate(res):
+                xs = x[k * n:(k + 1) * n]
+                if r is None:
+                    q.append(xs)
+                    b.append(xs)
+                    m.append(torch.zeros(n, 1, T, T, dtype=torch.bool, device=x.device))
+                else:
+                    q.append(torch.as_tensor(r[i]).to(device=x.device, dtype=x.dtype))
+                    b.append(torch.as_tensor(r[i + 1]).to(device=x.device, dtype=x.dtype))
+                    m.append(torch.as_tensor(r[i + 2]).to(device=x.device, dtype=torch.bool).expand(n, 1, T, T))
+            out += [torch.cat(q), torch.cat(b), torch.cat(m)]
+        rows = torch.tensor([r is not None for r in res], dtype=torch.bool).repeat_interleave(n)
+        return tuple(out) + (rows,)
+    return fn
+
+
+# Memory bound of --batch-runs 0 (auto): the activations of one forward of K runs stay under this.
+BATCH_BYTES = 768 << 20
+
+
+def auto_batch_runs(config, seq_len: int, num_seqs: int, budget: int = BATCH_BYTES) -> int:
+    """K of the prefill-at-once runs for --batch-runs 0: the largest K in 1..16 with
+    K · num_seqs · (bytes per sequence) <= budget, where
+    a sequence of T = seq_len tokens takes 4 · T · (8·hidden + 3·intermediate + 4·vocab) bytes (float32
+    hidden states, MLP, logits and their copies) + 4 · 5 · H · T² (float32 [H, T, T] scores, probabilities
+    and masked copies: the CPU attention, and latent_hooks.mixed_latent_attention for a decode-order
+    batch of an explicit K); a rough upper estimate (tiny-mla, K = 4: the step's peak RSS 0.84 GB,
+    as unbatched; 1.49 GB with the decode-order runs batched by 4 too). config: the model config (hidden_size, intermediate_size,
+    vocab_size, num_attention_heads). tiny-mla, 4 x 512: 46 MB per sequence, K = 4 (about 740 MB)."""
+    g = lambda k, d=0: int(getattr(config, k, None) or d)
+    inter = max(g("intermediate_size"), g("moe_intermediate_size") * max(1, g("num_experts_per_tok", 1)))
+    per_seq = 4 * seq_len * (8 * g("hidden_size") + 3 * inter + 4 * g("vocab_size")) \
+        + 4 * 5 * g("num_attention_heads", 1) * seq_len * seq_len
+    return int(max(1, min(16, budget // max(1, num_seqs * per_seq))))
+
+
 def cache_bytes_per_token(latentq, spec, targets: tuple[str, ...], layers: list[int], mode: str, dims: dict,
-                          L: int, num_seqs: int) -> float:
+                          L: int, num_seqs: int, memo: dict | None = None) -> float:
     """Bytes per token per layer of the latent cache once L tokens are decoded, mean over `layers`:
     per target (c_kv: kv_lora_rank, k_pe: qk_rope_head_dim columns), the bf16 tokens at 2 bytes/element
     and the quantized ones at the format's bytes per token (QuantizedTensor.bytes_per_token of the
     spec's quantizer storing num_seqs sequences of that many tokens; a per-tensor scale is amortized
     over them); the bf16/quantized split is the last row of latentq.decode_order_mask(mode, L, G).
-    A target the spec does not cover counts at 2 bytes/element. Raises ValueError as quantize()."""
+    A target the spec does not cover counts at 2 bytes/element. Raises ValueError as quantize().
+    `memo`: a dict shared across calls (e.g. every run of one e2e step); the bytes of one (spec, target)
+    depend only on (spec, target, mode, L, num_seqs, width) and are quantized once per such key."""
     widths = {"c_kv": dims["kv_lora_rank"], "k_pe": dims["qk_rope_head_dim"]}
-    rng = np.random.default_rng(0)
-    memo: dict[tuple[str, str], float] = {}
+    memo = {} if memo is None else memo
     total = 0.0
     for layer in layers:
         for name, D in widths.items():
@@ -293,15 +364,16 @@ def cache_bytes_per_token(latentq, spec, targets: tuple[str, ...], layers: list[
             if s is None:
                 total += 2.0 * D
                 continue
-            if (s, name) not in memo:
+            key = (s, name, mode, L, num_seqs, D)
+            if key not in memo:
                 nq = int(latentq.decode_order_mask(mode, L, latentq.decode_token_group(s))[L - 1].sum())
                 bq = 0.0
                 if nq:  # the format's storage; a rotation costs nothing (folded into W_UK / W_UV)
                     base = latentq.canonical_spec(s).split(",")[-1]
-                    x = rng.standard_normal((num_seqs * nq, D)).astype(np.float32)
+                    x = np.random.default_rng(0).standard_normal((num_seqs * nq, D)).astype(np.float32)
                     bq = latentq.quantize(x, base, name, [i * nq for i in range(num_seqs + 1)]).bytes_per_token
-                memo[(s, name)] = ((L - nq) * 2.0 * D + nq * bq) / L
-            total += memo[(s, name)]
+                memo[key] = ((L - nq) * 2.0 * D + nq * bq) / L
+            total += memo[key]
     return total / len(layers)
 
 
@@ -374,9 +446,15 @@ def main(argv=None) -> int:
     ap.add_argument("--position-bucket", type=int, help="W of /e2e_position (default: the root attribute "
                     "decode_order_position_bucket, else 64)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--batch-runs", type=int, default=0,
+                    help="runs per forward pass: K runs (and the reference) share one forward of K x num-seqs "
+                    "sequences, each run's quantizer on its own rows; 0 (default) = auto: prefill-at-once runs as "
+                    "many as keep the activations under 768 MiB (auto_batch_runs; 4 for tiny-mla at 4 x 512), "
+                    "decode-order runs one per forward (batching them gained nothing); 1 = one run per forward")
     a = ap.parse_args(argv)
     for flag, v, lo in (("--seq-len", a.seq_len, 1), ("--num-seqs", a.num_seqs, 1), ("--offset-bytes", a.offset_bytes, 0),
-                        ("--threads", a.threads, 1), ("--position-bucket", a.position_bucket, 1)):
+                        ("--threads", a.threads, 1), ("--position-bucket", a.position_bucket, 1),
+                        ("--batch-runs", a.batch_runs, 0)):
         if v is not None and v < lo:
             print(f"e2e_inject: error: {flag} {v}: must be >= {lo}", file=sys.stderr)
             return 2
@@ -469,36 +547,86 @@ def main(argv=None) -> int:
         print("e2e_inject: error: no quantizer to run (only klt quantizers, or no cache mode)", file=sys.stderr)
         return 2
 
+    # Auto: the prefill-at-once runs K at a time (the memory bound); the decode-order runs one at a time,
+    # since batching them gained nothing (README "End to end": their forward is bound by the [H, T, T]
+    # passes of mixed_latent_attention, whose work grows with K).
+    K = a.batch_runs or auto_batch_runs(model.config, a.seq_len, a.num_seqs)
+    K_dec = a.batch_runs or 1
+    n = ids.shape[0]
+    # Runs in forwards of K: the reference with the first prefill-at-once runs (LatentInjector), the
+    # decode-order runs apart (DecodeOrderAttention), in the order of `runs` (the rows' order).
+    REF = None
+    pre = [REF] + [r for r in runs if r[2] == PREFILL_AT_ONCE]
+    dec = [r for r in runs if r[2] != PREFILL_AT_ONCE]
+    chunks = [pre[i:i + K] for i in range(0, len(pre), K)] + [dec[i:i + K_dec] for i in range(0, len(dec), K_dec)]
+
+    def resolve(spec):
+        try:
+            latentq.canonical_spec(spec)
+            return spec
+        except ValueError:  # a mixed assignment: its spec per (layer, target) from /latent_error
+            return mixed_specs(a.results, spec)
+
+    def forward(chunk) -> list[torch.Tensor]:
+        """The logits [n, T, V] (float32, CPU) of each run of `chunk` (REF: the exact latents)."""
+        if len(chunk) == 1 and chunk[0] is REF:
+            return [run_model(model, ids).float().cpu()]
+        hows = [None if r is REF else resolve(r[0]) for r in chunk]
+        if len(chunk) == 1:  # one run: the hooks of that run alone
+            spec, targets, mode = chunk[0]
+            hooks = (LatentInjector(model, make_inject(latentq, hows[0], targets, layer_set)) if mode == PREFILL_AT_ONCE
+                     else DecodeOrderAttention(model, make_decode_cache(latentq, hows[0], targets, layer_set, mode)))
+        elif chunk[-1][2] == PREFILL_AT_ONCE:
+            hooks = LatentInjector(model, batch_inject(
+                [None if r is REF else make_inject(latentq, h, r[1], layer_set) for r, h in zip(chunk, hows)], n))
+        else:
+            hooks = DecodeOrderAttention(model, batch_decode_cache(
+                [make_decode_cache(latentq, h, r[1], layer_set, r[2]) for r, h in zip(chunk, hows)], n))
+        with hooks:
+            out = run_model(model, ids.repeat(len(chunk), 1) if len(chunk) > 1 else ids).float().cpu()
+        return list(out.split(n)) if len(chunk) > 1 else [out]
+
     t0 = time.time()
     rows, pos_rows = [], []
+    ref = None
+    bpt_memo: dict = {}
+
+    def record(run, q: torch.Tensor) -> None:
+        nonlocal ref
+        if run is REF:
+            require_finite_logits(q, f"the reference run (exact latents) of {a.model}")
+            ref = q
+            return
+        spec, targets, mode = run
+        how = resolve(spec)
+        m = logit_metrics(ref, q, ids.cpu(), f"the run with {spec} latents ({'+'.join(targets)}, {mode})")
+        specs = [how] if isinstance(how, str) else sorted(set(how.values()))
+        causal = all(latentq.decode_scale_is_causal(s) for s in specs)
+        bpt = cache_bytes_per_token(latentq, how, targets, layers, mode, dims, a.seq_len, a.num_seqs, bpt_memo)
+        rows.append({"quantizer": spec, "targets": "+".join(targets), "cache_mode": mode, **m,
+                     "bytes_per_token": bpt, "scale_causal": np.int64(causal)})
+        R, S, P = rsp.get(mode, (0, 0, 0))
+        for r in position_rows(ref, q, width):
+            pos_rows.append({"quantizer": spec, "cache_mode": mode, "residual": R, "sink": S, "prefill": P,
+                             "scale_causal": np.int64(causal), **r, "bytes_per_token": bpt})
+        print(f"  {spec:28s} {mode:20s} KL {m['kl_mean']:.3e}  top1 {m['top1_agree']:.4f}  "
+              f"ppl {m['ppl_ref']:.4f} -> {m['ppl_quant']:.4f}  {bpt:.1f} B/token", flush=True)
+
     try:
         with torch.no_grad():
-            ref = run_model(model, ids).float().cpu()
-            require_finite_logits(ref, f"the reference run (exact latents) of {a.model}")
-            for spec, targets, mode in runs:
+            for chunk in chunks:
                 try:
-                    latentq.canonical_spec(spec)
-                    how = spec
-                except ValueError:  # a mixed assignment: its spec per (layer, target) from /latent_error
-                    how = mixed_specs(a.results, spec)
-                if mode == PREFILL_AT_ONCE:
-                    hooks = LatentInjector(model, make_inject(latentq, how, targets, layer_set))
+                    logits = forward(chunk)
+                except ValueError:  # a spec the quantizers refuse: replay the runs one by one, so the
+                    if len(chunk) == 1:  # error (and the lines before it) are those of unbatched runs
+                        raise
+                    logits = None
+                if logits is None:
+                    for run in chunk:
+                        record(run, forward([run])[0])
                 else:
-                    hooks = DecodeOrderAttention(model, make_decode_cache(latentq, how, targets, layer_set, mode))
-                with hooks:
-                    q = run_model(model, ids).float().cpu()
-                m = logit_metrics(ref, q, ids.cpu(), f"the run with {spec} latents ({'+'.join(targets)}, {mode})")
-                specs = [how] if isinstance(how, str) else sorted(set(how.values()))
-                causal = all(latentq.decode_scale_is_causal(s) for s in specs)
-                bpt = cache_bytes_per_token(latentq, how, targets, layers, mode, dims, a.seq_len, a.num_seqs)
-                rows.append({"quantizer": spec, "targets": "+".join(targets), "cache_mode": mode, **m,
-                             "bytes_per_token": bpt, "scale_causal": np.int64(causal)})
-                R, S, P = rsp.get(mode, (0, 0, 0))
-                for r in position_rows(ref, q, width):
-                    pos_rows.append({"quantizer": spec, "cache_mode": mode, "residual": R, "sink": S, "prefill": P,
-                                     "scale_causal": np.int64(causal), **r, "bytes_per_token": bpt})
-                print(f"  {spec:28s} {mode:20s} KL {m['kl_mean']:.3e}  top1 {m['top1_agree']:.4f}  "
-                      f"ppl {m['ppl_ref']:.4f} -> {m['ppl_quant']:.4f}  {bpt:.1f} B/token", flush=True)
+                    for run, q in zip(chunk, logits):
+                        record(run, q)
     except ValueError as e:  # non-finite logits, a spec the quantizers refuse: nothing is written
         print(f"e2e_inject: error: {e}; {a.results} is left unchanged", file=sys.stderr)
         return 2
@@ -507,7 +635,8 @@ def main(argv=None) -> int:
     pcols = {k: np.array([r[k] for r in pos_rows]) for k in pos_rows[0]}
     common = {"model": os.path.abspath(a.model), "text_offset_bytes": a.offset_bytes, "seq_len": a.seq_len,
               "num_seqs": a.num_seqs, "layers": ",".join(map(str, layers)), "device": a.device, "dtype": a.dtype,
-              "tokenizer": "bytes" if tokenizer is None else type(tokenizer).__name__}
+              "tokenizer": "bytes" if tokenizer is None else type(tokenizer).__name__, "batch_runs": np.int64(K),
+              "batch_runs_decode": np.int64(K_dec)}
     write_groups(a.results, {
         "e2e": (cols, {**common, "definition": "KL(p_ref||p_q) mean over tokens (nats); top1 = argmax agreement; "
                        "ppl = exp(mean next-token NLL); bytes_per_token: cache at the sequence end, per layer; "
@@ -515,7 +644,8 @@ def main(argv=None) -> int:
         "e2e_position": (pcols, {**common, "position_bucket": np.int64(width),
                                  "definition": "KL and top-1 of the /e2e runs over query positions [pos_start, pos_end) "
                                                "of each window"})})
-    print(f"e2e: {len(rows)} runs, {a.num_seqs}x{a.seq_len} tokens, {time.time() - t0:.1f}s -> "
+    print(f"e2e: {len(rows)} runs, {a.num_seqs}x{a.seq_len} tokens, {len(chunks)} forwards of <= {K} runs, "
+          f"{time.time() - t0:.1f}s -> "
           f"{a.results}:/e2e, /e2e_position")
     return 0
 
