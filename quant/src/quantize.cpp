@@ -14,6 +14,10 @@
 #include <thread>
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
+#define LQ_X86_KERNELS 1
+#define LQ_AVX2_AI __attribute__((target("avx2"), always_inline)) inline
+#else
+#define LQ_X86_KERNELS 0
 #endif
 
 namespace latentq {
@@ -235,6 +239,60 @@ LQ_AI void enc_columns(const float* __restrict x, int64_t n, const float* __rest
     for (int64_t i = 0; i < n; ++i) u[i] = static_cast<uint8_t>(q::encode_asym(x[i], s[i], o[i], bits));
 }
 
+// The AVX2 encoders (int_quantize_body<true>): GCC leaves enc_columns' asymmetric loop scalar in the
+// target("avx2") copy (perf: vsubss / vcvttss2si / a byte store per element), so the Avx2 kernel encodes
+// with intrinsics, eight elements at a time, exactly as qmath.h's encode_sym / encode_asym:
+//   v = x / scale (sym) or (x − offset) / scale (asym): vsubps, vdivps (IEEE, rounded once each);
+//   max_num(lo, v) = (v > lo) ? v : lo = vmaxps(v, lo) (a NaN v gives lo, as max_num);
+//   min_num(c, hi) = (hi < c) ? hi : c = vminps(hi, c);
+//   rne_small: vaddps / vsubps of 1.5·2^23; vcvttps2dq of that integer-valued float is exact;
+//   scale > 0 ? q : 0 by a vcmpps mask; sym adds 2^(b−1). Codes are stored as bytes u[i] for pack_row.
+#if LQ_X86_KERNELS
+template <bool Sym, bool Cols>
+LQ_AVX2_AI void enc_avx2(const float* __restrict x, int64_t n, const float* __restrict s, const float* __restrict o,
+                         float s0, float o0, int bits, uint8_t* __restrict u) {
+  const float qmax = static_cast<float>(Sym ? q::sym_qmax(bits) : q::asym_qmax(bits));
+  const __m256 lo = _mm256_set1_ps(Sym ? -qmax : 0.0f), hi = _mm256_set1_ps(qmax), magic = _mm256_set1_ps(12582912.0f),
+               zero = _mm256_setzero_ps(), vs0 = _mm256_set1_ps(s0), vo0 = _mm256_set1_ps(o0);
+  const __m256i bias = _mm256_set1_epi32(Sym ? (1 << (bits - 1)) : 0);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 sc = Cols ? _mm256_loadu_ps(s + i) : vs0;
+    __m256 v = _mm256_loadu_ps(x + i);
+    if constexpr (!Sym) v = _mm256_sub_ps(v, Cols ? _mm256_loadu_ps(o + i) : vo0);
+    v = _mm256_div_ps(v, sc);
+    v = _mm256_min_ps(hi, _mm256_max_ps(v, lo));
+    v = _mm256_sub_ps(_mm256_add_ps(v, magic), magic);
+    __m256i c = _mm256_and_si256(_mm256_cvttps_epi32(v), _mm256_castps_si256(_mm256_cmp_ps(sc, zero, _CMP_GT_OQ)));
+    c = _mm256_add_epi32(c, bias);
+    const __m128i w = _mm_packus_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(u + i), _mm_packus_epi16(w, w));
+  }
+  for (; i < n; ++i) {
+    const float si = Cols ? s[i] : s0;
+    u[i] = static_cast<uint8_t>(Sym ? q::encode_sym(x[i], si, bits) : q::encode_asym(x[i], si, Cols ? o[i] : o0, bits));
+  }
+}
+
+// Out-of-line AVX2 entry points (a target("avx2") function is not inlined into the target-less template
+// body; one call per row, the per-token groups of a row in one call).
+__attribute__((target("avx2"), noinline)) void enc_row_avx2(const float* x, int64_t n, const float* s, const float* o,
+                                                            float s0, float o0, bool sym, bool cols, int bits, uint8_t* u) {
+  if (sym) cols ? enc_avx2<true, true>(x, n, s, o, s0, o0, bits, u) : enc_avx2<true, false>(x, n, s, o, s0, o0, bits, u);
+  else cols ? enc_avx2<false, true>(x, n, s, o, s0, o0, bits, u) : enc_avx2<false, false>(x, n, s, o, s0, o0, bits, u);
+}
+// Row x[D] in nt groups of g columns (the last one up to D), group j with (sc[j], of[j]).
+__attribute__((target("avx2"), noinline)) void enc_groups_avx2(const float* x, int64_t D, int64_t nt, int64_t g,
+                                                               const float* sc, const float* of, bool sym, int bits,
+                                                               uint8_t* u) {
+  for (int64_t j = 0; j < nt; ++j) {
+    const int64_t d0 = j * g, n = std::min(D, d0 + g) - d0;
+    if (sym) enc_avx2<true, false>(x + d0, n, nullptr, nullptr, sc[j], of[j], bits, u + d0);
+    else enc_avx2<false, false>(x + d0, n, nullptr, nullptr, sc[j], of[j], bits, u + d0);
+  }
+}
+#endif
+
 LQ_AI void dec_uniform(const uint8_t* __restrict u, int64_t n, float s, float o, bool sym, int bits, float* __restrict out) {
   if (sym)
     for (int64_t i = 0; i < n; ++i) out[i] = q::decode_sym(u[i], s, bits);
@@ -285,39 +343,40 @@ LQ_AI void put_groups(QuantizedTensor& qt, const float* __restrict mn, const flo
       of[i] = mn[i];
     }
   }
-  uint32_t nf = 0;
-  if (spec.scale_dtype == ScaleDtype::F16) {
-    for (int64_t i = 0; i < n; ++i) {
-      sc[i] = q::round_to_dtype(sc[i], ScaleDtype::F16);
-      of[i] = q::round_to_dtype(of[i], ScaleDtype::F16);
-    }
-  }
-  for (int64_t i = 0; i < n; ++i) nf |= nonfinite_bit(sc[i]) | nonfinite_bit(of[i]);
-  if (nf) {
-    for (int64_t i = 0; i < n; ++i) (void)group_params(qt, mn[i], mx[i], g0 + i);  // throws for the first bad group
-    assert(false && "put_groups: group_params accepted a non-finite parameter");
-  }
+  // fp16 storage: each value converted once (f32_to_f16_bits, stored as is) and read back exactly
+  // (f16_bits_to_f32): round_to_dtype's value, one conversion instead of three per stored value. A value
+  // stored here before the finiteness check is harmless: the caller throws and the tensor is dropped.
   static_assert(std::endian::native == std::endian::little, "store_dtype writes little-endian bytes");
   if (spec.scale_dtype == ScaleDtype::F16) {
     uint8_t* ds = qt.scales.data() + 2 * g0;
     for (int64_t i = 0; i < n; ++i) {
       const uint16_t h = q::f32_to_f16_bits(sc[i]);
       std::memcpy(ds + 2 * i, &h, 2);
+      sc[i] = q::f16_bits_to_f32(h);
     }
     if (!sym) {
       uint8_t* dof = qt.offsets.data() + 2 * g0;
       for (int64_t i = 0; i < n; ++i) {
         const uint16_t h = q::f32_to_f16_bits(of[i]);
         std::memcpy(dof + 2 * i, &h, 2);
+        of[i] = q::f16_bits_to_f32(h);
       }
     }
-  } else {
+  }
+  uint32_t nf = 0;
+  for (int64_t i = 0; i < n; ++i) nf |= nonfinite_bit(sc[i]) | nonfinite_bit(of[i]);
+  if (nf) {
+    for (int64_t i = 0; i < n; ++i) (void)group_params(qt, mn[i], mx[i], g0 + i);  // throws for the first bad group
+    assert(false && "put_groups: group_params accepted a non-finite parameter");
+  }
+  if (spec.scale_dtype != ScaleDtype::F16) {
     std::memcpy(qt.scales.data() + 4 * g0, sc, static_cast<size_t>(4 * n));
     if (!sym) std::memcpy(qt.offsets.data() + 4 * g0, of, static_cast<size_t>(4 * n));
   }
 }
 
 // Quantize the job's range; returns 1 if a NaN/Inf was seen (the caller throws).
+template <bool Avx2>
 LQ_AI uint32_t int_quantize_body(const IntJob& job) {
   QuantizedTensor& qt = *job.qt;
   const QuantSpec& spec = qt.spec;
@@ -336,7 +395,11 @@ LQ_AI uint32_t int_quantize_body(const IntJob& job) {
   switch (spec.granularity) {
     case Granularity::Tensor:
       for (int64_t t = job.begin; t < job.end; ++t) {
-        enc_uniform(X + t * D, D, job.tensor_scale, job.tensor_offset, sym, bits, u.data());
+#if LQ_X86_KERNELS
+        if constexpr (Avx2) enc_row_avx2(X + t * D, D, nullptr, nullptr, job.tensor_scale, job.tensor_offset, sym, false, bits, u.data());
+        else
+#endif
+          enc_uniform(X + t * D, D, job.tensor_scale, job.tensor_offset, sym, bits, u.data());
         put_row(t);
       }
       break;
@@ -349,7 +412,11 @@ LQ_AI uint32_t int_quantize_body(const IntJob& job) {
         if (bad) return bad;
         put_groups(qt, mn.data(), mx.data(), D, g * D, sc.data(), of.data());
         for (int64_t t = t0; t < t1; ++t) {
-          enc_columns(X + t * D, D, sc.data(), of.data(), sym, bits, u.data());
+#if LQ_X86_KERNELS
+          if constexpr (Avx2) enc_row_avx2(X + t * D, D, sc.data(), of.data(), 0.0f, 0.0f, sym, true, bits, u.data());
+          else
+#endif
+            enc_columns(X + t * D, D, sc.data(), of.data(), sym, bits, u.data());
           put_row(t);
         }
       }
@@ -367,10 +434,14 @@ LQ_AI uint32_t int_quantize_body(const IntJob& job) {
         }
         if (bad) return bad;
         put_groups(qt, mn.data(), mx.data(), nt, t * nt, sc.data(), of.data());
-        for (int64_t j = 0; j < nt; ++j) {
-          const int64_t d0 = j * g, d1 = std::min(D, d0 + g);
-          enc_uniform(x + d0, d1 - d0, sc[static_cast<size_t>(j)], of[static_cast<size_t>(j)], sym, bits, u.data() + d0);
-        }
+#if LQ_X86_KERNELS
+        if constexpr (Avx2) enc_groups_avx2(x, D, nt, g, sc.data(), of.data(), sym, bits, u.data());
+        else
+#endif
+          for (int64_t j = 0; j < nt; ++j) {
+            const int64_t d0 = j * g, d1 = std::min(D, d0 + g);
+            enc_uniform(x + d0, d1 - d0, sc[static_cast<size_t>(j)], of[static_cast<size_t>(j)], sym, bits, u.data() + d0);
+          }
         put_row(t);
       }
       break;
@@ -430,12 +501,12 @@ LQ_AI void int_dequantize_body(const DecJob& job) {
   }
 }
 
-uint32_t int_quantize_baseline(const IntJob& job) { return int_quantize_body(job); }
+uint32_t int_quantize_baseline(const IntJob& job) { return int_quantize_body<false>(job); }
 void int_dequantize_baseline(const DecJob& job) { int_dequantize_body(job); }
 uint32_t minmax_span_baseline(const float* x, int64_t n, float& mn, float& mx) { return minmax_span(x, n, mn, mx); }
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define LQ_HAVE_AVX2_KERNEL 1
-__attribute__((target("avx2"))) uint32_t int_quantize_avx2(const IntJob& job) { return int_quantize_body(job); }
+__attribute__((target("avx2"))) uint32_t int_quantize_avx2(const IntJob& job) { return int_quantize_body<true>(job); }
 __attribute__((target("avx2"))) void int_dequantize_avx2(const DecJob& job);
 __attribute__((target("avx2"))) uint32_t minmax_span_avx2(const float* x, int64_t n, float& mn, float& mx) {
   return minmax_span(x, n, mn, mx);
@@ -451,7 +522,6 @@ __attribute__((target("avx2"))) uint32_t minmax_span_avx2(const float* x, int64_
 // form: decode_sym = mul_rn(scale, float(u − 2^(b−1))), decode_asym = add_rn(offset, mul_rn(scale,
 // float(u))): vcvtdq2ps is exact for these integers, vmulps / vaddps round once each (no FMA: the
 // target is "avx2" without "fma", and -ffp-contract=off), so every float is the reference's.
-#define LQ_AVX2_AI __attribute__((target("avx2"), always_inline)) inline
 
 // 64 bits of a packed row of nb bytes from byte k, little-endian; bytes past the row read as 0.
 LQ_AI uint64_t load_le64(const uint8_t* row, int64_t k, int64_t nb) {
@@ -570,12 +640,24 @@ __attribute__((target("avx2"))) void int_dequantize_avx2_t(const DecJob& job) {
       }
       // groups within the row: each group's span decoded with its (scale, offset); streamed output goes
       // through a row buffer in L1 (the groups do not start on the output's 32-byte boundaries)
-      std::vector<float> buf(static_cast<size_t>(NT ? D : 0));
+      // (the row's nt scales and offsets are converted in one loop first, not one scale_at() per group)
+      std::vector<float> buf(static_cast<size_t>(NT ? D : 0)), rs(static_cast<size_t>(nt)), ro(static_cast<size_t>(nt), 0.0f);
+      const bool f16 = qt.spec.scale_dtype == ScaleDtype::F16;
+      auto row_params = [&](const std::vector<uint8_t>& src, int64_t gi, float* dst) {
+        if (!f16) return (void)std::memcpy(dst, src.data() + 4 * gi, static_cast<size_t>(4 * nt));
+        for (int64_t j = 0; j < nt; ++j) {
+          uint16_t h;
+          std::memcpy(&h, src.data() + 2 * (gi + j), 2);
+          dst[j] = q::f16_bits_to_f32(h);
+        }
+      };
       for (int64_t t = job.begin; t < job.end; ++t) {
         float* o = NT ? buf.data() : job.out + t * D;
+        row_params(qt.scales, t * nt, rs.data());
+        if (!Sym) row_params(qt.offsets, t * nt, ro.data());
         for (int64_t j = 0; j < nt; ++j) {
           const int64_t d0 = j * g, d1 = std::min(D, d0 + g);
-          dec_span_avx2<Bits, Sym>(codes + t * rb, d0, d1, rb, qt.scale_at(t * nt + j), Sym ? 0.0f : qt.offset_at(t * nt + j), o);
+          dec_span_avx2<Bits, Sym>(codes + t * rb, d0, d1, rb, rs[static_cast<size_t>(j)], ro[static_cast<size_t>(j)], o);
         }
         if constexpr (NT) copy_stream_f32(job.out + t * D, buf.data(), D);
       }
