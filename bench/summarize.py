@@ -6,7 +6,8 @@
 
 One row per spec (T and D from the run): quantize and dequantize vs_memcpy for the default kernel
 (`cpu`, one thread), the reference loops (`cpu-ref`) and two threads (`cpu-2t`), and quantize_into() a
-reused tensor (`cpu-into`) where measured; "-" where a row was not run. Also prints the memcpy bandwidth and the run's context (CPUs, load).
+reused tensor (`cpu-into`) where measured; "-" where a row was not run. With --benchmark_repetitions the
+median of the repetitions is used. Also prints the memcpy bandwidth and the run's context (CPUs, load).
 """
 import json
 import re
@@ -21,6 +22,9 @@ def main():
     ctx = run["context"]
     rows, order, memcpy = {}, [], None
     for b in run["benchmarks"]:
+        # with --benchmark_repetitions: the median of the repetitions (the other aggregates are skipped)
+        if b.get("run_type") == "aggregate" and b.get("aggregate_name") != "median":
+            continue
         m = re.match(r"^(cpu[-\w]*)/(quantize|dequantize)/([^/]+)/T:(\d+)/D:(\d+)", b["name"])
         if b["name"].startswith("cpu/memcpy/"):
             memcpy = b["bytes_per_second"]

@@ -239,9 +239,12 @@ LQ_AI void enc_columns(const float* __restrict x, int64_t n, const float* __rest
     for (int64_t i = 0; i < n; ++i) u[i] = static_cast<uint8_t>(q::encode_asym(x[i], s[i], o[i], bits));
 }
 
-// The AVX2 encoders (int_quantize_body<true>): GCC leaves enc_columns' asymmetric loop scalar in the
-// target("avx2") copy (perf: vsubss / vcvttss2si / a byte store per element), so the Avx2 kernel encodes
-// with intrinsics, eight elements at a time, exactly as qmath.h's encode_sym / encode_asym:
+// The AVX2 encoders (int_quantize_body<true>). GCC vectorizes enc_uniform / enc_columns only with
+// -fno-trapping-math (the library's flag; without it enc_columns' asymmetric loop stays scalar:
+// vsubss / vcvttss2si / a byte store per element) and then narrows float → byte through several packs;
+// written with intrinsics, eight elements per step, int4-asym-channel-g32 and -token-g32 quantize_into
+// took 10–20% less CPU time in paired runs on the loaded machine. The same math as qmath.h's
+// encode_sym / encode_asym:
 //   v = x / scale (sym) or (x − offset) / scale (asym): vsubps, vdivps (IEEE, rounded once each);
 //   max_num(lo, v) = (v > lo) ? v : lo = vmaxps(v, lo) (a NaN v gives lo, as max_num);
 //   min_num(c, hi) = (hi < c) ? hi : c = vminps(hi, c);
