@@ -95,6 +95,29 @@ void bm_quantize(benchmark::State& st, const std::string& spec_s, int64_t T, Cpu
   set_counters(st, bytes, total);
 }
 
+// quantize_into() a tensor kept across iterations (a loop over matrices of one spec and shape): the
+// buffers are reused, no allocation or page faults in the timed region.
+void bm_quantize_into(benchmark::State& st, const std::string& spec_s, int64_t T, CpuKernel kernel, int threads) {
+  const KernelScope ks(kernel, threads);
+  const QuantSpec spec = QuantSpec::parse(spec_s);
+  const std::vector<float>& X = cpu_input(T);
+  const std::vector<int64_t> seqs = bench_seq_offsets(T);
+  QuantizedTensor q;
+  quantize_into(q, spec, Target::CKV, X.data(), T, kD, seqs);  // first call: allocates
+  const int64_t bytes = T * kD * 4 + q.storage_bytes();
+  double total = 0;
+  for (auto _ : st) {
+    const auto t0 = Clock::now();
+    quantize_into(q, spec, Target::CKV, X.data(), T, kD, seqs);
+    benchmark::DoNotOptimize(q.codes.data());
+    benchmark::ClobberMemory();
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    st.SetIterationTime(s);
+    total += s;
+  }
+  set_counters(st, bytes, total);
+}
+
 void bm_dequantize(benchmark::State& st, const std::string& spec_s, int64_t T, CpuKernel kernel, int threads) {
   const KernelScope ks(kernel, threads);
   const QuantSpec spec = QuantSpec::parse(spec_s);
@@ -159,7 +182,8 @@ void register_cpu_benchmarks(const Options& opt) {
         ->Unit(benchmark::kMillisecond);
     for (const std::string& spec : bench_specs()) {
       // cpu: the default kernel (CpuKernel::Auto), one thread; at T = 65,536 the integer specs also run
-      // on the reference loops (cpu-ref) and on two threads (cpu-2t)
+      // on the reference loops (cpu-ref) and on two threads (cpu-2t), and quantize_into() a reused tensor
+      // (cpu-into, one thread)
       struct Variant {
         const char* device;
         CpuKernel kernel;
@@ -170,6 +194,11 @@ void register_cpu_benchmarks(const Options& opt) {
         variants.push_back({"cpu-ref", CpuKernel::Reference, 1});
         variants.push_back({"cpu-2t", CpuKernel::Auto, 2});
       }
+      if (T == 65536 && spec.rfind("int", 0) == 0)
+        benchmark::RegisterBenchmark(bench_name("cpu-into", "quantize", spec, T).c_str(), bm_quantize_into, spec, T,
+                                     CpuKernel::Auto, 1)
+            ->UseManualTime()
+            ->Unit(benchmark::kMillisecond);
       for (const Variant& v : variants) {
         benchmark::RegisterBenchmark(bench_name(v.device, "quantize", spec, T).c_str(), bm_quantize, spec, T, v.kernel,
                                      v.threads)

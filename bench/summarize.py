@@ -5,8 +5,9 @@
     .venv/bin/python bench/summarize.py bench.json
 
 One row per spec (T and D from the run): quantize and dequantize vs_memcpy for the default kernel
-(`cpu`, one thread), the reference loops (`cpu-ref`) and two threads (`cpu-2t`) where measured; "-" where
-a row was not run. Also prints the memcpy bandwidth and the run's context (CPUs, load).
+(`cpu`, one thread), the reference loops (`cpu-ref`) and two threads (`cpu-2t`), and quantize_into() a
+reused tensor (`cpu-into`) where measured; "-" where a row was not run. With --benchmark_repetitions the
+median of the repetitions is used. Also prints the memcpy bandwidth and the run's context (CPUs, load).
 """
 import json
 import re
@@ -21,6 +22,9 @@ def main():
     ctx = run["context"]
     rows, order, memcpy = {}, [], None
     for b in run["benchmarks"]:
+        # with --benchmark_repetitions: the median of the repetitions (the other aggregates are skipped)
+        if b.get("run_type") == "aggregate" and b.get("aggregate_name") != "median":
+            continue
         m = re.match(r"^(cpu[-\w]*)/(quantize|dequantize)/([^/]+)/T:(\d+)/D:(\d+)", b["name"])
         if b["name"].startswith("cpu/memcpy/"):
             memcpy = b["bytes_per_second"]
@@ -33,11 +37,11 @@ def main():
         rows[spec][(dev, op)] = b["vs_memcpy"]
     print(f"CPUs {ctx.get('num_cpus')} at {ctx.get('mhz_per_cpu')} MHz, load average {ctx.get('load_avg')}; "
           f"memcpy {memcpy / 1e9:.1f} GB/s (read + written)" if memcpy else "")
-    cols = [("cpu", "quantize"), ("cpu-ref", "quantize"), ("cpu-2t", "quantize"),
+    cols = [("cpu", "quantize"), ("cpu-into", "quantize"), ("cpu-ref", "quantize"), ("cpu-2t", "quantize"),
             ("cpu", "dequantize"), ("cpu-ref", "dequantize"), ("cpu-2t", "dequantize")]
-    print("| spec | quantize | quantize (reference loops) | quantize (2 threads) | dequantize | "
-          "dequantize (reference loops) | dequantize (2 threads) |")
-    print("|---" * 7 + "|")
+    print("| spec | quantize | quantize_into (reused tensor) | quantize (reference loops) | quantize (2 threads) | "
+          "dequantize | dequantize (reference loops) | dequantize (2 threads) |")
+    print("|---" * 8 + "|")
     for spec in order:
         cells = [f"{rows[spec][c]:.2f}" if c in rows[spec] else "-" for c in cols]
         print(f"| {spec} | " + " | ".join(cells) + " |")

@@ -24,31 +24,68 @@ struct Result {
   std::string error;
 };
 
-Result run(CpuKernel k, int threads, const std::string& spec, const std::vector<float>& x, int64_t T, int64_t D,
+// One fast-kernel configuration: kernel, threads, the non-temporal store threshold (set_cpu_stream_min_bytes:
+// 0 streams every output, -1 the default 4 MiB) and whether quantize_into() fills a reused tensor.
+struct Config {
+  CpuKernel kernel;
+  int threads;
+  int64_t stream_min;
+  bool into;
+};
+
+Result run(const Config& c, const std::string& spec, const std::vector<float>& x, int64_t T, int64_t D,
            const std::vector<int64_t>& seqs) {
-  set_cpu_kernel(k);
-  set_cpu_threads(threads);
+  set_cpu_kernel(c.kernel);
+  set_cpu_threads(c.threads);
+  set_cpu_stream_min_bytes(c.stream_min);
   Result r;
+  QuantizedTensor reused;
+  if (c.into) {  // a tensor of this spec and shape from other data, its bytes then overwritten with 0xA5:
+                 // every byte the kernel does not write would show
+    std::vector<float> other(x.rbegin(), x.rend());
+    try {
+      quantize_into(reused, QuantSpec::parse(spec), Target::CKV, other.data(), T, D, seqs);
+    } catch (const std::invalid_argument&) {
+      EXPECT_EQ(reused.rows, 0) << spec << ": quantize_into left a tensor after an error";
+      EXPECT_TRUE(reused.codes.empty()) << spec;
+    }
+    for (std::vector<uint8_t>* v : {&reused.codes, &reused.scales, &reused.offsets}) std::fill(v->begin(), v->end(), 0xA5);
+  }
   try {
-    r.q = quantize(QuantSpec::parse(spec), Target::CKV, x.data(), T, D, seqs);
-    std::vector<float> out(static_cast<size_t>(T * D));
-    dequantize(*r.q, out.data());
-    r.decoded.resize(out.size());
-    std::memcpy(r.decoded.data(), out.data(), out.size() * 4);
+    if (c.into) {
+      quantize_into(reused, QuantSpec::parse(spec), Target::CKV, x.data(), T, D, seqs);
+      r.q = reused;
+    } else {
+      r.q = quantize(QuantSpec::parse(spec), Target::CKV, x.data(), T, D, seqs);
+    }
+    // decoded one float past a 32-byte boundary when streaming: the peel before the aligned stores runs
+    std::vector<float> out(static_cast<size_t>(T * D) + 8);
+    float* o = out.data() + (c.stream_min == 0 ? 1 : 0);
+    dequantize(*r.q, o);
+    r.decoded.resize(static_cast<size_t>(T * D));
+    std::memcpy(r.decoded.data(), o, r.decoded.size() * 4);
   } catch (const std::invalid_argument& e) {
     r.error = e.what();
+    if (c.into) {
+      EXPECT_EQ(reused.rows, 0) << spec << ": quantize_into left a tensor after an error";
+      EXPECT_TRUE(reused.codes.empty() && reused.scales.empty()) << spec;
+    }
   }
   set_cpu_kernel(CpuKernel::Auto);
   set_cpu_threads(1);
+  set_cpu_stream_min_bytes(-1);
   return r;
 }
 
-std::vector<std::pair<CpuKernel, int>> fast_kernels() {
-  std::vector<std::pair<CpuKernel, int>> k = {{CpuKernel::Baseline, 1}, {CpuKernel::Baseline, 2}};
+std::vector<Config> fast_kernels() {
+  std::vector<Config> k = {{CpuKernel::Baseline, 1, -1, false}, {CpuKernel::Baseline, 2, -1, false},
+                           {CpuKernel::Baseline, 1, 0, true}};
   try {
     set_cpu_kernel(CpuKernel::Avx2);
-    k.push_back({CpuKernel::Avx2, 1});
-    k.push_back({CpuKernel::Avx2, 2});
+    k.push_back({CpuKernel::Avx2, 1, -1, false});
+    k.push_back({CpuKernel::Avx2, 2, -1, false});
+    k.push_back({CpuKernel::Avx2, 1, 0, true});
+    k.push_back({CpuKernel::Avx2, 2, 0, false});
   } catch (const std::invalid_argument&) {
     // no AVX2 on this CPU: the Baseline kernels are still compared
   }
@@ -58,11 +95,12 @@ std::vector<std::pair<CpuKernel, int>> fast_kernels() {
 
 void expect_same(const std::string& spec, const std::vector<float>& x, int64_t T, int64_t D,
                  const std::vector<int64_t>& seqs, const std::string& what) {
-  const Result ref = run(CpuKernel::Reference, 1, spec, x, T, D, seqs);
-  for (const auto& [k, th] : fast_kernels()) {
-    const Result got = run(k, th, spec, x, T, D, seqs);
+  const Result ref = run({CpuKernel::Reference, 1, -1, false}, spec, x, T, D, seqs);
+  for (const Config& c : fast_kernels()) {
+    const Result got = run(c, spec, x, T, D, seqs);
     const std::string ctx = spec + " [" + std::to_string(T) + ", " + std::to_string(D) + "] " + what + " kernel " +
-                            std::to_string(static_cast<int>(k)) + " threads " + std::to_string(th);
+                            std::to_string(static_cast<int>(c.kernel)) + " threads " + std::to_string(c.threads) +
+                            " stream_min " + std::to_string(c.stream_min) + (c.into ? " quantize_into" : "");
     ASSERT_EQ(got.error, ref.error) << ctx;
     if (!ref.q) continue;
     ASSERT_TRUE(got.q.has_value()) << ctx;
@@ -84,7 +122,8 @@ std::vector<std::string> int_specs() {
 }
 
 TEST(CpuKernels, RandomInputsGiveTheReferenceBytes) {
-  const std::vector<std::pair<int64_t, int64_t>> shapes = {{1, 1}, {3, 7}, {40, 33}, {97, 576}, {64, 512}};
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{1, 1}, {3, 7}, {40, 33}, {97, 576}, {64, 512},
+                                                             {1, 577}, {33, 45}};
   uint64_t seed = 100;
   for (const auto& [T, D] : shapes)
     for (const std::string& spec : int_specs()) {
@@ -179,6 +218,46 @@ TEST(CpuKernels, EdgeInputsGiveTheReferenceBytes) {
   }
   for (const auto& [what, x] : cases)
     for (const std::string& spec : int_specs()) expect_same(spec, x, T, D, {0, 20, T}, what);
+}
+
+// One tensor reused across specs and shapes (sizes grow, shrink, repeat) and for a non-integer format:
+// after each call it equals what quantize() returns for the same arguments.
+TEST(CpuKernels, QuantizeIntoAReusedTensorEqualsQuantize) {
+  const uint64_t seed = 23;
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> N;
+  std::vector<float> x(static_cast<size_t>(70 * 96));
+  for (float& v : x) v = N(rng) * 2.0f - 0.25f;
+  QuantizedTensor qt;
+  const std::vector<std::pair<std::string, int64_t>> calls = {
+      {"int8-sym-token", 70},        {"int4-asym-channel-g32", 70}, {"int2-asym-tensor", 70}, {"int4-asym-channel-g32", 70},
+      {"int4-asym-channel-g32", 33}, {"int8-asym-token-g32-fp32", 70}, {"bf16", 70},          {"int2-sym-token-g7", 51},
+      {"q4_0", 70},                  {"int4-sym-channel", 70}};
+  for (const auto& [spec, T] : calls) {
+    for (size_t i = 0; i < x.size(); ++i) x[i] = x[i] * -1.0625f + 0.01f;  // new data for every call
+    const std::vector<int64_t> seqs = {0, T / 2, T};
+    const QuantizedTensor want = quantize(QuantSpec::parse(spec), Target::CKV, x.data(), T, 96, seqs);
+    quantize_into(qt, QuantSpec::parse(spec), Target::CKV, x.data(), T, 96, seqs);
+    const std::string ctx = spec + " T " + std::to_string(T) + " seed " + std::to_string(seed);
+    EXPECT_EQ(qt.spec, want.spec) << ctx;
+    EXPECT_EQ(qt.rows, want.rows) << ctx;
+    EXPECT_EQ(qt.cols, want.cols) << ctx;
+    EXPECT_EQ(qt.codes, want.codes) << ctx;
+    EXPECT_EQ(qt.scales, want.scales) << ctx;
+    EXPECT_EQ(qt.offsets, want.offsets) << ctx;
+    EXPECT_EQ(qt.global, want.global) << ctx;
+    EXPECT_EQ(qt.group_bounds, want.group_bounds) << ctx;
+  }
+  // an error empties the tensor and names the input as quantize() does
+  x[5] = std::numeric_limits<float>::quiet_NaN();
+  try {
+    quantize_into(qt, QuantSpec::parse("int4-asym-token"), Target::CKV, x.data(), 70, 96, std::vector<int64_t>{0, 70});
+    ADD_FAILURE() << "no error for a NaN";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_STREQ(e.what(), "1 NaN/Inf values in the [70, 96] input");
+  }
+  EXPECT_EQ(qt.rows, 0);
+  EXPECT_TRUE(qt.codes.empty() && qt.scales.empty() && qt.offsets.empty());
 }
 
 TEST(CpuKernels, AutoPicksAFastKernel) {

@@ -98,6 +98,14 @@ std::string overflow_message(const QuantSpec& spec, const char* what, float raw,
 QuantizedTensor quantize(const QuantSpec& spec, Target target, const float* X, int64_t T, int64_t D,
                          std::span<const int64_t> seq_offsets);
 
+/// quantize() into an existing tensor: afterwards qt holds exactly what quantize(spec, target, X, T, D,
+/// seq_offsets) returns (same bytes, same errors). The integer formats on the fused kernels (CpuKernel
+/// Baseline / Avx2) reuse qt's codes, scales and offsets buffers when they already have the sizes this
+/// call needs (a loop over matrices of one spec and shape): no allocation, no zero fill, no page
+/// faults; every other case assigns a new tensor. On an exception qt is left empty (QuantizedTensor{}).
+void quantize_into(QuantizedTensor& qt, const QuantSpec& spec, Target target, const float* X, int64_t T, int64_t D,
+                   std::span<const int64_t> seq_offsets);
+
 /// Decode into out [T, D] row-major float32. Reads only q's codes, scales and offsets.
 void dequantize(const QuantizedTensor& q, float* out);
 
@@ -127,6 +135,11 @@ CpuKernel active_cpu_kernel();
 /// group in row order raises. n < 1 is taken as 1.
 void set_cpu_threads(int n);
 int cpu_threads();
+/// Outputs of at least n bytes (integer quantize: the packed codes; dequantize: the floats) are written
+/// with non-temporal stores by the fused kernels: they bypass the caches, which such outputs do not fit,
+/// and skip the read-for-ownership of every written line. n < 0 restores the default, 4 MiB; 0 streams
+/// every output (tests: the streamed paths on small inputs). The bytes written are the same either way.
+void set_cpu_stream_min_bytes(int64_t n);
 
 /// Block formats whose scale can exceed float32's range when multiplied by a code (FlashMLA's
 /// power-of-two ceiling, MX's shared exponent) are checked when the matrix's max|x| reaches this:
