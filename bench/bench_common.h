@@ -60,6 +60,8 @@ inline std::string bench_name(const char* device, const char* op, const std::str
 void register_cpu_benchmarks(const Options& opt);
 /// The absorbed-attention probe at DeepSeek-V2-Lite shapes (bench_attention.cpp).
 void register_attention_benchmarks(const Options& opt);
+/// The default study's stages at DeepSeek-V2-Lite shape (bench_study.cpp).
+void register_study_benchmarks(const Options& opt);
 #if defined(LATENTQ_BENCH_GPU)
 void register_gpu_benchmarks(const Options& opt);
 #endif

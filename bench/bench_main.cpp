@@ -42,6 +42,7 @@ int main(int argc, char** argv) {
   rest.push_back(nullptr);
   latentq::bench::register_cpu_benchmarks(opt);
   latentq::bench::register_attention_benchmarks(opt);
+  latentq::bench::register_study_benchmarks(opt);
 #if defined(LATENTQ_BENCH_GPU)
   latentq::bench::register_gpu_benchmarks(opt);
 #endif

@@ -1,6 +1,7 @@
 // Transform stage before a quantizer (latentq/transform.h).
 #include "latentq/transform.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <stdexcept>
@@ -194,8 +195,38 @@ Rotation Rotation::dense(int64_t D, std::vector<float> R) {
   Rotation r;
   r.D_ = D;
   r.R_ = std::move(R);
+  r.Rt_.resize(r.R_.size());
+  for (int64_t i = 0; i < D; ++i)
+    for (int64_t j = 0; j < D; ++j) r.Rt_[j * D + i] = r.R_[i * D + j];
   return r;
 }
+
+namespace {
+
+// Rows of X [T, D] in place: x'_i = Σ_k M[k, i] x_k, each sum in float64 over k ascending from 0,
+// rounded once to float. Tiles of kTile rows share each row of M (read from cache once per tile); the
+// inner loop runs over i (independent sums in vector lanes, no reassociation), so every output is the
+// same double sum as the scalar loop's.
+void dense_rows(const float* M, float* X, int64_t T, int64_t D) {
+  constexpr int64_t kTile = 8;
+  std::vector<double> acc(static_cast<size_t>(kTile * D));
+  for (int64_t t0 = 0; t0 < T; t0 += kTile) {
+    const int64_t n = std::min(kTile, T - t0);
+    std::fill(acc.begin(), acc.begin() + n * D, 0.0);
+    for (int64_t k = 0; k < D; ++k) {
+      const float* m = M + k * D;
+      for (int64_t r = 0; r < n; ++r) {
+        const double xk = X[(t0 + r) * D + k];
+        double* a = acc.data() + r * D;
+        for (int64_t i = 0; i < D; ++i) a[i] += static_cast<double>(m[i]) * xk;
+      }
+    }
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t i = 0; i < D; ++i) X[(t0 + r) * D + i] = static_cast<float>(acc[r * D + i]);
+  }
+}
+
+}  // namespace
 
 Rotation Rotation::make(const Transform& t, int64_t D) {
   switch (t.kind) {
@@ -217,16 +248,7 @@ void Rotation::forward(float* X, int64_t T, int64_t D) const {
     fwht_rows(X, T, D, block_);
     return;
   }
-  std::vector<float> y(static_cast<size_t>(D));
-  for (int64_t t = 0; t < T; ++t) {
-    float* x = X + t * D;
-    for (int64_t i = 0; i < D; ++i) {
-      double acc = 0;
-      for (int64_t j = 0; j < D; ++j) acc += static_cast<double>(R_[i * D + j]) * x[j];
-      y[i] = static_cast<float>(acc);
-    }
-    std::copy(y.begin(), y.end(), x);
-  }
+  dense_rows(Rt_.data(), X, T, D);  // x'_i = Σ_j Rᵀ[j, i] x_j = Σ_j R_ij x_j
 }
 
 void Rotation::inverse(float* X, int64_t T, int64_t D) const {
@@ -238,14 +260,7 @@ void Rotation::inverse(float* X, int64_t T, int64_t D) const {
       for (int64_t j = 0; j < D; ++j) X[t * D + j] *= s_[j];
     return;
   }
-  std::vector<double> y(static_cast<size_t>(D));
-  for (int64_t t = 0; t < T; ++t) {
-    float* x = X + t * D;
-    std::fill(y.begin(), y.end(), 0.0);
-    for (int64_t i = 0; i < D; ++i)
-      for (int64_t j = 0; j < D; ++j) y[j] += static_cast<double>(R_[i * D + j]) * x[i];
-    for (int64_t j = 0; j < D; ++j) x[j] = static_cast<float>(y[j]);
-  }
+  dense_rows(R_.data(), X, T, D);  // x_j = Σ_i R_ij x'_i
 }
 
 std::vector<float> Rotation::matrix() const {

@@ -136,6 +136,36 @@ TEST(Transform, RotationsAreOrthogonalAndInvertible) {
   }
 }
 
+// The dense rotation's documented arithmetic, bit for bit: each output a float64 sum in index order
+// (the scalar loops of the definition) rounded once, whatever the tiling of rows (T = 1, 8, 19: tiles of
+// 8 and a tail) and D (odd, and 576).
+TEST(Transform, DenseRotationIsTheFloat64SumInIndexOrder) {
+  for (const auto& [T, D] : std::vector<std::pair<int64_t, int64_t>>{{1, 5}, {8, 33}, {19, 64}, {19, 576}}) {
+    const uint32_t seed = static_cast<uint32_t>(11 + T + D);
+    SCOPED_TRACE("T=" + std::to_string(T) + " D=" + std::to_string(D) + " seed=" + std::to_string(seed));
+    const Rotation r = Rotation::dense(D, haar_orthogonal(D, seed));
+    const std::vector<float> R = r.matrix();
+    const std::vector<float> x0 = random_rows(T, D, seed);
+    std::vector<float> fwd(x0.size()), inv(x0.size());
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t i = 0; i < D; ++i) {
+        double f = 0, b = 0;
+        for (int64_t j = 0; j < D; ++j) {
+          f += static_cast<double>(R[i * D + j]) * x0[t * D + j];  // x'_i = Σ_j R_ij x_j
+          b += static_cast<double>(R[j * D + i]) * x0[t * D + j];  // x_i = Σ_j R_ji x'_j
+        }
+        fwd[t * D + i] = static_cast<float>(f);
+        inv[t * D + i] = static_cast<float>(b);
+      }
+    std::vector<float> x = x0;
+    r.forward(x.data(), T, D);
+    for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(x[i], fwd[i]) << "forward, element " << i;
+    x = x0;
+    r.inverse(x.data(), T, D);
+    for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(x[i], inv[i]) << "inverse, element " << i;
+  }
+}
+
 TEST(Transform, HaarIsSeededAndNotTheIdentity) {
   EXPECT_EQ(haar_orthogonal(16, 1), haar_orthogonal(16, 1));
   EXPECT_NE(haar_orthogonal(16, 1), haar_orthogonal(16, 2));

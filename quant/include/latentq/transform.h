@@ -101,7 +101,9 @@ class Rotation {
   static Rotation make(const Transform& t, int64_t D);
 
   /// Rows of X [T, D] in place. Hadamard: x' = H·(s ⊙ x) (fwht_rows); dense: x'_i = Σ_j R_ij x_j,
-  /// accumulated in float64 over j ascending, rounded once. Throws std::invalid_argument if D differs.
+  /// accumulated in float64 over j ascending, rounded once (each output's sum in that order: the
+  /// loops run over tiles of rows with the outputs in vector lanes, not a reassociating GEMM, so the
+  /// bits do not depend on the ISA or the tiling). Throws std::invalid_argument if D differs.
   void forward(float* X, int64_t T, int64_t D) const;
   /// Rows of X in place: Hadamard: x = s ⊙ (H·x'); dense: x_j = Σ_i R_ij x'_i (float64, i ascending).
   void inverse(float* X, int64_t T, int64_t D) const;
@@ -115,6 +117,7 @@ class Rotation {
   int64_t block_ = 0;      // Hadamard block; 0 = dense
   std::vector<float> s_;   // Hadamard signs [D]
   std::vector<float> R_;   // dense [D, D]
+  std::vector<float> Rt_;  // dense Rᵀ [D, D] (forward reads it row by row)
 };
 
 /// The cell of a transformed quantizer on the CPU reference: X' = rows of X [T, D] rotated by r
