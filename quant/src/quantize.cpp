@@ -48,6 +48,21 @@ q::ScaleOffset group_params(const QuantizedTensor& qt, float mn, float mx, int64
   return p;
 }
 
+// The per-tensor group of an integer spec: its (scale, offset) from the matrix's min/max, stored as
+// the only entry of qt.scales (and of qt.offsets when asymmetric). Throws as group_params().
+q::ScaleOffset store_tensor_params(QuantizedTensor& qt, float mn, float mx) {
+  const QuantSpec& spec = qt.spec;
+  const q::ScaleOffset p = group_params(qt, mn, mx, 0);
+  const size_t sb = static_cast<size_t>(q::scale_dtype_bytes(spec.scale_dtype));
+  qt.scales.assign(sb, 0);
+  put_scale(qt.scales, 0, p.scale, spec.scale_dtype);
+  if (spec.scheme == Scheme::Asym) {
+    qt.offsets.assign(sb, 0);
+    put_scale(qt.offsets, 0, p.offset, spec.scale_dtype);
+  }
+  return p;
+}
+
 // Encode n elements of x with per-element (scale, offset) pointers advanced by `Step` (0: one
 // group for the whole span, 1: one per element) into byte codes u[n]. Step is a template argument
 // so both loops vectorize (Step 0: the compiler hoists the scale > 0 test out of the loop).
@@ -782,13 +797,7 @@ void quantize_int_fast(QuantizedTensor& qt, const QuantSpec& spec_in, Target tar
           mx = q::max_num(mx, mxs[static_cast<size_t>(i)]);
         }
         if (bad) break;
-        const q::ScaleOffset p = group_params(qt, mn, mx, 0);
-        qt.scales.assign(static_cast<size_t>(sb), 0);
-        put_scale(qt.scales, 0, p.scale, spec.scale_dtype);
-        if (asym) {
-          qt.offsets.assign(static_cast<size_t>(sb), 0);
-          put_scale(qt.offsets, 0, p.offset, spec.scale_dtype);
-        }
+        const q::ScaleOffset p = store_tensor_params(qt, mn, mx);
         job.tensor_scale = p.scale;
         job.tensor_offset = p.offset;
         break;
@@ -1037,13 +1046,7 @@ QuantizedTensor quantize(const QuantSpec& spec_in, Target target, const float* X
         mn = q::min_num(mn, X[i]);
         mx = q::max_num(mx, X[i]);
       }
-      const q::ScaleOffset p = group_params(qt, mn, mx, 0);
-      qt.scales.assign(static_cast<size_t>(sb), 0);
-      put_scale(qt.scales, 0, p.scale, spec.scale_dtype);
-      if (asym) {
-        qt.offsets.assign(static_cast<size_t>(sb), 0);
-        put_scale(qt.offsets, 0, p.offset, spec.scale_dtype);
-      }
+      const q::ScaleOffset p = store_tensor_params(qt, mn, mx);
       for (int64_t t = 0; t < T; ++t) encode_row(X + t * D, &p.scale, &p.offset, 0, qt.codes.data() + t * rb);
       return qt;
     }
