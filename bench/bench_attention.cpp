@@ -26,10 +26,6 @@
 #include <random>
 #include <vector>
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-
 #include <Eigen/Dense>
 
 #include "bench_common.h"
@@ -92,14 +88,6 @@ double gemm_flops() {
     }
   return f;
 }
-
-struct OneThread {
-#ifdef _OPENMP
-  int old = omp_get_max_threads();
-  OneThread() { omp_set_num_threads(1); }
-  ~OneThread() { omp_set_num_threads(old); }
-#endif
-};
 
 double& sgemm_gflops() {
   static double g = 0;

@@ -14,7 +14,20 @@
 #include <string>
 #include <vector>
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 namespace latentq::bench {
+
+/// One thread for OpenMP-parallel code (Eigen) while in scope, as `latentq run` runs one cell.
+struct OneThread {
+#ifdef _OPENMP
+  int old = omp_get_max_threads();
+  OneThread() { omp_set_num_threads(1); }
+  ~OneThread() { omp_set_num_threads(old); }
+#endif
+};
 
 /// kv_lora_rank + qk_rope_head_dim of DeepSeek-V2/V3 (512 + 64): the benchmarked D.
 inline constexpr int64_t kD = 576;

@@ -28,10 +28,6 @@
 #include <string>
 #include <vector>
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-
 #include "bench_common.h"
 #include "latentq/batch_study.h"
 #include "latentq/config.h"
@@ -75,14 +71,6 @@ StudyFixture& fixture() {
   static StudyFixture f;
   return f;
 }
-
-struct OneThread {
-#ifdef _OPENMP
-  int old = omp_get_max_threads();
-  OneThread() { omp_set_num_threads(1); }
-  ~OneThread() { omp_set_num_threads(old); }
-#endif
-};
 
 // The tasks of `group` (their first group) that read exactly `layers`.
 std::vector<const CellTask*> stage_tasks(const StudyPlan& p, const std::string& group, const std::vector<int>& layers) {
