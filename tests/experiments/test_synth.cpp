@@ -13,6 +13,7 @@
 
 #include "cli_capture.h"
 #include "latentq/dump.h"
+#include "latentq/probe_study.h"
 #include "latentq/probes/attention.h"
 #include "latentq/synth.h"
 #include "synth_dump.h"
@@ -95,6 +96,9 @@ TEST(Synth, EveryPresetWritesADumpWhoseAttentionCheckPasses) {
     EXPECT_EQ(d.attrs.num_layers, m.name == "tiny-mla" ? 2 : 1) << m.name;
     EXPECT_EQ(d.attrs.kv_lora_rank, m.kv_lora_rank) << m.name;
     EXPECT_EQ(d.attrs.num_heads, m.num_heads) << m.name;
+    EXPECT_EQ(d.attrs.qk_rope_head_dim, m.qk_rope_head_dim) << m.name;
+    EXPECT_EQ(d.attrs.qk_nope_head_dim, m.qk_nope_head_dim) << m.name;
+    EXPECT_EQ(d.attrs.v_head_dim, m.v_head_dim) << m.name;
     EXPECT_EQ(d.attrs.rope_layout, m.rope_layout) << m.name;
     EXPECT_DOUBLE_EQ(d.attrs.softmax_scale, m.softmax_scale) << m.name;
     EXPECT_EQ(d.num_tokens(), 192);
@@ -103,16 +107,8 @@ TEST(Synth, EveryPresetWritesADumpWhoseAttentionCheckPasses) {
       ASSERT_TRUE(L.has_attention());
       // the query-row rule: 3 rows per sequence of 96 at local 31, 63, 95
       EXPECT_EQ(L.q_rows, (std::vector<int32_t>{31, 63, 95, 127, 159, 191}));
-      probes::AttentionQueries q;
-      q.dims = {m.num_heads, m.kv_lora_rank, m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim};
-      q.num_tokens = d.num_tokens();
-      q.seq_offsets = d.seq_offsets;
-      q.q_rows = L.q_rows;
-      q.q_nope = L.q_nope;
-      q.q_pe = L.q_pe;
-      q.w_uk = L.w_uk;
-      q.w_uv = L.w_uv;
-      q.softmax_scale = d.attrs.softmax_scale;
+      // the queries as latentq run's attention check builds them from the dump
+      const probes::AttentionQueries q = attention_queries(d, L);
       const auto r = probes::absorbed_attention<float>(q, L.c_kv, L.k_pe);
       double num = 0, den = 0;
       for (size_t i = 0; i < r.out.size(); ++i) {
