@@ -2,10 +2,12 @@
 // shapes (16 heads, kv_lora_rank 512, qk_rope_head_dim 64, qk_nope_head_dim = v_head_dim = 128; 4 sequences
 // of 2048 tokens, 64 query rows each at positions 31, 63, ..., 2047, as a latentq-dump/1 dump's q_rows),
 // single-threaded, as `latentq run` runs one cell:
-//   cpu/attention_sgemm/v2lite   the probe's GEMMs alone, plain Eigen float32 (row-major, as the probe):
-//                                per chunk of 8 query rows × 16 heads of one sequence, scores
+//   cpu/attention_sgemm/v2lite   the probe's GEMMs alone, through probes::gemm (OpenBLAS sgemm, row-major, as
+//                                the probe): per chunk of 8 query rows × 16 heads of one sequence, scores
 //                                [128, 512]·[512, nk] + [128, 64]·[64, nk] and output [128, nk]·[nk, 512];
 //                                counter GFLOPs = their flops / time (the sgemm rate at those shapes)
+//   cpu/attention_sgemm_eigen/v2lite  the same GEMMs through Eigen's own product (what the probe used before
+//                                gemm.h; SSE2 only in a portable build); counter vs_blas = its rate / the row above
 //   cpu/attention_cell/v2lite    one /attention_error cell of c_kv+k_pe: quantize both targets
 //                                (int4-asym-channel-g32), AbsorbedAttention::run with probabilities,
 //                                attention_error against the shared reference; counters GFLOPs (the same
@@ -31,6 +33,7 @@
 #include "bench_common.h"
 #include "latentq/decode_order.h"
 #include "latentq/probes/attention.h"
+#include "latentq/probes/gemm.h"
 #include "latentq/quantize.h"
 
 namespace latentq::bench {
@@ -94,7 +97,9 @@ double& sgemm_gflops() {
   return g;
 }
 
-void bm_sgemm(benchmark::State& st) {
+// The probe's GEMMs alone at its shapes: through probes::gemm (OpenBLAS, what the cells use) or, for
+// comparison, through Eigen's own product (SSE2 only in a portable build).
+void bm_sgemm(benchmark::State& st, bool eigen) {
   const Layer& l = layer();
   const int64_t H = kV2Lite.num_heads, r = kV2Lite.kv_lora_rank, rope = kV2Lite.qk_rope_head_dim;
   std::mt19937_64 rng(8);
@@ -111,9 +116,16 @@ void bm_sgemm(benchmark::State& st) {
         const Eigen::Map<const RowMatF> C(l.c_kv.data() + l.seq_offsets[s] * r, nk, r);
         const Eigen::Map<const RowMatF> K(l.k_pe.data() + l.seq_offsets[s] * rope, nk, rope);
         RowMatF S(kChunk * H, nk);
-        S.noalias() = Q * C.transpose();
-        S.noalias() += Qp * K.transpose();
-        O.noalias() = S * C;
+        if (eigen) {
+          S.noalias() = Q * C.transpose();
+          S.noalias() += Qp * K.transpose();
+          O.noalias() = S * C;
+        } else {
+          using probes::Op;
+          probes::gemm<float>(Op::N, Op::T, 1, Q, C, 0, S);
+          probes::gemm<float>(Op::N, Op::T, 1, Qp, K, 1, S);
+          probes::gemm<float>(Op::N, Op::N, 1, S, C, 0, O);
+        }
         benchmark::DoNotOptimize(O.data());
       }
     const double sec = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -121,8 +133,9 @@ void bm_sgemm(benchmark::State& st) {
     total += sec;
   }
   const double g = gemm_flops() * static_cast<double>(st.iterations()) / total / 1e9;
-  sgemm_gflops() = g;
+  if (!eigen) sgemm_gflops() = g;
   st.counters["GFLOPs"] = g;
+  if (eigen && sgemm_gflops() > 0) st.counters["vs_blas"] = g / sgemm_gflops();
 }
 
 void bm_group(benchmark::State& st) {
@@ -191,7 +204,12 @@ void bm_cell(benchmark::State& st, bool decode) {
 
 void register_attention_benchmarks(const Options&) {
   // sgemm first: the cell rows report their rate as a fraction of it.
-  benchmark::RegisterBenchmark("cpu/attention_sgemm/v2lite", bm_sgemm)->UseManualTime()->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("cpu/attention_sgemm/v2lite", bm_sgemm, false)
+      ->UseManualTime()
+      ->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("cpu/attention_sgemm_eigen/v2lite", bm_sgemm, true)
+      ->UseManualTime()
+      ->Unit(benchmark::kMillisecond);
   benchmark::RegisterBenchmark("cpu/attention_cell/v2lite", bm_cell, false)->UseManualTime()->Unit(benchmark::kMillisecond);
   benchmark::RegisterBenchmark("cpu/attention_group/v2lite", bm_group)->UseManualTime()->Unit(benchmark::kMillisecond);
   benchmark::RegisterBenchmark("cpu/attention_position/v2lite", bm_cell, true)

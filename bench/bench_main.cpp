@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "bench_common.h"
+#include "latentq/probes/gemm.h"
 
 int main(int argc, char** argv) {
   latentq::bench::Options opt;
@@ -48,6 +49,7 @@ int main(int argc, char** argv) {
 #endif
   benchmark::Initialize(&n, rest.data());
   if (benchmark::ReportUnrecognizedArguments(n, rest.data())) return 1;
+  benchmark::AddCustomContext("blas", latentq::probes::blas_backend());  // the attention rows' GEMMs
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   return 0;

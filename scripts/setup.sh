@@ -15,7 +15,7 @@ jobs="${JOBS:-$(nproc)}"
 # --- Debian packages (C++ dependencies, the KJV text, Python venv support) -------------------
 pkgs=(build-essential cmake ninja-build pkg-config git
       libhdf5-dev libeigen3-dev libgtest-dev libbenchmark-dev libcli11-dev libtomlplusplus-dev
-      nlohmann-json3-dev libfmt-dev pybind11-dev libssl-dev
+      nlohmann-json3-dev libfmt-dev pybind11-dev libssl-dev libopenblas-pthread-dev
       bible-kjv bible-kjv-text python3 python3-venv python3-dev)
 # the test command also starts a one-node Slurm cluster (tests/slurm/run_slurm_test.sh)
 [ "$mode" = test ] && pkgs+=(slurm-wlm munge)

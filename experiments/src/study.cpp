@@ -19,6 +19,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "latentq/probes/gemm.h"
 #include "latentq/probes/svd_probe.h"
 #include "latentq/transform.h"
 #include "latentq/util.h"
@@ -329,6 +330,7 @@ Attrs study_attrs(const StudyConfig& config, const Dump& dump, const std::string
       {"layers", fmt::format("{}", fmt::join(layers, ","))},
       {"targets", fmt::format("{}", fmt::join(targets, ","))},
       {"device", device},
+      {"blas", probes::blas_backend()},  // the probes' GEMMs: their last bits depend on its CPU kernel
   };
 }
 

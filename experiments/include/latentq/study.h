@@ -139,7 +139,8 @@ ColumnTable summarize(const ColumnTable& latent_error, const std::vector<Quantiz
 /// The root attributes of a results file of `config` run on `dump` (loaded from config.dump, whose
 /// SHA-256 is `input_sha256`) on `device`: created, latentq_version, git_commit, config, config_source,
 /// config_dir (the directory the config's relative paths resolve against), input_path, input_sha256,
-/// input_revision, model, num_layers, kv_lora_rank, qk_rope_head_dim, layers, targets, device.
+/// input_revision, model, num_layers, kv_lora_rank, qk_rope_head_dim, layers, targets, device, blas (the
+/// BLAS library and CPU kernel of the probes' GEMMs, probes::blas_backend()).
 Attrs study_attrs(const StudyConfig& config, const Dump& dump, const std::string& input_sha256,
                   const std::string& device);
 

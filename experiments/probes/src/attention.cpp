@@ -11,6 +11,7 @@
 #include <type_traits>
 
 #include "detail.h"
+#include "latentq/probes/gemm.h"
 #include "latentq/probes/narrow.h"
 #include "latentq/probes/split.h"
 #include "latentq/quantize.h"
@@ -196,7 +197,8 @@ AbsorbedAttention<Scalar>::AbsorbedAttention(const AttentionQueries& q) {
     for (int64_t p = 0; p < Tq; ++p)
       for (int64_t j = 0; j < nope; ++j) qn(p, j) = static_cast<Scalar>(q.q_nope[(order_[p] * H + h) * nope + j]);
     const Mat wuk = Eigen::Map<const RowMatF>(q.w_uk.data() + h * nope * r, nope, r).template cast<Scalar>();
-    const Mat ql = qn * wuk;
+    Mat ql(Tq, r);
+    gemm<Scalar>(Op::N, Op::N, 1, qn, wuk, 0, ql);
     for (int64_t p = 0; p < Tq; ++p) {
       q_lat_.row(p * H + h) = ql.row(p);
       for (int64_t j = 0; j < rope; ++j) q_pe_(p * H + h, j) = static_cast<Scalar>(q.q_pe[(order_[p] * H + h) * rope + j]);
@@ -294,27 +296,27 @@ AttentionResult<Scalar> AbsorbedAttention<Scalar>::run_impl(std::span<const floa
     const auto Q = q_lat_.middleRows(c.begin * H, nH);
     Mat S(nH, c.nk);
     if (c_a) {
-      S.noalias() = Q * Ck.transpose();
+      gemm<Scalar>(Op::N, Op::T, 1, Q, Ck, 0, S);
       if (c_b) {
         Mat SB(nH, c.nk);
-        SB.noalias() = Q * CkB.transpose();
+        gemm<Scalar>(Op::N, Op::T, 1, Q, CkB, 0, SB);
         take_b_outside(S, SB, mixed->ckv_from_a);
       }
     } else {
-      S.noalias() = Q * CkB.transpose();
+      gemm<Scalar>(Op::N, Op::T, 1, Q, CkB, 0, S);
     }
     if (rope > 0) {
       const Eigen::Map<const Mat> Kk(K.ptr + c.key_begin * rope, c.nk, rope);
       const Eigen::Map<const Mat> KkB(mixed ? KB.ptr + c.key_begin * rope : K.ptr, c.nk, rope);
       const auto Qp = q_pe_.middleRows(c.begin * H, nH);
       if (k_a && !k_b) {
-        S.noalias() += Qp * Kk.transpose();
+        gemm<Scalar>(Op::N, Op::T, 1, Qp, Kk, 1, S);
       } else if (!k_a) {
-        S.noalias() += Qp * KkB.transpose();
+        gemm<Scalar>(Op::N, Op::T, 1, Qp, KkB, 1, S);
       } else {
         Mat SA(nH, c.nk), SB(nH, c.nk);
-        SA.noalias() = Qp * Kk.transpose();
-        SB.noalias() = Qp * KkB.transpose();
+        gemm<Scalar>(Op::N, Op::T, 1, Qp, Kk, 0, SA);
+        gemm<Scalar>(Op::N, Op::T, 1, Qp, KkB, 0, SB);
         take_b_outside(SA, SB, mixed->kpe_from_a);
         S += SA;
       }
@@ -330,15 +332,15 @@ AttentionResult<Scalar> AbsorbedAttention<Scalar>::run_impl(std::span<const floa
     }
     auto O = o_lat.middleRows(c.begin * H, nH);
     if (!c_b) {
-      O.noalias() = S * Ck;
+      gemm<Scalar>(Op::N, Op::N, 1, S, Ck, 0, O);
     } else if (!c_a) {
-      O.noalias() = S * CkB;
+      gemm<Scalar>(Op::N, Op::N, 1, S, CkB, 0, O);
     } else {
       Mat PB = S;
       mask_cols(S, mixed->ckv_from_a, true);
       mask_cols(PB, mixed->ckv_from_a, false);
-      O.noalias() = S * Ck;
-      O.noalias() += PB * CkB;
+      gemm<Scalar>(Op::N, Op::N, 1, S, Ck, 0, O);
+      gemm<Scalar>(Op::N, Op::N, 1, PB, CkB, 1, O);
     }
   }
 
@@ -346,7 +348,8 @@ AttentionResult<Scalar> AbsorbedAttention<Scalar>::run_impl(std::span<const floa
   for (int64_t h = 0; h < H; ++h) {
     const Eigen::Map<const Mat, 0, Eigen::OuterStride<>> Oh(o_lat.data() + h * r, Tq, r, Eigen::OuterStride<>(H * r));
     const Eigen::Map<const Mat> Wh(w_uv_.data() + h * v * r, v, r);
-    const Mat R = Oh * Wh.transpose();
+    Mat R(Tq, v);
+    gemm<Scalar>(Op::N, Op::T, 1, Oh, Wh, 0, R);
     for (int64_t p = 0; p < Tq; ++p)
       Eigen::Map<Eigen::Matrix<Scalar, 1, Eigen::Dynamic>>(res.out.data() + (order_[p] * H + h) * v, v) = R.row(p);
   }
@@ -369,7 +372,7 @@ typename AbsorbedAttention<Scalar>::CkvScores AbsorbedAttention<Scalar>::ckv_sco
     const Chunk& c = chunks_[ci];
     const Eigen::Map<const Mat> Ck(C.ptr + c.key_begin * r, c.nk, r);
     out.chunks[ci].resize((c.end - c.begin) * H, c.nk);
-    out.chunks[ci].noalias() = q_lat_.middleRows(c.begin * H, (c.end - c.begin) * H) * Ck.transpose();
+    gemm<Scalar>(Op::N, Op::T, 1, q_lat_.middleRows(c.begin * H, (c.end - c.begin) * H), Ck, 0, out.chunks[ci]);
   }
   return out;
 }
@@ -411,7 +414,7 @@ std::vector<AttentionResult<Scalar>> AbsorbedAttention<Scalar>::run_variants(std
     if (static_cast<int64_t>(C.size()) == vc[u]) C.emplace_back(variants[u].c_kv);
     if (static_cast<int64_t>(K.size()) == vk[u]) K.emplace_back(variants[u].k_pe);
   }
-  // Variants of each c_kv store, in order: their output GEMM is one, stacked.
+  // Variants of each c_kv store, in order: they share its score GEMM.
   std::vector<std::vector<int64_t>> by_c(ncs);
   for (int64_t a = 0; a < nv; ++a) by_c[vc[a]].push_back(a);
 
@@ -432,7 +435,7 @@ std::vector<AttentionResult<Scalar>> AbsorbedAttention<Scalar>::run_variants(std
       for (int64_t u = 0; u < nks; ++u) {
         const Eigen::Map<const Mat> Kk(K[u].ptr + c.key_begin * rope, c.nk, rope);
         Sk[u].resize(nH, c.nk);
-        Sk[u].noalias() = Qp * Kk.transpose();
+        gemm<Scalar>(Op::N, Op::T, 1, Qp, Kk, 0, Sk[u]);
       }
     }
     for (int64_t u = 0; u < ncs; ++u) {
@@ -442,7 +445,7 @@ std::vector<AttentionResult<Scalar>> AbsorbedAttention<Scalar>::run_variants(std
       Mat own;
       if (!c_scores[u]) {
         own.resize(nH, c.nk);
-        own.noalias() = Q * Ck.transpose();
+        gemm<Scalar>(Op::N, Op::T, 1, Q, Ck, 0, own);
       }
       const Mat& Sc = c_scores[u] ? c_scores[u]->chunks[ci] : own;
       Mat P(m * nH, c.nk);  // the variants' probabilities, stacked
@@ -461,9 +464,10 @@ std::vector<AttentionResult<Scalar>> AbsorbedAttention<Scalar>::run_variants(std
           }
         }
       }
-      Mat O(m * nH, r);
-      O.noalias() = P * Ck;
-      for (int64_t b = 0; b < m; ++b) o_lat[vs[b]].middleRows(c.begin * H, nH) = O.middleRows(b * nH, nH);
+      // One output GEMM per variant, of the same shape as run()'s: a variant's bits do not depend on how
+      // many variants share its c_kv store (BLAS's blocking and edge kernels depend on the row count).
+      for (int64_t b = 0; b < m; ++b)
+        gemm<Scalar>(Op::N, Op::N, 1, P.middleRows(b * nH, nH), Ck, 0, o_lat[vs[b]].middleRows(c.begin * H, nH));
     }
   }
 
@@ -473,7 +477,8 @@ std::vector<AttentionResult<Scalar>> AbsorbedAttention<Scalar>::run_variants(std
       const Eigen::Map<const Mat, 0, Eigen::OuterStride<>> Oh(o_lat[a].data() + h * r, Tq, r,
                                                               Eigen::OuterStride<>(H * r));
       const Eigen::Map<const Mat> Wh(w_uv_.data() + h * v * r, v, r);
-      const Mat R = Oh * Wh.transpose();
+      Mat R(Tq, v);
+      gemm<Scalar>(Op::N, Op::T, 1, Oh, Wh, 0, R);
       for (int64_t p = 0; p < Tq; ++p)
         Eigen::Map<Eigen::Matrix<Scalar, 1, Eigen::Dynamic>>(res[a].out.data() + (order_[p] * H + h) * v, v) = R.row(p);
     }
@@ -525,8 +530,9 @@ AttentionResult<Scalar> unabsorbed_attention(const AttentionQueries& q, std::spa
     const Eigen::Map<const Mat> Cs(C.ptr + s0 * r, nk, r);
     const Mat wuk = Eigen::Map<const RowMatF>(q.w_uk.data() + h * nope * r, nope, r).template cast<Scalar>();
     const Mat wuv = Eigen::Map<const RowMatF>(q.w_uv.data() + h * v * r, v, r).template cast<Scalar>();
-    const Mat Knope = Cs * wuk.transpose();  // [nk, nope]
-    const Mat Vh = Cs * wuv.transpose();     // [nk, v]
+    Mat Knope(nk, nope), Vh(nk, v);
+    gemm<Scalar>(Op::N, Op::T, 1, Cs, wuk, 0, Knope);  // [nk, nope]
+    gemm<Scalar>(Op::N, Op::T, 1, Cs, wuv, 0, Vh);     // [nk, v]
     Mat Qn(nq, nope), Qp(nq, rope);
     for (int64_t a = 0; a < nq; ++a) {
       const int64_t i = order[gb + a];
@@ -534,10 +540,10 @@ AttentionResult<Scalar> unabsorbed_attention(const AttentionQueries& q, std::spa
       for (int64_t j = 0; j < rope; ++j) Qp(a, j) = static_cast<Scalar>(q.q_pe[(i * H + h) * rope + j]);
     }
     Mat S(nq, nk);
-    S.noalias() = Qn * Knope.transpose();
+    gemm<Scalar>(Op::N, Op::T, 1, Qn, Knope, 0, S);
     if (rope > 0) {
       const Eigen::Map<const Mat> Kp(K.ptr + s0 * rope, nk, rope);
-      S.noalias() += Qp * Kp.transpose();
+      gemm<Scalar>(Op::N, Op::T, 1, Qp, Kp, 1, S);
     }
     S *= scale;
     for (int64_t a = 0; a < nq; ++a) {
@@ -546,7 +552,8 @@ AttentionResult<Scalar> unabsorbed_attention(const AttentionQueries& q, std::spa
       softmax_row(row, n, nk);
       if (keep_probs) std::copy_n(row, n, res.probs.data() + res.prob_offsets[i] + h * n);
     }
-    const Mat O = S * Vh;  // [nq, v]
+    Mat O(nq, v);  // [nq, v]
+    gemm<Scalar>(Op::N, Op::N, 1, S, Vh, 0, O);
     for (int64_t a = 0; a < nq; ++a)
       Eigen::Map<Eigen::Matrix<Scalar, 1, Eigen::Dynamic>>(res.out.data() + (order[gb + a] * H + h) * v, v) = O.row(a);
   }

@@ -13,7 +13,7 @@
 // Keys: a query row i sits at token t = q_rows[i] of sequence s (seq_offsets[s] ≤ t < seq_offsets[s+1]);
 // its keys are the tokens seq_offsets[s] .. t (causal within the sequence): nkeys = t − seq_offsets[s] + 1.
 //
-// Precision: Scalar = float computes everything in float32 with float32 accumulation (Eigen GEMMs), as
+// Precision: Scalar = float computes everything in float32 with float32 accumulation (BLAS sgemm, probes/gemm.h), as
 // a GPU kernel would; Scalar = double computes everything in float64 (for tight tests). Inputs are
 // float32 either way. In the float path q_lat is rounded to float32 once (it is precomputed).
 //
@@ -132,7 +132,8 @@ class AbsorbedAttention {
     const CkvScores* scores = nullptr;
   };
   /// run() of each variant, sharing work between them: variants that read the same c_kv store (same data
-  /// pointer) share its partial scores q_lat·c_kvᵀ and one stacked output GEMM; variants that read the
+  /// pointer) share its partial scores q_lat·c_kvᵀ (each keeps its own output GEMM, of run()'s shape: a
+  /// variant's bits do not depend on which others it runs with); variants that read the
   /// same k_pe share q_pe·k_peᵀ. E.g. the three /attention_error cells of one quantizer (c_kv quantized +
   /// k_pe bf16, c_kv bf16 + k_pe quantized, both quantized) cost two score and three output GEMMs instead
   /// of six, one score GEMM fewer with the bf16 c_kv's partial scores given. The scores are summed as
