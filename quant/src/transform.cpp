@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <cstring>
 #include <stdexcept>
 
 namespace latentq {
@@ -204,26 +205,79 @@ Rotation Rotation::dense(int64_t D, std::vector<float> R) {
 namespace {
 
 // Rows of X [T, D] in place: x'_i = Σ_k M[k, i] x_k, each sum in float64 over k ascending from 0,
-// rounded once to float. Tiles of kTile rows share each row of M (read from cache once per tile); the
-// inner loop runs over i (independent sums in vector lanes, no reassociation), so every output is the
-// same double sum as the scalar loop's.
-void dense_rows(const float* M, float* X, int64_t T, int64_t D) {
-  constexpr int64_t kTile = 8;
-  std::vector<double> acc(static_cast<size_t>(kTile * D));
-  for (int64_t t0 = 0; t0 < T; t0 += kTile) {
-    const int64_t n = std::min(kTile, T - t0);
-    std::fill(acc.begin(), acc.begin() + n * D, 0.0);
+// rounded once to float. Register-blocked: R rows × 8 outputs live in vector accumulators while k runs
+// over D, so the sums never leave registers; lanes are independent outputs (no reassociation) and each
+// step is one rounded product and one rounded sum, so every output is the same double sum as the scalar
+// loop's: acc = 0; for k ascending: acc = acc + double(M[k, i])·x_k.
+using V4d = double __attribute__((vector_size(32)));
+using V4f = float __attribute__((vector_size(16)));
+
+template <int R>
+[[gnu::always_inline]] inline void dense_block(const float* M, const double* xin, float* out, int64_t D) {
+  // xin [R, D]: the rows in float64 (exact); out [R, D] with row stride D.
+  int64_t i = 0;
+  for (; i + 8 <= D; i += 8) {
+    V4d acc[R][2];
+    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = V4d{0.0, 0.0, 0.0, 0.0};
     for (int64_t k = 0; k < D; ++k) {
-      const float* m = M + k * D;
-      for (int64_t r = 0; r < n; ++r) {
-        const double xk = X[(t0 + r) * D + k];
-        double* a = acc.data() + r * D;
-        for (int64_t i = 0; i < D; ++i) a[i] += static_cast<double>(m[i]) * xk;
+      V4f f0, f1;
+      std::memcpy(&f0, M + k * D + i, sizeof f0);
+      std::memcpy(&f1, M + k * D + i + 4, sizeof f1);
+      const V4d m0 = __builtin_convertvector(f0, V4d), m1 = __builtin_convertvector(f1, V4d);
+      for (int r = 0; r < R; ++r) {
+        const double x = xin[r * D + k];
+        acc[r][0] += m0 * x;
+        acc[r][1] += m1 * x;
       }
     }
-    for (int64_t r = 0; r < n; ++r)
-      for (int64_t i = 0; i < D; ++i) X[(t0 + r) * D + i] = static_cast<float>(acc[r * D + i]);
+    for (int r = 0; r < R; ++r)
+      for (int l = 0; l < 4; ++l) {
+        out[r * D + i + l] = static_cast<float>(acc[r][0][l]);
+        out[r * D + i + 4 + l] = static_cast<float>(acc[r][1][l]);
+      }
   }
+  for (; i < D; ++i) {  // the last D mod 8 outputs, scalar, same order
+    double acc[R] = {};
+    for (int64_t k = 0; k < D; ++k)
+      for (int r = 0; r < R; ++r) acc[r] += static_cast<double>(M[k * D + i]) * xin[r * D + k];
+    for (int r = 0; r < R; ++r) out[r * D + i] = static_cast<float>(acc[r]);
+  }
+}
+
+[[gnu::always_inline]] inline void dense_rows_body(const float* M, float* X, int64_t T, int64_t D) {
+  constexpr int64_t kTile = 4;
+  std::vector<double> xin(static_cast<size_t>(kTile * D));
+  for (int64_t t0 = 0; t0 < T; t0 += kTile) {
+    const int64_t n = std::min(kTile, T - t0);
+    for (int64_t j = 0; j < n * D; ++j) xin[j] = static_cast<double>(X[t0 * D + j]);
+    float* out = X + t0 * D;  // the tile's inputs are in xin: written in place
+    switch (n) {
+      case 4: dense_block<4>(M, xin.data(), out, D); break;
+      case 3: dense_block<3>(M, xin.data(), out, D); break;
+      case 2: dense_block<2>(M, xin.data(), out, D); break;
+      default: dense_block<1>(M, xin.data(), out, D); break;
+    }
+  }
+}
+
+// The same loops compiled for the baseline ISA (x86-64: SSE2, two double lanes) and with
+// target("avx2") (four lanes). AVX2 here means no FMA (the target does not include it, and
+// -ffp-contract=off holds): each product and each sum is rounded as in the loops above, so both give
+// the same bits (Transform.DenseRotationIsTheFloat64SumInIndexOrder runs both).
+void dense_rows_baseline(const float* M, float* X, int64_t T, int64_t D) { dense_rows_body(M, X, T, D); }
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("avx2"))) void dense_rows_avx2(const float* M, float* X, int64_t T, int64_t D) {
+  dense_rows_body(M, X, T, D);
+}
+#endif
+
+/// X [T, D] row-major ← each row times M's rows: x'_i = Σ_k M[k, i]·x_k in float64, k in index order.
+/// Runs the AVX2 build when quantize.h's CPU kernel selection is Avx2 (the default on CPUs with it).
+void dense_rows(const float* M, float* X, int64_t T, int64_t D) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (active_cpu_kernel() == CpuKernel::Avx2) return dense_rows_avx2(M, X, T, D);
+#endif
+  dense_rows_baseline(M, X, T, D);
 }
 
 }  // namespace

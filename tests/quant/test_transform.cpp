@@ -2,9 +2,11 @@
 // seeded orthogonality properties of every rotation.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cmath>
 #include <random>
 
+#include "latentq/quantize.h"
 #include "latentq/transform.h"
 #include "test_helpers.h"
 
@@ -139,10 +141,24 @@ TEST(Transform, RotationsAreOrthogonalAndInvertible) {
 // The dense rotation's documented arithmetic, bit for bit: each output a float64 sum in index order
 // (the scalar loops of the definition) rounded once, whatever the tiling of rows (T = 1, 8, 19: tiles of
 // 8 and a tail) and D (odd, and 576).
+// Under every CPU kernel selection (the baseline build of the loops and the AVX2 one where the CPU has it).
 TEST(Transform, DenseRotationIsTheFloat64SumInIndexOrder) {
-  for (const auto& [T, D] : std::vector<std::pair<int64_t, int64_t>>{{1, 5}, {8, 33}, {19, 64}, {19, 576}}) {
+  std::vector<CpuKernel> kernels{CpuKernel::Baseline};
+  try {
+    set_cpu_kernel(CpuKernel::Avx2);
+    kernels.push_back(CpuKernel::Avx2);
+  } catch (const std::invalid_argument&) {
+    std::printf("[ INFO     ] no AVX2 on this CPU: the baseline rotation only\n");
+  }
+  struct Restore {
+    ~Restore() { set_cpu_kernel(CpuKernel::Auto); }
+  } restore;
+  for (const CpuKernel k : kernels)
+  for (const auto& [T, D] : std::vector<std::pair<int64_t, int64_t>>{{1, 5}, {8, 33}, {19, 64}, {19, 576}, {9, 7}}) {
+    set_cpu_kernel(k);
     const uint32_t seed = static_cast<uint32_t>(11 + T + D);
-    SCOPED_TRACE("T=" + std::to_string(T) + " D=" + std::to_string(D) + " seed=" + std::to_string(seed));
+    SCOPED_TRACE("T=" + std::to_string(T) + " D=" + std::to_string(D) + " seed=" + std::to_string(seed) +
+                 (k == CpuKernel::Avx2 ? " kernel=avx2" : " kernel=baseline"));
     const Rotation r = Rotation::dense(D, haar_orthogonal(D, seed));
     const std::vector<float> R = r.matrix();
     const std::vector<float> x0 = random_rows(T, D, seed);
