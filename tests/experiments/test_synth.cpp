@@ -177,7 +177,9 @@ TEST(Synth, DatasetsAreChunked) {
 
 // 16 layers of tiny-mla at 8,192 tokens: 80 MiB of latents in the file. `latentq synth` writes it in a
 // child process; the child's peak RSS stays far below the file (one layer is 5 MiB of latents): the
-// writer streams layers. (The whole dump in memory would put the peak above 80 MiB.)
+// writer streams layers. (The whole dump in memory would put the peak above 80 MiB plus the process.)
+// The bound: the process alone (libraries: 18 MiB), OpenBLAS's packing buffers for the widest attention
+// GEMM of attn_out (a fixed ≤ 28 MiB, whatever the number of layers; 46 MiB peak measured), one layer.
 TEST(Synth, WritingIsLayerStreamed) {
   lqtest::TempDir dir;
   const std::string out = (dir / "big.h5").string();
@@ -200,7 +202,7 @@ TEST(Synth, WritingIsLayerStreamed) {
   const double file_mib = double(std::filesystem::file_size(out)) / 1048576.0;
   const double peak_mib = double(ru.ru_maxrss) / 1024.0;
   EXPECT_GT(file_mib, 78.0);
-  EXPECT_LT(peak_mib, 48.0) << "peak RSS " << peak_mib << " MiB writing a " << file_mib << " MiB dump";
+  EXPECT_LT(peak_mib, 64.0) << "peak RSS " << peak_mib << " MiB writing a " << file_mib << " MiB dump";
   EXPECT_EQ(load_dump(out, {.layers = {15}, .attention = false}).layers.at(0).index, 15);
 }
 

@@ -407,6 +407,49 @@ TEST(AttentionError, NonFiniteReferenceOrTestIsAnError) {
   }
 }
 
+// The prepared reference (top-8 and finiteness once per layer) scores every test exactly as the plain
+// reference does, on rows with ties, fewer than 8 keys and more, whole and by rows; and refuses a
+// reference without probabilities or with a NaN.
+TEST(AttentionError, PreparedReferenceEqualsThePlainOneBitForBit) {
+  const RandomLayer l = make_layer(46, 3, 70, 24, MlaDims{3, 16, 8, 4, 8});
+  const AbsorbedAttention<float> att(l.queries());
+  const auto ref = att.run(l.c_kv, l.k_pe, true);
+  const AttentionReference<float> prepared(ref);
+  for (const float gain : {1.0f, 1.02f, 0.9f, 1.5f}) {
+    SCOPED_TRACE("seed 46, c_kv gain " + std::to_string(gain));
+    std::vector<float> c2 = l.c_kv;
+    for (auto& x : c2) x *= gain;
+    const auto test = att.run(c2, l.k_pe, true);
+    const AttentionError a = attention_error(ref, test), b = attention_error(prepared, test);
+    EXPECT_EQ(a.kl_mean, b.kl_mean);
+    EXPECT_EQ(a.out_rel_fro, b.out_rel_fro);
+    EXPECT_EQ(a.cos_mean, b.cos_mean);
+    EXPECT_EQ(a.top1_agree, b.top1_agree);
+    EXPECT_EQ(a.top8_agree, b.top8_agree);
+    const std::vector<int64_t> rows{0, 5, 5, 11};
+    const AttentionError ar = attention_error_rows(ref, test, rows), br = attention_error_rows(prepared, test, rows);
+    EXPECT_EQ(ar.kl_mean, br.kl_mean);
+    EXPECT_EQ(ar.top8_agree, br.top8_agree);
+  }
+  // Ties: equal probabilities rank by the lower key index, as top_m does for the plain reference.
+  AttentionResult<double> tie;
+  tie.num_queries = 1;
+  tie.num_heads = 1;
+  tie.v_head_dim = 1;
+  tie.nkeys = {10};
+  tie.prob_offsets = {0, 10};
+  tie.out = {1.0};
+  tie.probs = {0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1};
+  const AttentionReference<double> pt(tie);
+  for (int j = 0; j < 8; ++j) EXPECT_EQ(pt.top_indices()[j], j);
+  AttentionResult<double> no_probs = tie;
+  no_probs.probs.clear();
+  EXPECT_THROW(AttentionReference<double>{no_probs}, std::invalid_argument);
+  AttentionResult<double> nan_ref = tie;
+  nan_ref.probs[3] = NAN;
+  EXPECT_THROW(AttentionReference<double>{nan_ref}, std::invalid_argument);
+}
+
 // Empty sequences hold no key: the attention with them equals the attention without them, bit for bit.
 TEST(Attention, EmptySequencesChangeNothing) {
   const RandomLayer l = make_layer(33, 3, 40, 20, MlaDims{2, 16, 8, 4, 8});
@@ -560,8 +603,9 @@ struct DecodeFixture {
   std::vector<int32_t> pos;
   AbsorbedAttention<float> att;
   AttentionResult<float> ref;
+  AttentionReference<float> prepared;  // ref, prepared once (as the study does per layer)
   explicit DecodeFixture(RandomLayer layer)
-      : l(std::move(layer)), pos(positions_of(l)), att(l.queries()), ref(att.run(l.c_kv, l.k_pe, true)) {}
+      : l(std::move(layer)), pos(positions_of(l)), att(l.queries()), ref(att.run(l.c_kv, l.k_pe, true)), prepared(ref) {}
   DecodeOrderInput input() const { return {l.c_kv, l.k_pe, l.seq_offsets, l.q_rows, pos}; }
   std::vector<int64_t> rows_of(const PositionBucketError& b) const {
     std::vector<int64_t> rows;
@@ -587,7 +631,7 @@ TEST(DecodeOrder, PrefillAtOnceIsTheQuantizedRunAndLongResidualIsBf16) {
   const latentq::QuantSpec spec = latentq::QuantSpec::parse("int4-asym-channel-g32");
   const DecodeOrderQuantizer q{spec, nullptr, nullptr, true, true};
   const std::vector<DecodeOrder> orders = {DecodeOrder{}, {CacheMode::Decode, 96, 0, 0}, {CacheMode::Decode, 0, 96, 0}};
-  const auto res = decode_order_attention(f.att, f.ref, f.input(), q, orders, 32);
+  const auto res = decode_order_attention(f.att, f.prepared, f.input(), q, orders, 32);
   ASSERT_EQ(res.size(), 3u);
   // prefill-at-once: the cache quantized at once, every key read quantized (what /attention_error measures).
   std::vector<float> qc(f.l.c_kv.size()), qk(f.l.k_pe.size());
@@ -644,7 +688,7 @@ TEST(DecodeOrder, MatchesPerRowCachesWithSinkResidualAndGroups) {
     const int64_t G = latentq::decode_token_group(spec);
     for (const DecodeOrder o : {DecodeOrder{CacheMode::Decode, 5, 4, 0}, DecodeOrder{CacheMode::Decode, 0, 3, 10}}) {
       SCOPED_TRACE(o.label());
-      const auto res = decode_order_attention(f.att, f.ref, f.input(), DecodeOrderQuantizer{spec}, {&o, 1}, 1000);
+      const auto res = decode_order_attention(f.att, f.prepared, f.input(), DecodeOrderQuantizer{spec}, {&o, 1}, 1000);
       ASSERT_EQ(res.size(), 1u);
       ASSERT_EQ(res[0].buckets.size(), 1u);
       // The slow way: the decode-order contents, one cache per row mixed key by key with reads_quantized.
@@ -691,16 +735,16 @@ TEST(DecodeOrder, BytesPerTokenHandComputed) {
   const DecodeFixture f(make_layer(53, 2, 16, 8, MlaDims{2, 16, 8, 4, 8}));
   const latentq::DecodeOrder o{CacheMode::Decode, 4, 2, 0};
   const latentq::QuantSpec spec = latentq::QuantSpec::parse("int8-asym-token");
-  auto res = decode_order_attention(f.att, f.ref, f.input(), DecodeOrderQuantizer{spec}, {&o, 1}, 4);
+  auto res = decode_order_attention(f.att, f.prepared, f.input(), DecodeOrderQuantizer{spec}, {&o, 1}, 4);
   EXPECT_DOUBLE_EQ(res[0].bytes_per_token, (6.0 * 2 * (16 + 4) + 10.0 * ((16 + 4) + (4 + 4))) / 16.0);
   // c_kv only: k_pe stays bf16 for every token.
-  res = decode_order_attention(f.att, f.ref, f.input(), DecodeOrderQuantizer{spec, nullptr, nullptr, true, false},
+  res = decode_order_attention(f.att, f.prepared, f.input(), DecodeOrderQuantizer{spec, nullptr, nullptr, true, false},
                                {&o, 1}, 4);
   EXPECT_DOUBLE_EQ(res[0].bytes_per_token, (6.0 * 2 * 16 + 10.0 * (16 + 4)) / 16.0 + 2.0 * 4);
   // Errors: a bucket < 1, nothing quantized, positions that do not count from the sequence start.
-  EXPECT_THROW(decode_order_attention(f.att, f.ref, f.input(), DecodeOrderQuantizer{spec}, {&o, 1}, 0),
+  EXPECT_THROW(decode_order_attention(f.att, f.prepared, f.input(), DecodeOrderQuantizer{spec}, {&o, 1}, 0),
                std::invalid_argument);
-  EXPECT_THROW(decode_order_attention(f.att, f.ref, f.input(), DecodeOrderQuantizer{spec, nullptr, nullptr, false, false},
+  EXPECT_THROW(decode_order_attention(f.att, f.prepared, f.input(), DecodeOrderQuantizer{spec, nullptr, nullptr, false, false},
                                       {&o, 1}, 4),
                std::invalid_argument);
   std::vector<int32_t> shifted = f.pos;
@@ -708,7 +752,7 @@ TEST(DecodeOrder, BytesPerTokenHandComputed) {
   DecodeOrderInput bad = f.input();
   bad.positions = shifted;
   try {
-    decode_order_attention(f.att, f.ref, bad, DecodeOrderQuantizer{spec}, {&o, 1}, 4);
+    decode_order_attention(f.att, f.prepared, bad, DecodeOrderQuantizer{spec}, {&o, 1}, 4);
     ADD_FAILURE() << "shifted positions accepted";
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("/positions["), std::string::npos) << e.what();

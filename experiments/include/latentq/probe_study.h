@@ -64,6 +64,20 @@ std::string attention_unavailable_reason(const Dump& dump);
 /// The absorbed-attention inputs of one dumped layer (query rows, q_nope, q_pe, W_UK, W_UV, dims,
 /// seq_offsets and softmax_scale of the dump). Views into `dump` and `layer`: valid while they live.
 probes::AttentionQueries attention_queries(const Dump& dump, const Layer& layer);
+/// The absorbed attention of one layer on its exact latents: built once per layer (while the layer is
+/// held) and shared by that layer's cells of every attention probe (/attention_check, /attention_error,
+/// /attention_position). `ref` is att->run(c_kv, k_pe, keep_probs = true); `prepared` its
+/// probes::AttentionReference (top-8 keys, finiteness), which points at *ref.
+struct AttentionLayerReference {
+  probes::AttentionQueries queries;  // views into the layer (the fold check rotates copies)
+  std::unique_ptr<probes::AbsorbedAttention<float>> att;
+  std::unique_ptr<const probes::AttentionResult<float>> ref;
+  std::unique_ptr<const probes::AttentionReference<float>> prepared;
+};
+/// The layer's AttentionLayerReference (computed by the first cell that asks). Throws
+/// std::invalid_argument naming the missing dataset when the dump has no attention data, and as
+/// AbsorbedAttention / run / AttentionReference.
+std::shared_ptr<const AttentionLayerReference> attention_reference(const LayerAccess& in, int layer);
 /// Warning lines for the /attention_check rows above `tolerance` (or NaN).
 std::vector<std::string> attention_check_warnings(const ColumnTable& check, double tolerance);
 

@@ -587,9 +587,11 @@ void top_m(std::span<const Scalar> p, int64_t m, int64_t* idx) {
 
 namespace {
 
+// `prepared`: the reference's top-m indices ([Tq, H, 8], AttentionReference), its finiteness already
+// checked; null: both computed here.
 template <typename Scalar>
 AttentionError error_over_rows(const AttentionResult<Scalar>& ref, const AttentionResult<Scalar>& test,
-                               std::span<const int64_t> rows, const char* what) {
+                               std::span<const int64_t> rows, const char* what, const int64_t* prepared = nullptr) {
   if (ref.num_queries != test.num_queries || ref.num_heads != test.num_heads || ref.v_head_dim != test.v_head_dim ||
       ref.out.size() != test.out.size() || ref.nkeys != test.nkeys)
     throw std::invalid_argument(std::string(what) + ": the two results differ in shape (Tq " + sz(ref.num_queries) +
@@ -605,7 +607,7 @@ AttentionError error_over_rows(const AttentionResult<Scalar>& ref, const Attenti
   for (const int64_t i : rows)
     if (i < 0 || i >= Tq)
       throw std::invalid_argument(std::string(what) + ": query row " + sz(i) + " outside [0, Tq = " + sz(Tq) + ")");
-  require_finite_result(ref, (std::string(what) + ": the reference").c_str());
+  if (!prepared) require_finite_result(ref, (std::string(what) + ": the reference").c_str());
   require_finite_result(test, (std::string(what) + ": the test").c_str());
   double err2 = 0, ref2 = 0, cos_sum = 0, kl_sum = 0, top1 = 0, top8 = 0;
   for (const int64_t i : rows) {
@@ -635,8 +637,9 @@ AttentionError error_over_rows(const AttentionResult<Scalar>& ref, const Attenti
       }
       kl_sum += kl;
       const int64_t m = std::min<int64_t>(8, n);
-      int64_t tp[8], tph[8];
-      top_m(p, m, tp);
+      int64_t own[8], tph[8];
+      const int64_t* tp = prepared ? prepared + (i * H + h) * 8 : own;
+      if (!prepared) top_m(p, m, own);
       top_m(ph, m, tph);
       top1 += tp[0] == tph[0] ? 1.0 : 0.0;
       int64_t common = 0;
@@ -671,6 +674,31 @@ AttentionError attention_error_rows(const AttentionResult<Scalar>& ref, const At
   return error_over_rows(ref, test, rows, "attention_error_rows");
 }
 
+template <typename Scalar>
+AttentionReference<Scalar>::AttentionReference(const AttentionResult<Scalar>& ref) : ref_(&ref) {
+  const int64_t Tq = ref.num_queries, H = ref.num_heads;
+  if (ref.probs.size() != static_cast<size_t>(ref.prob_offsets.back()))
+    throw std::invalid_argument("attention reference: the result needs its probabilities (run with keep_probs = true)");
+  require_finite_result(ref, "attention reference");
+  top_.assign(static_cast<size_t>(std::max<int64_t>(Tq, 0) * H * 8), -1);
+  for (int64_t i = 0; i < Tq; ++i)
+    for (int64_t h = 0; h < H; ++h) top_m(ref.prob(i, h), std::min<int64_t>(8, ref.nkeys[i]), top_.data() + (i * H + h) * 8);
+}
+
+template <typename Scalar>
+AttentionError attention_error(const AttentionReference<Scalar>& ref, const AttentionResult<Scalar>& test) {
+  std::vector<int64_t> rows(static_cast<size_t>(std::max<int64_t>(ref.result().num_queries, 0)));
+  std::iota(rows.begin(), rows.end(), int64_t{0});
+  if (rows.empty()) rows.push_back(0);
+  return error_over_rows(ref.result(), test, rows, "attention_error", ref.top_indices());
+}
+
+template <typename Scalar>
+AttentionError attention_error_rows(const AttentionReference<Scalar>& ref, const AttentionResult<Scalar>& test,
+                                    std::span<const int64_t> rows) {
+  return error_over_rows(ref.result(), test, rows, "attention_error_rows", ref.top_indices());
+}
+
 // ---- decode order (issue 12) -------------------------------------------------------------------
 
 std::vector<KeyRange> decode_order_ranges(const DecodeOrder& order, std::span<const int64_t> positions, int64_t G) {
@@ -696,7 +724,7 @@ std::vector<KeyRange> decode_order_ranges(const DecodeOrder& order, std::span<co
   return out;
 }
 
-std::vector<DecodeOrderError> decode_order_attention(const AbsorbedAttention<float>& att, const AttentionResult<float>& ref,
+std::vector<DecodeOrderError> decode_order_attention(const AbsorbedAttention<float>& att, const AttentionReference<float>& ref,
                                                      const DecodeOrderInput& in, const DecodeOrderQuantizer& q,
                                                      std::span<const DecodeOrder> orders, int64_t bucket) {
   const char* what = "decode-order attention";
@@ -880,6 +908,14 @@ template AttentionResult<float> unabsorbed_attention<float>(const AttentionQueri
                                                             std::span<const float>, bool);
 template AttentionResult<double> unabsorbed_attention<double>(const AttentionQueries&, std::span<const float>,
                                                               std::span<const float>, bool);
+template class AttentionReference<float>;
+template class AttentionReference<double>;
+template AttentionError attention_error<float>(const AttentionReference<float>&, const AttentionResult<float>&);
+template AttentionError attention_error<double>(const AttentionReference<double>&, const AttentionResult<double>&);
+template AttentionError attention_error_rows<float>(const AttentionReference<float>&, const AttentionResult<float>&,
+                                                    std::span<const int64_t>);
+template AttentionError attention_error_rows<double>(const AttentionReference<double>&, const AttentionResult<double>&,
+                                                     std::span<const int64_t>);
 template AttentionError attention_error<float>(const AttentionResult<float>&, const AttentionResult<float>&);
 template AttentionError attention_error<double>(const AttentionResult<double>&, const AttentionResult<double>&);
 template AttentionError attention_error_rows<float>(const AttentionResult<float>&, const AttentionResult<float>&,

@@ -67,27 +67,25 @@ std::string error_key(int64_t l, const std::string& targets, const std::string& 
   return fmt::format("{:03d}/{}/{}/attention_error", l, targets, q);
 }
 
-// The attention on exact latents of one layer, shared by its cells.
-struct Reference {
-  std::unique_ptr<probes::AbsorbedAttention<float>> att;
-  probes::AttentionResult<float> ref;
-  probes::AttentionQueries queries;  // views into the layer (the fold check rotates copies)
-};
+}  // namespace
 
-std::shared_ptr<const Reference> reference_of(const LayerAccess& in, int layer) {
-  return in.shared<Reference>(layer, "attention.reference", [&] {
+std::shared_ptr<const AttentionLayerReference> attention_reference(const LayerAccess& in, int layer) {
+  return in.shared<AttentionLayerReference>(layer, "attention.reference", [&] {
     const Layer& l = in.layer(layer);
     if (!l.has_attention()) {
       const std::string why = attention_unavailable_reason(in.header());
       throw std::invalid_argument(why.empty() ? fmt::format("layer {} has no attention data loaded", layer) : why);
     }
-    Reference r;
+    AttentionLayerReference r;
     r.queries = attention_queries(in.header(), l);
     r.att = std::make_unique<probes::AbsorbedAttention<float>>(r.queries);
-    r.ref = r.att->run(l.c_kv, l.k_pe, true);
+    r.ref = std::make_unique<const probes::AttentionResult<float>>(r.att->run(l.c_kv, l.k_pe, true));
+    r.prepared = std::make_unique<const probes::AttentionReference<float>>(*r.ref);
     return r;
   });
 }
+
+namespace {
 
 // The rotation of transform t for one layer's target (KLT fitted on its fit split); identity for None.
 Rotation rotation_of(const LayerAccess& in, int layer, Target target, const Transform& t) {
@@ -101,12 +99,12 @@ Rotation rotation_of(const LayerAccess& in, int layer, Target target, const Tran
 
 std::vector<ColumnTable> run_check(const StudyConfig& config, const CheckCell& c, const LayerAccess& in) {
   ColumnTable t = empty_table(kCheck);
-  const std::shared_ptr<const Reference> e = reference_of(in, c.layer);
+  const std::shared_ptr<const AttentionLayerReference> e = attention_reference(in, c.layer);
   const Layer& l = in.layer(c.layer);
   const std::vector<float>& dumped = l.attn_out;
   double err2 = 0, ref2 = 0;
-  for (size_t j = 0; j < e->ref.out.size(); ++j) {
-    const double d = static_cast<double>(e->ref.out[j]) - static_cast<double>(dumped[j]);
+  for (size_t j = 0; j < e->ref->out.size(); ++j) {
+    const double d = static_cast<double>(e->ref->out[j]) - static_cast<double>(dumped[j]);
     err2 += d * d;
     ref2 += static_cast<double>(dumped[j]) * static_cast<double>(dumped[j]);
   }
@@ -129,8 +127,8 @@ std::vector<ColumnTable> run_check(const StudyConfig& config, const CheckCell& c
     if (!names.empty()) names += ';';
     names += tr.to_string();
   }
-  add_row(t, {int64_t{c.layer}, rel, e->ref.num_queries,
-              std::accumulate(e->ref.nkeys.begin(), e->ref.nkeys.end(), int64_t{0}), fold, names});
+  add_row(t, {int64_t{c.layer}, rel, e->ref->num_queries,
+              std::accumulate(e->ref->nkeys.begin(), e->ref->nkeys.end(), int64_t{0}), fold, names});
   return {std::move(t)};
 }
 
@@ -157,7 +155,7 @@ GroupRows run_error_group(const std::vector<ErrorCell>& cells, const LayerAccess
   const Dump& dump = in.header();
   const Layer& l = in.layer(layer);
   const int64_t T = dump.num_tokens(), r = dump.attrs.kv_lora_rank, rope = dump.attrs.qk_rope_head_dim;
-  const std::shared_ptr<const Reference> e = reference_of(in, layer);
+  const std::shared_ptr<const AttentionLayerReference> e = attention_reference(in, layer);
   const std::shared_ptr<const Bf16Stores> b = in.shared<Bf16Stores>(layer, "attention.bf16", [&] {
     static const QuantSpec kBf16 = QuantSpec::parse("bf16");
     Bf16Stores x;
@@ -227,7 +225,7 @@ GroupRows run_error_group(const std::vector<ErrorCell>& cells, const LayerAccess
     const ErrorCell& c = *planned[i];
     const std::string key = error_key(c.layer, c.targets, c.quantizer);
     try {
-      const probes::AttentionError x = probes::attention_error(e->ref, results[i]);
+      const probes::AttentionError x = probes::attention_error(*e->prepared, results[i]);
       ColumnTable t = empty_table(kError);
       const double bits_c = sc_of[i] ? sc_of[i]->a.bits_per_element : 16.0;
       const double bytes_c = sc_of[i] ? sc_of[i]->a.bytes_per_token : b->bytes_ckv;
@@ -254,7 +252,7 @@ std::vector<ColumnTable> run_error(const StudyConfig& config, const ErrorCell& c
   if (c.targets != "c_kv" && c.targets != "k_pe" && c.targets != "c_kv+k_pe")
     throw std::invalid_argument(fmt::format("unknown targets '{}' (expected c_kv, k_pe or c_kv+k_pe)", c.targets));
   if (c.svd_rank > 0 && c.targets != "c_kv") throw std::invalid_argument("an svd-rank cell quantizes c_kv only");
-  const std::shared_ptr<const Reference> e = reference_of(in, c.layer);
+  const std::shared_ptr<const AttentionLayerReference> e = attention_reference(in, c.layer);
   const Dump& dump = in.header();
   const Layer& l = in.layer(c.layer);
   const int64_t T = dump.num_tokens(), r = dump.attrs.kv_lora_rank, rope = dump.attrs.qk_rope_head_dim;
@@ -287,7 +285,7 @@ std::vector<ColumnTable> run_error(const StudyConfig& config, const ErrorCell& c
                                                 Target::KPE, l.k_pe.data(), T, rope, dump.seq_offsets, kpe_buf.data()))
                 .bytes_per_token;
   const std::span<const float> ckv = ckv_buf, kpe = kpe_buf;
-  const probes::AttentionError x = probes::attention_error(e->ref, e->att->run(ckv, kpe, true));
+  const probes::AttentionError x = probes::attention_error(*e->prepared, e->att->run(ckv, kpe, true));
   add_row(t, {int64_t{c.layer}, c.quantizer, c.targets, x.out_rel_fro, x.cos_mean, x.kl_mean, x.top1_agree,
               x.top8_agree, bits_c, bytes_c + bytes_k});
   return {std::move(t)};

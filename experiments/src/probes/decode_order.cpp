@@ -65,11 +65,6 @@ std::string position_key(int64_t l, const std::string& targets, const std::strin
   return fmt::format("{:03d}/{}/{}/attention_position", l, targets, q);
 }
 
-struct Reference {
-  std::unique_ptr<probes::AbsorbedAttention<float>> att;
-  probes::AttentionResult<float> ref;
-};
-
 class DecodeOrderProbe final : public Probe {
  public:
   std::string section() const override { return "decode_order"; }
@@ -149,13 +144,8 @@ class DecodeOrderProbe final : public Probe {
     const DecodeOrderSettings& s = probe_settings<DecodeOrderSettings>(config, "decode_order");
     const Dump& dump = in.header();
     const Layer& l = in.layer(c.layer);
-    const std::shared_ptr<const Reference> e = in.shared<Reference>(c.layer, "decode_order.reference", [&] {
-      if (!l.has_attention()) throw std::invalid_argument(fmt::format("layer {} has no attention data loaded", c.layer));
-      Reference r;
-      r.att = std::make_unique<probes::AbsorbedAttention<float>>(attention_queries(dump, l));
-      r.ref = r.att->run(l.c_kv, l.k_pe, true);
-      return r;
-    });
+    // The layer's exact-latent attention, shared with the /attention_check and /attention_error cells.
+    const std::shared_ptr<const AttentionLayerReference> e = attention_reference(in, c.layer);
     const TransformedSpec ts = TransformedSpec::parse(c.quantizer);
     probes::DecodeOrderQuantizer q;
     q.spec = ts.spec;
@@ -176,7 +166,7 @@ class DecodeOrderProbe final : public Probe {
     const int64_t causal = decode_scale_is_causal(ts.spec) ? 1 : 0;
     ColumnTable t = empty_table(kPosition);
     for (const probes::DecodeOrderError& o :
-         probes::decode_order_attention(*e->att, e->ref, input, q, orders, s.position_bucket))
+         probes::decode_order_attention(*e->att, *e->prepared, input, q, orders, s.position_bucket))
       for (const probes::PositionBucketError& b : o.buckets)
         add_row(t, {int64_t{c.layer}, c.targets, c.quantizer, o.order.label(), o.order.residual, o.order.sink,
                     o.order.prefill, causal, b.pos_start, b.pos_end, b.queries, b.quantized_key_frac, b.kl_mean,

@@ -208,6 +208,34 @@ template <typename Scalar>
 AttentionError attention_error_rows(const AttentionResult<Scalar>& ref, const AttentionResult<Scalar>& test,
                                     std::span<const int64_t> rows);
 
+/// The reference side of attention_error, prepared once and shared by every result scored against it
+/// (the study: one per layer, for all quantizers and decode orders): the reference checked to have its
+/// probabilities and to be finite, and per (query row, head) the indices of its m = min(8, nkeys) largest
+/// probabilities (ties → lowest index), which top1_agree/top8_agree compare with. Keeps a pointer to
+/// `ref`, which must outlive it. Throws std::invalid_argument if `ref` lacks probabilities or has a
+/// NaN/Inf output or probability. attention_error(prepared, test) equals attention_error(ref, test)
+/// bit for bit.
+template <typename Scalar>
+class AttentionReference {
+ public:
+  explicit AttentionReference(const AttentionResult<Scalar>& ref);
+  const AttentionResult<Scalar>& result() const { return *ref_; }
+  /// [Tq, H, 8] row-major: row i, head h's top-m key indices in descending order of probability (−1 past m).
+  const int64_t* top_indices() const { return top_.data(); }
+
+ private:
+  const AttentionResult<Scalar>* ref_;
+  std::vector<int64_t> top_;
+};
+
+/// attention_error / attention_error_rows against a prepared reference (same values, same errors for
+/// the test; the reference's were raised by its constructor).
+template <typename Scalar>
+AttentionError attention_error(const AttentionReference<Scalar>& ref, const AttentionResult<Scalar>& test);
+template <typename Scalar>
+AttentionError attention_error_rows(const AttentionReference<Scalar>& ref, const AttentionResult<Scalar>& test,
+                                    std::span<const int64_t> rows);
+
 /// The KL floor used by attention_error.
 inline constexpr double kKlProbFloor = 1e-30;
 
@@ -269,7 +297,7 @@ struct DecodeOrderError {
 /// quantized, sizes that do not match att, a row whose positions[q_row] is not its key index in its
 /// sequence (the dump's /positions must count from each sequence's start), an invalid order, and as
 /// decode_order_quantize / run_mixed / attention_error_rows.
-std::vector<DecodeOrderError> decode_order_attention(const AbsorbedAttention<float>& att, const AttentionResult<float>& ref,
+std::vector<DecodeOrderError> decode_order_attention(const AbsorbedAttention<float>& att, const AttentionReference<float>& ref,
                                                      const DecodeOrderInput& in, const DecodeOrderQuantizer& q,
                                                      std::span<const DecodeOrder> orders, int64_t bucket);
 
