@@ -407,6 +407,51 @@ TEST(AttentionError, NonFiniteReferenceOrTestIsAnError) {
   }
 }
 
+// kl_row: a hand-computed row (with a p_j = 0 term and a p̂_j = 0 key floored at 1e-30), and the AVX2
+// path (libmvec log, four partial sums) against the scalar definition on random rows of every length
+// 0..67 (tails), under each CPU kernel selection.
+TEST(AttentionError, KlRowHandComputedAndEveryKernelAgrees) {
+  const std::vector<float> p{0.5f, 0.25f, 0.25f, 0.0f, 0.0f}, q{0.25f, 0.25f, 0.5f, 0.0f, 0.0f};
+  // 0.5 ln 2 + 0 + 0.25 ln 0.5 = 0.25 ln 2
+  EXPECT_NEAR(kl_row<float>(p, q), 0.25 * std::log(2.0), 1e-16);
+  const std::vector<float> p0{1.0f}, q0{0.0f};
+  EXPECT_NEAR(kl_row<float>(p0, q0), -std::log(1e-30), 1e-12);  // the floor: 69.08 nats
+  EXPECT_THROW(kl_row<float>(p, std::span<const float>(q).first(4)), std::invalid_argument);
+
+  std::vector<latentq::CpuKernel> kernels{latentq::CpuKernel::Baseline};
+  try {
+    latentq::set_cpu_kernel(latentq::CpuKernel::Avx2);
+    kernels.push_back(latentq::CpuKernel::Avx2);
+  } catch (const std::invalid_argument&) {
+  }
+  struct Restore {
+    ~Restore() { latentq::set_cpu_kernel(latentq::CpuKernel::Auto); }
+  } restore;
+  std::mt19937_64 rng(4242);
+  std::uniform_real_distribution<float> u(0.0f, 1.0f);
+  for (int64_t n = 0; n <= 67; ++n) {
+    std::vector<float> a(n), b(n);
+    double sa = 0, sb = 0;
+    for (int64_t j = 0; j < n; ++j) {
+      a[j] = j % 7 == 3 ? 0.0f : u(rng);  // some exact zeros in p
+      b[j] = j % 11 == 5 ? 0.0f : a[j] * (1.0f + 0.2f * (u(rng) - 0.5f)) + 1e-6f * u(rng);
+      sa += a[j];
+      sb += b[j];
+    }
+    for (int64_t j = 0; j < n; ++j) a[j] = static_cast<float>(a[j] / sa), b[j] = static_cast<float>(b[j] / sb);
+    double def = 0;  // the definition, index order, std::log
+    for (int64_t j = 0; j < n; ++j)
+      if (a[j] > 0) def += double(a[j]) * std::log(double(a[j]) / std::max(double(b[j]), kKlProbFloor));
+    for (const latentq::CpuKernel k : kernels) {
+      latentq::set_cpu_kernel(k);
+      const double got = kl_row<float>(a, b);
+      EXPECT_NEAR(got, def, 1e-13 * std::max(1.0, std::abs(def)))
+          << "seed 4242, n " << n << ", kernel " << (k == latentq::CpuKernel::Avx2 ? "avx2" : "baseline");
+      if (k == latentq::CpuKernel::Baseline) EXPECT_EQ(got, def) << "n " << n;  // the scalar path is the definition
+    }
+  }
+}
+
 // The prepared reference (top-8 and finiteness once per layer) scores every test exactly as the plain
 // reference does, on rows with ties, fewer than 8 keys and more, whole and by rows; and refuses a
 // reference without probabilities or with a NaN.

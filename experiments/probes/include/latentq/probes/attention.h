@@ -239,6 +239,16 @@ AttentionError attention_error_rows(const AttentionReference<Scalar>& ref, const
 /// The KL floor used by attention_error.
 inline constexpr double kKlProbFloor = 1e-30;
 
+/// KL(p ‖ p̂) of one probability row ([nkeys] each) as attention_error sums it, in float64 (nats):
+/// Σ_{j: p_j > 0} p_j · ln(p_j / max(p̂_j, kKlProbFloor)). Float rows under the AVX2 CPU kernel
+/// (latentq/quantize.h set_cpu_kernel; the default on CPUs with AVX2) take four terms at a time with
+/// glibc's vector log (libmvec `_ZGVdN4v_log`, within 4 ulp of log) into four partial sums; otherwise
+/// (double rows, the Baseline or Reference kernel) the terms are summed in index order with std::log.
+/// The two agree to ~1e-13 relative (test), so KL's last bits depend on the kernel, as the GEMMs'
+/// depend on the BLAS kernel. Throws std::invalid_argument if the sizes differ.
+template <typename Scalar>
+double kl_row(std::span<const Scalar> p, std::span<const Scalar> p_hat);
+
 // ---- decode order (issue 12): attention on the cache a serving engine builds token by token --------
 
 /// Per query row, the keys read from the quantized cache under `order` for token-group length G ≥ 1:
