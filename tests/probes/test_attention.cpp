@@ -407,6 +407,39 @@ TEST(AttentionError, NonFiniteReferenceOrTestIsAnError) {
   }
 }
 
+// The top-m keys a prepared reference holds (what top1/top8_agree compare) against a stable sort by
+// descending probability (ties → lower index), on rows of 0..70 keys with many ties and long flat runs.
+TEST(AttentionError, TopKeysAreTheStableSortsFirstM) {
+  std::mt19937_64 rng(9090);
+  AttentionResult<float> r;
+  r.num_heads = 2;
+  r.v_head_dim = 1;
+  r.prob_offsets = {0};
+  for (int64_t n = 1; n <= 70; ++n) {
+    r.nkeys.push_back(n);
+    for (int64_t h = 0; h < r.num_heads; ++h)
+      for (int64_t j = 0; j < n; ++j) {
+        const uint64_t u = rng() % 16;
+        r.probs.push_back(u < 12 ? 0.001f * static_cast<float>(u % 3) : 0.01f * static_cast<float>(u));
+      }
+    r.prob_offsets.push_back(static_cast<int64_t>(r.probs.size()));
+  }
+  r.num_queries = static_cast<int64_t>(r.nkeys.size());
+  r.out.assign(static_cast<size_t>(r.num_queries * r.num_heads), 1.0f);
+  const AttentionReference<float> prepared(r);
+  for (int64_t i = 0; i < r.num_queries; ++i)
+    for (int64_t h = 0; h < r.num_heads; ++h) {
+      const auto pr = r.prob(i, h);
+      std::vector<int64_t> order(pr.size());
+      std::iota(order.begin(), order.end(), int64_t{0});
+      std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return pr[a] > pr[b]; });
+      const int64_t m = std::min<int64_t>(8, r.nkeys[i]);
+      for (int64_t k = 0; k < m; ++k)
+        ASSERT_EQ(prepared.top_indices()[(i * r.num_heads + h) * 8 + k], order[k])
+            << "seed 9090, row " << i << " (" << r.nkeys[i] << " keys), head " << h << ", rank " << k;
+    }
+}
+
 // kl_row: a hand-computed row (with a p_j = 0 term and a p̂_j = 0 key floored at 1e-30), and the AVX2
 // path (libmvec log, four partial sums) against the scalar definition on random rows of every length
 // 0..67 (tails), under each CPU kernel selection.

@@ -1,6 +1,7 @@
 #include "latentq/probes/attention.h"
 
 #include <algorithm>
+#include <bit>
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -97,8 +98,11 @@ Scalar working_scale(double softmax_scale) {
 
 template <typename Scalar>
 int64_t count_nonfinite_of(const std::vector<Scalar>& v) {
+  // NaN/Inf ⇔ all exponent bits set: an integer test the compiler vectorizes (std::isfinite it does not).
+  using Bits = std::conditional_t<sizeof(Scalar) == 4, uint32_t, uint64_t>;
+  constexpr Bits kExp = static_cast<Bits>(sizeof(Scalar) == 4 ? 0x7f800000ull : 0x7ff0000000000000ull);
   int64_t n = 0;
-  for (const Scalar x : v) n += std::isfinite(x) ? 0 : 1;
+  for (const Scalar x : v) n += (std::bit_cast<Bits>(x) & kExp) == kExp ? 1 : 0;
   return n;
 }
 
@@ -569,20 +573,41 @@ AttentionResult<Scalar> unabsorbed_attention(const AttentionQueries& q, std::spa
 namespace {
 
 /// The m ≤ 8 largest values of p (ties → lower index first): idx[0..m) in descending order of value.
-/// Allocation-free insertion into a sorted list: O(n·m) worst case, O(n) typically.
+/// Allocation-free insertion into a sorted list, scanning j upward: an equal value never displaces an
+/// earlier key, only a strictly larger one. Once m keys are held, blocks of 8 values none of which
+/// exceeds the m-th largest so far are skipped with one vectorizable test (most of a long row).
 template <typename Scalar>
 void top_m(std::span<const Scalar> p, int64_t m, int64_t* idx) {
   int64_t count = 0;
   const int64_t n = static_cast<int64_t>(p.size());
-  for (int64_t j = 0; j < n; ++j) {
-    // Scanning j upward, an equal value never displaces an earlier key: only strictly larger ones do.
-    if (count == m && !(p[j] > p[idx[m - 1]])) continue;
+  const auto insert = [&](int64_t j) {
     int64_t pos = count < m ? count++ : m - 1;
     while (pos > 0 && p[j] > p[idx[pos - 1]]) {
       idx[pos] = idx[pos - 1];
       --pos;
     }
     idx[pos] = j;
+  };
+  int64_t j = 0;
+  for (; j < n && count < m; ++j) insert(j);
+  if (m < 1) return;
+  Scalar thr = p[idx[m - 1]];  // the m-th largest so far: only a value > thr enters
+  constexpr int64_t kBlock = 8;
+  while (j < n) {
+    if (j + kBlock <= n) {
+      bool any = false;
+      for (int64_t k = 0; k < kBlock; ++k) any |= p[j + k] > thr;
+      if (!any) {
+        j += kBlock;
+        continue;
+      }
+    }
+    const int64_t e = std::min(n, j + kBlock);
+    for (; j < e; ++j)
+      if (p[j] > thr) {
+        insert(j);
+        thr = p[idx[m - 1]];
+      }
   }
 }
 
