@@ -18,19 +18,17 @@ using namespace latentq::probes;
 
 namespace {
 
-template <typename Scalar>
-RowMat<Scalar> random_mat(int64_t rows, int64_t cols, std::mt19937_64& rng) {
+template <typename Scalar, typename Mat = RowMat<Scalar>>
+Mat random_mat(int64_t rows, int64_t cols, std::mt19937_64& rng) {
   std::normal_distribution<double> nd;
-  RowMat<Scalar> m(rows, cols);
+  Mat m(rows, cols);
   for (int64_t i = 0; i < m.size(); ++i) m.data()[i] = static_cast<Scalar>(nd(rng));
   return m;
 }
 
 // The definition, in float64, on the views' elements.
-template <typename Scalar>
-Eigen::MatrixXd definition(Op oa, Op ob, double alpha, const ConstRowRef<Scalar>& A, const ConstRowRef<Scalar>& B,
-                           double beta, const Eigen::MatrixXd& C0) {
-  const Eigen::MatrixXd a = A.template cast<double>(), b = B.template cast<double>();
+Eigen::MatrixXd definition(Op oa, Op ob, double alpha, const Eigen::MatrixXd& a, const Eigen::MatrixXd& b, double beta,
+                           const Eigen::MatrixXd& C0) {
   const Eigen::MatrixXd opa = oa == Op::T ? Eigen::MatrixXd(a.transpose()) : a;
   const Eigen::MatrixXd opb = ob == Op::T ? Eigen::MatrixXd(b.transpose()) : b;
   Eigen::MatrixXd c = Eigen::MatrixXd::Zero(opa.rows(), opb.cols());
@@ -43,7 +41,8 @@ Eigen::MatrixXd definition(Op oa, Op ob, double alpha, const ConstRowRef<Scalar>
   return c;
 }
 
-template <typename Scalar>
+// Mat: RowMat<Scalar> or ColMat<Scalar> (the two overloads).
+template <typename Scalar, typename Mat>
 void check_all_ops(double tol) {
   const uint64_t seed = 20261201;
   std::mt19937_64 rng(seed);
@@ -55,17 +54,19 @@ void check_all_ops(double tol) {
           // exceeds the row length; C too.
           const int64_t ar = oa == Op::T ? k : m, ac = oa == Op::T ? m : k;
           const int64_t br = ob == Op::T ? n : k, bc = ob == Op::T ? k : n;
-          const RowMat<Scalar> Abig = random_mat<Scalar>(ar + 1, ac + 3, rng), Bbig = random_mat<Scalar>(br + 2, bc + 1, rng);
-          RowMat<Scalar> Cbig = random_mat<Scalar>(m + 1, n + 4, rng);
+          const Mat Abig = random_mat<Scalar, Mat>(ar + 1, ac + 3, rng), Bbig = random_mat<Scalar, Mat>(br + 2, bc + 1, rng);
+          Mat Cbig = random_mat<Scalar, Mat>(m + 1, n + 4, rng);
           const auto A = Abig.block(1, 2, ar, ac);
           const auto B = Bbig.block(2, 0, br, bc);
           auto C = Cbig.block(1, 3, m, n);
           const Eigen::MatrixXd C0 = C.template cast<double>();
           if (beta == 0) C.setConstant(std::numeric_limits<Scalar>::quiet_NaN());  // must not be read
-          const RowMat<Scalar> Cbefore = Cbig;
+          const Mat Cbefore = Cbig;
           gemm<Scalar>(oa, ob, Scalar(0.75), A, B, static_cast<Scalar>(beta), C);
-          const Eigen::MatrixXd want = definition<Scalar>(oa, ob, 0.75, A, B, beta, C0);
-          const std::string at = "seed " + std::to_string(seed) + ", m " + std::to_string(m) + " n " + std::to_string(n) +
+          const Eigen::MatrixXd want =
+              definition(oa, ob, 0.75, A.template cast<double>(), B.template cast<double>(), beta, C0);
+          const std::string at = std::string(Mat::IsRowMajor ? "row-major" : "column-major") + ", seed " +
+                                 std::to_string(seed) + ", m " + std::to_string(m) + " n " + std::to_string(n) +
                                  " k " + std::to_string(k) + ", op(A) " + (oa == Op::T ? "T" : "N") + ", op(B) " +
                                  (ob == Op::T ? "T" : "N") + ", beta " + std::to_string(beta);
           // Each element against the float64 sum, relative to the sum of |terms| (the rounding bound's scale).
@@ -84,8 +85,14 @@ void check_all_ops(double tol) {
 
 }  // namespace
 
-TEST(Gemm, FloatMatchesTheDefinitionForEveryOpAndStride) { check_all_ops<float>(1e-6); }
-TEST(Gemm, DoubleMatchesTheDefinitionForEveryOpAndStride) { check_all_ops<double>(1e-14); }
+TEST(Gemm, FloatMatchesTheDefinitionForEveryOpAndStride) {
+  check_all_ops<float, RowMat<float>>(1e-6);
+  check_all_ops<float, ColMat<float>>(1e-6);
+}
+TEST(Gemm, DoubleMatchesTheDefinitionForEveryOpAndStride) {
+  check_all_ops<double, RowMat<double>>(1e-14);
+  check_all_ops<double, ColMat<double>>(1e-14);
+}
 
 TEST(Gemm, HandComputed2x2) {
   RowMat<float> A(2, 3), B(3, 2), C(2, 2);

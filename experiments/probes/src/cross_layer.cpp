@@ -29,8 +29,13 @@ void check_shape(int64_t T, int64_t d, const char* what) {
 }
 
 double cka_centered(const Eigen::MatrixXd& X, const Eigen::MatrixXd& Y) {
-  const double num = (Y.transpose() * X).squaredNorm();
-  const double den = (X.transpose() * X).norm() * (Y.transpose() * Y).norm();
+  const auto cross = [](const Eigen::MatrixXd& A, const Eigen::MatrixXd& B) {  // AᵀB
+    Eigen::MatrixXd C(A.cols(), B.cols());
+    gemm<double>(Op::T, Op::N, 1, A, B, 0, C);
+    return C;
+  };
+  const double num = cross(Y, X).squaredNorm();
+  const double den = cross(X, X).norm() * cross(Y, Y).norm();
   return den > 0 ? num / den : kNaN;
 }
 

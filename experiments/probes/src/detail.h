@@ -8,6 +8,7 @@
 #include <string>
 #include <utility>
 
+#include "latentq/probes/gemm.h"
 #include "latentq/quantize.h"
 
 namespace latentq::probes::detail {
@@ -43,7 +44,9 @@ inline void require_finite(const float* x, int64_t n, const std::string& what) {
 /// Squared column norms of (X − μ)·V: energy of X − μ along each basis direction, [D].
 inline Eigen::VectorXd projected_energy(const Eigen::MatrixXd& X, const Eigen::VectorXd& mean,
                                         const Eigen::MatrixXd& V) {
-  const Eigen::MatrixXd Y = (X.rowwise() - mean.transpose()) * V;
+  const Eigen::MatrixXd Z = X.rowwise() - mean.transpose();
+  Eigen::MatrixXd Y(X.rows(), V.cols());
+  gemm<double>(Op::N, Op::N, 1, Z, V, 0, Y);
   return Y.colwise().squaredNorm().transpose();
 }
 

@@ -39,22 +39,21 @@ int blas_int(int64_t n, const char* what) {
   return static_cast<int>(n);
 }
 
-void call(int m, int n, int k, float alpha, const float* A, int lda, bool ta, const float* B, int ldb, bool tb,
-          float beta, float* C, int ldc) {
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, alpha, A, lda,
-              B, ldb, beta, C, ldc);
+void call(CBLAS_ORDER order, int m, int n, int k, float alpha, const float* A, int lda, bool ta, const float* B,
+          int ldb, bool tb, float beta, float* C, int ldc) {
+  cblas_sgemm(order, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, alpha, A, lda, B, ldb,
+              beta, C, ldc);
 }
-void call(int m, int n, int k, double alpha, const double* A, int lda, bool ta, const double* B, int ldb, bool tb,
-          double beta, double* C, int ldc) {
-  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, alpha, A, lda,
-              B, ldb, beta, C, ldc);
+void call(CBLAS_ORDER order, int m, int n, int k, double alpha, const double* A, int lda, bool ta, const double* B,
+          int ldb, bool tb, double beta, double* C, int ldc) {
+  cblas_dgemm(order, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, alpha, A, lda, B, ldb,
+              beta, C, ldc);
 }
 
-}  // namespace
-
-template <typename Scalar>
-void gemm(Op op_a, Op op_b, Scalar alpha, const ConstRowRef<Scalar>& A, const ConstRowRef<Scalar>& B, Scalar beta,
-          RowRef<Scalar> C) {
+// The product on Eigen views of one storage order (RowMajor: leading dimension = the row stride,
+// at least the row length; ColMajor: the column stride, at least the column length).
+template <CBLAS_ORDER Order, typename Scalar, typename ConstView, typename View>
+void gemm_on(Op op_a, Op op_b, Scalar alpha, const ConstView& A, const ConstView& B, Scalar beta, View& C) {
   const bool ta = op_a == Op::T, tb = op_b == Op::T;
   const int64_t m = ta ? A.cols() : A.rows(), k = ta ? A.rows() : A.cols();
   const int64_t kb = tb ? B.cols() : B.rows(), n = tb ? B.rows() : B.cols();
@@ -68,24 +67,41 @@ void gemm(Op op_a, Op op_b, Scalar alpha, const ConstRowRef<Scalar>& A, const Co
     else C *= beta;
     return;
   }
-  // Row-major leading dimensions: the row stride, at least the row length (BLAS requires lda >= cols).
-  const auto ld = [](int64_t stride, int64_t cols) { return stride > cols ? stride : (cols > 0 ? cols : 1); };
+  const auto ld = [](int64_t stride, int64_t len) { return stride > len ? stride : (len > 0 ? len : 1); };
+  const auto lead = [&](const auto& X) { return Order == CblasRowMajor ? X.cols() : X.rows(); };
   const int im = blas_int(m, "m"), in = blas_int(n, "n"), ik = blas_int(k, "k");
-  const int lda = blas_int(ld(A.outerStride(), A.cols()), "A's row stride");
-  const int ldb = blas_int(ld(B.outerStride(), B.cols()), "B's row stride");
-  const int ldc = blas_int(ld(C.outerStride(), C.cols()), "C's row stride");
+  const int lda = blas_int(ld(A.outerStride(), lead(A)), "A's leading dimension");
+  const int ldb = blas_int(ld(B.outerStride(), lead(B)), "B's leading dimension");
+  const int ldc = blas_int(ld(C.outerStride(), lead(C)), "C's leading dimension");
   Blas& b = blas();
   if (b.serialize) {
     const std::lock_guard<std::mutex> lock(b.mu);
-    call(im, in, ik, alpha, A.data(), lda, ta, B.data(), ldb, tb, beta, C.data(), ldc);
+    call(Order, im, in, ik, alpha, A.data(), lda, ta, B.data(), ldb, tb, beta, C.data(), ldc);
   } else {
-    call(im, in, ik, alpha, A.data(), lda, ta, B.data(), ldb, tb, beta, C.data(), ldc);
+    call(Order, im, in, ik, alpha, A.data(), lda, ta, B.data(), ldb, tb, beta, C.data(), ldc);
   }
+}
+
+}  // namespace
+
+template <typename Scalar>
+void gemm(Op op_a, Op op_b, Scalar alpha, const ConstRowRef<Scalar>& A, const ConstRowRef<Scalar>& B, Scalar beta,
+          RowRef<Scalar> C) {
+  gemm_on<CblasRowMajor>(op_a, op_b, alpha, A, B, beta, C);
+}
+
+template <typename Scalar>
+void gemm(Op op_a, Op op_b, Scalar alpha, const ConstColRef<Scalar>& A, const ConstColRef<Scalar>& B, Scalar beta,
+          ColRef<Scalar> C) {
+  gemm_on<CblasColMajor>(op_a, op_b, alpha, A, B, beta, C);
 }
 
 template void gemm<float>(Op, Op, float, const ConstRowRef<float>&, const ConstRowRef<float>&, float, RowRef<float>);
 template void gemm<double>(Op, Op, double, const ConstRowRef<double>&, const ConstRowRef<double>&, double,
                            RowRef<double>);
+template void gemm<float>(Op, Op, float, const ConstColRef<float>&, const ConstColRef<float>&, float, ColRef<float>);
+template void gemm<double>(Op, Op, double, const ConstColRef<double>&, const ConstColRef<double>&, double,
+                           ColRef<double>);
 
 std::string blas_backend() { return blas().name; }
 

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "detail.h"
+#include "latentq/probes/gemm.h"
 #include "latentq/probes/split.h"
 #include "latentq/qmath.h"
 
@@ -19,7 +20,9 @@ namespace {
 
 /// Coefficients Y = (X − μ)·V_r [n, r] of the rows of X [n, D], rounded per `coeff`.
 Eigen::MatrixXd coefficients(const Eigen::MatrixXd& X, const SvdBasis& b, int64_t rank, CoeffDtype coeff) {
-  Eigen::MatrixXd Y = (X.rowwise() - b.mean.transpose()) * b.V.leftCols(rank);
+  const Eigen::MatrixXd Z = X.rowwise() - b.mean.transpose();
+  Eigen::MatrixXd Y(X.rows(), rank);
+  gemm<double>(Op::N, Op::N, 1, Z, b.V.leftCols(rank), 0, Y);
   if (coeff == CoeffDtype::BF16) {
     Y = Y.unaryExpr([](double y) {
       return static_cast<double>(qmath::bf16_bits_to_f32(qmath::f32_to_bf16_bits(static_cast<float>(y))));
@@ -37,7 +40,10 @@ Eigen::MatrixXd coefficients(const Eigen::MatrixXd& X, const SvdBasis& b, int64_
 
 /// X̂ = Y·V_rᵀ + μ for coefficients Y [n, r].
 Eigen::MatrixXd project_back(const Eigen::MatrixXd& Y, const SvdBasis& b) {
-  return (Y * b.V.leftCols(Y.cols()).transpose()).rowwise() + b.mean.transpose();
+  Eigen::MatrixXd Xhat(Y.rows(), b.V.rows());
+  gemm<double>(Op::N, Op::T, 1, Y, b.V.leftCols(Y.cols()), 0, Xhat);
+  Xhat.rowwise() += b.mean.transpose();
+  return Xhat;
 }
 
 }  // namespace
@@ -74,8 +80,8 @@ SvdBasis fit_svd_basis(const float* X, int64_t T, int64_t D, std::span<const std
   basis.centered = centered;
   basis.mean = centered ? Eigen::VectorXd(Xf.colwise().mean().transpose()) : Eigen::VectorXd::Zero(D);
   const Eigen::MatrixXd Z = Xf.rowwise() - basis.mean.transpose();
-  Eigen::MatrixXd G = Eigen::MatrixXd::Zero(D, D);
-  G.selfadjointView<Eigen::Lower>().rankUpdate(Z.transpose());  // G = ZᵀZ (lower triangle)
+  Eigen::MatrixXd G(D, D);
+  gemm<double>(Op::T, Op::N, 1, Z, Z, 0, G);  // G = ZᵀZ (the solver reads its lower triangle)
   const Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd> es(G, Eigen::ComputeEigenvectors);
   if (es.info() != Eigen::Success) throw std::runtime_error("SVD basis: the eigensolver did not converge");
   // Eigen sorts ascending; reverse to σ descending. Sign convention: the largest-|.| entry of each

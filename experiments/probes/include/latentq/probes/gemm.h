@@ -1,7 +1,9 @@
 // latentq/probes/gemm.h — the probes' one matrix-product seam: C = alpha·op(A)·op(B) + beta·C.
 //
 // Every large GEMM of the probes (the absorbed attention's scores and outputs, its q_lat and W_UV
-// products, the unabsorbed check) goes through gemm() below, which calls BLAS level 3:
+// products, the unabsorbed check; the SVD basis's Gram matrix ZᵀZ and its projections, which the KLT
+// rotation, the SVD and shared-basis probes use; linear CKA's cross products) goes through gemm()
+// below, which calls BLAS level 3:
 // cblas_sgemm / cblas_dgemm (reference BLAS, "xGEMM"; here OpenBLAS from Debian's
 // libopenblas-pthread-dev, built DYNAMIC_ARCH: it picks its kernel for the CPU at run time, so a
 // portable binary still runs AVX2/FMA or AVX-512 kernels where the machine has them). Eigen's own
@@ -43,6 +45,18 @@ enum class Op { N, T };  ///< op(X) = X or Xᵀ
 template <typename Scalar>
 void gemm(Op op_a, Op op_b, Scalar alpha, const ConstRowRef<Scalar>& A, const ConstRowRef<Scalar>& B, Scalar beta,
           RowRef<Scalar> C);
+
+/// Column-major (Eigen's default, Eigen::MatrixXd and its blocks): the same product with the same
+/// shapes, errors and semantics.
+template <typename Scalar>
+using ColMat = Eigen::Matrix<Scalar, Eigen::Dynamic, Eigen::Dynamic>;
+template <typename Scalar>
+using ColRef = Eigen::Ref<ColMat<Scalar>, 0, Eigen::OuterStride<>>;
+template <typename Scalar>
+using ConstColRef = Eigen::Ref<const ColMat<Scalar>, 0, Eigen::OuterStride<>>;
+template <typename Scalar>
+void gemm(Op op_a, Op op_b, Scalar alpha, const ConstColRef<Scalar>& A, const ConstColRef<Scalar>& B, Scalar beta,
+          ColRef<Scalar> C);
 
 /// Which BLAS the probes run on: OpenBLAS's configuration and CPU kernel ("OpenBLAS 0.3.21 ...
 /// DYNAMIC_ARCH ... Zen"), and "(serialized)" when calls are serialized (see above).
