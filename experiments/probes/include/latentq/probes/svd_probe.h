@@ -12,7 +12,8 @@
 // with V_r the first r right singular vectors of the fit matrix (centered: X_fit − μ, μ the fit
 // mean per latent dimension; not centered: μ = 0). A centered basis stores μ: kv_lora_rank extra
 // floats per layer. The basis comes from Eigen's SelfAdjointEigenSolver on the Gram matrix
-// ZᵀZ (Z = X_fit − μ) accumulated in float64: σ_i = sqrt(max(λ_i, 0)), descending.
+// ZᵀZ (Z = X_fit − μ; float64 dgemm through probes/gemm.h, as the projections): σ_i = sqrt(max(λ_i, 0)),
+// descending.
 //
 // rel_fro at rank r over a split X (uncentered data, as stored): ‖X − X̂_r‖_F / ‖X‖_F, in float64.
 // BF16: computed directly from X̂_r (X and X̂_r in float64). Float64: computed as
