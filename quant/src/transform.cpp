@@ -213,16 +213,20 @@ using V4d = double __attribute__((vector_size(32)));
 using V4f = float __attribute__((vector_size(16)));
 
 template <int R>
-[[gnu::always_inline]] inline void dense_block(const float* M, const double* xin, float* out, int64_t D) {
-  // xin [R, D]: the rows in float64 (exact); out [R, D] with row stride D.
+[[gnu::always_inline]] inline void dense_block(const float* M, const float* panels, const double* xin, float* out,
+                                               int64_t D) {
+  // xin [R, D]: the rows in float64 (exact); out [R, D] with row stride D; panels: M's columns in blocks
+  // of 8, each block [D, 8] contiguous (a column of M is D·4 bytes apart: with D a power of two its
+  // rows would fall into two L1 sets).
   int64_t i = 0;
   for (; i + 8 <= D; i += 8) {
+    const float* P = panels + i * D;  // block i / 8: [D, 8]
     V4d acc[R][2];
     for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = V4d{0.0, 0.0, 0.0, 0.0};
     for (int64_t k = 0; k < D; ++k) {
       V4f f0, f1;
-      std::memcpy(&f0, M + k * D + i, sizeof f0);
-      std::memcpy(&f1, M + k * D + i + 4, sizeof f1);
+      std::memcpy(&f0, P + k * 8, sizeof f0);
+      std::memcpy(&f1, P + k * 8 + 4, sizeof f1);
       const V4d m0 = __builtin_convertvector(f0, V4d), m1 = __builtin_convertvector(f1, V4d);
       for (int r = 0; r < R; ++r) {
         const double x = xin[r * D + k];
@@ -247,15 +251,19 @@ template <int R>
 [[gnu::always_inline]] inline void dense_rows_body(const float* M, float* X, int64_t T, int64_t D) {
   constexpr int64_t kTile = 4;
   std::vector<double> xin(static_cast<size_t>(kTile * D));
+  const int64_t D8 = D / 8 * 8;
+  std::vector<float> panels(static_cast<size_t>(D8 * D));
+  for (int64_t b = 0; b < D8; b += 8)
+    for (int64_t k = 0; k < D; ++k) std::memcpy(panels.data() + b * D + k * 8, M + k * D + b, 8 * sizeof(float));
   for (int64_t t0 = 0; t0 < T; t0 += kTile) {
     const int64_t n = std::min(kTile, T - t0);
     for (int64_t j = 0; j < n * D; ++j) xin[j] = static_cast<double>(X[t0 * D + j]);
     float* out = X + t0 * D;  // the tile's inputs are in xin: written in place
     switch (n) {
-      case 4: dense_block<4>(M, xin.data(), out, D); break;
-      case 3: dense_block<3>(M, xin.data(), out, D); break;
-      case 2: dense_block<2>(M, xin.data(), out, D); break;
-      default: dense_block<1>(M, xin.data(), out, D); break;
+      case 4: dense_block<4>(M, panels.data(), xin.data(), out, D); break;
+      case 3: dense_block<3>(M, panels.data(), xin.data(), out, D); break;
+      case 2: dense_block<2>(M, panels.data(), xin.data(), out, D); break;
+      default: dense_block<1>(M, panels.data(), xin.data(), out, D); break;
     }
   }
 }
