@@ -9,6 +9,7 @@
 #include <limits>
 #include <stdexcept>
 
+#include "latentq/probes/gemm.h"
 #include "latentq/probes/split.h"
 
 namespace latentq {
@@ -76,7 +77,9 @@ LatentSpectrum latent_spectrum(const float* X, int64_t T, int64_t d, std::span<c
   if (!Z.allFinite()) throw std::invalid_argument("latent_spectrum: NaN/Inf values in the fit split");
   mean = Z.colwise().mean().transpose();
   Z.rowwise() -= mean.transpose();
-  const Eigen::MatrixXd cov = (Z.transpose() * Z) / static_cast<double>(s.fit_tokens);
+  Eigen::MatrixXd cov(d, d);
+  probes::gemm<double>(probes::Op::T, probes::Op::N, 1, Z, Z, 0, cov);  // ZᵀZ (dgemm, probes/gemm.h)
+  cov /= static_cast<double>(s.fit_tokens);
   Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd> es(cov, Eigen::EigenvaluesOnly);
   if (es.info() != Eigen::Success) throw std::invalid_argument("latent_spectrum: the eigensolver did not converge");
   s.eigenvalues.assign(es.eigenvalues().data(), es.eigenvalues().data() + d);
