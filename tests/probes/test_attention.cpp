@@ -407,6 +407,41 @@ TEST(AttentionError, NonFiniteReferenceOrTestIsAnError) {
   }
 }
 
+// The float softmax takes its exponentials from libmvec under the AVX2 kernel and from std::exp
+// otherwise: the same attention under both differs only in the last bits (probabilities within 1e-6
+// relative, outputs within 1e-5 of their norm), and each row still sums to 1.
+TEST(Attention, SoftmaxUnderEveryKernelAgrees) {
+  std::vector<latentq::CpuKernel> kernels{latentq::CpuKernel::Baseline};
+  try {
+    latentq::set_cpu_kernel(latentq::CpuKernel::Avx2);
+    kernels.push_back(latentq::CpuKernel::Avx2);
+  } catch (const std::invalid_argument&) {
+    GTEST_SKIP() << "no AVX2 on this CPU: one kernel only";
+  }
+  struct Restore {
+    ~Restore() { latentq::set_cpu_kernel(latentq::CpuKernel::Auto); }
+  } restore;
+  const RandomLayer l = make_layer(47, 2, 90, 30, MlaDims{4, 32, 16, 8, 16});
+  const AbsorbedAttention<float> att(l.queries());
+  latentq::set_cpu_kernel(latentq::CpuKernel::Baseline);
+  const auto base = att.run(l.c_kv, l.k_pe, true);
+  latentq::set_cpu_kernel(latentq::CpuKernel::Avx2);
+  const auto avx = att.run(l.c_kv, l.k_pe, true);
+  ASSERT_EQ(base.probs.size(), avx.probs.size());
+  for (size_t k = 0; k < base.probs.size(); ++k)
+    ASSERT_NEAR(avx.probs[k], base.probs[k], 1e-6 * base.probs[k] + 1e-30) << "seed 47, probability " << k;
+  double num = 0, den = 0;
+  for (size_t k = 0; k < base.out.size(); ++k)
+    num += std::pow(double(avx.out[k]) - base.out[k], 2), den += std::pow(double(base.out[k]), 2);
+  EXPECT_LT(std::sqrt(num / den), 1e-5);
+  for (int64_t i = 0; i < avx.num_queries; ++i)
+    for (int64_t h = 0; h < avx.num_heads; ++h) {
+      double sum = 0;
+      for (const float p : avx.prob(i, h)) sum += p;
+      ASSERT_NEAR(sum, 1.0, 1e-5) << "row " << i << " head " << h;
+    }
+}
+
 // The top-m keys a prepared reference holds (what top1/top8_agree compare) against a stable sort by
 // descending probability (ties → lower index), on rows of 0..70 keys with many ties and long flat runs.
 TEST(AttentionError, TopKeysAreTheStableSortsFirstM) {

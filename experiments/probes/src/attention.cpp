@@ -126,16 +126,37 @@ void check_latents(const MlaDims& d, int64_t T, std::span<const float> c_kv, std
   detail::require_finite(k_pe.data(), static_cast<int64_t>(k_pe.size()), "attention: k_pe");
 }
 
-/// In-place softmax of x[0, n) in Scalar precision (max-subtracted); x[n, n_total) set to 0.
+#if defined(__x86_64__) && defined(__GNUC__)
+#define LQ_VEC_MATH 1
+extern "C" __m256 _ZGVdN8v_expf(__m256);    // glibc libmvec: the AVX2 variant of expf (x86_64 vector ABI)
+extern "C" __m256d _ZGVdN4v_log(__m256d);  // ... and of log
+
+// x[j] = exp(x[j] − m) for j in [0, n), eight at a time with libmvec's expf, the tail with std::exp.
+__attribute__((target("avx2"))) void exp_shifted_avx2(float* x, int64_t n, float m) {
+  const __m256 vm = _mm256_set1_ps(m);
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) _mm256_storeu_ps(x + j, _ZGVdN8v_expf(_mm256_sub_ps(_mm256_loadu_ps(x + j), vm)));
+  for (; j < n; ++j) x[j] = std::exp(x[j] - m);
+}
+#endif
+
+/// In-place softmax of x[0, n) in Scalar precision (max-subtracted); x[n, n_total) set to 0. The sum is
+/// taken in index order. Float rows under the AVX2 CPU kernel (quantize.h) take their exponentials
+/// from libmvec's expf (within 4 ulp of expf; the probabilities then differ from the scalar path's in
+/// their last bits, test); otherwise std::exp.
 template <typename Scalar>
 void softmax_row(Scalar* x, int64_t n, int64_t n_total) {
   Scalar m = x[0];
   for (int64_t j = 1; j < n; ++j) m = std::max(m, x[j]);
+  bool done = false;
+#ifdef LQ_VEC_MATH
+  if constexpr (std::is_same_v<Scalar, float>)
+    if (active_cpu_kernel() == CpuKernel::Avx2) exp_shifted_avx2(x, n, m), done = true;
+#endif
+  if (!done)
+    for (int64_t j = 0; j < n; ++j) x[j] = std::exp(x[j] - m);
   Scalar sum = 0;
-  for (int64_t j = 0; j < n; ++j) {
-    x[j] = std::exp(x[j] - m);
-    sum += x[j];
-  }
+  for (int64_t j = 0; j < n; ++j) sum += x[j];
   for (int64_t j = 0; j < n; ++j) x[j] /= sum;
   for (int64_t j = n; j < n_total; ++j) x[j] = 0;
 }
@@ -627,9 +648,7 @@ double kl_scalar(const Scalar* p, const Scalar* ph, int64_t n) {
   return kl;
 }
 
-#if defined(__x86_64__) && defined(__GNUC__)
-#define LQ_KL_AVX2 1
-extern "C" __m256d _ZGVdN4v_log(__m256d);  // glibc libmvec: the AVX2 variant of log (x86_64 vector ABI)
+#ifdef LQ_VEC_MATH
 
 // The same terms four at a time (float → double exactly, IEEE division, libmvec log, mul, masked add
 // to four partial sums), the tail and the final sum of the lanes in index order.
@@ -656,7 +675,7 @@ double kl_row(std::span<const Scalar> p, std::span<const Scalar> p_hat) {
     throw std::invalid_argument("kl_row: p has " + sz(static_cast<int64_t>(p.size())) + " keys, p_hat " +
                                 sz(static_cast<int64_t>(p_hat.size())));
   const int64_t n = static_cast<int64_t>(p.size());
-#ifdef LQ_KL_AVX2
+#ifdef LQ_VEC_MATH
   if constexpr (std::is_same_v<Scalar, float>)
     if (active_cpu_kernel() == CpuKernel::Avx2) return kl_avx2(p.data(), p_hat.data(), n);
 #endif
