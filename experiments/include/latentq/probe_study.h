@@ -78,6 +78,12 @@ struct AttentionLayerReference {
 /// std::invalid_argument naming the missing dataset when the dump has no attention data, and as
 /// AbsorbedAttention / run / AttentionReference.
 std::shared_ptr<const AttentionLayerReference> attention_reference(const LayerAccess& in, int layer);
+/// The rotation of transform `t` for one layer's target (c_kv or k_pe), as probes::fit_rotation builds it
+/// (KLT: the PCA basis of the layer's fit split; rot: the seeded Haar matrix; had: the FWHT): fitted
+/// once per (layer, target, transform) while the layer is held and shared by the probe cells that
+/// quantize through it (/attention_error, /attention_check's fold, /attention_position). The identity
+/// for TransformKind::None. Throws as fit_rotation.
+std::shared_ptr<const Rotation> layer_rotation(const LayerAccess& in, int layer, Target target, const Transform& t);
 /// Warning lines for the /attention_check rows above `tolerance` (or NaN).
 std::vector<std::string> attention_check_warnings(const ColumnTable& check, double tolerance);
 

@@ -69,6 +69,18 @@ std::string error_key(int64_t l, const std::string& targets, const std::string& 
 
 }  // namespace
 
+std::shared_ptr<const Rotation> layer_rotation(const LayerAccess& in, int layer, Target target, const Transform& t) {
+  static const std::shared_ptr<const Rotation> identity = std::make_shared<const Rotation>();
+  if (t.kind == TransformKind::None) return identity;
+  return in.shared<Rotation>(layer, fmt::format("rotation/{}/{}", to_string(target), t.to_string()), [&] {
+    const Dump& dump = in.header();
+    const Layer& l = in.layer(layer);
+    const bool ckv = target == Target::CKV;
+    return probes::fit_rotation(t, ckv ? l.c_kv.data() : l.k_pe.data(), dump.num_tokens(),
+                                ckv ? dump.attrs.kv_lora_rank : dump.attrs.qk_rope_head_dim, dump.seq_offsets);
+  });
+}
+
 std::shared_ptr<const AttentionLayerReference> attention_reference(const LayerAccess& in, int layer) {
   return in.shared<AttentionLayerReference>(layer, "attention.reference", [&] {
     const Layer& l = in.layer(layer);
@@ -86,16 +98,6 @@ std::shared_ptr<const AttentionLayerReference> attention_reference(const LayerAc
 }
 
 namespace {
-
-// The rotation of transform t for one layer's target (KLT fitted on its fit split); identity for None.
-Rotation rotation_of(const LayerAccess& in, int layer, Target target, const Transform& t) {
-  if (t.kind == TransformKind::None) return {};
-  const Dump& dump = in.header();
-  const Layer& l = in.layer(layer);
-  const bool ckv = target == Target::CKV;
-  return probes::fit_rotation(t, ckv ? l.c_kv.data() : l.k_pe.data(), dump.num_tokens(),
-                              ckv ? dump.attrs.kv_lora_rank : dump.attrs.qk_rope_head_dim, dump.seq_offsets);
-}
 
 std::vector<ColumnTable> run_check(const StudyConfig& config, const CheckCell& c, const LayerAccess& in) {
   ColumnTable t = empty_table(kCheck);
@@ -121,7 +123,7 @@ std::vector<ColumnTable> run_check(const StudyConfig& config, const CheckCell& c
   std::string names;
   for (const Transform& tr : transforms) {
     const probes::FoldCheck f = probes::require_fold_exact(
-        e->queries, l.c_kv, l.k_pe, rotation_of(in, c.layer, Target::CKV, tr), rotation_of(in, c.layer, Target::KPE, tr),
+        e->queries, l.c_kv, l.k_pe, *layer_rotation(in, c.layer, Target::CKV, tr), *layer_rotation(in, c.layer, Target::KPE, tr),
         fmt::format("layer {}, transform {}", c.layer, tr.to_string()));
     fold = std::max(fold, f.out_rel_fro);
     if (!names.empty()) names += ';';
@@ -183,7 +185,7 @@ GroupRows run_error_group(const std::vector<ErrorCell>& cells, const LayerAccess
     const bool ckv = t == Target::CKV;
     try {
       st.x.resize(ckv ? l.c_kv.size() : l.k_pe.size());
-      st.a = account(quantize_dequantize_rotated(spec, rotation_of(in, layer, t, tr), t,
+      st.a = account(quantize_dequantize_rotated(spec, *layer_rotation(in, layer, t, tr), t,
                                                  ckv ? l.c_kv.data() : l.k_pe.data(), T, ckv ? r : rope,
                                                  dump.seq_offsets, st.x.data()));
     } catch (...) {
@@ -274,14 +276,14 @@ std::vector<ColumnTable> run_error(const StudyConfig& config, const ErrorCell& c
   } else {
     const bool q_ckv = c.targets != "k_pe";
     const Accounting a = account(quantize_dequantize_rotated(
-        q_ckv ? c.spec : kBf16, rotation_of(in, c.layer, Target::CKV, q_ckv ? c.transform : Transform{}), Target::CKV,
+        q_ckv ? c.spec : kBf16, *layer_rotation(in, c.layer, Target::CKV, q_ckv ? c.transform : Transform{}), Target::CKV,
         l.c_kv.data(), T, r, dump.seq_offsets, ckv_buf.data()));
     bits_c = a.bits_per_element;
     bytes_c = a.bytes_per_token;
   }
   const bool q_kpe = c.svd_rank == 0 && c.targets != "c_kv";
   bytes_k = account(quantize_dequantize_rotated(q_kpe ? c.spec_kpe.value_or(c.spec) : kBf16,
-                                                rotation_of(in, c.layer, Target::KPE, q_kpe ? c.transform : Transform{}),
+                                                *layer_rotation(in, c.layer, Target::KPE, q_kpe ? c.transform : Transform{}),
                                                 Target::KPE, l.k_pe.data(), T, rope, dump.seq_offsets, kpe_buf.data()))
                 .bytes_per_token;
   const std::span<const float> ckv = ckv_buf, kpe = kpe_buf;

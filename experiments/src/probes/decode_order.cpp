@@ -151,15 +151,10 @@ class DecodeOrderProbe final : public Probe {
     q.spec = ts.spec;
     q.c_kv = c.targets != "k_pe";
     q.k_pe = c.targets != "c_kv";
-    const auto rotation = [&](bool on, Target t) -> Rotation {
-      if (!on || ts.transform.kind == TransformKind::None) return {};
-      const bool ckv = t == Target::CKV;
-      return probes::fit_rotation(ts.transform, ckv ? l.c_kv.data() : l.k_pe.data(), dump.num_tokens(),
-                                  ckv ? dump.attrs.kv_lora_rank : dump.attrs.qk_rope_head_dim, dump.seq_offsets);
-    };
-    const Rotation r_ckv = rotation(q.c_kv, Target::CKV), r_kpe = rotation(q.k_pe, Target::KPE);
-    q.r_ckv = &r_ckv;
-    q.r_kpe = &r_kpe;
+    const std::shared_ptr<const Rotation> r_ckv = layer_rotation(in, c.layer, Target::CKV, q.c_kv ? ts.transform : Transform{});
+    const std::shared_ptr<const Rotation> r_kpe = layer_rotation(in, c.layer, Target::KPE, q.k_pe ? ts.transform : Transform{});
+    q.r_ckv = r_ckv.get();
+    q.r_kpe = r_kpe.get();
     std::vector<DecodeOrder> orders{DecodeOrder{}};  // the baseline prefill-at-once first
     for (const DecodeOrder& o : s.modes()) orders.push_back(o);
     const probes::DecodeOrderInput input{l.c_kv, l.k_pe, dump.seq_offsets, l.q_rows, dump.positions};
