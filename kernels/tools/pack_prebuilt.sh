@@ -2,7 +2,8 @@
 # kernels/tools/pack_prebuilt.sh — copy the GPU check's binaries of a CUDA build, and the shared
 # libraries they load that a bare CUDA machine may lack, into one folder for
 # `LQ_PREBUILT=<folder> bash kernels/gpu_check.sh` on another x86-64 Linux machine with a GPU
-# (glibc >= this machine's; the C library, libstdc++, libgcc and the CUDA driver are the target's).
+# (glibc >= this machine's; the C library with libm and libmvec, libstdc++, libgcc and the CUDA driver are
+# the target's).
 #
 # Usage:  kernels/tools/pack_prebuilt.sh BUILD_DIR OUT_DIR
 #   BUILD_DIR  a build of this project with -DLATENTQ_CUDA=ON (targets latentq latentq_cuda_info test_gpu
@@ -24,7 +25,7 @@ done
 [ $n -gt 0 ] || { echo "pack_prebuilt: no binary found in $BUILD" >&2; exit 2; }
 # Every resolved library except the C runtime and the driver (those must be the target's own).
 ldd "$OUT"/bin/* 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u |
-  grep -vE '/(libc|libm|libdl|libpthread|librt|libresolv|ld-linux[^/]*|libstdc\+\+|libgcc_s|libcuda)\.so' |
+  grep -vE '/(libc|libm|libmvec|libdl|libpthread|librt|libresolv|ld-linux[^/]*|libstdc\+\+|libgcc_s|libcuda)\.so' |
   while read -r lib; do cp -L "$lib" "$OUT/lib/"; done
 root=$(cd "$(dirname "$0")/../.." && pwd)
 {
