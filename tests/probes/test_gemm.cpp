@@ -111,6 +111,24 @@ TEST(Gemm, HandComputed2x2) {
   EXPECT_EQ(C(1, 1), 154);
 }
 
+TEST(Gemm, OverlappingRowsAreAnError) {
+  std::vector<float> buf(64, 1.0f);
+  // 3 rows of 4 floats, 2 apart: rows overlap; BLAS would read other elements than the view's.
+  const Eigen::Map<const RowMat<float>, 0, Eigen::OuterStride<>> A(buf.data(), 3, 4, Eigen::OuterStride<>(2));
+  RowMat<float> B = RowMat<float>::Ones(4, 2), C(3, 2);
+  try {
+    gemm<float>(Op::N, Op::N, 1, A, B, 0, C);
+    FAIL() << "no error for an overlapping view";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("A's outer stride 2 is below its row length 4"), std::string::npos) << e.what();
+  }
+  // One row may have any stride.
+  const Eigen::Map<const RowMat<float>, 0, Eigen::OuterStride<>> row(buf.data(), 1, 4, Eigen::OuterStride<>(1));
+  RowMat<float> c1(1, 2);
+  gemm<float>(Op::N, Op::N, 1, row, B, 0, c1);
+  EXPECT_EQ(c1(0, 0), 4.0f);
+}
+
 TEST(Gemm, EmptyInnerDimensionScalesC) {
   RowMat<double> A(2, 0), B(0, 3), C = RowMat<double>::Constant(2, 3, 4.0);
   gemm<double>(Op::N, Op::N, 1, A, B, 0.5, C);

@@ -139,9 +139,10 @@ TEST(Transform, RotationsAreOrthogonalAndInvertible) {
 }
 
 // The dense rotation's documented arithmetic, bit for bit: each output a float64 sum in index order
-// (the scalar loops of the definition) rounded once, whatever the tiling of rows (T = 1, 8, 19: tiles of
-// 8 and a tail) and D (odd, and 576).
-// Under every CPU kernel selection (the baseline build of the loops and the AVX2 one where the CPU has it).
+// (the scalar loops of the definition) rounded once, whatever the tiling of rows (tiles of 4: T = 8, and
+// tails of 1, 2 and 3 rows: T = 1, 9, 6, 10, 19) and of outputs (blocks of 8: D = 5, 7 all tail; 33;
+// 40, 64, 576 whole blocks), under every CPU kernel selection (the baseline build of the loops and the
+// AVX2 one where the CPU has it).
 TEST(Transform, DenseRotationIsTheFloat64SumInIndexOrder) {
   std::vector<CpuKernel> kernels{CpuKernel::Baseline};
   try {
@@ -154,7 +155,7 @@ TEST(Transform, DenseRotationIsTheFloat64SumInIndexOrder) {
     ~Restore() { set_cpu_kernel(CpuKernel::Auto); }
   } restore;
   for (const CpuKernel k : kernels)
-  for (const auto& [T, D] : std::vector<std::pair<int64_t, int64_t>>{{1, 5}, {8, 33}, {19, 64}, {19, 576}, {9, 7}}) {
+  for (const auto& [T, D] : std::vector<std::pair<int64_t, int64_t>>{{1, 5}, {8, 33}, {19, 64}, {19, 576}, {9, 7}, {6, 40}, {10, 64}}) {
     set_cpu_kernel(k);
     const uint32_t seed = static_cast<uint32_t>(11 + T + D);
     SCOPED_TRACE("T=" + std::to_string(T) + " D=" + std::to_string(D) + " seed=" + std::to_string(seed) +

@@ -773,8 +773,18 @@ AttentionError attention_error_rows(const AttentionResult<Scalar>& ref, const At
 template <typename Scalar>
 AttentionReference<Scalar>::AttentionReference(const AttentionResult<Scalar>& ref) : ref_(&ref) {
   const int64_t Tq = ref.num_queries, H = ref.num_heads;
+  if (Tq < 0 || H < 0 || static_cast<int64_t>(ref.nkeys.size()) != Tq ||
+      static_cast<int64_t>(ref.prob_offsets.size()) != Tq + 1)
+    throw std::invalid_argument("attention reference: " + sz(static_cast<int64_t>(ref.nkeys.size())) +
+                                " key counts and " + sz(static_cast<int64_t>(ref.prob_offsets.size())) +
+                                " probability offsets for Tq = " + sz(Tq) + " query rows (expected Tq and Tq + 1)");
   if (ref.probs.size() != static_cast<size_t>(ref.prob_offsets.back()))
     throw std::invalid_argument("attention reference: the result needs its probabilities (run with keep_probs = true)");
+  for (int64_t i = 0; i < Tq; ++i)
+    if (ref.nkeys[i] < 0 || ref.prob_offsets[i + 1] - ref.prob_offsets[i] != H * ref.nkeys[i])
+      throw std::invalid_argument("attention reference: query row " + sz(i) + " has " +
+                                  sz(ref.prob_offsets[i + 1] - ref.prob_offsets[i]) + " probabilities, expected H · nkeys = " +
+                                  sz(H) + " · " + sz(ref.nkeys[i]));
   require_finite_result(ref, "attention reference");
   top_.assign(static_cast<size_t>(std::max<int64_t>(Tq, 0) * H * 8), -1);
   for (int64_t i = 0; i < Tq; ++i)

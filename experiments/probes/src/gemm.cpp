@@ -2,6 +2,7 @@
 
 #include <cblas.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <mutex>
@@ -18,9 +19,12 @@ struct Blas {
   std::mutex mu;
   Blas() {
     openblas_set_num_threads(1);
-    serialize = openblas_get_parallel() == 0;
+    // 1: the pthread build, thread-safe and now one thread per call. 0: a sequential build, possibly
+    // without locking; 2: the OpenMP build, whose thread count is per calling thread: serialize both.
+    const int parallel = openblas_get_parallel();
+    serialize = parallel != 1;
     name = std::string(openblas_get_config()) + ", kernel " + openblas_get_corename();
-    if (serialize) name += " (sequential build: calls serialized)";
+    if (serialize) name += parallel == 0 ? " (sequential build: calls serialized)" : " (OpenMP build: calls serialized)";
   }
 };
 
@@ -67,12 +71,20 @@ void gemm_on(Op op_a, Op op_b, Scalar alpha, const ConstView& A, const ConstView
     else C *= beta;
     return;
   }
-  const auto ld = [](int64_t stride, int64_t len) { return stride > len ? stride : (len > 0 ? len : 1); };
-  const auto lead = [&](const auto& X) { return Order == CblasRowMajor ? X.cols() : X.rows(); };
+  // The leading dimension: the view's outer stride, which must cover a whole row (row-major) or column
+  // (column-major) unless there is only one; a single one may have any stride (BLAS wants ≥ its length).
+  const auto ld = [](const auto& X, const char* what) -> int {
+    const int64_t len = Order == CblasRowMajor ? X.cols() : X.rows();
+    const int64_t count = Order == CblasRowMajor ? X.rows() : X.cols();
+    const int64_t stride = X.outerStride();
+    if (count > 1 && stride < len)
+      throw std::invalid_argument(std::string("gemm: ") + what + "'s outer stride " + std::to_string(stride) +
+                                  " is below its " + (Order == CblasRowMajor ? "row" : "column") + " length " +
+                                  std::to_string(len) + " (overlapping views)");
+    return blas_int(count > 1 ? stride : std::max<int64_t>(len, 1), what);
+  };
   const int im = blas_int(m, "m"), in = blas_int(n, "n"), ik = blas_int(k, "k");
-  const int lda = blas_int(ld(A.outerStride(), lead(A)), "A's leading dimension");
-  const int ldb = blas_int(ld(B.outerStride(), lead(B)), "B's leading dimension");
-  const int ldc = blas_int(ld(C.outerStride(), lead(C)), "C's leading dimension");
+  const int lda = ld(A, "A"), ldb = ld(B, "B"), ldc = ld(C, "C");
   Blas& b = blas();
   if (b.serialize) {
     const std::lock_guard<std::mutex> lock(b.mu);

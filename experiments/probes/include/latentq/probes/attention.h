@@ -212,13 +212,14 @@ AttentionError attention_error_rows(const AttentionResult<Scalar>& ref, const At
 /// (the study: one per layer, for all quantizers and decode orders): the reference checked to have its
 /// probabilities and to be finite, and per (query row, head) the indices of its m = min(8, nkeys) largest
 /// probabilities (ties → lowest index), which top1_agree/top8_agree compare with. Keeps a pointer to
-/// `ref`, which must outlive it. Throws std::invalid_argument if `ref` lacks probabilities or has a
-/// NaN/Inf output or probability. attention_error(prepared, test) equals attention_error(ref, test)
+/// `ref`, which must outlive it. Throws std::invalid_argument if `ref`'s key counts or offsets do not
+/// match its Tq, or it lacks probabilities, or has a NaN/Inf output or probability. attention_error(prepared, test) equals attention_error(ref, test)
 /// bit for bit.
 template <typename Scalar>
 class AttentionReference {
  public:
   explicit AttentionReference(const AttentionResult<Scalar>& ref);
+  AttentionReference(AttentionResult<Scalar>&&) = delete;  // would point at a temporary
   const AttentionResult<Scalar>& result() const { return *ref_; }
   /// [Tq, H, 8] row-major: row i, head h's top-m key indices in descending order of probability (−1 past m).
   const int64_t* top_indices() const { return top_.data(); }

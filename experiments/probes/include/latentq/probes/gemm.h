@@ -12,8 +12,9 @@
 //
 // Threading: the study runs cells on its own threads, so BLAS runs one thread per call
 // (openblas_set_num_threads(1) on first use). A sequential OpenBLAS build without locking is not safe
-// to call from several threads at once (OpenBLAS USE_LOCKING); if the loaded library is one
-// (openblas_get_parallel() == 0), calls are serialized by a mutex and blas_backend() says so.
+// to call from several threads at once (OpenBLAS USE_LOCKING), and the OpenMP build's thread count
+// is per calling thread; if the loaded library is either (openblas_get_parallel() != 1), calls are
+// serialized by a mutex and blas_backend() says so.
 //
 // Determinism: for the same shapes and the same CPU kernel the result is bit-for-bit repeatable
 // (one thread, fixed blocking). Across CPUs (another kernel) the float sums may differ in the last
@@ -40,8 +41,9 @@ enum class Op { N, T };  ///< op(X) = X or Xᵀ
 /// C = alpha·op(A)·op(B) + beta·C, row-major, Scalar = float (sgemm) or double (dgemm).
 /// Shapes: op(A) [m, k], op(B) [k, n], C [m, n] (C is written, never resized). With beta = 0, C's
 /// old contents are not read (BLAS semantics: NaN in C does not propagate).
-/// Errors: std::invalid_argument if the shapes do not agree or a dimension or row stride exceeds
-/// 2^31 − 1 (the BLAS integer); the message names the shapes.
+/// Errors: std::invalid_argument if the shapes do not agree, a view's row stride is below its row
+/// length (overlapping rows), or a dimension or stride exceeds 2^31 − 1 (the BLAS integer); the
+/// message names the shapes or the view.
 template <typename Scalar>
 void gemm(Op op_a, Op op_b, Scalar alpha, const ConstRowRef<Scalar>& A, const ConstRowRef<Scalar>& B, Scalar beta,
           RowRef<Scalar> C);
