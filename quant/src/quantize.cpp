@@ -851,6 +851,13 @@ CpuKernel active_cpu_kernel() {
   if (k != CpuKernel::Auto) return k;
   return cpu_has_avx2() ? CpuKernel::Avx2 : CpuKernel::Baseline;
 }
+std::vector<CpuKernel> available_cpu_kernels() {
+  std::vector<CpuKernel> k{CpuKernel::Reference, CpuKernel::Baseline};
+  if (cpu_has_avx2()) k.push_back(CpuKernel::Avx2);
+  return k;
+}
+ScopedCpuKernel::ScopedCpuKernel(CpuKernel k) : previous_(g_kernel.load()) { set_cpu_kernel(k); }
+ScopedCpuKernel::~ScopedCpuKernel() { g_kernel.store(previous_); }
 void set_cpu_threads(int n) { g_threads.store(std::max(1, n)); }
 void set_cpu_stream_min_bytes(int64_t n) { g_stream_min.store(n < 0 ? kStreamMinBytes : n); }
 int cpu_threads() { return g_threads.load(); }

@@ -411,22 +411,15 @@ TEST(AttentionError, NonFiniteReferenceOrTestIsAnError) {
 // otherwise: the same attention under both differs only in the last bits (probabilities within 1e-6
 // relative, outputs within 1e-5 of their norm), and each row still sums to 1.
 TEST(Attention, SoftmaxUnderEveryKernelAgrees) {
-  std::vector<latentq::CpuKernel> kernels{latentq::CpuKernel::Baseline};
-  try {
-    latentq::set_cpu_kernel(latentq::CpuKernel::Avx2);
-    kernels.push_back(latentq::CpuKernel::Avx2);
-  } catch (const std::invalid_argument&) {
-    GTEST_SKIP() << "no AVX2 on this CPU: one kernel only";
-  }
-  struct Restore {
-    ~Restore() { latentq::set_cpu_kernel(latentq::CpuKernel::Auto); }
-  } restore;
+  const std::vector<latentq::CpuKernel> kernels = latentq::available_cpu_kernels();
+  if (kernels.back() != latentq::CpuKernel::Avx2) GTEST_SKIP() << "no AVX2 on this CPU: one softmax path only";
   const RandomLayer l = make_layer(47, 2, 90, 30, MlaDims{4, 32, 16, 8, 16});
   const AbsorbedAttention<float> att(l.queries());
-  latentq::set_cpu_kernel(latentq::CpuKernel::Baseline);
-  const auto base = att.run(l.c_kv, l.k_pe, true);
-  latentq::set_cpu_kernel(latentq::CpuKernel::Avx2);
-  const auto avx = att.run(l.c_kv, l.k_pe, true);
+  const auto run_under = [&](latentq::CpuKernel k) {
+    const latentq::ScopedCpuKernel kernel(k);
+    return att.run(l.c_kv, l.k_pe, true);
+  };
+  const auto base = run_under(latentq::CpuKernel::Baseline), avx = run_under(latentq::CpuKernel::Avx2);
   ASSERT_EQ(base.probs.size(), avx.probs.size());
   int64_t differ = 0;
   for (size_t k = 0; k < base.probs.size(); ++k) {
@@ -490,15 +483,7 @@ TEST(AttentionError, KlRowHandComputedAndEveryKernelAgrees) {
   EXPECT_NEAR(kl_row<float>(p0, q0), -std::log(1e-30), 1e-12);  // the floor: 69.08 nats
   EXPECT_THROW(kl_row<float>(p, std::span<const float>(q).first(4)), std::invalid_argument);
 
-  std::vector<latentq::CpuKernel> kernels{latentq::CpuKernel::Baseline};
-  try {
-    latentq::set_cpu_kernel(latentq::CpuKernel::Avx2);
-    kernels.push_back(latentq::CpuKernel::Avx2);
-  } catch (const std::invalid_argument&) {
-  }
-  struct Restore {
-    ~Restore() { latentq::set_cpu_kernel(latentq::CpuKernel::Auto); }
-  } restore;
+  const std::vector<latentq::CpuKernel> kernels = latentq::available_cpu_kernels();
   std::mt19937_64 rng(4242);
   std::uniform_real_distribution<float> u(0.0f, 1.0f);
   int64_t differ = 0;  // rows where the two kernels' sums differ: the vector path did run
@@ -516,15 +501,16 @@ TEST(AttentionError, KlRowHandComputedAndEveryKernelAgrees) {
     for (int64_t j = 0; j < n; ++j)
       if (a[j] > 0) def += double(a[j]) * std::log(double(a[j]) / std::max(double(b[j]), kKlProbFloor));
     for (const latentq::CpuKernel k : kernels) {
-      latentq::set_cpu_kernel(k);
+      const latentq::ScopedCpuKernel kernel(k);
       const double got = kl_row<float>(a, b);
       EXPECT_NEAR(got, def, 1e-13 * std::max(1.0, std::abs(def)))
-          << "seed 4242, n " << n << ", kernel " << (k == latentq::CpuKernel::Avx2 ? "avx2" : "baseline");
-      if (k == latentq::CpuKernel::Baseline) EXPECT_EQ(got, def) << "n " << n;  // the scalar path is the definition
+          << "seed 4242, n " << n << ", kernel " << static_cast<int>(k) << " (1 Reference, 2 Baseline, 3 Avx2)";
+      if (k != latentq::CpuKernel::Avx2) EXPECT_EQ(got, def) << "n " << n;  // the scalar path is the definition
       else differ += got != def;
     }
   }
-  if (kernels.size() > 1) EXPECT_GT(differ, 0) << "the AVX2 kernel gave the scalar sums on every row: did it run?";
+  if (kernels.back() == latentq::CpuKernel::Avx2)
+    EXPECT_GT(differ, 0) << "the AVX2 kernel gave the scalar sums on every row: did it run?";
 }
 
 // The prepared reference (top-8 and finiteness once per layer) scores every test exactly as the plain

@@ -2,7 +2,6 @@
 // seeded orthogonality properties of every rotation.
 #include <gtest/gtest.h>
 
-#include <cstdio>
 #include <cmath>
 #include <random>
 
@@ -141,25 +140,15 @@ TEST(Transform, RotationsAreOrthogonalAndInvertible) {
 // The dense rotation's documented arithmetic, bit for bit: each output a float64 sum in index order
 // (the scalar loops of the definition) rounded once, whatever the tiling of rows (tiles of 4: T = 8, and
 // tails of 1, 2 and 3 rows: T = 1, 9, 6, 10, 19) and of outputs (blocks of 8: D = 5, 7 all tail; 33;
-// 40, 64, 576 whole blocks), under every CPU kernel selection (the baseline build of the loops and the
-// AVX2 one where the CPU has it).
+// 40, 64, 576 whole blocks), under every CPU kernel selection (Reference and Baseline run the baseline
+// build of the loops, Avx2 the AVX2 one where the CPU has it; kernel= 1, 2, 3 in the trace).
 TEST(Transform, DenseRotationIsTheFloat64SumInIndexOrder) {
-  std::vector<CpuKernel> kernels{CpuKernel::Baseline};
-  try {
-    set_cpu_kernel(CpuKernel::Avx2);
-    kernels.push_back(CpuKernel::Avx2);
-  } catch (const std::invalid_argument&) {
-    std::printf("[ INFO     ] no AVX2 on this CPU: the baseline rotation only\n");
-  }
-  struct Restore {
-    ~Restore() { set_cpu_kernel(CpuKernel::Auto); }
-  } restore;
-  for (const CpuKernel k : kernels)
+  for (const CpuKernel k : available_cpu_kernels())
   for (const auto& [T, D] : std::vector<std::pair<int64_t, int64_t>>{{1, 5}, {8, 33}, {19, 64}, {19, 576}, {9, 7}, {6, 40}, {10, 64}}) {
-    set_cpu_kernel(k);
+    const ScopedCpuKernel kernel(k);
     const uint32_t seed = static_cast<uint32_t>(11 + T + D);
     SCOPED_TRACE("T=" + std::to_string(T) + " D=" + std::to_string(D) + " seed=" + std::to_string(seed) +
-                 (k == CpuKernel::Avx2 ? " kernel=avx2" : " kernel=baseline"));
+                 " kernel=" + std::to_string(static_cast<int>(k)));
     const Rotation r = Rotation::dense(D, haar_orthogonal(D, seed));
     const std::vector<float> R = r.matrix();
     const std::vector<float> x0 = random_rows(T, D, seed);

@@ -129,6 +129,21 @@ enum class CpuKernel : uint8_t { Auto = 0, Reference = 1, Baseline = 2, Avx2 = 3
 void set_cpu_kernel(CpuKernel k);
 /// The kernel integer quantize()/dequantize() run now (Auto resolved).
 CpuKernel active_cpu_kernel();
+/// The kernels set_cpu_kernel accepts on this CPU and build, in order: Reference, Baseline, and Avx2
+/// where the CPU has it (tests and benchmarks run each).
+std::vector<CpuKernel> available_cpu_kernels();
+/// set_cpu_kernel(k) for the object's lifetime, then the selection it replaced (Auto included).
+/// Throws as set_cpu_kernel.
+class ScopedCpuKernel {
+ public:
+  explicit ScopedCpuKernel(CpuKernel k);
+  ~ScopedCpuKernel();
+  ScopedCpuKernel(const ScopedCpuKernel&) = delete;
+  ScopedCpuKernel& operator=(const ScopedCpuKernel&) = delete;
+
+ private:
+  int previous_;
+};
 /// Worker threads of integer quantize()/dequantize() on matrices of at least 2^20 elements (default 1:
 /// the study runs cells in parallel already). Rows (tensor, token) or token groups (channel) are split
 /// into contiguous ranges; the bytes do not depend on it, and an error is the one the first failing
