@@ -374,15 +374,24 @@ TEST(Attention, NonFiniteResultIsAnError) {
   EXPECT_TRUE(std::all_of(d.out.begin(), d.out.end(), [](double x) { return std::isfinite(x); }));
 }
 
+namespace {
+/// A hand-made result of one query row and one head: output `out` [v_head_dim], probabilities `probs`
+/// [nkeys] over its keys.
+AttentionResult<double> one_row_result(std::vector<double> out, std::vector<double> probs) {
+  AttentionResult<double> r;
+  r.num_queries = 1;
+  r.num_heads = 1;
+  r.v_head_dim = static_cast<int64_t>(out.size());
+  r.nkeys = {static_cast<int64_t>(probs.size())};
+  r.prob_offsets = {0, static_cast<int64_t>(probs.size())};
+  r.out = std::move(out);
+  r.probs = std::move(probs);
+  return r;
+}
+}  // namespace
+
 TEST(AttentionError, NonFiniteReferenceOrTestIsAnError) {
-  AttentionResult<double> ref;
-  ref.num_queries = 1;
-  ref.num_heads = 1;
-  ref.v_head_dim = 2;
-  ref.nkeys = {2};
-  ref.prob_offsets = {0, 2};
-  ref.out = {1.0, 2.0};
-  ref.probs = {0.75, 0.25};
+  const AttentionResult<double> ref = one_row_result({1.0, 2.0}, {0.75, 0.25});
   const AttentionResult<double> test = ref;
   EXPECT_EQ(attention_error(ref, test).out_rel_fro, 0.0);
   AttentionResult<double> nan_ref = ref;
@@ -538,14 +547,7 @@ TEST(AttentionError, PreparedReferenceEqualsThePlainOneBitForBit) {
     EXPECT_EQ(ar.top8_agree, br.top8_agree);
   }
   // Ties: equal probabilities rank by the lower key index, as top_m does for the plain reference.
-  AttentionResult<double> tie;
-  tie.num_queries = 1;
-  tie.num_heads = 1;
-  tie.v_head_dim = 1;
-  tie.nkeys = {10};
-  tie.prob_offsets = {0, 10};
-  tie.out = {1.0};
-  tie.probs = {0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1};
+  const AttentionResult<double> tie = one_row_result({1.0}, std::vector<double>(10, 0.1));
   const AttentionReference<double> pt(tie);
   for (int j = 0; j < 8; ++j) EXPECT_EQ(pt.top_indices()[j], j);
   AttentionResult<double> no_probs = tie;
