@@ -10,6 +10,7 @@
 #include <stdexcept>
 
 #include "latentq/probes/gemm.h"
+#include "latentq/probes/lapack.h"
 #include "latentq/probes/split.h"
 
 namespace latentq {
@@ -80,9 +81,8 @@ LatentSpectrum latent_spectrum(const float* X, int64_t T, int64_t d, std::span<c
   Eigen::MatrixXd cov(d, d);
   probes::gemm<double>(probes::Op::T, probes::Op::N, 1, Z, Z, 0, cov);  // ZᵀZ (dgemm, probes/gemm.h)
   cov /= static_cast<double>(s.fit_tokens);
-  Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd> es(cov, Eigen::EigenvaluesOnly);
-  if (es.info() != Eigen::Success) throw std::invalid_argument("latent_spectrum: the eigensolver did not converge");
-  s.eigenvalues.assign(es.eigenvalues().data(), es.eigenvalues().data() + d);
+  const probes::SymmetricEigen es = probes::symmetric_eigen(cov, false);  // LAPACK dsyevd (probes/lapack.h)
+  s.eigenvalues.assign(es.values.data(), es.values.data() + d);
   for (double& l : s.eigenvalues) l = std::max(l, 0.0);
   std::sort(s.eigenvalues.rbegin(), s.eigenvalues.rend());
   double ss = 0;

@@ -4,7 +4,7 @@
 // The source model: each token row x ∈ R^d of one (layer, target) matrix is Gaussian N(μ, Σ) with
 // μ and Σ the mean and covariance of the fit split of the dump (latentq/probes/split.h: the first
 // half of the sequences), Σ = (1/n)·Σ_t (x_t − μ)(x_t − μ)ᵀ over the n fit tokens, accumulated in
-// float64; λ_1..λ_d its eigenvalues (Eigen::SelfAdjointEigenSolver; negatives from rounding clamped
+// float64; λ_1..λ_d its eigenvalues (LAPACK dsyevd, probes/lapack.h; negatives from rounding clamped
 // to 0). Reverse water-filling (Cover & Thomas, Thm 10.3.3) gives, per token vector,
 //   D(θ) = Σ_i min(θ, λ_i)                     (squared error, summed over the d components)
 //   R(θ) = (1/d)·Σ_i max(0, ½·log2(λ_i / θ))   (bits per element)

@@ -1,13 +1,24 @@
+// The probes' BLAS/LAPACK seams: gemm() (latentq/probes/gemm.h) and symmetric_eigen() (latentq/probes/lapack.h),
+// both on OpenBLAS, with one thread per call and the same serialization rule.
 #include "latentq/probes/gemm.h"
+#include "latentq/probes/lapack.h"
 
 #include <cblas.h>
 
 #include <algorithm>
+#include <cassert>
 #include <climits>
 #include <cstdint>
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <vector>
+
+// LAPACK's Fortran entry point in OpenBLAS (reference LAPACK 3.x, dsyevd.f), with gfortran's hidden
+// lengths of the two CHARACTER arguments at the end (LAPACK_FORTRAN_STRLEN_END).
+extern "C" void dsyevd_(const char* jobz, const char* uplo, const int* n, double* a, const int* lda, double* w,
+                        double* work, const int* lwork, int* iwork, const int* liwork, int* info, size_t jobz_len,
+                        size_t uplo_len);
 
 namespace latentq::probes {
 
@@ -116,5 +127,47 @@ template void gemm<double>(Op, Op, double, const ConstColRef<double>&, const Con
                            ColRef<double>);
 
 std::string blas_backend() { return blas().name; }
+
+SymmetricEigen symmetric_eigen(const Eigen::MatrixXd& A, bool vectors) {
+  if (A.rows() != A.cols())
+    throw std::invalid_argument("symmetric_eigen: the matrix is [" + std::to_string(A.rows()) + ", " +
+                                std::to_string(A.cols()) + "], not square");
+  const int n = blas_int(A.rows(), "symmetric_eigen: n");
+  SymmetricEigen out;
+  out.values.resize(n);
+  if (n == 0) return out;
+  if (!A.triangularView<Eigen::Lower>().toDenseMatrix().allFinite())
+    throw std::invalid_argument("symmetric_eigen: NaN/Inf in the lower triangle of the [" + std::to_string(n) + ", " +
+                                std::to_string(n) + "] matrix");
+  Eigen::MatrixXd a = A;  // DSYEVD overwrites A with the eigenvectors
+  const char jobz = vectors ? 'V' : 'N', uplo = 'L';
+  int info = 0, lwork = -1, liwork = -1, iwork_query = 0;
+  double work_query = 0;
+  Blas& b = blas();
+  auto run = [&] {
+    // Workspace query (LWORK = LIWORK = -1), then the decomposition.
+    dsyevd_(&jobz, &uplo, &n, a.data(), &n, out.values.data(), &work_query, &lwork, &iwork_query, &liwork, &info, 1, 1);
+    if (info != 0) return;
+    lwork = static_cast<int>(work_query);
+    liwork = iwork_query;
+    std::vector<double> work(static_cast<size_t>(std::max(lwork, 1)));
+    std::vector<int> iwork(static_cast<size_t>(std::max(liwork, 1)));
+    dsyevd_(&jobz, &uplo, &n, a.data(), &n, out.values.data(), work.data(), &lwork, iwork.data(), &liwork, &info, 1,
+            1);
+  };
+  if (b.serialize) {
+    const std::lock_guard<std::mutex> lock(b.mu);
+    run();
+  } else {
+    run();
+  }
+  assert(info >= 0 && "dsyevd: an argument was illegal");  // an internal error: the arguments are ours
+  if (info != 0)
+    throw std::runtime_error("symmetric_eigen: LAPACK dsyevd did not converge on the [" + std::to_string(n) + ", " +
+                             std::to_string(n) + "] matrix (INFO = " + std::to_string(info) + ")");
+  if (vectors) out.vectors = std::move(a);
+  else out.vectors.resize(0, 0);
+  return out;
+}
 
 }  // namespace latentq::probes

@@ -1,6 +1,5 @@
 #include "latentq/probes/svd_probe.h"
 
-#include <Eigen/Eigenvalues>
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -9,6 +8,7 @@
 
 #include "detail.h"
 #include "latentq/probes/gemm.h"
+#include "latentq/probes/lapack.h"
 #include "latentq/probes/split.h"
 #include "latentq/qmath.h"
 
@@ -82,12 +82,11 @@ SvdBasis fit_svd_basis(const float* X, int64_t T, int64_t D, std::span<const std
   const Eigen::MatrixXd Z = Xf.rowwise() - basis.mean.transpose();
   Eigen::MatrixXd G(D, D);
   gemm<double>(Op::T, Op::N, 1, Z, Z, 0, G);  // G = ZᵀZ (the solver reads its lower triangle)
-  const Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd> es(G, Eigen::ComputeEigenvectors);
-  if (es.info() != Eigen::Success) throw std::runtime_error("SVD basis: the eigensolver did not converge");
-  // Eigen sorts ascending; reverse to σ descending. Sign convention: the largest-|.| entry of each
+  const SymmetricEigen es = symmetric_eigen(G, true);  // LAPACK dsyevd (probes/lapack.h)
+  // Eigenvalues ascending; reverse to σ descending. Sign convention: the largest-|.| entry of each
   // column is positive, so the basis is deterministic.
-  basis.V = es.eigenvectors().rowwise().reverse();
-  basis.singular_values = es.eigenvalues().reverse().cwiseMax(0.0).cwiseSqrt();
+  basis.V = es.vectors.rowwise().reverse();
+  basis.singular_values = es.values.reverse().cwiseMax(0.0).cwiseSqrt();
   for (int64_t j = 0; j < D; ++j) {
     Eigen::Index imax = 0;
     basis.V.col(j).cwiseAbs().maxCoeff(&imax);

@@ -11,7 +11,7 @@
 // unrounded (the pure subspace error).
 // with V_r the first r right singular vectors of the fit matrix (centered: X_fit − μ, μ the fit
 // mean per latent dimension; not centered: μ = 0). A centered basis stores μ: kv_lora_rank extra
-// floats per layer. The basis comes from Eigen's SelfAdjointEigenSolver on the Gram matrix
+// floats per layer. The basis comes from LAPACK dsyevd (probes/lapack.h) on the Gram matrix
 // ZᵀZ (Z = X_fit − μ; float64 dgemm through probes/gemm.h, as the projections): σ_i = sqrt(max(λ_i, 0)),
 // descending.
 //
