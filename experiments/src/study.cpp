@@ -31,13 +31,10 @@ class CpuBackend final : public LatentBackend {
  public:
   std::string name() const override { return "cpu"; }
   bool concurrent() const override { return true; }
-  CellResult run(const QuantSpec& spec, Target target, const float* X, int64_t T, int64_t D,
+  StoredCell run(const QuantSpec& spec, Target target, const float* X, int64_t T, int64_t D,
                  std::span<const int64_t> seq_offsets, float* decoded) override {
-    thread_local std::vector<float> out;
-    out.resize(static_cast<size_t>(T * D));
-    const QuantizedTensor q = quantize_dequantize(spec, target, X, T, D, seq_offsets, out.data());
-    if (decoded) std::copy(out.begin(), out.end(), decoded);
-    return {q.spec, account(q), error_metrics(X, out.data(), T, D), diagnose(q, X)};
+    const QuantizedTensor q = quantize_dequantize(spec, target, X, T, D, seq_offsets, decoded);
+    return {q.spec, account(q), diagnose(q, X)};
   }
 };
 
@@ -108,9 +105,17 @@ ColumnTable run_latent_error(const Dump& dump, const std::vector<Cell>& cells, L
   return run_latent_error(dump, [&](int l) -> const Layer& { return dump.layer(l); }, cells, backend, options, spectra);
 }
 
+RotatedLatent rotate_latent(std::shared_ptr<const Rotation> r, const float* X, int64_t T, int64_t D) {
+  RotatedLatent out;
+  out.x.assign(X, X + T * D);
+  r->forward(out.x.data(), T, D);
+  out.rotation = std::move(r);
+  return out;
+}
+
 ColumnTable run_latent_error(const Dump& dump, const std::function<const Layer&(int)>& layer_data,
                              const std::vector<Cell>& cells, LatentBackend& backend, const RunOptions& options,
-                             SpectrumCache* spectra) {
+                             SpectrumCache* spectra, const RotatedLatents& rotated) {
   SpectrumCache local;
   if (!spectra) spectra = &local;
   const size_t n = cells.size();
@@ -121,25 +126,52 @@ ColumnTable run_latent_error(const Dump& dump, const std::function<const Layer&(
   // Resolve layer pointers up front (throws for a cell whose layer is not loaded).
   std::vector<const Layer*> layer_of(n);
   for (size_t i = 0; i < n; ++i) layer_of[i] = &layer_data(cells[i].layer);
+  auto input = [&](const Layer& l, Target target) {
+    return target == Target::CKV ? l.c_kv.data() : l.k_pe.data();
+  };
+  auto dim = [&](Target target) { return target == Target::CKV ? A.kv_lora_rank : A.qk_rope_head_dim; };
+  // Without the caller's rotated matrices: each distinct (layer, target, transform) of `cells` is
+  // fitted and rotated once, by the first of its cells to run (a failure surfaces in that cell).
+  struct Own {
+    std::once_flag once;
+    std::shared_ptr<const RotatedLatent> value;
+  };
+  auto key_of = [](const Cell& c) {
+    return fmt::format("{}/{}/{}", c.layer, to_string(c.target), c.quantizer.transform.to_string());
+  };
+  std::map<std::string, Own> own;
+  if (!rotated)
+    for (const Cell& c : cells)
+      if (c.quantizer.transform.kind != TransformKind::None) own.try_emplace(key_of(c));
+  auto rotated_input = [&](const Cell& c, const float* X, int64_t D) {
+    if (rotated) return rotated(c.layer, c.target, c.quantizer.transform);
+    Own& o = own.at(key_of(c));
+    std::call_once(o.once, [&] {
+      o.value = std::make_shared<const RotatedLatent>(rotate_latent(
+          std::make_shared<const Rotation>(probes::fit_rotation(c.quantizer.transform, X, T, D, dump.seq_offsets)), X,
+          T, D));
+    });
+    return o.value;
+  };
 
   auto one = [&](size_t i) {
     const Cell& c = cells[i];
     const Layer& l = *layer_of[i];
-    const bool ckv = c.target == Target::CKV;
-    const float* X = ckv ? l.c_kv.data() : l.k_pe.data();
-    const int64_t D = ckv ? A.kv_lora_rank : A.qk_rope_head_dim;
+    const float* X = input(l, c.target);
+    const int64_t D = dim(c.target);
+    thread_local std::vector<float> decoded;  // [T, D], reused by the thread's cells (no page faults per cell)
+    decoded.resize(static_cast<size_t>(T * D));
+    StoredCell st;
     if (c.quantizer.transform.kind == TransformKind::None) {
-      results[i] = backend.run(c.quantizer.spec, c.target, X, T, D, dump.seq_offsets, nullptr);
+      st = backend.run(c.quantizer.spec, c.target, X, T, D, dump.seq_offsets, decoded.data());
     } else {
       // Transformed cell: quantize R·x, un-rotate the decoded rows, measure in the original basis. The
       // diagnostics and the accounting are those of the stored (rotated) matrix.
-      const Rotation rot = probes::fit_rotation(c.quantizer.transform, X, T, D, dump.seq_offsets);
-      std::vector<float> xr(X, X + T * D), dec(static_cast<size_t>(T * D));
-      rot.forward(xr.data(), T, D);
-      results[i] = backend.run(c.quantizer.spec, c.target, xr.data(), T, D, dump.seq_offsets, dec.data());
-      rot.inverse(dec.data(), T, D);
-      results[i].metrics = error_metrics(X, dec.data(), T, D);
+      const std::shared_ptr<const RotatedLatent> xr = rotated_input(c, X, D);
+      st = backend.run(c.quantizer.spec, c.target, xr->x.data(), T, D, dump.seq_offsets, decoded.data());
+      xr->rotation->inverse(decoded.data(), T, D);
     }
+    results[i] = {st.stored, st.accounting, error_metrics(X, decoded.data(), T, D), st.diagnostics};
     bounds[i] = rate_distortion_bound(spectra->get(dump, l, c.target), results[i].accounting.bits_per_element);
   };
   const std::vector<std::exception_ptr> errors =

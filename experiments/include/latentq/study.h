@@ -26,6 +26,7 @@
 #include "latentq/rate_distortion.h"
 #include "latentq/results.h"
 #include "latentq/table.h"
+#include "latentq/transform.h"
 
 namespace latentq {
 
@@ -50,8 +51,16 @@ struct CellResult {
   QuantDiagnostics diagnostics;  ///< precision lost silently under the format's conventions (diagnose())
 };
 
-/// Where cells are computed. The CPU backend is the reference (quantize_dequantize + error_metrics
-/// + account); a CUDA backend must give the same numbers (codes byte-identical).
+/// What a backend stores for one cell: CellResult without the error, which run_latent_error measures
+/// from the decoded matrix in the original basis (one error_metrics() per cell, on either backend).
+struct StoredCell {
+  QuantSpec stored;              ///< the format actually stored (QuantSpec::stored_for)
+  Accounting accounting;         ///< account() of the stored tensor
+  QuantDiagnostics diagnostics;  ///< diagnose() of the stored tensor against its input
+};
+
+/// Where cells are computed. The CPU backend is the reference (quantize_dequantize + account +
+/// diagnose); a CUDA backend must give the same numbers (codes byte-identical).
 class LatentBackend {
  public:
   virtual ~LatentBackend() = default;
@@ -59,12 +68,24 @@ class LatentBackend {
   /// True if run() may be called from several threads at once.
   virtual bool concurrent() const = 0;
   /// Quantize X [T, D] (row-major float32) as `spec` for `target` with sequence boundaries
-  /// seq_offsets [S+1], dequantize, measure. When `decoded` is not null it receives the decoded
-  /// matrix [T, D] float32 (a transformed cell un-rotates it and measures in the original basis).
+  /// seq_offsets [S+1] and dequantize into `decoded` [T, D] (row-major float32, not overlapping X).
   /// Throws std::invalid_argument as quantize().
-  virtual CellResult run(const QuantSpec& spec, Target target, const float* X, int64_t T, int64_t D,
+  virtual StoredCell run(const QuantSpec& spec, Target target, const float* X, int64_t T, int64_t D,
                          std::span<const int64_t> seq_offsets, float* decoded) = 0;
 };
+
+/// One layer's c_kv or k_pe rotated by a transform's fitted rotation (latentq/transform.h): the input of
+/// every latent cell that quantizes behind that transform, made once per (layer, target, transform).
+struct RotatedLatent {
+  std::shared_ptr<const Rotation> rotation;  ///< probes::fit_rotation of the layer's target (not identity)
+  std::vector<float> x;                      ///< [T, D] row-major float32: each row rotated forward, R·x
+};
+/// (layer, target, transform) → its RotatedLatent; called from the cells' threads, so it must be
+/// thread-safe. The batch runner shares one per layer while the layer is held (LayerAccess::shared).
+using RotatedLatents = std::function<std::shared_ptr<const RotatedLatent>(int layer, Target target, const Transform& t)>;
+/// The RotatedLatent of X [T, D] (row-major float32; the layer's target) under transform t with its
+/// rotation r (fit_rotation's): r and a rotated copy of X. Throws as Rotation::forward.
+RotatedLatent rotate_latent(std::shared_ptr<const Rotation> r, const float* X, int64_t T, int64_t D);
 
 /// The CPU reference backend (thread-safe).
 std::unique_ptr<LatentBackend> make_cpu_backend();
@@ -119,10 +140,12 @@ const std::vector<std::string>& latent_error_columns();
 ColumnTable run_latent_error(const Dump& dump, const std::vector<Cell>& cells, LatentBackend& backend,
                              const RunOptions& options = {}, SpectrumCache* spectra = nullptr);
 /// The same with the layers' data from `layer_data` (a layer index → its data) and the header from
-/// `dump` (T, dims, seq_offsets, path): the batch runner's cells read streamed layers this way.
+/// `dump` (T, dims, seq_offsets, path): the batch runner's cells read streamed layers this way. A
+/// transformed cell quantizes `rotated`'s matrix for its (layer, target, transform); an empty `rotated`
+/// fits and rotates once per distinct (layer, target, transform) of `cells` in this call.
 ColumnTable run_latent_error(const Dump& dump, const std::function<const Layer&(int)>& layer_data,
                              const std::vector<Cell>& cells, LatentBackend& backend, const RunOptions& options = {},
-                             SpectrumCache* spectra = nullptr);
+                             SpectrumCache* spectra = nullptr, const RotatedLatents& rotated = {});
 
 /// Column names of /summary, in order.
 const std::vector<std::string>& summary_columns();
