@@ -1222,16 +1222,18 @@ QuantDiagnostics diagnose(const QuantizedTensor& qt, const float* X) {
   const int64_t T = qt.rows, D = qt.cols;
   if (spec.format == Format::BF16) return r;
   const Layout L = qt.layout();
-  if (L.block_format) {  // saturation, counted by the block quantizer itself on scratch storage
+  if (L.block_format) {  // saturation: the block quantizer's own count (its parameters, then count_saturated)
+    if (!q::is_finite(q::saturation_threshold(L.desc))) return r;  // ggml blocks never saturate
     const int64_t nb = L.blocks_per_row > 0 ? L.blocks_per_row : 1, blk = L.desc.block;
     const float global = qt.global_scale();
-    std::vector<uint8_t> codes(static_cast<size_t>(q::block_code_bytes(static_cast<int>(blk), L.code_bits)));
     uint8_t sc[4], of[4];
     for (int64_t t = 0; t < T; ++t)
       for (int64_t j = 0; j < nb; ++j) {
         const int64_t d0 = j * blk, n = std::min(D, d0 + blk) - d0;
-        std::fill(codes.begin(), codes.end(), 0);
-        r.saturated += q::quantize_block(L.desc, X + t * D + d0, static_cast<int>(n), global, codes.data(), sc, of).saturated;
+        const float* x = X + t * D + d0;
+        q::BlockStatus st;
+        const q::BlockParams p = q::block_params(L.desc, x, static_cast<int>(n), global, sc, of, st);
+        r.saturated += q::count_saturated(L.desc, p, x, static_cast<int>(n));
       }
     return r;
   }
@@ -1256,11 +1258,27 @@ QuantDiagnostics diagnose(const QuantizedTensor& qt, const float* X) {
   };
   switch (spec.granularity) {
     case Granularity::Tensor: fold(0, T, 0, D, 0); break;
-    case Granularity::Channel:
-      for (size_t g = 0; g + 1 < qt.group_bounds.size(); ++g)
-        for (int64_t d = 0; d < D; ++d)
-          fold(qt.group_bounds[g], qt.group_bounds[g + 1], d, d + 1, static_cast<int64_t>(g) * D + d);
+    case Granularity::Channel: {
+      // Each group's per-column min/max in one row-major pass over its tokens (the same values as a
+      // fold down each column: min/max of finite values do not depend on the order, and check() gives
+      // the same counts for either zero sign).
+      std::vector<float> mn(static_cast<size_t>(D)), mx(static_cast<size_t>(D));
+      for (size_t g = 0; g + 1 < qt.group_bounds.size(); ++g) {
+        const int64_t t0 = qt.group_bounds[g], t1 = qt.group_bounds[g + 1];
+        if (t1 <= t0) continue;
+        std::copy_n(X + t0 * D, D, mn.begin());
+        std::copy_n(X + t0 * D, D, mx.begin());
+        for (int64_t t = t0 + 1; t < t1; ++t) {
+          const float* row = X + t * D;
+          for (int64_t d = 0; d < D; ++d) {
+            mn[d] = q::min_num(mn[d], row[d]);
+            mx[d] = q::max_num(mx[d], row[d]);
+          }
+        }
+        for (int64_t d = 0; d < D; ++d) check(mn[d], mx[d], static_cast<int64_t>(g) * D + d);
+      }
       break;
+    }
     case Granularity::Token:
       for (int64_t t = 0; t < T; ++t)
         for (int64_t j = 0; j < L.blocks_per_row; ++j)

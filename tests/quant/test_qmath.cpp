@@ -3,6 +3,8 @@
 #include <cmath>
 #include <random>
 
+#include "latentq/blockfmt.h"
+#include "latentq/spec.h"
 #include "test_helpers.h"
 
 namespace {
@@ -277,3 +279,39 @@ TEST(QmathCodes, ParamsEncodeDecode) {
 }
 
 }  // namespace
+
+// count_saturated (what diagnose() reports for a block format) equals the count quantize_block keeps
+// while encoding, for every block format, on blocks scaled so that some elements saturate (outliers
+// ×1e3 next to small values; a tensor-scaled format's global scale from a smaller amax) and on exact
+// zeros. Fixed seed; the format, seed and block index are printed on failure.
+TEST(QmathBlocks, CountSaturatedEqualsTheEncodersCount) {
+  namespace q = latentq::qmath;
+  const char* specs[] = {"fp8-e4m3-tile128-pow2", "fp8-e4m3-tile32-pow2-ue8m0", "fp8-e4m3-tile128-fp32",
+                         "fp8-e4m3-tensor", "fp8-e4m3-tensor-s1", "mxfp8", "mxfp4", "nvfp4",
+                         "fp4-e2m1-tile16-e4m3", "q8_0", "q4_0", "q4_1"};
+  const uint64_t seed = 20261201;
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> nd;
+  int total_saturated = 0;
+  for (const char* name : specs) {
+    const latentq::QuantSpec spec = latentq::QuantSpec::parse(name);
+    const latentq::Layout L = latentq::layout(spec, 128);
+    ASSERT_TRUE(L.block_format) << name;
+    const int n = static_cast<int>(L.desc.block);
+    std::vector<float> x(static_cast<size_t>(n));
+    std::vector<uint8_t> codes(static_cast<size_t>(q::block_code_bytes(n, L.code_bits)));
+    uint8_t sc[4], of[4];
+    for (int b = 0; b < 200; ++b) {
+      for (int i = 0; i < n; ++i) x[i] = b % 50 == 49 ? 0.0f : nd(rng) * (i % 7 == 3 ? 1e3f : 1.0f);
+      // tensor-scaled formats: a global scale from a tenth of the block's amax saturates the outliers
+      const float global = b % 2 ? 0.0f : 0.25f;
+      q::BlockStatus st;
+      const q::BlockParams p = q::block_params(L.desc, x.data(), n, global, sc, of, st);
+      const int counted = q::count_saturated(L.desc, p, x.data(), n);
+      const int encoded = q::quantize_block(L.desc, x.data(), n, global, codes.data(), sc, of).saturated;
+      ASSERT_EQ(counted, encoded) << name << ", seed " << seed << ", block " << b << " of " << n;
+      total_saturated += encoded;
+    }
+  }
+  EXPECT_GT(total_saturated, 0);  // the case that matters was exercised
+}

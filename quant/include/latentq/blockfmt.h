@@ -107,13 +107,17 @@ LQ_HD uint32_t get_code(const uint8_t* codes, int i, int code_bits, bool ggml_or
   }
   return (codes[i >> 1] >> ((i & 1) * 4)) & 0x0fu;
 }
+/// Saturation thresholds of the element formats: the largest finite value plus half its last step
+/// (|v| at or beyond it rounds past the largest code, which then clamps).
+constexpr float kE4M3Saturation = 464.0f;  // 448 + 32/2
+constexpr float kE2M1Saturation = 7.0f;    // 6 + 2/2
 /// e4m3 code of v with the saturation count (|v| ≥ 464).
 LQ_HD uint8_t e4m3_sat(float v, int& saturated) {
-  saturated += abs_f(v) >= 464.0f ? 1 : 0;
+  saturated += abs_f(v) >= kE4M3Saturation ? 1 : 0;
   return f32_to_e4m3_bits(v);
 }
 LQ_HD uint8_t e2m1_sat(float v, int& saturated) {
-  saturated += abs_f(v) >= 7.0f ? 1 : 0;
+  saturated += abs_f(v) >= kE2M1Saturation ? 1 : 0;
   return f32_to_e2m1_bits(v);
 }
 }  // namespace detail
@@ -229,24 +233,42 @@ LQ_HD BlockParams block_params(const BlockDesc& f, const float* x, int n, float 
   return p;
 }
 
-/// The code (low bits) of one element v of a block with parameters p; counts a saturation.
+/// The float8/float4 kinds: element v scaled by the block's parameters, the value its code rounds.
 /// Power-of-two scales (Fp8Pow2, MX): v / s is computed as v · (1/s), which is the same real value
 /// (1/s = 2^−E is exact), rounded once by either IEEE operation: bit-identical to the division
-/// the sources write, and one multiply instead of a division per element.
+/// the sources write, and one multiply instead of a division per element. NVFP4 of an all-zero
+/// tensor: 0. The ggml kinds: v (they scale inside encode_element).
+LQ_HD float scaled_element(const BlockDesc& f, const BlockParams& p, float v) {
+  switch (f.kind) {
+    case BlockKind::Fp8Pow2:
+    case BlockKind::MxFp8:
+    case BlockKind::MxFp4:
+      return mul_rn(v, p.inv);
+    case BlockKind::Fp8Fp32:
+    case BlockKind::Fp8Tensor:
+    case BlockKind::Fp4Tile:
+      return div_rn(v, p.s);
+    case BlockKind::NvFp4:
+      return p.zero ? 0.0f : mul_rn(v, p.s);
+    default:
+      return v;
+  }
+}
+
+/// The code (low bits) of one element v of a block with parameters p; counts a saturation
+/// (|scaled_element| ≥ kE4M3Saturation or kE2M1Saturation; the ggml kinds never saturate).
 LQ_HD uint32_t encode_element(const BlockDesc& f, const BlockParams& p, float v, int& saturated) {
   switch (f.kind) {
     case BlockKind::Fp8Pow2:
     case BlockKind::MxFp8:
-      return detail::e4m3_sat(mul_rn(v, p.inv), saturated);
     case BlockKind::Fp8Fp32:
     case BlockKind::Fp8Tensor:
-      return detail::e4m3_sat(div_rn(v, p.s), saturated);
+      return detail::e4m3_sat(scaled_element(f, p, v), saturated);
     case BlockKind::MxFp4:
-      return detail::e2m1_sat(mul_rn(v, p.inv), saturated);
     case BlockKind::Fp4Tile:
-      return detail::e2m1_sat(div_rn(v, p.s), saturated);
+      return detail::e2m1_sat(scaled_element(f, p, v), saturated);
     case BlockKind::NvFp4:
-      return p.zero ? 0u : detail::e2m1_sat(mul_rn(v, p.s), saturated);
+      return p.zero ? 0u : detail::e2m1_sat(scaled_element(f, p, v), saturated);
     case BlockKind::Q8_0: {
       float q = round_half_away(mul_rn(v, p.s));
       q = min_num(max_num(q, -127.0f), 127.0f);  // never binds for finite input: |x · id| ≤ 127 (1 + 2^-23)
@@ -285,6 +307,35 @@ LQ_HD int encode_block_bytes(const BlockDesc& f, const BlockParams& p, const flo
     }
     codes[b - b0] = static_cast<uint8_t>(c);
   }
+  return sat;
+}
+
+/// The saturation threshold of a block format's elements (kE4M3Saturation, kE2M1Saturation), +inf for
+/// the ggml kinds (their codes clamp by definition: never counted).
+LQ_HD float saturation_threshold(const BlockDesc& f) {
+  switch (f.kind) {
+    case BlockKind::Fp8Pow2:
+    case BlockKind::MxFp8:
+    case BlockKind::Fp8Fp32:
+    case BlockKind::Fp8Tensor:
+      return detail::kE4M3Saturation;
+    case BlockKind::MxFp4:
+    case BlockKind::Fp4Tile:
+    case BlockKind::NvFp4:
+      return detail::kE2M1Saturation;
+    default:
+      return f32_from_bits(0x7f800000u);
+  }
+}
+
+/// The saturation count of encode_block_bytes over a whole block x[0, n) with parameters p, without
+/// encoding (what diagnose() reports): the elements whose scaled_element is at or beyond
+/// saturation_threshold(f); 0 for the ggml kinds and an all-zero NVFP4 tensor.
+LQ_HD int count_saturated(const BlockDesc& f, const BlockParams& p, const float* x, int n) {
+  const float threshold = saturation_threshold(f);
+  if (f.kind == BlockKind::NvFp4 && p.zero) return 0;
+  int sat = 0;
+  for (int i = 0; i < n; ++i) sat += abs_f(scaled_element(f, p, x[i])) >= threshold ? 1 : 0;
   return sat;
 }
 
