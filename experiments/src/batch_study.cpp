@@ -1,8 +1,6 @@
 // The latentq study as a batch run (latentq/batch_study.h).
 #include "latentq/batch_study.h"
 
-#include <fmt/format.h>
-
 #include <algorithm>
 #include <stdexcept>
 
@@ -46,15 +44,9 @@ StudyPlan plan_study(const StudyConfig& config, LatentBackend& backend) {
       RunOptions one;
       one.threads = 1;
       // A transformed cell's rotated input: one per (layer, target, transform) while the layer is held,
-      // with the rotation the probe cells share (layer_rotation).
+      // shared with the probe cells (rotated_latent).
       const RotatedLatents rotated = [&](int layer, Target target, const Transform& tr) {
-        return in->shared<RotatedLatent>(layer, fmt::format("rotated/{}/{}", to_string(target), tr.to_string()), [&] {
-          const Dump& d = in->header();
-          const Layer& l = in->layer(layer);
-          const bool ckv = target == Target::CKV;
-          return rotate_latent(layer_rotation(*in, layer, target, tr), ckv ? l.c_kv.data() : l.k_pe.data(),
-                               d.num_tokens(), ckv ? d.attrs.kv_lora_rank : d.attrs.qk_rope_head_dim);
-        });
+        return rotated_latent(*in, layer, target, tr);
       };
       return std::vector<ColumnTable>{run_latent_error(store->header(), [&](int l) -> const Layer& { return in->layer(l); },
                                                        {c}, backend, one, spectra.get(), rotated)};

@@ -32,6 +32,7 @@
 #include "latentq/probe_registry.h"
 #include "latentq/probes/attention.h"
 #include "latentq/results.h"
+#include "latentq/study.h"
 #include "latentq/table.h"
 
 namespace latentq {
@@ -84,6 +85,17 @@ std::shared_ptr<const AttentionLayerReference> attention_reference(const LayerAc
 /// quantize through it (/attention_error, /attention_check's fold, /attention_position). The identity
 /// for TransformKind::None. Throws as fit_rotation.
 std::shared_ptr<const Rotation> layer_rotation(const LayerAccess& in, int layer, Target target, const Transform& t);
+/// The layer's c_kv or k_pe rotated by layer_rotation(in, layer, target, t) (with that rotation): made once
+/// per (layer, target, transform) while the layer is held and shared by the latent cells and the probe
+/// cells that quantize behind t, so each (layer, target, transform) is rotated forward once. Memory: one
+/// [T, D] float32 matrix per transform while the layer is held. Throws std::invalid_argument for
+/// TransformKind::None (nothing to rotate), and as layer_rotation.
+std::shared_ptr<const RotatedLatent> rotated_latent(const LayerAccess& in, int layer, Target target, const Transform& t);
+/// quantize_dequantize_rotated(spec, *layer_rotation(in, layer, target, t), target, the layer's c_kv or k_pe,
+/// ...) into out [T, D] (row-major float32), the forward rotation taken from rotated_latent(): the same
+/// values. Returns the stored tensor. Throws as quantize() and rotated_latent().
+QuantizedTensor quantize_dequantize_layer(const LayerAccess& in, int layer, Target target, const QuantSpec& spec,
+                                          const Transform& t, float* out);
 /// Warning lines for the /attention_check rows above `tolerance` (or NaN).
 std::vector<std::string> attention_check_warnings(const ColumnTable& check, double tolerance);
 

@@ -81,6 +81,33 @@ std::shared_ptr<const Rotation> layer_rotation(const LayerAccess& in, int layer,
   });
 }
 
+std::shared_ptr<const RotatedLatent> rotated_latent(const LayerAccess& in, int layer, Target target, const Transform& t) {
+  if (t.kind == TransformKind::None)
+    throw std::invalid_argument(fmt::format("rotated_latent: layer {} {}: no transform to rotate by", layer, to_string(target)));
+  return in.shared<RotatedLatent>(layer, fmt::format("rotated/{}/{}", to_string(target), t.to_string()), [&] {
+    const Dump& d = in.header();
+    const Layer& l = in.layer(layer);
+    const bool ckv = target == Target::CKV;
+    return rotate_latent(layer_rotation(in, layer, target, t), ckv ? l.c_kv.data() : l.k_pe.data(), d.num_tokens(),
+                         ckv ? d.attrs.kv_lora_rank : d.attrs.qk_rope_head_dim);
+  });
+}
+
+QuantizedTensor quantize_dequantize_layer(const LayerAccess& in, int layer, Target target, const QuantSpec& spec,
+                                          const Transform& t, float* out) {
+  const Dump& d = in.header();
+  const int64_t T = d.num_tokens(), D = target == Target::CKV ? d.attrs.kv_lora_rank : d.attrs.qk_rope_head_dim;
+  if (t.kind == TransformKind::None) {
+    const Layer& l = in.layer(layer);
+    return quantize_dequantize(spec, target, target == Target::CKV ? l.c_kv.data() : l.k_pe.data(), T, D, d.seq_offsets,
+                               out);
+  }
+  const std::shared_ptr<const RotatedLatent> xr = rotated_latent(in, layer, target, t);
+  QuantizedTensor q = quantize_dequantize(spec, target, xr->x.data(), T, D, d.seq_offsets, out);
+  xr->rotation->inverse(out, T, D);
+  return q;
+}
+
 std::shared_ptr<const AttentionLayerReference> attention_reference(const LayerAccess& in, int layer) {
   return in.shared<AttentionLayerReference>(layer, "attention.reference", [&] {
     const Layer& l = in.layer(layer);
@@ -185,9 +212,7 @@ GroupRows run_error_group(const std::vector<ErrorCell>& cells, const LayerAccess
     const bool ckv = t == Target::CKV;
     try {
       st.x.resize(ckv ? l.c_kv.size() : l.k_pe.size());
-      st.a = account(quantize_dequantize_rotated(spec, *layer_rotation(in, layer, t, tr), t,
-                                                 ckv ? l.c_kv.data() : l.k_pe.data(), T, ckv ? r : rope,
-                                                 dump.seq_offsets, st.x.data()));
+      st.a = account(quantize_dequantize_layer(in, layer, t, spec, tr, st.x.data()));
     } catch (...) {
       st.error = std::current_exception();
     }
@@ -275,16 +300,14 @@ std::vector<ColumnTable> run_error(const StudyConfig& config, const ErrorCell& c
     bytes_c = 2.0 * static_cast<double>(c.svd_rank);
   } else {
     const bool q_ckv = c.targets != "k_pe";
-    const Accounting a = account(quantize_dequantize_rotated(
-        q_ckv ? c.spec : kBf16, *layer_rotation(in, c.layer, Target::CKV, q_ckv ? c.transform : Transform{}), Target::CKV,
-        l.c_kv.data(), T, r, dump.seq_offsets, ckv_buf.data()));
+    const Accounting a = account(quantize_dequantize_layer(in, c.layer, Target::CKV, q_ckv ? c.spec : kBf16,
+                                                          q_ckv ? c.transform : Transform{}, ckv_buf.data()));
     bits_c = a.bits_per_element;
     bytes_c = a.bytes_per_token;
   }
   const bool q_kpe = c.svd_rank == 0 && c.targets != "c_kv";
-  bytes_k = account(quantize_dequantize_rotated(q_kpe ? c.spec_kpe.value_or(c.spec) : kBf16,
-                                                *layer_rotation(in, c.layer, Target::KPE, q_kpe ? c.transform : Transform{}),
-                                                Target::KPE, l.k_pe.data(), T, rope, dump.seq_offsets, kpe_buf.data()))
+  bytes_k = account(quantize_dequantize_layer(in, c.layer, Target::KPE, q_kpe ? c.spec_kpe.value_or(c.spec) : kBf16,
+                                              q_kpe ? c.transform : Transform{}, kpe_buf.data()))
                 .bytes_per_token;
   const std::span<const float> ckv = ckv_buf, kpe = kpe_buf;
   const probes::AttentionError x = probes::attention_error(*e->prepared, e->att->run(ckv, kpe, true));
