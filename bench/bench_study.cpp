@@ -15,8 +15,12 @@
 //     counters: cells (how many tasks that is), s_per_cell, study_s = time × 27 layers (× 26 adjacent
 //     pairs / windows for cross_layer and cross_layer_sharing: pairs = "auto" is "adjacent" above 16
 //     layers), the stage's single-threaded share of a 27-layer V2-Lite default study without e2e.
-// The sum of study_s over the rows is that study on one thread; `latentq run --threads 2` divides the
-// cell work between two threads.
+// The sum of study_s over the rows is that study on one thread (an upper bound: a run computes a value
+// shared across groups once per layer, a row for each group); `latentq run --threads 2` divides the cell
+// work between two threads.
+//   cpu/study_layer/latent_svd_cross_layer/v2lite   the latent, SVD and cross-layer stages in one hold, with
+//     what they share across groups computed once per layer, as in a run; counters latent_s, svd_s,
+//     cross_layer_s, sharing_s (one layer, pair or window) and study_s (those stages of the 27-layer study).
 #include <benchmark/benchmark.h>
 
 #include <unistd.h>
@@ -109,6 +113,46 @@ void bm_stage(benchmark::State& st, std::string group, std::vector<int> layers, 
   st.counters["study_s"] = per * multiplier;
 }
 
+// The latent, SVD and cross-layer stages as a run computes them: one hold of layers {0, 1}, so the
+// values a layer's cells share across these groups (its SVD fit: the SVD probe and both windows that
+// contain the layer) are computed once per layer. Timed in turn: layer 1's latent cells, the SVD cells
+// of layers 0 and 1 (each fits its layer once), the pair and the window (0, 1), which reuse both fits.
+//   study_s = 27 × (latent + mean SVD cell) + 26 × (pair + window): these stages of the 27-layer study.
+void bm_layer_stages(benchmark::State& st) {
+  const OneThread one;
+  StudyFixture& f = fixture();
+  const std::vector<const CellTask*> latent = stage_tasks(f.plan, "latent_error", {1}),
+                                     svd0 = stage_tasks(f.plan, "svd", {0}), svd1 = stage_tasks(f.plan, "svd", {1}),
+                                     pair = stage_tasks(f.plan, "cross_layer", {0, 1}),
+                                     window = stage_tasks(f.plan, "cross_layer_sharing", {0, 1});
+  if (latent.empty() || svd0.empty() || svd1.empty() || pair.empty() || window.empty()) {
+    st.SkipWithError("the default study lacks a latent, svd or cross-layer cell on layers 0 and 1");
+    return;
+  }
+  double t_latent = 0, t_svd = 0, t_pair = 0, t_window = 0;
+  for (auto _ : st) {
+    const std::unique_ptr<LayerAccess> hold = f.plan.store->open(LayerUse{{0, 1}, false});
+    auto timed = [](const std::vector<const CellTask*>& tasks) {
+      const auto t0 = Clock::now();
+      for (const CellTask* t : tasks) benchmark::DoNotOptimize(t->compute());
+      return std::chrono::duration<double>(Clock::now() - t0).count();
+    };
+    const double a = timed(latent), b = timed(svd0) + timed(svd1), c = timed(pair), d = timed(window);
+    st.SetIterationTime(a + b + c + d);
+    t_latent += a;
+    t_svd += b / 2;
+    t_pair += c;
+    t_window += d;
+  }
+  const double n = static_cast<double>(st.iterations());
+  const double L = static_cast<double>(kStudyLayers), P = static_cast<double>(kStudyLayers - 1);
+  st.counters["latent_s"] = t_latent / n;
+  st.counters["svd_s"] = t_svd / n;
+  st.counters["cross_layer_s"] = t_pair / n;
+  st.counters["sharing_s"] = t_window / n;
+  st.counters["study_s"] = (L * (t_latent + t_svd) + P * (t_pair + t_window)) / n;
+}
+
 }  // namespace
 
 void register_study_benchmarks(const Options&) {
@@ -124,6 +168,10 @@ void register_study_benchmarks(const Options&) {
         ->UseManualTime()
         ->Iterations(1)
         ->Unit(benchmark::kSecond);
+  benchmark::RegisterBenchmark("cpu/study_layer/latent_svd_cross_layer/v2lite", bm_layer_stages)
+      ->UseManualTime()
+      ->Iterations(1)
+      ->Unit(benchmark::kSecond);
 }
 
 }  // namespace latentq::bench

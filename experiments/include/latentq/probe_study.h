@@ -31,6 +31,7 @@
 #include "latentq/layer_store.h"
 #include "latentq/probe_registry.h"
 #include "latentq/probes/attention.h"
+#include "latentq/probes/svd_probe.h"
 #include "latentq/results.h"
 #include "latentq/study.h"
 #include "latentq/table.h"
@@ -96,6 +97,10 @@ std::shared_ptr<const RotatedLatent> rotated_latent(const LayerAccess& in, int l
 /// values. Returns the stored tensor. Throws as quantize() and rotated_latent().
 QuantizedTensor quantize_dequantize_layer(const LayerAccess& in, int layer, Target target, const QuantSpec& spec,
                                           const Transform& t, float* out);
+/// The layer's c_kv fit of the SVD basis (probes::fit_svd_split, centered or not): made once per (layer,
+/// centering) while the layer is held and shared by the SVD probe, the shared-basis probe's per-layer side
+/// and the svd-rank attention cells. Throws as fit_svd_split.
+std::shared_ptr<const probes::SvdSplitFit> svd_split_fit(const LayerAccess& in, int layer, bool centered);
 /// Warning lines for the /attention_check rows above `tolerance` (or NaN).
 std::vector<std::string> attention_check_warnings(const ColumnTable& check, double tolerance);
 

@@ -74,7 +74,8 @@ CrossLayerPair cross_layer_pair(const float* A, const float* B, int64_t T, int64
 
 std::vector<SharedBasisResult> shared_basis_probe(std::span<const float* const> layers, int64_t T, int64_t r,
                                                   std::span<const int64_t> seq_offsets,
-                                                  std::span<const int64_t> ranks, bool centered) {
+                                                  std::span<const int64_t> ranks, bool centered,
+                                                  std::span<const SvdSplitFit* const> per_layer) {
   const int64_t w = static_cast<int64_t>(layers.size());
   if (w < 1) throw std::invalid_argument("shared-basis probe: empty layer window");
   if (r < 1) throw std::invalid_argument("shared-basis probe: kv_lora_rank " + std::to_string(r) + " < 1");
@@ -109,12 +110,25 @@ std::vector<SharedBasisResult> shared_basis_probe(std::span<const float* const> 
   const Eigen::VectorXd sh = detail::projected_energy(Xh, shared.mean, shared.V);
   const double nf = Xf.squaredNorm(), nh = Xh.squaredNorm();  // = Σ over layers
 
-  // Per layer: energies along each layer's own basis.
+  // Per layer: energies along each layer's own basis (the caller's fits, or computed here).
+  if (!per_layer.empty() && static_cast<int64_t>(per_layer.size()) != w)
+    throw std::invalid_argument("shared-basis probe: " + std::to_string(per_layer.size()) + " per-layer fits for a window of " +
+                                std::to_string(w));
   std::vector<Eigen::VectorXd> pf(w), ph(w);
   for (int64_t l = 0; l < w; ++l) {
-    const SvdBasis b = fit_svd_basis(layers[l], T, r, split.fit, centered);
-    pf[l] = detail::projected_energy(detail::gather_rows(layers[l], T, r, split.fit), b.mean, b.V);
-    ph[l] = detail::projected_energy(detail::gather_rows(layers[l], T, r, split.heldout), b.mean, b.V);
+    if (!per_layer.empty()) {
+      const SvdSplitFit* f = per_layer[l];
+      if (!f || f->basis.dim != r || f->basis.centered != centered)
+        throw std::invalid_argument("shared-basis probe: the fit of layer " + std::to_string(l) +
+                                    " of the window is missing, not " + std::to_string(r) + "-dimensional or " +
+                                    (centered ? "not centered" : "centered"));
+      pf[l] = f->fit_energy;
+      ph[l] = f->heldout_energy;
+      continue;
+    }
+    const SvdSplitFit f = fit_svd_split(layers[l], T, r, seq_offsets, centered);
+    pf[l] = f.fit_energy;
+    ph[l] = f.heldout_energy;
   }
   auto rel = [](double resid, double ref) {
     return ref > 0 ? std::sqrt(resid / ref) : (resid > 0 ? INFINITY : 0.0);

@@ -118,8 +118,24 @@ std::vector<int64_t> default_svd_ranks(int64_t D) {
   return r;
 }
 
+SvdSplitFit fit_svd_split(const float* X, int64_t T, int64_t D, std::span<const int64_t> seq_offsets, bool centered) {
+  const TokenSplit split = fit_heldout_split(seq_offsets, T);
+  detail::require_finite(X, T * D, "SVD fit");
+  SvdSplitFit f;
+  f.fit_tokens = split.fit_tokens();
+  f.heldout_tokens = split.heldout_tokens();
+  f.basis = fit_svd_basis(X, T, D, split.fit, centered);
+  const Eigen::MatrixXd Xf = detail::gather_rows(X, T, D, split.fit);
+  const Eigen::MatrixXd Xh = detail::gather_rows(X, T, D, split.heldout);
+  f.fit_energy = detail::projected_energy(Xf, f.basis.mean, f.basis.V);
+  f.heldout_energy = detail::projected_energy(Xh, f.basis.mean, f.basis.V);
+  f.fit_norm2 = Xf.squaredNorm();
+  f.heldout_norm2 = Xh.squaredNorm();
+  return f;
+}
+
 SvdProbeResult svd_probe(const float* c_kv, int64_t T, int64_t D, std::span<const int64_t> seq_offsets,
-                         const SvdProbeOptions& options) {
+                         const SvdProbeOptions& options, const SvdSplitFit* fit) {
   if (D < 1) throw std::invalid_argument("SVD probe: kv_lora_rank " + std::to_string(D) + " < 1");
   const TokenSplit split = fit_heldout_split(seq_offsets, T);
   const std::vector<int64_t> ranks = options.ranks.empty() ? default_svd_ranks(D) : options.ranks;
@@ -139,19 +155,31 @@ SvdProbeResult svd_probe(const float* c_kv, int64_t T, int64_t D, std::span<cons
                                 " needs at least " + std::to_string(max_rank + (options.centered ? 1 : 0)));
   detail::require_finite(c_kv, T * D, "SVD probe: c_kv");
 
+  if (fit && (fit->basis.dim != D || fit->basis.centered != options.centered))
+    throw std::invalid_argument("SVD probe: the given fit is " + std::to_string(fit->basis.dim) + "-dimensional, " +
+                                (fit->basis.centered ? "centered" : "not centered") + "; expected " +
+                                std::to_string(D) + ", " + (options.centered ? "centered" : "not centered"));
+  SvdSplitFit own;
+  if (!fit) {
+    own = fit_svd_split(c_kv, T, D, seq_offsets, options.centered);
+    fit = &own;
+  }
   SvdProbeResult res;
   res.centered = options.centered;
   res.coeff_dtype = options.coeff_dtype;
   res.kv_lora_rank = D;
   res.fit_tokens = split.fit_tokens();
   res.heldout_tokens = split.heldout_tokens();
-  res.basis = fit_svd_basis(c_kv, T, D, split.fit, options.centered);
+  res.basis = fit->basis;
 
-  const Eigen::MatrixXd Xf = detail::gather_rows(c_kv, T, D, split.fit);
-  const Eigen::MatrixXd Xh = detail::gather_rows(c_kv, T, D, split.heldout);
-  const Eigen::VectorXd ef = detail::projected_energy(Xf, res.basis.mean, res.basis.V);
-  const Eigen::VectorXd eh = detail::projected_energy(Xh, res.basis.mean, res.basis.V);
-  const double nf = Xf.squaredNorm(), nh = Xh.squaredNorm();
+  const Eigen::VectorXd& ef = fit->fit_energy;
+  const Eigen::VectorXd& eh = fit->heldout_energy;
+  const double nf = fit->fit_norm2, nh = fit->heldout_norm2;
+  Eigen::MatrixXd Xf, Xh;  // the splits themselves: only the bf16 reconstructions read them
+  if (options.coeff_dtype != CoeffDtype::Float64) {
+    Xf = detail::gather_rows(c_kv, T, D, split.fit);
+    Xh = detail::gather_rows(c_kv, T, D, split.heldout);
+  }
   const Eigen::VectorXd s2 = res.basis.singular_values.cwiseAbs2();
   const double s2_total = s2.sum();
   auto rel = [](double resid, double ref) {

@@ -291,11 +291,8 @@ std::vector<ColumnTable> run_error(const StudyConfig& config, const ErrorCell& c
   double bits_c = 16, bytes_c = 2.0 * static_cast<double>(r), bytes_k = 2.0 * static_cast<double>(rope);
   if (c.svd_rank > 0) {
     const bool centered = probe_settings<SvdSettings>(config, "svd").centered;
-    const std::shared_ptr<const probes::SvdBasis> basis = in.shared<probes::SvdBasis>(c.layer, "svd.basis", [&] {
-      const probes::TokenSplit split = probes::fit_heldout_split(dump.seq_offsets, T);
-      return probes::fit_svd_basis(l.c_kv.data(), T, r, split.fit, centered);
-    });
-    basis->reconstruct(l.c_kv.data(), T, c.svd_rank, ckv_buf.data(), probes::CoeffDtype::BF16);
+    svd_split_fit(in, c.layer, centered)->basis.reconstruct(l.c_kv.data(), T, c.svd_rank, ckv_buf.data(),
+                                                            probes::CoeffDtype::BF16);
     bits_c = 16.0 * static_cast<double>(c.svd_rank) / static_cast<double>(r);
     bytes_c = 2.0 * static_cast<double>(c.svd_rank);
   } else {

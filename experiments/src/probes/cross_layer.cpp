@@ -127,11 +127,17 @@ class CrossLayerProbe final : public Probe {
     const SharingCell& c = cell.as<SharingCell>();
     ColumnTable t = empty_table(kSharing);
     const std::vector<int64_t> ranks = sharing_ranks(config, dump, c.window);
+    const bool centered = probe_settings<CrossLayerSettings>(config, "cross_layer").centered;
     std::vector<const float*> ptrs;
-    for (int l : c.layers) ptrs.push_back(in.layer(l).c_kv.data());
-    for (const probes::SharedBasisResult& x :
-         probes::shared_basis_probe(ptrs, dump.num_tokens(), dump.attrs.kv_lora_rank, dump.seq_offsets, ranks,
-                                    probe_settings<CrossLayerSettings>(config, "cross_layer").centered))
+    std::vector<std::shared_ptr<const probes::SvdSplitFit>> fits;  // each layer's own basis, shared per layer
+    std::vector<const probes::SvdSplitFit*> fit_ptrs;
+    for (int l : c.layers) {
+      ptrs.push_back(in.layer(l).c_kv.data());
+      fits.push_back(svd_split_fit(in, l, centered));
+      fit_ptrs.push_back(fits.back().get());
+    }
+    for (const probes::SharedBasisResult& x : probes::shared_basis_probe(
+             ptrs, dump.num_tokens(), dump.attrs.kv_lora_rank, dump.seq_offsets, ranks, centered, fit_ptrs))
       add_row(t, {int64_t{c.layers.front()}, int64_t{c.window}, x.rank, x.shared_heldout_rel_fro,
                   x.per_layer_heldout_rel_fro, x.shared_fit_rel_fro, x.per_layer_fit_rel_fro});
     return {std::move(t)};

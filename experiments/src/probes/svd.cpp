@@ -13,6 +13,14 @@
 #include "latentq/probes/svd_probe.h"
 
 namespace latentq {
+
+std::shared_ptr<const probes::SvdSplitFit> svd_split_fit(const LayerAccess& in, int layer, bool centered) {
+  return in.shared<probes::SvdSplitFit>(layer, centered ? "svd.fit/centered" : "svd.fit/uncentered", [&] {
+    const Dump& d = in.header();
+    return probes::fit_svd_split(in.layer(layer).c_kv.data(), d.num_tokens(), d.attrs.kv_lora_rank, d.seq_offsets,
+                                 centered);
+  });
+}
 namespace {
 
 constexpr double kEnergyFractions[] = {0.9, 0.99, 0.999};
@@ -79,8 +87,9 @@ class SvdProbe final : public Probe {
     opt.centered = probe_settings<SvdSettings>(config, "svd").centered;
     opt.ranks = svd_ranks(config, dump);
     opt.energy_fractions.assign(std::begin(kEnergyFractions), std::end(kEnergyFractions));
-    const probes::SvdProbeResult p = probes::svd_probe(in.layer(c.layer).c_kv.data(), dump.num_tokens(),
-                                                       dump.attrs.kv_lora_rank, dump.seq_offsets, opt);
+    const probes::SvdProbeResult p =
+        probes::svd_probe(in.layer(c.layer).c_kv.data(), dump.num_tokens(), dump.attrs.kv_lora_rank, dump.seq_offsets,
+                          opt, svd_split_fit(in, c.layer, opt.centered).get());
     ColumnTable t = empty_table(kSvd), s = empty_table(kSpectrum);
     for (const probes::SvdRankError& e : p.ranks)
       add_row(t, {int64_t{c.layer}, e.rank, int64_t{p.centered ? 1 : 0}, p.fit_tokens, p.heldout_tokens,

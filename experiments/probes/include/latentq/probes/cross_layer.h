@@ -26,6 +26,8 @@
 #include <span>
 #include <vector>
 
+#include "latentq/probes/svd_probe.h"
+
 namespace latentq::probes {
 
 struct CrossLayerPair {
@@ -58,9 +60,12 @@ struct SharedBasisResult {
 /// row-major float32, adjacent layers in order) at each total rank k in `ranks`.
 /// Throws std::invalid_argument for: an empty window or a null layer; bad seq_offsets / empty split;
 /// k < 1, k > w·r or k not a multiple of w (naming k); a fit split with fewer tokens than k
-/// (+1 when centered); NaN/Inf in the latents.
+/// (+1 when centered); NaN/Inf in the latents. `per_layer`: empty, or w pointers to each layer's
+/// fit_svd_split(layer, T, r, seq_offsets, centered) when the caller has them (the same values as computing
+/// them here); std::invalid_argument if their count, dimension or centering differ.
 std::vector<SharedBasisResult> shared_basis_probe(std::span<const float* const> layers, int64_t T, int64_t r,
                                                   std::span<const int64_t> seq_offsets,
-                                                  std::span<const int64_t> ranks, bool centered = true);
+                                                  std::span<const int64_t> ranks, bool centered = true,
+                                                  std::span<const SvdSplitFit* const> per_layer = {});
 
 }  // namespace latentq::probes

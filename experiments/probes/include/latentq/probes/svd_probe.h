@@ -95,13 +95,30 @@ struct SvdProbeResult {
   std::vector<int64_t> energy_ranks;       ///< energy_rank(σ, fraction) for each fraction
 };
 
+/// One layer's basis on its fit split with the energy of both splits along every basis direction: the
+/// part of the SVD probe and of the shared-basis probe's per-layer side that depends on the layer alone
+/// (the study computes it once per layer and passes it to both).
+struct SvdSplitFit {
+  int64_t fit_tokens = 0, heldout_tokens = 0;
+  SvdBasis basis;                  ///< fit_svd_basis on the fit split (fit_heldout_split)
+  Eigen::VectorXd fit_energy;      ///< [D] Σ over the fit tokens x of ((x − μ)·v_j)², j = 0 .. D−1
+  Eigen::VectorXd heldout_energy;  ///< [D] the same over the held-out tokens
+  double fit_norm2 = 0, heldout_norm2 = 0;  ///< ‖X_fit‖_F², ‖X_heldout‖_F² (uncentered, as stored)
+};
+/// The SvdSplitFit of X [T, D] (row-major float32) with sequences seq_offsets [S+1]. Throws
+/// std::invalid_argument for bad seq_offsets / an empty split (fit_heldout_split), NaN/Inf in X (with the
+/// count), and as fit_svd_basis.
+SvdSplitFit fit_svd_split(const float* X, int64_t T, int64_t D, std::span<const int64_t> seq_offsets, bool centered);
+
 /// The SVD pruning probe on c_kv [T, kv_lora_rank] (row-major float32) with sequences seq_offsets [S+1].
 /// Throws std::invalid_argument for: bad seq_offsets / empty split (fit_heldout_split); a rank < 1 or
 /// > kv_lora_rank (naming it); a fit split with fewer tokens than the largest rank (+1 when centered:
 /// every basis direction used must be determined by the fit data: max_fit_rank); NaN/Inf in c_kv; an
 /// energy fraction outside (0, 1]; a bf16 coefficient overflow (SvdBasis::reconstruct).
+/// `fit`: the layer's fit_svd_split(c_kv, ..., options.centered) when the caller has it (the same values as
+/// computing it here); std::invalid_argument if its dimension or centering differ.
 SvdProbeResult svd_probe(const float* c_kv, int64_t T, int64_t kv_lora_rank, std::span<const int64_t> seq_offsets,
-                         const SvdProbeOptions& options = {});
+                         const SvdProbeOptions& options = {}, const SvdSplitFit* fit = nullptr);
 
 /// The rotation of transform t for one target X [T, D] (row-major float32) with sequences seq_offsets:
 /// KLT is R = Vᵀ of fit_svd_basis(X, T, D, fit split of fit_heldout_split, uncentered) — rows are the
