@@ -212,35 +212,35 @@ namespace {
 using V4d = double __attribute__((vector_size(32)));
 using V4f = float __attribute__((vector_size(16)));
 
+// Outputs [i, i + 8) of R rows: out[r, i + l] = Σ_k M[k, i + l]·xin[r, k] in float64, k ascending, rounded
+// once. xin [R, D]: the rows in float64 (exact); out with row stride D; P: M's columns i .. i + 7 in
+// float64 (exact) as a contiguous [D, 8] panel (a column of M is D·4 bytes apart: with D a power of two
+// its rows would fall into two L1 sets).
 template <int R>
-[[gnu::always_inline]] inline void dense_block(const float* M, const float* panels, const double* xin, float* out,
-                                               int64_t D) {
-  // xin [R, D]: the rows in float64 (exact); out [R, D] with row stride D; panels: M's columns in blocks
-  // of 8, each block [D, 8] contiguous (a column of M is D·4 bytes apart: with D a power of two its
-  // rows would fall into two L1 sets).
-  int64_t i = 0;
-  for (; i + 8 <= D; i += 8) {
-    const float* P = panels + i * D;  // block i / 8: [D, 8]
-    V4d acc[R][2];
-    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = V4d{0.0, 0.0, 0.0, 0.0};
-    for (int64_t k = 0; k < D; ++k) {
-      V4f f0, f1;
-      std::memcpy(&f0, P + k * 8, sizeof f0);
-      std::memcpy(&f1, P + k * 8 + 4, sizeof f1);
-      const V4d m0 = __builtin_convertvector(f0, V4d), m1 = __builtin_convertvector(f1, V4d);
-      for (int r = 0; r < R; ++r) {
-        const double x = xin[r * D + k];
-        acc[r][0] += m0 * x;
-        acc[r][1] += m1 * x;
-      }
+[[gnu::always_inline]] inline void dense_cols8(const double* P, const double* xin, float* out, int64_t D, int64_t i) {
+  V4d acc[R][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = V4d{0.0, 0.0, 0.0, 0.0};
+  for (int64_t k = 0; k < D; ++k) {
+    V4d m0, m1;
+    std::memcpy(&m0, P + k * 8, sizeof m0);
+    std::memcpy(&m1, P + k * 8 + 4, sizeof m1);
+    for (int r = 0; r < R; ++r) {
+      const double x = xin[r * D + k];
+      acc[r][0] += m0 * x;
+      acc[r][1] += m1 * x;
     }
-    for (int r = 0; r < R; ++r)
-      for (int l = 0; l < 4; ++l) {
-        out[r * D + i + l] = static_cast<float>(acc[r][0][l]);
-        out[r * D + i + 4 + l] = static_cast<float>(acc[r][1][l]);
-      }
   }
-  for (; i < D; ++i) {  // the last D mod 8 outputs, scalar, same order
+  for (int r = 0; r < R; ++r)
+    for (int l = 0; l < 4; ++l) {
+      out[r * D + i + l] = static_cast<float>(acc[r][0][l]);
+      out[r * D + i + 4 + l] = static_cast<float>(acc[r][1][l]);
+    }
+}
+
+// The last D mod 8 outputs [i0, D) of R rows, scalar, the same sums in the same order.
+template <int R>
+[[gnu::always_inline]] inline void dense_tail(const float* M, const double* xin, float* out, int64_t D, int64_t i0) {
+  for (int64_t i = i0; i < D; ++i) {
     double acc[R] = {};
     for (int64_t k = 0; k < D; ++k)
       for (int r = 0; r < R; ++r) acc[r] += static_cast<double>(M[k * D + i]) * xin[r * D + k];
@@ -248,22 +248,40 @@ template <int R>
   }
 }
 
+// Rows of X [T, D] in tiles of kTile: each tile's rows are converted to float64 once, then for each panel
+// of 8 outputs (32 KiB at D = 512) its rows are computed 4 at a time (4 × 8 accumulators in registers).
+// The panels (M converted to float64 once per call, so the loop does no conversions) are streamed once
+// per tile of kTile rows rather than once per 4 rows. Every output is still its own float64 sum over k
+// ascending, so neither the tiling nor the conversion changes a bit.
 [[gnu::always_inline]] inline void dense_rows_body(const float* M, float* X, int64_t T, int64_t D) {
-  constexpr int64_t kTile = 4;
+  constexpr int64_t kTile = 36;
   std::vector<double> xin(static_cast<size_t>(kTile * D));
   const int64_t D8 = D / 8 * 8;
-  std::vector<float> panels(static_cast<size_t>(D8 * D));
+  std::vector<double> panels(static_cast<size_t>(D8 * D));  // M's values in float64 (exact), panel by panel
   for (int64_t b = 0; b < D8; b += 8)
-    for (int64_t k = 0; k < D; ++k) std::memcpy(panels.data() + b * D + k * 8, M + k * D + b, 8 * sizeof(float));
+    for (int64_t k = 0; k < D; ++k)
+      for (int64_t l = 0; l < 8; ++l) panels[b * D + k * 8 + l] = static_cast<double>(M[k * D + b + l]);
   for (int64_t t0 = 0; t0 < T; t0 += kTile) {
-    const int64_t n = std::min(kTile, T - t0);
-    for (int64_t j = 0; j < n * D; ++j) xin[j] = static_cast<double>(X[t0 * D + j]);
+    const int64_t rows = std::min(kTile, T - t0);
+    for (int64_t j = 0; j < rows * D; ++j) xin[j] = static_cast<double>(X[t0 * D + j]);
     float* out = X + t0 * D;  // the tile's inputs are in xin: written in place
-    switch (n) {
-      case 4: dense_block<4>(M, panels.data(), xin.data(), out, D); break;
-      case 3: dense_block<3>(M, panels.data(), xin.data(), out, D); break;
-      case 2: dense_block<2>(M, panels.data(), xin.data(), out, D); break;
-      default: dense_block<1>(M, panels.data(), xin.data(), out, D); break;
+    for (int64_t i = 0; i < D8; i += 8) {
+      const double* P = panels.data() + i * D;
+      int64_t r0 = 0;
+      for (; r0 + 6 <= rows; r0 += 6) dense_cols8<6>(P, xin.data() + r0 * D, out + r0 * D, D, i);
+      switch (rows - r0) {
+        case 5: dense_cols8<5>(P, xin.data() + r0 * D, out + r0 * D, D, i); break;
+        case 4: dense_cols8<4>(P, xin.data() + r0 * D, out + r0 * D, D, i); break;
+        case 3: dense_cols8<3>(P, xin.data() + r0 * D, out + r0 * D, D, i); break;
+        case 2: dense_cols8<2>(P, xin.data() + r0 * D, out + r0 * D, D, i); break;
+        case 1: dense_cols8<1>(P, xin.data() + r0 * D, out + r0 * D, D, i); break;
+        default: break;
+      }
+    }
+    if (D8 < D) {
+      int64_t r0 = 0;
+      for (; r0 + 4 <= rows; r0 += 4) dense_tail<4>(M, xin.data() + r0 * D, out + r0 * D, D, D8);
+      for (; r0 < rows; ++r0) dense_tail<1>(M, xin.data() + r0 * D, out + r0 * D, D, D8);
     }
   }
 }

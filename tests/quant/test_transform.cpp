@@ -138,13 +138,15 @@ TEST(Transform, RotationsAreOrthogonalAndInvertible) {
 }
 
 // The dense rotation's documented arithmetic, bit for bit: each output a float64 sum in index order
-// (the scalar loops of the definition) rounded once, whatever the tiling of rows (tiles of 4: T = 8, and
-// tails of 1, 2 and 3 rows: T = 1, 9, 6, 10, 19) and of outputs (blocks of 8: D = 5, 7 all tail; 33;
-// 40, 64, 576 whole blocks), under every CPU kernel selection (Reference and Baseline run the baseline
+// (the scalar loops of the definition) rounded once, whatever the tiling of rows (tiles of 36 rows in
+// groups of 6: T = 72 two whole tiles, 77, 41, 37 a tile and a tail; groups of 6 with tails of 1 to 5 rows:
+// T = 1, 8, 9, 10, 19, 41, 77, 6 whole) and of outputs (blocks of 8: D = 5, 7 all tail; 33, 9; 24, 40,
+// 64, 576 whole blocks), under every CPU kernel selection (Reference and Baseline run the baseline
 // build of the loops, Avx2 the AVX2 one where the CPU has it; kernel= 1, 2, 3 in the trace).
 TEST(Transform, DenseRotationIsTheFloat64SumInIndexOrder) {
   for (const CpuKernel k : available_cpu_kernels())
-  for (const auto& [T, D] : std::vector<std::pair<int64_t, int64_t>>{{1, 5}, {8, 33}, {19, 64}, {19, 576}, {9, 7}, {6, 40}, {10, 64}}) {
+  for (const auto& [T, D] : std::vector<std::pair<int64_t, int64_t>>{{1, 5}, {8, 33}, {19, 64}, {19, 576}, {9, 7}, {6, 40}, {10, 64},
+                                                                            {77, 64}, {41, 24}, {72, 9}, {37, 40}}) {
     const ScopedCpuKernel kernel(k);
     const uint32_t seed = static_cast<uint32_t>(11 + T + D);
     SCOPED_TRACE("T=" + std::to_string(T) + " D=" + std::to_string(D) + " seed=" + std::to_string(seed) +
