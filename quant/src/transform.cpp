@@ -5,6 +5,8 @@
 #include <charconv>
 #include <cmath>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <stdexcept>
 
 namespace latentq {
@@ -312,7 +314,20 @@ Rotation Rotation::make(const Transform& t, int64_t D) {
   switch (t.kind) {
     case TransformKind::None: return {};
     case TransformKind::Hadamard: return hadamard(D, t.block, t.seed);
-    case TransformKind::Random: return dense(D, haar_orthogonal(D, t.seed));
+    case TransformKind::Random: {
+      // A function of (D, seed) alone: built once per process (the study asks for the same matrix for
+      // every layer), then copied.
+      static std::mutex mu;
+      static std::map<std::pair<int64_t, uint64_t>, std::vector<float>> built;
+      std::vector<float> R;
+      {
+        const std::lock_guard<std::mutex> lock(mu);
+        auto it = built.find({D, t.seed});
+        if (it == built.end()) it = built.emplace(std::make_pair(D, t.seed), haar_orthogonal(D, t.seed)).first;
+        R = it->second;
+      }
+      return dense(D, std::move(R));
+    }
     case TransformKind::Klt: break;
   }
   throw std::invalid_argument("transform 'klt' of dimension " + std::to_string(D) +

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <stdexcept>
 #include <string>
 
@@ -18,24 +19,48 @@ using RowMatF = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowM
 
 namespace {
 
-/// Coefficients Y = (X − μ)·V_r [n, r] of the rows of X [n, D], rounded per `coeff`.
-Eigen::MatrixXd coefficients(const Eigen::MatrixXd& X, const SvdBasis& b, int64_t rank, CoeffDtype coeff) {
-  const Eigen::MatrixXd Z = X.rowwise() - b.mean.transpose();
-  Eigen::MatrixXd Y(X.rows(), rank);
+/// Coefficients Y = (X − μ)·V_r [n, r] of the rows of X [n, D], rounded per `coeff`; not checked.
+Eigen::MatrixXd coefficients_unchecked(const Eigen::MatrixXd& Z, const SvdBasis& b, int64_t rank, CoeffDtype coeff) {
+  Eigen::MatrixXd Y(Z.rows(), rank);
   gemm<double>(Op::N, Op::N, 1, Z, b.V.leftCols(rank), 0, Y);
-  if (coeff == CoeffDtype::BF16) {
+  if (coeff == CoeffDtype::BF16)
     Y = Y.unaryExpr([](double y) {
       return static_cast<double>(qmath::bf16_bits_to_f32(qmath::f32_to_bf16_bits(static_cast<float>(y))));
     });
-    // Checked after the narrowing: a coefficient beyond the bf16 range is inf, and the error computed
-    // from it would be NaN/inf silently.
-    if (!Y.allFinite())
-      throw std::invalid_argument("SVD: " + std::to_string((!Y.array().isFinite()).count()) + " rank-" +
-                                  std::to_string(rank) +
-                                  " coefficient(s) overflow bf16 (|y| > 3.39e38): the latents are out of range "
-                                  "for bf16 coefficients");
-  }
   return Y;
+}
+/// Checked after the narrowing: a coefficient beyond the bf16 range is inf, and the error computed from it
+/// would be NaN/inf silently. Y: the coefficients of rank `rank`.
+void require_finite_coefficients(const Eigen::Ref<const Eigen::MatrixXd>& Y, int64_t rank) {
+  if (!Y.allFinite())
+    throw std::invalid_argument("SVD: " + std::to_string((!Y.array().isFinite()).count()) + " rank-" +
+                                std::to_string(rank) +
+                                " coefficient(s) overflow bf16 (|y| > 3.39e38): the latents are out of range "
+                                "for bf16 coefficients");
+}
+/// Coefficients Y = (X − μ)·V_r [n, r] of the rows of X [n, D], rounded per `coeff`.
+Eigen::MatrixXd coefficients(const Eigen::MatrixXd& X, const SvdBasis& b, int64_t rank, CoeffDtype coeff) {
+  Eigen::MatrixXd Y = coefficients_unchecked(X.rowwise() - b.mean.transpose(), b, rank, coeff);
+  require_finite_coefficients(Y, rank);
+  return Y;
+}
+
+/// ‖X − X̂_r‖_F² for every rank r of `ranks` (ascending, distinct), X̂_r = round(Y)[:, :r]·V_rᵀ + μ: one
+/// coefficient matrix at the largest rank (the rounding is per element, so rank r's coefficients are its
+/// first r columns), and the residual (X − μ) − Σ_b Y_b·V_bᵀ updated block by block of ranks in ascending
+/// order (the work of one product for all ranks instead of one per rank). Y: coefficients_unchecked(X − μ)
+/// at ranks.back(), checked by the caller.
+std::vector<double> residuals_at_ranks(const Eigen::MatrixXd& X, const Eigen::MatrixXd& Y, const SvdBasis& b,
+                                       std::span<const int64_t> ranks) {
+  Eigen::MatrixXd E = X.rowwise() - b.mean.transpose();
+  std::vector<double> out;
+  int64_t done = 0;
+  for (int64_t r : ranks) {
+    gemm<double>(Op::N, Op::T, -1, Y.middleCols(done, r - done), b.V.middleCols(done, r - done), 1, E);
+    done = r;
+    out.push_back(E.squaredNorm());
+  }
+  return out;
 }
 
 /// X̂ = Y·V_rᵀ + μ for coefficients Y [n, r].
@@ -185,6 +210,25 @@ SvdProbeResult svd_probe(const float* c_kv, int64_t T, int64_t D, std::span<cons
   auto rel = [](double resid, double ref) {
     return ref > 0 ? std::sqrt(resid / ref) : (resid > 0 ? INFINITY : 0.0);
   };
+  // The bf16 reconstructions: every rank from one coefficient matrix per split (residuals_at_ranks); an
+  // overflow is reported for the first rank in `ranks` order, fit split first, as rank by rank would.
+  std::map<int64_t, std::pair<double, double>> bf16_resid;  // rank → (fit, held-out) ‖X − X̂_r‖²
+  if (options.coeff_dtype != CoeffDtype::Float64) {
+    std::vector<int64_t> asc(ranks.begin(), ranks.end());
+    std::sort(asc.begin(), asc.end());
+    asc.erase(std::unique(asc.begin(), asc.end()), asc.end());
+    const Eigen::MatrixXd Yf = coefficients_unchecked(Xf.rowwise() - res.basis.mean.transpose(), res.basis, asc.back(),
+                                                      options.coeff_dtype);
+    const Eigen::MatrixXd Yh = coefficients_unchecked(Xh.rowwise() - res.basis.mean.transpose(), res.basis, asc.back(),
+                                                      options.coeff_dtype);
+    for (int64_t r : ranks) {
+      require_finite_coefficients(Yf.leftCols(r), r);
+      require_finite_coefficients(Yh.leftCols(r), r);
+    }
+    const std::vector<double> rf = residuals_at_ranks(Xf, Yf, res.basis, asc);
+    const std::vector<double> rh = residuals_at_ranks(Xh, Yh, res.basis, asc);
+    for (size_t i = 0; i < asc.size(); ++i) bf16_resid[asc[i]] = {rf[i], rh[i]};
+  }
   for (int64_t r : ranks) {
     SvdRankError e;
     e.rank = r;
@@ -192,9 +236,8 @@ SvdProbeResult svd_probe(const float* c_kv, int64_t T, int64_t D, std::span<cons
       e.fit_rel_fro = rel(ef.tail(D - r).sum(), nf);
       e.heldout_rel_fro = rel(eh.tail(D - r).sum(), nh);
     } else {
-      e.fit_rel_fro = rel((Xf - project_back(coefficients(Xf, res.basis, r, options.coeff_dtype), res.basis)).squaredNorm(), nf);
-      e.heldout_rel_fro =
-          rel((Xh - project_back(coefficients(Xh, res.basis, r, options.coeff_dtype), res.basis)).squaredNorm(), nh);
+      e.fit_rel_fro = rel(bf16_resid.at(r).first, nf);
+      e.heldout_rel_fro = rel(bf16_resid.at(r).second, nh);
     }
     e.fit_energy = s2_total > 0 ? s2.head(r).sum() / s2_total : 1.0;
     res.ranks.push_back(e);

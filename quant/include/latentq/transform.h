@@ -97,7 +97,8 @@ class Rotation {
   /// D ≤ 0. Orthogonality is the caller's (checked by the study's fold check).
   static Rotation dense(int64_t D, std::vector<float> R);
   /// Builds the rotation of a transform for rows of D elements (not KLT: that needs the fit split;
-  /// throws std::invalid_argument for it, and for the errors of hadamard_block). None gives identity.
+  /// throws std::invalid_argument for it, and for the errors of hadamard_block). None gives identity. rot:
+  /// haar_orthogonal(D, seed), built once per (D, seed) in a process and kept (a D·D float matrix).
   static Rotation make(const Transform& t, int64_t D);
 
   /// Rows of X [T, D] in place. Hadamard: x' = H·(s ⊙ x) (fwht_rows); dense: x'_i = Σ_j R_ij x_j,
