@@ -1,6 +1,11 @@
 // error_metrics (quant/include/latentq/metrics.h) on tiny hand-computed inputs.
 #include "latentq/metrics.h"
 
+#include <random>
+#include <utility>
+#include <vector>
+
+#include "latentq/quantize.h"
 #include "test_helpers.h"
 
 namespace {
@@ -83,3 +88,53 @@ TEST(Metrics, AccumulatesInDouble) {
 }
 
 }  // namespace
+
+// The documented summation order, bit for bit, under every CPU kernel selection: per row, element d in
+// lane d mod 8 (index order within a lane), lanes combined ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)), rows in
+// order; rows shorter than 8 and tails of 1-7 elements; an exactly reconstructed row and a zero row (cos
+// counted 1 when equal). Fixed seed; kernel, T and D in the trace.
+TEST(ErrorMetrics, LaneSumsInTheDocumentedOrderUnderEveryKernel) {
+  for (const latentq::CpuKernel k : latentq::available_cpu_kernels())
+    for (const auto& [T, D] : std::vector<std::pair<int64_t, int64_t>>{{3, 5}, {7, 8}, {5, 19}, {4, 576}, {2, 1}}) {
+      const latentq::ScopedCpuKernel kernel(k);
+      SCOPED_TRACE("kernel=" + std::to_string(static_cast<int>(k)) + " T=" + std::to_string(T) +
+                   " D=" + std::to_string(D) + " seed=7");
+      std::mt19937 rng(7);
+      std::normal_distribution<float> nd;
+      std::vector<float> x(static_cast<size_t>(T * D)), xh(x.size());
+      for (size_t i = 0; i < x.size(); ++i) {
+        x[i] = nd(rng);
+        xh[i] = x[i] + 0.01f * nd(rng);
+      }
+      if (T > 2) {
+        for (int64_t d = 0; d < D; ++d) xh[D + d] = x[D + d];           // row 1 exact
+        for (int64_t d = 0; d < D; ++d) x[2 * D + d] = xh[2 * D + d] = 0;  // row 2 zero in both
+      }
+      double err2 = 0, ref2 = 0, maxabs = 0, cos_sum = 0;
+      for (int64_t t = 0; t < T; ++t) {
+        double l[5][8] = {};
+        bool equal = true;
+        for (int64_t d = 0; d < D; ++d) {
+          const double a = x[t * D + d], b = xh[t * D + d], e = b - a;
+          l[0][d % 8] += a * b;
+          l[1][d % 8] += a * a;
+          l[2][d % 8] += b * b;
+          l[3][d % 8] += e * e;
+          maxabs = std::max(maxabs, std::abs(e));
+          equal = equal && a == b;
+        }
+        double s[4];
+        for (int j = 0; j < 4; ++j)
+          s[j] = ((l[j][0] + l[j][1]) + (l[j][2] + l[j][3])) + ((l[j][4] + l[j][5]) + (l[j][6] + l[j][7]));
+        err2 += s[3];
+        ref2 += s[1];
+        cos_sum += (s[1] > 0 && s[2] > 0) ? s[0] / (std::sqrt(s[1]) * std::sqrt(s[2])) : (equal ? 1.0 : 0.0);
+      }
+      const latentq::ErrorMetrics m = error_metrics(x.data(), xh.data(), T, D);
+      EXPECT_EQ(m.rel_fro, std::sqrt(err2 / ref2));
+      EXPECT_EQ(m.mse, err2 / (static_cast<double>(T) * static_cast<double>(D)));
+      EXPECT_EQ(m.sqnr_db, 10.0 * std::log10(ref2 / err2));
+      EXPECT_EQ(m.max_abs_err, maxabs);
+      EXPECT_EQ(m.cos_mean, cos_sum / static_cast<double>(T));
+    }
+}

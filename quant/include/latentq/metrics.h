@@ -1,5 +1,7 @@
 // latentq/metrics.h — error metrics between a reference X and its reconstruction X̂, both
-// [T, D] row-major float32. Accumulation is in float64.
+// [T, D] row-major float32. Accumulation is in float64: per row, element d is summed into lane d mod 8
+// (index order within a lane) and the eight lanes are combined pairwise, ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7));
+// the rows' sums are added in row order. The same bits under every CPU kernel (latentq/quantize.h).
 //   rel_fro     = ‖X̂ − X‖_F / ‖X‖_F                      (0 when both are 0; inf when only X is 0)
 //   mse         = ‖X̂ − X‖_F² / (T·D)
 //   sqnr_db     = 10·log10(‖X‖_F² / ‖X̂ − X‖_F²)           (+inf for an exact reconstruction)
