@@ -68,6 +68,27 @@ TEST(CrossLayerPair, PearsonOfConstructedChannels) {
   EXPECT_EQ(p.constant_channels, 0);
 }
 
+// The per-layer normalizer given by the caller (the study shares it per layer) gives the same pair
+// statistics, bit for bit, as computing it inside; it is ‖XcᵀXc‖_F (checked against Eigen's product).
+TEST(CrossLayerPair, GivenGramNormsGiveTheSameBits) {
+  const uint64_t seed = 21;
+  std::mt19937_64 rng(seed);
+  const int64_t T = 300, r = 24;
+  SCOPED_TRACE(testing::Message() << "seed " << seed << " shape [" << T << ", " << r << "]");
+  const Eigen::MatrixXd A = gaussian(rng, T, r), B = 0.5 * A + gaussian(rng, T, r);
+  const auto a = to_row_major_f32(A), b = to_row_major_f32(B);
+  const double na = centered_gram_norm(a.data(), T, r), nb = centered_gram_norm(b.data(), T, r);
+  Eigen::MatrixXd Ac = Eigen::Map<const Eigen::Matrix<float, -1, -1, Eigen::RowMajor>>(a.data(), T, r).cast<double>();
+  Ac.rowwise() -= Ac.colwise().mean();
+  EXPECT_NEAR(na, (Ac.transpose() * Ac).norm(), 1e-12 * na);
+  const CrossLayerPair inside = cross_layer_pair(a.data(), b.data(), T, r);
+  const CrossLayerPair given = cross_layer_pair(a.data(), b.data(), T, r, na, nb);
+  EXPECT_EQ(given.cka_linear, inside.cka_linear);
+  EXPECT_EQ(given.pearson_mean_abs, inside.pearson_mean_abs);
+  EXPECT_EQ(given.pearson_channels, inside.pearson_channels);
+  EXPECT_THROW(centered_gram_norm(a.data(), 1, r), std::invalid_argument);
+}
+
 TEST(CrossLayerPair, ConstantChannelsSkipped) {
   std::mt19937_64 rng(14);
   const int64_t T = 256, r = 8;

@@ -5,6 +5,7 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "detail.h"
 #include "latentq/probes/split.h"
@@ -28,15 +29,31 @@ void check_shape(int64_t T, int64_t d, const char* what) {
   if (d < 1) throw std::invalid_argument(std::string(what) + ": dimension " + std::to_string(d) + " < 1");
 }
 
-double cka_centered(const Eigen::MatrixXd& X, const Eigen::MatrixXd& Y) {
-  const auto cross = [](const Eigen::MatrixXd& A, const Eigen::MatrixXd& B) {  // AᵀB
-    Eigen::MatrixXd C(A.cols(), B.cols());
-    gemm<double>(Op::T, Op::N, 1, A, B, 0, C);
-    return C;
-  };
+Eigen::MatrixXd cross(const Eigen::MatrixXd& A, const Eigen::MatrixXd& B) {  // AᵀB
+  Eigen::MatrixXd C(A.cols(), B.cols());
+  gemm<double>(Op::T, Op::N, 1, A, B, 0, C);
+  return C;
+}
+
+// CKA of the column-centered X, Y; nx, ny: ‖XᵀX‖_F, ‖YᵀY‖_F when known (< 0: computed).
+double cka_centered(const Eigen::MatrixXd& X, const Eigen::MatrixXd& Y, double nx = -1, double ny = -1) {
   const double num = cross(Y, X).squaredNorm();
-  const double den = cross(X, X).norm() * cross(Y, Y).norm();
+  const double den = (nx >= 0 ? nx : cross(X, X).norm()) * (ny >= 0 ? ny : cross(Y, Y).norm());
   return den > 0 ? num / den : kNaN;
+}
+
+// Per column of X [T, r] (row-major): whether all its T values are equal (min == max), in one
+// row-major pass (the same min and max as a pass down each column).
+std::vector<bool> constant_columns(const float* X, int64_t T, int64_t r) {
+  std::vector<float> mn(X, X + r), mx(X, X + r);
+  for (int64_t t = 1; t < T; ++t)
+    for (int64_t i = 0; i < r; ++i) {
+      mn[i] = std::min(mn[i], X[t * r + i]);
+      mx[i] = std::max(mx[i], X[t * r + i]);
+    }
+  std::vector<bool> c(static_cast<size_t>(r));
+  for (int64_t i = 0; i < r; ++i) c[i] = mn[i] == mx[i];
+  return c;
 }
 
 }  // namespace
@@ -49,16 +66,24 @@ double linear_cka(const float* X, int64_t dx, const float* Y, int64_t dy, int64_
   return cka_centered(centered_columns(X, T, dx), centered_columns(Y, T, dy));
 }
 
-CrossLayerPair cross_layer_pair(const float* A, const float* B, int64_t T, int64_t r) {
+double centered_gram_norm(const float* X, int64_t T, int64_t r) {
+  check_shape(T, r, "centered Gram norm");
+  detail::require_finite(X, T * r, "centered Gram norm: X");
+  const Eigen::MatrixXd Xc = centered_columns(X, T, r);
+  return cross(Xc, Xc).norm();
+}
+
+CrossLayerPair cross_layer_pair(const float* A, const float* B, int64_t T, int64_t r, double gram_norm_a,
+                                double gram_norm_b) {
   check_shape(T, r, "cross-layer pair");
   detail::require_finite(A, T * r, "cross-layer pair: A");
   detail::require_finite(B, T * r, "cross-layer pair: B");
-  const Eigen::Map<const RowMatF> Af(A, T, r), Bf(B, T, r);
   const Eigen::MatrixXd Ac = centered_columns(A, T, r), Bc = centered_columns(B, T, r);
+  const std::vector<bool> ca = constant_columns(A, T, r), cb = constant_columns(B, T, r);
   CrossLayerPair res;
   double sum = 0;
   for (int64_t i = 0; i < r; ++i) {
-    const bool constant = Af.col(i).minCoeff() == Af.col(i).maxCoeff() || Bf.col(i).minCoeff() == Bf.col(i).maxCoeff();
+    const bool constant = ca[i] || cb[i];
     if (constant) {
       ++res.constant_channels;
       continue;
@@ -68,7 +93,7 @@ CrossLayerPair cross_layer_pair(const float* A, const float* B, int64_t T, int64
     ++res.pearson_channels;
   }
   res.pearson_mean_abs = res.pearson_channels > 0 ? sum / static_cast<double>(res.pearson_channels) : kNaN;
-  res.cka_linear = cka_centered(Ac, Bc);
+  res.cka_linear = cka_centered(Ac, Bc, gram_norm_a, gram_norm_b);
   return res;
 }
 

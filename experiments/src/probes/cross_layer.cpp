@@ -117,9 +117,15 @@ class CrossLayerProbe final : public Probe {
     if (cell.groups.front() == "cross_layer") {
       const PairCell& c = cell.as<PairCell>();
       ColumnTable t = empty_table(kPairs);
-      const probes::CrossLayerPair p =
-          probes::cross_layer_pair(in.layer(c.layer_a).c_kv.data(), in.layer(c.layer_b).c_kv.data(), dump.num_tokens(),
-                                   dump.attrs.kv_lora_rank);
+      const int64_t T = dump.num_tokens(), r = dump.attrs.kv_lora_rank;
+      // CKA's per-layer normalizer, once per layer for both pairs that contain it.
+      const auto gram_norm = [&](int l) {
+        return *in.shared<double>(l, "cross_layer.gram_norm",
+                                  [&] { return probes::centered_gram_norm(in.layer(l).c_kv.data(), T, r); });
+      };
+      const probes::CrossLayerPair p = probes::cross_layer_pair(in.layer(c.layer_a).c_kv.data(),
+                                                                in.layer(c.layer_b).c_kv.data(), T, r,
+                                                                gram_norm(c.layer_a), gram_norm(c.layer_b));
       add_row(t, {int64_t{c.layer_a}, int64_t{c.layer_b}, p.pearson_mean_abs, p.pearson_channels, p.constant_channels,
                   p.cka_linear});
       return {std::move(t)};

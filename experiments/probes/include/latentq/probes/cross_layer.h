@@ -37,9 +37,16 @@ struct CrossLayerPair {
   double cka_linear = 0;         ///< linear CKA of A and B
 };
 
-/// Pair statistics of A, B [T, r] row-major float32 (same tokens). Throws std::invalid_argument for
-/// T < 2, r < 1 or NaN/Inf in A or B.
-CrossLayerPair cross_layer_pair(const float* A, const float* B, int64_t T, int64_t r);
+/// ‖X_cᵀX_c‖_F of X [T, r] (row-major float32) with its columns centered, in float64 (dgemm): linear CKA's
+/// per-layer normalizer, a function of the layer alone (the study computes it once per layer for both
+/// pairs that contain it). Throws std::invalid_argument for T < 2, r < 1 or NaN/Inf in X.
+double centered_gram_norm(const float* X, int64_t T, int64_t r);
+
+/// Pair statistics of A, B [T, r] row-major float32 (same tokens). gram_norm_a / gram_norm_b: the
+/// layers' centered_gram_norm when the caller has them (the same values as computing them here; < 0 =
+/// compute). Throws std::invalid_argument for T < 2, r < 1 or NaN/Inf in A or B.
+CrossLayerPair cross_layer_pair(const float* A, const float* B, int64_t T, int64_t r, double gram_norm_a = -1,
+                                double gram_norm_b = -1);
 
 /// Linear CKA of X [T, dx] and Y [T, dy] (row-major float32; dx may differ from dy). See above.
 /// Throws std::invalid_argument for T < 2, dx < 1, dy < 1 or NaN/Inf.
