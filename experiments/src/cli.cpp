@@ -39,7 +39,7 @@ struct RunArgs {
   int threads = 0;
   std::string shard;               // "i/n"; empty = all cells
   bool resume = false;
-  double checkpoint_interval = 0;  // seconds
+  double checkpoint_interval = 10;  // seconds (each checkpoint rewrites every completed cell)
   bool no_e2e = false;             // skip [e2e] even when enabled
 };
 
@@ -335,7 +335,7 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
                 "continue a run: skip the cells already in OUT.partial (the checkpoint of an interrupted run) "
                 "or OUT; refused if they were written for another config or input");
   run->add_option("--checkpoint-interval", ra.checkpoint_interval,
-                  "minimum seconds between checkpoints to OUT.partial (default 0: whenever cells completed)")
+                  "minimum seconds between checkpoints to OUT.partial (default 10; 0: whenever cells completed)")
       ->check(CLI::NonNegativeNumber);
   run->add_flag("--no-e2e", ra.no_e2e, "do not start experiments/e2e_inject.py even when the config has [e2e] enabled");
   run->footer("Quantizer specs:\n" + spec_grammar());
