@@ -136,6 +136,42 @@ TEST(SharedBasis, SharedStructureFavoursSharedBasis) {
   EXPECT_EQ(res[0].per_layer_basis_floats, r * 4);
 }
 
+// The per-layer fits given by the caller (the study shares each layer's fit_svd_split between the SVD
+// probe and both windows that contain the layer) give the same rows, bit for bit, as fitting inside; the
+// SVD probe likewise; a fit of the wrong centering is refused.
+TEST(SharedBasis, GivenPerLayerFitsGiveTheSameBits) {
+  const uint64_t seed = 23;
+  std::mt19937_64 rng(seed);
+  const int64_t S = 4, L = 150, T = S * L, r = 16;
+  SCOPED_TRACE(testing::Message() << "seed " << seed << " shape [" << T << ", " << r << "]");
+  const auto l0 = to_row_major_f32(gaussian(rng, T, r)), l1 = to_row_major_f32(gaussian(rng, T, r));
+  std::vector<int64_t> offs(S + 1);
+  for (int64_t s = 0; s <= S; ++s) offs[s] = s * L;
+  const std::vector<const float*> window{l0.data(), l1.data()};
+  const std::vector<int64_t> ranks{4, 8, 32};
+  const SvdSplitFit f0 = fit_svd_split(l0.data(), T, r, offs, true), f1 = fit_svd_split(l1.data(), T, r, offs, true);
+  const std::vector<const SvdSplitFit*> fits{&f0, &f1};
+  const auto inside = shared_basis_probe(window, T, r, offs, ranks, true);
+  const auto given = shared_basis_probe(window, T, r, offs, ranks, true, fits);
+  ASSERT_EQ(given.size(), inside.size());
+  for (size_t i = 0; i < given.size(); ++i) {
+    EXPECT_EQ(given[i].per_layer_fit_rel_fro, inside[i].per_layer_fit_rel_fro) << "rank " << ranks[i];
+    EXPECT_EQ(given[i].per_layer_heldout_rel_fro, inside[i].per_layer_heldout_rel_fro) << "rank " << ranks[i];
+    EXPECT_EQ(given[i].shared_heldout_rel_fro, inside[i].shared_heldout_rel_fro) << "rank " << ranks[i];
+  }
+  SvdProbeOptions o;
+  o.ranks = {2, 8, 16};
+  const SvdProbeResult a = svd_probe(l0.data(), T, r, offs, o), b = svd_probe(l0.data(), T, r, offs, o, &f0);
+  for (size_t i = 0; i < a.ranks.size(); ++i) {
+    EXPECT_EQ(a.ranks[i].heldout_rel_fro, b.ranks[i].heldout_rel_fro) << "rank " << o.ranks[i];
+    EXPECT_EQ(a.ranks[i].fit_rel_fro, b.ranks[i].fit_rel_fro) << "rank " << o.ranks[i];
+  }
+  const SvdSplitFit uncentered = fit_svd_split(l0.data(), T, r, offs, false);
+  EXPECT_THROW(svd_probe(l0.data(), T, r, offs, o, &uncentered), std::invalid_argument);
+  const std::vector<const SvdSplitFit*> wrong{&uncentered, &f1};
+  EXPECT_THROW(shared_basis_probe(window, T, r, offs, ranks, true, wrong), std::invalid_argument);
+}
+
 TEST(SharedBasis, WindowOfOneEqualsSvdProbe) {
   const uint64_t seed = 16;
   std::mt19937_64 rng(seed);
