@@ -45,14 +45,14 @@ Eigen::MatrixXd coefficients(const Eigen::MatrixXd& X, const SvdBasis& b, int64_
   return Y;
 }
 
-/// ‖X − X̂_r‖_F² for every rank r of `ranks` (ascending, distinct), X̂_r = round(Y)[:, :r]·V_rᵀ + μ: one
-/// coefficient matrix at the largest rank (the rounding is per element, so rank r's coefficients are its
-/// first r columns), and the residual (X − μ) − Σ_b Y_b·V_bᵀ updated block by block of ranks in ascending
-/// order (the work of one product for all ranks instead of one per rank). Y: coefficients_unchecked(X − μ)
-/// at ranks.back(), checked by the caller.
-std::vector<double> residuals_at_ranks(const Eigen::MatrixXd& X, const Eigen::MatrixXd& Y, const SvdBasis& b,
+/// ‖X − X̂_r‖_F² for every rank r of `ranks` (ascending, distinct), X̂_r = round(Y)[:, :r]·V_rᵀ + μ, from
+/// Z = X − μ: one coefficient matrix at the largest rank (the rounding is per element, so rank r's
+/// coefficients are its first r columns), and the residual Z − Σ_b Y_b·V_bᵀ updated block by block of
+/// ranks in ascending order (the work of one product for all ranks instead of one per rank). Y:
+/// coefficients_unchecked(Z) at ranks.back(), checked by the caller.
+std::vector<double> residuals_at_ranks(const Eigen::MatrixXd& Z, const Eigen::MatrixXd& Y, const SvdBasis& b,
                                        std::span<const int64_t> ranks) {
-  Eigen::MatrixXd E = X.rowwise() - b.mean.transpose();
+  Eigen::MatrixXd E = Z;
   std::vector<double> out;
   int64_t done = 0;
   for (int64_t r : ranks) {
@@ -200,11 +200,6 @@ SvdProbeResult svd_probe(const float* c_kv, int64_t T, int64_t D, std::span<cons
   const Eigen::VectorXd& ef = fit->fit_energy;
   const Eigen::VectorXd& eh = fit->heldout_energy;
   const double nf = fit->fit_norm2, nh = fit->heldout_norm2;
-  Eigen::MatrixXd Xf, Xh;  // the splits themselves: only the bf16 reconstructions read them
-  if (options.coeff_dtype != CoeffDtype::Float64) {
-    Xf = detail::gather_rows(c_kv, T, D, split.fit);
-    Xh = detail::gather_rows(c_kv, T, D, split.heldout);
-  }
   const Eigen::VectorXd s2 = res.basis.singular_values.cwiseAbs2();
   const double s2_total = s2.sum();
   auto rel = [](double resid, double ref) {
@@ -217,16 +212,17 @@ SvdProbeResult svd_probe(const float* c_kv, int64_t T, int64_t D, std::span<cons
     std::vector<int64_t> asc(ranks.begin(), ranks.end());
     std::sort(asc.begin(), asc.end());
     asc.erase(std::unique(asc.begin(), asc.end()), asc.end());
-    const Eigen::MatrixXd Yf = coefficients_unchecked(Xf.rowwise() - res.basis.mean.transpose(), res.basis, asc.back(),
-                                                      options.coeff_dtype);
-    const Eigen::MatrixXd Yh = coefficients_unchecked(Xh.rowwise() - res.basis.mean.transpose(), res.basis, asc.back(),
-                                                      options.coeff_dtype);
+    // The centered splits Z = X − μ (the fit energies came from the shared fit; only this reads the rows).
+    const Eigen::MatrixXd Zf = detail::gather_rows(c_kv, T, D, split.fit).rowwise() - res.basis.mean.transpose();
+    const Eigen::MatrixXd Zh = detail::gather_rows(c_kv, T, D, split.heldout).rowwise() - res.basis.mean.transpose();
+    const Eigen::MatrixXd Yf = coefficients_unchecked(Zf, res.basis, asc.back(), options.coeff_dtype);
+    const Eigen::MatrixXd Yh = coefficients_unchecked(Zh, res.basis, asc.back(), options.coeff_dtype);
     for (int64_t r : ranks) {
       require_finite_coefficients(Yf.leftCols(r), r);
       require_finite_coefficients(Yh.leftCols(r), r);
     }
-    const std::vector<double> rf = residuals_at_ranks(Xf, Yf, res.basis, asc);
-    const std::vector<double> rh = residuals_at_ranks(Xh, Yh, res.basis, asc);
+    const std::vector<double> rf = residuals_at_ranks(Zf, Yf, res.basis, asc);
+    const std::vector<double> rh = residuals_at_ranks(Zh, Yh, res.basis, asc);
     for (size_t i = 0; i < asc.size(); ++i) bf16_resid[asc[i]] = {rf[i], rh[i]};
   }
   for (int64_t r : ranks) {
