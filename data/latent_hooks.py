@@ -54,8 +54,8 @@ Decode order (``DecodeOrderAttention``): the attention of every query t reads ke
 versions of the latent cache (quantized / bf16) per a [T, T] mask, which is token-by-token decode with
 a quantized cache done in one causal forward (latentq/decode_order.h; the e2e step builds the two
 versions and the mask with the ``latentq`` module). The model's own attention output, the input of
-``o_proj``, is replaced by ``mixed_latent_attention`` (absorbed form, DeepSeek-V3 inference/model.py)
-of the captured q_nope, q_pe, c_kv and k_pe.
+``o_proj``, is replaced by ``mixed_latent_attention`` (one SDPA over the keys of both reads, masked
+per (t, j)) of the captured q_nope, q_pe, c_kv and k_pe; the model's own SDPA call is skipped there.
 """
 from __future__ import annotations
 
@@ -406,6 +406,10 @@ class LatentHooks:
             rec["softmax_scale"] = float(scale)
             rec["softmax_scale_source"] = source
 
+    def _sdpa_call(self, fn, query, *args, **kwargs):
+        """The model's SDPA call inside a hooked layer (DecodeOrderAttention skips the ones it replaces)."""
+        return fn(query, *args, **kwargs)
+
     def _eager_wrapper(self, fn, fname: str):
         def wrapper(*args, **kwargs):
             scale = kwargs["scaling"] if "scaling" in kwargs else (args[5] if len(args) > 5 else None)
@@ -422,7 +426,7 @@ class LatentHooks:
             if scale is None:
                 scale = query.shape[-1] ** -0.5          # SDPA's own default
             self._record_scale(scale, "captured:scaled_dot_product_attention")
-            return fn(query, *args, **kwargs)
+            return self._sdpa_call(fn, query, *args, **kwargs)
 
         wrapper.__wrapped__ = fn
         return wrapper
@@ -505,11 +509,15 @@ def _compute_dtype(x: torch.Tensor) -> torch.dtype:
 
 DecodeCacheFn = Callable[[int, torch.Tensor, torch.Tensor], "tuple | None"]
 
+# The unwrapped SDPA (LatentHooks patches torch.nn.functional's while installed): mixed_latent_attention runs
+# inside a hooked layer and must neither record a scale nor be skipped as the model's own attention.
+_SDPA = torch.nn.functional.scaled_dot_product_attention
+
 
 def mixed_latent_attention(q_nope: torch.Tensor, q_pe: torch.Tensor, c_q: torch.Tensor, c_b: torch.Tensor,
                            read_c: torch.Tensor, kpe_q: torch.Tensor, kpe_b: torch.Tensor, read_kpe: torch.Tensor,
                            w_uk: torch.Tensor, w_uv: torch.Tensor, softmax_scale: float) -> torch.Tensor:
-    """Causal MLA attention in absorbed form over a latent cache read two ways, chosen per (query t, key j).
+    """Causal MLA attention over a latent cache read two ways, chosen per (query t, key j).
 
     q_nope [B, T, H, d_n], q_pe [B, T, H, d_r] (post-RoPE); c_q / c_b [B, T, r]: c_kv as read from the
     quantized cache / in bf16; kpe_q / kpe_b [B, T, d_r]: post-RoPE k_pe, same; read_c, read_kpe bool
@@ -518,25 +526,45 @@ def mixed_latent_attention(q_nope: torch.Tensor, q_pe: torch.Tensor, c_q: torch.
     split, DeepSeek-V3 inference/model.py); softmax_scale: the model's applied scale.
         s[t, h, j]  = scale · (q_nope W_UK · c[j] + q_pe · k_pe[j]),  each read per its mask at (t, j)
         out[t, h]   = W_UV (Σ_j softmax_j(s)[t, h, j] · c[j])         (c read per read_c, as the score)
-    Computed in float32 (fp32 softmax), float64 when q_nope is float64, on the inputs' device.
+    Computed in the expanded form (per head k_nope = W_UK·c and v = W_UV·c of each read of c_kv, as the
+    model's own attention; the absorbed form's products, reassociated) by one
+    torch.nn.functional.scaled_dot_product_attention over the keys of every (c_kv read, k_pe read) pair
+    that some (t, j) uses, stacked along the key axis (2·T keys when the two masks are equal or one is
+    constant, else 4·T), with a boolean mask that admits key j of pair (X, Y) for query t iff j ≤ t,
+    read_c[t, j] picks X and read_kpe[t, j] picks Y: each causal key once, so every row has its key t.
+    v is padded with zero columns to q's head dim (torch's CPU flash kernel needs equal head dims; the
+    columns change no output). float32 (float64 when q_nope is float64), on the inputs' device.
     Returns [B, T, H, d_v] in that dtype.
     """
     dt = _compute_dtype(q_nope)
     q_nope, q_pe, c_q, c_b, kpe_q, kpe_b, w_uk, w_uv = (
         x.to(dt) for x in (q_nope, q_pe, c_q, c_b, kpe_q, kpe_b, w_uk, w_uv))
-    T, dev = c_q.shape[1], c_q.device
-    read_c = read_c.to(device=dev, dtype=torch.bool)
-    read_kpe = read_kpe.to(device=dev, dtype=torch.bool)
+    B, T, H, d_n = q_nope.shape
+    d_r, d_v, dev = q_pe.shape[-1], w_uv.shape[1], c_q.device
+    E = d_n + d_r
     causal = torch.ones(T, T, dtype=torch.bool, device=dev).tril()
-    q_lat = torch.einsum("bthd,hdc->bhtc", q_nope, w_uk)                        # [B, H, T, r]
-    q_pe = q_pe.transpose(1, 2)                                                # [B, H, T, d_r]
-    kt = lambda x: x[:, None].transpose(-1, -2)                                # [B, 1, D, T]
-    s = (torch.where(read_c, q_lat @ kt(c_q), q_lat @ kt(c_b))
-         + torch.where(read_kpe, q_pe @ kt(kpe_q), q_pe @ kt(kpe_b))) * softmax_scale
-    p = torch.softmax(s.masked_fill(~causal, float("-inf")), dim=-1)          # [B, H, T, T]
-    zero = torch.zeros((), dtype=p.dtype, device=dev)
-    o_lat = torch.where(read_c, p, zero) @ c_q[:, None] + torch.where(read_c, zero, p) @ c_b[:, None]
-    return torch.einsum("bhtc,hdc->bthd", o_lat, w_uv)                          # [B, T, H, d_v]
+    as4 = lambda m: m.to(device=dev, dtype=torch.bool).reshape(-1, 1, T, T)   # [1 or B, 1, T, T]
+    read_c, read_kpe = as4(read_c) & causal, as4(read_kpe) & causal
+    expand = lambda c, w: torch.einsum("btc,hdc->bhtd", c, w)                  # [B, H, T, d]
+    k_nope = {"q": expand(c_q, w_uk), "b": expand(c_b, w_uk)}
+    v = {"q": expand(c_q, w_uv), "b": expand(c_b, w_uv)}
+    kpe = {"q": kpe_q[:, None].expand(B, H, T, d_r), "b": kpe_b[:, None].expand(B, H, T, d_r)}
+    keys, vals, masks = [], [], []
+    for x, mc in (("q", read_c), ("b", causal & ~read_c)):
+        for y, mk in (("q", read_kpe), ("b", causal & ~read_kpe)):
+            m = mc & mk
+            if not bool(m.any()):
+                continue
+            keys.append(torch.cat([k_nope[x], kpe[y]], dim=-1))
+            vals.append(v[x])
+            masks.append(m.expand(max(mc.shape[0], mk.shape[0]), 1, T, T))
+    qs = torch.cat([q_nope, q_pe], dim=-1).transpose(1, 2)                    # [B, H, T, E]
+    vv = torch.cat(vals, dim=2)
+    if d_v < E:
+        vv = torch.nn.functional.pad(vv, [0, E - d_v])
+    o = _SDPA(
+        qs, torch.cat(keys, dim=2), vv, attn_mask=torch.cat(masks, dim=-1), scale=softmax_scale)
+    return o[..., :d_v].transpose(1, 2)                                        # [B, T, H, d_v]
 
 
 class DecodeOrderAttention(LatentHooks):
@@ -545,17 +573,22 @@ class DecodeOrderAttention(LatentHooks):
     of a quantized cache (latentq/decode_order.h) in one causal forward, since a token's hidden state
     at every layer is computed when that token is processed.
 
-    Per layer, the model's own attention runs on the exact latents; its output (the input of
-    ``o_proj``) is then replaced by ``mixed_latent_attention`` of the captured q_nope, post-RoPE q_pe
-    and the two reads of c_kv and k_pe ``cache_fn(layer, c_kv, k_pe)`` returns, with the
-    softmax scale captured at call time (LatentHooks; attribute fallback). A layer for which
-    ``cache_fn`` returns None keeps the model's own output; a 7th element ``rows`` (bool [B]) keeps it
-    for the batch rows it marks False (e2e_inject batches several runs, some of which leave a layer
-    exact). Input ids [B, T]: every batch row is one sequence at positions 0..T-1 without padding (the
-    masks are [T, T], shared by the rows, or [B, 1, T, T], one per row).
+    Per layer, the model's attention output (the input of ``o_proj``) is replaced by
+    ``mixed_latent_attention`` of the captured q_nope, post-RoPE q_pe and the two reads of c_kv and k_pe
+    ``cache_fn(layer, c_kv, k_pe)`` returns (called once per layer and forward), with the softmax scale
+    captured at call time (LatentHooks; attribute fallback). The model's own attention is not computed
+    where it is replaced: its ``scaled_dot_product_attention`` call (tiny-mla, HF's sdpa path) returns
+    zeros of its output's shape instead, once ``cache_fn`` has returned a cache for the layer (an eager
+    attention function still runs). A layer for which ``cache_fn`` returns None keeps the model's own
+    output; a 7th element ``rows`` (bool [B]) keeps it for the batch rows it marks False (e2e_inject
+    batches several runs, some of which leave a layer exact; the model's attention then runs). Input ids
+    [B, T]: every batch row is one sequence at positions 0..T-1 without padding (the masks are [T, T],
+    shared by the rows, or [B, 1, T, T], one per row).
     The captured tensors stay on the model's device (float32; float64 for a float64 model).
     Raises as LatentHooks.
     """
+
+    _NO_CACHE = object()
 
     def __init__(self, model: nn.Module, cache_fn: DecodeCacheFn):
         if not callable(cache_fn):
@@ -566,14 +599,40 @@ class DecodeOrderAttention(LatentHooks):
     def _store(self, layer: int, name: str, x: torch.Tensor) -> None:
         self.layers.setdefault(layer, {})[name] = x.detach().to(_compute_dtype(x))
 
+    def _cache(self, idx: int):
+        """cache_fn of this forward of layer idx, called once (at the SDPA call or at o_proj) and kept in
+        the record until o_proj has used it."""
+        rec = self.layers[idx]
+        if "_decode_cache" not in rec:
+            c = self.cache_fn(idx, rec["c_kv"], rec["k_pe"])
+            rec["_decode_cache"] = self._NO_CACHE if c is None else c
+        c = rec["_decode_cache"]
+        return None if c is self._NO_CACHE else c
+
+    def _sdpa_call(self, fn, query, *args, **kwargs):
+        idx = self._current
+        rec = self.layers.get(idx, {}) if idx is not None else {}
+        if "c_kv" in rec and "k_pe" in rec:
+            cache = self._cache(idx)
+            if cache is not None and (len(cache) <= 6 or bool(torch.as_tensor(cache[6]).all())):
+                value = args[1] if len(args) > 1 else kwargs["value"]
+                return query.new_zeros(*query.shape[:-1], value.shape[-1])
+        return fn(query, *args, **kwargs)
+
     def _hook_layer(self, idx: int, attn: nn.Module) -> None:
         super()._hook_layer(idx, attn)
         dims = self.dims[idx]
         H, nope, vd, r = dims["num_heads"], dims["qk_nope_head_dim"], dims["v_head_dim"], dims["kv_lora_rank"]
 
+        def pre(mod, args):
+            self.layers.get(idx, {}).pop("_decode_cache", None)
+
+        self._handles.append(attn.register_forward_pre_hook(pre))
+
         def o_pre(mod, args):
             rec = self.layers[idx]
-            cache = self.cache_fn(idx, rec["c_kv"], rec["k_pe"])
+            cache = self._cache(idx)
+            rec.pop("_decode_cache", None)
             if cache is None:
                 return None
             scale = rec.get("softmax_scale")

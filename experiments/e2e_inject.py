@@ -334,9 +334,9 @@ def auto_batch_runs(config, seq_len: int, num_seqs: int, budget: int = BATCH_BYT
     K · num_seqs · (bytes per sequence) <= budget, where
     a sequence of T = seq_len tokens takes 4 · T · (8·hidden + 3·intermediate + 4·vocab) bytes (float32
     hidden states, MLP, logits and their copies) + 4 · 5 · H · T² (float32 [H, T, T] scores, probabilities
-    and masked copies: the CPU attention, and latent_hooks.mixed_latent_attention for a decode-order
-    batch of an explicit K); a rough upper estimate (tiny-mla, K = 4: the step's peak RSS 0.84 GB,
-    as unbatched; 1.49 GB with the decode-order runs batched by 4 too). config: the model config (hidden_size, intermediate_size,
+    and masked copies of an attention that materializes them: SDPA's math path, e.g. a model whose v head dim
+    differs from q's; tiny-mla pads v so that the flash kernel runs); a rough upper estimate (tiny-mla,
+    K = 4: the step's peak RSS 0.66 GB; 1.15 GB with the decode-order runs batched by 4 too). config: the model config (hidden_size, intermediate_size,
     vocab_size, num_attention_heads). tiny-mla, 4 x 512: 46 MB per sequence, K = 4 (about 740 MB)."""
     g = lambda k, d=0: int(getattr(config, k, None) or d)
     inter = max(g("intermediate_size"), g("moe_intermediate_size") * max(1, g("num_experts_per_tok", 1)))
@@ -548,8 +548,9 @@ def main(argv=None) -> int:
         return 2
 
     # Auto: the prefill-at-once runs K at a time (the memory bound); the decode-order runs one at a time,
-    # since batching them gained nothing (README "End to end": their forward is bound by the [H, T, T]
-    # passes of mixed_latent_attention, whose work grows with K).
+    # since batching them gained nothing (README "End to end": tiny-mla's default step 41.7 s with them
+    # one per forward, 43.2 s and 1.7x the peak RSS by 4: the masked SDPA of mixed_latent_attention over
+    # 2·T keys grows with K as the runs' own work does).
     K = a.batch_runs or auto_batch_runs(model.config, a.seq_len, a.num_seqs)
     K_dec = a.batch_runs or 1
     n = ids.shape[0]

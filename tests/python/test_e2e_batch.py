@@ -105,7 +105,9 @@ def test_batch_hooks_give_each_run_its_own_values():
     out = e2e_inject.batch_inject([None] + fns[:2], 2)(3, "k_pe", x)
     assert torch.equal(out[:2], x[:2]) and torch.equal(out[4:], x[4:]) and not torch.equal(out[2:4], x[2:4])
 
-    model = load_model(MODEL, torch.float32, False)[0]
+    # float64: float32 GEMMs of another batch size differ by ~1e-7, which flips a bf16 rounding of a later
+    # layer's c_kv now and then (1e-3 on a logit); in float64 the rows must agree to rounding
+    model = load_model(MODEL, torch.float32, False)[0].double()
     ids = torch.randint(0, 256, (2, 40), generator=torch.Generator().manual_seed(1))
     mode = "decode-r8-s0-p0"
     caches = [e2e_inject.make_decode_cache(latentq, s, ("c_kv", "k_pe"), None, mode) for s in specs]
@@ -116,8 +118,8 @@ def test_batch_hooks_give_each_run_its_own_values():
                 alone.append(run_model(model, ids))
         with DecodeOrderAttention(model, e2e_inject.batch_decode_cache(caches, 2)):
             batched = run_model(model, ids.repeat(3, 1)).split(2)
-    for k in range(3):  # float32 GEMMs of another batch size: equal to rounding, not bit for bit
-        assert float((batched[k] - alone[k]).abs().max()) < 1e-4, k
+    for k in range(3):  # GEMMs of another batch size: equal to float64 rounding, not bit for bit
+        assert float((batched[k] - alone[k]).abs().max()) < 1e-9 * float(alone[k].abs().max()), k
     assert float((alone[0] - alone[2]).abs().max()) > 1e-2  # the runs are told apart
 
 

@@ -156,6 +156,83 @@ def test_prefill_at_once_one_pass_equals_injection():
     assert float((one - inj).abs().max()) < 1e-4 * float(inj.abs().max())
 
 
+def direct_mixed_attention(q_nope, q_pe, c_q, c_b, read_c, kpe_q, kpe_b, read_kpe, w_uk, w_uv, scale):
+    """The absorbed formula of mixed_latent_attention's docstring, written key by key in float64 from
+    [B, T, T] masks: s = scale·(q_nope W_UK·c_X[j] + q_pe·k_pe_Y[j]), causal softmax, out = W_UV Σ p c_X[j]."""
+    B, T, H, _ = q_nope.shape
+    q_lat = torch.einsum("bthd,hdc->bthc", q_nope, w_uk)                      # [B, T, H, r]
+    out = torch.zeros(B, T, H, w_uv.shape[1], dtype=torch.float64)
+    for b in range(B):
+        for t in range(T):
+            rc, rk = read_c[b, t, :t + 1, None], read_kpe[b, t, :t + 1, None]  # [t+1, 1]
+            c = torch.where(rc, c_q[b, :t + 1], c_b[b, :t + 1])              # [t+1, r]
+            k = torch.where(rk, kpe_q[b, :t + 1], kpe_b[b, :t + 1])          # [t+1, d_r]
+            p = torch.softmax((q_lat[b, t] @ c.T + q_pe[b, t] @ k.T) * scale, -1)   # [H, t+1]
+            out[b, t] = torch.einsum("hc,hdc->hd", p @ c, w_uv)
+    return out
+
+
+@pytest.mark.parametrize("case", ["equal", "kpe-constant", "unequal", "per-row"])
+def test_mixed_latent_attention_equals_the_direct_formula(case):
+    """The stacked-key SDPA of mixed_latent_attention against the formula key by key, for masks that are
+    equal (2·T keys), one constant (2·T), unequal (4·T keys: a per-channel c_kv group and a per-token
+    k_pe one) and one per batch row ([B, 1, T, T]); seed 21, B 2, T 24, H 3, r 16, d_n 8, d_r 4, d_v 6."""
+    from latent_hooks import mixed_latent_attention
+    g = torch.Generator().manual_seed(21)
+    B, T, H, r, dn, dr, dv = 2, 24, 3, 16, 8, 4, 6
+    rnd = lambda *shape: torch.randn(*shape, generator=g, dtype=torch.float64)
+    q_nope, q_pe, c_q, c_b = rnd(B, T, H, dn), rnd(B, T, H, dr), rnd(B, T, r), rnd(B, T, r)
+    kpe_q, kpe_b, w_uk, w_uv = rnd(B, T, dr), rnd(B, T, dr), rnd(H, dn, r), rnd(H, dv, r)
+    t, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    a = (j >= 2) & (j < ((t - 4) // 8) * 8)           # sink 2, residual 4, groups of 8
+    k = j < t - 3                                      # residual 3, G = 1
+    rand = torch.rand(B, 1, T, T, generator=g) < 0.5
+    read_c, read_kpe = {"equal": (a, a), "kpe-constant": (a, torch.zeros(T, T, dtype=torch.bool)),
+                        "unequal": (a, k), "per-row": (rand, rand.flip(0))}[case]
+    got = mixed_latent_attention(q_nope, q_pe, c_q, c_b, read_c, kpe_q, kpe_b, read_kpe, w_uk, w_uv, 0.3)
+    full = lambda m: m.reshape(-1, T, T).expand(B, T, T)
+    want = direct_mixed_attention(q_nope, q_pe, c_q, c_b, full(read_c), kpe_q, kpe_b, full(read_kpe), w_uk, w_uv, 0.3)
+    assert got.shape == (B, T, H, dv) and got.dtype == torch.float64
+    err = float((got - want).abs().max())
+    assert err < 1e-12 * float(want.abs().max()), (case, err)
+
+
+def test_decode_order_skips_the_models_own_attention():
+    """Where the mixed attention replaces a layer's output on every row, the model's SDPA call is not run
+    (zeros returned); with a `rows` element that keeps some rows, it runs; the logits do not change."""
+    import torch.nn.functional as F
+    m = small_tiny()
+    ids = torch.randint(0, 256, (2, 40), generator=torch.Generator().manual_seed(5))
+    fn = e2e_inject.make_decode_cache(latentq, "int4-asym-channel-g8", ("c_kv", "k_pe"), None, "decode-r8-s0-p0")
+    calls = []
+    real = F.scaled_dot_product_attention
+
+    def counting(*a, **kw):
+        calls.append(1)
+        return real(*a, **kw)
+
+    orig = F.scaled_dot_product_attention
+    F.scaled_dot_product_attention = counting
+    try:
+        with torch.no_grad(), DecodeOrderAttention(m, fn):
+            skipped = m(ids)
+        n_skipped = len(calls)
+        calls.clear()
+        keep = lambda layer, c, k: fn(layer, c, k) + (torch.ones(c.shape[0], dtype=torch.bool),) if layer else \
+            fn(layer, c, k) + (torch.tensor([True, False]),)
+        with torch.no_grad(), DecodeOrderAttention(m, keep):
+            kept = m(ids)
+        n_kept = len(calls)
+    finally:
+        F.scaled_dot_product_attention = orig
+    layers = m.config.num_hidden_layers
+    assert n_skipped == 0 and n_kept == 1, (n_skipped, n_kept, layers)
+    with torch.no_grad():
+        ref = m(ids)
+    assert torch.equal(skipped[0], kept[0])                 # row 0 reads the mixed cache in both runs
+    assert float((kept[1] - ref[1]).abs().max()) < float((skipped[1] - ref[1]).abs().max())
+
+
 # ---- HF DeepseekV2 / V3 --------------------------------------------------------------------------
 
 transformers = pytest.importorskip("transformers")
