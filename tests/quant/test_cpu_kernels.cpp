@@ -216,6 +216,43 @@ TEST(CpuKernels, EdgeInputsGiveTheReferenceBytes) {
     for (const std::string& spec : int_specs()) expect_same(spec, x, T, D, {0, 20, T}, what);
 }
 
+// Quotients (x − offset) / scale exactly at half steps and one ulp either side, for a scale that is not a
+// power of two: the codes must be those of the IEEE quotient rounded to nearest, ties to even (an encoder
+// that multiplied by a rounded 1/scale, or contracted an FMA, would move some of them; tried on the Avx2
+// kernel with a division fallback near half steps, this test failed without the fallback).
+// s = 225/1024 is exact in fp16; every group of >= 7 consecutive tokens or columns holds the group's min
+// and max (positions with (t + d) % 7 == 0 and 3). asym: min −1 and max −1 + 15·s give scale 15·s/qmax,
+// and the values −1 + (k + 1/2)·s give quotients (k + 1/2)·qmax/15, half steps for qmax = 255, 15 and 3;
+// sym: absmax Q·s gives scale s at qmax = Q (127, 7, 1), and the values ±(k + 1/2)·s half steps.
+TEST(CpuKernels, QuotientsAtAndNextToHalfStepsGiveTheReferenceBytes) {
+  const int64_t T = 48, D = 40;
+  const float s = 225.0f / 1024.0f;
+  std::mt19937_64 rng(23);
+  std::vector<std::pair<std::string, std::vector<float>>> cases;
+  auto make = [&](float lo, float hi, int levels, float base) {
+    std::vector<float> x(static_cast<size_t>(T * D));
+    std::uniform_int_distribution<int> K(0, levels - 1), J(-1, 1), sign(0, 1);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t d = 0; d < D; ++d) {
+        float& v = x[static_cast<size_t>(t * D + d)];
+        const int64_t r = (t + d) % 7;
+        if (r == 0) v = lo;
+        else if (r == 3) v = hi;
+        else {
+          v = base + (static_cast<float>(K(rng)) + 0.5f) * s;  // exact: small odd multiples of s/2 plus base
+          if (base == 0.0f && sign(rng)) v = -v;
+          for (int j = J(rng); j != 0; j += j > 0 ? -1 : 1) v = std::nextafter(v, j > 0 ? 10.0f * hi : -10.0f * hi);
+        }
+      }
+    return x;
+  };
+  cases.push_back({"asym: min -1, max -1 + 15 s", make(-1.0f, -1.0f + 15.0f * s, 15, -1.0f)});
+  for (const int Q : {127, 7, 1})
+    cases.push_back({"sym: absmax " + std::to_string(Q) + " s", make(static_cast<float>(Q) * s, -static_cast<float>(Q) * s, Q, 0.0f)});
+  for (const auto& [what, x] : cases)
+    for (const std::string& spec : int_specs()) expect_same(spec, x, T, D, {0, 20, T}, what + ", seed 23");
+}
+
 // One tensor reused across specs and shapes (sizes grow, shrink, repeat) and for a non-integer format:
 // after each call it equals what quantize() returns for the same arguments.
 TEST(CpuKernels, QuantizeIntoAReusedTensorEqualsQuantize) {
