@@ -23,7 +23,9 @@ here):
     decode loop). Run for the quantizers × modes of the root attributes decode_order_quantizers ×
     decode_order_modes that the C++ study writes from its [decode_order] section, else of
     --decode-quantizers × --cache-modes (flags win; --decode-quantizers defaults to the
-    prefill-at-once quantizers).
+    prefill-at-once quantizers), on each target set of the root attribute decode_order_targets
+    ("c_kv", "k_pe", "c_kv+k_pe": the /attention_position rows' targets; absent: the targets the study
+    ran that quantizer on).
 Quantized layers: the MLA layers the study ran (the root attribute `layers` of RESULTS.h5, else the
 `layer` column of /latent_error; recorded in the /e2e attribute `layers`), for the targets the study
 ran that quantizer on (c_kv+k_pe for a spec the study did not run, with a warning). A transformed
@@ -235,16 +237,24 @@ def mode_rsp(latentq, mode: str) -> tuple[int, int, int]:
     return int(m[1]), int(m[2]), int(m[3])
 
 
-def decode_settings(results_path: str) -> tuple[list[str] | None, list[str] | None, int | None]:
+DECODE_TARGETS = ("c_kv", "k_pe", "c_kv+k_pe")
+
+
+def decode_settings(results_path: str) -> tuple[list[str] | None, list[str] | None, int | None, list[str] | None]:
     """The root attributes the C++ study writes from its [decode_order] section: (decode_order_modes,
-    decode_order_quantizers, decode_order_position_bucket), each None when absent."""
+    decode_order_quantizers, decode_order_position_bucket, decode_order_targets), each None when absent.
+    Raises ValueError naming the file for a target that is not "c_kv", "k_pe" or "c_kv+k_pe"."""
     dec = lambda v: v.decode() if isinstance(v, bytes) else str(v)
     with open_results(results_path) as f:
         A = f.attrs
         modes = [dec(v) for v in np.atleast_1d(A["decode_order_modes"])] if "decode_order_modes" in A else None
         qs = [dec(v) for v in np.atleast_1d(A["decode_order_quantizers"])] if "decode_order_quantizers" in A else None
         w = int(A["decode_order_position_bucket"]) if "decode_order_position_bucket" in A else None
-    return modes, qs, w
+        tg = [dec(v) for v in np.atleast_1d(A["decode_order_targets"])] if "decode_order_targets" in A else None
+    for t in tg or []:
+        if t not in DECODE_TARGETS:
+            raise ValueError(f"{results_path}: decode_order_targets '{t}', expected one of {', '.join(DECODE_TARGETS)}")
+    return modes, qs, w, tg
 
 
 def spec_at(spec, layer: int, target: str) -> str | None:
@@ -467,7 +477,7 @@ def main(argv=None) -> int:
     try:
         pairs = study_quantizers(a.results)
         layers = study_layers(a.results)
-        attr_modes, attr_qs, attr_w = decode_settings(a.results)
+        attr_modes, attr_qs, attr_w, attr_tg = decode_settings(a.results)
         known = dict(pairs)
 
         def with_targets(specs: list[str], flag: str) -> list[tuple[str, tuple[str, ...]]]:
@@ -494,6 +504,8 @@ def main(argv=None) -> int:
             decode_pairs = with_targets(attr_qs, f"{a.results}: decode_order_quantizers")
         else:
             decode_pairs = list(pairs)
+        if attr_tg is not None:  # the study's [decode_order].targets: one run per quantizer, target set and mode
+            decode_pairs = [(q, tuple(t.split("+"))) for q, _ in decode_pairs for t in attr_tg]
         width = a.position_bucket or attr_w or 64
         if width < 1:
             raise ValueError(f"{a.results}: decode_order_position_bucket {width}: must be >= 1")

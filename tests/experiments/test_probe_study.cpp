@@ -547,6 +547,8 @@ TEST_F(ProbeCliTest, RunWritesEveryGroupAndPrintsTheTables) {
   EXPECT_EQ(std::get<std::vector<std::string>>(attr(attrs, "decode_order_quantizers")),
             (std::vector<std::string>{"int4-asym-channel-g32", "int2-asym-token"}));
   EXPECT_EQ(std::get<int64_t>(attr(attrs, "decode_order_position_bucket")), 16);
+  EXPECT_EQ(std::get<std::vector<std::string>>(attr(attrs, "decode_order_targets")),
+            (std::vector<std::string>{"c_kv+k_pe"}));  // the default
   // Config errors name the key.
   for (const auto& [text, message] : std::vector<std::pair<std::string, std::string>>{
            {"[decode_order]\nresidual = [0]\n", "[decode_order] needs 'quantizers'"},

@@ -425,6 +425,36 @@ def test_script_on_hf_checkpoint_decode_modes(v3_checkpoint, tmp_path):
     assert p["kl_mean"][9] < 0.1 * p["kl_mean"][6]
 
 
+def test_script_runs_the_decode_order_targets(v3_checkpoint, tmp_path, capsys):
+    """The root attribute decode_order_targets (the study's [decode_order].targets) gives one decode run per
+    quantizer, target set and mode, as /attention_position; a target set outside the three is refused."""
+    res = tmp_path / "r.h5"
+    results_file(res, attrs={"decode_order_modes": np.array(["decode-r8-s0-p0"], dtype=object),
+                             "decode_order_quantizers": np.array(["int2-asym-token"], dtype=object),
+                             "decode_order_targets": np.array(["c_kv", "k_pe", "c_kv+k_pe"], dtype=object)})
+    text = tmp_path / "t.txt"
+    text.write_bytes(b"In the beginning God created the heaven and the earth. " * 4)
+    base = ["--results", str(res), "--model", str(v3_checkpoint), "--text", str(text), "--offset-bytes", "0",
+            "--seq-len", "32", "--num-seqs", "2", "--threads", "1"]
+    assert e2e_inject.main(base) == 0
+    with h5py.File(res, "r") as f:
+        e = {k: [x.decode() if isinstance(x, bytes) else x for x in v[:]] for k, v in f["e2e"].items()}
+    rows = [(q, t) for q, t, m in zip(e["quantizer"], e["targets"], e["cache_mode"]) if m != "prefill-at-once"]
+    assert rows == [("int2-asym-token", "c_kv"), ("int2-asym-token", "k_pe"), ("int2-asym-token", "c_kv+k_pe")]
+    bpt = e["bytes_per_token"][-3:]
+    # 8 bf16 tokens x 2 B x (32 + 16); the other 24 at int2 + fp16 scale and offset per row on the quantized
+    # target(s): c_kv 32/4 + 4 = 12 B, k_pe 16/4 + 4 = 8 B, bf16 otherwise (64 and 32 B)
+    assert bpt == pytest.approx([(8 * 96 + 24 * (12 + 32)) / 32, (8 * 96 + 24 * (64 + 8)) / 32,
+                                 (8 * 96 + 24 * (12 + 8)) / 32])
+    kl = e["kl_mean"][-3:]
+    assert kl[2] > max(kl[0], kl[1]) > 0  # both targets quantized move the logits most
+    with h5py.File(res, "a") as f:
+        f.attrs["decode_order_targets"] = np.array(["q_pe"], dtype=object)
+    assert e2e_inject.main(base) == 2
+    err = capsys.readouterr().err
+    assert "decode_order_targets 'q_pe'" in err and str(res) in err
+
+
 def test_script_flags_and_errors(v3_checkpoint, tmp_path, capsys):
     res = tmp_path / "r.h5"
     results_file(res)

@@ -178,7 +178,8 @@ class DecodeOrderProbe final : public Probe {
   }
 
   /// decode_order_modes (string array of the cache_mode labels, the baseline excluded), decode_order_quantizers
-  /// (canonical specs), decode_order_position_bucket (int64): the e2e step reads them to run the same settings.
+  /// (canonical specs), decode_order_targets (string array: "c_kv", "k_pe", "c_kv+k_pe"),
+  /// decode_order_position_bucket (int64): the e2e step reads them to run the same settings.
   Attrs root_attrs(const StudyConfig& config) const override {
     const DecodeOrderSettings& s = probe_settings<DecodeOrderSettings>(config, "decode_order");
     if (!s.enabled) return {};
@@ -186,6 +187,7 @@ class DecodeOrderProbe final : public Probe {
     for (const DecodeOrder& o : s.modes()) modes.push_back(o.label());
     return {{"decode_order_modes", modes},
             {"decode_order_quantizers", s.quantizers},
+            {"decode_order_targets", s.targets},
             {"decode_order_position_bucket", s.position_bucket}};
   }
 };
