@@ -4,8 +4,11 @@
         [--num-seqs 4] [--batch-runs 0] [--repeats 3] [--threads 2]
 
 In one run, on the same machine (median of --repeats after one warm-up):
-  gemm      torch.matmul float32 at the model's largest linear shape, [K·n·T, hidden] @ [hidden, intermediate]
-            (the MLP up/gate projection: most of the forward's FLOPs), 2·M·N·K FLOPs per call;
+  gemm      the best of 5 calls of torch.nn.functional.linear, float32, at the model's largest linear shape,
+            x [K·n·T, hidden] · Wᵀ, W [intermediate, hidden] (the MLP up/gate projection, called as the
+            model calls it: most of the forward's FLOPs), 2·M·N·K FLOPs per call: the machine's GEMM rate
+            at that shape (a median of torch.matmul with W [hidden, intermediate] came out below the
+            forwards' own rate on a busy machine);
   forward   the model's forward on K·n sequences of T tokens (K = --batch-runs, 0 = e2e_inject's auto
             choice; n = --num-seqs), no hooks;
   prefill   the same forward with K prefill-at-once runs injected (batch_inject of make_inject,
@@ -29,6 +32,16 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "data"))
 sys.path.insert(0, os.path.join(ROOT, "experiments"))
+
+
+def best_time(fn, repeats: int) -> float:
+    fn()
+    ts = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t)
+    return min(ts)
 
 
 def median_time(fn, repeats: int) -> float:
@@ -87,10 +100,10 @@ def main() -> int:
     rows = []
     with torch.no_grad():
         x = torch.randn(K * n * T, cfg.hidden_size)
-        w = torch.randn(cfg.hidden_size, cfg.intermediate_size)
-        t = median_time(lambda: torch.matmul(x, w), a.repeats)
+        w = torch.randn(cfg.intermediate_size, cfg.hidden_size)
+        t = best_time(lambda: torch.nn.functional.linear(x, w), 5)
         gemm = 2.0 * x.shape[0] * w.shape[0] * w.shape[1] / t
-        print(f"gemm [{x.shape[0]}, {w.shape[0]}] @ [{w.shape[0]}, {w.shape[1]}] fp32: {t * 1e3:.1f} ms, "
+        print(f"gemm linear [{x.shape[0]}, {w.shape[1]}] x [{w.shape[0]}, {w.shape[1]}]^T fp32: {t * 1e3:.1f} ms, "
               f"{gemm / 1e9:.1f} GFLOP/s")
         for k in (1, K) if K > 1 else (1,):
             ids = ids1.repeat(k, 1)
