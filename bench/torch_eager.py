@@ -4,10 +4,11 @@
                                           [--torch-threads 2]
 
 For each spec, the median wall time (of --repeats runs, after one warm-up) of
-  latentq: latentq.quantize_dequantize(x, spec)       (the C++ CPU reference, x float32 [T, D])
+  latentq: latentq.quantize_dequantize(x, spec)       (the C++ CPU reference, x float32 [T, D]), on one
+           thread and on --latentq-threads (latentq.set_cpu_threads; default: torch's thread count)
   torch:   the same quantizer written as torch eager ops (min/max, fp16 scale/offset, RNE round, clamp,
            decode), per latentq's conventions (README "integer conventions"),
-and the ratio torch / latentq (> 1: latentq is faster). Each row also prints max|latentq − torch|: the
+and the ratios torch / latentq (> 1: latentq is faster; the second at equal thread counts). Each row also prints max|latentq − torch|: the
 torch formulas follow the same IEEE operations one by one, so it is 0 unless noted.
 Prints the machine (CPU count, torch threads). Exit 2 if the module is not built.
 """
@@ -97,7 +98,10 @@ def main():
     ap.add_argument("--dim", type=int, default=512)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--torch-threads", type=int, default=2)
+    ap.add_argument("--latentq-threads", type=int, help="latentq.set_cpu_threads for the second latentq column "
+                    "(default: --torch-threads, so that the ratio compares equal thread counts)")
     a = ap.parse_args()
+    n_lq = a.latentq_threads or a.torch_threads
     if a.tokens % 32 or a.dim % 32:
         ap.error("--tokens and --dim must be multiples of 32 (the g32 groups)")
     lq = load_latentq(a.build)
@@ -107,14 +111,20 @@ def main():
     x_np = (rng.standard_normal((a.tokens, a.dim)).astype(np.float32) * scale).astype(np.float32)
     x_t = torch.from_numpy(x_np)
     print(f"x float32 [{a.tokens}, {a.dim}] ({x_np.nbytes / 1e6:.0f} MB); cpus {os.cpu_count()}, "
-          f"torch {torch.__version__} threads {torch.get_num_threads()}; latentq single-threaded; "
-          f"median of {a.repeats}")
-    print(f"{'spec':<24} {'latentq ms':>10} {'torch ms':>9} {'torch/latentq':>13} {'max|diff|':>10}")
+          f"torch {torch.__version__} threads {torch.get_num_threads()}; latentq 1 and {n_lq} threads "
+          f"(latentq.set_cpu_threads); median of {a.repeats}")
+    print(f"{'spec':<24} {'latentq 1t ms':>13} {f'latentq {n_lq}t ms':>13} {'torch ms':>9} "
+          f"{'torch/latentq 1t':>16} {f'torch/latentq {n_lq}t':>16} {'max|diff|':>10}")
     for spec in SPECS:
+        lq.set_cpu_threads(1)
+        t_lq1 = median_time(lambda: lq.quantize_dequantize(x_np, spec), a.repeats)
+        lq.set_cpu_threads(n_lq)
         t_lq = median_time(lambda: lq.quantize_dequantize(x_np, spec), a.repeats)
         t_th = median_time(lambda: torch_fake_quant(x_t, spec), a.repeats)
         diff = float(np.max(np.abs(lq.quantize_dequantize(x_np, spec) - torch_fake_quant(x_t, spec).numpy())))
-        print(f"{spec:<24} {1e3 * t_lq:>10.1f} {1e3 * t_th:>9.1f} {t_th / t_lq:>13.2f} {diff:>10.3g}")
+        lq.set_cpu_threads(1)
+        print(f"{spec:<24} {1e3 * t_lq1:>13.1f} {1e3 * t_lq:>13.1f} {1e3 * t_th:>9.1f} {t_th / t_lq1:>16.2f} "
+              f"{t_th / t_lq:>16.2f} {diff:>10.3g}")
 
 
 if __name__ == "__main__":

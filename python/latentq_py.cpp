@@ -80,6 +80,10 @@ PYBIND11_MODULE(latentq, m) {
       .def_property_readonly("bits_per_element", [](const QuantizedTensor& q) { return account(q).bits_per_element; })
       .def_property_readonly("bytes_per_token", [](const QuantizedTensor& q) { return account(q).bytes_per_token; });
 
+  m.def("set_cpu_threads", &set_cpu_threads, py::arg("n"),
+        "Worker threads of the integer quantize/dequantize on matrices of at least 2^20 elements (the C++\n"
+        "set_cpu_threads, latentq/quantize.h; default 1; n < 1 is taken as 1). The bytes do not depend on it.");
+  m.def("cpu_threads", &cpu_threads, "The current set_cpu_threads value.");
   m.def("quantize",
         [](const F32Array& x, const std::string& spec, const std::string& target,
            std::optional<std::vector<int64_t>> seq_offsets) {
