@@ -27,14 +27,15 @@ namespace latentq {
 namespace q = qmath;
 namespace {
 
-// v = n zero bytes. A buffer of at least 4 MiB that has to grow is allocated anew and advised for transparent
+// v = n zero bytes. A buffer of at least 32 MiB that has to grow is allocated anew and advised for transparent
 // huge pages (madvise MADV_HUGEPAGE on its page-aligned interior, as numpy does for its arrays) before the
-// zero fill first touches it: each 4 KiB page fault is costly on a VM (faulting in and filling 134 MB took
-// 66 ms with 4 KiB pages, 14 ms advised, on the 2-vCPU Zen 4 KVM machine). Where transparent huge pages are
-// off ("never") or elsewhere than Linux it is a plain assign. The bytes are the same.
+// zero fill first touches it: glibc maps every block above its largest mmap threshold (32 MiB) fresh, and each
+// 4 KiB page fault is costly on a VM (faulting in and filling 134 MB took 66 ms with 4 KiB pages, 14 ms
+// advised, on the 2-vCPU Zen 4 KVM machine); smaller blocks come back from the heap already faulted in. Where
+// transparent huge pages are off ("never") or elsewhere than Linux it is a plain assign. The bytes are the same.
 void assign_zeroed(std::vector<uint8_t>& v, size_t n) {
 #if defined(__linux__)
-  if (n >= (size_t{4} << 20) && v.capacity() < n) {
+  if (n >= (size_t{32} << 20) && v.capacity() < n) {
     std::vector<uint8_t> w;
     w.reserve(n);
     const uintptr_t a = (reinterpret_cast<uintptr_t>(w.data()) + 4095) & ~uintptr_t{4095};

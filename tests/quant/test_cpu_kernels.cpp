@@ -144,6 +144,17 @@ TEST(CpuKernels, LargeInputsSplitAcrossThreadsGiveTheReferenceBytes) {
     expect_same(spec, x, T, D, {0, 1000, T}, "seed 7");
 }
 
+// int8 codes of exactly 32 MiB (65,536 x 512): the code buffer is allocated anew and advised for huge pages
+// before its zero fill (quantize.cpp assign_zeroed); the bytes must not change.
+TEST(CpuKernels, CodeBuffersOf32MiBGiveTheReferenceBytes) {
+  const int64_t T = 65536, D = 512;
+  std::mt19937_64 rng(29);
+  std::normal_distribution<float> N;
+  std::vector<float> x(static_cast<size_t>(T * D));
+  for (float& v : x) v = N(rng);
+  expect_same("int8-asym-token", x, T, D, {0, 40000, T}, "seed 29");
+}
+
 TEST(CpuKernels, EdgeInputsGiveTheReferenceBytes) {
   const int64_t T = 48, D = 40;
   auto base = [&] {
