@@ -307,29 +307,50 @@ AttentionResult<Scalar> AbsorbedAttention<Scalar>::run_impl(std::span<const floa
         }
       }
     };
-    // A's values where the range covers the key, B's elsewhere: dst (A's) takes B's outside the ranges.
+    // A's values where the range covers the key, B's elsewhere: dst (A's) takes B's outside the ranges, on
+    // the row's keys (the columns past them are zeroed by the softmax).
     const auto take_b_outside = [&](Mat& dst, const Mat& b, std::span<const KeyRange> ranges) {
       for (int64_t p = c.begin; p < c.end; ++p) {
-        const int64_t i = order_[p];
-        const KeyRange rr = clip_range(ranges[i], nkeys_[i]);
+        const int64_t i = order_[p], n = nkeys_[i];
+        const KeyRange rr = clip_range(ranges[i], n);
         for (int64_t h = 0; h < H; ++h) {
           const int64_t q = (p - c.begin) * H + h;
           for (int64_t j = 0; j < rr.begin; ++j) dst(q, j) = b(q, j);
-          for (int64_t j = rr.end; j < c.nk; ++j) dst(q, j) = b(q, j);
+          for (int64_t j = rr.end; j < n; ++j) dst(q, j) = b(q, j);
         }
       }
     };
+    // The c_kv columns of the chunk that some row reads from A, [a_lo, a_hi), and from B, [0, b_lo) and
+    // [b_hi, nk) (a row reads B on [0, begin) and [end, n) of its range, all of [0, n) when it is empty):
+    // the GEMMs of each store run on those columns only (a decode order reads B on its sink and residual
+    // window). b_lo >= b_hi: B on every column.
+    int64_t a_lo = c.nk, a_hi = 0, b_lo = 0, b_hi = c.nk;
+    if (mixed && c_a && c_b)
+      for (int64_t p = c.begin; p < c.end; ++p) {
+        const int64_t i = order_[p], n = nkeys_[i];
+        const KeyRange rr = clip_range(mixed->ckv_from_a[i], n);
+        const bool some = rr.end > rr.begin;
+        if (some) a_lo = std::min(a_lo, rr.begin), a_hi = std::max(a_hi, rr.end);
+        b_lo = std::max(b_lo, some ? rr.begin : n);
+        b_hi = std::min(b_hi, some ? rr.end : n);
+      }
+    if (b_lo >= b_hi) b_lo = c.nk, b_hi = c.nk;  // one block [0, nk)
     const Eigen::Map<const Mat> Ck(C.ptr + c.key_begin * r, c.nk, r);
     const Eigen::Map<const Mat> CkB(mixed ? CB.ptr + c.key_begin * r : C.ptr, c.nk, r);
     const auto Q = q_lat_.middleRows(c.begin * H, nH);
     Mat S(nH, c.nk);
-    if (c_a) {
+    const auto scores_cols = [&](const Eigen::Map<const Mat>& store, Mat& dst, int64_t j0, int64_t j1) {
+      if (j1 > j0) gemm<Scalar>(Op::N, Op::T, 1, Q, store.middleRows(j0, j1 - j0), 0, dst.middleCols(j0, j1 - j0));
+    };
+    if (c_a && c_b) {
+      S.setZero();  // columns no row reads stay 0 (the softmax zeroes them anyway)
+      scores_cols(Ck, S, a_lo, a_hi);
+      Mat SB(nH, c.nk);
+      scores_cols(CkB, SB, 0, b_lo);
+      scores_cols(CkB, SB, b_hi, c.nk);
+      take_b_outside(S, SB, mixed->ckv_from_a);
+    } else if (c_a) {
       gemm<Scalar>(Op::N, Op::T, 1, Q, Ck, 0, S);
-      if (c_b) {
-        Mat SB(nH, c.nk);
-        gemm<Scalar>(Op::N, Op::T, 1, Q, CkB, 0, SB);
-        take_b_outside(S, SB, mixed->ckv_from_a);
-      }
     } else {
       gemm<Scalar>(Op::N, Op::T, 1, Q, CkB, 0, S);
     }
@@ -364,11 +385,17 @@ AttentionResult<Scalar> AbsorbedAttention<Scalar>::run_impl(std::span<const floa
     } else if (!c_a) {
       gemm<Scalar>(Op::N, Op::N, 1, S, CkB, 0, O);
     } else {
+      // O = P_A·C_A + P_B·C_B, each product over the columns its store is read on (the others are 0).
       Mat PB = S;
       mask_cols(S, mixed->ckv_from_a, true);
       mask_cols(PB, mixed->ckv_from_a, false);
-      gemm<Scalar>(Op::N, Op::N, 1, S, Ck, 0, O);
-      gemm<Scalar>(Op::N, Op::N, 1, PB, CkB, 1, O);
+      O.setZero();
+      const auto out_cols = [&](const Mat& P, const Eigen::Map<const Mat>& store, int64_t j0, int64_t j1) {
+        if (j1 > j0) gemm<Scalar>(Op::N, Op::N, 1, P.middleCols(j0, j1 - j0), store.middleRows(j0, j1 - j0), 1, O);
+      };
+      out_cols(S, Ck, a_lo, a_hi);
+      out_cols(PB, CkB, 0, b_lo);
+      out_cols(PB, CkB, b_hi, c.nk);
     }
   }
 
