@@ -529,8 +529,8 @@ def mixed_latent_attention(q_nope: torch.Tensor, q_pe: torch.Tensor, c_q: torch.
     Computed in the expanded form (per head k_nope = W_UK·c and v = W_UV·c of each read of c_kv, as the
     model's own attention; the absorbed form's products, reassociated) by one
     torch.nn.functional.scaled_dot_product_attention over the keys of every (c_kv read, k_pe read) pair
-    that some (t, j) uses, stacked along the key axis (2·T keys when the two masks are equal or one is
-    constant, else 4·T), with a boolean mask that admits key j of pair (X, Y) for query t iff j ≤ t,
+    that some (t, j) uses, stacked along the key axis (T keys per pair: 2·T when the two masks are equal
+    or one is constant, 3·T when one is inside the other, at most 4·T), with a boolean mask that admits key j of pair (X, Y) for query t iff j ≤ t,
     read_c[t, j] picks X and read_kpe[t, j] picks Y: each causal key once, so every row has its key t.
     v is padded with zero columns to q's head dim (torch's CPU flash kernel needs equal head dims; the
     columns change no output). float32 (float64 when q_nope is float64), on the inputs' device.
@@ -615,8 +615,10 @@ class DecodeOrderAttention(LatentHooks):
         if "c_kv" in rec and "k_pe" in rec:
             cache = self._cache(idx)
             if cache is not None and (len(cache) <= 6 or bool(torch.as_tensor(cache[6]).all())):
+                key = args[0] if args else kwargs["key"]
                 value = args[1] if len(args) > 1 else kwargs["value"]
-                return query.new_zeros(*query.shape[:-1], value.shape[-1])
+                batch = torch.broadcast_shapes(query.shape[:-2], key.shape[:-2], value.shape[:-2])
+                return query.new_zeros(*batch, query.shape[-2], value.shape[-1])   # SDPA's output shape
         return fn(query, *args, **kwargs)
 
     def _hook_layer(self, idx: int, attn: nn.Module) -> None:

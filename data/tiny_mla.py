@@ -148,8 +148,8 @@ class DeepseekV2Attention(nn.Module):
         k = torch.cat([k_nope, k_pe.expand(-1, self.num_heads, -1, -1)], dim=-1)
         qs = torch.cat([q_nope, q_pe], dim=-1)
         # v padded with zero columns to q's head dim: torch's CPU flash kernel of SDPA needs equal head dims and
-        # otherwise falls back to the math path (2.3x slower at 4 x 512 tokens, [B, H, T, T] materialized); the
-        # zero columns change no output (transformers modeling_deepseek_v2 pads v so for flash attention).
+        # otherwise falls back to the math path (2.3x slower at 16 x 512 tokens, [B, H, T, T] materialized); the
+        # zero columns change no output (transformers pads v so for MLA models, integrations/flash_attention.py).
         if self.v_head_dim < self.qk_head_dim:
             v = F.pad(v, [0, self.qk_head_dim - self.v_head_dim])
         o = F.scaled_dot_product_attention(qs, k, v, is_causal=True, scale=self.scaling)[..., :self.v_head_dim]

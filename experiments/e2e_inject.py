@@ -32,7 +32,7 @@ ran that quantizer on (c_kv+k_pe for a spec the study did not run, with a warnin
 quantizer ('had,int4-asym-token', 'rot,mxfp4') quantizes the rotated rows and reads them
 un-rotated (latentq/transform.h); 'klt,...' quantizers are not injected (a note says so).
 
-Per (quantizer, cache_mode), group /e2e (one 1-D dataset per column):
+Per (quantizer, targets, cache_mode), group /e2e (one 1-D dataset per column):
   quantizer, targets, cache_mode, kl_mean (mean over tokens of KL(p_ref ‖ p_q) over the vocabulary,
   nats), top1_agree (fraction of tokens whose argmax logit is unchanged), nll_ref, nll_quant,
   ppl_ref / ppl_quant (exp(mean next-token NLL)), num_tokens, bytes_per_token (the cache at the
@@ -41,7 +41,7 @@ Per (quantizer, cache_mode), group /e2e (one 1-D dataset per column):
   (QuantizedTensor.bytes_per_token), a target not quantized at 2 bytes/element), scale_causal (0 when
   the spec's scale spans the sequence, latentq.decode_scale_is_causal; on every row, as /attention_position).
 Group /e2e_position: the same runs by query position, W = the root attribute
-decode_order_position_bucket (else --position-bucket, default 64): quantizer, cache_mode,
+decode_order_position_bucket (else --position-bucket, default 64): quantizer, targets, cache_mode,
 residual, sink, prefill (R, S, P of the mode; 0 for prefill-at-once), scale_causal, pos_start,
 pos_end (bucket [pos_start, pos_end), positions within each window), tokens (windows × positions in
 the bucket), kl_mean, top1_agree, bytes_per_token (of the run, as /e2e). The columns follow the
@@ -620,7 +620,8 @@ def main(argv=None) -> int:
                      "bytes_per_token": bpt, "scale_causal": np.int64(causal)})
         R, S, P = rsp.get(mode, (0, 0, 0))
         for r in position_rows(ref, q, width):
-            pos_rows.append({"quantizer": spec, "cache_mode": mode, "residual": R, "sink": S, "prefill": P,
+            pos_rows.append({"quantizer": spec, "targets": "+".join(targets), "cache_mode": mode, "residual": R,
+                             "sink": S, "prefill": P,
                              "scale_causal": np.int64(causal), **r, "bytes_per_token": bpt})
         print(f"  {spec:28s} {mode:20s} KL {m['kl_mean']:.3e}  top1 {m['top1_agree']:.4f}  "
               f"ppl {m['ppl_ref']:.4f} -> {m['ppl_quant']:.4f}  {bpt:.1f} B/token", flush=True)

@@ -1268,7 +1268,10 @@ def fig_position(out, tables):
     bpt = {}
     t = tables.get("e2e")
     if t is not None and t.str("cache_mode") is not None and t.num("bytes_per_token") is not None:
-        bpt = dict(zip(zip(t.str("quantizer"), t.str("cache_mode")), t.num("bytes_per_token")))
+        ttg = t.str("targets")  # the target set the curves drew (position_curves): c_kv+k_pe when run
+        pick = None if ttg is None else ("c_kv+k_pe" if "c_kv+k_pe" in set(ttg) else ttg[0])
+        bpt = {(q, m): v for q, m, v, tg in zip(t.str("quantizer"), t.str("cache_mode"), t.num("bytes_per_token"),
+                                                ttg if ttg is not None else [None] * t.n) if tg == pick}
     for (q, mode), (r, s, p, x, y) in sorted(src.items(), key=lambda kv: (qs.index(kv[0][0]) if kv[0][0] in qs else 99,
                                                                             kv[1][:3])):
         if q not in shown or mode not in drawn_modes or not len(y):

@@ -172,11 +172,12 @@ def direct_mixed_attention(q_nope, q_pe, c_q, c_b, read_c, kpe_q, kpe_b, read_kp
     return out
 
 
-@pytest.mark.parametrize("case", ["equal", "kpe-constant", "unequal", "per-row"])
+@pytest.mark.parametrize("case", ["equal", "kpe-constant", "nested", "crossing", "per-row"])
 def test_mixed_latent_attention_equals_the_direct_formula(case):
     """The stacked-key SDPA of mixed_latent_attention against the formula key by key, for masks that are
-    equal (2·T keys), one constant (2·T), unequal (4·T keys: a per-channel c_kv group and a per-token
-    k_pe one) and one per batch row ([B, 1, T, T]); seed 21, B 2, T 24, H 3, r 16, d_n 8, d_r 4, d_v 6."""
+    equal (2·T keys), one constant (2·T), nested (3·T: a per-channel c_kv group inside a per-token k_pe
+    residual), crossing (4·T) and one per batch row ([B, 1, T, T], 4·T); seed 21, B 2, T 24, H 3, r 16,
+    d_n 8, d_r 4, d_v 6."""
     from latent_hooks import mixed_latent_attention
     g = torch.Generator().manual_seed(21)
     B, T, H, r, dn, dr, dv = 2, 24, 3, 16, 8, 4, 6
@@ -188,7 +189,7 @@ def test_mixed_latent_attention_equals_the_direct_formula(case):
     k = j < t - 3                                      # residual 3, G = 1
     rand = torch.rand(B, 1, T, T, generator=g) < 0.5
     read_c, read_kpe = {"equal": (a, a), "kpe-constant": (a, torch.zeros(T, T, dtype=torch.bool)),
-                        "unequal": (a, k), "per-row": (rand, rand.flip(0))}[case]
+                        "nested": (a, k), "crossing": (a, j >= t - 3), "per-row": (rand, rand.flip(0))}[case]
     got = mixed_latent_attention(q_nope, q_pe, c_q, c_b, read_c, kpe_q, kpe_b, read_kpe, w_uk, w_uv, 0.3)
     full = lambda m: m.reshape(-1, T, T).expand(B, T, T)
     want = direct_mixed_attention(q_nope, q_pe, c_q, c_b, full(read_c), kpe_q, kpe_b, full(read_kpe), w_uk, w_uv, 0.3)
@@ -244,13 +245,13 @@ HF_COMMON = dict(vocab_size=300, hidden_size=64, intermediate_size=96, moe_inter
                  n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1)
 
 
-def build_hf(kind):
+def build_hf(kind, attn="eager"):
     torch.manual_seed(7)
     if kind == "v2":
-        m = DeepseekV2ForCausalLM(DeepseekV2Config(q_lora_rank=None, attn_implementation="eager", **HF_COMMON))
+        m = DeepseekV2ForCausalLM(DeepseekV2Config(q_lora_rank=None, attn_implementation=attn, **HF_COMMON))
     else:
         m = DeepseekV3ForCausalLM(DeepseekV3Config(q_lora_rank=24, rope_interleave=True, n_group=2, topk_group=1,
-                                                   attn_implementation="eager", **HF_COMMON))
+                                                   attn_implementation=attn, **HF_COMMON))
     for n, p in m.named_parameters():
         if p.dim() == 2 and "norm" not in n:
             torch.nn.init.normal_(p, std=0.25)
@@ -324,6 +325,35 @@ def test_hf_one_pass_equals_token_by_token_decode(kind, spec, mode, sink):
     # HF's eager attention takes its softmax in float32 (the loop), the one pass in float64: float32 level
     assert err < 1e-5 * float(ref.abs().max()), err
     assert moved > 100 * err
+
+
+@pytest.mark.parametrize("kind", ["v2", "v3"])
+def test_hf_sdpa_model_skips_its_attention_and_matches_eager(kind):
+    """An HF model on its sdpa attention path: DecodeOrderAttention skips the model's SDPA call on every
+    replaced layer (none reaches torch) and gives the eager model's logits (same weights, float64)."""
+    import torch.nn.functional as F
+    eager, sdpa = build_hf(kind), build_hf(kind, "sdpa")
+    ids = torch.randint(0, 300, (2, 40), generator=torch.Generator().manual_seed(12))
+    fn = e2e_inject.make_decode_cache(latentq, "int4-asym-channel-g8", ("c_kv", "k_pe"), None, "decode-r8-s2-p0")
+    calls, real = [], F.scaled_dot_product_attention
+
+    def counting(*a, **kw):
+        calls.append(1)
+        return real(*a, **kw)
+
+    F.scaled_dot_product_attention = counting
+    try:
+        with torch.no_grad(), DecodeOrderAttention(sdpa, fn):
+            got = hf_run(sdpa, ids)
+        with torch.no_grad():
+            plain = hf_run(sdpa, ids)          # the sdpa path is really taken: it calls SDPA per layer
+    finally:
+        F.scaled_dot_product_attention = real
+    with torch.no_grad(), DecodeOrderAttention(eager, fn):
+        want = hf_run(eager, ids)
+    assert len(calls) == sdpa.config.num_hidden_layers, len(calls)  # all from the plain run
+    assert float((got - want).abs().max()) < 1e-9 * float(want.abs().max())
+    assert float((plain - want).abs().max()) > 1e-6 * float(want.abs().max())  # the cache mode changed them
 
 
 @pytest.mark.parametrize("kind", ["v2", "v3"])
@@ -439,8 +469,12 @@ def test_script_runs_the_decode_order_targets(v3_checkpoint, tmp_path, capsys):
     assert e2e_inject.main(base) == 0
     with h5py.File(res, "r") as f:
         e = {k: [x.decode() if isinstance(x, bytes) else x for x in v[:]] for k, v in f["e2e"].items()}
+        p = {k: [x.decode() if isinstance(x, bytes) else x for x in v[:]] for k, v in f["e2e_position"].items()}
     rows = [(q, t) for q, t, m in zip(e["quantizer"], e["targets"], e["cache_mode"]) if m != "prefill-at-once"]
     assert rows == [("int2-asym-token", "c_kv"), ("int2-asym-token", "k_pe"), ("int2-asym-token", "c_kv+k_pe")]
+    # /e2e_position tells the three runs apart too (one bucket of 64 >= 32 positions each)
+    prow = [(t, m) for t, m in zip(p["targets"], p["cache_mode"]) if m != "prefill-at-once"]
+    assert prow == [("c_kv", "decode-r8-s0-p0"), ("k_pe", "decode-r8-s0-p0"), ("c_kv+k_pe", "decode-r8-s0-p0")]
     bpt = e["bytes_per_token"][-3:]
     # 8 bf16 tokens x 2 B x (32 + 16); the other 24 at int2 + fp16 scale and offset per row on the quantized
     # target(s): c_kv 32/4 + 4 = 12 B, k_pe 16/4 + 4 = 8 B, bf16 otherwise (64 and 32 B)

@@ -144,8 +144,10 @@ TEST(CpuKernels, LargeInputsSplitAcrossThreadsGiveTheReferenceBytes) {
     expect_same(spec, x, T, D, {0, 1000, T}, "seed 7");
 }
 
-// int8 codes of exactly 32 MiB (65,536 x 512): the code buffer is allocated anew and advised for huge pages
-// before its zero fill (quantize.cpp assign_zeroed); the bytes must not change.
+// int8 codes of exactly 32 MiB (65,536 x 512): quantize() allocates the code buffer anew and advises it for
+// huge pages before its zero fill (quantize.cpp assign_zeroed), quantize_into() on the reused tensor of
+// expect_same does not; both must give the reference bytes (int8 rows have no padding, so this checks that
+// the branch runs and keeps every code, not the zero fill of pad bits).
 TEST(CpuKernels, CodeBuffersOf32MiBGiveTheReferenceBytes) {
   const int64_t T = 65536, D = 512;
   std::mt19937_64 rng(29);
@@ -231,10 +233,12 @@ TEST(CpuKernels, EdgeInputsGiveTheReferenceBytes) {
 // power of two: the codes must be those of the IEEE quotient rounded to nearest, ties to even (an encoder
 // that multiplied by a rounded 1/scale, or contracted an FMA, would move some of them; tried on the Avx2
 // kernel with a division fallback near half steps, this test failed without the fallback).
-// s = 225/1024 is exact in fp16; every group of >= 7 consecutive tokens or columns holds the group's min
-// and max (positions with (t + d) % 7 == 0 and 3). asym: min −1 and max −1 + 15·s give scale 15·s/qmax,
-// and the values −1 + (k + 1/2)·s give quotients (k + 1/2)·qmax/15, half steps for qmax = 255, 15 and 3;
-// sym: absmax Q·s gives scale s at qmax = Q (127, 7, 1), and the values ±(k + 1/2)·s half steps.
+// s = 225/1024 is exact in fp16; a group of 7 consecutive tokens or columns holds the min and max of its
+// case (positions with (t + d) % 7 == 0 and 3; the shorter last groups of g7 and of the sequences need
+// not). asym, min −1 and max −1 + 15·s: int4 stores scale s, and the values −1 + (k + 1/2)·s sit at half
+// steps, ± 1 ulp (int2: scale 5·s, a half step when k ≡ 2 mod 5; int8: 15·s/255 is not exact, the
+// quotients only come near). sym, absmax Q·s: the spec with qmax = Q (127, 7, 1) stores scale s and the
+// values ±(k + 1/2)·s sit at its half steps; the other bit widths see them as ordinary values.
 TEST(CpuKernels, QuotientsAtAndNextToHalfStepsGiveTheReferenceBytes) {
   const int64_t T = 48, D = 40;
   const float s = 225.0f / 1024.0f;
