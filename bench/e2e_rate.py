@@ -34,24 +34,19 @@ sys.path.insert(0, os.path.join(ROOT, "data"))
 sys.path.insert(0, os.path.join(ROOT, "experiments"))
 
 
-def best_time(fn, repeats: int) -> float:
+def times(fn, repeats: int) -> list[float]:
+    """Seconds of `repeats` calls of fn after one warm-up call."""
     fn()
     ts = []
     for _ in range(repeats):
         t = time.perf_counter()
         fn()
         ts.append(time.perf_counter() - t)
-    return min(ts)
+    return ts
 
 
 def median_time(fn, repeats: int) -> float:
-    fn()
-    ts = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return statistics.median(ts)
+    return statistics.median(times(fn, repeats))
 
 
 def forward_flops(model, mla, seqs: int, T: int) -> float:
@@ -101,7 +96,7 @@ def main() -> int:
     with torch.no_grad():
         x = torch.randn(K * n * T, cfg.hidden_size)
         w = torch.randn(cfg.intermediate_size, cfg.hidden_size)
-        t = best_time(lambda: torch.nn.functional.linear(x, w), 5)
+        t = min(times(lambda: torch.nn.functional.linear(x, w), 5))
         gemm = 2.0 * x.shape[0] * w.shape[0] * w.shape[1] / t
         print(f"gemm linear [{x.shape[0]}, {w.shape[1]}] x [{w.shape[0]}, {w.shape[1]}]^T fp32: {t * 1e3:.1f} ms, "
               f"{gemm / 1e9:.1f} GFLOP/s")
