@@ -480,16 +480,17 @@ def main(argv=None) -> int:
         attr_modes, attr_qs, attr_w, attr_tg = decode_settings(a.results)
         known = dict(pairs)
 
-        def with_targets(specs: list[str], flag: str) -> list[tuple[str, tuple[str, ...]]]:
+        def with_targets(specs: list[str], flag: str, decode: bool = False) -> list[tuple[str, tuple[str, ...]]]:
             out = []
             for q in specs:
                 try:
                     c = latentq.canonical_spec(q)
                 except ValueError as e:
                     raise ValueError(f"{flag} {q}: {str(e).splitlines()[0]}") from None
-                if c not in known:
+                if c not in known:  # decode runs with decode_order_targets take those targets (below)
+                    tg = "those of decode_order_targets" if decode and attr_tg is not None else "c_kv+k_pe"
                     print(f"e2e_inject: warning: quantizer {c} is not in the study of {a.results}; "
-                          "its targets default to c_kv+k_pe", file=sys.stderr)
+                          f"its targets default to {tg}", file=sys.stderr)
                 out.append((c, known.get(c, ("c_kv", "k_pe"))))
             return out
 
@@ -499,9 +500,9 @@ def main(argv=None) -> int:
         rsp = {m: mode_rsp(latentq, m) for m in modes}
         decode_modes = [m for m in dict.fromkeys(modes) if m != PREFILL_AT_ONCE]
         if a.decode_quantizers is not None:
-            decode_pairs = with_targets(a.decode_quantizers, "--decode-quantizers")
+            decode_pairs = with_targets(a.decode_quantizers, "--decode-quantizers", decode=True)
         elif attr_qs is not None:
-            decode_pairs = with_targets(attr_qs, f"{a.results}: decode_order_quantizers")
+            decode_pairs = with_targets(attr_qs, f"{a.results}: decode_order_quantizers", decode=True)
         else:
             decode_pairs = list(pairs)
         if attr_tg is not None:  # the study's [decode_order].targets: one run per quantizer, target set and mode
