@@ -86,6 +86,9 @@ QuantizedTensor decode_order_quantize(const QuantSpec& spec, const Rotation& r, 
                                       const DecodeOrder& order, float* quantized) {
   order.validate();
   validate_seq_offsets(seq_offsets, T);
+  // Checked on the whole input, as quantize() does at once: the compacted rows past the sinks would name
+  // their own count and shape, and a NaN in a sink row (rounded to bf16 here) would pass unreported.
+  if (const int64_t bad = count_nonfinite(X, T * D)) throw std::invalid_argument(nonfinite_message(bad, T, D));
   if (order.at_once() || order.sink == 0)
     return quantize_dequantize_rotated(spec, r, target, X, T, D, seq_offsets, quantized);
   // Rows [sink, L) of each sequence, compacted, as their own sequences; the sink rows in bf16.

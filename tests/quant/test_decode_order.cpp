@@ -172,3 +172,22 @@ TEST(DecodeOrder, HugeWindowsSinksAndPrefillsDoNotOverflow) {
   round_bf16(X.data(), T * D, b.data());
   EXPECT_EQ(q, b);
 }
+
+// NaN/Inf with a sink: the message is the at-once quantize()'s for the whole [T, D] input (the rows past the
+// sinks are quantized compacted, and would name their own shape), and a NaN in a sink row is reported too.
+TEST(DecodeOrder, NonFiniteInputWithASinkGivesTheWholeInputsMessage) {
+  const int64_t T = 10, D = 4;
+  const std::vector<int64_t> offs{0, 6, 10};
+  const QuantSpec spec = QuantSpec::parse("int4-asym-token");
+  for (const int64_t bad : {int64_t{1}, int64_t{8 * D + 2}}) {  // a sink row of sequence 0; a row past sequence 1's sink
+    std::vector<float> X(T * D, 0.5f), q(T * D);
+    X[static_cast<size_t>(bad)] = std::numeric_limits<float>::quiet_NaN();
+    std::string at_once, sunk;
+    try { (void)quantize(spec, Target::CKV, X.data(), T, D, offs); } catch (const std::invalid_argument& e) { at_once = e.what(); }
+    try {
+      (void)decode_order_quantize(spec, Rotation{}, Target::CKV, X.data(), T, D, offs, decode(2, 2, 0), q.data());
+    } catch (const std::invalid_argument& e) { sunk = e.what(); }
+    EXPECT_NE(at_once.find("[10, 4]"), std::string::npos) << at_once;
+    EXPECT_EQ(sunk, at_once) << "NaN at " << bad;
+  }
+}

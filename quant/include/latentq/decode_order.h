@@ -105,7 +105,8 @@ DecodeCacheTokens decode_cache_tokens(const DecodeOrder& order, int64_t L, int64
 ///   The bf16 reads are bf16(X) (round to nearest even, qmath.h f32_to_bf16_bits): the caller mixes
 ///   the two per (t, j) with DecodeOrder::reads_quantized.
 /// Returns the storage of the quantized rows (empty QuantizedTensor when no row is quantized).
-/// Throws as quantize() (naming the spec), and std::invalid_argument for an invalid order.
+/// Throws as quantize() (naming the spec), and std::invalid_argument for an invalid order. NaN/Inf anywhere in
+/// X, the sink rows included, gives quantize()'s message for the whole [T, D] input.
 QuantizedTensor decode_order_quantize(const QuantSpec& spec, const Rotation& r, Target target, const float* X,
                                       int64_t T, int64_t D, std::span<const int64_t> seq_offsets,
                                       const DecodeOrder& order, float* quantized);
