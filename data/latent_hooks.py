@@ -557,7 +557,7 @@ def mixed_latent_attention(q_nope: torch.Tensor, q_pe: torch.Tensor, c_q: torch.
                 continue
             keys.append(torch.cat([k_nope[x], kpe[y]], dim=-1))
             vals.append(v[x])
-            masks.append(m.expand(max(mc.shape[0], mk.shape[0]), 1, T, T))
+            masks.append(m)  # [1 or B, 1, T, T]: the same leading dim for every pair
     qs = torch.cat([q_nope, q_pe], dim=-1).transpose(1, 2)                    # [B, H, T, E]
     vv = torch.cat(vals, dim=2)
     if d_v < E:

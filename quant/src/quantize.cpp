@@ -1289,15 +1289,7 @@ QuantDiagnostics diagnose(const QuantizedTensor& qt, const float* X) {
       for (size_t g = 0; g + 1 < qt.group_bounds.size(); ++g) {
         const int64_t t0 = qt.group_bounds[g], t1 = qt.group_bounds[g + 1];
         if (t1 <= t0) continue;
-        std::copy_n(X + t0 * D, D, mn.begin());
-        std::copy_n(X + t0 * D, D, mx.begin());
-        for (int64_t t = t0 + 1; t < t1; ++t) {
-          const float* row = X + t * D;
-          for (int64_t d = 0; d < D; ++d) {
-            mn[d] = q::min_num(mn[d], row[d]);
-            mx[d] = q::max_num(mx[d], row[d]);
-          }
-        }
+        (void)minmax_cols(X, t0, t1, D, mn.data(), mx.data());  // X is finite: it was quantized
         for (int64_t d = 0; d < D; ++d) check(mn[d], mx[d], static_cast<int64_t>(g) * D + d);
       }
       break;

@@ -266,9 +266,8 @@ LQ_HD uint32_t encode_element(const BlockDesc& f, const BlockParams& p, float v,
       return detail::e4m3_sat(scaled_element(f, p, v), saturated);
     case BlockKind::MxFp4:
     case BlockKind::Fp4Tile:
+    case BlockKind::NvFp4:  // an all-zero NVFP4 tensor scales every element to 0: code 0, no saturation
       return detail::e2m1_sat(scaled_element(f, p, v), saturated);
-    case BlockKind::NvFp4:
-      return p.zero ? 0u : detail::e2m1_sat(scaled_element(f, p, v), saturated);
     case BlockKind::Q8_0: {
       float q = round_half_away(mul_rn(v, p.s));
       q = min_num(max_num(q, -127.0f), 127.0f);  // never binds for finite input: |x · id| ≤ 127 (1 + 2^-23)
@@ -333,7 +332,6 @@ LQ_HD float saturation_threshold(const BlockDesc& f) {
 /// saturation_threshold(f); 0 for the ggml kinds and an all-zero NVFP4 tensor.
 LQ_HD int count_saturated(const BlockDesc& f, const BlockParams& p, const float* x, int n) {
   const float threshold = saturation_threshold(f);
-  if (f.kind == BlockKind::NvFp4 && p.zero) return 0;
   int sat = 0;
   for (int i = 0; i < n; ++i) sat += abs_f(scaled_element(f, p, x[i])) >= threshold ? 1 : 0;
   return sat;
