@@ -18,7 +18,9 @@
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
 #define LQ_X86_KERNELS 1
-#define LQ_AVX2_AI __attribute__((target("avx2"), always_inline)) inline
+// CpuKernel::Avx2 is AVX2 + F16C (the fp16 scale conversions; every AVX2 CPU has F16C, cpu_has_avx2 checks both).
+#define LQ_AVX2_TARGET target("avx2,f16c")
+#define LQ_AVX2_AI __attribute__((LQ_AVX2_TARGET, always_inline)) inline
 #else
 #define LQ_X86_KERNELS 0
 #endif
@@ -286,26 +288,47 @@ LQ_AI void enc_columns(const float* __restrict x, int64_t n, const float* __rest
 //   v = x / scale (sym) or (x − offset) / scale (asym): vsubps, vdivps (IEEE, rounded once each);
 //   max_num(lo, v) = (v > lo) ? v : lo = vmaxps(v, lo) (a NaN v gives lo, as max_num);
 //   min_num(c, hi) = (hi < c) ? hi : c = vminps(hi, c);
-//   rne_small: vaddps / vsubps of 1.5·2^23; vcvttps2dq of that integer-valued float is exact;
-//   scale > 0 ? q : 0 by a vcmpps mask; sym adds 2^(b−1). Codes are stored as bytes u[i] for pack_row.
+//   rne_small of the clamped v (|v| ≤ 255): vcvtps2dq, which rounds to nearest even in MXCSR's default
+//   mode, as rne_small's vaddps / vsubps of 1.5·2^23 do (both follow MXCSR's rounding mode);
+//   scale > 0 ? q : 0 by a vcmpps mask (per-column scales) or, for one scale, one test before the loop;
+//   sym adds 2^(b−1). Codes are stored as bytes u[i] for pack_row.
 #if LQ_X86_KERNELS
+template <bool Sym, bool Cols>
+LQ_AVX2_AI __m256i enc8_avx2(const float* __restrict x, const float* __restrict s, const float* __restrict o, int64_t i,
+                             __m256 vs0, __m256 vo0, __m256 lo, __m256 hi, __m256i bias) {
+  const __m256 sc = Cols ? _mm256_loadu_ps(s + i) : vs0;
+  __m256 v = _mm256_loadu_ps(x + i);
+  if constexpr (!Sym) v = _mm256_sub_ps(v, Cols ? _mm256_loadu_ps(o + i) : vo0);
+  v = _mm256_div_ps(v, sc);
+  v = _mm256_min_ps(hi, _mm256_max_ps(v, lo));
+  __m256i c = _mm256_cvtps_epi32(v);  // rne_small's integer (see above)
+  if constexpr (Cols) c = _mm256_and_si256(c, _mm256_castps_si256(_mm256_cmp_ps(sc, _mm256_setzero_ps(), _CMP_GT_OQ)));
+  return Sym ? _mm256_add_epi32(c, bias) : c;
+}
+
 template <bool Sym, bool Cols>
 LQ_AVX2_AI void enc_avx2(const float* __restrict x, int64_t n, const float* __restrict s, const float* __restrict o,
                          float s0, float o0, int bits, uint8_t* __restrict u) {
   const float qmax = static_cast<float>(Sym ? q::sym_qmax(bits) : q::asym_qmax(bits));
-  const __m256 lo = _mm256_set1_ps(Sym ? -qmax : 0.0f), hi = _mm256_set1_ps(qmax), magic = _mm256_set1_ps(12582912.0f),
-               zero = _mm256_setzero_ps(), vs0 = _mm256_set1_ps(s0), vo0 = _mm256_set1_ps(o0);
   const __m256i bias = _mm256_set1_epi32(Sym ? (1 << (bits - 1)) : 0);
+  if (!Cols && !(s0 > 0.0f)) {  // scale 0: every code is q = 0 (encode_sym / encode_asym)
+    std::memset(u, Sym ? 1 << (bits - 1) : 0, static_cast<size_t>(n));
+    return;
+  }
+  const __m256 lo = _mm256_set1_ps(Sym ? -qmax : 0.0f), hi = _mm256_set1_ps(qmax), vs0 = _mm256_set1_ps(s0),
+               vo0 = _mm256_set1_ps(o0);
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {  // 32 codes narrowed to bytes by two packs and one dword permutation
+    const __m256i c0 = enc8_avx2<Sym, Cols>(x, s, o, i, vs0, vo0, lo, hi, bias),
+                  c1 = enc8_avx2<Sym, Cols>(x, s, o, i + 8, vs0, vo0, lo, hi, bias),
+                  c2 = enc8_avx2<Sym, Cols>(x, s, o, i + 16, vs0, vo0, lo, hi, bias),
+                  c3 = enc8_avx2<Sym, Cols>(x, s, o, i + 24, vs0, vo0, lo, hi, bias);
+    const __m256i b = _mm256_packus_epi16(_mm256_packus_epi32(c0, c1), _mm256_packus_epi32(c2, c3));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(u + i), _mm256_permutevar8x32_epi32(b, order));
+  }
   for (; i + 8 <= n; i += 8) {
-    const __m256 sc = Cols ? _mm256_loadu_ps(s + i) : vs0;
-    __m256 v = _mm256_loadu_ps(x + i);
-    if constexpr (!Sym) v = _mm256_sub_ps(v, Cols ? _mm256_loadu_ps(o + i) : vo0);
-    v = _mm256_div_ps(v, sc);
-    v = _mm256_min_ps(hi, _mm256_max_ps(v, lo));
-    v = _mm256_sub_ps(_mm256_add_ps(v, magic), magic);
-    __m256i c = _mm256_and_si256(_mm256_cvttps_epi32(v), _mm256_castps_si256(_mm256_cmp_ps(sc, zero, _CMP_GT_OQ)));
-    c = _mm256_add_epi32(c, bias);
+    const __m256i c = enc8_avx2<Sym, Cols>(x, s, o, i, vs0, vo0, lo, hi, bias);
     const __m128i w = _mm_packus_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
     _mm_storel_epi64(reinterpret_cast<__m128i*>(u + i), _mm_packus_epi16(w, w));
   }
@@ -317,13 +340,13 @@ LQ_AVX2_AI void enc_avx2(const float* __restrict x, int64_t n, const float* __re
 
 // Out-of-line AVX2 entry points (a target("avx2") function is not inlined into the target-less template
 // body; one call per row, the per-token groups of a row in one call).
-__attribute__((target("avx2"), noinline)) void enc_row_avx2(const float* x, int64_t n, const float* s, const float* o,
+__attribute__((LQ_AVX2_TARGET, noinline)) void enc_row_avx2(const float* x, int64_t n, const float* s, const float* o,
                                                             float s0, float o0, bool sym, bool cols, int bits, uint8_t* u) {
   if (sym) cols ? enc_avx2<true, true>(x, n, s, o, s0, o0, bits, u) : enc_avx2<true, false>(x, n, s, o, s0, o0, bits, u);
   else cols ? enc_avx2<false, true>(x, n, s, o, s0, o0, bits, u) : enc_avx2<false, false>(x, n, s, o, s0, o0, bits, u);
 }
 // Row x[D] in nt groups of g columns (the last one up to D), group j with (sc[j], of[j]).
-__attribute__((target("avx2"), noinline)) void enc_groups_avx2(const float* x, int64_t D, int64_t nt, int64_t g,
+__attribute__((LQ_AVX2_TARGET, noinline)) void enc_groups_avx2(const float* x, int64_t D, int64_t nt, int64_t g,
                                                                const float* sc, const float* of, bool sym, int bits,
                                                                uint8_t* u) {
   for (int64_t j = 0; j < nt; ++j) {
@@ -331,6 +354,131 @@ __attribute__((target("avx2"), noinline)) void enc_groups_avx2(const float* x, i
     if (sym) enc_avx2<true, false>(x + d0, n, nullptr, nullptr, sc[j], of[j], bits, u + d0);
     else enc_avx2<false, false>(x + d0, n, nullptr, nullptr, sc[j], of[j], bits, u + d0);
   }
+}
+
+// fp16 storage in the Avx2 kernel. vcvtps2ph with round to nearest even (imm 0) gives q::f32_to_f16_bits's
+// bits for every float that is not NaN: ties to even, overflow to ±inf from 65520 on, fp16 subnormals
+// rounded once (float32 subnormal inputs are read as they are: MXCSR's default, DAZ off). vcvtph2ps is
+// exact, as f16_bits_to_f32. The two differ on NaN only (the hardware keeps the payload, f32_to_f16_bits
+// stores 0x7e00), and put_groups converts no NaN: its scales and offsets come from finite minima and
+// maxima (a difference may overflow to inf, never NaN).
+// f16_round_store_avx2: dst[2n bytes] = fp16 bits of v[0, n) (little-endian), v[i] = the stored value.
+__attribute__((LQ_AVX2_TARGET, noinline)) void f16_round_store_avx2(float* v, int64_t n, uint8_t* dst) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(v + i), _MM_FROUND_TO_NEAREST_INT);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 2 * i), h);
+    _mm256_storeu_ps(v + i, _mm256_cvtph_ps(h));
+  }
+  for (; i < n; ++i) {
+    const uint16_t h = q::f32_to_f16_bits(v[i]);
+    std::memcpy(dst + 2 * i, &h, 2);
+    v[i] = q::f16_bits_to_f32(h);
+  }
+}
+
+// dst[0, n) = the fp16 values stored at src[2n bytes] (little-endian), as f16_bits_to_f32 gives them; an
+// fp16 signaling NaN (not written by quantize(); possible in a tensor read from elsewhere) comes back
+// quieted, and the decode's multiply quiets it in the reference too, so the decoded floats are the same.
+__attribute__((LQ_AVX2_TARGET, noinline)) void f16_load_avx2(const uint8_t* src, int64_t n, float* dst) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 2 * i))));
+  for (; i < n; ++i) {
+    uint16_t h;
+    std::memcpy(&h, src + 2 * i, 2);
+    dst[i] = q::f16_bits_to_f32(h);
+  }
+}
+
+LQ_AVX2_AI float hmin8(__m256 a) {
+  __m128 m = _mm_min_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  m = _mm_min_ps(m, _mm_movehl_ps(m, m));
+  return _mm_cvtss_f32(_mm_min_ss(m, _mm_movehdup_ps(m)));
+}
+LQ_AVX2_AI float hmax8(__m256 a) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+
+// The per-token group statistics of one row x[D] in nt groups of g columns (the last one up to D):
+// mn[j], mx[j] as minmax_span gives them, and 1 if any element is NaN/Inf (the values are then not used).
+// A group of at least 8 elements is read in 8-lane vectors, the last one overlapping the one before (min
+// and max are idempotent), and folded by vminps / vmaxps trees: over finite floats any fold order gives
+// the reference's value, a zero extremum then takes the sign of the group's first zero (first_zero, as in
+// minmax_span). NaN/Inf: the largest exponent field seen (vpmaxud) is all ones.
+template <bool Min>
+LQ_AVX2_AI __m256 minmax8_avx2(__m256 p, __m256 q) { return Min ? _mm256_min_ps(p, q) : _mm256_max_ps(p, q); }
+// r[k] = the min (Min) or max of the eight lanes of v[k], k = 0..7
+template <bool Min>
+LQ_AVX2_AI __m256 fold8_avx2(const __m256* v) {
+  __m256 t[4];
+  for (int k = 0; k < 4; ++k)
+    t[k] = minmax8_avx2<Min>(_mm256_unpacklo_ps(v[2 * k], v[2 * k + 1]), _mm256_unpackhi_ps(v[2 * k], v[2 * k + 1]));
+  const __m256 u0 = minmax8_avx2<Min>(_mm256_shuffle_ps(t[0], t[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                      _mm256_shuffle_ps(t[0], t[1], _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m256 u1 = minmax8_avx2<Min>(_mm256_shuffle_ps(t[2], t[3], _MM_SHUFFLE(1, 0, 1, 0)),
+                                      _mm256_shuffle_ps(t[2], t[3], _MM_SHUFFLE(3, 2, 3, 2)));
+  return minmax8_avx2<Min>(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+// Eight groups of g = 8·k columns at once (a row's full groups, eight at a time): the lane-wise min/max
+// vectors of the eight groups are folded across lanes together, by unpacks, shuffles and one 128-bit
+// permutation (a transpose), into one vector holding the eight groups' minima (maxima), and one compare
+// with zero finds the groups whose extremum needs first_zero.
+__attribute__((LQ_AVX2_TARGET, noinline)) uint32_t group_minmax_avx2(const float* x, int64_t D, int64_t nt, int64_t g,
+                                                                   float* mn, float* mx) {
+  const __m256i expo = _mm256_set1_epi32(0x7f800000);
+  __m256i e = _mm256_setzero_si256();
+  uint32_t bad = 0;
+  int64_t j = 0;
+  if (g % 8 == 0)
+    for (; j + 8 <= nt && (j + 8) * g <= D; j += 8) {
+      __m256 a[8], b[8];
+      for (int k = 0; k < 8; ++k) {
+        const float* xs = x + (j + k) * g;
+        a[k] = b[k] = _mm256_loadu_ps(xs);
+        e = _mm256_max_epu32(e, _mm256_and_si256(_mm256_castps_si256(a[k]), expo));
+        for (int64_t i = 8; i < g; i += 8) {
+          const __m256 v = _mm256_loadu_ps(xs + i);
+          a[k] = _mm256_min_ps(a[k], v);
+          b[k] = _mm256_max_ps(b[k], v);
+          e = _mm256_max_epu32(e, _mm256_and_si256(_mm256_castps_si256(v), expo));
+        }
+      }
+      const __m256 lo = fold8_avx2<true>(a), hi = fold8_avx2<false>(b);
+      _mm256_storeu_ps(mn + j, lo);
+      _mm256_storeu_ps(mx + j, hi);
+      const __m256 z = _mm256_setzero_ps();
+      if (_mm256_movemask_ps(_mm256_or_ps(_mm256_cmp_ps(lo, z, _CMP_EQ_OQ), _mm256_cmp_ps(hi, z, _CMP_EQ_OQ))))
+        for (int64_t k = j; k < j + 8; ++k) {
+          if (mn[k] == 0.0f) mn[k] = first_zero(x + k * g, g);
+          if (mx[k] == 0.0f) mx[k] = first_zero(x + k * g, g);
+        }
+    }
+  for (; j < nt; ++j) {
+    const int64_t d0 = j * g, n = std::min(D, d0 + g) - d0;
+    const float* xs = x + d0;
+    if (n < 8) {
+      bad |= minmax_span(xs, n, mn[j], mx[j]);
+      continue;
+    }
+    __m256 a = _mm256_loadu_ps(xs), b = a;
+    e = _mm256_max_epu32(e, _mm256_and_si256(_mm256_castps_si256(a), expo));
+    for (int64_t i = 8; i < n; i += 8) {
+      const __m256 v = _mm256_loadu_ps(xs + std::min(i, n - 8));
+      a = _mm256_min_ps(a, v);
+      b = _mm256_max_ps(b, v);
+      e = _mm256_max_epu32(e, _mm256_and_si256(_mm256_castps_si256(v), expo));
+    }
+    float lo = hmin8(a), hi = hmax8(b);
+    if (lo == 0.0f) lo = first_zero(xs, n);
+    if (hi == 0.0f) hi = first_zero(xs, n);
+    mn[j] = lo;
+    mx[j] = hi;
+  }
+  return bad | (_mm256_movemask_epi8(_mm256_cmpeq_epi32(e, expo)) != 0 ? 1u : 0u);
 }
 #endif
 
@@ -367,6 +515,7 @@ namespace {
 // (sym_params / asym_params of qmath.h, element by element in a vectorizable loop), written into
 // qt.scales / qt.offsets at [g0, g0 + n). If any stored value is not finite, group_params is called
 // group by group instead: it throws the reference's message for the first such group.
+template <bool Avx2>
 LQ_AI void put_groups(QuantizedTensor& qt, const float* __restrict mn, const float* __restrict mx, int64_t n, int64_t g0,
                       float* __restrict sc, float* __restrict of) {
   const QuantSpec& spec = qt.spec;
@@ -388,6 +537,12 @@ LQ_AI void put_groups(QuantizedTensor& qt, const float* __restrict mn, const flo
   // (f16_bits_to_f32): round_to_dtype's value, one conversion instead of three per stored value. A value
   // stored here before the finiteness check is harmless: the caller throws and the tensor is dropped.
   static_assert(std::endian::native == std::endian::little, "store_dtype writes little-endian bytes");
+#if LQ_X86_KERNELS
+  if (Avx2 && spec.scale_dtype == ScaleDtype::F16) {  // the same bits in vcvtps2ph (f16_round_store_avx2)
+    f16_round_store_avx2(sc, n, qt.scales.data() + 2 * g0);
+    if (!sym) f16_round_store_avx2(of, n, qt.offsets.data() + 2 * g0);
+  } else
+#endif
   if (spec.scale_dtype == ScaleDtype::F16) {
     uint8_t* ds = qt.scales.data() + 2 * g0;
     for (int64_t i = 0; i < n; ++i) {
@@ -451,7 +606,7 @@ LQ_AI uint32_t int_quantize_body(const IntJob& job) {
         const int64_t t0 = qt.group_bounds[static_cast<size_t>(g)], t1 = qt.group_bounds[static_cast<size_t>(g) + 1];
         bad |= minmax_cols(X, t0, t1, D, mn.data(), mx.data());
         if (bad) return bad;
-        put_groups(qt, mn.data(), mx.data(), D, g * D, sc.data(), of.data());
+        put_groups<Avx2>(qt, mn.data(), mx.data(), D, g * D, sc.data(), of.data());
         for (int64_t t = t0; t < t1; ++t) {
 #if LQ_X86_KERNELS
           if constexpr (Avx2) enc_row_avx2(X + t * D, D, sc.data(), of.data(), 0.0f, 0.0f, sym, true, bits, u.data());
@@ -469,12 +624,16 @@ LQ_AI uint32_t int_quantize_body(const IntJob& job) {
           of(static_cast<size_t>(nt));
       for (int64_t t = job.begin; t < job.end; ++t) {
         const float* x = X + t * D;
-        for (int64_t j = 0; j < nt; ++j) {
-          const int64_t d0 = j * g, d1 = std::min(D, d0 + g);
-          bad |= minmax_span(x + d0, d1 - d0, mn[static_cast<size_t>(j)], mx[static_cast<size_t>(j)]);
-        }
+#if LQ_X86_KERNELS
+        if constexpr (Avx2) bad |= group_minmax_avx2(x, D, nt, g, mn.data(), mx.data());
+        else
+#endif
+          for (int64_t j = 0; j < nt; ++j) {
+            const int64_t d0 = j * g, d1 = std::min(D, d0 + g);
+            bad |= minmax_span(x + d0, d1 - d0, mn[static_cast<size_t>(j)], mx[static_cast<size_t>(j)]);
+          }
         if (bad) return bad;
-        put_groups(qt, mn.data(), mx.data(), nt, t * nt, sc.data(), of.data());
+        put_groups<Avx2>(qt, mn.data(), mx.data(), nt, t * nt, sc.data(), of.data());
 #if LQ_X86_KERNELS
         if constexpr (Avx2) enc_groups_avx2(x, D, nt, g, sc.data(), of.data(), sym, bits, u.data());
         else
@@ -547,9 +706,9 @@ void int_dequantize_baseline(const DecJob& job) { int_dequantize_body(job); }
 uint32_t minmax_span_baseline(const float* x, int64_t n, float& mn, float& mx) { return minmax_span(x, n, mn, mx); }
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define LQ_HAVE_AVX2_KERNEL 1
-__attribute__((target("avx2"))) uint32_t int_quantize_avx2(const IntJob& job) { return int_quantize_body<true>(job); }
-__attribute__((target("avx2"))) void int_dequantize_avx2(const DecJob& job);
-__attribute__((target("avx2"))) uint32_t minmax_span_avx2(const float* x, int64_t n, float& mn, float& mx) {
+__attribute__((LQ_AVX2_TARGET)) uint32_t int_quantize_avx2(const IntJob& job) { return int_quantize_body<true>(job); }
+__attribute__((LQ_AVX2_TARGET)) void int_dequantize_avx2(const DecJob& job);
+__attribute__((LQ_AVX2_TARGET)) uint32_t minmax_span_avx2(const float* x, int64_t n, float& mn, float& mx) {
   return minmax_span(x, n, mn, mx);
 }
 #else
@@ -648,8 +807,17 @@ LQ_AVX2_AI void copy_stream_f32(float* __restrict dst, const float* __restrict s
 }
 
 template <int Bits, bool Sym, bool NT>
-__attribute__((target("avx2"))) void int_dequantize_avx2_t(const DecJob& job) {
+__attribute__((LQ_AVX2_TARGET)) void int_dequantize_avx2_t(const DecJob& job) {
   const QuantizedTensor& qt = *job.qt;
+  // dst[0, n) = stored scales or offsets [i0, i0 + n) of src as floats (scale_at's values)
+  auto load_params = [&qt](const std::vector<uint8_t>& src, int64_t i0, int64_t n, float* dst) {
+    switch (qt.spec.scale_dtype) {
+      case ScaleDtype::F32: return (void)std::memcpy(dst, src.data() + 4 * i0, static_cast<size_t>(4 * n));
+      case ScaleDtype::F16: return f16_load_avx2(src.data() + 2 * i0, n, dst);
+      default:
+        for (int64_t i = 0; i < n; ++i) dst[i] = get_scale(src, i0 + i, qt.spec.scale_dtype);
+    }
+  };
   const int64_t D = qt.cols, rb = qt.row_bytes();
   const uint8_t* codes = qt.codes.data();
   switch (qt.spec.granularity) {
@@ -662,10 +830,8 @@ __attribute__((target("avx2"))) void int_dequantize_avx2_t(const DecJob& job) {
     case Granularity::Channel: {  // the group's scale/offset vectors (D floats each) stay in L1 over its rows
       std::vector<float> sc(static_cast<size_t>(D)), of(static_cast<size_t>(D), 0.0f);
       for (int64_t g = job.begin; g < job.end; ++g) {
-        for (int64_t d = 0; d < D; ++d) {
-          sc[static_cast<size_t>(d)] = qt.scale_at(g * D + d);
-          if (!Sym) of[static_cast<size_t>(d)] = qt.offset_at(g * D + d);
-        }
+        load_params(qt.scales, g * D, D, sc.data());
+        if (!Sym) load_params(qt.offsets, g * D, D, of.data());
         for (int64_t t = qt.group_bounds[static_cast<size_t>(g)]; t < qt.group_bounds[static_cast<size_t>(g) + 1]; ++t)
           dec_row_avx2<Bits, Sym, true, NT>(codes + t * rb, D, rb, sc.data(), of.data(), 0.0f, 0.0f, job.out + t * D);
       }
@@ -683,19 +849,10 @@ __attribute__((target("avx2"))) void int_dequantize_avx2_t(const DecJob& job) {
       // through a row buffer in L1 (the groups do not start on the output's 32-byte boundaries)
       // (the row's nt scales and offsets are converted in one loop first, not one scale_at() per group)
       std::vector<float> buf(static_cast<size_t>(NT ? D : 0)), rs(static_cast<size_t>(nt)), ro(static_cast<size_t>(nt), 0.0f);
-      const bool f16 = qt.spec.scale_dtype == ScaleDtype::F16;
-      auto row_params = [&](const std::vector<uint8_t>& src, int64_t gi, float* dst) {
-        if (!f16) return (void)std::memcpy(dst, src.data() + 4 * gi, static_cast<size_t>(4 * nt));
-        for (int64_t j = 0; j < nt; ++j) {
-          uint16_t h;
-          std::memcpy(&h, src.data() + 2 * (gi + j), 2);
-          dst[j] = q::f16_bits_to_f32(h);
-        }
-      };
       for (int64_t t = job.begin; t < job.end; ++t) {
         float* o = NT ? buf.data() : job.out + t * D;
-        row_params(qt.scales, t * nt, rs.data());
-        if (!Sym) row_params(qt.offsets, t * nt, ro.data());
+        load_params(qt.scales, t * nt, nt, rs.data());
+        if (!Sym) load_params(qt.offsets, t * nt, nt, ro.data());
         for (int64_t j = 0; j < nt; ++j) {
           const int64_t d0 = j * g, d1 = std::min(D, d0 + g);
           dec_span_avx2<Bits, Sym>(codes + t * rb, d0, d1, rb, rs[static_cast<size_t>(j)], ro[static_cast<size_t>(j)], o);
@@ -709,12 +866,12 @@ __attribute__((target("avx2"))) void int_dequantize_avx2_t(const DecJob& job) {
 }
 
 template <int Bits, bool Sym>
-__attribute__((target("avx2"))) void int_dequantize_avx2_nt(const DecJob& job, bool nt) {
+__attribute__((LQ_AVX2_TARGET)) void int_dequantize_avx2_nt(const DecJob& job, bool nt) {
   if (nt) int_dequantize_avx2_t<Bits, Sym, true>(job);
   else int_dequantize_avx2_t<Bits, Sym, false>(job);
 }
 
-__attribute__((target("avx2"))) void int_dequantize_avx2(const DecJob& job) {
+__attribute__((LQ_AVX2_TARGET)) void int_dequantize_avx2(const DecJob& job) {
   const QuantizedTensor& qt = *job.qt;
   const bool nt = qt.rows * qt.cols * 4 >= g_stream_min.load() && (reinterpret_cast<uintptr_t>(job.out) & 3) == 0;
   const bool sym = qt.spec.scheme == Scheme::Sym;
@@ -731,7 +888,7 @@ std::atomic<int> g_threads{1};
 
 bool cpu_has_avx2() {
 #if LQ_HAVE_AVX2_KERNEL
-  return __builtin_cpu_supports("avx2");
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
 #else
   return false;
 #endif

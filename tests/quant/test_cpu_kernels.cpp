@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "latentq/qmath.h"
 #include "latentq/quantize.h"
 
 namespace {
@@ -157,8 +158,10 @@ TEST(CpuKernels, CodeBuffersOf32MiBGiveTheReferenceBytes) {
   expect_same("int8-asym-token", x, T, D, {0, 40000, T}, "seed 29");
 }
 
+// Two shapes: [48, 40], and [20, 300], whose rows hold eight full groups of 32 columns (the Avx2 kernel folds
+// those eight together, quantize.cpp group_minmax_avx2) and a last group of 12 (read with overlapping loads).
 TEST(CpuKernels, EdgeInputsGiveTheReferenceBytes) {
-  const int64_t T = 48, D = 40;
+  for (const auto& [T, D] : {std::pair<int64_t, int64_t>{48, 40}, std::pair<int64_t, int64_t>{20, 300}}) {
   auto base = [&] {
     std::vector<float> x(static_cast<size_t>(T * D));
     std::mt19937_64 rng(11);
@@ -226,7 +229,8 @@ TEST(CpuKernels, EdgeInputsGiveTheReferenceBytes) {
     cases.push_back({"overflow then NaN", x});
   }
   for (const auto& [what, x] : cases)
-    for (const std::string& spec : int_specs()) expect_same(spec, x, T, D, {0, 20, T}, what);
+    for (const std::string& spec : int_specs()) expect_same(spec, x, T, D, {0, T * 5 / 12, T}, what);
+  }
 }
 
 // Quotients (x − offset) / scale exactly at half steps and one ulp either side, for a scale that is not a
@@ -266,6 +270,44 @@ TEST(CpuKernels, QuotientsAtAndNextToHalfStepsGiveTheReferenceBytes) {
     cases.push_back({"sym: absmax " + std::to_string(Q) + " s", make(static_cast<float>(Q) * s, -static_cast<float>(Q) * s, Q, 0.0f)});
   for (const auto& [what, x] : cases)
     for (const std::string& spec : int_specs()) expect_same(spec, x, T, D, {0, 20, T}, what + ", seed 23");
+}
+
+// fp16 scales and offsets at fp16 rounding ties, one float32 ulp either side, and across the normal and
+// subnormal fp16 range: the Avx2 kernel converts them with vcvtps2ph / vcvtph2ps (quantize.cpp
+// f16_round_store_avx2, f16_load_avx2), the reference with qmath.h's f32_to_f16_bits / f16_bits_to_f32.
+// Group (t, j) of 8 columns holds v at one position and -w at another, the rest inside (-v, w) / 2. v is
+// m·Q for Q = 127, 7 or 1 in turn, m the midpoint of two neighbouring fp16 values (h, h + 1), random h, or
+// m moved by one float32 ulp (m < 512, so that v / 1 and (v + w) / 3 stay below fp16's 65504): the sym spec of qmax Q (int8 / int4 / int2) stores the scale v / Q = m, a tie
+// (or not) that the conversion rounds to even; the asym specs store the offset -w (also such a value) and
+// the scale (v + w) / qmax. The channel specs see other groups of the same data.
+TEST(CpuKernels, Fp16ScalesAtRoundingTiesGiveTheReferenceBytes) {
+  const int64_t T = 64, D = 64;
+  const uint64_t seed = 31;
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int> H(0, 0x5fff), J(-1, 1), pos(0, 7);  // m < 512: no spec's scale overflows fp16
+  std::uniform_real_distribution<float> U(-0.5f, 0.5f);
+  const float Qs[3] = {127.0f, 7.0f, 1.0f};
+  int k = 0;
+  auto tie_value = [&](bool subnormal) {
+    const int h = subnormal ? H(rng) % 0x400 : H(rng);
+    float m = 0.5f * (qmath::f16_bits_to_f32(static_cast<uint16_t>(h)) + qmath::f16_bits_to_f32(static_cast<uint16_t>(h + 1)));
+    if (const int j = J(rng); j != 0) m = std::nextafter(m, j > 0 ? 1e9f : 0.0f);
+    return m * Qs[k++ % 3];  // exact: m has at most 12 significant bits, Q at most 7
+  };
+  std::vector<float> x(static_cast<size_t>(T * D));
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t j = 0; j < D / 8; ++j) {
+      const bool sub = (t + j) % 4 == 0;
+      const float v = tie_value(sub), w = tie_value(!sub);
+      const int a = pos(rng), b = (a + 1 + pos(rng) % 7) % 8;
+      for (int i = 0; i < 8; ++i) x[static_cast<size_t>(t * D + 8 * j + i)] = std::min(v, w) * U(rng);
+      x[static_cast<size_t>(t * D + 8 * j + a)] = v;
+      x[static_cast<size_t>(t * D + 8 * j + b)] = -w;
+    }
+  for (const char* g : {"token-g8", "token", "channel-g8", "channel"})
+    for (const int bits : {8, 4, 2})
+      for (const char* sch : {"sym", "asym"})
+        expect_same("int" + std::to_string(bits) + "-" + sch + "-" + g, x, T, D, {0, 24, T}, "seed " + std::to_string(seed));
 }
 
 // One tensor reused across specs and shapes (sizes grow, shrink, repeat) and for a non-integer format:
