@@ -38,10 +38,15 @@ const std::vector<float>& cpu_input(int64_t T) {
   return cache.emplace(T, std::move(X)).first->second;
 }
 
-/// Seconds per single-threaded std::memcpy of `bytes` (median of ≥ 5 copies and ≥ 0.2 s). Cached.
+/// Seconds per single-threaded std::memcpy of `bytes` (median of ≥ 5 copies and ≥ 0.2 s), measured again
+/// when the last measurement of that size is more than 5 s old: each ratio's memcpy is taken beside its
+/// row (a VM's bandwidth drifts by ±20% over the minutes of a run; one figure at the start skewed the
+/// rows after it).
 double memcpy_seconds(int64_t bytes) {
-  static std::map<int64_t, double> cache;
-  if (auto it = cache.find(bytes); it != cache.end()) return it->second;
+  static std::map<int64_t, std::pair<double, Clock::time_point>> cache;
+  if (auto it = cache.find(bytes);
+      it != cache.end() && std::chrono::duration<double>(Clock::now() - it->second.second).count() < 5.0)
+    return it->second.first;
   std::unique_ptr<char[]> src(new char[static_cast<size_t>(bytes)]), dst(new char[static_cast<size_t>(bytes)]);
   std::memset(src.get(), 1, static_cast<size_t>(bytes));
   std::memset(dst.get(), 2, static_cast<size_t>(bytes));
@@ -54,7 +59,8 @@ double memcpy_seconds(int64_t bytes) {
     t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
   }
   std::nth_element(t.begin(), t.begin() + static_cast<std::ptrdiff_t>(t.size() / 2), t.end());
-  return cache[bytes] = t[t.size() / 2];
+  cache[bytes] = {t[t.size() / 2], Clock::now()};
+  return t[t.size() / 2];
 }
 
 void set_counters(benchmark::State& st, int64_t bytes, double seconds_total) {
@@ -62,6 +68,7 @@ void set_counters(benchmark::State& st, int64_t bytes, double seconds_total) {
   const double per_iter = seconds_total / static_cast<double>(std::max<int64_t>(st.iterations(), 1));
   const double ref = memcpy_seconds((bytes + 1) / 2);  // a copy moving the same read + written bytes
   st.counters["vs_memcpy"] = per_iter > 0 ? ref / per_iter : 0.0;
+  st.counters["memcpy_GBps"] = ref > 0 ? static_cast<double>(2 * ((bytes + 1) / 2)) / ref / 1e9 : 0.0;  // read + written
   st.counters["MB"] = static_cast<double>(bytes) / 1e6;
 }
 

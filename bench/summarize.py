@@ -7,7 +7,8 @@
 One row per spec (T and D from the run): quantize and dequantize vs_memcpy for the default kernel
 (`cpu`, one thread), the reference loops (`cpu-ref`) and two threads (`cpu-2t`), and quantize_into() a
 reused tensor (`cpu-into`) where measured; "-" where a row was not run. With --benchmark_repetitions the
-median of the repetitions is used. Also prints the memcpy bandwidth and the run's context (CPUs, load).
+median of the repetitions is used. Also prints the run's context (CPUs, load), the cpu/memcpy row's bandwidth
+and the range of the copies measured beside the rows (each ratio's own reference, bench_cpu.cpp).
 """
 import json
 import re
@@ -20,7 +21,7 @@ def main():
     with open(sys.argv[1]) as f:
         run = json.load(f)
     ctx = run["context"]
-    rows, order, memcpy = {}, [], None
+    rows, order, memcpy, beside = {}, [], None, []
     for b in run["benchmarks"]:
         # with --benchmark_repetitions: the median of the repetitions (the other aggregates are skipped)
         if b.get("run_type") == "aggregate" and b.get("aggregate_name") != "median":
@@ -35,8 +36,14 @@ def main():
             rows[spec] = {}
             order.append(spec)
         rows[spec][(dev, op)] = b["vs_memcpy"]
-    print(f"CPUs {ctx.get('num_cpus')} at {ctx.get('mhz_per_cpu')} MHz, load average {ctx.get('load_avg')}; "
-          f"memcpy {memcpy / 1e9:.1f} GB/s (read + written)" if memcpy else "")
+        if b.get("memcpy_GBps"):
+            beside.append(b["memcpy_GBps"])
+    line = f"CPUs {ctx.get('num_cpus')} at {ctx.get('mhz_per_cpu')} MHz, load average {ctx.get('load_avg')}"
+    if memcpy:
+        line += f"; memcpy {memcpy / 1e9:.1f} GB/s (read + written)"
+    if beside:  # each ratio's own copy, measured beside its row (bench_cpu.cpp memcpy_seconds)
+        line += f"; the copies beside the rows {min(beside):.1f}-{max(beside):.1f} GB/s"
+    print(line)
     cols = [("cpu", "quantize"), ("cpu-into", "quantize"), ("cpu-ref", "quantize"), ("cpu-2t", "quantize"),
             ("cpu", "dequantize"), ("cpu-ref", "dequantize"), ("cpu-2t", "dequantize")]
     print("| spec | quantize | quantize_into (reused tensor) | quantize (reference loops) | quantize (2 threads) | "

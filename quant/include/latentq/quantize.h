@@ -119,10 +119,12 @@ QuantizedTensor quantize_dequantize(const QuantSpec& spec, Target target, const 
 ///   Reference  the plain loops: one pass for NaN/Inf, one for the statistics, one to encode.
 ///   Baseline   the fused loops (statistics, NaN/Inf flag and encoding of a group while it is in cache;
 ///              eight-lane min/max reductions), compiled for the baseline ISA (x86-64: SSE2).
-///   Avx2       the same source compiled with __attribute__((target("avx2"))) (x86-64 only).
-/// Auto (the default) picks Avx2 when the CPU has it (__builtin_cpu_supports), else Baseline.
+///   Avx2       the same source compiled with __attribute__((target("avx2,f16c"))) (x86-64 only;
+///              F16C converts the fp16 scales and offsets, with f32_to_f16_bits's bits).
+/// Auto (the default) picks Avx2 when the CPU has AVX2 and F16C (__builtin_cpu_supports), else Baseline.
 /// Element math is qmath.h's in all of them: IEEE float32 +, −, ×, / rounded one by one (vector
-/// division is IEEE division; -ffp-contract=off, no FMA), RNE by the 1.5·2^23 trick.
+/// division is IEEE division; -ffp-contract=off, no FMA), RNE by the 1.5·2^23 trick (Avx2: vcvtps2dq,
+/// which rounds to nearest even in MXCSR's default mode, as the trick's additions do).
 enum class CpuKernel : uint8_t { Auto = 0, Reference = 1, Baseline = 2, Avx2 = 3 };
 /// Select the kernel for this process (tests and benchmarks). Throws std::invalid_argument for Avx2
 /// on a CPU (or a build) without it.
