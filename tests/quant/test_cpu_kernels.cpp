@@ -292,7 +292,7 @@ TEST(CpuKernels, Fp16ScalesAtRoundingTiesGiveTheReferenceBytes) {
     const int h = subnormal ? H(rng) % 0x400 : H(rng);
     float m = 0.5f * (qmath::f16_bits_to_f32(static_cast<uint16_t>(h)) + qmath::f16_bits_to_f32(static_cast<uint16_t>(h + 1)));
     if (const int j = J(rng); j != 0) m = std::nextafter(m, j > 0 ? 1e9f : 0.0f);
-    return m * Qs[k++ % 3];  // exact: m has at most 12 significant bits, Q at most 7
+    return m * Qs[k++ % 3];  // exact for a midpoint m (12 significant bits; Q at most 7); a moved m may round
   };
   std::vector<float> x(static_cast<size_t>(T * D));
   for (int64_t t = 0; t < T; ++t)
