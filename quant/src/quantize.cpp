@@ -402,12 +402,6 @@ LQ_AVX2_AI float hmax8(__m256 a) {
   return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
 }
 
-// The per-token group statistics of one row x[D] in nt groups of g columns (the last one up to D):
-// mn[j], mx[j] as minmax_span gives them, and 1 if any element is NaN/Inf (the values are then not used).
-// A group of at least 8 elements is read in 8-lane vectors, the last one overlapping the one before (min
-// and max are idempotent), and folded by vminps / vmaxps trees: over finite floats any fold order gives
-// the reference's value, a zero extremum then takes the sign of the group's first zero (first_zero, as in
-// minmax_span). NaN/Inf: the largest exponent field seen (vpmaxud) is all ones.
 template <bool Min>
 LQ_AVX2_AI __m256 minmax8_avx2(__m256 p, __m256 q) { return Min ? _mm256_min_ps(p, q) : _mm256_max_ps(p, q); }
 // r[k] = the min (Min) or max of the eight lanes of v[k], k = 0..7
@@ -423,10 +417,29 @@ LQ_AVX2_AI __m256 fold8_avx2(const __m256* v) {
   return minmax8_avx2<Min>(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
-// Eight groups of g = 8·k columns at once (a row's full groups, eight at a time): the lane-wise min/max
-// vectors of the eight groups are folded across lanes together, by unpacks, shuffles and one 128-bit
-// permutation (a transpose), into one vector holding the eight groups' minima (maxima), and one compare
-// with zero finds the groups whose extremum needs first_zero.
+// Lane-wise min a and max b of xs[0, n), n >= 8, in 8-lane vectors, the last one overlapping the one before
+// when n is not a multiple of 8 (min and max are idempotent); e takes the largest exponent field seen.
+LQ_AVX2_AI void lanes_minmax_avx2(const float* xs, int64_t n, __m256& a, __m256& b, __m256i& e) {
+  const __m256i expo = _mm256_set1_epi32(0x7f800000);
+  a = b = _mm256_loadu_ps(xs);
+  e = _mm256_max_epu32(e, _mm256_and_si256(_mm256_castps_si256(a), expo));
+  for (int64_t i = 8; i < n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(xs + std::min(i, n - 8));
+    a = _mm256_min_ps(a, v);
+    b = _mm256_max_ps(b, v);
+    e = _mm256_max_epu32(e, _mm256_and_si256(_mm256_castps_si256(v), expo));
+  }
+}
+
+// The per-token group statistics of one row x[D] in nt groups of g columns (the last one up to D):
+// mn[j], mx[j] as minmax_span gives them, and 1 if any element is NaN/Inf (the values are then not used).
+// A group of at least 8 elements is read by lanes_minmax_avx2: over finite floats any fold order gives
+// the reference's value, and a zero extremum then takes the sign of the group's first zero (first_zero, as
+// in minmax_span). NaN/Inf: the largest exponent field seen (vpmaxud) is all ones. A row's full groups of
+// g = 8·k columns go eight at a time: their lane-wise vectors are folded across lanes together, by unpacks,
+// shuffles and one 128-bit permutation (a transpose, fold8_avx2), into one vector of the eight groups'
+// minima (maxima), and one compare with zero finds the groups whose extremum needs first_zero; the others
+// are folded one by one (vminps / vmaxps trees, hmin8 / hmax8).
 __attribute__((LQ_AVX2_TARGET, noinline)) uint32_t group_minmax_avx2(const float* x, int64_t D, int64_t nt, int64_t g,
                                                                    float* mn, float* mx) {
   const __m256i expo = _mm256_set1_epi32(0x7f800000);
@@ -436,17 +449,7 @@ __attribute__((LQ_AVX2_TARGET, noinline)) uint32_t group_minmax_avx2(const float
   if (g % 8 == 0)
     for (; j + 8 <= nt && (j + 8) * g <= D; j += 8) {
       __m256 a[8], b[8];
-      for (int k = 0; k < 8; ++k) {
-        const float* xs = x + (j + k) * g;
-        a[k] = b[k] = _mm256_loadu_ps(xs);
-        e = _mm256_max_epu32(e, _mm256_and_si256(_mm256_castps_si256(a[k]), expo));
-        for (int64_t i = 8; i < g; i += 8) {
-          const __m256 v = _mm256_loadu_ps(xs + i);
-          a[k] = _mm256_min_ps(a[k], v);
-          b[k] = _mm256_max_ps(b[k], v);
-          e = _mm256_max_epu32(e, _mm256_and_si256(_mm256_castps_si256(v), expo));
-        }
-      }
+      for (int k = 0; k < 8; ++k) lanes_minmax_avx2(x + (j + k) * g, g, a[k], b[k], e);
       const __m256 lo = fold8_avx2<true>(a), hi = fold8_avx2<false>(b);
       _mm256_storeu_ps(mn + j, lo);
       _mm256_storeu_ps(mx + j, hi);
@@ -464,14 +467,8 @@ __attribute__((LQ_AVX2_TARGET, noinline)) uint32_t group_minmax_avx2(const float
       bad |= minmax_span(xs, n, mn[j], mx[j]);
       continue;
     }
-    __m256 a = _mm256_loadu_ps(xs), b = a;
-    e = _mm256_max_epu32(e, _mm256_and_si256(_mm256_castps_si256(a), expo));
-    for (int64_t i = 8; i < n; i += 8) {
-      const __m256 v = _mm256_loadu_ps(xs + std::min(i, n - 8));
-      a = _mm256_min_ps(a, v);
-      b = _mm256_max_ps(b, v);
-      e = _mm256_max_epu32(e, _mm256_and_si256(_mm256_castps_si256(v), expo));
-    }
+    __m256 a, b;
+    lanes_minmax_avx2(xs, n, a, b, e);
     float lo = hmin8(a), hi = hmax8(b);
     if (lo == 0.0f) lo = first_zero(xs, n);
     if (hi == 0.0f) hi = first_zero(xs, n);
