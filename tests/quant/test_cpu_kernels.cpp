@@ -162,74 +162,74 @@ TEST(CpuKernels, CodeBuffersOf32MiBGiveTheReferenceBytes) {
 // those eight together, quantize.cpp group_minmax_avx2) and a last group of 12 (read with overlapping loads).
 TEST(CpuKernels, EdgeInputsGiveTheReferenceBytes) {
   for (const auto& [T, D] : {std::pair<int64_t, int64_t>{48, 40}, std::pair<int64_t, int64_t>{20, 300}}) {
-  auto base = [&] {
-    std::vector<float> x(static_cast<size_t>(T * D));
-    std::mt19937_64 rng(11);
-    std::uniform_real_distribution<float> U(0.0f, 4.0f);
-    for (float& v : x) v = U(rng);
-    return x;
-  };
-  std::vector<std::pair<std::string, std::vector<float>>> cases;
-  {  // signed zeros as the minimum and the maximum, the first zero -0.0 or +0.0, in every group kind
-    for (const float first : {-0.0f, 0.0f}) {
+    auto base = [&] {
+      std::vector<float> x(static_cast<size_t>(T * D));
+      std::mt19937_64 rng(11);
+      std::uniform_real_distribution<float> U(0.0f, 4.0f);
+      for (float& v : x) v = U(rng);
+      return x;
+    };
+    std::vector<std::pair<std::string, std::vector<float>>> cases;
+    {  // signed zeros as the minimum and the maximum, the first zero -0.0 or +0.0, in every group kind
+      for (const float first : {-0.0f, 0.0f}) {
+        std::vector<float> x = base();
+        for (size_t i = 0; i < x.size(); i += 5) x[i] = (i / 5) % 2 ? -first : first;
+        cases.push_back({std::string("zeros as min, first ") + (std::signbit(first) ? "-0" : "+0"), x});
+        for (float& v : x) v = v == 0.0f ? v : -v;
+        cases.push_back({std::string("zeros as max, first ") + (std::signbit(first) ? "-0" : "+0"), x});
+      }
+    }
+    {  // the first zero of a span is not its first element and the eight lanes disagree: -0.0 at i ≡ 3,
+       // +0.0 at i ≡ 8 (mod 16), so lane 0 holds +0.0 while the left-to-right fold keeps the -0.0 at i = 3
       std::vector<float> x = base();
-      for (size_t i = 0; i < x.size(); i += 5) x[i] = (i / 5) % 2 ? -first : first;
-      cases.push_back({std::string("zeros as min, first ") + (std::signbit(first) ? "-0" : "+0"), x});
+      for (size_t i = 0; i < x.size(); ++i)
+        if (i % 16 == 3) x[i] = -0.0f;
+        else if (i % 16 == 8) x[i] = 0.0f;
+      cases.push_back({"zeros as min, first zero -0 in lane 3", x});
       for (float& v : x) v = v == 0.0f ? v : -v;
-      cases.push_back({std::string("zeros as max, first ") + (std::signbit(first) ? "-0" : "+0"), x});
+      cases.push_back({"zeros as max, first zero -0 in lane 3", x});
     }
-  }
-  {  // the first zero of a span is not its first element and the eight lanes disagree: -0.0 at i ≡ 3,
-     // +0.0 at i ≡ 8 (mod 16), so lane 0 holds +0.0 while the left-to-right fold keeps the -0.0 at i = 3
-    std::vector<float> x = base();
-    for (size_t i = 0; i < x.size(); ++i)
-      if (i % 16 == 3) x[i] = -0.0f;
-      else if (i % 16 == 8) x[i] = 0.0f;
-    cases.push_back({"zeros as min, first zero -0 in lane 3", x});
-    for (float& v : x) v = v == 0.0f ? v : -v;
-    cases.push_back({"zeros as max, first zero -0 in lane 3", x});
-  }
-  {
-    std::vector<float> x(static_cast<size_t>(T * D), 0.0f);
-    cases.push_back({"all +0", x});
-    for (size_t i = 0; i < x.size(); i += 2) x[i] = -0.0f;
-    cases.push_back({"alternating -0/+0", x});
-    std::fill(x.begin(), x.end(), 1.25f);
-    cases.push_back({"constant", x});
-  }
-  {  // codes exactly at half steps: x = k/2 over a range [0, 15] -> ties in int4-asym
-    std::vector<float> x = base();
-    for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 31) * 0.5f;
-    cases.push_back({"half-step ties", x});
-  }
-  {
-    std::vector<float> x = base();
-    for (size_t i = 0; i < x.size(); i += 3) x[i] = 1e-40f * static_cast<float>(i % 7);  // float32 subnormals
-    cases.push_back({"subnormals", x});
-    for (float& v : x) v *= 1e-6f;
-    cases.push_back({"tiny range (fp16 scale underflow)", x});
-  }
-  {
-    std::vector<float> x = base();
-    x[static_cast<size_t>(T * D / 2)] = 3e5f;  // beyond fp16: the scale or offset overflows in some specs
-    x[static_cast<size_t>(T * D / 2 + 1)] = -3e5f;
-    cases.push_back({"fp16 overflow", x});
-  }
-  for (const size_t pos : {size_t{0}, size_t{17}, static_cast<size_t>(T * D - 1)})
-    for (const float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
-                            -std::numeric_limits<float>::infinity()}) {
+    {
+      std::vector<float> x(static_cast<size_t>(T * D), 0.0f);
+      cases.push_back({"all +0", x});
+      for (size_t i = 0; i < x.size(); i += 2) x[i] = -0.0f;
+      cases.push_back({"alternating -0/+0", x});
+      std::fill(x.begin(), x.end(), 1.25f);
+      cases.push_back({"constant", x});
+    }
+    {  // codes exactly at half steps: x = k/2 over a range [0, 15] -> ties in int4-asym
       std::vector<float> x = base();
-      x[pos] = bad;
-      cases.push_back({"non-finite " + std::to_string(bad) + " at " + std::to_string(pos), x});
+      for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 31) * 0.5f;
+      cases.push_back({"half-step ties", x});
     }
-  {  // NaN late and an fp16 overflow early: the NaN message wins, as in the reference
-    std::vector<float> x = base();
-    x[1] = 1e6f;
-    x.back() = std::numeric_limits<float>::quiet_NaN();
-    cases.push_back({"overflow then NaN", x});
-  }
-  for (const auto& [what, x] : cases)
-    for (const std::string& spec : int_specs()) expect_same(spec, x, T, D, {0, T * 5 / 12, T}, what);
+    {
+      std::vector<float> x = base();
+      for (size_t i = 0; i < x.size(); i += 3) x[i] = 1e-40f * static_cast<float>(i % 7);  // float32 subnormals
+      cases.push_back({"subnormals", x});
+      for (float& v : x) v *= 1e-6f;
+      cases.push_back({"tiny range (fp16 scale underflow)", x});
+    }
+    {
+      std::vector<float> x = base();
+      x[static_cast<size_t>(T * D / 2)] = 3e5f;  // beyond fp16: the scale or offset overflows in some specs
+      x[static_cast<size_t>(T * D / 2 + 1)] = -3e5f;
+      cases.push_back({"fp16 overflow", x});
+    }
+    for (const size_t pos : {size_t{0}, size_t{17}, static_cast<size_t>(T * D - 1)})
+      for (const float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                              -std::numeric_limits<float>::infinity()}) {
+        std::vector<float> x = base();
+        x[pos] = bad;
+        cases.push_back({"non-finite " + std::to_string(bad) + " at " + std::to_string(pos), x});
+      }
+    {  // NaN late and an fp16 overflow early: the NaN message wins, as in the reference
+      std::vector<float> x = base();
+      x[1] = 1e6f;
+      x.back() = std::numeric_limits<float>::quiet_NaN();
+      cases.push_back({"overflow then NaN", x});
+    }
+    for (const auto& [what, x] : cases)
+      for (const std::string& spec : int_specs()) expect_same(spec, x, T, D, {0, T * 5 / 12, T}, what);
   }
 }
 
@@ -277,9 +277,10 @@ TEST(CpuKernels, QuotientsAtAndNextToHalfStepsGiveTheReferenceBytes) {
 // f16_round_store_avx2, f16_load_avx2), the reference with qmath.h's f32_to_f16_bits / f16_bits_to_f32.
 // Group (t, j) of 8 columns holds v at one position and -w at another, the rest inside (-v, w) / 2. v is
 // m·Q for Q = 127, 7 or 1 in turn, m the midpoint of two neighbouring fp16 values (h, h + 1), random h, or
-// m moved by one float32 ulp (m < 512, so that v / 1 and (v + w) / 3 stay below fp16's 65504): the sym spec of qmax Q (int8 / int4 / int2) stores the scale v / Q = m, a tie
-// (or not) that the conversion rounds to even; the asym specs store the offset -w (also such a value) and
-// the scale (v + w) / qmax. The channel specs see other groups of the same data.
+// m moved by one float32 ulp (m < 512, so that v / 1 and (v + w) / 3 stay below fp16's 65504): the sym
+// spec of qmax Q (int8 / int4 / int2) stores the scale v / Q = m, a tie (or not) that the conversion rounds
+// to even; the asym specs store the offset -w (also such a value) and the scale (v + w) / qmax. The channel
+// specs see other groups of the same data.
 TEST(CpuKernels, Fp16ScalesAtRoundingTiesGiveTheReferenceBytes) {
   const int64_t T = 64, D = 64;
   const uint64_t seed = 31;
