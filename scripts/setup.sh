@@ -42,6 +42,19 @@ if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c "import torch, transformer
   fi
 fi
 
+# --- cuBLAS for the attention on the GPU, when nvcc is here but its CUDA 13 toolkit has no cuBLAS: NVIDIA's
+# wheel into the venv, pinned to CUDA 13.0's cuBLAS (CMakeLists.txt finds it there; without it the kernels
+# still build and `--device cuda` keeps the attention probes on the CPU) ---------------------------------
+nvcc_bin=$(command -v nvcc || true)
+[ -z "$nvcc_bin" ] && [ -x /usr/local/cuda/bin/nvcc ] && nvcc_bin=/usr/local/cuda/bin/nvcc
+if [ -n "$nvcc_bin" ] && "$nvcc_bin" --version | grep -q 'release 13\.' &&
+   ! ls "$(dirname "$(readlink -f "$nvcc_bin")")"/../lib64/libcublas.so* >/dev/null 2>&1 &&
+   ! ls .venv/lib/python3*/site-packages/nvidia/cu13/lib/libcublas.so.13 >/dev/null 2>&1; then
+  echo "setup: installing cuBLAS (nvidia-cublas) into .venv for the CUDA build"
+  .venv/bin/pip install --disable-pip-version-check nvidia-cublas==13.0.0.19 >> .venv/pip.log 2>&1 ||
+    echo "setup: nvidia-cublas did not install (.venv/pip.log): the attention probes stay on the CPU under --device cuda" >&2
+fi
+
 # --- configure + build -----------------------------------------------------------------------
 gen=()
 command -v ninja >/dev/null && gen=(-G Ninja)

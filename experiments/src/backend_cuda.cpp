@@ -2,12 +2,15 @@
 // and dequantized by the kernels of kernels/ (latentq/quantize_cuda.h), whose codes, scales and
 // offsets are byte-identical to the CPU reference, so every metric equals the CPU run's; the
 // accounting and diagnostics are computed on the host from the stored bytes, the metrics by
-// run_latent_error from the decoded matrix.
+// run_latent_error from the decoded matrix. With cuBLAS, the /attention_error cells run on the device too
+// (attention_device(): latentq/attention_cuda.h); the other probes stay on the CPU.
+#include <cstdio>
 #include <mutex>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "latentq/attention_device_cuda.h"
 #include "latentq/quantize_cuda.h"
 #include "latentq/study.h"
 
@@ -18,6 +21,15 @@ class CudaBackend final : public LatentBackend {
  public:
   std::string name() const override { return "cuda"; }
   bool concurrent() const override { return false; }  // one device, one stream: cells run in turn
+  // The /attention_error cells on the device too (cuBLAS); a build without cuBLAS keeps them on the CPU
+  // (make_cuda_backend says so).
+  probes::AttentionDeviceFactory attention_device() const override {
+#ifdef LATENTQ_CUBLAS
+    return make_cuda_attention_device;
+#else
+    return {};
+#endif
+  }
   StoredCell run(const QuantSpec& spec, Target target, const float* X, int64_t T, int64_t D,
                  std::span<const int64_t> seq_offsets, float* decoded) override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -36,6 +48,9 @@ std::unique_ptr<LatentBackend> make_cuda_backend() {
   std::string why;
   if (!cuda_device_available(&why))
     throw std::runtime_error("--device cuda: no CUDA device available (" + why + "); use --device cpu");
+#ifndef LATENTQ_CUBLAS
+  std::fprintf(stderr, "--device cuda: this build has no cuBLAS: the attention probes run on the CPU\n");
+#endif
   return std::make_unique<CudaBackend>();
 }
 

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <atomic>
 #include <charconv>
 #include <chrono>
@@ -86,7 +87,7 @@ ColumnTable slice(const ColumnTable& t, size_t first, size_t n) {
 
 }  // namespace
 
-std::string table_difference(const ColumnTable& a, const ColumnTable& b) {
+std::string table_difference(const ColumnTable& a, const ColumnTable& b, double rtol) {
   if (a.names() != b.names())
     return fmt::format("columns [{}] vs [{}]", fmt::join(a.names(), ", "), fmt::join(b.names(), ", "));
   if (a.num_rows() != b.num_rows()) return fmt::format("{} vs {} rows", a.num_rows(), b.num_rows());
@@ -104,6 +105,8 @@ std::string table_difference(const ColumnTable& a, const ColumnTable& b) {
       } else if (x.index() == 1) {
         const double p = std::get<1>(x)[i], q = std::get<1>(y)[i];
         eq = std::memcmp(&p, &q, sizeof p) == 0, vx = fmt::format("{}", p), vy = fmt::format("{}", q);
+        if (!eq && rtol > 0 && std::isfinite(p) && std::isfinite(q))
+          eq = std::fabs(p - q) <= rtol * std::max(std::fabs(p), std::fabs(q));
       } else {
         const auto& p = std::get<2>(x)[i];
         const auto& q = std::get<2>(y)[i];

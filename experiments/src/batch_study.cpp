@@ -25,6 +25,7 @@ StudyPlan plan_study(const StudyConfig& config, LatentBackend& backend) {
   }
   StudyPlan p;
   p.store = std::make_shared<LayerStore>(std::move(header));
+  p.store->set_attention_device(backend.attention_device());
   p.probes = std::move(probes);
   const std::shared_ptr<LayerStore> store = p.store;
   const Dump& dump = store->header();

@@ -50,6 +50,7 @@ class StoreAccess final : public LayerAccess {
     throw std::invalid_argument(fmt::format("layer {} is not one of the layers this cell opened", index));
   }
   void hold(std::shared_ptr<const Layer> d) { data_.push_back(std::move(d)); }
+  const probes::AttentionDeviceFactory* attention_device() const override { return &store_.attention_device(); }
 
  protected:
   std::shared_ptr<const void> shared_any(int layer, const std::string& name,

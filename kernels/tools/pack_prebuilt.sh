@@ -23,9 +23,10 @@ for t in latentq latentq_cuda_info test_gpu test_gpu_emu latentq_bench lq_result
   cp "$f" "$OUT/bin/"; n=$((n + 1))
 done
 [ $n -gt 0 ] || { echo "pack_prebuilt: no binary found in $BUILD" >&2; exit 2; }
-# Every resolved library except the C runtime and the driver (those must be the target's own).
+# Every resolved library except the C runtime and the driver (those must be the target's own) and cuBLAS
+# (libcublasLt is ~0.5 GB: gpu_check.sh finds the target's own, or a pip wheel's).
 ldd "$OUT"/bin/* 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u |
-  grep -vE '/(libc|libm|libmvec|libdl|libpthread|librt|libresolv|ld-linux[^/]*|libstdc\+\+|libgcc_s|libcuda)\.so' |
+  grep -vE '/(libc|libm|libmvec|libdl|libpthread|librt|libresolv|ld-linux[^/]*|libstdc\+\+|libgcc_s|libcuda|libcublas|libcublasLt)\.so' |
   while read -r lib; do cp -L "$lib" "$OUT/lib/"; done
 root=$(cd "$(dirname "$0")/../.." && pwd)
 {

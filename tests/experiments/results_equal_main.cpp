@@ -1,34 +1,61 @@
-// lq_results_equal A.h5 B.h5 — strict comparison of two latentq results files for the batch tests:
-// the same groups in the same order, each with the same columns (names, order, types) and the same
-// rows in the same order, float64 bit for bit (latentq/batch.h table_difference). Root and group
+// lq_results_equal A.h5 B.h5 [--rtol GROUP=REL ...] — strict comparison of two latentq results files for
+// the batch tests and the GPU check: the same groups in the same order, each with the same columns (names,
+// order, types) and the same rows in the same order, float64 bit for bit (latentq/batch.h
+// table_difference); a group named by --rtol compares finite float64 values to REL relative instead
+// (`--rtol attention_error=1e-3`: the device attention against the CPU's, gpu_check.sh). Root and group
 // attributes are not compared (they hold creation times, shard numbers, ...).
 // Exit status: 0 equal ("equal: <groups>" on stdout), 1 different (the first difference on
 // stderr), 2 unreadable file or usage error.
 #include <fmt/format.h>
 
+#include <cstdlib>
 #include <iostream>
+#include <map>
+#include <string>
 
 #include "latentq/batch.h"
 #include "latentq/results.h"
 
 int main(int argc, char** argv) {
   using namespace latentq;
-  if (argc != 3) {
-    std::cerr << "usage: lq_results_equal A.h5 B.h5\n";
+  const char* usage = "usage: lq_results_equal A.h5 B.h5 [--rtol GROUP=REL ...]\n";
+  std::map<std::string, double> rtol;
+  std::vector<std::string> files;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--rtol" && i + 1 < argc) {
+      const std::string v = argv[++i];
+      const size_t eq = v.find('=');
+      char* end = nullptr;
+      const double r = eq == std::string::npos ? 0 : std::strtod(v.c_str() + eq + 1, &end);
+      if (eq == std::string::npos || eq == 0 || !end || *end != '\0' || !(r > 0)) {
+        std::cerr << "lq_results_equal: --rtol " << v << ": expected GROUP=REL with REL > 0\n" << usage;
+        return 2;
+      }
+      rtol[v.substr(0, eq)] = r;
+    } else {
+      files.push_back(a);
+    }
+  }
+  if (files.size() != 2) {
+    std::cerr << usage;
     return 2;
   }
+  const char* fa = files[0].c_str();
+  const char* fb = files[1].c_str();
   try {
-    const std::vector<std::string> ga = list_tables(argv[1]), gb = list_tables(argv[2]);
+    const std::vector<std::string> ga = list_tables(fa), gb = list_tables(fb);
     if (ga != gb) {
-      std::cerr << fmt::format("groups differ: [{}] in {}, [{}] in {}\n", fmt::join(ga, ", "), argv[1], fmt::join(gb, ", "),
-                               argv[2]);
+      std::cerr << fmt::format("groups differ: [{}] in {}, [{}] in {}\n", fmt::join(ga, ", "), fa, fmt::join(gb, ", "), fb);
       return 1;
     }
     size_t rows = 0;
     for (const std::string& g : ga) {
-      const ColumnTable a = read_table(argv[1], g), b = read_table(argv[2], g);
-      if (const std::string d = table_difference(a, b); !d.empty()) {
-        std::cerr << fmt::format("/{} differs between {} and {}: {}\n", g, argv[1], argv[2], d);
+      const ColumnTable a = read_table(fa, g), b = read_table(fb, g);
+      const auto it = rtol.find(g);
+      if (const std::string d = table_difference(a, b, it == rtol.end() ? 0.0 : it->second); !d.empty()) {
+        std::cerr << fmt::format("/{} differs between {} and {}{}: {}\n", g, fa, fb,
+                                 it == rtol.end() ? "" : fmt::format(" (rtol {})", it->second), d);
         return 1;
       }
       rows += a.num_rows();

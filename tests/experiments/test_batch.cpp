@@ -34,6 +34,24 @@ void expect_same_file(const fs::path& a, const fs::path& b) {
 
 // ---- shard assignment ----------------------------------------------------------------------------
 
+TEST(TableDifference, RelativeToleranceOnFiniteFloatsOnly) {
+  const auto table = [](double x, double y) {
+    ColumnTable t;
+    t.add_column("key", std::vector<std::string>{"a", "b"});
+    t.add_column("kl", std::vector<double>{x, y});
+    return t;
+  };
+  const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+  EXPECT_EQ(table_difference(table(1.0, 2.0), table(1.0, 2.0)), "");
+  EXPECT_EQ(table_difference(table(1.0, 2.0), table(1.0, 2.0 + 1e-9)), "column 'kl', row 1: 2 vs 2.000000001");
+  EXPECT_EQ(table_difference(table(1.0, 2.0), table(1.0, 2.0 + 1e-9), 1e-6), "");
+  // |x - y| = 2e-6 > 1e-6 * 1.000002: different.
+  EXPECT_EQ(table_difference(table(1.0, 2.0), table(1.000002, 2.0), 1e-6), "column 'kl', row 0: 1 vs 1.000002");
+  EXPECT_EQ(table_difference(table(0.0, nan), table(0.0, nan), 1e-3), "");
+  EXPECT_NE(table_difference(table(inf, 1.0), table(1e308, 1.0), 1e-3), "");  // non-finite: bit for bit
+  EXPECT_NE(table_difference(table(0.0, 1.0), table(1e-300, 1.0), 1e-3), "");  // 0 vs tiny: relative to the larger
+}
+
 TEST(Shard, Parse) {
   EXPECT_EQ(Shard::parse("0/1"), (Shard{0, 1}));
   EXPECT_EQ(Shard::parse("2/3"), (Shard{2, 3}));

@@ -6,6 +6,8 @@
 
 #include <fmt/format.h>
 
+#include <atomic>
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <regex>
@@ -313,6 +315,114 @@ TEST_F(ProbeTest, CellsAreIndependentOfThreadsAndOfEachOther) {
         }, col);
       }
       EXPECT_EQ(table_difference(block, rows[g]), "") << task.key;
+    }
+  }
+}
+
+// A stand-in for the CUDA backend's attention device: the device contract of probes::AttentionDevice
+// written out literally in float64 (scores, causal softmax, o_lat, W_UV per head) over the layout, counting
+// its runs.
+class LiteralAttentionDevice final : public probes::AttentionDevice {
+ public:
+  LiteralAttentionDevice(const probes::AttentionLayout& l, std::shared_ptr<std::atomic<int>> runs)
+      : l_(l), nkeys_(l.nkeys.begin(), l.nkeys.end()), runs_(std::move(runs)) {
+    const int64_t Tq = static_cast<int64_t>(nkeys_.size()), H = l.dims.num_heads;
+    q_lat_.assign(l.q_lat, l.q_lat + Tq * H * l.dims.kv_lora_rank);
+    q_pe_.assign(l.q_pe, l.q_pe + Tq * H * l.dims.qk_rope_head_dim);
+    w_uv_.assign(l.w_uv, l.w_uv + H * l.dims.v_head_dim * l.dims.kv_lora_rank);
+  }
+  void run(const float* c_kv, const float* k_pe, float* out, float* probs) const override {
+    ++*runs_;
+    const int64_t H = l_.dims.num_heads, r = l_.dims.kv_lora_rank, rope = l_.dims.qk_rope_head_dim, v = l_.dims.v_head_dim;
+    int64_t off = 0;
+    for (const probes::AttentionSegment& g : l_.segments) {
+      for (int64_t p = g.begin; p < g.end; ++p)
+        for (int64_t h = 0; h < H; ++h) {
+          const int64_t row = p * H + h, n = nkeys_[p];
+          std::vector<double> s(static_cast<size_t>(n));
+          double m = -1e300;
+          for (int64_t j = 0; j < n; ++j) {
+            double x = 0;
+            for (int64_t c = 0; c < r; ++c) x += double(q_lat_[row * r + c]) * c_kv[(g.key_begin + j) * r + c];
+            for (int64_t c = 0; c < rope; ++c) x += double(q_pe_[row * rope + c]) * k_pe[(g.key_begin + j) * rope + c];
+            s[j] = x * l_.softmax_scale;
+            m = std::max(m, s[j]);
+          }
+          double z = 0;
+          for (double& x : s) z += (x = std::exp(x - m));
+          std::vector<double> o(static_cast<size_t>(r), 0.0);
+          for (int64_t j = 0; j < n; ++j) {
+            s[j] /= z;
+            for (int64_t c = 0; c < r; ++c) o[c] += s[j] * c_kv[(g.key_begin + j) * r + c];
+          }
+          if (probs)
+            for (int64_t j = 0; j < g.nk; ++j)
+              probs[off + (row - g.begin * H) * g.nk + j] = j < n ? static_cast<float>(s[j]) : 0.0f;
+          for (int64_t d = 0; d < v; ++d) {
+            double x = 0;
+            for (int64_t c = 0; c < r; ++c) x += o[c] * w_uv_[(h * v + d) * r + c];
+            out[row * v + d] = static_cast<float>(x);
+          }
+        }
+      off += (g.end - g.begin) * H * g.nk;
+    }
+  }
+
+ private:
+  probes::AttentionLayout l_;
+  std::vector<int64_t> nkeys_;
+  std::vector<float> q_lat_, q_pe_, w_uv_;
+  std::shared_ptr<std::atomic<int>> runs_;
+};
+
+// The CPU backend with that device as its attention device (what the CUDA backend is to the study).
+class DeviceAttentionBackend final : public LatentBackend {
+ public:
+  std::shared_ptr<std::atomic<int>> runs = std::make_shared<std::atomic<int>>(0);
+  std::string name() const override { return "cpu+literal-attention"; }
+  bool concurrent() const override { return true; }
+  StoredCell run(const QuantSpec& spec, Target target, const float* X, int64_t T, int64_t D,
+                 std::span<const int64_t> seq_offsets, float* decoded) override {
+    return cpu_->run(spec, target, X, T, D, seq_offsets, decoded);
+  }
+  probes::AttentionDeviceFactory attention_device() const override {
+    const std::shared_ptr<std::atomic<int>> n = runs;
+    return [n](const probes::AttentionLayout& l) { return std::make_unique<LiteralAttentionDevice>(l, n); };
+  }
+
+ private:
+  std::unique_ptr<LatentBackend> cpu_ = make_cpu_backend();
+};
+
+TEST_F(ProbeTest, AttentionErrorCellsRunOnTheBackendsAttentionDevice) {
+  const auto cpu = make_cpu_backend();
+  DeviceAttentionBackend dev;
+  BatchOptions o;
+  o.threads = 2;
+  const BatchResult a = run_study_batch(dir / "cpu.h5", plan_study(config, *cpu), o);
+  const BatchResult b = run_study_batch(dir / "dev.h5", plan_study(config, dev), o);
+  // Each layer's reference and every cell's attention went through the device: per layer 1 reference +
+  // 12 cells (the plan of PlanKeysAreStable), 3 layers.
+  EXPECT_EQ(dev.runs->load(), 3 * (1 + 12));
+  for (const std::string& g : probe_groups()) {
+    SCOPED_TRACE(g);
+    if (g == "attention_position") continue;
+    const ColumnTable& x = table_of(a.tables, g);
+    const ColumnTable& y = table_of(b.tables, g);
+    if (g != "attention_error") {
+      EXPECT_EQ(table_difference(x, y), "");  // the attention check stays on the CPU, as every other probe
+      continue;
+    }
+    ASSERT_EQ(x.num_rows(), y.num_rows());
+    EXPECT_EQ(x.get<std::string>("quantizer"), y.get<std::string>("quantizer"));
+    EXPECT_EQ(x.get<double>("bytes_per_token_layer"), y.get<double>("bytes_per_token_layer"));
+    for (const char* col : {"out_rel_fro", "kl_mean", "cos_mean", "top1_agree", "top8_agree"}) {
+      const auto& u = x.get<double>(col);
+      const auto& w = y.get<double>(col);
+      for (size_t i = 0; i < u.size(); ++i)
+        EXPECT_NEAR(w[i], u[i], 1e-3 * std::fabs(u[i]) + 1e-7)
+            << col << " row " << i << " (" << x.get<std::string>("quantizer")[i] << ", "
+            << x.get<std::string>("targets")[i] << ")";
     }
   }
 }

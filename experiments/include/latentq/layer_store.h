@@ -49,6 +49,11 @@ class LayerStore {
   /// The most layers held at once so far.
   size_t peak_loaded() const;
 
+  /// The device the attention probes evaluate on (LatentBackend::attention_device; empty: the CPU), which
+  /// every access returns from LayerAccess::attention_device. Set before the first open().
+  void set_attention_device(probes::AttentionDeviceFactory f) { attention_device_ = std::move(f); }
+  const probes::AttentionDeviceFactory& attention_device() const { return attention_device_; }
+
   struct Slot;
 
  private:
@@ -61,6 +66,7 @@ class LayerStore {
   std::map<int, long long> remaining_;           // announced uses not yet closed
   std::map<int, bool> attention_;                // announced uses ask for the attention datasets
   size_t reads_ = 0, peak_ = 0;
+  probes::AttentionDeviceFactory attention_device_;
 };
 
 }  // namespace latentq

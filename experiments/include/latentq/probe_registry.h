@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "latentq/dump.h"
+#include "latentq/probes/attention.h"
 #include "latentq/results.h"
 #include "latentq/table.h"
 
@@ -146,6 +147,9 @@ class LayerAccess {
   virtual const Dump& header() const = 0;
   /// The data of `index` (one of the cell's layers). Throws std::invalid_argument otherwise.
   virtual const Layer& layer(int index) const = 0;
+  /// The device the attention probes evaluate their /attention_error cells on (`--device cuda`); null or
+  /// empty: the CPU.
+  virtual const probes::AttentionDeviceFactory* attention_device() const { return nullptr; }
   /// The value named `name` for `layer`, made by `make` on first use (exceptions propagate and the
   /// next call tries again).
   template <class T>

@@ -75,6 +75,15 @@ struct AttentionLayerReference {
   std::unique_ptr<probes::AbsorbedAttention<float>> att;
   std::unique_ptr<const probes::AttentionResult<float>> ref;
   std::unique_ptr<const probes::AttentionReference<float>> prepared;
+  // With an attention device (`--device cuda`, LayerAccess::attention_device): the /attention_error cells'
+  // attention and their reference, both on the device, so that a cell's error compares two results of
+  // one engine. The attention check, the fold check and the decode-order cells (run_mixed is CPU-only)
+  // keep att / ref / prepared. Null without a device.
+  std::unique_ptr<probes::AbsorbedAttention<float>> device_att;
+  std::unique_ptr<const probes::AttentionResult<float>> device_ref;
+  std::unique_ptr<const probes::AttentionReference<float>> device_prepared;
+  const probes::AbsorbedAttention<float>& error_att() const { return device_att ? *device_att : *att; }
+  const probes::AttentionReference<float>& error_prepared() const { return device_prepared ? *device_prepared : *prepared; }
 };
 /// The layer's AttentionLayerReference (computed by the first cell that asks). Throws
 /// std::invalid_argument naming the missing dataset when the dump has no attention data, and as

@@ -22,6 +22,7 @@
 #include "latentq/config.h"
 #include "latentq/dump.h"
 #include "latentq/metrics.h"
+#include "latentq/probes/attention.h"
 #include "latentq/quantize.h"
 #include "latentq/rate_distortion.h"
 #include "latentq/results.h"
@@ -72,6 +73,9 @@ class LatentBackend {
   /// Throws std::invalid_argument as quantize().
   virtual StoredCell run(const QuantSpec& spec, Target target, const float* X, int64_t T, int64_t D,
                          std::span<const int64_t> seq_offsets, float* decoded) = 0;
+  /// Where the attention probes evaluate /attention_error (probes::AbsorbedAttention::attach_device); empty
+  /// (the default, and the CPU backend): the CPU.
+  virtual probes::AttentionDeviceFactory attention_device() const { return {}; }
 };
 
 /// One layer's c_kv or k_pe rotated by a transform's fitted rotation (latentq/transform.h): the input of

@@ -238,7 +238,79 @@ AbsorbedAttention<Scalar>::AbsorbedAttention(const AttentionQueries& q) {
 template <typename Scalar>
 AttentionResult<Scalar> AbsorbedAttention<Scalar>::run(std::span<const float> c_kv, std::span<const float> k_pe,
                                                         bool keep_probs) const {
+  if (device_) return run_device(c_kv, k_pe, keep_probs);
   return run_impl(c_kv, k_pe, nullptr, keep_probs);
+}
+
+template <typename Scalar>
+AttentionResult<Scalar> AbsorbedAttention<Scalar>::run_on_cpu(std::span<const float> c_kv, std::span<const float> k_pe,
+                                                               bool keep_probs) const {
+  return run_impl(c_kv, k_pe, nullptr, keep_probs);
+}
+
+template <typename Scalar>
+void AbsorbedAttention<Scalar>::attach_device(const AttentionDeviceFactory& make) {
+  if constexpr (!std::is_same_v<Scalar, float>) {
+    (void)make;
+    throw std::logic_error("attention: attach_device: the device path is float32 only");
+  } else {
+    // One segment per sequence: the chunks of one sequence are consecutive (rows sorted by token index) and
+    // share key_begin; the last has the most keys.
+    std::vector<AttentionSegment> segs;
+    for (const Chunk& c : chunks_) {
+      if (!segs.empty() && segs.back().key_begin == c.key_begin) {
+        segs.back().end = c.end;
+        segs.back().nk = std::max(segs.back().nk, c.nk);
+      } else {
+        segs.push_back({c.begin, c.end, c.key_begin, c.nk});
+      }
+    }
+    std::vector<int64_t> nk(order_.size());
+    for (size_t p = 0; p < order_.size(); ++p) nk[p] = nkeys_[order_[p]];
+    segments_ = std::move(segs);
+    nkeys_sorted_ = std::move(nk);
+    AttentionLayout layout;
+    layout.dims = dims_;
+    layout.num_tokens = T_;
+    layout.softmax_scale = scale_;
+    layout.nkeys = nkeys_sorted_;
+    layout.segments = segments_;
+    layout.q_lat = q_lat_.data();
+    layout.q_pe = q_pe_.data();
+    layout.w_uv = w_uv_.data();
+    std::unique_ptr<AttentionDevice> d = make ? make(layout) : nullptr;
+    if (!d) throw std::logic_error("attention: attach_device: the factory returned no device");
+    device_ = std::move(d);
+  }
+}
+
+template <typename Scalar>
+AttentionResult<Scalar> AbsorbedAttention<Scalar>::run_device(std::span<const float> c_kv, std::span<const float> k_pe,
+                                                               bool keep_probs) const {
+  check_latents(dims_, T_, c_kv, k_pe);
+  const int64_t Tq = num_queries(), H = dims_.num_heads, v = dims_.v_head_dim;
+  AttentionResult<Scalar> res = make_result<Scalar>(dims_, nkeys_, keep_probs);
+  int64_t nprobs = 0;
+  for (const AttentionSegment& g : segments_) nprobs += (g.end - g.begin) * H * g.nk;
+  std::vector<float> out(static_cast<size_t>(Tq * H * v)), probs(keep_probs ? static_cast<size_t>(nprobs) : 0);
+  device_->run(c_kv.data(), k_pe.data(), out.data(), keep_probs ? probs.data() : nullptr);
+  // Back to q_rows order and the packed probability layout (H·nkeys[i] per row).
+  for (int64_t p = 0; p < Tq; ++p)
+    std::copy_n(out.data() + p * H * v, H * v, res.out.data() + order_[p] * H * v);
+  if (keep_probs) {
+    int64_t off = 0;
+    for (const AttentionSegment& g : segments_) {
+      for (int64_t p = g.begin; p < g.end; ++p) {
+        const int64_t i = order_[p], n = nkeys_[i];
+        for (int64_t h = 0; h < H; ++h)
+          std::copy_n(probs.data() + off + ((p - g.begin) * H + h) * g.nk, n,
+                      res.probs.data() + res.prob_offsets[i] + h * n);
+      }
+      off += (g.end - g.begin) * H * g.nk;
+    }
+  }
+  require_finite_result(res, "attention");
+  return res;
 }
 
 template <typename Scalar>
@@ -436,6 +508,19 @@ template <typename Scalar>
 std::vector<AttentionResult<Scalar>> AbsorbedAttention<Scalar>::run_variants(std::span<const Variant> variants,
                                                                              bool keep_probs) const {
   const int64_t nv = static_cast<int64_t>(variants.size());
+  if (device_) {
+    for (int64_t a = 0; a < nv; ++a) {
+      const Variant& x = variants[a];
+      check_latents(dims_, T_, x.c_kv, x.k_pe);
+      if (x.scores && (x.scores->store != x.c_kv.data() || x.scores->chunks.size() != chunks_.size()))
+        throw std::invalid_argument("attention: run_variants: variant " + sz(a) +
+                                    "'s partial scores were computed from another c_kv store");
+    }
+    std::vector<AttentionResult<Scalar>> out;
+    out.reserve(nv);
+    for (const Variant& x : variants) out.push_back(run_device(x.c_kv, x.k_pe, keep_probs));
+    return out;
+  }
   const int64_t Tq = num_queries();
   const int64_t H = dims_.num_heads, r = dims_.kv_lora_rank, rope = dims_.qk_rope_head_dim, v = dims_.v_head_dim;
   // Distinct stores (by data pointer), checked once each.

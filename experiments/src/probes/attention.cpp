@@ -120,6 +120,12 @@ std::shared_ptr<const AttentionLayerReference> attention_reference(const LayerAc
     r.att = std::make_unique<probes::AbsorbedAttention<float>>(r.queries);
     r.ref = std::make_unique<const probes::AttentionResult<float>>(r.att->run(l.c_kv, l.k_pe, true));
     r.prepared = std::make_unique<const probes::AttentionReference<float>>(*r.ref);
+    if (const probes::AttentionDeviceFactory* device = in.attention_device(); device && *device) {
+      r.device_att = std::make_unique<probes::AbsorbedAttention<float>>(r.queries);
+      r.device_att->attach_device(*device);
+      r.device_ref = std::make_unique<const probes::AttentionResult<float>>(r.device_att->run(l.c_kv, l.k_pe, true));
+      r.device_prepared = std::make_unique<const probes::AttentionReference<float>>(*r.device_ref);
+    }
     return r;
   });
 }
@@ -196,7 +202,7 @@ GroupRows run_error_group(const std::vector<ErrorCell>& cells, const LayerAccess
     x.bytes_kpe = account(quantize_dequantize_rotated(kBf16, Rotation{}, Target::KPE, l.k_pe.data(), T, rope,
                                                       dump.seq_offsets, x.kpe.data()))
                       .bytes_per_token;
-    x.ckv_scores = e->att->ckv_scores(x.ckv);
+    if (!e->device_att) x.ckv_scores = e->att->ckv_scores(x.ckv);  // the device path does not share scores
     return x;
   });
   struct Store {
@@ -237,12 +243,12 @@ GroupRows run_error_group(const std::vector<ErrorCell>& cells, const LayerAccess
     probes::AbsorbedAttention<float>::Variant v;
     v.c_kv = sc ? std::span<const float>(sc->x) : std::span<const float>(b->ckv);
     v.k_pe = sk ? std::span<const float>(sk->x) : std::span<const float>(b->kpe);
-    v.scores = sc ? nullptr : &b->ckv_scores;
+    v.scores = sc || !b->ckv_scores.store ? nullptr : &b->ckv_scores;
     variants.push_back(v);
   }
   std::vector<probes::AttentionResult<float>> results;
   try {
-    results = e->att->run_variants(variants, true);
+    results = e->error_att().run_variants(variants, true);
   } catch (const std::exception&) {
     g.rows.clear();
     g.errors.clear();
@@ -252,7 +258,7 @@ GroupRows run_error_group(const std::vector<ErrorCell>& cells, const LayerAccess
     const ErrorCell& c = *planned[i];
     const std::string key = error_key(c.layer, c.targets, c.quantizer);
     try {
-      const probes::AttentionError x = probes::attention_error(*e->prepared, results[i]);
+      const probes::AttentionError x = probes::attention_error(e->error_prepared(), results[i]);
       ColumnTable t = empty_table(kError);
       const double bits_c = sc_of[i] ? sc_of[i]->a.bits_per_element : 16.0;
       const double bytes_c = sc_of[i] ? sc_of[i]->a.bytes_per_token : b->bytes_ckv;
@@ -307,7 +313,7 @@ std::vector<ColumnTable> run_error(const StudyConfig& config, const ErrorCell& c
                                               q_kpe ? c.transform : Transform{}, kpe_buf.data()))
                 .bytes_per_token;
   const std::span<const float> ckv = ckv_buf, kpe = kpe_buf;
-  const probes::AttentionError x = probes::attention_error(*e->prepared, e->att->run(ckv, kpe, true));
+  const probes::AttentionError x = probes::attention_error(e->error_prepared(), e->error_att().run(ckv, kpe, true));
   add_row(t, {int64_t{c.layer}, c.quantizer, c.targets, x.out_rel_fro, x.cos_mean, x.kl_mean, x.top1_agree,
               x.top8_agree, bits_c, bytes_c + bytes_k});
   return {std::move(t)};

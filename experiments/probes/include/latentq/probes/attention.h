@@ -23,6 +23,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -90,6 +92,41 @@ struct MixedCache {
   std::span<const KeyRange> kpe_from_a;         ///< [Tq], q_rows order
 };
 
+/// Sorted query rows [begin, end) of one sequence and its keys, tokens key_begin .. key_begin + nk − 1
+/// (AttentionLayout).
+struct AttentionSegment {
+  int64_t begin = 0, end = 0, key_begin = 0, nk = 0;
+};
+
+/// One layer's fixed inputs of the absorbed attention as a device takes them: AbsorbedAttention's query
+/// rows sorted by token index (row = sorted_pos·H + h), one segment per sequence. The pointers are views
+/// into the AbsorbedAttention that made the layout, valid while it lives.
+struct AttentionLayout {
+  MlaDims dims;
+  int64_t num_tokens = 0;                  ///< T
+  float softmax_scale = 0;
+  std::span<const int64_t> nkeys;          ///< [Tq] keys of each sorted row
+  std::vector<AttentionSegment> segments;  ///< cover the sorted rows [0, Tq) in order
+  const float* q_lat = nullptr;            ///< [Tq·H, kv_lora_rank] float32 row-major (q_nope·W_UK)
+  const float* q_pe = nullptr;             ///< [Tq·H, qk_rope_head_dim]
+  const float* w_uv = nullptr;             ///< [H·v_head_dim, kv_lora_rank] (W_UV)
+};
+
+/// Evaluates AbsorbedAttention<float>::run for one layer on a device: the study's CUDA backend implements
+/// it with latentq::DeviceAbsorbedAttention (kernels/include/latentq/attention_cuda.h: cuBLAS sgemm and a
+/// softmax kernel). Must be thread-safe.
+class AttentionDevice {
+ public:
+  virtual ~AttentionDevice() = default;
+  /// c_kv [T, kv_lora_rank], k_pe [T, qk_rope_head_dim] (row-major float32 host arrays) → out_sorted
+  /// [Tq, H, v_head_dim] by sorted row; probs (null: not wanted) ← every segment's probabilities in order,
+  /// each [(end − begin)·H, nk] row-major, zeros past a row's nkeys. Throws std::runtime_error on a device
+  /// failure.
+  virtual void run(const float* c_kv, const float* k_pe, float* out_sorted, float* probs) const = 0;
+};
+/// Makes the device side of one layer from its layout (called once per AbsorbedAttention::attach_device).
+using AttentionDeviceFactory = std::function<std::unique_ptr<AttentionDevice>(const AttentionLayout&)>;
+
 /// Absorbed attention for one layer with its queries fixed: construct once per layer, run() once per
 /// latent variant (exact, quantized, SVD-pruned).
 template <typename Scalar>
@@ -142,6 +179,18 @@ class AbsorbedAttention {
   /// std::invalid_argument for scores computed from another store.
   std::vector<AttentionResult<Scalar>> run_variants(std::span<const Variant> variants, bool keep_probs = false) const;
 
+  /// From now on run() and run_variants() evaluate on the device that `make` returns (called once, here,
+  /// with this layer's AttentionLayout); run_mixed(), ckv_scores() and run_on_cpu() stay on the CPU. Every
+  /// input check, the output layout and the finiteness check are run()'s; the values equal the CPU's to
+  /// float32 rounding, not bit for bit (another summation order: tests/gpu, `DeviceAttention.*`), so a
+  /// study compares results of one engine only. A variant's partial scores (Variant::scores) are not used
+  /// there. Throws std::logic_error for Scalar = double or a null device, and what `make` throws.
+  void attach_device(const AttentionDeviceFactory& make);
+  bool on_device() const { return device_ != nullptr; }
+  /// run() on the CPU, with or without a device attached.
+  AttentionResult<Scalar> run_on_cpu(std::span<const float> c_kv, std::span<const float> k_pe,
+                                     bool keep_probs = false) const;
+
   /// Key index range of query row i (0 .. nkeys(i) − 1) and the row's position in its sequence
   /// (nkeys(i) − 1).
   int64_t nkeys(int64_t i) const { return nkeys_[i]; }
@@ -158,6 +207,10 @@ class AbsorbedAttention {
   };
   AttentionResult<Scalar> run_impl(std::span<const float> c_kv_a, std::span<const float> k_pe_a,
                                    const MixedCache* mixed, bool keep_probs) const;
+  AttentionResult<Scalar> run_device(std::span<const float> c_kv, std::span<const float> k_pe, bool keep_probs) const;
+  std::shared_ptr<const AttentionDevice> device_;   // null: the CPU
+  std::vector<AttentionSegment> segments_;         // with a device: one per sequence
+  std::vector<int64_t> nkeys_sorted_;              // with a device: [Tq] by sorted row
   MlaDims dims_;
   int64_t T_ = 0;
   Scalar scale_ = 0;

@@ -1,0 +1,64 @@
+// latentq/attention_cuda.h — the absorbed MLA attention of one layer on the GPU (cuBLAS sgemm + a
+// softmax kernel): the device side of probes::AbsorbedAttention<float> (experiments/probes/include/
+// latentq/probes/attention.h), which owns the math and the row order and calls this through its
+// AttentionDevice seam. Host C++ header; link latentq_cuda (built with cuBLAS, LATENTQ_CUBLAS).
+//
+// Source of the math: DeepSeek-V3 inference/model.py, MLA.forward, attn_impl == "absorb":
+//   scores = (q_lat·c_kvᵀ + q_pe·k_peᵀ) · softmax_scale      q_lat = q_nope·W_UK, computed on the host
+//   p      = softmax(scores) over the row's causal keys (max-subtracted), 0 past them
+//   o_lat  = p·c_kv,   out[h] = o_lat[h]·W_UV[h]ᵀ
+// Rows are the probe's sorted query rows × heads (row = sorted_pos·H + h). A segment is a run of sorted
+// rows of one sequence: its keys are tokens key_begin .. key_begin + nk − 1, and sorted row p reads the
+// first nkeys[p] of them. The probe's CPU chunks (≤ 8 rows) become one segment per sequence here: one GEMM
+// per segment over all its rows and keys (the masked keys cost arithmetic, not values: p is 0 there).
+//
+// Precision: float32 throughout, cuBLAS sgemm in CUBLAS_PEDANTIC_MATH (no TF32 or other reduced-precision
+// mode, whatever NVIDIA_TF32_OVERRIDE says), expf, float sums in a tree. The values equal the CPU path's to
+// float32 rounding, not bit for bit (other summation orders); the probe's tests state the tolerance.
+// Determinism: for one device, shapes and cuBLAS version the results repeat bit for bit (the softmax's
+// reduction order is fixed; cuBLAS sgemm without split-K atomics).
+//
+// Errors: std::invalid_argument for inconsistent shapes (naming them); std::runtime_error for CUDA and cuBLAS
+// failures ("<file>:<line>: <call> failed: <status>"), an allocation naming its bytes.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+
+namespace latentq {
+
+/// Sorted query rows [begin, end) of one sequence: keys key_begin .. key_begin + nk − 1 (tokens).
+struct DeviceAttentionSegment {
+  int64_t begin = 0, end = 0, key_begin = 0, nk = 0;
+};
+
+/// The fixed inputs of one layer, uploaded once; run() then evaluates one cache. Thread-safe: run() calls
+/// are serialized (one device, one set of buffers).
+class DeviceAbsorbedAttention {
+ public:
+  /// q_lat [Tq·H, kv_lora_rank], q_pe [Tq·H, qk_rope_head_dim] (row = sorted_pos·H + h), w_uv [H·v_head_dim,
+  /// kv_lora_rank], all row-major float32 host arrays, copied. nkeys [Tq] per sorted row (1 ≤ nkeys[p] ≤ the
+  /// nk of its segment); segments cover [0, Tq) in order. Throws std::invalid_argument otherwise.
+  DeviceAbsorbedAttention(int64_t num_heads, int64_t kv_lora_rank, int64_t qk_rope_head_dim, int64_t v_head_dim,
+                          int64_t num_tokens, float softmax_scale, std::span<const int64_t> nkeys,
+                          std::span<const DeviceAttentionSegment> segments, const float* q_lat, const float* q_pe,
+                          const float* w_uv);
+  ~DeviceAbsorbedAttention();
+  DeviceAbsorbedAttention(const DeviceAbsorbedAttention&) = delete;
+  DeviceAbsorbedAttention& operator=(const DeviceAbsorbedAttention&) = delete;
+
+  /// Attention over c_kv [T, kv_lora_rank] and k_pe [T, qk_rope_head_dim] (row-major float32 host arrays):
+  /// out_sorted [Tq, H, v_head_dim] by sorted row; probs (null: not copied back) ← the probabilities of every
+  /// segment in order, each [(end − begin)·H, nk] row-major (zeros past a row's nkeys): probs_size() floats.
+  void run(const float* c_kv, const float* k_pe, float* out_sorted, float* probs) const;
+  int64_t probs_size() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  mutable std::mutex mu_;
+};
+
+}  // namespace latentq

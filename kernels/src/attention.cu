@@ -1,0 +1,196 @@
+// kernels/src/attention.cu — DeviceAbsorbedAttention (latentq/attention_cuda.h): per segment two cuBLAS
+// sgemm for the scores (c_kv, then k_pe accumulated), one softmax block per row, one sgemm for o_lat; then
+// one strided-batched sgemm over the heads for out = o_lat·W_UVᵀ.
+//
+// cuBLAS is column-major: a row-major [m, n] matrix with row stride ld is, to cuBLAS, its transpose, a
+// column-major [n, m] matrix with leading dimension ld. Each call below is written for the row-major
+// product in its comment and passes the transposed (column-major) form Cᵀ = op(B)ᵀ·op(A)ᵀ.
+#include <cublas_v2.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kernels.cuh"
+#include "latentq/attention_cuda.h"
+#include "latentq/gpu/device_buffer.h"
+
+#define LQ_CUBLAS_CHECK(expr) check_cublas((expr), #expr, __FILE__, __LINE__)
+
+namespace latentq {
+namespace {
+
+void check_cublas(cublasStatus_t s, const char* expr, const char* file, int line) {
+  if (s == CUBLAS_STATUS_SUCCESS) return;
+  throw std::runtime_error(std::string(file) + ":" + std::to_string(line) + ": " + expr +
+                           " failed: " + cublasGetStatusName(s) + ": " + cublasGetStatusString(s));
+}
+
+constexpr int kSoftmaxThreads = 256;
+
+// Block reduction of one float per thread through shared memory (a fixed tree: the same order every run).
+template <bool Max>
+__device__ float block_reduce(float v, float* sh) {
+  const int t = static_cast<int>(threadIdx.x);
+  sh[t] = v;
+  __syncthreads();
+  for (int s = kSoftmaxThreads / 2; s > 0; s >>= 1) {
+    if (t < s) sh[t] = Max ? fmaxf(sh[t], sh[t + s]) : sh[t] + sh[t + s];
+    __syncthreads();
+  }
+  const float r = sh[0];
+  __syncthreads();  // sh is reused by the next reduction
+  return r;
+}
+
+// One block per row q of a segment's scores S [M, ld]: row q is sorted row p = q / H, which reads its first
+// nkeys[p] keys. x ← softmax(x · scale) over them (max-subtracted, as the CPU's softmax_row), 0 past them.
+__global__ void __launch_bounds__(kSoftmaxThreads)
+    softmax_rows_kernel(float* S, int64_t ld, const int64_t* nkeys, int H, float scale) {
+  __shared__ float sh[kSoftmaxThreads];
+  const int64_t q = blockIdx.x;
+  const int64_t n = nkeys[q / H];
+  float* x = S + q * ld;
+  const int t = static_cast<int>(threadIdx.x);
+  float m = -INFINITY;
+  for (int64_t j = t; j < n; j += kSoftmaxThreads) {
+    const float v = x[j] * scale;
+    x[j] = v;
+    m = fmaxf(m, v);
+  }
+  m = block_reduce<true>(m, sh);
+  float s = 0;
+  for (int64_t j = t; j < n; j += kSoftmaxThreads) {
+    const float e = expf(x[j] - m);
+    x[j] = e;
+    s += e;
+  }
+  s = block_reduce<false>(s, sh);
+  for (int64_t j = t; j < n; j += kSoftmaxThreads) x[j] = x[j] / s;
+  for (int64_t j = n + t; j < ld; j += kSoftmaxThreads) x[j] = 0;
+}
+
+int cublas_int(int64_t n, const char* what) {
+  if (n < 0 || n > std::numeric_limits<int>::max())
+    throw std::invalid_argument(std::string("DeviceAbsorbedAttention: ") + what + " " + std::to_string(n) +
+                                " exceeds the cuBLAS integer (2^31 - 1)");
+  return static_cast<int>(n);
+}
+
+}  // namespace
+
+struct DeviceAbsorbedAttention::Impl {
+  int64_t H = 0, r = 0, rope = 0, v = 0, T = 0, Tq = 0;
+  float scale = 0;
+  std::vector<DeviceAttentionSegment> segments;
+  std::vector<int64_t> s_offset;  // [segments + 1] start of each segment's scores in d_S
+  gpu::DeviceBuffer<float> d_q_lat, d_q_pe, d_w_uv;  // [Tq·H, r], [Tq·H, rope], [H·v, r]
+  gpu::DeviceBuffer<int64_t> d_nkeys;                // [Tq]
+  gpu::DeviceBuffer<float> d_c_kv, d_k_pe;           // [T, r], [T, rope]
+  gpu::DeviceBuffer<float> d_S;                      // Σ (end − begin)·H × nk
+  gpu::DeviceBuffer<float> d_o_lat, d_out;           // [Tq·H, r], [Tq·H·v]
+  cublasHandle_t handle = nullptr;
+
+  ~Impl() {
+    if (handle) cublasDestroy(handle);
+  }
+};
+
+DeviceAbsorbedAttention::DeviceAbsorbedAttention(int64_t num_heads, int64_t kv_lora_rank, int64_t qk_rope_head_dim,
+                                                 int64_t v_head_dim, int64_t num_tokens, float softmax_scale,
+                                                 std::span<const int64_t> nkeys,
+                                                 std::span<const DeviceAttentionSegment> segments, const float* q_lat,
+                                                 const float* q_pe, const float* w_uv)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  m.H = num_heads, m.r = kv_lora_rank, m.rope = qk_rope_head_dim, m.v = v_head_dim, m.T = num_tokens;
+  m.Tq = static_cast<int64_t>(nkeys.size());
+  m.scale = softmax_scale;
+  const auto bad = [](const std::string& what) {
+    throw std::invalid_argument("DeviceAbsorbedAttention: " + what);
+  };
+  if (m.H < 1 || m.r < 1 || m.rope < 0 || m.v < 1 || m.T < 1 || m.Tq < 1)
+    bad("bad dims (num_heads " + std::to_string(m.H) + ", kv_lora_rank " + std::to_string(m.r) +
+        ", qk_rope_head_dim " + std::to_string(m.rope) + ", v_head_dim " + std::to_string(m.v) + ", T " +
+        std::to_string(m.T) + ", Tq " + std::to_string(m.Tq) + ")");
+  m.segments.assign(segments.begin(), segments.end());
+  m.s_offset.assign(1, 0);
+  int64_t next = 0;
+  for (size_t g = 0; g < m.segments.size(); ++g) {
+    const DeviceAttentionSegment& s = m.segments[g];
+    if (s.begin != next || s.end <= s.begin || s.end > m.Tq || s.key_begin < 0 || s.nk < 1 || s.key_begin + s.nk > m.T)
+      bad("segment " + std::to_string(g) + " [" + std::to_string(s.begin) + ", " + std::to_string(s.end) +
+          ") keys [" + std::to_string(s.key_begin) + ", " + std::to_string(s.key_begin + s.nk) +
+          ") does not continue at row " + std::to_string(next) + " within Tq = " + std::to_string(m.Tq) +
+          " and T = " + std::to_string(m.T));
+    for (int64_t p = s.begin; p < s.end; ++p)
+      if (nkeys[p] < 1 || nkeys[p] > s.nk)
+        bad("nkeys[" + std::to_string(p) + "] = " + std::to_string(nkeys[p]) + " outside [1, " + std::to_string(s.nk) +
+            "] (its segment's keys)");
+    cublas_int((s.end - s.begin) * m.H, "segment rows");
+    cublas_int(s.nk, "segment keys");
+    m.s_offset.push_back(m.s_offset.back() + (s.end - s.begin) * m.H * s.nk);
+    next = s.end;
+  }
+  if (next != m.Tq) bad("the segments cover rows [0, " + std::to_string(next) + "), not [0, Tq = " + std::to_string(m.Tq) + ")");
+  cublas_int(m.Tq * m.H * std::max(m.r, m.v), "rows × heads × dims");
+
+  m.d_q_lat.upload(q_lat, static_cast<size_t>(m.Tq * m.H * m.r), nullptr, "q_lat");
+  if (m.rope > 0) m.d_q_pe.upload(q_pe, static_cast<size_t>(m.Tq * m.H * m.rope), nullptr, "q_pe");
+  m.d_w_uv.upload(w_uv, static_cast<size_t>(m.H * m.v * m.r), nullptr, "W_UV");
+  m.d_nkeys.upload(nkeys.data(), nkeys.size(), nullptr, "nkeys");
+  m.d_S.resize(static_cast<size_t>(m.s_offset.back()), "attention scores");
+  m.d_o_lat.resize(static_cast<size_t>(m.Tq * m.H * m.r), "o_lat");
+  m.d_out.resize(static_cast<size_t>(m.Tq * m.H * m.v), "attention output");
+  LQ_CUBLAS_CHECK(cublasCreate(&m.handle));
+  LQ_CUBLAS_CHECK(cublasSetMathMode(m.handle, CUBLAS_PEDANTIC_MATH));
+  LQ_CUDA_CHECK(cudaStreamSynchronize(nullptr));
+}
+
+DeviceAbsorbedAttention::~DeviceAbsorbedAttention() = default;
+
+int64_t DeviceAbsorbedAttention::probs_size() const { return impl_->s_offset.back(); }
+
+void DeviceAbsorbedAttention::run(const float* c_kv, const float* k_pe, float* out_sorted, float* probs) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  Impl& m = *impl_;
+  const int H = static_cast<int>(m.H), r = static_cast<int>(m.r), rope = static_cast<int>(m.rope),
+            v = static_cast<int>(m.v), Tq = static_cast<int>(m.Tq);
+  m.d_c_kv.upload(c_kv, static_cast<size_t>(m.T * m.r), nullptr, "c_kv");
+  if (rope > 0) m.d_k_pe.upload(k_pe, static_cast<size_t>(m.T * m.rope), nullptr, "k_pe");
+  const float one = 1, zero = 0;
+  for (size_t g = 0; g < m.segments.size(); ++g) {
+    const DeviceAttentionSegment& s = m.segments[g];
+    const int M = static_cast<int>((s.end - s.begin) * m.H), nk = static_cast<int>(s.nk);
+    float* S = m.d_S.data() + m.s_offset[g];
+    const float* Q = m.d_q_lat.data() + s.begin * m.H * m.r;
+    const float* C = m.d_c_kv.data() + s.key_begin * m.r;
+    // S [M, nk] = Q [M, r] · C[keys] [nk, r]ᵀ   (column-major: Sᵀ [nk, M] = C·Qᵀ)
+    LQ_CUBLAS_CHECK(cublasSgemm(m.handle, CUBLAS_OP_T, CUBLAS_OP_N, nk, M, r, &one, C, r, Q, r, &zero, S, nk));
+    if (rope > 0) {
+      // S += q_pe [M, rope] · k_pe[keys] [nk, rope]ᵀ
+      LQ_CUBLAS_CHECK(cublasSgemm(m.handle, CUBLAS_OP_T, CUBLAS_OP_N, nk, M, rope, &one,
+                                  m.d_k_pe.data() + s.key_begin * m.rope, rope,
+                                  m.d_q_pe.data() + s.begin * m.H * m.rope, rope, &one, S, nk));
+    }
+    LQ_LAUNCH(softmax_rows_kernel, dim3(static_cast<unsigned>(M)), dim3(kSoftmaxThreads), 0, nullptr, S,
+              static_cast<int64_t>(nk), m.d_nkeys.data() + s.begin, H, m.scale);
+    LQ_CUDA_CHECK(cudaGetLastError());
+    // o_lat [M, r] = P [M, nk] · C[keys] [nk, r]   (column-major: o_latᵀ [r, M] = Cᵀ·Pᵀ)
+    LQ_CUBLAS_CHECK(cublasSgemm(m.handle, CUBLAS_OP_N, CUBLAS_OP_N, r, M, nk, &one, C, r, S, nk, &zero,
+                                m.d_o_lat.data() + s.begin * m.H * m.r, r));
+  }
+  // out[p, h, :] = o_lat[p·H + h, :] · W_UV[h]ᵀ, per head h ([Tq, r] with row stride H·r, times [v, r]ᵀ into
+  // [Tq, v] with row stride H·v); column-major per head: outᵀ [v, Tq] = W_UV[h] (col-major [r, v], op T) · o_latᵀ.
+  LQ_CUBLAS_CHECK(cublasSgemmStridedBatched(m.handle, CUBLAS_OP_T, CUBLAS_OP_N, v, Tq, r, &one, m.d_w_uv.data(), r,
+                                            static_cast<long long>(m.v) * m.r, m.d_o_lat.data(), H * r,
+                                            static_cast<long long>(m.r), &zero, m.d_out.data(), H * v,
+                                            static_cast<long long>(m.v), H));
+  m.d_out.download(out_sorted, nullptr);
+  if (probs) m.d_S.download(probs, nullptr);
+}
+
+}  // namespace latentq

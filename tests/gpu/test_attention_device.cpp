@@ -1,0 +1,181 @@
+// The absorbed attention on the device (latentq/attention_cuda.h, through probes::AbsorbedAttention's
+// AttentionDevice seam and the CUDA backend's make_cuda_attention_device) against the CPU path: the same
+// key counts and layout, outputs and probabilities equal to float32 rounding, and the same errors for bad
+// input. In test_gpu (skips without a GPU) and test_gpu_emu (the kernels and a cuBLAS stand-in on the
+// host emulator, which checks cuBLAS's argument rules: tests/gpu/emu/cublas_v2.h).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "latentq/attention_cuda.h"
+#include "latentq/probes/attention.h"
+#include "latentq/quantize_cuda.h"
+#include "latentq/attention_device_cuda.h"
+
+namespace {
+
+using namespace latentq;
+using probes::AbsorbedAttention;
+using probes::AttentionResult;
+
+#define LQ_REQUIRE_GPU()                                \
+  do {                                                  \
+    std::string why_;                                   \
+    if (!latentq::cuda_device_available(&why_))         \
+      GTEST_SKIP() << "no CUDA device: " << why_;       \
+  } while (0)
+
+// One layer's queries and cache: H heads, sequences of the given lengths (an empty one allowed), every
+// third token a query row plus each sequence's first and last token (so a segment spans several CPU
+// chunks of 8 rows and rows with 1 key exist).
+struct Case {
+  probes::MlaDims d;
+  std::vector<int64_t> seq_offsets;
+  std::vector<int32_t> q_rows;
+  std::vector<float> q_nope, q_pe, w_uk, w_uv, c_kv, k_pe;
+  int64_t T = 0;
+  probes::AttentionQueries queries() const {
+    probes::AttentionQueries q;
+    q.dims = d;
+    q.num_tokens = T;
+    q.seq_offsets = seq_offsets;
+    q.q_rows = q_rows;
+    q.q_nope = q_nope;
+    q.q_pe = q_pe;
+    q.w_uk = w_uk;
+    q.w_uv = w_uv;
+    q.softmax_scale = 1.0 / std::sqrt(static_cast<double>(d.qk_nope_head_dim + d.qk_rope_head_dim));
+    return q;
+  }
+};
+
+Case make_case(uint64_t seed, std::vector<int64_t> lengths, int64_t rope) {
+  Case c;
+  c.d = {3, 16, 8, rope, 8};
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  c.seq_offsets = {0};
+  for (int64_t n : lengths) c.seq_offsets.push_back(c.seq_offsets.back() + n);
+  c.T = c.seq_offsets.back();
+  for (size_t s = 0; s + 1 < c.seq_offsets.size(); ++s)
+    for (int64_t t = c.seq_offsets[s]; t < c.seq_offsets[s + 1]; ++t)
+      if (t == c.seq_offsets[s] || t == c.seq_offsets[s + 1] - 1 || t % 3 == 0) c.q_rows.push_back(static_cast<int32_t>(t));
+  std::shuffle(c.q_rows.begin(), c.q_rows.end(), rng);  // the probe sorts them
+  const int64_t Tq = static_cast<int64_t>(c.q_rows.size()), H = c.d.num_heads;
+  const auto fill = [&](std::vector<float>& v, int64_t n, float s) {
+    v.resize(static_cast<size_t>(n));
+    for (float& x : v) x = s * nd(rng);
+  };
+  fill(c.q_nope, Tq * H * c.d.qk_nope_head_dim, 1.0f);
+  fill(c.q_pe, Tq * H * rope, 1.0f);
+  fill(c.w_uk, H * c.d.qk_nope_head_dim * c.d.kv_lora_rank, 0.5f);
+  fill(c.w_uv, H * c.d.v_head_dim * c.d.kv_lora_rank, 0.5f);
+  fill(c.c_kv, c.T * c.d.kv_lora_rank, 1.0f);
+  fill(c.k_pe, c.T * rope, 1.0f);
+  return c;
+}
+
+double max_abs(const std::vector<float>& v) {
+  double m = 0;
+  for (float x : v) m = std::max(m, static_cast<double>(std::fabs(x)));
+  return m;
+}
+
+void expect_close(const AttentionResult<float>& cpu, const AttentionResult<float>& dev) {
+  ASSERT_EQ(cpu.nkeys, dev.nkeys);
+  ASSERT_EQ(cpu.prob_offsets, dev.prob_offsets);
+  ASSERT_EQ(cpu.out.size(), dev.out.size());
+  ASSERT_EQ(cpu.probs.size(), dev.probs.size());
+  const double scale = max_abs(cpu.out);
+  ASSERT_GT(scale, 0);
+  for (size_t j = 0; j < cpu.out.size(); ++j)
+    ASSERT_NEAR(dev.out[j], cpu.out[j], 2e-5 * scale) << "out[" << j << "]";
+  for (size_t j = 0; j < cpu.probs.size(); ++j) ASSERT_NEAR(dev.probs[j], cpu.probs[j], 2e-6) << "probs[" << j << "]";
+}
+
+std::unique_ptr<AbsorbedAttention<float>> on_device(const probes::AttentionQueries& q) {
+  auto a = std::make_unique<AbsorbedAttention<float>>(q);
+  a->attach_device(make_cuda_attention_device);
+  return a;
+}
+
+TEST(DeviceAttention, MatchesTheCpuPathOverSeveralSequences) {
+  LQ_REQUIRE_GPU();
+  for (const int64_t rope : {int64_t{4}, int64_t{0}}) {
+    const uint64_t seed = 20261201 + static_cast<uint64_t>(rope);
+    SCOPED_TRACE("seed " + std::to_string(seed) + ", sequences 37, 0, 50, 21, H 3, r 16, rope " + std::to_string(rope));
+    const Case c = make_case(seed, {37, 0, 50, 21}, rope);
+    const probes::AttentionQueries q = c.queries();
+    const AbsorbedAttention<float> cpu(q);
+    const std::unique_ptr<AbsorbedAttention<float>> dev = on_device(q);
+    ASSERT_TRUE(dev->on_device());
+    const AttentionResult<float> ref_cpu = cpu.run(c.c_kv, c.k_pe, true);
+    const AttentionResult<float> ref_dev = dev->run(c.c_kv, c.k_pe, true);
+    expect_close(ref_cpu, ref_dev);
+    // run_on_cpu with the device attached is the CPU path, bit for bit.
+    EXPECT_EQ(dev->run_on_cpu(c.c_kv, c.k_pe, true).out, ref_cpu.out);
+
+    // A perturbed cache (a stand-in for a quantized one): the errors agree across engines.
+    std::vector<float> ckv_q = c.c_kv, kpe_q = c.k_pe;
+    std::mt19937_64 rng(seed + 7);
+    std::normal_distribution<float> nd(0.0f, 0.05f);
+    for (float& x : ckv_q) x += nd(rng);
+    for (float& x : kpe_q) x += nd(rng);
+    const AttentionResult<float> t_cpu = cpu.run(ckv_q, kpe_q, true);
+    const AttentionResult<float> t_dev = dev->run(ckv_q, kpe_q, true);
+    expect_close(t_cpu, t_dev);
+    const probes::AttentionError e_cpu = probes::attention_error(ref_cpu, t_cpu);
+    const probes::AttentionError e_dev = probes::attention_error(ref_dev, t_dev);
+    EXPECT_GT(e_cpu.kl_mean, 1e-5);
+    EXPECT_NEAR(e_dev.kl_mean, e_cpu.kl_mean, 1e-3 * e_cpu.kl_mean);
+    EXPECT_NEAR(e_dev.out_rel_fro, e_cpu.out_rel_fro, 1e-3 * e_cpu.out_rel_fro);
+    EXPECT_NEAR(e_dev.cos_mean, e_cpu.cos_mean, 1e-6);
+
+    // run_variants on the device: each variant is run() of its cache, bit for bit (scores are not shared).
+    const AbsorbedAttention<float>::CkvScores scores = cpu.ckv_scores(c.c_kv);
+    std::vector<AbsorbedAttention<float>::Variant> vs(3);
+    vs[0].c_kv = ckv_q, vs[0].k_pe = c.k_pe;
+    vs[1].c_kv = c.c_kv, vs[1].k_pe = kpe_q, vs[1].scores = &scores;
+    vs[2].c_kv = ckv_q, vs[2].k_pe = kpe_q;
+    const std::vector<AttentionResult<float>> rv = dev->run_variants(vs, true);
+    ASSERT_EQ(rv.size(), 3u);
+    EXPECT_EQ(rv[2].out, t_dev.out);
+    EXPECT_EQ(rv[2].probs, t_dev.probs);
+    expect_close(cpu.run(c.c_kv, kpe_q, true), rv[1]);
+    expect_close(cpu.run(ckv_q, c.k_pe, true), rv[0]);
+  }
+}
+
+TEST(DeviceAttention, RefusesWhatTheCpuPathRefuses) {
+  LQ_REQUIRE_GPU();
+  const Case c = make_case(11, {20, 13}, 4);
+  const std::unique_ptr<AbsorbedAttention<float>> dev = on_device(c.queries());
+  const std::vector<float> short_ckv(c.c_kv.begin(), c.c_kv.end() - 1);
+  EXPECT_THROW(dev->run(short_ckv, c.k_pe), std::invalid_argument);
+  std::vector<float> nan_ckv = c.c_kv;
+  nan_ckv[5] = std::numeric_limits<float>::quiet_NaN();
+  try {
+    dev->run(nan_ckv, c.k_pe);
+    ADD_FAILURE() << "a NaN in c_kv was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("c_kv"), std::string::npos) << e.what();
+  }
+  // A layout whose segments leave rows uncovered is refused by the device class itself.
+  const std::vector<int64_t> nkeys = {1, 2, 3};
+  const std::vector<DeviceAttentionSegment> segs = {{0, 2, 0, 3}};
+  const std::vector<float> z(3 * 16 * 3, 0.5f);
+  EXPECT_THROW(DeviceAbsorbedAttention(1, 16, 0, 3, 8, 0.25f, nkeys, segs, z.data(), nullptr, z.data()),
+               std::invalid_argument);
+  // The double path has no device.
+  AbsorbedAttention<double> d(c.queries());
+  EXPECT_THROW(d.attach_device(make_cuda_attention_device), std::logic_error);
+}
+
+}  // namespace
