@@ -87,7 +87,7 @@ ColumnTable slice(const ColumnTable& t, size_t first, size_t n) {
 
 }  // namespace
 
-std::string table_difference(const ColumnTable& a, const ColumnTable& b, double rtol) {
+std::string table_difference(const ColumnTable& a, const ColumnTable& b, double rtol, double atol) {
   if (a.names() != b.names())
     return fmt::format("columns [{}] vs [{}]", fmt::join(a.names(), ", "), fmt::join(b.names(), ", "));
   if (a.num_rows() != b.num_rows()) return fmt::format("{} vs {} rows", a.num_rows(), b.num_rows());
@@ -105,8 +105,8 @@ std::string table_difference(const ColumnTable& a, const ColumnTable& b, double 
       } else if (x.index() == 1) {
         const double p = std::get<1>(x)[i], q = std::get<1>(y)[i];
         eq = std::memcmp(&p, &q, sizeof p) == 0, vx = fmt::format("{}", p), vy = fmt::format("{}", q);
-        if (!eq && rtol > 0 && std::isfinite(p) && std::isfinite(q))
-          eq = std::fabs(p - q) <= rtol * std::max(std::fabs(p), std::fabs(q));
+        if (!eq && (rtol > 0 || atol > 0) && std::isfinite(p) && std::isfinite(q))
+          eq = std::fabs(p - q) <= rtol * std::max(std::fabs(p), std::fabs(q)) + atol;
       } else {
         const auto& p = std::get<2>(x)[i];
         const auto& q = std::get<2>(y)[i];

@@ -1,8 +1,9 @@
-// lq_results_equal A.h5 B.h5 [--rtol GROUP=REL ...] — strict comparison of two latentq results files for
+// lq_results_equal A.h5 B.h5 [--rtol GROUP=REL ...] [--atol GROUP=ABS ...] — strict comparison of two latentq results files for
 // the batch tests and the GPU check: the same groups in the same order, each with the same columns (names,
 // order, types) and the same rows in the same order, float64 bit for bit (latentq/batch.h
-// table_difference); a group named by --rtol compares finite float64 values to REL relative instead
-// (`--rtol attention_error=1e-3`: the device attention against the CPU's, gpu_check.sh). Root and group
+// table_difference); a group named by --rtol / --atol compares finite float64 values to
+// |x − y| ≤ REL · max(|x|, |y|) + ABS instead (`--rtol attention_error=2e-2 --atol attention_error=1e-9`: the
+// device attention against the CPU's, gpu_check.sh). Root and group
 // attributes are not compared (they hold creation times, shard numbers, ...).
 // Exit status: 0 equal ("equal: <groups>" on stdout), 1 different (the first difference on
 // stderr), 2 unreadable file or usage error.
@@ -18,21 +19,21 @@
 
 int main(int argc, char** argv) {
   using namespace latentq;
-  const char* usage = "usage: lq_results_equal A.h5 B.h5 [--rtol GROUP=REL ...]\n";
-  std::map<std::string, double> rtol;
+  const char* usage = "usage: lq_results_equal A.h5 B.h5 [--rtol GROUP=REL ...] [--atol GROUP=ABS ...]\n";
+  std::map<std::string, double> rtol, atol;
   std::vector<std::string> files;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--rtol" && i + 1 < argc) {
+    if ((a == "--rtol" || a == "--atol") && i + 1 < argc) {
       const std::string v = argv[++i];
       const size_t eq = v.find('=');
       char* end = nullptr;
       const double r = eq == std::string::npos ? 0 : std::strtod(v.c_str() + eq + 1, &end);
       if (eq == std::string::npos || eq == 0 || !end || *end != '\0' || !(r > 0)) {
-        std::cerr << "lq_results_equal: --rtol " << v << ": expected GROUP=REL with REL > 0\n" << usage;
+        std::cerr << "lq_results_equal: " << a << " " << v << ": expected GROUP=VALUE with VALUE > 0\n" << usage;
         return 2;
       }
-      rtol[v.substr(0, eq)] = r;
+      (a == "--rtol" ? rtol : atol)[v.substr(0, eq)] = r;
     } else {
       files.push_back(a);
     }
@@ -52,10 +53,10 @@ int main(int argc, char** argv) {
     size_t rows = 0;
     for (const std::string& g : ga) {
       const ColumnTable a = read_table(fa, g), b = read_table(fb, g);
-      const auto it = rtol.find(g);
-      if (const std::string d = table_difference(a, b, it == rtol.end() ? 0.0 : it->second); !d.empty()) {
+      const double r = rtol.count(g) ? rtol.at(g) : 0.0, at = atol.count(g) ? atol.at(g) : 0.0;
+      if (const std::string d = table_difference(a, b, r, at); !d.empty()) {
         std::cerr << fmt::format("/{} differs between {} and {}{}: {}\n", g, fa, fb,
-                                 it == rtol.end() ? "" : fmt::format(" (rtol {})", it->second), d);
+                                 r > 0 || at > 0 ? fmt::format(" (rtol {}, atol {})", r, at) : "", d);
         return 1;
       }
       rows += a.num_rows();

@@ -50,6 +50,9 @@ TEST(TableDifference, RelativeToleranceOnFiniteFloatsOnly) {
   EXPECT_EQ(table_difference(table(0.0, nan), table(0.0, nan), 1e-3), "");
   EXPECT_NE(table_difference(table(inf, 1.0), table(1e308, 1.0), 1e-3), "");  // non-finite: bit for bit
   EXPECT_NE(table_difference(table(0.0, 1.0), table(1e-300, 1.0), 1e-3), "");  // 0 vs tiny: relative to the larger
+  EXPECT_EQ(table_difference(table(0.0, 1.0), table(1e-300, 1.0), 1e-3, 1e-12), "");  // ... within atol
+  EXPECT_EQ(table_difference(table(-1e-10, 1.0), table(2e-10, 1.0), 0, 1e-9), "");  // a KL either side of 0
+  EXPECT_NE(table_difference(table(-1e-10, 1.0), table(2e-9, 1.0), 0, 1e-9), "");
 }
 
 TEST(Shard, Parse) {

@@ -93,10 +93,10 @@ int64_t shard_of(std::string_view key, int64_t count);
 
 /// The first difference between two tables, e.g. "column 'rel_fro', row 3: 0.25 vs 0.5", or ""
 /// when they are identical: same column names, order and types, same rows in the same order,
-/// float64 compared bit for bit (NaN equals the same NaN, -0 differs from +0). With rtol > 0, two finite
-/// float64 values are equal when |x − y| ≤ rtol · max(|x|, |y|) (results of two engines, e.g. the CPU and
-/// the device attention); non-finite ones are still compared bit for bit.
-std::string table_difference(const ColumnTable& a, const ColumnTable& b, double rtol = 0);
+/// float64 compared bit for bit (NaN equals the same NaN, -0 differs from +0). With rtol > 0 or atol > 0,
+/// two finite float64 values are equal when |x − y| ≤ rtol · max(|x|, |y|) + atol (results of two engines,
+/// e.g. the CPU and the device attention); non-finite ones are still compared bit for bit.
+std::string table_difference(const ColumnTable& a, const ColumnTable& b, double rtol = 0, double atol = 0);
 
 /// Lower-case hex SHA-256 of `bytes` (OpenSSL EVP).
 std::string sha256_hex(std::string_view bytes);

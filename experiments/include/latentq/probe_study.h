@@ -75,20 +75,34 @@ struct AttentionLayerReference {
   std::unique_ptr<probes::AbsorbedAttention<float>> att;
   std::unique_ptr<const probes::AttentionResult<float>> ref;
   std::unique_ptr<const probes::AttentionReference<float>> prepared;
-  // With an attention device (`--device cuda`, LayerAccess::attention_device): the /attention_error cells'
-  // attention and their reference, both on the device, so that a cell's error compares two results of
-  // one engine. The attention check, the fold check and the decode-order cells (run_mixed is CPU-only)
-  // keep att / ref / prepared. Null without a device.
-  std::unique_ptr<probes::AbsorbedAttention<float>> device_att;
-  std::unique_ptr<const probes::AttentionResult<float>> device_ref;
-  std::unique_ptr<const probes::AttentionReference<float>> device_prepared;
-  const probes::AbsorbedAttention<float>& error_att() const { return device_att ? *device_att : *att; }
-  const probes::AttentionReference<float>& error_prepared() const { return device_prepared ? *device_prepared : *prepared; }
 };
 /// The layer's AttentionLayerReference (computed by the first cell that asks). Throws
 /// std::invalid_argument naming the missing dataset when the dump has no attention data, and as
 /// AbsorbedAttention / run / AttentionReference.
 std::shared_ptr<const AttentionLayerReference> attention_reference(const LayerAccess& in, int layer);
+
+/// The same on an attention device (`--device cuda`, LayerAccess::attention_device): the attention with the
+/// device attached and its reference, computed on the device.
+struct AttentionDeviceReference {
+  std::unique_ptr<probes::AbsorbedAttention<float>> att;
+  std::unique_ptr<const probes::AttentionResult<float>> ref;
+  std::unique_ptr<const probes::AttentionReference<float>> prepared;
+};
+/// Where the /attention_error cells of a layer evaluate (every one of them, svd-rank cells included): the
+/// device when the access has one, else the CPU. A cell's error always compares two results of one engine.
+/// The attention check, the fold check and the decode-order cells (run_mixed is CPU-only) use
+/// attention_reference() alone.
+struct AttentionErrorEngine {
+  std::shared_ptr<const AttentionLayerReference> cpu;
+  std::shared_ptr<const AttentionDeviceReference> device;  ///< null: the CPU
+  const probes::AbsorbedAttention<float>& att() const { return device ? *device->att : *cpu->att; }
+  const probes::AttentionReference<float>& prepared() const { return device ? *device->prepared : *cpu->prepared; }
+};
+/// The layer's AttentionErrorEngine: attention_reference(), and on a device its AttentionDeviceReference, a
+/// shared value of its own (computed by the first cell that asks; a device failure fails the
+/// /attention_error cells, not the CPU reference's other users). Throws as attention_reference() and, on a
+/// device, as AbsorbedAttention::attach_device and the device's run().
+std::shared_ptr<const AttentionErrorEngine> attention_error_engine(const LayerAccess& in, int layer);
 /// The rotation of transform `t` for one layer's target (c_kv or k_pe), as probes::fit_rotation builds it
 /// (KLT: the PCA basis of the layer's fit split; rot: the seeded Haar matrix; had: the FWHT): fitted
 /// once per (layer, target, transform) while the layer is held and shared by the probe cells that

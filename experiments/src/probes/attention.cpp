@@ -120,13 +120,24 @@ std::shared_ptr<const AttentionLayerReference> attention_reference(const LayerAc
     r.att = std::make_unique<probes::AbsorbedAttention<float>>(r.queries);
     r.ref = std::make_unique<const probes::AttentionResult<float>>(r.att->run(l.c_kv, l.k_pe, true));
     r.prepared = std::make_unique<const probes::AttentionReference<float>>(*r.ref);
-    if (const probes::AttentionDeviceFactory* device = in.attention_device(); device && *device) {
-      r.device_att = std::make_unique<probes::AbsorbedAttention<float>>(r.queries);
-      r.device_att->attach_device(*device);
-      r.device_ref = std::make_unique<const probes::AttentionResult<float>>(r.device_att->run(l.c_kv, l.k_pe, true));
-      r.device_prepared = std::make_unique<const probes::AttentionReference<float>>(*r.device_ref);
-    }
     return r;
+  });
+}
+
+std::shared_ptr<const AttentionErrorEngine> attention_error_engine(const LayerAccess& in, int layer) {
+  const std::shared_ptr<const AttentionLayerReference> cpu = attention_reference(in, layer);
+  const probes::AttentionDeviceFactory* device = in.attention_device();
+  if (!device || !*device) return std::make_shared<const AttentionErrorEngine>(AttentionErrorEngine{cpu, nullptr});
+  // A shared value of its own: a device that fails here fails the /attention_error cells only, not the CPU
+  // reference's other users (the check, the fold check, the decode-order cells).
+  return in.shared<AttentionErrorEngine>(layer, "attention.device_reference", [&] {
+    const Layer& l = in.layer(layer);
+    auto d = std::make_shared<AttentionDeviceReference>();
+    d->att = std::make_unique<probes::AbsorbedAttention<float>>(cpu->queries);
+    d->att->attach_device(*device);
+    d->ref = std::make_unique<const probes::AttentionResult<float>>(d->att->run(l.c_kv, l.k_pe, true));
+    d->prepared = std::make_unique<const probes::AttentionReference<float>>(*d->ref);
+    return AttentionErrorEngine{cpu, std::move(d)};
   });
 }
 
@@ -190,7 +201,7 @@ GroupRows run_error_group(const std::vector<ErrorCell>& cells, const LayerAccess
   const Dump& dump = in.header();
   const Layer& l = in.layer(layer);
   const int64_t T = dump.num_tokens(), r = dump.attrs.kv_lora_rank, rope = dump.attrs.qk_rope_head_dim;
-  const std::shared_ptr<const AttentionLayerReference> e = attention_reference(in, layer);
+  const std::shared_ptr<const AttentionErrorEngine> e = attention_error_engine(in, layer);
   const std::shared_ptr<const Bf16Stores> b = in.shared<Bf16Stores>(layer, "attention.bf16", [&] {
     static const QuantSpec kBf16 = QuantSpec::parse("bf16");
     Bf16Stores x;
@@ -202,7 +213,7 @@ GroupRows run_error_group(const std::vector<ErrorCell>& cells, const LayerAccess
     x.bytes_kpe = account(quantize_dequantize_rotated(kBf16, Rotation{}, Target::KPE, l.k_pe.data(), T, rope,
                                                       dump.seq_offsets, x.kpe.data()))
                       .bytes_per_token;
-    if (!e->device_att) x.ckv_scores = e->att->ckv_scores(x.ckv);  // the device path does not share scores
+    if (!e->device) x.ckv_scores = e->att().ckv_scores(x.ckv);  // the device path does not share scores
     return x;
   });
   struct Store {
@@ -248,7 +259,7 @@ GroupRows run_error_group(const std::vector<ErrorCell>& cells, const LayerAccess
   }
   std::vector<probes::AttentionResult<float>> results;
   try {
-    results = e->error_att().run_variants(variants, true);
+    results = e->att().run_variants(variants, true);
   } catch (const std::exception&) {
     g.rows.clear();
     g.errors.clear();
@@ -258,7 +269,7 @@ GroupRows run_error_group(const std::vector<ErrorCell>& cells, const LayerAccess
     const ErrorCell& c = *planned[i];
     const std::string key = error_key(c.layer, c.targets, c.quantizer);
     try {
-      const probes::AttentionError x = probes::attention_error(e->error_prepared(), results[i]);
+      const probes::AttentionError x = probes::attention_error(e->prepared(), results[i]);
       ColumnTable t = empty_table(kError);
       const double bits_c = sc_of[i] ? sc_of[i]->a.bits_per_element : 16.0;
       const double bytes_c = sc_of[i] ? sc_of[i]->a.bytes_per_token : b->bytes_ckv;
@@ -285,7 +296,7 @@ std::vector<ColumnTable> run_error(const StudyConfig& config, const ErrorCell& c
   if (c.targets != "c_kv" && c.targets != "k_pe" && c.targets != "c_kv+k_pe")
     throw std::invalid_argument(fmt::format("unknown targets '{}' (expected c_kv, k_pe or c_kv+k_pe)", c.targets));
   if (c.svd_rank > 0 && c.targets != "c_kv") throw std::invalid_argument("an svd-rank cell quantizes c_kv only");
-  const std::shared_ptr<const AttentionLayerReference> e = attention_reference(in, c.layer);
+  const std::shared_ptr<const AttentionErrorEngine> e = attention_error_engine(in, c.layer);
   const Dump& dump = in.header();
   const Layer& l = in.layer(c.layer);
   const int64_t T = dump.num_tokens(), r = dump.attrs.kv_lora_rank, rope = dump.attrs.qk_rope_head_dim;
@@ -313,7 +324,7 @@ std::vector<ColumnTable> run_error(const StudyConfig& config, const ErrorCell& c
                                               q_kpe ? c.transform : Transform{}, kpe_buf.data()))
                 .bytes_per_token;
   const std::span<const float> ckv = ckv_buf, kpe = kpe_buf;
-  const probes::AttentionError x = probes::attention_error(e->error_prepared(), e->error_att().run(ckv, kpe, true));
+  const probes::AttentionError x = probes::attention_error(e->prepared(), e->att().run(ckv, kpe, true));
   add_row(t, {int64_t{c.layer}, c.quantizer, c.targets, x.out_rel_fro, x.cos_mean, x.kl_mean, x.top1_agree,
               x.top8_agree, bits_c, bytes_c + bytes_k});
   return {std::move(t)};

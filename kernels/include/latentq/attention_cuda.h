@@ -18,6 +18,10 @@
 // Determinism: for one device, shapes and cuBLAS version the results repeat bit for bit (the softmax's
 // reduction order is fixed; cuBLAS sgemm without split-K atomics).
 //
+// Memory (device, held while the object lives): q_lat, q_pe, W_UV, one c_kv and k_pe, o_lat, the output, and the
+// scores of every segment, Σ (end − begin)·H·nk floats (at V2-Lite shape, 4 × 64 query rows × 16 heads × 2,048
+// keys: 33 MB; it grows with query rows × keys per sequence). run() copies those probabilities back when asked.
+//
 // Errors: std::invalid_argument for inconsistent shapes (naming them); std::runtime_error for CUDA and cuBLAS
 // failures ("<file>:<line>: <call> failed: <status>"), an allocation naming its bytes.
 #pragma once
