@@ -3,6 +3,7 @@
 #include "latentq/quantize.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <iterator>
 #include <cassert>
@@ -880,6 +881,111 @@ __attribute__((LQ_AVX2_TARGET)) void int_dequantize_avx2(const DecJob& job) {
 }
 #endif
 
+#if LQ_HAVE_AVX2_KERNEL
+// ---- the fp8 e4m3 block elements in AVX2 (CpuKernel::Avx2) ---------------------------------------
+// qmath.h's f32_to_e4m3_bits (f32_to_minifloat_bits<3, 7, 0x7e, 7>) on eight floats at once, every branch
+// computed and blended: NaN → 0x7f (no sign); !(|y| < 448) → 0x7e; |y| < 2^-6 (the subnormals) →
+// rne_small(|y| · 2^9), which vcvtps2dq gives in MXCSR's default mode (the value is in [0, 8]; 8 is the
+// smallest normal's bits, as in the scalar code); the normals by the same integer rounding of the float32
+// mantissa (add 2^19 − 1 + the odd bit, shift by 20, clamp to 0x7e). The sign goes to bit 7.
+LQ_AVX2_AI __m256i e4m3_codes_avx2(__m256 y) {
+  const __m256i ui = _mm256_castps_si256(y);
+  const __m256i u = _mm256_and_si256(ui, _mm256_set1_epi32(0x7fffffff));
+  const __m256 a = _mm256_castsi256_ps(u);
+  const __m256i nan = _mm256_cmpgt_epi32(u, _mm256_set1_epi32(0x7f800000));
+  const __m256 sat = _mm256_cmp_ps(a, _mm256_set1_ps(q::kE4M3Max), _CMP_NLT_UQ);  // !(a < 448), NaN included
+  const __m256i sub = _mm256_cmpgt_epi32(_mm256_set1_epi32(121 << 23), u);       // a < 2^-6
+  const __m256i c_sub = _mm256_cvtps_epi32(_mm256_mul_ps(a, _mm256_set1_ps(512.0f)));
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 20), _mm256_set1_epi32(1));
+  const __m256i biased =
+      _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(static_cast<int>((7u - 127u) << 23) + 0x7ffff)), odd);
+  const __m256i c_norm = _mm256_min_epu32(_mm256_srli_epi32(biased, 20), _mm256_set1_epi32(0x7e));
+  __m256i c = _mm256_blendv_epi8(c_norm, c_sub, sub);
+  c = _mm256_blendv_epi8(c, _mm256_set1_epi32(0x7e), _mm256_castps_si256(sat));
+  c = _mm256_or_si256(c, _mm256_srli_epi32(_mm256_and_si256(ui, _mm256_set1_epi32(static_cast<int>(0x80000000u))), 24));
+  return _mm256_blendv_epi8(c, _mm256_set1_epi32(0x7f), nan);
+}
+
+// codes[i] = e4m3(x[i] · k) (mul) or e4m3(x[i] / k), i < n: the 8-bit e4m3 kinds' encode_block_bytes
+// (scaled_element's one IEEE multiply or division, then f32_to_e4m3_bits), the same bytes.
+// (a lambda would not inherit the target attribute: helpers are always_inline functions)
+template <bool Mul>
+LQ_AVX2_AI __m256i e4m3_scaled_avx2(const float* x, __m256 vk) {
+  const __m256 v = _mm256_loadu_ps(x);
+  return e4m3_codes_avx2(Mul ? _mm256_mul_ps(v, vk) : _mm256_div_ps(v, vk));
+}
+
+template <bool Mul>
+LQ_AVX2_AI void encode_e4m3_avx2_t(const float* x, int64_t n, float k, uint8_t* codes) {
+  const __m256 vk = _mm256_set1_ps(k);
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    const __m256i b =
+        _mm256_packus_epi16(_mm256_packus_epi32(e4m3_scaled_avx2<Mul>(x + i, vk), e4m3_scaled_avx2<Mul>(x + i + 8, vk)),
+                            _mm256_packus_epi32(e4m3_scaled_avx2<Mul>(x + i + 16, vk), e4m3_scaled_avx2<Mul>(x + i + 24, vk)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + i), _mm256_permutevar8x32_epi32(b, order));
+  }
+  for (; i + 8 <= n; i += 8) {
+    const __m256i c = e4m3_scaled_avx2<Mul>(x + i, vk);
+    const __m128i w = _mm_packus_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(codes + i), _mm_packus_epi16(w, w));
+  }
+  for (; i < n; ++i) codes[i] = q::f32_to_e4m3_bits(Mul ? q::mul_rn(x[i], k) : q::div_rn(x[i], k));
+}
+
+__attribute__((LQ_AVX2_TARGET, noinline)) void encode_e4m3_avx2(const float* x, int64_t n, bool mul, float k,
+                                                                uint8_t* codes) {
+  if (mul) encode_e4m3_avx2_t<true>(x, n, k, codes);
+  else encode_e4m3_avx2_t<false>(x, n, k, codes);
+}
+
+// out[i] = e4m3_bits_to_f32(codes[i]) · s, i < n (dequantize_elements of the 8-bit e4m3 kinds): the 256 exact
+// values from a table (e4m3_bits_to_f32 of every byte), gathered eight at a time, one IEEE multiply.
+__attribute__((LQ_AVX2_TARGET, noinline)) void decode_e4m3_avx2(const uint8_t* codes, int64_t n, float s, float* out) {
+  static const std::array<float, 256> lut = [] {
+    std::array<float, 256> t{};
+    for (int c = 0; c < 256; ++c) t[static_cast<size_t>(c)] = q::e4m3_bits_to_f32(static_cast<uint8_t>(c));
+    return t;
+  }();
+  const __m256 vs = _mm256_set1_ps(s);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + i)));
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_i32gather_ps(lut.data(), idx, 4), vs));
+  }
+  for (; i < n; ++i) out[i] = q::mul_rn(lut[codes[i]], s);
+}
+
+// max over i < n of the bits of |x[i]| (sign cleared), as uint32: for finite x it is max|x| (non-negative
+// floats order as their bits; −0 is +0), which max_num's fold gives in any order; a value ≥ 0x7f800000 means
+// a NaN/Inf is present. One pass for the block path's NaN/Inf check and its per-tensor amax.
+__attribute__((LQ_AVX2_TARGET, noinline)) uint32_t abs_bits_max_avx2(const float* x, int64_t n) {
+  const __m256i m = _mm256_set1_epi32(0x7fffffff);
+  __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    a0 = _mm256_max_epu32(a0, _mm256_and_si256(m, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i))));
+    a1 = _mm256_max_epu32(a1, _mm256_and_si256(m, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i + 8))));
+    a2 = _mm256_max_epu32(a2, _mm256_and_si256(m, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i + 16))));
+    a3 = _mm256_max_epu32(a3, _mm256_and_si256(m, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i + 24))));
+  }
+  alignas(32) uint32_t lanes[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), _mm256_max_epu32(_mm256_max_epu32(a0, a1), _mm256_max_epu32(a2, a3)));
+  uint32_t r = 0;
+  for (const uint32_t v : lanes) r = std::max(r, v);
+  for (; i < n; ++i) r = std::max(r, q::f32_bits(x[i]) & 0x7fffffffu);
+  return r;
+}
+
+// The 8-bit e4m3 block kinds (FlashMLA pow2 and vLLM fp32 tiles, per-tensor fp8, MXFP8): the ones the AVX2
+// element kernels above cover.
+bool e4m3_elements(const q::BlockDesc& f) {
+  return f.code_bits == 8 && (f.kind == q::BlockKind::Fp8Pow2 || f.kind == q::BlockKind::Fp8Fp32 ||
+                              f.kind == q::BlockKind::Fp8Tensor || f.kind == q::BlockKind::MxFp8);
+}
+#endif
+
 std::atomic<int> g_kernel{static_cast<int>(CpuKernel::Auto)};
 std::atomic<int> g_threads{1};
 
@@ -1153,6 +1259,16 @@ QuantizedTensor quantize(const QuantSpec& spec_in, Target target, const float* X
       quantize_int_fast(qt, spec_in, target, X, T, D, seq_offsets, k);
       return qt;
     }
+  // The Avx2 kernel checks NaN/Inf and takes max|x| in one pass (abs_bits_max_avx2); the count for the message
+  // is made only when there is one.
+  float amax_x = -1.0f;  // max|x| when that pass ran
+#if LQ_HAVE_AVX2_KERNEL
+  if (active_cpu_kernel() == CpuKernel::Avx2 && T * D > 0) {
+    const uint32_t m = abs_bits_max_avx2(X, T * D);
+    if (m >= 0x7f800000u) throw std::invalid_argument(nonfinite_message(count_nonfinite(X, T * D), T, D));
+    amax_x = q::f32_from_bits(m);
+  } else
+#endif
   if (const int64_t bad = count_nonfinite(X, T * D)) throw std::invalid_argument(nonfinite_message(bad, T, D));
   validate_spec_fields(spec_in);
   validate_seq_offsets(seq_offsets, T);
@@ -1176,9 +1292,14 @@ QuantizedTensor quantize(const QuantSpec& spec_in, Target target, const float* X
     return qt;
   }
   if (L.block_format) {
+    // The fast kernels run the same block math on several threads (rows split; split_ranges rethrows the
+    // first error in row order), the Avx2 kernel the 8-bit e4m3 elements and max|x| eight at a time.
+    const CpuKernel kernel = active_cpu_kernel();
     // max|x| of the matrix: the per-tensor scale, and whether the decode must be checked for overflow
     float amax = 0.0f;
-    for (int64_t i = 0; i < T * D; ++i) amax = q::max_num(amax, q::abs_f(X[i]));
+    if (amax_x >= 0.0f) amax = amax_x;
+    else
+      for (int64_t i = 0; i < T * D; ++i) amax = q::max_num(amax, q::abs_f(X[i]));
     float global = 0.0f;
     if (L.tensor_bytes > 0) {
       global = q::global_scale(L.desc.kind, amax, spec.rule == ScaleRule::Unit);
@@ -1189,15 +1310,36 @@ QuantizedTensor quantize(const QuantSpec& spec_in, Target target, const float* X
     const int sb = L.scale_bytes;
     qt.scales.assign(static_cast<size_t>(L.blocks_per_row > 0 ? T * nb * sb : 0), 0);
     if (L.offsets) qt.offsets.assign(qt.scales.size(), 0);
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t j = 0; j < nb; ++j) {
-        const int64_t d0 = j * blk, n = std::min(D, d0 + blk) - d0, gi = t * nb + j;
-        const q::BlockStatus st = q::quantize_block(
-            L.desc, X + t * D + d0, static_cast<int>(n), global, qt.codes.data() + t * rb + d0 * L.code_bits / 8,
-            sb ? qt.scales.data() + gi * sb : nullptr, L.offsets ? qt.offsets.data() + gi * sb : nullptr);
-        if (st.overflow)
-          throw std::invalid_argument(overflow_message(spec, st.overflow_offset ? "offset" : "scale", st.raw, group_name(qt, gi)));
-      }
+#if LQ_HAVE_AVX2_KERNEL
+    const bool e4m3_avx2 = kernel == CpuKernel::Avx2 && e4m3_elements(L.desc);
+#endif
+    const auto rows = [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t)
+        for (int64_t j = 0; j < nb; ++j) {
+          const int64_t d0 = j * blk, n = std::min(D, d0 + blk) - d0, gi = t * nb + j;
+          const float* x = X + t * D + d0;
+          uint8_t* codes = qt.codes.data() + t * rb + d0 * L.code_bits / 8;
+          uint8_t* sc = sb ? qt.scales.data() + gi * sb : nullptr;
+          uint8_t* of = L.offsets ? qt.offsets.data() + gi * sb : nullptr;
+          q::BlockStatus st;
+#if LQ_HAVE_AVX2_KERNEL
+          if (e4m3_avx2) {  // quantize_block = block_params, then encode_block_bytes (scaled_element, e4m3)
+            // Fp8Tensor's parameters are the per-tensor scale alone (p.s = global), and p.amax is not read here:
+            // its rows skip the block's max|x|.
+            const float block_amax =
+                L.desc.kind == q::BlockKind::Fp8Tensor ? 0.0f : q::f32_from_bits(abs_bits_max_avx2(x, n));
+            const q::BlockParams p =
+                q::block_params_amax(L.desc, block_amax, x, static_cast<int>(n), global, sc, of, st);
+            const bool inv = q::scales_by_inverse(L.desc.kind);
+            encode_e4m3_avx2(x, n, inv, inv ? p.inv : p.s, codes);
+          } else
+#endif
+            st = q::quantize_block(L.desc, x, static_cast<int>(n), global, codes, sc, of);
+          if (st.overflow)
+            throw std::invalid_argument(overflow_message(spec, st.overflow_offset ? "offset" : "scale", st.raw, group_name(qt, gi)));
+        }
+    };
+    split_ranges(T, kernel != CpuKernel::Reference && T * D >= kThreadMinElems ? g_threads.load() : 1, rows);
     if (amax >= kDecodeCheckAmax) check_decodable(qt, X);
     return qt;
   }
@@ -1322,12 +1464,27 @@ void dequantize(const QuantizedTensor& qt, float* out) {
     const int64_t nb = L.blocks_per_row > 0 ? L.blocks_per_row : 1, blk = L.desc.block;
     const int sb = L.scale_bytes;
     const float global = qt.global_scale();
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t j = 0; j < nb; ++j) {
-        const int64_t d0 = j * blk, n = std::min(D, d0 + blk) - d0, gi = t * nb + j;
-        q::dequantize_block(L.desc, qt.codes.data() + t * rb + d0 * L.code_bits / 8, sb ? qt.scales.data() + gi * sb : nullptr,
-                            L.offsets ? qt.offsets.data() + gi * sb : nullptr, global, static_cast<int>(n), out + t * D + d0);
-      }
+    const CpuKernel kernel = active_cpu_kernel();
+#if LQ_HAVE_AVX2_KERNEL
+    const bool e4m3_avx2 = kernel == CpuKernel::Avx2 && e4m3_elements(L.desc);
+#endif
+    const auto rows = [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t)
+        for (int64_t j = 0; j < nb; ++j) {
+          const int64_t d0 = j * blk, n = std::min(D, d0 + blk) - d0, gi = t * nb + j;
+          const uint8_t* codes = qt.codes.data() + t * rb + d0 * L.code_bits / 8;
+          const uint8_t* sc = sb ? qt.scales.data() + gi * sb : nullptr;
+#if LQ_HAVE_AVX2_KERNEL
+          if (e4m3_avx2) {
+            decode_e4m3_avx2(codes, n, q::e4m3_block_multiplier(L.desc, sc, global), out + t * D + d0);
+            continue;
+          }
+#endif
+          q::dequantize_block(L.desc, codes, sc, L.offsets ? qt.offsets.data() + gi * sb : nullptr, global,
+                              static_cast<int>(n), out + t * D + d0);
+        }
+    };
+    split_ranges(T, kernel != CpuKernel::Reference && T * D >= kThreadMinElems ? g_threads.load() : 1, rows);
     return;
   }
   if (const CpuKernel k = active_cpu_kernel(); k != CpuKernel::Reference) {

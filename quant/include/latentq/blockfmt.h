@@ -133,14 +133,11 @@ struct BlockParams {
   int zero = 0;        ///< NVFP4 of an all-zero tensor: every code is 0
 };
 
-/// The statistics half of quantize_block: from x[0, n) (n ≤ f.block, finite) computes the block's
-/// parameters and stores its scale[scale_dtype_bytes(f.sd)] and offset[...] (q4_1); an overflow of
-/// a stored value is reported in st (the stored value is written anyway).
-LQ_HD BlockParams block_params(const BlockDesc& f, const float* x, int n, float global, uint8_t* scale, uint8_t* offset,
-                               BlockStatus& st) {
+/// block_params with the block's max|x| given (amax = max_num over abs_f(x[i]), which for finite x is the same
+/// value in any order: the CPU's AVX2 e4m3 path computes it eight at a time). The ggml kinds still read x.
+LQ_HD BlockParams block_params_amax(const BlockDesc& f, float amax, const float* x, int n, float global, uint8_t* scale,
+                                    uint8_t* offset, BlockStatus& st) {
   BlockParams p;
-  float amax = 0.0f;
-  for (int i = 0; i < n; ++i) amax = max_num(amax, abs_f(x[i]));
   p.amax = amax;
   switch (f.kind) {
     case BlockKind::Fp8Pow2: {
@@ -233,6 +230,24 @@ LQ_HD BlockParams block_params(const BlockDesc& f, const float* x, int n, float 
   return p;
 }
 
+/// The statistics half of quantize_block: from x[0, n) (n ≤ f.block, finite) computes the block's
+/// parameters (block_params_amax of its max|x|, folded in element order) and stores its
+/// scale[scale_dtype_bytes(f.sd)] and offset[...] (q4_1); an overflow of a stored value is reported in st
+/// (the stored value is written anyway).
+LQ_HD BlockParams block_params(const BlockDesc& f, const float* x, int n, float global, uint8_t* scale, uint8_t* offset,
+                               BlockStatus& st) {
+  float amax = 0.0f;
+  for (int i = 0; i < n; ++i) amax = max_num(amax, abs_f(x[i]));
+  return block_params_amax(f, amax, x, n, global, scale, offset, st);
+}
+
+/// How scaled_element scales the elements of the float8/float4 kinds with a per-block or per-tensor divisor:
+/// true: v · p.inv (the power-of-two scales: Fp8Pow2, MxFp8, MxFp4), false: v / p.s (Fp8Fp32, Fp8Tensor,
+/// Fp4Tile). The CPU's AVX2 e4m3 encoder takes its operation from here too.
+LQ_HD bool scales_by_inverse(BlockKind k) {
+  return k == BlockKind::Fp8Pow2 || k == BlockKind::MxFp8 || k == BlockKind::MxFp4;
+}
+
 /// The float8/float4 kinds: element v scaled by the block's parameters, the value its code rounds.
 /// Power-of-two scales (Fp8Pow2, MX): v / s is computed as v · (1/s), which is the same real value
 /// (1/s = 2^−E is exact), rounded once by either IEEE operation: bit-identical to the division
@@ -243,11 +258,10 @@ LQ_HD float scaled_element(const BlockDesc& f, const BlockParams& p, float v) {
     case BlockKind::Fp8Pow2:
     case BlockKind::MxFp8:
     case BlockKind::MxFp4:
-      return mul_rn(v, p.inv);
     case BlockKind::Fp8Fp32:
     case BlockKind::Fp8Tensor:
     case BlockKind::Fp4Tile:
-      return div_rn(v, p.s);
+      return scales_by_inverse(f.kind) ? mul_rn(v, p.inv) : div_rn(v, p.s);
     case BlockKind::NvFp4:
       return p.zero ? 0.0f : mul_rn(v, p.s);
     default:
@@ -350,6 +364,19 @@ LQ_HD BlockStatus quantize_block(const BlockDesc& f, const float* x, int n, floa
   return st;
 }
 
+/// The decode multiplier of a block of an 8-bit e4m3 kind (out = e4m3 value · multiplier): its stored scale
+/// (Fp8Pow2 in its scale dtype, Fp8Fp32 in fp32), the per-tensor global (Fp8Tensor) or the E8M0 scale
+/// (MxFp8). 0 for the other kinds. dequantize_elements and the CPU's AVX2 e4m3 decode both use it.
+LQ_HD float e4m3_block_multiplier(const BlockDesc& f, const uint8_t* scale, float global) {
+  switch (f.kind) {
+    case BlockKind::Fp8Pow2:
+    case BlockKind::Fp8Fp32: return load_dtype(scale, f.sd);
+    case BlockKind::Fp8Tensor: return global;
+    case BlockKind::MxFp8: return e8m0_bits_to_f32(scale[0]);
+    default: return 0.0f;
+  }
+}
+
 /// Decode elements [i0, i1) of a block of n elements into out[i1 − i0]: reads only the stored
 /// codes, scale, offset and the stored global scale. Elements are independent (any split gives the
 /// same values).
@@ -357,14 +384,12 @@ LQ_HD void dequantize_elements(const BlockDesc& f, const uint8_t* codes, const u
                                float global, int n, int i0, int i1, float* out) {
   switch (f.kind) {
     case BlockKind::Fp8Pow2:
-    case BlockKind::Fp8Fp32: {
-      const float s = load_dtype(scale, f.sd);
+    case BlockKind::Fp8Fp32:
+    case BlockKind::Fp8Tensor: {
+      const float s = e4m3_block_multiplier(f, scale, global);
       for (int i = i0; i < i1; ++i) out[i - i0] = mul_rn(e4m3_bits_to_f32(codes[i]), s);
       return;
     }
-    case BlockKind::Fp8Tensor:
-      for (int i = i0; i < i1; ++i) out[i - i0] = mul_rn(e4m3_bits_to_f32(codes[i]), global);
-      return;
     case BlockKind::MxFp8:
     case BlockKind::MxFp4: {
       const float s = e8m0_bits_to_f32(scale[0]);
