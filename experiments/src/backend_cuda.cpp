@@ -10,6 +10,9 @@
 #include <string>
 #include <vector>
 
+#ifdef LATENTQ_CUBLAS
+#include "latentq/attention_cuda.h"
+#endif
 #include "latentq/attention_device_cuda.h"
 #include "latentq/quantize_cuda.h"
 #include "latentq/study.h"
@@ -24,12 +27,10 @@ class CudaBackend final : public LatentBackend {
   // The /attention_error cells on the device too (cuBLAS); a build without cuBLAS keeps them on the CPU
   // (make_cuda_backend says so).
   probes::AttentionDeviceFactory attention_device() const override {
-#ifdef LATENTQ_CUBLAS
+    if (!attention_) return {};
     return make_cuda_attention_device;
-#else
-    return {};
-#endif
   }
+  bool attention_ = false;  // cuBLAS loaded (make_cuda_backend)
   StoredCell run(const QuantSpec& spec, Target target, const float* X, int64_t T, int64_t D,
                  std::span<const int64_t> seq_offsets, float* decoded) override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -48,10 +49,14 @@ std::unique_ptr<LatentBackend> make_cuda_backend() {
   std::string why;
   if (!cuda_device_available(&why))
     throw std::runtime_error("--device cuda: no CUDA device available (" + why + "); use --device cpu");
-#ifndef LATENTQ_CUBLAS
+  auto b = std::make_unique<CudaBackend>();
+#ifdef LATENTQ_CUBLAS
+  b->attention_ = cuda_attention_available(&why);
+  if (!b->attention_) std::fprintf(stderr, "--device cuda: the attention probes run on the CPU: %s\n", why.c_str());
+#else
   std::fprintf(stderr, "--device cuda: this build has no cuBLAS: the attention probes run on the CPU\n");
 #endif
-  return std::make_unique<CudaBackend>();
+  return b;
 }
 
 }  // namespace latentq

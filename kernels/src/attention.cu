@@ -12,21 +12,76 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "kernels.cuh"
 #include "latentq/attention_cuda.h"
 #include "latentq/gpu/device_buffer.h"
+#include "latentq/quantize_cuda.h"
+
+#if !defined(LQ_EMULATE)
+#include <dlfcn.h>
+#endif
 
 #define LQ_CUBLAS_CHECK(expr) check_cublas((expr), #expr, __FILE__, __LINE__)
 
 namespace latentq {
 namespace {
 
+// The cuBLAS entry points used here, resolved once with dlopen (kernels/CMakeLists.txt says why it is not
+// linked): the library found at build time (LATENTQ_CUBLAS_PATH), else the loader's libcublas.so.<major>.
+// The emulator links its stand-ins directly.
+struct CublasApi {
+  decltype(&cublasCreate) create = nullptr;
+  decltype(&cublasDestroy) destroy = nullptr;
+  decltype(&cublasSetMathMode) set_math_mode = nullptr;
+  decltype(&cublasGetStatusName) status_name = nullptr;
+  decltype(&cublasGetStatusString) status_string = nullptr;
+  decltype(&cublasSgemm) sgemm = nullptr;
+  decltype(&cublasSgemmStridedBatched) sgemm_strided_batched = nullptr;
+  std::string error;  // why it is unusable; empty when loaded
+};
+
+const CublasApi& cublas() {
+  static const CublasApi api = [] {
+    CublasApi a;
+#if defined(LQ_EMULATE)
+    a.create = cublasCreate, a.destroy = cublasDestroy, a.set_math_mode = cublasSetMathMode;
+    a.status_name = cublasGetStatusName, a.status_string = cublasGetStatusString;
+    a.sgemm = cublasSgemm, a.sgemm_strided_batched = cublasSgemmStridedBatched;
+#else
+    void* h = dlopen(LATENTQ_CUBLAS_PATH, RTLD_NOW | RTLD_LOCAL);
+    std::string tried = LATENTQ_CUBLAS_PATH;
+    if (!h) {
+      tried += std::string(" (") + dlerror() + "), " + LATENTQ_CUBLAS_SONAME;
+      h = dlopen(LATENTQ_CUBLAS_SONAME, RTLD_NOW | RTLD_LOCAL);
+    }
+    if (!h) {
+      a.error = "cuBLAS could not be loaded: tried " + tried + " (" + dlerror() + ")";
+      return a;
+    }
+    const auto sym = [&](auto& f, const char* name) {
+      f = reinterpret_cast<std::remove_reference_t<decltype(f)>>(dlsym(h, name));
+      if (!f && a.error.empty()) a.error = std::string("cuBLAS has no ") + name;
+    };
+    sym(a.create, "cublasCreate_v2");
+    sym(a.destroy, "cublasDestroy_v2");
+    sym(a.set_math_mode, "cublasSetMathMode");
+    sym(a.status_name, "cublasGetStatusName");
+    sym(a.status_string, "cublasGetStatusString");
+    sym(a.sgemm, "cublasSgemm_v2");
+    sym(a.sgemm_strided_batched, "cublasSgemmStridedBatched");
+#endif
+    return a;
+  }();
+  return api;
+}
+
 void check_cublas(cublasStatus_t s, const char* expr, const char* file, int line) {
   if (s == CUBLAS_STATUS_SUCCESS) return;
   throw std::runtime_error(std::string(file) + ":" + std::to_string(line) + ": " + expr +
-                           " failed: " + cublasGetStatusName(s) + ": " + cublasGetStatusString(s));
+                           " failed: " + cublas().status_name(s) + ": " + cublas().status_string(s));
 }
 
 constexpr int kSoftmaxThreads = 256;
@@ -95,7 +150,7 @@ struct DeviceAbsorbedAttention::Impl {
   cublasHandle_t handle = nullptr;
 
   ~Impl() {
-    if (handle) cublasDestroy(handle);
+    if (handle) cublas().destroy(handle);
   }
 };
 
@@ -145,12 +200,26 @@ DeviceAbsorbedAttention::DeviceAbsorbedAttention(int64_t num_heads, int64_t kv_l
   m.d_S.resize(static_cast<size_t>(m.s_offset.back()), "attention scores");
   m.d_o_lat.resize(static_cast<size_t>(m.Tq * m.H * m.r), "o_lat");
   m.d_out.resize(static_cast<size_t>(m.Tq * m.H * m.v), "attention output");
-  LQ_CUBLAS_CHECK(cublasCreate(&m.handle));
-  LQ_CUBLAS_CHECK(cublasSetMathMode(m.handle, CUBLAS_PEDANTIC_MATH));
+  if (!cublas().error.empty()) throw std::runtime_error("DeviceAbsorbedAttention: " + cublas().error);
+  LQ_CUBLAS_CHECK(cublas().create(&m.handle));
+  LQ_CUBLAS_CHECK(cublas().set_math_mode(m.handle, CUBLAS_PEDANTIC_MATH));
   LQ_CUDA_CHECK(cudaStreamSynchronize(nullptr));
 }
 
 DeviceAbsorbedAttention::~DeviceAbsorbedAttention() = default;
+
+bool cuda_attention_available(std::string* why) {
+  std::string reason;  // cuBLAS first: loading it needs no GPU
+  if (!cublas().error.empty()) {
+    reason = cublas().error;
+  } else if (!cuda_device_available(&reason)) {
+    reason = "no CUDA device: " + reason;
+  } else {
+    return true;
+  }
+  if (why) *why = reason;
+  return false;
+}
 
 int64_t DeviceAbsorbedAttention::probs_size() const { return impl_->s_offset.back(); }
 
@@ -169,10 +238,10 @@ void DeviceAbsorbedAttention::run(const float* c_kv, const float* k_pe, float* o
     const float* Q = m.d_q_lat.data() + s.begin * m.H * m.r;
     const float* C = m.d_c_kv.data() + s.key_begin * m.r;
     // S [M, nk] = Q [M, r] · C[keys] [nk, r]ᵀ   (column-major: Sᵀ [nk, M] = C·Qᵀ)
-    LQ_CUBLAS_CHECK(cublasSgemm(m.handle, CUBLAS_OP_T, CUBLAS_OP_N, nk, M, r, &one, C, r, Q, r, &zero, S, nk));
+    LQ_CUBLAS_CHECK(cublas().sgemm(m.handle, CUBLAS_OP_T, CUBLAS_OP_N, nk, M, r, &one, C, r, Q, r, &zero, S, nk));
     if (rope > 0) {
       // S += q_pe [M, rope] · k_pe[keys] [nk, rope]ᵀ
-      LQ_CUBLAS_CHECK(cublasSgemm(m.handle, CUBLAS_OP_T, CUBLAS_OP_N, nk, M, rope, &one,
+      LQ_CUBLAS_CHECK(cublas().sgemm(m.handle, CUBLAS_OP_T, CUBLAS_OP_N, nk, M, rope, &one,
                                   m.d_k_pe.data() + s.key_begin * m.rope, rope,
                                   m.d_q_pe.data() + s.begin * m.H * m.rope, rope, &one, S, nk));
     }
@@ -180,12 +249,12 @@ void DeviceAbsorbedAttention::run(const float* c_kv, const float* k_pe, float* o
               static_cast<int64_t>(nk), m.d_nkeys.data() + s.begin, H, m.scale);
     LQ_CUDA_CHECK(cudaGetLastError());
     // o_lat [M, r] = P [M, nk] · C[keys] [nk, r]   (column-major: o_latᵀ [r, M] = Cᵀ·Pᵀ)
-    LQ_CUBLAS_CHECK(cublasSgemm(m.handle, CUBLAS_OP_N, CUBLAS_OP_N, r, M, nk, &one, C, r, S, nk, &zero,
+    LQ_CUBLAS_CHECK(cublas().sgemm(m.handle, CUBLAS_OP_N, CUBLAS_OP_N, r, M, nk, &one, C, r, S, nk, &zero,
                                 m.d_o_lat.data() + s.begin * m.H * m.r, r));
   }
   // out[p, h, :] = o_lat[p·H + h, :] · W_UV[h]ᵀ, per head h ([Tq, r] with row stride H·r, times [v, r]ᵀ into
   // [Tq, v] with row stride H·v); column-major per head: outᵀ [v, Tq] = W_UV[h] (col-major [r, v], op T) · o_latᵀ.
-  LQ_CUBLAS_CHECK(cublasSgemmStridedBatched(m.handle, CUBLAS_OP_T, CUBLAS_OP_N, v, Tq, r, &one, m.d_w_uv.data(), r,
+  LQ_CUBLAS_CHECK(cublas().sgemm_strided_batched(m.handle, CUBLAS_OP_T, CUBLAS_OP_N, v, Tq, r, &one, m.d_w_uv.data(), r,
                                             static_cast<long long>(m.v) * m.r, m.d_o_lat.data(), H * r,
                                             static_cast<long long>(m.r), &zero, m.d_out.data(), H * v,
                                             static_cast<long long>(m.v), H));

@@ -106,6 +106,13 @@ std::unique_ptr<AbsorbedAttention<float>> on_device(const probes::AttentionQueri
   return a;
 }
 
+// cuBLAS is loaded on first use (dlopen of the library found at build time): that needs no GPU, so a build
+// with cuBLAS proves here that it loads and has every entry point used.
+TEST(DeviceAttention, CublasLoadsWithoutAGpu) {
+  std::string why;
+  if (!cuda_attention_available(&why)) EXPECT_EQ(why.find("cuBLAS"), std::string::npos) << why;
+}
+
 TEST(DeviceAttention, MatchesTheCpuPathOverSeveralSequences) {
   LQ_REQUIRE_GPU();
   for (const int64_t rope : {int64_t{4}, int64_t{0}}) {

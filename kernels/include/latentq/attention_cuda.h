@@ -1,7 +1,8 @@
 // latentq/attention_cuda.h — the absorbed MLA attention of one layer on the GPU (cuBLAS sgemm + a
 // softmax kernel): the device side of probes::AbsorbedAttention<float> (experiments/probes/include/
 // latentq/probes/attention.h), which owns the math and the row order and calls this through its
-// AttentionDevice seam. Host C++ header; link latentq_cuda (built with cuBLAS, LATENTQ_CUBLAS).
+// AttentionDevice seam. Host C++ header; link latentq_cuda (built with cuBLAS's headers, LATENTQ_CUBLAS;
+// the library itself is loaded with dlopen on first use).
 //
 // Source of the math: DeepSeek-V3 inference/model.py, MLA.forward, attn_impl == "absorb":
 //   scores = (q_lat·c_kvᵀ + q_pe·k_peᵀ) · softmax_scale      q_lat = q_nope·W_UK, computed on the host
@@ -22,16 +23,22 @@
 // scores of every segment, Σ (end − begin)·H·nk floats (at V2-Lite shape, 4 × 64 query rows × 16 heads × 2,048
 // keys: 33 MB; it grows with query rows × keys per sequence). run() copies those probabilities back when asked.
 //
-// Errors: std::invalid_argument for inconsistent shapes (naming them); std::runtime_error for CUDA and cuBLAS
-// failures ("<file>:<line>: <call> failed: <status>"), an allocation naming its bytes.
+// Errors: std::invalid_argument for inconsistent shapes (naming them); std::runtime_error when cuBLAS cannot be
+// loaded (the paths tried), and for CUDA and cuBLAS failures ("<file>:<line>: <call> failed: <status>"), an allocation naming its bytes.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <span>
+#include <string>
 
 namespace latentq {
+
+/// True if the device attention can run: cuBLAS, which is loaded here on first use (dlopen; not linked, so
+/// processes that never use it do not pay for loading it), and a CUDA device (cuda_device_available). Otherwise
+/// false with the reason in *why: "cuBLAS could not be loaded: tried ..." or "no CUDA device: ...".
+bool cuda_attention_available(std::string* why = nullptr);
 
 /// Sorted query rows [begin, end) of one sequence: keys key_begin .. key_begin + nk − 1 (tokens).
 struct DeviceAttentionSegment {
