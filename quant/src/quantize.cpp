@@ -957,6 +957,90 @@ __attribute__((LQ_AVX2_TARGET, noinline)) void decode_e4m3_avx2(const uint8_t* c
   for (; i < n; ++i) out[i] = q::mul_rn(lut[codes[i]], s);
 }
 
+// ---- the fp4 e2m1 block elements in AVX2 (MXFP4, NVFP4, FlashMLA's fp4 tiles) ------------------------
+// qmath.h's f32_to_e2m1_bits (f32_to_minifloat_bits<1, 1, 0x7, 3>) on eight floats: !(|y| < 6) (NaN too) →
+// 7; |y| < 1 (the subnormal 0.5) → rne_small(|y| · 2) by vcvtps2dq; the normals by the integer rounding of
+// the float32 mantissa (add 2^21 − 1 + the odd bit, shift by 22, clamp to 7); the sign to bit 3.
+LQ_AVX2_AI __m256i e2m1_codes_avx2(__m256 y) {
+  const __m256i ui = _mm256_castps_si256(y);
+  const __m256i u = _mm256_and_si256(ui, _mm256_set1_epi32(0x7fffffff));
+  const __m256 a = _mm256_castsi256_ps(u);
+  const __m256 sat = _mm256_cmp_ps(a, _mm256_set1_ps(q::kE2M1Max), _CMP_NLT_UQ);
+  const __m256i sub = _mm256_cmpgt_epi32(_mm256_set1_epi32(127 << 23), u);
+  const __m256i c_sub = _mm256_cvtps_epi32(_mm256_mul_ps(a, _mm256_set1_ps(2.0f)));
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 22), _mm256_set1_epi32(1));
+  const __m256i biased =
+      _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(static_cast<int>((1u - 127u) << 23) + 0x1fffff)), odd);
+  const __m256i c_norm = _mm256_min_epu32(_mm256_srli_epi32(biased, 22), _mm256_set1_epi32(7));
+  __m256i c = _mm256_blendv_epi8(c_norm, c_sub, sub);
+  c = _mm256_blendv_epi8(c, _mm256_set1_epi32(7), _mm256_castps_si256(sat));
+  return _mm256_or_si256(c, _mm256_srli_epi32(_mm256_and_si256(ui, _mm256_set1_epi32(static_cast<int>(0x80000000u))), 28));
+}
+
+// Code bytes [0, n/2) of a non-ggml 4-bit block: byte k = code(x[2k]) | code(x[2k+1]) << 4, code = e2m1 of
+// x · k (mul) or x / k, eight elements (four bytes) at a time; the bytes past the last whole eight by
+// encode_block_bytes itself. The nibble pairs: c | (c >> 28 in 64-bit lanes) puts the odd element's code
+// above the even one's in each pair's low dword; a dword permutation and two packs narrow them to bytes.
+template <bool Mul>
+LQ_AVX2_AI void encode_e2m1_avx2_t(const q::BlockDesc& f, const q::BlockParams& p, const float* x, int n, float k,
+                                   uint8_t* codes) {
+  const __m256 vk = _mm256_set1_ps(k);
+  const __m256i even = _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6);
+  int i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    const __m256i c = e2m1_codes_avx2(Mul ? _mm256_mul_ps(v, vk) : _mm256_div_ps(v, vk));
+    const __m256i pairs = _mm256_permutevar8x32_epi32(_mm256_or_si256(c, _mm256_srli_epi64(c, 28)), even);
+    const __m128i w = _mm_packus_epi32(_mm256_castsi256_si128(pairs), _mm256_castsi256_si128(pairs));
+    const int b = _mm_cvtsi128_si32(_mm_packus_epi16(w, w));
+    std::memcpy(codes + i / 2, &b, 4);
+  }
+  if (i < n) q::encode_block_bytes(f, p, x, n, i / 2, q::block_code_bytes(n, 4), codes + i / 2);
+}
+
+__attribute__((LQ_AVX2_TARGET, noinline)) void encode_e2m1_avx2(const q::BlockDesc& f, const q::BlockParams& p,
+                                                                const float* x, int n, uint8_t* codes) {
+  if (f.kind == q::BlockKind::NvFp4 && p.zero) {  // an all-zero NVFP4 tensor: every code is 0 (scaled_element)
+    std::memset(codes, 0, static_cast<size_t>(q::block_code_bytes(n, 4)));
+    return;
+  }
+  // scaled_element: MXFP4 v · inv (scales_by_inverse), NVFP4 v · s, Fp4Tile v / s
+  if (f.kind == q::BlockKind::NvFp4) encode_e2m1_avx2_t<true>(f, p, x, n, p.s, codes);
+  else if (q::scales_by_inverse(f.kind)) encode_e2m1_avx2_t<true>(f, p, x, n, p.inv, codes);
+  else encode_e2m1_avx2_t<false>(f, p, x, n, p.s, codes);
+}
+
+// out[i] = e2m1_bits_to_f32(code i) · s, i < n (n even; dequantize_elements of the non-ggml 4-bit kinds): the
+// two nibbles of each byte interleaved into eight int32 lanes, the magnitude from an eight-entry table
+// (vpermps), the sign bit xor'ed in (e2m1_bits_to_f32's −mag, −0 included), one IEEE multiply.
+__attribute__((LQ_AVX2_TARGET, noinline)) void decode_e2m1_avx2(const uint8_t* codes, int n, float s, float* out) {
+  alignas(32) float mag[8];
+  for (int c = 0; c < 8; ++c) mag[c] = q::e2m1_bits_to_f32(static_cast<uint8_t>(c));
+  const __m256 lut = _mm256_load_ps(mag), vs = _mm256_set1_ps(s);
+  const __m128i lo4 = _mm_set1_epi8(0x0f);
+  int i = 0;
+  for (; i + 8 <= n; i += 8) {
+    int b;
+    std::memcpy(&b, codes + i / 2, 4);
+    const __m128i bytes = _mm_cvtsi32_si128(b);
+    const __m128i nib = _mm_unpacklo_epi8(_mm_and_si128(bytes, lo4), _mm_and_si128(_mm_srli_epi16(bytes, 4), lo4));
+    const __m256i idx = _mm256_cvtepu8_epi32(nib);
+    const __m256 m = _mm256_permutevar8x32_ps(lut, idx);  // uses idx & 7
+    const __m256 sgn = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_and_si256(idx, _mm256_set1_epi32(8)), 28));
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_xor_ps(m, sgn), vs));
+  }
+  for (; i < n; ++i) {
+    const uint8_t c = static_cast<uint8_t>((codes[i >> 1] >> ((i & 1) * 4)) & 0x0fu);
+    out[i] = q::mul_rn(q::e2m1_bits_to_f32(c), s);
+  }
+}
+
+// The non-ggml 4-bit kinds (e2m1 elements): MXFP4, NVFP4, FlashMLA's fp4 tiles.
+bool e2m1_elements(const q::BlockDesc& f) {
+  return f.code_bits == 4 &&
+         (f.kind == q::BlockKind::MxFp4 || f.kind == q::BlockKind::NvFp4 || f.kind == q::BlockKind::Fp4Tile);
+}
+
 // max over i < n of the bits of |x[i]| (sign cleared), as uint32: for finite x it is max|x| (non-negative
 // floats order as their bits; −0 is +0), which max_num's fold gives in any order; a value ≥ 0x7f800000 means
 // a NaN/Inf is present. One pass for the block path's NaN/Inf check and its per-tensor amax.
@@ -1312,6 +1396,7 @@ QuantizedTensor quantize(const QuantSpec& spec_in, Target target, const float* X
     if (L.offsets) qt.offsets.assign(qt.scales.size(), 0);
 #if LQ_HAVE_AVX2_KERNEL
     const bool e4m3_avx2 = kernel == CpuKernel::Avx2 && e4m3_elements(L.desc);
+    const bool e2m1_avx2 = kernel == CpuKernel::Avx2 && e2m1_elements(L.desc);
 #endif
     const auto rows = [&](int64_t t0, int64_t t1) {
       for (int64_t t = t0; t < t1; ++t)
@@ -1323,7 +1408,11 @@ QuantizedTensor quantize(const QuantSpec& spec_in, Target target, const float* X
           uint8_t* of = L.offsets ? qt.offsets.data() + gi * sb : nullptr;
           q::BlockStatus st;
 #if LQ_HAVE_AVX2_KERNEL
-          if (e4m3_avx2) {  // quantize_block = block_params, then encode_block_bytes (scaled_element, e4m3)
+          if (e2m1_avx2) {  // quantize_block = block_params, then encode_block_bytes (scaled_element, e2m1)
+            const q::BlockParams p = q::block_params_amax(L.desc, q::f32_from_bits(abs_bits_max_avx2(x, n)), x,
+                                                          static_cast<int>(n), global, sc, of, st);
+            encode_e2m1_avx2(L.desc, p, x, static_cast<int>(n), codes);
+          } else if (e4m3_avx2) {  // quantize_block = block_params, then encode_block_bytes (scaled_element, e4m3)
             // Fp8Tensor's parameters are the per-tensor scale alone (p.s = global), and p.amax is not read here:
             // its rows skip the block's max|x|.
             const float block_amax =
@@ -1467,6 +1556,7 @@ void dequantize(const QuantizedTensor& qt, float* out) {
     const CpuKernel kernel = active_cpu_kernel();
 #if LQ_HAVE_AVX2_KERNEL
     const bool e4m3_avx2 = kernel == CpuKernel::Avx2 && e4m3_elements(L.desc);
+    const bool e2m1_avx2 = kernel == CpuKernel::Avx2 && e2m1_elements(L.desc);
 #endif
     const auto rows = [&](int64_t t0, int64_t t1) {
       for (int64_t t = t0; t < t1; ++t)
@@ -1476,7 +1566,12 @@ void dequantize(const QuantizedTensor& qt, float* out) {
           const uint8_t* sc = sb ? qt.scales.data() + gi * sb : nullptr;
 #if LQ_HAVE_AVX2_KERNEL
           if (e4m3_avx2) {
-            decode_e4m3_avx2(codes, n, q::e4m3_block_multiplier(L.desc, sc, global), out + t * D + d0);
+            decode_e4m3_avx2(codes, n, q::minifloat_block_multiplier(L.desc, sc, global), out + t * D + d0);
+            continue;
+          }
+          if (e2m1_avx2) {
+            decode_e2m1_avx2(codes, static_cast<int>(n), q::minifloat_block_multiplier(L.desc, sc, global),
+                             out + t * D + d0);
             continue;
           }
 #endif

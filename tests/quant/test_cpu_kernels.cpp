@@ -318,7 +318,8 @@ TEST(CpuKernels, Fp16ScalesAtRoundingTiesGiveTheReferenceBytes) {
 // block's first element is 448, so every kind's scale is 1 and the other elements are encoded as written:
 // every e4m3 value, every midpoint between neighbours and the floats next to it (the RNE ties), the
 // subnormal range and the smallest normal, signed zeros and float32 subnormals; the -s1 spec (scale 1
-// whatever amax is) also meets 448 .. 470 (saturation at 464). And a NaN and an Inf: the same message.
+// whatever amax is) also meets 448 .. 470 (saturation at 464). The fp4 kinds likewise with 6 and the e2m1
+// values, midpoints and neighbours. And a NaN and an Inf: the same message.
 std::vector<std::string> block_specs() {
   return {"fp8-e4m3-tile128-pow2", "fp8-e4m3-tile64-pow2-ue8m0", "fp8-e4m3-tile20-pow2", "fp8-e4m3-tile128-fp32",
           "fp8-e4m3-tile32-fp32",  "fp8-e4m3-tensor",            "fp8-e4m3-tensor-s1",   "mxfp8",
@@ -337,18 +338,29 @@ TEST(CpuKernels, BlockFormatsGiveTheReferenceBytes) {
   for (int k = 0; k <= 20; ++k) edge.push_back(static_cast<float>(k) * 0.0009765625f);  // k · 2^-10
   for (const float y : {0.015625f, std::nextafter(0.015625f, 0.0f), -0.0f, 0.0f, 1e-40f, -1e-40f, 448.0f, -448.0f})
     edge.push_back(y);
+  // The same for e2m1 (the fp4 kinds, whose blocks start with 6: scale 1 for MXFP4 and the fp4 tiles).
+  std::vector<float> edge4;
+  for (int c = 0; c < 7; ++c) {
+    const float v = qmath::e2m1_bits_to_f32(static_cast<uint8_t>(c)), w = qmath::e2m1_bits_to_f32(static_cast<uint8_t>(c + 1));
+    const float m = (v + w) / 2;
+    for (const float y : {v, m, std::nextafter(m, 0.0f), std::nextafter(m, 1e9f)}) edge4.push_back(y), edge4.push_back(-y);
+  }
+  for (const float y : {0.1f, -0.0f, 1e-40f, 6.0f, -6.0f, std::nextafter(6.0f, 0.0f)}) edge4.push_back(y);
   for (const auto& [T, D] : std::vector<std::pair<int64_t, int64_t>>{{40, 576}, {7, 64}, {2048, 576}}) {
     std::mt19937_64 rng(static_cast<uint64_t>(T * 1000 + D));
     std::normal_distribution<float> N;
     std::vector<float> rnd(static_cast<size_t>(T * D)), ed(static_cast<size_t>(T * D));
     for (float& v : rnd) v = N(rng) * 2.0f + 0.25f;
+    std::vector<float> ed4(static_cast<size_t>(T * D));
     for (int64_t i = 0; i < T * D; ++i) ed[i] = edge[static_cast<size_t>(i) % edge.size()];
+    for (int64_t i = 0; i < T * D; ++i) ed4[i] = edge4[static_cast<size_t>(i) % edge4.size()];
     for (const std::string& spec : block_specs()) {
       const int64_t blk = spec.find("tile20") != std::string::npos ? 20 : spec.find("tile32") != std::string::npos ? 32
-                        : spec.find("tile64") != std::string::npos ? 64 : 16;  // 448 at every multiple of 16 or 20
-      std::vector<float> e = ed;
+                        : spec.find("tile64") != std::string::npos ? 64 : 16;  // the block max at every multiple
+      const bool fp4 = spec.find("fp4") != std::string::npos;
+      std::vector<float> e = fp4 ? ed4 : ed;
       for (int64_t t = 0; t < T; ++t)
-        for (int64_t d = 0; d < D; d += blk) e[t * D + d] = 448.0f;
+        for (int64_t d = 0; d < D; d += blk) e[t * D + d] = fp4 ? 6.0f : 448.0f;
       if (spec == "fp8-e4m3-tensor-s1")
         for (int64_t i = 0; i < T * D; i += 97) e[i] = 448.0f + static_cast<float>(i % 23);
       const std::vector<int64_t> seqs = {0, T};

@@ -364,15 +364,19 @@ LQ_HD BlockStatus quantize_block(const BlockDesc& f, const float* x, int n, floa
   return st;
 }
 
-/// The decode multiplier of a block of an 8-bit e4m3 kind (out = e4m3 value · multiplier): its stored scale
-/// (Fp8Pow2 in its scale dtype, Fp8Fp32 in fp32), the per-tensor global (Fp8Tensor) or the E8M0 scale
-/// (MxFp8). 0 for the other kinds. dequantize_elements and the CPU's AVX2 e4m3 decode both use it.
-LQ_HD float e4m3_block_multiplier(const BlockDesc& f, const uint8_t* scale, float global) {
+/// The decode multiplier of a block of a float8/float4 kind (out = element value · multiplier): its stored
+/// scale (Fp8Pow2 in its scale dtype, Fp8Fp32 in fp32), the per-tensor global (Fp8Tensor), the E8M0 scale
+/// (MxFp8, MxFp4), the e4m3 scale (Fp4Tile) or global · e4m3 scale (NvFp4). 0 for the ggml kinds.
+/// dequantize_elements and the CPU's AVX2 decode both use it.
+LQ_HD float minifloat_block_multiplier(const BlockDesc& f, const uint8_t* scale, float global) {
   switch (f.kind) {
     case BlockKind::Fp8Pow2:
     case BlockKind::Fp8Fp32: return load_dtype(scale, f.sd);
     case BlockKind::Fp8Tensor: return global;
-    case BlockKind::MxFp8: return e8m0_bits_to_f32(scale[0]);
+    case BlockKind::MxFp8:
+    case BlockKind::MxFp4: return e8m0_bits_to_f32(scale[0]);
+    case BlockKind::Fp4Tile: return e4m3_bits_to_f32(scale[0]);
+    case BlockKind::NvFp4: return mul_rn(global, e4m3_bits_to_f32(scale[0]));
     default: return 0.0f;
   }
 }
@@ -385,32 +389,18 @@ LQ_HD void dequantize_elements(const BlockDesc& f, const uint8_t* codes, const u
   switch (f.kind) {
     case BlockKind::Fp8Pow2:
     case BlockKind::Fp8Fp32:
-    case BlockKind::Fp8Tensor: {
-      const float s = e4m3_block_multiplier(f, scale, global);
+    case BlockKind::Fp8Tensor:
+    case BlockKind::MxFp8: {
+      const float s = minifloat_block_multiplier(f, scale, global);
       for (int i = i0; i < i1; ++i) out[i - i0] = mul_rn(e4m3_bits_to_f32(codes[i]), s);
       return;
     }
-    case BlockKind::MxFp8:
-    case BlockKind::MxFp4: {
-      const float s = e8m0_bits_to_f32(scale[0]);
-      for (int i = i0; i < i1; ++i) {
-        const uint32_t c = detail::get_code(codes, i, f.code_bits, false, n);
-        out[i - i0] = mul_rn(f.kind == BlockKind::MxFp8 ? e4m3_bits_to_f32(static_cast<uint8_t>(c))
-                                                        : e2m1_bits_to_f32(static_cast<uint8_t>(c)),
-                             s);
-      }
-      return;
-    }
-    case BlockKind::NvFp4: {
-      const float total = mul_rn(global, e4m3_bits_to_f32(scale[0]));
-      for (int i = i0; i < i1; ++i)
-        out[i - i0] = mul_rn(e2m1_bits_to_f32(static_cast<uint8_t>(detail::get_code(codes, i, 4, false, n))), total);
-      return;
-    }
+    case BlockKind::MxFp4:
+    case BlockKind::NvFp4:
     case BlockKind::Fp4Tile: {
-      const float sc = e4m3_bits_to_f32(scale[0]);
+      const float s = minifloat_block_multiplier(f, scale, global);
       for (int i = i0; i < i1; ++i)
-        out[i - i0] = mul_rn(e2m1_bits_to_f32(static_cast<uint8_t>(detail::get_code(codes, i, 4, false, n))), sc);
+        out[i - i0] = mul_rn(e2m1_bits_to_f32(static_cast<uint8_t>(detail::get_code(codes, i, 4, false, n))), s);
       return;
     }
     case BlockKind::Q8_0: {  // ggml dequantize_row_q8_0: x = q · d
