@@ -883,27 +883,35 @@ __attribute__((LQ_AVX2_TARGET)) void int_dequantize_avx2(const DecJob& job) {
 
 #if LQ_HAVE_AVX2_KERNEL
 // ---- the fp8 e4m3 block elements in AVX2 (CpuKernel::Avx2) ---------------------------------------
-// qmath.h's f32_to_e4m3_bits (f32_to_minifloat_bits<3, 7, 0x7e, 7>) on eight floats at once, every branch
-// computed and blended: NaN → 0x7f (no sign); !(|y| < 448) → 0x7e; |y| < 2^-6 (the subnormals) →
-// rne_small(|y| · 2^9), which vcvtps2dq gives in MXCSR's default mode (the value is in [0, 8]; 8 is the
-// smallest normal's bits, as in the scalar code); the normals by the same integer rounding of the float32
-// mantissa (add 2^19 − 1 + the odd bit, shift by 20, clamp to 0x7e). The sign goes to bit 7.
-LQ_AVX2_AI __m256i e4m3_codes_avx2(__m256 y) {
+// qmath.h's f32_to_minifloat_bits<M, B, MAXC, SIGN> on eight floats at once, every branch computed and
+// blended: !(|y| < max_value) (NaN too) → MAXC; |y| < 2^(1−B) (the subnormals) → rne_small(|y| · 2^(B−1+M)),
+// which vcvtps2dq gives in MXCSR's default mode (the value is in [0, 2^M]; 2^M is the smallest normal's bits,
+// as in the scalar code); the normals by the same integer rounding of the float32 mantissa (add
+// 2^(22−M) − 1 + the odd bit, shift by 23 − M, clamp to MAXC). The sign goes to bit SIGN.
+template <int M, int B, uint32_t MAXC, int SIGN>
+LQ_AVX2_AI __m256i minifloat_codes_avx2(__m256 y, float max_value) {
+  constexpr int S = 23 - M;
   const __m256i ui = _mm256_castps_si256(y);
   const __m256i u = _mm256_and_si256(ui, _mm256_set1_epi32(0x7fffffff));
   const __m256 a = _mm256_castsi256_ps(u);
-  const __m256i nan = _mm256_cmpgt_epi32(u, _mm256_set1_epi32(0x7f800000));
-  const __m256 sat = _mm256_cmp_ps(a, _mm256_set1_ps(q::kE4M3Max), _CMP_NLT_UQ);  // !(a < 448), NaN included
-  const __m256i sub = _mm256_cmpgt_epi32(_mm256_set1_epi32(121 << 23), u);       // a < 2^-6
-  const __m256i c_sub = _mm256_cvtps_epi32(_mm256_mul_ps(a, _mm256_set1_ps(512.0f)));
-  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 20), _mm256_set1_epi32(1));
-  const __m256i biased =
-      _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(static_cast<int>((7u - 127u) << 23) + 0x7ffff)), odd);
-  const __m256i c_norm = _mm256_min_epu32(_mm256_srli_epi32(biased, 20), _mm256_set1_epi32(0x7e));
+  const __m256 sat = _mm256_cmp_ps(a, _mm256_set1_ps(max_value), _CMP_NLT_UQ);
+  const __m256i sub = _mm256_cmpgt_epi32(_mm256_set1_epi32((128 - B) << 23), u);
+  const __m256i c_sub = _mm256_cvtps_epi32(_mm256_mul_ps(a, _mm256_set1_ps(static_cast<float>(1 << (B - 1 + M)))));
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, S), _mm256_set1_epi32(1));
+  const __m256i biased = _mm256_add_epi32(
+      _mm256_add_epi32(u, _mm256_set1_epi32(static_cast<int>((static_cast<uint32_t>(B - 127) << 23) + ((1u << (S - 1)) - 1u)))),
+      odd);
+  const __m256i c_norm = _mm256_min_epu32(_mm256_srli_epi32(biased, S), _mm256_set1_epi32(static_cast<int>(MAXC)));
   __m256i c = _mm256_blendv_epi8(c_norm, c_sub, sub);
-  c = _mm256_blendv_epi8(c, _mm256_set1_epi32(0x7e), _mm256_castps_si256(sat));
-  c = _mm256_or_si256(c, _mm256_srli_epi32(_mm256_and_si256(ui, _mm256_set1_epi32(static_cast<int>(0x80000000u))), 24));
-  return _mm256_blendv_epi8(c, _mm256_set1_epi32(0x7f), nan);
+  c = _mm256_blendv_epi8(c, _mm256_set1_epi32(static_cast<int>(MAXC)), _mm256_castps_si256(sat));
+  return _mm256_or_si256(c, _mm256_srli_epi32(_mm256_and_si256(ui, _mm256_set1_epi32(static_cast<int>(0x80000000u))), 31 - SIGN));
+}
+
+// f32_to_e4m3_bits: the minifloat code of e4m3 (bias 7, max 448), and NaN → 0x7f (no sign).
+LQ_AVX2_AI __m256i e4m3_codes_avx2(__m256 y) {
+  const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(_mm256_castps_si256(y), _mm256_set1_epi32(0x7fffffff)),
+                                         _mm256_set1_epi32(0x7f800000));
+  return _mm256_blendv_epi8(minifloat_codes_avx2<3, 7, 0x7eu, 7>(y, q::kE4M3Max), _mm256_set1_epi32(0x7f), nan);
 }
 
 // codes[i] = e4m3(x[i] · k) (mul) or e4m3(x[i] / k), i < n: the 8-bit e4m3 kinds' encode_block_bytes
@@ -958,24 +966,8 @@ __attribute__((LQ_AVX2_TARGET, noinline)) void decode_e4m3_avx2(const uint8_t* c
 }
 
 // ---- the fp4 e2m1 block elements in AVX2 (MXFP4, NVFP4, FlashMLA's fp4 tiles) ------------------------
-// qmath.h's f32_to_e2m1_bits (f32_to_minifloat_bits<1, 1, 0x7, 3>) on eight floats: !(|y| < 6) (NaN too) →
-// 7; |y| < 1 (the subnormal 0.5) → rne_small(|y| · 2) by vcvtps2dq; the normals by the integer rounding of
-// the float32 mantissa (add 2^21 − 1 + the odd bit, shift by 22, clamp to 7); the sign to bit 3.
-LQ_AVX2_AI __m256i e2m1_codes_avx2(__m256 y) {
-  const __m256i ui = _mm256_castps_si256(y);
-  const __m256i u = _mm256_and_si256(ui, _mm256_set1_epi32(0x7fffffff));
-  const __m256 a = _mm256_castsi256_ps(u);
-  const __m256 sat = _mm256_cmp_ps(a, _mm256_set1_ps(q::kE2M1Max), _CMP_NLT_UQ);
-  const __m256i sub = _mm256_cmpgt_epi32(_mm256_set1_epi32(127 << 23), u);
-  const __m256i c_sub = _mm256_cvtps_epi32(_mm256_mul_ps(a, _mm256_set1_ps(2.0f)));
-  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 22), _mm256_set1_epi32(1));
-  const __m256i biased =
-      _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(static_cast<int>((1u - 127u) << 23) + 0x1fffff)), odd);
-  const __m256i c_norm = _mm256_min_epu32(_mm256_srli_epi32(biased, 22), _mm256_set1_epi32(7));
-  __m256i c = _mm256_blendv_epi8(c_norm, c_sub, sub);
-  c = _mm256_blendv_epi8(c, _mm256_set1_epi32(7), _mm256_castps_si256(sat));
-  return _mm256_or_si256(c, _mm256_srli_epi32(_mm256_and_si256(ui, _mm256_set1_epi32(static_cast<int>(0x80000000u))), 28));
-}
+// f32_to_e2m1_bits: the minifloat code of e2m1 (bias 1, max 6; NaN → 7 with its sign, as the scalar code).
+LQ_AVX2_AI __m256i e2m1_codes_avx2(__m256 y) { return minifloat_codes_avx2<1, 1, 0x7u, 3>(y, q::kE2M1Max); }
 
 // Code bytes [0, n/2) of a non-ggml 4-bit block: byte k = code(x[2k]) | code(x[2k+1]) << 4, code = e2m1 of
 // x · k (mul) or x / k, eight elements (four bytes) at a time; the bytes past the last whole eight by
@@ -1069,6 +1061,31 @@ bool e4m3_elements(const q::BlockDesc& f) {
                               f.kind == q::BlockKind::Fp8Tensor || f.kind == q::BlockKind::MxFp8);
 }
 #endif
+
+// The blocks of rows [t0, t1) of a block format in storage order: fn(t, d0, n, gi) for block j of row t, which
+// covers columns [d0, d0 + n) and is scale group gi = t · blocks_per_row + j (quantize and dequantize).
+template <class Fn>
+void for_each_block(const Layout& L, int64_t D, int64_t t0, int64_t t1, Fn&& fn) {
+  const int64_t nb = L.blocks_per_row > 0 ? L.blocks_per_row : 1, blk = L.desc.block;
+  for (int64_t t = t0; t < t1; ++t)
+    for (int64_t j = 0; j < nb; ++j) {
+      const int64_t d0 = j * blk;
+      fn(t, d0, std::min(D, d0 + blk) - d0, t * nb + j);
+    }
+}
+
+// Which AVX2 element path a block format takes under `kernel` (none outside Avx2 and for the ggml kinds).
+struct BlockPath {
+  bool e4m3 = false, e2m1 = false;
+};
+BlockPath block_path([[maybe_unused]] CpuKernel kernel, [[maybe_unused]] const q::BlockDesc& f) {
+  BlockPath b;
+#if LQ_HAVE_AVX2_KERNEL
+  b.e4m3 = kernel == CpuKernel::Avx2 && e4m3_elements(f);
+  b.e2m1 = kernel == CpuKernel::Avx2 && e2m1_elements(f);
+#endif
+  return b;
+}
 
 std::atomic<int> g_kernel{static_cast<int>(CpuKernel::Auto)};
 std::atomic<int> g_threads{1};
@@ -1390,43 +1407,37 @@ QuantizedTensor quantize(const QuantSpec& spec_in, Target target, const float* X
       qt.global.assign(4, 0);
       q::store_dtype(qt.global.data(), global, ScaleDtype::F32);
     }
-    const int64_t nb = L.blocks_per_row > 0 ? L.blocks_per_row : 1, blk = L.desc.block;
     const int sb = L.scale_bytes;
-    qt.scales.assign(static_cast<size_t>(L.blocks_per_row > 0 ? T * nb * sb : 0), 0);
+    qt.scales.assign(static_cast<size_t>(L.blocks_per_row > 0 ? T * L.blocks_per_row * sb : 0), 0);
     if (L.offsets) qt.offsets.assign(qt.scales.size(), 0);
-#if LQ_HAVE_AVX2_KERNEL
-    const bool e4m3_avx2 = kernel == CpuKernel::Avx2 && e4m3_elements(L.desc);
-    const bool e2m1_avx2 = kernel == CpuKernel::Avx2 && e2m1_elements(L.desc);
-#endif
+    const BlockPath path = block_path(kernel, L.desc);
     const auto rows = [&](int64_t t0, int64_t t1) {
-      for (int64_t t = t0; t < t1; ++t)
-        for (int64_t j = 0; j < nb; ++j) {
-          const int64_t d0 = j * blk, n = std::min(D, d0 + blk) - d0, gi = t * nb + j;
-          const float* x = X + t * D + d0;
-          uint8_t* codes = qt.codes.data() + t * rb + d0 * L.code_bits / 8;
-          uint8_t* sc = sb ? qt.scales.data() + gi * sb : nullptr;
-          uint8_t* of = L.offsets ? qt.offsets.data() + gi * sb : nullptr;
-          q::BlockStatus st;
+      for_each_block(L, D, t0, t1, [&](int64_t t, int64_t d0, int64_t n, int64_t gi) {
+        const float* x = X + t * D + d0;
+        uint8_t* codes = qt.codes.data() + t * rb + d0 * L.code_bits / 8;
+        uint8_t* sc = sb ? qt.scales.data() + gi * sb : nullptr;
+        uint8_t* of = L.offsets ? qt.offsets.data() + gi * sb : nullptr;
+        q::BlockStatus st;
 #if LQ_HAVE_AVX2_KERNEL
-          if (e2m1_avx2) {  // quantize_block = block_params, then encode_block_bytes (scaled_element, e2m1)
-            const q::BlockParams p = q::block_params_amax(L.desc, q::f32_from_bits(abs_bits_max_avx2(x, n)), x,
-                                                          static_cast<int>(n), global, sc, of, st);
-            encode_e2m1_avx2(L.desc, p, x, static_cast<int>(n), codes);
-          } else if (e4m3_avx2) {  // quantize_block = block_params, then encode_block_bytes (scaled_element, e4m3)
-            // Fp8Tensor's parameters are the per-tensor scale alone (p.s = global), and p.amax is not read here:
-            // its rows skip the block's max|x|.
-            const float block_amax =
-                L.desc.kind == q::BlockKind::Fp8Tensor ? 0.0f : q::f32_from_bits(abs_bits_max_avx2(x, n));
-            const q::BlockParams p =
-                q::block_params_amax(L.desc, block_amax, x, static_cast<int>(n), global, sc, of, st);
-            const bool inv = q::scales_by_inverse(L.desc.kind);
-            encode_e4m3_avx2(x, n, inv, inv ? p.inv : p.s, codes);
-          } else
+        if (path.e2m1) {  // quantize_block = block_params, then encode_block_bytes (scaled_element, e2m1)
+          const q::BlockParams p = q::block_params_amax(L.desc, q::f32_from_bits(abs_bits_max_avx2(x, n)), x,
+                                                        static_cast<int>(n), global, sc, of, st);
+          encode_e2m1_avx2(L.desc, p, x, static_cast<int>(n), codes);
+        } else if (path.e4m3) {  // quantize_block = block_params, then encode_block_bytes (scaled_element, e4m3)
+          // Fp8Tensor's parameters are the per-tensor scale alone (p.s = global), and p.amax is not read here:
+          // its rows skip the block's max|x|.
+          const float block_amax =
+              L.desc.kind == q::BlockKind::Fp8Tensor ? 0.0f : q::f32_from_bits(abs_bits_max_avx2(x, n));
+          const q::BlockParams p =
+              q::block_params_amax(L.desc, block_amax, x, static_cast<int>(n), global, sc, of, st);
+          const bool inv = q::scales_by_inverse(L.desc.kind);
+          encode_e4m3_avx2(x, n, inv, inv ? p.inv : p.s, codes);
+        } else
 #endif
-            st = q::quantize_block(L.desc, x, static_cast<int>(n), global, codes, sc, of);
-          if (st.overflow)
-            throw std::invalid_argument(overflow_message(spec, st.overflow_offset ? "offset" : "scale", st.raw, group_name(qt, gi)));
-        }
+          st = q::quantize_block(L.desc, x, static_cast<int>(n), global, codes, sc, of);
+        if (st.overflow)
+          throw std::invalid_argument(overflow_message(spec, st.overflow_offset ? "offset" : "scale", st.raw, group_name(qt, gi)));
+      });
     };
     split_ranges(T, kernel != CpuKernel::Reference && T * D >= kThreadMinElems ? g_threads.load() : 1, rows);
     if (amax >= kDecodeCheckAmax) check_decodable(qt, X);
@@ -1550,34 +1561,28 @@ void dequantize(const QuantizedTensor& qt, float* out) {
   }
   const Layout L = qt.layout();
   if (L.block_format) {
-    const int64_t nb = L.blocks_per_row > 0 ? L.blocks_per_row : 1, blk = L.desc.block;
     const int sb = L.scale_bytes;
     const float global = qt.global_scale();
     const CpuKernel kernel = active_cpu_kernel();
-#if LQ_HAVE_AVX2_KERNEL
-    const bool e4m3_avx2 = kernel == CpuKernel::Avx2 && e4m3_elements(L.desc);
-    const bool e2m1_avx2 = kernel == CpuKernel::Avx2 && e2m1_elements(L.desc);
-#endif
+    const BlockPath path = block_path(kernel, L.desc);
     const auto rows = [&](int64_t t0, int64_t t1) {
-      for (int64_t t = t0; t < t1; ++t)
-        for (int64_t j = 0; j < nb; ++j) {
-          const int64_t d0 = j * blk, n = std::min(D, d0 + blk) - d0, gi = t * nb + j;
-          const uint8_t* codes = qt.codes.data() + t * rb + d0 * L.code_bits / 8;
-          const uint8_t* sc = sb ? qt.scales.data() + gi * sb : nullptr;
+      for_each_block(L, D, t0, t1, [&](int64_t t, int64_t d0, int64_t n, int64_t gi) {
+        const uint8_t* codes = qt.codes.data() + t * rb + d0 * L.code_bits / 8;
+        const uint8_t* sc = sb ? qt.scales.data() + gi * sb : nullptr;
 #if LQ_HAVE_AVX2_KERNEL
-          if (e4m3_avx2) {
-            decode_e4m3_avx2(codes, n, q::minifloat_block_multiplier(L.desc, sc, global), out + t * D + d0);
-            continue;
-          }
-          if (e2m1_avx2) {
-            decode_e2m1_avx2(codes, static_cast<int>(n), q::minifloat_block_multiplier(L.desc, sc, global),
-                             out + t * D + d0);
-            continue;
-          }
-#endif
-          q::dequantize_block(L.desc, codes, sc, L.offsets ? qt.offsets.data() + gi * sb : nullptr, global,
-                              static_cast<int>(n), out + t * D + d0);
+        if (path.e4m3) {
+          decode_e4m3_avx2(codes, n, q::minifloat_block_multiplier(L.desc, sc, global), out + t * D + d0);
+          return;
         }
+        if (path.e2m1) {
+          decode_e2m1_avx2(codes, static_cast<int>(n), q::minifloat_block_multiplier(L.desc, sc, global),
+                           out + t * D + d0);
+          return;
+        }
+#endif
+        q::dequantize_block(L.desc, codes, sc, L.offsets ? qt.offsets.data() + gi * sb : nullptr, global,
+                            static_cast<int>(n), out + t * D + d0);
+      });
     };
     split_ranges(T, kernel != CpuKernel::Reference && T * D >= kThreadMinElems ? g_threads.load() : 1, rows);
     return;

@@ -17,6 +17,7 @@
 #include "latentq/attention_cuda.h"
 #include "latentq/probes/attention.h"
 #include "latentq/quantize_cuda.h"
+#include "require_gpu.h"
 #include "latentq/attention_device_cuda.h"
 
 namespace {
@@ -24,13 +25,6 @@ namespace {
 using namespace latentq;
 using probes::AbsorbedAttention;
 using probes::AttentionResult;
-
-#define LQ_REQUIRE_GPU()                                \
-  do {                                                  \
-    std::string why_;                                   \
-    if (!latentq::cuda_device_available(&why_))         \
-      GTEST_SKIP() << "no CUDA device: " << why_;       \
-  } while (0)
 
 // One layer's queries and cache: H heads, sequences of the given lengths (an empty one allowed), every
 // third token a query row plus each sequence's first and last token (so a segment spans several CPU

@@ -22,17 +22,11 @@
 
 #include "latentq/quantize.h"
 #include "latentq/quantize_cuda.h"
+#include "require_gpu.h"
 #include "latentq/transform.h"
 
 namespace {
 using namespace latentq;
-
-#define LQ_REQUIRE_GPU()                                          \
-  do {                                                            \
-    std::string why_;                                             \
-    if (!latentq::cuda_device_available(&why_))                   \
-      GTEST_SKIP() << "no CUDA device: " << why_;                 \
-  } while (0)
 
 float signed_zero(std::mt19937_64& rng) { return (rng() & 1) ? 0.0f : -0.0f; }
 
