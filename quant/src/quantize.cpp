@@ -1027,6 +1027,69 @@ __attribute__((LQ_AVX2_TARGET, noinline)) void decode_e2m1_avx2(const uint8_t* c
   }
 }
 
+// ---- the ggml kinds in AVX2 (q8_0, q4_0, q4_1; blocks of 32, ggml-quants.c's reference rounding) ---------
+// Eight int32 codes of encode_element: q8_0 round_half_away(v · id) clamped to ±127 (truncate |y|, add 1
+// where |y| − trunc ≥ 0.5, the sign back: the scalar steps, each exact); q4_0 (int)(v · id + 8.5) and q4_1
+// (int)((v − min) · id + 0.5), C's truncation (vcvttps2dq), clamped to [0, 15].
+template <q::BlockKind K>
+LQ_AVX2_AI __m256i ggml_codes_avx2(const float* x, __m256 id, __m256 mn) {
+  const __m256 v = _mm256_loadu_ps(x);
+  if constexpr (K == q::BlockKind::Q8_0) {
+    const __m256 y = _mm256_mul_ps(v, id);
+    const __m256 sign = _mm256_and_ps(y, _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int>(0x80000000u))));
+    const __m256 a = _mm256_andnot_ps(_mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int>(0x80000000u))), y);
+    const __m256 t = _mm256_cvtepi32_ps(_mm256_cvttps_epi32(a));
+    const __m256 up = _mm256_and_ps(_mm256_cmp_ps(_mm256_sub_ps(a, t), _mm256_set1_ps(0.5f), _CMP_GE_OQ), _mm256_set1_ps(1.0f));
+    __m256 r = _mm256_or_ps(_mm256_add_ps(t, up), sign);
+    r = _mm256_min_ps(_mm256_max_ps(r, _mm256_set1_ps(-127.0f)), _mm256_set1_ps(127.0f));
+    return _mm256_cvttps_epi32(r);
+  } else {
+    const __m256 y = K == q::BlockKind::Q4_0 ? _mm256_add_ps(_mm256_mul_ps(v, id), _mm256_set1_ps(8.5f))
+                                             : _mm256_add_ps(_mm256_mul_ps(_mm256_sub_ps(v, mn), id), _mm256_set1_ps(0.5f));
+    const __m256i c = _mm256_cvttps_epi32(y);
+    return _mm256_min_epi32(_mm256_max_epi32(c, _mm256_setzero_si256()), _mm256_set1_epi32(15));
+  }
+}
+
+// eight int32 → eight int16 (signed saturation; the codes fit)
+LQ_AVX2_AI __m128i narrow16_avx2(__m256i a) {
+  return _mm_packs_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+}
+
+// The code bytes of one whole ggml block of 32 (encode_block_bytes's layout: q8_0 one signed byte per element;
+// q4_0 / q4_1 byte j = code(x[j]) | code(x[j + 16]) << 4).
+template <q::BlockKind K>
+LQ_AVX2_AI void encode_ggml32_avx2_t(const q::BlockParams& p, const float* x, uint8_t* codes) {
+  const __m256 id = _mm256_set1_ps(p.s), mn = _mm256_set1_ps(p.mn);
+  const __m256i c0 = ggml_codes_avx2<K>(x, id, mn), c1 = ggml_codes_avx2<K>(x + 8, id, mn),
+                c2 = ggml_codes_avx2<K>(x + 16, id, mn), c3 = ggml_codes_avx2<K>(x + 24, id, mn);
+  if constexpr (K == q::BlockKind::Q8_0) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(codes), _mm_packs_epi16(narrow16_avx2(c0), narrow16_avx2(c1)));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + 16), _mm_packs_epi16(narrow16_avx2(c2), narrow16_avx2(c3)));
+  } else {
+    const __m256i b0 = _mm256_or_si256(c0, _mm256_slli_epi32(c2, 4)), b1 = _mm256_or_si256(c1, _mm256_slli_epi32(c3, 4));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(codes), _mm_packus_epi16(narrow16_avx2(b0), narrow16_avx2(b1)));
+  }
+}
+
+// encode_block_bytes of a ggml block: whole blocks of 32 in vectors, anything else by the scalar code.
+__attribute__((LQ_AVX2_TARGET, noinline)) void encode_ggml_avx2(const q::BlockDesc& f, const q::BlockParams& p,
+                                                                const float* x, int n, uint8_t* codes) {
+  if (n != 32) {
+    q::encode_block_bytes(f, p, x, n, 0, q::block_code_bytes(n, f.code_bits), codes);
+    return;
+  }
+  switch (f.kind) {
+    case q::BlockKind::Q8_0: return encode_ggml32_avx2_t<q::BlockKind::Q8_0>(p, x, codes);
+    case q::BlockKind::Q4_0: return encode_ggml32_avx2_t<q::BlockKind::Q4_0>(p, x, codes);
+    default: return encode_ggml32_avx2_t<q::BlockKind::Q4_1>(p, x, codes);
+  }
+}
+
+bool ggml_elements(const q::BlockDesc& f) {
+  return f.kind == q::BlockKind::Q8_0 || f.kind == q::BlockKind::Q4_0 || f.kind == q::BlockKind::Q4_1;
+}
+
 // The non-ggml 4-bit kinds (e2m1 elements): MXFP4, NVFP4, FlashMLA's fp4 tiles.
 bool e2m1_elements(const q::BlockDesc& f) {
   return f.code_bits == 4 &&
@@ -1076,13 +1139,14 @@ void for_each_block(const Layout& L, int64_t D, int64_t t0, int64_t t1, Fn&& fn)
 
 // Which AVX2 element path a block format takes under `kernel` (none outside Avx2 and for the ggml kinds).
 struct BlockPath {
-  bool e4m3 = false, e2m1 = false;
+  bool e4m3 = false, e2m1 = false, ggml = false;
 };
 BlockPath block_path([[maybe_unused]] CpuKernel kernel, [[maybe_unused]] const q::BlockDesc& f) {
   BlockPath b;
 #if LQ_HAVE_AVX2_KERNEL
   b.e4m3 = kernel == CpuKernel::Avx2 && e4m3_elements(f);
   b.e2m1 = kernel == CpuKernel::Avx2 && e2m1_elements(f);
+  b.ggml = kernel == CpuKernel::Avx2 && ggml_elements(f);
 #endif
   return b;
 }
@@ -1419,7 +1483,10 @@ QuantizedTensor quantize(const QuantSpec& spec_in, Target target, const float* X
         uint8_t* of = L.offsets ? qt.offsets.data() + gi * sb : nullptr;
         q::BlockStatus st;
 #if LQ_HAVE_AVX2_KERNEL
-        if (path.e2m1) {  // quantize_block = block_params, then encode_block_bytes (scaled_element, e2m1)
+        if (path.ggml) {  // quantize_block = block_params (its own statistics, in element order), then the codes
+          const q::BlockParams p = q::block_params(L.desc, x, static_cast<int>(n), global, sc, of, st);
+          encode_ggml_avx2(L.desc, p, x, static_cast<int>(n), codes);
+        } else if (path.e2m1) {  // quantize_block = block_params, then encode_block_bytes (scaled_element, e2m1)
           const q::BlockParams p = q::block_params_amax(L.desc, q::f32_from_bits(abs_bits_max_avx2(x, n)), x,
                                                         static_cast<int>(n), global, sc, of, st);
           encode_e2m1_avx2(L.desc, p, x, static_cast<int>(n), codes);

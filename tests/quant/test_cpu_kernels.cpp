@@ -374,6 +374,31 @@ TEST(CpuKernels, BlockFormatsGiveTheReferenceBytes) {
   }
 }
 
+// The ggml kinds at their rounding points: each block of 32 pins its scale to 1 (q8_0: an element 127, d =
+// 127/127; q4_0: an element −8, d = −8/−8; q4_1: elements 15 and 0, d = 15/15, min 0), so the others are
+// rounded as written: k + 1/2 and its float neighbours (q8_0's round-half-away; q4_0's and q4_1's C
+// truncation after + 8.5 / + 0.5), over each format's range, both signs.
+TEST(CpuKernels, GgmlBlocksAtRoundingPointsGiveTheReferenceBytes) {
+  const int64_t T = 24, D = 512;
+  for (const std::string spec : {"q8_0", "q4_0", "q4_1"}) {
+    const float lo = spec == "q8_0" ? -127.0f : spec == "q4_0" ? -8.0f : 0.0f;
+    const float hi = spec == "q8_0" ? 127.0f : spec == "q4_0" ? 7.0f : 15.0f;
+    std::vector<float> vals;
+    for (float k = lo; k < hi; k += 1.0f) {
+      const float m = k + 0.5f;
+      for (const float v : {m, std::nextafter(m, -1e9f), std::nextafter(m, 1e9f), k}) vals.push_back(v);
+    }
+    std::vector<float> x(static_cast<size_t>(T * D));
+    for (int64_t i = 0; i < T * D; ++i) x[i] = vals[static_cast<size_t>(i) % vals.size()];
+    for (int64_t b = 0; b < T * D; b += 32) {
+      if (spec == "q8_0") x[b] = 127.0f;
+      if (spec == "q4_0") x[b] = -8.0f;
+      if (spec == "q4_1") x[b] = 15.0f, x[b + 1] = 0.0f;
+    }
+    expect_same(spec, x, T, D, {0, T}, "rounding points");
+  }
+}
+
 TEST(CpuKernels, QuantizeIntoAReusedTensorEqualsQuantize) {
   const uint64_t seed = 23;
   std::mt19937_64 rng(seed);

@@ -117,8 +117,8 @@ QuantizedTensor quantize_dequantize(const QuantSpec& spec, Target target, const 
 /// and dequantize(). All three give the same bytes (tests/quant/test_cpu_kernels.cpp checks it byte for
 /// byte). The block formats run blockfmt.h's block functions on every kernel: Baseline and Avx2 split the
 /// rows across set_cpu_threads' threads, and Avx2 also encodes and decodes the e4m3 kinds (fp8 tiles,
-/// per-tensor fp8, MXFP8) and the e2m1 kinds (MXFP4, NVFP4, fp4 tiles) eight elements at a time and takes the
-/// NaN/Inf check and max|x| in one pass (the same bytes again; the ggml kinds element by element). bf16 runs the reference loop (after that one pass under Avx2).
+/// per-tensor fp8, MXFP8), the e2m1 kinds (MXFP4, NVFP4, fp4 tiles) and the ggml kinds' codes eight elements
+/// at a time and takes the NaN/Inf check and max|x| in one pass (the same bytes again). bf16 runs the reference loop (after that one pass under Avx2).
 ///   Reference  the plain loops: one pass for NaN/Inf, one for the statistics, one to encode.
 ///   Baseline   the fused loops (statistics, NaN/Inf flag and encoding of a group while it is in cache;
 ///              eight-lane min/max reductions), compiled for the baseline ISA (x86-64: SSE2).
