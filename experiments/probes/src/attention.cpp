@@ -508,15 +508,14 @@ template <typename Scalar>
 std::vector<AttentionResult<Scalar>> AbsorbedAttention<Scalar>::run_variants(std::span<const Variant> variants,
                                                                              bool keep_probs) const {
   const int64_t nv = static_cast<int64_t>(variants.size());
-  const auto check_variant = [&](int64_t a) {
+  const auto check_scores = [&](int64_t a) {
     const Variant& x = variants[a];
-    check_latents(dims_, T_, x.c_kv, x.k_pe);
     if (x.scores && (x.scores->store != x.c_kv.data() || x.scores->chunks.size() != chunks_.size()))
       throw std::invalid_argument("attention: run_variants: variant " + sz(a) +
                                   "'s partial scores were computed from another c_kv store");
   };
-  if (device_) {
-    for (int64_t a = 0; a < nv; ++a) check_variant(a);
+  if (device_) {  // run_device checks each variant's latents
+    for (int64_t a = 0; a < nv; ++a) check_scores(a);
     std::vector<AttentionResult<Scalar>> out;
     out.reserve(nv);
     for (const Variant& x : variants) out.push_back(run_device(x.c_kv, x.k_pe, keep_probs));
@@ -530,7 +529,8 @@ std::vector<AttentionResult<Scalar>> AbsorbedAttention<Scalar>::run_variants(std
   std::vector<const CkvScores*> c_scores;
   for (int64_t a = 0; a < nv; ++a) {
     const Variant& x = variants[a];
-    check_variant(a);
+    check_latents(dims_, T_, x.c_kv, x.k_pe);
+    check_scores(a);
     auto ic = std::find(cs.begin(), cs.end(), x.c_kv.data());
     if (ic == cs.end()) {
       cs.push_back(x.c_kv.data());
