@@ -138,6 +138,35 @@ __attribute__((target("avx2"))) void exp_shifted_avx2(float* x, int64_t n, float
   for (; j + 8 <= n; j += 8) _mm256_storeu_ps(x + j, _ZGVdN8v_expf(_mm256_sub_ps(_mm256_loadu_ps(x + j), vm)));
   for (; j < n; ++j) x[j] = std::exp(x[j] - m);
 }
+
+// max of x[0, n), n >= 1, sixteen at a time: the same value as the scalar fold for finite x (max is exact;
+// a zero's sign cannot change exp(x − m)); a NaN row fails require_finite_result on either path.
+__attribute__((target("avx2"))) float max_avx2(const float* x, int64_t n) {
+  int64_t j = 0;
+  float m = x[0];
+  if (n >= 16) {
+    __m256 a = _mm256_loadu_ps(x), b = _mm256_loadu_ps(x + 8);
+    for (j = 16; j + 16 <= n; j += 16) {
+      a = _mm256_max_ps(a, _mm256_loadu_ps(x + j));
+      b = _mm256_max_ps(b, _mm256_loadu_ps(x + j + 8));
+    }
+    alignas(32) float lane[8];
+    _mm256_store_ps(lane, _mm256_max_ps(a, b));
+    m = lane[0];
+    for (int k = 1; k < 8; ++k) m = std::max(m, lane[k]);
+  }
+  for (; j < n; ++j) m = std::max(m, x[j]);
+  return m;
+}
+
+// Whether some x[j] > thr for j in [0, 16): the skip test of top_m, sixteen values in one compare each
+// half (ordered: a NaN never exceeds thr, as in the scalar test).
+__attribute__((target("avx2"))) bool any_greater16_avx2(const float* x, float thr) {
+  const __m256 t = _mm256_set1_ps(thr);
+  const __m256 g = _mm256_or_ps(_mm256_cmp_ps(_mm256_loadu_ps(x), t, _CMP_GT_OQ),
+                                _mm256_cmp_ps(_mm256_loadu_ps(x + 8), t, _CMP_GT_OQ));
+  return _mm256_movemask_ps(g) != 0;
+}
 #endif
 
 /// In-place softmax of x[0, n) in Scalar precision (max-subtracted); x[n, n_total) set to 0. The sum is
@@ -147,14 +176,15 @@ __attribute__((target("avx2"))) void exp_shifted_avx2(float* x, int64_t n, float
 template <typename Scalar>
 void softmax_row(Scalar* x, int64_t n, int64_t n_total) {
   Scalar m = x[0];
-  for (int64_t j = 1; j < n; ++j) m = std::max(m, x[j]);
   bool done = false;
 #ifdef LQ_VEC_MATH
   if constexpr (std::is_same_v<Scalar, float>)
-    if (active_cpu_kernel() == CpuKernel::Avx2) exp_shifted_avx2(x, n, m), done = true;
+    if (active_cpu_kernel() == CpuKernel::Avx2) m = max_avx2(x, n), exp_shifted_avx2(x, n, m), done = true;
 #endif
-  if (!done)
+  if (!done) {
+    for (int64_t j = 1; j < n; ++j) m = std::max(m, x[j]);
     for (int64_t j = 0; j < n; ++j) x[j] = std::exp(x[j] - m);
+  }
   Scalar sum = 0;
   for (int64_t j = 0; j < n; ++j) sum += x[j];
   for (int64_t j = 0; j < n; ++j) x[j] /= sum;
@@ -705,8 +735,9 @@ namespace {
 
 /// The m ≤ 8 largest values of p (ties → lower index first): idx[0..m) in descending order of value.
 /// Allocation-free insertion into a sorted list, scanning j upward: an equal value never displaces an
-/// earlier key, only a strictly larger one. Once m keys are held, blocks of 8 values none of which
-/// exceeds the m-th largest so far are skipped with one vectorizable test (most of a long row).
+/// earlier key, only a strictly larger one. Once m keys are held, blocks of 16 values none of which
+/// exceeds the m-th largest so far are skipped with one test (AVX2 compares under the Avx2 CPU kernel;
+/// most of a long row).
 template <typename Scalar>
 void top_m(std::span<const Scalar> p, int64_t m, int64_t* idx) {
   int64_t count = 0;
@@ -723,11 +754,20 @@ void top_m(std::span<const Scalar> p, int64_t m, int64_t* idx) {
   for (; j < n && count < m; ++j) insert(j);
   if (m < 1) return;
   Scalar thr = p[idx[m - 1]];  // the m-th largest so far: only a value > thr enters
-  constexpr int64_t kBlock = 8;
+  constexpr int64_t kBlock = 16;
+  bool vec = false;
+#ifdef LQ_VEC_MATH
+  if constexpr (std::is_same_v<Scalar, float>) vec = active_cpu_kernel() == CpuKernel::Avx2;
+#endif
   while (j < n) {
     if (j + kBlock <= n) {
       bool any = false;
-      for (int64_t k = 0; k < kBlock; ++k) any |= p[j + k] > thr;
+#ifdef LQ_VEC_MATH
+      if constexpr (std::is_same_v<Scalar, float>)
+        if (vec) any = any_greater16_avx2(p.data() + j, thr);
+#endif
+      if (!vec)
+        for (int64_t k = 0; k < kBlock; ++k) any |= p[j + k] > thr;
       if (!any) {
         j += kBlock;
         continue;
