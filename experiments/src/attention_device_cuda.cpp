@@ -1,6 +1,8 @@
 // The CUDA backend's attention device (latentq/study.h make_cuda_attention_device): probes::AttentionDevice
-// over latentq::DeviceAbsorbedAttention (kernels/include/latentq/attention_cuda.h). Built with cuBLAS
+// over latentq::DeviceAbsorbedAttention (kernels/include/latentq/attention_cuda.h), attention_error's terms
+// included (computes_error_terms: the probabilities stay on the device). Built with cuBLAS
 // (LATENTQ_CUBLAS); test_gpu_emu compiles it against the host emulator's kernels.
+#include <cstdint>
 #include <memory>
 #include <vector>
 
@@ -21,13 +23,33 @@ class CudaAttentionDevice final : public probes::AttentionDevice {
  public:
   explicit CudaAttentionDevice(const probes::AttentionLayout& l)
       : dev_(l.dims.num_heads, l.dims.kv_lora_rank, l.dims.qk_rope_head_dim, l.dims.v_head_dim, l.num_tokens,
-             l.softmax_scale, l.nkeys, segments_of(l), l.q_lat, l.q_pe, l.w_uv) {}
+             l.softmax_scale, l.nkeys, segments_of(l), l.q_lat, l.q_pe, l.w_uv),
+        nkeys_(l.nkeys.size()),
+        heads_(l.dims.num_heads) {}
   void run(const float* c_kv, const float* k_pe, float* out_sorted, float* probs) const override {
     dev_.run(c_kv, k_pe, out_sorted, probs);
+  }
+  bool computes_error_terms() const override { return true; }
+  void keep_reference(const float* c_kv, const float* k_pe, float* out_sorted) const override {
+    dev_.keep_reference(c_kv, k_pe, out_sorted);
+  }
+  void error_terms(const float* c_kv, const float* k_pe, probes::AttentionPairTerms* terms) const override {
+    const int64_t n = static_cast<int64_t>(nkeys_) * heads_;
+    std::vector<DeviceAttentionTerms> d(static_cast<size_t>(n));
+    dev_.error_terms(c_kv, k_pe, probes::kKlProbFloor, d.data());
+    for (int64_t q = 0; q < n; ++q) {
+      const DeviceAttentionTerms& x = d[q];
+      probes::AttentionPairTerms& t = terms[q];
+      t.kl = x.kl, t.dot = x.dot, t.ref2 = x.ref2, t.test2 = x.test2, t.err2 = x.err2;
+      t.equal = x.equal != 0, t.top1 = x.top1 != 0, t.top_common = x.top_common;
+      t.nonfinite_probs = x.nonfinite_probs, t.nonfinite_out = x.nonfinite_out;
+    }
   }
 
  private:
   DeviceAbsorbedAttention dev_;
+  size_t nkeys_;    // Tq
+  int64_t heads_;   // H
 };
 
 }  // namespace

@@ -1,6 +1,7 @@
 // kernels/src/attention.cu — DeviceAbsorbedAttention (latentq/attention_cuda.h): per segment two cuBLAS
 // sgemm for the scores (c_kv, then k_pe accumulated), one softmax block per row, one sgemm for o_lat; then
-// one strided-batched sgemm over the heads for out = o_lat·W_UVᵀ.
+// one strided-batched sgemm over the heads for out = o_lat·W_UVᵀ. error_terms(): one block per (row, head)
+// for attention_error's terms against a kept reference (KL, top-8 keys, the output sums).
 //
 // cuBLAS is column-major: a row-major [m, n] matrix with row stride ld is, to cuBLAS, its transpose, a
 // column-major [n, m] matrix with leading dimension ld. Each call below is written for the row-major
@@ -128,6 +129,146 @@ __global__ void __launch_bounds__(kSoftmaxThreads)
   for (int64_t j = n + t; j < ld; j += kSoftmaxThreads) x[j] = 0;
 }
 
+// ---- attention_error's terms on the device ---------------------------------------------------------
+
+constexpr int kTop = 8;  // top-8 agreement (probes::AttentionError::top8_agree); top-1 is its first entry
+
+// The order of probes' top_m: larger value first, equal values by the lower key index.
+__device__ __forceinline__ bool top_before(float va, int32_t ia, float vb, int32_t ib) {
+  return va > vb || (va == vb && ia < ib);
+}
+
+// The top-kTop keys of x[0, n) in top_before order into idx[0, min(n, kTop)) (all threads of the block see
+// them on return). Each thread keeps a sorted list of its strided keys (j = t, t + 256, ...), then the lists are
+// merged pairwise in a fixed tree; the result is the same set and order as top_m for any finite x.
+__device__ void block_top(const float* x, int64_t n, float (*sv)[kTop], int32_t (*si)[kTop], int* sn, int32_t* idx) {
+  const int t = static_cast<int>(threadIdx.x);
+  float lv[kTop];
+  int32_t li[kTop];
+  int ln = 0;
+  for (int64_t j = t; j < n; j += kSoftmaxThreads) {
+    const float v = x[j];
+    const int32_t jj = static_cast<int32_t>(j);
+    if (ln == kTop && !top_before(v, jj, lv[kTop - 1], li[kTop - 1])) continue;
+    int pos = ln < kTop ? ln++ : kTop - 1;
+    while (pos > 0 && top_before(v, jj, lv[pos - 1], li[pos - 1])) {
+      lv[pos] = lv[pos - 1], li[pos] = li[pos - 1];
+      --pos;
+    }
+    lv[pos] = v, li[pos] = jj;
+  }
+  for (int k = 0; k < ln; ++k) sv[t][k] = lv[k], si[t][k] = li[k];
+  sn[t] = ln;
+  __syncthreads();
+  for (int s = kSoftmaxThreads / 2; s > 0; s >>= 1) {
+    if (t < s) {
+      const int na = sn[t], nb = sn[t + s];
+      int a = 0, b = 0, k = 0;
+      while (k < kTop && (a < na || b < nb)) {
+        const bool take_a = b >= nb || (a < na && top_before(sv[t][a], si[t][a], sv[t + s][b], si[t + s][b]));
+        if (take_a) lv[k] = sv[t][a], li[k] = si[t][a], ++a;
+        else lv[k] = sv[t + s][b], li[k] = si[t + s][b], ++b;
+        ++k;
+      }
+      for (int q = 0; q < k; ++q) sv[t][q] = lv[q], si[t][q] = li[q];
+      sn[t] = k;
+    }
+    __syncthreads();
+  }
+  const int m = sn[0];
+  for (int k = 0; k < m; ++k) idx[k] = si[0][k];
+  __syncthreads();  // sv/si/sn are reused by the next call
+}
+
+template <typename T>
+__device__ T block_sum(T v, T* sh) {
+  const int t = static_cast<int>(threadIdx.x);
+  sh[t] = v;
+  __syncthreads();
+  for (int s = kSoftmaxThreads / 2; s > 0; s >>= 1) {
+    if (t < s) sh[t] = sh[t] + sh[t + s];
+    __syncthreads();
+  }
+  const T r = sh[0];
+  __syncthreads();
+  return r;
+}
+
+__device__ __forceinline__ bool not_finite(float x) { return !(fabsf(x) <= 3.402823466e38f); }
+
+// One block per row q of a segment's probabilities P [M, ld] (sorted row q / H reads nkeys[q / H] keys): its
+// top-kTop key indices into top [M, kTop] (-1 past min(nkeys, kTop)).
+__global__ void __launch_bounds__(kSoftmaxThreads)
+    top_rows_kernel(const float* P, int64_t ld, const int64_t* nkeys, int H, int32_t* top) {
+  __shared__ float sv[kSoftmaxThreads][kTop];
+  __shared__ int32_t si[kSoftmaxThreads][kTop];
+  __shared__ int sn[kSoftmaxThreads];
+  __shared__ int32_t idx[kTop];
+  const int64_t q = blockIdx.x;
+  const int64_t n = nkeys[q / H];
+  block_top(P + q * ld, n, sv, si, sn, idx);
+  if (threadIdx.x == 0)
+    for (int k = 0; k < kTop; ++k) top[q * kTop + k] = k < min(static_cast<int>(n), kTop) ? idx[k] : -1;
+}
+
+// One block per row q of a segment: the terms of pair q between the reference (P_ref, top_ref, out_ref) and the
+// test (P, out): out rows [M, v] of the segment. The sums are float64 in a fixed tree (the same every run).
+__global__ void __launch_bounds__(kSoftmaxThreads)
+    error_terms_kernel(const float* P_ref, const float* P, int64_t ld, const int64_t* nkeys, int H,
+                       const int32_t* top_ref, const float* out_ref, const float* out, int v, double kl_floor,
+                       DeviceAttentionTerms* terms) {
+  __shared__ float sv[kSoftmaxThreads][kTop];
+  __shared__ int32_t si[kSoftmaxThreads][kTop];
+  __shared__ int sn[kSoftmaxThreads];
+  __shared__ int32_t idx[kTop];
+  __shared__ double shd[kSoftmaxThreads];
+  __shared__ int shi[kSoftmaxThreads];
+  const int64_t q = blockIdx.x;
+  const int64_t n = nkeys[q / H];
+  const float* p = P_ref + q * ld;
+  const float* ph = P + q * ld;
+  const int t = static_cast<int>(threadIdx.x);
+  double kl = 0;
+  int bad_p = 0;
+  for (int64_t j = t; j < n; j += kSoftmaxThreads) {
+    const double pj = p[j];
+    bad_p += not_finite(ph[j]) ? 1 : 0;
+    if (pj > 0) kl += pj * log(pj / fmax(static_cast<double>(ph[j]), kl_floor));
+  }
+  double dot = 0, na = 0, nb = 0, e2 = 0;
+  int diff = 0, bad_o = 0;
+  for (int j = t; j < v; j += kSoftmaxThreads) {
+    const float fa = out_ref[q * v + j], fb = out[q * v + j];
+    const double a = fa, b = fb;
+    dot += a * b, na += a * a, nb += b * b, e2 += (b - a) * (b - a);
+    diff += fa != fb ? 1 : 0;
+    bad_o += not_finite(fb) ? 1 : 0;
+  }
+  kl = block_sum(kl, shd);
+  dot = block_sum(dot, shd);
+  na = block_sum(na, shd);
+  nb = block_sum(nb, shd);
+  e2 = block_sum(e2, shd);
+  diff = block_sum(diff, shi);
+  bad_p = block_sum(bad_p, shi);
+  bad_o = block_sum(bad_o, shi);
+  block_top(ph, n, sv, si, sn, idx);
+  if (t == 0) {
+    const int m = min(static_cast<int>(n), kTop);
+    const int32_t* r = top_ref + q * kTop;
+    int common = 0;
+    for (int a = 0; a < m; ++a)
+      for (int b = 0; b < m; ++b) common += r[a] == idx[b] ? 1 : 0;
+    DeviceAttentionTerms x;
+    x.kl = kl, x.dot = dot, x.ref2 = na, x.test2 = nb, x.err2 = e2;
+    x.equal = diff == 0 ? 1 : 0;
+    x.top1 = m > 0 && r[0] == idx[0] ? 1 : 0;
+    x.top_common = common;
+    x.nonfinite_probs = bad_p, x.nonfinite_out = bad_o, x.pad = 0;
+    terms[q] = x;
+  }
+}
+
 int cublas_int(int64_t n, const char* what) {
   if (n < 0 || n > std::numeric_limits<int>::max())
     throw std::invalid_argument(std::string("DeviceAbsorbedAttention: ") + what + " " + std::to_string(n) +
@@ -147,7 +288,14 @@ struct DeviceAbsorbedAttention::Impl {
   gpu::DeviceBuffer<float> d_c_kv, d_k_pe;           // [T, r], [T, rope]
   gpu::DeviceBuffer<float> d_S;                      // Σ (end − begin)·H × nk
   gpu::DeviceBuffer<float> d_o_lat, d_out;           // [Tq·H, r], [Tq·H·v]
+  // The kept reference (keep_reference): its probabilities (as d_S), outputs and top keys [Tq·H, kTop].
+  gpu::DeviceBuffer<float> d_S_ref, d_out_ref;
+  gpu::DeviceBuffer<int32_t> d_top_ref;
+  gpu::DeviceBuffer<DeviceAttentionTerms> d_terms;   // [Tq·H]
+  bool has_ref = false;
   cublasHandle_t handle = nullptr;
+
+  void compute(const float* c_kv, const float* k_pe);
 
   ~Impl() {
     if (handle) cublas().destroy(handle);
@@ -223,9 +371,9 @@ bool cuda_attention_available(std::string* why) {
 
 int64_t DeviceAbsorbedAttention::probs_size() const { return impl_->s_offset.back(); }
 
-void DeviceAbsorbedAttention::run(const float* c_kv, const float* k_pe, float* out_sorted, float* probs) const {
-  std::lock_guard<std::mutex> lock(mu_);
-  Impl& m = *impl_;
+// Uploads one cache and evaluates it into d_S (probabilities) and d_out.
+void DeviceAbsorbedAttention::Impl::compute(const float* c_kv, const float* k_pe) {
+  Impl& m = *this;
   const int H = static_cast<int>(m.H), r = static_cast<int>(m.r), rope = static_cast<int>(m.rope),
             v = static_cast<int>(m.v), Tq = static_cast<int>(m.Tq);
   m.d_c_kv.upload(c_kv, static_cast<size_t>(m.T * m.r), nullptr, "c_kv");
@@ -258,8 +406,60 @@ void DeviceAbsorbedAttention::run(const float* c_kv, const float* k_pe, float* o
                                             static_cast<long long>(m.v) * m.r, m.d_o_lat.data(), H * r,
                                             static_cast<long long>(m.r), &zero, m.d_out.data(), H * v,
                                             static_cast<long long>(m.v), H));
+}
+
+void DeviceAbsorbedAttention::run(const float* c_kv, const float* k_pe, float* out_sorted, float* probs) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  Impl& m = *impl_;
+  m.compute(c_kv, k_pe);
   m.d_out.download(out_sorted, nullptr);
   if (probs) m.d_S.download(probs, nullptr);
+}
+
+void DeviceAbsorbedAttention::keep_reference(const float* c_kv, const float* k_pe, float* out_sorted) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  Impl& m = *impl_;
+  m.has_ref = false;
+  m.compute(c_kv, k_pe);
+  m.d_S_ref.resize(m.d_S.size(), "reference probabilities");
+  m.d_out_ref.resize(m.d_out.size(), "reference output");
+  m.d_top_ref.resize(static_cast<size_t>(m.Tq * m.H * kTop), "reference top keys");
+  LQ_CUDA_CHECK(cudaMemcpyAsync(m.d_S_ref.data(), m.d_S.data(), m.d_S.bytes(), cudaMemcpyDeviceToDevice, nullptr));
+  LQ_CUDA_CHECK(cudaMemcpyAsync(m.d_out_ref.data(), m.d_out.data(), m.d_out.bytes(), cudaMemcpyDeviceToDevice, nullptr));
+  for (size_t g = 0; g < m.segments.size(); ++g) {
+    const DeviceAttentionSegment& s = m.segments[g];
+    LQ_LAUNCH(top_rows_kernel, dim3(static_cast<unsigned>((s.end - s.begin) * m.H)), dim3(kSoftmaxThreads), 0, nullptr,
+              m.d_S_ref.data() + m.s_offset[g], static_cast<int64_t>(s.nk), m.d_nkeys.data() + s.begin,
+              static_cast<int>(m.H), m.d_top_ref.data() + s.begin * m.H * kTop);
+    LQ_CUDA_CHECK(cudaGetLastError());
+  }
+  m.d_out.download(out_sorted, nullptr);
+  m.has_ref = true;
+}
+
+bool DeviceAbsorbedAttention::has_reference() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return impl_->has_ref;
+}
+
+void DeviceAbsorbedAttention::error_terms(const float* c_kv, const float* k_pe, double kl_floor,
+                                          DeviceAttentionTerms* terms) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  Impl& m = *impl_;
+  if (!m.has_ref) throw std::logic_error("DeviceAbsorbedAttention::error_terms: no reference kept (keep_reference)");
+  m.compute(c_kv, k_pe);
+  m.d_terms.resize(static_cast<size_t>(m.Tq * m.H), "attention error terms");
+  for (size_t g = 0; g < m.segments.size(); ++g) {
+    const DeviceAttentionSegment& s = m.segments[g];
+    const int64_t row0 = s.begin * m.H;  // the segment's first pair
+    LQ_LAUNCH(error_terms_kernel, dim3(static_cast<unsigned>((s.end - s.begin) * m.H)), dim3(kSoftmaxThreads), 0,
+              nullptr, m.d_S_ref.data() + m.s_offset[g], m.d_S.data() + m.s_offset[g], static_cast<int64_t>(s.nk),
+              m.d_nkeys.data() + s.begin, static_cast<int>(m.H), m.d_top_ref.data() + row0 * kTop,
+              m.d_out_ref.data() + row0 * m.v, m.d_out.data() + row0 * m.v, static_cast<int>(m.v), kl_floor,
+              m.d_terms.data() + row0);
+    LQ_CUDA_CHECK(cudaGetLastError());
+  }
+  m.d_terms.download(terms, nullptr);
 }
 
 }  // namespace latentq

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <numeric>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -321,11 +322,12 @@ TEST_F(ProbeTest, CellsAreIndependentOfThreadsAndOfEachOther) {
 
 // A stand-in for the CUDA backend's attention device: the device contract of probes::AttentionDevice
 // written out literally in float64 (scores, causal softmax, o_lat, W_UV per head) over the layout, counting
-// its runs.
+// its runs. With `metrics` it also computes attention_error's terms itself (keep_reference, error_terms) as
+// the CUDA device does, here by a sort of each row's keys (value descending, then key index) for the top-8.
 class LiteralAttentionDevice final : public probes::AttentionDevice {
  public:
-  LiteralAttentionDevice(const probes::AttentionLayout& l, std::shared_ptr<std::atomic<int>> runs)
-      : l_(l), nkeys_(l.nkeys.begin(), l.nkeys.end()), runs_(std::move(runs)) {
+  LiteralAttentionDevice(const probes::AttentionLayout& l, std::shared_ptr<std::atomic<int>> runs, bool metrics = false)
+      : l_(l), nkeys_(l.nkeys.begin(), l.nkeys.end()), runs_(std::move(runs)), metrics_(metrics) {
     const int64_t Tq = static_cast<int64_t>(nkeys_.size()), H = l.dims.num_heads;
     q_lat_.assign(l.q_lat, l.q_lat + Tq * H * l.dims.kv_lora_rank);
     q_pe_.assign(l.q_pe, l.q_pe + Tq * H * l.dims.qk_rope_head_dim);
@@ -367,17 +369,68 @@ class LiteralAttentionDevice final : public probes::AttentionDevice {
       off += (g.end - g.begin) * H * g.nk;
     }
   }
+  bool computes_error_terms() const override { return metrics_; }
+  void keep_reference(const float* c_kv, const float* k_pe, float* out) const override {
+    const int64_t n_out = static_cast<int64_t>(nkeys_.size()) * l_.dims.num_heads * l_.dims.v_head_dim;
+    ref_probs_.assign(static_cast<size_t>(probs_size()), 0.0f);
+    ref_out_.assign(static_cast<size_t>(n_out), 0.0f);
+    run(c_kv, k_pe, ref_out_.data(), ref_probs_.data());
+    std::copy(ref_out_.begin(), ref_out_.end(), out);
+  }
+  void error_terms(const float* c_kv, const float* k_pe, probes::AttentionPairTerms* terms) const override {
+    const int64_t H = l_.dims.num_heads, v = l_.dims.v_head_dim;
+    std::vector<float> probs(static_cast<size_t>(probs_size())), out(ref_out_.size());
+    run(c_kv, k_pe, out.data(), probs.data());
+    const auto top = [](const float* x, int64_t n) {
+      std::vector<int64_t> idx(static_cast<size_t>(n));
+      std::iota(idx.begin(), idx.end(), int64_t{0});
+      std::stable_sort(idx.begin(), idx.end(), [&](int64_t a, int64_t b) { return x[a] > x[b]; });
+      idx.resize(static_cast<size_t>(std::min<int64_t>(8, n)));
+      return idx;
+    };
+    int64_t off = 0;
+    for (const probes::AttentionSegment& g : l_.segments) {
+      for (int64_t p = g.begin; p < g.end; ++p)
+        for (int64_t h = 0; h < H; ++h) {
+          const int64_t row = p * H + h, n = nkeys_[p];
+          const float* a = ref_probs_.data() + off + (row - g.begin * H) * g.nk;
+          const float* b = probs.data() + off + (row - g.begin * H) * g.nk;
+          probes::AttentionPairTerms t;
+          for (int64_t j = 0; j < n; ++j)
+            if (a[j] > 0) t.kl += double(a[j]) * std::log(double(a[j]) / std::max(double(b[j]), probes::kKlProbFloor));
+          const std::vector<int64_t> ta = top(a, n), tb = top(b, n);
+          t.top1 = ta[0] == tb[0];
+          for (const int64_t x : ta) t.top_common += std::count(tb.begin(), tb.end(), x) > 0 ? 1 : 0;
+          t.equal = true;
+          for (int64_t d = 0; d < v; ++d) {
+            const double x = ref_out_[row * v + d], y = out[row * v + d];
+            t.dot += x * y, t.ref2 += x * x, t.test2 += y * y, t.err2 += (y - x) * (y - x);
+            t.equal = t.equal && x == y;
+          }
+          terms[row] = t;
+        }
+      off += (g.end - g.begin) * H * g.nk;
+    }
+  }
 
  private:
+  int64_t probs_size() const {
+    int64_t n = 0;
+    for (const probes::AttentionSegment& g : l_.segments) n += (g.end - g.begin) * l_.dims.num_heads * g.nk;
+    return n;
+  }
   probes::AttentionLayout l_;
   std::vector<int64_t> nkeys_;
   std::vector<float> q_lat_, q_pe_, w_uv_;
   std::shared_ptr<std::atomic<int>> runs_;
+  bool metrics_ = false;
+  mutable std::vector<float> ref_probs_, ref_out_;  // the kept reference
 };
 
 // The CPU backend with that device as its attention device (what the CUDA backend is to the study).
 class DeviceAttentionBackend final : public LatentBackend {
  public:
+  explicit DeviceAttentionBackend(bool metrics = false) : metrics_(metrics) {}
   std::shared_ptr<std::atomic<int>> runs = std::make_shared<std::atomic<int>>(0);
   std::string name() const override { return "cpu+literal-attention"; }
   bool concurrent() const override { return true; }
@@ -387,10 +440,12 @@ class DeviceAttentionBackend final : public LatentBackend {
   }
   probes::AttentionDeviceFactory attention_device() const override {
     const std::shared_ptr<std::atomic<int>> n = runs;
-    return [n](const probes::AttentionLayout& l) { return std::make_unique<LiteralAttentionDevice>(l, n); };
+    const bool m = metrics_;
+    return [n, m](const probes::AttentionLayout& l) { return std::make_unique<LiteralAttentionDevice>(l, n, m); };
   }
 
  private:
+  bool metrics_ = false;
   std::unique_ptr<LatentBackend> cpu_ = make_cpu_backend();
 };
 
@@ -421,6 +476,41 @@ TEST_F(ProbeTest, AttentionErrorCellsRunOnTheBackendsAttentionDevice) {
       const auto& w = y.get<double>(col);
       for (size_t i = 0; i < u.size(); ++i)
         EXPECT_NEAR(w[i], u[i], 1e-3 * std::fabs(u[i]) + 1e-7)
+            << col << " row " << i << " (" << x.get<std::string>("quantizer")[i] << ", "
+            << x.get<std::string>("targets")[i] << ")";
+    }
+  }
+}
+
+// A device that computes attention_error's terms itself (the CUDA device does): the cells take its
+// metrics, and they equal those computed here from the same device's probabilities (float64 rounding apart;
+// the same top-1/top-8 counts); every other table is the CPU's, bit for bit.
+TEST_F(ProbeTest, AttentionErrorCellsTakeTheDevicesOwnMetrics) {
+  DeviceAttentionBackend host_metrics(false), device_metrics(true);
+  BatchOptions o;
+  o.threads = 2;
+  const BatchResult a = run_study_batch(dir / "host.h5", plan_study(config, host_metrics), o);
+  const BatchResult b = run_study_batch(dir / "dev.h5", plan_study(config, device_metrics), o);
+  EXPECT_EQ(device_metrics.runs->load(), 3 * (1 + 12));  // per layer the kept reference + 12 cells
+  for (const std::string& g : probe_groups()) {
+    SCOPED_TRACE(g);
+    if (g == "attention_position") continue;  // not in this config
+    const ColumnTable& x = table_of(a.tables, g);
+    const ColumnTable& y = table_of(b.tables, g);
+    if (g != "attention_error") {
+      EXPECT_EQ(table_difference(x, y), "");
+      continue;
+    }
+    ASSERT_EQ(x.num_rows(), y.num_rows());
+    EXPECT_EQ(x.get<std::string>("quantizer"), y.get<std::string>("quantizer"));
+    EXPECT_EQ(x.get<std::string>("targets"), y.get<std::string>("targets"));
+    EXPECT_EQ(x.get<double>("top1_agree"), y.get<double>("top1_agree"));
+    EXPECT_EQ(x.get<double>("top8_agree"), y.get<double>("top8_agree"));
+    for (const char* col : {"out_rel_fro", "kl_mean", "cos_mean"}) {
+      const auto& u = x.get<double>(col);
+      const auto& w = y.get<double>(col);
+      for (size_t i = 0; i < u.size(); ++i)
+        EXPECT_NEAR(w[i], u[i], 1e-9 * std::fabs(u[i]) + 1e-15)
             << col << " row " << i << " (" << x.get<std::string>("quantizer")[i] << ", "
             << x.get<std::string>("targets")[i] << ")";
     }

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <limits>
 #include <random>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -152,6 +153,74 @@ TEST(DeviceAttention, MatchesTheCpuPathOverSeveralSequences) {
     expect_close(cpu.run(c.c_kv, kpe_q, true), rv[1]);
     expect_close(cpu.run(ckv_q, c.k_pe, true), rv[0]);
   }
+}
+
+// attention_error on the device (keep_device_reference + device_error: the probabilities never come back)
+// against attention_error() of the same device's results computed on the host: float64 rounding apart, the
+// same values, and the same top-1/top-8 counts, ties included (probes' top_m rule: the lower key index).
+TEST(DeviceAttention, ErrorTermsMatchTheHostMetrics) {
+  LQ_REQUIRE_GPU();
+  for (const int64_t rope : {int64_t{4}, int64_t{0}}) {
+    const uint64_t seed = 20261202 + static_cast<uint64_t>(rope);
+    SCOPED_TRACE("seed " + std::to_string(seed) + ", sequences 300, 0, 45, 21, H 3, r 16, rope " + std::to_string(rope));
+    Case c = make_case(seed, {300, 0, 45, 21}, rope);
+    // Ties: the first 24 tokens of the first sequence share one c_kv and k_pe row, so every row reading them
+    // has 24 equal probabilities (top-8 must take the lowest 8 indices); the test below breaks the tie.
+    const int64_t r = c.d.kv_lora_rank;
+    for (int64_t t = 1; t < 24; ++t) {
+      std::copy_n(c.c_kv.begin(), r, c.c_kv.begin() + t * r);
+      std::copy_n(c.k_pe.begin(), rope, c.k_pe.begin() + t * rope);
+    }
+    const probes::AttentionQueries q = c.queries();
+    const std::unique_ptr<AbsorbedAttention<float>> dev = on_device(q);
+    ASSERT_TRUE(dev->device_computes_errors());
+    EXPECT_THROW((void)dev->device_error(c.c_kv, c.k_pe), std::logic_error);  // no reference kept yet
+    const AttentionResult<float> ref = dev->run(c.c_kv, c.k_pe, true);
+    const AttentionResult<float> kept = dev->keep_device_reference(c.c_kv, c.k_pe);
+    EXPECT_EQ(kept.out, ref.out);
+    EXPECT_TRUE(kept.probs.empty());
+
+    std::vector<float> ckv_q = c.c_kv, kpe_q = c.k_pe;
+    std::mt19937_64 rng(seed + 7);
+    std::normal_distribution<float> nd(0.0f, 0.05f);
+    for (float& x : ckv_q) x += nd(rng);
+    for (float& x : kpe_q) x += nd(rng);
+    for (const bool both : {true, false}) {
+      const std::span<const float> kpe = both ? std::span<const float>(kpe_q) : std::span<const float>(c.k_pe);
+      const probes::AttentionError host = probes::attention_error(ref, dev->run(ckv_q, kpe, true));
+      const probes::AttentionError on = dev->device_error(ckv_q, kpe);
+      EXPECT_GT(host.kl_mean, 1e-5);
+      EXPECT_NEAR(on.kl_mean, host.kl_mean, 1e-12 * host.kl_mean);
+      EXPECT_NEAR(on.out_rel_fro, host.out_rel_fro, 1e-12 * host.out_rel_fro);
+      EXPECT_NEAR(on.cos_mean, host.cos_mean, 1e-14);
+      EXPECT_EQ(on.top1_agree, host.top1_agree);
+      EXPECT_EQ(on.top8_agree, host.top8_agree);
+      EXPECT_LT(host.top8_agree, 1.0);  // the perturbation moves some top-8 keys: the counts are exercised
+    }
+    // The reference against itself: no error, full agreement.
+    const probes::AttentionError self = dev->device_error(c.c_kv, c.k_pe);
+    EXPECT_EQ(self.out_rel_fro, 0.0);
+    EXPECT_EQ(self.kl_mean, 0.0);
+    EXPECT_EQ(self.cos_mean, 1.0);
+    EXPECT_EQ(self.top1_agree, 1.0);
+    EXPECT_EQ(self.top8_agree, 1.0);
+
+    // A finite cache whose scores and outputs overflow float32 (every c_kv value 3e38): refused with the
+    // counts, as run() refuses it.
+    const std::vector<float> huge(c.c_kv.size(), 3e38f);
+    try {
+      (void)dev->device_error(huge, c.k_pe);
+      ADD_FAILURE() << "a non-finite attention gave an error";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("NaN/Inf"), std::string::npos) << e.what();
+    }
+    EXPECT_THROW((void)dev->run(huge, c.k_pe, true), std::invalid_argument);
+  }
+  // A CPU attention has no device metrics.
+  const Case c = make_case(3, {10}, 4);
+  AbsorbedAttention<float> cpu(c.queries());
+  EXPECT_FALSE(cpu.device_computes_errors());
+  EXPECT_THROW((void)cpu.keep_device_reference(c.c_kv, c.k_pe), std::logic_error);
 }
 
 TEST(DeviceAttention, RefusesWhatTheCpuPathRefuses) {

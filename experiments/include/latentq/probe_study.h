@@ -82,7 +82,9 @@ struct AttentionLayerReference {
 std::shared_ptr<const AttentionLayerReference> attention_reference(const LayerAccess& in, int layer);
 
 /// The same on an attention device (`--device cuda`, LayerAccess::attention_device): the attention with the
-/// device attached and its reference, computed on the device.
+/// device attached and its reference, computed on the device. A device that computes attention_error's terms
+/// (AbsorbedAttention::device_computes_errors) keeps the reference's probabilities itself: `ref` then has none
+/// and `prepared` is null.
 struct AttentionDeviceReference {
   std::unique_ptr<probes::AbsorbedAttention<float>> att;
   std::unique_ptr<const probes::AttentionResult<float>> ref;
@@ -97,6 +99,15 @@ struct AttentionErrorEngine {
   std::shared_ptr<const AttentionDeviceReference> device;  ///< null: the CPU
   const probes::AbsorbedAttention<float>& att() const { return device ? *device->att : *cpu->att; }
   const probes::AttentionReference<float>& prepared() const { return device ? *device->prepared : *cpu->prepared; }
+  /// True when the device computes the errors where the probabilities are (device_error); then prepared()
+  /// must not be called and error() is the one way to a cell's error.
+  bool device_metrics() const { return device && !device->prepared; }
+  /// One cell's error: attention_error(prepared(), att().run(c_kv, k_pe, true)), or att().device_error(c_kv,
+  /// k_pe) when device_metrics(). Throws as those.
+  probes::AttentionError error(std::span<const float> c_kv, std::span<const float> k_pe) const {
+    if (device_metrics()) return device->att->device_error(c_kv, k_pe);
+    return probes::attention_error(prepared(), att().run(c_kv, k_pe, true));
+  }
 };
 /// The layer's AttentionErrorEngine: attention_reference(), and on a device its AttentionDeviceReference, a
 /// shared value of its own (computed by the first cell that asks; a device failure fails the

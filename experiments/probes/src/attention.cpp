@@ -108,15 +108,36 @@ int64_t count_nonfinite_of(const std::vector<Scalar>& v) {
 
 /// A result must be finite: the scores, the softmax or the output can overflow the working precision
 /// even on finite inputs, and no metric may be computed from a NaN/Inf reference or test.
+// cos(a, b) of one (row, head) pair from its sums; a pair where either norm is 0 counts 1 if equal, else 0.
+double pair_cos(double dot, double na, double nb, bool equal) {
+  return (na > 0 && nb > 0) ? dot / (std::sqrt(na) * std::sqrt(nb)) : (equal ? 1.0 : 0.0);
+}
+
+// AttentionError from the sums over `pairs` (row, head) pairs (error_over_rows and device_error).
+AttentionError finish_error(double err2, double ref2, double cos_sum, double kl_sum, double top1, double top8,
+                            double pairs) {
+  AttentionError e;
+  e.out_rel_fro = ref2 > 0 ? std::sqrt(err2 / ref2) : (err2 > 0 ? std::numeric_limits<double>::infinity() : 0.0);
+  e.cos_mean = cos_sum / pairs;
+  e.kl_mean = kl_sum / pairs;
+  e.top1_agree = top1 / pairs;
+  e.top8_agree = top8 / pairs;
+  return e;
+}
+
 template <typename Scalar>
-void require_finite_result(const AttentionResult<Scalar>& r, const char* what) {
-  const int64_t bad_out = count_nonfinite_of(r.out), bad_p = count_nonfinite_of(r.probs);
+void require_finite_counts(const char* what, int64_t bad_out, int64_t n_out, int64_t bad_p, int64_t n_p) {
   if (bad_out + bad_p > 0)
-    throw std::invalid_argument(std::string(what) + ": " + sz(bad_out) + " of " + sz(static_cast<int64_t>(r.out.size())) +
-                                " outputs and " + sz(bad_p) + " of " + sz(static_cast<int64_t>(r.probs.size())) +
-                                " kept probabilities are NaN/Inf in " + precision_name<Scalar>() +
+    throw std::invalid_argument(std::string(what) + ": " + sz(bad_out) + " of " + sz(n_out) + " outputs and " + sz(bad_p) +
+                                " of " + sz(n_p) + " kept probabilities are NaN/Inf in " + precision_name<Scalar>() +
                                 " (the scores or the output overflow the working precision); no metric is computed "
                                 "from a non-finite attention");
+}
+
+template <typename Scalar>
+void require_finite_result(const AttentionResult<Scalar>& r, const char* what) {
+  require_finite_counts<Scalar>(what, count_nonfinite_of(r.out), static_cast<int64_t>(r.out.size()),
+                                count_nonfinite_of(r.probs), static_cast<int64_t>(r.probs.size()));
 }
 
 void check_latents(const MlaDims& d, int64_t T, std::span<const float> c_kv, std::span<const float> k_pe) {
@@ -312,6 +333,68 @@ void AbsorbedAttention<Scalar>::attach_device(const AttentionDeviceFactory& make
     if (!d) throw std::logic_error("attention: attach_device: the factory returned no device");
     device_ = std::move(d);
   }
+}
+
+void AttentionDevice::keep_reference(const float*, const float*, float*) const {
+  throw std::logic_error("attention device: keep_reference is not implemented by this device");
+}
+
+void AttentionDevice::error_terms(const float*, const float*, AttentionPairTerms*) const {
+  throw std::logic_error("attention device: error_terms is not implemented by this device");
+}
+
+template <typename Scalar>
+AttentionResult<Scalar> AbsorbedAttention<Scalar>::keep_device_reference(std::span<const float> c_kv,
+                                                                         std::span<const float> k_pe) {
+  if constexpr (!std::is_same_v<Scalar, float>) {
+    (void)c_kv, (void)k_pe;
+    throw std::logic_error("attention: keep_device_reference: the device path is float32 only");
+  } else {
+    if (!device_computes_errors())
+      throw std::logic_error("attention: keep_device_reference: no device that computes attention_error's terms is attached");
+    check_latents(dims_, T_, c_kv, k_pe);
+    const int64_t Tq = num_queries(), H = dims_.num_heads, v = dims_.v_head_dim;
+    AttentionResult<Scalar> res = make_result<Scalar>(dims_, nkeys_, false);
+    std::vector<float> out(static_cast<size_t>(Tq * H * v));
+    device_reference_ = false;
+    device_->keep_reference(c_kv.data(), k_pe.data(), out.data());
+    for (int64_t p = 0; p < Tq; ++p) std::copy_n(out.data() + p * H * v, H * v, res.out.data() + order_[p] * H * v);
+    require_finite_result(res, "attention reference");
+    device_reference_ = true;
+    return res;
+  }
+}
+
+template <typename Scalar>
+AttentionError AbsorbedAttention<Scalar>::device_error(std::span<const float> c_kv, std::span<const float> k_pe) const {
+  if (!device_computes_errors() || !device_reference_)
+    throw std::logic_error("attention: device_error: no reference kept on a device that computes attention_error's "
+                           "terms (keep_device_reference)");
+  check_latents(dims_, T_, c_kv, k_pe);
+  const int64_t Tq = num_queries(), H = dims_.num_heads, v = dims_.v_head_dim;
+  std::vector<AttentionPairTerms> terms(static_cast<size_t>(Tq * H));
+  device_->error_terms(c_kv.data(), k_pe.data(), terms.data());
+  int64_t bad_p = 0, bad_o = 0, n_p = 0;
+  for (const AttentionPairTerms& t : terms) bad_p += t.nonfinite_probs, bad_o += t.nonfinite_out;
+  for (const int64_t n : nkeys_) n_p += H * n;
+  require_finite_counts<Scalar>("attention", bad_o, Tq * H * v, bad_p, n_p);
+  // attention_error's order: query rows as given (q_rows), then heads.
+  std::vector<int64_t> sorted_pos(static_cast<size_t>(Tq));
+  for (int64_t p = 0; p < Tq; ++p) sorted_pos[order_[p]] = p;
+  double err2 = 0, ref2 = 0, cos_sum = 0, kl_sum = 0, top1 = 0, top8 = 0;
+  for (int64_t i = 0; i < Tq; ++i) {
+    const int64_t m = std::min<int64_t>(8, nkeys_[i]);
+    for (int64_t h = 0; h < H; ++h) {
+      const AttentionPairTerms& t = terms[sorted_pos[i] * H + h];
+      err2 += t.err2;
+      ref2 += t.ref2;
+      cos_sum += pair_cos(t.dot, t.ref2, t.test2, t.equal);
+      kl_sum += t.kl;
+      top1 += t.top1 ? 1.0 : 0.0;
+      top8 += static_cast<double>(t.top_common) / static_cast<double>(m);
+    }
+  }
+  return finish_error(err2, ref2, cos_sum, kl_sum, top1, top8, static_cast<double>(Tq * H));
 }
 
 template <typename Scalar>
@@ -877,7 +960,7 @@ AttentionError error_over_rows(const AttentionResult<Scalar>& ref, const Attenti
         equal = equal && a[j] == b[j];
       }
       ref2 += na;
-      cos_sum += (na > 0 && nb > 0) ? dot / (std::sqrt(na) * std::sqrt(nb)) : (equal ? 1.0 : 0.0);
+      cos_sum += pair_cos(dot, na, nb, equal);
 
       const auto p = ref.prob(i, h), ph = test.prob(i, h);
       const int64_t n = ref.nkeys[i];
@@ -894,14 +977,7 @@ AttentionError error_over_rows(const AttentionResult<Scalar>& ref, const Attenti
       top8 += static_cast<double>(common) / static_cast<double>(m);
     }
   }
-  const double pairs = static_cast<double>(static_cast<int64_t>(rows.size()) * H);
-  AttentionError e;
-  e.out_rel_fro = ref2 > 0 ? std::sqrt(err2 / ref2) : (err2 > 0 ? std::numeric_limits<double>::infinity() : 0.0);
-  e.cos_mean = cos_sum / pairs;
-  e.kl_mean = kl_sum / pairs;
-  e.top1_agree = top1 / pairs;
-  e.top8_agree = top8 / pairs;
-  return e;
+  return finish_error(err2, ref2, cos_sum, kl_sum, top1, top8, static_cast<double>(static_cast<int64_t>(rows.size()) * H));
 }
 
 }  // namespace

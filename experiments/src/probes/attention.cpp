@@ -135,8 +135,12 @@ std::shared_ptr<const AttentionErrorEngine> attention_error_engine(const LayerAc
     auto d = std::make_shared<AttentionDeviceReference>();
     d->att = std::make_unique<probes::AbsorbedAttention<float>>(cpu->queries);
     d->att->attach_device(*device);
-    d->ref = std::make_unique<const probes::AttentionResult<float>>(d->att->run(l.c_kv, l.k_pe, true));
-    d->prepared = std::make_unique<const probes::AttentionReference<float>>(*d->ref);
+    if (d->att->device_computes_errors()) {  // the reference's probabilities stay on the device
+      d->ref = std::make_unique<const probes::AttentionResult<float>>(d->att->keep_device_reference(l.c_kv, l.k_pe));
+    } else {
+      d->ref = std::make_unique<const probes::AttentionResult<float>>(d->att->run(l.c_kv, l.k_pe, true));
+      d->prepared = std::make_unique<const probes::AttentionReference<float>>(*d->ref);
+    }
     return AttentionErrorEngine{cpu, std::move(d)};
   });
 }
@@ -257,19 +261,25 @@ GroupRows run_error_group(const std::vector<ErrorCell>& cells, const LayerAccess
     v.scores = sc || !b->ckv_scores.store ? nullptr : &b->ckv_scores;
     variants.push_back(v);
   }
+  // A device that computes the errors itself takes each variant on its own (its probabilities never come
+  // back); otherwise one run_variants and the metrics here against the prepared reference.
+  const bool device_metrics = e->device_metrics();
   std::vector<probes::AttentionResult<float>> results;
-  try {
-    results = e->att().run_variants(variants, true);
-  } catch (const std::exception&) {
-    g.rows.clear();
-    g.errors.clear();
-    return g;  // each cell computes alone
+  if (!device_metrics) {
+    try {
+      results = e->att().run_variants(variants, true);
+    } catch (const std::exception&) {
+      g.rows.clear();
+      g.errors.clear();
+      return g;  // each cell computes alone
+    }
   }
   for (size_t i = 0; i < planned.size(); ++i) {
     const ErrorCell& c = *planned[i];
     const std::string key = error_key(c.layer, c.targets, c.quantizer);
     try {
-      const probes::AttentionError x = probes::attention_error(e->prepared(), results[i]);
+      const probes::AttentionError x = device_metrics ? e->error(variants[i].c_kv, variants[i].k_pe)
+                                                      : probes::attention_error(e->prepared(), results[i]);
       ColumnTable t = empty_table(kError);
       const double bits_c = sc_of[i] ? sc_of[i]->a.bits_per_element : 16.0;
       const double bytes_c = sc_of[i] ? sc_of[i]->a.bytes_per_token : b->bytes_ckv;
@@ -324,7 +334,7 @@ std::vector<ColumnTable> run_error(const StudyConfig& config, const ErrorCell& c
                                               q_kpe ? c.transform : Transform{}, kpe_buf.data()))
                 .bytes_per_token;
   const std::span<const float> ckv = ckv_buf, kpe = kpe_buf;
-  const probes::AttentionError x = probes::attention_error(e->prepared(), e->att().run(ckv, kpe, true));
+  const probes::AttentionError x = e->error(ckv, kpe);
   add_row(t, {int64_t{c.layer}, c.quantizer, c.targets, x.out_rel_fro, x.cos_mean, x.kl_mean, x.top1_agree,
               x.top8_agree, bits_c, bytes_c + bytes_k});
   return {std::move(t)};

@@ -21,7 +21,9 @@
 //
 // Memory (device, held while the object lives): q_lat, q_pe, W_UV, one c_kv and k_pe, o_lat, the output, and the
 // scores of every segment, Σ (end − begin)·H·nk floats (at V2-Lite shape, 4 × 64 query rows × 16 heads × 2,048
-// keys: 33 MB; it grows with query rows × keys per sequence). run() copies those probabilities back when asked.
+// keys: 33 MB; it grows with query rows × keys per sequence). run() copies those probabilities back when asked;
+// error_terms() computes attention_error's terms next to them (the probabilities never leave the device) against
+// a reference kept by keep_reference() (as much memory again for its probabilities).
 //
 // Errors: std::invalid_argument for inconsistent shapes (naming them); std::runtime_error when cuBLAS cannot be
 // loaded (the paths tried), and for CUDA and cuBLAS failures ("<file>:<line>: <call> failed: <status>"), an allocation naming its bytes.
@@ -45,8 +47,26 @@ struct DeviceAttentionSegment {
   int64_t begin = 0, end = 0, key_begin = 0, nk = 0;
 };
 
-/// The fixed inputs of one layer, uploaded once; run() then evaluates one cache. Thread-safe: run() calls
-/// are serialized (one device, one set of buffers).
+/// One (sorted row, head) pair's terms of probes::attention_error (experiments/probes/include/latentq/probes/
+/// attention.h, AttentionError) between the kept reference (keep_reference) and a test cache, as
+/// error_terms() computes them on the device: float64 sums of float32 values.
+struct DeviceAttentionTerms {
+  double kl = 0;    ///< Σ_j p_j·ln(p_j / max(p̂_j, kl_floor)) over the row's keys with p_j > 0
+  double dot = 0;   ///< Σ a·b over the pair's v_head_dim outputs (a: reference, b: test)
+  double ref2 = 0;  ///< Σ a²
+  double test2 = 0; ///< Σ b²
+  double err2 = 0;  ///< Σ (b − a)²
+  int32_t equal = 0;           ///< 1 when a == b element for element
+  int32_t top1 = 0;            ///< 1 when the keys of largest probability agree (ties: the lower key index)
+  int32_t top_common = 0;      ///< |top-m(p) ∩ top-m(p̂)|, m = min(8, nkeys) (ties: the lower key index)
+  int32_t nonfinite_probs = 0; ///< NaN/Inf among the test's probabilities of the pair's keys
+  int32_t nonfinite_out = 0;   ///< NaN/Inf among the test's outputs of the pair
+  int32_t pad = 0;
+};
+static_assert(sizeof(DeviceAttentionTerms) == 64, "DeviceAttentionTerms is copied as bytes between host and device");
+
+/// The fixed inputs of one layer, uploaded once; run() then evaluates one cache. Thread-safe: run(),
+/// keep_reference() and error_terms() are serialized (one device, one set of buffers).
 class DeviceAbsorbedAttention {
  public:
   /// q_lat [Tq·H, kv_lora_rank], q_pe [Tq·H, qk_rope_head_dim] (row = sorted_pos·H + h), w_uv [H·v_head_dim,
@@ -65,6 +85,16 @@ class DeviceAbsorbedAttention {
   /// segment in order, each [(end − begin)·H, nk] row-major (zeros past a row's nkeys): probs_size() floats.
   void run(const float* c_kv, const float* k_pe, float* out_sorted, float* probs) const;
   int64_t probs_size() const;
+
+  /// run(c_kv, k_pe, out_sorted, nullptr), then keeps that result on the device as the reference of
+  /// error_terms(): its probabilities, outputs and the top-8 keys of every row (probs_size() + Tq·H·(v_head_dim
+  /// + 8) more device memory). Replaces an earlier reference.
+  void keep_reference(const float* c_kv, const float* k_pe, float* out_sorted) const;
+  /// Evaluates c_kv, k_pe as run() and writes terms [Tq·H] (by sorted row p·H + h) against the kept reference;
+  /// the probabilities and outputs stay on the device (Tq·H·64 bytes come back). kl_floor: the floor of p̂ in
+  /// the KL term (probes::kKlProbFloor). Throws std::logic_error when no reference was kept.
+  void error_terms(const float* c_kv, const float* k_pe, double kl_floor, DeviceAttentionTerms* terms) const;
+  bool has_reference() const;
 
  private:
   struct Impl;

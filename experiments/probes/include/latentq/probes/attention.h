@@ -112,6 +112,36 @@ struct AttentionLayout {
   const float* w_uv = nullptr;             ///< [H·v_head_dim, kv_lora_rank] (W_UV)
 };
 
+/// Errors of a run on quantized/pruned latents (test) against the run on exact latents (ref), same
+/// queries. All accumulated in float64; "rows×heads" means the Tq·H (query row, head) pairs.
+struct AttentionError {
+  double out_rel_fro = 0;  ///< ‖out̂ − out‖_F / ‖out‖_F over all [Tq, H, v] (0 if both 0, inf if only out is 0)
+  double cos_mean = 0;     ///< mean over rows×heads of cos(out̂[i,h,:], out[i,h,:]); a pair where either
+                           ///< norm is 0 counts 1 if the vectors are equal, else 0 (as latentq/metrics.h)
+  double kl_mean = 0;      ///< mean over rows×heads of KL(p ‖ p̂) = Σ_j p_j (ln p_j − ln max(p̂_j, 1e-30)),
+                           ///< natural log (nats); terms with p_j = 0 contribute 0; the 1e-30 floor keeps
+                           ///< a key that underflowed to 0 in p̂ finite (≈ 69 nats per unit of p); rounding
+                           ///< of p, p̂ (each sums to 1 only up to rounding) can leave it ~1e-9 below 0
+  double top1_agree = 0;   ///< fraction of rows×heads where argmax p == argmax p̂ (ties → lowest key index)
+  double top8_agree = 0;   ///< mean of |topm(p) ∩ topm(p̂)| / m, m = min(8, nkeys) (ties → lowest index)
+};
+
+/// One (query row, head) pair's terms of attention_error, as a device that computes them returns them
+/// (AttentionDevice::error_terms): float64 sums over the pair's keys and its v_head_dim outputs, a = the
+/// reference, b = the test. AbsorbedAttention::device_error() sums them in attention_error's order.
+struct AttentionPairTerms {
+  double kl = 0;     ///< Σ_j p_j·ln(p_j / max(p̂_j, kKlProbFloor)) over the row's keys with p_j > 0
+  double dot = 0;    ///< Σ a·b
+  double ref2 = 0;   ///< Σ a²
+  double test2 = 0;  ///< Σ b²
+  double err2 = 0;   ///< Σ (b − a)²
+  bool equal = false;      ///< a == b element for element
+  bool top1 = false;       ///< the keys of largest probability agree (ties: the lower key index)
+  int32_t top_common = 0;  ///< |top-m(p) ∩ top-m(p̂)|, m = min(8, nkeys) (ties: the lower key index)
+  int64_t nonfinite_probs = 0;  ///< NaN/Inf among the test's probabilities of the pair's keys
+  int64_t nonfinite_out = 0;    ///< NaN/Inf among the test's outputs of the pair
+};
+
 /// Evaluates AbsorbedAttention<float>::run for one layer on a device: the study's CUDA backend implements
 /// it with latentq::DeviceAbsorbedAttention (kernels/include/latentq/attention_cuda.h: cuBLAS sgemm and a
 /// softmax kernel). Must be thread-safe.
@@ -123,6 +153,15 @@ class AttentionDevice {
   /// each [(end − begin)·H, nk] row-major, zeros past a row's nkeys. Throws std::runtime_error on a device
   /// failure.
   virtual void run(const float* c_kv, const float* k_pe, float* out_sorted, float* probs) const = 0;
+  /// Whether keep_reference() and error_terms() are implemented: attention_error computed where the
+  /// probabilities are, so that they never come back (AbsorbedAttention::device_error). Default false.
+  virtual bool computes_error_terms() const { return false; }
+  /// Evaluates c_kv, k_pe as run() and keeps the result on the device as the reference of error_terms()
+  /// (replacing an earlier one); out_sorted as run(). Default: throws std::logic_error.
+  virtual void keep_reference(const float* c_kv, const float* k_pe, float* out_sorted) const;
+  /// Evaluates c_kv, k_pe as run() and writes terms [Tq·H] (by sorted row p·H + h) against the kept
+  /// reference. Default: throws std::logic_error; std::logic_error also when no reference was kept.
+  virtual void error_terms(const float* c_kv, const float* k_pe, AttentionPairTerms* terms) const;
 };
 /// Makes the device side of one layer from its layout (called once per AbsorbedAttention::attach_device).
 using AttentionDeviceFactory = std::function<std::unique_ptr<AttentionDevice>(const AttentionLayout&)>;
@@ -187,6 +226,21 @@ class AbsorbedAttention {
   /// there. Throws std::logic_error for Scalar = double or a null device, and what `make` throws.
   void attach_device(const AttentionDeviceFactory& make);
   bool on_device() const { return device_ != nullptr; }
+  /// Whether the attached device computes attention_error's terms itself (AttentionDevice::computes_error_terms).
+  bool device_computes_errors() const { return device_ && device_->computes_error_terms(); }
+  /// With such a device: run(c_kv, k_pe) kept on the device as the reference of device_error(); returns the
+  /// result without probabilities (they stay on the device). The outputs are checked finite, as run() (a
+  /// NaN/Inf probability propagates into its row's output through p·c_kv). Throws std::logic_error without
+  /// such a device (and for Scalar = double), and as run().
+  AttentionResult<Scalar> keep_device_reference(std::span<const float> c_kv, std::span<const float> k_pe);
+  /// attention_error(reference, run(c_kv, k_pe, true)) with the reference of keep_device_reference(), computed
+  /// where the probabilities are: the device's terms per (row, head) (AttentionPairTerms), summed here in
+  /// attention_error's order (q_rows, then heads) by its formulas. It equals attention_error() of the same
+  /// device's results to float64 rounding (the order of the KL and output sums), with the same top-1 and
+  /// top-8 counts (tests/gpu, `DeviceAttention.ErrorTermsMatchTheHostMetrics`). Memory on the host: Tq·H terms.
+  /// Throws as run() (wrong sizes, NaN/Inf in c_kv / k_pe, a non-finite result, with the counts), and
+  /// std::logic_error when no reference was kept.
+  AttentionError device_error(std::span<const float> c_kv, std::span<const float> k_pe) const;
   /// run() on the CPU, with or without a device attached.
   AttentionResult<Scalar> run_on_cpu(std::span<const float> c_kv, std::span<const float> k_pe,
                                      bool keep_probs = false) const;
@@ -211,6 +265,7 @@ class AbsorbedAttention {
   std::shared_ptr<const AttentionDevice> device_;   // null: the CPU
   std::vector<AttentionSegment> segments_;         // with a device: one per sequence
   std::vector<int64_t> nkeys_sorted_;              // with a device: [Tq] by sorted row
+  bool device_reference_ = false;                  // keep_device_reference() has run
   MlaDims dims_;
   int64_t T_ = 0;
   Scalar scale_ = 0;
@@ -233,19 +288,6 @@ template <typename Scalar>
 AttentionResult<Scalar> unabsorbed_attention(const AttentionQueries& q, std::span<const float> c_kv,
                                              std::span<const float> k_pe, bool keep_probs = false);
 
-/// Errors of a run on quantized/pruned latents (test) against the run on exact latents (ref), same
-/// queries. All accumulated in float64; "rows×heads" means the Tq·H (query row, head) pairs.
-struct AttentionError {
-  double out_rel_fro = 0;  ///< ‖out̂ − out‖_F / ‖out‖_F over all [Tq, H, v] (0 if both 0, inf if only out is 0)
-  double cos_mean = 0;     ///< mean over rows×heads of cos(out̂[i,h,:], out[i,h,:]); a pair where either
-                           ///< norm is 0 counts 1 if the vectors are equal, else 0 (as latentq/metrics.h)
-  double kl_mean = 0;      ///< mean over rows×heads of KL(p ‖ p̂) = Σ_j p_j (ln p_j − ln max(p̂_j, 1e-30)),
-                           ///< natural log (nats); terms with p_j = 0 contribute 0; the 1e-30 floor keeps
-                           ///< a key that underflowed to 0 in p̂ finite (≈ 69 nats per unit of p); rounding
-                           ///< of p, p̂ (each sums to 1 only up to rounding) can leave it ~1e-9 below 0
-  double top1_agree = 0;   ///< fraction of rows×heads where argmax p == argmax p̂ (ties → lowest key index)
-  double top8_agree = 0;   ///< mean of |topm(p) ∩ topm(p̂)| / m, m = min(8, nkeys) (ties → lowest index)
-};
 
 /// Throws std::invalid_argument if the two results differ in shape or nkeys, either lacks probs, or
 /// either has a NaN/Inf output or probability: no metric is computed from a non-finite reference (a
