@@ -87,17 +87,21 @@ void check_cublas(cublasStatus_t s, const char* expr, const char* file, int line
 
 constexpr int kSoftmaxThreads = 256;
 
-// Block reduction of one float per thread through shared memory (a fixed tree: the same order every run).
-template <bool Max>
-__device__ float block_reduce(float v, float* sh) {
+// Block reduction (max for floats, or sum) of one value per thread through shared memory (a fixed tree: the
+// same order every run).
+template <bool Max, typename T>
+__device__ T block_reduce(T v, T* sh) {
   const int t = static_cast<int>(threadIdx.x);
   sh[t] = v;
   __syncthreads();
   for (int s = kSoftmaxThreads / 2; s > 0; s >>= 1) {
-    if (t < s) sh[t] = Max ? fmaxf(sh[t], sh[t + s]) : sh[t] + sh[t + s];
+    if (t < s) {
+      if constexpr (Max) sh[t] = fmaxf(sh[t], sh[t + s]);
+      else sh[t] = sh[t] + sh[t + s];
+    }
     __syncthreads();
   }
-  const float r = sh[0];
+  const T r = sh[0];
   __syncthreads();  // sh is reused by the next reduction
   return r;
 }
@@ -180,20 +184,6 @@ __device__ void block_top(const float* x, int64_t n, float (*sv)[kTop], int32_t 
   __syncthreads();  // sv/si/sn are reused by the next call
 }
 
-template <typename T>
-__device__ T block_sum(T v, T* sh) {
-  const int t = static_cast<int>(threadIdx.x);
-  sh[t] = v;
-  __syncthreads();
-  for (int s = kSoftmaxThreads / 2; s > 0; s >>= 1) {
-    if (t < s) sh[t] = sh[t] + sh[t + s];
-    __syncthreads();
-  }
-  const T r = sh[0];
-  __syncthreads();
-  return r;
-}
-
 __device__ __forceinline__ bool not_finite(float x) { return !(fabsf(x) <= 3.402823466e38f); }
 
 // One block per row q of a segment's probabilities P [M, ld] (sorted row q / H reads nkeys[q / H] keys): its
@@ -244,14 +234,14 @@ __global__ void __launch_bounds__(kSoftmaxThreads)
     diff += fa != fb ? 1 : 0;
     bad_o += not_finite(fb) ? 1 : 0;
   }
-  kl = block_sum(kl, shd);
-  dot = block_sum(dot, shd);
-  na = block_sum(na, shd);
-  nb = block_sum(nb, shd);
-  e2 = block_sum(e2, shd);
-  diff = block_sum(diff, shi);
-  bad_p = block_sum(bad_p, shi);
-  bad_o = block_sum(bad_o, shi);
+  kl = block_reduce<false>(kl, shd);
+  dot = block_reduce<false>(dot, shd);
+  na = block_reduce<false>(na, shd);
+  nb = block_reduce<false>(nb, shd);
+  e2 = block_reduce<false>(e2, shd);
+  diff = block_reduce<false>(diff, shi);
+  bad_p = block_reduce<false>(bad_p, shi);
+  bad_o = block_reduce<false>(bad_o, shi);
   block_top(ph, n, sv, si, sn, idx);
   if (t == 0) {
     const int m = min(static_cast<int>(n), kTop);

@@ -427,6 +427,19 @@ class LiteralAttentionDevice final : public probes::AttentionDevice {
   mutable std::vector<float> ref_probs_, ref_out_;  // the kept reference
 };
 
+// /attention_error columns of two runs row by row: |y − x| ≤ rtol·|x| + atol.
+void expect_columns_near(const ColumnTable& x, const ColumnTable& y, std::initializer_list<const char*> cols, double rtol,
+                         double atol) {
+  for (const char* col : cols) {
+    const auto& u = x.get<double>(col);
+    const auto& w = y.get<double>(col);
+    for (size_t i = 0; i < u.size(); ++i)
+      EXPECT_NEAR(w[i], u[i], rtol * std::fabs(u[i]) + atol)
+          << col << " row " << i << " (" << x.get<std::string>("quantizer")[i] << ", " << x.get<std::string>("targets")[i]
+          << ")";
+  }
+}
+
 // The CPU backend with that device as its attention device (what the CUDA backend is to the study).
 class DeviceAttentionBackend final : public LatentBackend {
  public:
@@ -471,14 +484,7 @@ TEST_F(ProbeTest, AttentionErrorCellsRunOnTheBackendsAttentionDevice) {
     ASSERT_EQ(x.num_rows(), y.num_rows());
     EXPECT_EQ(x.get<std::string>("quantizer"), y.get<std::string>("quantizer"));
     EXPECT_EQ(x.get<double>("bytes_per_token_layer"), y.get<double>("bytes_per_token_layer"));
-    for (const char* col : {"out_rel_fro", "kl_mean", "cos_mean", "top1_agree", "top8_agree"}) {
-      const auto& u = x.get<double>(col);
-      const auto& w = y.get<double>(col);
-      for (size_t i = 0; i < u.size(); ++i)
-        EXPECT_NEAR(w[i], u[i], 1e-3 * std::fabs(u[i]) + 1e-7)
-            << col << " row " << i << " (" << x.get<std::string>("quantizer")[i] << ", "
-            << x.get<std::string>("targets")[i] << ")";
-    }
+    expect_columns_near(x, y, {"out_rel_fro", "kl_mean", "cos_mean", "top1_agree", "top8_agree"}, 1e-3, 1e-7);
   }
 }
 
@@ -506,14 +512,7 @@ TEST_F(ProbeTest, AttentionErrorCellsTakeTheDevicesOwnMetrics) {
     EXPECT_EQ(x.get<std::string>("targets"), y.get<std::string>("targets"));
     EXPECT_EQ(x.get<double>("top1_agree"), y.get<double>("top1_agree"));
     EXPECT_EQ(x.get<double>("top8_agree"), y.get<double>("top8_agree"));
-    for (const char* col : {"out_rel_fro", "kl_mean", "cos_mean"}) {
-      const auto& u = x.get<double>(col);
-      const auto& w = y.get<double>(col);
-      for (size_t i = 0; i < u.size(); ++i)
-        EXPECT_NEAR(w[i], u[i], 1e-9 * std::fabs(u[i]) + 1e-15)
-            << col << " row " << i << " (" << x.get<std::string>("quantizer")[i] << ", "
-            << x.get<std::string>("targets")[i] << ")";
-    }
+    expect_columns_near(x, y, {"out_rel_fro", "kl_mean", "cos_mean"}, 1e-9, 1e-15);
   }
 }
 
