@@ -34,9 +34,25 @@ class CudaAttentionDevice final : public probes::AttentionDevice {
     dev_.keep_reference(c_kv, k_pe, out_sorted);
   }
   void error_terms(const float* c_kv, const float* k_pe, probes::AttentionPairTerms* terms) const override {
+    terms_of(c_kv, k_pe, nullptr, terms);
+  }
+  bool runs_mixed() const override { return true; }
+  void run_mixed(const float* c_kv_a, const float* k_pe_a, const float* c_kv_b, const float* k_pe_b,
+                 const int64_t* ranges, float* out_sorted, float* probs) const override {
+    dev_.run_mixed(c_kv_a, k_pe_a, DeviceMixedStores{c_kv_b, k_pe_b, ranges}, out_sorted, probs);
+  }
+  void error_terms_mixed(const float* c_kv_a, const float* k_pe_a, const float* c_kv_b, const float* k_pe_b,
+                         const int64_t* ranges, probes::AttentionPairTerms* terms) const override {
+    const DeviceMixedStores b{c_kv_b, k_pe_b, ranges};
+    terms_of(c_kv_a, k_pe_a, &b, terms);
+  }
+
+ private:
+  void terms_of(const float* c_kv, const float* k_pe, const DeviceMixedStores* mixed,
+                probes::AttentionPairTerms* terms) const {
     const int64_t n = static_cast<int64_t>(nkeys_) * heads_;
     std::vector<DeviceAttentionTerms> d(static_cast<size_t>(n));
-    dev_.error_terms(c_kv, k_pe, probes::kKlProbFloor, d.data());
+    dev_.error_terms(c_kv, k_pe, mixed, probes::kKlProbFloor, d.data());
     for (int64_t q = 0; q < n; ++q) {
       const DeviceAttentionTerms& x = d[q];
       probes::AttentionPairTerms& t = terms[q];
@@ -46,7 +62,6 @@ class CudaAttentionDevice final : public probes::AttentionDevice {
     }
   }
 
- private:
   DeviceAbsorbedAttention dev_;
   size_t nkeys_;    // Tq
   int64_t heads_;   // H

@@ -2,8 +2,9 @@
 // and dequantized by the kernels of kernels/ (latentq/quantize_cuda.h), whose codes, scales and
 // offsets are byte-identical to the CPU reference, so every metric equals the CPU run's; the
 // accounting and diagnostics are computed on the host from the stored bytes, the metrics by
-// run_latent_error from the decoded matrix. With cuBLAS, the /attention_error cells run on the device too
-// (attention_device(): latentq/attention_cuda.h); the other probes stay on the CPU.
+// run_latent_error from the decoded matrix. With cuBLAS, the /attention_error and /attention_position (decode
+// order) cells run on the device too, their metrics included (attention_device(): latentq/attention_cuda.h);
+// the attention check, the fold check, the SVD and cross-layer probes stay on the CPU.
 #include <cstdio>
 #include <mutex>
 #include <stdexcept>

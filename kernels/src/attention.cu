@@ -179,12 +179,43 @@ __device__ void block_top(const float* x, int64_t n, float (*sv)[kTop], int32_t 
     }
     __syncthreads();
   }
-  const int m = sn[0];
-  for (int k = 0; k < m; ++k) idx[k] = si[0][k];
-  __syncthreads();  // sv/si/sn are reused by the next call
+  if (t == 0)
+    for (int k = 0; k < sn[0]; ++k) idx[k] = si[0][k];
+  __syncthreads();  // idx is visible to every thread; sv/si/sn may be reused by the next call
 }
 
 __device__ __forceinline__ bool not_finite(float x) { return !(fabsf(x) <= 3.402823466e38f); }
+
+// ---- a cache mixed per (row, key) from two stores (run_mixed) ----------------------------------------
+
+// What mix_kernel does with X [M, ld] and Y [M, ld] of a segment, per element (q, j), with in = key j of
+// sorted row q / H is read from store A for the target the range names (ranges [rows, 4]: c_kv [r0, r1),
+// k_pe [r2, r3), clipped to the row's keys).
+enum MixOp : int {
+  kPickA = 0,  // X ← in ? X : Y        (X: store A's partial scores, Y: store B's)
+  kAddA = 1,   // X ← X + (in ? Y : 0)  (Y: store A's partial scores of the other target)
+  kAddB = 2,   // X ← X + (in ? 0 : Y)  (Y: store B's)
+  kKeepA = 3,  // Y ← in ? X : 0        (X: the probabilities; Y: the part read from A)
+  kKeepB = 4,  // Y ← in ? 0 : X        (the part read from B)
+};
+
+__global__ void mix_kernel(float* X, float* Y, int64_t M, int64_t ld, const int64_t* ranges, int H, int target,
+                           int op) {
+  const int64_t n = M * ld;
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < n;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t q = e / ld, j = e % ld;
+    const int64_t* rg = ranges + (q / H) * 4 + 2 * target;
+    const bool in = j >= rg[0] && j < rg[1];
+    switch (op) {
+      case kPickA: X[e] = in ? X[e] : Y[e]; break;
+      case kAddA: X[e] = in ? X[e] + Y[e] : X[e]; break;
+      case kAddB: X[e] = in ? X[e] : X[e] + Y[e]; break;
+      case kKeepA: Y[e] = in ? X[e] : 0.0f; break;
+      default: Y[e] = in ? 0.0f : X[e]; break;
+    }
+  }
+}
 
 // One block per row q of a segment's probabilities P [M, ld] (sorted row q / H reads nkeys[q / H] keys): its
 // top-kTop key indices into top [M, kTop] (-1 past min(nkeys, kTop)).
@@ -283,9 +314,13 @@ struct DeviceAbsorbedAttention::Impl {
   gpu::DeviceBuffer<int32_t> d_top_ref;
   gpu::DeviceBuffer<DeviceAttentionTerms> d_terms;   // [Tq·H]
   bool has_ref = false;
+  // run_mixed's store B and the rows' ranges: [T, r], [T, rope], [Tq, 4]; a second scores buffer (as d_S).
+  gpu::DeviceBuffer<float> d_c_kv_b, d_k_pe_b, d_S2;
+  gpu::DeviceBuffer<int64_t> d_ranges;
   cublasHandle_t handle = nullptr;
 
-  void compute(const float* c_kv, const float* k_pe);
+  void compute(const float* c_kv, const float* k_pe, const DeviceMixedStores* mixed);
+  void mix(float* X, float* Y, int64_t M, int64_t ld, const int64_t* ranges, int target, int op);  // op: a MixOp
 
   ~Impl() {
     if (handle) cublas().destroy(handle);
@@ -361,34 +396,75 @@ bool cuda_attention_available(std::string* why) {
 
 int64_t DeviceAbsorbedAttention::probs_size() const { return impl_->s_offset.back(); }
 
-// Uploads one cache and evaluates it into d_S (probabilities) and d_out.
-void DeviceAbsorbedAttention::Impl::compute(const float* c_kv, const float* k_pe) {
+void DeviceAbsorbedAttention::Impl::mix(float* X, float* Y, int64_t M, int64_t ld, const int64_t* ranges, int target,
+                                        int op) {
+  const int64_t n = M * ld;
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, int64_t{1} << 20));
+  LQ_LAUNCH(mix_kernel, dim3(blocks), dim3(256), 0, nullptr, X, Y, M, ld, ranges, static_cast<int>(H), target, op);
+  LQ_CUDA_CHECK(cudaGetLastError());
+}
+
+// Uploads one cache (mixed: two stores and the rows' ranges) and evaluates it into d_S (probabilities) and
+// d_out. Mixed, per segment: S = Q·C_Aᵀ, S2 = Q·C_Bᵀ, S ← pick by the c_kv ranges; S2 = q_pe·K_Aᵀ, S += S2 on
+// the k_pe ranges, S2 = q_pe·K_Bᵀ, S += S2 off them (one addition per element, as the CPU's S + SA); softmax;
+// o_lat = (P on the c_kv ranges)·C_A + (P off them)·C_B.
+void DeviceAbsorbedAttention::Impl::compute(const float* c_kv, const float* k_pe, const DeviceMixedStores* mixed) {
   Impl& m = *this;
   const int H = static_cast<int>(m.H), r = static_cast<int>(m.r), rope = static_cast<int>(m.rope),
             v = static_cast<int>(m.v), Tq = static_cast<int>(m.Tq);
   m.d_c_kv.upload(c_kv, static_cast<size_t>(m.T * m.r), nullptr, "c_kv");
   if (rope > 0) m.d_k_pe.upload(k_pe, static_cast<size_t>(m.T * m.rope), nullptr, "k_pe");
+  if (mixed) {
+    m.d_c_kv_b.upload(mixed->c_kv_b, static_cast<size_t>(m.T * m.r), nullptr, "c_kv (store B)");
+    if (rope > 0) m.d_k_pe_b.upload(mixed->k_pe_b, static_cast<size_t>(m.T * m.rope), nullptr, "k_pe (store B)");
+    m.d_ranges.upload(mixed->ranges, static_cast<size_t>(m.Tq * 4), nullptr, "key ranges");
+    m.d_S2.resize(m.d_S.size(), "attention scores (store B)");
+  }
   const float one = 1, zero = 0;
   for (size_t g = 0; g < m.segments.size(); ++g) {
     const DeviceAttentionSegment& s = m.segments[g];
     const int M = static_cast<int>((s.end - s.begin) * m.H), nk = static_cast<int>(s.nk);
     float* S = m.d_S.data() + m.s_offset[g];
+    float* S2 = mixed ? m.d_S2.data() + m.s_offset[g] : nullptr;
+    const int64_t* ranges = mixed ? m.d_ranges.data() + s.begin * 4 : nullptr;
     const float* Q = m.d_q_lat.data() + s.begin * m.H * m.r;
+    const float* Qp = m.d_q_pe.data() + s.begin * m.H * m.rope;
     const float* C = m.d_c_kv.data() + s.key_begin * m.r;
+    const float* K = m.d_k_pe.data() + s.key_begin * m.rope;
+    const float* CB = mixed ? m.d_c_kv_b.data() + s.key_begin * m.r : nullptr;
+    const float* KB = mixed ? m.d_k_pe_b.data() + s.key_begin * m.rope : nullptr;
     // S [M, nk] = Q [M, r] · C[keys] [nk, r]ᵀ   (column-major: Sᵀ [nk, M] = C·Qᵀ)
     LQ_CUBLAS_CHECK(cublas().sgemm(m.handle, CUBLAS_OP_T, CUBLAS_OP_N, nk, M, r, &one, C, r, Q, r, &zero, S, nk));
-    if (rope > 0) {
+    if (mixed) {
+      LQ_CUBLAS_CHECK(cublas().sgemm(m.handle, CUBLAS_OP_T, CUBLAS_OP_N, nk, M, r, &one, CB, r, Q, r, &zero, S2, nk));
+      m.mix(S, S2, M, nk, ranges, 0, kPickA);
+      if (rope > 0) {
+        // S2 = q_pe [M, rope] · k_pe[keys] [nk, rope]ᵀ of each store in turn, added where the ranges read it
+        LQ_CUBLAS_CHECK(cublas().sgemm(m.handle, CUBLAS_OP_T, CUBLAS_OP_N, nk, M, rope, &one, K, rope, Qp, rope, &zero,
+                                    S2, nk));
+        m.mix(S, S2, M, nk, ranges, 1, kAddA);
+        LQ_CUBLAS_CHECK(cublas().sgemm(m.handle, CUBLAS_OP_T, CUBLAS_OP_N, nk, M, rope, &one, KB, rope, Qp, rope, &zero,
+                                    S2, nk));
+        m.mix(S, S2, M, nk, ranges, 1, kAddB);
+      }
+    } else if (rope > 0) {
       // S += q_pe [M, rope] · k_pe[keys] [nk, rope]ᵀ
-      LQ_CUBLAS_CHECK(cublas().sgemm(m.handle, CUBLAS_OP_T, CUBLAS_OP_N, nk, M, rope, &one,
-                                  m.d_k_pe.data() + s.key_begin * m.rope, rope,
-                                  m.d_q_pe.data() + s.begin * m.H * m.rope, rope, &one, S, nk));
+      LQ_CUBLAS_CHECK(cublas().sgemm(m.handle, CUBLAS_OP_T, CUBLAS_OP_N, nk, M, rope, &one, K, rope, Qp, rope, &one, S, nk));
     }
     LQ_LAUNCH(softmax_rows_kernel, dim3(static_cast<unsigned>(M)), dim3(kSoftmaxThreads), 0, nullptr, S,
               static_cast<int64_t>(nk), m.d_nkeys.data() + s.begin, H, m.scale);
     LQ_CUDA_CHECK(cudaGetLastError());
-    // o_lat [M, r] = P [M, nk] · C[keys] [nk, r]   (column-major: o_latᵀ [r, M] = Cᵀ·Pᵀ)
-    LQ_CUBLAS_CHECK(cublas().sgemm(m.handle, CUBLAS_OP_N, CUBLAS_OP_N, r, M, nk, &one, C, r, S, nk, &zero,
-                                m.d_o_lat.data() + s.begin * m.H * m.r, r));
+    float* O = m.d_o_lat.data() + s.begin * m.H * m.r;
+    if (!mixed) {
+      // o_lat [M, r] = P [M, nk] · C[keys] [nk, r]   (column-major: o_latᵀ [r, M] = Cᵀ·Pᵀ)
+      LQ_CUBLAS_CHECK(cublas().sgemm(m.handle, CUBLAS_OP_N, CUBLAS_OP_N, r, M, nk, &one, C, r, S, nk, &zero, O, r));
+    } else {
+      // o_lat = P_A · C_A + P_B · C_B, P_A / P_B the probabilities on / off the c_kv ranges (S stays whole)
+      m.mix(S, S2, M, nk, ranges, 0, kKeepA);
+      LQ_CUBLAS_CHECK(cublas().sgemm(m.handle, CUBLAS_OP_N, CUBLAS_OP_N, r, M, nk, &one, C, r, S2, nk, &zero, O, r));
+      m.mix(S, S2, M, nk, ranges, 0, kKeepB);
+      LQ_CUBLAS_CHECK(cublas().sgemm(m.handle, CUBLAS_OP_N, CUBLAS_OP_N, r, M, nk, &one, CB, r, S2, nk, &one, O, r));
+    }
   }
   // out[p, h, :] = o_lat[p·H + h, :] · W_UV[h]ᵀ, per head h ([Tq, r] with row stride H·r, times [v, r]ᵀ into
   // [Tq, v] with row stride H·v); column-major per head: outᵀ [v, Tq] = W_UV[h] (col-major [r, v], op T) · o_latᵀ.
@@ -401,7 +477,16 @@ void DeviceAbsorbedAttention::Impl::compute(const float* c_kv, const float* k_pe
 void DeviceAbsorbedAttention::run(const float* c_kv, const float* k_pe, float* out_sorted, float* probs) const {
   std::lock_guard<std::mutex> lock(mu_);
   Impl& m = *impl_;
-  m.compute(c_kv, k_pe);
+  m.compute(c_kv, k_pe, nullptr);
+  m.d_out.download(out_sorted, nullptr);
+  if (probs) m.d_S.download(probs, nullptr);
+}
+
+void DeviceAbsorbedAttention::run_mixed(const float* c_kv_a, const float* k_pe_a, const DeviceMixedStores& b,
+                                        float* out_sorted, float* probs) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  Impl& m = *impl_;
+  m.compute(c_kv_a, k_pe_a, &b);
   m.d_out.download(out_sorted, nullptr);
   if (probs) m.d_S.download(probs, nullptr);
 }
@@ -410,7 +495,7 @@ void DeviceAbsorbedAttention::keep_reference(const float* c_kv, const float* k_p
   std::lock_guard<std::mutex> lock(mu_);
   Impl& m = *impl_;
   m.has_ref = false;
-  m.compute(c_kv, k_pe);
+  m.compute(c_kv, k_pe, nullptr);
   m.d_S_ref.resize(m.d_S.size(), "reference probabilities");
   m.d_out_ref.resize(m.d_out.size(), "reference output");
   m.d_top_ref.resize(static_cast<size_t>(m.Tq * m.H * kTop), "reference top keys");
@@ -432,12 +517,12 @@ bool DeviceAbsorbedAttention::has_reference() const {
   return impl_->has_ref;
 }
 
-void DeviceAbsorbedAttention::error_terms(const float* c_kv, const float* k_pe, double kl_floor,
-                                          DeviceAttentionTerms* terms) const {
+void DeviceAbsorbedAttention::error_terms(const float* c_kv, const float* k_pe, const DeviceMixedStores* mixed,
+                                          double kl_floor, DeviceAttentionTerms* terms) const {
   std::lock_guard<std::mutex> lock(mu_);
   Impl& m = *impl_;
   if (!m.has_ref) throw std::logic_error("DeviceAbsorbedAttention::error_terms: no reference kept (keep_reference)");
-  m.compute(c_kv, k_pe);
+  m.compute(c_kv, k_pe, mixed);
   m.d_terms.resize(static_cast<size_t>(m.Tq * m.H), "attention error terms");
   for (size_t g = 0; g < m.segments.size(); ++g) {
     const DeviceAttentionSegment& s = m.segments[g];

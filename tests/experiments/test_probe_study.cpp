@@ -334,6 +334,12 @@ class LiteralAttentionDevice final : public probes::AttentionDevice {
     w_uv_.assign(l.w_uv, l.w_uv + H * l.dims.v_head_dim * l.dims.kv_lora_rank);
   }
   void run(const float* c_kv, const float* k_pe, float* out, float* probs) const override {
+    literal(c_kv, k_pe, nullptr, nullptr, nullptr, out, probs);
+  }
+  // A mixed cache: row p reads c_kv key j from A iff j in [ranges[4p], ranges[4p + 1]), k_pe likewise with
+  // [ranges[4p + 2], ranges[4p + 3]); B elsewhere (ranges null: A everywhere).
+  void literal(const float* c_kv, const float* k_pe, const float* c_kv_b, const float* k_pe_b, const int64_t* ranges,
+               float* out, float* probs) const {
     ++*runs_;
     const int64_t H = l_.dims.num_heads, r = l_.dims.kv_lora_rank, rope = l_.dims.qk_rope_head_dim, v = l_.dims.v_head_dim;
     int64_t off = 0;
@@ -341,12 +347,17 @@ class LiteralAttentionDevice final : public probes::AttentionDevice {
       for (int64_t p = g.begin; p < g.end; ++p)
         for (int64_t h = 0; h < H; ++h) {
           const int64_t row = p * H + h, n = nkeys_[p];
+          const auto from_a = [&](int which, int64_t j) {
+            return !ranges || (j >= ranges[p * 4 + 2 * which] && j < ranges[p * 4 + 2 * which + 1]);
+          };
+          const auto ckv = [&](int64_t j) { return (from_a(0, j) ? c_kv : c_kv_b) + (g.key_begin + j) * r; };
+          const auto kpe = [&](int64_t j) { return (from_a(1, j) ? k_pe : k_pe_b) + (g.key_begin + j) * rope; };
           std::vector<double> s(static_cast<size_t>(n));
           double m = -1e300;
           for (int64_t j = 0; j < n; ++j) {
             double x = 0;
-            for (int64_t c = 0; c < r; ++c) x += double(q_lat_[row * r + c]) * c_kv[(g.key_begin + j) * r + c];
-            for (int64_t c = 0; c < rope; ++c) x += double(q_pe_[row * rope + c]) * k_pe[(g.key_begin + j) * rope + c];
+            for (int64_t c = 0; c < r; ++c) x += double(q_lat_[row * r + c]) * ckv(j)[c];
+            for (int64_t c = 0; c < rope; ++c) x += double(q_pe_[row * rope + c]) * kpe(j)[c];
             s[j] = x * l_.softmax_scale;
             m = std::max(m, s[j]);
           }
@@ -355,7 +366,7 @@ class LiteralAttentionDevice final : public probes::AttentionDevice {
           std::vector<double> o(static_cast<size_t>(r), 0.0);
           for (int64_t j = 0; j < n; ++j) {
             s[j] /= z;
-            for (int64_t c = 0; c < r; ++c) o[c] += s[j] * c_kv[(g.key_begin + j) * r + c];
+            for (int64_t c = 0; c < r; ++c) o[c] += s[j] * ckv(j)[c];
           }
           if (probs)
             for (int64_t j = 0; j < g.nk; ++j)
@@ -378,9 +389,24 @@ class LiteralAttentionDevice final : public probes::AttentionDevice {
     std::copy(ref_out_.begin(), ref_out_.end(), out);
   }
   void error_terms(const float* c_kv, const float* k_pe, probes::AttentionPairTerms* terms) const override {
+    terms_of(c_kv, k_pe, nullptr, nullptr, nullptr, terms);
+  }
+  bool runs_mixed() const override { return metrics_; }
+  void run_mixed(const float* c_kv_a, const float* k_pe_a, const float* c_kv_b, const float* k_pe_b,
+                 const int64_t* ranges, float* out, float* probs) const override {
+    literal(c_kv_a, k_pe_a, c_kv_b, k_pe_b, ranges, out, probs);
+  }
+  void error_terms_mixed(const float* c_kv_a, const float* k_pe_a, const float* c_kv_b, const float* k_pe_b,
+                         const int64_t* ranges, probes::AttentionPairTerms* terms) const override {
+    terms_of(c_kv_a, k_pe_a, c_kv_b, k_pe_b, ranges, terms);
+  }
+
+ private:
+  void terms_of(const float* c_kv, const float* k_pe, const float* c_kv_b, const float* k_pe_b, const int64_t* ranges,
+                probes::AttentionPairTerms* terms) const {
     const int64_t H = l_.dims.num_heads, v = l_.dims.v_head_dim;
     std::vector<float> probs(static_cast<size_t>(probs_size())), out(ref_out_.size());
-    run(c_kv, k_pe, out.data(), probs.data());
+    literal(c_kv, k_pe, c_kv_b, k_pe_b, ranges, out.data(), probs.data());
     const auto top = [](const float* x, int64_t n) {
       std::vector<int64_t> idx(static_cast<size_t>(n));
       std::iota(idx.begin(), idx.end(), int64_t{0});
@@ -413,7 +439,6 @@ class LiteralAttentionDevice final : public probes::AttentionDevice {
     }
   }
 
- private:
   int64_t probs_size() const {
     int64_t n = 0;
     for (const probes::AttentionSegment& g : l_.segments) n += (g.end - g.begin) * l_.dims.num_heads * g.nk;
@@ -513,6 +538,36 @@ TEST_F(ProbeTest, AttentionErrorCellsTakeTheDevicesOwnMetrics) {
     EXPECT_EQ(x.get<double>("top1_agree"), y.get<double>("top1_agree"));
     EXPECT_EQ(x.get<double>("top8_agree"), y.get<double>("top8_agree"));
     expect_columns_near(x, y, {"out_rel_fro", "kl_mean", "cos_mean"}, 1e-9, 1e-15);
+  }
+}
+
+// The decode-order cells on a device that evaluates mixed caches and computes the errors itself: every
+// order of every /attention_position cell runs there (one mixed run per order), and the rows equal the CPU
+// engine's to float32 rounding (the device is float64); the other tables are as without decode order.
+TEST_F(ProbeTest, DecodeOrderCellsRunOnTheDevice) {
+  make({}, "\n[decode_order]\nresidual = [0, 8]\nsink = [0, 2]\nquantizers = [\"int4-asym-channel-g32\"]\n"
+           "position_bucket = 16\n");
+  const auto cpu = make_cpu_backend();
+  DeviceAttentionBackend device_metrics(true);
+  BatchOptions o;
+  o.threads = 2;
+  const BatchResult a = run_study_batch(dir / "cpu.h5", plan_study(config, *cpu), o);
+  const BatchResult b = run_study_batch(dir / "dev.h5", plan_study(config, device_metrics), o);
+  // Per layer: the kept reference, 12 /attention_error cells, and 1 decode-order cell × (baseline + 4 modes).
+  EXPECT_EQ(device_metrics.runs->load(), 3 * (1 + 12 + 5));
+  const ColumnTable& x = table_of(a.tables, "attention_position");
+  const ColumnTable& y = table_of(b.tables, "attention_position");
+  ASSERT_EQ(x.num_rows(), 3u * 5u * 2u);
+  ASSERT_EQ(x.num_rows(), y.num_rows());
+  EXPECT_EQ(x.get<std::string>("cache_mode"), y.get<std::string>("cache_mode"));
+  EXPECT_EQ(x.get<int64_t>("queries"), y.get<int64_t>("queries"));
+  EXPECT_EQ(x.get<double>("quantized_key_frac"), y.get<double>("quantized_key_frac"));
+  EXPECT_EQ(x.get<double>("bytes_per_token"), y.get<double>("bytes_per_token"));
+  for (const char* col : {"kl_mean", "out_rel_fro"}) {
+    const auto& u = x.get<double>(col);
+    const auto& w = y.get<double>(col);
+    for (size_t i = 0; i < u.size(); ++i)
+      EXPECT_NEAR(w[i], u[i], 1e-3 * std::fabs(u[i]) + 1e-7) << col << " row " << i << " (" << x.get<std::string>("cache_mode")[i] << ")";
   }
 }
 

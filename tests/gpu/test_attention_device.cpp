@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <numeric>
 #include <random>
 #include <span>
 #include <stdexcept>
@@ -16,7 +17,9 @@
 #include <vector>
 
 #include "latentq/attention_cuda.h"
+#include "latentq/decode_order.h"
 #include "latentq/probes/attention.h"
+#include "latentq/spec.h"
 #include "latentq/quantize_cuda.h"
 #include "require_gpu.h"
 #include "latentq/attention_device_cuda.h"
@@ -95,9 +98,18 @@ void expect_close(const AttentionResult<float>& cpu, const AttentionResult<float
   for (size_t j = 0; j < cpu.probs.size(); ++j) ASSERT_NEAR(dev.probs[j], cpu.probs[j], 2e-6) << "probs[" << j << "]";
 }
 
-std::unique_ptr<AbsorbedAttention<float>> on_device(const probes::AttentionQueries& q) {
+// segment_rows 0: attach_device's default (one segment per sequence at these sizes); 5: sequences split in
+// segments of 5 query rows, each with its own key count.
+// *segments ← the number of segments of the device's layout.
+std::unique_ptr<AbsorbedAttention<float>> on_device(const probes::AttentionQueries& q, int64_t segment_rows = 0,
+                                                    size_t* segments = nullptr) {
   auto a = std::make_unique<AbsorbedAttention<float>>(q);
-  a->attach_device(make_cuda_attention_device);
+  a->attach_device(
+      [segments](const probes::AttentionLayout& l) {
+        if (segments) *segments = l.segments.size();
+        return make_cuda_attention_device(l);
+      },
+      segment_rows);
   return a;
 }
 
@@ -110,14 +122,19 @@ TEST(DeviceAttention, CublasLoadsWithoutAGpu) {
 
 TEST(DeviceAttention, MatchesTheCpuPathOverSeveralSequences) {
   LQ_REQUIRE_GPU();
-  for (const int64_t rope : {int64_t{4}, int64_t{0}}) {
+  for (const int64_t rope : {int64_t{4}, int64_t{0}})
+  for (const int64_t segment_rows : {int64_t{0}, int64_t{5}}) {
     const uint64_t seed = 20261201 + static_cast<uint64_t>(rope);
-    SCOPED_TRACE("seed " + std::to_string(seed) + ", sequences 37, 0, 50, 21, H 3, r 16, rope " + std::to_string(rope));
+    SCOPED_TRACE("seed " + std::to_string(seed) + ", sequences 37, 0, 50, 21, H 3, r 16, rope " + std::to_string(rope) +
+                 ", segment_rows " + std::to_string(segment_rows));
     const Case c = make_case(seed, {37, 0, 50, 21}, rope);
     const probes::AttentionQueries q = c.queries();
     const AbsorbedAttention<float> cpu(q);
-    const std::unique_ptr<AbsorbedAttention<float>> dev = on_device(q);
+    size_t segments = 0;
+    const std::unique_ptr<AbsorbedAttention<float>> dev = on_device(q, segment_rows, &segments);
     ASSERT_TRUE(dev->on_device());
+    // 14, 18 and 9 query rows in the three non-empty sequences: 3 segments, or 3 + 4 + 2 of ≤ 5 rows.
+    EXPECT_EQ(segments, segment_rows == 0 ? 3u : 9u);
     const AttentionResult<float> ref_cpu = cpu.run(c.c_kv, c.k_pe, true);
     const AttentionResult<float> ref_dev = dev->run(c.c_kv, c.k_pe, true);
     expect_close(ref_cpu, ref_dev);
@@ -162,7 +179,9 @@ TEST(DeviceAttention, ErrorTermsMatchTheHostMetrics) {
   LQ_REQUIRE_GPU();
   for (const int64_t rope : {int64_t{4}, int64_t{0}}) {
     const uint64_t seed = 20261202 + static_cast<uint64_t>(rope);
-    SCOPED_TRACE("seed " + std::to_string(seed) + ", sequences 300, 0, 45, 21, H 3, r 16, rope " + std::to_string(rope));
+    const int64_t segment_rows = rope > 0 ? 0 : 7;
+    SCOPED_TRACE("seed " + std::to_string(seed) + ", sequences 300, 0, 45, 21, H 3, r 16, rope " + std::to_string(rope) +
+                 ", segment_rows " + std::to_string(segment_rows));
     Case c = make_case(seed, {300, 0, 45, 21}, rope);
     // Ties: the first 24 tokens of the first sequence share one c_kv and k_pe row, so every row reading them
     // has 24 equal probabilities (top-8 must take the lowest 8 indices); the test below breaks the tie.
@@ -172,7 +191,7 @@ TEST(DeviceAttention, ErrorTermsMatchTheHostMetrics) {
       std::copy_n(c.k_pe.begin(), rope, c.k_pe.begin() + t * rope);
     }
     const probes::AttentionQueries q = c.queries();
-    const std::unique_ptr<AbsorbedAttention<float>> dev = on_device(q);
+    const std::unique_ptr<AbsorbedAttention<float>> dev = on_device(q, segment_rows);
     ASSERT_TRUE(dev->device_computes_errors());
     EXPECT_THROW((void)dev->device_error(c.c_kv, c.k_pe), std::logic_error);  // no reference kept yet
     const AttentionResult<float> ref = dev->run(c.c_kv, c.k_pe, true);
@@ -223,6 +242,103 @@ TEST(DeviceAttention, ErrorTermsMatchTheHostMetrics) {
   EXPECT_THROW((void)cpu.keep_device_reference(c.c_kv, c.k_pe), std::logic_error);
 }
 
+// A cache mixed per (row, key) from two stores (run_mixed, the decode-order cache) on the device: against the
+// CPU's run_mixed (random ranges: empty, whole and partial, different for c_kv and k_pe), its metrics against
+// the host's on the same device results, and decode_order_attention on the device against the CPU's.
+TEST(DeviceAttention, MixedCachesMatchTheCpuPath) {
+  LQ_REQUIRE_GPU();
+  for (const int64_t rope : {int64_t{4}, int64_t{0}}) {
+    const uint64_t seed = 20261203 + static_cast<uint64_t>(rope);
+    const int64_t segment_rows = rope > 0 ? 5 : 0;
+    SCOPED_TRACE("seed " + std::to_string(seed) + ", sequences 61, 0, 40, H 3, r 16, rope " + std::to_string(rope) +
+                 ", segment_rows " + std::to_string(segment_rows));
+    const Case c = make_case(seed, {61, 0, 40}, rope);
+    const probes::AttentionQueries q = c.queries();
+    const AbsorbedAttention<float> cpu(q);
+    const std::unique_ptr<AbsorbedAttention<float>> dev = on_device(q, segment_rows);
+    ASSERT_TRUE(dev->device_runs_mixed());
+    const int64_t Tq = cpu.num_queries();
+    std::mt19937_64 rng(seed + 11);
+    std::normal_distribution<float> nd(0.0f, 0.05f);
+    std::vector<float> ckv_b = c.c_kv, kpe_b = c.k_pe;  // store B: a perturbed copy
+    for (float& x : ckv_b) x += nd(rng);
+    for (float& x : kpe_b) x += nd(rng);
+    std::vector<probes::KeyRange> rc(static_cast<size_t>(Tq)), rk(static_cast<size_t>(Tq));
+    for (int64_t i = 0; i < Tq; ++i) {
+      const int64_t n = cpu.nkeys(i);
+      std::uniform_int_distribution<int64_t> u(-2, n + 2);
+      const int64_t a = u(rng), b = u(rng);
+      rc[i] = i % 7 == 0 ? probes::KeyRange{0, 0} : i % 7 == 1 ? probes::KeyRange{0, n} : probes::KeyRange{a, b};
+      rk[i] = i % 5 == 0 ? probes::KeyRange{0, n} : probes::KeyRange{std::min(a, b), std::max(a, b) + 1};
+    }
+    const probes::MixedCache m{c.c_kv, c.k_pe, ckv_b, kpe_b, rc, rk};
+    const AttentionResult<float> mc = cpu.run_mixed(m, true);
+    const AttentionResult<float> md = dev->run_mixed(m, true);
+    expect_close(mc, md);
+    // Every range whole: run() of store A; every range empty: run() of store B (on the device too).
+    const std::vector<probes::KeyRange> whole_c = [&] {
+      std::vector<probes::KeyRange> w(static_cast<size_t>(Tq));
+      for (int64_t i = 0; i < Tq; ++i) w[i] = {0, cpu.nkeys(i)};
+      return w;
+    }();
+    const std::vector<probes::KeyRange> none(static_cast<size_t>(Tq), probes::KeyRange{0, 0});
+    expect_close(cpu.run(c.c_kv, c.k_pe, true), dev->run_mixed({c.c_kv, c.k_pe, ckv_b, kpe_b, whole_c, whole_c}, true));
+    expect_close(cpu.run(ckv_b, kpe_b, true), dev->run_mixed({c.c_kv, c.k_pe, ckv_b, kpe_b, none, none}, true));
+
+    // The device's terms of the mixed cache: attention_error_rows of the same device's results, for every row
+    // subset (here: all rows, and the rows of even index).
+    const AttentionResult<float> ref = dev->run(c.c_kv, c.k_pe, true);
+    (void)dev->keep_device_reference(c.c_kv, c.k_pe);
+    const std::vector<probes::AttentionPairTerms> terms = dev->device_error_terms(m);
+    std::vector<int64_t> all(static_cast<size_t>(Tq)), even;
+    std::iota(all.begin(), all.end(), int64_t{0});
+    for (int64_t i = 0; i < Tq; i += 2) even.push_back(i);
+    for (const std::vector<int64_t>* rows : {&all, &even}) {
+      const probes::AttentionError host = probes::attention_error_rows(ref, md, *rows);
+      const probes::AttentionError on = dev->error_from_terms(terms, *rows);
+      EXPECT_GT(host.kl_mean, 1e-6);
+      EXPECT_NEAR(on.kl_mean, host.kl_mean, 1e-12 * host.kl_mean);
+      EXPECT_NEAR(on.out_rel_fro, host.out_rel_fro, 1e-12 * host.out_rel_fro);
+      EXPECT_NEAR(on.cos_mean, host.cos_mean, 1e-14);
+      EXPECT_EQ(on.top1_agree, host.top1_agree);
+      EXPECT_EQ(on.top8_agree, host.top8_agree);
+    }
+    EXPECT_THROW((void)dev->error_from_terms(terms, std::vector<int64_t>{Tq}), std::invalid_argument);
+
+    // decode_order_attention: the device form against the CPU form on the CPU (engines differ: float32 rounding)
+    // and against the CPU form on the same device's results (float64 rounding).
+    std::vector<int32_t> positions(static_cast<size_t>(c.T));
+    for (size_t s = 0; s + 1 < c.seq_offsets.size(); ++s)
+      for (int64_t t = c.seq_offsets[s]; t < c.seq_offsets[s + 1]; ++t) positions[t] = static_cast<int32_t>(t - c.seq_offsets[s]);
+    const probes::DecodeOrderInput in{c.c_kv, c.k_pe, c.seq_offsets, c.q_rows, positions};
+    const probes::DecodeOrderQuantizer dq{QuantSpec::parse("int4-asym-channel-g32")};
+    const std::vector<DecodeOrder> orders = {DecodeOrder{}, {CacheMode::Decode, 8, 0, 0}, {CacheMode::Decode, 4, 2, 0}};
+    const AttentionResult<float> ref_cpu = cpu.run(c.c_kv, c.k_pe, true);
+    const probes::AttentionReference<float> prepared_cpu(ref_cpu);
+    const probes::AttentionReference<float> prepared_dev(ref);
+    const auto on_cpu = probes::decode_order_attention(cpu, prepared_cpu, in, dq, orders, 16);
+    const auto host_of_dev = probes::decode_order_attention(*dev, prepared_dev, in, dq, orders, 16);
+    const auto on_dev = probes::decode_order_attention(*dev, in, dq, orders, 16);
+    ASSERT_EQ(on_dev.size(), orders.size());
+    for (size_t o = 0; o < orders.size(); ++o) {
+      ASSERT_EQ(on_dev[o].buckets.size(), on_cpu[o].buckets.size());
+      EXPECT_EQ(on_dev[o].bytes_per_token, on_cpu[o].bytes_per_token);
+      for (size_t b = 0; b < on_dev[o].buckets.size(); ++b) {
+        const probes::PositionBucketError &x = on_dev[o].buckets[b], &y = host_of_dev[o].buckets[b], &z = on_cpu[o].buckets[b];
+        EXPECT_EQ(x.queries, z.queries);
+        EXPECT_EQ(x.quantized_key_frac, z.quantized_key_frac);
+        EXPECT_NEAR(x.kl_mean, y.kl_mean, 1e-12 * y.kl_mean + 1e-300) << "order " << o << ", bucket " << b;
+        EXPECT_NEAR(x.out_rel_fro, y.out_rel_fro, 1e-12 * y.out_rel_fro) << "order " << o << ", bucket " << b;
+        // Across engines (float32 scores summed in another order) at KL ≈ 1e-6: the GPU check's 2e-2.
+        EXPECT_NEAR(x.kl_mean, z.kl_mean, 2e-2 * z.kl_mean + 1e-12) << "order " << o << ", bucket " << b;
+        EXPECT_NEAR(x.out_rel_fro, z.out_rel_fro, 2e-2 * z.out_rel_fro + 1e-9) << "order " << o << ", bucket " << b;
+      }
+    }
+    // The device form needs the device's reference: a CPU attention refuses it.
+    EXPECT_THROW((void)probes::decode_order_attention(cpu, in, dq, orders, 16), std::logic_error);
+  }
+}
+
 TEST(DeviceAttention, RefusesWhatTheCpuPathRefuses) {
   LQ_REQUIRE_GPU();
   const Case c = make_case(11, {20, 13}, 4);
@@ -243,6 +359,8 @@ TEST(DeviceAttention, RefusesWhatTheCpuPathRefuses) {
   const std::vector<float> z(3 * 16 * 3, 0.5f);
   EXPECT_THROW(DeviceAbsorbedAttention(1, 16, 0, 3, 8, 0.25f, nkeys, segs, z.data(), nullptr, z.data()),
                std::invalid_argument);
+  AbsorbedAttention<float> neg(c.queries());
+  EXPECT_THROW(neg.attach_device(make_cuda_attention_device, -1), std::invalid_argument);
   // The double path has no device.
   AbsorbedAttention<double> d(c.queries());
   EXPECT_THROW(d.attach_device(make_cuda_attention_device), std::logic_error);

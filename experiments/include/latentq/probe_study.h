@@ -92,8 +92,9 @@ struct AttentionDeviceReference {
 };
 /// Where the /attention_error cells of a layer evaluate (every one of them, svd-rank cells included): the
 /// device when the access has one, else the CPU. A cell's error always compares two results of one engine.
-/// The attention check, the fold check and the decode-order cells (run_mixed is CPU-only) use
-/// attention_reference() alone.
+/// The decode-order cells use it too where the device runs mixed caches and computes the errors
+/// (device_metrics and AbsorbedAttention::device_runs_mixed), else attention_reference(); the attention check
+/// and the fold check use attention_reference() alone.
 struct AttentionErrorEngine {
   std::shared_ptr<const AttentionLayerReference> cpu;
   std::shared_ptr<const AttentionDeviceReference> device;  ///< null: the CPU

@@ -10,6 +10,7 @@
 #include <limits>
 #include <map>
 #include <numeric>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -32,6 +33,9 @@ namespace {
 
 using RowMatF = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 constexpr int64_t kChunkRows = 8;  // query rows per GEMM chunk (all heads stacked)
+// GEMM rows (query rows × heads) per device segment by default (attach_device): large enough for a GPU's
+// GEMM, small enough that a sequence's rows split into segments whose keys follow the causal triangle.
+constexpr int64_t kDeviceSegmentGemmRows = 4096;
 
 struct RowInfo {
   std::vector<int64_t> t, s0, nkeys;  // per query row
@@ -300,22 +304,28 @@ AttentionResult<Scalar> AbsorbedAttention<Scalar>::run_on_cpu(std::span<const fl
 }
 
 template <typename Scalar>
-void AbsorbedAttention<Scalar>::attach_device(const AttentionDeviceFactory& make) {
+void AbsorbedAttention<Scalar>::attach_device(const AttentionDeviceFactory& make, int64_t segment_rows) {
   if constexpr (!std::is_same_v<Scalar, float>) {
-    (void)make;
+    (void)make, (void)segment_rows;
     throw std::logic_error("attention: attach_device: the device path is float32 only");
   } else {
-    // One segment per sequence: the chunks of one sequence are consecutive (rows sorted by token index) and
-    // share key_begin; the last has the most keys.
+    if (segment_rows < 0)
+      throw std::invalid_argument("attention: attach_device: segment_rows " + sz(segment_rows) + " < 0");
+    const int64_t rows = segment_rows > 0 ? segment_rows : std::max<int64_t>(1, kDeviceSegmentGemmRows / dims_.num_heads);
+    // Segments of at most `rows` consecutive sorted rows of one sequence (the chunks of a sequence are
+    // consecutive and share key_begin; rows are sorted by token index, so a segment's last row has the most
+    // keys, its nk).
     std::vector<AttentionSegment> segs;
-    for (const Chunk& c : chunks_) {
-      if (!segs.empty() && segs.back().key_begin == c.key_begin) {
-        segs.back().end = c.end;
-        segs.back().nk = std::max(segs.back().nk, c.nk);
-      } else {
-        segs.push_back({c.begin, c.end, c.key_begin, c.nk});
+    for (const Chunk& c : chunks_)
+      for (int64_t p = c.begin; p < c.end; ++p) {
+        const int64_t n = nkeys_[order_[p]];
+        if (!segs.empty() && segs.back().key_begin == c.key_begin && segs.back().end - segs.back().begin < rows) {
+          segs.back().end = p + 1;
+          segs.back().nk = std::max(segs.back().nk, n);
+        } else {
+          segs.push_back({p, p + 1, c.key_begin, n});
+        }
       }
-    }
     std::vector<int64_t> nk(order_.size());
     for (size_t p = 0; p < order_.size(); ++p) nk[p] = nkeys_[order_[p]];
     segments_ = std::move(segs);
@@ -343,6 +353,16 @@ void AttentionDevice::error_terms(const float*, const float*, AttentionPairTerms
   throw std::logic_error("attention device: error_terms is not implemented by this device");
 }
 
+void AttentionDevice::run_mixed(const float*, const float*, const float*, const float*, const int64_t*, float*,
+                                float*) const {
+  throw std::logic_error("attention device: run_mixed is not implemented by this device");
+}
+
+void AttentionDevice::error_terms_mixed(const float*, const float*, const float*, const float*, const int64_t*,
+                                        AttentionPairTerms*) const {
+  throw std::logic_error("attention device: error_terms_mixed is not implemented by this device");
+}
+
 template <typename Scalar>
 AttentionResult<Scalar> AbsorbedAttention<Scalar>::keep_device_reference(std::span<const float> c_kv,
                                                                          std::span<const float> k_pe) {
@@ -366,47 +386,14 @@ AttentionResult<Scalar> AbsorbedAttention<Scalar>::keep_device_reference(std::sp
 }
 
 template <typename Scalar>
-AttentionError AbsorbedAttention<Scalar>::device_error(std::span<const float> c_kv, std::span<const float> k_pe) const {
-  if (!device_computes_errors() || !device_reference_)
-    throw std::logic_error("attention: device_error: no reference kept on a device that computes attention_error's "
-                           "terms (keep_device_reference)");
-  check_latents(dims_, T_, c_kv, k_pe);
-  const int64_t Tq = num_queries(), H = dims_.num_heads, v = dims_.v_head_dim;
-  std::vector<AttentionPairTerms> terms(static_cast<size_t>(Tq * H));
-  device_->error_terms(c_kv.data(), k_pe.data(), terms.data());
-  int64_t bad_p = 0, bad_o = 0, n_p = 0;
-  for (const AttentionPairTerms& t : terms) bad_p += t.nonfinite_probs, bad_o += t.nonfinite_out;
-  for (const int64_t n : nkeys_) n_p += H * n;
-  require_finite_counts<Scalar>("attention", bad_o, Tq * H * v, bad_p, n_p);
-  // attention_error's order: query rows as given (q_rows), then heads.
-  std::vector<int64_t> sorted_pos(static_cast<size_t>(Tq));
-  for (int64_t p = 0; p < Tq; ++p) sorted_pos[order_[p]] = p;
-  double err2 = 0, ref2 = 0, cos_sum = 0, kl_sum = 0, top1 = 0, top8 = 0;
-  for (int64_t i = 0; i < Tq; ++i) {
-    const int64_t m = std::min<int64_t>(8, nkeys_[i]);
-    for (int64_t h = 0; h < H; ++h) {
-      const AttentionPairTerms& t = terms[sorted_pos[i] * H + h];
-      err2 += t.err2;
-      ref2 += t.ref2;
-      cos_sum += pair_cos(t.dot, t.ref2, t.test2, t.equal);
-      kl_sum += t.kl;
-      top1 += t.top1 ? 1.0 : 0.0;
-      top8 += static_cast<double>(t.top_common) / static_cast<double>(m);
-    }
-  }
-  return finish_error(err2, ref2, cos_sum, kl_sum, top1, top8, static_cast<double>(Tq * H));
-}
-
-template <typename Scalar>
-AttentionResult<Scalar> AbsorbedAttention<Scalar>::run_device(std::span<const float> c_kv, std::span<const float> k_pe,
-                                                               bool keep_probs) const {
-  check_latents(dims_, T_, c_kv, k_pe);
+template <typename Run>
+AttentionResult<Scalar> AbsorbedAttention<Scalar>::device_result(bool keep_probs, Run&& run) const {
   const int64_t Tq = num_queries(), H = dims_.num_heads, v = dims_.v_head_dim;
   AttentionResult<Scalar> res = make_result<Scalar>(dims_, nkeys_, keep_probs);
   int64_t nprobs = 0;
   for (const AttentionSegment& g : segments_) nprobs += (g.end - g.begin) * H * g.nk;
   std::vector<float> out(static_cast<size_t>(Tq * H * v)), probs(keep_probs ? static_cast<size_t>(nprobs) : 0);
-  device_->run(c_kv.data(), k_pe.data(), out.data(), keep_probs ? probs.data() : nullptr);
+  run(out.data(), keep_probs ? probs.data() : nullptr);
   // Back to q_rows order and the packed probability layout (H·nkeys[i] per row).
   for (int64_t p = 0; p < Tq; ++p)
     std::copy_n(out.data() + p * H * v, H * v, res.out.data() + order_[p] * H * v);
@@ -427,12 +414,25 @@ AttentionResult<Scalar> AbsorbedAttention<Scalar>::run_device(std::span<const fl
 }
 
 template <typename Scalar>
-AttentionResult<Scalar> AbsorbedAttention<Scalar>::run_mixed(const MixedCache& m, bool keep_probs) const {
+AttentionResult<Scalar> AbsorbedAttention<Scalar>::run_device(std::span<const float> c_kv, std::span<const float> k_pe,
+                                                               bool keep_probs) const {
+  check_latents(dims_, T_, c_kv, k_pe);
+  return device_result(keep_probs, [&](float* out, float* probs) { device_->run(c_kv.data(), k_pe.data(), out, probs); });
+}
+
+template <typename Scalar>
+void AbsorbedAttention<Scalar>::check_mixed_ranges(const MixedCache& m) const {
   const int64_t Tq = num_queries();
   if (static_cast<int64_t>(m.ckv_from_a.size()) != Tq || static_cast<int64_t>(m.kpe_from_a.size()) != Tq)
     throw std::invalid_argument("attention: the mixed cache's key ranges have " + sz(static_cast<int64_t>(m.ckv_from_a.size())) +
                                 " (c_kv) and " + sz(static_cast<int64_t>(m.kpe_from_a.size())) +
                                 " (k_pe) entries, expected Tq = " + sz(Tq));
+}
+
+template <typename Scalar>
+AttentionResult<Scalar> AbsorbedAttention<Scalar>::run_mixed(const MixedCache& m, bool keep_probs) const {
+  check_mixed_ranges(m);
+  if (device_runs_mixed()) return run_mixed_device(m, keep_probs);
   return run_impl(m.c_kv_a, m.k_pe_a, &m, keep_probs);
 }
 
@@ -595,6 +595,101 @@ AttentionResult<Scalar> AbsorbedAttention<Scalar>::run_impl(std::span<const floa
   }
   require_finite_result(res, "attention");
   return res;
+}
+
+template <typename Scalar>
+std::vector<int64_t> AbsorbedAttention<Scalar>::mixed_ranges_sorted(const MixedCache& m) const {
+  const int64_t Tq = num_queries();
+  std::vector<int64_t> ranges(static_cast<size_t>(Tq * 4));
+  for (int64_t p = 0; p < Tq; ++p) {
+    const int64_t i = order_[p], n = nkeys_[i];
+    const KeyRange rc = clip_range(m.ckv_from_a[i], n), rk = clip_range(m.kpe_from_a[i], n);
+    ranges[p * 4 + 0] = rc.begin, ranges[p * 4 + 1] = std::max(rc.begin, rc.end);
+    ranges[p * 4 + 2] = rk.begin, ranges[p * 4 + 3] = std::max(rk.begin, rk.end);
+  }
+  return ranges;
+}
+
+template <typename Scalar>
+std::vector<AttentionPairTerms> AbsorbedAttention<Scalar>::device_terms_impl(std::span<const float> c_kv,
+                                                                             std::span<const float> k_pe,
+                                                                             const MixedCache* mixed) const {
+  if (!device_computes_errors() || !device_reference_)
+    throw std::logic_error("attention: device_error: no reference kept on a device that computes attention_error's "
+                           "terms (keep_device_reference)");
+  if (mixed && !device_runs_mixed())
+    throw std::logic_error("attention: device_error_terms: the device does not run mixed caches");
+  check_latents(dims_, T_, c_kv, k_pe);
+  const int64_t Tq = num_queries(), H = dims_.num_heads, v = dims_.v_head_dim;
+  std::vector<AttentionPairTerms> sorted(static_cast<size_t>(Tq * H));
+  if (mixed) {
+    check_latents(dims_, T_, mixed->c_kv_b, mixed->k_pe_b);
+    const std::vector<int64_t> ranges = mixed_ranges_sorted(*mixed);
+    device_->error_terms_mixed(c_kv.data(), k_pe.data(), mixed->c_kv_b.data(), mixed->k_pe_b.data(), ranges.data(),
+                               sorted.data());
+  } else {
+    device_->error_terms(c_kv.data(), k_pe.data(), sorted.data());
+  }
+  int64_t bad_p = 0, bad_o = 0, n_p = 0;
+  for (const AttentionPairTerms& t : sorted) bad_p += t.nonfinite_probs, bad_o += t.nonfinite_out;
+  for (const int64_t n : nkeys_) n_p += H * n;
+  require_finite_counts<Scalar>("attention", bad_o, Tq * H * v, bad_p, n_p);
+  std::vector<AttentionPairTerms> terms(sorted.size());  // q_rows order
+  for (int64_t p = 0; p < Tq; ++p) std::copy_n(sorted.begin() + p * H, H, terms.begin() + order_[p] * H);
+  return terms;
+}
+
+template <typename Scalar>
+std::vector<AttentionPairTerms> AbsorbedAttention<Scalar>::device_error_terms(std::span<const float> c_kv,
+                                                                              std::span<const float> k_pe) const {
+  return device_terms_impl(c_kv, k_pe, nullptr);
+}
+
+template <typename Scalar>
+std::vector<AttentionPairTerms> AbsorbedAttention<Scalar>::device_error_terms(const MixedCache& m) const {
+  check_mixed_ranges(m);
+  return device_terms_impl(m.c_kv_a, m.k_pe_a, &m);
+}
+
+template <typename Scalar>
+AttentionError AbsorbedAttention<Scalar>::error_from_terms(std::span<const AttentionPairTerms> terms,
+                                                           std::span<const int64_t> rows) const {
+  const int64_t Tq = num_queries(), H = dims_.num_heads;
+  check_size(terms.size(), Tq * H, "error terms", "[Tq, H]");
+  if (rows.empty()) throw std::invalid_argument("attention: error_from_terms: no query rows selected");
+  double err2 = 0, ref2 = 0, cos_sum = 0, kl_sum = 0, top1 = 0, top8 = 0;
+  for (const int64_t i : rows) {
+    if (i < 0 || i >= Tq)
+      throw std::invalid_argument("attention: error_from_terms: query row " + sz(i) + " outside [0, Tq = " + sz(Tq) + ")");
+    const int64_t m = std::min<int64_t>(8, nkeys_[i]);
+    for (int64_t h = 0; h < H; ++h) {
+      const AttentionPairTerms& t = terms[i * H + h];
+      err2 += t.err2;
+      ref2 += t.ref2;
+      cos_sum += pair_cos(t.dot, t.ref2, t.test2, t.equal);
+      kl_sum += t.kl;
+      top1 += t.top1 ? 1.0 : 0.0;
+      top8 += static_cast<double>(t.top_common) / static_cast<double>(m);
+    }
+  }
+  return finish_error(err2, ref2, cos_sum, kl_sum, top1, top8, static_cast<double>(static_cast<int64_t>(rows.size()) * H));
+}
+
+template <typename Scalar>
+AttentionError AbsorbedAttention<Scalar>::device_error(std::span<const float> c_kv, std::span<const float> k_pe) const {
+  std::vector<int64_t> rows(static_cast<size_t>(num_queries()));
+  std::iota(rows.begin(), rows.end(), int64_t{0});
+  return error_from_terms(device_error_terms(c_kv, k_pe), rows);
+}
+
+template <typename Scalar>
+AttentionResult<Scalar> AbsorbedAttention<Scalar>::run_mixed_device(const MixedCache& m, bool keep_probs) const {
+  check_latents(dims_, T_, m.c_kv_a, m.k_pe_a);
+  check_latents(dims_, T_, m.c_kv_b, m.k_pe_b);
+  const std::vector<int64_t> ranges = mixed_ranges_sorted(m);
+  return device_result(keep_probs, [&](float* out, float* probs) {
+    device_->run_mixed(m.c_kv_a.data(), m.k_pe_a.data(), m.c_kv_b.data(), m.k_pe_b.data(), ranges.data(), out, probs);
+  });
 }
 
 template <typename Scalar>
@@ -1056,10 +1151,16 @@ std::vector<KeyRange> decode_order_ranges(const DecodeOrder& order, std::span<co
   return out;
 }
 
-std::vector<DecodeOrderError> decode_order_attention(const AbsorbedAttention<float>& att, const AttentionReference<float>& ref,
-                                                     const DecodeOrderInput& in, const DecodeOrderQuantizer& q,
-                                                     std::span<const DecodeOrder> orders, int64_t bucket) {
+namespace {
+// decode_order_attention on the CPU (ref: the prepared reference) or, ref null, on att's device against the
+// reference kept there (each order's errors from one evaluation's per-pair terms, summed per bucket).
+std::vector<DecodeOrderError> decode_order_impl(const AbsorbedAttention<float>& att, const AttentionReference<float>* ref,
+                                                const DecodeOrderInput& in, const DecodeOrderQuantizer& q,
+                                                std::span<const DecodeOrder> orders, int64_t bucket) {
   const char* what = "decode-order attention";
+  if (!ref && !(att.device_computes_errors() && att.device_runs_mixed()))
+    throw std::logic_error(std::string(what) + ": no reference, and no device that computes attention_error's terms of "
+                           "mixed caches attached");
   if (bucket < 1) throw std::invalid_argument(std::string(what) + ": position bucket " + sz(bucket) + " < 1");
   if (!q.c_kv && !q.k_pe) throw std::invalid_argument(std::string(what) + ": neither c_kv nor k_pe is quantized");
   const MlaDims& d = att.dims();
@@ -1132,7 +1233,11 @@ std::vector<DecodeOrderError> decode_order_attention(const AbsorbedAttention<flo
     const MixedCache m{qc ? std::span<const float>(Qz.c) : std::span<const float>(bc),
                        qk ? std::span<const float>(Qz.k) : std::span<const float>(bk),
                        bc, bk, rc, rk};
-    const AttentionResult<float> test = att.run_mixed(m, true);
+    // CPU: run_mixed()'s result (checked finite there: not again for each bucket); device: its terms.
+    std::optional<AttentionResult<float>> test;
+    std::vector<AttentionPairTerms> terms;
+    if (ref) test.emplace(att.run_mixed(m, true));
+    else terms = att.device_error_terms(m);
 
     DecodeOrderError e;
     e.order = o;
@@ -1148,8 +1253,9 @@ std::vector<DecodeOrderError> decode_order_attention(const AbsorbedAttention<flo
         frac += static_cast<double>(k.end - k.begin) / static_cast<double>(att.nkeys(i));
       }
       pb.quantized_key_frac = frac / static_cast<double>(rows.size());
-      // test is run_mixed()'s result, checked finite there: not again for each bucket.
-      const AttentionError x = error_over_rows(ref.result(), test, rows, "attention_error_rows", ref.top_indices(), true);
+      const AttentionError x =
+          ref ? error_over_rows(ref->result(), *test, rows, "attention_error_rows", ref->top_indices(), true)
+              : att.error_from_terms(terms, rows);
       pb.kl_mean = x.kl_mean;
       pb.out_rel_fro = x.out_rel_fro;
       e.buckets.push_back(pb);
@@ -1170,6 +1276,19 @@ std::vector<DecodeOrderError> decode_order_attention(const AbsorbedAttention<flo
     out.push_back(std::move(e));
   }
   return out;
+}
+}  // namespace
+
+std::vector<DecodeOrderError> decode_order_attention(const AbsorbedAttention<float>& att, const AttentionReference<float>& ref,
+                                                     const DecodeOrderInput& in, const DecodeOrderQuantizer& q,
+                                                     std::span<const DecodeOrder> orders, int64_t bucket) {
+  return decode_order_impl(att, &ref, in, q, orders, bucket);
+}
+
+std::vector<DecodeOrderError> decode_order_attention(const AbsorbedAttention<float>& att, const DecodeOrderInput& in,
+                                                     const DecodeOrderQuantizer& q, std::span<const DecodeOrder> orders,
+                                                     int64_t bucket) {
+  return decode_order_impl(att, nullptr, in, q, orders, bucket);
 }
 
 // ---- the fold check (issue 11) ------------------------------------------------------------------

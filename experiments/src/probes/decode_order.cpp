@@ -144,8 +144,6 @@ class DecodeOrderProbe final : public Probe {
     const DecodeOrderSettings& s = probe_settings<DecodeOrderSettings>(config, "decode_order");
     const Dump& dump = in.header();
     const Layer& l = in.layer(c.layer);
-    // The layer's exact-latent attention, shared with the /attention_check and /attention_error cells.
-    const std::shared_ptr<const AttentionLayerReference> e = attention_reference(in, c.layer);
     const TransformedSpec ts = TransformedSpec::parse(c.quantizer);
     probes::DecodeOrderQuantizer q;
     q.spec = ts.spec;
@@ -160,8 +158,19 @@ class DecodeOrderProbe final : public Probe {
     const probes::DecodeOrderInput input{l.c_kv, l.k_pe, dump.seq_offsets, l.q_rows, dump.positions};
     const int64_t causal = decode_scale_is_causal(ts.spec) ? 1 : 0;
     ColumnTable t = empty_table(kPosition);
-    for (const probes::DecodeOrderError& o :
-         probes::decode_order_attention(*e->att, *e->prepared, input, q, orders, s.position_bucket))
+    // On a device that evaluates mixed caches and computes the errors itself, the orders run there against the
+    // device's reference (the /attention_error cells' engine); otherwise on the CPU against e.
+    const std::shared_ptr<const AttentionErrorEngine> dev =
+        in.attention_device() && *in.attention_device() ? attention_error_engine(in, c.layer) : nullptr;
+    const bool on_device = dev && dev->device_metrics() && dev->att().device_runs_mixed();
+    std::vector<probes::DecodeOrderError> errors;
+    if (on_device) {
+      errors = probes::decode_order_attention(dev->att(), input, q, orders, s.position_bucket);
+    } else {  // the layer's exact-latent attention, shared with the /attention_check and /attention_error cells
+      const std::shared_ptr<const AttentionLayerReference> e = attention_reference(in, c.layer);
+      errors = probes::decode_order_attention(*e->att, *e->prepared, input, q, orders, s.position_bucket);
+    }
+    for (const probes::DecodeOrderError& o : errors)
       for (const probes::PositionBucketError& b : o.buckets)
         add_row(t, {int64_t{c.layer}, c.targets, c.quantizer, o.order.label(), o.order.residual, o.order.sink,
                     o.order.prefill, causal, b.pos_start, b.pos_end, b.queries, b.quantized_key_frac, b.kl_mean,

@@ -10,8 +10,9 @@
 //   o_lat  = p·c_kv,   out[h] = o_lat[h]·W_UV[h]ᵀ
 // Rows are the probe's sorted query rows × heads (row = sorted_pos·H + h). A segment is a run of sorted
 // rows of one sequence: its keys are tokens key_begin .. key_begin + nk − 1, and sorted row p reads the
-// first nkeys[p] of them. The probe's CPU chunks (≤ 8 rows) become one segment per sequence here: one GEMM
-// per segment over all its rows and keys (the masked keys cost arithmetic, not values: p is 0 there).
+// first nkeys[p] of them. The probe makes segments of ≈ 4,096 GEMM rows (AbsorbedAttention::attach_device):
+// one GEMM per segment over all its rows and its keys (the masked keys cost arithmetic, not values: p is 0
+// there; a sequence split in several segments follows the causal triangle).
 //
 // Precision: float32 throughout, cuBLAS sgemm in CUBLAS_PEDANTIC_MATH (no TF32 or other reduced-precision
 // mode, whatever NVIDIA_TF32_OVERRIDE says), expf, float sums in a tree. The values equal the CPU path's to
@@ -65,6 +66,16 @@ struct DeviceAttentionTerms {
 };
 static_assert(sizeof(DeviceAttentionTerms) == 64, "DeviceAttentionTerms is copied as bytes between host and device");
 
+/// Store B of a cache mixed per (row, key) from two stores (probes::MixedCache; run_mixed): c_kv_b [T,
+/// kv_lora_rank], k_pe_b [T, qk_rope_head_dim] (host arrays) and ranges [Tq, 4] by sorted row: sorted row p
+/// reads keys [ranges[4p], ranges[4p + 1]) of c_kv and [ranges[4p + 2], ranges[4p + 3]) of k_pe from store A
+/// (the run's c_kv, k_pe), every other key from B; the ranges clipped to the row's keys.
+struct DeviceMixedStores {
+  const float* c_kv_b = nullptr;
+  const float* k_pe_b = nullptr;
+  const int64_t* ranges = nullptr;
+};
+
 /// The fixed inputs of one layer, uploaded once; run() then evaluates one cache. Thread-safe: run(),
 /// keep_reference() and error_terms() are serialized (one device, one set of buffers).
 class DeviceAbsorbedAttention {
@@ -85,15 +96,22 @@ class DeviceAbsorbedAttention {
   /// segment in order, each [(end − begin)·H, nk] row-major (zeros past a row's nkeys): probs_size() floats.
   void run(const float* c_kv, const float* k_pe, float* out_sorted, float* probs) const;
   int64_t probs_size() const;
+  /// run() over a cache mixed per (row, key): store A is c_kv_a, k_pe_a, store B and the ranges are `b`. Per
+  /// segment two score GEMMs for c_kv and two for k_pe, one output GEMM per store (as probes'
+  /// AbsorbedAttention::run_mixed); device memory for B's stores and a second scores buffer (probs_size()).
+  void run_mixed(const float* c_kv_a, const float* k_pe_a, const DeviceMixedStores& b, float* out_sorted,
+                 float* probs) const;
 
   /// run(c_kv, k_pe, out_sorted, nullptr), then keeps that result on the device as the reference of
   /// error_terms(): its probabilities, outputs and the top-8 keys of every row (probs_size() + Tq·H·(v_head_dim
   /// + 8) more device memory). Replaces an earlier reference.
   void keep_reference(const float* c_kv, const float* k_pe, float* out_sorted) const;
-  /// Evaluates c_kv, k_pe as run() and writes terms [Tq·H] (by sorted row p·H + h) against the kept reference;
-  /// the probabilities and outputs stay on the device (Tq·H·64 bytes come back). kl_floor: the floor of p̂ in
-  /// the KL term (probes::kKlProbFloor). Throws std::logic_error when no reference was kept.
-  void error_terms(const float* c_kv, const float* k_pe, double kl_floor, DeviceAttentionTerms* terms) const;
+  /// Evaluates c_kv, k_pe as run() (mixed non-null: as run_mixed() with that store B) and writes terms [Tq·H]
+  /// (by sorted row p·H + h) against the kept reference; the probabilities and outputs stay on the device
+  /// (Tq·H·64 bytes come back). kl_floor: the floor of p̂ in the KL term (probes::kKlProbFloor). Throws
+  /// std::logic_error when no reference was kept.
+  void error_terms(const float* c_kv, const float* k_pe, const DeviceMixedStores* mixed, double kl_floor,
+                   DeviceAttentionTerms* terms) const;
   bool has_reference() const;
 
  private:

@@ -99,7 +99,8 @@ struct AttentionSegment {
 };
 
 /// One layer's fixed inputs of the absorbed attention as a device takes them: AbsorbedAttention's query
-/// rows sorted by token index (row = sorted_pos·H + h), one segment per sequence. The pointers are views
+/// rows sorted by token index (row = sorted_pos·H + h), in segments of consecutive rows of one sequence
+/// (attach_device's segment_rows). The pointers are views
 /// into the AbsorbedAttention that made the layout, valid while it lives.
 struct AttentionLayout {
   MlaDims dims;
@@ -162,6 +163,18 @@ class AttentionDevice {
   /// Evaluates c_kv, k_pe as run() and writes terms [Tq·H] (by sorted row p·H + h) against the kept
   /// reference. Default: throws std::logic_error; std::logic_error also when no reference was kept.
   virtual void error_terms(const float* c_kv, const float* k_pe, AttentionPairTerms* terms) const;
+  /// Whether run_mixed() and error_terms_mixed() are implemented (AbsorbedAttention::run_mixed on the device).
+  /// Default false.
+  virtual bool runs_mixed() const { return false; }
+  /// run() over a cache mixed per (row, key) from two stores (MixedCache): A = c_kv_a, k_pe_a; B = c_kv_b,
+  /// k_pe_b (each [T, ·] row-major float32 host arrays); ranges [Tq, 4] by sorted row: the row reads keys
+  /// [ranges[4p], ranges[4p + 1]) of c_kv and [ranges[4p + 2], ranges[4p + 3]) of k_pe from A (clipped to the
+  /// row's keys), the others from B. out_sorted, probs as run(). Default: throws std::logic_error.
+  virtual void run_mixed(const float* c_kv_a, const float* k_pe_a, const float* c_kv_b, const float* k_pe_b,
+                         const int64_t* ranges, float* out_sorted, float* probs) const;
+  /// error_terms() of that mixed cache against the kept reference. Default: throws std::logic_error.
+  virtual void error_terms_mixed(const float* c_kv_a, const float* k_pe_a, const float* c_kv_b, const float* k_pe_b,
+                                 const int64_t* ranges, AttentionPairTerms* terms) const;
 };
 /// Makes the device side of one layer from its layout (called once per AbsorbedAttention::attach_device).
 using AttentionDeviceFactory = std::function<std::unique_ptr<AttentionDevice>(const AttentionLayout&)>;
@@ -219,12 +232,17 @@ class AbsorbedAttention {
   std::vector<AttentionResult<Scalar>> run_variants(std::span<const Variant> variants, bool keep_probs = false) const;
 
   /// From now on run() and run_variants() evaluate on the device that `make` returns (called once, here,
-  /// with this layer's AttentionLayout); run_mixed(), ckv_scores() and run_on_cpu() stay on the CPU. Every
+  /// with this layer's AttentionLayout), and run_mixed() too where the device runs mixed caches
+  /// (device_runs_mixed); ckv_scores() and run_on_cpu() stay on the CPU. Every
   /// input check, the output layout and the finiteness check are run()'s; the values equal the CPU's to
   /// float32 rounding, not bit for bit (another summation order: tests/gpu, `DeviceAttention.*`), so a
   /// study compares results of one engine only. A variant's partial scores (Variant::scores) are not used
-  /// there. Throws std::logic_error for Scalar = double or a null device, and what `make` throws.
-  void attach_device(const AttentionDeviceFactory& make);
+  /// there. The layout's segments hold at most `segment_rows` sorted query rows of one sequence each (0: 4,096
+  /// GEMM rows, i.e. max(1, 4096 / num_heads) query rows): each segment's GEMMs cover the keys its last row
+  /// reads, so a sequence split in k segments spends ≈ 1/(2k) of its score and output arithmetic on masked
+  /// keys instead of ≈ 1/2 (one segment per sequence). Throws std::logic_error for Scalar = double or a null
+  /// device, std::invalid_argument for segment_rows < 0, and what `make` throws.
+  void attach_device(const AttentionDeviceFactory& make, int64_t segment_rows = 0);
   bool on_device() const { return device_ != nullptr; }
   /// Whether the attached device computes attention_error's terms itself (AttentionDevice::computes_error_terms).
   bool device_computes_errors() const { return device_ && device_->computes_error_terms(); }
@@ -241,6 +259,19 @@ class AbsorbedAttention {
   /// Throws as run() (wrong sizes, NaN/Inf in c_kv / k_pe, a non-finite result, with the counts), and
   /// std::logic_error when no reference was kept.
   AttentionError device_error(std::span<const float> c_kv, std::span<const float> k_pe) const;
+  /// Whether run_mixed() runs on the attached device (AttentionDevice::runs_mixed); else it stays on the CPU.
+  bool device_runs_mixed() const { return device_ && device_->runs_mixed(); }
+  /// The device's terms of attention_error for one cache (c_kv, k_pe) or a mixed one, by query row as given
+  /// (q_rows order, then heads: [Tq·H]), checked finite (throws as run(), with the counts). With
+  /// error_from_terms(terms, rows) they give attention_error_rows() of any row subset (the decode-order
+  /// probe's position buckets) from one evaluation. Throws as device_error(), and for the mixed form as
+  /// run_mixed() and std::logic_error when the device does not run mixed caches.
+  std::vector<AttentionPairTerms> device_error_terms(std::span<const float> c_kv, std::span<const float> k_pe) const;
+  std::vector<AttentionPairTerms> device_error_terms(const MixedCache& cache) const;
+  /// attention_error_rows' value from per-pair terms [Tq·H] (q_rows order): the sums over `rows` in their
+  /// order, then heads, by attention_error's formulas. Throws std::invalid_argument for a wrong size, no rows
+  /// or a row outside [0, Tq).
+  AttentionError error_from_terms(std::span<const AttentionPairTerms> terms, std::span<const int64_t> rows) const;
   /// run() on the CPU, with or without a device attached.
   AttentionResult<Scalar> run_on_cpu(std::span<const float> c_kv, std::span<const float> k_pe,
                                      bool keep_probs = false) const;
@@ -262,8 +293,16 @@ class AbsorbedAttention {
   AttentionResult<Scalar> run_impl(std::span<const float> c_kv_a, std::span<const float> k_pe_a,
                                    const MixedCache* mixed, bool keep_probs) const;
   AttentionResult<Scalar> run_device(std::span<const float> c_kv, std::span<const float> k_pe, bool keep_probs) const;
+  AttentionResult<Scalar> run_mixed_device(const MixedCache& m, bool keep_probs) const;
+  // A result from the device's sorted output and probabilities: run(out, probs) fills them.
+  template <typename Run>
+  AttentionResult<Scalar> device_result(bool keep_probs, Run&& run) const;
+  std::vector<AttentionPairTerms> device_terms_impl(std::span<const float> c_kv, std::span<const float> k_pe,
+                                                    const MixedCache* mixed) const;
+  std::vector<int64_t> mixed_ranges_sorted(const MixedCache& m) const;  // [Tq, 4] by sorted row, clipped
+  void check_mixed_ranges(const MixedCache& m) const;
   std::shared_ptr<const AttentionDevice> device_;   // null: the CPU
-  std::vector<AttentionSegment> segments_;         // with a device: one per sequence
+  std::vector<AttentionSegment> segments_;         // with a device: consecutive sorted rows of one sequence
   std::vector<int64_t> nkeys_sorted_;              // with a device: [Tq] by sorted row
   bool device_reference_ = false;                  // keep_device_reference() has run
   MlaDims dims_;
@@ -406,6 +445,14 @@ struct DecodeOrderError {
 std::vector<DecodeOrderError> decode_order_attention(const AbsorbedAttention<float>& att, const AttentionReference<float>& ref,
                                                      const DecodeOrderInput& in, const DecodeOrderQuantizer& q,
                                                      std::span<const DecodeOrder> orders, int64_t bucket);
+/// The same on att's device (att.device_computes_errors() and att.device_runs_mixed(), its reference kept by
+/// keep_device_reference on the exact latents): each order's mixed cache is evaluated there once
+/// (device_error_terms) and every bucket's errors are summed from its per-pair terms (error_from_terms);
+/// equal to the CPU form on the same device's results to float64 rounding. Throws as the CPU form, and
+/// std::logic_error without such a device.
+std::vector<DecodeOrderError> decode_order_attention(const AbsorbedAttention<float>& att, const DecodeOrderInput& in,
+                                                     const DecodeOrderQuantizer& q, std::span<const DecodeOrder> orders,
+                                                     int64_t bucket);
 
 /// Which weights the fold check rotates. Full is the real fold; the others leave one part out on
 /// purpose (the bug the field keeps making: MLA's value is a view of the same latent, so a rotated
