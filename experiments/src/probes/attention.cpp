@@ -128,8 +128,9 @@ std::shared_ptr<const AttentionErrorEngine> attention_error_engine(const LayerAc
   const std::shared_ptr<const AttentionLayerReference> cpu = attention_reference(in, layer);
   const probes::AttentionDeviceFactory* device = in.attention_device();
   if (!device || !*device) return std::make_shared<const AttentionErrorEngine>(AttentionErrorEngine{cpu, nullptr});
-  // A shared value of its own: a device that fails here fails the /attention_error cells only, not the CPU
-  // reference's other users (the check, the fold check, the decode-order cells).
+  // A shared value of its own: a device that fails here fails the cells that run on it (/attention_error, and
+  // /attention_position where the device runs mixed caches), not the CPU reference's other users (the check,
+  // the fold check).
   return in.shared<AttentionErrorEngine>(layer, "attention.device_reference", [&] {
     const Layer& l = in.layer(layer);
     auto d = std::make_shared<AttentionDeviceReference>();
