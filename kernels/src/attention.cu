@@ -290,6 +290,36 @@ __global__ void __launch_bounds__(kSoftmaxThreads)
   }
 }
 
+// The key columns of a segment that some row reads from store A for one target, [a_lo, a_hi), and from store
+// B, b[0..nb) (a row reads B on [0, begin) and [end, n) of its range, all of [0, n) when it is empty); as the
+// CPU's run_impl per chunk. Outside A's columns every row reads B, and inside [b_lo, b_hi) every row reads A,
+// so the GEMMs of each store run on its columns only (a decode order reads B on its sink and residual window).
+struct StoreColumns {
+  int64_t a_lo, a_hi;
+  int64_t b[2][2];
+  int nb;
+};
+
+StoreColumns store_columns(const int64_t* ranges, const std::vector<int64_t>& nkeys, int64_t begin, int64_t end,
+                           int64_t nk, int target) {
+  int64_t a_lo = nk, a_hi = 0, b_lo = 0, b_hi = nk;
+  for (int64_t p = begin; p < end; ++p) {
+    const int64_t rb = ranges[p * 4 + 2 * target], re = ranges[p * 4 + 2 * target + 1], n = nkeys[p];
+    const bool some = re > rb;
+    if (some) a_lo = std::min(a_lo, rb), a_hi = std::max(a_hi, re);
+    b_lo = std::max(b_lo, some ? rb : n);
+    b_hi = std::min(b_hi, some ? re : n);
+  }
+  StoreColumns c{a_lo, a_hi, {{0, 0}, {0, 0}}, 0};
+  if (b_lo >= b_hi) {
+    c.b[c.nb][0] = 0, c.b[c.nb][1] = nk, ++c.nb;
+  } else {
+    if (b_lo > 0) c.b[c.nb][0] = 0, c.b[c.nb][1] = b_lo, ++c.nb;
+    if (b_hi < nk) c.b[c.nb][0] = b_hi, c.b[c.nb][1] = nk, ++c.nb;
+  }
+  return c;
+}
+
 int cublas_int(int64_t n, const char* what) {
   if (n < 0 || n > std::numeric_limits<int>::max())
     throw std::invalid_argument(std::string("DeviceAbsorbedAttention: ") + what + " " + std::to_string(n) +
@@ -301,6 +331,7 @@ int cublas_int(int64_t n, const char* what) {
 
 struct DeviceAbsorbedAttention::Impl {
   int64_t H = 0, r = 0, rope = 0, v = 0, T = 0, Tq = 0;
+  std::vector<int64_t> nkeys;  // [Tq] by sorted row (host copy: run_mixed's column bounds)
   float scale = 0;
   std::vector<DeviceAttentionSegment> segments;
   std::vector<int64_t> s_offset;  // [segments + 1] start of each segment's scores in d_S
@@ -370,6 +401,7 @@ DeviceAbsorbedAttention::DeviceAbsorbedAttention(int64_t num_heads, int64_t kv_l
   if (m.rope > 0) m.d_q_pe.upload(q_pe, static_cast<size_t>(m.Tq * m.H * m.rope), nullptr, "q_pe");
   m.d_w_uv.upload(w_uv, static_cast<size_t>(m.H * m.v * m.r), nullptr, "W_UV");
   m.d_nkeys.upload(nkeys.data(), nkeys.size(), nullptr, "nkeys");
+  m.nkeys.assign(nkeys.begin(), nkeys.end());
   m.d_S.resize(static_cast<size_t>(m.s_offset.back()), "attention scores");
   m.d_o_lat.resize(static_cast<size_t>(m.Tq * m.H * m.r), "o_lat");
   m.d_out.resize(static_cast<size_t>(m.Tq * m.H * m.v), "attention output");
@@ -433,38 +465,56 @@ void DeviceAbsorbedAttention::Impl::compute(const float* c_kv, const float* k_pe
     const float* K = m.d_k_pe.data() + s.key_begin * m.rope;
     const float* CB = mixed ? m.d_c_kv_b.data() + s.key_begin * m.r : nullptr;
     const float* KB = mixed ? m.d_k_pe_b.data() + s.key_begin * m.rope : nullptr;
-    // S [M, nk] = Q [M, r] · C[keys] [nk, r]ᵀ   (column-major: Sᵀ [nk, M] = C·Qᵀ)
-    LQ_CUBLAS_CHECK(cublas().sgemm(m.handle, CUBLAS_OP_T, CUBLAS_OP_N, nk, M, r, &one, C, r, Q, r, &zero, S, nk));
-    if (mixed) {
-      LQ_CUBLAS_CHECK(cublas().sgemm(m.handle, CUBLAS_OP_T, CUBLAS_OP_N, nk, M, r, &one, CB, r, Q, r, &zero, S2, nk));
+    // Row-major S [M, nk] = Q [M, r] · C[keys j0 .. j1) [.., r]ᵀ on columns [j0, j1) (column-major: the rows j0 ..
+    // j1 of Sᵀ [nk, M] = C·Qᵀ); likewise q_pe·k_peᵀ; and O [M, r] (+)= P[:, j0 .. j1) · C[keys j0 .. j1).
+    const auto scores = [&](const float* store, int64_t d, const float* Qx, float* dst, int64_t j0, int64_t j1,
+                            const float* beta) {
+      if (j1 > j0)
+        LQ_CUBLAS_CHECK(cublas().sgemm(m.handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(j1 - j0), M,
+                                    static_cast<int>(d), &one, store + j0 * d, static_cast<int>(d), Qx,
+                                    static_cast<int>(d), beta, dst + j0, nk));
+    };
+    float* O = m.d_o_lat.data() + s.begin * m.H * m.r;
+    bool o_set = false;  // O written by a first product (beta 0), then accumulated
+    const auto output = [&](const float* store, const float* P, int64_t j0, int64_t j1) {
+      if (j1 <= j0) return;
+      LQ_CUBLAS_CHECK(cublas().sgemm(m.handle, CUBLAS_OP_N, CUBLAS_OP_N, r, M, static_cast<int>(j1 - j0), &one,
+                                  store + j0 * m.r, r, P + j0, nk, o_set ? &one : &zero, O, r));
+      o_set = true;
+    };
+    if (!mixed) {
+      scores(C, m.r, Q, S, 0, nk, &zero);
+      if (rope > 0) scores(K, m.rope, Qp, S, 0, nk, &one);  // S += q_pe·k_peᵀ
+    } else {
+      const int64_t* host_ranges = mixed->ranges;
+      const StoreColumns cc = store_columns(host_ranges, m.nkeys, s.begin, s.end, nk, 0);
+      scores(C, m.r, Q, S, cc.a_lo, cc.a_hi, &zero);
+      for (int k = 0; k < cc.nb; ++k) scores(CB, m.r, Q, S2, cc.b[k][0], cc.b[k][1], &zero);
       m.mix(S, S2, M, nk, ranges, 0, kPickA);
       if (rope > 0) {
-        // S2 = q_pe [M, rope] · k_pe[keys] [nk, rope]ᵀ of each store in turn, added where the ranges read it
-        LQ_CUBLAS_CHECK(cublas().sgemm(m.handle, CUBLAS_OP_T, CUBLAS_OP_N, nk, M, rope, &one, K, rope, Qp, rope, &zero,
-                                    S2, nk));
+        // S2 = q_pe·k_peᵀ of each store in turn on its columns, added where the ranges read it
+        const StoreColumns ck = store_columns(host_ranges, m.nkeys, s.begin, s.end, nk, 1);
+        scores(K, m.rope, Qp, S2, ck.a_lo, ck.a_hi, &zero);
         m.mix(S, S2, M, nk, ranges, 1, kAddA);
-        LQ_CUBLAS_CHECK(cublas().sgemm(m.handle, CUBLAS_OP_T, CUBLAS_OP_N, nk, M, rope, &one, KB, rope, Qp, rope, &zero,
-                                    S2, nk));
+        for (int k = 0; k < ck.nb; ++k) scores(KB, m.rope, Qp, S2, ck.b[k][0], ck.b[k][1], &zero);
         m.mix(S, S2, M, nk, ranges, 1, kAddB);
       }
-    } else if (rope > 0) {
-      // S += q_pe [M, rope] · k_pe[keys] [nk, rope]ᵀ
-      LQ_CUBLAS_CHECK(cublas().sgemm(m.handle, CUBLAS_OP_T, CUBLAS_OP_N, nk, M, rope, &one, K, rope, Qp, rope, &one, S, nk));
     }
     LQ_LAUNCH(softmax_rows_kernel, dim3(static_cast<unsigned>(M)), dim3(kSoftmaxThreads), 0, nullptr, S,
               static_cast<int64_t>(nk), m.d_nkeys.data() + s.begin, H, m.scale);
     LQ_CUDA_CHECK(cudaGetLastError());
-    float* O = m.d_o_lat.data() + s.begin * m.H * m.r;
     if (!mixed) {
-      // o_lat [M, r] = P [M, nk] · C[keys] [nk, r]   (column-major: o_latᵀ [r, M] = Cᵀ·Pᵀ)
-      LQ_CUBLAS_CHECK(cublas().sgemm(m.handle, CUBLAS_OP_N, CUBLAS_OP_N, r, M, nk, &one, C, r, S, nk, &zero, O, r));
+      output(C, S, 0, nk);  // o_lat [M, r] = P [M, nk] · C[keys] [nk, r]
     } else {
-      // o_lat = P_A · C_A + P_B · C_B, P_A / P_B the probabilities on / off the c_kv ranges (S stays whole)
+      // o_lat = P_A · C_A + P_B · C_B, P_A / P_B the probabilities on / off the c_kv ranges (S stays whole),
+      // each product on its store's columns (P_A is 0 outside A's, P_B inside [b_lo, b_hi))
+      const StoreColumns cc = store_columns(mixed->ranges, m.nkeys, s.begin, s.end, nk, 0);
       m.mix(S, S2, M, nk, ranges, 0, kKeepA);
-      LQ_CUBLAS_CHECK(cublas().sgemm(m.handle, CUBLAS_OP_N, CUBLAS_OP_N, r, M, nk, &one, C, r, S2, nk, &zero, O, r));
+      output(C, S2, cc.a_lo, cc.a_hi);
       m.mix(S, S2, M, nk, ranges, 0, kKeepB);
-      LQ_CUBLAS_CHECK(cublas().sgemm(m.handle, CUBLAS_OP_N, CUBLAS_OP_N, r, M, nk, &one, CB, r, S2, nk, &one, O, r));
+      for (int k = 0; k < cc.nb; ++k) output(CB, S2, cc.b[k][0], cc.b[k][1]);
     }
+    if (!o_set) LQ_CUDA_CHECK(cudaMemsetAsync(O, 0, static_cast<size_t>(M) * m.r * sizeof(float), nullptr));
   }
   // out[p, h, :] = o_lat[p·H + h, :] · W_UV[h]ᵀ, per head h ([Tq, r] with row stride H·r, times [v, r]ᵀ into
   // [Tq, v] with row stride H·v); column-major per head: outᵀ [v, Tq] = W_UV[h] (col-major [r, v], op T) · o_latᵀ.

@@ -97,8 +97,9 @@ class DeviceAbsorbedAttention {
   void run(const float* c_kv, const float* k_pe, float* out_sorted, float* probs) const;
   int64_t probs_size() const;
   /// run() over a cache mixed per (row, key): store A is c_kv_a, k_pe_a, store B and the ranges are `b`. Per
-  /// segment two score GEMMs for c_kv and two for k_pe, one output GEMM per store (as probes'
-  /// AbsorbedAttention::run_mixed); device memory for B's stores and a second scores buffer (probs_size()).
+  /// segment the score and output GEMMs of each store run on the key columns some row of the segment reads from
+  /// it (as probes' AbsorbedAttention::run_mixed per chunk: a decode order reads B on its sink and residual
+  /// window); device memory for B's stores and a second scores buffer (probs_size()).
   void run_mixed(const float* c_kv_a, const float* k_pe_a, const DeviceMixedStores& b, float* out_sorted,
                  float* probs) const;
 
