@@ -482,18 +482,18 @@ void DeviceAbsorbedAttention::Impl::compute(const float* c_kv, const float* k_pe
                                   store + j0 * m.r, r, P + j0, nk, o_set ? &one : &zero, O, r));
       o_set = true;
     };
+    // The c_kv columns of each store (mixed), for the score and the output products alike.
+    const StoreColumns cc = mixed ? store_columns(mixed->ranges, m.nkeys, s.begin, s.end, nk, 0) : StoreColumns{};
     if (!mixed) {
       scores(C, m.r, Q, S, 0, nk, &zero);
       if (rope > 0) scores(K, m.rope, Qp, S, 0, nk, &one);  // S += q_pe·k_peᵀ
     } else {
-      const int64_t* host_ranges = mixed->ranges;
-      const StoreColumns cc = store_columns(host_ranges, m.nkeys, s.begin, s.end, nk, 0);
       scores(C, m.r, Q, S, cc.a_lo, cc.a_hi, &zero);
       for (int k = 0; k < cc.nb; ++k) scores(CB, m.r, Q, S2, cc.b[k][0], cc.b[k][1], &zero);
       m.mix(S, S2, M, nk, ranges, 0, kPickA);
       if (rope > 0) {
         // S2 = q_pe·k_peᵀ of each store in turn on its columns, added where the ranges read it
-        const StoreColumns ck = store_columns(host_ranges, m.nkeys, s.begin, s.end, nk, 1);
+        const StoreColumns ck = store_columns(mixed->ranges, m.nkeys, s.begin, s.end, nk, 1);
         scores(K, m.rope, Qp, S2, ck.a_lo, ck.a_hi, &zero);
         m.mix(S, S2, M, nk, ranges, 1, kAddA);
         for (int k = 0; k < ck.nb; ++k) scores(KB, m.rope, Qp, S2, ck.b[k][0], ck.b[k][1], &zero);
@@ -508,7 +508,6 @@ void DeviceAbsorbedAttention::Impl::compute(const float* c_kv, const float* k_pe
     } else {
       // o_lat = P_A · C_A + P_B · C_B, P_A / P_B the probabilities on / off the c_kv ranges (S stays whole),
       // each product on its store's columns (P_A is 0 outside A's, P_B inside [b_lo, b_hi))
-      const StoreColumns cc = store_columns(mixed->ranges, m.nkeys, s.begin, s.end, nk, 0);
       m.mix(S, S2, M, nk, ranges, 0, kKeepA);
       output(C, S2, cc.a_lo, cc.a_hi);
       m.mix(S, S2, M, nk, ranges, 0, kKeepB);

@@ -110,8 +110,6 @@ int64_t count_nonfinite_of(const std::vector<Scalar>& v) {
   return n;
 }
 
-/// A result must be finite: the scores, the softmax or the output can overflow the working precision
-/// even on finite inputs, and no metric may be computed from a NaN/Inf reference or test.
 // cos(a, b) of one (row, head) pair from its sums; a pair where either norm is 0 counts 1 if equal, else 0.
 double pair_cos(double dot, double na, double nb, bool equal) {
   return (na > 0 && nb > 0) ? dot / (std::sqrt(na) * std::sqrt(nb)) : (equal ? 1.0 : 0.0);
@@ -129,6 +127,8 @@ AttentionError finish_error(double err2, double ref2, double cos_sum, double kl_
   return e;
 }
 
+/// A result must be finite: the scores, the softmax or the output can overflow the working precision
+/// even on finite inputs, and no metric may be computed from a NaN/Inf reference or test.
 template <typename Scalar>
 void require_finite_counts(const char* what, int64_t bad_out, int64_t n_out, int64_t bad_p, int64_t n_p) {
   if (bad_out + bad_p > 0)
@@ -373,13 +373,10 @@ AttentionResult<Scalar> AbsorbedAttention<Scalar>::keep_device_reference(std::sp
     if (!device_computes_errors())
       throw std::logic_error("attention: keep_device_reference: no device that computes attention_error's terms is attached");
     check_latents(dims_, T_, c_kv, k_pe);
-    const int64_t Tq = num_queries(), H = dims_.num_heads, v = dims_.v_head_dim;
-    AttentionResult<Scalar> res = make_result<Scalar>(dims_, nkeys_, false);
-    std::vector<float> out(static_cast<size_t>(Tq * H * v));
     device_reference_ = false;
-    device_->keep_reference(c_kv.data(), k_pe.data(), out.data());
-    for (int64_t p = 0; p < Tq; ++p) std::copy_n(out.data() + p * H * v, H * v, res.out.data() + order_[p] * H * v);
-    require_finite_result(res, "attention reference");
+    AttentionResult<Scalar> res = device_result(false, "attention reference", [&](float* out, float*) {
+      device_->keep_reference(c_kv.data(), k_pe.data(), out);
+    });
     device_reference_ = true;
     return res;
   }
@@ -387,7 +384,7 @@ AttentionResult<Scalar> AbsorbedAttention<Scalar>::keep_device_reference(std::sp
 
 template <typename Scalar>
 template <typename Run>
-AttentionResult<Scalar> AbsorbedAttention<Scalar>::device_result(bool keep_probs, Run&& run) const {
+AttentionResult<Scalar> AbsorbedAttention<Scalar>::device_result(bool keep_probs, const char* what, Run&& run) const {
   const int64_t Tq = num_queries(), H = dims_.num_heads, v = dims_.v_head_dim;
   AttentionResult<Scalar> res = make_result<Scalar>(dims_, nkeys_, keep_probs);
   int64_t nprobs = 0;
@@ -409,7 +406,7 @@ AttentionResult<Scalar> AbsorbedAttention<Scalar>::device_result(bool keep_probs
       off += (g.end - g.begin) * H * g.nk;
     }
   }
-  require_finite_result(res, "attention");
+  require_finite_result(res, what);
   return res;
 }
 
@@ -417,7 +414,8 @@ template <typename Scalar>
 AttentionResult<Scalar> AbsorbedAttention<Scalar>::run_device(std::span<const float> c_kv, std::span<const float> k_pe,
                                                                bool keep_probs) const {
   check_latents(dims_, T_, c_kv, k_pe);
-  return device_result(keep_probs, [&](float* out, float* probs) { device_->run(c_kv.data(), k_pe.data(), out, probs); });
+  return device_result(keep_probs, "attention",
+                       [&](float* out, float* probs) { device_->run(c_kv.data(), k_pe.data(), out, probs); });
 }
 
 template <typename Scalar>
@@ -604,8 +602,8 @@ std::vector<int64_t> AbsorbedAttention<Scalar>::mixed_ranges_sorted(const MixedC
   for (int64_t p = 0; p < Tq; ++p) {
     const int64_t i = order_[p], n = nkeys_[i];
     const KeyRange rc = clip_range(m.ckv_from_a[i], n), rk = clip_range(m.kpe_from_a[i], n);
-    ranges[p * 4 + 0] = rc.begin, ranges[p * 4 + 1] = std::max(rc.begin, rc.end);
-    ranges[p * 4 + 2] = rk.begin, ranges[p * 4 + 3] = std::max(rk.begin, rk.end);
+    ranges[p * 4 + 0] = rc.begin, ranges[p * 4 + 1] = rc.end;  // clip_range: begin <= end
+    ranges[p * 4 + 2] = rk.begin, ranges[p * 4 + 3] = rk.end;
   }
   return ranges;
 }
@@ -687,7 +685,7 @@ AttentionResult<Scalar> AbsorbedAttention<Scalar>::run_mixed_device(const MixedC
   check_latents(dims_, T_, m.c_kv_a, m.k_pe_a);
   check_latents(dims_, T_, m.c_kv_b, m.k_pe_b);
   const std::vector<int64_t> ranges = mixed_ranges_sorted(m);
-  return device_result(keep_probs, [&](float* out, float* probs) {
+  return device_result(keep_probs, "attention", [&](float* out, float* probs) {
     device_->run_mixed(m.c_kv_a.data(), m.k_pe_a.data(), m.c_kv_b.data(), m.k_pe_b.data(), ranges.data(), out, probs);
   });
 }

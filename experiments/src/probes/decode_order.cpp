@@ -158,18 +158,14 @@ class DecodeOrderProbe final : public Probe {
     const probes::DecodeOrderInput input{l.c_kv, l.k_pe, dump.seq_offsets, l.q_rows, dump.positions};
     const int64_t causal = decode_scale_is_causal(ts.spec) ? 1 : 0;
     ColumnTable t = empty_table(kPosition);
-    // On a device that evaluates mixed caches and computes the errors itself, the orders run there against the
-    // device's reference (the /attention_error cells' engine); otherwise on the CPU against e.
-    const std::shared_ptr<const AttentionErrorEngine> dev =
-        in.attention_device() && *in.attention_device() ? attention_error_engine(in, c.layer) : nullptr;
-    const bool on_device = dev && dev->device_metrics() && dev->att().device_runs_mixed();
-    std::vector<probes::DecodeOrderError> errors;
-    if (on_device) {
-      errors = probes::decode_order_attention(dev->att(), input, q, orders, s.position_bucket);
-    } else {  // the layer's exact-latent attention, shared with the /attention_check and /attention_error cells
-      const std::shared_ptr<const AttentionLayerReference> e = attention_reference(in, c.layer);
-      errors = probes::decode_order_attention(*e->att, *e->prepared, input, q, orders, s.position_bucket);
-    }
+    // The /attention_error cells' engine: on a device that evaluates mixed caches and computes the errors
+    // itself, the orders run there against the device's reference; otherwise on the CPU against the layer's
+    // exact-latent attention (shared with the /attention_check cell).
+    const std::shared_ptr<const AttentionErrorEngine> e = attention_error_engine(in, c.layer);
+    const std::vector<probes::DecodeOrderError> errors =
+        e->device_metrics() && e->att().device_runs_mixed()
+            ? probes::decode_order_attention(e->att(), input, q, orders, s.position_bucket)
+            : probes::decode_order_attention(*e->cpu->att, *e->cpu->prepared, input, q, orders, s.position_bucket);
     for (const probes::DecodeOrderError& o : errors)
       for (const probes::PositionBucketError& b : o.buckets)
         add_row(t, {int64_t{c.layer}, c.targets, c.quantizer, o.order.label(), o.order.residual, o.order.sink,

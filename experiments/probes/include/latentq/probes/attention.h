@@ -294,9 +294,10 @@ class AbsorbedAttention {
                                    const MixedCache* mixed, bool keep_probs) const;
   AttentionResult<Scalar> run_device(std::span<const float> c_kv, std::span<const float> k_pe, bool keep_probs) const;
   AttentionResult<Scalar> run_mixed_device(const MixedCache& m, bool keep_probs) const;
-  // A result from the device's sorted output and probabilities: run(out, probs) fills them.
+  // A result from the device's sorted output and probabilities: run(out, probs) fills them (probs null
+  // without keep_probs); checked finite, `what` naming it in the error.
   template <typename Run>
-  AttentionResult<Scalar> device_result(bool keep_probs, Run&& run) const;
+  AttentionResult<Scalar> device_result(bool keep_probs, const char* what, Run&& run) const;
   std::vector<AttentionPairTerms> device_terms_impl(std::span<const float> c_kv, std::span<const float> k_pe,
                                                     const MixedCache* mixed) const;
   std::vector<int64_t> mixed_ranges_sorted(const MixedCache& m) const;  // [Tq, 4] by sorted row, clipped
