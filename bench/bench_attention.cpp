@@ -1,4 +1,4 @@
-// bench/bench_attention.cpp — the absorbed-attention probe (latentq/probes/attention.h) at DeepSeek-V2-Lite
+// bench/bench_attention.cpp — the absorbed-attention probe (latentq/attention/attention.h) at DeepSeek-V2-Lite
 // shapes (16 heads, kv_lora_rank 512, qk_rope_head_dim 64, qk_nope_head_dim = v_head_dim = 128; 4 sequences
 // of 2048 tokens, 64 query rows each at positions 31, 63, ..., 2047, as a latentq-dump/1 dump's q_rows),
 // single-threaded, as `latentq run` runs one cell:
@@ -32,8 +32,8 @@
 
 #include "bench_common.h"
 #include "latentq/decode_order.h"
-#include "latentq/probes/attention.h"
-#include "latentq/probes/gemm.h"
+#include "latentq/attention/attention.h"
+#include "latentq/analysis/gemm.h"
 #include "latentq/quantize.h"
 
 namespace latentq::bench {

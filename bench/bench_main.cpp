@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "bench_common.h"
-#include "latentq/probes/gemm.h"
+#include "latentq/analysis/gemm.h"
 
 int main(int argc, char** argv) {
   latentq::bench::Options opt;

@@ -4,7 +4,7 @@
 // Input: a `latentq synth --preset deepseek-v2-lite` dump of 2 layers × 4 sequences × 2048 tokens with
 // 256 query rows (the V2-Lite study shape: 16 heads, kv_lora_rank 512, qk_rope_head_dim 64),
 // written once into a temporary directory (removed at exit), planned with the embedded default config
-// (experiments/default.toml). A row times every task of one group that reads layer 1 alone (or layers
+// (study/config/default.toml). A row times every task of one group that reads layer 1 alone (or layers
 // {0, 1} for the cross-layer groups), one after the other on one thread, with the layer(s) read from
 // the file before the timing and held for the stage. The values a layer's cells share (the SVD basis,
 // the reference attention, bf16(c_kv)'s partial scores, a quantizer's three attention targets) are

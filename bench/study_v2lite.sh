@@ -28,11 +28,11 @@ if [ "$mode" = stages ]; then
     /^\[/ { section = $0; skip = (section == "[decode_order]") }
     section == "[attention]" && /^enabled *=/ { print "enabled = false"; next }
     !skip { print }
-  ' "$root/experiments/default.toml" > "$config"
+  ' "$root/study/config/default.toml" > "$config"
 else
-  cp "$root/experiments/default.toml" "$config"
+  cp "$root/study/config/default.toml" "$config"
 fi
-# The copied config's relative paths point into experiments/: --input and --out override both.
+# The copied config's relative paths point into study/config/: --input and --out override both.
 /usr/bin/time -v "$build/latentq" run "$config" --input "$dump" --out "$work/$mode.h5" --no-e2e --threads "$threads" \
   > "$work/$mode.log" 2> "$work/$mode.time"
 grep -E "Elapsed \(wall clock\)|Maximum resident set size" "$work/$mode.time"

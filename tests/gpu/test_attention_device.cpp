@@ -18,7 +18,7 @@
 
 #include "latentq/attention_cuda.h"
 #include "latentq/decode_order.h"
-#include "latentq/probes/attention.h"
+#include "latentq/attention/attention.h"
 #include "latentq/spec.h"
 #include "latentq/quantize_cuda.h"
 #include "require_gpu.h"

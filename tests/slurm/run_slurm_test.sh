@@ -1,8 +1,8 @@
 #!/bin/bash
-# run_slurm_test.sh — end-to-end test of experiments/slurm/ on a real one-node Slurm cluster.
+# run_slurm_test.sh — end-to-end test of study/slurm/ on a real one-node Slurm cluster.
 #
 # Usage:  tests/slurm/run_slurm_test.sh BUILD_DIR CONFIG
-#   BUILD_DIR  build tree holding the latentq binary (BUILD_DIR/latentq or BUILD_DIR/experiments/latentq);
+#   BUILD_DIR  build tree holding the latentq binary (BUILD_DIR/latentq or BUILD_DIR/study/latentq);
 #              LATENTQ_BIN, if set, names the binary instead
 #   CONFIG     a small study config (TOML) that `latentq run` can run in seconds
 #
@@ -13,7 +13,7 @@
 #      with a minimal slurm.conf (one node "lqnode" = this machine at 127.0.0.1, partition debug,
 #      proctrack/linuxproc, task/none, select/cons_tres, no accounting, free ports), each under
 #      `timeout` so that they die even if this script is killed;
-#   3. waits for the node to be idle (sinfo), submits the study with experiments/slurm/submit.sh
+#   3. waits for the node to be idle (sinfo), submits the study with study/slurm/submit.sh
 #      (N = LATENTQ_SLURM_SHARDS array tasks, default 3, then the merge job with afterok), and
 #      meanwhile runs the unsharded reference `latentq run CONFIG --out ref.h5` directly;
 #   4. waits until squeue is empty, checks that every array task and the merge job COMPLETED with
@@ -57,7 +57,7 @@ if [[ -n ${LATENTQ_BIN:-} ]]; then
 elif [[ -x $build_dir/latentq ]]; then
   bin=$build_dir/latentq
 else
-  bin=$build_dir/experiments/latentq
+  bin=$build_dir/study/latentq
 fi
 [[ -x $bin && -f $bin ]] || { echo "FAIL: latentq binary not found (looked for $bin; build it or set LATENTQ_BIN)" >&2; exit 1; }
 bin=$(realpath -e -- "$bin")
@@ -244,7 +244,7 @@ sinfo -N -o '%N %P %T %c %m'
 outdir=$tmp/out/study
 name=$(basename -- "$config"); name=${name%.toml}
 merged=$outdir/$name.h5
-submit_out=$(LATENTQ_BIN=$bin "$repo/experiments/slurm/submit.sh" "$config" "$outdir" "$shards" \
+submit_out=$(LATENTQ_BIN=$bin "$repo/study/slurm/submit.sh" "$config" "$outdir" "$shards" \
   --time=5 -- "${run_args[@]}" 2>"$tmp/log/submit.stderr")
 rc=$?
 cat "$tmp/log/submit.stderr"

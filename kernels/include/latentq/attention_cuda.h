@@ -1,6 +1,6 @@
 // latentq/attention_cuda.h — the absorbed MLA attention of one layer on the GPU (cuBLAS sgemm + a
-// softmax kernel): the device side of probes::AbsorbedAttention<float> (experiments/probes/include/
-// latentq/probes/attention.h), which owns the math and the row order and calls this through its
+// softmax kernel): the device side of probes::AbsorbedAttention<float> (analysis/include/
+// latentq/attention/attention.h), which owns the math and the row order and calls this through its
 // AttentionDevice seam. Host C++ header; link latentq_cuda (built with cuBLAS's headers, LATENTQ_CUBLAS;
 // the library itself is loaded with dlopen on first use).
 //
@@ -48,7 +48,7 @@ struct DeviceAttentionSegment {
   int64_t begin = 0, end = 0, key_begin = 0, nk = 0;
 };
 
-/// One (sorted row, head) pair's terms of probes::attention_error (experiments/probes/include/latentq/probes/
+/// One (sorted row, head) pair's terms of probes::attention_error (analysis/include/latentq/probes/
 /// attention.h, AttentionError) between the kept reference (keep_reference) and a test cache, as
 /// error_terms() computes them on the device: float64 sums of float32 values.
 struct DeviceAttentionTerms {

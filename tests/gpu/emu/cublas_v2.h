@@ -1,4 +1,4 @@
-// tests/gpu/emu/cublas_v2.h — host emulator stand-in for the cuBLAS calls of kernels/src/attention.cu
+// tests/gpu/emu/cublas_v2.h — host emulator stand-in for the cuBLAS calls of kernels/attention/attention.cu
 // (see cuda_emu.h): column-major sgemm and strided-batched sgemm on host memory, with cuBLAS's argument
 // rules (cuBLAS documentation, "cublas<t>gemm()": CUBLAS_STATUS_INVALID_VALUE if m, n or k < 0, or a leading
 // dimension below the rows of the stored matrix: lda < max(1, m) for op N, max(1, k) for op T; ldb likewise

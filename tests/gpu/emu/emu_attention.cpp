@@ -1,2 +1,2 @@
-// Compiles kernels/src/attention.cu as C++ against the host emulator (LQ_EMULATE, see cuda_emu.h).
+// Compiles kernels/attention/attention.cu as C++ against the host emulator (LQ_EMULATE, see cuda_emu.h).
 #include "attention.cu"

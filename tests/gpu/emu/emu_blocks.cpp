@@ -1,2 +1,2 @@
-// Compiles kernels/src/blocks.cu as C++ against the host emulator (LQ_EMULATE, see cuda_emu.h).
+// Compiles kernels/quant/blocks.cu as C++ against the host emulator (LQ_EMULATE, see cuda_emu.h).
 #include "blocks.cu"

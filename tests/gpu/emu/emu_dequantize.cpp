@@ -1,2 +1,2 @@
-// Compiles kernels/src/dequantize.cu as C++ against the host emulator (LQ_EMULATE, see cuda_emu.h).
+// Compiles kernels/quant/dequantize.cu as C++ against the host emulator (LQ_EMULATE, see cuda_emu.h).
 #include "dequantize.cu"

@@ -1,2 +1,2 @@
-// Compiles kernels/src/quantize_cuda.cu as C++ against the host emulator (LQ_EMULATE, see cuda_emu.h).
+// Compiles kernels/quant/quantize_cuda.cu as C++ against the host emulator (LQ_EMULATE, see cuda_emu.h).
 #include "quantize_cuda.cu"

@@ -1,5 +1,5 @@
 // tests/gpu/emu/emu_reduce.cpp — the emulator's stand-ins for the cub::DeviceReduce calls of
-// kernels/src/tensor.cu. They reduce in a scrambled order (blocks of a stride permutation, combined
+// kernels/quant/tensor.cu. They reduce in a scrambled order (blocks of a stride permutation, combined
 // in a shuffled order), as a device-wide reduction may, with the same operators.
 #include <algorithm>
 #include <numeric>

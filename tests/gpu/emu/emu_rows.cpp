@@ -1,2 +1,2 @@
-// Compiles kernels/src/rows.cu as C++ against the host emulator (LQ_EMULATE, see cuda_emu.h).
+// Compiles kernels/quant/rows.cu as C++ against the host emulator (LQ_EMULATE, see cuda_emu.h).
 #include "rows.cu"

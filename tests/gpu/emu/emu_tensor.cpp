@@ -1,2 +1,2 @@
-// Compiles kernels/src/tensor.cu as C++ against the host emulator (LQ_EMULATE, see cuda_emu.h).
+// Compiles kernels/quant/tensor.cu as C++ against the host emulator (LQ_EMULATE, see cuda_emu.h).
 #include "tensor.cu"

@@ -1,0 +1,432 @@
+// The latentq command line (latentq/cli.h).
+#include "latentq/cli.h"
+
+#include <H5Cpp.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdlib>
+#include <iostream>
+#include <limits>
+#include <optional>
+#include <variant>
+#include <stdexcept>
+
+#include "latentq/batch.h"
+#include "latentq/batch_study.h"
+#include "latentq/config.h"
+#include "latentq/dump.h"
+#include "latentq/external.h"
+#include "latentq/inspect.h"
+#include "latentq/plan.h"
+#include "latentq/probe_study.h"
+#include "latentq/regress.h"
+#include "latentq/results.h"
+#include "latentq/study.h"
+#include "latentq/synth.h"
+#include "latentq/util.h"
+
+namespace latentq {
+namespace fs = std::filesystem;
+namespace {
+
+struct RunArgs {
+  std::string config, input, out, device = "cpu";
+  int threads = 0;
+  std::string shard;               // "i/n"; empty = all cells
+  bool resume = false;
+  double checkpoint_interval = 10;  // seconds (each checkpoint rewrites every completed cell)
+  bool no_e2e = false;             // skip [e2e] even when enabled
+};
+
+// LATENTQ_TEST_KILL_AFTER_CELLS=N (tests only): stop after N computed cells, checkpoint, SIGKILL.
+size_t test_kill_after_cells() {
+  const char* v = std::getenv("LATENTQ_TEST_KILL_AFTER_CELLS");
+  if (!v || !*v) return 0;
+  char* end = nullptr;
+  const long long n = std::strtoll(v, &end, 10);
+  if (*end || n < 1) throw std::invalid_argument(fmt::format("LATENTQ_TEST_KILL_AFTER_CELLS='{}' is not a positive integer", v));
+  return static_cast<size_t>(n);
+}
+
+const ColumnTable* find_table(const std::vector<NamedTable>& tables, const std::string& group) {
+  for (const NamedTable& t : tables)
+    if (t.group == group) return &t.table;
+  return nullptr;
+}
+
+int cmd_run(const RunArgs& a, std::ostream& out, std::ostream& err, bool progress_bar) {
+  StudyConfig cfg = a.config.empty() ? default_config() : load_config(a.config);
+  for (const std::string& w : cfg.warnings) err << "latentq: warning: " << w << "\n";
+  if (!a.input.empty()) cfg.dump = fs::absolute(a.input).lexically_normal();
+  if (!a.out.empty()) cfg.results = fs::absolute(a.out).lexically_normal();
+  if (cfg.results.empty()) throw std::invalid_argument(cfg.source + ": no results path: set [output] results or pass --out");
+  std::error_code ec;
+  if (!cfg.dump.empty() && fs::equivalent(cfg.dump, cfg.results, ec))
+    throw std::invalid_argument(cfg.results.string() + ": the results path is the input dump; choose another --out");
+  const Shard shard = a.shard.empty() ? Shard{} : Shard::parse(a.shard);
+  const size_t kill_after = test_kill_after_cells();
+  const std::unique_ptr<LatentBackend> backend = make_backend(a.device);
+  install_temp_file_signal_cleanup();  // SIGTERM/SIGINT during a write: remove the temporary file
+
+  RunOptions opt;
+  opt.threads = a.threads;
+  if (progress_bar) {
+    opt.progress = [&err](size_t done, size_t total) {
+      const int w = 40;
+      const int fill = total ? static_cast<int>(static_cast<double>(w) * static_cast<double>(done) / static_cast<double>(total)) : w;
+      err << fmt::format("\r[{}{}] {}/{} cells", std::string(static_cast<size_t>(fill), '#'),
+                         std::string(static_cast<size_t>(w - fill), '.'), done, total);
+      if (done == total) err << "\n";
+      err.flush();
+    };
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  const StudyPlan plan = plan_study(cfg, *backend);  // the latent-error cells, then the probe cells
+  for (const std::string& w : plan.probes.warnings) err << "latentq: warning: " << w << "\n";
+  BatchOptions bo;
+  bo.shard = shard;
+  bo.resume = a.resume;
+  bo.threads = a.threads;
+  bo.checkpoint_interval = a.checkpoint_interval;
+  bo.progress = opt.progress;
+  bo.stop_after = kill_after;
+  const BatchResult r = run_study_batch(cfg.results, plan, bo);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!r.complete) {  // only with LATENTQ_TEST_KILL_AFTER_CELLS: die like a killed job
+    err << fmt::format("latentq: LATENTQ_TEST_KILL_AFTER_CELLS={}: SIGKILL after {} computed cells ({} of {} in {})\n",
+                       kill_after, r.computed, r.resumed + r.computed, r.owned, r.written.string());
+    err.flush();
+    ::kill(::getpid(), SIGKILL);
+    return kExitUserError;  // not reached
+  }
+  const std::string resumed = r.resumed_from.empty() ? std::string()
+                              : fmt::format("; {} resumed from {}, {} computed", r.resumed, r.resumed_from.string(), r.computed);
+  if (const ColumnTable* le = find_table(r.tables, "latent_error"))
+    for (const std::string& w : latent_precision_warnings(*le)) err << "latentq: warning: " << w << "\n";
+  if (shard.count == 1) {
+    const ColumnTable* summary = find_table(r.tables, "summary");
+    if (summary) out << format_summary(*summary, plan.dump().attrs);
+    print_probe_report(cfg, plan.probes, summary, r.tables, plan.dump().attrs, out, err);
+    out << fmt::format("\n{} cells ({} quantizers{}) on {} in {:.1f} s\nresults: {}\n", r.owned, plan.quantizers.size(),
+                       resumed, backend->name(), secs, cfg.results.string());
+    if (cfg.probes.e2e.enabled && !a.no_e2e) run_e2e_step(cfg, plan.dump().attrs, cfg.results, a.threads, out, err);
+  } else {
+    print_probe_report(cfg, plan.probes, nullptr, r.tables, plan.dump().attrs, out, err);
+    if (cfg.probes.e2e.enabled && !a.no_e2e)
+      out << "e2e: skipped: a shard; `latentq merge` runs it on the merged file\n";
+    out << fmt::format("shard {}: {} of the {} cells{} on {} in {:.1f} s (no /summary: `latentq merge` writes it)\n"
+                       "results: {}\n",
+                       shard.to_string(), r.owned, r.total, resumed, backend->name(), secs, cfg.results.string());
+  }
+  return kExitOk;
+}
+
+struct MergeArgs {
+  std::string out;
+  std::vector<std::string> inputs;
+  int threads = 0;
+  bool no_e2e = false;
+};
+
+// The e2e step of a merged study: what `latentq run` does after writing an unsharded OUT, so the
+// merged file gets every group of the unsharded run (shards never run it).
+void merged_e2e_step(const fs::path& merged, const Attrs& attrs, int threads, std::ostream& out, std::ostream& err) {
+  bool has_dir = false;
+  const StudyConfig cfg = config_from_results(attrs, &has_dir);
+  if (!cfg.probes.e2e.enabled) return;
+  if (!has_dir) {
+    out << fmt::format("e2e: skipped: {} has no root attribute config_dir (shards of an older latentq), so the "
+                       "config's [e2e] model cannot be resolved; run experiments/e2e_inject.py --results {}\n",
+                       merged.string(), merged.string());
+    return;
+  }
+  run_e2e_step(cfg, dump_attrs_from_results(attrs), merged, threads, out, err);
+}
+
+int cmd_merge(const MergeArgs& a, std::ostream& out, std::ostream& err) {
+  const std::string& merged = a.out;
+  const std::vector<std::string>& inputs = a.inputs;
+  const std::vector<fs::path> in(inputs.begin(), inputs.end());
+  // The same file twice (also through another name) would count its cells twice; OUT among the
+  // inputs would be replaced while it is read.
+  auto same = [](const fs::path& a, const fs::path& b) {
+    std::error_code ec;
+    if (fs::exists(a, ec) && fs::exists(b, ec)) return fs::equivalent(a, b, ec) && !ec;
+    return fs::absolute(a).lexically_normal() == fs::absolute(b).lexically_normal();
+  };
+  for (size_t i = 0; i < in.size(); ++i) {
+    if (same(in[i], merged))
+      throw std::invalid_argument(fmt::format("merge: the output {} is also input {} ({}); choose another output file",
+                                              merged, i + 1, in[i].string()));
+    for (size_t j = 0; j < i; ++j)
+      if (same(in[i], in[j]))
+        throw std::invalid_argument(fmt::format("merge: inputs {} ({}) and {} ({}) are the same file; give each shard once",
+                                                j + 1, in[j].string(), i + 1, in[i].string()));
+  }
+  install_temp_file_signal_cleanup();
+  const MergeResult m = merge_results(merged, in, derive_study_tables);
+  if (const ColumnTable* summary = find_table(m.tables, "summary"))
+    out << format_summary(*summary, dump_attrs_from_results(m.attrs)) << "\n";
+  out << fmt::format("merged {} shard{} ({} files): {} cells{}\nresults: {}\n", m.shards, m.shards == 1 ? "" : "s",
+                     inputs.size(), m.cells,
+                     m.overlapping ? fmt::format(" ({} of them in more than one file, equal)", m.overlapping) : "",
+                     merged);
+  if (!a.no_e2e) merged_e2e_step(merged, m.attrs, a.threads, out, err);
+  return kExitOk;
+}
+
+int cmd_inspect(const std::string& path, std::ostream& out) {
+  const Dump d = load_dump(path);
+  out << format_inspect(d);
+  return kExitOk;
+}
+
+int cmd_regress(const std::string& results, const std::string& thresholds, std::ostream& out) {
+  const Attrs attrs = read_results_attrs(results);  // schema check first: a wrong file is an input error
+  // A gate over part of the cells is meaningless: refuse shards and checkpoints (files without these
+  // attributes, older or synthetic, are accepted).
+  auto int_attr = [&](const char* name) -> std::optional<int64_t> {
+    for (const auto& [k, v] : attrs)
+      if (k == name && std::holds_alternative<int64_t>(v)) return std::get<int64_t>(v);
+    return std::nullopt;
+  };
+  if (const auto count = int_attr("shard_count"); count && *count > 1)
+    throw std::invalid_argument(fmt::format(
+        "{}: is shard {}/{} (root attribute shard_count = {}): a gate over a subset of the cells is meaningless; "
+        "run `latentq merge MERGED.h5 SHARD.h5...` and gate the merged file",
+        results, int_attr("shard_index").value_or(-1), *count, *count));
+  if (const auto complete = int_attr("complete"); complete && *complete == 0)
+    throw std::invalid_argument(fmt::format(
+        "{}: is an incomplete run (root attribute complete = 0: a checkpoint with {} of {} cells): a gate over part "
+        "of the cells is meaningless; finish it with `latentq run ... --resume`",
+        results, int_attr("cells").value_or(-1), int_attr("shard_cells").value_or(int_attr("cells_total").value_or(-1))));
+  const std::vector<Threshold> th = load_thresholds(thresholds);
+  const std::vector<std::string> groups = list_tables(results);
+  if (std::find(groups.begin(), groups.end(), "latent_error") == groups.end())
+    throw std::invalid_argument(results + ": no /latent_error group (groups: " + fmt::format("{}", fmt::join(groups, ", ")) + ")");
+  const ColumnTable le = read_table(results, "latent_error");
+  for (const char* c : {"quantizer", "target"})
+    if (!le.has(c) || le.at(c).index() != 2)
+      throw std::invalid_argument(results + ": /latent_error has no string column '" + c + "'");
+  const std::vector<ThresholdResult> r = evaluate_thresholds(le, th);
+  out << format_threshold_results(r);
+  for (const ThresholdResult& x : r)
+    if (!x.pass) return kExitGateFailure;
+  return kExitOk;
+}
+
+struct SynthArgs {
+  std::string preset, out;
+  int64_t layers = 0, seqs = 2, seq_len = 512, query_rows = 32;
+  uint64_t seed = 0;
+  bool list = false;
+};
+
+std::string format_presets() {
+  std::string s = fmt::format("{:<17} {:>6} {:>5} {:>5} {:>4} {:>5} {:>4} {:>9} {:<11} {:>9}  {}\n", "preset", "layers",
+                              "heads", "r", "rope", "nope", "v", "theta", "layout", "scale", "checkpoint");
+  for (const ModelShape& m : model_presets())
+    s += fmt::format("{:<17} {:>6} {:>5} {:>5} {:>4} {:>5} {:>4} {:>9.0f} {:<11} {:>9.7f}  {}\n", m.name, m.num_layers,
+                     m.num_heads, m.kv_lora_rank, m.qk_rope_head_dim, m.qk_nope_head_dim, m.v_head_dim, m.rope_theta,
+                     m.rope_layout, m.softmax_scale, m.model);
+  return s;
+}
+
+// `latentq synth`: a synthetic dump of a preset's shape (latentq/synth.h), layer by layer.
+int cmd_synth(const SynthArgs& a, std::ostream& out) {
+  if (a.list) {
+    out << format_presets();
+    return kExitOk;
+  }
+  if (a.preset.empty()) throw std::invalid_argument("synth: --preset is required (--list shows the presets)");
+  if (a.out.empty()) throw std::invalid_argument("synth: --out is required");
+  SynthOptions o;
+  o.shape = find_preset(a.preset);
+  if (a.layers != 0) o.shape.num_layers = a.layers;
+  o.seqs = a.seqs;
+  o.seq_len = a.seq_len;
+  o.query_rows = a.query_rows;
+  o.seed = a.seed;
+  validate(o);
+  const ModelShape& m = o.shape;
+  const double layer_bytes = 4.0 * static_cast<double>(o.seqs * o.seq_len * (m.kv_lora_rank + m.qk_rope_head_dim) +
+                                                       o.query_rows * m.num_heads * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim) +
+                                                       m.num_heads * (m.qk_nope_head_dim + m.v_head_dim) * m.kv_lora_rank);
+  out << fmt::format("synth {}: {} layers, {} x {} tokens, {} query rows, seed {}: {:.1f} MiB per layer, {:.1f} MiB in all\n",
+                     m.name, m.num_layers, o.seqs, o.seq_len, o.query_rows, o.seed, layer_bytes / 1048576.0,
+                     layer_bytes * static_cast<double>(m.num_layers) / 1048576.0);
+  write_synth_dump(a.out, o);
+  out << "dump: " << fs::absolute(a.out).lexically_normal().string() << "\n";
+  return kExitOk;
+}
+
+struct PlanArgs {
+  std::string results, out, objective = "kl";
+  double budget = 0;
+};
+
+// `latentq plan`: the exact multiple-choice knapsack (latentq/plan.h), the best uniform quantizer within
+// the same budget, and the plan written as a study config.
+int cmd_plan(const PlanArgs& a, std::ostream& out) {
+  const PlanInputs in = read_plan_inputs(a.results, a.objective);
+  const PlanSolution s = solve_plan(in.groups, a.budget);  // throws naming the minimum below the cheapest
+  std::string best;
+  double best_obj = std::numeric_limits<double>::infinity(), best_bytes = 0;
+  for (const std::string& q : in.uniform) {
+    double obj = 0, bytes = 0;
+    for (const PlanGroup& g : in.groups)
+      for (const PlanOption& o : g.options)
+        if (o.quantizer == q) {
+          obj += o.objective;
+          bytes += o.bytes;
+          break;
+        }
+    if (bytes <= a.budget + 1e-9 && obj < best_obj) {
+      best = q;
+      best_obj = obj;
+      best_bytes = bytes;
+    }
+  }
+  std::string header = fmt::format(
+      "written by `latentq plan {} --budget {} --objective {}`\n"
+      "objective: {}\n"
+      "planned (row \"mixed\"): {:.2f} bytes/token (whole model, c_kv + k_pe, metadata included), predicted objective {:.4e}\n",
+      a.results, a.budget, a.objective, in.objective_note, s.bytes, s.objective);
+  header += best.empty() ? std::string("best uniform quantizer within the budget: none fits\n")
+                         : fmt::format("best uniform quantizer within the budget: {} ({:.2f} bytes/token, objective {:.4e})\n",
+                                       best, best_bytes, best_obj);
+  header += fmt::format("exact multiple-choice knapsack: DP over the budget in 1/{} byte units, costs rounded up\n",
+                        kPlanUnitsPerByte);
+  write_text_atomic(a.out, plan_config_text(a.results, in.groups, s, best, header));
+  out << fmt::format("{:>5} {:<5} {:<32} {:>11} {:>11}\n", "layer", "target", "quantizer", "bytes/token", a.objective);
+  for (size_t i = 0; i < in.groups.size(); ++i) {
+    const PlanOption& o = in.groups[i].options[s.choice[i]];
+    out << fmt::format("{:>5} {:<6} {:<32} {:>11.2f} {:>11.4e}\n", in.groups[i].layer, to_string(in.groups[i].target),
+                       o.quantizer, o.bytes, o.objective);
+  }
+  out << header << "plan: " << a.out << "\n";
+  return kExitOk;
+}
+
+}  // namespace
+
+int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostream& err, bool progress_bar) {
+  CLI::App app{"latentq: quantization study of the latent KV cache (c_kv, k_pe) of MLA models", "latentq"};
+  app.set_version_flag("--version", fmt::format("latentq {} (git {})", version(), git_commit()));
+  app.require_subcommand(1);
+  app.footer("Exit codes: 0 ok, 1 gate failure (regress), 2 user/input/config error.");
+
+  RunArgs ra;
+  CLI::App* run = app.add_subcommand("run", "Run the latent-error study of a config and write a results file");
+  run->add_option("config", ra.config, "study config (TOML); default: the embedded study/config/default.toml");
+  run->add_option("--input", ra.input, "the dump (latentq-dump/1 HDF5), overrides [input] dump");
+  run->add_option("--out", ra.out, "the results file (latentq-results/1 HDF5), overrides [output] results");
+  run->add_option("--threads", ra.threads, "worker threads (0 = all cores)")->check(CLI::NonNegativeNumber);
+  run->add_option("--device", ra.device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+  run->add_option("--shard", ra.shard,
+                  "run only shard i/n of the cells (0 <= i < n; a cell goes to shard sha256(key) mod n); "
+                  "the shard files are joined by `latentq merge`");
+  run->add_flag("--resume", ra.resume,
+                "continue a run: skip the cells already in OUT.partial (the checkpoint of an interrupted run) "
+                "or OUT; refused if they were written for another config or input");
+  run->add_option("--checkpoint-interval", ra.checkpoint_interval,
+                  "minimum seconds between checkpoints to OUT.partial (default 10; 0: whenever cells completed)")
+      ->check(CLI::NonNegativeNumber);
+  run->add_flag("--no-e2e", ra.no_e2e, "do not start experiments/e2e_inject.py even when the config has [e2e] enabled");
+  run->footer("Quantizer specs:\n" + spec_grammar());
+
+  std::string inspect_path;
+  CLI::App* inspect = app.add_subcommand("inspect", "Validate a dump and summarize it (dims, per-layer statistics)");
+  inspect->add_option("dump", inspect_path, "the dump (latentq-dump/1 HDF5)")->required();
+
+  std::string report_results, report_out;
+  CLI::App* report = app.add_subcommand(
+      "report", "Figures (PNG) and report.md from a results file: runs experiments/report.py with the project venv "
+                "and passes its exit code through");
+  report->add_option("results", report_results, "results file (latentq-results/1 HDF5)")->required();
+  report->add_option("--out", report_out, "output directory (created)")->required();
+
+  std::string reg_results, reg_thresholds;
+  CLI::App* regress = app.add_subcommand("regress", "Check a results file against thresholds (exit 1 on failure)");
+  regress->add_option("results", reg_results, "results file (latentq-results/1 HDF5)")->required();
+  regress->add_option("--thresholds", reg_thresholds, "thresholds TOML ([[threshold]] entries)")->required();
+
+  MergeArgs ma;
+  CLI::App* merge = app.add_subcommand(
+      "merge", "Join the shard files of a `latentq run --shard i/n` study into one results file (= an unsharded run: "
+               "with [e2e] enabled it then runs the e2e step on the merged file, as `run` does)");
+  merge->add_option("merged", ma.out, "the merged results file to write")->required();
+  merge->add_option("shards", ma.inputs, "the shard files (every shard 0..n-1 of one config and input)")->required();
+  merge->add_option("--threads", ma.threads, "threads of the e2e step (0 = all cores)")->check(CLI::NonNegativeNumber);
+  merge->add_flag("--no-e2e", ma.no_e2e, "do not start experiments/e2e_inject.py even when the config has [e2e] enabled");
+
+  PlanArgs pa;
+  CLI::App* plan = app.add_subcommand(
+      "plan", "Pick one measured quantizer per (layer, target) minimizing the summed objective under a whole-model "
+              "byte budget (exact: DP over bytes) and write it as a study config with a \"mixed\" row");
+  plan->add_option("results", pa.results, "results file of a study (latentq-results/1 HDF5)")->required();
+  plan->add_option("--budget", pa.budget, "bytes per token, whole model (all layers, c_kv + k_pe, metadata included)")
+      ->required();
+  plan->add_option("--objective", pa.objective, "kl (attention KL per target, /attention_error) or mse (latent)")
+      ->check(CLI::IsMember({"kl", "mse"}));
+  plan->add_option("--out", pa.out, "the study config to write (TOML)")->required();
+
+  SynthArgs sa;
+  CLI::App* synth = app.add_subcommand(
+      "synth", "Write a synthetic latentq-dump/1 file with a real model's MLA shape (low-rank RMS-normalized c_kv "
+               "with outlier channels, RoPE'd k_pe, queries, W_UK/W_UV, exact attn_out), one layer at a time");
+  synth->add_option("--preset", sa.preset, "tiny-mla, deepseek-v2-lite, deepseek-v3, glm-4.7-flash or minicpm3-4b");
+  synth->add_flag("--list", sa.list, "print the presets' dims and exit");
+  synth->add_option("--layers", sa.layers, "number of layers (default: the preset's)")->check(CLI::PositiveNumber);
+  synth->add_option("--seqs", sa.seqs, "number of sequences (default 2)")->check(CLI::PositiveNumber);
+  synth->add_option("--seq-len", sa.seq_len, "tokens per sequence (default 512)")->check(CLI::PositiveNumber);
+  synth->add_option("--query-rows", sa.query_rows, "query rows per layer (default 32; attn_out costs Tq x H x T x r)")
+      ->check(CLI::PositiveNumber);
+  synth->add_option("--seed", sa.seed, "random seed (default 0)");
+  synth->add_option("--out", sa.out, "the dump to write (HDF5; written to a temporary file and renamed)");
+
+  std::vector<const char*> argv;
+  for (const auto& s : args) argv.push_back(s.c_str());
+  try {
+    app.parse(static_cast<int>(argv.size()), argv.data());
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e, out, err);  // --help, --version
+    err << "latentq: error: " << e.what() << "\nRun 'latentq --help' for usage.\n";
+    return kExitUserError;
+  }
+
+  try {
+    if (run->parsed()) return cmd_run(ra, out, err, progress_bar);
+    if (inspect->parsed()) return cmd_inspect(inspect_path, out);
+    if (report->parsed()) return run_report(report_results, report_out, out);
+    if (merge->parsed()) return cmd_merge(ma, out, err);
+    if (regress->parsed()) return cmd_regress(reg_results, reg_thresholds, out);
+    if (plan->parsed()) return cmd_plan(pa, out);
+    if (synth->parsed()) return cmd_synth(sa, out);
+  } catch (const std::invalid_argument& e) {
+    err << "latentq: error: " << e.what() << "\n";
+    return kExitUserError;
+  } catch (const std::runtime_error& e) {
+    err << "latentq: error: " << e.what() << "\n";
+    return kExitUserError;
+  } catch (const H5::Exception& e) {
+    err << "latentq: error: HDF5: " << e.getDetailMsg() << "\n";
+    return kExitUserError;
+  } catch (const std::exception& e) {
+    err << "latentq: internal error: " << e.what() << "\n";
+    return kExitUserError;
+  }
+  return kExitUserError;
+}
+
+int cli_main(int argc, char** argv) {
+  std::vector<std::string> args(argv, argv + argc);
+  return run_cli(args, std::cout, std::cerr, ::isatty(STDERR_FILENO) == 1);
+}
+
+}  // namespace latentq

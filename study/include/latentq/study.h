@@ -1,0 +1,178 @@
+// latentq/study.h — the latent-error study: every (layer, target, quantizer) cell of a config is
+// quantized and dequantized (latentq/quantize.h, with the dump's seq_offsets), compared with the
+// original (latentq/metrics.h) and accounted (account()).
+//
+// Cells have stable string keys "<layer:03d>/<target>/<quantizer>/<group>", e.g.
+// "003/c_kv/int4-asym-channel-g32/latent_error", so later groups (svd, attention_error, e2e ...)
+// and resumed or sharded runs can name the same cell. Results are ColumnTables written by
+// latentq/results.h; row order is the cell order (layer, then target in config order, then
+// quantizer in config order), independent of the thread count.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "latentq/config.h"
+#include "latentq/dump.h"
+#include "latentq/metrics.h"
+#include "latentq/attention/device_seam.h"
+#include "latentq/quantize.h"
+#include "latentq/analysis/rate_distortion.h"
+#include "latentq/results.h"
+#include "latentq/table.h"
+#include "latentq/transform.h"
+
+namespace latentq {
+
+/// One (layer, target, quantizer) cell.
+struct Cell {
+  int layer = 0;
+  Target target = Target::CKV;
+  Quantizer quantizer;
+  /// "<layer:03d>/<target>/<quantizer>/<group>", e.g. "003/c_kv/int8-sym-tensor/latent_error".
+  std::string key(std::string_view group = "latent_error") const;
+};
+
+/// The cells of `config` over the loaded layers of `dump`: layer-major, then target in config
+/// order, then the target's quantizers in config order.
+std::vector<Cell> plan_cells(const StudyConfig& config, const Dump& dump);
+
+/// What one cell measures.
+struct CellResult {
+  QuantSpec stored;      ///< the format actually stored (QuantSpec::stored_for)
+  Accounting accounting; ///< bits per element, bytes per token (one layer, one target), metadata included
+  ErrorMetrics metrics;  ///< of the dequantized matrix against the original
+  QuantDiagnostics diagnostics;  ///< precision lost silently under the format's conventions (diagnose())
+};
+
+/// What a backend stores for one cell: CellResult without the error, which run_latent_error measures
+/// from the decoded matrix in the original basis (one error_metrics() per cell, on either backend).
+struct StoredCell {
+  QuantSpec stored;              ///< the format actually stored (QuantSpec::stored_for)
+  Accounting accounting;         ///< account() of the stored tensor
+  QuantDiagnostics diagnostics;  ///< diagnose() of the stored tensor against its input
+};
+
+/// Where cells are computed. The CPU backend is the reference (quantize_dequantize + account +
+/// diagnose); a CUDA backend must give the same numbers (codes byte-identical).
+class LatentBackend {
+ public:
+  virtual ~LatentBackend() = default;
+  virtual std::string name() const = 0;
+  /// True if run() may be called from several threads at once.
+  virtual bool concurrent() const = 0;
+  /// Quantize X [T, D] (row-major float32) as `spec` for `target` with sequence boundaries
+  /// seq_offsets [S+1] and dequantize into `decoded` [T, D] (row-major float32, not overlapping X).
+  /// Throws std::invalid_argument as quantize().
+  virtual StoredCell run(const QuantSpec& spec, Target target, const float* X, int64_t T, int64_t D,
+                         std::span<const int64_t> seq_offsets, float* decoded) = 0;
+  /// Where the attention probes evaluate /attention_error (probes::AbsorbedAttention::attach_device); empty
+  /// (the default, and the CPU backend): the CPU.
+  virtual probes::AttentionDeviceFactory attention_device() const { return {}; }
+};
+
+/// One layer's c_kv or k_pe rotated by a transform's fitted rotation (latentq/transform.h): the input of
+/// every latent cell that quantizes behind that transform, made once per (layer, target, transform).
+struct RotatedLatent {
+  std::shared_ptr<const Rotation> rotation;  ///< probes::fit_rotation of the layer's target (not identity)
+  std::vector<float> x;                      ///< [T, D] row-major float32: each row rotated forward, R·x
+};
+/// (layer, target, transform) → its RotatedLatent; called from the cells' threads, so it must be
+/// thread-safe. The batch runner shares one per layer while the layer is held (LayerAccess::shared).
+using RotatedLatents = std::function<std::shared_ptr<const RotatedLatent>(int layer, Target target, const Transform& t)>;
+/// The RotatedLatent of X [T, D] (row-major float32; the layer's target) under transform t with its
+/// rotation r (fit_rotation's): r and a rotated copy of X. Throws as Rotation::forward.
+RotatedLatent rotate_latent(std::shared_ptr<const Rotation> r, const float* X, int64_t T, int64_t D);
+
+/// The CPU reference backend (thread-safe).
+std::unique_ptr<LatentBackend> make_cpu_backend();
+/// The CUDA backend: the GPU path's hook. A build without it (LATENTQ_CUDA=OFF, or no
+/// study/device/backend_cuda.cpp) throws std::runtime_error saying so; a CUDA build throws
+/// std::runtime_error when no GPU is present.
+std::unique_ptr<LatentBackend> make_cuda_backend();
+/// "cpu" or "cuda"; throws std::invalid_argument for another name, and as make_cuda_backend().
+std::unique_ptr<LatentBackend> make_backend(std::string_view device);
+
+struct RunOptions {
+  int threads = 0;  ///< worker threads; 0 = std::thread::hardware_concurrency()
+  /// Called from the calling thread about every 100 ms and once at the end with (cells done, total).
+  std::function<void(size_t, size_t)> progress;
+};
+
+/// One warning line per quantizer of /latent_error `le` with any scale underflow, offset rounding or
+/// saturation (columns scale_underflow_groups, offset_rounding_groups, saturated_values), naming the
+/// counts, the targets and, for fp16-scaled integer specs, the -fp32 variant. Empty if none.
+std::vector<std::string> latent_precision_warnings(const ColumnTable& le);
+
+/// The fit-split spectra of a dump's matrices (latent_spectrum()), computed once per (layer, target)
+/// on first use; thread-safe. The /latent_error bound columns read them.
+class SpectrumCache {
+ public:
+  /// Throws as latent_spectrum() and Dump::layer().
+  const LatentSpectrum& get(const Dump& dump, int layer, Target target);
+  /// The same for the data `layer` of a layer of `dump` (whose header gives T, dims, seq_offsets).
+  const LatentSpectrum& get(const Dump& dump, const Layer& layer, Target target);
+
+ private:
+  std::mutex mutex_;
+  std::map<std::pair<int, int>, LatentSpectrum> spectra_;
+};
+
+/// Column names of /latent_error, in order.
+const std::vector<std::string>& latent_error_columns();
+
+/// Run the cells and return the /latent_error table, one row per cell in `cells` order:
+///   layer (int64), target, quantizer (the requested spec), stored (the spec actually stored),
+///   bits (int64: 2/4/8, 16 for bf16, 8 for fp8), scheme (sym/asym; "none" for bf16; fp8: sym),
+///   granularity (tensor/channel/token; bf16: element; fp8: tile), group_size (int64; fp8: the
+///   tile), scale_dtype (fp16/fp32; bf16: none; fp8: fp32), bits_per_element,
+///   bytes_per_token_layer, rel_fro, mse, sqnr_db, max_abs_err, cos_mean (float64), format,
+///   scale_underflow_groups, offset_rounding_groups, saturated_values (int64), and the Gaussian
+///   rate–distortion bound at the cell's bits_per_element (latentq/analysis/rate_distortion.h):
+///   bound_rel_fro (rel_fro's normalization), gap_db = 10·log10(mse / mse_bound) (float64, may be
+///   negative). `spectra` caches the fit-split spectra across calls (a local cache when null).
+/// The columns describe the stored format (a preset's rows say what it stores for that target, e.g. bf16 for flashmla-v32-fp8 on k_pe).
+/// Throws std::invalid_argument naming the cell (key) when a cell fails (e.g. a scale that
+/// overflows fp16); with several failures, the first in cell order.
+ColumnTable run_latent_error(const Dump& dump, const std::vector<Cell>& cells, LatentBackend& backend,
+                             const RunOptions& options = {}, SpectrumCache* spectra = nullptr);
+/// The same with the layers' data from `layer_data` (a layer index → its data) and the header from
+/// `dump` (T, dims, seq_offsets, path): the batch runner's cells read streamed layers this way. A
+/// transformed cell quantizes `rotated`'s matrix for its (layer, target, transform); an empty `rotated`
+/// fits and rotates once per distinct (layer, target, transform) of `cells` in this call.
+ColumnTable run_latent_error(const Dump& dump, const std::function<const Layer&(int)>& layer_data,
+                             const std::vector<Cell>& cells, LatentBackend& backend, const RunOptions& options = {},
+                             SpectrumCache* spectra = nullptr, const RotatedLatents& rotated = {});
+
+/// Column names of /summary, in order.
+const std::vector<std::string>& summary_columns();
+
+/// One row per quantizer (in `quantizers` order) from a /latent_error table:
+///   quantizer; mean_rel_fro_c_kv, max_rel_fro_c_kv, mean_rel_fro_k_pe, max_rel_fro_k_pe (over
+///   layers; NaN when that target did not run the quantizer); bits_per_element (c_kv, NaN if not
+///   run); bytes_per_token_model = num_layers · (c_kv + k_pe bytes per token and layer, averaged
+///   over the studied layers), a target that did not run the quantizer counted as bf16;
+///   ratio_vs_bf16 = bytes_per_token_model / (num_layers · (kv_lora_rank + qk_rope_head_dim) · 2);
+///   c_kv_accounting, k_pe_accounting: "measured" or "bf16 (not run)".
+ColumnTable summarize(const ColumnTable& latent_error, const std::vector<Quantizer>& quantizers, const DumpAttrs& attrs);
+
+/// The root attributes of a results file of `config` run on `dump` (loaded from config.dump, whose
+/// SHA-256 is `input_sha256`) on `device`: created, latentq_version, git_commit, config, config_source,
+/// config_dir (the directory the config's relative paths resolve against), input_path, input_sha256,
+/// input_revision, model, num_layers, kv_lora_rank, qk_rope_head_dim, layers, targets, device, blas (the
+/// BLAS library and CPU kernel of the probes' GEMMs, probes::blas_backend()).
+Attrs study_attrs(const StudyConfig& config, const Dump& dump, const std::string& input_sha256,
+                  const std::string& device);
+
+/// A paper-style summary table of a /summary table (fmt), sorted by bytes per token, then by mean
+/// c_kv rel_fro.
+std::string format_summary(const ColumnTable& summary, const DumpAttrs& attrs);
+
+}  // namespace latentq

@@ -1,0 +1,115 @@
+// latentq/synth.h — synthetic latentq-dump/1 files with the shape of a real MLA model (`latentq synth`).
+//
+// The dims of each preset are the model's config.json (the table in synth.cpp cites where each was read;
+// /work/shared/FIELD.md §1 "Configs" for the four real models). The values are a model of what a real
+// c_kv / k_pe looks like, not a measurement:
+//
+//   c_kv[t] = γ ⊙ x_t / rms(x_t),  x_t = V · diag(σ) · z_t          (kv_a_layernorm: RMSNorm, eps 1e-6)
+//     σ_i   = exp(−i / τ), τ = kv_lora_rank / 16: a decaying spectrum, 99% of the energy of x in the
+//             first ≈ 0.14·kv_lora_rank directions (tiny-mla's dump has 99% in 18–26 of 128)
+//     V     = a seeded Haar-random orthogonal basis [r, r] per layer
+//     z_t   = AR(1) over the tokens of one sequence, ρ = 0.8, N(0, 1) stationary (never across sequences)
+//     γ     = the norm weight: exp(0.25·N(0,1)) per channel, and max(2, r/128) channels ×8 … ×24 (outliers)
+//   k_pe[t] = RoPE(pos_t, k_t),  k_t = m + s ⊙ z'_t: per-pair mean m and scale s (larger on the slow,
+//             high-index frequencies), z'_t AR(1) as above; RoPE with the preset's θ and rope_layout
+//   q_nope, q_pe (RoPE at the query's position) ~ N(0, 1); W_UK ~ N(0, 1/qk_nope_head_dim),
+//   W_UV ~ N(0, 1/kv_lora_rank), so q_lat = q_nope·W_UK has unit-variance entries
+//   attn_out = the absorbed attention of data/README.md ("Attention from the dump") on these latents,
+//             computed in float64 (latentq/attention/attention.h) and rounded once to float32: the dump's
+//             /attention_check passes (its float32 recomputation: rel_fro ~1e-6).
+//
+// Every layer is a pure function of (seed, layer): synth_layer() needs no other layer, and
+// write_synth_dump() generates, writes and frees one layer at a time into chunked datasets, so its
+// memory is one layer's arrays (a DeepSeek-V3-shaped layer at 8,192 tokens: c_kv 16 MiB, W_UK + W_UV
+// 64 MiB), never the file.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace latentq {
+
+/// The MLA shape of a model, as in its config.json.
+struct ModelShape {
+  std::string name;               ///< preset name, e.g. "deepseek-v3"
+  std::string model;              ///< the checkpoint, e.g. "deepseek-ai/DeepSeek-V3"
+  int64_t num_layers = 0;         ///< num_hidden_layers (MLA layers)
+  int64_t num_heads = 0;          ///< num_attention_heads
+  int64_t kv_lora_rank = 0;       ///< r: c_kv width
+  int64_t qk_rope_head_dim = 0;   ///< k_pe / q_pe width (even)
+  int64_t qk_nope_head_dim = 0;   ///< q_nope width per head
+  int64_t v_head_dim = 0;         ///< value width per head
+  double rope_theta = 0;          ///< RoPE base θ (frequencies θ^(−2i/d_r), i = 0 .. d_r/2 − 1)
+  std::string rope_layout;        ///< "interleaved" (pairs 2i, 2i+1) or "half" (pairs i, i + d_r/2)
+  double softmax_scale = 0;       ///< the scale the model applies (FIELD.md "Softmax scale")
+  int64_t vocab_size = 0;         ///< token ids of the synthetic /tokens are drawn in [0, vocab_size)
+  std::string source;             ///< where the numbers were read
+};
+
+/// The presets: tiny-mla, deepseek-v2-lite, deepseek-v3 (= DeepSeek-R1, Kimi K2 shape), glm-4.7-flash,
+/// minicpm3-4b.
+const std::vector<ModelShape>& model_presets();
+
+/// The preset called `name`; throws std::invalid_argument naming it and listing the presets.
+const ModelShape& find_preset(const std::string& name);
+
+/// What to write. seq_lens empty: `seqs` sequences of `seq_len` tokens each.
+struct SynthOptions {
+  ModelShape shape;                 ///< usually find_preset(...); num_layers may be overridden
+  int64_t seqs = 2;                 ///< S ≥ 1
+  int64_t seq_len = 512;            ///< tokens per sequence ≥ 1
+  std::vector<int64_t> seq_lens;    ///< explicit lengths (overrides seqs × seq_len when not empty)
+  int64_t query_rows = 32;          ///< Tq per layer, 1 ≤ Tq ≤ T, chosen by the dump's query-row rule
+  uint64_t seed = 0;
+};
+
+/// The token-level arrays shared by all layers (as in the file).
+struct SynthTokens {
+  std::vector<int64_t> seq_offsets;  ///< [S+1]
+  std::vector<int32_t> tokens;       ///< [T]
+  std::vector<int32_t> positions;    ///< [T] position in its sequence
+  std::vector<int32_t> q_rows;       ///< [Tq] the query-row rule of data/README.md (sorted)
+  int64_t num_tokens() const { return seq_offsets.empty() ? 0 : seq_offsets.back(); }
+};
+
+/// One layer's arrays, row-major float32, shapes as in latentq-dump/1.
+struct SynthLayer {
+  std::vector<float> c_kv;      ///< [T, r]
+  std::vector<float> k_pe;      ///< [T, d_r] after RoPE
+  std::vector<float> q_nope;    ///< [Tq, H, d_n]
+  std::vector<float> q_pe;      ///< [Tq, H, d_r] after RoPE
+  std::vector<float> w_uk;      ///< [H, d_n, r]
+  std::vector<float> w_uv;      ///< [H, d_v, r]
+  std::vector<float> attn_out;  ///< [Tq, H, d_v]
+};
+
+/// Checks the options (throws std::invalid_argument naming the option and value: dims < 1, an odd
+/// qk_rope_head_dim, θ ≤ 0, a layout other than interleaved/half, S or a length < 1, Tq outside [1, T],
+/// a scale that is not finite and > 0).
+void validate(const SynthOptions& o);
+
+/// The tokens, positions, sequence offsets and query rows (validates `o`).
+SynthTokens synth_tokens(const SynthOptions& o);
+
+/// Layer `layer` (0 ≤ layer < num_layers), a pure function of (o, layer).
+SynthLayer synth_layer(const SynthOptions& o, const SynthTokens& tok, int64_t layer);
+
+/// Rotates the pairs of each row of x [rows, d] (d even) by positions[row]·θ^(−2i/d) in `layout`
+/// ("interleaved": (2i, 2i+1); "half": (i, i + d/2)), in float64, rounded once to float32. Exposed for
+/// the tests; throws std::invalid_argument for an odd d or an unknown layout.
+void apply_rope(std::vector<float>& x, int64_t d, const std::vector<int32_t>& positions, double theta,
+                const std::string& layout);
+
+/// Writes the dump to `out` (through ".<name>.<pid>.tmp" in the same directory, renamed at the end;
+/// on any error the temporary is removed and `out` is untouched). Datasets are chunked (≈ 1 MiB
+/// chunks; /layers/NNN/w_uk and w_uv one head per chunk). Layers are generated and written one at a
+/// time; `on_layer(l)` (optional) is called after layer l is written and its arrays are freed.
+/// Throws std::invalid_argument for bad options or an output directory that does not exist,
+/// std::runtime_error / H5::Exception for write errors.
+void write_synth_dump(const std::filesystem::path& out, const SynthOptions& o,
+                      const std::function<void(int64_t)>& on_layer = {});
+
+}  // namespace latentq

@@ -1,0 +1,35 @@
+// latentq/util.h — small utilities of the study layer.
+#pragma once
+
+#include <filesystem>
+#include <exception>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace latentq {
+
+/// Lower-case hex SHA-256 of a file's bytes (OpenSSL EVP, read in 1 MiB chunks).
+/// Throws std::runtime_error naming the path if it cannot be read.
+std::string file_sha256(const std::filesystem::path& path);
+
+/// Current UTC time as ISO 8601, e.g. "2025-01-31T12:34:56Z".
+std::string utc_now_iso8601();
+
+/// latentq's version (CMake PROJECT_VERSION) and the git commit it was configured at
+/// (LATENTQ_GIT_COMMIT, "unknown" outside a git checkout).
+const char* version();
+const char* git_commit();
+
+/// The worker count for a `threads` option: itself when > 0, else std::thread::hardware_concurrency()
+/// (at least 1).
+int worker_threads(int threads);
+
+/// Runs fn(i) for every i in [0, n) on `threads` workers (0 = std::thread::hardware_concurrency(),
+/// at most n). An exception thrown by fn(i) is caught and stored in the returned vector at i (the
+/// others still run). With `progress` set, the calling thread reports (done, n) about every 100 ms
+/// while the workers run, then once with (n, n). Used by the study and the probe cells.
+std::vector<std::exception_ptr> parallel_cells(size_t n, int threads, const std::function<void(size_t)>& fn,
+                                               const std::function<void(size_t, size_t)>& progress = {});
+
+}  // namespace latentq

@@ -1,0 +1,338 @@
+// Loader for `latentq-dump/1` files (see latentq/dump.h).
+#include "latentq/dump.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+
+#include "latentq/h5util.h"
+#include "latentq/analysis/narrow.h"
+#include "latentq/quantize.h"  // count_nonfinite
+
+namespace latentq {
+namespace {
+
+enum class DType { I32, I64, F32 };
+const char* dtype_str(DType d) { return d == DType::I32 ? "int32" : d == DType::I64 ? "int64" : "float32"; }
+
+bool dtype_is(const H5::DataType& t, DType want) {
+  if (want == DType::F32) return t.getClass() == H5T_FLOAT && t.getSize() == 4;
+  if (t.getClass() != H5T_INTEGER) return false;
+  const H5::IntType it(t.getId());
+  return it.getSign() != H5T_SGN_NONE && t.getSize() == (want == DType::I32 ? 4u : 8u);
+}
+
+std::string layer_group(int index) { return fmt::format("/layers/{:03d}", index); }
+
+// Reads one file; `where` tracks the object being read for HDF5 error messages.
+class Loader {
+ public:
+  Loader(const std::filesystem::path& path, const H5::H5File& file) : path_(path.string()), file_(file) {}
+
+  [[noreturn]] void invalid(const std::string& msg) const { throw std::invalid_argument(path_ + ": " + msg); }
+
+  // ---- attributes ----
+  H5::Attribute attr(const std::string& name, const char* expected) {
+    where_ = "root attribute '" + name + "'";
+    if (!file_.attrExists(name)) invalid(fmt::format("missing root attribute '{}' (expected {})", name, expected));
+    return file_.openAttribute(name);
+  }
+  std::string str_attr(const std::string& name) {
+    const H5::Attribute a = attr(name, "a string");
+    if (a.getTypeClass() != H5T_STRING)
+      invalid(fmt::format("root attribute '{}' has type {}, expected a string", name, h5::dtype_name(a.getDataType())));
+    return h5::read_string_attr(a);
+  }
+  H5::Attribute scalar_attr(const std::string& name, H5T_class_t cls, const char* expected) {
+    const H5::Attribute a = attr(name, expected);
+    if (a.getTypeClass() != cls)
+      invalid(fmt::format("root attribute '{}' has type {}, expected {}", name, h5::dtype_name(a.getDataType()), expected));
+    if (a.getSpace().getSimpleExtentNpoints() != 1)
+      invalid(fmt::format("root attribute '{}' must be a single value", name));
+    return a;
+  }
+  int64_t int_attr(const std::string& name, int64_t min_value) {
+    int64_t v = 0;
+    scalar_attr(name, H5T_INTEGER, "an integer").read(H5::PredType::NATIVE_INT64, &v);
+    if (v < min_value) invalid(fmt::format("root attribute '{}' = {}, expected an integer >= {}", name, v, min_value));
+    return v;
+  }
+  double float_attr(const std::string& name) {
+    double v = 0;
+    scalar_attr(name, H5T_FLOAT, "a float").read(H5::PredType::NATIVE_DOUBLE, &v);
+    return v;
+  }
+
+  // ---- datasets ----
+  bool has(const std::string& name) const { return h5::exists(file_, name); }
+
+  // Opens `name` and checks dtype and shape. expected[i] < 0 means "any extent".
+  H5::DataSet open(const std::string& name, DType dt, const std::vector<int64_t>& expected, const std::string& why) {
+    where_ = name;
+    if (!has(name)) invalid(fmt::format("missing dataset {} ({} {})", name, dtype_str(dt), why));
+    if (file_.childObjType(name) != H5O_TYPE_DATASET) invalid(fmt::format("{} is not a dataset", name));
+    H5::DataSet ds = file_.openDataSet(name);
+    const H5::DataType t = ds.getDataType();
+    if (!dtype_is(t, dt)) invalid(fmt::format("{} has dtype {}, expected {}", name, h5::dtype_name(t), dtype_str(dt)));
+    const std::vector<hsize_t> d = h5::dims_of(ds);
+    bool ok = d.size() == expected.size();
+    for (size_t i = 0; ok && i < d.size(); ++i) ok = expected[i] < 0 || static_cast<int64_t>(d[i]) == expected[i];
+    if (!ok) {
+      std::vector<std::string> e;
+      for (int64_t x : expected) e.push_back(x < 0 ? "*" : std::to_string(x));
+      invalid(fmt::format("{} has shape {}, expected [{}] ({})", name, h5::shape_str(d), fmt::join(e, ", "), why));
+    }
+    return ds;
+  }
+
+  template <class T>
+  std::vector<T> read(const H5::DataSet& ds, const std::string& name) {
+    where_ = name;
+    const std::vector<hsize_t> d = h5::dims_of(ds);
+    size_t n = 1;
+    for (hsize_t x : d) n *= static_cast<size_t>(x);
+    std::vector<T> v(n);
+    if (n == 0) return v;
+    if constexpr (std::is_same_v<T, float>) ds.read(v.data(), H5::PredType::NATIVE_FLOAT);
+    else if constexpr (std::is_same_v<T, int32_t>) ds.read(v.data(), H5::PredType::NATIVE_INT32);
+    else ds.read(v.data(), H5::PredType::NATIVE_INT64);
+    return v;
+  }
+
+  std::vector<float> read_finite(const std::string& name, const std::vector<int64_t>& expected, const std::string& why,
+                                 int layer) {
+    std::vector<float> v = read<float>(open(name, DType::F32, expected, why), name);
+    if (const int64_t bad = count_nonfinite(v.data(), static_cast<int64_t>(v.size())))
+      invalid(fmt::format("layer {:03d}: {} has {} NaN/Inf values (of {}); the dump must be finite", layer, name, bad,
+                          v.size()));
+    return v;
+  }
+
+  const std::string& where() const { return where_; }
+
+ private:
+  std::string path_;
+  const H5::H5File& file_;
+  std::string where_ = "the file";
+};
+
+const char* const kAttentionSets[] = {"q_rows", "q_nope", "q_pe", "w_uk", "w_uv", "attn_out"};
+
+Dump load(const std::filesystem::path& path, const H5::H5File& file, const LoadOptions& opt, Loader& L) {
+  Dump D;
+  D.path = path;
+  DumpAttrs& A = D.attrs;
+
+  // -- schema and attributes --
+  {
+    const H5::Attribute a = L.attr("schema", "\"latentq-dump/1\"");
+    if (a.getTypeClass() != H5T_STRING) L.invalid("root attribute 'schema' is not a string (expected \"latentq-dump/1\")");
+    const std::string schema = h5::read_string_attr(a);
+    if (schema != kDumpSchema)
+      L.invalid(fmt::format("root attribute 'schema' is \"{}\", expected \"{}\"", schema, kDumpSchema));
+  }
+  A.model = L.str_attr("model");
+  A.revision = L.str_attr("revision");
+  A.source = L.str_attr("source");
+  A.rope_layout = L.str_attr("rope_layout");
+  A.original_dtype = L.str_attr("original_dtype");
+  A.config_json = L.str_attr("config_json");
+  A.num_layers = L.int_attr("num_layers", 1);
+  A.num_heads = L.int_attr("num_heads", 1);
+  A.kv_lora_rank = L.int_attr("kv_lora_rank", 1);
+  A.qk_rope_head_dim = L.int_attr("qk_rope_head_dim", 1);
+  A.qk_nope_head_dim = L.int_attr("qk_nope_head_dim", 1);
+  A.v_head_dim = L.int_attr("v_head_dim", 1);
+  A.softmax_scale = L.float_attr("softmax_scale");
+  if (!(A.softmax_scale > 0) || !std::isfinite(A.softmax_scale))
+    L.invalid(fmt::format("root attribute 'softmax_scale' = {}, expected a finite value > 0", A.softmax_scale));
+  // Checked after the conversion too: the attention runs in float32, where 1e300 is inf (a NaN
+  // attention) and 1e-50 is 0 (a uniform softmax).
+  if (const std::string p = probes::narrowing_problem<float>(A.softmax_scale); !p.empty())
+    L.invalid(fmt::format("root attribute 'softmax_scale' = {} {}; the attention runs in float32: expected a value "
+                          "> 0 in the float32 normal range [{:.8g}, {:.8g}]",
+                          A.softmax_scale, p, std::numeric_limits<float>::min(), std::numeric_limits<float>::max()));
+
+  // -- token arrays --
+  D.tokens = L.read<int32_t>(L.open("/tokens", DType::I32, {-1}, "T"), "/tokens");
+  const int64_t T = D.num_tokens();
+  if (T == 0) L.invalid("/tokens is empty (T = 0): the dump holds no tokens, every layer is empty");
+  D.positions = L.read<int32_t>(L.open("/positions", DType::I32, {T}, "T from /tokens"), "/positions");
+  D.seq_offsets = L.read<int64_t>(L.open("/seq_offsets", DType::I64, {-1}, "S+1"), "/seq_offsets");
+  {
+    const auto& o = D.seq_offsets;
+    bool ok = o.size() >= 2 && o.front() == 0 && o.back() == T;
+    for (size_t i = 1; ok && i < o.size(); ++i) ok = o[i] >= o[i - 1];
+    if (!ok) {
+      const size_t show = std::min<size_t>(o.size(), 12);
+      L.invalid(fmt::format("/seq_offsets must run from 0 to T = {} non-decreasing (at least 2 entries), got [{}{}]", T,
+                            fmt::join(o.begin(), o.begin() + static_cast<std::ptrdiff_t>(show), ", "),
+                            o.size() > show ? ", ..." : ""));
+    }
+  }
+
+  // -- layer list --
+  if (!L.has("/layers")) L.invalid("missing group /layers");
+  {
+    const H5::Group g = file.openGroup("/layers");
+    for (hsize_t i = 0; i < g.getNumObjs(); ++i) {
+      const std::string name = g.getObjnameByIdx(i);
+      const bool digits = name.size() == 3 && std::all_of(name.begin(), name.end(), [](unsigned char c) { return std::isdigit(c); });
+      if (!digits) L.invalid(fmt::format("/layers/{} is not a layer name (expected 3 digits, e.g. 000)", name));
+      if (g.getObjTypeByIdx(i) != H5G_GROUP) L.invalid(fmt::format("/layers/{} is not a group", name));
+      D.file_layers.push_back(std::stoi(name));
+    }
+  }
+  std::sort(D.file_layers.begin(), D.file_layers.end());
+  if (static_cast<int64_t>(D.file_layers.size()) != A.num_layers)
+    L.invalid(fmt::format("/layers holds {} layers, but the root attribute num_layers = {}", D.file_layers.size(),
+                          A.num_layers));
+
+  // -- attention data: all or none, the same in every layer --
+  int first_with = -1, first_without = -1;
+  for (int li : D.file_layers) {
+    std::vector<std::string> present, missing;
+    for (const char* n : kAttentionSets) (L.has(layer_group(li) + "/" + n) ? present : missing).emplace_back(n);
+    if (!present.empty() && !missing.empty())
+      L.invalid(fmt::format("layer {:03d}: attention datasets must be all present or all absent; has {} but not {}", li,
+                            fmt::join(present, ", "), fmt::join(missing, ", ")));
+    int& first = present.empty() ? first_without : first_with;
+    if (first < 0) first = li;
+  }
+  if (first_with >= 0 && first_without >= 0)
+    L.invalid(fmt::format("layer {:03d} has attention data but layer {:03d} has none", first_with, first_without));
+  D.file_has_attention = first_with >= 0;
+
+  // -- which layers --
+  std::vector<int> want = opt.layers.empty() ? D.file_layers : opt.layers;
+  std::sort(want.begin(), want.end());
+  want.erase(std::unique(want.begin(), want.end()), want.end());
+  for (int li : want)
+    if (!std::binary_search(D.file_layers.begin(), D.file_layers.end(), li))
+      throw std::invalid_argument(fmt::format("{}: layer {} was requested but the file has layers [{}]", path.string(),
+                                              li, fmt::join(D.file_layers, ", ")));
+
+  const int64_t H = A.num_heads, r = A.kv_lora_rank, dr = A.qk_rope_head_dim, dn = A.qk_nope_head_dim,
+                dv = A.v_head_dim;
+  int64_t Tq = -1;
+  int tq_layer = -1;
+  for (int li : want) {
+    Layer ly;
+    ly.index = li;
+    const std::string g = layer_group(li);
+    for (const char* n : {"c_kv", "k_pe"}) {
+      const std::string name = g + "/" + n;
+      // An empty layer gets its own message before the shape check against /tokens.
+      if (L.has(name)) {
+        const H5::DataSet ds = file.openDataSet(name);
+        const auto d = h5::dims_of(ds);
+        if (!d.empty() && d[0] == 0) L.invalid(fmt::format("layer {:03d} is empty: {} has shape {} (T = 0)", li, name, h5::shape_str(d)));
+      }
+    }
+    if (!opt.data) {  // shapes and dtypes only (read_layer() reads the values)
+      L.open(g + "/c_kv", DType::F32, {T, r}, "T from /tokens, kv_lora_rank");
+      L.open(g + "/k_pe", DType::F32, {T, dr}, "T from /tokens, qk_rope_head_dim");
+      if (opt.attention && D.file_has_attention) {
+        const std::string qn = g + "/q_rows";
+        const H5::DataSet q = Tq < 0 ? L.open(qn, DType::I32, {-1}, "Tq")
+                                     : L.open(qn, DType::I32, {Tq}, fmt::format("Tq of layer {:03d}", tq_layer));
+        if (Tq < 0) {
+          Tq = static_cast<int64_t>(h5::dims_of(q)[0]);
+          tq_layer = li;
+          if (Tq == 0) L.invalid(fmt::format("layer {:03d}: {} is empty (Tq = 0)", li, qn));
+        }
+        L.open(g + "/q_nope", DType::F32, {Tq, H, dn}, "Tq, num_heads, qk_nope_head_dim");
+        L.open(g + "/q_pe", DType::F32, {Tq, H, dr}, "Tq, num_heads, qk_rope_head_dim");
+        L.open(g + "/w_uk", DType::F32, {H, dn, r}, "num_heads, qk_nope_head_dim, kv_lora_rank");
+        L.open(g + "/w_uv", DType::F32, {H, dv, r}, "num_heads, v_head_dim, kv_lora_rank");
+        L.open(g + "/attn_out", DType::F32, {Tq, H, dv}, "Tq, num_heads, v_head_dim");
+      }
+      D.layers.push_back(std::move(ly));
+      continue;
+    }
+    ly.c_kv = L.read_finite(g + "/c_kv", {T, r}, "T from /tokens, kv_lora_rank", li);
+    ly.k_pe = L.read_finite(g + "/k_pe", {T, dr}, "T from /tokens, qk_rope_head_dim", li);
+    if (opt.attention && D.file_has_attention) {
+      const std::string qn = g + "/q_rows";
+      if (Tq < 0) {
+        ly.q_rows = L.read<int32_t>(L.open(qn, DType::I32, {-1}, "Tq"), qn);
+        Tq = static_cast<int64_t>(ly.q_rows.size());
+        tq_layer = li;
+        if (Tq == 0) L.invalid(fmt::format("layer {:03d}: {} is empty (Tq = 0)", li, qn));
+      } else {
+        ly.q_rows = L.read<int32_t>(L.open(qn, DType::I32, {Tq}, fmt::format("Tq of layer {:03d}", tq_layer)), qn);
+      }
+      for (size_t i = 0; i < ly.q_rows.size(); ++i)
+        if (ly.q_rows[i] < 0 || ly.q_rows[i] >= T)
+          L.invalid(fmt::format("layer {:03d}: {}[{}] = {} is not a token index in [0, {})", li, qn, i, ly.q_rows[i], T));
+      ly.q_nope = L.read_finite(g + "/q_nope", {Tq, H, dn}, "Tq, num_heads, qk_nope_head_dim", li);
+      ly.q_pe = L.read_finite(g + "/q_pe", {Tq, H, dr}, "Tq, num_heads, qk_rope_head_dim", li);
+      ly.w_uk = L.read_finite(g + "/w_uk", {H, dn, r}, "num_heads, qk_nope_head_dim, kv_lora_rank", li);
+      ly.w_uv = L.read_finite(g + "/w_uv", {H, dv, r}, "num_heads, v_head_dim, kv_lora_rank", li);
+      ly.attn_out = L.read_finite(g + "/attn_out", {Tq, H, dv}, "Tq, num_heads, v_head_dim", li);
+    }
+    D.layers.push_back(std::move(ly));
+  }
+  return D;
+}
+
+}  // namespace
+
+const Layer& Dump::layer(int index) const {
+  for (const Layer& l : layers)
+    if (l.index == index) return l;
+  throw std::invalid_argument(fmt::format("{}: layer {} was not loaded", path.string(), index));
+}
+
+Dump load_dump(const std::filesystem::path& path, const LoadOptions& options) {
+  const std::lock_guard<std::recursive_mutex> lock(h5::library_mutex());  // HDF5 is not thread-safe here
+  h5::quiet();
+  const std::string p = path.string();
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) throw std::runtime_error(p + ": no such file");
+  if (std::filesystem::is_directory(path, ec)) throw std::runtime_error(p + ": is a directory, expected an HDF5 dump file");
+  bool is_h5 = false;
+  try {
+    is_h5 = H5::H5File::isHdf5(p);
+  } catch (const H5::Exception&) {
+    is_h5 = false;
+  }
+  if (!is_h5) throw std::runtime_error(p + ": not an HDF5 file (expected a latentq-dump/1 file)");
+  std::string where = "the file", stack;
+  try {
+    const H5::H5File file(p, H5F_ACC_RDONLY);
+    Loader L(path, file);
+    try {
+      return load(path, file, options, L);
+    } catch (const H5::Exception&) {
+      where = L.where();
+      stack = h5::error_stack();  // before the file's destructor makes HDF5 calls
+      throw;
+    }
+  } catch (const H5::Exception& e) {
+    if (stack.empty()) stack = h5::error_stack();
+    throw std::runtime_error(fmt::format("{}: HDF5 error while reading {}: {}{}; the file may be truncated or corrupt", p,
+                                         where, e.getDetailMsg(), stack.empty() ? "" : " (" + stack + ")"));
+  }
+}
+
+}  // namespace latentq
+
+namespace latentq {
+
+Layer read_layer(const Dump& header, int index, bool attention) {
+  LoadOptions o;
+  o.layers = {index};
+  o.attention = attention;
+  Dump d = load_dump(header.path, o);
+  if (d.num_tokens() != header.num_tokens() || d.seq_offsets != header.seq_offsets)
+    throw std::invalid_argument(fmt::format("{}: the file changed while it was read (tokens or seq_offsets differ)",
+                                            header.path.string()));
+  return std::move(d.layers.front());
+}
+
+}  // namespace latentq

@@ -1,0 +1,139 @@
+// The latentq study as a batch run (latentq/batch_study.h).
+#include "latentq/batch_study.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "latentq/probe_registry.h"
+#include "latentq/layer_shared.h"
+#include "latentq/probe_study.h"
+#include "latentq/util.h"
+
+namespace latentq {
+
+StudyPlan plan_study(const StudyConfig& config, LatentBackend& backend) {
+  if (config.dump.empty())
+    throw std::invalid_argument(config.source + ": no input dump: set [input] dump or pass --input");
+  LoadOptions lo;
+  lo.layers = config.layers;
+  lo.attention = false;
+  lo.data = false;
+  Dump header = load_dump(config.dump, lo);
+  ProbePlan probes = plan_probes(config, header);
+  if (std::any_of(probes.cells.begin(), probes.cells.end(), [](const ProbeCell& c) { return c.attention; })) {
+    lo.attention = true;  // check the attention datasets' shapes too (still no values read)
+    header = load_dump(config.dump, lo);
+  }
+  StudyPlan p;
+  p.store = std::make_shared<LayerStore>(std::move(header));
+  p.store->set_attention_device(backend.attention_device());
+  p.probes = std::move(probes);
+  const std::shared_ptr<LayerStore> store = p.store;
+  const Dump& dump = store->header();
+  p.attrs = study_attrs(config, dump, file_sha256(config.dump), backend.name());
+  for (const Probe* probe : registered_probes())
+    for (auto& a : probe->root_attrs(config)) p.attrs.push_back(std::move(a));
+  p.quantizers = config.all_quantizers();
+  auto spectra = std::make_shared<SpectrumCache>();  // one eigendecomposition per (layer, target)
+  for (const Cell& c : plan_cells(config, dump)) {
+    CellTask t;
+    t.key = c.key();
+    t.groups = {"latent_error"};
+    t.concurrent = backend.concurrent();
+    const LayerUse use{{c.layer}, false};
+    t.compute = [store, spectra, &backend, c, use] {
+      const std::unique_ptr<LayerAccess> in = store->open(use);
+      RunOptions one;
+      one.threads = 1;
+      // A transformed cell's rotated input: one per (layer, target, transform) while the layer is held,
+      // shared with the probe cells (rotated_latent).
+      const RotatedLatents rotated = [&](int layer, Target target, const Transform& tr) {
+        return rotated_latent(*in, layer, target, tr);
+      };
+      return std::vector<ColumnTable>{run_latent_error(store->header(), [&](int l) -> const Layer& { return in->layer(l); },
+                                                       {c}, backend, one, spectra.get(), rotated)};
+    };
+    p.tasks.push_back(std::move(t));
+    p.uses.push_back(use);
+  }
+  const auto cfg = std::make_shared<const StudyConfig>(config);  // tasks may outlive the caller's config
+  for (const ProbeCell& c : p.probes.cells) {
+    CellTask t;
+    t.key = c.key;
+    t.groups = c.groups;
+    const LayerUse use{c.layers, c.attention};
+    t.compute = [store, cfg, c, use] {
+      const std::unique_ptr<LayerAccess> in = store->open(use);
+      return run_probe_cell(*cfg, c, *in);
+    };
+    p.tasks.push_back(std::move(t));
+    p.uses.push_back(use);
+  }
+  return p;
+}
+
+std::function<std::vector<size_t>(const std::vector<size_t>&)> StudyPlan::schedule() const {
+  const std::shared_ptr<LayerStore> s = store;
+  const std::vector<LayerUse> u = uses;
+  return [s, u](const std::vector<size_t>& pending) {
+    std::vector<size_t> order = pending;
+    auto last = [&](size_t i) { return u[i].layers.empty() ? -1 : *std::max_element(u[i].layers.begin(), u[i].layers.end()); };
+    auto first = [&](size_t i) { return u[i].layers.empty() ? -1 : *std::min_element(u[i].layers.begin(), u[i].layers.end()); };
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      if (last(a) != last(b)) return last(a) < last(b);
+      return first(a) < first(b);
+    });
+    std::vector<LayerUse> announced;
+    for (size_t i : order) announced.push_back(u[i]);
+    s->expect(announced);
+    return order;
+  };
+}
+
+BatchResult run_study_batch(const std::filesystem::path& out, const StudyPlan& plan, BatchOptions options) {
+  options.schedule = plan.schedule();
+  return run_batch(out, plan.attrs, plan.tasks, derive_study_tables, options);
+}
+
+DumpAttrs dump_attrs_from_results(const Attrs& root) {
+  auto num = [&](const char* name) {
+    const AttrValue& v = attr(root, name);
+    if (!std::holds_alternative<int64_t>(v)) throw std::invalid_argument(std::string("attribute '") + name + "' is not an integer");
+    return std::get<int64_t>(v);
+  };
+  DumpAttrs a;
+  const AttrValue& model = attr(root, "model");
+  if (const auto* s = std::get_if<std::string>(&model)) a.model = *s;
+  a.num_layers = num("num_layers");
+  a.kv_lora_rank = num("kv_lora_rank");
+  a.qk_rope_head_dim = num("qk_rope_head_dim");
+  return a;
+}
+
+StudyConfig config_from_results(const Attrs& root, bool* has_dir) {
+  auto string_attr = [&](const char* name) -> const std::string* {
+    for (const auto& [k, v] : root)
+      if (k == name) return std::get_if<std::string>(&v);
+    return nullptr;
+  };
+  const AttrValue& text = attr(root, "config");  // throws naming a missing attribute
+  if (!std::holds_alternative<std::string>(text)) throw std::invalid_argument("attribute 'config' is not a string");
+  const std::string* source = string_attr("config_source");
+  const std::string* dir = string_attr("config_dir");
+  if (has_dir) *has_dir = dir != nullptr;
+  return parse_config(std::get<std::string>(text), source ? *source : std::string("<config attribute>"),
+                      dir ? std::filesystem::path(*dir) : std::filesystem::path("."));
+}
+
+std::vector<NamedTable> derive_study_tables(const Attrs& root, const std::vector<NamedTable>& cell_tables) {
+  std::vector<NamedTable> out;
+  for (const NamedTable& t : cell_tables) {
+    if (t.group != "latent_error") continue;
+    // Only the quantizer lists of the config are used here.
+    const StudyConfig config = config_from_results(root);
+    out.push_back({"summary", summarize(t.table, config.all_quantizers(), dump_attrs_from_results(root)), {}});
+  }
+  return out;
+}
+
+}  // namespace latentq

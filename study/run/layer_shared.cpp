@@ -1,0 +1,59 @@
+// The per-layer shared values of latentq/layer_shared.h.
+#include "latentq/layer_shared.h"
+
+#include <fmt/format.h>
+
+#include <stdexcept>
+
+#include "latentq/analysis/svd_probe.h"
+
+namespace latentq {
+
+std::shared_ptr<const Rotation> layer_rotation(const LayerAccess& in, int layer, Target target, const Transform& t) {
+  static const std::shared_ptr<const Rotation> identity = std::make_shared<const Rotation>();
+  if (t.kind == TransformKind::None) return identity;
+  return in.shared<Rotation>(layer, fmt::format("rotation/{}/{}", to_string(target), t.to_string()), [&] {
+    const Dump& dump = in.header();
+    const Layer& l = in.layer(layer);
+    const bool ckv = target == Target::CKV;
+    return probes::fit_rotation(t, ckv ? l.c_kv.data() : l.k_pe.data(), dump.num_tokens(),
+                                ckv ? dump.attrs.kv_lora_rank : dump.attrs.qk_rope_head_dim, dump.seq_offsets);
+  });
+}
+
+std::shared_ptr<const RotatedLatent> rotated_latent(const LayerAccess& in, int layer, Target target, const Transform& t) {
+  if (t.kind == TransformKind::None)
+    throw std::invalid_argument(fmt::format("rotated_latent: layer {} {}: no transform to rotate by", layer, to_string(target)));
+  return in.shared<RotatedLatent>(layer, fmt::format("rotated/{}/{}", to_string(target), t.to_string()), [&] {
+    const Dump& d = in.header();
+    const Layer& l = in.layer(layer);
+    const bool ckv = target == Target::CKV;
+    return rotate_latent(layer_rotation(in, layer, target, t), ckv ? l.c_kv.data() : l.k_pe.data(), d.num_tokens(),
+                         ckv ? d.attrs.kv_lora_rank : d.attrs.qk_rope_head_dim);
+  });
+}
+
+QuantizedTensor quantize_dequantize_layer(const LayerAccess& in, int layer, Target target, const QuantSpec& spec,
+                                          const Transform& t, float* out) {
+  const Dump& d = in.header();
+  const int64_t T = d.num_tokens(), D = target == Target::CKV ? d.attrs.kv_lora_rank : d.attrs.qk_rope_head_dim;
+  if (t.kind == TransformKind::None) {
+    const Layer& l = in.layer(layer);
+    return quantize_dequantize(spec, target, target == Target::CKV ? l.c_kv.data() : l.k_pe.data(), T, D, d.seq_offsets,
+                               out);
+  }
+  const std::shared_ptr<const RotatedLatent> xr = rotated_latent(in, layer, target, t);
+  QuantizedTensor q = quantize_dequantize(spec, target, xr->x.data(), T, D, d.seq_offsets, out);
+  xr->rotation->inverse(out, T, D);
+  return q;
+}
+
+std::shared_ptr<const probes::SvdSplitFit> svd_split_fit(const LayerAccess& in, int layer, bool centered) {
+  return in.shared<probes::SvdSplitFit>(layer, centered ? "svd.fit/centered" : "svd.fit/uncentered", [&] {
+    const Dump& d = in.header();
+    return probes::fit_svd_split(in.layer(layer).c_kv.data(), d.num_tokens(), d.attrs.kv_lora_rank, d.seq_offsets,
+                                 centered);
+  });
+}
+
+}  // namespace latentq

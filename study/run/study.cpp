@@ -1,0 +1,410 @@
+// The latent-error study (latentq/study.h).
+#include "latentq/study.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <exception>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <set>
+#include <array>
+#include <numeric>
+#include <stdexcept>
+#include <thread>
+
+#include "latentq/analysis/gemm.h"
+#include "latentq/analysis/svd_probe.h"
+#include "latentq/transform.h"
+#include "latentq/util.h"
+
+namespace latentq {
+namespace {
+
+class CpuBackend final : public LatentBackend {
+ public:
+  std::string name() const override { return "cpu"; }
+  bool concurrent() const override { return true; }
+  StoredCell run(const QuantSpec& spec, Target target, const float* X, int64_t T, int64_t D,
+                 std::span<const int64_t> seq_offsets, float* decoded) override {
+    const QuantizedTensor q = quantize_dequantize(spec, target, X, T, D, seq_offsets, decoded);
+    return {q.spec, account(q), diagnose(q, X)};
+  }
+};
+
+double mean_of(const std::vector<double>& v) {
+  if (v.empty()) return std::numeric_limits<double>::quiet_NaN();
+  return std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
+}
+double max_of(const std::vector<double>& v) {
+  if (v.empty()) return std::numeric_limits<double>::quiet_NaN();
+  double m = v.front();
+  for (double x : v) m = (std::isnan(x) || x > m) ? x : m;  // NaN propagates
+  return m;
+}
+
+}  // namespace
+
+std::string Cell::key(std::string_view group) const {
+  return fmt::format("{:03d}/{}/{}/{}", layer, to_string(target), quantizer.name, group);
+}
+
+std::vector<Cell> plan_cells(const StudyConfig& config, const Dump& dump) {
+  std::vector<Cell> cells;
+  for (const Layer& l : dump.layers)
+    for (const TargetPlan& p : config.targets)
+      for (const Quantizer& q : p.quantizers) {
+        Cell c{l.index, p.target, q};
+        c.quantizer.spec = q.spec_for(l.index, p.target);  // a mixed assignment: this layer's spec
+        cells.push_back(std::move(c));
+      }
+  return cells;
+}
+
+std::unique_ptr<LatentBackend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
+
+std::unique_ptr<LatentBackend> make_backend(std::string_view device) {
+  if (device == "cpu") return make_cpu_backend();
+  if (device == "cuda") return make_cuda_backend();
+  throw std::invalid_argument(fmt::format("unknown device '{}' (expected cpu or cuda)", device));
+}
+
+const std::vector<std::string>& latent_error_columns() {
+  static const std::vector<std::string> c = {
+      "layer",       "target",           "quantizer",             "stored",  "bits", "scheme",
+      "granularity", "group_size",       "scale_dtype",           "bits_per_element",
+      "bytes_per_token_layer", "rel_fro", "mse", "sqnr_db", "max_abs_err", "cos_mean",
+      "format", "scale_underflow_groups", "offset_rounding_groups", "saturated_values", "bound_rel_fro", "gap_db",
+      "transform", "transform_seed"};
+  return c;
+}
+
+const LatentSpectrum& SpectrumCache::get(const Dump& dump, int layer, Target target) {
+  return get(dump, dump.layer(layer), target);
+}
+
+const LatentSpectrum& SpectrumCache::get(const Dump& dump, const Layer& l, Target target) {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  const auto key = std::make_pair(l.index, static_cast<int>(target));
+  if (auto it = spectra_.find(key); it != spectra_.end()) return it->second;
+  const bool ckv = target == Target::CKV;
+  const int64_t D = ckv ? dump.attrs.kv_lora_rank : dump.attrs.qk_rope_head_dim;
+  return spectra_
+      .emplace(key, latent_spectrum(ckv ? l.c_kv.data() : l.k_pe.data(), dump.num_tokens(), D, dump.seq_offsets))
+      .first->second;
+}
+
+ColumnTable run_latent_error(const Dump& dump, const std::vector<Cell>& cells, LatentBackend& backend,
+                             const RunOptions& options, SpectrumCache* spectra) {
+  return run_latent_error(dump, [&](int l) -> const Layer& { return dump.layer(l); }, cells, backend, options, spectra);
+}
+
+RotatedLatent rotate_latent(std::shared_ptr<const Rotation> r, const float* X, int64_t T, int64_t D) {
+  RotatedLatent out;
+  out.x.assign(X, X + T * D);
+  r->forward(out.x.data(), T, D);
+  out.rotation = std::move(r);
+  return out;
+}
+
+ColumnTable run_latent_error(const Dump& dump, const std::function<const Layer&(int)>& layer_data,
+                             const std::vector<Cell>& cells, LatentBackend& backend, const RunOptions& options,
+                             SpectrumCache* spectra, const RotatedLatents& rotated) {
+  SpectrumCache local;
+  if (!spectra) spectra = &local;
+  const size_t n = cells.size();
+  std::vector<CellResult> results(n);
+  std::vector<RateDistortionBound> bounds(n);
+  const int64_t T = dump.num_tokens();
+  const DumpAttrs& A = dump.attrs;
+  // Resolve layer pointers up front (throws for a cell whose layer is not loaded).
+  std::vector<const Layer*> layer_of(n);
+  for (size_t i = 0; i < n; ++i) layer_of[i] = &layer_data(cells[i].layer);
+  auto input = [&](const Layer& l, Target target) {
+    return target == Target::CKV ? l.c_kv.data() : l.k_pe.data();
+  };
+  auto dim = [&](Target target) { return target == Target::CKV ? A.kv_lora_rank : A.qk_rope_head_dim; };
+  // Without the caller's rotated matrices: each distinct (layer, target, transform) of `cells` is
+  // fitted and rotated once, by the first of its cells to run (a failure surfaces in that cell).
+  struct Own {
+    std::once_flag once;
+    std::shared_ptr<const RotatedLatent> value;
+  };
+  auto key_of = [](const Cell& c) {
+    return fmt::format("{}/{}/{}", c.layer, to_string(c.target), c.quantizer.transform.to_string());
+  };
+  std::map<std::string, Own> own;
+  if (!rotated)
+    for (const Cell& c : cells)
+      if (c.quantizer.transform.kind != TransformKind::None) own.try_emplace(key_of(c));
+  auto rotated_input = [&](const Cell& c, const float* X, int64_t D) {
+    if (rotated) return rotated(c.layer, c.target, c.quantizer.transform);
+    Own& o = own.at(key_of(c));
+    std::call_once(o.once, [&] {
+      o.value = std::make_shared<const RotatedLatent>(rotate_latent(
+          std::make_shared<const Rotation>(probes::fit_rotation(c.quantizer.transform, X, T, D, dump.seq_offsets)), X,
+          T, D));
+    });
+    return o.value;
+  };
+
+  auto one = [&](size_t i) {
+    const Cell& c = cells[i];
+    const Layer& l = *layer_of[i];
+    const float* X = input(l, c.target);
+    const int64_t D = dim(c.target);
+    thread_local std::vector<float> decoded;  // [T, D], reused by the thread's cells (no page faults per cell)
+    decoded.resize(static_cast<size_t>(T * D));
+    StoredCell st;
+    if (c.quantizer.transform.kind == TransformKind::None) {
+      st = backend.run(c.quantizer.spec, c.target, X, T, D, dump.seq_offsets, decoded.data());
+    } else {
+      // Transformed cell: quantize R·x, un-rotate the decoded rows, measure in the original basis. The
+      // diagnostics and the accounting are those of the stored (rotated) matrix.
+      const std::shared_ptr<const RotatedLatent> xr = rotated_input(c, X, D);
+      st = backend.run(c.quantizer.spec, c.target, xr->x.data(), T, D, dump.seq_offsets, decoded.data());
+      xr->rotation->inverse(decoded.data(), T, D);
+    }
+    results[i] = {st.stored, st.accounting, error_metrics(X, decoded.data(), T, D), st.diagnostics};
+    bounds[i] = rate_distortion_bound(spectra->get(dump, l, c.target), results[i].accounting.bits_per_element);
+  };
+  const std::vector<std::exception_ptr> errors =
+      parallel_cells(n, backend.concurrent() ? options.threads : 1, one, options.progress);
+
+  for (size_t i = 0; i < n; ++i) {
+    if (!errors[i]) continue;
+    try {
+      std::rethrow_exception(errors[i]);
+    } catch (const std::exception& e) {
+      throw std::invalid_argument(fmt::format("{}: cell {}: {}", dump.path.string(), cells[i].key(), e.what()));
+    }
+  }
+
+  ColumnTable t;
+  auto& layer = t.add<int64_t>("layer");
+  auto& target = t.add<std::string>("target");
+  auto& quantizer = t.add<std::string>("quantizer");
+  auto& stored = t.add<std::string>("stored");
+  auto& bits = t.add<int64_t>("bits");
+  auto& scheme = t.add<std::string>("scheme");
+  auto& granularity = t.add<std::string>("granularity");
+  auto& group_size = t.add<int64_t>("group_size");
+  auto& scale_dtype = t.add<std::string>("scale_dtype");
+  auto& bpe = t.add<double>("bits_per_element");
+  auto& bpt = t.add<double>("bytes_per_token_layer");
+  auto& rel_fro = t.add<double>("rel_fro");
+  auto& mse = t.add<double>("mse");
+  auto& sqnr = t.add<double>("sqnr_db");
+  auto& maxabs = t.add<double>("max_abs_err");
+  auto& cos = t.add<double>("cos_mean");
+  auto& family = t.add<std::string>("format");
+  auto& underflow = t.add<int64_t>("scale_underflow_groups");
+  auto& offround = t.add<int64_t>("offset_rounding_groups");
+  auto& saturated = t.add<int64_t>("saturated_values");
+  auto& bound_rel_fro = t.add<double>("bound_rel_fro");
+  auto& gap = t.add<double>("gap_db");
+  auto& transform = t.add<std::string>("transform");
+  auto& transform_seed = t.add<int64_t>("transform_seed");
+  for (size_t i = 0; i < n; ++i) {
+    const Cell& c = cells[i];
+    const CellResult& r = results[i];
+    const QuantSpec& s = r.stored;
+    layer.push_back(c.layer);
+    target.emplace_back(to_string(c.target));
+    quantizer.push_back(c.quantizer.name);
+    stored.push_back(s.to_string());
+    bits.push_back(s.bits);
+    scheme.emplace_back(scheme_of(s));
+    granularity.emplace_back(granularity_of(s));
+    group_size.push_back(s.format == Format::Int || s.format == Format::Fp8Tile ? s.group_size
+                         : layout(s, c.target == Target::CKV ? A.kv_lora_rank : A.qk_rope_head_dim).block);
+    scale_dtype.emplace_back(scale_dtype_of(s));
+    bpe.push_back(r.accounting.bits_per_element);
+    bpt.push_back(r.accounting.bytes_per_token);
+    rel_fro.push_back(r.metrics.rel_fro);
+    mse.push_back(r.metrics.mse);
+    sqnr.push_back(r.metrics.sqnr_db);
+    maxabs.push_back(r.metrics.max_abs_err);
+    cos.push_back(r.metrics.cos_mean);
+    family.emplace_back(family_of(s));
+    underflow.push_back(r.diagnostics.scale_underflow);
+    offround.push_back(r.diagnostics.offset_rounding);
+    saturated.push_back(r.diagnostics.saturated);
+    bound_rel_fro.push_back(bounds[i].rel_fro);
+    gap.push_back(gap_db(r.metrics.mse, bounds[i].mse_bound));
+    const Transform& tr = c.quantizer.transform;
+    transform.push_back(tr.kind == TransformKind::None ? "none" : tr.to_string());
+    transform_seed.push_back(static_cast<int64_t>(tr.seed));
+  }
+  return t;
+}
+
+std::vector<std::string> latent_precision_warnings(const ColumnTable& le) {
+  std::vector<std::string> out;
+  if (!le.has("scale_underflow_groups")) return out;  // results of an older version
+  const auto& q = le.get<std::string>("quantizer");
+  const auto& tg = le.get<std::string>("target");
+  const auto& uf = le.get<int64_t>("scale_underflow_groups");
+  const auto& orr = le.get<int64_t>("offset_rounding_groups");
+  const auto& sat = le.get<int64_t>("saturated_values");
+  std::vector<std::string> order;
+  std::map<std::string, std::array<int64_t, 3>> sum;
+  std::map<std::string, std::set<std::string>> where;
+  for (size_t i = 0; i < q.size(); ++i) {
+    if (!uf[i] && !orr[i] && !sat[i]) continue;
+    if (!sum.count(q[i])) order.push_back(q[i]);
+    auto& s = sum[q[i]];
+    s[0] += uf[i];
+    s[1] += orr[i];
+    s[2] += sat[i];
+    where[q[i]].insert(tg[i]);
+  }
+  for (const std::string& name : order) {
+    const auto& s = sum[name];
+    std::vector<std::string> parts;
+    if (s[0]) parts.push_back(fmt::format("{} groups whose scale underflowed to zero or subnormal", s[0]));
+    if (s[1]) parts.push_back(fmt::format("{} groups whose stored offset is off the min by more than half a step", s[1]));
+    if (s[2]) parts.push_back(fmt::format("{} values saturated at the element format's max", s[2]));
+    std::string targets;
+    for (const std::string& t : where[name]) targets += (targets.empty() ? "" : ", ") + t;
+    const bool int16 = name.starts_with("int") && name.find("-fp32") == std::string::npos;
+    out.push_back(fmt::format("{} ({}): precision lost under its storage conventions: {}{}", name, targets,
+                              fmt::join(parts, "; "),
+                              int16 && (s[0] || s[1]) ? fmt::format("; try {}-fp32", name) : std::string()));
+  }
+  return out;
+}
+
+const std::vector<std::string>& summary_columns() {
+  static const std::vector<std::string> c = {
+      "quantizer",        "mean_rel_fro_c_kv", "max_rel_fro_c_kv",      "mean_rel_fro_k_pe", "max_rel_fro_k_pe",
+      "bits_per_element", "bytes_per_token_model", "ratio_vs_bf16", "c_kv_accounting", "k_pe_accounting"};
+  return c;
+}
+
+ColumnTable summarize(const ColumnTable& le, const std::vector<Quantizer>& quantizers, const DumpAttrs& attrs) {
+  const auto& q = le.get<std::string>("quantizer");
+  const auto& tg = le.get<std::string>("target");
+  const auto& rf = le.get<double>("rel_fro");
+  const auto& bpe = le.get<double>("bits_per_element");
+  const auto& bpt = le.get<double>("bytes_per_token_layer");
+  const double L = static_cast<double>(attrs.num_layers);
+  const double bf16_ckv = 2.0 * static_cast<double>(attrs.kv_lora_rank);
+  const double bf16_kpe = 2.0 * static_cast<double>(attrs.qk_rope_head_dim);
+  const double bf16_model = L * (bf16_ckv + bf16_kpe);
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+
+  ColumnTable t;
+  auto& name = t.add<std::string>("quantizer");
+  auto& mean_c = t.add<double>("mean_rel_fro_c_kv");
+  auto& max_c = t.add<double>("max_rel_fro_c_kv");
+  auto& mean_k = t.add<double>("mean_rel_fro_k_pe");
+  auto& max_k = t.add<double>("max_rel_fro_k_pe");
+  auto& bits = t.add<double>("bits_per_element");
+  auto& bytes = t.add<double>("bytes_per_token_model");
+  auto& ratio = t.add<double>("ratio_vs_bf16");
+  auto& acc_c = t.add<std::string>("c_kv_accounting");
+  auto& acc_k = t.add<std::string>("k_pe_accounting");
+  for (const Quantizer& qu : quantizers) {
+    std::vector<double> rf_c, rf_k, bpe_c, bpt_c, bpt_k;
+    for (size_t i = 0; i < q.size(); ++i) {
+      if (q[i] != qu.name) continue;
+      if (tg[i] == "c_kv") {
+        rf_c.push_back(rf[i]);
+        bpe_c.push_back(bpe[i]);
+        bpt_c.push_back(bpt[i]);
+      } else {
+        rf_k.push_back(rf[i]);
+        bpt_k.push_back(bpt[i]);
+      }
+    }
+    name.push_back(qu.name);
+    mean_c.push_back(mean_of(rf_c));
+    max_c.push_back(max_of(rf_c));
+    mean_k.push_back(mean_of(rf_k));
+    max_k.push_back(max_of(rf_k));
+    bits.push_back(bpe_c.empty() ? nan : mean_of(bpe_c));
+    const double b = L * ((bpt_c.empty() ? bf16_ckv : mean_of(bpt_c)) + (bpt_k.empty() ? bf16_kpe : mean_of(bpt_k)));
+    bytes.push_back(b);
+    ratio.push_back(b / bf16_model);
+    acc_c.emplace_back(bpt_c.empty() ? "bf16 (not run)" : "measured");
+    acc_k.emplace_back(bpt_k.empty() ? "bf16 (not run)" : "measured");
+  }
+  return t;
+}
+
+Attrs study_attrs(const StudyConfig& config, const Dump& dump, const std::string& sha, const std::string& device) {
+  std::vector<int> layers;
+  for (const Layer& l : dump.layers) layers.push_back(l.index);
+  std::vector<std::string> targets;
+  for (const TargetPlan& p : config.targets) targets.emplace_back(to_string(p.target));
+  const DumpAttrs& A = dump.attrs;
+  return {
+      {"created", utc_now_iso8601()},
+      {"latentq_version", std::string(version())},
+      {"git_commit", std::string(git_commit())},
+      {"config", config.text},
+      {"config_source", config.source},
+      {"config_dir", std::filesystem::absolute(config.base_dir).lexically_normal().string()},
+      {"input_path", std::filesystem::absolute(config.dump).lexically_normal().string()},
+      {"input_sha256", sha},
+      {"input_revision", A.revision},
+      {"model", A.model},
+      {"num_layers", A.num_layers},
+      {"kv_lora_rank", A.kv_lora_rank},
+      {"qk_rope_head_dim", A.qk_rope_head_dim},
+      {"layers", fmt::format("{}", fmt::join(layers, ","))},
+      {"targets", fmt::format("{}", fmt::join(targets, ","))},
+      {"device", device},
+      {"blas", probes::blas_backend()},  // the probes' GEMMs: their last bits depend on its CPU kernel
+  };
+}
+
+std::string format_summary(const ColumnTable& s, const DumpAttrs& attrs) {
+  const auto& name = s.get<std::string>("quantizer");
+  const auto& mc = s.get<double>("mean_rel_fro_c_kv");
+  const auto& xc = s.get<double>("max_rel_fro_c_kv");
+  const auto& mk = s.get<double>("mean_rel_fro_k_pe");
+  const auto& xk = s.get<double>("max_rel_fro_k_pe");
+  const auto& bits = s.get<double>("bits_per_element");
+  const auto& bytes = s.get<double>("bytes_per_token_model");
+  const auto& ratio = s.get<double>("ratio_vs_bf16");
+  const auto& acc_c = s.get<std::string>("c_kv_accounting");
+  const auto& acc_k = s.get<std::string>("k_pe_accounting");
+  std::vector<size_t> order(name.size());
+  std::iota(order.begin(), order.end(), 0);
+  auto key = [](double x) { return std::isnan(x) ? std::numeric_limits<double>::infinity() : x; };
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    if (bytes[a] != bytes[b]) return bytes[a] < bytes[b];
+    return key(mc[a]) < key(mc[b]);
+  });
+  auto num = [](double x, int prec) { return std::isnan(x) ? std::string("-") : fmt::format("{:.{}f}", x, prec); };
+  auto sci = [](double x) { return std::isnan(x) ? std::string("-") : fmt::format("{:.3e}", x); };
+  size_t w = 9;
+  for (const auto& n : name) w = std::max(w, n.size() + 1);
+  std::string out;
+  out += fmt::format("{}: {} layers, c_kv [T, {}] + k_pe [T, {}]; bf16 = {} bytes/token (whole model)\n", attrs.model,
+                     attrs.num_layers, attrs.kv_lora_rank, attrs.qk_rope_head_dim,
+                     attrs.num_layers * (attrs.kv_lora_rank + attrs.qk_rope_head_dim) * 2);
+  out += fmt::format("{:<{}} {:>9} {:>11} {:>8} {:>10} {:>10} {:>10} {:>10}\n", "quantizer", w, "bits/elem",
+                     "bytes/token", "vs bf16", "c_kv mean", "c_kv max", "k_pe mean", "k_pe max");
+  out += fmt::format("{:<{}} {:>9} {:>11} {:>8} {:>21} {:>21}\n", "", w, "(c_kv)", "(model)", "", "rel_fro", "rel_fro");
+  bool assumed = false;
+  for (size_t i : order) {
+    const bool a = acc_c[i] != "measured" || acc_k[i] != "measured";
+    assumed = assumed || a;
+    out += fmt::format("{:<{}} {:>9} {:>11} {:>8} {:>10} {:>10} {:>10} {:>10}{}\n", name[i], w, num(bits[i], 3),
+                       num(bytes[i], 1), num(ratio[i], 3), sci(mc[i]), sci(xc[i]), sci(mk[i]), sci(xk[i]), a ? " *" : "");
+  }
+  if (assumed) out += "* a target that did not run this quantizer is counted as bf16\n";
+  out += "rel_fro = ||X_hat - X||_F / ||X||_F per layer; mean/max over layers. vs bf16 = bytes / bf16 bytes.\n";
+  return out;
+}
+
+}  // namespace latentq

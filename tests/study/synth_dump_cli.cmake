@@ -1,0 +1,32 @@
+# ctest `study.synth_dump_cli`: lq_synth_dump never takes an option for its output path.
+#   --help     exit 0, the usage on stdout, nothing written (it used to write a file named "--help")
+#   --bogus    exit 2, "unknown option '--bogus'" on stderr, nothing written
+#   (no args)  exit 2, the usage on stderr, nothing written
+#   cmake -DSYNTH=<lq_synth_dump> -DDIR=<an empty scratch dir> -P synth_dump_cli.cmake
+file(REMOVE_RECURSE ${DIR})
+file(MAKE_DIRECTORY ${DIR})
+function(expect args rc_want stream needle)
+  execute_process(COMMAND ${SYNTH} ${args} WORKING_DIRECTORY ${DIR}
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL ${rc_want})
+    message(FATAL_ERROR "lq_synth_dump ${args}: expected exit ${rc_want}, got ${rc}\nstdout: ${out}\nstderr: ${err}")
+  endif()
+  if(stream STREQUAL "stdout")
+    set(text "${out}")
+  else()
+    set(text "${err}")
+  endif()
+  string(FIND "${text}" "${needle}" at)
+  if(at EQUAL -1)
+    message(FATAL_ERROR "lq_synth_dump ${args}: '${needle}' not on ${stream}\nstdout: ${out}\nstderr: ${err}")
+  endif()
+  file(GLOB left RELATIVE ${DIR} ${DIR}/* ${DIR}/.*)
+  if(left)
+    message(FATAL_ERROR "lq_synth_dump ${args} wrote ${left} into ${DIR}")
+  endif()
+  message(STATUS "lq_synth_dump ${args}: exit ${rc}, nothing written")
+endfunction()
+expect("--help" 0 stdout "usage: lq_synth_dump ")
+expect("-h" 0 stdout "usage: lq_synth_dump ")
+expect("--bogus" 2 stderr "lq_synth_dump: unknown option '--bogus'")
+expect("" 2 stderr "usage: lq_synth_dump ")

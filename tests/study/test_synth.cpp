@@ -1,0 +1,246 @@
+// `latentq synth` (latentq/synth.h): preset dims, RoPE by hand, the dump it writes (schema, the attention
+// check, c_kv structure), per-layer purity, chunked datasets and layer-streamed memory.
+#include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <Eigen/Dense>
+
+#include <cmath>
+#include <fstream>
+#include <numeric>
+
+#include "cli_capture.h"
+#include "latentq/dump.h"
+#include "latentq/probe_attention.h"
+#include "latentq/probe_study.h"
+#include "latentq/attention/attention.h"
+#include "latentq/synth.h"
+#include "synth_dump.h"
+
+namespace {
+using namespace latentq;
+
+struct Want {
+  const char* name;
+  int64_t layers, heads, r, rope, nope, v;
+  double scale;
+  const char* layout;
+};
+
+// FIELD.md §1 "Configs" and "Softmax scale", data/tiny-mla/config.json.
+TEST(Synth, PresetsHaveTheModelsDims) {
+  const Want want[] = {
+      {"tiny-mla", 6, 6, 128, 32, 64, 64, 1 / std::sqrt(96.0), "interleaved"},
+      {"deepseek-v2-lite", 27, 16, 512, 64, 128, 128, 0.1147214, "interleaved"},
+      {"deepseek-v3", 61, 128, 512, 64, 128, 128, 0.1352338, "half"},
+      {"glm-4.7-flash", 47, 20, 512, 64, 192, 256, 1.0 / 16, "half"},
+      {"minicpm3-4b", 62, 40, 256, 32, 64, 64, 1 / std::sqrt(96.0), "half"},
+  };
+  ASSERT_EQ(model_presets().size(), std::size(want));
+  for (const Want& w : want) {
+    const ModelShape& m = find_preset(w.name);
+    EXPECT_EQ(m.num_layers, w.layers) << w.name;
+    EXPECT_EQ(m.num_heads, w.heads) << w.name;
+    EXPECT_EQ(m.kv_lora_rank, w.r) << w.name;
+    EXPECT_EQ(m.qk_rope_head_dim, w.rope) << w.name;
+    EXPECT_EQ(m.qk_nope_head_dim, w.nope) << w.name;
+    EXPECT_EQ(m.v_head_dim, w.v) << w.name;
+    EXPECT_NEAR(m.softmax_scale, w.scale, 1e-7) << w.name;
+    EXPECT_EQ(m.rope_layout, w.layout) << w.name;
+  }
+  EXPECT_THROW(find_preset("deepseek-v4"), std::invalid_argument);
+}
+
+// d = 4, θ = 10000, position 1: pair 0 turns by 1 rad, pair 1 by 10000^(-1/2) = 0.01 rad.
+TEST(Synth, RopeRotatesThePairsOfEachLayout) {
+  std::vector<float> x = {1, 0, 1, 0};
+  apply_rope(x, 4, {1}, 10000.0, "interleaved");
+  EXPECT_FLOAT_EQ(x[0], static_cast<float>(std::cos(1.0)));
+  EXPECT_FLOAT_EQ(x[1], static_cast<float>(std::sin(1.0)));
+  EXPECT_FLOAT_EQ(x[2], static_cast<float>(std::cos(0.01)));
+  EXPECT_FLOAT_EQ(x[3], static_cast<float>(std::sin(0.01)));
+  std::vector<float> y = {1, 1, 0, 0};  // half: pairs (0, 2) and (1, 3)
+  apply_rope(y, 4, {1}, 10000.0, "half");
+  EXPECT_FLOAT_EQ(y[0], static_cast<float>(std::cos(1.0)));
+  EXPECT_FLOAT_EQ(y[1], static_cast<float>(std::cos(0.01)));
+  EXPECT_FLOAT_EQ(y[2], static_cast<float>(std::sin(1.0)));
+  EXPECT_FLOAT_EQ(y[3], static_cast<float>(std::sin(0.01)));
+  std::vector<float> z = {3, 4, 0, 0};  // position 0: unchanged
+  apply_rope(z, 4, {0}, 10000.0, "half");
+  EXPECT_EQ(z, (std::vector<float>{3, 4, 0, 0}));
+  EXPECT_THROW(apply_rope(z, 3, {0}, 1e4, "half"), std::invalid_argument);
+  EXPECT_THROW(apply_rope(z, 4, {0}, 1e4, "neox"), std::invalid_argument);
+}
+
+SynthOptions small(const std::string& preset, int64_t layers = 2) {
+  SynthOptions o;
+  o.shape = find_preset(preset);
+  o.shape.num_layers = layers;
+  o.seqs = 2;
+  o.seq_len = 96;
+  o.query_rows = 6;
+  o.seed = 7;
+  return o;
+}
+
+// Every preset: the file loads as latentq-dump/1 with the preset's attrs, and the float32 absorbed
+// recomputation (what `latentq run`'s /attention_check does) matches attn_out far inside its 1e-4.
+TEST(Synth, EveryPresetWritesADumpWhoseAttentionCheckPasses) {
+  lqtest::TempDir dir;
+  for (const ModelShape& m : model_presets()) {
+    const SynthOptions o = small(m.name, m.name == "tiny-mla" ? 2 : 1);
+    const auto path = dir / (m.name + ".h5");
+    write_synth_dump(path, o);
+    const Dump d = load_dump(path);
+    EXPECT_EQ(d.attrs.num_layers, m.name == "tiny-mla" ? 2 : 1) << m.name;
+    EXPECT_EQ(d.attrs.kv_lora_rank, m.kv_lora_rank) << m.name;
+    EXPECT_EQ(d.attrs.num_heads, m.num_heads) << m.name;
+    EXPECT_EQ(d.attrs.qk_rope_head_dim, m.qk_rope_head_dim) << m.name;
+    EXPECT_EQ(d.attrs.qk_nope_head_dim, m.qk_nope_head_dim) << m.name;
+    EXPECT_EQ(d.attrs.v_head_dim, m.v_head_dim) << m.name;
+    EXPECT_EQ(d.attrs.rope_layout, m.rope_layout) << m.name;
+    EXPECT_DOUBLE_EQ(d.attrs.softmax_scale, m.softmax_scale) << m.name;
+    EXPECT_EQ(d.num_tokens(), 192);
+    EXPECT_EQ(d.seq_offsets, (std::vector<int64_t>{0, 96, 192}));
+    for (const Layer& L : d.layers) {
+      ASSERT_TRUE(L.has_attention());
+      // the query-row rule: 3 rows per sequence of 96 at local 31, 63, 95
+      EXPECT_EQ(L.q_rows, (std::vector<int32_t>{31, 63, 95, 127, 159, 191}));
+      // the queries as latentq run's attention check builds them from the dump
+      const probes::AttentionQueries q = attention_queries(d, L);
+      const auto r = probes::absorbed_attention<float>(q, L.c_kv, L.k_pe);
+      double num = 0, den = 0;
+      for (size_t i = 0; i < r.out.size(); ++i) {
+        num += std::pow(double(r.out[i]) - L.attn_out[i], 2);
+        den += std::pow(double(L.attn_out[i]), 2);
+      }
+      EXPECT_LT(std::sqrt(num / den), 1e-5) << m.name << " layer " << L.index << " seed 7";
+      EXPECT_GT(den, 0) << m.name;
+    }
+  }
+}
+
+// c_kv: a decaying spectrum (99% of the energy in ≤ 30% of the directions), a few large channels,
+// and each row is γ ⊙ (unit-RMS vector); k_pe's pair norms do not depend on RoPE.
+TEST(Synth, LatentsHaveLowEffectiveRankAndOutlierChannels) {
+  const SynthOptions o = small("deepseek-v2-lite", 1);
+  const SynthTokens tok = synth_tokens(o);
+  const SynthLayer L = synth_layer(o, tok, 0);
+  const int64_t T = tok.num_tokens(), r = o.shape.kv_lora_rank;
+  Eigen::Map<const Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>> c(L.c_kv.data(), T, r);
+  // column RMS: the outliers stand out of the median by > 5x
+  std::vector<double> rms(static_cast<size_t>(r));
+  for (int64_t j = 0; j < r; ++j) rms[static_cast<size_t>(j)] = std::sqrt(c.col(j).cast<double>().squaredNorm() / double(T));
+  std::vector<double> sorted = rms;
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_GT(sorted.back() / sorted[sorted.size() / 2], 5.0) << "seed 7, [192, 512]";
+  EXPECT_LT(sorted[sorted.size() - 8] / sorted[sorted.size() / 2], 3.0) << "only a few outliers";
+  // whiten by the column RMS and look at the spectrum (the gains would otherwise dominate it)
+  Eigen::MatrixXd w = c.cast<double>();
+  for (int64_t j = 0; j < r; ++j) w.col(j) /= rms[static_cast<size_t>(j)];
+  const Eigen::VectorXd s = Eigen::JacobiSVD<Eigen::MatrixXd>(w).singularValues();
+  const double total = s.squaredNorm();
+  double acc = 0;
+  int64_t k99 = 0;
+  while (acc < 0.99 * total) acc += s(k99) * s(k99), ++k99;
+  EXPECT_LT(k99, r * 3 / 10) << "99% energy rank " << k99 << " of " << r;
+  EXPECT_GT(k99, 8);
+}
+
+TEST(Synth, LayersArePureFunctionsOfSeedAndIndex) {
+  SynthOptions a = small("minicpm3-4b", 3), b = small("minicpm3-4b", 7);
+  const SynthTokens ta = synth_tokens(a), tb = synth_tokens(b);
+  const SynthLayer la = synth_layer(a, ta, 2), lb = synth_layer(b, tb, 2);
+  EXPECT_EQ(la.c_kv, lb.c_kv);
+  EXPECT_EQ(la.k_pe, lb.k_pe);
+  EXPECT_EQ(la.attn_out, lb.attn_out);
+  EXPECT_NE(la.c_kv, synth_layer(a, ta, 1).c_kv);
+  b.seed = 8;
+  EXPECT_NE(la.c_kv, synth_layer(b, synth_tokens(b), 2).c_kv);
+}
+
+TEST(Synth, DatasetsAreChunked) {
+  lqtest::TempDir dir;
+  write_synth_dump(dir / "d.h5", small("deepseek-v3", 1));
+  H5::H5File f((dir / "d.h5").string(), H5F_ACC_RDONLY);
+  for (const char* name : {"/layers/000/c_kv", "/layers/000/k_pe", "/layers/000/w_uk", "/layers/000/attn_out", "/tokens"}) {
+    const H5::DataSet ds = f.openDataSet(name);
+    EXPECT_EQ(ds.getCreatePlist().getLayout(), H5D_CHUNKED) << name;
+  }
+  hsize_t chunk[3];
+  f.openDataSet("/layers/000/w_uk").getCreatePlist().getChunk(3, chunk);
+  EXPECT_EQ(chunk[0], 1u);  // one head per chunk
+  EXPECT_EQ(chunk[1], 128u);
+  EXPECT_EQ(chunk[2], 512u);
+}
+
+// 16 layers of tiny-mla at 8,192 tokens: 80 MiB of latents in the file. `latentq synth` writes it in a
+// child process; the child's peak RSS stays far below the file (one layer is 5 MiB of latents): the
+// writer streams layers. (The whole dump in memory would put the peak above 80 MiB plus the process.)
+// The bound: the process alone (libraries: 18 MiB), OpenBLAS's packing buffers for the widest attention
+// GEMM of attn_out (a fixed ≤ 28 MiB, whatever the number of layers; 46 MiB peak measured), one layer.
+// Resident set of this process now (/proc/self/statm, field 2), MiB.
+double resident_mib() {
+  std::ifstream f("/proc/self/statm");
+  long long size = 0, resident = 0;
+  f >> size >> resident;
+  return double(resident) * double(sysconf(_SC_PAGESIZE)) / 1048576.0;
+}
+
+TEST(Synth, WritingIsLayerStreamed) {
+  lqtest::TempDir dir;
+  const std::string out = (dir / "big.h5").string();
+  std::vector<std::string> args = {LATENTQ_BIN, "synth", "--preset", "tiny-mla", "--layers", "16", "--seqs", "1",
+                                   "--seq-len", "8192", "--query-rows", "2", "--out", out};
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  // Linux counts the pages a forked child shares with its parent until exec into the child's peak RSS
+  // (fork copies the page tables, and exec records the old mm's high-water mark): the bound means
+  // something only when this process is small, as when ctest runs the test in a process of its own.
+  const double parent_mib = resident_mib();
+  if (parent_mib > 24.0)
+    GTEST_SKIP() << "this test process holds " << parent_mib << " MiB, which the child's peak RSS would include; run "
+                 << "the test alone (ctest does: --gtest_filter=Synth.WritingIsLayerStreamed)";
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  int status = 0;
+  struct rusage ru {};
+  ASSERT_EQ(wait4(pid, &status, 0, &ru), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  ASSERT_EQ(WEXITSTATUS(status), 0) << LATENTQ_BIN;
+  const double file_mib = double(std::filesystem::file_size(out)) / 1048576.0;
+  const double peak_mib = double(ru.ru_maxrss) / 1024.0;
+  EXPECT_GT(file_mib, 78.0);
+  EXPECT_LT(peak_mib, 64.0) << "peak RSS " << peak_mib << " MiB writing a " << file_mib << " MiB dump";
+  EXPECT_EQ(load_dump(out, {.layers = {15}, .attention = false}).layers.at(0).index, 15);
+}
+
+TEST(Synth, CliListsPresetsAndRefusesBadInput) {
+  lqtest::TempDir dir;
+  const auto list = lqtest::cli({"synth", "--list"});
+  EXPECT_EQ(list.rc, 0) << list.err;
+  EXPECT_CONTAINS(list.out, "deepseek-v3");
+  EXPECT_CONTAINS(list.out, "glm-4.7-flash");
+  const auto bad = lqtest::cli({"synth", "--preset", "deepseek-v9", "--out", (dir / "x.h5").string()});
+  EXPECT_EQ(bad.rc, 2);
+  EXPECT_CONTAINS(bad.err, "unknown preset 'deepseek-v9'");
+  const auto rows = lqtest::cli({"synth", "--preset", "tiny-mla", "--seqs", "1", "--seq-len", "4", "--query-rows", "5",
+                                 "--out", (dir / "x.h5").string()});
+  EXPECT_EQ(rows.rc, 2);
+  EXPECT_CONTAINS(rows.err, "query-rows = 5 must be in [1, 4]");
+  EXPECT_TRUE(dir.entries().empty());
+  const auto ok = lqtest::cli({"synth", "--preset", "glm-4.7-flash", "--layers", "1", "--seqs", "1", "--seq-len", "32",
+                               "--query-rows", "2", "--out", (dir / "g.h5").string()});
+  EXPECT_EQ(ok.rc, 0) << ok.err;
+  EXPECT_EQ(dir.entries(), (std::vector<std::string>{"g.h5"}));
+  EXPECT_EQ(load_dump(dir / "g.h5").attrs.qk_nope_head_dim, 192);
+}
+
+}  // namespace
