@@ -69,9 +69,9 @@ TEST(Config, DefaultIsTheFullMatrix) {
   EXPECT_EQ(n[70], "had,flashmla-v32-fp8");
   EXPECT_EQ(c.all_quantizers().size(), 71u);
   EXPECT_TRUE(c.layers.empty());
-  const fs::path exp_dir = default_config_path().parent_path();
-  EXPECT_EQ(c.dump, (exp_dir / "../data/latents/tiny-mla.h5").lexically_normal());
-  EXPECT_EQ(c.results, (exp_dir / "../results/default.h5").lexically_normal());
+  const fs::path config_dir = default_config_path().parent_path();
+  EXPECT_EQ(c.dump, (config_dir / "../../data/latents/tiny-mla.h5").lexically_normal());
+  EXPECT_EQ(c.results, (config_dir / "../../results/default.h5").lexically_normal());
   EXPECT_EQ(c.text, std::string(default_config_text()));
   EXPECT_TRUE(c.warnings.empty());
   EXPECT_EQ(default_config_path().filename(), "default.toml");
