@@ -1,0 +1,109 @@
+// quant/src/cpu/dispatch.h — private: the entry points of the CPU kernels, in one place. First what
+// quantize.cpp calls, one quantize / dequantize pair per storage kind (its StorageOps table); then each
+// ISA's entry points, which the drivers in dispatch.cpp pick by the selected CpuKernel (quantize.h):
+//   Reference  reference.cpp     the plain loops (integer formats; bf16 on every kernel)
+//   Baseline   int_baseline.cpp  the fused integer kernels (int_fused.h) for the baseline ISA
+//   Avx2       int_avx2.cpp      the fused integer kernels with target("avx2,f16c"), the AVX2 dequantize
+//              block_avx2.cpp    the AVX2 e4m3 / e2m1 / ggml block elements, the one-pass max|x|
+// The block formats run blockfmt.h's block functions on every kernel (dispatch.cpp, quantize_blocks).
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "kernels.h"
+#include "latentq/quantize.h"
+
+namespace latentq::cpu {
+
+// ---- per storage kind (quantize.cpp) --------------------------------------------------------------
+
+/// The input of one non-fused quantize() call: X [T, D] row-major float32 (checked for NaN/Inf), the
+/// sequence boundaries [S+1], the kernel, and max|x| when check_finite's pass gave it (Avx2), else −1.
+struct QuantizeInput {
+  const float* X;
+  int64_t T, D;
+  std::span<const int64_t> seq_offsets;
+  CpuKernel kernel;
+  float amax;
+};
+
+/// Throws std::invalid_argument (nonfinite_message) if X [T, D] holds a NaN/Inf. Avx2 takes max|x| in the
+/// same pass (abs_bits_max_avx2) and returns it; the other kernels return −1.
+float check_finite(const float* X, int64_t T, int64_t D, CpuKernel kernel);
+
+/// Integer formats on the fused kernels (kernel Baseline or Avx2), the whole of quantize() /
+/// quantize_into() for them: validation, layout and the NaN/Inf check included (dispatch.cpp).
+void quantize_int_fast(QuantizedTensor& qt, const QuantSpec& spec_in, Target target, const float* X, int64_t T, int64_t D,
+                       std::span<const int64_t> seq_offsets, CpuKernel kernel);
+/// Integer formats, reference loops (CpuKernel::Reference; reference.cpp).
+void quantize_int_reference(QuantizedTensor& qt, const Layout& L, const QuantizeInput& in);
+/// Integer dequantize: the reference loops for Reference, else the fused kernels across threads.
+void dequantize_int(const QuantizedTensor& qt, float* out, CpuKernel kernel);
+/// bf16 on every kernel (reference.cpp).
+void quantize_bf16(QuantizedTensor& qt, const Layout& L, const QuantizeInput& in);
+void dequantize_bf16(const QuantizedTensor& qt, float* out, CpuKernel kernel);
+/// The block formats (blockfmt.h) on every kernel: rows split across threads (not under Reference), the
+/// AVX2 element paths under Avx2 (dispatch.cpp).
+void quantize_blocks(QuantizedTensor& qt, const Layout& L, const QuantizeInput& in);
+void dequantize_blocks(const QuantizedTensor& qt, float* out, CpuKernel kernel);
+
+/// The output size (bytes) from which the fused kernels write with non-temporal stores
+/// (set_cpu_stream_min_bytes).
+int64_t stream_min_bytes();
+
+// ---- per ISA ---------------------------------------------------------------------------------------
+
+// What one call of the fused integer kernel does: rows (tensor, token) or token groups (channel)
+// [begin, end) of an already laid-out QuantizedTensor.
+struct IntJob {
+  QuantizedTensor* qt;
+  const float* X;
+  int64_t begin, end;
+  float tensor_scale, tensor_offset;  // per-tensor: the stored parameters
+  bool stream;                        // write the codes with non-temporal stores (kStreamMinBytes)
+};
+
+struct DecJob {
+  const QuantizedTensor* qt;
+  float* out;
+  int64_t begin, end;  // rows (tensor, token) or token groups (channel)
+};
+
+// Reference (reference.cpp)
+void dequantize_int_reference(const QuantizedTensor& qt, float* out);
+
+// Baseline (int_baseline.cpp). int_quantize_*: returns 1 if a NaN/Inf was seen (the caller throws).
+// minmax_span_*: min and max of x[0, n) as the reference's fold gives them; returns 1 for a NaN/Inf.
+uint32_t int_quantize_baseline(const IntJob& job);
+void int_dequantize_baseline(const DecJob& job);
+uint32_t minmax_span_baseline(const float* x, int64_t n, float& mn, float& mx);
+
+#if LQ_HAVE_AVX2_KERNEL
+// Avx2, integer formats (int_avx2.cpp)
+__attribute__((LQ_AVX2_TARGET)) uint32_t int_quantize_avx2(const IntJob& job);
+__attribute__((LQ_AVX2_TARGET)) void int_dequantize_avx2(const DecJob& job);
+__attribute__((LQ_AVX2_TARGET)) uint32_t minmax_span_avx2(const float* x, int64_t n, float& mn, float& mx);
+
+// Avx2, block formats (block_avx2.cpp): the code bytes and decoded floats of blockfmt.h's scalar code.
+/// codes[i] = e4m3(x[i] · k) (mul) or e4m3(x[i] / k), i < n.
+__attribute__((LQ_AVX2_TARGET)) void encode_e4m3_avx2(const float* x, int64_t n, bool mul, float k, uint8_t* codes);
+/// out[i] = e4m3_bits_to_f32(codes[i]) · s, i < n.
+__attribute__((LQ_AVX2_TARGET)) void decode_e4m3_avx2(const uint8_t* codes, int64_t n, float s, float* out);
+/// encode_block_bytes of one e2m1 block (MXFP4, NVFP4, fp4 tiles) with parameters p.
+__attribute__((LQ_AVX2_TARGET)) void encode_e2m1_avx2(const q::BlockDesc& f, const q::BlockParams& p, const float* x,
+                                                      int n, uint8_t* codes);
+/// out[i] = e2m1_bits_to_f32(code i) · s, i < n.
+__attribute__((LQ_AVX2_TARGET)) void decode_e2m1_avx2(const uint8_t* codes, int n, float s, float* out);
+/// encode_block_bytes of one ggml block (q8_0, q4_0, q4_1) with parameters p.
+__attribute__((LQ_AVX2_TARGET)) void encode_ggml_avx2(const q::BlockDesc& f, const q::BlockParams& p, const float* x,
+                                                      int n, uint8_t* codes);
+/// max over i < n of the bits of |x[i]|: max|x| for finite x; ≥ 0x7f800000 when a NaN/Inf is present.
+__attribute__((LQ_AVX2_TARGET)) uint32_t abs_bits_max_avx2(const float* x, int64_t n);
+/// The block kinds each AVX2 element path covers.
+bool e4m3_elements(const q::BlockDesc& f);
+bool e2m1_elements(const q::BlockDesc& f);
+bool ggml_elements(const q::BlockDesc& f);
+#endif
+
+}  // namespace latentq::cpu
