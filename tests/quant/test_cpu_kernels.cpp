@@ -146,7 +146,7 @@ TEST(CpuKernels, LargeInputsSplitAcrossThreadsGiveTheReferenceBytes) {
 }
 
 // int8 codes of exactly 32 MiB (65,536 x 512): quantize() allocates the code buffer anew and advises it for
-// huge pages before its zero fill (quantize.cpp assign_zeroed), quantize_into() on the reused tensor of
+// huge pages before its zero fill (quant/src/cpu assign_zeroed), quantize_into() on the reused tensor of
 // expect_same does not; both must give the reference bytes (int8 rows have no padding, so this checks that
 // the branch runs and keeps every code, not the zero fill of pad bits).
 TEST(CpuKernels, CodeBuffersOf32MiBGiveTheReferenceBytes) {
@@ -159,7 +159,7 @@ TEST(CpuKernels, CodeBuffersOf32MiBGiveTheReferenceBytes) {
 }
 
 // Two shapes: [48, 40], and [20, 300], whose rows hold eight full groups of 32 columns (the Avx2 kernel folds
-// those eight together, quantize.cpp group_minmax_avx2) and a last group of 12 (read with overlapping loads).
+// those eight together, quant/src/cpu/int_fused.h group_minmax_avx2) and a last group of 12 (read with overlapping loads).
 TEST(CpuKernels, EdgeInputsGiveTheReferenceBytes) {
   for (const auto& [T, D] : {std::pair<int64_t, int64_t>{48, 40}, std::pair<int64_t, int64_t>{20, 300}}) {
     auto base = [&] {
@@ -273,7 +273,7 @@ TEST(CpuKernels, QuotientsAtAndNextToHalfStepsGiveTheReferenceBytes) {
 }
 
 // fp16 scales and offsets at fp16 rounding ties, one float32 ulp either side, and across the normal and
-// subnormal fp16 range: the Avx2 kernel converts them with vcvtps2ph / vcvtph2ps (quantize.cpp
+// subnormal fp16 range: the Avx2 kernel converts them with vcvtps2ph / vcvtph2ps (quant/src/cpu/int_avx2.cpp
 // f16_round_store_avx2, f16_load_avx2), the reference with qmath.h's f32_to_f16_bits / f16_bits_to_f32.
 // Group (t, j) of 8 columns holds v at one position and -w at another, the rest inside (-v, w) / 2. v is
 // m·Q for Q = 127, 7 or 1 in turn, m the midpoint of two neighbouring fp16 values (h, h + 1), random h, or

@@ -1,7 +1,7 @@
 // latentq/blockfmt.h — the element math of the block formats: FP8 e4m3 tiles (FlashMLA, vLLM
 // fp8_ds_mla), per-tensor FP8 (vLLM kv_cache_dtype=fp8), OCP MX (MXFP8, MXFP4), NVFP4 and ggml's
 // q8_0 / q4_0 / q4_1. One `__host__ __device__` function quantizes one block of one token row and
-// one decodes it; the CPU reference (quant/src/quantize.cpp) loops over blocks calling them; the
+// one decodes it; the CPU quantizer (quant/src/cpu/dispatch.cpp) loops over blocks calling them; the
 // CUDA kernels (kernels/quant/blocks.cu) call their halves — block_params (statistics, stored scale)
 // from one thread per block, encode_block_bytes / dequantize_elements from one thread per few
 // code bytes / elements — so the two are byte-identical by construction (qmath.h's rules: IEEE ops each rounded on its own, integer

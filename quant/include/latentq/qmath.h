@@ -1,7 +1,7 @@
 // latentq/qmath.h — the one source of truth for element-level quantization math.
 //
 // Every function here is `__host__ __device__` (LQ_HD) and is used unchanged by the CPU reference
-// (quant/src/quantize.cpp) and by the CUDA kernels (kernels/). Byte identity between the two
+// (quant/src/quantize.cpp, quant/src/cpu/) and by the CUDA kernels (kernels/). Byte identity between the two
 // follows from three rules:
 //   1. Only IEEE-754 single-precision +, -, *, / with round-to-nearest-even, each rounded on its
 //      own: the device side uses __fadd_rn/__fsub_rn/__fmul_rn/__fdiv_rn (never contracted into an

@@ -2,7 +2,7 @@
 // tested without a GPU: launch limits, fast division by a runtime divisor, the chunking of channel
 // token groups, the order-free group statistics and the packing of four codes.
 //
-// Order-free statistics. The CPU reference (quant/src/quantize.cpp) folds min/max over a group in
+// Order-free statistics. The CPU reference (quant/src/cpu/) folds min/max over a group in
 // storage order with qmath::min_num/max_num, which keep the EARLIER operand on a tie. The only
 // finite values that tie with different bits are +0 and −0, so the reference's min (max) is "the
 // first zero of the group" whenever the min (max) compares equal to zero. A parallel reduction in
