@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "latentq/blockfmt.h"
 #include "latentq/quantize.h"
 
 namespace {
@@ -120,6 +121,30 @@ TEST(EdgeSweep, DiagnosticsCountSilentPrecisionLoss) {
   const std::vector<float> M = {480.0f, 1.0f};  // floor(log2 480) = 8 -> e = 0, 480 > 464 saturates to 448
   const QuantizedTensor m = latentq::quantize(QuantSpec::parse("mxfp8"), Target::CKV, M.data(), 1, 2, std::vector<int64_t>{0, 1});
   EXPECT_EQ(latentq::diagnose(m, M.data()).saturated, 1);
+}
+
+TEST(EdgeSweep, SaturationCountsOnlyTheValuesTheClampChanges) {
+  // Scale 1: the stored value is the e4m3 cast of x itself. 464 and -464 are ties between 448 and 480 that RNE
+  // sends to 448 (even mantissa) whether or not the cast saturates: they are not counted; 464.0001 rounds to 480
+  // unclamped, 448 clamped: counted. For e2m1, 7, the tie between 6 and 8, goes to 8 (even mantissa) unclamped
+  // and to 6 clamped: counted.
+  const std::vector<float> S = {464.0f, -464.0f, 464.0001f, 463.9f, 448.0f, 500.0f, -1000.0f, 1.0f};
+  const QuantizedTensor c = latentq::quantize(QuantSpec::parse("fp8-e4m3-tensor-s1"), Target::CKV, S.data(), 1, 8,
+                                              std::vector<int64_t>{0, 1});
+  EXPECT_EQ(latentq::diagnose(c, S.data()).saturated, 3);  // 464.0001, 500, -1000
+  std::vector<float> back(S.size());
+  latentq::dequantize(c, back.data());
+  EXPECT_EQ(back[0], 448.0f);  // the tie goes to 448: nothing was clamped
+  EXPECT_EQ(back[1], -448.0f);
+  EXPECT_EQ(back[2], 448.0f);  // clamped from 480
+  // the two predicates at their ties and neighbours
+  namespace d = latentq::qmath::detail;
+  EXPECT_FALSE(d::e4m3_saturates(464.0f));
+  EXPECT_TRUE(d::e4m3_saturates(std::nextafter(464.0f, 1e9f)));
+  EXPECT_FALSE(d::e4m3_saturates(std::nextafter(464.0f, 0.0f)));
+  EXPECT_TRUE(d::e2m1_saturates(7.0f));
+  EXPECT_TRUE(d::e2m1_saturates(-7.0f));
+  EXPECT_FALSE(d::e2m1_saturates(std::nextafter(7.0f, 0.0f)));
 }
 
 }  // namespace

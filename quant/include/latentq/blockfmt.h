@@ -60,8 +60,8 @@ constexpr float kFltMin = 1.17549435e-38f;     ///< FLT_MIN, vLLM's floor
 constexpr float kE4M3Tiny = 0.015625f;         ///< 2^-6, torch.finfo(float8_e4m3fn).tiny: NVFP4's scale floor
 
 /// What quantize_block reports: whether a stored value overflowed its dtype (then raw holds the
-/// float32 value before rounding, offset tells which), and how many elements saturated (|x/s| at or
-/// beyond the element format's max plus half its last step: 464 for e4m3, 7 for e2m1).
+/// float32 value before rounding, offset tells which), and how many elements saturated (the saturating cast
+/// changed them: |x/s| > 464 for e4m3, whose tie at 464 rounds to 448 anyway; |x/s| ≥ 7 for e2m1).
 struct BlockStatus {
   bool overflow = false;
   bool overflow_offset = false;
@@ -111,13 +111,18 @@ LQ_HD uint32_t get_code(const uint8_t* codes, int i, int code_bits, bool ggml_or
 /// (|v| at or beyond it rounds past the largest code, which then clamps).
 constexpr float kE4M3Saturation = 464.0f;  // 448 + 32/2
 constexpr float kE2M1Saturation = 7.0f;    // 6 + 2/2
-/// e4m3 code of v with the saturation count (|v| ≥ 464).
+/// Whether the saturating cast changes v: |v| rounds (RNE) past the format's max. e4m3: |v| > 464, since 464, the
+/// midpoint of 448 and the next step 480, is a tie that goes to 448 (even mantissa 110) with or without the clamp;
+/// e2m1: |v| ≥ 7, since 7, the midpoint of 6 and 8, goes to 8 (even mantissa) and only the clamp brings it to 6.
+LQ_HD bool e4m3_saturates(float v) { return abs_f(v) > kE4M3Saturation; }
+LQ_HD bool e2m1_saturates(float v) { return abs_f(v) >= kE2M1Saturation; }
+/// e4m3 code of v with the saturation count (e4m3_saturates).
 LQ_HD uint8_t e4m3_sat(float v, int& saturated) {
-  saturated += abs_f(v) >= kE4M3Saturation ? 1 : 0;
+  saturated += e4m3_saturates(v) ? 1 : 0;
   return f32_to_e4m3_bits(v);
 }
 LQ_HD uint8_t e2m1_sat(float v, int& saturated) {
-  saturated += abs_f(v) >= kE2M1Saturation ? 1 : 0;
+  saturated += e2m1_saturates(v) ? 1 : 0;
   return f32_to_e2m1_bits(v);
 }
 }  // namespace detail
@@ -270,7 +275,7 @@ LQ_HD float scaled_element(const BlockDesc& f, const BlockParams& p, float v) {
 }
 
 /// The code (low bits) of one element v of a block with parameters p; counts a saturation
-/// (|scaled_element| ≥ kE4M3Saturation or kE2M1Saturation; the ggml kinds never saturate).
+/// (detail::e4m3_saturates or e2m1_saturates of scaled_element; the ggml kinds never saturate).
 LQ_HD uint32_t encode_element(const BlockDesc& f, const BlockParams& p, float v, int& saturated) {
   switch (f.kind) {
     case BlockKind::Fp8Pow2:
@@ -341,13 +346,30 @@ LQ_HD float saturation_threshold(const BlockDesc& f) {
   }
 }
 
+/// Whether the saturating cast of a block format's element changes the scaled value v (detail::e4m3_saturates,
+/// detail::e2m1_saturates); false for the ggml kinds (their codes clamp by definition).
+LQ_HD bool element_saturates(const BlockDesc& f, float v) {
+  switch (f.kind) {
+    case BlockKind::Fp8Pow2:
+    case BlockKind::MxFp8:
+    case BlockKind::Fp8Fp32:
+    case BlockKind::Fp8Tensor:
+      return detail::e4m3_saturates(v);
+    case BlockKind::MxFp4:
+    case BlockKind::Fp4Tile:
+    case BlockKind::NvFp4:
+      return detail::e2m1_saturates(v);
+    default:
+      return false;
+  }
+}
+
 /// The saturation count of encode_block_bytes over a whole block x[0, n) with parameters p, without
-/// encoding (what diagnose() reports): the elements whose scaled_element is at or beyond
-/// saturation_threshold(f); 0 for the ggml kinds and an all-zero NVFP4 tensor.
+/// encoding (what diagnose() reports): the elements whose scaled_element the saturating cast changes
+/// (detail::e4m3_saturates, detail::e2m1_saturates); 0 for the ggml kinds and an all-zero NVFP4 tensor.
 LQ_HD int count_saturated(const BlockDesc& f, const BlockParams& p, const float* x, int n) {
-  const float threshold = saturation_threshold(f);
   int sat = 0;
-  for (int i = 0; i < n; ++i) sat += abs_f(scaled_element(f, p, x[i])) >= threshold ? 1 : 0;
+  for (int i = 0; i < n; ++i) sat += element_saturates(f, scaled_element(f, p, x[i])) ? 1 : 0;
   return sat;
 }
 
