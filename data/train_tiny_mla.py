@@ -12,15 +12,13 @@ import argparse
 import json
 import math
 import os
-import sys
 import time
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kjv_text import load_kjv, sha256, split_kjv  # noqa: E402
-from tiny_mla import TinyMLAConfig, TinyMLAForCausalLM  # noqa: E402
+from latentq.kjv_text import load_kjv, sha256, split_kjv
+from latentq.tiny_mla import TinyMLAConfig, TinyMLAForCausalLM
 
 
 def unigram_nats_per_byte(train: bytes, heldout: bytes) -> float:

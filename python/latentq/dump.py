@@ -1,6 +1,6 @@
 """Dump the latent KV cache of an MLA model to HDF5 (format ``latentq-dump/1``, see data/README.md).
 
-    .venv/bin/python data/dump_latents.py --model data/tiny-mla --text /tmp/heldout.txt \\
+    .venv/bin/python -m latentq.dump --model data/tiny-mla --text /tmp/heldout.txt \\
         --seq-len 512 --num-seqs 4 --q-rows 256 --out data/latents/tiny-mla.h5 [--force]
 
 --model is a tiny-mla directory (config.json with ``architectures == ["TinyMLAForCausalLM"]``) or any
@@ -38,9 +38,8 @@ import tempfile
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from latent_hooks import (LatentCapture, MLAModuleNotFoundError, config_softmax_scale,  # noqa: E402
-                          find_mla_layers, mla_dims)
+from latentq.capture import (LatentCapture, MLAModuleNotFoundError, config_softmax_scale, find_mla_layers,
+                             mla_dims)
 
 SCHEMA = "latentq-dump/1"
 Q_ROWS_RULE = "per sequence k rows at positions floor((j+1)*L/k)-1, j=0..k-1; k=q_rows//S (+1 for the first q_rows%S)"
@@ -80,6 +79,9 @@ def windows(tokens: list[int] | np.ndarray, seq_len: int, num_seqs: int) -> list
 
 def absorbed_attention(c_kv, k_pe, q_nope, q_pe, w_uk, w_uv, q_rows, seq_offsets, softmax_scale):
     """Recompute the attention output from the latent cache with absorbed weights.
+
+    A Python reference of the absorbed MLA attention, for the dumper's self-check and the tests; the
+    product is the C++ engine (attention/, header latentq/attention/attention.h).
 
     c_kv [T, r], k_pe [T, d_r], q_nope [Tq, H, d_n], q_pe [Tq, H, d_r], w_uk [H, d_n, r],
     w_uv [H, d_v, r], q_rows [Tq] (indices into T), seq_offsets [S+1]. Any float dtype
@@ -407,7 +409,7 @@ def load_model(path: str, dtype: torch.dtype, trust_remote_code: bool = False):
         with open(cfg_path) as f:
             cfg_file = json.load(f)
     if cfg_file is not None and cfg_file.get("architectures") == ["TinyMLAForCausalLM"]:
-        from tiny_mla import TinyMLAForCausalLM
+        from latentq.tiny_mla import TinyMLAForCausalLM
         model = TinyMLAForCausalLM.from_pretrained(path).to(dtype).eval()
         rev = "sha256:" + file_sha256([os.path.join(path, "model.safetensors")])
         return model, cfg_file, "tiny-mla", rev, str(cfg_file.get("torch_dtype", "float32")), None

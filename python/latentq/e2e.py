@@ -2,7 +2,7 @@
 MiniCPM3 checkpoint) on held-out text with each quantizer in its latent cache, and measure what
 reaches the logits.
 
-    .venv/bin/python experiments/e2e_inject.py --results results/default.h5 [--model DIR]
+    .venv/bin/python -m latentq.e2e --results results/default.h5 [--model DIR]
         [--device cpu|cuda] [--dtype float32|bfloat16|float16] [--text FILE]
         [--cache-modes prefill-at-once decode-r32-s4-p0 ...] [--decode-quantizers SPEC ...]
 
@@ -10,7 +10,7 @@ Cache modes (latentq/decode_order.h, through the `latentq` Python module; the ru
 here):
   prefill-at-once  for every quantizer of the study in RESULTS.h5 (the `quantizer` column of
     /latent_error, in order; or --quantizers): c_kv is replaced at the output of `kv_a_layernorm`
-    and k_pe after RoPE (data/latent_hooks.py LatentInjector) by its quantize-dequantize through
+    and k_pe after RoPE (latentq.inject.LatentInjector) by its quantize-dequantize through
     the C++ quantizers, each window's whole prefill at once (per-channel groups and per-tensor
     scales see later tokens of the window): the study's rows.
   decode-r<R>-s<S>-p<P>  the cache as a serving engine builds it token by token: the query at t
@@ -18,7 +18,7 @@ here):
     (G = latentq.decode_token_group(spec)), else in bf16; the two reads are
     latentq.decode_order_latents(x, spec, mode, target, seq_offsets). A token's hidden state at
     every layer is computed when that token is processed, so one causal forward whose attention
-    mixes the two reads per (t, j) (latent_hooks.DecodeOrderAttention) is token-by-token decode
+    mixes the two reads per (t, j) (latentq.inject.DecodeOrderAttention) is token-by-token decode
     with a quantized cache, exactly (tests/python/test_e2e_decode.py checks it against a literal
     decode loop). Run for the quantizers × modes of the root attributes decode_order_quantizers ×
     decode_order_modes that the C++ study writes from its [decode_order] section, else of
@@ -56,7 +56,7 @@ decode-order runs one per forward. The tables do not depend on K beyond float32 
 an unbatched run. The file is updated through a temporary copy and a rename, so an interrupted run leaves
 the previous file intact; user errors exit 2 with one line and write nothing.
 
-Text: by default the held-out split of the KJV text (data/kjv_text.py); tokens from byte
+Text: by default the held-out split of the KJV text (latentq.kjv_text); tokens from byte
 `--offset-bytes` on (the shipped dump reads the first 4 × 512 bytes, so the default 2048 keeps the
 two apart): the bytes for tiny-mla, the checkpoint's tokenizer for an HF model that has one (no
 special tokens; else the bytes), `--num-seqs` windows of `--seq-len` tokens.
@@ -64,6 +64,7 @@ special tokens; else the bytes), `--num-seqs` windows of `--seq-len` tokens.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import re
 import shutil
@@ -76,20 +77,22 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "data"))
+from latentq.dump import load_model, run_model
+
+# The repository (python/latentq/e2e.py is two levels below it): the default --model data/tiny-mla.
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def import_latentq():
-    """Import the compiled `latentq` module from LATENTQ_PYMODULE_DIR or <repo>/build/python."""
-    d = os.environ.get("LATENTQ_PYMODULE_DIR", os.path.join(ROOT, "build", "python"))
-    if d not in sys.path:
-        sys.path.insert(0, d)
+    """The `latentq` package with its compiled part latentq._core (the C++ quantizers). Raises
+    SystemExit saying how to build it when _core does not import."""
+    import latentq
+
     try:
-        import latentq  # noqa: F401
+        importlib.import_module("latentq._core")
     except ImportError as e:
-        raise SystemExit(f"e2e_inject: cannot import the latentq Python module from {d} ({e}); "
-                         "build it first (scripts/setup.sh test, or cmake --build build --target latentq_py)")
+        raise SystemExit(f"e2e_inject: cannot import the compiled latentq Python module latentq._core ({e}); "
+                         f"{latentq.BUILD_HINT}") from None
     return latentq
 
 
@@ -263,7 +266,7 @@ def spec_at(spec, layer: int, target: str) -> str | None:
 
 
 def make_decode_cache(latentq, spec, targets: tuple[str, ...], layers, mode: str):
-    """cache_fn for latent_hooks.DecodeOrderAttention: per layer in `layers` (None: every layer),
+    """cache_fn for latentq.inject.DecodeOrderAttention: per layer in `layers` (None: every layer),
     c_kv / k_pe [B, T, D] (one sequence per batch row) -> (quantized, bf16, read_quantized [T, T])
     for each, from latentq.decode_order_latents and latentq.decode_order_mask(mode, T, G) with
     G = latentq.decode_token_group of the target's spec. A target the quantizer does not cover is read
@@ -470,8 +473,8 @@ def main(argv=None) -> int:
             return 2
 
     latentq = import_latentq()
-    from dump_latents import load_model, run_model
-    from latent_hooks import DecodeOrderAttention, LatentInjector, find_mla_layers, mla_dims
+    from latentq.capture import find_mla_layers, mla_dims
+    from latentq.inject import DecodeOrderAttention, LatentInjector
 
     torch.set_num_threads(a.threads)
     try:
@@ -519,7 +522,7 @@ def main(argv=None) -> int:
             except OSError as e:
                 raise ValueError(f"--text {a.text}: cannot read ({e.strerror or type(e).__name__})") from None
         else:
-            from kjv_text import load_kjv, split_kjv
+            from latentq.kjv_text import load_kjv, split_kjv
             text = split_kjv(load_kjv())[1]
         if not os.path.isfile(os.path.join(a.model, "config.json")):
             raise ValueError(f"--model {a.model}: no config.json (expected a tiny-mla or HF MLA checkpoint directory)")
