@@ -1,21 +1,23 @@
-"""Peak host memory of data/dump_latents.py dump() on a random-init HF DeepseekV3-shaped model.
+"""Peak host memory of latentq.dump.dump() on a random-init HF DeepseekV3-shaped model.
 
     /usr/bin/time -v .venv/bin/python bench/dump_rss.py --out /tmp/rss.h5 [--layers 8] [--seq-len 8192]
-        [--num-seqs 1] [--q-rows 256] [--dumper-dir data] [--threads 2]
+        [--num-seqs 1] [--q-rows 256] [--dumper-dir DIR] [--threads 2]
 
 The model (built offline from a config, no download): DeepseekV3ForCausalLM with --layers dense
 layers, hidden 256, 4 heads, kv_lora_rank 512, qk_rope_head_dim 64, qk_nope_head_dim 128,
 v_head_dim 128, q_lora_rank 128, vocab 1024, sdpa attention (no [H, T, T] score tensor on the host
 when the CPU flash kernel runs, so the dumped tensors, not the attention, dominate the peak). Tokens:
-a fixed-seed random sequence. ``--dumper-dir`` is the directory dump_latents.py and latent_hooks.py
-are imported from (default: this checkout's data/), e.g. an older revision extracted with
-``git show REV:data/dump_latents.py``, to compare two dumpers in the same run conditions.
+a fixed-seed random sequence. The dumper is this checkout's latentq.dump; ``--dumper-dir DIR`` loads
+DIR/dump_latents.py instead (which imports its latent_hooks.py from DIR), an older revision extracted
+with ``git show REV:data/dump_latents.py`` and ``git show REV:data/latent_hooks.py``, to compare two
+dumpers in the same run conditions.
 
 Prints the dumped bytes (c_kv + k_pe + q/attn_out rows over all layers, float32), the size of the
 file, the model's parameter bytes and the in-process peak RSS (getrusage ru_maxrss); read
 "Maximum resident set size" of /usr/bin/time -v for the figure of record.
 """
 import argparse
+import importlib.util
 import os
 import resource
 import sys
@@ -25,6 +27,20 @@ import numpy as np
 import torch
 
 
+def load_dumper(directory):
+    """latentq.dump, or the module DIR/dump_latents.py of an older revision (directory given)."""
+    if directory is None:
+        from latentq import dump
+
+        return dump
+    path = os.path.join(os.path.abspath(directory), "dump_latents.py")
+    spec = importlib.util.spec_from_file_location("dump_latents", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["dump_latents"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
@@ -32,12 +48,11 @@ def main() -> int:
     ap.add_argument("--seq-len", type=int, default=8192)
     ap.add_argument("--num-seqs", type=int, default=1)
     ap.add_argument("--q-rows", type=int, default=256)
-    ap.add_argument("--dumper-dir", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data"))
+    ap.add_argument("--dumper-dir", help="a directory with an older dump_latents.py (default: latentq.dump)")
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    sys.path.insert(0, os.path.abspath(a.dumper_dir))
-    import dump_latents
+    dump_latents = load_dumper(a.dumper_dir)
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 
     torch.manual_seed(0)
@@ -58,7 +73,7 @@ def main() -> int:
     H = 4
     dumped = a.layers * 4 * (T * (512 + 64) + a.q_rows * H * (128 + 64 + 128))
     params = sum(p.numel() * p.element_size() for p in model.parameters())
-    print(f"dumper {os.path.abspath(a.dumper_dir)}: {a.layers} layers, {a.num_seqs} x {a.seq_len} tokens, "
+    print(f"dumper {os.path.dirname(os.path.abspath(dump_latents.__file__))}: {a.layers} layers, {a.num_seqs} x {a.seq_len} tokens, "
           f"{a.q_rows} q rows, {dt:.1f} s")
     print(f"dumped tensors {dumped / 2**20:.1f} MiB, file {summary['bytes'] / 2**20:.1f} MiB, "
           f"model parameters {params / 2**20:.1f} MiB, max rel_err {max(summary['max_rel_err'].values()):.2e}")

@@ -1,6 +1,6 @@
-"""What fraction of the fp32 GEMM rate the e2e step's forward passes reach (experiments/e2e_inject.py).
+"""What fraction of the fp32 GEMM rate the e2e step's forward passes reach (latentq.e2e).
 
-    .venv/bin/python bench/e2e_rate.py [--build build] [--model data/tiny-mla] [--seq-len 512]
+    .venv/bin/python bench/e2e_rate.py [--build BUILD] [--model data/tiny-mla] [--seq-len 512]
         [--num-seqs 4] [--batch-runs 0] [--repeats 3] [--threads 2]
 
 In one run, on the same machine (median of --repeats after one warm-up):
@@ -20,6 +20,8 @@ FLOPs of a forward (useful work, counted once): 2 · (parameters of every nn.Lin
 and value products). The injection's quantize-dequantize and the decode-order attention's extra work
 are not counted: they are the e2e step's overhead, which the rate of the prefill / decode rows shows.
 Prints per row: seconds, GFLOP/s and its ratio to the gemm rate. Exit 2 if the latentq module is not built.
+The `latentq` package comes from the venv (scripts/setup.sh's latentq.pth) or PYTHONPATH; --build BUILD
+checks that its compiled part is BUILD's (PYTHONPATH=<repo>/python:BUILD/python selects it).
 """
 import argparse
 import os
@@ -30,8 +32,6 @@ import time
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "data"))
-sys.path.insert(0, os.path.join(ROOT, "experiments"))
 
 
 def times(fn, repeats: int) -> list[float]:
@@ -51,7 +51,7 @@ def median_time(fn, repeats: int) -> float:
 
 def forward_flops(model, mla, seqs: int, T: int) -> float:
     """Useful FLOPs of one forward over `seqs` sequences of T tokens (module docstring)."""
-    from latent_hooks import mla_dims
+    from latentq.capture import mla_dims
     lin = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
     attn = 0.0
     for _, _, a in mla:
@@ -63,7 +63,7 @@ def forward_flops(model, mla, seqs: int, T: int) -> float:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--build", help="check that latentq._core is this build directory's (default: any)")
     ap.add_argument("--model", default=os.path.join(ROOT, "data", "tiny-mla"))
     ap.add_argument("--seq-len", type=int, default=512)
     ap.add_argument("--num-seqs", type=int, default=4)
@@ -71,15 +71,20 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
-    sys.path.insert(0, os.path.join(a.build, "python"))
-    try:
-        import latentq
-    except ImportError as e:
-        print(f"e2e_rate.py: cannot import latentq from {a.build}/python ({e}); build it first", file=sys.stderr)
+    import latentq
+
+    if latentq._core is None:
+        print(f"e2e_rate.py: cannot import latentq._core; {latentq.BUILD_HINT}", file=sys.stderr)
         return 2
-    import e2e_inject
-    from dump_latents import load_model, run_model
-    from latent_hooks import DecodeOrderAttention, LatentInjector, find_mla_layers
+    have = os.path.dirname(os.path.realpath(latentq._core.__file__))
+    if a.build is not None and have != os.path.realpath(os.path.join(a.build, "python", "latentq")):
+        print(f"e2e_rate.py: latentq._core is the one in {have}, not {a.build}'s: run with "
+              f"PYTHONPATH=<repo>/python:{a.build}/python", file=sys.stderr)
+        return 2
+    from latentq import e2e as e2e_inject
+    from latentq.capture import find_mla_layers
+    from latentq.dump import load_model, run_model
+    from latentq.inject import DecodeOrderAttention, LatentInjector
 
     torch.set_num_threads(a.threads)
     model = load_model(a.model, torch.float32, False)[0]

@@ -1,6 +1,6 @@
 """latentq's Python module against torch eager fake-quantization on the same float32 [T, D] tensor.
 
-    .venv/bin/python bench/torch_eager.py [--build build] [--tokens 65536] [--dim 512] [--repeats 5]
+    .venv/bin/python bench/torch_eager.py [--build BUILD] [--tokens 65536] [--dim 512] [--repeats 5]
                                           [--torch-threads 2]
 
 For each spec, the median wall time (of --repeats runs, after one warm-up) of
@@ -11,6 +11,8 @@ For each spec, the median wall time (of --repeats runs, after one warm-up) of
 and the ratios torch / latentq (> 1: latentq is faster; the second at equal thread counts). Each row also prints max|latentq − torch|: the
 torch formulas follow the same IEEE operations one by one, so it is 0 unless noted.
 Prints the machine (CPU count, torch threads). Exit 2 if the module is not built.
+The `latentq` package comes from the venv (scripts/setup.sh's latentq.pth) or PYTHONPATH; --build BUILD
+checks that its compiled part is BUILD's (PYTHONPATH=<repo>/python:BUILD/python selects it).
 """
 import argparse
 import os
@@ -23,13 +25,16 @@ import torch
 
 
 def load_latentq(build):
-    path = os.path.join(build, "python")
-    sys.path.insert(0, path)
-    try:
-        import latentq  # noqa: F401
-    except ImportError as e:
-        sys.exit(f"torch_eager.py: cannot import latentq from {path} ({e}); build it first (cmake --build {build})")
-    return sys.modules["latentq"]
+    """The latentq package with its compiled part (with `build`: the one in build/python/latentq)."""
+    import latentq
+
+    if latentq._core is None:
+        sys.exit(f"torch_eager.py: cannot import latentq._core; {latentq.BUILD_HINT}")
+    have = os.path.dirname(os.path.realpath(latentq._core.__file__))
+    if build is not None and have != os.path.realpath(os.path.join(build, "python", "latentq")):
+        sys.exit(f"torch_eager.py: latentq._core is the one in {have}, not {build}'s: run with "
+                 f"PYTHONPATH=<repo>/python:{build}/python")
+    return latentq
 
 
 def _f16(t):
@@ -93,7 +98,7 @@ def median_time(fn, repeats):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--build", default="build")
+    ap.add_argument("--build", help="check that latentq._core is this build directory's (default: any)")
     ap.add_argument("--tokens", type=int, default=65536)
     ap.add_argument("--dim", type=int, default=512)
     ap.add_argument("--repeats", type=int, default=5)

@@ -7,12 +7,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import dump_latents
-import latent_hooks
-import tiny_mla
 from dump_checks import check_schema, reference_attn_out, rel
-from latent_hooks import LatentCapture, LatentInjector, MLAModuleNotFoundError
-from tiny_mla import TinyMLAConfig, TinyMLAForCausalLM
+from latentq import capture, tiny_mla
+from latentq import dump as dump_latents
+from latentq.capture import LatentCapture, MLAModuleNotFoundError
+from latentq.inject import LatentInjector
+from latentq.tiny_mla import TinyMLAConfig, TinyMLAForCausalLM
 
 CFG = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
            kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, max_position_embeddings=128)
@@ -96,11 +96,11 @@ def test_dump_matches_model_internals(dumped, model, seqs):
         np.testing.assert_array_equal(d["q_nope"], q[..., :16].numpy())
         np.testing.assert_array_equal(d["attn_out"], torch.cat(seen[(i, "o")])[rows].numpy())
         # post-RoPE: rotate the model's own pre-RoPE tensors with the interleaved layout
-        k_ref = torch.cat([latent_hooks.rotate(k, pos, inv, "interleaved") for k in seen[(i, "kpe")]])
+        k_ref = torch.cat([capture.rotate(k, pos, inv, "interleaved") for k in seen[(i, "kpe")]])
         assert rel(d["k_pe"], k_ref) < 1e-5
-        assert rel(d["k_pe"], torch.cat([latent_hooks.rotate(k, pos, inv, "half") for k in seen[(i, "kpe")]])) > 1e-2
+        assert rel(d["k_pe"], torch.cat([capture.rotate(k, pos, inv, "half") for k in seen[(i, "kpe")]])) > 1e-2
         allpos = pos.repeat(NUM_SEQS)
-        q_ref = latent_hooks.rotate(q[..., 16:], allpos[rows], inv, "interleaved")
+        q_ref = capture.rotate(q[..., 16:], allpos[rows], inv, "interleaved")
         assert rel(d["q_pe"], q_ref) < 1e-5
         wkv_b = model.model.layers[i].self_attn.kv_b_proj.weight.detach().view(4, 32, 32)
         np.testing.assert_array_equal(d["w_uk"], wkv_b[:, :16].numpy())
@@ -130,7 +130,7 @@ def test_state_dict_and_globals_unchanged(dumped, model):
         assert torch.equal(sd[k], sd_before[k]), k
     for m in model.modules():
         assert not m._forward_hooks and not m._forward_pre_hooks, type(m).__name__
-    assert tiny_mla.apply_rotary_emb.__module__ == "tiny_mla" and not hasattr(tiny_mla.apply_rotary_emb, "__wrapped__")
+    assert tiny_mla.apply_rotary_emb.__module__ == "latentq.tiny_mla" and not hasattr(tiny_mla.apply_rotary_emb, "__wrapped__")
     assert not hasattr(F.scaled_dot_product_attention, "__wrapped__")
 
 
@@ -257,8 +257,8 @@ def test_q_rows_errors():
 
 def test_self_check_rejects_wrong_scale(model, seqs, tmp_path, monkeypatch):
     """dump() recomputes attn_out from what it is about to write; a wrong captured scale is an error."""
-    orig = latent_hooks.LatentHooks._record_scale
-    monkeypatch.setattr(latent_hooks.LatentHooks, "_record_scale", lambda self, s, src: orig(self, s * 1.25, src))
+    orig = capture.LatentHooks._record_scale
+    monkeypatch.setattr(capture.LatentHooks, "_record_scale", lambda self, s, src: orig(self, s * 1.25, src))
     with pytest.raises(RuntimeError, match="absorbed recomputation"):
         dump_latents.dump(model, model.config.to_hf_dict(), seqs, 6, str(tmp_path / "o.h5"))
     assert os.listdir(tmp_path) == []

@@ -1,4 +1,4 @@
-"""The streaming dumper (data/dump_latents.py dump()) against the whole-file algorithm it replaced.
+"""The streaming dumper (latentq.dump.dump()) against the whole-file algorithm it replaced.
 
 Reference (``old_dump``): the previous dump() on the same inputs, kept here as a small independent
 copy of its algorithm: run every sequence under LatentCapture, concatenate each layer's records,
@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 import torch
 
-import dump_latents
-from dump_latents import Q_ROWS_RULE, SCHEMA, absorbed_attention, rel_err, select_q_rows, state_dict_sha256
-from latent_hooks import LatentCapture, find_mla_layers, mla_dims
-from tiny_mla import TinyMLAConfig, TinyMLAForCausalLM
+from latentq import dump as dump_latents
+from latentq.capture import LatentCapture, find_mla_layers, mla_dims
+from latentq.dump import Q_ROWS_RULE, SCHEMA, absorbed_attention, rel_err, select_q_rows, state_dict_sha256
+from latentq.tiny_mla import TinyMLAConfig, TinyMLAForCausalLM
 
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
             kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, max_position_embeddings=128)

@@ -1,7 +1,6 @@
-"""End-to-end injection (experiments/e2e_inject.py) on the trained tiny-mla: bf16 latents barely move
+"""End-to-end injection (latentq.e2e) on the trained tiny-mla: bf16 latents barely move
 the logits, int2-sym-tensor latents move them a lot; the /e2e group is added without losing others."""
 import os
-import sys
 
 import h5py
 import numpy as np
@@ -9,14 +8,12 @@ import torch
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "experiments"))
-sys.path.insert(0, os.environ.get("LATENTQ_PYMODULE_DIR", os.path.join(ROOT, "build", "python")))
-pytest.importorskip("latentq", reason="the latentq Python module is not built")
+pytest.importorskip("latentq._core", reason="the latentq Python module is not built")
 MODEL = os.path.join(ROOT, "data", "tiny-mla")
 if not os.path.exists(os.path.join(MODEL, "model.safetensors")):
     pytest.skip("data/tiny-mla/model.safetensors is absent", allow_module_level=True)
 
-import e2e_inject  # noqa: E402
+from latentq import e2e as e2e_inject  # noqa: E402
 
 
 def make_results(path):
@@ -155,7 +152,7 @@ def test_non_finite_logits_are_an_error(tmp_path, capsys, monkeypatch):
     with pytest.raises(ValueError, match=r"^int4: 1 of 1024 logits are NaN/Inf"):
         e2e_inject.logit_metrics(good, bad, ids, "int4")
     # The whole script: a model whose logits are NaN. Exit 2, one error line, no /e2e written.
-    import tiny_mla
+    from latentq import tiny_mla
     forward = tiny_mla.TinyMLAForCausalLM.forward
     monkeypatch.setattr(tiny_mla.TinyMLAForCausalLM, "forward",
                         lambda self, *a, **k: forward(self, *a, **k) * float("nan"))

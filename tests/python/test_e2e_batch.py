@@ -1,10 +1,9 @@
-"""Batched e2e forwards (experiments/e2e_inject.py --batch-runs K): K runs share one forward of K x num_seqs
+"""Batched e2e forwards (latentq.e2e --batch-runs K): K runs share one forward of K x num_seqs
 sequences, each run's quantizer applied to its own rows. The /e2e and /e2e_position tables equal those of
 K = 1 (one forward per run) on tiny-mla: the strings, integer columns and bytes_per_token exactly, the float
 metrics to a float32 tolerance (the batched GEMMs may sum in another order; the quantized values are the
 same bit for bit, checked directly below)."""
 import os
-import sys
 
 import h5py
 import numpy as np
@@ -12,14 +11,12 @@ import pytest
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "experiments"))
-sys.path.insert(0, os.environ.get("LATENTQ_PYMODULE_DIR", os.path.join(ROOT, "build", "python")))
-pytest.importorskip("latentq", reason="the latentq Python module is not built")
+pytest.importorskip("latentq._core", reason="the latentq Python module is not built")
 MODEL = os.path.join(ROOT, "data", "tiny-mla")
 if not os.path.exists(os.path.join(MODEL, "model.safetensors")):
     pytest.skip("data/tiny-mla/model.safetensors is absent", allow_module_level=True)
 
-import e2e_inject  # noqa: E402
+from latentq import e2e as e2e_inject  # noqa: E402
 
 STR = h5py.string_dtype("utf-8")
 # (quantizer, target, stored) rows of /latent_error on layer 0 (the study's layers come from the root
@@ -91,8 +88,8 @@ def test_batch_hooks_give_each_run_its_own_values():
     """The batched callbacks hand run k's rows to run k's quantizer: the same quantized values bit for bit
     as alone (prefill), and per-row masks / the model's own output on rows a run leaves exact (decode)."""
     import latentq
-    from dump_latents import load_model, run_model
-    from latent_hooks import DecodeOrderAttention, LatentInjector
+    from latentq.dump import load_model, run_model
+    from latentq.inject import DecodeOrderAttention, LatentInjector
     torch.manual_seed(0)
     x = torch.randn(6, 40, 16)  # 3 runs x 2 sequences
     mixed = {(0, "c_kv"): "int2-asym-channel-g8"}

@@ -1,4 +1,4 @@
-"""Decode order end to end (experiments/e2e_inject.py, data/latent_hooks.py DecodeOrderAttention).
+"""Decode order end to end (latentq.e2e, latentq.inject.DecodeOrderAttention).
 
 The claim: one causal forward whose MLA attention reads key j quantized or in bf16 per (query t, key j)
 (latentq.decode_order_mask) is token-by-token decode with a quantized latent cache, exactly. Checked
@@ -13,7 +13,6 @@ script on an HF checkpoint directory, and `latentq run` with [e2e] naming that d
 import json
 import os
 import subprocess
-import sys
 
 import h5py
 import numpy as np
@@ -21,14 +20,13 @@ import pytest
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "experiments"))
-sys.path.insert(0, os.environ.get("LATENTQ_PYMODULE_DIR", os.path.join(ROOT, "build", "python")))
-latentq = pytest.importorskip("latentq", reason="the latentq Python module is not built")
+pytest.importorskip("latentq._core", reason="the latentq Python module is not built")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import e2e_inject  # noqa: E402
-import tiny_mla  # noqa: E402
-from latent_hooks import DecodeOrderAttention, LatentInjector  # noqa: E402
+import latentq  # noqa: E402
+from latentq import e2e as e2e_inject  # noqa: E402
+from latentq import tiny_mla  # noqa: E402
+from latentq.inject import DecodeOrderAttention, LatentInjector  # noqa: E402
 
 # (spec, mode, sink) cases: per-channel groups with a sink and a residual, per-token with a prefill,
 # R = 0 (the engines' order), a transformed per-token spec, and the asymmetric G = R KIVI key rule.
@@ -178,7 +176,7 @@ def test_mixed_latent_attention_equals_the_direct_formula(case):
     equal (2·T keys), one constant (2·T), nested (3·T: a per-channel c_kv group inside a per-token k_pe
     residual), crossing (4·T) and one per batch row ([B, 1, T, T], 4·T); seed 21, B 2, T 24, H 3, r 16,
     d_n 8, d_r 4, d_v 6."""
-    from latent_hooks import mixed_latent_attention
+    from latentq.inject import mixed_latent_attention
     g = torch.Generator().manual_seed(21)
     B, T, H, r, dn, dr, dv = 2, 24, 3, 16, 8, 4, 6
     rnd = lambda *shape: torch.randn(*shape, generator=g, dtype=torch.float64)
@@ -524,7 +522,7 @@ def test_latentq_run_with_e2e_on_an_hf_checkpoint(v3_checkpoint, tmp_path):
     text = tmp_path / "dump.txt"
     text.write_bytes((b"And God said, Let there be light: and there was light. " * 12)[:640])
     dump = tmp_path / "dump.h5"
-    import dump_latents
+    from latentq import dump as dump_latents
     assert dump_latents.main(["--model", str(v3_checkpoint), "--text", str(text), "--seq-len", "64", "--num-seqs",
                               "4", "--q-rows", "16", "--out", str(dump), "--threads", "1"]) == 0
     cfg = tmp_path / "study.toml"

@@ -1,17 +1,12 @@
 """Production MLA cache formats: (1) engine_refs.py against the independent packages (ml_dtypes, gguf,
 torchao, torch) -- these run now; (2) the C++ module `latentq` against engine_refs.py, byte for byte --
 these skip, each with its reason, until latentq parses the spec / has pack_record."""
-import os
-import sys
-
 import numpy as np
 import pytest
 
 import engine_refs as R
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -360,8 +355,8 @@ def test_reference_accounting_at_deepseek_dims():
 # ---------------------------------------------------------------------------------------------------
 
 def _import_latentq():
-    sys.path.insert(0, os.environ.get("LATENTQ_PYMODULE_DIR", os.path.join(ROOT, "build", "python")))
     try:
+        import latentq._core  # noqa: F401
         import latentq
         return latentq
     except ImportError:

@@ -7,7 +7,6 @@ V3: q_lora_rank path (q_a_proj -> q_a_layernorm -> q_b_proj), rope_interleave=Tr
 input pairs, output in the rotate_half layout) and rope_interleave=False (plain rotate_half).
 """
 import math
-import os
 import sys
 
 import numpy as np
@@ -17,10 +16,11 @@ import torch
 transformers = pytest.importorskip("transformers")
 from transformers import DeepseekV2Config, DeepseekV2ForCausalLM, DeepseekV3Config, DeepseekV3ForCausalLM  # noqa: E402
 
-import dump_latents  # noqa: E402
-import latent_hooks  # noqa: E402
 from dump_checks import check_schema, reference_attn_out, rel  # noqa: E402
-from latent_hooks import LatentCapture, LatentInjector  # noqa: E402
+from latentq import capture  # noqa: E402
+from latentq import dump as dump_latents  # noqa: E402
+from latentq.capture import LatentCapture  # noqa: E402
+from latentq.inject import LatentInjector  # noqa: E402
 
 NOPE, ROPE, V, R, H = 32, 16, 32, 64, 4
 QK = NOPE + ROPE
@@ -147,8 +147,8 @@ def test_rope_layout(case):
         if kind == "v3-interleave":                   # interleaved weights: de-interleave, then rotate_half
             k_pre, q_pre = k_pre[..., perm], q_pre[..., perm]
         rows = torch.as_tensor(d["q_rows"]).long()
-        k_ref = latent_hooks.rotate(k_pre, pos, inv_freq, layout, s)
-        q_ref = latent_hooks.rotate(q_pre[rows], pos[rows], inv_freq, layout, s)
+        k_ref = capture.rotate(k_pre, pos, inv_freq, layout, s)
+        q_ref = capture.rotate(q_pre[rows], pos[rows], inv_freq, layout, s)
         assert rel(d["k_pe"], k_ref) < 1e-5 and rel(d["q_pe"], q_ref) < 1e-5
         # q_pe . k_pe dot products (the score term) from the pre-RoPE tensors
         dots = np.einsum("qhd,td->qht", d["q_pe"], d["k_pe"])
@@ -156,9 +156,9 @@ def test_rope_layout(case):
         assert rel(dots, dots_ref) < 1e-5
         # the check discriminates: the other layout, or ignoring attention_scaling, does not fit
         other = "half" if layout == "interleaved" else "interleaved"
-        assert rel(d["k_pe"], latent_hooks.rotate(k_pre, pos, inv_freq, other, s)) > 1e-2
+        assert rel(d["k_pe"], capture.rotate(k_pre, pos, inv_freq, other, s)) > 1e-2
         if kind == "v2-yarn":
-            assert rel(d["k_pe"], latent_hooks.rotate(k_pre, pos, inv_freq, layout, 1.0)) > 1e-2
+            assert rel(d["k_pe"], capture.rotate(k_pre, pos, inv_freq, layout, 1.0)) > 1e-2
 
 
 def test_q_nope_and_weights(case):
@@ -248,9 +248,8 @@ def test_rotation_fold_is_exact(case, transform):
     k_pe' = R_pe k_pe, q_pe' = R_pe q_pe (R from the C++ latentq.rotation_matrix; had: blocks of 64 for
     kv_lora_rank 64 and 16 for qk_rope_head_dim 16) the absorbed attention (float32) equals the unrotated one
     to 1e-5 relative (Frobenius); the cache rotated but W_UV left alone fails by orders of magnitude."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    sys.path.insert(0, os.environ.get("LATENTQ_PYMODULE_DIR", os.path.join(root, "build", "python")))
-    latentq = pytest.importorskip("latentq")
+    pytest.importorskip("latentq._core")
+    import latentq
     chk = case["chk"]
     offs, scale = chk["root"]["seq_offsets"], chk["attrs"]["softmax_scale"]
     rc, rk = latentq.rotation_matrix(transform, R), latentq.rotation_matrix(transform, ROPE)

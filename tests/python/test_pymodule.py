@@ -1,14 +1,10 @@
 """The `latentq` Python module: its storage follows the documented layout, and its dequantization
 is the C++ one bit for bit (checked against an independent numpy decode of the stored bytes)."""
-import os
-import sys
-
 import numpy as np
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.environ.get("LATENTQ_PYMODULE_DIR", os.path.join(ROOT, "build", "python")))
-latentq = pytest.importorskip("latentq", reason="the latentq Python module is not built (cmake --build build --target latentq_py)")
+pytest.importorskip("latentq._core", reason="the latentq Python module is not built (cmake --build build --target latentq_py)")
+import latentq  # noqa: E402
 
 
 def numpy_decode(q, seq_offsets):

@@ -1,7 +1,6 @@
-"""Tests of experiments/report.py (`latentq report`): synthetic latentq-results/1 files built with h5py,
-the script run as a subprocess; figures checked as PNGs, report.md checked for figures, tables and the
-lines about missing groups; bad inputs give exit code 2 and a one-line message, never a traceback."""
-import importlib.util
+"""Tests of latentq.report (`latentq report`): synthetic latentq-results/1 files built with h5py,
+`python -m latentq.report` run as a subprocess; figures checked as PNGs, report.md checked for figures,
+tables and the lines about missing groups; bad inputs give exit code 2 and a one-line message, never a traceback."""
 import math
 import re
 import os
@@ -13,23 +12,12 @@ import h5py
 import numpy as np
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(os.path.dirname(HERE))
-SCRIPT = os.path.join(REPO, "experiments", "report.py")
+from latentq import report as R
+
 SEED = 1234
 
 ALL_FIGURES = ["frontier_c_kv.png", "frontier_model_bytes.png", "per_layer.png", "svd.png", "cross_layer.png",
                "cross_layer_sharing.png", "e2e.png", "error_vs_position.png"]
-
-
-def load_report_module():
-    spec = importlib.util.spec_from_file_location("latentq_report", SCRIPT)
-    m = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(m)
-    return m
-
-
-R = load_report_module()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -247,7 +235,8 @@ def position_columns(table, count="tokens"):
 def run_report(*args):
     env = dict(os.environ, MPLBACKEND="Agg")
     env.pop("LATENTQ_DEBUG", None)
-    return subprocess.run([sys.executable, SCRIPT, *map(str, args)], capture_output=True, text=True, env=env,
+    return subprocess.run([sys.executable, "-m", "latentq.report", *map(str, args)], capture_output=True, text=True,
+                          env=env,
                           timeout=600)
 
 

@@ -1,8 +1,8 @@
 """The shipped dump data/latents/tiny-mla.h5 against the shipped weights data/tiny-mla.
 
 Created by the lead with:
-    .venv/bin/python data/kjv_text.py --split heldout --out /tmp/heldout.txt
-    .venv/bin/python data/dump_latents.py --model data/tiny-mla --text /tmp/heldout.txt \\
+    .venv/bin/python -m latentq.kjv_text --split heldout --out /tmp/heldout.txt
+    .venv/bin/python -m latentq.dump --model data/tiny-mla --text /tmp/heldout.txt \\
         --seq-len 512 --num-seqs 4 --q-rows 256 --out data/latents/tiny-mla.h5
 """
 import hashlib
@@ -18,7 +18,7 @@ from dump_checks import LAYER_DATASETS, check_schema, reference_attn_out, rel
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WEIGHTS = os.path.join(REPO, "data", "tiny-mla", "model.safetensors")
 DUMP = os.path.join(REPO, "data", "latents", "tiny-mla.h5")
-need_dump = pytest.mark.skipif(not os.path.exists(DUMP), reason=f"{DUMP} absent (create it with data/dump_latents.py after training)")
+need_dump = pytest.mark.skipif(not os.path.exists(DUMP), reason=f"{DUMP} absent (create it with python -m latentq.dump after training)")
 need_weights = pytest.mark.skipif(not os.path.exists(WEIGHTS), reason=f"{WEIGHTS} absent (train with data/train_tiny_mla.py)")
 VOLATILE_ATTRS = {"created", "torch_version", "transformers_version"}
 
@@ -40,7 +40,7 @@ def test_shipped_dump_schema_and_recomputation():
 @need_dump
 @need_weights
 def test_redump_reproduces_shipped(tmp_path):
-    import dump_latents
+    from latentq import dump as dump_latents
 
     with h5py.File(DUMP, "r") as f:
         attrs = {k: f.attrs[k] for k in f.attrs}
@@ -75,7 +75,7 @@ def test_redump_reproduces_shipped(tmp_path):
 @need_dump
 @pytest.mark.skipif(shutil.which("bible") is None, reason="Debian's 'bible' program (bible-kjv) not installed")
 def test_shipped_tokens_are_the_heldout_text():
-    from kjv_text import load_kjv, sha256, split_kjv
+    from latentq.kjv_text import load_kjv, sha256, split_kjv
 
     _, heldout = split_kjv(load_kjv())
     with h5py.File(DUMP, "r") as f:
