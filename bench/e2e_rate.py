@@ -9,10 +9,10 @@ In one run, on the same machine (median of --repeats after one warm-up):
             model calls it: most of the forward's FLOPs), 2·M·N·K FLOPs per call: the machine's GEMM rate
             at that shape (a median of torch.matmul with W [hidden, intermediate] came out below the
             forwards' own rate on a busy machine);
-  forward   the model's forward on K·n sequences of T tokens (K = --batch-runs, 0 = e2e_inject's auto
+  forward   the model's forward on K·n sequences of T tokens (K = --batch-runs, 0 = latentq.e2e's auto
             choice; n = --num-seqs), no hooks;
   prefill   the same forward with K prefill-at-once runs injected (batch_inject of make_inject,
-            int4-asym-channel-g32 on c_kv and k_pe, every layer): what e2e_inject runs per batch;
+            int4-asym-channel-g32 on c_kv and k_pe, every layer): what latentq.e2e runs per batch;
   decode    the same with K decode-order runs (batch_decode_cache, int4-asym-channel-g32, decode-r32-s0-p0),
   and the same three at K = 1 (one run per forward, the step before --batch-runs).
 FLOPs of a forward (useful work, counted once): 2 · (parameters of every nn.Linear, lm_head included)

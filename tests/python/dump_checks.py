@@ -1,6 +1,6 @@
 """Shared checks for latentq-dump/1 files (used by test_dump, test_hf_hooks, test_shipped_dump).
 
-Independent of data/dump_latents.py on purpose: the reference recomputation below loops over query
+Independent of latentq.dump on purpose: the reference recomputation below loops over query
 rows and never calls the dumper's own ``absorbed_attention``.
 """
 from __future__ import annotations

@@ -415,7 +415,7 @@ def results_file(path, quantizers=("int4-asym-channel-g8", "bf16"), attrs=None):
 
 
 def test_script_on_hf_checkpoint_decode_modes(v3_checkpoint, tmp_path):
-    """e2e_inject.py on an HF DeepseekV3 directory (byte tokens: it has no tokenizer), the decode modes
+    """latentq.e2e on an HF DeepseekV3 directory (byte tokens: it has no tokenizer), the decode modes
     and quantizers from the root attributes: /e2e gains cache_mode rows, /e2e_position buckets them."""
     res = tmp_path / "r.h5"
     modes = ["prefill-at-once", "decode-r0-s0-p0", "decode-r16-s4-p0"]
