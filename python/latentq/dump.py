@@ -177,6 +177,168 @@ def _seq_check(rec: dict, w_uk, w_uv, local_rows: np.ndarray, softmax_scale: flo
     return max_diff, max_ref
 
 
+class _Plan:
+    """What dump() writes, fixed before the first forward pass: the sequences, the MLA layers and
+    dims, the query rows, the row offsets and every dataset's final shape."""
+
+    def __init__(self, model, config_dict: dict, token_ids_per_seq, q_rows: int):
+        """Raises DumpError (empty input, bad q_rows), MLAModuleNotFoundError (no MLA module),
+        RuntimeError (config and weights disagree)."""
+        self.seqs = [np.asarray(s, dtype=np.int64).reshape(-1) for s in token_ids_per_seq]
+        if not self.seqs or any(len(s) == 0 for s in self.seqs):
+            raise DumpError("need at least one non-empty sequence")
+        mla = find_mla_layers(model)
+        self.layer_ids = sorted(i for i, _, _ in mla)
+        self.attn_of = {i: a for i, _, a in mla}
+        self.dims = dims = mla_dims(mla[0][2])
+        for key, cfg_key in (("num_heads", "num_attention_heads"), ("kv_lora_rank", "kv_lora_rank"),
+                             ("qk_rope_head_dim", "qk_rope_head_dim"), ("qk_nope_head_dim", "qk_nope_head_dim"),
+                             ("v_head_dim", "v_head_dim")):
+            if cfg_key in config_dict and int(config_dict[cfg_key]) != dims[key]:
+                raise RuntimeError(f"config {cfg_key}={config_dict[cfg_key]} but the weights give {dims[key]}")
+        self.seq_lens = seq_lens = [len(s) for s in self.seqs]
+        self.local_rows = select_q_rows(seq_lens, q_rows)
+        self.offsets = np.concatenate([[0], np.cumsum(seq_lens)]).astype(np.int64)
+        self.q_offsets = np.concatenate([[0], np.cumsum([len(r) for r in self.local_rows])]).astype(np.int64)
+        self.tokens = np.concatenate(self.seqs)
+        self.positions = np.concatenate([np.arange(n) for n in seq_lens])
+        self.q_rows_global = np.concatenate([off + r for off, r in zip(self.offsets[:-1], self.local_rows)])
+        H, nope, vd, r = dims["num_heads"], dims["qk_nope_head_dim"], dims["v_head_dim"], dims["kv_lora_rank"]
+        rope = dims["qk_rope_head_dim"]
+        T, Tq = int(self.offsets[-1]), int(self.q_offsets[-1])
+        self.shapes = {"c_kv": (T, r), "k_pe": (T, rope), "q_rows": (Tq,), "q_nope": (Tq, H, nope),
+                       "q_pe": (Tq, H, rope), "w_uk": (H, nope, r), "w_uv": (H, vd, r), "attn_out": (Tq, H, vd)}
+
+    def w_uk_uv(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """W_UK [H, d_n, r], W_UV [H, d_v, r] of layer i (float32 CPU; views of kv_b_proj.weight when it is)."""
+        d = self.dims
+        H, nope, vd, r = d["num_heads"], d["qk_nope_head_dim"], d["v_head_dim"], d["kv_lora_rank"]
+        wkv_b = self.attn_of[i].kv_b_proj.weight.detach().float().cpu().view(H, nope + vd, r)
+        return wkv_b[:, :nope], wkv_b[:, nope:]
+
+
+def _create_datasets(f, plan: _Plan, kw: dict) -> None:
+    """Every dataset of the file at its final shape (dump's docstring): tokens, positions, seq_offsets and,
+    per layer, q_rows, W_UK and W_UV written whole; c_kv, k_pe, q_nope, q_pe and attn_out empty, chunked
+    with chunk_shape. kw: the compression arguments of every dataset."""
+
+    def put(parent, name, data):
+        """A dataset written whole at creation, chunked: INDEX_CHUNK elements (1-D), one head (W_UK/W_UV)."""
+        chunks = (min(len(data), INDEX_CHUNK),) if data.ndim == 1 else (1,) + data.shape[1:]
+        parent.create_dataset(name, data=data, chunks=chunks, **kw)
+
+    put(f, "tokens", plan.tokens.astype(np.int32))
+    put(f, "positions", plan.positions.astype(np.int32))
+    put(f, "seq_offsets", plan.offsets.astype(np.int64))
+    g = f.create_group("layers")
+    for i in plan.layer_ids:
+        gl = g.create_group(f"{i:03d}")
+        for k in ("c_kv", "k_pe", "q_rows", "q_nope", "q_pe", "w_uk", "w_uv", "attn_out"):
+            if k == "q_rows":
+                put(gl, k, plan.q_rows_global.astype(np.int32))
+            elif k in ("w_uk", "w_uv"):
+                put(gl, k, np.ascontiguousarray(plan.w_uk_uv(i)[0 if k == "w_uk" else 1].numpy()))
+            else:
+                gl.create_dataset(k, shape=plan.shapes[k], dtype="<f4", chunks=chunk_shape(plan.shapes[k]), **kw)
+
+
+class _LayerWriter:
+    """The on_layer callback of dump()'s capture: writes layer i's rows of the running sequence ``seq``
+    into the open file f, self-checks them (_seq_check) and keeps the per-layer maxima and the softmax
+    scales, rope layouts, functions and scale sources seen; the record is dropped after the call."""
+
+    def __init__(self, f, plan: _Plan):
+        self.f, self.plan = f, plan
+        self.seq, self.done = 0, set()
+        self.scales, self.layouts, self.functions, self.sources = set(), set(), set(), set()
+        self.max_diff = {i: 0.0 for i in plan.layer_ids}
+        self.max_ref = {i: 0.0 for i in plan.layer_ids}
+
+    def __call__(self, i: int, rec: dict) -> None:
+        p, s = self.plan, self.seq
+        a, b = int(p.offsets[s]), int(p.offsets[s + 1])
+        qa, qb = int(p.q_offsets[s]), int(p.q_offsets[s + 1])
+        gl = self.f["layers"][f"{i:03d}"]
+        for k, (lo, hi) in (("c_kv", (a, b)), ("k_pe", (a, b)), ("q_nope", (qa, qb)), ("q_pe", (qa, qb)),
+                            ("attn_out", (qa, qb))):
+            x = np.ascontiguousarray(rec[k][0].numpy(), dtype=np.float32)
+            if x.shape != (hi - lo,) + p.shapes[k][1:]:
+                raise RuntimeError(f"layer {i}, sequence {s}: captured {k} has shape {x.shape}, expected "
+                                   f"{(hi - lo,) + p.shapes[k][1:]}")
+            gl[k][lo:hi] = x             # the Dataset object (and its chunk cache) closes here
+        self.scales.add(rec["softmax_scale"])
+        self.layouts.add(rec["rope_layout"])
+        self.functions.add(rec["rope_function"])
+        self.sources.add(rec["softmax_scale_source"])
+        d, m = _seq_check(rec, *p.w_uk_uv(i), p.local_rows[s], rec["softmax_scale"])
+        self.max_diff[i] = float(np.maximum(self.max_diff[i], d))
+        self.max_ref[i] = float(np.maximum(self.max_ref[i], m))
+        self.done.add(i)
+
+    def rel_err(self, i: int) -> float:
+        """max|Δ| / max|attn_out| of layer i over the sequences run so far."""
+        return self.max_diff[i] / max(self.max_ref[i], 1e-300)
+
+
+def _run_sequences(model, plan: _Plan, writer: _LayerWriter, check_tol: float) -> None:
+    """One forward pass per sequence under LatentCapture(on_layer=writer), with the checks after each
+    pass (dump's docstring). Raises RuntimeError: a layer that did not run, layers that disagree on the
+    softmax scale or rope layout, a layer over check_tol."""
+    device = next(model.parameters()).device
+    model.eval()
+    with LatentCapture(model, on_layer=writer) as cap:
+        for s, (seq, rows) in enumerate(zip(plan.seqs, plan.local_rows)):
+            writer.seq, writer.done = s, set()
+            cap.clear()
+            cap.q_rows = torch.as_tensor(rows)
+            run_model(model, torch.as_tensor(seq, device=device)[None, :])
+            missing = sorted(set(plan.layer_ids) - writer.done)
+            if missing:
+                raise RuntimeError(f"sequence {s}: MLA layers {missing} did not run in the forward pass")
+            if len(writer.scales) != 1 or len(writer.layouts) != 1:
+                raise RuntimeError(f"layers disagree: softmax scales {sorted(writer.scales)}, rope layouts "
+                                   f"{sorted(writer.layouts)}")
+            for i in plan.layer_ids:
+                err = writer.rel_err(i)
+                if not err <= check_tol:
+                    raise RuntimeError(
+                        f"layer {i}: absorbed recomputation differs from the model's attn_out by "
+                        f"{err:.3g} (relative) > {check_tol:g}; the captured tensors or scale are inconsistent "
+                        f"(sequences 0..{s} of {len(plan.seqs)})")
+
+
+def _root_attrs(plan: _Plan, writer: _LayerWriter, config_dict: dict, meta: dict) -> dict:
+    """The root attributes of the file (data/README.md), once every sequence has run. meta: model,
+    revision, source, original_dtype, compute_dtype, text_sha256, transformers_version."""
+    d = plan.dims
+    return {
+        "schema": SCHEMA,
+        "model": meta["model"],
+        "revision": meta["revision"],
+        "source": meta["source"],
+        "created": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "config_json": json.dumps(config_dict, sort_keys=True, default=str),
+        "num_layers": np.int64(len(plan.layer_ids)),
+        "num_heads": np.int64(d["num_heads"]),
+        "kv_lora_rank": np.int64(d["kv_lora_rank"]),
+        "qk_rope_head_dim": np.int64(d["qk_rope_head_dim"]),
+        "qk_nope_head_dim": np.int64(d["qk_nope_head_dim"]),
+        "v_head_dim": np.int64(d["v_head_dim"]),
+        "softmax_scale": np.float64(next(iter(writer.scales))),
+        "softmax_scale_source": ",".join(sorted(writer.sources)),
+        "rope_layout": next(iter(writer.layouts)),
+        "rope_function": ",".join(sorted(writer.functions)),
+        "original_dtype": meta["original_dtype"],
+        "compute_dtype": meta["compute_dtype"],
+        "num_seqs": np.int64(len(plan.seqs)),
+        "seq_len": np.int64(plan.seq_lens[0] if len(set(plan.seq_lens)) == 1 else -1),
+        "text_sha256": meta["text_sha256"],
+        "q_rows_rule": Q_ROWS_RULE,
+        "torch_version": torch.__version__,
+        "transformers_version": meta["transformers_version"],
+    }
+
+
 @torch.no_grad()
 def dump(model, config_dict: dict, token_ids_per_seq, q_rows: int, out_path: str, *, model_name: str = "",
          revision: str | None = None, source: str = "hf-hooks", original_dtype: str | None = None,
@@ -229,40 +391,10 @@ def dump(model, config_dict: dict, token_ids_per_seq, q_rows: int, out_path: str
 
     if os.path.exists(out_path) and not force:
         raise DumpError(f"{out_path} exists; pass force=True (--force) to overwrite")
-    seqs = [np.asarray(s, dtype=np.int64).reshape(-1) for s in token_ids_per_seq]
-    if not seqs or any(len(s) == 0 for s in seqs):
-        raise DumpError("need at least one non-empty sequence")
-    mla = find_mla_layers(model)
-    layer_ids = sorted(i for i, _, _ in mla)
-    attn_of = {i: a for i, _, a in mla}
-    dims = mla_dims(mla[0][2])
-    for key, cfg_key in (("num_heads", "num_attention_heads"), ("kv_lora_rank", "kv_lora_rank"),
-                         ("qk_rope_head_dim", "qk_rope_head_dim"), ("qk_nope_head_dim", "qk_nope_head_dim"),
-                         ("v_head_dim", "v_head_dim")):
-        if cfg_key in config_dict and int(config_dict[cfg_key]) != dims[key]:
-            raise RuntimeError(f"config {cfg_key}={config_dict[cfg_key]} but the weights give {dims[key]}")
-    param = next(model.parameters())
-    compute_dtype = param.dtype
+    plan = _Plan(model, config_dict, token_ids_per_seq, q_rows)
+    compute_dtype = next(model.parameters()).dtype
     if check_tol is None:
         check_tol = 1e-4 if compute_dtype == torch.float32 else 2e-2
-    seq_lens = [len(s) for s in seqs]
-    local_rows = select_q_rows(seq_lens, q_rows)
-    offsets = np.concatenate([[0], np.cumsum(seq_lens)]).astype(np.int64)
-    q_offsets = np.concatenate([[0], np.cumsum([len(r) for r in local_rows])]).astype(np.int64)
-    tokens = np.concatenate(seqs)
-    positions = np.concatenate([np.arange(n) for n in seq_lens])
-    q_rows_global = np.concatenate([off + r for off, r in zip(offsets[:-1], local_rows)])
-    H, nope, vd, r = dims["num_heads"], dims["qk_nope_head_dim"], dims["v_head_dim"], dims["kv_lora_rank"]
-    rope = dims["qk_rope_head_dim"]
-    T, Tq = int(offsets[-1]), int(q_offsets[-1])
-    shapes = {"c_kv": (T, r), "k_pe": (T, rope), "q_rows": (Tq,), "q_nope": (Tq, H, nope),
-              "q_pe": (Tq, H, rope), "w_uk": (H, nope, r), "w_uv": (H, vd, r), "attn_out": (Tq, H, vd)}
-
-    def w_uk_uv(i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """W_UK [H, d_n, r], W_UV [H, d_v, r] of layer i (float32 CPU; views of kv_b_proj.weight when it is)."""
-        wkv_b = attn_of[i].kv_b_proj.weight.detach().float().cpu().view(H, nope + vd, r)
-        return wkv_b[:, :nope], wkv_b[:, nope:]
-
     if revision is None:
         revision = "sha256-state-dict:" + state_dict_sha256(model)
     if original_dtype is None:
@@ -270,106 +402,20 @@ def dump(model, config_dict: dict, token_ids_per_seq, q_rows: int, out_path: str
     import transformers  # noqa: F401  (version only)
 
     kw = {"compression": "gzip", "compression_opts": 4, "shuffle": True} if compression == "gzip" else {}
-
-    def put(parent, name, data):
-        """A dataset written whole at creation, chunked: INDEX_CHUNK elements (1-D), one head (W_UK/W_UV)."""
-        chunks = (min(len(data), INDEX_CHUNK),) if data.ndim == 1 else (1,) + data.shape[1:]
-        parent.create_dataset(name, data=data, chunks=chunks, **kw)
-
     out_dir = os.path.dirname(os.path.abspath(out_path))
     os.makedirs(out_dir, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".tmp-" + os.path.basename(out_path) + ".", dir=out_dir)
     os.close(fd)
-    scales, layouts, functions, sources = set(), set(), set(), set()
-    max_diff = {i: 0.0 for i in layer_ids}
-    max_ref = {i: 0.0 for i in layer_ids}
     was_training = model.training
     try:
         with h5py.File(tmp, "w") as f:
-            put(f, "tokens", tokens.astype(np.int32))
-            put(f, "positions", positions.astype(np.int32))
-            put(f, "seq_offsets", offsets.astype(np.int64))
-            g = f.create_group("layers")
-            for i in layer_ids:
-                gl = g.create_group(f"{i:03d}")
-                for k in ("c_kv", "k_pe", "q_rows", "q_nope", "q_pe", "w_uk", "w_uv", "attn_out"):
-                    if k == "q_rows":
-                        put(gl, k, q_rows_global.astype(np.int32))
-                    elif k in ("w_uk", "w_uv"):
-                        put(gl, k, np.ascontiguousarray(w_uk_uv(i)[0 if k == "w_uk" else 1].numpy()))
-                    else:
-                        gl.create_dataset(k, shape=shapes[k], dtype="<f4", chunks=chunk_shape(shapes[k]), **kw)
-
-            state = {"seq": 0, "done": set()}
-
-            def on_layer(i: int, rec: dict) -> None:
-                """Write layer i's rows of the current sequence, self-check them; rec is dropped after."""
-                s = state["seq"]
-                a, b = int(offsets[s]), int(offsets[s + 1])
-                qa, qb = int(q_offsets[s]), int(q_offsets[s + 1])
-                gl = f["layers"][f"{i:03d}"]
-                for k, (lo, hi) in (("c_kv", (a, b)), ("k_pe", (a, b)), ("q_nope", (qa, qb)), ("q_pe", (qa, qb)),
-                                    ("attn_out", (qa, qb))):
-                    x = np.ascontiguousarray(rec[k][0].numpy(), dtype=np.float32)
-                    if x.shape != (hi - lo,) + shapes[k][1:]:
-                        raise RuntimeError(f"layer {i}, sequence {s}: captured {k} has shape {x.shape}, expected "
-                                           f"{(hi - lo,) + shapes[k][1:]}")
-                    gl[k][lo:hi] = x             # the Dataset object (and its chunk cache) closes here
-                scales.add(rec["softmax_scale"])
-                layouts.add(rec["rope_layout"])
-                functions.add(rec["rope_function"])
-                sources.add(rec["softmax_scale_source"])
-                d, m = _seq_check(rec, *w_uk_uv(i), local_rows[s], rec["softmax_scale"])
-                max_diff[i] = float(np.maximum(max_diff[i], d))
-                max_ref[i] = float(np.maximum(max_ref[i], m))
-                state["done"].add(i)
-
-            model.eval()
-            with LatentCapture(model, on_layer=on_layer) as cap:
-                for s, (seq, rows) in enumerate(zip(seqs, local_rows)):
-                    state["seq"], state["done"] = s, set()
-                    cap.clear()
-                    cap.q_rows = torch.as_tensor(rows)
-                    run_model(model, torch.as_tensor(seq, device=param.device)[None, :])
-                    missing = sorted(set(layer_ids) - state["done"])
-                    if missing:
-                        raise RuntimeError(f"sequence {s}: MLA layers {missing} did not run in the forward pass")
-                    if len(scales) != 1 or len(layouts) != 1:
-                        raise RuntimeError(f"layers disagree: softmax scales {sorted(scales)}, rope layouts {sorted(layouts)}")
-                    for i in layer_ids:
-                        err = max_diff[i] / max(max_ref[i], 1e-300)
-                        if not err <= check_tol:
-                            raise RuntimeError(
-                                f"layer {i}: absorbed recomputation differs from the model's attn_out by "
-                                f"{err:.3g} (relative) > {check_tol:g}; the captured tensors or scale are inconsistent "
-                                f"(sequences 0..{s} of {len(seqs)})")
-            softmax_scale, rope_layout = next(iter(scales)), next(iter(layouts))
-            attrs = {
-                "schema": SCHEMA,
-                "model": model_name,
-                "revision": revision,
-                "source": source,
-                "created": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                "config_json": json.dumps(config_dict, sort_keys=True, default=str),
-                "num_layers": np.int64(len(layer_ids)),
-                "num_heads": np.int64(H),
-                "kv_lora_rank": np.int64(r),
-                "qk_rope_head_dim": np.int64(rope),
-                "qk_nope_head_dim": np.int64(nope),
-                "v_head_dim": np.int64(vd),
-                "softmax_scale": np.float64(softmax_scale),
-                "softmax_scale_source": ",".join(sorted(sources)),
-                "rope_layout": rope_layout,
-                "rope_function": ",".join(sorted(functions)),
-                "original_dtype": original_dtype,
-                "compute_dtype": str(compute_dtype).replace("torch.", ""),
-                "num_seqs": np.int64(len(seqs)),
-                "seq_len": np.int64(seq_lens[0] if len(set(seq_lens)) == 1 else -1),
-                "text_sha256": text_sha256,
-                "q_rows_rule": Q_ROWS_RULE,
-                "torch_version": torch.__version__,
-                "transformers_version": transformers.__version__,
-            }
+            _create_datasets(f, plan, kw)
+            writer = _LayerWriter(f, plan)
+            _run_sequences(model, plan, writer, check_tol)
+            meta = {"model": model_name, "revision": revision, "source": source, "original_dtype": original_dtype,
+                    "compute_dtype": str(compute_dtype).replace("torch.", ""), "text_sha256": text_sha256,
+                    "transformers_version": transformers.__version__}
+            attrs = _root_attrs(plan, writer, config_dict, meta)
             if extra_attrs:
                 attrs.update(extra_attrs)
             for k, v in attrs.items():
@@ -384,10 +430,10 @@ def dump(model, config_dict: dict, token_ids_per_seq, q_rows: int, out_path: str
         raise
     finally:
         model.train(was_training)
-    errs = {i: max_diff[i] / max(max_ref[i], 1e-300) for i in layer_ids}
-    return {"path": out_path, "bytes": os.path.getsize(out_path), "softmax_scale": softmax_scale,
+    errs = {i: writer.rel_err(i) for i in plan.layer_ids}
+    return {"path": out_path, "bytes": os.path.getsize(out_path), "softmax_scale": next(iter(writer.scales)),
             "softmax_scale_config": config_softmax_scale(config_dict) if "qk_nope_head_dim" in config_dict else None,
-            "rope_layout": rope_layout, "max_rel_err": errs, "num_layers": len(layer_ids)}
+            "rope_layout": next(iter(writer.layouts)), "max_rel_err": errs, "num_layers": len(plan.layer_ids)}
 
 
 def file_sha256(paths: list[str]) -> str:
