@@ -66,7 +66,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
-import re
 import shutil
 import sys
 import tempfile
@@ -77,7 +76,18 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from latentq.capture import find_mla_layers, mla_dims
 from latentq.dump import load_model, run_model
+from latentq.e2e_decode import (  # noqa: F401  (re-exported: the tests and bench/e2e_rate.py use latentq.e2e.*)
+    DECODE_TARGETS,
+    PREFILL_AT_ONCE,
+    batch_decode_cache,
+    cache_bytes_per_token,
+    make_decode_cache,
+    mode_rsp,
+    spec_at,
+)
+from latentq.inject import DecodeOrderAttention, LatentInjector
 
 # The repository (python/latentq/e2e.py is two levels below it): the default --model data/tiny-mla.
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -221,26 +231,6 @@ def position_rows(ref: torch.Tensor, q: torch.Tensor, width: int) -> list[dict]:
     return rows
 
 
-PREFILL_AT_ONCE = "prefill-at-once"
-_MODE_RE = re.compile(r"decode-r(\d+)-s(\d+)-p(\d+)")
-
-
-def mode_rsp(latentq, mode: str) -> tuple[int, int, int]:
-    """(residual, sink, prefill) of a cache-mode label ('prefill-at-once': (0, 0, 0)); the label is
-    validated by the module (DecodeOrder::parse). Raises ValueError naming a malformed label."""
-    try:
-        latentq.decode_order_mask(mode, 1, 1)
-    except ValueError as e:
-        raise ValueError(str(e) if str(e).startswith(f"cache mode '{mode}'") else f"cache mode '{mode}': {e}") from None
-    if mode == PREFILL_AT_ONCE:
-        return 0, 0, 0
-    m = _MODE_RE.fullmatch(mode)
-    if m is None:
-        raise ValueError(f"cache mode '{mode}': expected 'prefill-at-once' or 'decode-r<R>-s<S>-p<P>'")
-    return int(m[1]), int(m[2]), int(m[3])
-
-
-DECODE_TARGETS = ("c_kv", "k_pe", "c_kv+k_pe")
 
 
 def decode_settings(results_path: str) -> tuple[list[str] | None, list[str] | None, int | None, list[str] | None]:
@@ -260,40 +250,6 @@ def decode_settings(results_path: str) -> tuple[list[str] | None, list[str] | No
     return modes, qs, w, tg
 
 
-def spec_at(spec, layer: int, target: str) -> str | None:
-    """The spec of (layer, target): `spec` itself (a string), or its entry in a mixed assignment dict."""
-    return spec if isinstance(spec, str) else spec.get((layer, target))
-
-
-def make_decode_cache(latentq, spec, targets: tuple[str, ...], layers, mode: str):
-    """cache_fn for latentq.inject.DecodeOrderAttention: per layer in `layers` (None: every layer),
-    c_kv / k_pe [B, T, D] (one sequence per batch row) -> (quantized, bf16, read_quantized [T, T])
-    for each, from latentq.decode_order_latents and latentq.decode_order_mask(mode, T, G) with
-    G = latentq.decode_token_group of the target's spec. A target the quantizer does not cover is read
-    exact on both sides (mask all False); a layer with no covered target returns None (model's own)."""
-    masks: dict[tuple[int, int], torch.Tensor] = {}
-
-    def fn(layer: int, c_kv: torch.Tensor, k_pe: torch.Tensor):
-        if layers is not None and layer not in layers:
-            return None
-        out, covered = [], False
-        for name, x in (("c_kv", c_kv), ("k_pe", k_pe)):
-            s = spec_at(spec, layer, name) if name in targets else None
-            B, T, D = x.shape
-            if s is None:
-                out += [x, x, torch.zeros(T, T, dtype=torch.bool)]
-                continue
-            flat = x.detach().to("cpu", torch.float32).reshape(B * T, D).contiguous().numpy()
-            q, b = latentq.decode_order_latents(flat, s, mode, name, [i * T for i in range(B + 1)])
-            G = latentq.decode_token_group(s)
-            if (G, T) not in masks:
-                masks[(G, T)] = torch.from_numpy(latentq.decode_order_mask(mode, T, G))
-            out += [torch.from_numpy(q).reshape(B, T, D), torch.from_numpy(b).reshape(B, T, D), masks[(G, T)]]
-            covered = True
-        return tuple(out) if covered else None
-    return fn
-
-
 def batch_inject(fns: list, n: int):
     """Injection callback for K runs in one forward (LatentInjector): the batch [K·n, T, D] holds run k's
     n sequences at rows k·n .. (k+1)·n - 1 (the ids repeated K times), and run k's callback fns[k]
@@ -306,35 +262,6 @@ def batch_inject(fns: list, n: int):
             xs = x[k * n:(k + 1) * n]
             parts.append(xs if f is None else f(layer, name, xs).to(dtype=x.dtype, device=x.device))
         return torch.cat(parts)
-    return fn
-
-
-def batch_decode_cache(fns: list, n: int):
-    """cache_fn (DecodeOrderAttention) for K decode-order runs in one forward, rows as batch_inject:
-    run k's cache_fn fns[k] (make_decode_cache) sees its n rows of c_kv / k_pe [K·n, T, D]; the read
-    masks become [K·n, 1, T, T] (run k's [T, T] mask on its rows), and a run whose cache_fn returns None
-    for the layer keeps the model's own attention output on its rows (the 7th element, rows [K·n])."""
-    def fn(layer: int, c_kv: torch.Tensor, k_pe: torch.Tensor):
-        res = [None if f is None else f(layer, c_kv[k * n:(k + 1) * n], k_pe[k * n:(k + 1) * n])
-               for k, f in enumerate(fns)]
-        if all(r is None for r in res):
-            return None
-        T, out = c_kv.shape[1], []
-        for i, x in ((0, c_kv), (3, k_pe)):
-            q, b, m = [], [], []
-            for k, r in enumerate(res):
-                xs = x[k * n:(k + 1) * n]
-                if r is None:
-                    q.append(xs)
-                    b.append(xs)
-                    m.append(torch.zeros(n, 1, T, T, dtype=torch.bool, device=x.device))
-                else:
-                    q.append(torch.as_tensor(r[i]).to(device=x.device, dtype=x.dtype))
-                    b.append(torch.as_tensor(r[i + 1]).to(device=x.device, dtype=x.dtype))
-                    m.append(torch.as_tensor(r[i + 2]).to(device=x.device, dtype=torch.bool).expand(n, 1, T, T))
-            out += [torch.cat(q), torch.cat(b), torch.cat(m)]
-        rows = torch.tensor([r is not None for r in res], dtype=torch.bool).repeat_interleave(n)
-        return tuple(out) + (rows,)
     return fn
 
 
@@ -356,38 +283,6 @@ def auto_batch_runs(config, seq_len: int, num_seqs: int, budget: int = BATCH_BYT
     per_seq = 4 * seq_len * (8 * g("hidden_size") + 3 * inter + 4 * g("vocab_size")) \
         + 4 * 5 * g("num_attention_heads", 1) * seq_len * seq_len
     return int(max(1, min(16, budget // max(1, num_seqs * per_seq))))
-
-
-def cache_bytes_per_token(latentq, spec, targets: tuple[str, ...], layers: list[int], mode: str, dims: dict,
-                          L: int, num_seqs: int, memo: dict | None = None) -> float:
-    """Bytes per token per layer of the latent cache once L tokens are decoded, mean over `layers`:
-    per target (c_kv: kv_lora_rank, k_pe: qk_rope_head_dim columns), the bf16 tokens at 2 bytes/element
-    and the quantized ones at the format's bytes per token (QuantizedTensor.bytes_per_token of the
-    spec's quantizer storing num_seqs sequences of that many tokens; a per-tensor scale is amortized
-    over them); the bf16/quantized split is the last row of latentq.decode_order_mask(mode, L, G).
-    A target the spec does not cover counts at 2 bytes/element. Raises ValueError as quantize().
-    `memo`: a dict shared across calls (e.g. every run of one e2e step); the bytes of one (spec, target)
-    depend only on (spec, target, mode, L, num_seqs, width) and are quantized once per such key."""
-    widths = {"c_kv": dims["kv_lora_rank"], "k_pe": dims["qk_rope_head_dim"]}
-    memo = {} if memo is None else memo
-    total = 0.0
-    for layer in layers:
-        for name, D in widths.items():
-            s = spec_at(spec, layer, name) if name in targets else None
-            if s is None:
-                total += 2.0 * D
-                continue
-            key = (s, name, mode, L, num_seqs, D)
-            if key not in memo:
-                nq = int(latentq.decode_order_mask(mode, L, latentq.decode_token_group(s))[L - 1].sum())
-                bq = 0.0
-                if nq:  # the format's storage; a rotation costs nothing (folded into W_UK / W_UV)
-                    base = latentq.canonical_spec(s).split(",")[-1]
-                    x = np.random.default_rng(0).standard_normal((num_seqs * nq, D)).astype(np.float32)
-                    bq = latentq.quantize(x, base, name, [i * nq for i in range(num_seqs + 1)]).bytes_per_token
-                memo[key] = ((L - nq) * 2.0 * D + nq * bq) / L
-            total += memo[key]
-    return total / len(layers)
 
 
 def write_groups(results_path: str, groups: dict[str, tuple[dict[str, np.ndarray], dict]]) -> None:
@@ -439,8 +334,11 @@ def load_tokens(text: bytes, offset_bytes: int, tokenizer, seq_len: int, num_seq
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parse_args(argv=None):
+    """The command line (module docstring). Returns the namespace, or 2 after printing one error line when
+    a number is out of range."""
+    ap = argparse.ArgumentParser(prog="python -m latentq.e2e", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--results", required=True, help="latentq-results/1 file of `latentq run` (updated in place)")
     ap.add_argument("--model", default=os.path.join(ROOT, "data", "tiny-mla"),
                     help="tiny-mla directory or HF MLA checkpoint directory (DeepseekV2/V3, GLM-4 MoE Lite, MiniCPM3)")
@@ -471,17 +369,20 @@ def main(argv=None) -> int:
         if v is not None and v < lo:
             print(f"e2e_inject: error: {flag} {v}: must be >= {lo}", file=sys.stderr)
             return 2
+    return a
 
-    latentq = import_latentq()
-    from latentq.capture import find_mla_layers, mla_dims
-    from latentq.inject import DecodeOrderAttention, LatentInjector
 
-    torch.set_num_threads(a.threads)
-    try:
-        pairs = study_quantizers(a.results)
-        layers = study_layers(a.results)
+class Plan:
+    """What the step runs, from RESULTS.h5 and the flags: the prefill-at-once (quantizer, targets) pairs,
+    the decode-order ones, the cache modes (with their (R, S, P)), the /e2e_position bucket width and the
+    study's layers (None: every MLA layer of the model)."""
+
+    def __init__(self, a, latentq):
+        """Raises ValueError naming the file or flag (a spec, mode or target the study cannot have)."""
+        self.pairs = study_quantizers(a.results)
+        self.layers = study_layers(a.results)
         attr_modes, attr_qs, attr_w, attr_tg = decode_settings(a.results)
-        known = dict(pairs)
+        known = dict(self.pairs)
 
         def with_targets(specs: list[str], flag: str, decode: bool = False) -> list[tuple[str, tuple[str, ...]]]:
             out = []
@@ -498,97 +399,106 @@ def main(argv=None) -> int:
             return out
 
         if a.quantizers:
-            pairs = with_targets(a.quantizers, "--quantizers")
-        modes = a.cache_modes if a.cache_modes is not None else (attr_modes or [PREFILL_AT_ONCE])
-        rsp = {m: mode_rsp(latentq, m) for m in modes}
-        decode_modes = [m for m in dict.fromkeys(modes) if m != PREFILL_AT_ONCE]
+            self.pairs = with_targets(a.quantizers, "--quantizers")
+        self.modes = a.cache_modes if a.cache_modes is not None else (attr_modes or [PREFILL_AT_ONCE])
+        self.rsp = {m: mode_rsp(latentq, m) for m in self.modes}
+        self.decode_modes = [m for m in dict.fromkeys(self.modes) if m != PREFILL_AT_ONCE]
         if a.decode_quantizers is not None:
-            decode_pairs = with_targets(a.decode_quantizers, "--decode-quantizers", decode=True)
+            self.decode_pairs = with_targets(a.decode_quantizers, "--decode-quantizers", decode=True)
         elif attr_qs is not None:
-            decode_pairs = with_targets(attr_qs, f"{a.results}: decode_order_quantizers", decode=True)
+            self.decode_pairs = with_targets(attr_qs, f"{a.results}: decode_order_quantizers", decode=True)
         else:
-            decode_pairs = list(pairs)
+            self.decode_pairs = list(self.pairs)
         if attr_tg is not None:  # the study's [decode_order].targets: one run per quantizer, target set and mode
-            decode_pairs = [(q, tuple(t.split("+"))) for q, _ in decode_pairs for t in attr_tg]
-        width = a.position_bucket or attr_w or 64
-        if width < 1:
-            raise ValueError(f"{a.results}: decode_order_position_bucket {width}: must be >= 1")
-        if a.device.startswith("cuda") and not torch.cuda.is_available():
-            raise ValueError(f"--device {a.device}: CUDA is not available to torch here")
-        if a.text:
-            try:
-                with open(a.text, "rb") as f:
-                    text = f.read()
-            except OSError as e:
-                raise ValueError(f"--text {a.text}: cannot read ({e.strerror or type(e).__name__})") from None
-        else:
-            from latentq.kjv_text import load_kjv, split_kjv
-            text = split_kjv(load_kjv())[1]
-        if not os.path.isfile(os.path.join(a.model, "config.json")):
-            raise ValueError(f"--model {a.model}: no config.json (expected a tiny-mla or HF MLA checkpoint directory)")
-        model, _cfg, _src, _rev, _orig, tokenizer = load_model(a.model, _DTYPES[a.dtype], a.trust_remote_code)
-        model = model.to(a.device)
-        mla = find_mla_layers(model)
-        dims = mla_dims(mla[0][2])
-        max_pos = getattr(model.config, "max_position_embeddings", None)
-        if max_pos is not None and a.seq_len > max_pos:
-            raise ValueError(f"--seq-len {a.seq_len} exceeds max_position_embeddings {max_pos} of the model {a.model}")
-        vocab = getattr(model.config, "vocab_size", None) or model.get_output_embeddings().weight.shape[0]
-        ids = load_tokens(text, a.offset_bytes, tokenizer, a.seq_len, a.num_seqs, vocab).to(a.device)
-        model_layers = sorted(i for i, _, _ in mla)
-        if layers is None:
-            layers = model_layers
-        bad = [l for l in layers if l not in model_layers]
-        if bad:
-            raise ValueError(f"{a.results}: study layer(s) {bad} not in the model {a.model} "
-                             f"(MLA layers {model_layers[0]}..{model_layers[-1]})")
-    except (ValueError, OSError, RuntimeError) as e:
-        print(f"e2e_inject: error: {e}", file=sys.stderr)
-        return 2
-    if len(layers) < len(model_layers):
-        print(f"e2e_inject: note: the study ran layers {','.join(map(str, layers))} only; the other "
-              f"{len(model_layers) - len(layers)} of {len(model_layers)} layers stay unquantized", file=sys.stderr)
-    layer_set = frozenset(layers)
-    # KLT rotations are fitted on the dump's fit split by the C++ study (probes::fit_rotation); the
-    # injection sees only its own windows, so it does not refit one: those quantizers are left out.
-    klt = sorted({q for q, _ in pairs + decode_pairs if q.startswith("klt,")})
-    if klt:
-        print(f"e2e_inject: note: {len(klt)} klt quantizer(s) not injected (the KLT basis is fitted on the "
-              f"dump's fit split, not available here): {', '.join(klt)}", file=sys.stderr)
-    runs = [(q, t, PREFILL_AT_ONCE) for q, t in pairs if not q.startswith("klt,")]
-    if PREFILL_AT_ONCE not in modes and a.cache_modes is not None:
-        runs = []
-    runs += [(q, t, m) for m in decode_modes for q, t in decode_pairs if not q.startswith("klt,")]
-    if not runs:
-        print("e2e_inject: error: no quantizer to run (only klt quantizers, or no cache mode)", file=sys.stderr)
-        return 2
+            self.decode_pairs = [(q, tuple(t.split("+"))) for q, _ in self.decode_pairs for t in attr_tg]
+        self.width = a.position_bucket or attr_w or 64
+        if self.width < 1:
+            raise ValueError(f"{a.results}: decode_order_position_bucket {self.width}: must be >= 1")
 
-    # Auto: the prefill-at-once runs K at a time (the memory bound); the decode-order runs one at a time,
-    # since batching them gained nothing (README "End to end": tiny-mla's default step 41.7 s with them
-    # one per forward, 43.2 s and 1.7x the peak RSS by 4: the masked SDPA of mixed_latent_attention over
-    # 2·T keys grows with K as the runs' own work does).
-    K = a.batch_runs or auto_batch_runs(model.config, a.seq_len, a.num_seqs)
-    K_dec = a.batch_runs or 1
-    n = ids.shape[0]
-    # Runs in forwards of K: the reference with the first prefill-at-once runs (LatentInjector), the
-    # decode-order runs apart (DecodeOrderAttention), in the order of `runs` (the rows' order).
-    REF = None
-    pre = [REF] + [r for r in runs if r[2] == PREFILL_AT_ONCE]
-    dec = [r for r in runs if r[2] != PREFILL_AT_ONCE]
-    chunks = [pre[i:i + K] for i in range(0, len(pre), K)] + [dec[i:i + K_dec] for i in range(0, len(dec), K_dec)]
+    def runs(self, a) -> list[tuple[str, tuple[str, ...], str]]:
+        """(quantizer, targets, cache_mode) of every run, in the rows' order; prints a note for the klt
+        quantizers, which are left out."""
+        # KLT rotations are fitted on the dump's fit split by the C++ study (probes::fit_rotation); the
+        # injection sees only its own windows, so it does not refit one: those quantizers are left out.
+        klt = sorted({q for q, _ in self.pairs + self.decode_pairs if q.startswith("klt,")})
+        if klt:
+            print(f"e2e_inject: note: {len(klt)} klt quantizer(s) not injected (the KLT basis is fitted on the "
+                  f"dump's fit split, not available here): {', '.join(klt)}", file=sys.stderr)
+        runs = [(q, t, PREFILL_AT_ONCE) for q, t in self.pairs if not q.startswith("klt,")]
+        if PREFILL_AT_ONCE not in self.modes and a.cache_modes is not None:
+            runs = []
+        runs += [(q, t, m) for m in self.decode_modes for q, t in self.decode_pairs if not q.startswith("klt,")]
+        return runs
 
-    def resolve(spec):
+
+def load_inputs(a, plan: Plan):
+    """(model on --device, its tokenizer or None, ids [num_seqs, seq_len] on the device, MLA dims, the
+    model's MLA layers); plan.layers defaults to those. Raises ValueError (no CUDA, unreadable --text, no
+    config.json, windows the model or text cannot hold, study layers the model lacks), OSError,
+    RuntimeError."""
+    if a.device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device {a.device}: CUDA is not available to torch here")
+    if a.text:
         try:
-            latentq.canonical_spec(spec)
+            with open(a.text, "rb") as f:
+                text = f.read()
+        except OSError as e:
+            raise ValueError(f"--text {a.text}: cannot read ({e.strerror or type(e).__name__})") from None
+    else:
+        from latentq.kjv_text import load_kjv, split_kjv
+        text = split_kjv(load_kjv())[1]
+    if not os.path.isfile(os.path.join(a.model, "config.json")):
+        raise ValueError(f"--model {a.model}: no config.json (expected a tiny-mla or HF MLA checkpoint directory)")
+    model, _cfg, _src, _rev, _orig, tokenizer = load_model(a.model, _DTYPES[a.dtype], a.trust_remote_code)
+    model = model.to(a.device)
+    mla = find_mla_layers(model)
+    dims = mla_dims(mla[0][2])
+    max_pos = getattr(model.config, "max_position_embeddings", None)
+    if max_pos is not None and a.seq_len > max_pos:
+        raise ValueError(f"--seq-len {a.seq_len} exceeds max_position_embeddings {max_pos} of the model {a.model}")
+    vocab = getattr(model.config, "vocab_size", None) or model.get_output_embeddings().weight.shape[0]
+    ids = load_tokens(text, a.offset_bytes, tokenizer, a.seq_len, a.num_seqs, vocab).to(a.device)
+    model_layers = sorted(i for i, _, _ in mla)
+    if plan.layers is None:
+        plan.layers = model_layers
+    bad = [l for l in plan.layers if l not in model_layers]
+    if bad:
+        raise ValueError(f"{a.results}: study layer(s) {bad} not in the model {a.model} "
+                         f"(MLA layers {model_layers[0]}..{model_layers[-1]})")
+    return model, tokenizer, ids, dims, model_layers
+
+
+REF = None  # the reference run (exact latents) in a chunk of runs
+
+
+class Runner:
+    """The forwards of the step and the rows they give. ``forward(chunk)``: the logits of a chunk of runs
+    (REF or (quantizer, targets, cache_mode)) sharing one forward; ``record(run, logits)`` turns a run's
+    logits into its /e2e row and /e2e_position rows (the reference first); ``run_all(chunks)`` does both
+    for every chunk, replaying a chunk run by run when a quantizer refuses its input."""
+
+    def __init__(self, latentq, a, model, ids: torch.Tensor, plan: Plan, dims: dict):
+        self.latentq, self.a, self.model, self.ids, self.plan, self.dims = latentq, a, model, ids, plan, dims
+        self.layer_set = frozenset(plan.layers)
+        self.rows, self.pos_rows = [], []
+        self.ref = None
+        self.bpt_memo: dict = {}
+
+    def resolve(self, spec):
+        """A spec string as is, or a mixed assignment's {(layer, target): spec} from /latent_error."""
+        try:
+            self.latentq.canonical_spec(spec)
             return spec
         except ValueError:  # a mixed assignment: its spec per (layer, target) from /latent_error
-            return mixed_specs(a.results, spec)
+            return mixed_specs(self.a.results, spec)
 
-    def forward(chunk) -> list[torch.Tensor]:
+    def forward(self, chunk) -> list[torch.Tensor]:
         """The logits [n, T, V] (float32, CPU) of each run of `chunk` (REF: the exact latents)."""
+        latentq, model, ids, layer_set = self.latentq, self.model, self.ids, self.layer_set
+        n = ids.shape[0]
         if len(chunk) == 1 and chunk[0] is REF:
             return [run_model(model, ids).float().cpu()]
-        hows = [None if r is REF else resolve(r[0]) for r in chunk]
+        hows = [None if r is REF else self.resolve(r[0]) for r in chunk]
         if len(chunk) == 1:  # one run: the hooks of that run alone
             spec, targets, mode = chunk[0]
             hooks = (LatentInjector(model, make_inject(latentq, hows[0], targets, layer_set)) if mode == PREFILL_AT_ONCE
@@ -603,66 +513,112 @@ def main(argv=None) -> int:
             out = run_model(model, ids.repeat(len(chunk), 1) if len(chunk) > 1 else ids).float().cpu()
         return list(out.split(n)) if len(chunk) > 1 else [out]
 
-    t0 = time.time()
-    rows, pos_rows = [], []
-    ref = None
-    bpt_memo: dict = {}
-
-    def record(run, q: torch.Tensor) -> None:
-        nonlocal ref
+    def record(self, run, q: torch.Tensor) -> None:
+        """The rows of one run from its logits q (the reference's logits are kept for the others)."""
+        a, latentq, plan = self.a, self.latentq, self.plan
         if run is REF:
             require_finite_logits(q, f"the reference run (exact latents) of {a.model}")
-            ref = q
+            self.ref = q
             return
         spec, targets, mode = run
-        how = resolve(spec)
-        m = logit_metrics(ref, q, ids.cpu(), f"the run with {spec} latents ({'+'.join(targets)}, {mode})")
+        how = self.resolve(spec)
+        m = logit_metrics(self.ref, q, self.ids.cpu(), f"the run with {spec} latents ({'+'.join(targets)}, {mode})")
         specs = [how] if isinstance(how, str) else sorted(set(how.values()))
         causal = all(latentq.decode_scale_is_causal(s) for s in specs)
-        bpt = cache_bytes_per_token(latentq, how, targets, layers, mode, dims, a.seq_len, a.num_seqs, bpt_memo)
-        rows.append({"quantizer": spec, "targets": "+".join(targets), "cache_mode": mode, **m,
-                     "bytes_per_token": bpt, "scale_causal": np.int64(causal)})
-        R, S, P = rsp.get(mode, (0, 0, 0))
-        for r in position_rows(ref, q, width):
-            pos_rows.append({"quantizer": spec, "targets": "+".join(targets), "cache_mode": mode, "residual": R,
-                             "sink": S, "prefill": P,
-                             "scale_causal": np.int64(causal), **r, "bytes_per_token": bpt})
+        bpt = cache_bytes_per_token(latentq, how, targets, plan.layers, mode, self.dims, a.seq_len, a.num_seqs,
+                                    self.bpt_memo)
+        self.rows.append({"quantizer": spec, "targets": "+".join(targets), "cache_mode": mode, **m,
+                          "bytes_per_token": bpt, "scale_causal": np.int64(causal)})
+        R, S, P = plan.rsp.get(mode, (0, 0, 0))
+        for r in position_rows(self.ref, q, plan.width):
+            self.pos_rows.append({"quantizer": spec, "targets": "+".join(targets), "cache_mode": mode, "residual": R,
+                                  "sink": S, "prefill": P,
+                                  "scale_causal": np.int64(causal), **r, "bytes_per_token": bpt})
         print(f"  {spec:28s} {mode:20s} KL {m['kl_mean']:.3e}  top1 {m['top1_agree']:.4f}  "
               f"ppl {m['ppl_ref']:.4f} -> {m['ppl_quant']:.4f}  {bpt:.1f} B/token", flush=True)
 
-    try:
+    def run_all(self, chunks) -> None:
+        """forward + record for every chunk. Raises ValueError (non-finite logits, a spec the quantizers
+        refuse: then as an unbatched run would, after the rows before it)."""
         with torch.no_grad():
             for chunk in chunks:
                 try:
-                    logits = forward(chunk)
+                    logits = self.forward(chunk)
                 except ValueError:  # a spec the quantizers refuse: replay the runs one by one, so the
                     if len(chunk) == 1:  # error (and the lines before it) are those of unbatched runs
                         raise
                     logits = None
                 if logits is None:
                     for run in chunk:
-                        record(run, forward([run])[0])
+                        self.record(run, self.forward([run])[0])
                 else:
                     for run, q in zip(chunk, logits):
-                        record(run, q)
-    except ValueError as e:  # non-finite logits, a spec the quantizers refuse: nothing is written
-        print(f"e2e_inject: error: {e}; {a.results} is left unchanged", file=sys.stderr)
-        return 2
+                        self.record(run, q)
+
+
+def write_tables(a, runner: Runner, tokenizer, K: int, K_dec: int) -> None:
+    """/e2e and /e2e_position of the runner's rows into a.results (write_groups), with their attributes."""
+    rows, pos_rows = runner.rows, runner.pos_rows
     cols = {k: np.array([r[k] for r in rows]) for k in rows[0]}
     cols["num_tokens"] = np.full(len(rows), a.num_seqs * a.seq_len, dtype=np.int64)
     pcols = {k: np.array([r[k] for r in pos_rows]) for k in pos_rows[0]}
     common = {"model": os.path.abspath(a.model), "text_offset_bytes": a.offset_bytes, "seq_len": a.seq_len,
-              "num_seqs": a.num_seqs, "layers": ",".join(map(str, layers)), "device": a.device, "dtype": a.dtype,
-              "tokenizer": "bytes" if tokenizer is None else type(tokenizer).__name__, "batch_runs": np.int64(K),
-              "batch_runs_decode": np.int64(K_dec)}
+              "num_seqs": a.num_seqs, "layers": ",".join(map(str, runner.plan.layers)), "device": a.device,
+              "dtype": a.dtype, "tokenizer": "bytes" if tokenizer is None else type(tokenizer).__name__,
+              "batch_runs": np.int64(K), "batch_runs_decode": np.int64(K_dec)}
     write_groups(a.results, {
         "e2e": (cols, {**common, "definition": "KL(p_ref||p_q) mean over tokens (nats); top1 = argmax agreement; "
                        "ppl = exp(mean next-token NLL); bytes_per_token: cache at the sequence end, per layer; "
                        "cache_mode: latentq/decode_order.h"}),
-        "e2e_position": (pcols, {**common, "position_bucket": np.int64(width),
+        "e2e_position": (pcols, {**common, "position_bucket": np.int64(runner.plan.width),
                                  "definition": "KL and top-1 of the /e2e runs over query positions [pos_start, pos_end) "
                                                "of each window"})})
-    print(f"e2e: {len(rows)} runs, {a.num_seqs}x{a.seq_len} tokens, {len(chunks)} forwards of <= {K} runs, "
+
+
+def main(argv=None) -> int:
+    """The step (module docstring): 0 when /e2e and /e2e_position are written; 2 with one line
+    "e2e_inject: error: ..." on stderr (a bad flag or results file, a model or text that does not fit,
+    non-finite logits, a spec the quantizers refuse), the results file left unchanged."""
+    a = parse_args(argv)
+    if isinstance(a, int):
+        return a
+    latentq = import_latentq()
+    torch.set_num_threads(a.threads)
+    try:
+        plan = Plan(a, latentq)
+        model, tokenizer, ids, dims, model_layers = load_inputs(a, plan)
+    except (ValueError, OSError, RuntimeError) as e:
+        print(f"e2e_inject: error: {e}", file=sys.stderr)
+        return 2
+    if len(plan.layers) < len(model_layers):
+        print(f"e2e_inject: note: the study ran layers {','.join(map(str, plan.layers))} only; the other "
+              f"{len(model_layers) - len(plan.layers)} of {len(model_layers)} layers stay unquantized", file=sys.stderr)
+    runs = plan.runs(a)
+    if not runs:
+        print("e2e_inject: error: no quantizer to run (only klt quantizers, or no cache mode)", file=sys.stderr)
+        return 2
+
+    # Auto: the prefill-at-once runs K at a time (the memory bound); the decode-order runs one at a time,
+    # since batching them gained nothing (README "End to end": tiny-mla's default step 41.7 s with them
+    # one per forward, 43.2 s and 1.7x the peak RSS by 4: the masked SDPA of mixed_latent_attention over
+    # 2·T keys grows with K as the runs' own work does).
+    K = a.batch_runs or auto_batch_runs(model.config, a.seq_len, a.num_seqs)
+    K_dec = a.batch_runs or 1
+    # Runs in forwards of K: the reference with the first prefill-at-once runs (LatentInjector), the
+    # decode-order runs apart (DecodeOrderAttention), in the order of `runs` (the rows' order).
+    pre = [REF] + [r for r in runs if r[2] == PREFILL_AT_ONCE]
+    dec = [r for r in runs if r[2] != PREFILL_AT_ONCE]
+    chunks = [pre[i:i + K] for i in range(0, len(pre), K)] + [dec[i:i + K_dec] for i in range(0, len(dec), K_dec)]
+
+    t0 = time.time()
+    runner = Runner(latentq, a, model, ids, plan, dims)
+    try:
+        runner.run_all(chunks)
+    except ValueError as e:  # non-finite logits, a spec the quantizers refuse: nothing is written
+        print(f"e2e_inject: error: {e}; {a.results} is left unchanged", file=sys.stderr)
+        return 2
+    write_tables(a, runner, tokenizer, K, K_dec)
+    print(f"e2e: {len(runner.rows)} runs, {a.num_seqs}x{a.seq_len} tokens, {len(chunks)} forwards of <= {K} runs, "
           f"{time.time() - t0:.1f}s -> "
           f"{a.results}:/e2e, /e2e_position")
     return 0
