@@ -10,6 +10,7 @@ import sys
 
 import h5py
 import numpy as np
+import pandas as pd
 import pytest
 
 from latentq import report as R
@@ -481,7 +482,7 @@ def test_default_selection_and_defensive_columns():
     cols = {"quantizer": np.array(["int4-sym-channel", "int4-asym-channel-g32", "int4-sym-token", "bf16"], dtype=object),
             "rel_fro_c_kv_mean": np.array([0.2, 0.1, 0.3, 0.002]),  # renamed: found by its words
             "bytes_per_token_model_total": np.array([100.0, 110.0, 105.0, 1920.0])}
-    Q = R.quantizer_table({"summary": R.Table("summary", cols, 4)})
+    Q = R.quantizer_table({"summary": pd.DataFrame(cols)})
     assert Q["int4-asym-channel-g32"]["err_c_kv"] == 0.1
     assert Q["bf16"]["bytes_model"] == 1920.0
     assert math.isnan(Q["bf16"]["ratio"])  # no ratio column: NaN, no crash
@@ -497,7 +498,7 @@ def test_cross_layer_columns_named_as_the_probe_struct():
     cols = {"layer_a": np.array([0, 0, 1]), "layer_b": np.array([1, 2, 2]),
             "pearson_channels": np.array([128, 128, 128]), "pearson_mean_abs": np.array([0.5, 0.25, 0.75]),
             "cka_linear": np.array([0.9, 0.8, 0.7])}
-    layers, mats = R.cross_layer_matrices({"cross_layer": R.Table("cross_layer", cols, 3)})
+    layers, mats = R.cross_layer_matrices({"cross_layer": pd.DataFrame(cols)})
     assert layers == [0, 1, 2]
     np.testing.assert_array_equal(mats["CKA (linear)"], [[1, 0.9, 0.8], [0.9, 1, 0.7], [0.8, 0.7, 1]])
     np.testing.assert_array_equal(mats["mean |Pearson|"], [[1, 0.5, 0.25], [0.5, 1, 0.75], [0.25, 0.75, 1]])
@@ -528,9 +529,9 @@ def test_error_vs_position_figure(tmp_path):
 
 
 def test_e2e_rows_are_the_prefill_at_once_rows():
-    t = R.Table("e2e", {"quantizer": np.array(["a", "a", "b"], dtype=object),
-                        "cache_mode": np.array(["prefill-at-once", "decode-r0-s0-p0", "prefill-at-once"], dtype=object),
-                        "kl_mean": np.array([1.0, 2.0, 3.0])}, 3)
+    t = pd.DataFrame({"quantizer": np.array(["a", "a", "b"], dtype=object),
+                      "cache_mode": np.array(["prefill-at-once", "decode-r0-s0-p0", "prefill-at-once"], dtype=object),
+                      "kl_mean": np.array([1.0, 2.0, 3.0])})
     rows = R.e2e_rows({"e2e": t}, {})
     assert [(r["quantizer"], r["kl"]) for r in rows] == [("a", 1.0), ("b", 3.0)]
 

@@ -1,401 +1,35 @@
-"""Figures and a Markdown report from a latentq results file (schema latentq-results/1).
-
-    .venv/bin/python experiments/report.py RESULTS.h5 --out DIR [--quantizers SPEC ...]
-
-`latentq report RESULTS.h5 --out DIR` runs this script with the project venv and passes its exit
-code through. It writes PNG figures into DIR, then DIR/report.md (last), which shows them with
-captions and short tables. Figures, each made only when its groups are in the file:
-
-  frontier_c_kv.png        c_kv rel_fro (mean over layers) against bits per element including the
-                           scale/offset metadata, Pareto front drawn; with /attention_error a second
-                           panel: attention-output rel_fro against the same axis (/latent_error)
-  frontier_model_bytes.png c_kv and k_pe rel_fro against bytes per token for the whole model
-                           (all layers, c_kv + k_pe), from /summary
-  per_layer.png            rel_fro against layer for a set of quantizers (--quantizers; default: the
-                           best channel and token quantizer at each bit width + bf16 and fp8)
-  svd.png                  normalized singular values of c_kv per layer (/svd_spectrum) and the
-                           held-out / fit rel_fro of the rank-r reconstruction (/svd)
-  cross_layer.png          linear CKA and mean |Pearson| between the c_kv of two layers (/cross_layer)
-  cross_layer_sharing.png  shared-basis vs per-layer SVD error over windows of layers (/cross_layer_sharing)
-  e2e.png                  logit KL and perplexity of the model with quantized latents against
-                           bytes per token for the whole model (/e2e joined with /summary)
-  error_vs_position.png    KL against query position for the decode-order quantizers, one panel per
-                           quantizer: e2e logit KL (/e2e_position) and, when present, attention KL
-                           (/attention_position, mean over layers); prefill-at-once and the decode
-                           orders with residual R in {0, 32, 128} and sink S in {0, 4}
-
-A group that is missing gives no figure and one line saying so (stdout and report.md).
-Exit codes: 0 done; 2 input error (missing file, not HDF5, wrong schema, no result tables, bad
---out), with "latentq report: <file>: <what>" on stderr and nothing written; 1 internal error.
-Columns are looked up defensively (exact name first, then a name containing the expected words), so a
-missing or renamed column removes a curve or a table column, not the report.
+"""The report's figures (matplotlib, imported lazily; PNG files written through a temporary file and a
+rename). Each ``fig_*`` function returns (filename, caption, ...) or None when its groups lack the
+columns it needs; the figures and their sources are listed in latentq.report.markdown.
 """
+
 from __future__ import annotations
 
-import argparse
-import fnmatch
 import math
 import os
-import re
-import sys
 import tempfile
 
-SCHEMA = "latentq-results/1"
-KNOWN_GROUPS = ("latent_error", "summary", "attention_error", "svd", "svd_spectrum", "cross_layer",
-                "cross_layer_sharing", "e2e", "e2e_position", "attention_position")
-PROG = "latentq report"
+from latentq.report.load import (
+    PREFILL_AT_ONCE,
+    _attention_key,
+    _int_attr,
+    _position_modes,
+    attention_by_quantizer,
+    cross_layer_matrices,
+    e2e_rows,
+    flags,
+    is_baseline,
+    numbers,
+    pareto_front,
+    parse_spec,
+    position_curves,
+    short_label,
+    strings,
+    svd_mean_by_rank,
+)
+
 FIGURES = ("frontier_c_kv.png", "frontier_model_bytes.png", "per_layer.png", "svd.png", "cross_layer.png",
            "cross_layer_sharing.png", "e2e.png", "error_vs_position.png")
-
-
-class ReportError(Exception):
-    """A user/input error: reported as 'latentq report: <file>: <message>', exit code 2."""
-
-
-# ----------------------------------------------------------------------------------------------
-# Reading
-
-
-class Table:
-    """One results group: column name -> 1-D numpy array (strings decoded to str), all of length n."""
-
-    def __init__(self, name, cols, n):
-        self.name, self.cols, self.n = name, cols, n
-
-    def find(self, *names, contains=(), exclude=()):
-        """The first of `names` that is a column; else the first column whose name contains every
-        word of `contains` and none of `exclude`; else None."""
-        for c in names:
-            if c in self.cols:
-                return c
-        if contains:
-            for c in self.cols:
-                if all(w in c for w in contains) and not any(w in c for w in exclude):
-                    return c
-        return None
-
-    def num(self, *names, contains=(), exclude=()):
-        """Float64 array of the column found by find(), or None (missing or not numeric)."""
-        import numpy as np
-        c = self.find(*names, contains=contains, exclude=exclude)
-        if c is None:
-            return None
-        v = self.cols[c]
-        if v.dtype.kind in "biuf":
-            return v.astype(np.float64)
-        try:
-            return np.array([float(x) for x in v], dtype=np.float64)
-        except (TypeError, ValueError):
-            return None
-
-    def str(self, *names, contains=(), exclude=()):
-        """Str array of the column found by find(), or None."""
-        import numpy as np
-        c = self.find(*names, contains=contains, exclude=exclude)
-        if c is None:
-            return None
-        return np.array([str(x) for x in self.cols[c]], dtype=object)
-
-    def bool(self, *names, contains=()):
-        import numpy as np
-        c = self.find(*names, contains=contains)
-        if c is None:
-            return None
-        v = self.cols[c]
-        if v.dtype.kind in "biuf":
-            return v != 0
-        return np.array([str(x).strip().lower() in ("1", "true", "yes", "y") for x in v])
-
-
-def _decode(v):
-    import numpy as np
-    if v.dtype.kind == "O" or v.dtype.kind == "S":
-        return np.array([x.decode("utf-8", "replace") if isinstance(x, bytes) else str(x) for x in v], dtype=object)
-    if v.dtype.kind == "U":
-        return v.astype(object)
-    return v
-
-
-def _attr_str(v):
-    if isinstance(v, bytes):
-        return v.decode("utf-8", "replace")
-    try:
-        import numpy as np
-        if isinstance(v, np.ndarray) and v.size == 1:
-            v = v.reshape(()).item()
-            if isinstance(v, bytes):
-                return v.decode("utf-8", "replace")
-    except Exception:  # noqa: BLE001 - attributes of any type; fall through to str()
-        pass
-    return str(v)
-
-
-def load_results(path):
-    """(root attrs as str dict, {group: Table}, notes) of a latentq-results/1 file.
-    Raises ReportError for a missing / non-HDF5 file, a wrong schema or a file without result tables."""
-    import h5py
-    if not os.path.exists(path):
-        raise ReportError("no such file")
-    if os.path.isdir(path):
-        raise ReportError("is a directory, expected a latentq-results/1 file")
-    try:
-        is_h5 = h5py.is_hdf5(path)
-    except OSError as e:
-        raise ReportError(f"cannot read ({e})")
-    if not is_h5:
-        size = os.path.getsize(path)
-        raise ReportError("empty file (expected a latentq-results/1 file)" if size == 0
-                          else f"not an HDF5 file (expected a {SCHEMA} file)")
-    notes = []
-    try:
-        with h5py.File(path, "r") as f:
-            if "schema" not in f.attrs:
-                raise ReportError(f"not a {SCHEMA} file (no root attribute 'schema')")
-            schema = _attr_str(f.attrs["schema"])
-            if schema != SCHEMA:
-                raise ReportError(f"not a {SCHEMA} file (schema = \"{schema}\"); "
-                                  f"this report reads {SCHEMA} only")
-            attrs = {k: _attr_str(v) for k, v in f.attrs.items()}
-            tables = {}
-            for g in KNOWN_GROUPS:
-                if g not in f:
-                    continue
-                if not isinstance(f[g], h5py.Group):
-                    notes.append(f"/{g} is not a group; ignored")
-                    continue
-                cols, lens = {}, set()
-                for k, ds in f[g].items():
-                    if not isinstance(ds, h5py.Dataset) or ds.ndim != 1:
-                        notes.append(f"/{g}/{k} is not a 1-D dataset; column ignored")
-                        continue
-                    cols[k] = _decode(ds[()])
-                    lens.add(len(cols[k]))
-                if not cols:
-                    notes.append(f"/{g} has no columns; ignored")
-                    continue
-                if len(lens) != 1:
-                    notes.append(f"/{g}: columns differ in length ({sorted(lens)}); group ignored")
-                    continue
-                n = lens.pop()
-                if n == 0:
-                    notes.append(f"/{g} has no rows; ignored")
-                    continue
-                tables[g] = Table(g, cols, n)
-    except ReportError:
-        raise
-    except (OSError, KeyError, ValueError) as e:
-        raise ReportError(f"cannot read the results file ({e})")
-    if not tables:
-        raise ReportError("no result tables (expected groups such as /latent_error and /summary; "
-                          "run `latentq run` first)")
-    register_specs(tables.get("latent_error"))
-    return attrs, tables, notes
-
-
-# ----------------------------------------------------------------------------------------------
-# Quantizer specs and per-quantizer aggregates
-
-_SVD_RE = re.compile(r"^svd-rank(\d+)$")
-# Spec fields by quantizer name, from the columns /latent_error stores for each cell (the C++ format
-# descriptor wrote them: format, bits, scheme, granularity, group_size, scale_dtype), c_kv rows first.
-# The report never re-parses quantizer spec strings.
-_SPEC_FIELDS = {}
-_FIELD_COLS = ("format", "bits", "scheme", "granularity", "group_size", "scale_dtype")
-
-
-def register_specs(le):
-    """Fill the spec-field table from a /latent_error Table (None or missing columns: nothing)."""
-    _SPEC_FIELDS.clear()
-    if le is None or not all(c in le.cols for c in _FIELD_COLS + ("quantizer", "target")):
-        return
-    for want in ("c_kv", "k_pe"):
-        for i in range(le.n):
-            q = str(le.cols["quantizer"][i])
-            if str(le.cols["target"][i]) != want or q in _SPEC_FIELDS:
-                continue
-            _SPEC_FIELDS[q] = dict(kind=str(le.cols["format"][i]), bits=int(le.cols["bits"][i]),
-                                   scheme=str(le.cols["scheme"][i]), granularity=str(le.cols["granularity"][i]),
-                                   group_size=int(le.cols["group_size"][i]), scale_dtype=str(le.cols["scale_dtype"][i]))
-
-
-def parse_spec(q):
-    """Family fields of a quantizer: dict(kind, bits, scheme, granularity, group_size, scale_dtype),
-    as /latent_error stores them (register_specs). kind is the format family ("int", "bf16", "fp8",
-    "mx", "nvfp4", "fp4", "ggml"), "svd" for the SVD probe's rank rows, or "other" for a name the
-    results do not describe."""
-    if q in _SPEC_FIELDS:
-        return _SPEC_FIELDS[q]
-    m = _SVD_RE.match(q)
-    if m:
-        return dict(kind="svd", bits=None, scheme="none", granularity="svd", group_size=int(m[1]), scale_dtype="none")
-    return dict(kind="other", bits=None, scheme="?", granularity="?", group_size=0, scale_dtype="?")
-
-
-def short_label(q):
-    """A compact label: int4-asym-channel-g32 -> int4 asym ch g32 (fp16 scales implied)."""
-    p = parse_spec(q)
-    if p["kind"] != "int":
-        return q
-    g = {"tensor": "tensor", "channel": "ch", "token": "tok"}[p["granularity"]]
-    s = f"int{p['bits']} {p['scheme']} {g}"
-    if p["granularity"] != "tensor":
-        s += f" g{p['group_size']}" if p["group_size"] else " all"
-    if p["scale_dtype"] != "fp16":
-        s += f" {p['scale_dtype']}"
-    return s
-
-
-def is_baseline(q):
-    """bf16 and the engine / standard formats (anything but our integer quantizers and SVD rows): marked
-    on the frontier figure."""
-    return parse_spec(q)["kind"] not in ("int", "svd", "other")
-
-
-def _nanmean(a):
-    import numpy as np
-    a = np.asarray(a, dtype=np.float64)
-    a = a[np.isfinite(a)]
-    return float(a.mean()) if a.size else math.nan
-
-
-def _nanmax(a):
-    import numpy as np
-    a = np.asarray(a, dtype=np.float64)
-    a = a[np.isfinite(a)]
-    return float(a.max()) if a.size else math.nan
-
-
-def quantizer_table(tables):
-    """Ordered {quantizer: dict} with bits, scheme, granularity, group_size, bpe (c_kv bits per
-    element incl. metadata), err_c_kv / err_c_kv_max / err_k_pe (rel_fro over layers), bytes_model,
-    ratio. From /latent_error, completed by /summary and by the spec string."""
-    import numpy as np
-    Q = {}
-
-    def entry(q):
-        if q not in Q:
-            p = parse_spec(q)
-            Q[q] = dict(quantizer=q, kind=p["kind"], bits=p["bits"], scheme=p["scheme"],
-                        granularity=p["granularity"], group_size=p["group_size"], scale_dtype=p["scale_dtype"],
-                        bpe=math.nan, err_c_kv=math.nan, err_c_kv_max=math.nan, err_k_pe=math.nan,
-                        err_k_pe_max=math.nan, bytes_model=math.nan, ratio=math.nan)
-        return Q[q]
-
-    le = tables.get("latent_error")
-    if le is not None:
-        qs, tg = le.str("quantizer"), le.str("target")
-        rf, bpe = le.num("rel_fro"), le.num("bits_per_element", contains=("bits_per",))
-        bits = le.num("bits")
-        gran, scheme = le.str("granularity"), le.str("scheme")
-        if qs is not None:
-            for q in dict.fromkeys(qs):
-                e = entry(q)
-                m = qs == q
-                mc = m & (tg == "c_kv") if tg is not None else m
-                mk = m & (tg == "k_pe") if tg is not None else np.zeros_like(m)
-                if rf is not None:
-                    e["err_c_kv"], e["err_c_kv_max"] = _nanmean(rf[mc]), _nanmax(rf[mc])
-                    e["err_k_pe"], e["err_k_pe_max"] = _nanmean(rf[mk]), _nanmax(rf[mk])
-                if bpe is not None:
-                    e["bpe"] = _nanmean(bpe[mc])
-                # Spec-derived family fields win (the row columns describe the *stored* format, e.g.
-                # bf16 for fp8 on k_pe); the columns fill in only what the spec string cannot say.
-                if e["bits"] is None and bits is not None and mc.any():
-                    e["bits"] = int(bits[mc][0]) if np.isfinite(bits[mc][0]) else None
-                if e["kind"] == "other" and gran is not None and mc.any():
-                    e["granularity"] = gran[mc][0]
-                    if scheme is not None:
-                        e["scheme"] = scheme[mc][0]
-    sm = tables.get("summary")
-    if sm is not None:
-        qs = sm.str("quantizer")
-        cols = dict(err_c_kv=sm.num("mean_rel_fro_c_kv", contains=("mean", "c_kv")),
-                    err_c_kv_max=sm.num("max_rel_fro_c_kv", contains=("max", "c_kv")),
-                    err_k_pe=sm.num("mean_rel_fro_k_pe", contains=("mean", "k_pe")),
-                    err_k_pe_max=sm.num("max_rel_fro_k_pe", contains=("max", "k_pe")),
-                    bpe=sm.num("bits_per_element", contains=("bits_per",)),
-                    bytes_model=sm.num("bytes_per_token_model", contains=("bytes", "model")),
-                    ratio=sm.num("ratio_vs_bf16", contains=("ratio",)))
-        if qs is not None:
-            for i, q in enumerate(qs):
-                e = entry(q)
-                for k, v in cols.items():
-                    # latent_error is the primary source of errors; summary fills what is missing.
-                    if v is not None and (k in ("bytes_model", "ratio") or not math.isfinite(e[k])):
-                        e[k] = float(v[i])
-    return Q
-
-
-def pareto_front(x, y):
-    """Indices of the lower-left Pareto front of points (x, y): no other point has x' <= x and
-    y' <= y with one strict. Non-finite points are ignored. Sorted by x ascending."""
-    pts = sorted((float(x[i]), float(y[i]), i) for i in range(len(x))
-                 if math.isfinite(float(x[i])) and math.isfinite(float(y[i])))
-    front, best = [], math.inf
-    k = 0
-    while k < len(pts):
-        # all points with the same x: only the lowest y can be on the front
-        j = k
-        while j < len(pts) and pts[j][0] == pts[k][0]:
-            j += 1
-        xk, yk, ik = pts[k]
-        if yk < best:
-            front.append(ik)
-            best = yk
-        k = j
-    return front
-
-
-def symmetric_matrix(a, b, v):
-    """(layers, M): M[i, j] = v of the pair (layers[i], layers[j]) given as (a, b) or (b, a); 1 on the
-    diagonal where no pair gives it; NaN where neither order is present."""
-    import numpy as np
-    layers = sorted(set(int(t) for t in a) | set(int(t) for t in b))
-    idx = {l: i for i, l in enumerate(layers)}
-    n = len(layers)
-    M = np.full((n, n), np.nan)
-    for ai, bi, vi in zip(a, b, v):
-        M[idx[int(ai)], idx[int(bi)]] = vi
-    for i in range(n):
-        for j in range(n):
-            if np.isnan(M[i, j]) and not np.isnan(M[j, i]):
-                M[i, j] = M[j, i]
-        if np.isnan(M[i, i]):
-            M[i, i] = 1.0
-    return layers, M
-
-
-def select_quantizers(Q, patterns, warn):
-    """--quantizers: spec strings or '*' globs, in the given order. Default: at each integer bit
-    width the channel and the token quantizer with the lowest mean c_kv rel_fro, then bf16 / fp8."""
-    names = [q for q in Q if Q[q]["kind"] != "svd"]
-    if patterns:
-        out = []
-        for p in patterns:
-            hit = [q for q in names if q == p or fnmatch.fnmatchcase(q, p)]
-            if not hit:
-                warn(f"--quantizers: '{p}' matches no quantizer of the results file")
-            out += [q for q in hit if q not in out]
-        if out:
-            return out
-        warn("--quantizers matched nothing; using the default selection")
-    out = []
-    bits = sorted({Q[q]["bits"] for q in names if Q[q]["kind"] == "int" and Q[q]["bits"] is not None})
-    for b in bits:
-        for g in ("channel", "token"):
-            cand = [q for q in names if Q[q]["kind"] == "int" and Q[q]["bits"] == b and Q[q]["granularity"] == g
-                    and math.isfinite(Q[q]["err_c_kv"])]
-            if cand:
-                out.append(min(cand, key=lambda q: Q[q]["err_c_kv"]))
-    out += [q for q in names if is_baseline(q)]
-    if not out:  # unknown families: the first few
-        out = names[:6]
-    return out
-
-
-# ----------------------------------------------------------------------------------------------
-# Plot helpers (matplotlib imported lazily)
-
 GRAN_STYLE = {  # color, label
     "tensor": ("tab:green", "per-tensor"),
     "channel": ("tab:blue", "per-channel"),
@@ -562,66 +196,6 @@ def _label_frontier(ax, Q, names, x, y, front):
     return [names[lab[k]] for k in done]
 
 
-# ----------------------------------------------------------------------------------------------
-# Figures. Each returns (filename, caption) or None, and may add tables to `md`.
-
-
-def _mean_by(keys, values):
-    """Ordered {key: mean of finite values}."""
-    import numpy as np
-    out = {}
-    for k in dict.fromkeys(keys):
-        out[k] = _nanmean(np.asarray(values)[keys == k])
-    return out
-
-
-def attention_by_quantizer(tables):
-    """{targets: {quantizer: mean out_rel_fro over layers}} from /attention_error (or {})."""
-    import numpy as np
-    at = tables.get("attention_error")
-    if at is None:
-        return {}
-    qs, err = at.str("quantizer"), at.num("out_rel_fro", contains=("out", "rel_fro"))
-    tg = at.str("targets", "target", contains=("target",))
-    if qs is None or err is None:
-        return {}
-    if tg is None:
-        tg = np.array(["c_kv"] * at.n, dtype=object)
-    out = {}
-    for t in dict.fromkeys(tg):
-        m = tg == t
-        out[t] = _mean_by(qs[m], err[m])
-    return out
-
-
-def _attention_key(att):
-    """The targets value to plot against c_kv bits: c_kv if present, else c_kv+k_pe, else the first."""
-    for t in ("c_kv", "c_kv+k_pe"):
-        if t in att:
-            return t
-    return next(iter(att), None)
-
-
-def svd_mean_by_rank(tables, col="heldout_rel_fro"):
-    """{rank: mean over layers of col} from /svd (centered rows when both kinds are present)."""
-    import numpy as np
-    sv = tables.get("svd")
-    if sv is None:
-        return {}
-    rank = sv.num("rank")
-    err = sv.num(col, contains=(col.split("_")[0], "rel_fro"))
-    if rank is None or err is None:
-        return {}
-    m = np.ones(sv.n, dtype=bool)
-    cen = sv.bool("centered")
-    if cen is not None and cen.any() and not cen.all():
-        m = cen
-    out = {}
-    for r in sorted(set(rank[m][np.isfinite(rank[m])])):
-        out[int(r)] = _nanmean(err[m & (rank == r)])
-    return out
-
-
 def fig_frontier(out, tables, attrs, Q):
     plt = _mpl()
     import numpy as np
@@ -751,21 +325,21 @@ def fig_per_layer(out, tables, attrs, Q, selected, user_selected=False):
     plt = _mpl()
     import numpy as np
     le = tables["latent_error"]
-    lay, qs, tg, rf = le.num("layer"), le.str("quantizer"), le.str("target"), le.num("rel_fro")
+    lay, qs, tg, rf = numbers(le, "layer"), strings(le, "quantizer"), strings(le, "target"), numbers(le, "rel_fro")
     if lay is None or qs is None or rf is None:
         return None
     if tg is None:
-        tg = np.array(["c_kv"] * le.n, dtype=object)
+        tg = np.array(["c_kv"] * len(le), dtype=object)
     panels = [t for t in ("c_kv", "k_pe") if np.any((tg == t) & np.isin(qs, selected))]
     at = tables.get("attention_error")
     att_panel = None
     if at is not None:
-        aq, al = at.str("quantizer"), at.num("layer")
-        ae = at.num("out_rel_fro", contains=("out", "rel_fro"))
-        atg = at.str("targets", "target", contains=("target",))
+        aq, al = strings(at, "quantizer"), numbers(at, "layer")
+        ae = numbers(at, "out_rel_fro", contains=("out", "rel_fro"))
+        atg = strings(at, "targets", "target", contains=("target",))
         if aq is not None and al is not None and ae is not None:
             if atg is None:
-                atg = np.array(["c_kv"] * at.n, dtype=object)
+                atg = np.array(["c_kv"] * len(at), dtype=object)
             key = _attention_key({t: 1 for t in dict.fromkeys(atg)})
             m = (atg == key) & np.isin(aq, selected)
             if m.any():
@@ -859,10 +433,10 @@ def fig_svd(out, tables, attrs):
     import numpy as np
     sp, sv = tables.get("svd_spectrum"), tables.get("svd")
     panels = []
-    if sp is not None and sp.num("layer") is not None and sp.num("singular_value", contains=("singular",)) is not None:
+    if sp is not None and numbers(sp, "layer") is not None and numbers(sp, "singular_value", contains=("singular",)) is not None:
         panels.append("spectrum")
-    if sv is not None and sv.num("layer") is not None and sv.num("rank") is not None and \
-            sv.num("heldout_rel_fro", contains=("heldout",)) is not None:
+    if sv is not None and numbers(sv, "layer") is not None and numbers(sv, "rank") is not None and \
+            numbers(sv, "heldout_rel_fro", contains=("heldout",)) is not None:
         panels.append("rank")
     if not panels:
         return None
@@ -874,8 +448,8 @@ def fig_svd(out, tables, attrs):
     many = 10  # more layers than this: a colorbar instead of one legend entry per layer
     all_layers = set()
     for t in (sp, sv):
-        if t is not None and t.num("layer") is not None:
-            all_layers |= {int(v) for v in t.num("layer") if np.isfinite(v)}
+        if t is not None and numbers(t, "layer") is not None:
+            all_layers |= {int(v) for v in numbers(t, "layer") if np.isfinite(v)}
     norm = Normalize(min(all_layers, default=0), max(max(all_layers, default=1), min(all_layers, default=0) + 1))
 
     def colors(layers):
@@ -885,9 +459,9 @@ def fig_svd(out, tables, attrs):
     if "spectrum" in panels:
         ax = axes[ai]
         ai += 1
-        lay = sp.num("layer")
-        s = sp.num("singular_value", contains=("singular",))
-        idx = sp.num("index", contains=("index",))
+        lay = numbers(sp, "layer")
+        s = numbers(sp, "singular_value", contains=("singular",))
+        idx = numbers(sp, "index", contains=("index",))
         layers = sorted(set(int(v) for v in lay[np.isfinite(lay)]))
         col = colors(layers)
         for l in layers:
@@ -909,11 +483,11 @@ def fig_svd(out, tables, attrs):
             ax.legend(fontsize=7)
     if "rank" in panels:
         ax = axes[ai]
-        lay, rank = sv.num("layer"), sv.num("rank")
-        ho = sv.num("heldout_rel_fro", contains=("heldout",))
-        fit = sv.num("fit_rel_fro", contains=("fit", "rel_fro"))
-        cen = sv.bool("centered")
-        m0 = np.ones(sv.n, dtype=bool)
+        lay, rank = numbers(sv, "layer"), numbers(sv, "rank")
+        ho = numbers(sv, "heldout_rel_fro", contains=("heldout",))
+        fit = numbers(sv, "fit_rel_fro", contains=("fit", "rel_fro"))
+        cen = flags(sv, "centered")
+        m0 = np.ones(len(sv), dtype=bool)
         if cen is not None and cen.any() and not cen.all():
             m0 = cen
             notes.append("centered fits shown (the file also has uncentered ones)")
@@ -964,24 +538,6 @@ def fig_svd(out, tables, attrs):
         cap.append("Right: rel_fro of the rank-r reconstruction of c_kv per layer, solid on the held-out split, "
                    "dashed on the fit split (/svd)" + "".join(f"; {n}" for n in notes) + ".")
     return fn, " ".join(cap)
-
-
-def cross_layer_matrices(tables):
-    """(layers, {"CKA": M, "mean |Pearson|": M}) from /cross_layer, or None."""
-    cl = tables.get("cross_layer")
-    if cl is None:
-        return None
-    a, b = cl.num("layer_a", "a", "layer_i", "layer_x"), cl.num("layer_b", "b", "layer_j", "layer_y")
-    cka = cl.num("cka", "cka_linear", contains=("cka",))
-    pe = cl.num("mean_abs_pearson", "pearson_mean_abs", contains=("pearson",), exclude=("channels",))
-    if a is None or b is None or (cka is None and pe is None):
-        return None
-    out, layers = {}, None
-    for name, v in (("CKA (linear)", cka), ("mean |Pearson|", pe)):
-        if v is not None:
-            layers, M = symmetric_matrix(a, b, v)
-            out[name] = M
-    return layers, out
 
 
 def fig_cross_layer(out, tables, attrs):
@@ -1036,17 +592,17 @@ def fig_sharing(out, tables, attrs):
     t = tables.get("cross_layer_sharing")
     if t is None:
         return None
-    ws = t.num("window_start", "first_layer", contains=("start",))
-    w = t.num("window", "window_size", "w")
-    rank = t.num("rank", "total_rank", "k")
-    sh = t.num("shared_heldout_rel_fro", contains=("shared", "heldout"))
-    pl = t.num("per_layer_heldout_rel_fro", contains=("per_layer", "heldout"))
+    ws = numbers(t, "window_start", "first_layer", contains=("start",))
+    w = numbers(t, "window", "window_size", "w")
+    rank = numbers(t, "rank", "total_rank", "k")
+    sh = numbers(t, "shared_heldout_rel_fro", contains=("shared", "heldout"))
+    pl = numbers(t, "per_layer_heldout_rel_fro", contains=("per_layer", "heldout"))
     if rank is None or (sh is None and pl is None):
         return None
     if ws is None:
-        ws = np.zeros(t.n)
+        ws = np.zeros(len(t))
     if w is None:
-        w = np.zeros(t.n)
+        w = np.zeros(len(t))
     keys = sorted(set(zip(w.tolist(), ws.tolist())))
     fig, ax = plt.subplots(figsize=(7.0, 4.8))
     cmap = plt.get_cmap("tab10")
@@ -1073,32 +629,6 @@ def fig_sharing(out, tables, attrs):
     cap = ("Held-out c_kv rel_fro of one SVD basis shared by a window of adjacent layers (solid) against "
            "separate per-layer bases with the same total rank k, k/w per layer (dashed) (/cross_layer_sharing).")
     return fn, cap
-
-
-def e2e_rows(tables, Q):
-    """Per prefill-at-once /e2e row (all rows of a file without a cache_mode column): dict(quantizer,
-    targets, kl, top1, ppl_ref, ppl_quant, bytes_model)."""
-    e = tables.get("e2e")
-    if e is None:
-        return []
-    qs = e.str("quantizer")
-    if qs is None:
-        return []
-    tg = e.str("targets", "target", contains=("target",))
-    modes = e.str("cache_mode")
-    cols = dict(kl=e.num("kl_mean", contains=("kl",)), top1=e.num("top1_agree", contains=("top1",)),
-                ppl_ref=e.num("ppl_ref", contains=("ppl", "ref")), ppl_quant=e.num("ppl_quant", contains=("ppl", "quant")),
-                nll_ref=e.num("nll_ref"), nll_quant=e.num("nll_quant"), num_tokens=e.num("num_tokens", contains=("tokens",)))
-    rows = []
-    for i, q in enumerate(qs):
-        if modes is not None and modes[i] != PREFILL_AT_ONCE:
-            continue  # decode-order rows: the error-vs-position figure
-        r = dict(quantizer=q, targets=tg[i] if tg is not None else "",
-                 bytes_model=Q[q]["bytes_model"] if q in Q else math.nan)
-        for k, v in cols.items():
-            r[k] = float(v[i]) if v is not None else math.nan
-        rows.append(r)
-    return rows
 
 
 def fig_e2e(out, tables, attrs, Q):
@@ -1157,65 +687,15 @@ def fig_e2e(out, tables, attrs, Q):
     return fn, cap
 
 
-PREFILL_AT_ONCE = "prefill-at-once"
-POSITION_RESIDUALS = (0, 32, 128)   # R of the error-vs-position curves
-POSITION_SINKS = (0, 4)             # S of the error-vs-position curves
 POSITION_MAX_PANELS = 4
 
 
-def position_curves(table, count_col):
-    """{(quantizer, cache_mode): (residual, sink, prefill, x [n], kl [n])} from an /e2e_position or
-    /attention_position table: per position bucket [pos_start, pos_end) the KL mean weighted by
-    `count_col` (tokens / queries) over the rows of the bucket (the layers of /attention_position;
-    its targets 'c_kv+k_pe' when present, else its first targets); x = the bucket's midpoint.
-    None when a needed column is missing."""
-    import numpy as np
-    if table is None:
-        return None
-    q, m = table.str("quantizer"), table.str("cache_mode")
-    a, b, kl = table.num("pos_start"), table.num("pos_end"), table.num("kl_mean")
-    if any(v is None for v in (q, m, a, b, kl)):
-        return None
-    w = table.num(count_col)
-    w = np.ones(table.n) if w is None else w
-    R, S, P = (table.num(c) for c in ("residual", "sink", "prefill"))
-    tg = table.str("targets")
-    keep = np.ones(table.n, dtype=bool)
-    if tg is not None:
-        pick = "c_kv+k_pe" if "c_kv+k_pe" in set(tg) else tg[0]
-        keep = tg == pick
-    acc = {}
-    for i in np.nonzero(keep & np.isfinite(kl))[0]:
-        key = (q[i], m[i])
-        d = acc.setdefault(key, {"rsp": tuple(int(v[i]) if v is not None else 0 for v in (R, S, P)), "b": {}})
-        s = d["b"].setdefault((a[i], b[i]), [0.0, 0.0])
-        s[0] += w[i] * kl[i]
-        s[1] += w[i]
-    out = {}
-    for key, d in acc.items():
-        bs = sorted(k for k, v in d["b"].items() if v[1] > 0)
-        x = np.array([(lo + hi) / 2 for lo, hi in bs])
-        y = np.array([d["b"][k][0] / d["b"][k][1] for k in bs])
-        out[key] = (*d["rsp"], x, y)
-    return out
-
-
-def _position_modes(curves):
-    """Cache modes drawn: prefill-at-once, and per (R, S) with R in POSITION_RESIDUALS and S in
-    POSITION_SINKS the decode mode with the smallest prefill."""
-    best = {}
-    for (_, mode), (r, s, p, _x, _y) in curves.items():
-        if mode == PREFILL_AT_ONCE:
-            best[("at-once",)] = (mode, -1)
-        elif r in POSITION_RESIDUALS and s in POSITION_SINKS and (best.get((r, s)) is None or p < best[(r, s)][1]):
-            best[(r, s)] = (mode, p)
-    return {v[0] for v in best.values()}
-
-
 def fig_position(out, tables):
-    """error_vs_position.png (see the module docstring); returns (filename, caption, table markdown) or
-    None when neither /e2e_position nor /attention_position has a decode-order row with the columns."""
-    import numpy as np
+    """error_vs_position.png (latentq.report.markdown's docstring); returns (filename, caption, drawn) or
+    None when neither /e2e_position nor /attention_position has a decode-order row with the columns.
+    drawn: the curves of the table (position_curves of /e2e_position, else /attention_position), the
+    decode-order quantizers in order, those drawn (the first POSITION_MAX_PANELS) and the modes drawn;
+    markdown.table_position makes the figure's table from it."""
     e = position_curves(tables.get("e2e_position"), "tokens")
     a = position_curves(tables.get("attention_position"), "queries")
     sources = [(n, c) for n, c in (("e2e logit KL", e), ("attention KL (mean over layers)", a)) if c]
@@ -1262,408 +742,4 @@ def fig_position(out, tables):
            + " ".join(f"Row {i + 1}: {w}." for i, (w, _) in enumerate(sources)))
     if dropped:
         cap += f" Not drawn (first {POSITION_MAX_PANELS} quantizers only): {', '.join(dropped)}."
-    # Table: e2e KL first/last bucket and bytes per token of each drawn (quantizer, mode)
-    rows = []
-    src = e or a
-    bpt = {}
-    t = tables.get("e2e")
-    if t is not None and t.str("cache_mode") is not None and t.num("bytes_per_token") is not None:
-        ttg = t.str("targets")  # the target set the curves drew (position_curves): c_kv+k_pe when run
-        pick = None if ttg is None else ("c_kv+k_pe" if "c_kv+k_pe" in set(ttg) else ttg[0])
-        bpt = {(q, m): v for q, m, v, tg in zip(t.str("quantizer"), t.str("cache_mode"), t.num("bytes_per_token"),
-                                                ttg if ttg is not None else [None] * t.n) if tg == pick}
-    for (q, mode), (r, s, p, x, y) in sorted(src.items(), key=lambda kv: (qs.index(kv[0][0]) if kv[0][0] in qs else 99,
-                                                                            kv[1][:3])):
-        if q not in shown or mode not in drawn_modes or not len(y):
-            continue
-        rows.append([f"`{q}`", mode, fmt(bpt.get((q, mode), math.nan), "f1"), fmt(float(y[0]), "e"),
-                     fmt(float(y[-1]), "e"), fmt(float(np.mean(y)), "e")])
-    tmd = md_table(["quantizer", "cache mode", "B/token/layer", "KL first bucket", "KL last bucket", "KL mean of buckets"],
-                   rows) if rows else ""
-    return fn, cap, tmd
-
-
-def _int_attr(attrs, k):
-    try:
-        return int(float(attrs.get(k, "")))
-    except ValueError:
-        return None
-
-
-# ----------------------------------------------------------------------------------------------
-# Markdown
-
-
-def fmt(v, kind="g"):
-    if v is None or (isinstance(v, float) and not math.isfinite(v)):
-        return "–"
-    if kind == "g":
-        return f"{v:.3g}"
-    if kind == "e":
-        return f"{v:.2e}"
-    if kind == "f1":
-        return f"{v:.1f}"
-    if kind == "f3":
-        return f"{v:.3f}"
-    if kind == "f4":
-        return f"{v:.4f}"
-    return str(v)
-
-
-def md_table(header, rows):
-    """A Markdown table; '|' inside a cell is escaped."""
-    def cell(c):
-        return str(c).replace("|", "\\|")
-    out = ["| " + " | ".join(cell(h) for h in header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    out += ["| " + " | ".join(cell(c) for c in r) + " |" for r in rows]
-    return "\n".join(out)
-
-
-def table_top_by_bits(Q, att, e2e, k=3):
-    """Top k quantizers by mean c_kv rel_fro at each bit width (integer bits; baselines separately)."""
-    akey = _attention_key(att)
-    kl = {r["quantizer"]: r["kl"] for r in e2e}
-    header = ["bits", "rank", "quantizer", "c_kv bits/elem", "bytes/token (model)", "c_kv rel_fro mean",
-              "c_kv rel_fro max", "k_pe rel_fro mean"]
-    if akey:
-        header.append(f"attn out rel_fro ({akey})")
-    if kl:
-        header.append("e2e KL (nats)")
-    rows = []
-    groups = {}
-    for q, e in Q.items():
-        if e["kind"] == "svd" or not math.isfinite(e.get("err_c_kv", math.nan)):
-            continue
-        groups.setdefault(_bits_group(q, Q), []).append(q)
-    for b in _group_order(groups):
-        qs = sorted(groups[b], key=lambda q: Q[q]["err_c_kv"])[:k]
-        for i, q in enumerate(qs, 1):
-            e = Q[q]
-            r = [b, i, f"`{q}`", fmt(e["bpe"], "g"), fmt(e["bytes_model"], "f1"), fmt(e["err_c_kv"], "e"),
-                 fmt(e["err_c_kv_max"], "e"), fmt(e["err_k_pe"], "e")]
-            if akey:
-                r.append(fmt(att[akey].get(q, math.nan), "e"))
-            if kl:
-                r.append(fmt(kl.get(q, math.nan), "e"))
-            rows.append(r)
-    return md_table(header, rows) if rows else ""
-
-
-def table_svd_ranks(tables):
-    """Per layer: energy ranks (rank_90 ...) and the held-out error at each rank."""
-    import numpy as np
-    sv = tables.get("svd")
-    if sv is None or sv.num("layer") is None:
-        return ""
-    lay = sv.num("layer")
-    ecols = [c for c in sv.cols if re.match(r"^(energy_)?rank_\d+$", c)]
-    ecols.sort(key=lambda c: float("0." + c.split("_")[-1]))
-    layers = sorted(set(int(v) for v in lay[np.isfinite(lay)]))
-    header = ["layer"] + [f"rank for {float('0.' + c.split('_')[-1]) * 100:g}% energy" for c in ecols]
-    rank, ho = sv.num("rank"), sv.num("heldout_rel_fro", contains=("heldout",))
-    cen = sv.bool("centered")
-    m0 = np.ones(sv.n, dtype=bool)
-    if cen is not None and cen.any() and not cen.all():
-        m0 = cen
-    ranks = sorted(set(int(r) for r in rank[m0][np.isfinite(rank[m0])])) if rank is not None and ho is not None else []
-    if len(ranks) > 8:
-        ranks = ranks[:: math.ceil(len(ranks) / 8)]
-    header += [f"held-out rel_fro r={r}" for r in ranks]
-    rows = []
-    for l in layers:
-        m = lay == l
-        r = [l] + [fmt(sv.num(c)[m][0], "g") for c in ecols]
-        for k in ranks:
-            mm = m & m0 & (rank == k)
-            r.append(fmt(float(ho[mm][0]), "e") if mm.any() else "–")
-        rows.append(r)
-    return md_table(header, rows) if rows and len(header) > 1 else ""
-
-
-def table_adjacent(layers, mats):
-    rows = []
-    names = list(mats)
-    for i in range(len(layers) - 1):
-        r = [layers[i], layers[i + 1]]
-        for n in names:
-            r.append(fmt(float(mats[n][i, i + 1]), "f3"))
-        rows.append(r)
-    return md_table(["layer a", "layer b"] + names, rows) if rows else ""
-
-
-def _bits_group(q, Q=None):
-    """Table group of a quantizer: its integer bit width, "fp8", "bf16" or "other"."""
-    p = parse_spec(q)
-    if p["kind"] == "int":
-        return p["bits"]
-    if p["kind"] in ("fp8", "bf16"):
-        return p["kind"]
-    e = (Q or {}).get(q)
-    return e["bits"] if e and isinstance(e.get("bits"), int) else "other"
-
-
-def _group_order(groups):
-    return sorted(g for g in groups if isinstance(g, int)) + [g for g in ("fp8", "bf16", "other") if g in groups]
-
-
-def table_e2e(rows, Q, k=3):
-    """The k rows with the lowest KL at each integer bit width, then fp8 / bf16 / others."""
-    if not rows:
-        return ""
-    groups = {}
-    for r in rows:
-        groups.setdefault(_bits_group(r["quantizer"], Q), []).append(r)
-    out = []
-    for g in _group_order(groups):
-        rs = sorted(groups[g], key=lambda r: r["kl"] if math.isfinite(r["kl"]) else math.inf)
-        for r in rs[:k] if isinstance(g, int) else rs:
-            d = (r["ppl_quant"] / r["ppl_ref"] - 1) * 100 if r["ppl_ref"] and math.isfinite(r["ppl_ref"]) else math.nan
-            out.append([g, f"`{r['quantizer']}`", r["targets"] or "–", fmt(r["bytes_model"], "f1"), fmt(r["kl"], "e"),
-                        fmt(r["top1"], "f4"), fmt(r["ppl_ref"], "f4"), fmt(r["ppl_quant"], "f4"),
-                        (f"{d:+.3g}%" if math.isfinite(d) else "–")])
-    note = (f"The {k} quantizers with the lowest KL at each integer bit width, then the baselines "
-            f"({len(out)} of the {len(rows)} rows of /e2e). KL in nats per token; Δppl = ppl quant / ppl ref − 1.")
-    return note + "\n\n" + md_table(["bits", "quantizer", "targets", "bytes/token (model)", "KL (nats)",
-                                        "top-1 agree", "ppl ref", "ppl quant", "Δppl"], out)
-
-
-# ----------------------------------------------------------------------------------------------
-# Main
-
-
-def subset_warning(attrs):
-    """One line when the file holds only part of the study's cells (a shard, or a checkpoint with
-    root attribute complete = 0), else None. Files without these attributes count as complete."""
-    parts = []
-    count, index = _int_attr(attrs, "shard_count"), _int_attr(attrs, "shard_index")
-    cells, total = _int_attr(attrs, "cells"), _int_attr(attrs, "cells_total")
-    if count is not None and count > 1:
-        of = f" ({cells} of the {total} cells)" if cells is not None and total is not None else ""
-        parts.append(f"shard {index if index is not None else '?'}/{count}: means over a subset of cells{of}; "
-                     "merge the shards with `latentq merge` for the study's numbers")
-    if _int_attr(attrs, "complete") == 0:
-        want = _int_attr(attrs, "shard_cells")
-        want = want if want is not None else total
-        parts.append(f"incomplete run: {cells if cells is not None else '?'} of {want if want is not None else '?'} "
-                     "cells (a checkpoint); means over the finished cells only")
-    return "; ".join(parts) or None
-
-
-def write_report(path, loaded, out, patterns):
-    """Make the figures and report.md from loaded = load_results(path).
-    Returns (written files, missing lines, warnings)."""
-    attrs, tables, notes = loaded
-    warnings = list(notes)
-    Q = quantizer_table(tables)
-    have = set(tables)
-    missing = []
-
-    def miss(groups, what):
-        absent = [g for g in groups if g not in have]
-        missing.append(f"/{' and /'.join(absent)} not in the results file: no {what}.")
-
-    sections = []  # (title, fig filename or None, caption, tables markdown)
-    figno = [0]
-
-    def add(title, res, tables_md=""):
-        figno[0] += 1
-        fn, cap = res[0], res[1]
-        sections.append((title, fn, f"Figure {figno[0]}. {cap}", tables_md))
-
-    att = attention_by_quantizer(tables)
-    e2e = e2e_rows(tables, Q)
-
-    # 1. frontier
-    front = []
-    if "latent_error" in have or "summary" in have:
-        r = fig_frontier(out, tables, attrs, Q)
-        if r:
-            front = r[2]
-            add("Error against bits per element", r, "")
-        else:
-            warnings.append("no quantizer with bits per element and c_kv rel_fro: no frontier figure")
-        if "attention_error" not in have:
-            miss(["attention_error"], "attention-output panel in the frontier figure")
-    else:
-        miss(["latent_error", "summary"], "frontier figure")
-    if "summary" in have:
-        r = fig_model_bytes(out, tables, attrs, Q)
-        if r:
-            add("Error against the model's cache bytes per token", r)
-        else:
-            warnings.append("/summary has no bytes_per_token_model column: no model-bytes figure")
-    else:
-        miss(["summary"], "frontier against bytes per token of the whole model")
-    top = table_top_by_bits(Q, att, e2e)
-    if top:
-        sections.append(("Top quantizers by c_kv error at each bit width", None,
-                         "The 3 quantizers with the lowest mean c_kv rel_fro at each integer bit width, then fp8 and "
-                         "bf16. bits/elem includes scale/offset metadata; bytes/token is for the whole model "
-                         "(c_kv + k_pe, all layers).", top))
-    # 2. per layer
-    if "latent_error" in have:
-        sel = select_quantizers(Q, patterns, warnings.append)
-        user = bool(patterns) and any(q == p or fnmatch.fnmatchcase(q, p) for p in patterns for q in Q)
-        r = fig_per_layer(out, tables, attrs, Q, sel, user_selected=user)
-        if r:
-            add("Error per layer", r)
-        else:
-            warnings.append("/latent_error lacks layer/quantizer/rel_fro columns: no per-layer figure")
-    else:
-        miss(["latent_error"], "per-layer figure")
-    # 3. SVD
-    if "svd" in have or "svd_spectrum" in have:
-        r = fig_svd(out, tables, attrs)
-        if r:
-            add("SVD of c_kv", r, table_svd_ranks(tables))
-        else:
-            warnings.append("/svd and /svd_spectrum lack layer/rank/heldout_rel_fro/singular_value columns: no SVD figure")
-            t = table_svd_ranks(tables)
-            if t:
-                sections.append(("SVD of c_kv", None, "", t))
-        for g in ("svd_spectrum", "svd"):
-            if g not in have:
-                miss([g], "spectrum panel" if g == "svd_spectrum" else "error-against-rank panel")
-    else:
-        miss(["svd", "svd_spectrum"], "SVD figure")
-    # 4. cross-layer
-    if "cross_layer" in have:
-        r = fig_cross_layer(out, tables, attrs)
-        if r:
-            add("Cross-layer similarity", r, "Adjacent layers:\n\n" + table_adjacent(r[2], r[3]))
-        else:
-            warnings.append("/cross_layer lacks layer_a/layer_b/cka/pearson columns: no cross-layer figure")
-    else:
-        miss(["cross_layer"], "cross-layer heatmap")
-    if "cross_layer_sharing" in have:
-        r = fig_sharing(out, tables, attrs)
-        if r:
-            add("Cross-layer shared basis", r)
-        else:
-            warnings.append("/cross_layer_sharing lacks rank/shared_heldout_rel_fro/per_layer_heldout_rel_fro "
-                            "columns: no sharing figure")
-    else:
-        miss(["cross_layer_sharing"], "cross-layer sharing figure")
-    # 5. end to end
-    if "e2e" in have:
-        r = fig_e2e(out, tables, attrs, Q) if "summary" in have else None
-        if r:
-            add("End to end", r, table_e2e(e2e, Q))
-        elif "summary" in have:
-            warnings.append("no /e2e row has a quantizer with bytes_per_token_model in /summary (or /e2e lacks a "
-                            "quantizer column): no end-to-end figure")
-            if table_e2e(e2e, Q):
-                sections.append(("End to end", None, "", table_e2e(e2e, Q)))
-        else:
-            missing.append("/summary not in the results file: the /e2e rows cannot be placed on bytes per token; "
-                           "e2e table only.")
-            sections.append(("End to end", None, "", table_e2e(e2e, Q)))
-    else:
-        miss(["e2e"], "end-to-end figure (run experiments/e2e_inject.py)")
-    # 6. error against position (decode order)
-    if "e2e_position" in have or "attention_position" in have:
-        r = fig_position(out, tables)
-        if r:
-            add("Error against position (decode order)", r, r[2])
-        else:
-            warnings.append("/e2e_position and /attention_position hold no decode-order row with quantizer, "
-                            "cache_mode, pos_start, pos_end and kl_mean: no error-vs-position figure")
-    elif "e2e" in have:
-        miss(["e2e_position", "attention_position"], "error-vs-position figure (a [decode_order] section in the "
-             "study, or experiments/e2e_inject.py --cache-modes)")
-
-    # report.md
-    model = attrs.get("model", "?")
-    L = [f"# latentq report: {model}", ""]
-    subset = subset_warning(attrs)
-    if subset:
-        L += [f"> **WARNING: {subset}.**", ""]
-    meta = [("results", os.path.abspath(path)), ("input", attrs.get("input_path", "?")),
-            ("input sha256", attrs.get("input_sha256", "?")[:16]), ("created", attrs.get("created", "?")),
-            ("latentq", f"{attrs.get('latentq_version', '?')} ({attrs.get('git_commit', '?')[:12]})"),
-            ("model", f"{model}: {attrs.get('num_layers', '?')} layers, kv_lora_rank {attrs.get('kv_lora_rank', '?')}, "
-                      f"qk_rope_head_dim {attrs.get('qk_rope_head_dim', '?')}")]
-    L += [f"- **{k}**: {v}" for k, v in meta]
-    L.append("")
-    L.append("rel_fro = ‖X̂ − X‖_F / ‖X‖_F (unitless). Bits per element and bytes per token include the "
-             "scale/offset metadata.")
-    L.append("")
-    if front:
-        L.append("Pareto front (c_kv rel_fro against c_kv bits per element): "
-                 + ", ".join(f"`{q}` ({fmt(Q[q]['bpe'], 'g')} bits, {fmt(Q[q]['err_c_kv'], 'e')})" for q in front) + ".")
-        L.append("")
-    for title, fn, cap, tmd in sections:
-        L += [f"## {title}", ""]
-        if fn:
-            L += [f"![{title}]({fn})", "", f"*{cap}*", ""]
-        elif cap:
-            L += [cap, ""]
-        if tmd:
-            L += [tmd, ""]
-    if missing:
-        L += ["## Not in this results file", ""] + [f"- {m}" for m in missing] + [""]
-    if warnings:
-        L += ["## Notes", ""] + [f"- {w}" for w in warnings] + [""]
-    md_path = os.path.join(out, "report.md")
-    fd, tmp = tempfile.mkstemp(prefix=".report.md.", suffix=".tmp", dir=out)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write("\n".join(L) + "\n")
-        _publish(tmp, md_path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-    files = [s[1] for s in sections if s[1]] + ["report.md"]
-    # figures of an earlier report into the same DIR that this one did not make would look current
-    for fn in FIGURES:
-        if fn not in files and os.path.isfile(os.path.join(out, fn)):
-            os.remove(os.path.join(out, fn))
-    return files, missing, warnings
-
-
-def main(argv=None):
-    ap = argparse.ArgumentParser(
-        prog=PROG, description="Figures (PNG) and report.md from a latentq-results/1 file.",
-        epilog="Exit codes: 0 done, 2 input error (nothing written), 1 internal error.")
-    ap.add_argument("results", metavar="RESULTS.h5", help="results file of `latentq run` (schema latentq-results/1)")
-    ap.add_argument("--out", required=True, metavar="DIR", help="output directory (created; files in it are replaced)")
-    ap.add_argument("--quantizers", nargs="+", metavar="SPEC",
-                    help="quantizers of the per-layer figure: spec strings or '*' globs, e.g. 'int4-*-channel-g32' "
-                         "(default: the best channel and token quantizer at each bit width + bf16/fp8)")
-    a = ap.parse_args(argv)
-    path = a.results
-    try:
-        # validate the input before creating anything
-        loaded = load_results(path)
-        if os.path.exists(a.out) and not os.path.isdir(a.out):
-            print(f"{PROG}: {a.out}: --out exists and is not a directory", file=sys.stderr)
-            return 2
-        try:
-            os.makedirs(a.out, exist_ok=True)
-        except OSError as e:
-            print(f"{PROG}: {a.out}: cannot create the output directory ({e.strerror or e})", file=sys.stderr)
-            return 2
-        files, missing, warnings = write_report(path, loaded, a.out, a.quantizers)
-    except ReportError as e:
-        print(f"{PROG}: {path}: {e}", file=sys.stderr)
-        return 2
-    except Exception as e:  # noqa: BLE001 - no traceback for users; LATENTQ_DEBUG=1 shows it
-        if os.environ.get("LATENTQ_DEBUG"):
-            raise
-        print(f"{PROG}: {path}: internal error: {type(e).__name__}: {e} (set LATENTQ_DEBUG=1 for the traceback)",
-              file=sys.stderr)
-        return 1
-    subset = subset_warning(loaded[0])
-    if subset:
-        print(f"WARNING: {path}: {subset}")
-    for w in warnings:
-        print(f"{PROG}: warning: {w}", file=sys.stderr)
-    for m in missing:
-        print(m)
-    for f in files:
-        print(f"wrote {os.path.join(a.out, f)}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return fn, cap, dict(curves=e or a, quantizers=qs, shown=shown, modes=drawn_modes)
