@@ -73,7 +73,8 @@ def main() -> int:
     H = 4
     dumped = a.layers * 4 * (T * (512 + 64) + a.q_rows * H * (128 + 64 + 128))
     params = sum(p.numel() * p.element_size() for p in model.parameters())
-    print(f"dumper {os.path.dirname(os.path.abspath(dump_latents.__file__))}: {a.layers} layers, {a.num_seqs} x {a.seq_len} tokens, "
+    where = os.path.dirname(os.path.abspath(dump_latents.__file__))
+    print(f"dumper {where}: {a.layers} layers, {a.num_seqs} x {a.seq_len} tokens, "
           f"{a.q_rows} q rows, {dt:.1f} s")
     print(f"dumped tensors {dumped / 2**20:.1f} MiB, file {summary['bytes'] / 2**20:.1f} MiB, "
           f"model parameters {params / 2**20:.1f} MiB, max rel_err {max(summary['max_rel_err'].values()):.2e}")

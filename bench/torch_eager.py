@@ -8,8 +8,9 @@ For each spec, the median wall time (of --repeats runs, after one warm-up) of
            thread and on --latentq-threads (latentq.set_cpu_threads; default: torch's thread count)
   torch:   the same quantizer written as torch eager ops (min/max, fp16 scale/offset, RNE round, clamp,
            decode), per latentq's conventions (README "integer conventions"),
-and the ratios torch / latentq (> 1: latentq is faster; the second at equal thread counts). Each row also prints max|latentq − torch|: the
-torch formulas follow the same IEEE operations one by one, so it is 0 unless noted.
+and the ratios torch / latentq (> 1: latentq is faster; the second at equal thread counts). Each row also
+prints max|latentq − torch|: the torch formulas follow the same IEEE operations one by one, so it is 0
+unless noted.
 Prints the machine (CPU count, torch threads). Exit 2 if the module is not built.
 The `latentq` package comes from the venv (scripts/setup.sh's latentq.pth) or PYTHONPATH; --build BUILD
 checks that its compiled part is BUILD's (PYTHONPATH=<repo>/python:BUILD/python selects it).

@@ -307,11 +307,12 @@ def _run_sequences(model, plan: _Plan, writer: _LayerWriter, check_tol: float) -
                         f"(sequences 0..{s} of {len(plan.seqs)})")
 
 
-def _root_attrs(plan: _Plan, writer: _LayerWriter, config_dict: dict, meta: dict) -> dict:
-    """The root attributes of the file (data/README.md), once every sequence has run. meta: model,
-    revision, source, original_dtype, compute_dtype, text_sha256, transformers_version."""
+def _write_root_attrs(f, plan: _Plan, writer: _LayerWriter, config_dict: dict, meta: dict,
+                      extra_attrs: dict | None) -> None:
+    """The root attributes of the file (data/README.md), once every sequence has run, then extra_attrs.
+    meta: model, revision, source, original_dtype, compute_dtype, text_sha256, transformers_version."""
     d = plan.dims
-    return {
+    attrs = {
         "schema": SCHEMA,
         "model": meta["model"],
         "revision": meta["revision"],
@@ -337,6 +338,18 @@ def _root_attrs(plan: _Plan, writer: _LayerWriter, config_dict: dict, meta: dict
         "torch_version": torch.__version__,
         "transformers_version": meta["transformers_version"],
     }
+    if extra_attrs:
+        attrs.update(extra_attrs)
+    for k, v in attrs.items():
+        f.attrs[k] = str(v) if isinstance(v, str) else v     # str(): TorchVersion is a str subclass
+
+
+def _publish(tmp: str, path: str) -> None:
+    """Rename tmp over path with the permissions of a normally created file (mkstemp creates 0600)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)
+    os.replace(tmp, path)
 
 
 @torch.no_grad()
@@ -415,15 +428,8 @@ def dump(model, config_dict: dict, token_ids_per_seq, q_rows: int, out_path: str
             meta = {"model": model_name, "revision": revision, "source": source, "original_dtype": original_dtype,
                     "compute_dtype": str(compute_dtype).replace("torch.", ""), "text_sha256": text_sha256,
                     "transformers_version": transformers.__version__}
-            attrs = _root_attrs(plan, writer, config_dict, meta)
-            if extra_attrs:
-                attrs.update(extra_attrs)
-            for k, v in attrs.items():
-                f.attrs[k] = str(v) if isinstance(v, str) else v     # str(): TorchVersion is a str subclass
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)          # mkstemp creates 0600
-        os.replace(tmp, out_path)
+            _write_root_attrs(f, plan, writer, config_dict, meta, extra_attrs)
+        _publish(tmp, out_path)
     except BaseException:
         if os.path.exists(tmp):
             os.remove(tmp)

@@ -276,8 +276,9 @@ def auto_batch_runs(config, seq_len: int, num_seqs: int, budget: int = BATCH_BYT
     hidden states, MLP, logits and their copies) + 4 · 5 · H · T² (float32 [H, T, T] scores, probabilities
     and masked copies of an attention that materializes them: SDPA's math path, e.g. a model whose v head dim
     differs from q's; tiny-mla pads v so that the flash kernel runs); a rough upper estimate (tiny-mla,
-    K = 4: the step's peak RSS 0.66 GB; 1.15 GB with the decode-order runs batched by 4 too). config: the model config (hidden_size, intermediate_size,
-    vocab_size, num_attention_heads). tiny-mla, 4 x 512: 46 MB per sequence, K = 4 (about 740 MB)."""
+    K = 4: the step's peak RSS 0.66 GB; 1.15 GB with the decode-order runs batched by 4 too). config: the
+    model config (hidden_size, intermediate_size, vocab_size, num_attention_heads). tiny-mla, 4 x 512:
+    46 MB per sequence, K = 4 (about 740 MB)."""
     g = lambda k, d=0: int(getattr(config, k, None) or d)
     inter = max(g("intermediate_size"), g("moe_intermediate_size") * max(1, g("num_experts_per_tok", 1)))
     per_seq = 4 * seq_len * (8 * g("hidden_size") + 3 * inter + 4 * g("vocab_size")) \

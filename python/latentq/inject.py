@@ -71,16 +71,18 @@ def mixed_latent_attention(q_nope: torch.Tensor, q_pe: torch.Tensor, c_q: torch.
     q_nope [B, T, H, d_n], q_pe [B, T, H, d_r] (post-RoPE); c_q / c_b [B, T, r]: c_kv as read from the
     quantized cache / in bf16; kpe_q / kpe_b [B, T, d_r]: post-RoPE k_pe, same; read_c, read_kpe bool
     [T, T], or [B, 1, T, T] for a mask per batch row: True where query t reads key j of c_kv / k_pe
-    quantized (entries j > t are ignored: the attention is causal); w_uk [H, d_n, r], w_uv [H, d_v, r] (kv_b_proj.weight.view(H, d_n + d_v, r)
-    split, DeepSeek-V3 inference/model.py); softmax_scale: the model's applied scale.
+    quantized (entries j > t are ignored: the attention is causal); w_uk [H, d_n, r], w_uv [H, d_v, r]
+    (kv_b_proj.weight.view(H, d_n + d_v, r) split, DeepSeek-V3 inference/model.py); softmax_scale: the
+    model's applied scale.
         s[t, h, j]  = scale · (q_nope W_UK · c[j] + q_pe · k_pe[j]),  each read per its mask at (t, j)
         out[t, h]   = W_UV (Σ_j softmax_j(s)[t, h, j] · c[j])         (c read per read_c, as the score)
     Computed in the expanded form (per head k_nope = W_UK·c and v = W_UV·c of each read of c_kv, as the
     model's own attention; the absorbed form's products, reassociated) by one
     torch.nn.functional.scaled_dot_product_attention over the keys of every (c_kv read, k_pe read) pair
     that some (t, j) uses, stacked along the key axis (T keys per pair: 2·T when the two masks are equal
-    or one is constant, 3·T when one is inside the other, at most 4·T), with a boolean mask that admits key j of pair (X, Y) for query t iff j ≤ t,
-    read_c[t, j] picks X and read_kpe[t, j] picks Y: each causal key once, so every row has its key t.
+    or one is constant, 3·T when one is inside the other, at most 4·T), with a boolean mask that admits
+    key j of pair (X, Y) for query t iff j ≤ t, read_c[t, j] picks X and read_kpe[t, j] picks Y: each
+    causal key once, so every row has its key t.
     v is padded with zero columns to q's head dim (torch's CPU flash kernel needs equal head dims; the
     columns change no output). float32 (float64 when q_nope is float64), on the inputs' device.
     Returns [B, T, H, d_v] in that dtype.

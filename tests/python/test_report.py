@@ -90,11 +90,8 @@ def write_group(f, name, cols):
             g.create_dataset(k, data=v)
 
 
-def make_results(path, groups=("latent_error", "summary", "attention_error", "svd", "svd_spectrum", "cross_layer",
-                               "cross_layer_sharing", "e2e", "e2e_position"), schema="latentq-results/1"):
-    """A synthetic results file; returns the per-quantizer mean c_kv rel_fro (dict) for checks."""
-    rng = np.random.default_rng(SEED)
-    qs = quantizer_list()
+def latent_error_columns(qs, rng):
+    """/latent_error: every quantizer on every layer and target, rel_fro drawn by rel_fro()."""
     le = {k: [] for k in ("layer", "target", "quantizer", "format", "bits", "scheme", "granularity", "group_size",
                           "scale_dtype", "bits_per_element", "bytes_per_token_layer", "rel_fro", "mse", "sqnr_db",
                           "max_abs_err", "cos_mean")}
@@ -111,8 +108,121 @@ def make_results(path, groups=("latent_error", "summary", "attention_error", "sv
                              ("mse", e * e), ("sqnr_db", -20 * math.log10(e)), ("max_abs_err", 4 * e),
                              ("cos_mean", 1 - e * e / 2)):
                     le[k].append(v)
-    le = {k: np.array(v) for k, v in le.items()}
+    return {k: np.array(v) for k, v in le.items()}
+
+
+def summary_columns(le, qs):
+    """/summary from the /latent_error columns."""
+    s = {k: [] for k in ("quantizer", "mean_rel_fro_c_kv", "max_rel_fro_c_kv", "mean_rel_fro_k_pe",
+                         "max_rel_fro_k_pe", "bits_per_element", "bytes_per_token_model", "ratio_vs_bf16")}
+    for q in qs:
+        mc, mk = (le["quantizer"] == q) & (le["target"] == "c_kv"), (le["quantizer"] == q) & (le["target"] == "k_pe")
+        byt = L * (le["bytes_per_token_layer"][mc].mean() + le["bytes_per_token_layer"][mk].mean())
+        for k, v in (("quantizer", q), ("mean_rel_fro_c_kv", le["rel_fro"][mc].mean()),
+                     ("max_rel_fro_c_kv", le["rel_fro"][mc].max()), ("mean_rel_fro_k_pe", le["rel_fro"][mk].mean()),
+                     ("max_rel_fro_k_pe", le["rel_fro"][mk].max()), ("bits_per_element", le["bits_per_element"][mc].mean()),
+                     ("bytes_per_token_model", byt), ("ratio_vs_bf16", byt / (L * (D + DR) * 2))):
+            s[k].append(v)
+    return s
+
+
+def attention_error_columns(qs, mean_c):
+    """/attention_error: the quantizers on c_kv, four on k_pe, SVD ranks; error growing with the layer."""
+    a = {k: [] for k in ("layer", "quantizer", "targets", "out_rel_fro", "cos_mean", "kl_mean", "top1_agree",
+                         "top8_agree")}
+    for layer in range(L):
+        rows = [(q, "c_kv", 0.7 * mean_c[q]) for q in qs] + [(q, "k_pe", 0.2 * mean_c[q]) for q in qs[:4]]
+        rows += [(f"svd-rank{r}", "c_kv", 0.5 * (1 - r / D) + 1e-3) for r in (8, 16, 32, 64, 96, 128)]
+        for q, t, e in rows:
+            e *= 1 + 0.1 * layer
+            for k, v in (("layer", layer), ("quantizer", q), ("targets", t), ("out_rel_fro", e),
+                         ("cos_mean", 1 - e * e / 2), ("kl_mean", e * e), ("top1_agree", 1 - e),
+                         ("top8_agree", 1 - e / 2)):
+                a[k].append(v)
+    return a
+
+
+def svd_columns():
+    """/svd: centered fits at six ranks per layer."""
+    s = {k: [] for k in ("layer", "rank", "centered", "fit_rel_fro", "heldout_rel_fro", "rank_90", "rank_99",
+                         "rank_999")}
+    for layer in range(L):
+        for r in (8, 16, 32, 64, 96, 128):
+            ho = max(0.6 * math.exp(-r / (25 + 5 * layer)), 1e-7) if r < D else 1e-7
+            for k, v in (("layer", layer), ("rank", r), ("centered", 1), ("fit_rel_fro", 0.9 * ho),
+                         ("heldout_rel_fro", ho), ("rank_90", 20 + layer), ("rank_99", 60 + 2 * layer),
+                         ("rank_999", 100 + 3 * layer)):
+                s[k].append(v)
+    return s
+
+
+def svd_spectrum_columns():
+    s = {"layer": [], "index": [], "singular_value": []}
+    for layer in range(L):
+        for i in range(D):
+            s["layer"].append(layer)
+            s["index"].append(i)
+            s["singular_value"].append(50.0 * math.exp(-i / (15 + 4 * layer)))
+    return s
+
+
+def cross_layer_columns():
+    c = {"layer_a": [], "layer_b": [], "mean_abs_pearson": [], "cka": []}
+    for a_ in range(L):
+        for b_ in range(a_ + 1, L):  # a < b only: the report must symmetrize
+            c["layer_a"].append(a_)
+            c["layer_b"].append(b_)
+            c["mean_abs_pearson"].append(0.1 + 0.5 / (b_ - a_))
+            c["cka"].append(0.3 + 0.6 / (b_ - a_))
+    return c
+
+
+def sharing_columns():
+    c = {k: [] for k in ("window_start", "window", "rank", "shared_heldout_rel_fro", "per_layer_heldout_rel_fro")}
+    for ws in (0, 2, 4):
+        for r in (16, 32, 64, 128, 192):
+            for k, v in (("window_start", ws), ("window", 2), ("rank", r),
+                         ("shared_heldout_rel_fro", 0.5 * math.exp(-r / (60 + 10 * ws))),
+                         ("per_layer_heldout_rel_fro", 0.55 * math.exp(-r / (70 + 10 * ws)))):
+                c[k].append(v)
+    return c
+
+
+def e2e_columns(qs, mean_c):
+    e = {k: [] for k in ("quantizer", "targets", "kl_mean", "top1_agree", "nll_ref", "nll_quant", "ppl_ref",
+                         "ppl_quant", "num_tokens")}
+    for q in qs:
+        kl = mean_c[q] ** 2
+        for k, v in (("quantizer", q), ("targets", "c_kv+k_pe"), ("kl_mean", kl), ("top1_agree", max(0.0, 1 - mean_c[q])),
+                     ("nll_ref", 1.5), ("nll_quant", 1.5 + kl), ("ppl_ref", math.exp(1.5)),
+                     ("ppl_quant", math.exp(1.5 + kl)), ("num_tokens", 2048)):
+            e[k].append(v)
+    return e
+
+
+def attention_position_columns():
+    c = position_columns(POSITION_KL, count="queries")
+    n = len(c["quantizer"])
+    for k in list(c):  # two layers at 2x and 4x the KL: the figure draws their mean (3x)
+        c[k] = c[k] + c[k]
+    c["layer"] = [0] * n + [1] * n
+    c["kl_mean"] = [v * 2.0 for v in c["kl_mean"][:n]] + [v * 4.0 for v in c["kl_mean"][n:]]
+    c["targets"] = ["c_kv+k_pe"] * (2 * n)
+    return c
+
+
+def make_results(path, groups=("latent_error", "summary", "attention_error", "svd", "svd_spectrum", "cross_layer",
+                               "cross_layer_sharing", "e2e", "e2e_position"), schema="latentq-results/1"):
+    """A synthetic results file; returns the per-quantizer mean c_kv rel_fro (dict) for checks."""
+    rng = np.random.default_rng(SEED)
+    qs = quantizer_list()
+    le = latent_error_columns(qs, rng)
     mean_c = {q: float(le["rel_fro"][(le["quantizer"] == q) & (le["target"] == "c_kv")].mean()) for q in qs}
+    columns = {"latent_error": lambda: le, "summary": lambda: summary_columns(le, qs),
+               "attention_error": lambda: attention_error_columns(qs, mean_c), "svd": svd_columns,
+               "svd_spectrum": svd_spectrum_columns, "cross_layer": cross_layer_columns,
+               "cross_layer_sharing": sharing_columns, "e2e": lambda: e2e_columns(qs, mean_c),
+               "e2e_position": lambda: position_columns(POSITION_KL), "attention_position": attention_position_columns}
     with h5py.File(path, "w") as f:
         if schema is not None:
             f.attrs["schema"] = schema
@@ -124,91 +234,9 @@ def make_results(path, groups=("latent_error", "summary", "attention_error", "sv
         f.attrs["qk_rope_head_dim"] = np.int64(DR)
         f.attrs["latentq_version"] = "0.1.0"
         f.attrs["git_commit"] = "0123456789abcdef"
-        if "latent_error" in groups:
-            write_group(f, "latent_error", le)
-        if "summary" in groups:
-            s = {k: [] for k in ("quantizer", "mean_rel_fro_c_kv", "max_rel_fro_c_kv", "mean_rel_fro_k_pe",
-                                 "max_rel_fro_k_pe", "bits_per_element", "bytes_per_token_model", "ratio_vs_bf16")}
-            for q in qs:
-                mc, mk = (le["quantizer"] == q) & (le["target"] == "c_kv"), (le["quantizer"] == q) & (le["target"] == "k_pe")
-                byt = L * (le["bytes_per_token_layer"][mc].mean() + le["bytes_per_token_layer"][mk].mean())
-                for k, v in (("quantizer", q), ("mean_rel_fro_c_kv", le["rel_fro"][mc].mean()),
-                             ("max_rel_fro_c_kv", le["rel_fro"][mc].max()), ("mean_rel_fro_k_pe", le["rel_fro"][mk].mean()),
-                             ("max_rel_fro_k_pe", le["rel_fro"][mk].max()), ("bits_per_element", le["bits_per_element"][mc].mean()),
-                             ("bytes_per_token_model", byt), ("ratio_vs_bf16", byt / (L * (D + DR) * 2))):
-                    s[k].append(v)
-            write_group(f, "summary", s)
-        if "attention_error" in groups:
-            a = {k: [] for k in ("layer", "quantizer", "targets", "out_rel_fro", "cos_mean", "kl_mean", "top1_agree",
-                                 "top8_agree")}
-            for layer in range(L):
-                rows = [(q, "c_kv", 0.7 * mean_c[q]) for q in qs] + [(q, "k_pe", 0.2 * mean_c[q]) for q in qs[:4]]
-                rows += [(f"svd-rank{r}", "c_kv", 0.5 * (1 - r / D) + 1e-3) for r in (8, 16, 32, 64, 96, 128)]
-                for q, t, e in rows:
-                    e *= 1 + 0.1 * layer
-                    for k, v in (("layer", layer), ("quantizer", q), ("targets", t), ("out_rel_fro", e),
-                                 ("cos_mean", 1 - e * e / 2), ("kl_mean", e * e), ("top1_agree", 1 - e),
-                                 ("top8_agree", 1 - e / 2)):
-                        a[k].append(v)
-            write_group(f, "attention_error", a)
-        if "svd" in groups:
-            s = {k: [] for k in ("layer", "rank", "centered", "fit_rel_fro", "heldout_rel_fro", "rank_90", "rank_99",
-                                 "rank_999")}
-            for layer in range(L):
-                for r in (8, 16, 32, 64, 96, 128):
-                    ho = max(0.6 * math.exp(-r / (25 + 5 * layer)), 1e-7) if r < D else 1e-7
-                    for k, v in (("layer", layer), ("rank", r), ("centered", 1), ("fit_rel_fro", 0.9 * ho),
-                                 ("heldout_rel_fro", ho), ("rank_90", 20 + layer), ("rank_99", 60 + 2 * layer),
-                                 ("rank_999", 100 + 3 * layer)):
-                        s[k].append(v)
-            write_group(f, "svd", s)
-        if "svd_spectrum" in groups:
-            s = {"layer": [], "index": [], "singular_value": []}
-            for layer in range(L):
-                for i in range(D):
-                    s["layer"].append(layer)
-                    s["index"].append(i)
-                    s["singular_value"].append(50.0 * math.exp(-i / (15 + 4 * layer)))
-            write_group(f, "svd_spectrum", s)
-        if "cross_layer" in groups:
-            c = {"layer_a": [], "layer_b": [], "mean_abs_pearson": [], "cka": []}
-            for a_ in range(L):
-                for b_ in range(a_ + 1, L):  # a < b only: the report must symmetrize
-                    c["layer_a"].append(a_)
-                    c["layer_b"].append(b_)
-                    c["mean_abs_pearson"].append(0.1 + 0.5 / (b_ - a_))
-                    c["cka"].append(0.3 + 0.6 / (b_ - a_))
-            write_group(f, "cross_layer", c)
-        if "cross_layer_sharing" in groups:
-            c = {k: [] for k in ("window_start", "window", "rank", "shared_heldout_rel_fro", "per_layer_heldout_rel_fro")}
-            for ws in (0, 2, 4):
-                for r in (16, 32, 64, 128, 192):
-                    for k, v in (("window_start", ws), ("window", 2), ("rank", r),
-                                 ("shared_heldout_rel_fro", 0.5 * math.exp(-r / (60 + 10 * ws))),
-                                 ("per_layer_heldout_rel_fro", 0.55 * math.exp(-r / (70 + 10 * ws)))):
-                        c[k].append(v)
-            write_group(f, "cross_layer_sharing", c)
-        if "e2e" in groups:
-            e = {k: [] for k in ("quantizer", "targets", "kl_mean", "top1_agree", "nll_ref", "nll_quant", "ppl_ref",
-                                 "ppl_quant", "num_tokens")}
-            for q in qs:
-                kl = mean_c[q] ** 2
-                for k, v in (("quantizer", q), ("targets", "c_kv+k_pe"), ("kl_mean", kl), ("top1_agree", max(0.0, 1 - mean_c[q])),
-                             ("nll_ref", 1.5), ("nll_quant", 1.5 + kl), ("ppl_ref", math.exp(1.5)),
-                             ("ppl_quant", math.exp(1.5 + kl)), ("num_tokens", 2048)):
-                    e[k].append(v)
-            write_group(f, "e2e", e)
-        if "e2e_position" in groups:
-            write_group(f, "e2e_position", position_columns(POSITION_KL))
-        if "attention_position" in groups:
-            c = position_columns(POSITION_KL, count="queries")
-            n = len(c["quantizer"])
-            for k in list(c):  # two layers at 2x and 4x the KL: the figure draws their mean (3x)
-                c[k] = c[k] + c[k]
-            c["layer"] = [0] * n + [1] * n
-            c["kl_mean"] = [v * 2.0 for v in c["kl_mean"][:n]] + [v * 4.0 for v in c["kl_mean"][n:]]
-            c["targets"] = ["c_kv+k_pe"] * (2 * n)
-            write_group(f, "attention_position", c)
+        for name, make in columns.items():
+            if name in groups:
+                write_group(f, name, make())
     return mean_c
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
 
 from latentq.report.load import (
     PREFILL_AT_ONCE,
@@ -20,180 +19,55 @@ from latentq.report.load import (
     flags,
     is_baseline,
     numbers,
-    pareto_front,
     parse_spec,
     position_curves,
     short_label,
     strings,
     svd_mean_by_rank,
 )
+from latentq.report.plot import (
+    GRAN_STYLE,
+    _frontier_panel,
+    _label_frontier,
+    _legend_handles,
+    _mpl,
+    _save,
+    _style,
+    place_labels,
+)
 
 FIGURES = ("frontier_c_kv.png", "frontier_model_bytes.png", "per_layer.png", "svd.png", "cross_layer.png",
            "cross_layer_sharing.png", "e2e.png", "error_vs_position.png")
-GRAN_STYLE = {  # color, label
-    "tensor": ("tab:green", "per-tensor"),
-    "channel": ("tab:blue", "per-channel"),
-    "token": ("tab:orange", "per-token"),
-    "tile": ("tab:red", "fp8 e4m3 tile"),
-    "element": ("black", "bf16"),
-    "svd": ("tab:purple", "SVD rank r"),
-    "?": ("tab:gray", "other"),
-}
-SCHEME_MARKER = {"sym": "o", "asym": "s"}
-KIND_MARKER = {"bf16": "D", "svd": "P"}
-# engine and standard formats (the `format` column): a star, colored by family
-FAMILY_STYLE = {"fp8": ("tab:red", "FP8 (FlashMLA, vLLM)"), "mx": ("tab:brown", "OCP MX"),
-                "nvfp4": ("tab:pink", "NVFP4 / FP4"), "fp4": ("tab:pink", "NVFP4 / FP4"), "ggml": ("tab:olive", "ggml")}
 
 
-def _mpl():
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    plt.rcParams.update({"font.size": 9, "axes.titlesize": 10, "axes.labelsize": 9, "legend.fontsize": 8,
-                         "figure.dpi": 100, "savefig.dpi": 150, "axes.grid": True, "grid.alpha": 0.3,
-                         "grid.linewidth": 0.5})
-    return plt
+def _svd_rank_line(ax, err, D):
+    """The SVD probe's ranks on a frontier panel: err {rank: rel_fro} at 16·r/D bits per element, dashed."""
+    r = sorted(err)
+    ax.plot([16.0 * k / D for k in r], [err[k] for k in r], color=GRAN_STYLE["svd"][0], marker="P",
+            ms=5, lw=1, ls="--", zorder=2)
 
 
-def _style(e):
-    if e["kind"] in FAMILY_STYLE:
-        return FAMILY_STYLE[e["kind"]][0], "*"
-    color, _ = GRAN_STYLE.get(e["granularity"], GRAN_STYLE["?"])
-    marker = KIND_MARKER.get(e["kind"], SCHEME_MARKER.get(e["scheme"], "o"))
-    return color, marker
+def _label_svd_ranks(ax, err, D):
+    """Labels r=... of _svd_rank_line's points (the first and last always), once the layout is final."""
+    r = sorted(err)
+    place_labels(ax, [16.0 * k / D for k in r], [err[k] for k in r], [f"r={k}" for k in r],
+                 force=[k in (r[0], r[-1]) for k in r], fontsize=6.5, color=GRAN_STYLE["svd"][0])
 
 
-def _legend_handles():
-    from matplotlib.lines import Line2D
-    h = [Line2D([], [], ls="", marker="o", color=GRAN_STYLE[g][0], label=GRAN_STYLE[g][1])
-         for g in ("tensor", "channel", "token")]
-    seen = []
-    for color, label in FAMILY_STYLE.values():
-        if label not in seen:
-            seen.append(label)
-            h.append(Line2D([], [], ls="", marker="*", ms=9, color=color, mec="black", mew=0.6, label=label))
-    h += [Line2D([], [], ls="", marker="D", color="black", label="bf16"),
-          Line2D([], [], ls="", marker="o", mfc="white", color="0.3", label="sym (circle)"),
-          Line2D([], [], ls="", marker="s", mfc="white", color="0.3", label="asym (square)"),
-          Line2D([], [], ls="-", color="0.2", lw=1, label="Pareto front")]
-    return h
-
-
-def place_labels(ax, xs, ys, labels, force=None, fontsize=7, color="black"):
-    """Annotate points with labels by a greedy placement in display space: each label tries offsets
-    around its point and takes the first where it overlaps no marker, no text already on the axes and
-    no earlier label, inside the axes. A label with no free place is left out unless force[i].
-    Call after the figure layout is final (the offsets are in points). Returns the indices labelled."""
-    fig = ax.figure
-    fig.canvas.draw()
-    r = fig.canvas.get_renderer()
-    ax_bb = ax.get_window_extent(r)
-    from matplotlib.transforms import Bbox
-    placed = []
-    for line in ax.lines + ax.collections:
-        try:
-            offs = line.get_offsets() if hasattr(line, "get_offsets") else line.get_xydata()
-        except Exception:  # noqa: BLE001 - artists without data
-            continue
-        if offs is None or len(offs) == 0 or len(offs) > 500:
-            continue
-        if getattr(line, "get_marker", lambda: "o")() in ("", "None", None):
-            continue  # a plain line (Pareto step): labels may cross it
-        for px, py in ax.transData.transform(offs):
-            if math.isfinite(px) and math.isfinite(py):
-                placed.append(Bbox.from_extents(px - 4, py - 4, px + 4, py + 4))
-    placed += [t.get_window_extent(r) for t in ax.texts]
-    cands = [(5, 2, "left", "bottom"), (5, -2, "left", "top"), (-5, 2, "right", "bottom"), (-5, -2, "right", "top"),
-             (8, 0, "left", "center"), (-8, 0, "right", "center"),
-             (8, 12, "left", "bottom"), (8, -12, "left", "top"), (-8, 12, "right", "bottom"), (-8, -12, "right", "top"),
-             (14, 24, "left", "bottom"), (14, -24, "left", "top"), (-14, 24, "right", "bottom"),
-             (-14, -24, "right", "top")]
-    force = force or [False] * len(xs)
-    done = []
-    # forced labels first, then left to right
-    for i in sorted(range(len(xs)), key=lambda i: (not force[i], xs[i], ys[i])):
-        ok = False
-        for dx, dy, ha, va in cands:
-            far = abs(dx) > 10 or abs(dy) > 10
-            ann = ax.annotate(labels[i], (xs[i], ys[i]), xytext=(dx, dy), textcoords="offset points",
-                              fontsize=fontsize, ha=ha, va=va, color=color,
-                              arrowprops=dict(arrowstyle="-", lw=0.5, color="0.5", shrinkA=0, shrinkB=3) if far else None)
-            bb = ann.get_window_extent(r)
-            inside = bb.x0 >= ax_bb.x0 + 1 and bb.x1 <= ax_bb.x1 - 1 and bb.y0 >= ax_bb.y0 + 1 and bb.y1 <= ax_bb.y1 - 1
-            if inside and not any(bb.overlaps(p) for p in placed):
-                placed.append(bb)
-                ok = True
-                break
-            ann.remove()
-        if not ok and force[i]:
-            ann = ax.annotate(labels[i], (xs[i], ys[i]), xytext=(5, 2), textcoords="offset points",
-                              fontsize=fontsize, ha="left", va="bottom", color=color)
-            placed.append(ann.get_window_extent(r))
-            ok = True
-        if ok:
-            done.append(i)
-    return sorted(done)
-
-
-def _publish(tmp, path):
-    """Rename tmp over path with the permissions of a normally created file (mkstemp makes 0600)."""
-    um = os.umask(0)
-    os.umask(um)
-    os.chmod(tmp, 0o666 & ~um)
-    os.replace(tmp, path)
-
-
-def _save(fig, path):
-    """Save to a temporary file in the same directory, then rename."""
-    plt = _mpl()
-    d = os.path.dirname(path)
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=d)
-    os.close(fd)
-    try:
-        fig.savefig(tmp, format="png", bbox_inches="tight", pad_inches=0.08)
-        _publish(tmp, path)
-    finally:
-        plt.close(fig)
-        if os.path.exists(tmp):
-            os.remove(tmp)
-
-
-def _positive(x, y):
-    import numpy as np
-    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
-    return np.isfinite(x) & np.isfinite(y) & (y > 0)
-
-
-def _frontier_panel(ax, Q, names, x, y, xlabel, ylabel, title):
-    """Scatter of quantizers (color: granularity, marker: scheme), Pareto front, labels for the front
-    and the baselines. Returns (pareto names, names not shown because y <= 0 / NaN)."""
-    import numpy as np
-    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
-    ok = _positive(x, y)
-    hidden = [names[i] for i in range(len(names)) if not ok[i]]
-    for i in np.flatnonzero(ok):
-        color, marker = _style(Q[names[i]])
-        ax.plot(x[i], y[i], ls="", marker=marker, color=color, ms=9 if marker == "*" else 5.5, mec="black" if is_baseline(names[i]) else color,
-                mew=0.6, alpha=0.85, zorder=3)
-    idx = np.flatnonzero(ok)
-    front = [idx[k] for k in pareto_front(x[idx], y[idx])]
-    if len(front) > 1:
-        ax.step(x[front], y[front], where="post", color="0.2", lw=1, zorder=2)
-    ax.set_yscale("log")
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    return [names[i] for i in front], hidden
-
-
-def _label_frontier(ax, Q, names, x, y, front):
-    import numpy as np
-    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
-    lab = [i for i, q in enumerate(names) if (q in front or is_baseline(q)) and _positive(x[i:i + 1], y[i:i + 1])[0]]
-    done = place_labels(ax, [x[i] for i in lab], [y[i] for i in lab], [short_label(names[i]) for i in lab],
-                        force=[is_baseline(names[i]) for i in lab])
-    return [names[lab[k]] for k in done]
+def _frontier_caption(akey, extra, hid):
+    """The caption of frontier_c_kv.png: the axes, the attention panel (akey), the SVD notes, hidden names."""
+    cap = ("c_kv rel_fro = ‖ĉ_kv − c_kv‖_F / ‖c_kv‖_F (unitless), mean over layers, against the c_kv bits per element "
+           "including the scale/offset metadata. Color: granularity; marker: sym (circle) / asym (square); "
+           "the line is the lower-left Pareto front; labels: the baselines and the points of the front where "
+           "there is room (the whole front is listed at the top of this report).")
+    if akey is not None:
+        cap += (f" Right: rel_fro of the absorbed attention output (before o_proj) with {akey} quantized "
+                "(/attention_error), mean over layers.")
+    if extra:
+        cap += " " + "; ".join(extra) + "."
+    if hid:
+        cap += f" Not shown on the log axis (error 0 or missing): {', '.join(hid)}."
+    return cap
 
 
 def fig_frontier(out, tables, attrs, Q):
@@ -217,9 +91,7 @@ def fig_frontier(out, tables, attrs, Q):
                                     "Latent error: c_kv")
     extra = []
     if svd:
-        r = sorted(svd)
-        axes[0].plot([16.0 * k / D for k in r], [svd[k] for k in r], color=GRAN_STYLE["svd"][0], marker="P",
-                     ms=5, lw=1, ls="--", zorder=2)
+        _svd_rank_line(axes[0], svd, D)
         extra.append("SVD rank r (dashed purple, /svd held-out rel_fro) is placed at 16·r/kv_lora_rank bits per "
                      "element (r bf16 coefficients per token; the basis is not counted; r = kv_lora_rank left out)")
     ahidden, afront, sr = [], [], {}
@@ -233,9 +105,7 @@ def fig_frontier(out, tables, attrs, Q):
         sr = {int(parse_spec(q)["group_size"]): v for q, v in att[akey].items()
               if parse_spec(q)["kind"] == "svd" and D and parse_spec(q)["group_size"] < D}
         if sr and D:
-            r = sorted(sr)
-            axes[1].plot([16.0 * k / D for k in r], [sr[k] for k in r], color=GRAN_STYLE["svd"][0], marker="P",
-                         ms=5, lw=1, ls="--", zorder=2)
+            _svd_rank_line(axes[1], sr, D)
     handles = _legend_handles()
     if svd:
         from matplotlib.lines import Line2D
@@ -243,31 +113,15 @@ def fig_frontier(out, tables, attrs, Q):
     fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 5), frameon=False)
     fig.tight_layout(rect=(0, 0.1, 1, 1))
     if svd:
-        r = sorted(svd)
-        place_labels(axes[0], [16.0 * k / D for k in r], [svd[k] for k in r], [f"r={k}" for k in r],
-                     force=[k in (r[0], r[-1]) for k in r], fontsize=6.5, color=GRAN_STYLE["svd"][0])
+        _label_svd_ranks(axes[0], svd, D)
     if akey is not None and sr and D:
-        r = sorted(sr)
-        place_labels(axes[1], [16.0 * k / D for k in r], [sr[k] for k in r], [f"r={k}" for k in r],
-                     force=[k in (r[0], r[-1]) for k in r], fontsize=6.5, color=GRAN_STYLE["svd"][0])
+        _label_svd_ranks(axes[1], sr, D)
     _label_frontier(axes[0], Q, names, x, y, front)
     if akey is not None:
         _label_frontier(axes[1], Q, anames, ax_, ay, afront)
     fn = "frontier_c_kv.png"
     _save(fig, os.path.join(out, fn))
-    cap = ("c_kv rel_fro = ‖ĉ_kv − c_kv‖_F / ‖c_kv‖_F (unitless), mean over layers, against the c_kv bits per element "
-           "including the scale/offset metadata. Color: granularity; marker: sym (circle) / asym (square); "
-           "the line is the lower-left Pareto front; labels: the baselines and the points of the front where "
-           "there is room (the whole front is listed at the top of this report).")
-    if akey is not None:
-        cap += (f" Right: rel_fro of the absorbed attention output (before o_proj) with {akey} quantized "
-                "(/attention_error), mean over layers.")
-    if extra:
-        cap += " " + "; ".join(extra) + "."
-    hid = sorted(set(hidden) | set(ahidden))
-    if hid:
-        cap += f" Not shown on the log axis (error 0 or missing): {', '.join(hid)}."
-    return fn, cap, front
+    return fn, _frontier_caption(akey, extra, sorted(set(hidden) | set(ahidden))), front
 
 
 def fig_model_bytes(out, tables, attrs, Q):
@@ -428,6 +282,80 @@ def fig_per_layer(out, tables, attrs, Q, selected, user_selected=False):
     return fn, cap
 
 
+def _svd_spectrum_panel(ax, sp, colors, many):
+    """Left panel of svd.png: σ_i/σ_0 per layer from /svd_spectrum (a legend up to `many` layers)."""
+    import numpy as np
+    lay = numbers(sp, "layer")
+    s = numbers(sp, "singular_value", contains=("singular",))
+    idx = numbers(sp, "index", contains=("index",))
+    layers = sorted(set(int(v) for v in lay[np.isfinite(lay)]))
+    col = colors(layers)
+    for l in layers:
+        m = lay == l
+        sl = s[m]
+        il = idx[m] if idx is not None else np.arange(m.sum())
+        o = np.argsort(il)
+        sl, il = sl[o], il[o]
+        s0 = np.nanmax(sl) if sl.size else 0
+        if not s0 > 0:
+            continue
+        ok = sl > 0
+        ax.plot(il[ok], sl[ok] / s0, color=col[l], lw=1.2, label=f"layer {l}")
+    ax.set_yscale("log")
+    ax.set_xlabel("singular value index i (0 = largest)")
+    ax.set_ylabel(r"normalized singular value $\sigma_i/\sigma_0$ (log)")
+    ax.set_title("c_kv spectrum per layer")
+    if len(layers) <= many:
+        ax.legend(fontsize=7)
+
+
+def _svd_rank_panel(ax, sv, attrs, colors, many, notes):
+    """Right panel of svd.png: held-out (solid) and fit (dashed) rel_fro against the rank per layer from
+    /svd; the notes for the caption (centered fits, r = kv_lora_rank left out) are appended to `notes`."""
+    import numpy as np
+    lay, rank = numbers(sv, "layer"), numbers(sv, "rank")
+    ho = numbers(sv, "heldout_rel_fro", contains=("heldout",))
+    fit = numbers(sv, "fit_rel_fro", contains=("fit", "rel_fro"))
+    cen = flags(sv, "centered")
+    m0 = np.ones(len(sv), dtype=bool)
+    if cen is not None and cen.any() and not cen.all():
+        m0 = cen
+        notes.append("centered fits shown (the file also has uncentered ones)")
+    elif cen is not None:
+        notes.append("centered fits" if cen.all() else "uncentered fits")
+    D = _int_attr(attrs, "kv_lora_rank")
+    if D and np.any(m0 & (rank >= D)):
+        # the full rank is exact up to rounding; it would only stretch the log axis
+        m0 = m0 & (rank < D)
+        notes.append("r = kv_lora_rank (exact up to rounding) left out")
+    layers = sorted(set(int(v) for v in lay[m0 & np.isfinite(lay)]))
+    col = colors(layers)
+    for l in layers:
+        m = m0 & (lay == l)
+        o = np.argsort(rank[m])
+        r = rank[m][o]
+        e = ho[m][o]
+        ok = np.isfinite(e) & (e > 0)
+        ax.plot(r[ok], e[ok], color=col[l], lw=1.3, marker="o", ms=3, label=f"layer {l} held-out")
+        if fit is not None:
+            f = fit[m][o]
+            okf = np.isfinite(f) & (f > 0)
+            ax.plot(r[okf], f[okf], color=col[l], lw=0.9, ls="--", alpha=0.7)
+    from matplotlib.lines import Line2D
+    h, lab = ax.get_legend_handles_labels()
+    h = [Line2D([], [], color=hh.get_color(), lw=1.3) for hh in h]
+    lab = [x.replace(" held-out", "") for x in lab]
+    if len(layers) > many:
+        h, lab = [], []
+    h += [Line2D([], [], color="0.3", lw=1.3, marker="o", ms=3), Line2D([], [], color="0.3", lw=0.9, ls="--")]
+    lab += ["held-out split", "fit split"]
+    ax.legend(h, lab, fontsize=7)
+    ax.set_yscale("log")
+    ax.set_xlabel("rank r (coefficients per token)" + (f", of kv_lora_rank = {D}" if D else ""))
+    ax.set_ylabel("c_kv rel_fro of the rank-r reconstruction (log)")
+    ax.set_title("SVD pruning error per layer")
+
+
 def fig_svd(out, tables, attrs):
     plt = _mpl()
     import numpy as np
@@ -455,75 +383,10 @@ def fig_svd(out, tables, attrs):
     def colors(layers):
         return {l: cmap(norm(l)) for l in layers}
 
-    ai = 0
     if "spectrum" in panels:
-        ax = axes[ai]
-        ai += 1
-        lay = numbers(sp, "layer")
-        s = numbers(sp, "singular_value", contains=("singular",))
-        idx = numbers(sp, "index", contains=("index",))
-        layers = sorted(set(int(v) for v in lay[np.isfinite(lay)]))
-        col = colors(layers)
-        for l in layers:
-            m = lay == l
-            sl = s[m]
-            il = idx[m] if idx is not None else np.arange(m.sum())
-            o = np.argsort(il)
-            sl, il = sl[o], il[o]
-            s0 = np.nanmax(sl) if sl.size else 0
-            if not s0 > 0:
-                continue
-            ok = sl > 0
-            ax.plot(il[ok], sl[ok] / s0, color=col[l], lw=1.2, label=f"layer {l}")
-        ax.set_yscale("log")
-        ax.set_xlabel("singular value index i (0 = largest)")
-        ax.set_ylabel(r"normalized singular value $\sigma_i/\sigma_0$ (log)")
-        ax.set_title("c_kv spectrum per layer")
-        if len(layers) <= many:
-            ax.legend(fontsize=7)
+        _svd_spectrum_panel(axes[0], sp, colors, many)
     if "rank" in panels:
-        ax = axes[ai]
-        lay, rank = numbers(sv, "layer"), numbers(sv, "rank")
-        ho = numbers(sv, "heldout_rel_fro", contains=("heldout",))
-        fit = numbers(sv, "fit_rel_fro", contains=("fit", "rel_fro"))
-        cen = flags(sv, "centered")
-        m0 = np.ones(len(sv), dtype=bool)
-        if cen is not None and cen.any() and not cen.all():
-            m0 = cen
-            notes.append("centered fits shown (the file also has uncentered ones)")
-        elif cen is not None:
-            notes.append("centered fits" if cen.all() else "uncentered fits")
-        D = _int_attr(attrs, "kv_lora_rank")
-        if D and np.any(m0 & (rank >= D)):
-            # the full rank is exact up to rounding; it would only stretch the log axis
-            m0 = m0 & (rank < D)
-            notes.append("r = kv_lora_rank (exact up to rounding) left out")
-        layers = sorted(set(int(v) for v in lay[m0 & np.isfinite(lay)]))
-        col = colors(layers)
-        for l in layers:
-            m = m0 & (lay == l)
-            o = np.argsort(rank[m])
-            r = rank[m][o]
-            e = ho[m][o]
-            ok = np.isfinite(e) & (e > 0)
-            ax.plot(r[ok], e[ok], color=col[l], lw=1.3, marker="o", ms=3, label=f"layer {l} held-out")
-            if fit is not None:
-                f = fit[m][o]
-                okf = np.isfinite(f) & (f > 0)
-                ax.plot(r[okf], f[okf], color=col[l], lw=0.9, ls="--", alpha=0.7)
-        from matplotlib.lines import Line2D
-        h, lab = ax.get_legend_handles_labels()
-        h = [Line2D([], [], color=hh.get_color(), lw=1.3) for hh in h]
-        lab = [x.replace(" held-out", "") for x in lab]
-        if len(layers) > many:
-            h, lab = [], []
-        h += [Line2D([], [], color="0.3", lw=1.3, marker="o", ms=3), Line2D([], [], color="0.3", lw=0.9, ls="--")]
-        lab += ["held-out split", "fit split"]
-        ax.legend(h, lab, fontsize=7)
-        ax.set_yscale("log")
-        ax.set_xlabel("rank r (coefficients per token)" + (f", of kv_lora_rank = {D}" if D else ""))
-        ax.set_ylabel("c_kv rel_fro of the rank-r reconstruction (log)")
-        ax.set_title("SVD pruning error per layer")
+        _svd_rank_panel(axes[len(panels) - 1], sv, attrs, colors, many, notes)
     fig.tight_layout()
     if len(all_layers) > many:
         from matplotlib.cm import ScalarMappable
@@ -533,7 +396,8 @@ def fig_svd(out, tables, attrs):
     _save(fig, os.path.join(out, fn))
     cap = []
     if "spectrum" in panels:
-        cap.append("Left: singular values of c_kv normalized by the largest, σ_i/σ_0 (log), one line per layer (/svd_spectrum).")
+        cap.append("Left: singular values of c_kv normalized by the largest, σ_i/σ_0 (log), "
+                   "one line per layer (/svd_spectrum).")
     if "rank" in panels:
         cap.append("Right: rel_fro of the rank-r reconstruction of c_kv per layer, solid on the held-out split, "
                    "dashed on the fit split (/svd)" + "".join(f"; {n}" for n in notes) + ".")

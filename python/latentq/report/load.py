@@ -119,7 +119,7 @@ def load_results(path):
     try:
         is_h5 = h5py.is_hdf5(path)
     except OSError as e:
-        raise ReportError(f"cannot read ({e})")
+        raise ReportError(f"cannot read ({e})") from e
     if not is_h5:
         size = os.path.getsize(path)
         raise ReportError("empty file (expected a latentq-results/1 file)" if size == 0
@@ -162,7 +162,7 @@ def load_results(path):
     except ReportError:
         raise
     except (OSError, KeyError, ValueError) as e:
-        raise ReportError(f"cannot read the results file ({e})")
+        raise ReportError(f"cannot read the results file ({e})") from e
     if not tables:
         raise ReportError("no result tables (expected groups such as /latent_error and /summary; "
                           "run `latentq run` first)")

@@ -40,7 +40,6 @@ import tempfile
 
 from latentq.report.figures import (
     FIGURES,
-    _publish,
     fig_cross_layer,
     fig_e2e,
     fig_frontier,
@@ -50,6 +49,7 @@ from latentq.report.figures import (
     fig_sharing,
     fig_svd,
 )
+from latentq.report.plot import _publish
 from latentq.report.load import (
     _attention_key,
     _int_attr,
