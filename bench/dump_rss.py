@@ -16,6 +16,7 @@ Prints the dumped bytes (c_kv + k_pe + q/attn_out rows over all layers, float32)
 file, the model's parameter bytes and the in-process peak RSS (getrusage ru_maxrss); read
 "Maximum resident set size" of /usr/bin/time -v for the figure of record.
 """
+
 import argparse
 import importlib.util
 import os
@@ -23,7 +24,6 @@ import resource
 import sys
 import time
 
-import numpy as np
 import torch
 
 
@@ -56,28 +56,45 @@ def main() -> int:
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 
     torch.manual_seed(0)
-    cfg = DeepseekV3Config(vocab_size=1024, hidden_size=256, intermediate_size=512, moe_intermediate_size=128,
-                           num_hidden_layers=a.layers, first_k_dense_replace=a.layers, num_attention_heads=4,
-                           num_key_value_heads=4, kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128,
-                           v_head_dim=128, q_lora_rank=128, max_position_embeddings=max(8192, a.seq_len),
-                           n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
-                           attn_implementation="sdpa")
+    cfg = DeepseekV3Config(
+        vocab_size=1024,
+        hidden_size=256,
+        intermediate_size=512,
+        moe_intermediate_size=128,
+        num_hidden_layers=a.layers,
+        first_k_dense_replace=a.layers,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        kv_lora_rank=512,
+        qk_rope_head_dim=64,
+        qk_nope_head_dim=128,
+        v_head_dim=128,
+        q_lora_rank=128,
+        max_position_embeddings=max(8192, a.seq_len),
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        n_group=1,
+        topk_group=1,
+        attn_implementation="sdpa",
+    )
     model = DeepseekV3ForCausalLM(cfg).eval()
     g = torch.Generator().manual_seed(1)
     seqs = [torch.randint(0, 1024, (a.seq_len,), generator=g).numpy() for _ in range(a.num_seqs)]
     t0 = time.perf_counter()
-    summary = dump_latents.dump(model, model.config.to_dict(), seqs, a.q_rows, a.out, force=True,
-                                model_name="rss-bench")
+    summary = dump_latents.dump(
+        model, model.config.to_dict(), seqs, a.q_rows, a.out, force=True, model_name="rss-bench"
+    )
     dt = time.perf_counter() - t0
     T = a.seq_len * a.num_seqs
     H = 4
     dumped = a.layers * 4 * (T * (512 + 64) + a.q_rows * H * (128 + 64 + 128))
     params = sum(p.numel() * p.element_size() for p in model.parameters())
     where = os.path.dirname(os.path.abspath(dump_latents.__file__))
-    print(f"dumper {where}: {a.layers} layers, {a.num_seqs} x {a.seq_len} tokens, "
-          f"{a.q_rows} q rows, {dt:.1f} s")
-    print(f"dumped tensors {dumped / 2**20:.1f} MiB, file {summary['bytes'] / 2**20:.1f} MiB, "
-          f"model parameters {params / 2**20:.1f} MiB, max rel_err {max(summary['max_rel_err'].values()):.2e}")
+    print(f"dumper {where}: {a.layers} layers, {a.num_seqs} x {a.seq_len} tokens, {a.q_rows} q rows, {dt:.1f} s")
+    print(
+        f"dumped tensors {dumped / 2**20:.1f} MiB, file {summary['bytes'] / 2**20:.1f} MiB, "
+        f"model parameters {params / 2**20:.1f} MiB, max rel_err {max(summary['max_rel_err'].values()):.2e}"
+    )
     print(f"ru_maxrss {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
     return 0
 

@@ -23,6 +23,7 @@ Prints per row: seconds, GFLOP/s and its ratio to the gemm rate. Exit 2 if the l
 The `latentq` package comes from the venv (scripts/setup.sh's latentq.pth) or PYTHONPATH; --build BUILD
 checks that its compiled part is BUILD's (PYTHONPATH=<repo>/python:BUILD/python selects it).
 """
+
 import argparse
 import os
 import statistics
@@ -52,6 +53,7 @@ def median_time(fn, repeats: int) -> float:
 def forward_flops(model, mla, seqs: int, T: int) -> float:
     """Useful FLOPs of one forward over `seqs` sequences of T tokens (module docstring)."""
     from latentq.capture import mla_dims
+
     lin = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
     attn = 0.0
     for _, _, a in mla:
@@ -78,8 +80,11 @@ def main() -> int:
         return 2
     have = os.path.dirname(os.path.realpath(latentq._core.__file__))
     if a.build is not None and have != os.path.realpath(os.path.join(a.build, "python", "latentq")):
-        print(f"e2e_rate.py: latentq._core is the one in {have}, not {a.build}'s: run with "
-              f"PYTHONPATH=<repo>/python:{a.build}/python", file=sys.stderr)
+        print(
+            f"e2e_rate.py: latentq._core is the one in {have}, not {a.build}'s: run with "
+            f"PYTHONPATH=<repo>/python:{a.build}/python",
+            file=sys.stderr,
+        )
         return 2
     from latentq import e2e as e2e_inject
     from latentq.capture import find_mla_layers
@@ -94,8 +99,10 @@ def main() -> int:
     K = a.batch_runs or e2e_inject.auto_batch_runs(cfg, T, n)
     ids1 = torch.randint(0, cfg.vocab_size, (n, T), generator=torch.Generator().manual_seed(0))
     spec, mode = "int4-asym-channel-g32", "decode-r32-s0-p0"
-    print(f"{os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}, load {os.getloadavg()[0]:.1f}; model "
-          f"{a.model}; {n} x {T} tokens per run; K = {K}")
+    print(
+        f"{os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}, load {os.getloadavg()[0]:.1f}; model "
+        f"{a.model}; {n} x {T} tokens per run; K = {K}"
+    )
 
     rows = []
     with torch.no_grad():
@@ -103,27 +110,37 @@ def main() -> int:
         w = torch.randn(cfg.intermediate_size, cfg.hidden_size)
         t = min(times(lambda: torch.nn.functional.linear(x, w), 5))
         gemm = 2.0 * x.shape[0] * w.shape[0] * w.shape[1] / t
-        print(f"gemm linear [{x.shape[0]}, {w.shape[1]}] x [{w.shape[0]}, {w.shape[1]}]^T fp32: {t * 1e3:.1f} ms, "
-              f"{gemm / 1e9:.1f} GFLOP/s")
+        print(
+            f"gemm linear [{x.shape[0]}, {w.shape[1]}] x [{w.shape[0]}, {w.shape[1]}]^T fp32: {t * 1e3:.1f} ms, "
+            f"{gemm / 1e9:.1f} GFLOP/s"
+        )
         for k in (1, K) if K > 1 else (1,):
             ids = ids1.repeat(k, 1)
             inj = e2e_inject.batch_inject([e2e_inject.make_inject(latentq, spec, ("c_kv", "k_pe"))] * k, n)
             dec = e2e_inject.batch_decode_cache(
-                [e2e_inject.make_decode_cache(latentq, spec, ("c_kv", "k_pe"), None, mode)] * k, n)
+                [e2e_inject.make_decode_cache(latentq, spec, ("c_kv", "k_pe"), None, mode)] * k, n
+            )
 
             def with_hooks(h):
                 def f():
                     with h(model):
                         run_model(model, ids)
+
                 return f
-            for name, fn in (("forward", lambda: run_model(model, ids)),
-                             ("prefill", with_hooks(lambda m: LatentInjector(m, inj))),
-                             ("decode", with_hooks(lambda m: DecodeOrderAttention(m, dec)))):
+
+            for name, fn in (
+                ("forward", lambda: run_model(model, ids)),
+                ("prefill", with_hooks(lambda m: LatentInjector(m, inj))),
+                ("decode", with_hooks(lambda m: DecodeOrderAttention(m, dec))),
+            ):
                 t = median_time(fn, a.repeats)
                 rate = forward_flops(model, mla, k * n, T) / t
                 rows.append((name, k, t, rate))
-                print(f"{name:8s} K={k:2d}: {t:7.3f} s  ({t / k:6.3f} s per run)  {rate / 1e9:6.1f} GFLOP/s  "
-                      f"= {rate / gemm:.2f} of the gemm rate", flush=True)
+                print(
+                    f"{name:8s} K={k:2d}: {t:7.3f} s  ({t / k:6.3f} s per run)  {rate / 1e9:6.1f} GFLOP/s  "
+                    f"= {rate / gemm:.2f} of the gemm rate",
+                    flush=True,
+                )
     print(f"load at the end {os.getloadavg()[0]:.1f}")
     return 0
 

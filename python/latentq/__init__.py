@@ -54,6 +54,8 @@ else:
 def __getattr__(name: str):
     """A C++ name while latentq._core is missing: ImportError saying how to build it."""
     if name in CORE_NAMES and _core is None:
-        raise ImportError(f"latentq.{name} is in the compiled module latentq._core, which did not import "
-                          f"({_core_error}); {BUILD_HINT}")
+        raise ImportError(
+            f"latentq.{name} is in the compiled module latentq._core, which did not import "
+            f"({_core_error}); {BUILD_HINT}"
+        )
     raise AttributeError(f"module 'latentq' has no attribute {name!r}")

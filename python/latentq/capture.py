@@ -51,11 +51,12 @@ the scale falls back to ``attn.scaling`` / ``attn.softmax_scale`` and ``softmax_
 The ``inject`` callback of LatentHooks: ``fn(layer_idx, name, tensor) -> tensor`` with name ``"c_kv"``
 ([B, T, kv_lora_rank]) or ``"k_pe"`` ([B, T, qk_rope_head_dim], post-RoPE); latentq.inject says more.
 """
+
 from __future__ import annotations
 
 import math
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -94,7 +95,8 @@ def find_mla_layers(model: nn.Module) -> list[tuple[int, str, nn.Module]]:
     if not found:
         raise MLAModuleNotFoundError(
             f"no MLA attention module found in {type(model).__name__}: looked for modules with a "
-            f"'{MLA_MARKER}' submodule (HF DeepseekV2/V3-style Multi-head Latent Attention)")
+            f"'{MLA_MARKER}' submodule (HF DeepseekV2/V3-style Multi-head Latent Attention)"
+        )
     idxs = [i for i, _, _ in found]
     if len(set(idxs)) != len(idxs):
         raise MLAModuleNotFoundError(f"MLA modules have repeated layer_idx values: {idxs}")
@@ -131,7 +133,7 @@ def _pairs(x: torch.Tensor, layout: str) -> torch.Tensor:
     if layout == "interleaved":
         a, b = x[..., 0::2], x[..., 1::2]
     else:
-        a, b = x[..., : d // 2], x[..., d // 2:]
+        a, b = x[..., : d // 2], x[..., d // 2 :]
     return a * a + b * b
 
 
@@ -157,15 +159,16 @@ def rope_pairings(x_in: torch.Tensor, x_out: torch.Tensor, tol: float = 1e-3) ->
     return fits
 
 
-def rotate(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, layout: str,
-           attention_scaling: float = 1.0) -> torch.Tensor:
+def rotate(
+    x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, layout: str, attention_scaling: float = 1.0
+) -> torch.Tensor:
     """Apply RoPE in a given layout (reference implementation, float64 math, float32 result).
 
     x: [T, ..., d] (any middle dims), positions: [T] int, inv_freq: [d/2].
     ``interleaved`` rotates pairs (2i, 2i+1) by positions*inv_freq[i]; ``half`` rotates pairs
     (i, i + d/2). The result is multiplied by ``attention_scaling`` (HF YaRN scales cos/sin).
     """
-    ang = positions.double()[:, None] * inv_freq.double()[None, :]          # [T, d/2]
+    ang = positions.double()[:, None] * inv_freq.double()[None, :]  # [T, d/2]
     shape = (x.shape[0],) + (1,) * (x.dim() - 2) + (ang.shape[-1],)
     cos, sin = ang.cos().view(shape) * attention_scaling, ang.sin().view(shape) * attention_scaling
     xd = x.double()
@@ -174,7 +177,7 @@ def rotate(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, lay
         a, b = xd[..., 0::2], xd[..., 1::2]
         out = torch.stack([a * cos - b * sin, b * cos + a * sin], dim=-1).flatten(-2)
     elif layout == "half":
-        a, b = xd[..., : d // 2], xd[..., d // 2:]
+        a, b = xd[..., : d // 2], xd[..., d // 2 :]
         out = torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
     else:
         raise ValueError(f"unknown rope layout {layout!r}")
@@ -203,8 +206,14 @@ class LatentHooks:
     layer ran without calling a known RoPE function, or if the RoPE output fails the layout check.
     """
 
-    def __init__(self, model: nn.Module, capture: bool = True, inject: InjectFn | None = None,
-                 q_rows=None, on_layer: LayerFn | None = None):
+    def __init__(
+        self,
+        model: nn.Module,
+        capture: bool = True,
+        inject: InjectFn | None = None,
+        q_rows=None,
+        on_layer: LayerFn | None = None,
+    ):
         if on_layer is not None and not capture:
             raise ValueError("on_layer needs capture=True")
         self.model = model
@@ -239,12 +248,14 @@ class LatentHooks:
     def _replace(self, layer: int, name: str, x: torch.Tensor) -> torch.Tensor:
         new = self.inject(layer, name, x)
         if not isinstance(new, torch.Tensor) or tuple(new.shape) != tuple(x.shape):
-            raise ValueError(f"inject fn returned {getattr(new, 'shape', type(new))} for layer {layer} "
-                             f"{name}; expected a tensor of shape {tuple(x.shape)}")
+            raise ValueError(
+                f"inject fn returned {getattr(new, 'shape', type(new))} for layer {layer} "
+                f"{name}; expected a tensor of shape {tuple(x.shape)}"
+            )
         return new.to(dtype=x.dtype, device=x.device)
 
     # ---- install / remove --------------------------------------------------------------------
-    def __enter__(self) -> "LatentHooks":
+    def __enter__(self) -> LatentHooks:
         if self._active:
             raise RuntimeError("hooks already installed")
         self._active = True
@@ -280,8 +291,10 @@ class LatentHooks:
         for pymod in pymods.values():
             names = [n for n in ROPE_FUNCTION_LAYOUTS if callable(getattr(pymod, n, None))]
             if not names:
-                raise RuntimeError(f"module {pymod.__name__} defines none of the RoPE functions "
-                                   f"{sorted(ROPE_FUNCTION_LAYOUTS)}; cannot capture post-RoPE k_pe/q_pe")
+                raise RuntimeError(
+                    f"module {pymod.__name__} defines none of the RoPE functions "
+                    f"{sorted(ROPE_FUNCTION_LAYOUTS)}; cannot capture post-RoPE k_pe/q_pe"
+                )
             for n in names:
                 self._patch(pymod, n, self._rope_wrapper(getattr(pymod, n), n))
             if self.capture:
@@ -290,6 +303,7 @@ class LatentHooks:
                         self._patch(pymod, n, self._eager_wrapper(getattr(pymod, n), n))
         if self.capture:
             import torch.nn.functional as F
+
             self._patch(F, "scaled_dot_product_attention", self._sdpa_wrapper(F.scaled_dot_product_attention))
 
     def _hook_layer(self, idx: int, attn: nn.Module) -> None:
@@ -307,8 +321,10 @@ class LatentHooks:
         def post(mod, args, out):
             self._current = None
             if not self._rope_called:
-                raise RuntimeError(f"layer {idx}: no known RoPE function ({sorted(ROPE_FUNCTION_LAYOUTS)}) "
-                                   f"was called from {type(mod).__module__}; post-RoPE k_pe/q_pe unavailable")
+                raise RuntimeError(
+                    f"layer {idx}: no known RoPE function ({sorted(ROPE_FUNCTION_LAYOUTS)}) "
+                    f"was called from {type(mod).__module__}; post-RoPE k_pe/q_pe unavailable"
+                )
             if self.capture:
                 rec = self.layers.setdefault(idx, {})
                 if "softmax_scale" not in rec:
@@ -332,6 +348,7 @@ class LatentHooks:
         self._handles.append(attn.kv_a_layernorm.register_forward_hook(ckv_hook))
 
         if self.capture:
+
             def kv_a_hook(mod, args, out):
                 self._store(idx, "k_pe_pre", out[..., -rope:])
 
@@ -342,7 +359,7 @@ class LatentHooks:
                 raise RuntimeError(f"layer {idx}: neither q_proj nor q_b_proj found")
 
             def q_hook(mod, args, out):
-                q = out.view(*out.shape[:-1], H, nope + rope)       # [B, T, H, nope + rope]
+                q = out.view(*out.shape[:-1], H, nope + rope)  # [B, T, H, nope + rope]
                 q = self._rows(q, q.dim() - 3)
                 self._store(idx, "q_nope", q[..., :nope])
                 self._store(idx, "q_pe_pre", q[..., nope:])
@@ -351,7 +368,7 @@ class LatentHooks:
 
             def o_pre(mod, args):
                 x = args[0]
-                x = x.view(*x.shape[:-1], H, dims["v_head_dim"])      # [B, T, H, v]
+                x = x.view(*x.shape[:-1], H, dims["v_head_dim"])  # [B, T, H, v]
                 self._store(idx, "attn_out", self._rows(x, x.dim() - 3))
 
             self._handles.append(attn.o_proj.register_forward_pre_hook(o_pre))
@@ -373,9 +390,11 @@ class LatentHooks:
                     raise RuntimeError(f"layer {idx}: cannot find the key argument of {fname}")
                 fits = rope_pairings(k_in, k_out, tol=1e-3 if k_out.dtype == torch.float32 else 3e-2)
                 if not any(lout == layout for _, lout in fits):
-                    raise RuntimeError(f"layer {idx}: {fname} output does not have the expected '{layout}' "
-                                       f"RoPE layout (pair-norm check fits: {fits})")
-            k3 = _as_btd(k_out)                                        # [B, T, rope]
+                    raise RuntimeError(
+                        f"layer {idx}: {fname} output does not have the expected '{layout}' "
+                        f"RoPE layout (pair-norm check fits: {fits})"
+                    )
+            k3 = _as_btd(k_out)  # [B, T, rope]
             if self.inject is not None:
                 new = self._replace(idx, "k_pe", k3)
                 k_out = new.reshape(k_out.shape) if k_out.dim() == 3 else _from_btd(new, k_out)
@@ -384,7 +403,7 @@ class LatentHooks:
                 rec = self.layers.setdefault(idx, {})
                 rec["rope_layout"], rec["rope_function"] = layout, fname
                 self._store(idx, "k_pe", k3)
-                qb = _as_bthd(q_out, H)                                # [B, T, H, rope]
+                qb = _as_bthd(q_out, H)  # [B, T, H, rope]
                 self._store(idx, "q_pe", self._rows(qb, 1))
             return q_out, k_out
 
@@ -418,7 +437,7 @@ class LatentHooks:
         def wrapper(query, *args, **kwargs):
             scale = kwargs.get("scale", args[5] if len(args) > 5 else None)
             if scale is None:
-                scale = query.shape[-1] ** -0.5          # SDPA's own default
+                scale = query.shape[-1] ** -0.5  # SDPA's own default
             self._record_scale(scale, "captured:scaled_dot_product_attention")
             return self._sdpa_call(fn, query, *args, **kwargs)
 

@@ -25,6 +25,7 @@ attention output (max abs error / max abs value over the whole layer <= 1e-4 in 
 mismatch is an error. The file is written to a temporary file in the output directory, then
 renamed: an interrupted dump never leaves a partial file. An existing output is refused unless --force.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,8 +39,7 @@ import tempfile
 import numpy as np
 import torch
 
-from latentq.capture import (LatentCapture, MLAModuleNotFoundError, config_softmax_scale, find_mla_layers,
-                             mla_dims)
+from latentq.capture import LatentCapture, MLAModuleNotFoundError, config_softmax_scale, find_mla_layers, mla_dims
 
 SCHEMA = "latentq-dump/1"
 Q_ROWS_RULE = "per sequence k rows at positions floor((j+1)*L/k)-1, j=0..k-1; k=q_rows//S (+1 for the first q_rows%S)"
@@ -74,7 +74,7 @@ def windows(tokens: list[int] | np.ndarray, seq_len: int, num_seqs: int) -> list
     if len(tokens) < need:
         raise DumpError(f"text too short: {len(tokens)} tokens, need seq_len*num_seqs = {seq_len}*{num_seqs} = {need}")
     t = np.asarray(tokens, dtype=np.int64)
-    return [t[i * seq_len:(i + 1) * seq_len] for i in range(num_seqs)]
+    return [t[i * seq_len : (i + 1) * seq_len] for i in range(num_seqs)]
 
 
 def absorbed_attention(c_kv, k_pe, q_nope, q_pe, w_uk, w_uv, q_rows, seq_offsets, softmax_scale):
@@ -93,16 +93,16 @@ def absorbed_attention(c_kv, k_pe, q_nope, q_pe, w_uk, w_uv, q_rows, seq_offsets
     c_kv, k_pe, q_nope, q_pe, w_uk, w_uv = map(f, (c_kv, k_pe, q_nope, q_pe, w_uk, w_uv))
     q_rows = torch.as_tensor(np.asarray(q_rows), dtype=torch.long)
     off = torch.as_tensor(np.asarray(seq_offsets), dtype=torch.long)
-    seq_of = torch.searchsorted(off, q_rows, right=True) - 1                   # [Tq]
+    seq_of = torch.searchsorted(off, q_rows, right=True) - 1  # [Tq]
     start = off[seq_of]
     keys = torch.arange(c_kv.shape[0])
-    allowed = (keys[None, :] >= start[:, None]) & (keys[None, :] <= q_rows[:, None])   # [Tq, T]
-    q_lat = torch.einsum("qhd,hdc->qhc", q_nope, w_uk)                         # [Tq, H, r]
+    allowed = (keys[None, :] >= start[:, None]) & (keys[None, :] <= q_rows[:, None])  # [Tq, T]
+    q_lat = torch.einsum("qhd,hdc->qhc", q_nope, w_uk)  # [Tq, H, r]
     scores = torch.einsum("qhc,tc->qht", q_lat, c_kv) + torch.einsum("qhd,td->qht", q_pe, k_pe)
     scores = scores * softmax_scale
     scores = scores.masked_fill(~allowed[:, None, :], float("-inf"))
     p = torch.softmax(scores, dim=-1, dtype=torch.float32)
-    o_lat = torch.einsum("qht,tc->qhc", p, c_kv)                               # [Tq, H, r]
+    o_lat = torch.einsum("qht,tc->qhc", p, c_kv)  # [Tq, H, r]
     return torch.einsum("qhc,hdc->qhd", o_lat, w_uv)
 
 
@@ -137,9 +137,9 @@ def state_dict_sha256(model) -> str:
     return h.hexdigest()
 
 
-CHUNK_BYTES = 1 << 20          # target bytes per HDF5 chunk of a per-token / per-query dataset
-INDEX_CHUNK = 1 << 16          # elements per chunk of tokens, positions, seq_offsets, q_rows
-CHECK_BLOCK_ELEMS = 1 << 24    # self-check: query rows per block so that one [rows, H, L] fp32 tensor is <= 64 MiB
+CHUNK_BYTES = 1 << 20  # target bytes per HDF5 chunk of a per-token / per-query dataset
+INDEX_CHUNK = 1 << 16  # elements per chunk of tokens, positions, seq_offsets, q_rows
+CHECK_BLOCK_ELEMS = 1 << 24  # self-check: query rows per block so that one [rows, H, L] fp32 tensor is <= 64 MiB
 
 
 def chunk_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -168,8 +168,9 @@ def _seq_check(rec: dict, w_uk, w_uv, local_rows: np.ndarray, softmax_scale: flo
     max_diff = max_ref = 0.0
     for a in range(0, len(local_rows), block):
         sl = slice(a, a + block)
-        out = absorbed_attention(c_kv, k_pe, rec["q_nope"][0, sl], rec["q_pe"][0, sl], w_uk, w_uv,
-                                 local_rows[sl], off, softmax_scale).double()
+        out = absorbed_attention(
+            c_kv, k_pe, rec["q_nope"][0, sl], rec["q_pe"][0, sl], w_uk, w_uv, local_rows[sl], off, softmax_scale
+        ).double()
         ref = rec["attn_out"][0, sl].double()
         # np.maximum propagates NaN (a NaN anywhere must fail the check, as rel_err's NaN does)
         max_diff = float(np.maximum(max_diff, float((out - ref).abs().max())))
@@ -191,9 +192,13 @@ class _Plan:
         self.layer_ids = sorted(i for i, _, _ in mla)
         self.attn_of = {i: a for i, _, a in mla}
         self.dims = dims = mla_dims(mla[0][2])
-        for key, cfg_key in (("num_heads", "num_attention_heads"), ("kv_lora_rank", "kv_lora_rank"),
-                             ("qk_rope_head_dim", "qk_rope_head_dim"), ("qk_nope_head_dim", "qk_nope_head_dim"),
-                             ("v_head_dim", "v_head_dim")):
+        for key, cfg_key in (
+            ("num_heads", "num_attention_heads"),
+            ("kv_lora_rank", "kv_lora_rank"),
+            ("qk_rope_head_dim", "qk_rope_head_dim"),
+            ("qk_nope_head_dim", "qk_nope_head_dim"),
+            ("v_head_dim", "v_head_dim"),
+        ):
             if cfg_key in config_dict and int(config_dict[cfg_key]) != dims[key]:
                 raise RuntimeError(f"config {cfg_key}={config_dict[cfg_key]} but the weights give {dims[key]}")
         self.seq_lens = seq_lens = [len(s) for s in self.seqs]
@@ -206,8 +211,16 @@ class _Plan:
         H, nope, vd, r = dims["num_heads"], dims["qk_nope_head_dim"], dims["v_head_dim"], dims["kv_lora_rank"]
         rope = dims["qk_rope_head_dim"]
         T, Tq = int(self.offsets[-1]), int(self.q_offsets[-1])
-        self.shapes = {"c_kv": (T, r), "k_pe": (T, rope), "q_rows": (Tq,), "q_nope": (Tq, H, nope),
-                       "q_pe": (Tq, H, rope), "w_uk": (H, nope, r), "w_uv": (H, vd, r), "attn_out": (Tq, H, vd)}
+        self.shapes = {
+            "c_kv": (T, r),
+            "k_pe": (T, rope),
+            "q_rows": (Tq,),
+            "q_nope": (Tq, H, nope),
+            "q_pe": (Tq, H, rope),
+            "w_uk": (H, nope, r),
+            "w_uv": (H, vd, r),
+            "attn_out": (Tq, H, vd),
+        }
 
     def w_uk_uv(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         """W_UK [H, d_n, r], W_UV [H, d_v, r] of layer i (float32 CPU; views of kv_b_proj.weight when it is)."""
@@ -259,13 +272,20 @@ class _LayerWriter:
         a, b = int(p.offsets[s]), int(p.offsets[s + 1])
         qa, qb = int(p.q_offsets[s]), int(p.q_offsets[s + 1])
         gl = self.f["layers"][f"{i:03d}"]
-        for k, (lo, hi) in (("c_kv", (a, b)), ("k_pe", (a, b)), ("q_nope", (qa, qb)), ("q_pe", (qa, qb)),
-                            ("attn_out", (qa, qb))):
+        for k, (lo, hi) in (
+            ("c_kv", (a, b)),
+            ("k_pe", (a, b)),
+            ("q_nope", (qa, qb)),
+            ("q_pe", (qa, qb)),
+            ("attn_out", (qa, qb)),
+        ):
             x = np.ascontiguousarray(rec[k][0].numpy(), dtype=np.float32)
             if x.shape != (hi - lo,) + p.shapes[k][1:]:
-                raise RuntimeError(f"layer {i}, sequence {s}: captured {k} has shape {x.shape}, expected "
-                                   f"{(hi - lo,) + p.shapes[k][1:]}")
-            gl[k][lo:hi] = x             # the Dataset object (and its chunk cache) closes here
+                raise RuntimeError(
+                    f"layer {i}, sequence {s}: captured {k} has shape {x.shape}, expected "
+                    f"{(hi - lo,) + p.shapes[k][1:]}"
+                )
+            gl[k][lo:hi] = x  # the Dataset object (and its chunk cache) closes here
         self.scales.add(rec["softmax_scale"])
         self.layouts.add(rec["rope_layout"])
         self.functions.add(rec["rope_function"])
@@ -296,19 +316,22 @@ def _run_sequences(model, plan: _Plan, writer: _LayerWriter, check_tol: float) -
             if missing:
                 raise RuntimeError(f"sequence {s}: MLA layers {missing} did not run in the forward pass")
             if len(writer.scales) != 1 or len(writer.layouts) != 1:
-                raise RuntimeError(f"layers disagree: softmax scales {sorted(writer.scales)}, rope layouts "
-                                   f"{sorted(writer.layouts)}")
+                raise RuntimeError(
+                    f"layers disagree: softmax scales {sorted(writer.scales)}, rope layouts {sorted(writer.layouts)}"
+                )
             for i in plan.layer_ids:
                 err = writer.rel_err(i)
                 if not err <= check_tol:
                     raise RuntimeError(
                         f"layer {i}: absorbed recomputation differs from the model's attn_out by "
                         f"{err:.3g} (relative) > {check_tol:g}; the captured tensors or scale are inconsistent "
-                        f"(sequences 0..{s} of {len(plan.seqs)})")
+                        f"(sequences 0..{s} of {len(plan.seqs)})"
+                    )
 
 
-def _write_root_attrs(f, plan: _Plan, writer: _LayerWriter, config_dict: dict, meta: dict,
-                      extra_attrs: dict | None) -> None:
+def _write_root_attrs(
+    f, plan: _Plan, writer: _LayerWriter, config_dict: dict, meta: dict, extra_attrs: dict | None
+) -> None:
     """The root attributes of the file (data/README.md), once every sequence has run, then extra_attrs.
     meta: model, revision, source, original_dtype, compute_dtype, text_sha256, transformers_version."""
     d = plan.dims
@@ -317,7 +340,7 @@ def _write_root_attrs(f, plan: _Plan, writer: _LayerWriter, config_dict: dict, m
         "model": meta["model"],
         "revision": meta["revision"],
         "source": meta["source"],
-        "created": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "created": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "config_json": json.dumps(config_dict, sort_keys=True, default=str),
         "num_layers": np.int64(len(plan.layer_ids)),
         "num_heads": np.int64(d["num_heads"]),
@@ -341,7 +364,7 @@ def _write_root_attrs(f, plan: _Plan, writer: _LayerWriter, config_dict: dict, m
     if extra_attrs:
         attrs.update(extra_attrs)
     for k, v in attrs.items():
-        f.attrs[k] = str(v) if isinstance(v, str) else v     # str(): TorchVersion is a str subclass
+        f.attrs[k] = str(v) if isinstance(v, str) else v  # str(): TorchVersion is a str subclass
 
 
 def _publish(tmp: str, path: str) -> None:
@@ -353,10 +376,23 @@ def _publish(tmp: str, path: str) -> None:
 
 
 @torch.no_grad()
-def dump(model, config_dict: dict, token_ids_per_seq, q_rows: int, out_path: str, *, model_name: str = "",
-         revision: str | None = None, source: str = "hf-hooks", original_dtype: str | None = None,
-         text_sha256: str = "", force: bool = False, compression: str | None = None,
-         check_tol: float | None = None, extra_attrs: dict | None = None) -> dict:
+def dump(
+    model,
+    config_dict: dict,
+    token_ids_per_seq,
+    q_rows: int,
+    out_path: str,
+    *,
+    model_name: str = "",
+    revision: str | None = None,
+    source: str = "hf-hooks",
+    original_dtype: str | None = None,
+    text_sha256: str = "",
+    force: bool = False,
+    compression: str | None = None,
+    check_tol: float | None = None,
+    extra_attrs: dict | None = None,
+) -> dict:
     """Run ``model`` on each sequence and write a ``latentq-dump/1`` HDF5 file to ``out_path``, streaming.
 
     model: an MLA model in eval mode (tiny-mla or HF), already in the compute dtype.
@@ -411,7 +447,9 @@ def dump(model, config_dict: dict, token_ids_per_seq, q_rows: int, out_path: str
     if revision is None:
         revision = "sha256-state-dict:" + state_dict_sha256(model)
     if original_dtype is None:
-        original_dtype = str(config_dict.get("torch_dtype") or config_dict.get("dtype") or compute_dtype).replace("torch.", "")
+        original_dtype = str(config_dict.get("torch_dtype") or config_dict.get("dtype") or compute_dtype).replace(
+            "torch.", ""
+        )
     import transformers  # noqa: F401  (version only)
 
     kw = {"compression": "gzip", "compression_opts": 4, "shuffle": True} if compression == "gzip" else {}
@@ -425,9 +463,15 @@ def dump(model, config_dict: dict, token_ids_per_seq, q_rows: int, out_path: str
             _create_datasets(f, plan, kw)
             writer = _LayerWriter(f, plan)
             _run_sequences(model, plan, writer, check_tol)
-            meta = {"model": model_name, "revision": revision, "source": source, "original_dtype": original_dtype,
-                    "compute_dtype": str(compute_dtype).replace("torch.", ""), "text_sha256": text_sha256,
-                    "transformers_version": transformers.__version__}
+            meta = {
+                "model": model_name,
+                "revision": revision,
+                "source": source,
+                "original_dtype": original_dtype,
+                "compute_dtype": str(compute_dtype).replace("torch.", ""),
+                "text_sha256": text_sha256,
+                "transformers_version": transformers.__version__,
+            }
             _write_root_attrs(f, plan, writer, config_dict, meta, extra_attrs)
         _publish(tmp, out_path)
     except BaseException:
@@ -437,9 +481,15 @@ def dump(model, config_dict: dict, token_ids_per_seq, q_rows: int, out_path: str
     finally:
         model.train(was_training)
     errs = {i: writer.rel_err(i) for i in plan.layer_ids}
-    return {"path": out_path, "bytes": os.path.getsize(out_path), "softmax_scale": next(iter(writer.scales)),
-            "softmax_scale_config": config_softmax_scale(config_dict) if "qk_nope_head_dim" in config_dict else None,
-            "rope_layout": next(iter(writer.layouts)), "max_rel_err": errs, "num_layers": len(plan.layer_ids)}
+    return {
+        "path": out_path,
+        "bytes": os.path.getsize(out_path),
+        "softmax_scale": next(iter(writer.scales)),
+        "softmax_scale_config": config_softmax_scale(config_dict) if "qk_nope_head_dim" in config_dict else None,
+        "rope_layout": next(iter(writer.layouts)),
+        "max_rel_err": errs,
+        "num_layers": len(plan.layer_ids),
+    }
 
 
 def file_sha256(paths: list[str]) -> str:
@@ -462,12 +512,15 @@ def load_model(path: str, dtype: torch.dtype, trust_remote_code: bool = False):
             cfg_file = json.load(f)
     if cfg_file is not None and cfg_file.get("architectures") == ["TinyMLAForCausalLM"]:
         from latentq.tiny_mla import TinyMLAForCausalLM
+
         model = TinyMLAForCausalLM.from_pretrained(path).to(dtype).eval()
         rev = "sha256:" + file_sha256([os.path.join(path, "model.safetensors")])
         return model, cfg_file, "tiny-mla", rev, str(cfg_file.get("torch_dtype", "float32")), None
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="eager",
-                                                 trust_remote_code=trust_remote_code).eval()
+
+    model = AutoModelForCausalLM.from_pretrained(
+        path, dtype=dtype, attn_implementation="eager", trust_remote_code=trust_remote_code
+    ).eval()
     cfg = model.config.to_dict()
     orig = str((cfg_file or {}).get("torch_dtype") or (cfg_file or {}).get("dtype") or "unknown")
     rev = getattr(model.config, "_commit_hash", None)
@@ -495,7 +548,9 @@ def main(argv=None) -> int:
     ap.add_argument("--q-rows", type=int, default=256, help="query rows per layer, over all sequences")
     ap.add_argument("--out", required=True)
     ap.add_argument("--force", action="store_true", help="overwrite an existing --out")
-    ap.add_argument("--dtype", choices=sorted(_DTYPES), default="float32", help="compute dtype (stored data is float32)")
+    ap.add_argument(
+        "--dtype", choices=sorted(_DTYPES), default="float32", help="compute dtype (stored data is float32)"
+    )
     ap.add_argument("--gzip", action="store_true", help="gzip-compress the datasets (default: uncompressed)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--trust-remote-code", action="store_true")
@@ -503,6 +558,7 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
+
     def fail(msg: str) -> int:
         print(f"dump_latents: error: {msg}", file=sys.stderr)
         return 2
@@ -517,7 +573,9 @@ def main(argv=None) -> int:
     if os.path.isdir(a.model):
         cfg_path = os.path.join(a.model, "config.json")
         if not os.path.isfile(cfg_path):
-            return fail(f"--model {a.model}: no config.json in the directory (expected a tiny-mla or HF model directory)")
+            return fail(
+                f"--model {a.model}: no config.json in the directory (expected a tiny-mla or HF model directory)"
+            )
         try:
             with open(cfg_path) as f:
                 json.load(f)
@@ -532,10 +590,21 @@ def main(argv=None) -> int:
         tokenizer = "bytes"
     try:
         seqs = windows(ids, a.seq_len, a.num_seqs)
-        summary = dump(model, cfg, seqs, a.q_rows, a.out, model_name=os.path.basename(os.path.normpath(a.model)),
-                       revision=rev, source=source, original_dtype=orig,
-                       text_sha256=hashlib.sha256(text).hexdigest(), force=a.force,
-                       compression="gzip" if a.gzip else None, extra_attrs={"tokenizer": tokenizer})
+        summary = dump(
+            model,
+            cfg,
+            seqs,
+            a.q_rows,
+            a.out,
+            model_name=os.path.basename(os.path.normpath(a.model)),
+            revision=rev,
+            source=source,
+            original_dtype=orig,
+            text_sha256=hashlib.sha256(text).hexdigest(),
+            force=a.force,
+            compression="gzip" if a.gzip else None,
+            extra_attrs={"tokenizer": tokenizer},
+        )
     except (DumpError, MLAModuleNotFoundError) as e:
         return fail(str(e))
     print(json.dumps(summary, indent=2, default=str))

@@ -61,6 +61,7 @@ Text: by default the held-out split of the KJV text (latentq.kjv_text); tokens f
 two apart): the bytes for tiny-mla, the checkpoint's tokenizer for an HF model that has one (no
 special tokens; else the bytes), `--num-seqs` windows of `--seq-len` tokens.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -101,8 +102,9 @@ def import_latentq():
     try:
         importlib.import_module("latentq._core")
     except ImportError as e:
-        raise SystemExit(f"e2e_inject: cannot import the compiled latentq Python module latentq._core ({e}); "
-                         f"{latentq.BUILD_HINT}") from None
+        raise SystemExit(
+            f"e2e_inject: cannot import the compiled latentq Python module latentq._core ({e}); {latentq.BUILD_HINT}"
+        ) from None
     return latentq
 
 
@@ -128,8 +130,9 @@ def study_layers(results_path: str) -> list[int] | None:
             try:
                 return [int(x) for x in v.split(",") if x.strip()]
             except ValueError:
-                raise ValueError(f"{results_path}: root attribute layers = '{v}', expected comma-separated "
-                                 "layer indices") from None
+                raise ValueError(
+                    f"{results_path}: root attribute layers = '{v}', expected comma-separated layer indices"
+                ) from None
         if "latent_error" in f and "layer" in f["latent_error"]:
             return sorted({int(x) for x in f["latent_error/layer"][:]})
     return None
@@ -162,14 +165,18 @@ def mixed_specs(results_path: str, quantizer: str) -> dict[tuple[int, str], str]
     with open_results(results_path) as f:
         g = f["latent_error"]
         dec = lambda v: v.decode() if isinstance(v, bytes) else str(v)
-        return {(int(l), dec(t)): dec(s) for l, t, q, s in
-                zip(g["layer"][:], g["target"][:], g["quantizer"][:], g["stored"][:]) if dec(q) == quantizer}
+        return {
+            (int(l), dec(t)): dec(s)
+            for l, t, q, s in zip(g["layer"][:], g["target"][:], g["quantizer"][:], g["stored"][:])
+            if dec(q) == quantizer
+        }
 
 
 def make_inject(latentq, spec, targets: tuple[str, ...], layers=None):
     """Injection callback: quantize-dequantize c_kv / k_pe [B, T, D] per layer, one sequence per batch
     row; only the layers in `layers` (None: every layer). `spec` is a spec string, or a dict
     {(layer, target): spec} for a mixed assignment (mixed_specs()): a layer it lacks is left exact."""
+
     def fn(layer: int, name: str, x: torch.Tensor) -> torch.Tensor:
         if name not in targets or (layers is not None and layer not in layers):
             return x
@@ -181,6 +188,7 @@ def make_inject(latentq, spec, targets: tuple[str, ...], layers=None):
         offs = [b * T for b in range(B + 1)]
         y = latentq.quantize_dequantize(flat, s, name, offs)
         return torch.from_numpy(y).reshape(B, T, D)
+
     return fn
 
 
@@ -189,8 +197,9 @@ def require_finite_logits(x: torch.Tensor, what: str) -> None:
     metric is computed from them (a NaN reference would give NaN or, for top-1, arbitrary numbers)."""
     bad = int((~torch.isfinite(x)).sum())
     if bad:
-        raise ValueError(f"{what}: {bad} of {x.numel()} logits are NaN/Inf; no metric is computed from "
-                         "non-finite logits")
+        raise ValueError(
+            f"{what}: {bad} of {x.numel()} logits are NaN/Inf; no metric is computed from non-finite logits"
+        )
 
 
 def token_metrics(ref: torch.Tensor, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -212,9 +221,14 @@ def logit_metrics(ref: torch.Tensor, q: torch.Tensor, ids: torch.Tensor, what: s
     tgt = ids[:, 1:]
     nll_ref = -F.log_softmax(ref.double(), -1)[:, :-1].gather(-1, tgt[..., None]).mean()
     nll_q = -F.log_softmax(q.double(), -1)[:, :-1].gather(-1, tgt[..., None]).mean()
-    return {"kl_mean": float(kl.mean()), "top1_agree": float(top1.mean()),
-            "nll_ref": float(nll_ref), "nll_quant": float(nll_q),
-            "ppl_ref": float(torch.exp(nll_ref)), "ppl_quant": float(torch.exp(nll_q))}
+    return {
+        "kl_mean": float(kl.mean()),
+        "top1_agree": float(top1.mean()),
+        "nll_ref": float(nll_ref),
+        "nll_quant": float(nll_q),
+        "ppl_ref": float(torch.exp(nll_ref)),
+        "ppl_quant": float(torch.exp(nll_q)),
+    }
 
 
 def position_rows(ref: torch.Tensor, q: torch.Tensor, width: int) -> list[dict]:
@@ -226,11 +240,16 @@ def position_rows(ref: torch.Tensor, q: torch.Tensor, width: int) -> list[dict]:
     rows = []
     for a in range(0, T, width):
         b = min(a + width, T)
-        rows.append({"pos_start": a, "pos_end": b, "tokens": kl.shape[0] * (b - a),
-                     "kl_mean": float(kl[:, a:b].mean()), "top1_agree": float(top1[:, a:b].mean())})
+        rows.append(
+            {
+                "pos_start": a,
+                "pos_end": b,
+                "tokens": kl.shape[0] * (b - a),
+                "kl_mean": float(kl[:, a:b].mean()),
+                "top1_agree": float(top1[:, a:b].mean()),
+            }
+        )
     return rows
-
-
 
 
 def decode_settings(results_path: str) -> tuple[list[str] | None, list[str] | None, int | None, list[str] | None]:
@@ -256,12 +275,14 @@ def batch_inject(fns: list, n: int):
     (make_inject; None: the exact latents, the reference run) sees only those rows. Each run's
     quantizer therefore gets the same [n, T, D] rows and sequence offsets as when it runs alone: the
     same quantized values, bit for bit (make_inject's offsets are per sequence, never across rows)."""
+
     def fn(layer: int, name: str, x: torch.Tensor) -> torch.Tensor:
         parts = []
         for k, f in enumerate(fns):
-            xs = x[k * n:(k + 1) * n]
+            xs = x[k * n : (k + 1) * n]
             parts.append(xs if f is None else f(layer, name, xs).to(dtype=x.dtype, device=x.device))
         return torch.cat(parts)
+
     return fn
 
 
@@ -281,8 +302,10 @@ def auto_batch_runs(config, seq_len: int, num_seqs: int, budget: int = BATCH_BYT
     46 MB per sequence, K = 4 (about 740 MB)."""
     g = lambda k, d=0: int(getattr(config, k, None) or d)
     inter = max(g("intermediate_size"), g("moe_intermediate_size") * max(1, g("num_experts_per_tok", 1)))
-    per_seq = 4 * seq_len * (8 * g("hidden_size") + 3 * inter + 4 * g("vocab_size")) \
+    per_seq = (
+        4 * seq_len * (8 * g("hidden_size") + 3 * inter + 4 * g("vocab_size"))
         + 4 * 5 * g("num_attention_heads", 1) * seq_len * seq_len
+    )
     return int(max(1, min(16, budget // max(1, num_seqs * per_seq))))
 
 
@@ -313,7 +336,9 @@ def write_groups(results_path: str, groups: dict[str, tuple[dict[str, np.ndarray
         raise
 
 
-def load_tokens(text: bytes, offset_bytes: int, tokenizer, seq_len: int, num_seqs: int, vocab_size: int) -> torch.Tensor:
+def load_tokens(
+    text: bytes, offset_bytes: int, tokenizer, seq_len: int, num_seqs: int, vocab_size: int
+) -> torch.Tensor:
     """[num_seqs, seq_len] int64 token windows of text[offset_bytes:]: its bytes, or the checkpoint's
     tokenizer (no special tokens). Raises ValueError when there are too few tokens or an id is
     outside the model's vocabulary."""
@@ -324,8 +349,9 @@ def load_tokens(text: bytes, offset_bytes: int, tokenizer, seq_len: int, num_seq
         ids, what = tokenizer(rest.decode("utf-8", errors="replace"), add_special_tokens=False)["input_ids"], "tokens"
     need = seq_len * num_seqs
     if len(ids) < need:
-        raise ValueError(f"text has {len(ids)} {what} after --offset-bytes {offset_bytes}; {need} needed for "
-                         f"{num_seqs} x {seq_len}")
+        raise ValueError(
+            f"text has {len(ids)} {what} after --offset-bytes {offset_bytes}; {need} needed for {num_seqs} x {seq_len}"
+        )
     t = torch.tensor(ids[:need], dtype=torch.int64).reshape(num_seqs, seq_len)
     if int(t.max()) >= vocab_size:
         raise ValueError(f"token id {int(t.max())} is outside the model's vocabulary ({vocab_size})")
@@ -338,11 +364,15 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 def parse_args(argv=None):
     """The command line (module docstring). Returns the namespace, or 2 after printing one error line when
     a number is out of range."""
-    ap = argparse.ArgumentParser(prog="python -m latentq.e2e", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m latentq.e2e", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--results", required=True, help="latentq-results/1 file of `latentq run` (updated in place)")
-    ap.add_argument("--model", default=os.path.join(ROOT, "data", "tiny-mla"),
-                    help="tiny-mla directory or HF MLA checkpoint directory (DeepseekV2/V3, GLM-4 MoE Lite, MiniCPM3)")
+    ap.add_argument(
+        "--model",
+        default=os.path.join(ROOT, "data", "tiny-mla"),
+        help="tiny-mla directory or HF MLA checkpoint directory (DeepseekV2/V3, GLM-4 MoE Lite, MiniCPM3)",
+    )
     ap.add_argument("--device", default="cpu", help="torch device of the model (cpu, cuda, cuda:1)")
     ap.add_argument("--dtype", choices=sorted(_DTYPES), default="float32", help="compute dtype of the model")
     ap.add_argument("--trust-remote-code", action="store_true", help="for a remote-code checkpoint")
@@ -350,23 +380,45 @@ def parse_args(argv=None):
     ap.add_argument("--seq-len", type=int, default=512, help="tokens per window")
     ap.add_argument("--num-seqs", type=int, default=4)
     ap.add_argument("--offset-bytes", type=int, default=2048)
-    ap.add_argument("--quantizers", nargs="*", help="prefill-at-once spec strings (default: every quantizer of the study)")
-    ap.add_argument("--cache-modes", nargs="*", help="cache-mode labels (default: the root attribute decode_order_modes, "
-                    "else prefill-at-once); the prefill-at-once rows run unless this flag leaves that label out")
-    ap.add_argument("--decode-quantizers", nargs="*", help="specs run in the decode modes (default: the root attribute "
-                    "decode_order_quantizers, else the prefill-at-once quantizers)")
-    ap.add_argument("--position-bucket", type=int, help="W of /e2e_position (default: the root attribute "
-                    "decode_order_position_bucket, else 64)")
+    ap.add_argument(
+        "--quantizers", nargs="*", help="prefill-at-once spec strings (default: every quantizer of the study)"
+    )
+    ap.add_argument(
+        "--cache-modes",
+        nargs="*",
+        help="cache-mode labels (default: the root attribute decode_order_modes, "
+        "else prefill-at-once); the prefill-at-once rows run unless this flag leaves that label out",
+    )
+    ap.add_argument(
+        "--decode-quantizers",
+        nargs="*",
+        help="specs run in the decode modes (default: the root attribute "
+        "decode_order_quantizers, else the prefill-at-once quantizers)",
+    )
+    ap.add_argument(
+        "--position-bucket",
+        type=int,
+        help="W of /e2e_position (default: the root attribute decode_order_position_bucket, else 64)",
+    )
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--batch-runs", type=int, default=0,
-                    help="runs per forward pass: K runs (and the reference) share one forward of K x num-seqs "
-                    "sequences, each run's quantizer on its own rows; 0 (default) = auto: prefill-at-once runs as "
-                    "many as keep the activations under 768 MiB (auto_batch_runs; 4 for tiny-mla at 4 x 512), "
-                    "decode-order runs one per forward (batching them gained nothing); 1 = one run per forward")
+    ap.add_argument(
+        "--batch-runs",
+        type=int,
+        default=0,
+        help="runs per forward pass: K runs (and the reference) share one forward of K x num-seqs "
+        "sequences, each run's quantizer on its own rows; 0 (default) = auto: prefill-at-once runs as "
+        "many as keep the activations under 768 MiB (auto_batch_runs; 4 for tiny-mla at 4 x 512), "
+        "decode-order runs one per forward (batching them gained nothing); 1 = one run per forward",
+    )
     a = ap.parse_args(argv)
-    for flag, v, lo in (("--seq-len", a.seq_len, 1), ("--num-seqs", a.num_seqs, 1), ("--offset-bytes", a.offset_bytes, 0),
-                        ("--threads", a.threads, 1), ("--position-bucket", a.position_bucket, 1),
-                        ("--batch-runs", a.batch_runs, 0)):
+    for flag, v, lo in (
+        ("--seq-len", a.seq_len, 1),
+        ("--num-seqs", a.num_seqs, 1),
+        ("--offset-bytes", a.offset_bytes, 0),
+        ("--threads", a.threads, 1),
+        ("--position-bucket", a.position_bucket, 1),
+        ("--batch-runs", a.batch_runs, 0),
+    ):
         if v is not None and v < lo:
             print(f"e2e_inject: error: {flag} {v}: must be >= {lo}", file=sys.stderr)
             return 2
@@ -394,8 +446,11 @@ class Plan:
                     raise ValueError(f"{flag} {q}: {str(e).splitlines()[0]}") from None
                 if c not in known:  # decode runs with decode_order_targets take those targets (below)
                     tg = "those of decode_order_targets" if decode and attr_tg is not None else "c_kv+k_pe"
-                    print(f"e2e_inject: warning: quantizer {c} is not in the study of {a.results}; "
-                          f"its targets default to {tg}", file=sys.stderr)
+                    print(
+                        f"e2e_inject: warning: quantizer {c} is not in the study of {a.results}; "
+                        f"its targets default to {tg}",
+                        file=sys.stderr,
+                    )
                 out.append((c, known.get(c, ("c_kv", "k_pe"))))
             return out
 
@@ -423,8 +478,11 @@ class Plan:
         # injection sees only its own windows, so it does not refit one: those quantizers are left out.
         klt = sorted({q for q, _ in self.pairs + self.decode_pairs if q.startswith("klt,")})
         if klt:
-            print(f"e2e_inject: note: {len(klt)} klt quantizer(s) not injected (the KLT basis is fitted on the "
-                  f"dump's fit split, not available here): {', '.join(klt)}", file=sys.stderr)
+            print(
+                f"e2e_inject: note: {len(klt)} klt quantizer(s) not injected (the KLT basis is fitted on the "
+                f"dump's fit split, not available here): {', '.join(klt)}",
+                file=sys.stderr,
+            )
         runs = [(q, t, PREFILL_AT_ONCE) for q, t in self.pairs if not q.startswith("klt,")]
         if PREFILL_AT_ONCE not in self.modes and a.cache_modes is not None:
             runs = []
@@ -447,6 +505,7 @@ def load_inputs(a, plan: Plan):
             raise ValueError(f"--text {a.text}: cannot read ({e.strerror or type(e).__name__})") from None
     else:
         from latentq.kjv_text import load_kjv, split_kjv
+
         text = split_kjv(load_kjv())[1]
     if not os.path.isfile(os.path.join(a.model, "config.json")):
         raise ValueError(f"--model {a.model}: no config.json (expected a tiny-mla or HF MLA checkpoint directory)")
@@ -464,8 +523,10 @@ def load_inputs(a, plan: Plan):
         plan.layers = model_layers
     bad = [l for l in plan.layers if l not in model_layers]
     if bad:
-        raise ValueError(f"{a.results}: study layer(s) {bad} not in the model {a.model} "
-                         f"(MLA layers {model_layers[0]}..{model_layers[-1]})")
+        raise ValueError(
+            f"{a.results}: study layer(s) {bad} not in the model {a.model} "
+            f"(MLA layers {model_layers[0]}..{model_layers[-1]})"
+        )
     return model, tokenizer, ids, dims, model_layers
 
 
@@ -502,14 +563,25 @@ class Runner:
         hows = [None if r is REF else self.resolve(r[0]) for r in chunk]
         if len(chunk) == 1:  # one run: the hooks of that run alone
             spec, targets, mode = chunk[0]
-            hooks = (LatentInjector(model, make_inject(latentq, hows[0], targets, layer_set)) if mode == PREFILL_AT_ONCE
-                     else DecodeOrderAttention(model, make_decode_cache(latentq, hows[0], targets, layer_set, mode)))
+            hooks = (
+                LatentInjector(model, make_inject(latentq, hows[0], targets, layer_set))
+                if mode == PREFILL_AT_ONCE
+                else DecodeOrderAttention(model, make_decode_cache(latentq, hows[0], targets, layer_set, mode))
+            )
         elif chunk[-1][2] == PREFILL_AT_ONCE:
-            hooks = LatentInjector(model, batch_inject(
-                [None if r is REF else make_inject(latentq, h, r[1], layer_set) for r, h in zip(chunk, hows)], n))
+            hooks = LatentInjector(
+                model,
+                batch_inject(
+                    [None if r is REF else make_inject(latentq, h, r[1], layer_set) for r, h in zip(chunk, hows)], n
+                ),
+            )
         else:
-            hooks = DecodeOrderAttention(model, batch_decode_cache(
-                [make_decode_cache(latentq, h, r[1], layer_set, r[2]) for r, h in zip(chunk, hows)], n))
+            hooks = DecodeOrderAttention(
+                model,
+                batch_decode_cache(
+                    [make_decode_cache(latentq, h, r[1], layer_set, r[2]) for r, h in zip(chunk, hows)], n
+                ),
+            )
         with hooks:
             out = run_model(model, ids.repeat(len(chunk), 1) if len(chunk) > 1 else ids).float().cpu()
         return list(out.split(n)) if len(chunk) > 1 else [out]
@@ -526,17 +598,39 @@ class Runner:
         m = logit_metrics(self.ref, q, self.ids.cpu(), f"the run with {spec} latents ({'+'.join(targets)}, {mode})")
         specs = [how] if isinstance(how, str) else sorted(set(how.values()))
         causal = all(latentq.decode_scale_is_causal(s) for s in specs)
-        bpt = cache_bytes_per_token(latentq, how, targets, plan.layers, mode, self.dims, a.seq_len, a.num_seqs,
-                                    self.bpt_memo)
-        self.rows.append({"quantizer": spec, "targets": "+".join(targets), "cache_mode": mode, **m,
-                          "bytes_per_token": bpt, "scale_causal": np.int64(causal)})
+        bpt = cache_bytes_per_token(
+            latentq, how, targets, plan.layers, mode, self.dims, a.seq_len, a.num_seqs, self.bpt_memo
+        )
+        self.rows.append(
+            {
+                "quantizer": spec,
+                "targets": "+".join(targets),
+                "cache_mode": mode,
+                **m,
+                "bytes_per_token": bpt,
+                "scale_causal": np.int64(causal),
+            }
+        )
         R, S, P = plan.rsp.get(mode, (0, 0, 0))
         for r in position_rows(self.ref, q, plan.width):
-            self.pos_rows.append({"quantizer": spec, "targets": "+".join(targets), "cache_mode": mode, "residual": R,
-                                  "sink": S, "prefill": P,
-                                  "scale_causal": np.int64(causal), **r, "bytes_per_token": bpt})
-        print(f"  {spec:28s} {mode:20s} KL {m['kl_mean']:.3e}  top1 {m['top1_agree']:.4f}  "
-              f"ppl {m['ppl_ref']:.4f} -> {m['ppl_quant']:.4f}  {bpt:.1f} B/token", flush=True)
+            self.pos_rows.append(
+                {
+                    "quantizer": spec,
+                    "targets": "+".join(targets),
+                    "cache_mode": mode,
+                    "residual": R,
+                    "sink": S,
+                    "prefill": P,
+                    "scale_causal": np.int64(causal),
+                    **r,
+                    "bytes_per_token": bpt,
+                }
+            )
+        print(
+            f"  {spec:28s} {mode:20s} KL {m['kl_mean']:.3e}  top1 {m['top1_agree']:.4f}  "
+            f"ppl {m['ppl_ref']:.4f} -> {m['ppl_quant']:.4f}  {bpt:.1f} B/token",
+            flush=True,
+        )
 
     def run_all(self, chunks) -> None:
         """forward + record for every chunk. Raises ValueError (non-finite logits, a spec the quantizers
@@ -563,17 +657,41 @@ def write_tables(a, runner: Runner, tokenizer, K: int, K_dec: int) -> None:
     cols = {k: np.array([r[k] for r in rows]) for k in rows[0]}
     cols["num_tokens"] = np.full(len(rows), a.num_seqs * a.seq_len, dtype=np.int64)
     pcols = {k: np.array([r[k] for r in pos_rows]) for k in pos_rows[0]}
-    common = {"model": os.path.abspath(a.model), "text_offset_bytes": a.offset_bytes, "seq_len": a.seq_len,
-              "num_seqs": a.num_seqs, "layers": ",".join(map(str, runner.plan.layers)), "device": a.device,
-              "dtype": a.dtype, "tokenizer": "bytes" if tokenizer is None else type(tokenizer).__name__,
-              "batch_runs": np.int64(K), "batch_runs_decode": np.int64(K_dec)}
-    write_groups(a.results, {
-        "e2e": (cols, {**common, "definition": "KL(p_ref||p_q) mean over tokens (nats); top1 = argmax agreement; "
-                       "ppl = exp(mean next-token NLL); bytes_per_token: cache at the sequence end, per layer; "
-                       "cache_mode: latentq/decode_order.h"}),
-        "e2e_position": (pcols, {**common, "position_bucket": np.int64(runner.plan.width),
-                                 "definition": "KL and top-1 of the /e2e runs over query positions [pos_start, pos_end) "
-                                               "of each window"})})
+    common = {
+        "model": os.path.abspath(a.model),
+        "text_offset_bytes": a.offset_bytes,
+        "seq_len": a.seq_len,
+        "num_seqs": a.num_seqs,
+        "layers": ",".join(map(str, runner.plan.layers)),
+        "device": a.device,
+        "dtype": a.dtype,
+        "tokenizer": "bytes" if tokenizer is None else type(tokenizer).__name__,
+        "batch_runs": np.int64(K),
+        "batch_runs_decode": np.int64(K_dec),
+    }
+    write_groups(
+        a.results,
+        {
+            "e2e": (
+                cols,
+                {
+                    **common,
+                    "definition": "KL(p_ref||p_q) mean over tokens (nats); top1 = argmax agreement; "
+                    "ppl = exp(mean next-token NLL); bytes_per_token: cache at the sequence end, per layer; "
+                    "cache_mode: latentq/decode_order.h",
+                },
+            ),
+            "e2e_position": (
+                pcols,
+                {
+                    **common,
+                    "position_bucket": np.int64(runner.plan.width),
+                    "definition": "KL and top-1 of the /e2e runs over query positions [pos_start, pos_end) "
+                    "of each window",
+                },
+            ),
+        },
+    )
 
 
 def main(argv=None) -> int:
@@ -592,8 +710,11 @@ def main(argv=None) -> int:
         print(f"e2e_inject: error: {e}", file=sys.stderr)
         return 2
     if len(plan.layers) < len(model_layers):
-        print(f"e2e_inject: note: the study ran layers {','.join(map(str, plan.layers))} only; the other "
-              f"{len(model_layers) - len(plan.layers)} of {len(model_layers)} layers stay unquantized", file=sys.stderr)
+        print(
+            f"e2e_inject: note: the study ran layers {','.join(map(str, plan.layers))} only; the other "
+            f"{len(model_layers) - len(plan.layers)} of {len(model_layers)} layers stay unquantized",
+            file=sys.stderr,
+        )
     runs = plan.runs(a)
     if not runs:
         print("e2e_inject: error: no quantizer to run (only klt quantizers, or no cache mode)", file=sys.stderr)
@@ -609,7 +730,7 @@ def main(argv=None) -> int:
     # decode-order runs apart (DecodeOrderAttention), in the order of `runs` (the rows' order).
     pre = [REF] + [r for r in runs if r[2] == PREFILL_AT_ONCE]
     dec = [r for r in runs if r[2] != PREFILL_AT_ONCE]
-    chunks = [pre[i:i + K] for i in range(0, len(pre), K)] + [dec[i:i + K_dec] for i in range(0, len(dec), K_dec)]
+    chunks = [pre[i : i + K] for i in range(0, len(pre), K)] + [dec[i : i + K_dec] for i in range(0, len(dec), K_dec)]
 
     t0 = time.time()
     runner = Runner(latentq, a, model, ids, plan, dims)
@@ -619,9 +740,11 @@ def main(argv=None) -> int:
         print(f"e2e_inject: error: {e}; {a.results} is left unchanged", file=sys.stderr)
         return 2
     write_tables(a, runner, tokenizer, K, K_dec)
-    print(f"e2e: {len(runner.rows)} runs, {a.num_seqs}x{a.seq_len} tokens, {len(chunks)} forwards of <= {K} runs, "
-          f"{time.time() - t0:.1f}s -> "
-          f"{a.results}:/e2e, /e2e_position")
+    print(
+        f"e2e: {len(runner.rows)} runs, {a.num_seqs}x{a.seq_len} tokens, {len(chunks)} forwards of <= {K} runs, "
+        f"{time.time() - t0:.1f}s -> "
+        f"{a.results}:/e2e, /e2e_position"
+    )
     return 0
 
 

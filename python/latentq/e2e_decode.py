@@ -66,6 +66,7 @@ def make_decode_cache(latentq, spec, targets: tuple[str, ...], layers, mode: str
             out += [torch.from_numpy(q).reshape(B, T, D), torch.from_numpy(b).reshape(B, T, D), masks[(G, T)]]
             covered = True
         return tuple(out) if covered else None
+
     return fn
 
 
@@ -74,16 +75,19 @@ def batch_decode_cache(fns: list, n: int):
     run k's cache_fn fns[k] (make_decode_cache) sees its n rows of c_kv / k_pe [K·n, T, D]; the read
     masks become [K·n, 1, T, T] (run k's [T, T] mask on its rows), and a run whose cache_fn returns None
     for the layer keeps the model's own attention output on its rows (the 7th element, rows [K·n])."""
+
     def fn(layer: int, c_kv: torch.Tensor, k_pe: torch.Tensor):
-        res = [None if f is None else f(layer, c_kv[k * n:(k + 1) * n], k_pe[k * n:(k + 1) * n])
-               for k, f in enumerate(fns)]
+        res = [
+            None if f is None else f(layer, c_kv[k * n : (k + 1) * n], k_pe[k * n : (k + 1) * n])
+            for k, f in enumerate(fns)
+        ]
         if all(r is None for r in res):
             return None
         T, out = c_kv.shape[1], []
         for i, x in ((0, c_kv), (3, k_pe)):
             q, b, m = [], [], []
             for k, r in enumerate(res):
-                xs = x[k * n:(k + 1) * n]
+                xs = x[k * n : (k + 1) * n]
                 if r is None:
                     q.append(xs)
                     b.append(xs)
@@ -95,11 +99,21 @@ def batch_decode_cache(fns: list, n: int):
             out += [torch.cat(q), torch.cat(b), torch.cat(m)]
         rows = torch.tensor([r is not None for r in res], dtype=torch.bool).repeat_interleave(n)
         return tuple(out) + (rows,)
+
     return fn
 
 
-def cache_bytes_per_token(latentq, spec, targets: tuple[str, ...], layers: list[int], mode: str, dims: dict,
-                          L: int, num_seqs: int, memo: dict | None = None) -> float:
+def cache_bytes_per_token(
+    latentq,
+    spec,
+    targets: tuple[str, ...],
+    layers: list[int],
+    mode: str,
+    dims: dict,
+    L: int,
+    num_seqs: int,
+    memo: dict | None = None,
+) -> float:
     """Bytes per token per layer of the latent cache once L tokens are decoded, mean over `layers`:
     per target (c_kv: kv_lora_rank, k_pe: qk_rope_head_dim columns), the bf16 tokens at 2 bytes/element
     and the quantized ones at the format's bytes per token (QuantizedTensor.bytes_per_token of the

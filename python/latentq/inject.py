@@ -23,7 +23,7 @@ latentq/attention/attention.h), which the study's /attention_error and /attentio
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -43,6 +43,7 @@ class LatentInjector(LatentHooks):
 
 # ---- decode order: a quantized cache read per (query, key) in one causal forward ------------------
 
+
 # cache_fn(layer_idx, c_kv [B, T, r], k_pe [B, T, d_r]) -> None (the layer reads its exact latents) or
 # (c_kv_quantized, c_kv_bf16, c_kv_read_quantized, k_pe_quantized, k_pe_bf16, k_pe_read_quantized[, rows]):
 # the read masks bool [T, T] (every batch row) or [B, 1, T, T] (one per batch row); `rows` bool [B], optional:
@@ -59,9 +60,19 @@ DecodeCacheFn = Callable[[int, torch.Tensor, torch.Tensor], "tuple | None"]
 _SDPA = torch.nn.functional.scaled_dot_product_attention
 
 
-def mixed_latent_attention(q_nope: torch.Tensor, q_pe: torch.Tensor, c_q: torch.Tensor, c_b: torch.Tensor,
-                           read_c: torch.Tensor, kpe_q: torch.Tensor, kpe_b: torch.Tensor, read_kpe: torch.Tensor,
-                           w_uk: torch.Tensor, w_uv: torch.Tensor, softmax_scale: float) -> torch.Tensor:
+def mixed_latent_attention(
+    q_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    c_q: torch.Tensor,
+    c_b: torch.Tensor,
+    read_c: torch.Tensor,
+    kpe_q: torch.Tensor,
+    kpe_b: torch.Tensor,
+    read_kpe: torch.Tensor,
+    w_uk: torch.Tensor,
+    w_uv: torch.Tensor,
+    softmax_scale: float,
+) -> torch.Tensor:
     """Causal MLA attention over a latent cache read two ways, chosen per (query t, key j).
 
     A Python reference of the absorbed MLA attention (the e2e step's decode-order runs and the tests use it);
@@ -89,14 +100,15 @@ def mixed_latent_attention(q_nope: torch.Tensor, q_pe: torch.Tensor, c_q: torch.
     """
     dt = _compute_dtype(q_nope)
     q_nope, q_pe, c_q, c_b, kpe_q, kpe_b, w_uk, w_uv = (
-        x.to(dt) for x in (q_nope, q_pe, c_q, c_b, kpe_q, kpe_b, w_uk, w_uv))
+        x.to(dt) for x in (q_nope, q_pe, c_q, c_b, kpe_q, kpe_b, w_uk, w_uv)
+    )
     B, T, H, d_n = q_nope.shape
     d_r, d_v, dev = q_pe.shape[-1], w_uv.shape[1], c_q.device
     E = d_n + d_r
     causal = torch.ones(T, T, dtype=torch.bool, device=dev).tril()
-    as4 = lambda m: m.to(device=dev, dtype=torch.bool).reshape(-1, 1, T, T)   # [1 or B, 1, T, T]
+    as4 = lambda m: m.to(device=dev, dtype=torch.bool).reshape(-1, 1, T, T)  # [1 or B, 1, T, T]
     read_c, read_kpe = as4(read_c) & causal, as4(read_kpe) & causal
-    expand = lambda c, w: torch.einsum("btc,hdc->bhtd", c, w)                  # [B, H, T, d]
+    expand = lambda c, w: torch.einsum("btc,hdc->bhtd", c, w)  # [B, H, T, d]
     k_nope = {"q": expand(c_q, w_uk), "b": expand(c_b, w_uk)}
     v = {"q": expand(c_q, w_uv), "b": expand(c_b, w_uv)}
     kpe = {"q": kpe_q[:, None].expand(B, H, T, d_r), "b": kpe_b[:, None].expand(B, H, T, d_r)}
@@ -109,13 +121,12 @@ def mixed_latent_attention(q_nope: torch.Tensor, q_pe: torch.Tensor, c_q: torch.
             keys.append(torch.cat([k_nope[x], kpe[y]], dim=-1))
             vals.append(v[x])
             masks.append(m)  # [1 or B, 1, T, T]: the same leading dim for every pair
-    qs = torch.cat([q_nope, q_pe], dim=-1).transpose(1, 2)                    # [B, H, T, E]
+    qs = torch.cat([q_nope, q_pe], dim=-1).transpose(1, 2)  # [B, H, T, E]
     vv = torch.cat(vals, dim=2)
     if d_v < E:
         vv = torch.nn.functional.pad(vv, [0, E - d_v])
-    o = _SDPA(
-        qs, torch.cat(keys, dim=2), vv, attn_mask=torch.cat(masks, dim=-1), scale=softmax_scale)
-    return o[..., :d_v].transpose(1, 2)                                        # [B, T, H, d_v]
+    o = _SDPA(qs, torch.cat(keys, dim=2), vv, attn_mask=torch.cat(masks, dim=-1), scale=softmax_scale)
+    return o[..., :d_v].transpose(1, 2)  # [B, T, H, d_v]
 
 
 class DecodeOrderAttention(LatentHooks):
@@ -169,7 +180,7 @@ class DecodeOrderAttention(LatentHooks):
                 key = args[0] if args else kwargs["key"]
                 value = args[1] if len(args) > 1 else kwargs["value"]
                 batch = torch.broadcast_shapes(query.shape[:-2], key.shape[:-2], value.shape[:-2])
-                return query.new_zeros(*batch, query.shape[-2], value.shape[-1])   # SDPA's output shape
+                return query.new_zeros(*batch, query.shape[-2], value.shape[-1])  # SDPA's output shape
         return fn(query, *args, **kwargs)
 
     def _hook_layer(self, idx: int, attn: nn.Module) -> None:
@@ -190,15 +201,32 @@ class DecodeOrderAttention(LatentHooks):
                 return None
             scale = rec.get("softmax_scale")
             if scale is None:
-                scale = next((float(getattr(attn, a)) for a in ("scaling", "softmax_scale")
-                              if isinstance(getattr(attn, a, None), (int, float))), None)
+                scale = next(
+                    (
+                        float(getattr(attn, a))
+                        for a in ("scaling", "softmax_scale")
+                        if isinstance(getattr(attn, a, None), (int, float))
+                    ),
+                    None,
+                )
                 if scale is None:
                     raise RuntimeError(f"layer {idx}: no softmax scale captured and no scaling attribute")
             wkv_b = attn.kv_b_proj.weight.detach().to(_compute_dtype(rec["q_nope"])).view(H, nope + vd, r)
             dev = rec["q_nope"].device
             c_q, c_b, read_c, kpe_q, kpe_b, read_kpe = (torch.as_tensor(x).to(dev) for x in cache[:6])
-            out = mixed_latent_attention(rec["q_nope"], rec["q_pe"], c_q, c_b, read_c, kpe_q, kpe_b, read_kpe,
-                                         wkv_b[:, :nope], wkv_b[:, nope:], scale)
+            out = mixed_latent_attention(
+                rec["q_nope"],
+                rec["q_pe"],
+                c_q,
+                c_b,
+                read_c,
+                kpe_q,
+                kpe_b,
+                read_kpe,
+                wkv_b[:, :nope],
+                wkv_b[:, nope:],
+                scale,
+            )
             x = args[0]
             out = out.reshape(x.shape).to(x.dtype)
             if len(cache) > 6:  # rows marked False keep the model's own output, bit for bit

@@ -9,6 +9,7 @@ amplitude, rounded outward to 2 significant digits:
   cos_mean (min)        bound = 1 - (1 - measured) * margin, rounded down           (value >= bound)
 The measured value and the margin are written as a comment above each entry. Only h5py and numpy.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -16,21 +17,52 @@ import math
 import sys
 
 import h5py
-import numpy as np
 
 # The key quantizers of the gate: every bit width and scheme at the three granularities that
 # matter (per-channel KIVI groups of 32, per-token whole row, per-tensor), plus the baselines.
 KEY = [f"int{b}-{s}-{g}" for b in (8, 4, 2) for s in ("asym", "sym") for g in ("channel-g32", "token", "tensor")]
-KEY += ["bf16", "flashmla-v32-fp8", "vllm-fp8-ds-mla", "flashmla-v41-fp8", "fp8-e4m3-tensor", "mxfp8", "mxfp4", "nvfp4",
-        "q8_0", "q4_0", "q4_1"]
+KEY += [
+    "bf16",
+    "flashmla-v32-fp8",
+    "vllm-fp8-ds-mla",
+    "flashmla-v41-fp8",
+    "fp8-e4m3-tensor",
+    "mxfp8",
+    "mxfp4",
+    "nvfp4",
+    "q8_0",
+    "q4_0",
+    "q4_1",
+]
 # Transformed quantizers (issue 11): the rotation stage in front of the per-channel, per-token and ggml
 # formats (a change of the FWHT, the signs or the KLT fit moves these).
-KEY += ["had,int4-asym-channel-g32", "klt,int4-asym-channel-g32", "had,int4-asym-token", "klt,int4-asym-token",
-        "had,int2-asym-channel-g32", "had,q4_0", "had,mxfp4"]
-MEAN_REL_FRO = ["int8-asym-channel-g32", "int4-asym-channel-g32", "int2-asym-channel-g32", "int4-sym-token",
-                "flashmla-v32-fp8", "mxfp4", "nvfp4", "q4_0"]
-COS_MIN = ["int8-asym-channel-g32", "int4-asym-channel-g32", "int4-asym-token", "int2-asym-channel-g32",
-           "flashmla-v32-fp8", "q4_0"]
+KEY += [
+    "had,int4-asym-channel-g32",
+    "klt,int4-asym-channel-g32",
+    "had,int4-asym-token",
+    "klt,int4-asym-token",
+    "had,int2-asym-channel-g32",
+    "had,q4_0",
+    "had,mxfp4",
+]
+MEAN_REL_FRO = [
+    "int8-asym-channel-g32",
+    "int4-asym-channel-g32",
+    "int2-asym-channel-g32",
+    "int4-sym-token",
+    "flashmla-v32-fp8",
+    "mxfp4",
+    "nvfp4",
+    "q4_0",
+]
+COS_MIN = [
+    "int8-asym-channel-g32",
+    "int4-asym-channel-g32",
+    "int4-asym-token",
+    "int2-asym-channel-g32",
+    "flashmla-v32-fp8",
+    "q4_0",
+]
 
 
 def round_up(x: float, digits: int = 2) -> float:
@@ -68,7 +100,7 @@ def main(argv=None) -> int:
     w(f"# ({int(attrs['num_layers'])} layers; input sha256 {attrs['input_sha256']}; latentq git {attrs['git_commit']};")
     w(f"# {attrs['created']}). Margin {m:g} on the error amplitude, rounded outward to 2 significant digits:")
     w("#   rel_fro: bound = measured x margin (value <= bound);")
-    w("#   cos_mean: bound = 1 - (1 - measured) x margin, direction = \"min\" (value >= bound).")
+    w('#   cos_mean: bound = 1 - (1 - measured) x margin, direction = "min" (value >= bound).')
     w("# The study is deterministic: a change in these numbers means the quantizers or the dump changed.")
     w("# Regenerate after an intended change:")
     w("#   build/latentq run --out /tmp/default.h5")

@@ -1,5 +1,6 @@
 """The `latentq` package without its compiled part: `import latentq` and the model-side modules work,
 and a C++ name raises an ImportError that says how to build latentq._core."""
+
 import os
 import subprocess
 import sys

@@ -14,13 +14,19 @@ PROG = "latentq report"
 
 def main(argv=None):
     ap = argparse.ArgumentParser(
-        prog=PROG, description="Figures (PNG) and report.md from a latentq-results/1 file.",
-        epilog="Exit codes: 0 done, 2 input error (nothing written), 1 internal error.")
+        prog=PROG,
+        description="Figures (PNG) and report.md from a latentq-results/1 file.",
+        epilog="Exit codes: 0 done, 2 input error (nothing written), 1 internal error.",
+    )
     ap.add_argument("results", metavar="RESULTS.h5", help="results file of `latentq run` (schema latentq-results/1)")
     ap.add_argument("--out", required=True, metavar="DIR", help="output directory (created; files in it are replaced)")
-    ap.add_argument("--quantizers", nargs="+", metavar="SPEC",
-                    help="quantizers of the per-layer figure: spec strings or '*' globs, e.g. 'int4-*-channel-g32' "
-                         "(default: the best channel and token quantizer at each bit width + bf16/fp8)")
+    ap.add_argument(
+        "--quantizers",
+        nargs="+",
+        metavar="SPEC",
+        help="quantizers of the per-layer figure: spec strings or '*' globs, e.g. 'int4-*-channel-g32' "
+        "(default: the best channel and token quantizer at each bit width + bf16/fp8)",
+    )
     a = ap.parse_args(argv)
     path = a.results
     try:
@@ -41,8 +47,10 @@ def main(argv=None):
     except Exception as e:  # noqa: BLE001 - no traceback for users; LATENTQ_DEBUG=1 shows it
         if os.environ.get("LATENTQ_DEBUG"):
             raise
-        print(f"{PROG}: {path}: internal error: {type(e).__name__}: {e} (set LATENTQ_DEBUG=1 for the traceback)",
-              file=sys.stderr)
+        print(
+            f"{PROG}: {path}: internal error: {type(e).__name__}: {e} (set LATENTQ_DEBUG=1 for the traceback)",
+            file=sys.stderr,
+        )
         return 1
     subset = subset_warning(loaded[0])
     if subset:

@@ -36,33 +36,60 @@ from latentq.report.plot import (
     place_labels,
 )
 
-FIGURES = ("frontier_c_kv.png", "frontier_model_bytes.png", "per_layer.png", "svd.png", "cross_layer.png",
-           "cross_layer_sharing.png", "e2e.png", "error_vs_position.png")
+FIGURES = (
+    "frontier_c_kv.png",
+    "frontier_model_bytes.png",
+    "per_layer.png",
+    "svd.png",
+    "cross_layer.png",
+    "cross_layer_sharing.png",
+    "e2e.png",
+    "error_vs_position.png",
+)
 
 
 def _svd_rank_line(ax, err, D):
     """The SVD probe's ranks on a frontier panel: err {rank: rel_fro} at 16·r/D bits per element, dashed."""
     r = sorted(err)
-    ax.plot([16.0 * k / D for k in r], [err[k] for k in r], color=GRAN_STYLE["svd"][0], marker="P",
-            ms=5, lw=1, ls="--", zorder=2)
+    ax.plot(
+        [16.0 * k / D for k in r],
+        [err[k] for k in r],
+        color=GRAN_STYLE["svd"][0],
+        marker="P",
+        ms=5,
+        lw=1,
+        ls="--",
+        zorder=2,
+    )
 
 
 def _label_svd_ranks(ax, err, D):
     """Labels r=... of _svd_rank_line's points (the first and last always), once the layout is final."""
     r = sorted(err)
-    place_labels(ax, [16.0 * k / D for k in r], [err[k] for k in r], [f"r={k}" for k in r],
-                 force=[k in (r[0], r[-1]) for k in r], fontsize=6.5, color=GRAN_STYLE["svd"][0])
+    place_labels(
+        ax,
+        [16.0 * k / D for k in r],
+        [err[k] for k in r],
+        [f"r={k}" for k in r],
+        force=[k in (r[0], r[-1]) for k in r],
+        fontsize=6.5,
+        color=GRAN_STYLE["svd"][0],
+    )
 
 
 def _frontier_caption(akey, extra, hid):
     """The caption of frontier_c_kv.png: the axes, the attention panel (akey), the SVD notes, hidden names."""
-    cap = ("c_kv rel_fro = ‖ĉ_kv − c_kv‖_F / ‖c_kv‖_F (unitless), mean over layers, against the c_kv bits per element "
-           "including the scale/offset metadata. Color: granularity; marker: sym (circle) / asym (square); "
-           "the line is the lower-left Pareto front; labels: the baselines and the points of the front where "
-           "there is room (the whole front is listed at the top of this report).")
+    cap = (
+        "c_kv rel_fro = ‖ĉ_kv − c_kv‖_F / ‖c_kv‖_F (unitless), mean over layers, against the c_kv bits per element "
+        "including the scale/offset metadata. Color: granularity; marker: sym (circle) / asym (square); "
+        "the line is the lower-left Pareto front; labels: the baselines and the points of the front where "
+        "there is room (the whole front is listed at the top of this report)."
+    )
     if akey is not None:
-        cap += (f" Right: rel_fro of the absorbed attention output (before o_proj) with {akey} quantized "
-                "(/attention_error), mean over layers.")
+        cap += (
+            f" Right: rel_fro of the absorbed attention output (before o_proj) with {akey} quantized "
+            "(/attention_error), mean over layers."
+        )
     if extra:
         cap += " " + "; ".join(extra) + "."
     if hid:
@@ -72,7 +99,7 @@ def _frontier_caption(akey, extra, hid):
 
 def fig_frontier(out, tables, attrs, Q):
     plt = _mpl()
-    import numpy as np
+
     names = [q for q in Q if Q[q]["kind"] != "svd" and math.isfinite(Q[q]["bpe"])]
     if not names:
         return None
@@ -87,29 +114,45 @@ def fig_frontier(out, tables, attrs, Q):
     x = [Q[q]["bpe"] for q in names]
     y = [Q[q]["err_c_kv"] for q in names]
     xlabel = "c_kv bits per element, scale/offset metadata included"
-    front, hidden = _frontier_panel(axes[0], Q, names, x, y, xlabel, "c_kv rel_fro, mean over layers (log)",
-                                    "Latent error: c_kv")
+    front, hidden = _frontier_panel(
+        axes[0], Q, names, x, y, xlabel, "c_kv rel_fro, mean over layers (log)", "Latent error: c_kv"
+    )
     extra = []
     if svd:
         _svd_rank_line(axes[0], svd, D)
-        extra.append("SVD rank r (dashed purple, /svd held-out rel_fro) is placed at 16·r/kv_lora_rank bits per "
-                     "element (r bf16 coefficients per token; the basis is not counted; r = kv_lora_rank left out)")
+        extra.append(
+            "SVD rank r (dashed purple, /svd held-out rel_fro) is placed at 16·r/kv_lora_rank bits per "
+            "element (r bf16 coefficients per token; the basis is not counted; r = kv_lora_rank left out)"
+        )
     ahidden, afront, sr = [], [], {}
     if akey is not None:
         anames = [q for q in names if q in att[akey]]
         ax_ = [Q[q]["bpe"] for q in anames]
         ay = [att[akey][q] for q in anames]
-        afront, ahidden = _frontier_panel(axes[1], Q, anames, ax_, ay, xlabel,
-                                          "attention output rel_fro, mean over layers (log)",
-                                          f"Attention output error, quantized {akey}")
-        sr = {int(parse_spec(q)["group_size"]): v for q, v in att[akey].items()
-              if parse_spec(q)["kind"] == "svd" and D and parse_spec(q)["group_size"] < D}
+        afront, ahidden = _frontier_panel(
+            axes[1],
+            Q,
+            anames,
+            ax_,
+            ay,
+            xlabel,
+            "attention output rel_fro, mean over layers (log)",
+            f"Attention output error, quantized {akey}",
+        )
+        sr = {
+            int(parse_spec(q)["group_size"]): v
+            for q, v in att[akey].items()
+            if parse_spec(q)["kind"] == "svd" and D and parse_spec(q)["group_size"] < D
+        }
         if sr and D:
             _svd_rank_line(axes[1], sr, D)
     handles = _legend_handles()
     if svd:
         from matplotlib.lines import Line2D
-        handles.append(Line2D([], [], ls="--", marker="P", color=GRAN_STYLE["svd"][0], label="SVD rank r (bf16 coeff.)"))
+
+        handles.append(
+            Line2D([], [], ls="--", marker="P", color=GRAN_STYLE["svd"][0], label="SVD rank r (bf16 coeff.)")
+        )
     fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 5), frameon=False)
     fig.tight_layout(rect=(0, 0.1, 1, 1))
     if svd:
@@ -159,15 +202,19 @@ def fig_model_bytes(out, tables, attrs, Q):
         zero = sorted(q for q in hid if math.isfinite(Q[q][k]))
         nan = [q for q in hid if not math.isfinite(Q[q][k])]
         if nan:
-            notes.append(f"{target} panel: {len(nan)} of {len(names)} quantizers have no {target} error "
-                         f"(not run on {target}) and are not shown")
+            notes.append(
+                f"{target} panel: {len(nan)} of {len(names)} quantizers have no {target} error "
+                f"(not run on {target}) and are not shown"
+            )
         if zero:
             notes.append(f"{target} panel: error 0, not shown on the log axis: {', '.join(zero)}")
     fn = "frontier_model_bytes.png"
     _save(fig, os.path.join(out, fn))
-    cap = (f"Mean rel_fro over layers against the latent cache size of the whole model in bytes per token "
-           f"(all {L} layers, c_kv + k_pe, metadata included; a target that did not run a quantizer counts as bf16), "
-           "from /summary. Line: Pareto front.")
+    cap = (
+        f"Mean rel_fro over layers against the latent cache size of the whole model in bytes per token "
+        f"(all {L} layers, c_kv + k_pe, metadata included; a target that did not run a quantizer counts as bf16), "
+        "from /summary. Line: Pareto front."
+    )
     if ratios:
         cap += " Top axis: the same size as a fraction of the bf16 cache."
     if notes:
@@ -178,6 +225,7 @@ def fig_model_bytes(out, tables, attrs, Q):
 def fig_per_layer(out, tables, attrs, Q, selected, user_selected=False):
     plt = _mpl()
     import numpy as np
+
     le = tables["latent_error"]
     lay, qs, tg, rf = numbers(le, "layer"), strings(le, "quantizer"), strings(le, "target"), numbers(le, "rel_fro")
     if lay is None or qs is None or rf is None:
@@ -256,6 +304,7 @@ def fig_per_layer(out, tables, attrs, Q, selected, user_selected=False):
             ax.set_xticks(all_layers)
         else:
             from matplotlib.ticker import MaxNLocator
+
             ax.xaxis.set_major_locator(MaxNLocator(nbins=10, integer=True))
     h, lab = [], []
     for ax in axes:
@@ -269,12 +318,17 @@ def fig_per_layer(out, tables, attrs, Q, selected, user_selected=False):
     fig.tight_layout(rect=(0, min(0.4, 0.05 + 0.05 * rows), 1, 1))
     fn = "per_layer.png"
     _save(fig, os.path.join(out, fn))
-    cap = ("rel_fro (unitless, log scale) per layer for the selected quantizers"
-           + (" (given by --quantizers)" if user_selected else
-              " (default: the best channel and token quantizer at each bit width by mean c_kv rel_fro, "
-              "and the bf16 / fp8 baselines)")
-           + ". Line style: solid per-channel, dashed per-token, dotted per-tensor, dash-dot bf16 / fp8"
-           + ("; color: bit width." if by_bits else "."))
+    cap = (
+        "rel_fro (unitless, log scale) per layer for the selected quantizers"
+        + (
+            " (given by --quantizers)"
+            if user_selected
+            else " (default: the best channel and token quantizer at each bit width by mean c_kv rel_fro, "
+            "and the bf16 / fp8 baselines)"
+        )
+        + ". Line style: solid per-channel, dashed per-token, dotted per-tensor, dash-dot bf16 / fp8"
+        + ("; color: bit width." if by_bits else ".")
+    )
     if att_panel is not None:
         cap += f" Right: attention output rel_fro with {att_panel[0]} quantized (/attention_error)."
     if hidden:
@@ -285,6 +339,7 @@ def fig_per_layer(out, tables, attrs, Q, selected, user_selected=False):
 def _svd_spectrum_panel(ax, sp, colors, many):
     """Left panel of svd.png: σ_i/σ_0 per layer from /svd_spectrum (a legend up to `many` layers)."""
     import numpy as np
+
     lay = numbers(sp, "layer")
     s = numbers(sp, "singular_value", contains=("singular",))
     idx = numbers(sp, "index", contains=("index",))
@@ -313,6 +368,7 @@ def _svd_rank_panel(ax, sv, attrs, colors, many, notes):
     """Right panel of svd.png: held-out (solid) and fit (dashed) rel_fro against the rank per layer from
     /svd; the notes for the caption (centered fits, r = kv_lora_rank left out) are appended to `notes`."""
     import numpy as np
+
     lay, rank = numbers(sv, "layer"), numbers(sv, "rank")
     ho = numbers(sv, "heldout_rel_fro", contains=("heldout",))
     fit = numbers(sv, "fit_rel_fro", contains=("fit", "rel_fro"))
@@ -342,6 +398,7 @@ def _svd_rank_panel(ax, sv, attrs, colors, many, notes):
             okf = np.isfinite(f) & (f > 0)
             ax.plot(r[okf], f[okf], color=col[l], lw=0.9, ls="--", alpha=0.7)
     from matplotlib.lines import Line2D
+
     h, lab = ax.get_legend_handles_labels()
     h = [Line2D([], [], color=hh.get_color(), lw=1.3) for hh in h]
     lab = [x.replace(" held-out", "") for x in lab]
@@ -359,18 +416,28 @@ def _svd_rank_panel(ax, sv, attrs, colors, many, notes):
 def fig_svd(out, tables, attrs):
     plt = _mpl()
     import numpy as np
+
     sp, sv = tables.get("svd_spectrum"), tables.get("svd")
     panels = []
-    if sp is not None and numbers(sp, "layer") is not None and numbers(sp, "singular_value", contains=("singular",)) is not None:
+    if (
+        sp is not None
+        and numbers(sp, "layer") is not None
+        and numbers(sp, "singular_value", contains=("singular",)) is not None
+    ):
         panels.append("spectrum")
-    if sv is not None and numbers(sv, "layer") is not None and numbers(sv, "rank") is not None and \
-            numbers(sv, "heldout_rel_fro", contains=("heldout",)) is not None:
+    if (
+        sv is not None
+        and numbers(sv, "layer") is not None
+        and numbers(sv, "rank") is not None
+        and numbers(sv, "heldout_rel_fro", contains=("heldout",)) is not None
+    ):
         panels.append("rank")
     if not panels:
         return None
     fig, axes = plt.subplots(1, len(panels), figsize=(6.0 * len(panels), 4.8), squeeze=False)
     axes = list(axes[0])
     from matplotlib.colors import ListedColormap, Normalize
+
     cmap = ListedColormap(plt.get_cmap("viridis")(np.linspace(0, 0.9, 256)))  # no pale yellow end
     notes = []
     many = 10  # more layers than this: a colorbar instead of one legend entry per layer
@@ -390,23 +457,29 @@ def fig_svd(out, tables, attrs):
     fig.tight_layout()
     if len(all_layers) > many:
         from matplotlib.cm import ScalarMappable
+
         cb = fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), ax=axes, fraction=0.025, pad=0.01)
         cb.set_label("layer")
     fn = "svd.png"
     _save(fig, os.path.join(out, fn))
     cap = []
     if "spectrum" in panels:
-        cap.append("Left: singular values of c_kv normalized by the largest, σ_i/σ_0 (log), "
-                   "one line per layer (/svd_spectrum).")
+        cap.append(
+            "Left: singular values of c_kv normalized by the largest, σ_i/σ_0 (log), "
+            "one line per layer (/svd_spectrum)."
+        )
     if "rank" in panels:
-        cap.append("Right: rel_fro of the rank-r reconstruction of c_kv per layer, solid on the held-out split, "
-                   "dashed on the fit split (/svd)" + "".join(f"; {n}" for n in notes) + ".")
+        cap.append(
+            "Right: rel_fro of the rank-r reconstruction of c_kv per layer, solid on the held-out split, "
+            "dashed on the fit split (/svd)" + "".join(f"; {n}" for n in notes) + "."
+        )
     return fn, " ".join(cap)
 
 
 def fig_cross_layer(out, tables, attrs):
     plt = _mpl()
     import numpy as np
+
     r = cross_layer_matrices(tables)
     if r is None:
         return None
@@ -436,23 +509,33 @@ def fig_cross_layer(out, tables, attrs):
                 for j in range(n):
                     v = M[i, j]
                     if np.isfinite(v):
-                        ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=fs,
-                                color="black" if v > 0.6 else "white")
+                        ax.text(
+                            j,
+                            i,
+                            f"{v:.2f}",
+                            ha="center",
+                            va="center",
+                            fontsize=fs,
+                            color="black" if v > 0.6 else "white",
+                        )
     fig.tight_layout(rect=(0, 0, 0.92, 1))
     cax = fig.add_axes((0.93, 0.15, 0.015, 0.7))
     cb = fig.colorbar(im, cax=cax)
     cb.set_label("similarity (0 … 1, unitless)")
     fn = "cross_layer.png"
     _save(fig, os.path.join(out, fn))
-    cap = ("Similarity of the c_kv latents of two layers over the same tokens (/cross_layer): linear CKA "
-           "(invariant to rotations of the latent space) and the mean over latent dimensions of |Pearson| between "
-           "the same dimension of the two layers; same color scale 0…1, diagonal = 1, gray = pair not measured.")
+    cap = (
+        "Similarity of the c_kv latents of two layers over the same tokens (/cross_layer): linear CKA "
+        "(invariant to rotations of the latent space) and the mean over latent dimensions of |Pearson| between "
+        "the same dimension of the two layers; same color scale 0…1, diagonal = 1, gray = pair not measured."
+    )
     return fn, cap, layers, mats
 
 
 def fig_sharing(out, tables, attrs):
     plt = _mpl()
     import numpy as np
+
     t = tables.get("cross_layer_sharing")
     if t is None:
         return None
@@ -480,8 +563,7 @@ def fig_sharing(out, tables, attrs):
                 continue
             e = v[m][o]
             ok = np.isfinite(e) & (e > 0)
-            ax.plot(r[ok], e[ok], color=cmap(i % 10), ls=ls, marker="o", ms=3, lw=1.2,
-                    label=f"{lab}, {suffix}")
+            ax.plot(r[ok], e[ok], color=cmap(i % 10), ls=ls, marker="o", ms=3, lw=1.2, label=f"{lab}, {suffix}")
     ax.set_yscale("log")
     ax.set_xlabel("total rank k of the window (coefficients per token for all its layers)")
     ax.set_ylabel("c_kv held-out rel_fro (log)")
@@ -490,14 +572,17 @@ def fig_sharing(out, tables, attrs):
     fig.tight_layout()
     fn = "cross_layer_sharing.png"
     _save(fig, os.path.join(out, fn))
-    cap = ("Held-out c_kv rel_fro of one SVD basis shared by a window of adjacent layers (solid) against "
-           "separate per-layer bases with the same total rank k, k/w per layer (dashed) (/cross_layer_sharing).")
+    cap = (
+        "Held-out c_kv rel_fro of one SVD basis shared by a window of adjacent layers (solid) against "
+        "separate per-layer bases with the same total rank k, k/w per layer (dashed) (/cross_layer_sharing)."
+    )
     return fn, cap
 
 
 def fig_e2e(out, tables, attrs, Q):
     plt = _mpl()
     import numpy as np
+
     rows = e2e_rows(tables, Q)
     rows = [r for r in rows if math.isfinite(r["bytes_model"])]
     if not rows:
@@ -516,8 +601,9 @@ def fig_e2e(out, tables, attrs, Q):
     kl = np.array([r["kl"] for r in rows])
     L = attrs.get("num_layers", "?")
     xlabel = f"cache bytes per token, whole model ({L} layers, c_kv + k_pe)"
-    front, hidden = _frontier_panel(axes[0], Q, names, x, kl, xlabel, "logit KL(p_ref ‖ p_quant), nats per token (log)",
-                                    "End to end: logit KL")
+    front, hidden = _frontier_panel(
+        axes[0], Q, names, x, kl, xlabel, "logit KL(p_ref ‖ p_quant), nats per token (log)", "End to end: logit KL"
+    )
     if has_ppl:
         pq = np.array([r["ppl_quant"] for r in rows])
         pref = [r["ppl_ref"] for r in rows if math.isfinite(r["ppl_ref"])]
@@ -525,13 +611,28 @@ def fig_e2e(out, tables, attrs, Q):
         for i in range(len(rows)):
             if math.isfinite(pq[i]):
                 color, marker = _style(Q[names[i]])
-                ax.plot(x[i], pq[i], ls="", marker=marker, color=color, ms=9 if marker == "*" else 5.5, alpha=0.85,
-                        mec="black" if is_baseline(names[i]) else color, mew=0.6)
+                ax.plot(
+                    x[i],
+                    pq[i],
+                    ls="",
+                    marker=marker,
+                    color=color,
+                    ms=9 if marker == "*" else 5.5,
+                    alpha=0.85,
+                    mec="black" if is_baseline(names[i]) else color,
+                    mew=0.6,
+                )
         if pref:
             ax.axhline(float(np.median(pref)), color="0.2", ls="--", lw=1)
-            ax.annotate(f"reference ppl {np.median(pref):.4g}", (1.0, float(np.median(pref))),
-                        xycoords=("axes fraction", "data"), xytext=(-4, 3), textcoords="offset points",
-                        ha="right", fontsize=7.5)
+            ax.annotate(
+                f"reference ppl {np.median(pref):.4g}",
+                (1.0, float(np.median(pref))),
+                xycoords=("axes fraction", "data"),
+                xytext=(-4, 3),
+                textcoords="offset points",
+                ha="right",
+                fontsize=7.5,
+            )
         ok = np.isfinite(pq)
         if ok.any() and pref and (np.nanmax(pq) / max(min(pref), 1e-12)) > 10:
             ax.set_yscale("log")
@@ -543,9 +644,11 @@ def fig_e2e(out, tables, attrs, Q):
     _label_frontier(axes[0], Q, names, x, kl, front)
     fn = "e2e.png"
     _save(fig, os.path.join(out, fn))
-    cap = ("The model run with quantized latents on held-out text (/e2e), against the cache bytes per token of the "
-           "whole model (/summary). Left: mean over tokens of KL(p_ref ‖ p_quant) of the next-token distributions, "
-           "nats (log), Pareto front drawn. Right: perplexity; dashed: the reference model.")
+    cap = (
+        "The model run with quantized latents on held-out text (/e2e), against the cache bytes per token of the "
+        "whole model (/summary). Left: mean over tokens of KL(p_ref ‖ p_quant) of the next-token distributions, "
+        "nats (log), Pareto front drawn. Right: perplexity; dashed: the reference model."
+    )
     if hidden:
         cap += f" Not shown on the log axis (KL 0 or missing): {', '.join(sorted(hidden))}."
     return fn, cap
@@ -565,15 +668,14 @@ def fig_position(out, tables):
     sources = [(n, c) for n, c in (("e2e logit KL", e), ("attention KL (mean over layers)", a)) if c]
     qs = []
     for _, c in sources:
-        for (q, mode) in c:
+        for q, mode in c:
             if mode != PREFILL_AT_ONCE and q not in qs:
                 qs.append(q)
     if not qs:
         return None
     shown, dropped = qs[:POSITION_MAX_PANELS], qs[POSITION_MAX_PANELS:]
     plt = _mpl()
-    fig, axes = plt.subplots(len(sources), len(shown), figsize=(4.6 * len(shown), 3.8 * len(sources)),
-                             squeeze=False)
+    fig, axes = plt.subplots(len(sources), len(shown), figsize=(4.6 * len(shown), 3.8 * len(sources)), squeeze=False)
     colors = {0: "tab:red", 32: "tab:orange", 128: "tab:green"}
     drawn_modes = set()
     for row, (what, curves) in enumerate(sources):
@@ -587,8 +689,16 @@ def fig_position(out, tables):
                 if mode == PREFILL_AT_ONCE:
                     ax.plot(x[ok], y[ok], color="black", ls=":", lw=1.4, label="prefill-at-once")
                 else:
-                    ax.plot(x[ok], y[ok], color=colors[r], ls="-" if s == 0 else "--", marker="o", ms=3, lw=1.2,
-                            label=f"R={r}, S={s}" + (f", P={p}" if p else ""))
+                    ax.plot(
+                        x[ok],
+                        y[ok],
+                        color=colors[r],
+                        ls="-" if s == 0 else "--",
+                        marker="o",
+                        ms=3,
+                        lw=1.2,
+                        label=f"R={r}, S={s}" + (f", P={p}" if p else ""),
+                    )
                 drawn_modes.add(mode)
             ax.set_yscale("log")
             ax.set_title(q, fontsize=9)
@@ -600,10 +710,12 @@ def fig_position(out, tables):
     fig.tight_layout()
     fn = "error_vs_position.png"
     _save(fig, os.path.join(out, fn))
-    cap = ("KL against query position, by decode-order cache mode (latentq/decode_order.h): color = residual R "
-           "(most recent keys read in bf16: red 0, orange 32, green 128), solid S = 0, dashed S = 4 sink tokens in "
-           "bf16; dotted black: the whole window quantized at once (the study's rows). "
-           + " ".join(f"Row {i + 1}: {w}." for i, (w, _) in enumerate(sources)))
+    cap = (
+        "KL against query position, by decode-order cache mode (latentq/decode_order.h): color = residual R "
+        "(most recent keys read in bf16: red 0, orange 32, green 128), solid S = 0, dashed S = 4 sink tokens in "
+        "bf16; dotted black: the whole window quantized at once (the study's rows). "
+        + " ".join(f"Row {i + 1}: {w}." for i, (w, _) in enumerate(sources))
+    )
     if dropped:
         cap += f" Not drawn (first {POSITION_MAX_PANELS} quantizers only): {', '.join(dropped)}."
     return fn, cap, dict(curves=e or a, quantizers=qs, shown=shown, modes=drawn_modes)

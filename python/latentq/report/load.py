@@ -19,8 +19,18 @@ import os
 import re
 
 SCHEMA = "latentq-results/1"
-KNOWN_GROUPS = ("latent_error", "summary", "attention_error", "svd", "svd_spectrum", "cross_layer",
-                "cross_layer_sharing", "e2e", "e2e_position", "attention_position")
+KNOWN_GROUPS = (
+    "latent_error",
+    "summary",
+    "attention_error",
+    "svd",
+    "svd_spectrum",
+    "cross_layer",
+    "cross_layer_sharing",
+    "e2e",
+    "e2e_position",
+    "attention_position",
+)
 
 
 class ReportError(Exception):
@@ -47,6 +57,7 @@ def find_column(df, *names, contains=(), exclude=()):
 def numbers(df, *names, contains=(), exclude=()):
     """Float64 array [len(df)] of the column found by find_column(), or None (missing or not numeric)."""
     import numpy as np
+
     c = find_column(df, *names, contains=contains, exclude=exclude)
     if c is None:
         return None
@@ -62,6 +73,7 @@ def numbers(df, *names, contains=(), exclude=()):
 def strings(df, *names, contains=(), exclude=()):
     """Object array of str [len(df)] of the column found by find_column(), or None."""
     import numpy as np
+
     c = find_column(df, *names, contains=contains, exclude=exclude)
     if c is None:
         return None
@@ -72,6 +84,7 @@ def flags(df, *names, contains=()):
     """Bool array [len(df)] of the column found by find_column() (nonzero numbers; strings "1", "true",
     "yes", "y"), or None."""
     import numpy as np
+
     c = find_column(df, *names, contains=contains)
     if c is None:
         return None
@@ -83,6 +96,7 @@ def flags(df, *names, contains=()):
 
 def _decode(v):
     import numpy as np
+
     if v.dtype.kind == "O" or v.dtype.kind == "S":
         return np.array([x.decode("utf-8", "replace") if isinstance(x, bytes) else str(x) for x in v], dtype=object)
     if v.dtype.kind == "U":
@@ -95,6 +109,7 @@ def _attr_str(v):
         return v.decode("utf-8", "replace")
     try:
         import numpy as np
+
         if isinstance(v, np.ndarray) and v.size == 1:
             v = v.reshape(()).item()
             if isinstance(v, bytes):
@@ -112,6 +127,7 @@ def load_results(path):
     Raises ReportError for a missing / non-HDF5 file, a wrong schema or a file without result tables."""
     import h5py
     import pandas as pd
+
     if not os.path.exists(path):
         raise ReportError("no such file")
     if os.path.isdir(path):
@@ -122,8 +138,11 @@ def load_results(path):
         raise ReportError(f"cannot read ({e})") from e
     if not is_h5:
         size = os.path.getsize(path)
-        raise ReportError("empty file (expected a latentq-results/1 file)" if size == 0
-                          else f"not an HDF5 file (expected a {SCHEMA} file)")
+        raise ReportError(
+            "empty file (expected a latentq-results/1 file)"
+            if size == 0
+            else f"not an HDF5 file (expected a {SCHEMA} file)"
+        )
     notes = []
     try:
         with h5py.File(path, "r") as f:
@@ -131,8 +150,7 @@ def load_results(path):
                 raise ReportError(f"not a {SCHEMA} file (no root attribute 'schema')")
             schema = _attr_str(f.attrs["schema"])
             if schema != SCHEMA:
-                raise ReportError(f"not a {SCHEMA} file (schema = \"{schema}\"); "
-                                  f"this report reads {SCHEMA} only")
+                raise ReportError(f'not a {SCHEMA} file (schema = "{schema}"); this report reads {SCHEMA} only')
             attrs = {k: _attr_str(v) for k, v in f.attrs.items()}
             tables = {}
             for g in KNOWN_GROUPS:
@@ -164,8 +182,9 @@ def load_results(path):
     except (OSError, KeyError, ValueError) as e:
         raise ReportError(f"cannot read the results file ({e})") from e
     if not tables:
-        raise ReportError("no result tables (expected groups such as /latent_error and /summary; "
-                          "run `latentq run` first)")
+        raise ReportError(
+            "no result tables (expected groups such as /latent_error and /summary; run `latentq run` first)"
+        )
     register_specs(tables.get("latent_error"))
     return attrs, tables, notes
 
@@ -189,9 +208,14 @@ def register_specs(le):
             q = str(cols["quantizer"][i])
             if str(cols["target"][i]) != want or q in _SPEC_FIELDS:
                 continue
-            _SPEC_FIELDS[q] = dict(kind=str(cols["format"][i]), bits=int(cols["bits"][i]),
-                                   scheme=str(cols["scheme"][i]), granularity=str(cols["granularity"][i]),
-                                   group_size=int(cols["group_size"][i]), scale_dtype=str(cols["scale_dtype"][i]))
+            _SPEC_FIELDS[q] = dict(
+                kind=str(cols["format"][i]),
+                bits=int(cols["bits"][i]),
+                scheme=str(cols["scheme"][i]),
+                granularity=str(cols["granularity"][i]),
+                group_size=int(cols["group_size"][i]),
+                scale_dtype=str(cols["scale_dtype"][i]),
+            )
 
 
 def parse_spec(q):
@@ -229,6 +253,7 @@ def is_baseline(q):
 
 def _nanmean(a):
     import numpy as np
+
     a = np.asarray(a, dtype=np.float64)
     a = a[np.isfinite(a)]
     return float(a.mean()) if a.size else math.nan
@@ -236,6 +261,7 @@ def _nanmean(a):
 
 def _nanmax(a):
     import numpy as np
+
     a = np.asarray(a, dtype=np.float64)
     a = a[np.isfinite(a)]
     return float(a.max()) if a.size else math.nan
@@ -246,15 +272,28 @@ def quantizer_table(tables):
     element incl. metadata), err_c_kv / err_c_kv_max / err_k_pe (rel_fro over layers), bytes_model,
     ratio. From /latent_error, completed by /summary and by the spec string."""
     import numpy as np
+
     Q = {}
 
     def entry(q):
         if q not in Q:
             p = parse_spec(q)
-            Q[q] = dict(quantizer=q, kind=p["kind"], bits=p["bits"], scheme=p["scheme"],
-                        granularity=p["granularity"], group_size=p["group_size"], scale_dtype=p["scale_dtype"],
-                        bpe=math.nan, err_c_kv=math.nan, err_c_kv_max=math.nan, err_k_pe=math.nan,
-                        err_k_pe_max=math.nan, bytes_model=math.nan, ratio=math.nan)
+            Q[q] = dict(
+                quantizer=q,
+                kind=p["kind"],
+                bits=p["bits"],
+                scheme=p["scheme"],
+                granularity=p["granularity"],
+                group_size=p["group_size"],
+                scale_dtype=p["scale_dtype"],
+                bpe=math.nan,
+                err_c_kv=math.nan,
+                err_c_kv_max=math.nan,
+                err_k_pe=math.nan,
+                err_k_pe_max=math.nan,
+                bytes_model=math.nan,
+                ratio=math.nan,
+            )
         return Q[q]
 
     le = tables.get("latent_error")
@@ -285,13 +324,15 @@ def quantizer_table(tables):
     sm = tables.get("summary")
     if sm is not None:
         qs = strings(sm, "quantizer")
-        cols = dict(err_c_kv=numbers(sm, "mean_rel_fro_c_kv", contains=("mean", "c_kv")),
-                    err_c_kv_max=numbers(sm, "max_rel_fro_c_kv", contains=("max", "c_kv")),
-                    err_k_pe=numbers(sm, "mean_rel_fro_k_pe", contains=("mean", "k_pe")),
-                    err_k_pe_max=numbers(sm, "max_rel_fro_k_pe", contains=("max", "k_pe")),
-                    bpe=numbers(sm, "bits_per_element", contains=("bits_per",)),
-                    bytes_model=numbers(sm, "bytes_per_token_model", contains=("bytes", "model")),
-                    ratio=numbers(sm, "ratio_vs_bf16", contains=("ratio",)))
+        cols = dict(
+            err_c_kv=numbers(sm, "mean_rel_fro_c_kv", contains=("mean", "c_kv")),
+            err_c_kv_max=numbers(sm, "max_rel_fro_c_kv", contains=("max", "c_kv")),
+            err_k_pe=numbers(sm, "mean_rel_fro_k_pe", contains=("mean", "k_pe")),
+            err_k_pe_max=numbers(sm, "max_rel_fro_k_pe", contains=("max", "k_pe")),
+            bpe=numbers(sm, "bits_per_element", contains=("bits_per",)),
+            bytes_model=numbers(sm, "bytes_per_token_model", contains=("bytes", "model")),
+            ratio=numbers(sm, "ratio_vs_bf16", contains=("ratio",)),
+        )
         if qs is not None:
             for i, q in enumerate(qs):
                 e = entry(q)
@@ -305,8 +346,11 @@ def quantizer_table(tables):
 def pareto_front(x, y):
     """Indices of the lower-left Pareto front of points (x, y): no other point has x' <= x and
     y' <= y with one strict. Non-finite points are ignored. Sorted by x ascending."""
-    pts = sorted((float(x[i]), float(y[i]), i) for i in range(len(x))
-                 if math.isfinite(float(x[i])) and math.isfinite(float(y[i])))
+    pts = sorted(
+        (float(x[i]), float(y[i]), i)
+        for i in range(len(x))
+        if math.isfinite(float(x[i])) and math.isfinite(float(y[i]))
+    )
     front, best = [], math.inf
     k = 0
     while k < len(pts):
@@ -326,6 +370,7 @@ def symmetric_matrix(a, b, v):
     """(layers, M): M[i, j] = v of the pair (layers[i], layers[j]) given as (a, b) or (b, a); 1 on the
     diagonal where no pair gives it; NaN where neither order is present."""
     import numpy as np
+
     layers = sorted(set(int(t) for t in a) | set(int(t) for t in b))
     idx = {l: i for i, l in enumerate(layers)}
     n = len(layers)
@@ -359,8 +404,14 @@ def select_quantizers(Q, patterns, warn):
     bits = sorted({Q[q]["bits"] for q in names if Q[q]["kind"] == "int" and Q[q]["bits"] is not None})
     for b in bits:
         for g in ("channel", "token"):
-            cand = [q for q in names if Q[q]["kind"] == "int" and Q[q]["bits"] == b and Q[q]["granularity"] == g
-                    and math.isfinite(Q[q]["err_c_kv"])]
+            cand = [
+                q
+                for q in names
+                if Q[q]["kind"] == "int"
+                and Q[q]["bits"] == b
+                and Q[q]["granularity"] == g
+                and math.isfinite(Q[q]["err_c_kv"])
+            ]
             if cand:
                 out.append(min(cand, key=lambda q: Q[q]["err_c_kv"]))
     out += [q for q in names if is_baseline(q)]
@@ -372,6 +423,7 @@ def select_quantizers(Q, patterns, warn):
 def _mean_by(keys, values):
     """Ordered {key: mean of finite values}."""
     import numpy as np
+
     out = {}
     for k in dict.fromkeys(keys):
         out[k] = _nanmean(np.asarray(values)[keys == k])
@@ -381,6 +433,7 @@ def _mean_by(keys, values):
 def attention_by_quantizer(tables):
     """{targets: {quantizer: mean out_rel_fro over layers}} from /attention_error (or {})."""
     import numpy as np
+
     at = tables.get("attention_error")
     if at is None:
         return {}
@@ -408,6 +461,7 @@ def _attention_key(att):
 def svd_mean_by_rank(tables, col="heldout_rel_fro"):
     """{rank: mean over layers of col} from /svd (centered rows when both kinds are present)."""
     import numpy as np
+
     sv = tables.get("svd")
     if sv is None:
         return {}
@@ -454,15 +508,24 @@ def e2e_rows(tables, Q):
         return []
     tg = strings(e, "targets", "target", contains=("target",))
     modes = strings(e, "cache_mode")
-    cols = dict(kl=numbers(e, "kl_mean", contains=("kl",)), top1=numbers(e, "top1_agree", contains=("top1",)),
-                ppl_ref=numbers(e, "ppl_ref", contains=("ppl", "ref")), ppl_quant=numbers(e, "ppl_quant", contains=("ppl", "quant")),
-                nll_ref=numbers(e, "nll_ref"), nll_quant=numbers(e, "nll_quant"), num_tokens=numbers(e, "num_tokens", contains=("tokens",)))
+    cols = dict(
+        kl=numbers(e, "kl_mean", contains=("kl",)),
+        top1=numbers(e, "top1_agree", contains=("top1",)),
+        ppl_ref=numbers(e, "ppl_ref", contains=("ppl", "ref")),
+        ppl_quant=numbers(e, "ppl_quant", contains=("ppl", "quant")),
+        nll_ref=numbers(e, "nll_ref"),
+        nll_quant=numbers(e, "nll_quant"),
+        num_tokens=numbers(e, "num_tokens", contains=("tokens",)),
+    )
     rows = []
     for i, q in enumerate(qs):
         if modes is not None and modes[i] != PREFILL_AT_ONCE:
             continue  # decode-order rows: the error-vs-position figure
-        r = dict(quantizer=q, targets=tg[i] if tg is not None else "",
-                 bytes_model=Q[q]["bytes_model"] if q in Q else math.nan)
+        r = dict(
+            quantizer=q,
+            targets=tg[i] if tg is not None else "",
+            bytes_model=Q[q]["bytes_model"] if q in Q else math.nan,
+        )
         for k, v in cols.items():
             r[k] = float(v[i]) if v is not None else math.nan
         rows.append(r)
@@ -470,8 +533,8 @@ def e2e_rows(tables, Q):
 
 
 PREFILL_AT_ONCE = "prefill-at-once"
-POSITION_RESIDUALS = (0, 32, 128)   # R of the error-vs-position curves
-POSITION_SINKS = (0, 4)             # S of the error-vs-position curves
+POSITION_RESIDUALS = (0, 32, 128)  # R of the error-vs-position curves
+POSITION_SINKS = (0, 4)  # S of the error-vs-position curves
 
 
 def position_curves(table, count_col):
@@ -481,6 +544,7 @@ def position_curves(table, count_col):
     its targets 'c_kv+k_pe' when present, else its first targets); x = the bucket's midpoint.
     None when a needed column is missing."""
     import numpy as np
+
     if table is None:
         return None
     q, m = strings(table, "quantizer"), strings(table, "cache_mode")

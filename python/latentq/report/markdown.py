@@ -49,7 +49,6 @@ from latentq.report.figures import (
     fig_sharing,
     fig_svd,
 )
-from latentq.report.plot import _publish
 from latentq.report.load import (
     _attention_key,
     _int_attr,
@@ -58,10 +57,12 @@ from latentq.report.load import (
     flags,
     numbers,
     parse_spec,
-    strings,
     quantizer_table,
     select_quantizers,
+    strings,
 )
+from latentq.report.plot import _publish
+
 
 def fmt(v, kind="g"):
     if v is None or (isinstance(v, float) and not math.isfinite(v)):
@@ -81,8 +82,10 @@ def fmt(v, kind="g"):
 
 def md_table(header, rows):
     """A Markdown table; '|' inside a cell is escaped."""
+
     def cell(c):
         return str(c).replace("|", "\\|")
+
     out = ["| " + " | ".join(cell(h) for h in header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     out += ["| " + " | ".join(cell(c) for c in r) + " |" for r in rows]
     return "\n".join(out)
@@ -92,8 +95,16 @@ def table_top_by_bits(Q, att, e2e, k=3):
     """Top k quantizers by mean c_kv rel_fro at each bit width (integer bits; baselines separately)."""
     akey = _attention_key(att)
     kl = {r["quantizer"]: r["kl"] for r in e2e}
-    header = ["bits", "rank", "quantizer", "c_kv bits/elem", "bytes/token (model)", "c_kv rel_fro mean",
-              "c_kv rel_fro max", "k_pe rel_fro mean"]
+    header = [
+        "bits",
+        "rank",
+        "quantizer",
+        "c_kv bits/elem",
+        "bytes/token (model)",
+        "c_kv rel_fro mean",
+        "c_kv rel_fro max",
+        "k_pe rel_fro mean",
+    ]
     if akey:
         header.append(f"attn out rel_fro ({akey})")
     if kl:
@@ -108,8 +119,16 @@ def table_top_by_bits(Q, att, e2e, k=3):
         qs = sorted(groups[b], key=lambda q: Q[q]["err_c_kv"])[:k]
         for i, q in enumerate(qs, 1):
             e = Q[q]
-            r = [b, i, f"`{q}`", fmt(e["bpe"], "g"), fmt(e["bytes_model"], "f1"), fmt(e["err_c_kv"], "e"),
-                 fmt(e["err_c_kv_max"], "e"), fmt(e["err_k_pe"], "e")]
+            r = [
+                b,
+                i,
+                f"`{q}`",
+                fmt(e["bpe"], "g"),
+                fmt(e["bytes_model"], "f1"),
+                fmt(e["err_c_kv"], "e"),
+                fmt(e["err_c_kv_max"], "e"),
+                fmt(e["err_k_pe"], "e"),
+            ]
             if akey:
                 r.append(fmt(att[akey].get(q, math.nan), "e"))
             if kl:
@@ -121,6 +140,7 @@ def table_top_by_bits(Q, att, e2e, k=3):
 def table_svd_ranks(tables):
     """Per layer: energy ranks (rank_90 ...) and the held-out error at each rank."""
     import numpy as np
+
     sv = tables.get("svd")
     if sv is None or numbers(sv, "layer") is None:
         return ""
@@ -187,13 +207,41 @@ def table_e2e(rows, Q, k=3):
         rs = sorted(groups[g], key=lambda r: r["kl"] if math.isfinite(r["kl"]) else math.inf)
         for r in rs[:k] if isinstance(g, int) else rs:
             d = (r["ppl_quant"] / r["ppl_ref"] - 1) * 100 if r["ppl_ref"] and math.isfinite(r["ppl_ref"]) else math.nan
-            out.append([g, f"`{r['quantizer']}`", r["targets"] or "–", fmt(r["bytes_model"], "f1"), fmt(r["kl"], "e"),
-                        fmt(r["top1"], "f4"), fmt(r["ppl_ref"], "f4"), fmt(r["ppl_quant"], "f4"),
-                        (f"{d:+.3g}%" if math.isfinite(d) else "–")])
-    note = (f"The {k} quantizers with the lowest KL at each integer bit width, then the baselines "
-            f"({len(out)} of the {len(rows)} rows of /e2e). KL in nats per token; Δppl = ppl quant / ppl ref − 1.")
-    return note + "\n\n" + md_table(["bits", "quantizer", "targets", "bytes/token (model)", "KL (nats)",
-                                        "top-1 agree", "ppl ref", "ppl quant", "Δppl"], out)
+            out.append(
+                [
+                    g,
+                    f"`{r['quantizer']}`",
+                    r["targets"] or "–",
+                    fmt(r["bytes_model"], "f1"),
+                    fmt(r["kl"], "e"),
+                    fmt(r["top1"], "f4"),
+                    fmt(r["ppl_ref"], "f4"),
+                    fmt(r["ppl_quant"], "f4"),
+                    (f"{d:+.3g}%" if math.isfinite(d) else "–"),
+                ]
+            )
+    note = (
+        f"The {k} quantizers with the lowest KL at each integer bit width, then the baselines "
+        f"({len(out)} of the {len(rows)} rows of /e2e). KL in nats per token; Δppl = ppl quant / ppl ref − 1."
+    )
+    return (
+        note
+        + "\n\n"
+        + md_table(
+            [
+                "bits",
+                "quantizer",
+                "targets",
+                "bytes/token (model)",
+                "KL (nats)",
+                "top-1 agree",
+                "ppl ref",
+                "ppl quant",
+                "Δppl",
+            ],
+            out,
+        )
+    )
 
 
 def table_position(tables, drawn):
@@ -201,6 +249,7 @@ def table_position(tables, drawn):
     mode) the bytes per token of its /e2e row (the target set the curves drew), the KL of the first and
     the last position bucket and the mean over the buckets; "" when no row is drawn."""
     import numpy as np
+
     src, qs, shown, drawn_modes = drawn["curves"], drawn["quantizers"], drawn["shown"], drawn["modes"]
     # Table: e2e KL first/last bucket and bytes per token of each drawn (quantizer, mode)
     rows = []
@@ -209,17 +258,39 @@ def table_position(tables, drawn):
     if t is not None and strings(t, "cache_mode") is not None and numbers(t, "bytes_per_token") is not None:
         ttg = strings(t, "targets")  # the target set the curves drew (position_curves): c_kv+k_pe when run
         pick = None if ttg is None else ("c_kv+k_pe" if "c_kv+k_pe" in set(ttg) else ttg[0])
-        bpt = {(q, m): v for q, m, v, tg in zip(strings(t, "quantizer"), strings(t, "cache_mode"),
-                                                numbers(t, "bytes_per_token"),
-                                                ttg if ttg is not None else [None] * len(t)) if tg == pick}
-    for (q, mode), (r, s, p, x, y) in sorted(src.items(), key=lambda kv: (qs.index(kv[0][0]) if kv[0][0] in qs else 99,
-                                                                            kv[1][:3])):
+        bpt = {
+            (q, m): v
+            for q, m, v, tg in zip(
+                strings(t, "quantizer"),
+                strings(t, "cache_mode"),
+                numbers(t, "bytes_per_token"),
+                ttg if ttg is not None else [None] * len(t),
+            )
+            if tg == pick
+        }
+    for (q, mode), (r, s, p, x, y) in sorted(
+        src.items(), key=lambda kv: (qs.index(kv[0][0]) if kv[0][0] in qs else 99, kv[1][:3])
+    ):
         if q not in shown or mode not in drawn_modes or not len(y):
             continue
-        rows.append([f"`{q}`", mode, fmt(bpt.get((q, mode), math.nan), "f1"), fmt(float(y[0]), "e"),
-                     fmt(float(y[-1]), "e"), fmt(float(np.mean(y)), "e")])
-    return md_table(["quantizer", "cache mode", "B/token/layer", "KL first bucket", "KL last bucket",
-                     "KL mean of buckets"], rows) if rows else ""
+        rows.append(
+            [
+                f"`{q}`",
+                mode,
+                fmt(bpt.get((q, mode), math.nan), "f1"),
+                fmt(float(y[0]), "e"),
+                fmt(float(y[-1]), "e"),
+                fmt(float(np.mean(y)), "e"),
+            ]
+        )
+    return (
+        md_table(
+            ["quantizer", "cache mode", "B/token/layer", "KL first bucket", "KL last bucket", "KL mean of buckets"],
+            rows,
+        )
+        if rows
+        else ""
+    )
 
 
 def subset_warning(attrs):
@@ -230,13 +301,17 @@ def subset_warning(attrs):
     cells, total = _int_attr(attrs, "cells"), _int_attr(attrs, "cells_total")
     if count is not None and count > 1:
         of = f" ({cells} of the {total} cells)" if cells is not None and total is not None else ""
-        parts.append(f"shard {index if index is not None else '?'}/{count}: means over a subset of cells{of}; "
-                     "merge the shards with `latentq merge` for the study's numbers")
+        parts.append(
+            f"shard {index if index is not None else '?'}/{count}: means over a subset of cells{of}; "
+            "merge the shards with `latentq merge` for the study's numbers"
+        )
     if _int_attr(attrs, "complete") == 0:
         want = _int_attr(attrs, "shard_cells")
         want = want if want is not None else total
-        parts.append(f"incomplete run: {cells if cells is not None else '?'} of {want if want is not None else '?'} "
-                     "cells (a checkpoint); means over the finished cells only")
+        parts.append(
+            f"incomplete run: {cells if cells is not None else '?'} of {want if want is not None else '?'} "
+            "cells (a checkpoint); means over the finished cells only"
+        )
     return "; ".join(parts) or None
 
 
@@ -285,10 +360,16 @@ def _frontier_sections(rep, out, tables, attrs, Q, att, e2e):
         rep.miss(["summary"], "frontier against bytes per token of the whole model")
     top = table_top_by_bits(Q, att, e2e)
     if top:
-        rep.sections.append(("Top quantizers by c_kv error at each bit width", None,
-                             "The 3 quantizers with the lowest mean c_kv rel_fro at each integer bit width, then fp8 "
-                             "and bf16. bits/elem includes scale/offset metadata; bytes/token is for the whole model "
-                             "(c_kv + k_pe, all layers).", top))
+        rep.sections.append(
+            (
+                "Top quantizers by c_kv error at each bit width",
+                None,
+                "The 3 quantizers with the lowest mean c_kv rel_fro at each integer bit width, then fp8 "
+                "and bf16. bits/elem includes scale/offset metadata; bytes/token is for the whole model "
+                "(c_kv + k_pe, all layers).",
+                top,
+            )
+        )
     return front
 
 
@@ -311,8 +392,9 @@ def _layer_and_svd_sections(rep, out, tables, attrs, Q, patterns):
         if r:
             rep.add("SVD of c_kv", r, table_svd_ranks(tables))
         else:
-            rep.warnings.append("/svd and /svd_spectrum lack layer/rank/heldout_rel_fro/singular_value columns: "
-                                "no SVD figure")
+            rep.warnings.append(
+                "/svd and /svd_spectrum lack layer/rank/heldout_rel_fro/singular_value columns: no SVD figure"
+            )
             t = table_svd_ranks(tables)
             if t:
                 rep.sections.append(("SVD of c_kv", None, "", t))
@@ -339,8 +421,10 @@ def _cross_layer_sections(rep, out, tables, attrs):
         if r:
             rep.add("Cross-layer shared basis", r)
         else:
-            rep.warnings.append("/cross_layer_sharing lacks rank/shared_heldout_rel_fro/per_layer_heldout_rel_fro "
-                                "columns: no sharing figure")
+            rep.warnings.append(
+                "/cross_layer_sharing lacks rank/shared_heldout_rel_fro/per_layer_heldout_rel_fro "
+                "columns: no sharing figure"
+            )
     else:
         rep.miss(["cross_layer_sharing"], "cross-layer sharing figure")
 
@@ -353,13 +437,16 @@ def _e2e_sections(rep, out, tables, attrs, Q, e2e):
         if r:
             rep.add("End to end", r, table_e2e(e2e, Q))
         elif "summary" in have:
-            rep.warnings.append("no /e2e row has a quantizer with bytes_per_token_model in /summary (or /e2e lacks a "
-                                "quantizer column): no end-to-end figure")
+            rep.warnings.append(
+                "no /e2e row has a quantizer with bytes_per_token_model in /summary (or /e2e lacks a "
+                "quantizer column): no end-to-end figure"
+            )
             if table_e2e(e2e, Q):
                 rep.sections.append(("End to end", None, "", table_e2e(e2e, Q)))
         else:
-            rep.missing.append("/summary not in the results file: the /e2e rows cannot be placed on bytes per "
-                               "token; e2e table only.")
+            rep.missing.append(
+                "/summary not in the results file: the /e2e rows cannot be placed on bytes per token; e2e table only."
+            )
             rep.sections.append(("End to end", None, "", table_e2e(e2e, Q)))
     else:
         rep.miss(["e2e"], "end-to-end figure (run python -m latentq.e2e)")
@@ -368,11 +455,15 @@ def _e2e_sections(rep, out, tables, attrs, Q, e2e):
         if r:
             rep.add("Error against position (decode order)", r, table_position(tables, r[2]))
         else:
-            rep.warnings.append("/e2e_position and /attention_position hold no decode-order row with quantizer, "
-                                "cache_mode, pos_start, pos_end and kl_mean: no error-vs-position figure")
+            rep.warnings.append(
+                "/e2e_position and /attention_position hold no decode-order row with quantizer, "
+                "cache_mode, pos_start, pos_end and kl_mean: no error-vs-position figure"
+            )
     elif "e2e" in have:
-        rep.miss(["e2e_position", "attention_position"], "error-vs-position figure (a [decode_order] section in "
-                 "the study, or python -m latentq.e2e --cache-modes)")
+        rep.miss(
+            ["e2e_position", "attention_position"],
+            "error-vs-position figure (a [decode_order] section in the study, or python -m latentq.e2e --cache-modes)",
+        )
 
 
 def _markdown_lines(path, attrs, Q, front, rep):
@@ -383,19 +474,31 @@ def _markdown_lines(path, attrs, Q, front, rep):
     subset = subset_warning(attrs)
     if subset:
         L += [f"> **WARNING: {subset}.**", ""]
-    meta = [("results", os.path.abspath(path)), ("input", attrs.get("input_path", "?")),
-            ("input sha256", attrs.get("input_sha256", "?")[:16]), ("created", attrs.get("created", "?")),
-            ("latentq", f"{attrs.get('latentq_version', '?')} ({attrs.get('git_commit', '?')[:12]})"),
-            ("model", f"{model}: {attrs.get('num_layers', '?')} layers, kv_lora_rank {attrs.get('kv_lora_rank', '?')}, "
-                      f"qk_rope_head_dim {attrs.get('qk_rope_head_dim', '?')}")]
+    meta = [
+        ("results", os.path.abspath(path)),
+        ("input", attrs.get("input_path", "?")),
+        ("input sha256", attrs.get("input_sha256", "?")[:16]),
+        ("created", attrs.get("created", "?")),
+        ("latentq", f"{attrs.get('latentq_version', '?')} ({attrs.get('git_commit', '?')[:12]})"),
+        (
+            "model",
+            f"{model}: {attrs.get('num_layers', '?')} layers, kv_lora_rank {attrs.get('kv_lora_rank', '?')}, "
+            f"qk_rope_head_dim {attrs.get('qk_rope_head_dim', '?')}",
+        ),
+    ]
     L += [f"- **{k}**: {v}" for k, v in meta]
     L.append("")
-    L.append("rel_fro = ‖X̂ − X‖_F / ‖X‖_F (unitless). Bits per element and bytes per token include the "
-             "scale/offset metadata.")
+    L.append(
+        "rel_fro = ‖X̂ − X‖_F / ‖X‖_F (unitless). Bits per element and bytes per token include the "
+        "scale/offset metadata."
+    )
     L.append("")
     if front:
-        L.append("Pareto front (c_kv rel_fro against c_kv bits per element): "
-                 + ", ".join(f"`{q}` ({fmt(Q[q]['bpe'], 'g')} bits, {fmt(Q[q]['err_c_kv'], 'e')})" for q in front) + ".")
+        L.append(
+            "Pareto front (c_kv rel_fro against c_kv bits per element): "
+            + ", ".join(f"`{q}` ({fmt(Q[q]['bpe'], 'g')} bits, {fmt(Q[q]['err_c_kv'], 'e')})" for q in front)
+            + "."
+        )
         L.append("")
     for title, fn, cap, tmd in rep.sections:
         L += [f"## {title}", ""]
