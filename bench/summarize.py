@@ -10,6 +10,7 @@ reused tensor (`cpu-into`) where measured; "-" where a row was not run. With --b
 median of the repetitions is used. Also prints the run's context (CPUs, load), the cpu/memcpy row's bandwidth
 and the range of the copies measured beside the rows (each ratio's own reference, bench_cpu.cpp).
 """
+
 import json
 import re
 import sys
@@ -44,10 +45,19 @@ def main():
     if beside:  # each ratio's own copy, measured beside its row (bench_cpu.cpp memcpy_seconds)
         line += f"; the copies beside the rows {min(beside):.1f}-{max(beside):.1f} GB/s"
     print(line)
-    cols = [("cpu", "quantize"), ("cpu-into", "quantize"), ("cpu-ref", "quantize"), ("cpu-2t", "quantize"),
-            ("cpu", "dequantize"), ("cpu-ref", "dequantize"), ("cpu-2t", "dequantize")]
-    print("| spec | quantize | quantize_into (reused tensor) | quantize (reference loops) | quantize (2 threads) | "
-          "dequantize | dequantize (reference loops) | dequantize (2 threads) |")
+    cols = [
+        ("cpu", "quantize"),
+        ("cpu-into", "quantize"),
+        ("cpu-ref", "quantize"),
+        ("cpu-2t", "quantize"),
+        ("cpu", "dequantize"),
+        ("cpu-ref", "dequantize"),
+        ("cpu-2t", "dequantize"),
+    ]
+    print(
+        "| spec | quantize | quantize_into (reused tensor) | quantize (reference loops) | quantize (2 threads) | "
+        "dequantize | dequantize (reference loops) | dequantize (2 threads) |"
+    )
     print("|---" * 8 + "|")
     for spec in order:
         cells = [f"{rows[spec][c]:.2f}" if c in rows[spec] else "-" for c in cols]

@@ -6,21 +6,20 @@ Writes into --out: model.safetensors, config.json, train_log.tsv (step, loss in 
 elapsed seconds) and heldout.json (held-out loss in nats/byte next to the unigram baseline of the
 same text, the text sha256s and the training settings). Budget: <= 60 minutes on 2 cores.
 """
+
 from __future__ import annotations
 
 import argparse
 import json
 import math
 import os
-import sys
 import time
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kjv_text import load_kjv, sha256, split_kjv  # noqa: E402
-from tiny_mla import TinyMLAConfig, TinyMLAForCausalLM  # noqa: E402
+from latentq.kjv_text import load_kjv, sha256, split_kjv
+from latentq.tiny_mla import TinyMLAConfig, TinyMLAForCausalLM
 
 
 def unigram_nats_per_byte(train: bytes, heldout: bytes) -> float:
@@ -41,9 +40,9 @@ def heldout_nats_per_byte(model, heldout: bytes, seq_len: int, batch: int = 8) -
     tgt = x[1:].view(n, seq_len)
     tot, cnt = 0.0, 0
     for i in range(0, n, batch):
-        logits = model(inp[i:i + batch])
-        tot += float(F.cross_entropy(logits.reshape(-1, 256), tgt[i:i + batch].reshape(-1), reduction="sum"))
-        cnt += tgt[i:i + batch].numel()
+        logits = model(inp[i : i + batch])
+        tot += float(F.cross_entropy(logits.reshape(-1, 256), tgt[i : i + batch].reshape(-1), reduction="sum"))
+        cnt += tgt[i : i + batch].numel()
     return tot / cnt
 
 
@@ -57,8 +56,12 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=50)
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--checkpoint-every", type=int, default=25,
-                    help="save model, optimizer and sampler state to OUT/checkpoint.pt every N steps")
+    ap.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=25,
+        help="save model, optimizer and sampler state to OUT/checkpoint.pt every N steps",
+    )
     ap.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt (same settings)")
     a = ap.parse_args()
 
@@ -75,8 +78,9 @@ def main() -> None:
                 p.data.mul_(1.0 / math.sqrt(2 * cfg.num_hidden_layers))
     decay = [p for p in model.parameters() if p.dim() == 2]
     nodecay = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": nodecay, "weight_decay": 0.0}],
-                            lr=a.lr, betas=(0.9, 0.95))
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.1}, {"params": nodecay, "weight_decay": 0.0}], lr=a.lr, betas=(0.9, 0.95)
+    )
     data = torch.frombuffer(bytearray(train), dtype=torch.uint8).long()
     gen = torch.Generator().manual_seed(a.seed)
     os.makedirs(a.out, exist_ok=True)
@@ -109,7 +113,7 @@ def main() -> None:
             for g in opt.param_groups:
                 g["lr"] = lr
             starts = torch.randint(0, len(data) - a.seq_len - 1, (a.batch,), generator=gen)
-            xb = torch.stack([data[s:s + a.seq_len + 1] for s in starts.tolist()])
+            xb = torch.stack([data[s : s + a.seq_len + 1] for s in starts.tolist()])
             logits = model(xb[:, :-1])
             loss = F.cross_entropy(logits.reshape(-1, 256), xb[:, 1:].reshape(-1))
             opt.zero_grad(set_to_none=True)
@@ -123,9 +127,19 @@ def main() -> None:
             if a.checkpoint_every and step % a.checkpoint_every == 0 and step < a.steps:
                 with open(log_path + ".tmp") as lf:
                     logtext = lf.read()
-                torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "gen": gen.get_state(),
-                            "rng": torch.get_rng_state(), "step": step, "elapsed": time.time() - t0, "log": logtext,
-                            "settings": {k: v for k, v in vars(a).items() if k != "resume"}}, ckpt_path + ".tmp")
+                torch.save(
+                    {
+                        "model": model.state_dict(),
+                        "opt": opt.state_dict(),
+                        "gen": gen.get_state(),
+                        "rng": torch.get_rng_state(),
+                        "step": step,
+                        "elapsed": time.time() - t0,
+                        "log": logtext,
+                        "settings": {k: v for k, v in vars(a).items() if k != "resume"},
+                    },
+                    ckpt_path + ".tmp",
+                )
                 os.replace(ckpt_path + ".tmp", ckpt_path)
     os.replace(log_path + ".tmp", log_path)
     if os.path.exists(ckpt_path):
@@ -142,7 +156,7 @@ def main() -> None:
         "train_bytes": len(train),
         "text_sha256": sha256(text),
         "heldout_sha256": sha256(heldout),
-        "text_source": "Debian bible-kjv: bible \"Gen1:1-Rev22:21\"",
+        "text_source": 'Debian bible-kjv: bible "Gen1:1-Rev22:21"',
         "train_seconds": round(train_s, 1),
         "train_seconds_note": "wall time on the training machine, other jobs included; see train_log.tsv elapsed_s",
         "tokens_seen": a.steps * a.batch * a.seq_len,

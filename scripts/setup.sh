@@ -4,6 +4,8 @@
 #   scripts/setup.sh test   configure + build (CUDA kernels too when nvcc is found), then every test (ctest,
 #                           which also runs the Python tests, the default study and the threshold gate)
 # Environment: BUILD_DIR (default build), JOBS (default nproc), LATENTQ_CMAKE_ARGS (extra cmake arguments).
+# Both modes write the venv's latentq.pth (<root>/python and <root>/<build>/python), so `import latentq`
+# works in .venv/bin/python.
 set -euo pipefail
 mode="${1:-}"
 case "$mode" in run|test) ;; *) echo "usage: $0 run|test" >&2; exit 2 ;; esac
@@ -31,7 +33,7 @@ if ((${#missing[@]})); then
 fi
 
 # --- the project venv: torch first, pinned (a CPU build; unpinned pulls a multi-GB CUDA build) ---
-if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c "import torch, transformers, safetensors, h5py, numpy, matplotlib, pytest, ml_dtypes, gguf, torchao" 2>/dev/null; then
+if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c "import torch, transformers, safetensors, h5py, numpy, matplotlib, pandas, pytest, ml_dtypes, gguf, torchao" 2>/dev/null; then
   echo "setup: creating the Python venv in .venv"
   python3 -m venv .venv
   if ! { .venv/bin/pip install --disable-pip-version-check torch==2.13.0 &&
@@ -41,6 +43,12 @@ if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c "import torch, transformer
     exit 1
   fi
 fi
+
+# --- the latentq package on the venv's path: <root>/python (the Python modules) and <build>/python (where
+# the build puts the compiled latentq._core), so `import latentq` works in the venv without path edits ---
+case "$build" in /*) build_abs="$build" ;; *) build_abs="$root/$build" ;; esac
+site="$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+printf '%s\n' "$root/python" "$build_abs/python" > "$site/latentq.pth"
 
 # --- cuBLAS for the attention on the GPU, when nvcc is here but its CUDA 13 toolkit has no cuBLAS: NVIDIA's
 # wheel into the venv, pinned to CUDA 13.0's cuBLAS (CMakeLists.txt finds it there; without it the kernels

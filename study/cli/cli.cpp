@@ -141,7 +141,7 @@ void merged_e2e_step(const fs::path& merged, const Attrs& attrs, int threads, st
   if (!cfg.probes.e2e.enabled) return;
   if (!has_dir) {
     out << fmt::format("e2e: skipped: {} has no root attribute config_dir (shards of an older latentq), so the "
-                       "config's [e2e] model cannot be resolved; run experiments/e2e_inject.py --results {}\n",
+                       "config's [e2e] model cannot be resolved; run python -m latentq.e2e --results {}\n",
                        merged.string(), merged.string());
     return;
   }
@@ -337,7 +337,7 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   run->add_option("--checkpoint-interval", ra.checkpoint_interval,
                   "minimum seconds between checkpoints to OUT.partial (default 10; 0: whenever cells completed)")
       ->check(CLI::NonNegativeNumber);
-  run->add_flag("--no-e2e", ra.no_e2e, "do not start experiments/e2e_inject.py even when the config has [e2e] enabled");
+  run->add_flag("--no-e2e", ra.no_e2e, "do not start python -m latentq.e2e even when the config has [e2e] enabled");
   run->footer("Quantizer specs:\n" + spec_grammar());
 
   std::string inspect_path;
@@ -346,7 +346,7 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
 
   std::string report_results, report_out;
   CLI::App* report = app.add_subcommand(
-      "report", "Figures (PNG) and report.md from a results file: runs experiments/report.py with the project venv "
+      "report", "Figures (PNG) and report.md from a results file: runs python -m latentq.report with the project venv "
                 "and passes its exit code through");
   report->add_option("results", report_results, "results file (latentq-results/1 HDF5)")->required();
   report->add_option("--out", report_out, "output directory (created)")->required();
@@ -363,7 +363,7 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   merge->add_option("merged", ma.out, "the merged results file to write")->required();
   merge->add_option("shards", ma.inputs, "the shard files (every shard 0..n-1 of one config and input)")->required();
   merge->add_option("--threads", ma.threads, "threads of the e2e step (0 = all cores)")->check(CLI::NonNegativeNumber);
-  merge->add_flag("--no-e2e", ma.no_e2e, "do not start experiments/e2e_inject.py even when the config has [e2e] enabled");
+  merge->add_flag("--no-e2e", ma.no_e2e, "do not start python -m latentq.e2e even when the config has [e2e] enabled");
 
   PlanArgs pa;
   CLI::App* plan = app.add_subcommand(

@@ -41,6 +41,15 @@ std::string env_or(const char* name, const char* fallback) {
   const char* v = std::getenv(name);
   return v ? std::string(v) : std::string(fallback);
 }
+
+/// The child's PYTHONPATH: <source>/python (the package) and the parent of pymodule_dir (where
+/// latentq/_core*.so joins it), ahead of any PYTHONPATH of the caller's environment.
+std::vector<std::pair<std::string, std::string>> python_env(const PythonTools& t) {
+  std::string path = (t.source_dir / "python").string();
+  if (!t.pymodule_dir.empty()) path += ":" + t.pymodule_dir.parent_path().string();
+  if (const char* v = std::getenv("PYTHONPATH"); v && *v) path += ":" + std::string(v);
+  return {{"PYTHONPATH", path}};
+}
 }  // namespace
 
 PythonTools python_tools() {
@@ -64,7 +73,7 @@ std::string python_unavailable_reason(const PythonTools& t, const std::string& s
     if (!t.pymodule_dir.empty() && fs::is_directory(t.pymodule_dir, ec)) {
       for (const auto& e : fs::directory_iterator(t.pymodule_dir, ec)) {
         const std::string n = e.path().filename().string();
-        if (n.rfind("latentq", 0) == 0 && n.size() > 3 && n.substr(n.size() - 3) == ".so") found = true;
+        if (n.rfind("_core", 0) == 0 && n.size() > 3 && n.substr(n.size() - 3) == ".so") found = true;
       }
     }
     if (!found)
@@ -130,7 +139,7 @@ int run_process(const std::vector<std::string>& argv, const std::vector<std::pai
 }
 
 namespace {
-/// Whether the model directory's config.json names the tiny-mla architecture (data/tiny_mla.py);
+/// Whether the model directory's config.json names the tiny-mla architecture (latentq.tiny_mla);
 /// false when it cannot be read.
 bool is_tiny_mla_dir(const fs::path& dir) {
   std::ifstream f(dir / "config.json");
@@ -145,7 +154,7 @@ bool run_e2e_step(const StudyConfig& config, const DumpAttrs& attrs, const fs::p
   const PythonTools t = python_tools();
   std::error_code ec;
   std::string why;
-  // The script runs the [e2e] model (default: tiny-mla); it must be the dump's model: a tiny-mla dump
+  // The step runs the [e2e] model (default: tiny-mla); it must be the dump's model: a tiny-mla dump
   // with a tiny-mla directory, another dump (an HF checkpoint) with a non-tiny-mla directory.
   const bool dump_tiny = attrs.model == "tiny-mla";
   if (E.model.empty() && !dump_tiny)
@@ -157,13 +166,12 @@ bool run_e2e_step(const StudyConfig& config, const DumpAttrs& attrs, const fs::p
     why = fmt::format("the dump's model is '{}' but the [e2e] model {} is {}a tiny-mla directory: set [e2e] model "
                       "to the dump's checkpoint directory", attrs.model, E.model.string(), dump_tiny ? "not " : "");
   else
-    why = python_unavailable_reason(t, "experiments/e2e_inject.py", true);
+    why = python_unavailable_reason(t, "python/latentq/e2e.py", true);
   if (!why.empty()) {
     out << "e2e: skipped: " << why << "\n";
     return false;
   }
-  std::vector<std::string> argv = {t.python.string(), (t.source_dir / "experiments" / "e2e_inject.py").string(),
-                                   "--results", fs::absolute(results).string()};
+  std::vector<std::string> argv = {t.python.string(), "-m", "latentq.e2e", "--results", fs::absolute(results).string()};
   if (!E.model.empty()) argv.insert(argv.end(), {"--model", E.model.string()});
   const int n = worker_threads(threads);
   argv.insert(argv.end(), {"--threads", std::to_string(n)});
@@ -173,11 +181,11 @@ bool run_e2e_step(const StudyConfig& config, const DumpAttrs& attrs, const fs::p
   }
   out << "\ne2e: " << fmt::format("{}", fmt::join(argv, " ")) << "\n";
   out.flush();
-  // The script prints one line per quantizer; keep them for a failure, show its last line.
+  // The step prints one line per quantizer; keep them for a failure, show its last line.
   std::ostringstream log;
   int rc = 0;
   try {
-    rc = run_process(argv, {{"LATENTQ_PYMODULE_DIR", t.pymodule_dir.string()}}, log);
+    rc = run_process(argv, python_env(t), log);
   } catch (const std::runtime_error& e) {
     err << "latentq: warning: e2e: " << e.what() << "\n";
     return false;
@@ -186,7 +194,7 @@ bool run_e2e_step(const StudyConfig& config, const DumpAttrs& attrs, const fs::p
   while (!text.empty() && text.back() == '\n') text.pop_back();
   if (rc != 0) {
     err << text << "\n"
-        << fmt::format("latentq: warning: e2e: experiments/e2e_inject.py exited with code {}; {} has no new /e2e\n", rc,
+        << fmt::format("latentq: warning: e2e: python -m latentq.e2e exited with code {}; {} has no new /e2e\n", rc,
                        results.string());
     return false;
   }
@@ -211,10 +219,9 @@ bool run_e2e_step(const StudyConfig& config, const DumpAttrs& attrs, const fs::p
 
 int run_report(const std::string& results, const std::string& out_dir, std::ostream& out) {
   const PythonTools t = python_tools();
-  if (const std::string why = python_unavailable_reason(t, "experiments/report.py", false); !why.empty())
+  if (const std::string why = python_unavailable_reason(t, "python/latentq/report/__main__.py", false); !why.empty())
     throw std::runtime_error("report: " + why);
-  return run_process({t.python.string(), (t.source_dir / "experiments" / "report.py").string(), results, "--out", out_dir},
-                     {{"LATENTQ_PYMODULE_DIR", t.pymodule_dir.string()}}, out);
+  return run_process({t.python.string(), "-m", "latentq.report", results, "--out", out_dir}, python_env(t), out);
 }
 
 }  // namespace latentq

@@ -1,8 +1,9 @@
 """Shared checks for latentq-dump/1 files (used by test_dump, test_hf_hooks, test_shipped_dump).
 
-Independent of data/dump_latents.py on purpose: the reference recomputation below loops over query
+Independent of latentq.dump on purpose: the reference recomputation below loops over query
 rows and never calls the dumper's own ``absorbed_attention``.
 """
+
 from __future__ import annotations
 
 import json
@@ -11,10 +12,27 @@ import h5py
 import numpy as np
 import torch
 
-ROOT_ATTRS_STR = ("schema", "model", "revision", "source", "created", "config_json", "rope_layout",
-                  "original_dtype", "text_sha256")
-ROOT_ATTRS_INT = ("num_layers", "num_heads", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim",
-                  "v_head_dim", "num_seqs", "seq_len")
+ROOT_ATTRS_STR = (
+    "schema",
+    "model",
+    "revision",
+    "source",
+    "created",
+    "config_json",
+    "rope_layout",
+    "original_dtype",
+    "text_sha256",
+)
+ROOT_ATTRS_INT = (
+    "num_layers",
+    "num_heads",
+    "kv_lora_rank",
+    "qk_rope_head_dim",
+    "qk_nope_head_dim",
+    "v_head_dim",
+    "num_seqs",
+    "seq_len",
+)
 LAYER_DATASETS = ("c_kv", "k_pe", "q_rows", "q_nope", "q_pe", "w_uk", "w_uv", "attn_out")
 
 
@@ -54,12 +72,16 @@ def check_schema(path: str) -> dict:
         T = tokens.shape[0]
         assert offsets[0] == 0 and offsets[-1] == T and np.all(np.diff(offsets) > 0)
         for s in range(A["num_seqs"]):
-            np.testing.assert_array_equal(positions[offsets[s]:offsets[s + 1]], np.arange(offsets[s + 1] - offsets[s]))
+            np.testing.assert_array_equal(
+                positions[offsets[s] : offsets[s + 1]], np.arange(offsets[s + 1] - offsets[s])
+            )
         if A["seq_len"] > 0:
             assert np.all(np.diff(offsets) == A["seq_len"])
         out["root"] = {"tokens": tokens, "positions": positions, "seq_offsets": offsets}
 
-        H, r, dr, dn, dv = (A[k] for k in ("num_heads", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim"))
+        H, r, dr, dn, dv = (
+            A[k] for k in ("num_heads", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
+        )
         names = sorted(f["layers"].keys())
         assert len(names) == A["num_layers"]
         assert names == [f"{i:03d}" for i in range(A["num_layers"])]
@@ -67,10 +89,16 @@ def check_schema(path: str) -> dict:
             g = f["layers"][n]
             assert set(g.keys()) == set(LAYER_DATASETS), f"layer {n}: {sorted(g.keys())}"
             Tq = g["q_rows"].shape[0]
-            want = {"c_kv": (np.float32, (T, r)), "k_pe": (np.float32, (T, dr)), "q_rows": (np.int32, (Tq,)),
-                    "q_nope": (np.float32, (Tq, H, dn)), "q_pe": (np.float32, (Tq, H, dr)),
-                    "w_uk": (np.float32, (H, dn, r)), "w_uv": (np.float32, (H, dv, r)),
-                    "attn_out": (np.float32, (Tq, H, dv))}
+            want = {
+                "c_kv": (np.float32, (T, r)),
+                "k_pe": (np.float32, (T, dr)),
+                "q_rows": (np.int32, (Tq,)),
+                "q_nope": (np.float32, (Tq, H, dn)),
+                "q_pe": (np.float32, (Tq, H, dr)),
+                "w_uk": (np.float32, (H, dn, r)),
+                "w_uv": (np.float32, (H, dv, r)),
+                "attn_out": (np.float32, (Tq, H, dv)),
+            }
             d = {}
             for k, (dt, shape) in want.items():
                 assert g[k].dtype == dt, f"layer {n} {k}: dtype {g[k].dtype}"
@@ -97,16 +125,16 @@ def reference_attn_out(d: dict, offsets: np.ndarray, scale: float) -> np.ndarray
         sel = np.nonzero((rows >= lo) & (rows < hi))[0]
         if len(sel) == 0:
             continue
-        qn = torch.from_numpy(d["q_nope"][sel]).transpose(0, 1)     # [H, n, dn]
-        qp = torch.from_numpy(d["q_pe"][sel]).transpose(0, 1)       # [H, n, dr]
-        ck, kp = c[lo:hi], kpe[lo:hi]                               # [L, r], [L, dr]
-        q_lat = torch.bmm(qn, w_uk)                                 # [H, n, r]
-        scores = (q_lat @ ck.T + qp @ kp.T) * scale                 # [H, n, L]
-        visible = torch.arange(lo, hi)[None, :] <= torch.from_numpy(rows[sel])[:, None]   # [n, L]
+        qn = torch.from_numpy(d["q_nope"][sel]).transpose(0, 1)  # [H, n, dn]
+        qp = torch.from_numpy(d["q_pe"][sel]).transpose(0, 1)  # [H, n, dr]
+        ck, kp = c[lo:hi], kpe[lo:hi]  # [L, r], [L, dr]
+        q_lat = torch.bmm(qn, w_uk)  # [H, n, r]
+        scores = (q_lat @ ck.T + qp @ kp.T) * scale  # [H, n, L]
+        visible = torch.arange(lo, hi)[None, :] <= torch.from_numpy(rows[sel])[:, None]  # [n, L]
         scores = scores.masked_fill(~visible, float("-inf"))
         p = torch.softmax(scores.float(), dim=-1)
-        o_lat = p @ ck                                              # [H, n, r]
-        out[sel] = torch.bmm(o_lat, w_uv.transpose(1, 2)).transpose(0, 1).numpy()   # [n, H, dv]
+        o_lat = p @ ck  # [H, n, r]
+        out[sel] = torch.bmm(o_lat, w_uv.transpose(1, 2)).transpose(0, 1).numpy()  # [n, H, dv]
     return out
 
 

@@ -22,6 +22,7 @@ Conventions shared with the C++ module (latentq.quantize):
 Element conversions are implemented here at the bit level (numpy) and checked against ml_dtypes in
 test_engine_formats.py; nothing below calls ml_dtypes or torch to produce a code.
 """
+
 from __future__ import annotations
 
 import re
@@ -38,6 +39,7 @@ E2M1_MAX = np.float32(6.0)
 # ---------------------------------------------------------------------------------------------------
 # Element conversions (bit level)
 # ---------------------------------------------------------------------------------------------------
+
 
 def _f32(x) -> np.ndarray:
     return np.ascontiguousarray(x, dtype=np.float32)
@@ -59,14 +61,14 @@ def e4m3_bits(x, saturate: bool = True) -> np.ndarray:
     # the code of the smallest normal 2^-6, so the integer is the code directly.
     with np.errstate(over="ignore", invalid="ignore"):
         q_sub = np.rint(af * np.float32(512.0))
-    q_sub = np.where(af < np.float32(2.0 ** -6), q_sub, 0).astype(np.int64)
+    q_sub = np.where(af < np.float32(2.0**-6), q_sub, 0).astype(np.int64)
     # normals: round the float32 mantissa to 3 bits, half to even, on the bit pattern; the exponent
     # rebias 127 -> 7 is a subtraction of (120 << 3) on the (exponent, mantissa) field.
     r = ((a + np.uint32(0x7FFFF) + ((a >> np.uint32(20)) & np.uint32(1))) >> np.uint32(20)).astype(np.int64)
-    q = np.where(af < np.float32(2.0 ** -6), q_sub, r - 960)
+    q = np.where(af < np.float32(2.0**-6), q_sub, r - 960)
     q = np.where(q > 126, 126 if saturate else 127, q)
     q = np.where(np.isnan(af), 127, q)
-    return (q.astype(np.uint8) | sign)
+    return q.astype(np.uint8) | sign
 
 
 def e4m3_value(bits) -> np.ndarray:
@@ -75,7 +77,7 @@ def e4m3_value(bits) -> np.ndarray:
     s = np.where(b & 0x80, -1.0, 1.0)
     e = (b >> 3) & 0xF
     m = b & 7
-    v = np.where(e == 0, m * 2.0 ** -9, (8 + m) * np.ldexp(1.0, e - 7 - 3))
+    v = np.where(e == 0, m * 2.0**-9, (8 + m) * np.ldexp(1.0, e - 7 - 3))
     v = np.where((b & 0x7F) == 0x7F, np.nan, v)
     return (s * v).astype(np.float32)
 
@@ -90,12 +92,12 @@ def e2m1_bits(x) -> np.ndarray:
     a = b & np.uint32(0x7FFFFFFF)
     af = a.view(np.float32)
     with np.errstate(over="ignore", invalid="ignore"):
-        q_sub = np.rint(af * np.float32(2.0))                     # subnormals 0, 0.5; 2 -> 1.0 (code 2)
+        q_sub = np.rint(af * np.float32(2.0))  # subnormals 0, 0.5; 2 -> 1.0 (code 2)
     q_sub = np.where(af < np.float32(1.0), q_sub, 0).astype(np.int64)
     r = ((a + np.uint32(0x1FFFFF) + ((a >> np.uint32(22)) & np.uint32(1))) >> np.uint32(22)).astype(np.int64)
-    q = np.where(af < np.float32(1.0), q_sub, r - 252)           # rebias 127 -> 1: (126 << 1)
+    q = np.where(af < np.float32(1.0), q_sub, r - 252)  # rebias 127 -> 1: (126 << 1)
     q = np.minimum(q, 7)
-    return (q.astype(np.uint8) | sign)
+    return q.astype(np.uint8) | sign
 
 
 _E2M1_MAG = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=np.float32)
@@ -135,7 +137,7 @@ def roundf(v) -> np.ndarray:
     v = _f32(v)
     a = np.abs(v)
     t = np.trunc(a)
-    r = t + (a - t >= np.float32(0.5))          # a - t is exact
+    r = t + (a - t >= np.float32(0.5))  # a - t is exact
     return np.copysign(r, v).astype(np.float32)
 
 
@@ -179,16 +181,17 @@ def unpack_nibbles_ggml(p, D) -> np.ndarray:
 # Result container and helpers
 # ---------------------------------------------------------------------------------------------------
 
+
 @dataclass
 class Quant:
     spec: str
     rows: int
     cols: int
-    codes: np.ndarray                     # uint8 [T, code_row_bytes]
-    scales: np.ndarray                    # 1-D [T * blocks_per_row] (empty for per-tensor specs)
+    codes: np.ndarray  # uint8 [T, code_row_bytes]
+    scales: np.ndarray  # 1-D [T * blocks_per_row] (empty for per-tensor specs)
     offsets: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float16))
     global_scale: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
-    block: int = 0                        # dims per scale (0: per-tensor)
+    block: int = 0  # dims per scale (0: per-tensor)
 
     @property
     def storage_bytes(self) -> int:
@@ -218,7 +221,7 @@ def _expand(s: np.ndarray, n: int, D: int) -> np.ndarray:
 # 1. FlashMLA: fp8-e4m3-tile<N>-pow2 and -pow2-ue8m0
 # ---------------------------------------------------------------------------------------------------
 
-FLASHMLA_AMAX_MARGIN = np.float32(1e-4)   # float32(1e-4) = 9.99999974738e-05
+FLASHMLA_AMAX_MARGIN = np.float32(1e-4)  # float32(1e-4) = 9.99999974738e-05
 
 
 def flashmla_pow2_exponent(amax: np.ndarray) -> np.ndarray:
@@ -236,7 +239,7 @@ def flashmla_pow2_exponent(amax: np.ndarray) -> np.ndarray:
     amax = _f32(amax)
     with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
         v = (amax / E4M3_MAX).astype(np.float32)
-    v = np.maximum(v, FLASHMLA_AMAX_MARGIN)            # torch.clamp_min(., 1e-4): v is now normal
+    v = np.maximum(v, FLASHMLA_AMAX_MARGIN)  # torch.clamp_min(., 1e-4): v is now normal
     b = v.view(np.uint32)
     e = ((b >> np.uint32(23)) & np.uint32(0xFF)).astype(np.int64) - 127
     return e + ((b & np.uint32(0x7FFFFF)) != 0)
@@ -246,6 +249,7 @@ def flashmla_torch_pow2_scale(amax: np.ndarray) -> np.ndarray:
     """The FlashMLA expression evaluated literally with torch on this machine (documentation/tests
     only; device- and library-dependent at the points named in flashmla_pow2_exponent)."""
     import torch
+
     t = torch.from_numpy(_f32(amax)).float() / 448.0
     return torch.pow(2, torch.clamp_min(t, 1e-4).log2().ceil()).to(torch.float32).numpy()
 
@@ -272,6 +276,7 @@ def fp8_tile_pow2(x, tile: int, ue8m0: bool = False) -> Quant:
 # 2. vLLM fp8_ds_mla: fp8-e4m3-tile<N>-fp32
 # ---------------------------------------------------------------------------------------------------
 
+
 def fp8_tile_fp32(x, tile: int) -> Quant:
     """vLLM csrc/cache_kernels.cu concat_and_cache_ds_mla_kernel (tile 128, 4 tiles of kv_c):
       `float tile_scale = max_abs / 448.f;  tile_scale = fmaxf(tile_scale, FLT_MIN);`
@@ -292,7 +297,7 @@ def fp8_tile_fp32(x, tile: int) -> Quant:
 # 3. vLLM kv_cache_dtype=fp8 on MLA: fp8-e4m3-tensor, fp8-e4m3-tensor-s1
 # ---------------------------------------------------------------------------------------------------
 
-VLLM_K_SCALE_CONSTANT = np.float32(200.0)   # vllm/envs.py: K_SCALE_CONSTANT default "200"
+VLLM_K_SCALE_CONSTANT = np.float32(200.0)  # vllm/envs.py: K_SCALE_CONSTANT default "200"
 
 
 def vllm_calc_k_scale(c_kv) -> np.float32:
@@ -329,7 +334,7 @@ def fp8_tensor(x, scale=None) -> Quant:
 # 4. OCP MX v1.0: mxfp8 (e4m3), mxfp4 (e2m1); blocks of 32, E8M0 scale
 # ---------------------------------------------------------------------------------------------------
 
-_MX_EMAX = {"e4m3": 8, "e2m1": 2}    # torchao constants.py F8E4M3_MAX_POW2 = 8, F4_E2M1_MAX_POW2 = 2
+_MX_EMAX = {"e4m3": 8, "e2m1": 2}  # torchao constants.py F8E4M3_MAX_POW2 = 8, F4_E2M1_MAX_POW2 = 2
 
 
 def mx(x, elem: str, block: int = 32, torchao_min_scale: bool = False) -> Quant:
@@ -352,7 +357,7 @@ def mx(x, elem: str, block: int = 32, torchao_min_scale: bool = False) -> Quant:
     emax = _MX_EMAX[elem]
     amax = _tile_amax(x, block)
     ef = ((amax.view(np.uint32) >> np.uint32(23)) & np.uint32(0xFF)).astype(np.int64)
-    k = np.clip(ef - 127 - emax, -127, 127)          # finite input: the +128 (NaN) end is unused
+    k = np.clip(ef - 127 - emax, -127, 127)  # finite input: the +128 (NaN) end is unused
     byte = pow2_exponent_to_e8m0(k)
     div = np.ldexp(np.float32(1.0), np.maximum(k, -126) if torchao_min_scale else k).astype(np.float32)
     y = (x / _expand(div, block, D)).astype(np.float32)
@@ -369,7 +374,7 @@ def mx(x, elem: str, block: int = 32, torchao_min_scale: bool = False) -> Quant:
 # 5. NVFP4: e2m1 in blocks of 16, e4m3 block scale, fp32 per-tensor scale
 # ---------------------------------------------------------------------------------------------------
 
-E4M3_TINY = np.float32(2.0 ** -6)   # torch.finfo(torch.float8_e4m3fn).tiny (smallest NORMAL)
+E4M3_TINY = np.float32(2.0**-6)  # torch.finfo(torch.float8_e4m3fn).tiny (smallest NORMAL)
 
 
 def nvfp4(x, per_tensor_scale=None) -> Quant:
@@ -409,7 +414,7 @@ def fp4_tile16_e4m3_flashmla(x) -> Quant:
       packed: codes[..., 0::2] | codes[..., 1::2] << 4."""
     x = _f32(x)
     T, D = x.shape
-    sb = e4m3_bits(np.clip((_tile_amax(x, 16) / E2M1_MAX).astype(np.float32), np.float32(2.0 ** -9), E4M3_MAX))
+    sb = e4m3_bits(np.clip((_tile_amax(x, 16) / E2M1_MAX).astype(np.float32), np.float32(2.0**-9), E4M3_MAX))
     y = (x / _expand(e4m3_value(sb), 16, D)).astype(np.float32)
     return Quant("fp4-e2m1-tile16-e4m3", T, D, pack_nibbles_even_low(e2m1_bits(y)), sb.reshape(-1), block=16)
 
@@ -417,6 +422,7 @@ def fp4_tile16_e4m3_flashmla(x) -> Quant:
 # ---------------------------------------------------------------------------------------------------
 # 6. ggml q8_0, q4_0, q4_1 (blocks of 32 along the row)
 # ---------------------------------------------------------------------------------------------------
+
 
 def _blocks32(x) -> np.ndarray:
     x = _f32(x)
@@ -427,9 +433,9 @@ def _blocks32(x) -> np.ndarray:
 
 def q8_0(x) -> Quant:
     """ggml-org/llama.cpp ggml/src/ggml-quants.c quantize_row_q8_0_ref:
-      `amax = MAX(amax, fabsf(v))`; `const float d = amax / ((1 << 7) - 1);`
-      `const float id = d ? 1.0f/d : 0.0f;`  `y[i].qs[j] = roundf(x0);` with x0 = x*id (float32);
-      `y[i].d = GGML_FP32_TO_FP16(d)` (RNE). roundf: half away from zero."""
+    `amax = MAX(amax, fabsf(v))`; `const float d = amax / ((1 << 7) - 1);`
+    `const float id = d ? 1.0f/d : 0.0f;`  `y[i].qs[j] = roundf(x0);` with x0 = x*id (float32);
+    `y[i].d = GGML_FP32_TO_FP16(d)` (RNE). roundf: half away from zero."""
     b = _blocks32(x)
     T, nb, _ = b.shape
     d = (np.abs(b).max(axis=2) / np.float32(127)).astype(np.float32)
@@ -446,7 +452,7 @@ def q4_0(x) -> Quant:
     truncation); nibbles j | j+16. Stored codes are the unsigned nibbles (value + 8)."""
     b = _blocks32(x)
     T, nb, _ = b.shape
-    i = np.argmax(np.abs(b), axis=2)                       # first occurrence, as the strict '<' loop
+    i = np.argmax(np.abs(b), axis=2)  # first occurrence, as the strict '<' loop
     mx_ = np.take_along_axis(b, i[:, :, None], axis=2)[:, :, 0]
     d = (mx_ / np.float32(-8)).astype(np.float32)
     with np.errstate(divide="ignore"):
@@ -467,10 +473,19 @@ def q4_1(x) -> Quant:
     d = ((hi - lo) / np.float32(15)).astype(np.float32)
     with np.errstate(divide="ignore"):
         idv = np.where(d != 0, np.float32(1.0) / d, np.float32(0.0)).astype(np.float32)
-    t = (((b - lo[:, :, None]).astype(np.float32) * idv[:, :, None]).astype(np.float32) + np.float32(0.5)).astype(np.float32)
+    t = (((b - lo[:, :, None]).astype(np.float32) * idv[:, :, None]).astype(np.float32) + np.float32(0.5)).astype(
+        np.float32
+    )
     q = np.minimum(np.trunc(t), 15).astype(np.uint8)
-    return Quant("q4_1", T, nb * 32, pack_nibbles_ggml(q.reshape(T, -1)), d.astype(np.float16).reshape(-1),
-                 offsets=lo.astype(np.float16).reshape(-1), block=32)
+    return Quant(
+        "q4_1",
+        T,
+        nb * 32,
+        pack_nibbles_ggml(q.reshape(T, -1)),
+        d.astype(np.float16).reshape(-1),
+        offsets=lo.astype(np.float16).reshape(-1),
+        block=32,
+    )
 
 
 def ggml_rows(q: Quant) -> np.ndarray:
@@ -493,9 +508,21 @@ def ggml_rows(q: Quant) -> np.ndarray:
 
 _TILE_RE = re.compile(r"^fp8-e4m3-tile(\d+)-(pow2|pow2-ue8m0|fp32)$")
 
-SPECS = ["fp8-e4m3-tile128-pow2", "fp8-e4m3-tile64-pow2-ue8m0", "fp8-e4m3-tile32-pow2-ue8m0",
-         "fp8-e4m3-tile128-fp32", "fp8-e4m3-tensor", "fp8-e4m3-tensor-s1",
-         "mxfp8", "mxfp4", "nvfp4", "q8_0", "q4_0", "q4_1", "fp4-e2m1-tile16-e4m3"]
+SPECS = [
+    "fp8-e4m3-tile128-pow2",
+    "fp8-e4m3-tile64-pow2-ue8m0",
+    "fp8-e4m3-tile32-pow2-ue8m0",
+    "fp8-e4m3-tile128-fp32",
+    "fp8-e4m3-tensor",
+    "fp8-e4m3-tensor-s1",
+    "mxfp8",
+    "mxfp4",
+    "nvfp4",
+    "q8_0",
+    "q4_0",
+    "q4_1",
+    "fp4-e2m1-tile16-e4m3",
+]
 
 
 def quantize(x, spec: str) -> Quant:
@@ -577,6 +604,7 @@ def bytes_per_token(spec: str, D: int, T: int = 1) -> float:
 # Packed per-token engine records
 # ---------------------------------------------------------------------------------------------------
 
+
 def _le_bytes(a: np.ndarray, dtype: str) -> np.ndarray:
     a = np.ascontiguousarray(a.astype(dtype))
     return a.view(np.uint8).reshape(a.shape[0], -1)
@@ -618,8 +646,9 @@ def flashmla_model1_record(ckv, kpe) -> np.ndarray:
     assert ckv.shape[1] == 448 and kpe.shape[1] == 64 and ckv.shape[0] == kpe.shape[0]
     q = fp8_tile_pow2(ckv, 64, ue8m0=True)
     T = ckv.shape[0]
-    return np.concatenate([q.codes, _le_bytes(bf16_bits(kpe), "<u2"), q.scales.reshape(T, 7),
-                           np.zeros((T, 1), np.uint8)], axis=1)
+    return np.concatenate(
+        [q.codes, _le_bytes(bf16_bits(kpe), "<u2"), q.scales.reshape(T, 7), np.zeros((T, 1), np.uint8)], axis=1
+    )
 
 
 def flashmla_model1_block(records: np.ndarray, block_size: int) -> np.ndarray:
@@ -637,7 +666,7 @@ def flashmla_model1_block(records: np.ndarray, block_size: int) -> np.ndarray:
     body = np.concatenate([r[:, :, :576].reshape(nb, -1), r[:, :, 576:].reshape(nb, -1)], axis=1)
     padded = -(-(block_size * 584) // 576) * 576
     out = np.zeros((nb, padded), np.uint8)
-    out[:, :body.shape[1]] = body
+    out[:, : body.shape[1]] = body
     return out
 
 
@@ -671,7 +700,13 @@ RECORDS = {
     "flashmla-v32-fp8": (flashmla_v32_record, 512, 64, "fp8-e4m3-tile128-pow2", "bf16", 656),
     "vllm-fp8-ds-mla": (vllm_fp8_ds_mla_record, 512, 64, "fp8-e4m3-tile128-fp32", "bf16", 656),
     "flashmla-model1-fp8": (flashmla_model1_record, 448, 64, "fp8-e4m3-tile64-pow2-ue8m0", "bf16", 584),
-    "flashmla-v41-fp8": (flashmla_v41_fp8_record, 448, 64, "fp8-e4m3-tile32-pow2-ue8m0",
-                         "fp8-e4m3-tile32-pow2-ue8m0", 528),
+    "flashmla-v41-fp8": (
+        flashmla_v41_fp8_record,
+        448,
+        64,
+        "fp8-e4m3-tile32-pow2-ue8m0",
+        "fp8-e4m3-tile32-pow2-ue8m0",
+        528,
+    ),
     "flashmla-v41-fp4": (flashmla_v41_fp4_record, 448, 64, "fp4-e2m1-tile16-e4m3", "fp4-e2m1-tile16-e4m3", 288),
 }

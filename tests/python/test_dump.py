@@ -1,4 +1,5 @@
 """Dumper and hooks on a randomly initialised small tiny-mla (independent of the trained weights)."""
+
 import os
 
 import h5py
@@ -7,15 +8,24 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import dump_latents
-import latent_hooks
-import tiny_mla
 from dump_checks import check_schema, reference_attn_out, rel
-from latent_hooks import LatentCapture, LatentInjector, MLAModuleNotFoundError
-from tiny_mla import TinyMLAConfig, TinyMLAForCausalLM
+from latentq import capture, tiny_mla
+from latentq import dump as dump_latents
+from latentq.capture import LatentCapture, MLAModuleNotFoundError
+from latentq.inject import LatentInjector
+from latentq.tiny_mla import TinyMLAConfig, TinyMLAForCausalLM
 
-CFG = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-           kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, max_position_embeddings=128)
+CFG = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    kv_lora_rank=32,
+    qk_rope_head_dim=8,
+    qk_nope_head_dim=16,
+    v_head_dim=16,
+    max_position_embeddings=128,
+)
 SEQ_LEN, NUM_SEQS, Q_ROWS = 48, 3, 20
 
 
@@ -23,7 +33,7 @@ SEQ_LEN, NUM_SEQS, Q_ROWS = 48, 3, 20
 def model():
     torch.manual_seed(1)
     m = TinyMLAForCausalLM(TinyMLAConfig(**CFG)).eval()
-    for p in m.parameters():                      # larger weights: sharper attention than the default init
+    for p in m.parameters():  # larger weights: sharper attention than the default init
         if p.dim() == 2:
             torch.nn.init.normal_(p, std=0.15)
     return m
@@ -39,8 +49,16 @@ def seqs():
 def dumped(model, seqs, tmp_path_factory):
     out = str(tmp_path_factory.mktemp("dump") / "tiny.h5")
     sd_before = {k: v.clone() for k, v in model.state_dict().items()}
-    summary = dump_latents.dump(model, model.config.to_hf_dict(), seqs, Q_ROWS, out, model_name="tiny-test",
-                                source="tiny-mla", text_sha256="0" * 64)
+    summary = dump_latents.dump(
+        model,
+        model.config.to_hf_dict(),
+        seqs,
+        Q_ROWS,
+        out,
+        model_name="tiny-test",
+        source="tiny-mla",
+        text_sha256="0" * 64,
+    )
     return out, summary, sd_before
 
 
@@ -49,17 +67,27 @@ def test_schema_and_values(dumped, model, seqs):
     chk = check_schema(out)
     A = chk["attrs"]
     c = model.config
-    assert (A["num_layers"], A["num_heads"], A["kv_lora_rank"], A["qk_rope_head_dim"], A["qk_nope_head_dim"],
-            A["v_head_dim"]) == (2, 4, 32, 8, 16, 16)
+    assert (
+        A["num_layers"],
+        A["num_heads"],
+        A["kv_lora_rank"],
+        A["qk_rope_head_dim"],
+        A["qk_nope_head_dim"],
+        A["v_head_dim"],
+    ) == (2, 4, 32, 8, 16, 16)
     assert (A["num_seqs"], A["seq_len"]) == (NUM_SEQS, SEQ_LEN)
     assert A["source"] == "tiny-mla" and A["rope_layout"] == "interleaved" and A["original_dtype"] == "float32"
     assert A["softmax_scale"] == c.softmax_scale == (16 + 8) ** -0.5
     np.testing.assert_array_equal(chk["root"]["tokens"], np.concatenate(seqs))
     np.testing.assert_array_equal(chk["root"]["seq_offsets"], [0, 48, 96, 144])
     # q_rows: 7, 7, 6 rows per sequence, evenly spaced, ending at each sequence's last position
-    want = np.concatenate([[(j + 1) * 48 // 7 - 1 for j in range(7)],
-                           [48 + (j + 1) * 48 // 7 - 1 for j in range(7)],
-                           [96 + (j + 1) * 48 // 6 - 1 for j in range(6)]])
+    want = np.concatenate(
+        [
+            [(j + 1) * 48 // 7 - 1 for j in range(7)],
+            [48 + (j + 1) * 48 // 7 - 1 for j in range(7)],
+            [96 + (j + 1) * 48 // 6 - 1 for j in range(6)],
+        ]
+    )
     for d in chk["layers"].values():
         np.testing.assert_array_equal(d["q_rows"], want)
     assert {47, 95, 143} <= set(want.tolist())
@@ -76,10 +104,24 @@ def test_dump_matches_model_internals(dumped, model, seqs):
     hs = []
     for i, layer in enumerate(model.model.layers):
         a = layer.self_attn
-        hs.append(a.kv_a_layernorm.register_forward_hook(lambda m, i_, o, i=i: seen.setdefault((i, "c"), []).append(o[0])))
-        hs.append(a.kv_a_proj_with_mqa.register_forward_hook(lambda m, i_, o, i=i: seen.setdefault((i, "kpe"), []).append(o[0, :, -8:])))
-        hs.append(a.q_proj.register_forward_hook(lambda m, i_, o, i=i: seen.setdefault((i, "q"), []).append(o[0].view(-1, 4, 24))))
-        hs.append(a.o_proj.register_forward_pre_hook(lambda m, args, i=i: seen.setdefault((i, "o"), []).append(args[0][0].view(-1, 4, 16))))
+        hs.append(
+            a.kv_a_layernorm.register_forward_hook(lambda m, i_, o, i=i: seen.setdefault((i, "c"), []).append(o[0]))
+        )
+        hs.append(
+            a.kv_a_proj_with_mqa.register_forward_hook(
+                lambda m, i_, o, i=i: seen.setdefault((i, "kpe"), []).append(o[0, :, -8:])
+            )
+        )
+        hs.append(
+            a.q_proj.register_forward_hook(
+                lambda m, i_, o, i=i: seen.setdefault((i, "q"), []).append(o[0].view(-1, 4, 24))
+            )
+        )
+        hs.append(
+            a.o_proj.register_forward_pre_hook(
+                lambda m, args, i=i: seen.setdefault((i, "o"), []).append(args[0][0].view(-1, 4, 16))
+            )
+        )
     try:
         with torch.no_grad():
             for s in seqs:
@@ -96,11 +138,11 @@ def test_dump_matches_model_internals(dumped, model, seqs):
         np.testing.assert_array_equal(d["q_nope"], q[..., :16].numpy())
         np.testing.assert_array_equal(d["attn_out"], torch.cat(seen[(i, "o")])[rows].numpy())
         # post-RoPE: rotate the model's own pre-RoPE tensors with the interleaved layout
-        k_ref = torch.cat([latent_hooks.rotate(k, pos, inv, "interleaved") for k in seen[(i, "kpe")]])
+        k_ref = torch.cat([capture.rotate(k, pos, inv, "interleaved") for k in seen[(i, "kpe")]])
         assert rel(d["k_pe"], k_ref) < 1e-5
-        assert rel(d["k_pe"], torch.cat([latent_hooks.rotate(k, pos, inv, "half") for k in seen[(i, "kpe")]])) > 1e-2
+        assert rel(d["k_pe"], torch.cat([capture.rotate(k, pos, inv, "half") for k in seen[(i, "kpe")]])) > 1e-2
         allpos = pos.repeat(NUM_SEQS)
-        q_ref = latent_hooks.rotate(q[..., 16:], allpos[rows], inv, "interleaved")
+        q_ref = capture.rotate(q[..., 16:], allpos[rows], inv, "interleaved")
         assert rel(d["q_pe"], q_ref) < 1e-5
         wkv_b = model.model.layers[i].self_attn.kv_b_proj.weight.detach().view(4, 32, 32)
         np.testing.assert_array_equal(d["w_uk"], wkv_b[:, :16].numpy())
@@ -116,7 +158,7 @@ def test_absorbed_recomputation(dumped):
         assert rel(ref, d["attn_out"]) <= 1e-5, f"layer {i}"
         # the check can fail: a wrong scale or a broken causal mask is detected
         assert rel(reference_attn_out(d, chk["root"]["seq_offsets"], scale * 1.5), d["attn_out"]) > 1e-3
-        bad = dict(d, q_rows=d["q_rows"] - 1)                     # rows shifted by one: wrong keys visible
+        bad = dict(d, q_rows=d["q_rows"] - 1)  # rows shifted by one: wrong keys visible
         bad["q_rows"][0] = d["q_rows"][0]
         assert rel(reference_attn_out(bad, chk["root"]["seq_offsets"], scale), d["attn_out"]) > 1e-3
         assert summary["max_rel_err"][i] <= 1e-5
@@ -130,7 +172,9 @@ def test_state_dict_and_globals_unchanged(dumped, model):
         assert torch.equal(sd[k], sd_before[k]), k
     for m in model.modules():
         assert not m._forward_hooks and not m._forward_pre_hooks, type(m).__name__
-    assert tiny_mla.apply_rotary_emb.__module__ == "tiny_mla" and not hasattr(tiny_mla.apply_rotary_emb, "__wrapped__")
+    assert tiny_mla.apply_rotary_emb.__module__ == "latentq.tiny_mla" and not hasattr(
+        tiny_mla.apply_rotary_emb, "__wrapped__"
+    )
     assert not hasattr(F.scaled_dot_product_attention, "__wrapped__")
 
 
@@ -186,7 +230,7 @@ def test_injection_modified_changes_logits(model, seqs, name):
     # the capture inside the injector sees the injected tensor; layer 0 is untouched
     assert not torch.equal(inj.layers[1][name], cap.layers[1][name])
     assert torch.equal(inj.layers[0][name], cap.layers[0][name])
-    assert torch.equal(model(ids), ref)                        # nothing left behind
+    assert torch.equal(model(ids), ref)  # nothing left behind
 
 
 def test_no_mla_modules_error(tmp_path):
@@ -209,8 +253,22 @@ def test_cli_text_too_short(saved_model_dir, tmp_path, capsys):
     text = tmp_path / "t.txt"
     text.write_bytes(b"x" * (SEQ_LEN * NUM_SEQS - 1))
     out = tmp_path / "o.h5"
-    rc = dump_latents.main(["--model", saved_model_dir, "--text", str(text), "--seq-len", str(SEQ_LEN),
-                            "--num-seqs", str(NUM_SEQS), "--q-rows", "6", "--out", str(out)])
+    rc = dump_latents.main(
+        [
+            "--model",
+            saved_model_dir,
+            "--text",
+            str(text),
+            "--seq-len",
+            str(SEQ_LEN),
+            "--num-seqs",
+            str(NUM_SEQS),
+            "--q-rows",
+            "6",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 2 and "text too short" in capsys.readouterr().err
     assert not out.exists() and os.listdir(tmp_path) == ["t.txt"]
     with pytest.raises(dump_latents.DumpError, match="too short"):
@@ -222,8 +280,20 @@ def test_cli_refuses_existing_output(saved_model_dir, tmp_path, capsys):
     text.write_bytes(bytes(range(256)) * 2)
     out = tmp_path / "o.h5"
     out.write_bytes(b"keep me")
-    args = ["--model", saved_model_dir, "--text", str(text), "--seq-len", "64", "--num-seqs", "2",
-            "--q-rows", "6", "--out", str(out)]
+    args = [
+        "--model",
+        saved_model_dir,
+        "--text",
+        str(text),
+        "--seq-len",
+        "64",
+        "--num-seqs",
+        "2",
+        "--q-rows",
+        "6",
+        "--out",
+        str(out),
+    ]
     assert dump_latents.main(args) == 2
     assert "--force" in capsys.readouterr().err and out.read_bytes() == b"keep me"
     assert dump_latents.main(args + ["--force"]) == 0
@@ -231,7 +301,7 @@ def test_cli_refuses_existing_output(saved_model_dir, tmp_path, capsys):
     assert chk["attrs"]["source"] == "tiny-mla" and chk["attrs"]["model"] == os.path.basename(saved_model_dir)
     assert chk["attrs"]["revision"].startswith("sha256:")
     np.testing.assert_array_equal(chk["root"]["tokens"], np.arange(128) % 256)
-    assert sorted(os.listdir(tmp_path)) == ["o.h5", "t.txt"]          # no temp file left
+    assert sorted(os.listdir(tmp_path)) == ["o.h5", "t.txt"]  # no temp file left
 
 
 def test_interrupted_write_leaves_nothing(model, seqs, tmp_path, monkeypatch):
@@ -257,8 +327,8 @@ def test_q_rows_errors():
 
 def test_self_check_rejects_wrong_scale(model, seqs, tmp_path, monkeypatch):
     """dump() recomputes attn_out from what it is about to write; a wrong captured scale is an error."""
-    orig = latent_hooks.LatentHooks._record_scale
-    monkeypatch.setattr(latent_hooks.LatentHooks, "_record_scale", lambda self, s, src: orig(self, s * 1.25, src))
+    orig = capture.LatentHooks._record_scale
+    monkeypatch.setattr(capture.LatentHooks, "_record_scale", lambda self, s, src: orig(self, s * 1.25, src))
     with pytest.raises(RuntimeError, match="absorbed recomputation"):
         dump_latents.dump(model, model.config.to_hf_dict(), seqs, 6, str(tmp_path / "o.h5"))
     assert os.listdir(tmp_path) == []

@@ -1,4 +1,4 @@
-"""The streaming dumper (data/dump_latents.py dump()) against the whole-file algorithm it replaced.
+"""The streaming dumper (latentq.dump.dump()) against the whole-file algorithm it replaced.
 
 Reference (``old_dump``): the previous dump() on the same inputs, kept here as a small independent
 copy of its algorithm: run every sequence under LatentCapture, concatenate each layer's records,
@@ -10,6 +10,7 @@ gzip) and a random-init HF DeepseekV3. The memory property is checked structural
 of a sequence is written, the capture holds no record and exactly one c_kv-shaped tensor is alive,
 and layer i's rows are written before layer i+1's forward starts.
 """
+
 import gc
 import json
 import os
@@ -19,13 +20,22 @@ import numpy as np
 import pytest
 import torch
 
-import dump_latents
-from dump_latents import Q_ROWS_RULE, SCHEMA, absorbed_attention, rel_err, select_q_rows, state_dict_sha256
-from latent_hooks import LatentCapture, find_mla_layers, mla_dims
-from tiny_mla import TinyMLAConfig, TinyMLAForCausalLM
+from latentq import dump as dump_latents
+from latentq.capture import LatentCapture, find_mla_layers, mla_dims
+from latentq.dump import Q_ROWS_RULE, SCHEMA, absorbed_attention, rel_err, select_q_rows, state_dict_sha256
+from latentq.tiny_mla import TinyMLAConfig, TinyMLAForCausalLM
 
-TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
-            kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, max_position_embeddings=128)
+TINY = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    kv_lora_rank=32,
+    qk_rope_head_dim=8,
+    qk_nope_head_dim=16,
+    v_head_dim=16,
+    max_position_embeddings=128,
+)
 LAYER_KEYS = ("c_kv", "k_pe", "q_rows", "q_nope", "q_pe", "w_uk", "w_uv", "attn_out")
 
 
@@ -42,10 +52,28 @@ def _v3():
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(5)
     cfg = transformers.DeepseekV3Config(
-        vocab_size=320, hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=3,
-        num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=64, qk_rope_head_dim=16, qk_nope_head_dim=32,
-        v_head_dim=32, max_position_embeddings=256, first_k_dense_replace=1, n_routed_experts=4, num_experts_per_tok=2,
-        n_shared_experts=1, attn_implementation="eager", q_lora_rank=48, rope_interleave=True, n_group=2, topk_group=1)
+        vocab_size=320,
+        hidden_size=64,
+        intermediate_size=96,
+        moe_intermediate_size=32,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        kv_lora_rank=64,
+        qk_rope_head_dim=16,
+        qk_nope_head_dim=32,
+        v_head_dim=32,
+        max_position_embeddings=256,
+        first_k_dense_replace=1,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        n_shared_experts=1,
+        attn_implementation="eager",
+        q_lora_rank=48,
+        rope_interleave=True,
+        n_group=2,
+        topk_group=1,
+    )
     m = transformers.DeepseekV3ForCausalLM(cfg)
     for n, p in m.named_parameters():
         if p.dim() == 2 and "norm" not in n:
@@ -88,22 +116,42 @@ def old_dump(model, cfg, seqs, q_rows, *, model_name, source, text_sha256, extra
         w = attn_of[i].kv_b_proj.weight.detach().float().view(H, nope + vd, r)
         d["w_uk"], d["w_uv"] = w[:, :nope].numpy(), w[:, nope:].numpy()
         d["q_rows"] = qg.astype(np.int32)
-        errs[i] = rel_err(absorbed_attention(d["c_kv"], d["k_pe"], d["q_nope"], d["q_pe"], d["w_uk"], d["w_uv"],
-                                             qg, offsets, scale), d["attn_out"])
+        errs[i] = rel_err(
+            absorbed_attention(d["c_kv"], d["k_pe"], d["q_nope"], d["q_pe"], d["w_uk"], d["w_uv"], qg, offsets, scale),
+            d["attn_out"],
+        )
         layers[i] = d
-    root = {"tokens": np.concatenate(seqs).astype(np.int32),
-            "positions": np.concatenate([np.arange(n) for n in lens]).astype(np.int32),
-            "seq_offsets": offsets}
-    attrs = {"schema": SCHEMA, "model": model_name, "revision": "sha256-state-dict:" + state_dict_sha256(model),
-             "source": source, "config_json": json.dumps(cfg, sort_keys=True, default=str),
-             "num_layers": len(ids), "num_heads": H, "kv_lora_rank": r, "qk_rope_head_dim": dims["qk_rope_head_dim"],
-             "qk_nope_head_dim": nope, "v_head_dim": vd, "softmax_scale": scale,
-             "softmax_scale_source": ",".join(sorted(sets["softmax_scale_source"])),
-             "rope_layout": next(iter(sets["rope_layout"])), "rope_function": ",".join(sorted(sets["rope_function"])),
-             "original_dtype": str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32").replace("torch.", ""),
-             "compute_dtype": "float32", "num_seqs": len(seqs), "seq_len": lens[0] if len(set(lens)) == 1 else -1,
-             "text_sha256": text_sha256, "q_rows_rule": Q_ROWS_RULE, "torch_version": str(torch.__version__),
-             "transformers_version": transformers.__version__, **extra_attrs}
+    root = {
+        "tokens": np.concatenate(seqs).astype(np.int32),
+        "positions": np.concatenate([np.arange(n) for n in lens]).astype(np.int32),
+        "seq_offsets": offsets,
+    }
+    attrs = {
+        "schema": SCHEMA,
+        "model": model_name,
+        "revision": "sha256-state-dict:" + state_dict_sha256(model),
+        "source": source,
+        "config_json": json.dumps(cfg, sort_keys=True, default=str),
+        "num_layers": len(ids),
+        "num_heads": H,
+        "kv_lora_rank": r,
+        "qk_rope_head_dim": dims["qk_rope_head_dim"],
+        "qk_nope_head_dim": nope,
+        "v_head_dim": vd,
+        "softmax_scale": scale,
+        "softmax_scale_source": ",".join(sorted(sets["softmax_scale_source"])),
+        "rope_layout": next(iter(sets["rope_layout"])),
+        "rope_function": ",".join(sorted(sets["rope_function"])),
+        "original_dtype": str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32").replace("torch.", ""),
+        "compute_dtype": "float32",
+        "num_seqs": len(seqs),
+        "seq_len": lens[0] if len(set(lens)) == 1 else -1,
+        "text_sha256": text_sha256,
+        "q_rows_rule": Q_ROWS_RULE,
+        "torch_version": str(torch.__version__),
+        "transformers_version": transformers.__version__,
+        **extra_attrs,
+    }
     return root, layers, attrs, errs
 
 
@@ -137,7 +185,7 @@ def test_streamed_equals_whole_file_dump(name, tmp_path, monkeypatch):
             got = _attr(f.attrs[k])
             if isinstance(v, str):
                 assert isinstance(got, str), (name, k, got)
-            else:                                             # int64 / float64 scalars, as written before
+            else:  # int64 / float64 scalars, as written before
                 assert np.asarray(got).dtype == (np.float64 if k == "softmax_scale" else np.int64), (name, k, got)
             assert got == v, (name, k, got, v)
         assert set(f) == {"tokens", "positions", "seq_offsets", "layers"}
@@ -155,22 +203,37 @@ def test_streamed_equals_whole_file_dump(name, tmp_path, monkeypatch):
                 assert ds.compression == compression and ds.chunks is not None, (name, i, k)
                 if k in ("c_kv", "k_pe", "q_nope", "q_pe", "attn_out"):
                     row_bytes = 4 * int(np.prod(ds.shape[1:]))
-                    assert ds.chunks == (min(ds.shape[0], max(1, chunk_bytes // row_bytes)),) + ds.shape[1:], (k, ds.chunks)
+                    assert ds.chunks == (min(ds.shape[0], max(1, chunk_bytes // row_bytes)),) + ds.shape[1:], (
+                        k,
+                        ds.chunks,
+                    )
                 elif k in ("w_uk", "w_uv"):
                     assert ds.chunks == (1,) + ds.shape[1:], (k, ds.chunks)
                 else:
-                    assert ds.chunks == ds.shape, (k, ds.chunks)            # Tq < 65536
-    if name == "tiny-gzip-small-chunks":                 # the sequence boundaries fall inside 7-row chunks
+                    assert ds.chunks == ds.shape, (k, ds.chunks)  # Tq < 65536
+    if name == "tiny-gzip-small-chunks":  # the sequence boundaries fall inside 7-row chunks
         assert all(o % 7 for o in root["seq_offsets"][1:-1])
     # rel_err: the per-(sequence, layer) accumulation is max|diff| / max|ref| of the whole layer ...
     offs = root["seq_offsets"]
     local = select_q_rows(lens, q_rows)
     qoff = np.concatenate([[0], np.cumsum([len(x) for x in local])])
     for i, d in layers.items():
-        rec = torch.cat([absorbed_attention(d["c_kv"][offs[s]:offs[s + 1]], d["k_pe"][offs[s]:offs[s + 1]],
-                                            d["q_nope"][qoff[s]:qoff[s + 1]], d["q_pe"][qoff[s]:qoff[s + 1]],
-                                            d["w_uk"], d["w_uv"], local[s], [0, lens[s]], attrs["softmax_scale"])
-                         for s in range(len(lens))])
+        rec = torch.cat(
+            [
+                absorbed_attention(
+                    d["c_kv"][offs[s] : offs[s + 1]],
+                    d["k_pe"][offs[s] : offs[s + 1]],
+                    d["q_nope"][qoff[s] : qoff[s + 1]],
+                    d["q_pe"][qoff[s] : qoff[s + 1]],
+                    d["w_uk"],
+                    d["w_uv"],
+                    local[s],
+                    [0, lens[s]],
+                    attrs["softmax_scale"],
+                )
+                for s in range(len(lens))
+            ]
+        )
         assert summary["max_rel_err"][i] == rel_err(rec, d["attn_out"]), (name, i)
         # ... and equals the whole-layer check of the old algorithm up to the float32 rounding of the
         # recomputation (other key counts in the matmuls); both are far below the 1e-4 tolerance
@@ -193,21 +256,32 @@ def test_layers_are_written_as_they_run(tmp_path, monkeypatch):
             caps.append(self)
 
     def live_ckv(L):
-        return sum(1 for o in gc.get_objects()
-                   if type(o) is torch.Tensor and tuple(o.shape) == (1, L, TINY["kv_lora_rank"]))
+        return sum(
+            1 for o in gc.get_objects() if type(o) is torch.Tensor and tuple(o.shape) == (1, L, TINY["kv_lora_rank"])
+        )
 
     orig_setitem = h5py.Dataset.__setitem__
 
     def spy_setitem(self, key, value):
-        if caps:                          # writes during the forward passes
-            events.append(("write", self.name, key.start, key.stop, dict(caps[0].layers),
-                           live_ckv(key.stop - key.start) if self.name.endswith("c_kv") else None))
+        if caps:  # writes during the forward passes
+            events.append(
+                (
+                    "write",
+                    self.name,
+                    key.start,
+                    key.stop,
+                    dict(caps[0].layers),
+                    live_ckv(key.stop - key.start) if self.name.endswith("c_kv") else None,
+                )
+            )
         return orig_setitem(self, key, value)
 
     monkeypatch.setattr(dump_latents, "LatentCapture", SpyCapture)
     monkeypatch.setattr(h5py.Dataset, "__setitem__", spy_setitem)
-    hooks = [layer.self_attn.register_forward_pre_hook(lambda m, a, i=i: events.append(("forward", i)))
-             for i, layer in enumerate(model.model.layers)]
+    hooks = [
+        layer.self_attn.register_forward_pre_hook(lambda m, a, i=i: events.append(("forward", i)))
+        for i, layer in enumerate(model.model.layers)
+    ]
     try:
         dump_latents.dump(model, cfg, seqs, 8, str(tmp_path / "o.h5"))
     finally:
@@ -239,7 +313,7 @@ def test_self_check_failure_after_first_pass_removes_file(tmp_path, monkeypatch)
 
     def corrupt(rec, w_uk, w_uv, rows, scale):
         calls.append(1)
-        if len(calls) == 2:                               # layer 1 of sequence 0
+        if len(calls) == 2:  # layer 1 of sequence 0
             rec = dict(rec, attn_out=rec["attn_out"] * 1.01)
         return orig(rec, w_uk, w_uv, rows, scale)
 
@@ -255,4 +329,4 @@ def test_chunk_shape():
     assert dump_latents.chunk_shape((256, 128, 128)) == (16, 128, 128)
     assert dump_latents.chunk_shape((100, 512)) == (100, 512)
     assert dump_latents.chunk_shape((128, 128, 512)) == (4, 128, 512)
-    assert dump_latents.chunk_shape((5, 1024, 1024)) == (1, 1024, 1024)       # 4 MiB rows: one row
+    assert dump_latents.chunk_shape((5, 1024, 1024)) == (1, 1024, 1024)  # 4 MiB rows: one row

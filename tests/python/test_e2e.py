@@ -1,22 +1,20 @@
-"""End-to-end injection (experiments/e2e_inject.py) on the trained tiny-mla: bf16 latents barely move
+"""End-to-end injection (latentq.e2e) on the trained tiny-mla: bf16 latents barely move
 the logits, int2-sym-tensor latents move them a lot; the /e2e group is added without losing others."""
+
 import os
-import sys
 
 import h5py
 import numpy as np
-import torch
 import pytest
+import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "experiments"))
-sys.path.insert(0, os.environ.get("LATENTQ_PYMODULE_DIR", os.path.join(ROOT, "build", "python")))
-pytest.importorskip("latentq", reason="the latentq Python module is not built")
+pytest.importorskip("latentq._core", reason="the latentq Python module is not built")
 MODEL = os.path.join(ROOT, "data", "tiny-mla")
 if not os.path.exists(os.path.join(MODEL, "model.safetensors")):
     pytest.skip("data/tiny-mla/model.safetensors is absent", allow_module_level=True)
 
-import e2e_inject  # noqa: E402
+from latentq import e2e as e2e_inject  # noqa: E402
 
 
 def make_results(path):
@@ -24,7 +22,11 @@ def make_results(path):
         f.attrs["schema"] = "latentq-results/1"
         g = f.create_group("latent_error")
         str_t = h5py.string_dtype("utf-8")
-        g.create_dataset("quantizer", data=np.array(["bf16", "bf16", "int2-sym-tensor", "int2-sym-tensor"], dtype=object), dtype=str_t)
+        g.create_dataset(
+            "quantizer",
+            data=np.array(["bf16", "bf16", "int2-sym-tensor", "int2-sym-tensor"], dtype=object),
+            dtype=str_t,
+        )
         g.create_dataset("target", data=np.array(["c_kv", "k_pe", "c_kv", "k_pe"], dtype=object), dtype=str_t)
         g.create_dataset("rel_fro", data=np.array([0.001, 0.001, 0.5, 0.5]))
         f.create_group("keepme").create_dataset("x", data=np.arange(3))
@@ -35,8 +37,22 @@ def test_bf16_tiny_kl_int2_large(tmp_path):
     text.write_bytes((b"And God said, Let there be light: and there was light. " * 40)[:2048])
     res = tmp_path / "r.h5"
     make_results(res)
-    rc = e2e_inject.main(["--results", str(res), "--text", str(text), "--offset-bytes", "0",
-                          "--seq-len", "256", "--num-seqs", "2", "--threads", "1"])
+    rc = e2e_inject.main(
+        [
+            "--results",
+            str(res),
+            "--text",
+            str(text),
+            "--offset-bytes",
+            "0",
+            "--seq-len",
+            "256",
+            "--num-seqs",
+            "2",
+            "--threads",
+            "1",
+        ]
+    )
     assert rc == 0
     with h5py.File(res, "r") as f:
         assert "keepme" in f and list(f["keepme/x"][:]) == [0, 1, 2]
@@ -85,8 +101,12 @@ def test_bad_sizes_and_missing_files(tmp_path, capsys):
     # Longer than the model's max_position_embeddings (1024): both numbers named.
     text = tmp_path / "t.txt"
     text.write_bytes(b"a" * 4096)
-    assert e2e_inject.main(["--results", str(res), "--text", str(text), "--offset-bytes", "0",
-                            "--seq-len", "2000", "--num-seqs", "1"]) == 2
+    assert (
+        e2e_inject.main(
+            ["--results", str(res), "--text", str(text), "--offset-bytes", "0", "--seq-len", "2000", "--num-seqs", "1"]
+        )
+        == 2
+    )
     line = _err_line(capsys)
     assert "2000" in line and "max_position_embeddings 1024" in line, line
     # A missing or non-HDF5 results file: the path is named, not h5py's errno text.
@@ -115,8 +135,25 @@ def test_only_the_study_layers_are_injected(tmp_path, capsys):
     assert e2e_inject.study_layers(str(res)) == [1, 3]
     text = tmp_path / "text.txt"
     text.write_bytes((b"In the beginning God created the heaven and the earth. " * 20)[:512])
-    rc = e2e_inject.main(["--results", str(res), "--text", str(text), "--offset-bytes", "0", "--seq-len", "128",
-                          "--num-seqs", "2", "--threads", "1", "--quantizers", "int2-sym-tensor", "int4-sym-token"])
+    rc = e2e_inject.main(
+        [
+            "--results",
+            str(res),
+            "--text",
+            str(text),
+            "--offset-bytes",
+            "0",
+            "--seq-len",
+            "128",
+            "--num-seqs",
+            "2",
+            "--threads",
+            "1",
+            "--quantizers",
+            "int2-sym-tensor",
+            "int4-sym-token",
+        ]
+    )
     assert rc == 0
     err = capsys.readouterr().err
     assert "layers 1,3 only" in err and "4 of 6 layers stay unquantized" in err, err
@@ -127,6 +164,7 @@ def test_only_the_study_layers_are_injected(tmp_path, capsys):
         kl_2layers = float(f["e2e/kl_mean"][0])
     # The callback: layers outside the set pass through unchanged.
     import latentq
+
     fn = e2e_inject.make_inject(latentq, "int2-sym-tensor", ("c_kv",), frozenset({1, 3}))
     x = torch.randn(2, 8, 16)
     assert fn(0, "c_kv", x) is x and fn(1, "k_pe", x) is x
@@ -134,8 +172,27 @@ def test_only_the_study_layers_are_injected(tmp_path, capsys):
     # Without the attribute, every layer: int2 on all 6 layers moves the logits more than on 2.
     with h5py.File(res, "r+") as f:
         del f.attrs["layers"]
-    assert e2e_inject.main(["--results", str(res), "--text", str(text), "--offset-bytes", "0", "--seq-len", "128",
-                            "--num-seqs", "2", "--threads", "1", "--quantizers", "int2-sym-tensor"]) == 0
+    assert (
+        e2e_inject.main(
+            [
+                "--results",
+                str(res),
+                "--text",
+                str(text),
+                "--offset-bytes",
+                "0",
+                "--seq-len",
+                "128",
+                "--num-seqs",
+                "2",
+                "--threads",
+                "1",
+                "--quantizers",
+                "int2-sym-tensor",
+            ]
+        )
+        == 0
+    )
     with h5py.File(res, "r") as f:
         assert f["e2e"].attrs["layers"] == "0,1,2,3,4,5"
         assert float(f["e2e/kl_mean"][0]) > kl_2layers
@@ -149,23 +206,45 @@ def test_non_finite_logits_are_an_error(tmp_path, capsys, monkeypatch):
     bad = good.clone()
     bad[0, 1, 7] = float("nan")
     assert e2e_inject.logit_metrics(good, good, ids)["kl_mean"] == 0.0
-    with pytest.raises(ValueError, match=r"^the reference run \(exact latents\): 1 of 1024 logits are NaN/Inf; no "
-                                         r"metric is computed from non-finite logits$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^the reference run \(exact latents\): 1 of 1024 logits are NaN/Inf; no "
+        r"metric is computed from non-finite logits$",
+    ):
         e2e_inject.logit_metrics(bad, good, ids)
     with pytest.raises(ValueError, match=r"^int4: 1 of 1024 logits are NaN/Inf"):
         e2e_inject.logit_metrics(good, bad, ids, "int4")
     # The whole script: a model whose logits are NaN. Exit 2, one error line, no /e2e written.
-    import tiny_mla
+    from latentq import tiny_mla
+
     forward = tiny_mla.TinyMLAForCausalLM.forward
-    monkeypatch.setattr(tiny_mla.TinyMLAForCausalLM, "forward",
-                        lambda self, *a, **k: forward(self, *a, **k) * float("nan"))
+    monkeypatch.setattr(
+        tiny_mla.TinyMLAForCausalLM, "forward", lambda self, *a, **k: forward(self, *a, **k) * float("nan")
+    )
     res = tmp_path / "r.h5"
     make_results(res)
     before = res.read_bytes()
     text = tmp_path / "text.txt"
     text.write_bytes(b"In the beginning God created the heaven and the earth. " * 4)
-    assert e2e_inject.main(["--results", str(res), "--text", str(text), "--offset-bytes", "0", "--seq-len", "64",
-                            "--num-seqs", "1", "--threads", "1"]) == 2
+    assert (
+        e2e_inject.main(
+            [
+                "--results",
+                str(res),
+                "--text",
+                str(text),
+                "--offset-bytes",
+                "0",
+                "--seq-len",
+                "64",
+                "--num-seqs",
+                "1",
+                "--threads",
+                "1",
+            ]
+        )
+        == 2
+    )
     line = _err_line(capsys)
     assert "the reference run (exact latents) of " in line and "logits are NaN/Inf" in line, line
     assert "is left unchanged" in line, line
@@ -183,12 +262,20 @@ def test_mixed_assignment_uses_each_layers_stored_spec(tmp_path):
         g.create_dataset("layer", data=np.array([0, 0, 1, 1], dtype=np.int64))
         g.create_dataset("target", data=np.array(["c_kv", "k_pe"] * 2, dtype=object), dtype=str_t)
         g.create_dataset("quantizer", data=np.array(["mixed"] * 4, dtype=object), dtype=str_t)
-        g.create_dataset("stored", data=np.array(["int8-asym-channel-g32", "bf16", "int2-asym-channel-g32", "int4-sym-token"],
-                                                 dtype=object), dtype=str_t)
+        g.create_dataset(
+            "stored",
+            data=np.array(["int8-asym-channel-g32", "bf16", "int2-asym-channel-g32", "int4-sym-token"], dtype=object),
+            dtype=str_t,
+        )
     specs = e2e_inject.mixed_specs(str(res), "mixed")
-    assert specs == {(0, "c_kv"): "int8-asym-channel-g32", (0, "k_pe"): "bf16",
-                     (1, "c_kv"): "int2-asym-channel-g32", (1, "k_pe"): "int4-sym-token"}
+    assert specs == {
+        (0, "c_kv"): "int8-asym-channel-g32",
+        (0, "k_pe"): "bf16",
+        (1, "c_kv"): "int2-asym-channel-g32",
+        (1, "k_pe"): "int4-sym-token",
+    }
     import latentq
+
     fn = e2e_inject.make_inject(latentq, specs, ("c_kv", "k_pe"))
     x = torch.randn(2, 64, 16)
     for (layer, target), spec in specs.items():

@@ -1,10 +1,10 @@
-"""Batched e2e forwards (experiments/e2e_inject.py --batch-runs K): K runs share one forward of K x num_seqs
+"""Batched e2e forwards (latentq.e2e --batch-runs K): K runs share one forward of K x num_seqs
 sequences, each run's quantizer applied to its own rows. The /e2e and /e2e_position tables equal those of
 K = 1 (one forward per run) on tiny-mla: the strings, integer columns and bytes_per_token exactly, the float
 metrics to a float32 tolerance (the batched GEMMs may sum in another order; the quantized values are the
 same bit for bit, checked directly below)."""
+
 import os
-import sys
 
 import h5py
 import numpy as np
@@ -12,24 +12,24 @@ import pytest
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "experiments"))
-sys.path.insert(0, os.environ.get("LATENTQ_PYMODULE_DIR", os.path.join(ROOT, "build", "python")))
-pytest.importorskip("latentq", reason="the latentq Python module is not built")
+pytest.importorskip("latentq._core", reason="the latentq Python module is not built")
 MODEL = os.path.join(ROOT, "data", "tiny-mla")
 if not os.path.exists(os.path.join(MODEL, "model.safetensors")):
     pytest.skip("data/tiny-mla/model.safetensors is absent", allow_module_level=True)
 
-import e2e_inject  # noqa: E402
+from latentq import e2e as e2e_inject  # noqa: E402
 
 STR = h5py.string_dtype("utf-8")
 # (quantizer, target, stored) rows of /latent_error on layer 0 (the study's layers come from the root
 # attribute): c_kv+k_pe, k_pe only, a transformed spec, a per-tensor scale, and a mixed assignment that
 # leaves layers 2..5 exact.
-LATENT_ROWS = [("int4-asym-channel-g8", t, "int4-asym-channel-g8") for t in ("c_kv", "k_pe")] + \
-    [("int2-sym-token", "k_pe", "int2-sym-token")] + \
-    [("had,int4-asym-token", t, "had,int4-asym-token") for t in ("c_kv", "k_pe")] + \
-    [("int4-sym-tensor", t, "int4-sym-tensor") for t in ("c_kv", "k_pe")] + \
-    [("bf16", t, "bf16") for t in ("c_kv", "k_pe")]
+LATENT_ROWS = (
+    [("int4-asym-channel-g8", t, "int4-asym-channel-g8") for t in ("c_kv", "k_pe")]
+    + [("int2-sym-token", "k_pe", "int2-sym-token")]
+    + [("had,int4-asym-token", t, "had,int4-asym-token") for t in ("c_kv", "k_pe")]
+    + [("int4-sym-tensor", t, "int4-sym-tensor") for t in ("c_kv", "k_pe")]
+    + [("bf16", t, "bf16") for t in ("c_kv", "k_pe")]
+)
 MIXED = [(0, "c_kv", "int2-asym-channel-g8"), (1, "k_pe", "int4-sym-token")]
 
 
@@ -37,9 +37,12 @@ def make_results(path):
     with h5py.File(path, "w") as f:
         f.attrs["schema"] = "latentq-results/1"
         f.attrs["layers"] = "0,1,2,3,4,5"
-        f.attrs["decode_order_modes"] = np.array(["prefill-at-once", "decode-r8-s0-p0", "decode-r0-s2-p0"], dtype=object)
-        f.attrs["decode_order_quantizers"] = np.array(["int4-asym-channel-g8", "int2-sym-token", "int4-sym-tensor"],
-                                                      dtype=object)
+        f.attrs["decode_order_modes"] = np.array(
+            ["prefill-at-once", "decode-r8-s0-p0", "decode-r0-s2-p0"], dtype=object
+        )
+        f.attrs["decode_order_quantizers"] = np.array(
+            ["int4-asym-channel-g8", "int2-sym-token", "int4-sym-tensor"], dtype=object
+        )
         f.attrs["decode_order_position_bucket"] = np.int64(16)
         rows = [(0, q, t, s) for q, t, s in LATENT_ROWS] + [(l, "mixed", t, s) for l, t, s in MIXED]
         g = f.create_group("latent_error")
@@ -53,13 +56,33 @@ def run_script(tmp_path, k):
     make_results(res)
     text = tmp_path / "t.txt"
     text.write_bytes((b"In the beginning God created the heaven and the earth. " * 12)[:600])
-    rc = e2e_inject.main(["--results", str(res), "--model", MODEL, "--text", str(text), "--offset-bytes", "0",
-                          "--seq-len", "48", "--num-seqs", "3", "--threads", "1", "--batch-runs", str(k)])
+    rc = e2e_inject.main(
+        [
+            "--results",
+            str(res),
+            "--model",
+            MODEL,
+            "--text",
+            str(text),
+            "--offset-bytes",
+            "0",
+            "--seq-len",
+            "48",
+            "--num-seqs",
+            "3",
+            "--threads",
+            "1",
+            "--batch-runs",
+            str(k),
+        ]
+    )
     assert rc == 0, k
     with h5py.File(res, "r") as f:
         # 0 = auto: the prefill-at-once runs by the memory bound (16 at 3 x 48 tokens), decode-order runs alone
-        assert (int(f["e2e"].attrs["batch_runs"]), int(f["e2e"].attrs["batch_runs_decode"])) == ((k, k) if k else (16, 1))
-        return ({n: {c: v[:] for c, v in f[n].items()} for n in ("e2e", "e2e_position")})
+        assert (int(f["e2e"].attrs["batch_runs"]), int(f["e2e"].attrs["batch_runs_decode"])) == (
+            (k, k) if k else (16, 1)
+        )
+        return {n: {c: v[:] for c, v in f[n].items()} for n in ("e2e", "e2e_position")}
 
 
 # Float metrics: an absolute float32-level bound. KL of two logit sets that agree to ~1e-6 relative
@@ -81,8 +104,12 @@ def test_batched_tables_equal_one_run_per_forward(tmp_path):
                     np.testing.assert_allclose(b[col], a[col], rtol=0, atol=ATOL[col], err_msg=f"K={k} {name}/{col}")
                 else:  # strings, counts, R/S/P, scale_causal, bytes_per_token (no forward involved), top-1
                     assert np.array_equal(a[col], b[col]), (k, name, col, a[col], b[col])
-    kl = dict(zip([(q.decode(), m.decode()) for q, m in zip(one["e2e"]["quantizer"], one["e2e"]["cache_mode"])],
-                  one["e2e"]["kl_mean"]))
+    kl = dict(
+        zip(
+            [(q.decode(), m.decode()) for q, m in zip(one["e2e"]["quantizer"], one["e2e"]["cache_mode"])],
+            one["e2e"]["kl_mean"],
+        )
+    )
     assert kl[("bf16", "prefill-at-once")] < 1e-3 < kl[("int2-sym-token", "prefill-at-once")]  # the runs differ
     assert kl[("mixed", "prefill-at-once")] > 0
 
@@ -91,8 +118,9 @@ def test_batch_hooks_give_each_run_its_own_values():
     """The batched callbacks hand run k's rows to run k's quantizer: the same quantized values bit for bit
     as alone (prefill), and per-row masks / the model's own output on rows a run leaves exact (decode)."""
     import latentq
-    from dump_latents import load_model, run_model
-    from latent_hooks import DecodeOrderAttention, LatentInjector
+    from latentq.dump import load_model, run_model
+    from latentq.inject import DecodeOrderAttention
+
     torch.manual_seed(0)
     x = torch.randn(6, 40, 16)  # 3 runs x 2 sequences
     mixed = {(0, "c_kv"): "int2-asym-channel-g8"}
@@ -100,7 +128,7 @@ def test_batch_hooks_give_each_run_its_own_values():
     fns = [e2e_inject.make_inject(latentq, s, ("c_kv", "k_pe")) for s in specs]
     out = e2e_inject.batch_inject(fns, 2)(0, "c_kv", x)
     for k, f in enumerate(fns):
-        assert torch.equal(out[2 * k:2 * k + 2], f(0, "c_kv", x[2 * k:2 * k + 2])), k
+        assert torch.equal(out[2 * k : 2 * k + 2], f(0, "c_kv", x[2 * k : 2 * k + 2])), k
     # rows 0-1: the reference (exact); 2-3: int4 quantizes layer 3; 4-5: the mixed assignment leaves it exact
     out = e2e_inject.batch_inject([None] + fns[:2], 2)(3, "k_pe", x)
     assert torch.equal(out[:2], x[:2]) and torch.equal(out[4:], x[4:]) and not torch.equal(out[2:4], x[2:4])
@@ -135,7 +163,9 @@ def test_a_refused_spec_gives_the_unbatched_error(tmp_path, capsys, monkeypatch)
 
         def bad(layer, name, x):
             raise ValueError("int4-sym-tensor: refused by the test")
+
         return bad
+
     monkeypatch.setattr(e2e_inject, "make_inject", refusing)
     text = tmp_path / "t.txt"
     text.write_bytes((b"In the beginning God created the heaven and the earth. " * 4)[:200])
@@ -144,8 +174,29 @@ def test_a_refused_spec_gives_the_unbatched_error(tmp_path, capsys, monkeypatch)
         res = tmp_path / f"r{k}.h5"
         make_results(res)
         before = res.read_bytes()
-        assert e2e_inject.main(["--results", str(res), "--model", MODEL, "--text", str(text), "--offset-bytes", "0",
-                                "--seq-len", "32", "--num-seqs", "2", "--threads", "1", "--batch-runs", str(k)]) == 2
+        assert (
+            e2e_inject.main(
+                [
+                    "--results",
+                    str(res),
+                    "--model",
+                    MODEL,
+                    "--text",
+                    str(text),
+                    "--offset-bytes",
+                    "0",
+                    "--seq-len",
+                    "32",
+                    "--num-seqs",
+                    "2",
+                    "--threads",
+                    "1",
+                    "--batch-runs",
+                    str(k),
+                ]
+            )
+            == 2
+        )
         assert res.read_bytes() == before
         cap = capsys.readouterr()
         outs.append((cap.out, cap.err.replace(str(res), "RES")))

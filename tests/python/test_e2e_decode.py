@@ -1,4 +1,4 @@
-"""Decode order end to end (experiments/e2e_inject.py, data/latent_hooks.py DecodeOrderAttention).
+"""Decode order end to end (latentq.e2e, latentq.inject.DecodeOrderAttention).
 
 The claim: one causal forward whose MLA attention reads key j quantized or in bf16 per (query t, key j)
 (latentq.decode_order_mask) is token-by-token decode with a quantized latent cache, exactly. Checked
@@ -10,10 +10,9 @@ DeepseekV2 / DeepseekV3 (their own decode with the HF cache, expand_kv wrapped t
 the rule). Also: identity injection = the reference, injection = a patched expand_kv forward, the e2e
 script on an HF checkpoint directory, and `latentq run` with [e2e] naming that directory.
 """
-import json
+
 import os
 import subprocess
-import sys
 
 import h5py
 import numpy as np
@@ -21,22 +20,23 @@ import pytest
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "experiments"))
-sys.path.insert(0, os.environ.get("LATENTQ_PYMODULE_DIR", os.path.join(ROOT, "build", "python")))
-latentq = pytest.importorskip("latentq", reason="the latentq Python module is not built")
+pytest.importorskip("latentq._core", reason="the latentq Python module is not built")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import e2e_inject  # noqa: E402
-import tiny_mla  # noqa: E402
-from latent_hooks import DecodeOrderAttention, LatentInjector  # noqa: E402
+import latentq  # noqa: E402
+from latentq import e2e as e2e_inject  # noqa: E402
+from latentq import tiny_mla  # noqa: E402
+from latentq.inject import DecodeOrderAttention, LatentInjector  # noqa: E402
 
 # (spec, mode, sink) cases: per-channel groups with a sink and a residual, per-token with a prefill,
 # R = 0 (the engines' order), a transformed per-token spec, and the asymmetric G = R KIVI key rule.
-CASES = [("int2-asym-channel-g8", "decode-r8-s3-p0", 3),
-         ("int4-sym-token", "decode-r4-s0-p10", 0),
-         ("int2-asym-token", "decode-r0-s0-p0", 0),
-         ("had,int4-asym-token", "decode-r16-s4-p0", 4),
-         ("int4-asym-channel-g4", "decode-r1-s0-p0", 0)]
+CASES = [
+    ("int2-asym-channel-g8", "decode-r8-s3-p0", 3),
+    ("int4-sym-token", "decode-r4-s0-p10", 0),
+    ("int2-asym-token", "decode-r0-s0-p0", 0),
+    ("had,int4-asym-token", "decode-r16-s4-p0", 4),
+    ("int4-asym-channel-g4", "decode-r1-s0-p0", 0),
+]
 
 
 def bf16(x):
@@ -62,10 +62,11 @@ class QuantizedLatentCache:
             g0 = self.sink + ((j - self.sink) // self.G) * self.G
             if g0 not in self.store:
                 assert g0 + self.G <= t + 1, "a group is read quantized before it is complete"
-                rows = hist[:, g0:g0 + self.G].float().reshape(B * self.G, D).contiguous().numpy()
+                rows = hist[:, g0 : g0 + self.G].float().reshape(B * self.G, D).contiguous().numpy()
                 offs = [b * self.G for b in range(B + 1)]
                 self.store[g0] = torch.from_numpy(
-                    latentq.quantize_dequantize(rows, self.spec, self.target, offs)).reshape(B, self.G, D)
+                    latentq.quantize_dequantize(rows, self.spec, self.target, offs)
+                ).reshape(B, self.G, D)
             out[:, j] = self.store[g0][:, j - g0]
         return out.to(hist.dtype)
 
@@ -78,11 +79,20 @@ def one_pass(model, ids, spec, mode, run):
 
 # ---- tiny-mla ------------------------------------------------------------------------------------
 
+
 def small_tiny():
     torch.manual_seed(11)
-    cfg = tiny_mla.TinyMLAConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-                                 kv_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=16,
-                                 max_position_embeddings=128)
+    cfg = tiny_mla.TinyMLAConfig(
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        kv_lora_rank=32,
+        qk_rope_head_dim=16,
+        qk_nope_head_dim=16,
+        v_head_dim=16,
+        max_position_embeddings=128,
+    )
     m = tiny_mla.TinyMLAForCausalLM(cfg)
     for n, p in m.named_parameters():
         if p.dim() == 2:
@@ -100,30 +110,33 @@ def tiny_decode_loop(model, ids, spec, mode, sink):
     B, T = ids.shape
     H, nope, rope, vd = cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
     inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, rope, 2, dtype=torch.float32) / rope))
-    caches = {(i, n): QuantizedLatentCache(spec, mode, n, sink) for i in range(cfg.num_hidden_layers)
-              for n in ("c_kv", "k_pe")}
+    caches = {
+        (i, n): QuantizedLatentCache(spec, mode, n, sink)
+        for i in range(cfg.num_hidden_layers)
+        for n in ("c_kv", "k_pe")
+    }
     hist = {k: [] for k in caches}
     out = []
     for t in range(T):
         freqs = torch.full((B, 1), float(t))[..., None] * inv
-        fc = torch.polar(torch.ones_like(freqs), freqs)                       # [B, 1, rope/2]
-        h = model.model.embed_tokens(ids[:, t:t + 1])
+        fc = torch.polar(torch.ones_like(freqs), freqs)  # [B, 1, rope/2]
+        h = model.model.embed_tokens(ids[:, t : t + 1])
         for i, layer in enumerate(model.model.layers):
             a = layer.self_attn
             x = layer.input_layernorm(h)
-            q = a.q_proj(x).view(B, 1, H, nope + rope).transpose(1, 2)          # [B, H, 1, nope+rope]
+            q = a.q_proj(x).view(B, 1, H, nope + rope).transpose(1, 2)  # [B, H, 1, nope+rope]
             q_nope, q_pe = q[..., :nope], q[..., nope:]
             c, kpe = torch.split(a.kv_a_proj_with_mqa(x), [cfg.kv_lora_rank, rope], dim=-1)
             c = a.kv_a_layernorm(c)
             q_pe, kpe = tiny_mla.apply_rotary_emb(q_pe, kpe.view(B, 1, 1, rope), fc)
             hist[(i, "c_kv")].append(c[:, 0])
             hist[(i, "k_pe")].append(kpe[:, 0, 0])
-            C = caches[(i, "c_kv")].read(torch.stack(hist[(i, "c_kv")], 1), t)    # [B, t+1, r]
-            K = caches[(i, "k_pe")].read(torch.stack(hist[(i, "k_pe")], 1), t)    # [B, t+1, rope]
+            C = caches[(i, "c_kv")].read(torch.stack(hist[(i, "c_kv")], 1), t)  # [B, t+1, r]
+            K = caches[(i, "k_pe")].read(torch.stack(hist[(i, "k_pe")], 1), t)  # [B, t+1, rope]
             kv = a.kv_b_proj(C).view(B, t + 1, H, nope + vd).transpose(1, 2)
             k = torch.cat([kv[..., :nope], K[:, None].expand(-1, H, -1, -1)], -1)
             s = torch.cat([q_nope, q_pe], -1) @ k.transpose(-1, -2) * cfg.softmax_scale
-            o = torch.softmax(s, -1) @ kv[..., nope:]                              # [B, H, 1, v]
+            o = torch.softmax(s, -1) @ kv[..., nope:]  # [B, H, 1, v]
             h = h + a.o_proj(o.transpose(1, 2).reshape(B, 1, H * vd))
             h = h + layer.mlp(layer.post_attention_layernorm(h))
         out.append(model.lm_head(model.model.norm(h)))
@@ -160,14 +173,14 @@ def direct_mixed_attention(q_nope, q_pe, c_q, c_b, read_c, kpe_q, kpe_b, read_kp
     """The absorbed formula of mixed_latent_attention's docstring, written key by key in float64 from
     [B, T, T] masks: s = scale·(q_nope W_UK·c_X[j] + q_pe·k_pe_Y[j]), causal softmax, out = W_UV Σ p c_X[j]."""
     B, T, H, _ = q_nope.shape
-    q_lat = torch.einsum("bthd,hdc->bthc", q_nope, w_uk)                      # [B, T, H, r]
+    q_lat = torch.einsum("bthd,hdc->bthc", q_nope, w_uk)  # [B, T, H, r]
     out = torch.zeros(B, T, H, w_uv.shape[1], dtype=torch.float64)
     for b in range(B):
         for t in range(T):
-            rc, rk = read_c[b, t, :t + 1, None], read_kpe[b, t, :t + 1, None]  # [t+1, 1]
-            c = torch.where(rc, c_q[b, :t + 1], c_b[b, :t + 1])              # [t+1, r]
-            k = torch.where(rk, kpe_q[b, :t + 1], kpe_b[b, :t + 1])          # [t+1, d_r]
-            p = torch.softmax((q_lat[b, t] @ c.T + q_pe[b, t] @ k.T) * scale, -1)   # [H, t+1]
+            rc, rk = read_c[b, t, : t + 1, None], read_kpe[b, t, : t + 1, None]  # [t+1, 1]
+            c = torch.where(rc, c_q[b, : t + 1], c_b[b, : t + 1])  # [t+1, r]
+            k = torch.where(rk, kpe_q[b, : t + 1], kpe_b[b, : t + 1])  # [t+1, d_r]
+            p = torch.softmax((q_lat[b, t] @ c.T + q_pe[b, t] @ k.T) * scale, -1)  # [H, t+1]
             out[b, t] = torch.einsum("hc,hdc->hd", p @ c, w_uv)
     return out
 
@@ -178,18 +191,24 @@ def test_mixed_latent_attention_equals_the_direct_formula(case):
     equal (2·T keys), one constant (2·T), nested (3·T: a per-channel c_kv group inside a per-token k_pe
     residual), crossing (4·T) and one per batch row ([B, 1, T, T], 4·T); seed 21, B 2, T 24, H 3, r 16,
     d_n 8, d_r 4, d_v 6."""
-    from latent_hooks import mixed_latent_attention
+    from latentq.inject import mixed_latent_attention
+
     g = torch.Generator().manual_seed(21)
     B, T, H, r, dn, dr, dv = 2, 24, 3, 16, 8, 4, 6
     rnd = lambda *shape: torch.randn(*shape, generator=g, dtype=torch.float64)
     q_nope, q_pe, c_q, c_b = rnd(B, T, H, dn), rnd(B, T, H, dr), rnd(B, T, r), rnd(B, T, r)
     kpe_q, kpe_b, w_uk, w_uv = rnd(B, T, dr), rnd(B, T, dr), rnd(H, dn, r), rnd(H, dv, r)
     t, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
-    a = (j >= 2) & (j < ((t - 4) // 8) * 8)           # sink 2, residual 4, groups of 8
-    k = j < t - 3                                      # residual 3, G = 1
+    a = (j >= 2) & (j < ((t - 4) // 8) * 8)  # sink 2, residual 4, groups of 8
+    k = j < t - 3  # residual 3, G = 1
     rand = torch.rand(B, 1, T, T, generator=g) < 0.5
-    read_c, read_kpe = {"equal": (a, a), "kpe-constant": (a, torch.zeros(T, T, dtype=torch.bool)),
-                        "nested": (a, k), "crossing": (a, j >= t - 3), "per-row": (rand, rand.flip(0))}[case]
+    read_c, read_kpe = {
+        "equal": (a, a),
+        "kpe-constant": (a, torch.zeros(T, T, dtype=torch.bool)),
+        "nested": (a, k),
+        "crossing": (a, j >= t - 3),
+        "per-row": (rand, rand.flip(0)),
+    }[case]
     got = mixed_latent_attention(q_nope, q_pe, c_q, c_b, read_c, kpe_q, kpe_b, read_kpe, w_uk, w_uv, 0.3)
     full = lambda m: m.reshape(-1, T, T).expand(B, T, T)
     want = direct_mixed_attention(q_nope, q_pe, c_q, c_b, full(read_c), kpe_q, kpe_b, full(read_kpe), w_uk, w_uv, 0.3)
@@ -202,6 +221,7 @@ def test_decode_order_skips_the_models_own_attention():
     """Where the mixed attention replaces a layer's output on every row, the model's SDPA call is not run
     (zeros returned); with a `rows` element that keeps some rows, it runs; the logits do not change."""
     import torch.nn.functional as F
+
     m = small_tiny()
     ids = torch.randint(0, 256, (2, 40), generator=torch.Generator().manual_seed(5))
     fn = e2e_inject.make_decode_cache(latentq, "int4-asym-channel-g8", ("c_kv", "k_pe"), None, "decode-r8-s0-p0")
@@ -219,8 +239,11 @@ def test_decode_order_skips_the_models_own_attention():
             skipped = m(ids)
         n_skipped = len(calls)
         calls.clear()
-        keep = lambda layer, c, k: fn(layer, c, k) + (torch.ones(c.shape[0], dtype=torch.bool),) if layer else \
-            fn(layer, c, k) + (torch.tensor([True, False]),)
+        keep = lambda layer, c, k: (
+            fn(layer, c, k) + (torch.ones(c.shape[0], dtype=torch.bool),)
+            if layer
+            else fn(layer, c, k) + (torch.tensor([True, False]),)
+        )
         with torch.no_grad(), DecodeOrderAttention(m, keep):
             kept = m(ids)
         n_kept = len(calls)
@@ -230,7 +253,7 @@ def test_decode_order_skips_the_models_own_attention():
     assert n_skipped == 0 and n_kept == 1, (n_skipped, n_kept, layers)
     with torch.no_grad():
         ref = m(ids)
-    assert torch.equal(skipped[0], kept[0])                 # row 0 reads the mixed cache in both runs
+    assert torch.equal(skipped[0], kept[0])  # row 0 reads the mixed cache in both runs
     assert float((kept[1] - ref[1]).abs().max()) < float((skipped[1] - ref[1]).abs().max())
 
 
@@ -239,10 +262,24 @@ def test_decode_order_skips_the_models_own_attention():
 transformers = pytest.importorskip("transformers")
 from transformers import DeepseekV2Config, DeepseekV2ForCausalLM, DeepseekV3Config, DeepseekV3ForCausalLM  # noqa: E402
 
-HF_COMMON = dict(vocab_size=300, hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=2,
-                 num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=32, qk_rope_head_dim=16,
-                 qk_nope_head_dim=16, v_head_dim=16, max_position_embeddings=640, first_k_dense_replace=2,
-                 n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1)
+HF_COMMON = dict(
+    vocab_size=300,
+    hidden_size=64,
+    intermediate_size=96,
+    moe_intermediate_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    kv_lora_rank=32,
+    qk_rope_head_dim=16,
+    qk_nope_head_dim=16,
+    v_head_dim=16,
+    max_position_embeddings=640,
+    first_k_dense_replace=2,
+    n_routed_experts=4,
+    num_experts_per_tok=2,
+    n_shared_experts=1,
+)
 
 
 def build_hf(kind, attn="eager"):
@@ -250,8 +287,11 @@ def build_hf(kind, attn="eager"):
     if kind == "v2":
         m = DeepseekV2ForCausalLM(DeepseekV2Config(q_lora_rank=None, attn_implementation=attn, **HF_COMMON))
     else:
-        m = DeepseekV3ForCausalLM(DeepseekV3Config(q_lora_rank=24, rope_interleave=True, n_group=2, topk_group=1,
-                                                   attn_implementation=attn, **HF_COMMON))
+        m = DeepseekV3ForCausalLM(
+            DeepseekV3Config(
+                q_lora_rank=24, rope_interleave=True, n_group=2, topk_group=1, attn_implementation=attn, **HF_COMMON
+            )
+        )
     for n, p in m.named_parameters():
         if p.dim() == 2 and "norm" not in n:
             torch.nn.init.normal_(p, std=0.25)
@@ -295,6 +335,7 @@ def hf_decode_loop(m, ids, spec, mode, sink):
     """HF's own decode, one token per step with its cache (which stores the exact latents); each step's
     attention reads the cache per the rule through QuantizedLatentCache."""
     from transformers import DynamicCache
+
     caches = {}
 
     def read(i, name, x, t):
@@ -305,7 +346,7 @@ def hf_decode_loop(m, ids, spec, mode, sink):
     out = []
     with ReadPerRule(m, read):
         for t in range(ids.shape[1]):
-            r = m(input_ids=ids[:, t:t + 1], past_key_values=past, use_cache=True)
+            r = m(input_ids=ids[:, t : t + 1], past_key_values=past, use_cache=True)
             past = r.past_key_values
             out.append(r.logits)
     return torch.cat(out, 1)
@@ -332,6 +373,7 @@ def test_hf_sdpa_model_skips_its_attention_and_matches_eager(kind):
     """An HF model on its sdpa attention path: DecodeOrderAttention skips the model's SDPA call on every
     replaced layer (none reaches torch) and gives the eager model's logits (same weights, float64)."""
     import torch.nn.functional as F
+
     eager, sdpa = build_hf(kind), build_hf(kind, "sdpa")
     ids = torch.randint(0, 300, (2, 40), generator=torch.Generator().manual_seed(12))
     fn = e2e_inject.make_decode_cache(latentq, "int4-asym-channel-g8", ("c_kv", "k_pe"), None, "decode-r8-s2-p0")
@@ -346,7 +388,7 @@ def test_hf_sdpa_model_skips_its_attention_and_matches_eager(kind):
         with torch.no_grad(), DecodeOrderAttention(sdpa, fn):
             got = hf_run(sdpa, ids)
         with torch.no_grad():
-            plain = hf_run(sdpa, ids)          # the sdpa path is really taken: it calls SDPA per layer
+            plain = hf_run(sdpa, ids)  # the sdpa path is really taken: it calls SDPA per layer
     finally:
         F.scaled_dot_product_attention = real
     with torch.no_grad(), DecodeOrderAttention(eager, fn):
@@ -379,8 +421,9 @@ def test_hf_identity_and_patched_forward(kind):
 
         def qdq(i, name, x, t):
             B, n, D = x.shape
-            y = latentq.quantize_dequantize(x.float().reshape(B * n, D).contiguous().numpy(), spec, name,
-                                            [k * n for k in range(B + 1)])
+            y = latentq.quantize_dequantize(
+                x.float().reshape(B * n, D).contiguous().numpy(), spec, name, [k * n for k in range(B + 1)]
+            )
             return torch.from_numpy(y).reshape(B, n, D)
 
         with ReadPerRule(m, qdq):
@@ -395,6 +438,7 @@ def test_hf_identity_and_patched_forward(kind):
 
 
 # ---- the script and the CLI on an HF checkpoint directory ----------------------------------------
+
 
 @pytest.fixture(scope="module")
 def v3_checkpoint(tmp_path_factory):
@@ -417,18 +461,42 @@ def results_file(path, quantizers=("int4-asym-channel-g8", "bf16"), attrs=None):
 
 
 def test_script_on_hf_checkpoint_decode_modes(v3_checkpoint, tmp_path):
-    """e2e_inject.py on an HF DeepseekV3 directory (byte tokens: it has no tokenizer), the decode modes
+    """latentq.e2e on an HF DeepseekV3 directory (byte tokens: it has no tokenizer), the decode modes
     and quantizers from the root attributes: /e2e gains cache_mode rows, /e2e_position buckets them."""
     res = tmp_path / "r.h5"
     modes = ["prefill-at-once", "decode-r0-s0-p0", "decode-r16-s4-p0"]
-    results_file(res, attrs={"decode_order_modes": np.array(modes, dtype=object),
-                             "decode_order_quantizers": np.array(["int2-asym-channel-g8"], dtype=object),
-                             "decode_order_position_bucket": np.int64(16)})
+    results_file(
+        res,
+        attrs={
+            "decode_order_modes": np.array(modes, dtype=object),
+            "decode_order_quantizers": np.array(["int2-asym-channel-g8"], dtype=object),
+            "decode_order_position_bucket": np.int64(16),
+        },
+    )
     text = tmp_path / "t.txt"
     text.write_bytes((b"In the beginning God created the heaven and the earth. " * 8)[:400])
-    rc = e2e_inject.main(["--results", str(res), "--model", str(v3_checkpoint), "--text", str(text), "--offset-bytes",
-                          "0", "--seq-len", "48", "--num-seqs", "2", "--threads", "1", "--device", "cpu",
-                          "--dtype", "float32"])
+    rc = e2e_inject.main(
+        [
+            "--results",
+            str(res),
+            "--model",
+            str(v3_checkpoint),
+            "--text",
+            str(text),
+            "--offset-bytes",
+            "0",
+            "--seq-len",
+            "48",
+            "--num-seqs",
+            "2",
+            "--threads",
+            "1",
+            "--device",
+            "cpu",
+            "--dtype",
+            "float32",
+        ]
+    )
     assert rc == 0
     with h5py.File(res, "r") as f:
         e = {k: v[:] for k, v in f["e2e"].items()}
@@ -436,8 +504,12 @@ def test_script_on_hf_checkpoint_decode_modes(v3_checkpoint, tmp_path):
         assert f["e2e_position"].attrs["position_bucket"] == 16
     dec = lambda a: [x.decode() if isinstance(x, bytes) else x for x in a]
     rows = list(zip(dec(e["quantizer"]), dec(e["cache_mode"])))
-    assert rows == [("int4-asym-channel-g8", "prefill-at-once"), ("bf16", "prefill-at-once"),
-                    ("int2-asym-channel-g8", "decode-r0-s0-p0"), ("int2-asym-channel-g8", "decode-r16-s4-p0")]
+    assert rows == [
+        ("int4-asym-channel-g8", "prefill-at-once"),
+        ("bf16", "prefill-at-once"),
+        ("int2-asym-channel-g8", "decode-r0-s0-p0"),
+        ("int2-asym-channel-g8", "decode-r16-s4-p0"),
+    ]
     kl = e["kl_mean"]
     assert kl[3] < kl[2]  # a residual and a sink recover part of int2's error
     # Bytes per token per layer: bf16 = 2 bytes x (32 + 16); the decode rows hold sink + residual +
@@ -450,7 +522,7 @@ def test_script_on_hf_checkpoint_decode_modes(v3_checkpoint, tmp_path):
     assert list(p["residual"][-3:]) == [16] * 3 and list(p["sink"][-3:]) == [4] * 3
     # The bucket means average to the run's mean (equal buckets).
     for r in range(4):
-        assert np.mean(p["kl_mean"][3 * r:3 * r + 3]) == pytest.approx(kl[r], rel=1e-9)
+        assert np.mean(p["kl_mean"][3 * r : 3 * r + 3]) == pytest.approx(kl[r], rel=1e-9)
     # R=16, S=4: positions < 16 read every key in bf16 -> the first bucket's KL is the bf16 level.
     assert p["kl_mean"][9] < 0.1 * p["kl_mean"][6]
 
@@ -459,13 +531,32 @@ def test_script_runs_the_decode_order_targets(v3_checkpoint, tmp_path, capsys):
     """The root attribute decode_order_targets (the study's [decode_order].targets) gives one decode run per
     quantizer, target set and mode, as /attention_position; a target set outside the three is refused."""
     res = tmp_path / "r.h5"
-    results_file(res, attrs={"decode_order_modes": np.array(["decode-r8-s0-p0"], dtype=object),
-                             "decode_order_quantizers": np.array(["int2-asym-token"], dtype=object),
-                             "decode_order_targets": np.array(["c_kv", "k_pe", "c_kv+k_pe"], dtype=object)})
+    results_file(
+        res,
+        attrs={
+            "decode_order_modes": np.array(["decode-r8-s0-p0"], dtype=object),
+            "decode_order_quantizers": np.array(["int2-asym-token"], dtype=object),
+            "decode_order_targets": np.array(["c_kv", "k_pe", "c_kv+k_pe"], dtype=object),
+        },
+    )
     text = tmp_path / "t.txt"
     text.write_bytes(b"In the beginning God created the heaven and the earth. " * 4)
-    base = ["--results", str(res), "--model", str(v3_checkpoint), "--text", str(text), "--offset-bytes", "0",
-            "--seq-len", "32", "--num-seqs", "2", "--threads", "1"]
+    base = [
+        "--results",
+        str(res),
+        "--model",
+        str(v3_checkpoint),
+        "--text",
+        str(text),
+        "--offset-bytes",
+        "0",
+        "--seq-len",
+        "32",
+        "--num-seqs",
+        "2",
+        "--threads",
+        "1",
+    ]
     assert e2e_inject.main(base) == 0
     with h5py.File(res, "r") as f:
         e = {k: [x.decode() if isinstance(x, bytes) else x for x in v[:]] for k, v in f["e2e"].items()}
@@ -478,8 +569,9 @@ def test_script_runs_the_decode_order_targets(v3_checkpoint, tmp_path, capsys):
     bpt = e["bytes_per_token"][-3:]
     # 8 bf16 tokens x 2 B x (32 + 16); the other 24 at int2 + fp16 scale and offset per row on the quantized
     # target(s): c_kv 32/4 + 4 = 12 B, k_pe 16/4 + 4 = 8 B, bf16 otherwise (64 and 32 B)
-    assert bpt == pytest.approx([(8 * 96 + 24 * (12 + 32)) / 32, (8 * 96 + 24 * (64 + 8)) / 32,
-                                 (8 * 96 + 24 * (12 + 8)) / 32])
+    assert bpt == pytest.approx(
+        [(8 * 96 + 24 * (12 + 32)) / 32, (8 * 96 + 24 * (64 + 8)) / 32, (8 * 96 + 24 * (12 + 8)) / 32]
+    )
     kl = e["kl_mean"][-3:]
     assert kl[2] > max(kl[0], kl[1]) > 0  # both targets quantized move the logits most
     with h5py.File(res, "a") as f:
@@ -494,8 +586,22 @@ def test_script_flags_and_errors(v3_checkpoint, tmp_path, capsys):
     results_file(res)
     text = tmp_path / "t.txt"
     text.write_bytes(b"x" * 200)
-    base = ["--results", str(res), "--model", str(v3_checkpoint), "--text", str(text), "--offset-bytes", "0",
-            "--seq-len", "32", "--num-seqs", "2", "--threads", "1"]
+    base = [
+        "--results",
+        str(res),
+        "--model",
+        str(v3_checkpoint),
+        "--text",
+        str(text),
+        "--offset-bytes",
+        "0",
+        "--seq-len",
+        "32",
+        "--num-seqs",
+        "2",
+        "--threads",
+        "1",
+    ]
     assert e2e_inject.main(base + ["--cache-modes", "decode-r1-x"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "decode-r1-x" in err[0], err
@@ -504,8 +610,12 @@ def test_script_flags_and_errors(v3_checkpoint, tmp_path, capsys):
     assert "max_position_embeddings 640" in capsys.readouterr().err
     with h5py.File(res, "r") as f:
         assert "e2e" not in f
-    assert e2e_inject.main(base + ["--cache-modes", "decode-r8-s0-p0", "--decode-quantizers", "int4-sym-token",
-                                   "int8-asym-tensor"]) == 0
+    assert (
+        e2e_inject.main(
+            base + ["--cache-modes", "decode-r8-s0-p0", "--decode-quantizers", "int4-sym-token", "int8-asym-tensor"]
+        )
+        == 0
+    )
     with h5py.File(res, "r") as f:
         assert [x.decode() for x in f["e2e/cache_mode"][:]] == ["decode-r8-s0-p0"] * 2
         assert f["e2e_position/pos_end"][-1] == 32
@@ -524,18 +634,41 @@ def test_latentq_run_with_e2e_on_an_hf_checkpoint(v3_checkpoint, tmp_path):
     text = tmp_path / "dump.txt"
     text.write_bytes((b"And God said, Let there be light: and there was light. " * 12)[:640])
     dump = tmp_path / "dump.h5"
-    import dump_latents
-    assert dump_latents.main(["--model", str(v3_checkpoint), "--text", str(text), "--seq-len", "64", "--num-seqs",
-                              "4", "--q-rows", "16", "--out", str(dump), "--threads", "1"]) == 0
+    from latentq import dump as dump_latents
+
+    assert (
+        dump_latents.main(
+            [
+                "--model",
+                str(v3_checkpoint),
+                "--text",
+                str(text),
+                "--seq-len",
+                "64",
+                "--num-seqs",
+                "4",
+                "--q-rows",
+                "16",
+                "--out",
+                str(dump),
+                "--threads",
+                "1",
+            ]
+        )
+        == 0
+    )
     cfg = tmp_path / "study.toml"
-    cfg.write_text(f'[input]\ndump = "{dump}"\n\n[quantizers]\nbits = [4]\nschemes = ["asym"]\n'
-                   f'granularities = ["channel"]\ngroup_sizes = [32]\nextra = ["bf16", "klt,int4-asym-channel-g32"]\n\n'
-                   f'[svd]\nenabled = false\n\n[cross_layer]\nenabled = false\n\n'
-                   f'[e2e]\nenabled = true\nmodel = "{v3_checkpoint}"\n')
+    cfg.write_text(
+        f'[input]\ndump = "{dump}"\n\n[quantizers]\nbits = [4]\nschemes = ["asym"]\n'
+        f'granularities = ["channel"]\ngroup_sizes = [32]\nextra = ["bf16", "klt,int4-asym-channel-g32"]\n\n'
+        f"[svd]\nenabled = false\n\n[cross_layer]\nenabled = false\n\n"
+        f'[e2e]\nenabled = true\nmodel = "{v3_checkpoint}"\n'
+    )
     out = tmp_path / "res.h5"
     env = dict(os.environ, HF_HUB_OFFLINE="1")
-    r = subprocess.run([lq, "run", str(cfg), "--out", str(out), "--threads", "1"], capture_output=True, text=True,
-                       env=env, timeout=600)
+    r = subprocess.run(
+        [lq, "run", str(cfg), "--out", str(out), "--threads", "1"], capture_output=True, text=True, env=env, timeout=600
+    )
     print(r.stdout[-3000:], r.stderr[-3000:])
     assert r.returncode == 0
     assert "e2e: skipped" not in r.stdout
@@ -551,8 +684,13 @@ def test_latentq_run_with_e2e_on_an_hf_checkpoint(v3_checkpoint, tmp_path):
     # The tiny-mla directory as [e2e] model of this HF dump: skipped with one line, no /e2e.
     cfg.write_text(cfg.read_text().replace(str(v3_checkpoint), os.path.join(ROOT, "data", "tiny-mla")))
     out2 = tmp_path / "res2.h5"
-    r = subprocess.run([lq, "run", str(cfg), "--out", str(out2), "--threads", "1"], capture_output=True, text=True,
-                       env=env, timeout=600)
+    r = subprocess.run(
+        [lq, "run", str(cfg), "--out", str(out2), "--threads", "1"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr
     assert "e2e: skipped: the dump's model is 'model' but the [e2e] model " in r.stdout
     assert "is a tiny-mla directory: set [e2e] model to the dump's checkpoint directory" in r.stdout

@@ -1,8 +1,6 @@
 """Production MLA cache formats: (1) engine_refs.py against the independent packages (ml_dtypes, gguf,
 torchao, torch) -- these run now; (2) the C++ module `latentq` against engine_refs.py, byte for byte --
 these skip, each with its reason, until latentq parses the spec / has pack_record."""
-import os
-import sys
 
 import numpy as np
 import pytest
@@ -11,12 +9,11 @@ import engine_refs as R
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
 
 # ---------------------------------------------------------------------------------------------------
 # Inputs
 # ---------------------------------------------------------------------------------------------------
+
 
 def _e4m3_grid_midpoints():
     """Exact midpoints between adjacent positive e4m3 values (round-half-even ties), up to 448."""
@@ -24,7 +21,7 @@ def _e4m3_grid_midpoints():
     return ((v[:-1].astype(np.float64) + v[1:]) / 2).astype(np.float32)
 
 
-E4M3_TIES = _e4m3_grid_midpoints()                     # all exact in float32
+E4M3_TIES = _e4m3_grid_midpoints()  # all exact in float32
 E2M1_TIES = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0], np.float32)
 
 
@@ -42,28 +39,29 @@ def adversarial_matrix(T: int, D: int, seed: int, bf16: bool = False, ggml: bool
         for j in range(nb16):
             lo, hi = 16 * j, min(D, 16 * j + 16)
             row[lo] = amax if rng.random() < 0.5 else -amax
-            row[lo + 1:hi] = np.clip(row[lo + 1:hi], -abs(amax), abs(amax))
+            row[lo + 1 : hi] = np.clip(row[lo + 1 : hi], -abs(amax), abs(amax))
         return row
 
-    rows.append(np.zeros(D, np.float32))                                        # zero row
+    rows.append(np.zeros(D, np.float32))  # zero row
     r = rng.standard_normal(D).astype(np.float32)
-    r[: min(D, 128)] = 0                                                         # zero tiles
-    r[D // 2: D // 2 + 32] = 0
+    r[: min(D, 128)] = 0  # zero tiles
+    r[D // 2 : D // 2 + 32] = 0
     rows.append(r)
-    for k in range(-14, 7, 2):                                                  # amax = 448 * 2^k exactly
-        base = np.float32(448.0 * 2.0 ** k)
+    for k in range(-14, 7, 2):  # amax = 448 * 2^k exactly
+        base = np.float32(448.0 * 2.0**k)
         rows.append(blockwise_amax((rng.uniform(-1, 1, D) * base).astype(np.float32), base))
-        for j in (1, 2, 5):                                                      # just above: the torch-log2 case
-            a = np.float32(base * np.float32(1 + j * 2.0 ** -23))
+        for j in (1, 2, 5):  # just above: the torch-log2 case
+            a = np.float32(base * np.float32(1 + j * 2.0**-23))
             rows.append(blockwise_amax((rng.uniform(-1, 1, D) * base).astype(np.float32), a))
-        rows.append(blockwise_amax((rng.uniform(-1, 1, D) * base).astype(np.float32),
-                                   np.nextafter(base, np.float32(0))))          # just below
+        rows.append(
+            blockwise_amax((rng.uniform(-1, 1, D) * base).astype(np.float32), np.nextafter(base, np.float32(0)))
+        )  # just below
         # e4m3 ties relative to s = 2^k (FlashMLA pow2 and MX e4m3 both give s = 2^k here)
-        t = rng.choice(E4M3_TIES, D) * np.float32(2.0 ** k) * rng.choice([-1, 1], D)
+        t = rng.choice(E4M3_TIES, D) * np.float32(2.0**k) * rng.choice([-1, 1], D)
         rows.append(blockwise_amax(t.astype(np.float32), base))
-    for k in (-6, 0, 3):                                                         # e2m1 ties: amax = 6 * 2^k
-        base = np.float32(6.0 * 2.0 ** k)
-        t = rng.choice(E2M1_TIES, D) * np.float32(2.0 ** k) * rng.choice([-1, 1], D)
+    for k in (-6, 0, 3):  # e2m1 ties: amax = 6 * 2^k
+        base = np.float32(6.0 * 2.0**k)
+        t = rng.choice(E2M1_TIES, D) * np.float32(2.0**k) * rng.choice([-1, 1], D)
         rows.append(blockwise_amax(t.astype(np.float32), base))
     # ggml ties: q8_0 block amax 127 -> d = 1: x = n + 0.5; q4_0 max -8 -> d = 1; q4_1 [0, 15] -> d = 1
     rows.append(blockwise_amax((rng.integers(-126, 126, D) + 0.5).astype(np.float32), np.float32(127)))
@@ -71,25 +69,25 @@ def adversarial_matrix(T: int, D: int, seed: int, bf16: bool = False, ggml: bool
     t = (rng.integers(0, 14, D) + 0.5).astype(np.float32)
     t[0::16], t[1::16] = 0, 15
     rows.append(t)
-    r = rng.standard_normal(D).astype(np.float32)                               # +m and -m both at max
+    r = rng.standard_normal(D).astype(np.float32)  # +m and -m both at max
     r[0::16], r[5::16] = 3.0, -3.0
     rows.append(r)
     if not ggml:
-        rows.append((rng.standard_normal(D) * 1e-41).astype(np.float32))        # float32 subnormals only
-        rows.append((rng.standard_normal(D) * 2e-38).astype(np.float32))        # amax ~ 2^-125: MX byte 0
+        rows.append((rng.standard_normal(D) * 1e-41).astype(np.float32))  # float32 subnormals only
+        rows.append((rng.standard_normal(D) * 2e-38).astype(np.float32))  # amax ~ 2^-125: MX byte 0
     r = rng.standard_normal(D).astype(np.float32) * np.float32(1e-3)
-    r[1::3] = (rng.standard_normal(len(r[1::3])) * 1e-40).astype(np.float32)    # subnormals among normals
+    r[1::3] = (rng.standard_normal(len(r[1::3])) * 1e-40).astype(np.float32)  # subnormals among normals
     rows.append(r)
-    r = rng.standard_normal(D).astype(np.float32)                               # e4m3-subnormal codes, -0
-    r[2::4] = np.float32(-2.0 ** -12)
-    r[3::4] = np.float32(2.0 ** -10)                                             # tie between 0 and 2^-9
+    r = rng.standard_normal(D).astype(np.float32)  # e4m3-subnormal codes, -0
+    r[2::4] = np.float32(-(2.0**-12))
+    r[3::4] = np.float32(2.0**-10)  # tie between 0 and 2^-9
     rows.append(blockwise_amax(r, np.float32(448)))
-    rows.append((rng.standard_normal(D) * 1e-30).astype(np.float32))            # tiny row
-    rows.append((rng.standard_normal(D) * 3e3).astype(np.float32))              # large (fp16-safe for ggml)
+    rows.append((rng.standard_normal(D) * 1e-30).astype(np.float32))  # tiny row
+    rows.append((rng.standard_normal(D) * 3e3).astype(np.float32))  # large (fp16-safe for ggml)
     r = rng.standard_normal(D).astype(np.float32)
-    r[rng.integers(0, D)] = 2.5e4                                                # one outlier
+    r[rng.integers(0, D)] = 2.5e4  # one outlier
     rows.append(r)
-    rows.append(np.full(D, 0.7, np.float32))                                     # constant row
+    rows.append(np.full(D, 0.7, np.float32))  # constant row
     rows.append(np.full(D, -1e-3, np.float32))
     adv = np.stack(rows)[:T]
     n = T - adv.shape[0]
@@ -112,18 +110,18 @@ def _float32_stress(n=1_000_000, seed=0):
     grids at many binades, float32 subnormals, the saturation region, +-0."""
     rng = np.random.default_rng(seed)
     parts = []
-    e = rng.integers(127 - 24, 127 + 12, n // 2).astype(np.uint32)             # 2^-24 .. 2^11
+    e = rng.integers(127 - 24, 127 + 12, n // 2).astype(np.uint32)  # 2^-24 .. 2^11
     m = rng.integers(0, 1 << 23, n // 2).astype(np.uint32)
     s = rng.integers(0, 2, n // 2).astype(np.uint32) << np.uint32(31)
     parts.append((s | (e << np.uint32(23)) | m).view(np.float32))
     k = rng.integers(-12, 4, n // 8)
     parts.append((rng.choice(E4M3_TIES, n // 8) * np.ldexp(1.0, k)).astype(np.float32) * rng.choice([-1, 1], n // 8))
     parts.append((rng.choice(E2M1_TIES, n // 16) * np.ldexp(1.0, rng.integers(-3, 3, n // 16))).astype(np.float32))
-    parts.append(rng.integers(1, 1 << 23, n // 16).astype(np.uint32).view(np.float32))           # subnormals
+    parts.append(rng.integers(1, 1 << 23, n // 16).astype(np.uint32).view(np.float32))  # subnormals
     parts.append(rng.uniform(440, 520, n // 16).astype(np.float32) * rng.choice([-1, 1], n // 16).astype(np.float32))
     parts.append(rng.uniform(5, 7, n // 16).astype(np.float32))
     x = np.concatenate(parts).astype(np.float32)
-    x = np.concatenate([x, np.array([0.0, -0.0, 448, 464, 480, 1e30, 6, 7, 2.0 ** -10, -2.0 ** -10], np.float32)])
+    x = np.concatenate([x, np.array([0.0, -0.0, 448, 464, 480, 1e30, 6, 7, 2.0**-10, -(2.0**-10)], np.float32)])
     return x[:n] if x.size > n else x
 
 
@@ -135,6 +133,7 @@ def _all_fp16_as_f32():
 # ---------------------------------------------------------------------------------------------------
 # Part 1: references vs independent packages
 # ---------------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("source", ["fp16_patterns", "stress"])
 def test_e4m3_matches_ml_dtypes(source):
@@ -193,7 +192,7 @@ def test_roundf_is_c_roundf():
     x = _float32_stress(seed=5)
     x = x[np.abs(x) < 1e6]
     ref = np.array([np.float32(np.copysign(np.floor(abs(float(v)) + 0.5), v)) for v in x[:20000]], np.float32)
-    np.testing.assert_array_equal(R.roundf(x[:20000]), ref)                     # float64 floor(a+0.5) is exact here
+    np.testing.assert_array_equal(R.roundf(x[:20000]), ref)  # float64 floor(a+0.5) is exact here
     assert R.roundf(np.float32(0.49999997)) == 0 and R.roundf(np.float32(2.5)) == 3 and R.roundf(np.float32(-2.5)) == -3
 
 
@@ -202,6 +201,7 @@ def test_roundf_is_c_roundf():
 def test_ggml_formats_match_gguf(spec, seed):
     gq = pytest.importorskip("gguf.quants")
     from gguf import GGMLQuantizationType as G
+
     qt = {"q8_0": G.Q8_0, "q4_0": G.Q4_0, "q4_1": G.Q4_1}[spec]
     for D in (576, 160):
         for x in (adversarial_matrix(1000, D, seed, ggml=True), adversarial_matrix(300, D, seed, bf16=True, ggml=True)):
@@ -218,6 +218,7 @@ def test_mx_matches_torchao(elem, seed):
     torch = pytest.importorskip("torch")
     mxt = pytest.importorskip("torchao.prototype.mx_formats.mx_tensor")
     from torchao.prototype.mx_formats.config import ScaleCalculationMode
+
     dt = torch.float8_e4m3fn if elem == "e4m3" else torch.float4_e2m1fn_x2
     for D in (576, 160):
         x = adversarial_matrix(1000, D, seed)
@@ -232,7 +233,7 @@ def test_mx_matches_torchao(elem, seed):
         np.testing.assert_array_equal(q2.scales, scale)
         byte0 = np.repeat(scale.reshape(x.shape[0], -1) == 0, 32 if elem == "e4m3" else 16, axis=1)
         np.testing.assert_array_equal(q2.codes[~byte0], data[~byte0])
-        assert (q2.codes[byte0] != data[byte0]).any()          # the subnormal row exercises it
+        assert (q2.codes[byte0] != data[byte0]).any()  # the subnormal row exercises it
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -256,12 +257,15 @@ def test_nvfp4_matches_torchao(seed):
 def _flashmla_expr_torch(x, tile):
     """The FlashMLA tests/quant.py per-tile expression, evaluated with torch (bf16-exact input)."""
     import torch
+
     t = torch.from_numpy(x)
     T, D = x.shape
     codes, scales = [], []
     for j in range(0, D, tile):
-        part = t[:, j:j + tile]
-        s = torch.pow(2, torch.clamp_min(part.abs().max(dim=-1).values.float() / 448.0, 1e-4).log2().ceil()).to(torch.float32)
+        part = t[:, j : j + tile]
+        s = torch.pow(2, torch.clamp_min(part.abs().max(dim=-1).values.float() / 448.0, 1e-4).log2().ceil()).to(
+            torch.float32
+        )
         codes.append((part.float() / s.unsqueeze(-1)).to(torch.float8_e4m3fn).view(torch.uint8).numpy())
         scales.append(s.numpy())
     return np.concatenate(codes, axis=1), np.stack(scales, axis=1)
@@ -277,7 +281,7 @@ def test_flashmla_pow2_matches_torch_expression(tile):
         q = R.fp8_tile_pow2(x, tile)
         v = np.maximum((R._tile_amax(x, tile) / np.float32(448)).astype(np.float32), np.float32(1e-4))
         mant = v.view(np.uint32) & 0x7FFFFF
-        edge = (mant >= 1) & (mant <= 8)                     # within 8 ulps above 2^k
+        edge = (mant >= 1) & (mant <= 8)  # within 8 ulps above 2^k
         ok = ~edge
         np.testing.assert_array_equal(q.scales.reshape(s.shape)[ok], s[ok])
         rows_ok = np.repeat(ok, tile, axis=1)[:, :576]
@@ -288,11 +292,11 @@ def test_flashmla_torch_log2_edge_documented():
     """Where CPU torch's float32 log2 differs from exact ceil(log2): only v = 2^k (1 + j 2^-23), small j.
     Example from the report: amax = nextafter(7168, inf) -> v = 16.000002 -> exact 32, torch (CPU) 16."""
     pytest.importorskip("torch")
-    bits = np.arange(np.float32(1e-4).view(np.uint32), np.float32(2.0 ** 20).view(np.uint32), 97, dtype=np.uint32)
+    bits = np.arange(np.float32(1e-4).view(np.uint32), np.float32(2.0**20).view(np.uint32), 97, dtype=np.uint32)
     v = bits.view(np.float32)
     edge_bits = []
     for k in range(-13, 20):
-        p = np.float32(2.0 ** k).view(np.uint32)
+        p = np.float32(2.0**k).view(np.uint32)
         edge_bits.append(np.arange(p, p + 9, dtype=np.uint32))
     v = np.concatenate([v, np.concatenate(edge_bits).view(np.float32)])
     amax = (v.astype(np.float64) * 448).astype(np.float32)
@@ -309,7 +313,7 @@ def test_flashmla_v41_fp4_scale_rule():
     torch = pytest.importorskip("torch")
     x = adversarial_matrix(500, 512, 3, bf16=True)
     t = torch.from_numpy(x).view(500, 32, 16)
-    sc = torch.clamp(t.abs().amax(dim=-1) / 6.0, 2.0 ** -9, 448.0).to(torch.float8_e4m3fn)
+    sc = torch.clamp(t.abs().amax(dim=-1) / 6.0, 2.0**-9, 448.0).to(torch.float8_e4m3fn)
     y = (t / sc.float().unsqueeze(-1)).reshape(500, 512).numpy()
     q = R.fp4_tile16_e4m3_flashmla(x)
     np.testing.assert_array_equal(q.scales, sc.view(torch.uint8).numpy().reshape(-1))
@@ -320,7 +324,10 @@ def test_record_layouts():
     """Record byte positions decoded back with ml_dtypes views (independent of the packing code)."""
     x = adversarial_matrix(200, 576, 2, bf16=True)
     ckv, kpe = x[:, :512], x[:, 512:]
-    for fn, q in ((R.flashmla_v32_record, R.fp8_tile_pow2(ckv, 128)), (R.vllm_fp8_ds_mla_record, R.fp8_tile_fp32(ckv, 128))):
+    for fn, q in (
+        (R.flashmla_v32_record, R.fp8_tile_pow2(ckv, 128)),
+        (R.vllm_fp8_ds_mla_record, R.fp8_tile_fp32(ckv, 128)),
+    ):
         rec = fn(ckv, kpe)
         assert rec.shape == (200, 656) and rec.dtype == np.uint8
         np.testing.assert_array_equal(rec[:, :512], q.codes)
@@ -330,16 +337,18 @@ def test_record_layouts():
     rec = R.flashmla_model1_record(ckv, kpe)
     assert rec.shape == (200, 584) and not rec[:, 583].any()
     y = rec[:, :448].view(ml_dtypes.float8_e4m3fn).astype(np.float32) * np.repeat(
-        rec[:, 576:583].view(ml_dtypes.float8_e8m0fnu).astype(np.float32), 64, axis=1)
+        rec[:, 576:583].view(ml_dtypes.float8_e8m0fnu).astype(np.float32), 64, axis=1
+    )
     np.testing.assert_array_equal(y, R.dequantize(R.fp8_tile_pow2(ckv, 64, ue8m0=True)))
     np.testing.assert_array_equal(rec[:, 448:576].copy().view(ml_dtypes.bfloat16).astype(np.float32), kpe)
     blk = R.flashmla_model1_block(rec[:130], 64)
     assert blk.shape == (3, 65 * 576) and np.array_equal(blk[0, :576], rec[0, :576])
-    assert np.array_equal(blk[0, 64 * 576: 64 * 576 + 8], rec[0, 576:])
+    assert np.array_equal(blk[0, 64 * 576 : 64 * 576 + 8], rec[0, 576:])
     rec = R.flashmla_v41_fp8_record(ckv, kpe)
     assert rec.shape == (200, 528)
     y = rec[:, :512].view(ml_dtypes.float8_e4m3fn).astype(np.float32) * np.repeat(
-        rec[:, 512:].view(ml_dtypes.float8_e8m0fnu).astype(np.float32), 32, axis=1)
+        rec[:, 512:].view(ml_dtypes.float8_e8m0fnu).astype(np.float32), 32, axis=1
+    )
     np.testing.assert_array_equal(y, R.dequantize(R.fp8_tile_pow2(x[:, :512], 32, ue8m0=True)))
     assert R.flashmla_v41_fp4_record(ckv, kpe).shape == (200, 288)
 
@@ -347,22 +356,30 @@ def test_record_layouts():
 def test_reference_accounting_at_deepseek_dims():
     for spec, want in [("q8_0", 612), ("q4_0", 324), ("q4_1", 360), ("mxfp8", 594), ("mxfp4", 306)]:
         assert R.bytes_per_token(spec, 512) + R.bytes_per_token(spec, 64) == want
-        assert R.quantize(random_matrix(4, 512, 0), spec).bytes_per_token + \
-            R.quantize(random_matrix(4, 64, 0), spec).bytes_per_token == want
+        assert (
+            R.quantize(random_matrix(4, 512, 0), spec).bytes_per_token
+            + R.quantize(random_matrix(4, 64, 0), spec).bytes_per_token
+            == want
+        )
     assert R.bytes_per_token("fp8-e4m3-tile128-pow2", 512) + 2 * 64 == 656
     assert R.bytes_per_token("fp8-e4m3-tile128-fp32", 512) + 2 * 64 == 656
     assert R.bytes_per_token("fp8-e4m3-tile64-pow2-ue8m0", 448) + 2 * 64 + 1 == 584
-    assert R.bytes_per_token("fp8-e4m3-tile32-pow2-ue8m0", 448) + R.bytes_per_token("fp8-e4m3-tile32-pow2-ue8m0", 64) == 528
+    assert (
+        R.bytes_per_token("fp8-e4m3-tile32-pow2-ue8m0", 448) + R.bytes_per_token("fp8-e4m3-tile32-pow2-ue8m0", 64)
+        == 528
+    )
 
 
 # ---------------------------------------------------------------------------------------------------
 # Part 2: the C++ module against the references
 # ---------------------------------------------------------------------------------------------------
 
+
 def _import_latentq():
-    sys.path.insert(0, os.environ.get("LATENTQ_PYMODULE_DIR", os.path.join(ROOT, "build", "python")))
     try:
         import latentq
+        import latentq._core  # noqa: F401
+
         return latentq
     except ImportError:
         return None
@@ -404,7 +421,7 @@ def _assert_same(q, ref, what):
     np.testing.assert_array_equal(g.view(np.uint32), ref.global_scale.view(np.uint32), err_msg=f"{what}: global_scale")
 
 
-WIDTHS = [512, 64, 576, 128, 32, 160]      # 512 + 64 (DeepSeek), 128 + 32, and the concatenated rows
+WIDTHS = [512, 64, 576, 128, 32, 160]  # 512 + 64 (DeepSeek), 128 + 32, and the concatenated rows
 
 
 @pytest.mark.parametrize("spec", R.SPECS)
@@ -413,9 +430,11 @@ def test_cpp_quantize_matches_reference(spec, seed):
     _need_spec(spec)
     for D in WIDTHS:
         g = spec.startswith("q")
-        for name, x in (("adversarial", adversarial_matrix(1000, D, seed, ggml=g)),
-                        ("adversarial-bf16", adversarial_matrix(1000, D, seed, bf16=True, ggml=g)),
-                        ("random", random_matrix(1000, D, seed))):
+        for name, x in (
+            ("adversarial", adversarial_matrix(1000, D, seed, ggml=g)),
+            ("adversarial-bf16", adversarial_matrix(1000, D, seed, bf16=True, ggml=g)),
+            ("random", random_matrix(1000, D, seed)),
+        ):
             q = latentq.quantize(x, spec, "c_kv")
             _assert_same(q, R.quantize(x, spec), f"{spec} {name} T=1000 D={D} seed={seed}")
 
@@ -431,9 +450,19 @@ def test_cpp_dequantize_matches_reference(spec):
         np.testing.assert_array_equal(y.view(np.uint32), ref.view(np.uint32), err_msg=f"{spec} D={D}")
 
 
-@pytest.mark.parametrize("spec,want", [
-    ("q8_0", 612), ("q4_0", 324), ("q4_1", 360), ("mxfp8", 594), ("mxfp4", 306), ("nvfp4", 324),
-    ("fp8-e4m3-tensor", 576), ("fp8-e4m3-tensor-s1", 576)])
+@pytest.mark.parametrize(
+    "spec,want",
+    [
+        ("q8_0", 612),
+        ("q4_0", 324),
+        ("q4_1", 360),
+        ("mxfp8", 594),
+        ("mxfp4", 306),
+        ("nvfp4", 324),
+        ("fp8-e4m3-tensor", 576),
+        ("fp8-e4m3-tensor-s1", 576),
+    ],
+)
 def test_cpp_bytes_per_token_c_kv_plus_k_pe(spec, want):
     """c_kv [T, 512] and k_pe [T, 64] both in `spec`; per-tensor float32 scalars amortized over T."""
     _need_spec(spec)
@@ -452,7 +481,7 @@ def _quant_pair(preset, ckv, kpe):
         _need_spec(s_kpe)
     q_ckv = latentq.quantize(ckv, s_ckv, "c_kv")
     q_kpe = latentq.quantize(kpe, s_kpe, "k_pe")
-    if s_kpe != "bf16" and q_kpe.spec == "bf16":     # this spec keeps k_pe in bf16 for target k_pe
+    if s_kpe != "bf16" and q_kpe.spec == "bf16":  # this spec keeps k_pe in bf16 for target k_pe
         q_kpe = latentq.quantize(kpe, s_kpe, "c_kv")
     return q_ckv, q_kpe
 

@@ -6,8 +6,8 @@ and the softmax scale carries mscale(mscale_all_dim)^2.
 V3: q_lora_rank path (q_a_proj -> q_a_layernorm -> q_b_proj), rope_interleave=True (interleaved
 input pairs, output in the rotate_half layout) and rope_interleave=False (plain rotate_half).
 """
+
 import math
-import os
 import sys
 
 import numpy as np
@@ -17,19 +17,34 @@ import torch
 transformers = pytest.importorskip("transformers")
 from transformers import DeepseekV2Config, DeepseekV2ForCausalLM, DeepseekV3Config, DeepseekV3ForCausalLM  # noqa: E402
 
-import dump_latents  # noqa: E402
-import latent_hooks  # noqa: E402
 from dump_checks import check_schema, reference_attn_out, rel  # noqa: E402
-from latent_hooks import LatentCapture, LatentInjector  # noqa: E402
+from latentq import capture  # noqa: E402
+from latentq import dump as dump_latents  # noqa: E402
+from latentq.capture import LatentCapture  # noqa: E402
+from latentq.inject import LatentInjector  # noqa: E402
 
 NOPE, ROPE, V, R, H = 32, 16, 32, 64, 4
 QK = NOPE + ROPE
-YARN = {"type": "yarn", "factor": 4.0, "mscale": 1.0, "mscale_all_dim": 0.707,
-        "original_max_position_embeddings": 64}
-COMMON = dict(vocab_size=320, hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=2,
-              num_attention_heads=H, num_key_value_heads=H, kv_lora_rank=R, qk_rope_head_dim=ROPE,
-              qk_nope_head_dim=NOPE, v_head_dim=V, max_position_embeddings=256, first_k_dense_replace=1,
-              n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1, attn_implementation="eager")
+YARN = {"type": "yarn", "factor": 4.0, "mscale": 1.0, "mscale_all_dim": 0.707, "original_max_position_embeddings": 64}
+COMMON = dict(
+    vocab_size=320,
+    hidden_size=64,
+    intermediate_size=96,
+    moe_intermediate_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=H,
+    num_key_value_heads=H,
+    kv_lora_rank=R,
+    qk_rope_head_dim=ROPE,
+    qk_nope_head_dim=NOPE,
+    v_head_dim=V,
+    max_position_embeddings=256,
+    first_k_dense_replace=1,
+    n_routed_experts=4,
+    num_experts_per_tok=2,
+    n_shared_experts=1,
+    attn_implementation="eager",
+)
 SEQ_LENS = [40, 40]
 Q_ROWS = 16
 
@@ -44,11 +59,14 @@ def _build(kind):
     if kind == "v2-yarn":
         m = DeepseekV2ForCausalLM(DeepseekV2Config(q_lora_rank=None, rope_scaling=dict(YARN), **COMMON))
     else:
-        m = DeepseekV3ForCausalLM(DeepseekV3Config(q_lora_rank=48, rope_interleave=(kind == "v3-interleave"),
-                                                   n_group=2, topk_group=1, **COMMON))
+        m = DeepseekV3ForCausalLM(
+            DeepseekV3Config(
+                q_lora_rank=48, rope_interleave=(kind == "v3-interleave"), n_group=2, topk_group=1, **COMMON
+            )
+        )
     for n, p in m.named_parameters():
         if p.dim() == 2 and "norm" not in n:
-            torch.nn.init.normal_(p, std=0.2)                         # sharp attention, random init
+            torch.nn.init.normal_(p, std=0.2)  # sharp attention, random init
     return m.eval()
 
 
@@ -75,8 +93,14 @@ def case(request, tmp_path_factory):
     for i, layer in enumerate(m.model.layers):
         a = layer.self_attn
         qmod = a.q_proj if a.q_proj is not None else a.q_b_proj
-        hs.append(qmod.register_forward_hook(lambda mod, i_, o, i=i: seen["q"].setdefault(i, []).append(o[0].view(-1, H, QK))))
-        hs.append(a.kv_a_proj_with_mqa.register_forward_hook(lambda mod, i_, o, i=i: seen["k"].setdefault(i, []).append(o[0, :, R:])))
+        hs.append(
+            qmod.register_forward_hook(lambda mod, i_, o, i=i: seen["q"].setdefault(i, []).append(o[0].view(-1, H, QK)))
+        )
+        hs.append(
+            a.kv_a_proj_with_mqa.register_forward_hook(
+                lambda mod, i_, o, i=i: seen["k"].setdefault(i, []).append(o[0, :, R:])
+            )
+        )
     pymod.eager_attention_forward = spy
     try:
         with torch.no_grad():
@@ -92,14 +116,31 @@ def case(request, tmp_path_factory):
     out = str(tmp_path_factory.mktemp(kind) / "dump.h5")
     # check_tol=inf: the assertions below, not the dumper's own self-check, judge the dump
     summary = dump_latents.dump(m, m.config.to_dict(), seqs, Q_ROWS, out, model_name=kind, check_tol=float("inf"))
-    return dict(kind=kind, model=m, seqs=seqs, seen=seen, out=out, summary=summary, sd_before=sd_before,
-                chk=check_schema(out), pymod=pymod, globals_before=globals_before, sdpa_before=sdpa_before)
+    return dict(
+        kind=kind,
+        model=m,
+        seqs=seqs,
+        seen=seen,
+        out=out,
+        summary=summary,
+        sd_before=sd_before,
+        chk=check_schema(out),
+        pymod=pymod,
+        globals_before=globals_before,
+        sdpa_before=sdpa_before,
+    )
 
 
 def test_schema(case):
     A = case["chk"]["attrs"]
-    assert (A["num_layers"], A["num_heads"], A["kv_lora_rank"], A["qk_rope_head_dim"], A["qk_nope_head_dim"],
-            A["v_head_dim"]) == (2, H, R, ROPE, NOPE, V)
+    assert (
+        A["num_layers"],
+        A["num_heads"],
+        A["kv_lora_rank"],
+        A["qk_rope_head_dim"],
+        A["qk_nope_head_dim"],
+        A["v_head_dim"],
+    ) == (2, H, R, ROPE, NOPE, V)
     assert A["source"] == "hf-hooks" and A["revision"].startswith("sha256-state-dict:")
     assert A["seq_len"] == 40 and A["num_seqs"] == 2
 
@@ -116,10 +157,10 @@ def test_softmax_scale_is_the_applied_one(case):
     applied = set(case["seen"]["scaling"])
     assert len(applied) == 1 and len(case["seen"]["scaling"]) == 2 * len(SEQ_LENS)
     assert scale == applied.pop()
-    base = QK ** -0.5
+    base = QK**-0.5
     if case["kind"] == "v2-yarn":
         mscale = 0.1 * YARN["mscale_all_dim"] * math.log(YARN["factor"]) + 1.0
-        assert abs(scale / base - mscale ** 2) < 1e-12
+        assert abs(scale / base - mscale**2) < 1e-12
         assert scale / base > 1.2
     else:
         assert scale == base
@@ -140,15 +181,15 @@ def test_rope_layout(case):
     rot = m.model.rotary_emb
     inv_freq, s = rot.inv_freq.float(), float(rot.attention_scaling)
     if kind == "v2-yarn":
-        assert abs(s - 1.0) > 0.01                    # HF multiplies freqs_cis by attention_scaling under YaRN
+        assert abs(s - 1.0) > 0.01  # HF multiplies freqs_cis by attention_scaling under YaRN
     perm = torch.cat([torch.arange(0, ROPE, 2), torch.arange(1, ROPE, 2)])
     for i, d in chk["layers"].items():
         pos, k_pre, q_pre = _rope_inputs(case, i)
-        if kind == "v3-interleave":                   # interleaved weights: de-interleave, then rotate_half
+        if kind == "v3-interleave":  # interleaved weights: de-interleave, then rotate_half
             k_pre, q_pre = k_pre[..., perm], q_pre[..., perm]
         rows = torch.as_tensor(d["q_rows"]).long()
-        k_ref = latent_hooks.rotate(k_pre, pos, inv_freq, layout, s)
-        q_ref = latent_hooks.rotate(q_pre[rows], pos[rows], inv_freq, layout, s)
+        k_ref = capture.rotate(k_pre, pos, inv_freq, layout, s)
+        q_ref = capture.rotate(q_pre[rows], pos[rows], inv_freq, layout, s)
         assert rel(d["k_pe"], k_ref) < 1e-5 and rel(d["q_pe"], q_ref) < 1e-5
         # q_pe . k_pe dot products (the score term) from the pre-RoPE tensors
         dots = np.einsum("qhd,td->qht", d["q_pe"], d["k_pe"])
@@ -156,9 +197,9 @@ def test_rope_layout(case):
         assert rel(dots, dots_ref) < 1e-5
         # the check discriminates: the other layout, or ignoring attention_scaling, does not fit
         other = "half" if layout == "interleaved" else "interleaved"
-        assert rel(d["k_pe"], latent_hooks.rotate(k_pre, pos, inv_freq, other, s)) > 1e-2
+        assert rel(d["k_pe"], capture.rotate(k_pre, pos, inv_freq, other, s)) > 1e-2
         if kind == "v2-yarn":
-            assert rel(d["k_pe"], latent_hooks.rotate(k_pre, pos, inv_freq, layout, 1.0)) > 1e-2
+            assert rel(d["k_pe"], capture.rotate(k_pre, pos, inv_freq, layout, 1.0)) > 1e-2
 
 
 def test_q_nope_and_weights(case):
@@ -208,7 +249,7 @@ def test_sdpa_scale_captured():
         m(input_ids=torch.arange(12)[None], use_cache=False)
     rec = cap.layers[0]
     assert rec["softmax_scale_source"] == "captured:scaled_dot_product_attention"
-    assert rec["softmax_scale"] == m.model.layers[0].self_attn.scaling != QK ** -0.5
+    assert rec["softmax_scale"] == m.model.layers[0].self_attn.scaling != QK**-0.5
 
 
 @pytest.mark.parametrize("family", ["minicpm3", "glm4_moe_lite"])
@@ -217,14 +258,35 @@ def test_other_mla_families(family, tmp_path):
     if family == "minicpm3":
         cfg_cls, model_cls, extra = "MiniCPM3Config", "MiniCPM3ForCausalLM", dict(q_lora_rank=48)
     else:
-        cfg_cls, model_cls, extra = "Glm4MoeLiteConfig", "Glm4MoeLiteForCausalLM", dict(
-            q_lora_rank=48, first_k_dense_replace=2, n_routed_experts=4, num_experts_per_tok=2,
-            moe_intermediate_size=32, n_group=1, topk_group=1)
+        cfg_cls, model_cls, extra = (
+            "Glm4MoeLiteConfig",
+            "Glm4MoeLiteForCausalLM",
+            dict(
+                q_lora_rank=48,
+                first_k_dense_replace=2,
+                n_routed_experts=4,
+                num_experts_per_tok=2,
+                moe_intermediate_size=32,
+                n_group=1,
+                topk_group=1,
+            ),
+        )
     if not hasattr(transformers, model_cls):
         pytest.skip(f"transformers {transformers.__version__} has no {model_cls}")
-    keys = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-            "num_key_value_heads", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim",
-            "max_position_embeddings", "attn_implementation")
+    keys = (
+        "vocab_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "kv_lora_rank",
+        "qk_rope_head_dim",
+        "qk_nope_head_dim",
+        "v_head_dim",
+        "max_position_embeddings",
+        "attn_implementation",
+    )
     torch.manual_seed(7)
     m = getattr(transformers, model_cls)(getattr(transformers, cfg_cls)(**{k: COMMON[k] for k in keys}, **extra)).eval()
     seqs = [torch.randint(0, 320, (24,), generator=torch.Generator().manual_seed(8)).numpy()]
@@ -232,9 +294,11 @@ def test_other_mla_families(family, tmp_path):
     dump_latents.dump(m, m.config.to_dict(), seqs, 6, out, check_tol=float("inf"))
     chk = check_schema(out)
     assert chk["attrs"]["rope_layout"] == "half"
-    assert chk["attrs"]["softmax_scale"] == m.model.layers[0].self_attn.scaling == QK ** -0.5
+    assert chk["attrs"]["softmax_scale"] == m.model.layers[0].self_attn.scaling == QK**-0.5
     for d in chk["layers"].values():
-        assert rel(reference_attn_out(d, chk["root"]["seq_offsets"], chk["attrs"]["softmax_scale"]), d["attn_out"]) <= 1e-5
+        assert (
+            rel(reference_attn_out(d, chk["root"]["seq_offsets"], chk["attrs"]["softmax_scale"]), d["attn_out"]) <= 1e-5
+        )
 
 
 def _rel_fro(a, b) -> float:
@@ -248,16 +312,22 @@ def test_rotation_fold_is_exact(case, transform):
     k_pe' = R_pe k_pe, q_pe' = R_pe q_pe (R from the C++ latentq.rotation_matrix; had: blocks of 64 for
     kv_lora_rank 64 and 16 for qk_rope_head_dim 16) the absorbed attention (float32) equals the unrotated one
     to 1e-5 relative (Frobenius); the cache rotated but W_UV left alone fails by orders of magnitude."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    sys.path.insert(0, os.environ.get("LATENTQ_PYMODULE_DIR", os.path.join(root, "build", "python")))
-    latentq = pytest.importorskip("latentq")
+    pytest.importorskip("latentq._core")
+    import latentq
+
     chk = case["chk"]
     offs, scale = chk["root"]["seq_offsets"], chk["attrs"]["softmax_scale"]
     rc, rk = latentq.rotation_matrix(transform, R), latentq.rotation_matrix(transform, ROPE)
     for i, d in chk["layers"].items():
         ref = reference_attn_out(d, offs, scale)
-        rot = dict(d, c_kv=d["c_kv"] @ rc.T, k_pe=d["k_pe"] @ rk.T, w_uk=d["w_uk"] @ rc.T, w_uv=d["w_uv"] @ rc.T,
-                   q_pe=d["q_pe"] @ rk.T)
+        rot = dict(
+            d,
+            c_kv=d["c_kv"] @ rc.T,
+            k_pe=d["k_pe"] @ rk.T,
+            w_uk=d["w_uk"] @ rc.T,
+            w_uv=d["w_uv"] @ rc.T,
+            q_pe=d["q_pe"] @ rk.T,
+        )
         err = _rel_fro(reference_attn_out(rot, offs, scale), ref)
         print(f"{case['kind']} layer {i} {transform}: fold rel_fro {err:.2e}")
         assert err <= 1e-5, f"{case['kind']} layer {i} {transform}: {err}"

@@ -1,14 +1,13 @@
 """The `latentq` Python module: its storage follows the documented layout, and its dequantization
 is the C++ one bit for bit (checked against an independent numpy decode of the stored bytes)."""
-import os
-import sys
 
 import numpy as np
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.environ.get("LATENTQ_PYMODULE_DIR", os.path.join(ROOT, "build", "python")))
-latentq = pytest.importorskip("latentq", reason="the latentq Python module is not built (cmake --build build --target latentq_py)")
+pytest.importorskip(
+    "latentq._core", reason="the latentq Python module is not built (cmake --build build --target latentq_py)"
+)
+import latentq  # noqa: E402
 
 
 def numpy_decode(q, seq_offsets):
@@ -35,9 +34,9 @@ def numpy_decode(q, seq_offsets):
         s = np.empty((T, D), np.float32)
         o = np.empty((T, D), np.float32) if of is not None else None
         for g in range(len(gb) - 1):
-            s[gb[g]:gb[g + 1]] = sc[g * D:(g + 1) * D]
+            s[gb[g] : gb[g + 1]] = sc[g * D : (g + 1) * D]
             if o is not None:
-                o[gb[g]:gb[g + 1]] = of[g * D:(g + 1) * D]
+                o[gb[g] : gb[g + 1]] = of[g * D : (g + 1) * D]
     else:
         parts = spec.split("-")
         gs = next((int(p[1:]) for p in parts if p.startswith("g")), 0) or D
@@ -52,8 +51,16 @@ def numpy_decode(q, seq_offsets):
     return (o + (s * u.astype(np.float32)).astype(np.float32)).astype(np.float32)
 
 
-SPECS = ["int8-sym-tensor", "int4-asym-tensor", "int2-asym-channel-g32", "int4-sym-channel",
-         "int4-asym-token-g32", "int2-sym-token", "int8-asym-channel-g128-fp32", "bf16"]
+SPECS = [
+    "int8-sym-tensor",
+    "int4-asym-tensor",
+    "int2-asym-channel-g32",
+    "int4-sym-channel",
+    "int4-asym-token-g32",
+    "int2-sym-token",
+    "int8-asym-channel-g128-fp32",
+    "bf16",
+]
 
 
 @pytest.mark.parametrize("spec", SPECS)
@@ -67,13 +74,15 @@ def test_dequantize_bit_identical_to_numpy_decode(spec, seed):
     y = latentq.dequantize(q)
     ref = numpy_decode(q, offs)
     assert y.dtype == np.float32 and y.shape == (T, D)
-    np.testing.assert_array_equal(y.view(np.uint32), ref.view(np.uint32), err_msg=f"spec={spec} seed={seed} shape={T}x{D}")
+    np.testing.assert_array_equal(
+        y.view(np.uint32), ref.view(np.uint32), err_msg=f"spec={spec} seed={seed} shape={T}x{D}"
+    )
     # quantize_dequantize is the same function
     np.testing.assert_array_equal(latentq.quantize_dequantize(x, spec, "c_kv", offs), y)
     # error bound: bf16 half-ulp; else half a scale plus what rounding scale and offset to fp16
     # can add (a relative 2^-11 of the group range and of the offset, each)
     amax = float(np.abs(x).max())
-    bound = amax * 2 ** -8 if spec == "bf16" else 0.5 * float(q.scales.astype(np.float32).max()) + amax * 2 ** -9
+    bound = amax * 2**-8 if spec == "bf16" else 0.5 * float(q.scales.astype(np.float32).max()) + amax * 2**-9
     assert np.abs(y - x).max() <= bound
 
 

@@ -1,35 +1,33 @@
-"""Tests of experiments/report.py (`latentq report`): synthetic latentq-results/1 files built with h5py,
-the script run as a subprocess; figures checked as PNGs, report.md checked for figures, tables and the
-lines about missing groups; bad inputs give exit code 2 and a one-line message, never a traceback."""
-import importlib.util
+"""Tests of latentq.report (`latentq report`): synthetic latentq-results/1 files built with h5py,
+`python -m latentq.report` run as a subprocess; figures checked as PNGs, report.md checked for figures,
+tables and the lines about missing groups; bad inputs give exit code 2 and a one-line message, never a traceback."""
+
 import math
-import re
 import os
+import re
 import struct
 import subprocess
 import sys
 
 import h5py
 import numpy as np
+import pandas as pd
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(os.path.dirname(HERE))
-SCRIPT = os.path.join(REPO, "experiments", "report.py")
+from latentq import report as R
+
 SEED = 1234
 
-ALL_FIGURES = ["frontier_c_kv.png", "frontier_model_bytes.png", "per_layer.png", "svd.png", "cross_layer.png",
-               "cross_layer_sharing.png", "e2e.png", "error_vs_position.png"]
-
-
-def load_report_module():
-    spec = importlib.util.spec_from_file_location("latentq_report", SCRIPT)
-    m = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(m)
-    return m
-
-
-R = load_report_module()
+ALL_FIGURES = [
+    "frontier_c_kv.png",
+    "frontier_model_bytes.png",
+    "per_layer.png",
+    "svd.png",
+    "cross_layer.png",
+    "cross_layer_sharing.png",
+    "e2e.png",
+    "error_vs_position.png",
+]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -56,8 +54,14 @@ def spec_fields(q):
     """The spec columns latentq writes to /latent_error for the quantizers of these synthetic files (c_kv)."""
     m = _INT.match(q)
     if m:
-        return dict(kind="int", bits=int(m[1]), scheme=m[2], granularity=m[3], group_size=int(m[4] or 0),
-                    scale_dtype=m[5] or "fp16")
+        return dict(
+            kind="int",
+            bits=int(m[1]),
+            scheme=m[2],
+            granularity=m[3],
+            group_size=int(m[4] or 0),
+            scale_dtype=m[5] or "fp16",
+        )
     if q == "bf16":
         return dict(kind="bf16", bits=16, scheme="none", granularity="element", group_size=0, scale_dtype="none")
     assert q == "flashmla-v32-fp8", q
@@ -101,29 +105,247 @@ def write_group(f, name, cols):
             g.create_dataset(k, data=v)
 
 
-def make_results(path, groups=("latent_error", "summary", "attention_error", "svd", "svd_spectrum", "cross_layer",
-                               "cross_layer_sharing", "e2e", "e2e_position"), schema="latentq-results/1"):
-    """A synthetic results file; returns the per-quantizer mean c_kv rel_fro (dict) for checks."""
-    rng = np.random.default_rng(SEED)
-    qs = quantizer_list()
-    le = {k: [] for k in ("layer", "target", "quantizer", "format", "bits", "scheme", "granularity", "group_size",
-                          "scale_dtype", "bits_per_element", "bytes_per_token_layer", "rel_fro", "mse", "sqnr_db",
-                          "max_abs_err", "cos_mean")}
+def latent_error_columns(qs, rng):
+    """/latent_error: every quantizer on every layer and target, rel_fro drawn by rel_fro()."""
+    le = {
+        k: []
+        for k in (
+            "layer",
+            "target",
+            "quantizer",
+            "format",
+            "bits",
+            "scheme",
+            "granularity",
+            "group_size",
+            "scale_dtype",
+            "bits_per_element",
+            "bytes_per_token_layer",
+            "rel_fro",
+            "mse",
+            "sqnr_db",
+            "max_abs_err",
+            "cos_mean",
+        )
+    }
     for layer in range(L):
         for t, dim in (("c_kv", D), ("k_pe", DR)):
             for q in qs:
                 p = spec_fields(q)
                 bpe = bits_per_element(q, dim)
                 e = rel_fro(q, layer, rng, t)
-                for k, v in (("layer", layer), ("target", t), ("quantizer", q), ("format", p["kind"]), ("bits", p["bits"]),
-                             ("scheme", p["scheme"]), ("granularity", p["granularity"]),
-                             ("group_size", p["group_size"]), ("scale_dtype", p["scale_dtype"]),
-                             ("bits_per_element", bpe), ("bytes_per_token_layer", bpe * dim / 8), ("rel_fro", e),
-                             ("mse", e * e), ("sqnr_db", -20 * math.log10(e)), ("max_abs_err", 4 * e),
-                             ("cos_mean", 1 - e * e / 2)):
+                for k, v in (
+                    ("layer", layer),
+                    ("target", t),
+                    ("quantizer", q),
+                    ("format", p["kind"]),
+                    ("bits", p["bits"]),
+                    ("scheme", p["scheme"]),
+                    ("granularity", p["granularity"]),
+                    ("group_size", p["group_size"]),
+                    ("scale_dtype", p["scale_dtype"]),
+                    ("bits_per_element", bpe),
+                    ("bytes_per_token_layer", bpe * dim / 8),
+                    ("rel_fro", e),
+                    ("mse", e * e),
+                    ("sqnr_db", -20 * math.log10(e)),
+                    ("max_abs_err", 4 * e),
+                    ("cos_mean", 1 - e * e / 2),
+                ):
                     le[k].append(v)
-    le = {k: np.array(v) for k, v in le.items()}
+    return {k: np.array(v) for k, v in le.items()}
+
+
+def summary_columns(le, qs):
+    """/summary from the /latent_error columns."""
+    s = {
+        k: []
+        for k in (
+            "quantizer",
+            "mean_rel_fro_c_kv",
+            "max_rel_fro_c_kv",
+            "mean_rel_fro_k_pe",
+            "max_rel_fro_k_pe",
+            "bits_per_element",
+            "bytes_per_token_model",
+            "ratio_vs_bf16",
+        )
+    }
+    for q in qs:
+        mc, mk = (le["quantizer"] == q) & (le["target"] == "c_kv"), (le["quantizer"] == q) & (le["target"] == "k_pe")
+        byt = L * (le["bytes_per_token_layer"][mc].mean() + le["bytes_per_token_layer"][mk].mean())
+        for k, v in (
+            ("quantizer", q),
+            ("mean_rel_fro_c_kv", le["rel_fro"][mc].mean()),
+            ("max_rel_fro_c_kv", le["rel_fro"][mc].max()),
+            ("mean_rel_fro_k_pe", le["rel_fro"][mk].mean()),
+            ("max_rel_fro_k_pe", le["rel_fro"][mk].max()),
+            ("bits_per_element", le["bits_per_element"][mc].mean()),
+            ("bytes_per_token_model", byt),
+            ("ratio_vs_bf16", byt / (L * (D + DR) * 2)),
+        ):
+            s[k].append(v)
+    return s
+
+
+def attention_error_columns(qs, mean_c):
+    """/attention_error: the quantizers on c_kv, four on k_pe, SVD ranks; error growing with the layer."""
+    a = {
+        k: []
+        for k in ("layer", "quantizer", "targets", "out_rel_fro", "cos_mean", "kl_mean", "top1_agree", "top8_agree")
+    }
+    for layer in range(L):
+        rows = [(q, "c_kv", 0.7 * mean_c[q]) for q in qs] + [(q, "k_pe", 0.2 * mean_c[q]) for q in qs[:4]]
+        rows += [(f"svd-rank{r}", "c_kv", 0.5 * (1 - r / D) + 1e-3) for r in (8, 16, 32, 64, 96, 128)]
+        for q, t, e in rows:
+            e *= 1 + 0.1 * layer
+            for k, v in (
+                ("layer", layer),
+                ("quantizer", q),
+                ("targets", t),
+                ("out_rel_fro", e),
+                ("cos_mean", 1 - e * e / 2),
+                ("kl_mean", e * e),
+                ("top1_agree", 1 - e),
+                ("top8_agree", 1 - e / 2),
+            ):
+                a[k].append(v)
+    return a
+
+
+def svd_columns():
+    """/svd: centered fits at six ranks per layer."""
+    s = {
+        k: [] for k in ("layer", "rank", "centered", "fit_rel_fro", "heldout_rel_fro", "rank_90", "rank_99", "rank_999")
+    }
+    for layer in range(L):
+        for r in (8, 16, 32, 64, 96, 128):
+            ho = max(0.6 * math.exp(-r / (25 + 5 * layer)), 1e-7) if r < D else 1e-7
+            for k, v in (
+                ("layer", layer),
+                ("rank", r),
+                ("centered", 1),
+                ("fit_rel_fro", 0.9 * ho),
+                ("heldout_rel_fro", ho),
+                ("rank_90", 20 + layer),
+                ("rank_99", 60 + 2 * layer),
+                ("rank_999", 100 + 3 * layer),
+            ):
+                s[k].append(v)
+    return s
+
+
+def svd_spectrum_columns():
+    s = {"layer": [], "index": [], "singular_value": []}
+    for layer in range(L):
+        for i in range(D):
+            s["layer"].append(layer)
+            s["index"].append(i)
+            s["singular_value"].append(50.0 * math.exp(-i / (15 + 4 * layer)))
+    return s
+
+
+def cross_layer_columns():
+    c = {"layer_a": [], "layer_b": [], "mean_abs_pearson": [], "cka": []}
+    for a_ in range(L):
+        for b_ in range(a_ + 1, L):  # a < b only: the report must symmetrize
+            c["layer_a"].append(a_)
+            c["layer_b"].append(b_)
+            c["mean_abs_pearson"].append(0.1 + 0.5 / (b_ - a_))
+            c["cka"].append(0.3 + 0.6 / (b_ - a_))
+    return c
+
+
+def sharing_columns():
+    c = {k: [] for k in ("window_start", "window", "rank", "shared_heldout_rel_fro", "per_layer_heldout_rel_fro")}
+    for ws in (0, 2, 4):
+        for r in (16, 32, 64, 128, 192):
+            for k, v in (
+                ("window_start", ws),
+                ("window", 2),
+                ("rank", r),
+                ("shared_heldout_rel_fro", 0.5 * math.exp(-r / (60 + 10 * ws))),
+                ("per_layer_heldout_rel_fro", 0.55 * math.exp(-r / (70 + 10 * ws))),
+            ):
+                c[k].append(v)
+    return c
+
+
+def e2e_columns(qs, mean_c):
+    e = {
+        k: []
+        for k in (
+            "quantizer",
+            "targets",
+            "kl_mean",
+            "top1_agree",
+            "nll_ref",
+            "nll_quant",
+            "ppl_ref",
+            "ppl_quant",
+            "num_tokens",
+        )
+    }
+    for q in qs:
+        kl = mean_c[q] ** 2
+        for k, v in (
+            ("quantizer", q),
+            ("targets", "c_kv+k_pe"),
+            ("kl_mean", kl),
+            ("top1_agree", max(0.0, 1 - mean_c[q])),
+            ("nll_ref", 1.5),
+            ("nll_quant", 1.5 + kl),
+            ("ppl_ref", math.exp(1.5)),
+            ("ppl_quant", math.exp(1.5 + kl)),
+            ("num_tokens", 2048),
+        ):
+            e[k].append(v)
+    return e
+
+
+def attention_position_columns():
+    c = position_columns(POSITION_KL, count="queries")
+    n = len(c["quantizer"])
+    for k in list(c):  # two layers at 2x and 4x the KL: the figure draws their mean (3x)
+        c[k] = c[k] + c[k]
+    c["layer"] = [0] * n + [1] * n
+    c["kl_mean"] = [v * 2.0 for v in c["kl_mean"][:n]] + [v * 4.0 for v in c["kl_mean"][n:]]
+    c["targets"] = ["c_kv+k_pe"] * (2 * n)
+    return c
+
+
+def make_results(
+    path,
+    groups=(
+        "latent_error",
+        "summary",
+        "attention_error",
+        "svd",
+        "svd_spectrum",
+        "cross_layer",
+        "cross_layer_sharing",
+        "e2e",
+        "e2e_position",
+    ),
+    schema="latentq-results/1",
+):
+    """A synthetic results file; returns the per-quantizer mean c_kv rel_fro (dict) for checks."""
+    rng = np.random.default_rng(SEED)
+    qs = quantizer_list()
+    le = latent_error_columns(qs, rng)
     mean_c = {q: float(le["rel_fro"][(le["quantizer"] == q) & (le["target"] == "c_kv")].mean()) for q in qs}
+    columns = {
+        "latent_error": lambda: le,
+        "summary": lambda: summary_columns(le, qs),
+        "attention_error": lambda: attention_error_columns(qs, mean_c),
+        "svd": svd_columns,
+        "svd_spectrum": svd_spectrum_columns,
+        "cross_layer": cross_layer_columns,
+        "cross_layer_sharing": sharing_columns,
+        "e2e": lambda: e2e_columns(qs, mean_c),
+        "e2e_position": lambda: position_columns(POSITION_KL),
+        "attention_position": attention_position_columns,
+    }
     with h5py.File(path, "w") as f:
         if schema is not None:
             f.attrs["schema"] = schema
@@ -135,111 +357,42 @@ def make_results(path, groups=("latent_error", "summary", "attention_error", "sv
         f.attrs["qk_rope_head_dim"] = np.int64(DR)
         f.attrs["latentq_version"] = "0.1.0"
         f.attrs["git_commit"] = "0123456789abcdef"
-        if "latent_error" in groups:
-            write_group(f, "latent_error", le)
-        if "summary" in groups:
-            s = {k: [] for k in ("quantizer", "mean_rel_fro_c_kv", "max_rel_fro_c_kv", "mean_rel_fro_k_pe",
-                                 "max_rel_fro_k_pe", "bits_per_element", "bytes_per_token_model", "ratio_vs_bf16")}
-            for q in qs:
-                mc, mk = (le["quantizer"] == q) & (le["target"] == "c_kv"), (le["quantizer"] == q) & (le["target"] == "k_pe")
-                byt = L * (le["bytes_per_token_layer"][mc].mean() + le["bytes_per_token_layer"][mk].mean())
-                for k, v in (("quantizer", q), ("mean_rel_fro_c_kv", le["rel_fro"][mc].mean()),
-                             ("max_rel_fro_c_kv", le["rel_fro"][mc].max()), ("mean_rel_fro_k_pe", le["rel_fro"][mk].mean()),
-                             ("max_rel_fro_k_pe", le["rel_fro"][mk].max()), ("bits_per_element", le["bits_per_element"][mc].mean()),
-                             ("bytes_per_token_model", byt), ("ratio_vs_bf16", byt / (L * (D + DR) * 2))):
-                    s[k].append(v)
-            write_group(f, "summary", s)
-        if "attention_error" in groups:
-            a = {k: [] for k in ("layer", "quantizer", "targets", "out_rel_fro", "cos_mean", "kl_mean", "top1_agree",
-                                 "top8_agree")}
-            for layer in range(L):
-                rows = [(q, "c_kv", 0.7 * mean_c[q]) for q in qs] + [(q, "k_pe", 0.2 * mean_c[q]) for q in qs[:4]]
-                rows += [(f"svd-rank{r}", "c_kv", 0.5 * (1 - r / D) + 1e-3) for r in (8, 16, 32, 64, 96, 128)]
-                for q, t, e in rows:
-                    e *= 1 + 0.1 * layer
-                    for k, v in (("layer", layer), ("quantizer", q), ("targets", t), ("out_rel_fro", e),
-                                 ("cos_mean", 1 - e * e / 2), ("kl_mean", e * e), ("top1_agree", 1 - e),
-                                 ("top8_agree", 1 - e / 2)):
-                        a[k].append(v)
-            write_group(f, "attention_error", a)
-        if "svd" in groups:
-            s = {k: [] for k in ("layer", "rank", "centered", "fit_rel_fro", "heldout_rel_fro", "rank_90", "rank_99",
-                                 "rank_999")}
-            for layer in range(L):
-                for r in (8, 16, 32, 64, 96, 128):
-                    ho = max(0.6 * math.exp(-r / (25 + 5 * layer)), 1e-7) if r < D else 1e-7
-                    for k, v in (("layer", layer), ("rank", r), ("centered", 1), ("fit_rel_fro", 0.9 * ho),
-                                 ("heldout_rel_fro", ho), ("rank_90", 20 + layer), ("rank_99", 60 + 2 * layer),
-                                 ("rank_999", 100 + 3 * layer)):
-                        s[k].append(v)
-            write_group(f, "svd", s)
-        if "svd_spectrum" in groups:
-            s = {"layer": [], "index": [], "singular_value": []}
-            for layer in range(L):
-                for i in range(D):
-                    s["layer"].append(layer)
-                    s["index"].append(i)
-                    s["singular_value"].append(50.0 * math.exp(-i / (15 + 4 * layer)))
-            write_group(f, "svd_spectrum", s)
-        if "cross_layer" in groups:
-            c = {"layer_a": [], "layer_b": [], "mean_abs_pearson": [], "cka": []}
-            for a_ in range(L):
-                for b_ in range(a_ + 1, L):  # a < b only: the report must symmetrize
-                    c["layer_a"].append(a_)
-                    c["layer_b"].append(b_)
-                    c["mean_abs_pearson"].append(0.1 + 0.5 / (b_ - a_))
-                    c["cka"].append(0.3 + 0.6 / (b_ - a_))
-            write_group(f, "cross_layer", c)
-        if "cross_layer_sharing" in groups:
-            c = {k: [] for k in ("window_start", "window", "rank", "shared_heldout_rel_fro", "per_layer_heldout_rel_fro")}
-            for ws in (0, 2, 4):
-                for r in (16, 32, 64, 128, 192):
-                    for k, v in (("window_start", ws), ("window", 2), ("rank", r),
-                                 ("shared_heldout_rel_fro", 0.5 * math.exp(-r / (60 + 10 * ws))),
-                                 ("per_layer_heldout_rel_fro", 0.55 * math.exp(-r / (70 + 10 * ws)))):
-                        c[k].append(v)
-            write_group(f, "cross_layer_sharing", c)
-        if "e2e" in groups:
-            e = {k: [] for k in ("quantizer", "targets", "kl_mean", "top1_agree", "nll_ref", "nll_quant", "ppl_ref",
-                                 "ppl_quant", "num_tokens")}
-            for q in qs:
-                kl = mean_c[q] ** 2
-                for k, v in (("quantizer", q), ("targets", "c_kv+k_pe"), ("kl_mean", kl), ("top1_agree", max(0.0, 1 - mean_c[q])),
-                             ("nll_ref", 1.5), ("nll_quant", 1.5 + kl), ("ppl_ref", math.exp(1.5)),
-                             ("ppl_quant", math.exp(1.5 + kl)), ("num_tokens", 2048)):
-                    e[k].append(v)
-            write_group(f, "e2e", e)
-        if "e2e_position" in groups:
-            write_group(f, "e2e_position", position_columns(POSITION_KL))
-        if "attention_position" in groups:
-            c = position_columns(POSITION_KL, count="queries")
-            n = len(c["quantizer"])
-            for k in list(c):  # two layers at 2x and 4x the KL: the figure draws their mean (3x)
-                c[k] = c[k] + c[k]
-            c["layer"] = [0] * n + [1] * n
-            c["kl_mean"] = [v * 2.0 for v in c["kl_mean"][:n]] + [v * 4.0 for v in c["kl_mean"][n:]]
-            c["targets"] = ["c_kv+k_pe"] * (2 * n)
-            write_group(f, "attention_position", c)
+        for name, make in columns.items():
+            if name in groups:
+                write_group(f, name, make())
     return mean_c
 
 
 # (quantizer, cache_mode, R, S, P) -> KL per bucket of 64 positions (4 buckets): int2 grows with position,
 # a residual and a sink lower it; decode-r64-s0-p0 is drawn by no curve (R not in {0, 32, 128}).
-POSITION_KL = {("int2-asym-channel-g32", "prefill-at-once", 0, 0, 0): [0.05, 0.06, 0.07, 0.08],
-               ("int2-asym-channel-g32", "decode-r0-s0-p0", 0, 0, 0): [0.04, 0.06, 0.08, 0.10],
-               ("int2-asym-channel-g32", "decode-r32-s4-p0", 32, 4, 0): [0.001, 0.02, 0.03, 0.04],
-               ("int2-asym-channel-g32", "decode-r128-s4-p0", 128, 4, 0): [1e-4, 2e-4, 0.01, 0.02],
-               ("int2-asym-channel-g32", "decode-r64-s0-p0", 64, 0, 0): [1e-4, 0.01, 0.02, 0.03],
-               ("int4-asym-channel-g32", "decode-r0-s0-p0", 0, 0, 0): [0.004, 0.005, 0.006, 0.007]}
+POSITION_KL = {
+    ("int2-asym-channel-g32", "prefill-at-once", 0, 0, 0): [0.05, 0.06, 0.07, 0.08],
+    ("int2-asym-channel-g32", "decode-r0-s0-p0", 0, 0, 0): [0.04, 0.06, 0.08, 0.10],
+    ("int2-asym-channel-g32", "decode-r32-s4-p0", 32, 4, 0): [0.001, 0.02, 0.03, 0.04],
+    ("int2-asym-channel-g32", "decode-r128-s4-p0", 128, 4, 0): [1e-4, 2e-4, 0.01, 0.02],
+    ("int2-asym-channel-g32", "decode-r64-s0-p0", 64, 0, 0): [1e-4, 0.01, 0.02, 0.03],
+    ("int4-asym-channel-g32", "decode-r0-s0-p0", 0, 0, 0): [0.004, 0.005, 0.006, 0.007],
+}
 
 
 def position_columns(table, count="tokens"):
-    c = {k: [] for k in ("quantizer", "cache_mode", "residual", "sink", "prefill", "pos_start", "pos_end", count,
-                         "kl_mean")}
+    c = {
+        k: []
+        for k in ("quantizer", "cache_mode", "residual", "sink", "prefill", "pos_start", "pos_end", count, "kl_mean")
+    }
     for (q, m, r, s_, p), kls in table.items():
         for b, kl in enumerate(kls):
-            for k, v in (("quantizer", q), ("cache_mode", m), ("residual", r), ("sink", s_), ("prefill", p),
-                         ("pos_start", 64 * b), ("pos_end", 64 * b + 64), (count, 128), ("kl_mean", kl)):
+            for k, v in (
+                ("quantizer", q),
+                ("cache_mode", m),
+                ("residual", r),
+                ("sink", s_),
+                ("prefill", p),
+                ("pos_start", 64 * b),
+                ("pos_end", 64 * b + 64),
+                (count, 128),
+                ("kl_mean", kl),
+            ):
                 c[k].append(v)
     return c
 
@@ -247,8 +400,9 @@ def position_columns(table, count="tokens"):
 def run_report(*args):
     env = dict(os.environ, MPLBACKEND="Agg")
     env.pop("LATENTQ_DEBUG", None)
-    return subprocess.run([sys.executable, SCRIPT, *map(str, args)], capture_output=True, text=True, env=env,
-                          timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "latentq.report", *map(str, args)], capture_output=True, text=True, env=env, timeout=600
+    )
 
 
 def assert_png(path):
@@ -327,7 +481,9 @@ def test_partial_file(tmp_path):
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "svd.png").write_bytes(b"stale figure of an earlier report")
     (tmp_path / "out" / "notes.txt").write_text("not ours")
-    p = run_report(tmp_path / "res.h5", "--out", tmp_path / "out", "--quantizers", "int4-*-channel-g32", "nope-*", "bf16")
+    p = run_report(
+        tmp_path / "res.h5", "--out", tmp_path / "out", "--quantizers", "int4-*-channel-g32", "nope-*", "bf16"
+    )
     assert p.returncode == 0, p.stderr
     assert_clean_stderr(p)
     out = tmp_path / "out"
@@ -344,13 +500,21 @@ def test_partial_file(tmp_path):
     assert "given by --quantizers" in md
 
 
-@pytest.mark.parametrize("kind,attrs,expect", [
-    ("shard", dict(shard="1/3", shard_index=1, shard_count=3, cells=40, cells_total=120, shard_cells=40, complete=1),
-     "shard 1/3: means over a subset of cells (40 of the 120 cells)"),
-    ("checkpoint", dict(shard="0/1", shard_index=0, shard_count=1, cells=10, cells_total=120, shard_cells=120,
-                        complete=0),
-     "incomplete run: 10 of 120 cells"),
-])
+@pytest.mark.parametrize(
+    "kind,attrs,expect",
+    [
+        (
+            "shard",
+            dict(shard="1/3", shard_index=1, shard_count=3, cells=40, cells_total=120, shard_cells=40, complete=1),
+            "shard 1/3: means over a subset of cells (40 of the 120 cells)",
+        ),
+        (
+            "checkpoint",
+            dict(shard="0/1", shard_index=0, shard_count=1, cells=10, cells_total=120, shard_cells=120, complete=0),
+            "incomplete run: 10 of 120 cells",
+        ),
+    ],
+)
 def test_shard_or_incomplete_file_warns(tmp_path, kind, attrs, expect):
     make_results(tmp_path / "res.h5", groups=("latent_error", "summary"))
     with h5py.File(tmp_path / "res.h5", "a") as f:
@@ -398,15 +562,18 @@ def _empty_groups(p):
         f.create_group("summary")
 
 
-@pytest.mark.parametrize("kind,expect", [
-    ("missing", "no such file"),
-    ("empty", "empty file"),
-    ("text", "not an HDF5 file"),
-    ("no_schema", "no root attribute 'schema'"),
-    ("wrong_schema", 'schema = "latentq-dump/1"'),
-    ("no_groups", "no result tables"),
-    ("empty_groups", "no result tables"),
-])
+@pytest.mark.parametrize(
+    "kind,expect",
+    [
+        ("missing", "no such file"),
+        ("empty", "empty file"),
+        ("text", "not an HDF5 file"),
+        ("no_schema", "no root attribute 'schema'"),
+        ("wrong_schema", 'schema = "latentq-dump/1"'),
+        ("no_groups", "no result tables"),
+        ("empty_groups", "no result tables"),
+    ],
+)
 def test_bad_input(tmp_path, kind, expect):
     p = tmp_path / "res.h5"
     if kind == "empty":
@@ -476,11 +643,12 @@ def test_parse_spec_and_short_label(tmp_path):
     assert R.parse_spec("flashmla-v32-fp8")["kind"] == "fp8" and R.is_baseline("flashmla-v32-fp8")
     assert not R.is_baseline("int4-asym-channel-g32")
     assert R.parse_spec("q4_0")["kind"] == "other"  # not in these results
-    assert R.parse_spec("int4-asym-channel-g32") == dict(kind="int", bits=4, scheme="asym", granularity="channel",
-                                                         group_size=32, scale_dtype="fp16")
+    assert R.parse_spec("int4-asym-channel-g32") == dict(
+        kind="int", bits=4, scheme="asym", granularity="channel", group_size=32, scale_dtype="fp16"
+    )
     assert R.parse_spec("int2-sym-token")["scale_dtype"] == "fp16"
     assert R.parse_spec("flashmla-v32-fp8")["group_size"] == 128
-    assert R.parse_spec("svd-rank16") ["kind"] == "svd"
+    assert R.parse_spec("svd-rank16")["kind"] == "svd"
     assert R.short_label("int4-asym-channel-g32") == "int4 asym ch g32"
     assert R.short_label("int8-sym-token") == "int8 sym tok all"
     assert R.short_label("int2-sym-tensor") == "int2 sym tensor"
@@ -489,26 +657,35 @@ def test_parse_spec_and_short_label(tmp_path):
 
 
 def test_default_selection_and_defensive_columns():
-    cols = {"quantizer": np.array(["int4-sym-channel", "int4-asym-channel-g32", "int4-sym-token", "bf16"], dtype=object),
-            "rel_fro_c_kv_mean": np.array([0.2, 0.1, 0.3, 0.002]),  # renamed: found by its words
-            "bytes_per_token_model_total": np.array([100.0, 110.0, 105.0, 1920.0])}
-    Q = R.quantizer_table({"summary": R.Table("summary", cols, 4)})
+    cols = {
+        "quantizer": np.array(["int4-sym-channel", "int4-asym-channel-g32", "int4-sym-token", "bf16"], dtype=object),
+        "rel_fro_c_kv_mean": np.array([0.2, 0.1, 0.3, 0.002]),  # renamed: found by its words
+        "bytes_per_token_model_total": np.array([100.0, 110.0, 105.0, 1920.0]),
+    }
+    Q = R.quantizer_table({"summary": pd.DataFrame(cols)})
     assert Q["int4-asym-channel-g32"]["err_c_kv"] == 0.1
     assert Q["bf16"]["bytes_model"] == 1920.0
     assert math.isnan(Q["bf16"]["ratio"])  # no ratio column: NaN, no crash
     warns = []
     assert R.select_quantizers(Q, None, warns.append) == ["int4-asym-channel-g32", "int4-sym-token", "bf16"]
-    assert R.select_quantizers(Q, ["int4-*-channel*", "x"], warns.append) == ["int4-sym-channel", "int4-asym-channel-g32"]
+    assert R.select_quantizers(Q, ["int4-*-channel*", "x"], warns.append) == [
+        "int4-sym-channel",
+        "int4-asym-channel-g32",
+    ]
     assert warns == ["--quantizers: 'x' matches no quantizer of the results file"]
 
 
 def test_cross_layer_columns_named_as_the_probe_struct():
     # cross_layer.h names the fields cka_linear / pearson_mean_abs and also has pearson_channels,
     # which must not be taken for the Pearson value
-    cols = {"layer_a": np.array([0, 0, 1]), "layer_b": np.array([1, 2, 2]),
-            "pearson_channels": np.array([128, 128, 128]), "pearson_mean_abs": np.array([0.5, 0.25, 0.75]),
-            "cka_linear": np.array([0.9, 0.8, 0.7])}
-    layers, mats = R.cross_layer_matrices({"cross_layer": R.Table("cross_layer", cols, 3)})
+    cols = {
+        "layer_a": np.array([0, 0, 1]),
+        "layer_b": np.array([1, 2, 2]),
+        "pearson_channels": np.array([128, 128, 128]),
+        "pearson_mean_abs": np.array([0.5, 0.25, 0.75]),
+        "cka_linear": np.array([0.9, 0.8, 0.7]),
+    }
+    layers, mats = R.cross_layer_matrices({"cross_layer": pd.DataFrame(cols)})
     assert layers == [0, 1, 2]
     np.testing.assert_array_equal(mats["CKA (linear)"], [[1, 0.9, 0.8], [0.9, 1, 0.7], [0.8, 0.7, 1]])
     np.testing.assert_array_equal(mats["mean |Pearson|"], [[1, 0.5, 0.25], [0.5, 1, 0.75], [0.25, 0.75, 1]])
@@ -539,9 +716,13 @@ def test_error_vs_position_figure(tmp_path):
 
 
 def test_e2e_rows_are_the_prefill_at_once_rows():
-    t = R.Table("e2e", {"quantizer": np.array(["a", "a", "b"], dtype=object),
-                        "cache_mode": np.array(["prefill-at-once", "decode-r0-s0-p0", "prefill-at-once"], dtype=object),
-                        "kl_mean": np.array([1.0, 2.0, 3.0])}, 3)
+    t = pd.DataFrame(
+        {
+            "quantizer": np.array(["a", "a", "b"], dtype=object),
+            "cache_mode": np.array(["prefill-at-once", "decode-r0-s0-p0", "prefill-at-once"], dtype=object),
+            "kl_mean": np.array([1.0, 2.0, 3.0]),
+        }
+    )
     rows = R.e2e_rows({"e2e": t}, {})
     assert [(r["quantizer"], r["kl"]) for r in rows] == [("a", 1.0), ("b", 3.0)]
 

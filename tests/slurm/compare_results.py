@@ -10,7 +10,7 @@ kind (integer, float, string) and equal values; both files must hold the same se
 Root and group attributes are not compared (they hold creation times, shard numbers, ...).
 
 Row order: a group whose datasets are all 1-D of one length is a column table (latentq-results/1,
-see experiments/include/latentq/results.h); sharding may change its row order, so its rows are
+see study/include/latentq/results.h); sharding may change its row order, so its rows are
 sorted before comparing, by the key columns that the table has (default layer, target, quantizer,
 in that order) and then by every other column, in both files alike. Floats compare exactly by
 default (NaN equals NaN, +0 equals -0); --rtol/--atol allow numpy.isclose-style tolerance for every
@@ -20,6 +20,7 @@ for /e2e, whose torch logits may differ in the last bits between thread counts.
 Exit status: 0 if equal; 1 with the first difference printed (group, column, row, both values);
 2 for a usage error or an unreadable file.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -140,12 +141,13 @@ def compare_group(group: str, a: dict[str, h5py.Dataset], b: dict[str, h5py.Data
             i = int(np.argmin(eq))
             if rows is not None:
                 key_desc = ", ".join(f"{k}={show(va[k][i])}" for k in args.keys if k in va)
-                where = (f"sorted row {i} ({key_desc or 'no key columns'}; row {rows[0][i]} in A, "
-                         f"row {rows[1][i]} in B)")
+                where = f"sorted row {i} ({key_desc or 'no key columns'}; row {rows[0][i]} in A, row {rows[1][i]} in B)"
             else:
                 where = f"element {np.unravel_index(i, x.shape) if x.ndim else ()}"
-            raise Mismatch(f"group '{group}', column '{name}', {where}: A={show(x.reshape(-1)[i])} "
-                           f"B={show(y.reshape(-1)[i])} ({int((~eq).sum())} of {eq.size} values differ)")
+            raise Mismatch(
+                f"group '{group}', column '{name}', {where}: A={show(x.reshape(-1)[i])} "
+                f"B={show(y.reshape(-1)[i])} ({int((~eq).sum())} of {eq.size} values differ)"
+            )
 
 
 def compare(path_a: str, path_b: str, args) -> str:
@@ -172,12 +174,21 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("a")
     p.add_argument("b")
-    p.add_argument("--keys", default="layer,target,quantizer",
-                   help="comma-separated key columns to sort table rows by (default: %(default)s)")
+    p.add_argument(
+        "--keys",
+        default="layer,target,quantizer",
+        help="comma-separated key columns to sort table rows by (default: %(default)s)",
+    )
     p.add_argument("--rtol", type=float, default=0.0)
     p.add_argument("--atol", type=float, default=0.0)
-    p.add_argument("--group-tol", type=parse_group_tol, action="append", default=[], metavar="GROUP:RTOL:ATOL",
-                   help="tolerance for one group (repeatable), e.g. e2e:1e-4:1e-6")
+    p.add_argument(
+        "--group-tol",
+        type=parse_group_tol,
+        action="append",
+        default=[],
+        metavar="GROUP:RTOL:ATOL",
+        help="tolerance for one group (repeatable), e.g. e2e:1e-4:1e-6",
+    )
     args = p.parse_args(argv)
     args.keys = [k for k in args.keys.split(",") if k]
     try:

@@ -1,9 +1,10 @@
-"""ctest `experiments.cli_probe_results_h5py`: the probe groups of a `latentq run` results file read
-with plain h5py + numpy as experiments/README.md says (one 1-D dataset per column, columns in
+"""ctest `study.cli_probe_results_h5py`: the probe groups of a `latentq run` results file read
+with plain h5py + numpy as study/README.md says (one 1-D dataset per column, columns in
 order, strings via .asstr()), with the row counts and values the synthetic study implies.
 Usage: check_probe_results_h5py.py RESULTS.h5   (exit 77 = skipped: no h5py)
-The file is the run of tests/experiments/data/synth_study.toml on lq_synth_dump's dump: 4 layers,
+The file is the run of tests/study/data/synth_study.toml on lq_synth_dump's dump: 4 layers,
 kv_lora_rank 16, qk_rope_head_dim 8, sequences 96 + 64 + 96, 6 query rows per layer."""
+
 import sys
 
 try:
@@ -14,20 +15,48 @@ except ImportError as e:  # pragma: no cover
     sys.exit(77)
 
 COLUMNS = {
-    "svd": ["layer", "rank", "centered", "fit_tokens", "heldout_tokens", "heldout_rel_fro", "fit_rel_fro",
-            "fit_energy", "rank_90", "rank_99", "rank_999"],
+    "svd": [
+        "layer",
+        "rank",
+        "centered",
+        "fit_tokens",
+        "heldout_tokens",
+        "heldout_rel_fro",
+        "fit_rel_fro",
+        "fit_energy",
+        "rank_90",
+        "rank_99",
+        "rank_999",
+    ],
     "svd_spectrum": ["layer", "index", "singular_value"],
     "cross_layer": ["layer_a", "layer_b", "mean_abs_pearson", "pearson_channels", "constant_channels", "cka"],
-    "cross_layer_sharing": ["window_start", "window", "rank", "shared_heldout_rel_fro", "per_layer_heldout_rel_fro",
-                            "shared_fit_rel_fro", "per_layer_fit_rel_fro"],
+    "cross_layer_sharing": [
+        "window_start",
+        "window",
+        "rank",
+        "shared_heldout_rel_fro",
+        "per_layer_heldout_rel_fro",
+        "shared_fit_rel_fro",
+        "per_layer_fit_rel_fro",
+    ],
     "attention_check": ["layer", "ref_vs_dump_rel_fro", "tq", "keys", "fold_rel_fro", "fold_transforms"],
-    "attention_error": ["layer", "quantizer", "targets", "out_rel_fro", "cos_mean", "kl_mean", "top1_agree",
-                        "top8_agree", "bits_per_element_c_kv", "bytes_per_token_layer"],
+    "attention_error": [
+        "layer",
+        "quantizer",
+        "targets",
+        "out_rel_fro",
+        "cos_mean",
+        "kl_mean",
+        "top1_agree",
+        "top8_agree",
+        "bits_per_element_c_kv",
+        "bytes_per_token_layer",
+    ],
 }
 ROWS = {
-    "svd": 4 * 6,              # ranks 1, 2, 4, 8, 12, 16
+    "svd": 4 * 6,  # ranks 1, 2, 4, 8, 12, 16
     "svd_spectrum": 4 * 16,
-    "cross_layer": 6,          # every pair of 4 layers
+    "cross_layer": 6,  # every pair of 4 layers
     "cross_layer_sharing": 3 * 3,  # windows 0-1, 1-2, 2-3 x ranks 4, 8, 16
     "attention_check": 4,
     # per layer: c_kv 17 quantizers, k_pe 3, c_kv+k_pe 3 (run on both), svd-rank 6
@@ -58,13 +87,15 @@ for layer in range(4):
     assert list(sv["rank"][m]) == [1, 2, 4, 8, 12, 16]
     assert np.all(np.diff(sv["fit_rel_fro"][m]) <= 1e-12), sv["fit_rel_fro"][m]  # more rank, less fit error
     # full rank: the coefficients are rounded to bf16 (the dtype charged), so bf16-level, not 0
-    assert 1e-4 < sv["fit_rel_fro"][m][-1] < 2.0 ** -8, sv["fit_rel_fro"][m]
+    assert 1e-4 < sv["fit_rel_fro"][m][-1] < 2.0**-8, sv["fit_rel_fro"][m]
     assert 1 <= sv["rank_90"][m][0] <= sv["rank_99"][m][0] <= sv["rank_999"][m][0] <= 16
     s = t["svd_spectrum"]["singular_value"][t["svd_spectrum"]["layer"] == layer]
     assert np.all(np.diff(s) <= 0) and (s >= 0).all()
 cl = t["cross_layer"]
 assert list(zip(cl["layer_a"], cl["layer_b"])) == [(0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3)]
-assert ((cl["cka"] >= 0) & (cl["cka"] <= 1)).all() and ((cl["mean_abs_pearson"] >= 0) & (cl["mean_abs_pearson"] <= 1)).all()
+assert ((cl["cka"] >= 0) & (cl["cka"] <= 1)).all() and (
+    (cl["mean_abs_pearson"] >= 0) & (cl["mean_abs_pearson"] <= 1)
+).all()
 assert (cl["pearson_channels"] + cl["constant_channels"] == 16).all()
 sh = t["cross_layer_sharing"]
 assert list(sh["window_start"]) == [0, 0, 0, 1, 1, 1, 2, 2, 2] and (sh["window"] == 2).all()

@@ -1,6 +1,7 @@
-"""ctest `experiments.cli_results_h5py`: a latentq results file reads with plain h5py + numpy the way
+"""ctest `study.cli_results_h5py`: a latentq results file reads with plain h5py + numpy the way
 the README says (one 1-D dataset per column, columns in order, strings via .asstr()).
 Usage: check_results_h5py.py RESULTS.h5   (exit 77 = skipped: no h5py)"""
+
 import sys
 
 try:
@@ -10,10 +11,32 @@ except ImportError as e:  # pragma: no cover
     print(f"SKIP: {e}")
     sys.exit(77)
 
-EXPECTED = ["layer", "target", "quantizer", "stored", "bits", "scheme", "granularity", "group_size",
-            "scale_dtype", "bits_per_element", "bytes_per_token_layer", "rel_fro", "mse", "sqnr_db",
-            "max_abs_err", "cos_mean", "format", "scale_underflow_groups", "offset_rounding_groups", "saturated_values",
-            "bound_rel_fro", "gap_db", "transform", "transform_seed"]
+EXPECTED = [
+    "layer",
+    "target",
+    "quantizer",
+    "stored",
+    "bits",
+    "scheme",
+    "granularity",
+    "group_size",
+    "scale_dtype",
+    "bits_per_element",
+    "bytes_per_token_layer",
+    "rel_fro",
+    "mse",
+    "sqnr_db",
+    "max_abs_err",
+    "cos_mean",
+    "format",
+    "scale_underflow_groups",
+    "offset_rounding_groups",
+    "saturated_values",
+    "bound_rel_fro",
+    "gap_db",
+    "transform",
+    "transform_seed",
+]
 
 with h5py.File(sys.argv[1], "r") as f:
     assert f.attrs["schema"] == "latentq-results/1", f.attrs["schema"]

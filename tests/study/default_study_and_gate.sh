@@ -10,7 +10,7 @@ SRC=$2
 OUT=$3
 DUMP="$SRC/data/latents/tiny-mla.h5"
 if [ ! -f "$DUMP" ]; then
-  echo "SKIP: $DUMP is missing: produce it with data/dump_latents.py (see data/README.md)"
+  echo "SKIP: $DUMP is missing: produce it with python -m latentq.dump (see data/README.md)"
   exit 77
 fi
 mkdir -p "$OUT"

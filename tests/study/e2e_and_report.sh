@@ -1,6 +1,6 @@
 #!/bin/sh
 # ctest `study.e2e_and_report`: `latentq run` on the shipped tiny-mla dump with [e2e] enabled
-# (tests/study/data/e2e_study.toml, two quantizers): experiments/e2e_inject.py appends /e2e and
+# (tests/study/data/e2e_study.toml, two quantizers): python -m latentq.e2e appends /e2e and
 # keeps the other groups, the e2e table is printed; the same study as 3 shards + `latentq merge` (which
 # runs the e2e step; `merge --no-e2e` does not) equals it, /e2e included; then `latentq report`
 # writes report.md.

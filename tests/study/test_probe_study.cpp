@@ -974,7 +974,7 @@ TEST_F(ProbeCliTest, E2eIsSkippedWithOneLine) {
   EXPECT_EQ(count_of(o.out, "e2e: skipped: "), 1u);
   EXPECT_CONTAINS(o.out, "e2e: skipped: the Python interpreter " + (dir / "no-python").string() + " is missing");
   // No compiled module.
-  if (python_unavailable_reason(python_tools(), "experiments/e2e_inject.py", false).empty()) {
+  if (python_unavailable_reason(python_tools(), "python/latentq/e2e.py", false).empty()) {
     const ScopedEnv env("LATENTQ_PYMODULE_DIR", dir.path().string());
     o = cli({"run", config.string(), "--out", results.string(), "--threads", "1"});
     ASSERT_EQ(o.rc, 0) << o.err;
@@ -1040,9 +1040,9 @@ TEST_F(ProbeCliTest, ReportNeedsPythonAndPassesItsExitCodeThrough) {
     EXPECT_EQ(o.rc, 2);
     EXPECT_CONTAINS(o.err, "latentq: error: report: the Python interpreter");
   }
-  if (!python_unavailable_reason(python_tools(), "experiments/report.py", false).empty())
+  if (!python_unavailable_reason(python_tools(), "python/latentq/report/__main__.py", false).empty())
     GTEST_SKIP() << "no project Python";
-  // report.py's own input error (a missing file): exit 2 passed through.
+  // latentq.report's own input error (a missing file): exit 2 passed through.
   const Outcome o = cli({"report", (dir / "missing.h5").string(), "--out", (dir / "rep").string()});
   EXPECT_EQ(o.rc, 2) << o.out << o.err;
   EXPECT_CONTAINS(o.out, "latentq report:");

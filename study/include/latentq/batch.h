@@ -17,7 +17,7 @@
 // exactly their own columns (no extra key column); every per-cell group lists its cells in
 // canonical order, so a complete file, a resumed file and a merged file are identical table for
 // table, row for row. Groups not named in /cells are derived (e.g. /summary, recomputed from the
-// per-cell groups by a DeriveFn) or foreign (e.g. /e2e added later by experiments/e2e_inject.py).
+// per-cell groups by a DeriveFn) or foreign (e.g. /e2e added later by python -m latentq.e2e).
 //
 // Root attributes added by the batch layer (besides the study's own: config, input_sha256, ...):
 //   config_sha256  SHA-256 of the `config` attribute (the full config text), lower-case hex

@@ -6,7 +6,7 @@
 // (batch runs: latentq/batch.h; the test hook LATENTQ_TEST_KILL_AFTER_CELLS=N makes `run` stop after
 // N computed cells, checkpoint them to OUT.partial and SIGKILL itself, like a killed job)
 //   latentq inspect DUMP.h5
-//   latentq report RESULTS.h5 --out DIR      (experiments/report.py; its exit code passed through)
+//   latentq report RESULTS.h5 --out DIR      (python -m latentq.report; its exit code passed through)
 //   latentq regress RESULTS.h5 --thresholds THRESHOLDS.toml
 //   latentq --version
 //

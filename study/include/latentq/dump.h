@@ -1,5 +1,5 @@
 // latentq/dump.h — loader for latent KV-cache dumps, HDF5 schema `latentq-dump/1`
-// (written by data/dump_latents.py; format in data/README.md).
+// (written by python -m latentq.dump; format in data/README.md).
 //
 //   /                 attrs: schema = "latentq-dump/1", model, revision, source, config_json,
 //                     rope_layout, original_dtype (strings); num_layers, num_heads, kv_lora_rank,

@@ -1,11 +1,12 @@
-// latentq/external.h — the Python steps `latentq` starts: experiments/e2e_inject.py (after `run`
-// has written its results) and experiments/report.py (`latentq report`).
+// latentq/external.h — the Python steps `latentq` starts: python -m latentq.e2e (after `run` has
+// written its results) and python -m latentq.report (`latentq report`).
 //
 // The interpreter is the project venv known at build time (CMake cache variable
-// LATENTQ_PYTHON_EXECUTABLE), the scripts live in the source tree (LATENTQ_SOURCE_DIR), and the
-// compiled `latentq` Python module in ${CMAKE_BINARY_DIR}/python (passed to the scripts as the
-// environment variable LATENTQ_PYMODULE_DIR). The environment variables LATENTQ_PYTHON,
-// LATENTQ_SOURCE_DIR and LATENTQ_PYMODULE_DIR, when set, override the build-time values.
+// LATENTQ_PYTHON_EXECUTABLE), the `latentq` package lives in the source tree (LATENTQ_SOURCE_DIR/python)
+// and its compiled part latentq._core in ${CMAKE_BINARY_DIR}/python/latentq (LATENTQ_PYMODULE_DIR); the
+// child runs with PYTHONPATH=<source>/python:<parent of the module directory>, so it needs no .pth file.
+// The environment variables LATENTQ_PYTHON, LATENTQ_SOURCE_DIR and LATENTQ_PYMODULE_DIR, when set,
+// override the build-time values.
 #pragma once
 
 #include <filesystem>
@@ -21,16 +22,16 @@ namespace latentq {
 
 struct PythonTools {
   std::filesystem::path python;        ///< interpreter; empty when the build knew none
-  std::filesystem::path source_dir;    ///< the latentq source tree (experiments/*.py)
-  std::filesystem::path pymodule_dir;  ///< directory of the compiled `latentq` module; may be empty
+  std::filesystem::path source_dir;    ///< the latentq source tree (the package in python/latentq)
+  std::filesystem::path pymodule_dir;  ///< directory of the compiled latentq._core (<build>/python/latentq); may be empty
 };
 
 /// The build-time values with the environment overrides applied.
 PythonTools python_tools();
 
-/// Why `script` (relative to source_dir, e.g. "experiments/e2e_inject.py") cannot run: no
+/// Why the module of `script` (relative to source_dir, e.g. "python/latentq/e2e.py") cannot run: no
 /// interpreter, an interpreter that is not an executable file, a missing script, or (need_module)
-/// no compiled `latentq` module (latentq*.so) in pymodule_dir. Empty when it can.
+/// no compiled latentq._core (_core*.so) in pymodule_dir. Empty when it can.
 std::string python_unavailable_reason(const PythonTools& tools, const std::string& script, bool need_module);
 
 /// Run argv (argv[0] an executable path; no shell) with the current environment plus `env`
@@ -42,20 +43,19 @@ int run_process(const std::vector<std::string>& argv, const std::vector<std::pai
 
 /// The e2e step of `latentq run`, after the results file `results` is written (call it only when
 /// config.probes.e2e.enabled): runs
-///   <python> <source>/experiments/e2e_inject.py --results RESULTS [--model DIR] [--threads N]
-///            [--quantizers SPEC...]
-/// with LATENTQ_PYMODULE_DIR set, the script's output copied to `out`, then prints the /e2e table
+///   <python> -m latentq.e2e --results RESULTS [--model DIR] [--threads N] [--quantizers SPEC...]
+/// with PYTHONPATH set (see above), its output copied to `out`, then prints the /e2e table
 /// (format_e2e_summary). Prints one line "e2e: skipped: <why>" to `out` instead when the [e2e] model
 /// is not the dump's kind (a tiny-mla dump needs no model or a tiny-mla directory; another dump, an HF
 /// MLA checkpoint, needs its checkpoint directory as [e2e] model), the model directory has no config.json, or
 /// python_unavailable_reason() says why it cannot run; "latentq: warning: e2e: ..." to `err` when the
-/// script fails. Never throws for these; returns true when /e2e was written.
+/// step fails. Never throws for these; returns true when /e2e was written.
 bool run_e2e_step(const StudyConfig& config, const DumpAttrs& attrs, const std::filesystem::path& results,
                   int threads, std::ostream& out, std::ostream& err);
 
-/// `latentq report RESULTS.h5 --out DIR`: runs <python> <source>/experiments/report.py RESULTS --out DIR
-/// and returns its exit code (output copied to `out`). Throws std::runtime_error (exit 2) when
-/// Python or the script is unavailable, saying why.
+/// `latentq report RESULTS.h5 --out DIR`: runs <python> -m latentq.report RESULTS --out DIR (PYTHONPATH
+/// as above) and returns its exit code (output copied to `out`). Throws std::runtime_error (exit 2)
+/// when Python or the package is unavailable, saying why.
 int run_report(const std::string& results, const std::string& out_dir, std::ostream& out);
 
 }  // namespace latentq

@@ -20,7 +20,7 @@
 //                  targets = ["c_kv", "k_pe", "c_kv+k_pe"]   which latents are quantized
 //                  svd = true             also SVD-pruned c_kv at every [svd] rank ("svd-rank<r>")
 //                  check_tolerance = 1e-4 warn when the recomputation differs from attn_out by more
-//   [e2e]          enabled = false        true: run experiments/e2e_inject.py after the results are written
+//   [e2e]          enabled = false        true: run python -m latentq.e2e after the results are written
 //                  model = "path"         the tiny-mla model directory, relative to the config file
 //                  quantizers = []        [] = every quantizer of the study; else spec strings
 // Unknown keys and bad values are std::invalid_argument naming "<source>:<line>:<col>" and the key.

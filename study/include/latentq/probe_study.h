@@ -108,7 +108,7 @@ void print_probe_report(const StudyConfig& config, const ProbePlan& plan, const 
                         const std::vector<NamedTable>& tables, const DumpAttrs& attrs, std::ostream& out,
                         std::ostream& err);
 
-/// The /e2e table (experiments/e2e_inject.py): quantizer, bytes/token of the model (from /summary),
+/// The /e2e table (python -m latentq.e2e): quantizer, bytes/token of the model (from /summary),
 /// KL (nats), top-1, perplexity reference and quantized, sorted by bytes per token.
 std::string format_e2e_summary(const ColumnTable& e2e, const ColumnTable& summary);
 

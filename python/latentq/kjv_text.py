@@ -4,6 +4,7 @@
 ``HELDOUT_FRACTION`` of it (cut at a line boundary, within the Revelation/Jude region) is the
 held-out split: training never sees it; the shipped dump and the end-to-end checks read it.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -17,8 +18,10 @@ def load_kjv() -> bytes:
     """Return the full text as bytes. Raises RuntimeError if the ``bible`` program is missing."""
     exe = shutil.which("bible")
     if exe is None:
-        raise RuntimeError("the 'bible' program was not found: install Debian's bible-kjv package "
-                           "(apt-get install bible-kjv bible-kjv-text)")
+        raise RuntimeError(
+            "the 'bible' program was not found: install Debian's bible-kjv package "
+            "(apt-get install bible-kjv bible-kjv-text)"
+        )
     out = subprocess.run([exe, "Gen1:1-Rev22:21"], check=True, capture_output=True).stdout
     if len(out) < 1_000_000:
         raise RuntimeError(f"'bible Gen1:1-Rev22:21' printed only {len(out)} bytes; expected ~4.3 MB")
@@ -37,6 +40,7 @@ def sha256(b: bytes) -> str:
 
 if __name__ == "__main__":
     import argparse
+
     ap = argparse.ArgumentParser(description="Write the held-out (or training) split of the KJV text to a file.")
     ap.add_argument("--split", choices=["train", "heldout"], default="heldout")
     ap.add_argument("--out", required=True)

@@ -1,6 +1,6 @@
 """Dump the latent KV cache of an MLA model to HDF5 (format ``latentq-dump/1``, see data/README.md).
 
-    .venv/bin/python data/dump_latents.py --model data/tiny-mla --text /tmp/heldout.txt \\
+    .venv/bin/python -m latentq.dump --model data/tiny-mla --text /tmp/heldout.txt \\
         --seq-len 512 --num-seqs 4 --q-rows 256 --out data/latents/tiny-mla.h5 [--force]
 
 --model is a tiny-mla directory (config.json with ``architectures == ["TinyMLAForCausalLM"]``) or any
@@ -25,6 +25,7 @@ attention output (max abs error / max abs value over the whole layer <= 1e-4 in 
 mismatch is an error. The file is written to a temporary file in the output directory, then
 renamed: an interrupted dump never leaves a partial file. An existing output is refused unless --force.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,9 +39,7 @@ import tempfile
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from latent_hooks import (LatentCapture, MLAModuleNotFoundError, config_softmax_scale,  # noqa: E402
-                          find_mla_layers, mla_dims)
+from latentq.capture import LatentCapture, MLAModuleNotFoundError, config_softmax_scale, find_mla_layers, mla_dims
 
 SCHEMA = "latentq-dump/1"
 Q_ROWS_RULE = "per sequence k rows at positions floor((j+1)*L/k)-1, j=0..k-1; k=q_rows//S (+1 for the first q_rows%S)"
@@ -75,11 +74,14 @@ def windows(tokens: list[int] | np.ndarray, seq_len: int, num_seqs: int) -> list
     if len(tokens) < need:
         raise DumpError(f"text too short: {len(tokens)} tokens, need seq_len*num_seqs = {seq_len}*{num_seqs} = {need}")
     t = np.asarray(tokens, dtype=np.int64)
-    return [t[i * seq_len:(i + 1) * seq_len] for i in range(num_seqs)]
+    return [t[i * seq_len : (i + 1) * seq_len] for i in range(num_seqs)]
 
 
 def absorbed_attention(c_kv, k_pe, q_nope, q_pe, w_uk, w_uv, q_rows, seq_offsets, softmax_scale):
     """Recompute the attention output from the latent cache with absorbed weights.
+
+    A Python reference of the absorbed MLA attention, for the dumper's self-check and the tests; the
+    product is the C++ engine (attention/, header latentq/attention/attention.h).
 
     c_kv [T, r], k_pe [T, d_r], q_nope [Tq, H, d_n], q_pe [Tq, H, d_r], w_uk [H, d_n, r],
     w_uv [H, d_v, r], q_rows [Tq] (indices into T), seq_offsets [S+1]. Any float dtype
@@ -91,16 +93,16 @@ def absorbed_attention(c_kv, k_pe, q_nope, q_pe, w_uk, w_uv, q_rows, seq_offsets
     c_kv, k_pe, q_nope, q_pe, w_uk, w_uv = map(f, (c_kv, k_pe, q_nope, q_pe, w_uk, w_uv))
     q_rows = torch.as_tensor(np.asarray(q_rows), dtype=torch.long)
     off = torch.as_tensor(np.asarray(seq_offsets), dtype=torch.long)
-    seq_of = torch.searchsorted(off, q_rows, right=True) - 1                   # [Tq]
+    seq_of = torch.searchsorted(off, q_rows, right=True) - 1  # [Tq]
     start = off[seq_of]
     keys = torch.arange(c_kv.shape[0])
-    allowed = (keys[None, :] >= start[:, None]) & (keys[None, :] <= q_rows[:, None])   # [Tq, T]
-    q_lat = torch.einsum("qhd,hdc->qhc", q_nope, w_uk)                         # [Tq, H, r]
+    allowed = (keys[None, :] >= start[:, None]) & (keys[None, :] <= q_rows[:, None])  # [Tq, T]
+    q_lat = torch.einsum("qhd,hdc->qhc", q_nope, w_uk)  # [Tq, H, r]
     scores = torch.einsum("qhc,tc->qht", q_lat, c_kv) + torch.einsum("qhd,td->qht", q_pe, k_pe)
     scores = scores * softmax_scale
     scores = scores.masked_fill(~allowed[:, None, :], float("-inf"))
     p = torch.softmax(scores, dim=-1, dtype=torch.float32)
-    o_lat = torch.einsum("qht,tc->qhc", p, c_kv)                               # [Tq, H, r]
+    o_lat = torch.einsum("qht,tc->qhc", p, c_kv)  # [Tq, H, r]
     return torch.einsum("qhc,hdc->qhd", o_lat, w_uv)
 
 
@@ -135,15 +137,15 @@ def state_dict_sha256(model) -> str:
     return h.hexdigest()
 
 
-CHUNK_BYTES = 1 << 20          # target bytes per HDF5 chunk of a per-token / per-query dataset
-INDEX_CHUNK = 1 << 16          # elements per chunk of tokens, positions, seq_offsets, q_rows
-CHECK_BLOCK_ELEMS = 1 << 24    # self-check: query rows per block so that one [rows, H, L] fp32 tensor is <= 64 MiB
+CHUNK_BYTES = 1 << 20  # target bytes per HDF5 chunk of a per-token / per-query dataset
+INDEX_CHUNK = 1 << 16  # elements per chunk of tokens, positions, seq_offsets, q_rows
+CHECK_BLOCK_ELEMS = 1 << 24  # self-check: query rows per block so that one [rows, H, L] fp32 tensor is <= 64 MiB
 
 
 def chunk_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
     """HDF5 chunk shape of a float32 dataset of ``shape`` written row by row: whole rows, about 1 MiB
     per chunk, rows = max(1, 2**20 // (4 * elements per row)), capped at shape[0] (the rule of the C++
-    synthetic dumper, experiments/src/synth.cpp rows_per_mib). Example: c_kv [32768, 512] -> (512, 512)."""
+    synthetic dumper, study/io/synth.cpp rows_per_mib). Example: c_kv [32768, 512] -> (512, 512)."""
     row = int(np.prod(shape[1:], dtype=np.int64)) if len(shape) > 1 else 1
     return (max(1, min(int(shape[0]), CHUNK_BYTES // (4 * row))),) + tuple(int(d) for d in shape[1:])
 
@@ -166,8 +168,9 @@ def _seq_check(rec: dict, w_uk, w_uv, local_rows: np.ndarray, softmax_scale: flo
     max_diff = max_ref = 0.0
     for a in range(0, len(local_rows), block):
         sl = slice(a, a + block)
-        out = absorbed_attention(c_kv, k_pe, rec["q_nope"][0, sl], rec["q_pe"][0, sl], w_uk, w_uv,
-                                 local_rows[sl], off, softmax_scale).double()
+        out = absorbed_attention(
+            c_kv, k_pe, rec["q_nope"][0, sl], rec["q_pe"][0, sl], w_uk, w_uv, local_rows[sl], off, softmax_scale
+        ).double()
         ref = rec["attn_out"][0, sl].double()
         # np.maximum propagates NaN (a NaN anywhere must fail the check, as rel_err's NaN does)
         max_diff = float(np.maximum(max_diff, float((out - ref).abs().max())))
@@ -175,11 +178,221 @@ def _seq_check(rec: dict, w_uk, w_uv, local_rows: np.ndarray, softmax_scale: flo
     return max_diff, max_ref
 
 
+class _Plan:
+    """What dump() writes, fixed before the first forward pass: the sequences, the MLA layers and
+    dims, the query rows, the row offsets and every dataset's final shape."""
+
+    def __init__(self, model, config_dict: dict, token_ids_per_seq, q_rows: int):
+        """Raises DumpError (empty input, bad q_rows), MLAModuleNotFoundError (no MLA module),
+        RuntimeError (config and weights disagree)."""
+        self.seqs = [np.asarray(s, dtype=np.int64).reshape(-1) for s in token_ids_per_seq]
+        if not self.seqs or any(len(s) == 0 for s in self.seqs):
+            raise DumpError("need at least one non-empty sequence")
+        mla = find_mla_layers(model)
+        self.layer_ids = sorted(i for i, _, _ in mla)
+        self.attn_of = {i: a for i, _, a in mla}
+        self.dims = dims = mla_dims(mla[0][2])
+        for key, cfg_key in (
+            ("num_heads", "num_attention_heads"),
+            ("kv_lora_rank", "kv_lora_rank"),
+            ("qk_rope_head_dim", "qk_rope_head_dim"),
+            ("qk_nope_head_dim", "qk_nope_head_dim"),
+            ("v_head_dim", "v_head_dim"),
+        ):
+            if cfg_key in config_dict and int(config_dict[cfg_key]) != dims[key]:
+                raise RuntimeError(f"config {cfg_key}={config_dict[cfg_key]} but the weights give {dims[key]}")
+        self.seq_lens = seq_lens = [len(s) for s in self.seqs]
+        self.local_rows = select_q_rows(seq_lens, q_rows)
+        self.offsets = np.concatenate([[0], np.cumsum(seq_lens)]).astype(np.int64)
+        self.q_offsets = np.concatenate([[0], np.cumsum([len(r) for r in self.local_rows])]).astype(np.int64)
+        self.tokens = np.concatenate(self.seqs)
+        self.positions = np.concatenate([np.arange(n) for n in seq_lens])
+        self.q_rows_global = np.concatenate([off + r for off, r in zip(self.offsets[:-1], self.local_rows)])
+        H, nope, vd, r = dims["num_heads"], dims["qk_nope_head_dim"], dims["v_head_dim"], dims["kv_lora_rank"]
+        rope = dims["qk_rope_head_dim"]
+        T, Tq = int(self.offsets[-1]), int(self.q_offsets[-1])
+        self.shapes = {
+            "c_kv": (T, r),
+            "k_pe": (T, rope),
+            "q_rows": (Tq,),
+            "q_nope": (Tq, H, nope),
+            "q_pe": (Tq, H, rope),
+            "w_uk": (H, nope, r),
+            "w_uv": (H, vd, r),
+            "attn_out": (Tq, H, vd),
+        }
+
+    def w_uk_uv(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """W_UK [H, d_n, r], W_UV [H, d_v, r] of layer i (float32 CPU; views of kv_b_proj.weight when it is)."""
+        d = self.dims
+        H, nope, vd, r = d["num_heads"], d["qk_nope_head_dim"], d["v_head_dim"], d["kv_lora_rank"]
+        wkv_b = self.attn_of[i].kv_b_proj.weight.detach().float().cpu().view(H, nope + vd, r)
+        return wkv_b[:, :nope], wkv_b[:, nope:]
+
+
+def _create_datasets(f, plan: _Plan, kw: dict) -> None:
+    """Every dataset of the file at its final shape (dump's docstring): tokens, positions, seq_offsets and,
+    per layer, q_rows, W_UK and W_UV written whole; c_kv, k_pe, q_nope, q_pe and attn_out empty, chunked
+    with chunk_shape. kw: the compression arguments of every dataset."""
+
+    def put(parent, name, data):
+        """A dataset written whole at creation, chunked: INDEX_CHUNK elements (1-D), one head (W_UK/W_UV)."""
+        chunks = (min(len(data), INDEX_CHUNK),) if data.ndim == 1 else (1,) + data.shape[1:]
+        parent.create_dataset(name, data=data, chunks=chunks, **kw)
+
+    put(f, "tokens", plan.tokens.astype(np.int32))
+    put(f, "positions", plan.positions.astype(np.int32))
+    put(f, "seq_offsets", plan.offsets.astype(np.int64))
+    g = f.create_group("layers")
+    for i in plan.layer_ids:
+        gl = g.create_group(f"{i:03d}")
+        for k in ("c_kv", "k_pe", "q_rows", "q_nope", "q_pe", "w_uk", "w_uv", "attn_out"):
+            if k == "q_rows":
+                put(gl, k, plan.q_rows_global.astype(np.int32))
+            elif k in ("w_uk", "w_uv"):
+                put(gl, k, np.ascontiguousarray(plan.w_uk_uv(i)[0 if k == "w_uk" else 1].numpy()))
+            else:
+                gl.create_dataset(k, shape=plan.shapes[k], dtype="<f4", chunks=chunk_shape(plan.shapes[k]), **kw)
+
+
+class _LayerWriter:
+    """The on_layer callback of dump()'s capture: writes layer i's rows of the running sequence ``seq``
+    into the open file f, self-checks them (_seq_check) and keeps the per-layer maxima and the softmax
+    scales, rope layouts, functions and scale sources seen; the record is dropped after the call."""
+
+    def __init__(self, f, plan: _Plan):
+        self.f, self.plan = f, plan
+        self.seq, self.done = 0, set()
+        self.scales, self.layouts, self.functions, self.sources = set(), set(), set(), set()
+        self.max_diff = {i: 0.0 for i in plan.layer_ids}
+        self.max_ref = {i: 0.0 for i in plan.layer_ids}
+
+    def __call__(self, i: int, rec: dict) -> None:
+        p, s = self.plan, self.seq
+        a, b = int(p.offsets[s]), int(p.offsets[s + 1])
+        qa, qb = int(p.q_offsets[s]), int(p.q_offsets[s + 1])
+        gl = self.f["layers"][f"{i:03d}"]
+        for k, (lo, hi) in (
+            ("c_kv", (a, b)),
+            ("k_pe", (a, b)),
+            ("q_nope", (qa, qb)),
+            ("q_pe", (qa, qb)),
+            ("attn_out", (qa, qb)),
+        ):
+            x = np.ascontiguousarray(rec[k][0].numpy(), dtype=np.float32)
+            if x.shape != (hi - lo,) + p.shapes[k][1:]:
+                raise RuntimeError(
+                    f"layer {i}, sequence {s}: captured {k} has shape {x.shape}, expected "
+                    f"{(hi - lo,) + p.shapes[k][1:]}"
+                )
+            gl[k][lo:hi] = x  # the Dataset object (and its chunk cache) closes here
+        self.scales.add(rec["softmax_scale"])
+        self.layouts.add(rec["rope_layout"])
+        self.functions.add(rec["rope_function"])
+        self.sources.add(rec["softmax_scale_source"])
+        d, m = _seq_check(rec, *p.w_uk_uv(i), p.local_rows[s], rec["softmax_scale"])
+        self.max_diff[i] = float(np.maximum(self.max_diff[i], d))
+        self.max_ref[i] = float(np.maximum(self.max_ref[i], m))
+        self.done.add(i)
+
+    def rel_err(self, i: int) -> float:
+        """max|Δ| / max|attn_out| of layer i over the sequences run so far."""
+        return self.max_diff[i] / max(self.max_ref[i], 1e-300)
+
+
+def _run_sequences(model, plan: _Plan, writer: _LayerWriter, check_tol: float) -> None:
+    """One forward pass per sequence under LatentCapture(on_layer=writer), with the checks after each
+    pass (dump's docstring). Raises RuntimeError: a layer that did not run, layers that disagree on the
+    softmax scale or rope layout, a layer over check_tol."""
+    device = next(model.parameters()).device
+    model.eval()
+    with LatentCapture(model, on_layer=writer) as cap:
+        for s, (seq, rows) in enumerate(zip(plan.seqs, plan.local_rows)):
+            writer.seq, writer.done = s, set()
+            cap.clear()
+            cap.q_rows = torch.as_tensor(rows)
+            run_model(model, torch.as_tensor(seq, device=device)[None, :])
+            missing = sorted(set(plan.layer_ids) - writer.done)
+            if missing:
+                raise RuntimeError(f"sequence {s}: MLA layers {missing} did not run in the forward pass")
+            if len(writer.scales) != 1 or len(writer.layouts) != 1:
+                raise RuntimeError(
+                    f"layers disagree: softmax scales {sorted(writer.scales)}, rope layouts {sorted(writer.layouts)}"
+                )
+            for i in plan.layer_ids:
+                err = writer.rel_err(i)
+                if not err <= check_tol:
+                    raise RuntimeError(
+                        f"layer {i}: absorbed recomputation differs from the model's attn_out by "
+                        f"{err:.3g} (relative) > {check_tol:g}; the captured tensors or scale are inconsistent "
+                        f"(sequences 0..{s} of {len(plan.seqs)})"
+                    )
+
+
+def _write_root_attrs(
+    f, plan: _Plan, writer: _LayerWriter, config_dict: dict, meta: dict, extra_attrs: dict | None
+) -> None:
+    """The root attributes of the file (data/README.md), once every sequence has run, then extra_attrs.
+    meta: model, revision, source, original_dtype, compute_dtype, text_sha256, transformers_version."""
+    d = plan.dims
+    attrs = {
+        "schema": SCHEMA,
+        "model": meta["model"],
+        "revision": meta["revision"],
+        "source": meta["source"],
+        "created": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "config_json": json.dumps(config_dict, sort_keys=True, default=str),
+        "num_layers": np.int64(len(plan.layer_ids)),
+        "num_heads": np.int64(d["num_heads"]),
+        "kv_lora_rank": np.int64(d["kv_lora_rank"]),
+        "qk_rope_head_dim": np.int64(d["qk_rope_head_dim"]),
+        "qk_nope_head_dim": np.int64(d["qk_nope_head_dim"]),
+        "v_head_dim": np.int64(d["v_head_dim"]),
+        "softmax_scale": np.float64(next(iter(writer.scales))),
+        "softmax_scale_source": ",".join(sorted(writer.sources)),
+        "rope_layout": next(iter(writer.layouts)),
+        "rope_function": ",".join(sorted(writer.functions)),
+        "original_dtype": meta["original_dtype"],
+        "compute_dtype": meta["compute_dtype"],
+        "num_seqs": np.int64(len(plan.seqs)),
+        "seq_len": np.int64(plan.seq_lens[0] if len(set(plan.seq_lens)) == 1 else -1),
+        "text_sha256": meta["text_sha256"],
+        "q_rows_rule": Q_ROWS_RULE,
+        "torch_version": torch.__version__,
+        "transformers_version": meta["transformers_version"],
+    }
+    if extra_attrs:
+        attrs.update(extra_attrs)
+    for k, v in attrs.items():
+        f.attrs[k] = str(v) if isinstance(v, str) else v  # str(): TorchVersion is a str subclass
+
+
+def _publish(tmp: str, path: str) -> None:
+    """Rename tmp over path with the permissions of a normally created file (mkstemp creates 0600)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)
+    os.replace(tmp, path)
+
+
 @torch.no_grad()
-def dump(model, config_dict: dict, token_ids_per_seq, q_rows: int, out_path: str, *, model_name: str = "",
-         revision: str | None = None, source: str = "hf-hooks", original_dtype: str | None = None,
-         text_sha256: str = "", force: bool = False, compression: str | None = None,
-         check_tol: float | None = None, extra_attrs: dict | None = None) -> dict:
+def dump(
+    model,
+    config_dict: dict,
+    token_ids_per_seq,
+    q_rows: int,
+    out_path: str,
+    *,
+    model_name: str = "",
+    revision: str | None = None,
+    source: str = "hf-hooks",
+    original_dtype: str | None = None,
+    text_sha256: str = "",
+    force: bool = False,
+    compression: str | None = None,
+    check_tol: float | None = None,
+    extra_attrs: dict | None = None,
+) -> dict:
     """Run ``model`` on each sequence and write a ``latentq-dump/1`` HDF5 file to ``out_path``, streaming.
 
     model: an MLA model in eval mode (tiny-mla or HF), already in the compute dtype.
@@ -227,165 +440,56 @@ def dump(model, config_dict: dict, token_ids_per_seq, q_rows: int, out_path: str
 
     if os.path.exists(out_path) and not force:
         raise DumpError(f"{out_path} exists; pass force=True (--force) to overwrite")
-    seqs = [np.asarray(s, dtype=np.int64).reshape(-1) for s in token_ids_per_seq]
-    if not seqs or any(len(s) == 0 for s in seqs):
-        raise DumpError("need at least one non-empty sequence")
-    mla = find_mla_layers(model)
-    layer_ids = sorted(i for i, _, _ in mla)
-    attn_of = {i: a for i, _, a in mla}
-    dims = mla_dims(mla[0][2])
-    for key, cfg_key in (("num_heads", "num_attention_heads"), ("kv_lora_rank", "kv_lora_rank"),
-                         ("qk_rope_head_dim", "qk_rope_head_dim"), ("qk_nope_head_dim", "qk_nope_head_dim"),
-                         ("v_head_dim", "v_head_dim")):
-        if cfg_key in config_dict and int(config_dict[cfg_key]) != dims[key]:
-            raise RuntimeError(f"config {cfg_key}={config_dict[cfg_key]} but the weights give {dims[key]}")
-    param = next(model.parameters())
-    compute_dtype = param.dtype
+    plan = _Plan(model, config_dict, token_ids_per_seq, q_rows)
+    compute_dtype = next(model.parameters()).dtype
     if check_tol is None:
         check_tol = 1e-4 if compute_dtype == torch.float32 else 2e-2
-    seq_lens = [len(s) for s in seqs]
-    local_rows = select_q_rows(seq_lens, q_rows)
-    offsets = np.concatenate([[0], np.cumsum(seq_lens)]).astype(np.int64)
-    q_offsets = np.concatenate([[0], np.cumsum([len(r) for r in local_rows])]).astype(np.int64)
-    tokens = np.concatenate(seqs)
-    positions = np.concatenate([np.arange(n) for n in seq_lens])
-    q_rows_global = np.concatenate([off + r for off, r in zip(offsets[:-1], local_rows)])
-    H, nope, vd, r = dims["num_heads"], dims["qk_nope_head_dim"], dims["v_head_dim"], dims["kv_lora_rank"]
-    rope = dims["qk_rope_head_dim"]
-    T, Tq = int(offsets[-1]), int(q_offsets[-1])
-    shapes = {"c_kv": (T, r), "k_pe": (T, rope), "q_rows": (Tq,), "q_nope": (Tq, H, nope),
-              "q_pe": (Tq, H, rope), "w_uk": (H, nope, r), "w_uv": (H, vd, r), "attn_out": (Tq, H, vd)}
-
-    def w_uk_uv(i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """W_UK [H, d_n, r], W_UV [H, d_v, r] of layer i (float32 CPU; views of kv_b_proj.weight when it is)."""
-        wkv_b = attn_of[i].kv_b_proj.weight.detach().float().cpu().view(H, nope + vd, r)
-        return wkv_b[:, :nope], wkv_b[:, nope:]
-
     if revision is None:
         revision = "sha256-state-dict:" + state_dict_sha256(model)
     if original_dtype is None:
-        original_dtype = str(config_dict.get("torch_dtype") or config_dict.get("dtype") or compute_dtype).replace("torch.", "")
+        original_dtype = str(config_dict.get("torch_dtype") or config_dict.get("dtype") or compute_dtype).replace(
+            "torch.", ""
+        )
     import transformers  # noqa: F401  (version only)
 
     kw = {"compression": "gzip", "compression_opts": 4, "shuffle": True} if compression == "gzip" else {}
-
-    def put(parent, name, data):
-        """A dataset written whole at creation, chunked: INDEX_CHUNK elements (1-D), one head (W_UK/W_UV)."""
-        chunks = (min(len(data), INDEX_CHUNK),) if data.ndim == 1 else (1,) + data.shape[1:]
-        parent.create_dataset(name, data=data, chunks=chunks, **kw)
-
     out_dir = os.path.dirname(os.path.abspath(out_path))
     os.makedirs(out_dir, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".tmp-" + os.path.basename(out_path) + ".", dir=out_dir)
     os.close(fd)
-    scales, layouts, functions, sources = set(), set(), set(), set()
-    max_diff = {i: 0.0 for i in layer_ids}
-    max_ref = {i: 0.0 for i in layer_ids}
     was_training = model.training
     try:
         with h5py.File(tmp, "w") as f:
-            put(f, "tokens", tokens.astype(np.int32))
-            put(f, "positions", positions.astype(np.int32))
-            put(f, "seq_offsets", offsets.astype(np.int64))
-            g = f.create_group("layers")
-            for i in layer_ids:
-                gl = g.create_group(f"{i:03d}")
-                for k in ("c_kv", "k_pe", "q_rows", "q_nope", "q_pe", "w_uk", "w_uv", "attn_out"):
-                    if k == "q_rows":
-                        put(gl, k, q_rows_global.astype(np.int32))
-                    elif k in ("w_uk", "w_uv"):
-                        put(gl, k, np.ascontiguousarray(w_uk_uv(i)[0 if k == "w_uk" else 1].numpy()))
-                    else:
-                        gl.create_dataset(k, shape=shapes[k], dtype="<f4", chunks=chunk_shape(shapes[k]), **kw)
-
-            state = {"seq": 0, "done": set()}
-
-            def on_layer(i: int, rec: dict) -> None:
-                """Write layer i's rows of the current sequence, self-check them; rec is dropped after."""
-                s = state["seq"]
-                a, b = int(offsets[s]), int(offsets[s + 1])
-                qa, qb = int(q_offsets[s]), int(q_offsets[s + 1])
-                gl = f["layers"][f"{i:03d}"]
-                for k, (lo, hi) in (("c_kv", (a, b)), ("k_pe", (a, b)), ("q_nope", (qa, qb)), ("q_pe", (qa, qb)),
-                                    ("attn_out", (qa, qb))):
-                    x = np.ascontiguousarray(rec[k][0].numpy(), dtype=np.float32)
-                    if x.shape != (hi - lo,) + shapes[k][1:]:
-                        raise RuntimeError(f"layer {i}, sequence {s}: captured {k} has shape {x.shape}, expected "
-                                           f"{(hi - lo,) + shapes[k][1:]}")
-                    gl[k][lo:hi] = x             # the Dataset object (and its chunk cache) closes here
-                scales.add(rec["softmax_scale"])
-                layouts.add(rec["rope_layout"])
-                functions.add(rec["rope_function"])
-                sources.add(rec["softmax_scale_source"])
-                d, m = _seq_check(rec, *w_uk_uv(i), local_rows[s], rec["softmax_scale"])
-                max_diff[i] = float(np.maximum(max_diff[i], d))
-                max_ref[i] = float(np.maximum(max_ref[i], m))
-                state["done"].add(i)
-
-            model.eval()
-            with LatentCapture(model, on_layer=on_layer) as cap:
-                for s, (seq, rows) in enumerate(zip(seqs, local_rows)):
-                    state["seq"], state["done"] = s, set()
-                    cap.clear()
-                    cap.q_rows = torch.as_tensor(rows)
-                    run_model(model, torch.as_tensor(seq, device=param.device)[None, :])
-                    missing = sorted(set(layer_ids) - state["done"])
-                    if missing:
-                        raise RuntimeError(f"sequence {s}: MLA layers {missing} did not run in the forward pass")
-                    if len(scales) != 1 or len(layouts) != 1:
-                        raise RuntimeError(f"layers disagree: softmax scales {sorted(scales)}, rope layouts {sorted(layouts)}")
-                    for i in layer_ids:
-                        err = max_diff[i] / max(max_ref[i], 1e-300)
-                        if not err <= check_tol:
-                            raise RuntimeError(
-                                f"layer {i}: absorbed recomputation differs from the model's attn_out by "
-                                f"{err:.3g} (relative) > {check_tol:g}; the captured tensors or scale are inconsistent "
-                                f"(sequences 0..{s} of {len(seqs)})")
-            softmax_scale, rope_layout = next(iter(scales)), next(iter(layouts))
-            attrs = {
-                "schema": SCHEMA,
+            _create_datasets(f, plan, kw)
+            writer = _LayerWriter(f, plan)
+            _run_sequences(model, plan, writer, check_tol)
+            meta = {
                 "model": model_name,
                 "revision": revision,
                 "source": source,
-                "created": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                "config_json": json.dumps(config_dict, sort_keys=True, default=str),
-                "num_layers": np.int64(len(layer_ids)),
-                "num_heads": np.int64(H),
-                "kv_lora_rank": np.int64(r),
-                "qk_rope_head_dim": np.int64(rope),
-                "qk_nope_head_dim": np.int64(nope),
-                "v_head_dim": np.int64(vd),
-                "softmax_scale": np.float64(softmax_scale),
-                "softmax_scale_source": ",".join(sorted(sources)),
-                "rope_layout": rope_layout,
-                "rope_function": ",".join(sorted(functions)),
                 "original_dtype": original_dtype,
                 "compute_dtype": str(compute_dtype).replace("torch.", ""),
-                "num_seqs": np.int64(len(seqs)),
-                "seq_len": np.int64(seq_lens[0] if len(set(seq_lens)) == 1 else -1),
                 "text_sha256": text_sha256,
-                "q_rows_rule": Q_ROWS_RULE,
-                "torch_version": torch.__version__,
                 "transformers_version": transformers.__version__,
             }
-            if extra_attrs:
-                attrs.update(extra_attrs)
-            for k, v in attrs.items():
-                f.attrs[k] = str(v) if isinstance(v, str) else v     # str(): TorchVersion is a str subclass
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)          # mkstemp creates 0600
-        os.replace(tmp, out_path)
+            _write_root_attrs(f, plan, writer, config_dict, meta, extra_attrs)
+        _publish(tmp, out_path)
     except BaseException:
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
     finally:
         model.train(was_training)
-    errs = {i: max_diff[i] / max(max_ref[i], 1e-300) for i in layer_ids}
-    return {"path": out_path, "bytes": os.path.getsize(out_path), "softmax_scale": softmax_scale,
-            "softmax_scale_config": config_softmax_scale(config_dict) if "qk_nope_head_dim" in config_dict else None,
-            "rope_layout": rope_layout, "max_rel_err": errs, "num_layers": len(layer_ids)}
+    errs = {i: writer.rel_err(i) for i in plan.layer_ids}
+    return {
+        "path": out_path,
+        "bytes": os.path.getsize(out_path),
+        "softmax_scale": next(iter(writer.scales)),
+        "softmax_scale_config": config_softmax_scale(config_dict) if "qk_nope_head_dim" in config_dict else None,
+        "rope_layout": next(iter(writer.layouts)),
+        "max_rel_err": errs,
+        "num_layers": len(plan.layer_ids),
+    }
 
 
 def file_sha256(paths: list[str]) -> str:
@@ -407,13 +511,16 @@ def load_model(path: str, dtype: torch.dtype, trust_remote_code: bool = False):
         with open(cfg_path) as f:
             cfg_file = json.load(f)
     if cfg_file is not None and cfg_file.get("architectures") == ["TinyMLAForCausalLM"]:
-        from tiny_mla import TinyMLAForCausalLM
+        from latentq.tiny_mla import TinyMLAForCausalLM
+
         model = TinyMLAForCausalLM.from_pretrained(path).to(dtype).eval()
         rev = "sha256:" + file_sha256([os.path.join(path, "model.safetensors")])
         return model, cfg_file, "tiny-mla", rev, str(cfg_file.get("torch_dtype", "float32")), None
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="eager",
-                                                 trust_remote_code=trust_remote_code).eval()
+
+    model = AutoModelForCausalLM.from_pretrained(
+        path, dtype=dtype, attn_implementation="eager", trust_remote_code=trust_remote_code
+    ).eval()
     cfg = model.config.to_dict()
     orig = str((cfg_file or {}).get("torch_dtype") or (cfg_file or {}).get("dtype") or "unknown")
     rev = getattr(model.config, "_commit_hash", None)
@@ -441,7 +548,9 @@ def main(argv=None) -> int:
     ap.add_argument("--q-rows", type=int, default=256, help="query rows per layer, over all sequences")
     ap.add_argument("--out", required=True)
     ap.add_argument("--force", action="store_true", help="overwrite an existing --out")
-    ap.add_argument("--dtype", choices=sorted(_DTYPES), default="float32", help="compute dtype (stored data is float32)")
+    ap.add_argument(
+        "--dtype", choices=sorted(_DTYPES), default="float32", help="compute dtype (stored data is float32)"
+    )
     ap.add_argument("--gzip", action="store_true", help="gzip-compress the datasets (default: uncompressed)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--trust-remote-code", action="store_true")
@@ -449,6 +558,7 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
+
     def fail(msg: str) -> int:
         print(f"dump_latents: error: {msg}", file=sys.stderr)
         return 2
@@ -463,7 +573,9 @@ def main(argv=None) -> int:
     if os.path.isdir(a.model):
         cfg_path = os.path.join(a.model, "config.json")
         if not os.path.isfile(cfg_path):
-            return fail(f"--model {a.model}: no config.json in the directory (expected a tiny-mla or HF model directory)")
+            return fail(
+                f"--model {a.model}: no config.json in the directory (expected a tiny-mla or HF model directory)"
+            )
         try:
             with open(cfg_path) as f:
                 json.load(f)
@@ -478,10 +590,21 @@ def main(argv=None) -> int:
         tokenizer = "bytes"
     try:
         seqs = windows(ids, a.seq_len, a.num_seqs)
-        summary = dump(model, cfg, seqs, a.q_rows, a.out, model_name=os.path.basename(os.path.normpath(a.model)),
-                       revision=rev, source=source, original_dtype=orig,
-                       text_sha256=hashlib.sha256(text).hexdigest(), force=a.force,
-                       compression="gzip" if a.gzip else None, extra_attrs={"tokenizer": tokenizer})
+        summary = dump(
+            model,
+            cfg,
+            seqs,
+            a.q_rows,
+            a.out,
+            model_name=os.path.basename(os.path.normpath(a.model)),
+            revision=rev,
+            source=source,
+            original_dtype=orig,
+            text_sha256=hashlib.sha256(text).hexdigest(),
+            force=a.force,
+            compression="gzip" if a.gzip else None,
+            extra_attrs={"tokenizer": tokenizer},
+        )
     except (DumpError, MLAModuleNotFoundError) as e:
         return fail(str(e))
     print(json.dumps(summary, indent=2, default=str))

@@ -1,9 +1,12 @@
-"""Capture and inject the latent KV cache of Multi-head Latent Attention (MLA) models with hooks.
+"""Capture the latent KV cache of Multi-head Latent Attention (MLA) models with hooks.
 
 Works on any model whose attention modules have a ``kv_a_proj_with_mqa`` submodule (HF transformers
-``DeepseekV2``/``DeepseekV3`` and relatives, DeepSeek remote code, tiny-mla in this directory). The
+``DeepseekV2``/``DeepseekV3`` and relatives, DeepSeek remote code, tiny-mla: latentq.tiny_mla). The
 model code is never edited: everything is done with PyTorch forward hooks plus temporary wrappers of
-module-level functions, all removed on exit (the state dict is never touched).
+module-level functions, all removed on exit (the state dict is never touched). ``LatentHooks`` holds
+the hook machinery for both directions: capture (``LatentCapture``, here) and the replacement of
+c_kv / k_pe by an ``inject`` callback (``LatentInjector`` and ``DecodeOrderAttention``:
+latentq.inject).
 
 Hook points, per MLA layer ``attn`` (``model.layers[i].self_attn``):
 
@@ -45,23 +48,15 @@ module-level ``eager_attention_forward`` and the ``scale`` argument of
 a layer executes; the first call inside a layer wins. If neither is called (e.g. flash attention),
 the scale falls back to ``attn.scaling`` / ``attn.softmax_scale`` and ``softmax_scale_source`` says so.
 
-Injection: ``fn(layer_idx, name, tensor) -> tensor`` with name ``"c_kv"`` ([B, T, kv_lora_rank]) or
-``"k_pe"`` ([B, T, qk_rope_head_dim], post-RoPE); the returned tensor must have the same shape and is
-cast to the model's dtype/device. The replacement is what the rest of the layer (kv_b_proj, the
-cache, the attention) sees.
-
-Decode order (``DecodeOrderAttention``): the attention of every query t reads key j from one of two
-versions of the latent cache (quantized / bf16) per a [T, T] mask, which is token-by-token decode with
-a quantized cache done in one causal forward (latentq/decode_order.h; the e2e step builds the two
-versions and the mask with the ``latentq`` module). The model's own attention output, the input of
-``o_proj``, is replaced by ``mixed_latent_attention`` (one SDPA over the keys of both reads, masked
-per (t, j)) of the captured q_nope, q_pe, c_kv and k_pe; the model's own SDPA call is skipped there.
+The ``inject`` callback of LatentHooks: ``fn(layer_idx, name, tensor) -> tensor`` with name ``"c_kv"``
+([B, T, kv_lora_rank]) or ``"k_pe"`` ([B, T, qk_rope_head_dim], post-RoPE); latentq.inject says more.
 """
+
 from __future__ import annotations
 
 import math
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -100,7 +95,8 @@ def find_mla_layers(model: nn.Module) -> list[tuple[int, str, nn.Module]]:
     if not found:
         raise MLAModuleNotFoundError(
             f"no MLA attention module found in {type(model).__name__}: looked for modules with a "
-            f"'{MLA_MARKER}' submodule (HF DeepseekV2/V3-style Multi-head Latent Attention)")
+            f"'{MLA_MARKER}' submodule (HF DeepseekV2/V3-style Multi-head Latent Attention)"
+        )
     idxs = [i for i, _, _ in found]
     if len(set(idxs)) != len(idxs):
         raise MLAModuleNotFoundError(f"MLA modules have repeated layer_idx values: {idxs}")
@@ -137,7 +133,7 @@ def _pairs(x: torch.Tensor, layout: str) -> torch.Tensor:
     if layout == "interleaved":
         a, b = x[..., 0::2], x[..., 1::2]
     else:
-        a, b = x[..., : d // 2], x[..., d // 2:]
+        a, b = x[..., : d // 2], x[..., d // 2 :]
     return a * a + b * b
 
 
@@ -163,15 +159,16 @@ def rope_pairings(x_in: torch.Tensor, x_out: torch.Tensor, tol: float = 1e-3) ->
     return fits
 
 
-def rotate(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, layout: str,
-           attention_scaling: float = 1.0) -> torch.Tensor:
+def rotate(
+    x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, layout: str, attention_scaling: float = 1.0
+) -> torch.Tensor:
     """Apply RoPE in a given layout (reference implementation, float64 math, float32 result).
 
     x: [T, ..., d] (any middle dims), positions: [T] int, inv_freq: [d/2].
     ``interleaved`` rotates pairs (2i, 2i+1) by positions*inv_freq[i]; ``half`` rotates pairs
     (i, i + d/2). The result is multiplied by ``attention_scaling`` (HF YaRN scales cos/sin).
     """
-    ang = positions.double()[:, None] * inv_freq.double()[None, :]          # [T, d/2]
+    ang = positions.double()[:, None] * inv_freq.double()[None, :]  # [T, d/2]
     shape = (x.shape[0],) + (1,) * (x.dim() - 2) + (ang.shape[-1],)
     cos, sin = ang.cos().view(shape) * attention_scaling, ang.sin().view(shape) * attention_scaling
     xd = x.double()
@@ -180,7 +177,7 @@ def rotate(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, lay
         a, b = xd[..., 0::2], xd[..., 1::2]
         out = torch.stack([a * cos - b * sin, b * cos + a * sin], dim=-1).flatten(-2)
     elif layout == "half":
-        a, b = xd[..., : d // 2], xd[..., d // 2:]
+        a, b = xd[..., : d // 2], xd[..., d // 2 :]
         out = torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
     else:
         raise ValueError(f"unknown rope layout {layout!r}")
@@ -201,7 +198,7 @@ class LatentHooks:
     forward hook (``self_attn`` output), when that layer's record is complete: c_kv, k_pe (and the
     pre-RoPE copies), q_nope, q_pe, attn_out (the ``o_proj`` pre-hook ran inside the layer) and the
     softmax scale, layout and function. The record is removed from ``self.layers`` before the call,
-    so with ``on_layer`` at most the running layer's tensors are held (streaming: data/dump_latents.py);
+    so with ``on_layer`` at most the running layer's tensors are held (streaming: latentq.dump);
     without it, records stay in ``self.layers`` as above. An exception raised by ``fn`` propagates
     out of the forward pass.
 
@@ -209,8 +206,14 @@ class LatentHooks:
     layer ran without calling a known RoPE function, or if the RoPE output fails the layout check.
     """
 
-    def __init__(self, model: nn.Module, capture: bool = True, inject: InjectFn | None = None,
-                 q_rows=None, on_layer: LayerFn | None = None):
+    def __init__(
+        self,
+        model: nn.Module,
+        capture: bool = True,
+        inject: InjectFn | None = None,
+        q_rows=None,
+        on_layer: LayerFn | None = None,
+    ):
         if on_layer is not None and not capture:
             raise ValueError("on_layer needs capture=True")
         self.model = model
@@ -245,12 +248,14 @@ class LatentHooks:
     def _replace(self, layer: int, name: str, x: torch.Tensor) -> torch.Tensor:
         new = self.inject(layer, name, x)
         if not isinstance(new, torch.Tensor) or tuple(new.shape) != tuple(x.shape):
-            raise ValueError(f"inject fn returned {getattr(new, 'shape', type(new))} for layer {layer} "
-                             f"{name}; expected a tensor of shape {tuple(x.shape)}")
+            raise ValueError(
+                f"inject fn returned {getattr(new, 'shape', type(new))} for layer {layer} "
+                f"{name}; expected a tensor of shape {tuple(x.shape)}"
+            )
         return new.to(dtype=x.dtype, device=x.device)
 
     # ---- install / remove --------------------------------------------------------------------
-    def __enter__(self) -> "LatentHooks":
+    def __enter__(self) -> LatentHooks:
         if self._active:
             raise RuntimeError("hooks already installed")
         self._active = True
@@ -286,8 +291,10 @@ class LatentHooks:
         for pymod in pymods.values():
             names = [n for n in ROPE_FUNCTION_LAYOUTS if callable(getattr(pymod, n, None))]
             if not names:
-                raise RuntimeError(f"module {pymod.__name__} defines none of the RoPE functions "
-                                   f"{sorted(ROPE_FUNCTION_LAYOUTS)}; cannot capture post-RoPE k_pe/q_pe")
+                raise RuntimeError(
+                    f"module {pymod.__name__} defines none of the RoPE functions "
+                    f"{sorted(ROPE_FUNCTION_LAYOUTS)}; cannot capture post-RoPE k_pe/q_pe"
+                )
             for n in names:
                 self._patch(pymod, n, self._rope_wrapper(getattr(pymod, n), n))
             if self.capture:
@@ -296,6 +303,7 @@ class LatentHooks:
                         self._patch(pymod, n, self._eager_wrapper(getattr(pymod, n), n))
         if self.capture:
             import torch.nn.functional as F
+
             self._patch(F, "scaled_dot_product_attention", self._sdpa_wrapper(F.scaled_dot_product_attention))
 
     def _hook_layer(self, idx: int, attn: nn.Module) -> None:
@@ -313,8 +321,10 @@ class LatentHooks:
         def post(mod, args, out):
             self._current = None
             if not self._rope_called:
-                raise RuntimeError(f"layer {idx}: no known RoPE function ({sorted(ROPE_FUNCTION_LAYOUTS)}) "
-                                   f"was called from {type(mod).__module__}; post-RoPE k_pe/q_pe unavailable")
+                raise RuntimeError(
+                    f"layer {idx}: no known RoPE function ({sorted(ROPE_FUNCTION_LAYOUTS)}) "
+                    f"was called from {type(mod).__module__}; post-RoPE k_pe/q_pe unavailable"
+                )
             if self.capture:
                 rec = self.layers.setdefault(idx, {})
                 if "softmax_scale" not in rec:
@@ -338,6 +348,7 @@ class LatentHooks:
         self._handles.append(attn.kv_a_layernorm.register_forward_hook(ckv_hook))
 
         if self.capture:
+
             def kv_a_hook(mod, args, out):
                 self._store(idx, "k_pe_pre", out[..., -rope:])
 
@@ -348,7 +359,7 @@ class LatentHooks:
                 raise RuntimeError(f"layer {idx}: neither q_proj nor q_b_proj found")
 
             def q_hook(mod, args, out):
-                q = out.view(*out.shape[:-1], H, nope + rope)       # [B, T, H, nope + rope]
+                q = out.view(*out.shape[:-1], H, nope + rope)  # [B, T, H, nope + rope]
                 q = self._rows(q, q.dim() - 3)
                 self._store(idx, "q_nope", q[..., :nope])
                 self._store(idx, "q_pe_pre", q[..., nope:])
@@ -357,7 +368,7 @@ class LatentHooks:
 
             def o_pre(mod, args):
                 x = args[0]
-                x = x.view(*x.shape[:-1], H, dims["v_head_dim"])      # [B, T, H, v]
+                x = x.view(*x.shape[:-1], H, dims["v_head_dim"])  # [B, T, H, v]
                 self._store(idx, "attn_out", self._rows(x, x.dim() - 3))
 
             self._handles.append(attn.o_proj.register_forward_pre_hook(o_pre))
@@ -379,9 +390,11 @@ class LatentHooks:
                     raise RuntimeError(f"layer {idx}: cannot find the key argument of {fname}")
                 fits = rope_pairings(k_in, k_out, tol=1e-3 if k_out.dtype == torch.float32 else 3e-2)
                 if not any(lout == layout for _, lout in fits):
-                    raise RuntimeError(f"layer {idx}: {fname} output does not have the expected '{layout}' "
-                                       f"RoPE layout (pair-norm check fits: {fits})")
-            k3 = _as_btd(k_out)                                        # [B, T, rope]
+                    raise RuntimeError(
+                        f"layer {idx}: {fname} output does not have the expected '{layout}' "
+                        f"RoPE layout (pair-norm check fits: {fits})"
+                    )
+            k3 = _as_btd(k_out)  # [B, T, rope]
             if self.inject is not None:
                 new = self._replace(idx, "k_pe", k3)
                 k_out = new.reshape(k_out.shape) if k_out.dim() == 3 else _from_btd(new, k_out)
@@ -390,7 +403,7 @@ class LatentHooks:
                 rec = self.layers.setdefault(idx, {})
                 rec["rope_layout"], rec["rope_function"] = layout, fname
                 self._store(idx, "k_pe", k3)
-                qb = _as_bthd(q_out, H)                                # [B, T, H, rope]
+                qb = _as_bthd(q_out, H)  # [B, T, H, rope]
                 self._store(idx, "q_pe", self._rows(qb, 1))
             return q_out, k_out
 
@@ -424,7 +437,7 @@ class LatentHooks:
         def wrapper(query, *args, **kwargs):
             scale = kwargs.get("scale", args[5] if len(args) > 5 else None)
             if scale is None:
-                scale = query.shape[-1] ** -0.5          # SDPA's own default
+                scale = query.shape[-1] ** -0.5  # SDPA's own default
             self._record_scale(scale, "captured:scaled_dot_product_attention")
             return self._sdpa_call(fn, query, *args, **kwargs)
 
@@ -467,16 +480,6 @@ class LatentCapture(LatentHooks):
         super().__init__(model, capture=True, inject=None, q_rows=q_rows, on_layer=on_layer)
 
 
-class LatentInjector(LatentHooks):
-    """``with LatentInjector(model, fn): model(ids)`` replaces c_kv / post-RoPE k_pe by ``fn``'s result.
-    With ``capture=True`` the capture sees the injected tensors."""
-
-    def __init__(self, model: nn.Module, fn: InjectFn, capture: bool = False, q_rows=None):
-        if not callable(fn):
-            raise TypeError("fn must be callable: fn(layer_idx, name, tensor) -> tensor")
-        super().__init__(model, capture=capture, inject=fn, q_rows=q_rows)
-
-
 def yarn_mscale(factor: float, mscale_all_dim: float) -> float:
     """DeepSeek's YaRN mscale: 0.1 * mscale_all_dim * ln(factor) + 1 (1 when factor <= 1)."""
     if factor <= 1:
@@ -494,165 +497,3 @@ def config_softmax_scale(cfg: dict) -> float:
         m = yarn_mscale(float(rs["factor"]), float(rs["mscale_all_dim"]))
         scale *= m * m
     return scale
-
-
-# ---- decode order: a quantized cache read per (query, key) in one causal forward ------------------
-
-# cache_fn(layer_idx, c_kv [B, T, r], k_pe [B, T, d_r]) -> None (the layer reads its exact latents) or
-# (c_kv_quantized, c_kv_bf16, c_kv_read_quantized, k_pe_quantized, k_pe_bf16, k_pe_read_quantized[, rows]):
-# the read masks bool [T, T] (every batch row) or [B, 1, T, T] (one per batch row); `rows` bool [B], optional:
-# the batch rows whose attention output is replaced (the others keep the model's own output, as for None).
-def _compute_dtype(x: torch.Tensor) -> torch.dtype:
-    """float64 for a float64 tensor, else float32 (the decode-order attention's arithmetic)."""
-    return torch.float64 if x.dtype == torch.float64 else torch.float32
-
-
-DecodeCacheFn = Callable[[int, torch.Tensor, torch.Tensor], "tuple | None"]
-
-# The unwrapped SDPA (LatentHooks patches torch.nn.functional's while installed): mixed_latent_attention runs
-# inside a hooked layer and must neither record a scale nor be skipped as the model's own attention.
-_SDPA = torch.nn.functional.scaled_dot_product_attention
-
-
-def mixed_latent_attention(q_nope: torch.Tensor, q_pe: torch.Tensor, c_q: torch.Tensor, c_b: torch.Tensor,
-                           read_c: torch.Tensor, kpe_q: torch.Tensor, kpe_b: torch.Tensor, read_kpe: torch.Tensor,
-                           w_uk: torch.Tensor, w_uv: torch.Tensor, softmax_scale: float) -> torch.Tensor:
-    """Causal MLA attention over a latent cache read two ways, chosen per (query t, key j).
-
-    q_nope [B, T, H, d_n], q_pe [B, T, H, d_r] (post-RoPE); c_q / c_b [B, T, r]: c_kv as read from the
-    quantized cache / in bf16; kpe_q / kpe_b [B, T, d_r]: post-RoPE k_pe, same; read_c, read_kpe bool
-    [T, T], or [B, 1, T, T] for a mask per batch row: True where query t reads key j of c_kv / k_pe
-    quantized (entries j > t are ignored: the attention is causal); w_uk [H, d_n, r], w_uv [H, d_v, r] (kv_b_proj.weight.view(H, d_n + d_v, r)
-    split, DeepSeek-V3 inference/model.py); softmax_scale: the model's applied scale.
-        s[t, h, j]  = scale · (q_nope W_UK · c[j] + q_pe · k_pe[j]),  each read per its mask at (t, j)
-        out[t, h]   = W_UV (Σ_j softmax_j(s)[t, h, j] · c[j])         (c read per read_c, as the score)
-    Computed in the expanded form (per head k_nope = W_UK·c and v = W_UV·c of each read of c_kv, as the
-    model's own attention; the absorbed form's products, reassociated) by one
-    torch.nn.functional.scaled_dot_product_attention over the keys of every (c_kv read, k_pe read) pair
-    that some (t, j) uses, stacked along the key axis (T keys per pair: 2·T when the two masks are equal
-    or one is constant, 3·T when one is inside the other, at most 4·T), with a boolean mask that admits key j of pair (X, Y) for query t iff j ≤ t,
-    read_c[t, j] picks X and read_kpe[t, j] picks Y: each causal key once, so every row has its key t.
-    v is padded with zero columns to q's head dim (torch's CPU flash kernel needs equal head dims; the
-    columns change no output). float32 (float64 when q_nope is float64), on the inputs' device.
-    Returns [B, T, H, d_v] in that dtype.
-    """
-    dt = _compute_dtype(q_nope)
-    q_nope, q_pe, c_q, c_b, kpe_q, kpe_b, w_uk, w_uv = (
-        x.to(dt) for x in (q_nope, q_pe, c_q, c_b, kpe_q, kpe_b, w_uk, w_uv))
-    B, T, H, d_n = q_nope.shape
-    d_r, d_v, dev = q_pe.shape[-1], w_uv.shape[1], c_q.device
-    E = d_n + d_r
-    causal = torch.ones(T, T, dtype=torch.bool, device=dev).tril()
-    as4 = lambda m: m.to(device=dev, dtype=torch.bool).reshape(-1, 1, T, T)   # [1 or B, 1, T, T]
-    read_c, read_kpe = as4(read_c) & causal, as4(read_kpe) & causal
-    expand = lambda c, w: torch.einsum("btc,hdc->bhtd", c, w)                  # [B, H, T, d]
-    k_nope = {"q": expand(c_q, w_uk), "b": expand(c_b, w_uk)}
-    v = {"q": expand(c_q, w_uv), "b": expand(c_b, w_uv)}
-    kpe = {"q": kpe_q[:, None].expand(B, H, T, d_r), "b": kpe_b[:, None].expand(B, H, T, d_r)}
-    keys, vals, masks = [], [], []
-    for x, mc in (("q", read_c), ("b", causal & ~read_c)):
-        for y, mk in (("q", read_kpe), ("b", causal & ~read_kpe)):
-            m = mc & mk
-            if not bool(m.any()):
-                continue
-            keys.append(torch.cat([k_nope[x], kpe[y]], dim=-1))
-            vals.append(v[x])
-            masks.append(m)  # [1 or B, 1, T, T]: the same leading dim for every pair
-    qs = torch.cat([q_nope, q_pe], dim=-1).transpose(1, 2)                    # [B, H, T, E]
-    vv = torch.cat(vals, dim=2)
-    if d_v < E:
-        vv = torch.nn.functional.pad(vv, [0, E - d_v])
-    o = _SDPA(
-        qs, torch.cat(keys, dim=2), vv, attn_mask=torch.cat(masks, dim=-1), scale=softmax_scale)
-    return o[..., :d_v].transpose(1, 2)                                        # [B, T, H, d_v]
-
-
-class DecodeOrderAttention(LatentHooks):
-    """``with DecodeOrderAttention(model, cache_fn): model(ids)`` runs the model with each MLA layer's
-    attention reading its latent cache per (query, key) as ``cache_fn`` says (DecodeCacheFn): the exact decode order
-    of a quantized cache (latentq/decode_order.h) in one causal forward, since a token's hidden state
-    at every layer is computed when that token is processed.
-
-    Per layer, the model's attention output (the input of ``o_proj``) is replaced by
-    ``mixed_latent_attention`` of the captured q_nope, post-RoPE q_pe and the two reads of c_kv and k_pe
-    ``cache_fn(layer, c_kv, k_pe)`` returns (called once per layer and forward), with the softmax scale
-    captured at call time (LatentHooks; attribute fallback). The model's own attention is not computed
-    where it is replaced: its ``scaled_dot_product_attention`` call (tiny-mla, HF's sdpa path) returns
-    zeros of its output's shape instead, once ``cache_fn`` has returned a cache for the layer (an eager
-    attention function still runs). A layer for which ``cache_fn`` returns None keeps the model's own
-    output; a 7th element ``rows`` (bool [B]) keeps it for the batch rows it marks False (e2e_inject
-    batches several runs, some of which leave a layer exact; the model's attention then runs). Input ids
-    [B, T]: every batch row is one sequence at positions 0..T-1 without padding (the masks are [T, T],
-    shared by the rows, or [B, 1, T, T], one per row).
-    The captured tensors stay on the model's device (float32; float64 for a float64 model).
-    Raises as LatentHooks.
-    """
-
-    _NO_CACHE = object()
-
-    def __init__(self, model: nn.Module, cache_fn: DecodeCacheFn):
-        if not callable(cache_fn):
-            raise TypeError("cache_fn must be callable: cache_fn(layer_idx, c_kv, k_pe) -> tuple | None")
-        super().__init__(model, capture=True, inject=None)
-        self.cache_fn = cache_fn
-
-    def _store(self, layer: int, name: str, x: torch.Tensor) -> None:
-        self.layers.setdefault(layer, {})[name] = x.detach().to(_compute_dtype(x))
-
-    def _cache(self, idx: int):
-        """cache_fn of this forward of layer idx, called once (at the SDPA call or at o_proj) and kept in
-        the record until o_proj has used it."""
-        rec = self.layers[idx]
-        if "_decode_cache" not in rec:
-            c = self.cache_fn(idx, rec["c_kv"], rec["k_pe"])
-            rec["_decode_cache"] = self._NO_CACHE if c is None else c
-        c = rec["_decode_cache"]
-        return None if c is self._NO_CACHE else c
-
-    def _sdpa_call(self, fn, query, *args, **kwargs):
-        idx = self._current
-        rec = self.layers.get(idx, {}) if idx is not None else {}
-        if "c_kv" in rec and "k_pe" in rec:
-            cache = self._cache(idx)
-            if cache is not None and (len(cache) <= 6 or bool(torch.as_tensor(cache[6]).all())):
-                key = args[0] if args else kwargs["key"]
-                value = args[1] if len(args) > 1 else kwargs["value"]
-                batch = torch.broadcast_shapes(query.shape[:-2], key.shape[:-2], value.shape[:-2])
-                return query.new_zeros(*batch, query.shape[-2], value.shape[-1])   # SDPA's output shape
-        return fn(query, *args, **kwargs)
-
-    def _hook_layer(self, idx: int, attn: nn.Module) -> None:
-        super()._hook_layer(idx, attn)
-        dims = self.dims[idx]
-        H, nope, vd, r = dims["num_heads"], dims["qk_nope_head_dim"], dims["v_head_dim"], dims["kv_lora_rank"]
-
-        def pre(mod, args):
-            self.layers.get(idx, {}).pop("_decode_cache", None)
-
-        self._handles.append(attn.register_forward_pre_hook(pre))
-
-        def o_pre(mod, args):
-            rec = self.layers[idx]
-            cache = self._cache(idx)
-            rec.pop("_decode_cache", None)
-            if cache is None:
-                return None
-            scale = rec.get("softmax_scale")
-            if scale is None:
-                scale = next((float(getattr(attn, a)) for a in ("scaling", "softmax_scale")
-                              if isinstance(getattr(attn, a, None), (int, float))), None)
-                if scale is None:
-                    raise RuntimeError(f"layer {idx}: no softmax scale captured and no scaling attribute")
-            wkv_b = attn.kv_b_proj.weight.detach().to(_compute_dtype(rec["q_nope"])).view(H, nope + vd, r)
-            dev = rec["q_nope"].device
-            c_q, c_b, read_c, kpe_q, kpe_b, read_kpe = (torch.as_tensor(x).to(dev) for x in cache[:6])
-            out = mixed_latent_attention(rec["q_nope"], rec["q_pe"], c_q, c_b, read_c, kpe_q, kpe_b, read_kpe,
-                                         wkv_b[:, :nope], wkv_b[:, nope:], scale)
-            x = args[0]
-            out = out.reshape(x.shape).to(x.dtype)
-            if len(cache) > 6:  # rows marked False keep the model's own output, bit for bit
-                rows = torch.as_tensor(cache[6], dtype=torch.bool, device=x.device)
-                out = torch.where(rows.view(-1, *([1] * (x.dim() - 1))), out, x)
-            return (out,) + tuple(args[1:])
-
-        self._handles.append(attn.o_proj.register_forward_pre_hook(o_pre))

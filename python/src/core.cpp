@@ -1,6 +1,7 @@
-// The `latentq` Python module: the C++ quantizers (latentq/quantize.h) on numpy arrays.
-// Quantization and dequantization run the very same C++ reference code as the CLI, so a decode
-// here is byte-identical to the C++ one.
+// latentq._core, the compiled part of the `latentq` Python package (python/latentq/__init__.py
+// re-exports its names): the C++ quantizers (latentq/quantize.h) on numpy arrays. Quantization and
+// dequantization run the very same C++ reference code as the CLI, so a decode here is
+// byte-identical to the C++ one.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -48,18 +49,10 @@ py::object stored_values(const std::vector<uint8_t>& bytes, ScaleDtype d) {
   }
 }
 
-}  // namespace
+// The module's parts, one function each; PYBIND11_MODULE below calls them in this order.
 
-PYBIND11_MODULE(latentq, m) {
-  m.doc() = "latentq: quantizers of the MLA latent KV cache (c_kv [T, kv_lora_rank], k_pe [T, qk_rope_head_dim]).\n"
-            "Spec strings as in the C++ CLI, e.g. 'int4-asym-channel-g32', 'fp8-e4m3-tile128-pow2', 'mxfp4', 'q4_0', 'bf16'.";
-  py::register_exception<std::invalid_argument>(m, "LatentqError", PyExc_ValueError);
-
-  m.def("spec_grammar", &spec_grammar, "The valid quantizer spec forms.");
-  m.def("canonical_spec", [](const std::string& s) { return TransformedSpec::parse(s).to_string(); },
-        "Canonical form of a spec string, '<quantizer>' or '<transform>,<quantizer>' (latentq/transform.h).\n"
-        "Raises ValueError (listing the valid forms) for an unknown spec or transform.");
-
+// QuantizedTensor: the real storage of a quantized matrix, read-only from Python.
+void def_quantized_tensor(py::module_& m) {
   py::class_<QuantizedTensor>(m, "QuantizedTensor",
                               "Real storage of a quantized [rows, cols] matrix (layout: latentq/quantize.h).")
       .def_property_readonly("spec", [](const QuantizedTensor& q) { return q.spec.to_string(); })
@@ -79,7 +72,10 @@ PYBIND11_MODULE(latentq, m) {
       .def_property_readonly("storage_bytes", &QuantizedTensor::storage_bytes)
       .def_property_readonly("bits_per_element", [](const QuantizedTensor& q) { return account(q).bits_per_element; })
       .def_property_readonly("bytes_per_token", [](const QuantizedTensor& q) { return account(q).bytes_per_token; });
+}
 
+// Threads, quantize, dequantize and quantize_dequantize (transforms included).
+void def_quantizers(py::module_& m) {
   m.def("set_cpu_threads", &set_cpu_threads, py::arg("n"),
         "Worker threads of the integer quantize/dequantize on matrices of at least 2^20 elements (the C++\n"
         "set_cpu_threads, latentq/quantize.h; default 1; n < 1 is taken as 1). The bytes do not depend on it.");
@@ -126,6 +122,10 @@ PYBIND11_MODULE(latentq, m) {
         "Quantize then dequantize x float32 [T, D]; returns float32 [T, D]. Same errors as quantize().\n"
         "A transformed spec ('had,int4-asym-token', 'rot,mxfp4') quantizes the rotated rows and returns them\n"
         "un-rotated (the C++ quantize_dequantize_rotated); 'klt,...' needs the fit split and raises ValueError.");
+}
+
+// Rotations, engine records and the diagnostics of a quantized tensor.
+void def_records(py::module_& m) {
   m.def("rotation_matrix",
         [](const std::string& transform, int64_t d) {
           const std::vector<float> R = Rotation::make(Transform::parse(transform), d).matrix();
@@ -160,6 +160,10 @@ PYBIND11_MODULE(latentq, m) {
         py::arg("q"), py::arg("x"),
         "Precision lost silently under the format's conventions: groups whose scale underflowed to zero/subnormal,\n"
         "asymmetric groups whose stored offset is off the min by more than half a step, saturated values.");
+}
+
+// The decode-order cache model (latentq/decode_order.h).
+void def_decode_order(py::module_& m) {
   m.def("decode_token_group", [](const std::string& spec) { return decode_token_group(TransformedSpec::parse(spec).spec); },
         py::arg("spec"),
         "G of a spec in the decode-order cache model (latentq/decode_order.h): group_size of a per-channel integer\n"
@@ -200,6 +204,10 @@ PYBIND11_MODULE(latentq, m) {
         "The decode-order cache of x float32 [T, D] (latentq/decode_order.h decode_order_quantize): returns\n"
         "(quantized [T, D], bf16 [T, D]); row j of a sequence is read from `quantized` by the query at t iff\n"
         "decode_order_mask(mode, L, decode_token_group(spec))[t, j]. Same errors as quantize_dequantize.");
+}
+
+// Error metrics of a reconstruction.
+void def_metrics(py::module_& m) {
   m.def("error_metrics",
         [](const F32Array& x, const F32Array& x_hat) {
           auto [T, D] = matrix_shape(x);
@@ -210,4 +218,23 @@ PYBIND11_MODULE(latentq, m) {
                           py::arg("max_abs_err") = e.max_abs_err, py::arg("cos_mean") = e.cos_mean);
         },
         py::arg("x"), py::arg("x_hat"), "rel_fro, mse, sqnr_db, max_abs_err, cos_mean of x_hat against x (float32 [T, D]).");
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "latentq: quantizers of the MLA latent KV cache (c_kv [T, kv_lora_rank], k_pe [T, qk_rope_head_dim]).\n"
+            "Spec strings as in the C++ CLI, e.g. 'int4-asym-channel-g32', 'fp8-e4m3-tile128-pow2', 'mxfp4', 'q4_0', 'bf16'.";
+  py::register_exception<std::invalid_argument>(m, "LatentqError", PyExc_ValueError);
+
+  m.def("spec_grammar", &spec_grammar, "The valid quantizer spec forms.");
+  m.def("canonical_spec", [](const std::string& s) { return TransformedSpec::parse(s).to_string(); },
+        "Canonical form of a spec string, '<quantizer>' or '<transform>,<quantizer>' (latentq/transform.h).\n"
+        "Raises ValueError (listing the valid forms) for an unknown spec or transform.");
+
+  def_quantized_tensor(m);
+  def_quantizers(m);
+  def_records(m);
+  def_decode_order(m);
+  def_metrics(m);
 }

@@ -16,12 +16,12 @@ Attention follows DeepSeek-V2 (arXiv 2405.04434, section 2.1):
                                                           as DeepSeek's reference code and HF V2)
   softmax_scale = (qk_nope_head_dim + qk_rope_head_dim) ** -0.5
 """
+
 from __future__ import annotations
 
 import json
-import math
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
@@ -53,7 +53,7 @@ class TinyMLAConfig:
 
     @property
     def softmax_scale(self) -> float:
-        return self.qk_head_dim ** -0.5
+        return self.qk_head_dim**-0.5
 
     def to_hf_dict(self) -> dict:
         d = asdict(self)
@@ -75,7 +75,7 @@ class TinyMLAConfig:
         return d
 
     @classmethod
-    def from_json_file(cls, path: str) -> "TinyMLAConfig":
+    def from_json_file(cls, path: str) -> TinyMLAConfig:
         with open(path) as f:
             d = json.load(f)
         names = {f.name for f in cls.__dataclass_fields__.values()}
@@ -130,7 +130,9 @@ class DeepseekV2Attention(nn.Module):
         self.q_proj = nn.Linear(cfg.hidden_size, self.num_heads * self.qk_head_dim, bias=False)
         self.kv_a_proj_with_mqa = nn.Linear(cfg.hidden_size, cfg.kv_lora_rank + cfg.qk_rope_head_dim, bias=False)
         self.kv_a_layernorm = DeepseekV2RMSNorm(cfg.kv_lora_rank, cfg.rms_norm_eps)
-        self.kv_b_proj = nn.Linear(cfg.kv_lora_rank, self.num_heads * (cfg.qk_nope_head_dim + cfg.v_head_dim), bias=False)
+        self.kv_b_proj = nn.Linear(
+            cfg.kv_lora_rank, self.num_heads * (cfg.qk_nope_head_dim + cfg.v_head_dim), bias=False
+        )
         self.o_proj = nn.Linear(self.num_heads * cfg.v_head_dim, cfg.hidden_size, bias=False)
         self.scaling = cfg.softmax_scale
 
@@ -140,7 +142,7 @@ class DeepseekV2Attention(nn.Module):
         q_nope, q_pe = torch.split(q, [self.qk_nope_head_dim, self.qk_rope_head_dim], dim=-1)
         ckv = self.kv_a_proj_with_mqa(h)
         c, k_pe = torch.split(ckv, [self.kv_lora_rank, self.qk_rope_head_dim], dim=-1)
-        c_kv = self.kv_a_layernorm(c)                               # [B, T, kv_lora_rank]
+        c_kv = self.kv_a_layernorm(c)  # [B, T, kv_lora_rank]
         k_pe = k_pe.view(B, 1, T, self.qk_rope_head_dim)
         q_pe, k_pe = apply_rotary_emb(q_pe, k_pe, freqs_cis)
         kv = self.kv_b_proj(c_kv).view(B, T, self.num_heads, self.qk_nope_head_dim + self.v_head_dim).transpose(1, 2)
@@ -152,7 +154,7 @@ class DeepseekV2Attention(nn.Module):
         # zero columns change no output (transformers pads v so for MLA models, integrations/flash_attention.py).
         if self.v_head_dim < self.qk_head_dim:
             v = F.pad(v, [0, self.qk_head_dim - self.v_head_dim])
-        o = F.scaled_dot_product_attention(qs, k, v, is_causal=True, scale=self.scaling)[..., :self.v_head_dim]
+        o = F.scaled_dot_product_attention(qs, k, v, is_causal=True, scale=self.scaling)[..., : self.v_head_dim]
         o = o.transpose(1, 2).reshape(B, T, self.num_heads * self.v_head_dim)
         return self.o_proj(o)
 
@@ -203,9 +205,11 @@ class TinyMLAForCausalLM(nn.Module):
         if position_ids is None:
             position_ids = torch.arange(T, device=input_ids.device).expand(B, T)
         cfg = self.config
-        inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.qk_rope_head_dim, 2, dtype=torch.float32) / cfg.qk_rope_head_dim))
+        inv = 1.0 / (
+            cfg.rope_theta ** (torch.arange(0, cfg.qk_rope_head_dim, 2, dtype=torch.float32) / cfg.qk_rope_head_dim)
+        )
         freqs = position_ids.float()[..., None] * inv
-        freqs_cis = torch.polar(torch.ones_like(freqs), freqs)   # [B, T, rope/2]
+        freqs_cis = torch.polar(torch.ones_like(freqs), freqs)  # [B, T, rope/2]
         h = self.model.embed_tokens(input_ids)
         for layer in self.model.layers:
             h = layer(h, freqs_cis)
@@ -214,16 +218,21 @@ class TinyMLAForCausalLM(nn.Module):
     # --- I/O ---------------------------------------------------------------------------------
     def save_pretrained(self, out_dir: str) -> None:
         from safetensors.torch import save_file
+
         os.makedirs(out_dir, exist_ok=True)
         with open(os.path.join(out_dir, "config.json"), "w") as f:
             json.dump(self.config.to_hf_dict(), f, indent=2, sort_keys=True)
             f.write("\n")
-        save_file({k: v.contiguous() for k, v in self.state_dict().items()},
-                  os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
+        save_file(
+            {k: v.contiguous() for k, v in self.state_dict().items()},
+            os.path.join(out_dir, "model.safetensors"),
+            metadata={"format": "pt"},
+        )
 
     @classmethod
-    def from_pretrained(cls, model_dir: str) -> "TinyMLAForCausalLM":
+    def from_pretrained(cls, model_dir: str) -> TinyMLAForCausalLM:
         from safetensors.torch import load_file
+
         cfg_path = os.path.join(model_dir, "config.json")
         if not os.path.exists(cfg_path):
             raise FileNotFoundError(f"{cfg_path}: no config.json (expected a tiny-mla model directory)")

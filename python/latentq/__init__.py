@@ -1,0 +1,61 @@
+"""latentq: quantizers of the latent KV cache of MLA models, and the Python side of the study.
+
+The package lives in two directories: the pure-Python modules here (``<repo>/python/latentq/``) and
+the compiled ``latentq._core`` (pybind11, python/src/core.cpp) in ``<build>/python/latentq/``.
+``pkgutil.extend_path`` joins them when ``<repo>/python`` and ``<build>/python`` are both on
+sys.path: scripts/setup.sh writes the two into the venv's ``latentq.pth``; the ctest tests and the
+``latentq`` CLI set PYTHONPATH.
+
+Modules:
+  _core       the C++ quantizers on numpy arrays; every public name is re-exported here
+              (``latentq.quantize``, ``latentq.quantize_dequantize``, ``latentq.decode_order_mask``, ...)
+  capture     forward hooks that capture c_kv, k_pe, q, the attention output and the softmax scale
+  inject      quantized latents into the model (LatentInjector) and the decode order (DecodeOrderAttention)
+  dump        ``python -m latentq.dump``: latentq-dump/1 HDF5 files (data/README.md)
+  e2e         ``python -m latentq.e2e``: the model with quantized latents (/e2e, /e2e_position)
+  report      ``python -m latentq.report``: figures and report.md of a results file
+  thresholds  ``python -m latentq.thresholds``: results/thresholds.toml from a run of the default study
+  tiny_mla    the tiny-mla model; kjv_text: the KJV text and its train / held-out split
+
+``import latentq`` works without the compiled part (the model-side modules do not need it); a C++
+name is then an ImportError that says how to build it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+__path__ = pkgutil.extend_path(__path__, __name__)
+
+# The names python/src/core.cpp defines: without _core, each is an ImportError naming the build step.
+CORE_NAMES = (
+    "LatentqError", "QuantizedTensor", "canonical_spec", "cpu_threads", "decode_order_latents",
+    "decode_order_mask", "decode_scale_is_causal", "decode_token_group", "dequantize", "diagnose",
+    "error_metrics", "pack_record", "quantize", "quantize_dequantize", "record_bytes", "rotation_matrix",
+    "set_cpu_threads", "spec_grammar",
+)  # fmt: skip
+
+BUILD_HINT = (
+    "build it with `cmake --build build --target latentq_py` (or scripts/setup.sh run), and put "
+    "<repo>/python and <build>/python on sys.path (scripts/setup.sh writes both into the venv's latentq.pth)"
+)
+
+try:
+    _core = importlib.import_module("latentq._core")
+except ImportError as e:
+    _core = None
+    _core_error = f"{type(e).__name__}: {e}"
+else:
+    _core_error = ""
+    globals().update({k: getattr(_core, k) for k in dir(_core) if not k.startswith("_")})
+
+
+def __getattr__(name: str):
+    """A C++ name while latentq._core is missing: ImportError saying how to build it."""
+    if name in CORE_NAMES and _core is None:
+        raise ImportError(
+            f"latentq.{name} is in the compiled module latentq._core, which did not import "
+            f"({_core_error}); {BUILD_HINT}"
+        )
+    raise AttributeError(f"module 'latentq' has no attribute {name!r}")

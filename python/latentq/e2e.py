@@ -1,0 +1,752 @@
+"""End-to-end check: run an MLA model (tiny-mla, or an HF DeepseekV2 / DeepseekV3 / GLM-4 MoE Lite /
+MiniCPM3 checkpoint) on held-out text with each quantizer in its latent cache, and measure what
+reaches the logits.
+
+    .venv/bin/python -m latentq.e2e --results results/default.h5 [--model DIR]
+        [--device cpu|cuda] [--dtype float32|bfloat16|float16] [--text FILE]
+        [--cache-modes prefill-at-once decode-r32-s4-p0 ...] [--decode-quantizers SPEC ...]
+
+Cache modes (latentq/decode_order.h, through the `latentq` Python module; the rule is not restated
+here):
+  prefill-at-once  for every quantizer of the study in RESULTS.h5 (the `quantizer` column of
+    /latent_error, in order; or --quantizers): c_kv is replaced at the output of `kv_a_layernorm`
+    and k_pe after RoPE (latentq.inject.LatentInjector) by its quantize-dequantize through
+    the C++ quantizers, each window's whole prefill at once (per-channel groups and per-tensor
+    scales see later tokens of the window): the study's rows.
+  decode-r<R>-s<S>-p<P>  the cache as a serving engine builds it token by token: the query at t
+    reads key j from the quantized cache iff latentq.decode_order_mask(mode, L, G)[t, j]
+    (G = latentq.decode_token_group(spec)), else in bf16; the two reads are
+    latentq.decode_order_latents(x, spec, mode, target, seq_offsets). A token's hidden state at
+    every layer is computed when that token is processed, so one causal forward whose attention
+    mixes the two reads per (t, j) (latentq.inject.DecodeOrderAttention) is token-by-token decode
+    with a quantized cache, exactly (tests/python/test_e2e_decode.py checks it against a literal
+    decode loop). Run for the quantizers × modes of the root attributes decode_order_quantizers ×
+    decode_order_modes that the C++ study writes from its [decode_order] section, else of
+    --decode-quantizers × --cache-modes (flags win; --decode-quantizers defaults to the
+    prefill-at-once quantizers), on each target set of the root attribute decode_order_targets
+    ("c_kv", "k_pe", "c_kv+k_pe": the /attention_position rows' targets; absent: the targets the study
+    ran that quantizer on).
+Quantized layers: the MLA layers the study ran (the root attribute `layers` of RESULTS.h5, else the
+`layer` column of /latent_error; recorded in the /e2e attribute `layers`), for the targets the study
+ran that quantizer on (c_kv+k_pe for a spec the study did not run, with a warning). A transformed
+quantizer ('had,int4-asym-token', 'rot,mxfp4') quantizes the rotated rows and reads them
+un-rotated (latentq/transform.h); 'klt,...' quantizers are not injected (a note says so).
+
+Per (quantizer, targets, cache_mode), group /e2e (one 1-D dataset per column):
+  quantizer, targets, cache_mode, kl_mean (mean over tokens of KL(p_ref ‖ p_q) over the vocabulary,
+  nats), top1_agree (fraction of tokens whose argmax logit is unchanged), nll_ref, nll_quant,
+  ppl_ref / ppl_quant (exp(mean next-token NLL)), num_tokens, bytes_per_token (the cache at the
+  sequence end, per token per layer, mean over the quantized layers: c_kv + k_pe, the bf16 tokens of
+  the decode order at 2 bytes/element, the quantized ones at the format's bytes per token
+  (QuantizedTensor.bytes_per_token), a target not quantized at 2 bytes/element), scale_causal (0 when
+  the spec's scale spans the sequence, latentq.decode_scale_is_causal; on every row, as /attention_position).
+Group /e2e_position: the same runs by query position, W = the root attribute
+decode_order_position_bucket (else --position-bucket, default 64): quantizer, targets, cache_mode,
+residual, sink, prefill (R, S, P of the mode; 0 for prefill-at-once), scale_causal, pos_start,
+pos_end (bucket [pos_start, pos_end), positions within each window), tokens (windows × positions in
+the bucket), kl_mean, top1_agree, bytes_per_token (of the run, as /e2e). The columns follow the
+C++ /attention_position group where the two share a meaning.
+The reference is the model's own run with exact latents; no metric is computed from non-finite
+logits. Forwards: --batch-runs K runs share one forward of K × num_seqs sequences (the ids repeated
+K times), run k's quantizer on rows k·num_seqs .. (k+1)·num_seqs - 1 with its own per-sequence offsets
+(batch_inject, batch_decode_cache), the reference with the first prefill-at-once runs; the default
+(auto) batches the prefill-at-once runs under a memory bound (auto_batch_runs) and runs the
+decode-order runs one per forward. The tables do not depend on K beyond float32 rounding
+(tests/python/test_e2e_batch.py); a run that fails inside a batch is replayed alone, for the error of
+an unbatched run. The file is updated through a temporary copy and a rename, so an interrupted run leaves
+the previous file intact; user errors exit 2 with one line and write nothing.
+
+Text: by default the held-out split of the KJV text (latentq.kjv_text); tokens from byte
+`--offset-bytes` on (the shipped dump reads the first 4 × 512 bytes, so the default 2048 keeps the
+two apart): the bytes for tiny-mla, the checkpoint's tokenizer for an HF model that has one (no
+special tokens; else the bytes), `--num-seqs` windows of `--seq-len` tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+import h5py
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from latentq.capture import find_mla_layers, mla_dims
+from latentq.dump import load_model, run_model
+from latentq.e2e_decode import (  # noqa: F401  (re-exported: the tests and bench/e2e_rate.py use latentq.e2e.*)
+    DECODE_TARGETS,
+    PREFILL_AT_ONCE,
+    batch_decode_cache,
+    cache_bytes_per_token,
+    make_decode_cache,
+    mode_rsp,
+    spec_at,
+)
+from latentq.inject import DecodeOrderAttention, LatentInjector
+
+# The repository (python/latentq/e2e.py is two levels below it): the default --model data/tiny-mla.
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def import_latentq():
+    """The `latentq` package with its compiled part latentq._core (the C++ quantizers). Raises
+    SystemExit saying how to build it when _core does not import."""
+    import latentq
+
+    try:
+        importlib.import_module("latentq._core")
+    except ImportError as e:
+        raise SystemExit(
+            f"e2e_inject: cannot import the compiled latentq Python module latentq._core ({e}); {latentq.BUILD_HINT}"
+        ) from None
+    return latentq
+
+
+def open_results(results_path: str) -> h5py.File:
+    """Open a results file read-only. Raises ValueError naming the path when it is missing or not a
+    readable HDF5 file (instead of h5py's errno text)."""
+    if not os.path.isfile(results_path):
+        raise ValueError(f"{results_path}: results file not found")
+    try:
+        return h5py.File(results_path, "r")
+    except OSError:
+        raise ValueError(f"{results_path}: cannot read the results file (unreadable or not HDF5)") from None
+
+
+def study_layers(results_path: str) -> list[int] | None:
+    """Layers the study ran: the root attribute `layers` ("0,1,2"), else the distinct values of the
+    /latent_error `layer` column (ascending); None when neither is present. Raises ValueError on a
+    malformed attribute."""
+    with open_results(results_path) as f:
+        if "layers" in f.attrs:
+            v = f.attrs["layers"]
+            v = v.decode() if isinstance(v, bytes) else str(v)
+            try:
+                return [int(x) for x in v.split(",") if x.strip()]
+            except ValueError:
+                raise ValueError(
+                    f"{results_path}: root attribute layers = '{v}', expected comma-separated layer indices"
+                ) from None
+        if "latent_error" in f and "layer" in f["latent_error"]:
+            return sorted({int(x) for x in f["latent_error/layer"][:]})
+    return None
+
+
+def study_quantizers(results_path: str) -> list[tuple[str, tuple[str, ...]]]:
+    """(quantizer, targets) pairs of /latent_error in first-seen order. Raises ValueError on a file
+    that is missing, unreadable, not latentq-results/1 or has no /latent_error."""
+    with open_results(results_path) as f:
+        schema = f.attrs.get("schema", b"")
+        schema = schema.decode() if isinstance(schema, bytes) else str(schema)
+        if schema != "latentq-results/1":
+            raise ValueError(f"{results_path}: schema '{schema}', expected 'latentq-results/1'")
+        if "latent_error" not in f:
+            raise ValueError(f"{results_path}: no /latent_error group (run `latentq run` first)")
+        g = f["latent_error"]
+        qs = [q.decode() if isinstance(q, bytes) else str(q) for q in g["quantizer"][:]]
+        ts = [t.decode() if isinstance(t, bytes) else str(t) for t in g["target"][:]]
+    order: dict[str, list[str]] = {}
+    for q, t in zip(qs, ts):
+        lst = order.setdefault(q, [])
+        if t not in lst:
+            lst.append(t)
+    return [(q, tuple(t)) for q, t in order.items()]
+
+
+def mixed_specs(results_path: str, quantizer: str) -> dict[tuple[int, str], str]:
+    """{(layer, target): stored spec} of the /latent_error rows of `quantizer`: what a mixed
+    assignment ([[mixed]] in the study config, a name that is no spec) stores on each layer."""
+    with open_results(results_path) as f:
+        g = f["latent_error"]
+        dec = lambda v: v.decode() if isinstance(v, bytes) else str(v)
+        return {
+            (int(l), dec(t)): dec(s)
+            for l, t, q, s in zip(g["layer"][:], g["target"][:], g["quantizer"][:], g["stored"][:])
+            if dec(q) == quantizer
+        }
+
+
+def make_inject(latentq, spec, targets: tuple[str, ...], layers=None):
+    """Injection callback: quantize-dequantize c_kv / k_pe [B, T, D] per layer, one sequence per batch
+    row; only the layers in `layers` (None: every layer). `spec` is a spec string, or a dict
+    {(layer, target): spec} for a mixed assignment (mixed_specs()): a layer it lacks is left exact."""
+
+    def fn(layer: int, name: str, x: torch.Tensor) -> torch.Tensor:
+        if name not in targets or (layers is not None and layer not in layers):
+            return x
+        s = spec if isinstance(spec, str) else spec.get((layer, name))
+        if s is None:
+            return x
+        B, T, D = x.shape
+        flat = x.detach().to("cpu", torch.float32).reshape(B * T, D).contiguous().numpy()
+        offs = [b * T for b in range(B + 1)]
+        y = latentq.quantize_dequantize(flat, s, name, offs)
+        return torch.from_numpy(y).reshape(B, T, D)
+
+    return fn
+
+
+def require_finite_logits(x: torch.Tensor, what: str) -> None:
+    """Raise ValueError naming `what` and the count when the logits x (any shape) hold NaN/Inf: no
+    metric is computed from them (a NaN reference would give NaN or, for top-1, arbitrary numbers)."""
+    bad = int((~torch.isfinite(x)).sum())
+    if bad:
+        raise ValueError(
+            f"{what}: {bad} of {x.numel()} logits are NaN/Inf; no metric is computed from non-finite logits"
+        )
+
+
+def token_metrics(ref: torch.Tensor, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token KL(p_ref ‖ p_q) (nats, float64) and top-1 agreement (float64 0/1), both [B, T], of
+    the logits ref, q [B, T, V] (softmax over the vocabulary in float64). No finiteness check: the
+    callers check first (require_finite_logits)."""
+    lp_ref = F.log_softmax(ref.double(), -1)
+    lp_q = F.log_softmax(q.double(), -1)
+    return (lp_ref.exp() * (lp_ref - lp_q)).sum(-1), (ref.argmax(-1) == q.argmax(-1)).double()
+
+
+def logit_metrics(ref: torch.Tensor, q: torch.Tensor, ids: torch.Tensor, what: str = "the quantized run") -> dict:
+    """ref, q: [B, T, V] float32 logits; ids [B, T] int64. KL and top-1 over all B·T positions
+    (token_metrics); NLL on next-token targets (positions 0..T-2). Raises ValueError when ref or q
+    has NaN/Inf (require_finite_logits; `what` names the run of q)."""
+    require_finite_logits(ref, "the reference run (exact latents)")
+    require_finite_logits(q, what)
+    kl, top1 = token_metrics(ref, q)
+    tgt = ids[:, 1:]
+    nll_ref = -F.log_softmax(ref.double(), -1)[:, :-1].gather(-1, tgt[..., None]).mean()
+    nll_q = -F.log_softmax(q.double(), -1)[:, :-1].gather(-1, tgt[..., None]).mean()
+    return {
+        "kl_mean": float(kl.mean()),
+        "top1_agree": float(top1.mean()),
+        "nll_ref": float(nll_ref),
+        "nll_quant": float(nll_q),
+        "ppl_ref": float(torch.exp(nll_ref)),
+        "ppl_quant": float(torch.exp(nll_q)),
+    }
+
+
+def position_rows(ref: torch.Tensor, q: torch.Tensor, width: int) -> list[dict]:
+    """KL and top-1 by query position: one dict(pos_start, pos_end, tokens, kl_mean, top1_agree) per
+    bucket [b·width, min((b+1)·width, T)) of the positions of ref, q [B, T, V] (finite: the caller
+    checked); tokens = B × positions in the bucket."""
+    kl, top1 = token_metrics(ref, q)
+    T = kl.shape[1]
+    rows = []
+    for a in range(0, T, width):
+        b = min(a + width, T)
+        rows.append(
+            {
+                "pos_start": a,
+                "pos_end": b,
+                "tokens": kl.shape[0] * (b - a),
+                "kl_mean": float(kl[:, a:b].mean()),
+                "top1_agree": float(top1[:, a:b].mean()),
+            }
+        )
+    return rows
+
+
+def decode_settings(results_path: str) -> tuple[list[str] | None, list[str] | None, int | None, list[str] | None]:
+    """The root attributes the C++ study writes from its [decode_order] section: (decode_order_modes,
+    decode_order_quantizers, decode_order_position_bucket, decode_order_targets), each None when absent.
+    Raises ValueError naming the file for a target that is not "c_kv", "k_pe" or "c_kv+k_pe"."""
+    dec = lambda v: v.decode() if isinstance(v, bytes) else str(v)
+    with open_results(results_path) as f:
+        A = f.attrs
+        modes = [dec(v) for v in np.atleast_1d(A["decode_order_modes"])] if "decode_order_modes" in A else None
+        qs = [dec(v) for v in np.atleast_1d(A["decode_order_quantizers"])] if "decode_order_quantizers" in A else None
+        w = int(A["decode_order_position_bucket"]) if "decode_order_position_bucket" in A else None
+        tg = [dec(v) for v in np.atleast_1d(A["decode_order_targets"])] if "decode_order_targets" in A else None
+    for t in tg or []:
+        if t not in DECODE_TARGETS:
+            raise ValueError(f"{results_path}: decode_order_targets '{t}', expected one of {', '.join(DECODE_TARGETS)}")
+    return modes, qs, w, tg
+
+
+def batch_inject(fns: list, n: int):
+    """Injection callback for K runs in one forward (LatentInjector): the batch [K·n, T, D] holds run k's
+    n sequences at rows k·n .. (k+1)·n - 1 (the ids repeated K times), and run k's callback fns[k]
+    (make_inject; None: the exact latents, the reference run) sees only those rows. Each run's
+    quantizer therefore gets the same [n, T, D] rows and sequence offsets as when it runs alone: the
+    same quantized values, bit for bit (make_inject's offsets are per sequence, never across rows)."""
+
+    def fn(layer: int, name: str, x: torch.Tensor) -> torch.Tensor:
+        parts = []
+        for k, f in enumerate(fns):
+            xs = x[k * n : (k + 1) * n]
+            parts.append(xs if f is None else f(layer, name, xs).to(dtype=x.dtype, device=x.device))
+        return torch.cat(parts)
+
+    return fn
+
+
+# Memory bound of --batch-runs 0 (auto): the activations of one forward of K runs stay under this.
+BATCH_BYTES = 768 << 20
+
+
+def auto_batch_runs(config, seq_len: int, num_seqs: int, budget: int = BATCH_BYTES) -> int:
+    """K of the prefill-at-once runs for --batch-runs 0: the largest K in 1..16 with
+    K · num_seqs · (bytes per sequence) <= budget, where
+    a sequence of T = seq_len tokens takes 4 · T · (8·hidden + 3·intermediate + 4·vocab) bytes (float32
+    hidden states, MLP, logits and their copies) + 4 · 5 · H · T² (float32 [H, T, T] scores, probabilities
+    and masked copies of an attention that materializes them: SDPA's math path, e.g. a model whose v head dim
+    differs from q's; tiny-mla pads v so that the flash kernel runs); a rough upper estimate (tiny-mla,
+    K = 4: the step's peak RSS 0.66 GB; 1.15 GB with the decode-order runs batched by 4 too). config: the
+    model config (hidden_size, intermediate_size, vocab_size, num_attention_heads). tiny-mla, 4 x 512:
+    46 MB per sequence, K = 4 (about 740 MB)."""
+    g = lambda k, d=0: int(getattr(config, k, None) or d)
+    inter = max(g("intermediate_size"), g("moe_intermediate_size") * max(1, g("num_experts_per_tok", 1)))
+    per_seq = (
+        4 * seq_len * (8 * g("hidden_size") + 3 * inter + 4 * g("vocab_size"))
+        + 4 * 5 * g("num_attention_heads", 1) * seq_len * seq_len
+    )
+    return int(max(1, min(16, budget // max(1, num_seqs * per_seq))))
+
+
+def write_groups(results_path: str, groups: dict[str, tuple[dict[str, np.ndarray], dict]]) -> None:
+    """Replace the groups {name: (columns, attrs)} in results_path, keeping every other group:
+    copy → edit → rename (an interrupted run leaves the previous file)."""
+    d = os.path.dirname(os.path.abspath(results_path))
+    fd, tmp = tempfile.mkstemp(prefix=".e2e-", suffix=".h5.tmp", dir=d)
+    os.close(fd)
+    try:
+        shutil.copyfile(results_path, tmp)
+        with h5py.File(tmp, "r+") as f:
+            for name, (columns, attrs) in groups.items():
+                if name in f:
+                    del f[name]
+                g = f.create_group(name)
+                for k, v in columns.items():
+                    if v.dtype.kind in "USO":
+                        g.create_dataset(k, data=v.astype(object), dtype=h5py.string_dtype("utf-8"))
+                    else:
+                        g.create_dataset(k, data=v)
+                for k, v in attrs.items():
+                    g.attrs[k] = v
+        os.replace(tmp, results_path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def load_tokens(
+    text: bytes, offset_bytes: int, tokenizer, seq_len: int, num_seqs: int, vocab_size: int
+) -> torch.Tensor:
+    """[num_seqs, seq_len] int64 token windows of text[offset_bytes:]: its bytes, or the checkpoint's
+    tokenizer (no special tokens). Raises ValueError when there are too few tokens or an id is
+    outside the model's vocabulary."""
+    rest = text[offset_bytes:]
+    if tokenizer is None:
+        ids, what = list(rest), "bytes"
+    else:
+        ids, what = tokenizer(rest.decode("utf-8", errors="replace"), add_special_tokens=False)["input_ids"], "tokens"
+    need = seq_len * num_seqs
+    if len(ids) < need:
+        raise ValueError(
+            f"text has {len(ids)} {what} after --offset-bytes {offset_bytes}; {need} needed for {num_seqs} x {seq_len}"
+        )
+    t = torch.tensor(ids[:need], dtype=torch.int64).reshape(num_seqs, seq_len)
+    if int(t.max()) >= vocab_size:
+        raise ValueError(f"token id {int(t.max())} is outside the model's vocabulary ({vocab_size})")
+    return t
+
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def parse_args(argv=None):
+    """The command line (module docstring). Returns the namespace, or 2 after printing one error line when
+    a number is out of range."""
+    ap = argparse.ArgumentParser(
+        prog="python -m latentq.e2e", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--results", required=True, help="latentq-results/1 file of `latentq run` (updated in place)")
+    ap.add_argument(
+        "--model",
+        default=os.path.join(ROOT, "data", "tiny-mla"),
+        help="tiny-mla directory or HF MLA checkpoint directory (DeepseekV2/V3, GLM-4 MoE Lite, MiniCPM3)",
+    )
+    ap.add_argument("--device", default="cpu", help="torch device of the model (cpu, cuda, cuda:1)")
+    ap.add_argument("--dtype", choices=sorted(_DTYPES), default="float32", help="compute dtype of the model")
+    ap.add_argument("--trust-remote-code", action="store_true", help="for a remote-code checkpoint")
+    ap.add_argument("--text", help="text file; default: the KJV held-out split")
+    ap.add_argument("--seq-len", type=int, default=512, help="tokens per window")
+    ap.add_argument("--num-seqs", type=int, default=4)
+    ap.add_argument("--offset-bytes", type=int, default=2048)
+    ap.add_argument(
+        "--quantizers", nargs="*", help="prefill-at-once spec strings (default: every quantizer of the study)"
+    )
+    ap.add_argument(
+        "--cache-modes",
+        nargs="*",
+        help="cache-mode labels (default: the root attribute decode_order_modes, "
+        "else prefill-at-once); the prefill-at-once rows run unless this flag leaves that label out",
+    )
+    ap.add_argument(
+        "--decode-quantizers",
+        nargs="*",
+        help="specs run in the decode modes (default: the root attribute "
+        "decode_order_quantizers, else the prefill-at-once quantizers)",
+    )
+    ap.add_argument(
+        "--position-bucket",
+        type=int,
+        help="W of /e2e_position (default: the root attribute decode_order_position_bucket, else 64)",
+    )
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument(
+        "--batch-runs",
+        type=int,
+        default=0,
+        help="runs per forward pass: K runs (and the reference) share one forward of K x num-seqs "
+        "sequences, each run's quantizer on its own rows; 0 (default) = auto: prefill-at-once runs as "
+        "many as keep the activations under 768 MiB (auto_batch_runs; 4 for tiny-mla at 4 x 512), "
+        "decode-order runs one per forward (batching them gained nothing); 1 = one run per forward",
+    )
+    a = ap.parse_args(argv)
+    for flag, v, lo in (
+        ("--seq-len", a.seq_len, 1),
+        ("--num-seqs", a.num_seqs, 1),
+        ("--offset-bytes", a.offset_bytes, 0),
+        ("--threads", a.threads, 1),
+        ("--position-bucket", a.position_bucket, 1),
+        ("--batch-runs", a.batch_runs, 0),
+    ):
+        if v is not None and v < lo:
+            print(f"e2e_inject: error: {flag} {v}: must be >= {lo}", file=sys.stderr)
+            return 2
+    return a
+
+
+class Plan:
+    """What the step runs, from RESULTS.h5 and the flags: the prefill-at-once (quantizer, targets) pairs,
+    the decode-order ones, the cache modes (with their (R, S, P)), the /e2e_position bucket width and the
+    study's layers (None: every MLA layer of the model)."""
+
+    def __init__(self, a, latentq):
+        """Raises ValueError naming the file or flag (a spec, mode or target the study cannot have)."""
+        self.pairs = study_quantizers(a.results)
+        self.layers = study_layers(a.results)
+        attr_modes, attr_qs, attr_w, attr_tg = decode_settings(a.results)
+        known = dict(self.pairs)
+
+        def with_targets(specs: list[str], flag: str, decode: bool = False) -> list[tuple[str, tuple[str, ...]]]:
+            out = []
+            for q in specs:
+                try:
+                    c = latentq.canonical_spec(q)
+                except ValueError as e:
+                    raise ValueError(f"{flag} {q}: {str(e).splitlines()[0]}") from None
+                if c not in known:  # decode runs with decode_order_targets take those targets (below)
+                    tg = "those of decode_order_targets" if decode and attr_tg is not None else "c_kv+k_pe"
+                    print(
+                        f"e2e_inject: warning: quantizer {c} is not in the study of {a.results}; "
+                        f"its targets default to {tg}",
+                        file=sys.stderr,
+                    )
+                out.append((c, known.get(c, ("c_kv", "k_pe"))))
+            return out
+
+        if a.quantizers:
+            self.pairs = with_targets(a.quantizers, "--quantizers")
+        self.modes = a.cache_modes if a.cache_modes is not None else (attr_modes or [PREFILL_AT_ONCE])
+        self.rsp = {m: mode_rsp(latentq, m) for m in self.modes}
+        self.decode_modes = [m for m in dict.fromkeys(self.modes) if m != PREFILL_AT_ONCE]
+        if a.decode_quantizers is not None:
+            self.decode_pairs = with_targets(a.decode_quantizers, "--decode-quantizers", decode=True)
+        elif attr_qs is not None:
+            self.decode_pairs = with_targets(attr_qs, f"{a.results}: decode_order_quantizers", decode=True)
+        else:
+            self.decode_pairs = list(self.pairs)
+        if attr_tg is not None:  # the study's [decode_order].targets: one run per quantizer, target set and mode
+            self.decode_pairs = [(q, tuple(t.split("+"))) for q, _ in self.decode_pairs for t in attr_tg]
+        self.width = a.position_bucket or attr_w or 64
+        if self.width < 1:
+            raise ValueError(f"{a.results}: decode_order_position_bucket {self.width}: must be >= 1")
+
+    def runs(self, a) -> list[tuple[str, tuple[str, ...], str]]:
+        """(quantizer, targets, cache_mode) of every run, in the rows' order; prints a note for the klt
+        quantizers, which are left out."""
+        # KLT rotations are fitted on the dump's fit split by the C++ study (probes::fit_rotation); the
+        # injection sees only its own windows, so it does not refit one: those quantizers are left out.
+        klt = sorted({q for q, _ in self.pairs + self.decode_pairs if q.startswith("klt,")})
+        if klt:
+            print(
+                f"e2e_inject: note: {len(klt)} klt quantizer(s) not injected (the KLT basis is fitted on the "
+                f"dump's fit split, not available here): {', '.join(klt)}",
+                file=sys.stderr,
+            )
+        runs = [(q, t, PREFILL_AT_ONCE) for q, t in self.pairs if not q.startswith("klt,")]
+        if PREFILL_AT_ONCE not in self.modes and a.cache_modes is not None:
+            runs = []
+        runs += [(q, t, m) for m in self.decode_modes for q, t in self.decode_pairs if not q.startswith("klt,")]
+        return runs
+
+
+def load_inputs(a, plan: Plan):
+    """(model on --device, its tokenizer or None, ids [num_seqs, seq_len] on the device, MLA dims, the
+    model's MLA layers); plan.layers defaults to those. Raises ValueError (no CUDA, unreadable --text, no
+    config.json, windows the model or text cannot hold, study layers the model lacks), OSError,
+    RuntimeError."""
+    if a.device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device {a.device}: CUDA is not available to torch here")
+    if a.text:
+        try:
+            with open(a.text, "rb") as f:
+                text = f.read()
+        except OSError as e:
+            raise ValueError(f"--text {a.text}: cannot read ({e.strerror or type(e).__name__})") from None
+    else:
+        from latentq.kjv_text import load_kjv, split_kjv
+
+        text = split_kjv(load_kjv())[1]
+    if not os.path.isfile(os.path.join(a.model, "config.json")):
+        raise ValueError(f"--model {a.model}: no config.json (expected a tiny-mla or HF MLA checkpoint directory)")
+    model, _cfg, _src, _rev, _orig, tokenizer = load_model(a.model, _DTYPES[a.dtype], a.trust_remote_code)
+    model = model.to(a.device)
+    mla = find_mla_layers(model)
+    dims = mla_dims(mla[0][2])
+    max_pos = getattr(model.config, "max_position_embeddings", None)
+    if max_pos is not None and a.seq_len > max_pos:
+        raise ValueError(f"--seq-len {a.seq_len} exceeds max_position_embeddings {max_pos} of the model {a.model}")
+    vocab = getattr(model.config, "vocab_size", None) or model.get_output_embeddings().weight.shape[0]
+    ids = load_tokens(text, a.offset_bytes, tokenizer, a.seq_len, a.num_seqs, vocab).to(a.device)
+    model_layers = sorted(i for i, _, _ in mla)
+    if plan.layers is None:
+        plan.layers = model_layers
+    bad = [l for l in plan.layers if l not in model_layers]
+    if bad:
+        raise ValueError(
+            f"{a.results}: study layer(s) {bad} not in the model {a.model} "
+            f"(MLA layers {model_layers[0]}..{model_layers[-1]})"
+        )
+    return model, tokenizer, ids, dims, model_layers
+
+
+REF = None  # the reference run (exact latents) in a chunk of runs
+
+
+class Runner:
+    """The forwards of the step and the rows they give. ``forward(chunk)``: the logits of a chunk of runs
+    (REF or (quantizer, targets, cache_mode)) sharing one forward; ``record(run, logits)`` turns a run's
+    logits into its /e2e row and /e2e_position rows (the reference first); ``run_all(chunks)`` does both
+    for every chunk, replaying a chunk run by run when a quantizer refuses its input."""
+
+    def __init__(self, latentq, a, model, ids: torch.Tensor, plan: Plan, dims: dict):
+        self.latentq, self.a, self.model, self.ids, self.plan, self.dims = latentq, a, model, ids, plan, dims
+        self.layer_set = frozenset(plan.layers)
+        self.rows, self.pos_rows = [], []
+        self.ref = None
+        self.bpt_memo: dict = {}
+
+    def resolve(self, spec):
+        """A spec string as is, or a mixed assignment's {(layer, target): spec} from /latent_error."""
+        try:
+            self.latentq.canonical_spec(spec)
+            return spec
+        except ValueError:  # a mixed assignment: its spec per (layer, target) from /latent_error
+            return mixed_specs(self.a.results, spec)
+
+    def forward(self, chunk) -> list[torch.Tensor]:
+        """The logits [n, T, V] (float32, CPU) of each run of `chunk` (REF: the exact latents)."""
+        latentq, model, ids, layer_set = self.latentq, self.model, self.ids, self.layer_set
+        n = ids.shape[0]
+        if len(chunk) == 1 and chunk[0] is REF:
+            return [run_model(model, ids).float().cpu()]
+        hows = [None if r is REF else self.resolve(r[0]) for r in chunk]
+        if len(chunk) == 1:  # one run: the hooks of that run alone
+            spec, targets, mode = chunk[0]
+            hooks = (
+                LatentInjector(model, make_inject(latentq, hows[0], targets, layer_set))
+                if mode == PREFILL_AT_ONCE
+                else DecodeOrderAttention(model, make_decode_cache(latentq, hows[0], targets, layer_set, mode))
+            )
+        elif chunk[-1][2] == PREFILL_AT_ONCE:
+            hooks = LatentInjector(
+                model,
+                batch_inject(
+                    [None if r is REF else make_inject(latentq, h, r[1], layer_set) for r, h in zip(chunk, hows)], n
+                ),
+            )
+        else:
+            hooks = DecodeOrderAttention(
+                model,
+                batch_decode_cache(
+                    [make_decode_cache(latentq, h, r[1], layer_set, r[2]) for r, h in zip(chunk, hows)], n
+                ),
+            )
+        with hooks:
+            out = run_model(model, ids.repeat(len(chunk), 1) if len(chunk) > 1 else ids).float().cpu()
+        return list(out.split(n)) if len(chunk) > 1 else [out]
+
+    def record(self, run, q: torch.Tensor) -> None:
+        """The rows of one run from its logits q (the reference's logits are kept for the others)."""
+        a, latentq, plan = self.a, self.latentq, self.plan
+        if run is REF:
+            require_finite_logits(q, f"the reference run (exact latents) of {a.model}")
+            self.ref = q
+            return
+        spec, targets, mode = run
+        how = self.resolve(spec)
+        m = logit_metrics(self.ref, q, self.ids.cpu(), f"the run with {spec} latents ({'+'.join(targets)}, {mode})")
+        specs = [how] if isinstance(how, str) else sorted(set(how.values()))
+        causal = all(latentq.decode_scale_is_causal(s) for s in specs)
+        bpt = cache_bytes_per_token(
+            latentq, how, targets, plan.layers, mode, self.dims, a.seq_len, a.num_seqs, self.bpt_memo
+        )
+        self.rows.append(
+            {
+                "quantizer": spec,
+                "targets": "+".join(targets),
+                "cache_mode": mode,
+                **m,
+                "bytes_per_token": bpt,
+                "scale_causal": np.int64(causal),
+            }
+        )
+        R, S, P = plan.rsp.get(mode, (0, 0, 0))
+        for r in position_rows(self.ref, q, plan.width):
+            self.pos_rows.append(
+                {
+                    "quantizer": spec,
+                    "targets": "+".join(targets),
+                    "cache_mode": mode,
+                    "residual": R,
+                    "sink": S,
+                    "prefill": P,
+                    "scale_causal": np.int64(causal),
+                    **r,
+                    "bytes_per_token": bpt,
+                }
+            )
+        print(
+            f"  {spec:28s} {mode:20s} KL {m['kl_mean']:.3e}  top1 {m['top1_agree']:.4f}  "
+            f"ppl {m['ppl_ref']:.4f} -> {m['ppl_quant']:.4f}  {bpt:.1f} B/token",
+            flush=True,
+        )
+
+    def run_all(self, chunks) -> None:
+        """forward + record for every chunk. Raises ValueError (non-finite logits, a spec the quantizers
+        refuse: then as an unbatched run would, after the rows before it)."""
+        with torch.no_grad():
+            for chunk in chunks:
+                try:
+                    logits = self.forward(chunk)
+                except ValueError:  # a spec the quantizers refuse: replay the runs one by one, so the
+                    if len(chunk) == 1:  # error (and the lines before it) are those of unbatched runs
+                        raise
+                    logits = None
+                if logits is None:
+                    for run in chunk:
+                        self.record(run, self.forward([run])[0])
+                else:
+                    for run, q in zip(chunk, logits):
+                        self.record(run, q)
+
+
+def write_tables(a, runner: Runner, tokenizer, K: int, K_dec: int) -> None:
+    """/e2e and /e2e_position of the runner's rows into a.results (write_groups), with their attributes."""
+    rows, pos_rows = runner.rows, runner.pos_rows
+    cols = {k: np.array([r[k] for r in rows]) for k in rows[0]}
+    cols["num_tokens"] = np.full(len(rows), a.num_seqs * a.seq_len, dtype=np.int64)
+    pcols = {k: np.array([r[k] for r in pos_rows]) for k in pos_rows[0]}
+    common = {
+        "model": os.path.abspath(a.model),
+        "text_offset_bytes": a.offset_bytes,
+        "seq_len": a.seq_len,
+        "num_seqs": a.num_seqs,
+        "layers": ",".join(map(str, runner.plan.layers)),
+        "device": a.device,
+        "dtype": a.dtype,
+        "tokenizer": "bytes" if tokenizer is None else type(tokenizer).__name__,
+        "batch_runs": np.int64(K),
+        "batch_runs_decode": np.int64(K_dec),
+    }
+    write_groups(
+        a.results,
+        {
+            "e2e": (
+                cols,
+                {
+                    **common,
+                    "definition": "KL(p_ref||p_q) mean over tokens (nats); top1 = argmax agreement; "
+                    "ppl = exp(mean next-token NLL); bytes_per_token: cache at the sequence end, per layer; "
+                    "cache_mode: latentq/decode_order.h",
+                },
+            ),
+            "e2e_position": (
+                pcols,
+                {
+                    **common,
+                    "position_bucket": np.int64(runner.plan.width),
+                    "definition": "KL and top-1 of the /e2e runs over query positions [pos_start, pos_end) "
+                    "of each window",
+                },
+            ),
+        },
+    )
+
+
+def main(argv=None) -> int:
+    """The step (module docstring): 0 when /e2e and /e2e_position are written; 2 with one line
+    "e2e_inject: error: ..." on stderr (a bad flag or results file, a model or text that does not fit,
+    non-finite logits, a spec the quantizers refuse), the results file left unchanged."""
+    a = parse_args(argv)
+    if isinstance(a, int):
+        return a
+    latentq = import_latentq()
+    torch.set_num_threads(a.threads)
+    try:
+        plan = Plan(a, latentq)
+        model, tokenizer, ids, dims, model_layers = load_inputs(a, plan)
+    except (ValueError, OSError, RuntimeError) as e:
+        print(f"e2e_inject: error: {e}", file=sys.stderr)
+        return 2
+    if len(plan.layers) < len(model_layers):
+        print(
+            f"e2e_inject: note: the study ran layers {','.join(map(str, plan.layers))} only; the other "
+            f"{len(model_layers) - len(plan.layers)} of {len(model_layers)} layers stay unquantized",
+            file=sys.stderr,
+        )
+    runs = plan.runs(a)
+    if not runs:
+        print("e2e_inject: error: no quantizer to run (only klt quantizers, or no cache mode)", file=sys.stderr)
+        return 2
+
+    # Auto: the prefill-at-once runs K at a time (the memory bound); the decode-order runs one at a time,
+    # since batching them gained nothing (README "End to end": tiny-mla's default step 41.7 s with them
+    # one per forward, 43.2 s and 1.7x the peak RSS by 4: the masked SDPA of mixed_latent_attention over
+    # 2·T keys grows with K as the runs' own work does).
+    K = a.batch_runs or auto_batch_runs(model.config, a.seq_len, a.num_seqs)
+    K_dec = a.batch_runs or 1
+    # Runs in forwards of K: the reference with the first prefill-at-once runs (LatentInjector), the
+    # decode-order runs apart (DecodeOrderAttention), in the order of `runs` (the rows' order).
+    pre = [REF] + [r for r in runs if r[2] == PREFILL_AT_ONCE]
+    dec = [r for r in runs if r[2] != PREFILL_AT_ONCE]
+    chunks = [pre[i : i + K] for i in range(0, len(pre), K)] + [dec[i : i + K_dec] for i in range(0, len(dec), K_dec)]
+
+    t0 = time.time()
+    runner = Runner(latentq, a, model, ids, plan, dims)
+    try:
+        runner.run_all(chunks)
+    except ValueError as e:  # non-finite logits, a spec the quantizers refuse: nothing is written
+        print(f"e2e_inject: error: {e}; {a.results} is left unchanged", file=sys.stderr)
+        return 2
+    write_tables(a, runner, tokenizer, K, K_dec)
+    print(
+        f"e2e: {len(runner.rows)} runs, {a.num_seqs}x{a.seq_len} tokens, {len(chunks)} forwards of <= {K} runs, "
+        f"{time.time() - t0:.1f}s -> "
+        f"{a.results}:/e2e, /e2e_position"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,547 @@
+"""report.md: the figures with their captions, short tables, the groups the file lacks and the notes.
+
+    .venv/bin/python -m latentq.report RESULTS.h5 --out DIR [--quantizers SPEC ...]
+
+`latentq report RESULTS.h5 --out DIR` runs it with the project venv and passes its exit code through.
+``write_report`` writes PNG figures into DIR (latentq.report.figures), then DIR/report.md (last), which
+shows them with captions and short tables. Figures, each made only when its groups are in the file:
+
+  frontier_c_kv.png        c_kv rel_fro (mean over layers) against bits per element including the
+                           scale/offset metadata, Pareto front drawn; with /attention_error a second
+                           panel: attention-output rel_fro against the same axis (/latent_error)
+  frontier_model_bytes.png c_kv and k_pe rel_fro against bytes per token for the whole model
+                           (all layers, c_kv + k_pe), from /summary
+  per_layer.png            rel_fro against layer for a set of quantizers (--quantizers; default: the
+                           best channel and token quantizer at each bit width + bf16 and fp8)
+  svd.png                  normalized singular values of c_kv per layer (/svd_spectrum) and the
+                           held-out / fit rel_fro of the rank-r reconstruction (/svd)
+  cross_layer.png          linear CKA and mean |Pearson| between the c_kv of two layers (/cross_layer)
+  cross_layer_sharing.png  shared-basis vs per-layer SVD error over windows of layers (/cross_layer_sharing)
+  e2e.png                  logit KL and perplexity of the model with quantized latents against
+                           bytes per token for the whole model (/e2e joined with /summary)
+  error_vs_position.png    KL against query position for the decode-order quantizers, one panel per
+                           quantizer: e2e logit KL (/e2e_position) and, when present, attention KL
+                           (/attention_position, mean over layers); prefill-at-once and the decode
+                           orders with residual R in {0, 32, 128} and sink S in {0, 4}
+
+A group that is missing gives no figure and one line saying so (stdout and report.md).
+Exit codes (latentq.report.__main__): 0 done; 2 input error (missing file, not HDF5, wrong schema, no
+result tables, bad --out), with "latentq report: <file>: <what>" on stderr and nothing written; 1
+internal error.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+import os
+import re
+import tempfile
+
+from latentq.report.figures import (
+    FIGURES,
+    fig_cross_layer,
+    fig_e2e,
+    fig_frontier,
+    fig_model_bytes,
+    fig_per_layer,
+    fig_position,
+    fig_sharing,
+    fig_svd,
+)
+from latentq.report.load import (
+    _attention_key,
+    _int_attr,
+    attention_by_quantizer,
+    e2e_rows,
+    flags,
+    numbers,
+    parse_spec,
+    quantizer_table,
+    select_quantizers,
+    strings,
+)
+from latentq.report.plot import _publish
+
+
+def fmt(v, kind="g"):
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "–"
+    if kind == "g":
+        return f"{v:.3g}"
+    if kind == "e":
+        return f"{v:.2e}"
+    if kind == "f1":
+        return f"{v:.1f}"
+    if kind == "f3":
+        return f"{v:.3f}"
+    if kind == "f4":
+        return f"{v:.4f}"
+    return str(v)
+
+
+def md_table(header, rows):
+    """A Markdown table; '|' inside a cell is escaped."""
+
+    def cell(c):
+        return str(c).replace("|", "\\|")
+
+    out = ["| " + " | ".join(cell(h) for h in header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    out += ["| " + " | ".join(cell(c) for c in r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def table_top_by_bits(Q, att, e2e, k=3):
+    """Top k quantizers by mean c_kv rel_fro at each bit width (integer bits; baselines separately)."""
+    akey = _attention_key(att)
+    kl = {r["quantizer"]: r["kl"] for r in e2e}
+    header = [
+        "bits",
+        "rank",
+        "quantizer",
+        "c_kv bits/elem",
+        "bytes/token (model)",
+        "c_kv rel_fro mean",
+        "c_kv rel_fro max",
+        "k_pe rel_fro mean",
+    ]
+    if akey:
+        header.append(f"attn out rel_fro ({akey})")
+    if kl:
+        header.append("e2e KL (nats)")
+    rows = []
+    groups = {}
+    for q, e in Q.items():
+        if e["kind"] == "svd" or not math.isfinite(e.get("err_c_kv", math.nan)):
+            continue
+        groups.setdefault(_bits_group(q, Q), []).append(q)
+    for b in _group_order(groups):
+        qs = sorted(groups[b], key=lambda q: Q[q]["err_c_kv"])[:k]
+        for i, q in enumerate(qs, 1):
+            e = Q[q]
+            r = [
+                b,
+                i,
+                f"`{q}`",
+                fmt(e["bpe"], "g"),
+                fmt(e["bytes_model"], "f1"),
+                fmt(e["err_c_kv"], "e"),
+                fmt(e["err_c_kv_max"], "e"),
+                fmt(e["err_k_pe"], "e"),
+            ]
+            if akey:
+                r.append(fmt(att[akey].get(q, math.nan), "e"))
+            if kl:
+                r.append(fmt(kl.get(q, math.nan), "e"))
+            rows.append(r)
+    return md_table(header, rows) if rows else ""
+
+
+def table_svd_ranks(tables):
+    """Per layer: energy ranks (rank_90 ...) and the held-out error at each rank."""
+    import numpy as np
+
+    sv = tables.get("svd")
+    if sv is None or numbers(sv, "layer") is None:
+        return ""
+    lay = numbers(sv, "layer")
+    ecols = [c for c in sv.columns if re.match(r"^(energy_)?rank_\d+$", c)]
+    ecols.sort(key=lambda c: float("0." + c.split("_")[-1]))
+    layers = sorted(set(int(v) for v in lay[np.isfinite(lay)]))
+    header = ["layer"] + [f"rank for {float('0.' + c.split('_')[-1]) * 100:g}% energy" for c in ecols]
+    rank, ho = numbers(sv, "rank"), numbers(sv, "heldout_rel_fro", contains=("heldout",))
+    cen = flags(sv, "centered")
+    m0 = np.ones(len(sv), dtype=bool)
+    if cen is not None and cen.any() and not cen.all():
+        m0 = cen
+    ranks = sorted(set(int(r) for r in rank[m0][np.isfinite(rank[m0])])) if rank is not None and ho is not None else []
+    if len(ranks) > 8:
+        ranks = ranks[:: math.ceil(len(ranks) / 8)]
+    header += [f"held-out rel_fro r={r}" for r in ranks]
+    rows = []
+    for l in layers:
+        m = lay == l
+        r = [l] + [fmt(numbers(sv, c)[m][0], "g") for c in ecols]
+        for k in ranks:
+            mm = m & m0 & (rank == k)
+            r.append(fmt(float(ho[mm][0]), "e") if mm.any() else "–")
+        rows.append(r)
+    return md_table(header, rows) if rows and len(header) > 1 else ""
+
+
+def table_adjacent(layers, mats):
+    rows = []
+    names = list(mats)
+    for i in range(len(layers) - 1):
+        r = [layers[i], layers[i + 1]]
+        for n in names:
+            r.append(fmt(float(mats[n][i, i + 1]), "f3"))
+        rows.append(r)
+    return md_table(["layer a", "layer b"] + names, rows) if rows else ""
+
+
+def _bits_group(q, Q=None):
+    """Table group of a quantizer: its integer bit width, "fp8", "bf16" or "other"."""
+    p = parse_spec(q)
+    if p["kind"] == "int":
+        return p["bits"]
+    if p["kind"] in ("fp8", "bf16"):
+        return p["kind"]
+    e = (Q or {}).get(q)
+    return e["bits"] if e and isinstance(e.get("bits"), int) else "other"
+
+
+def _group_order(groups):
+    return sorted(g for g in groups if isinstance(g, int)) + [g for g in ("fp8", "bf16", "other") if g in groups]
+
+
+def table_e2e(rows, Q, k=3):
+    """The k rows with the lowest KL at each integer bit width, then fp8 / bf16 / others."""
+    if not rows:
+        return ""
+    groups = {}
+    for r in rows:
+        groups.setdefault(_bits_group(r["quantizer"], Q), []).append(r)
+    out = []
+    for g in _group_order(groups):
+        rs = sorted(groups[g], key=lambda r: r["kl"] if math.isfinite(r["kl"]) else math.inf)
+        for r in rs[:k] if isinstance(g, int) else rs:
+            d = (r["ppl_quant"] / r["ppl_ref"] - 1) * 100 if r["ppl_ref"] and math.isfinite(r["ppl_ref"]) else math.nan
+            out.append(
+                [
+                    g,
+                    f"`{r['quantizer']}`",
+                    r["targets"] or "–",
+                    fmt(r["bytes_model"], "f1"),
+                    fmt(r["kl"], "e"),
+                    fmt(r["top1"], "f4"),
+                    fmt(r["ppl_ref"], "f4"),
+                    fmt(r["ppl_quant"], "f4"),
+                    (f"{d:+.3g}%" if math.isfinite(d) else "–"),
+                ]
+            )
+    note = (
+        f"The {k} quantizers with the lowest KL at each integer bit width, then the baselines "
+        f"({len(out)} of the {len(rows)} rows of /e2e). KL in nats per token; Δppl = ppl quant / ppl ref − 1."
+    )
+    return (
+        note
+        + "\n\n"
+        + md_table(
+            [
+                "bits",
+                "quantizer",
+                "targets",
+                "bytes/token (model)",
+                "KL (nats)",
+                "top-1 agree",
+                "ppl ref",
+                "ppl quant",
+                "Δppl",
+            ],
+            out,
+        )
+    )
+
+
+def table_position(tables, drawn):
+    """The table of the error-vs-position figure (fig_position's `drawn`): per drawn (quantizer, cache
+    mode) the bytes per token of its /e2e row (the target set the curves drew), the KL of the first and
+    the last position bucket and the mean over the buckets; "" when no row is drawn."""
+    import numpy as np
+
+    src, qs, shown, drawn_modes = drawn["curves"], drawn["quantizers"], drawn["shown"], drawn["modes"]
+    # Table: e2e KL first/last bucket and bytes per token of each drawn (quantizer, mode)
+    rows = []
+    bpt = {}
+    t = tables.get("e2e")
+    if t is not None and strings(t, "cache_mode") is not None and numbers(t, "bytes_per_token") is not None:
+        ttg = strings(t, "targets")  # the target set the curves drew (position_curves): c_kv+k_pe when run
+        pick = None if ttg is None else ("c_kv+k_pe" if "c_kv+k_pe" in set(ttg) else ttg[0])
+        bpt = {
+            (q, m): v
+            for q, m, v, tg in zip(
+                strings(t, "quantizer"),
+                strings(t, "cache_mode"),
+                numbers(t, "bytes_per_token"),
+                ttg if ttg is not None else [None] * len(t),
+            )
+            if tg == pick
+        }
+    for (q, mode), (r, s, p, x, y) in sorted(
+        src.items(), key=lambda kv: (qs.index(kv[0][0]) if kv[0][0] in qs else 99, kv[1][:3])
+    ):
+        if q not in shown or mode not in drawn_modes or not len(y):
+            continue
+        rows.append(
+            [
+                f"`{q}`",
+                mode,
+                fmt(bpt.get((q, mode), math.nan), "f1"),
+                fmt(float(y[0]), "e"),
+                fmt(float(y[-1]), "e"),
+                fmt(float(np.mean(y)), "e"),
+            ]
+        )
+    return (
+        md_table(
+            ["quantizer", "cache mode", "B/token/layer", "KL first bucket", "KL last bucket", "KL mean of buckets"],
+            rows,
+        )
+        if rows
+        else ""
+    )
+
+
+def subset_warning(attrs):
+    """One line when the file holds only part of the study's cells (a shard, or a checkpoint with
+    root attribute complete = 0), else None. Files without these attributes count as complete."""
+    parts = []
+    count, index = _int_attr(attrs, "shard_count"), _int_attr(attrs, "shard_index")
+    cells, total = _int_attr(attrs, "cells"), _int_attr(attrs, "cells_total")
+    if count is not None and count > 1:
+        of = f" ({cells} of the {total} cells)" if cells is not None and total is not None else ""
+        parts.append(
+            f"shard {index if index is not None else '?'}/{count}: means over a subset of cells{of}; "
+            "merge the shards with `latentq merge` for the study's numbers"
+        )
+    if _int_attr(attrs, "complete") == 0:
+        want = _int_attr(attrs, "shard_cells")
+        want = want if want is not None else total
+        parts.append(
+            f"incomplete run: {cells if cells is not None else '?'} of {want if want is not None else '?'} "
+            "cells (a checkpoint); means over the finished cells only"
+        )
+    return "; ".join(parts) or None
+
+
+class _Report:
+    """report.md being assembled: its sections (title, figure filename or None, caption, tables markdown),
+    the lines about groups the file lacks, the warnings (the loader's notes first) and the figure count."""
+
+    def __init__(self, have, notes):
+        self.have = have
+        self.sections, self.missing, self.warnings = [], [], list(notes)
+        self.figno = 0
+
+    def miss(self, groups, what):
+        """One line for the groups of `groups` the file lacks and what is not drawn without them."""
+        absent = [g for g in groups if g not in self.have]
+        self.missing.append(f"/{' and /'.join(absent)} not in the results file: no {what}.")
+
+    def add(self, title, res, tables_md=""):
+        """A figure section from a fig_* result (filename, caption, ...), numbered in order."""
+        self.figno += 1
+        fn, cap = res[0], res[1]
+        self.sections.append((title, fn, f"Figure {self.figno}. {cap}", tables_md))
+
+
+def _frontier_sections(rep, out, tables, attrs, Q, att, e2e):
+    """1. The frontier figures and the top-quantizer table. Returns the c_kv Pareto front (names)."""
+    have, front = rep.have, []
+    if "latent_error" in have or "summary" in have:
+        r = fig_frontier(out, tables, attrs, Q)
+        if r:
+            front = r[2]
+            rep.add("Error against bits per element", r, "")
+        else:
+            rep.warnings.append("no quantizer with bits per element and c_kv rel_fro: no frontier figure")
+        if "attention_error" not in have:
+            rep.miss(["attention_error"], "attention-output panel in the frontier figure")
+    else:
+        rep.miss(["latent_error", "summary"], "frontier figure")
+    if "summary" in have:
+        r = fig_model_bytes(out, tables, attrs, Q)
+        if r:
+            rep.add("Error against the model's cache bytes per token", r)
+        else:
+            rep.warnings.append("/summary has no bytes_per_token_model column: no model-bytes figure")
+    else:
+        rep.miss(["summary"], "frontier against bytes per token of the whole model")
+    top = table_top_by_bits(Q, att, e2e)
+    if top:
+        rep.sections.append(
+            (
+                "Top quantizers by c_kv error at each bit width",
+                None,
+                "The 3 quantizers with the lowest mean c_kv rel_fro at each integer bit width, then fp8 "
+                "and bf16. bits/elem includes scale/offset metadata; bytes/token is for the whole model "
+                "(c_kv + k_pe, all layers).",
+                top,
+            )
+        )
+    return front
+
+
+def _layer_and_svd_sections(rep, out, tables, attrs, Q, patterns):
+    """2. The per-layer figure (the quantizers of --quantizers or the default selection); 3. the SVD figure
+    and its table."""
+    have = rep.have
+    if "latent_error" in have:
+        sel = select_quantizers(Q, patterns, rep.warnings.append)
+        user = bool(patterns) and any(q == p or fnmatch.fnmatchcase(q, p) for p in patterns for q in Q)
+        r = fig_per_layer(out, tables, attrs, Q, sel, user_selected=user)
+        if r:
+            rep.add("Error per layer", r)
+        else:
+            rep.warnings.append("/latent_error lacks layer/quantizer/rel_fro columns: no per-layer figure")
+    else:
+        rep.miss(["latent_error"], "per-layer figure")
+    if "svd" in have or "svd_spectrum" in have:
+        r = fig_svd(out, tables, attrs)
+        if r:
+            rep.add("SVD of c_kv", r, table_svd_ranks(tables))
+        else:
+            rep.warnings.append(
+                "/svd and /svd_spectrum lack layer/rank/heldout_rel_fro/singular_value columns: no SVD figure"
+            )
+            t = table_svd_ranks(tables)
+            if t:
+                rep.sections.append(("SVD of c_kv", None, "", t))
+        for g in ("svd_spectrum", "svd"):
+            if g not in have:
+                rep.miss([g], "spectrum panel" if g == "svd_spectrum" else "error-against-rank panel")
+    else:
+        rep.miss(["svd", "svd_spectrum"], "SVD figure")
+
+
+def _cross_layer_sections(rep, out, tables, attrs):
+    """4. The cross-layer similarity heatmap with its adjacent-layer table, and the shared-basis figure."""
+    have = rep.have
+    if "cross_layer" in have:
+        r = fig_cross_layer(out, tables, attrs)
+        if r:
+            rep.add("Cross-layer similarity", r, "Adjacent layers:\n\n" + table_adjacent(r[2], r[3]))
+        else:
+            rep.warnings.append("/cross_layer lacks layer_a/layer_b/cka/pearson columns: no cross-layer figure")
+    else:
+        rep.miss(["cross_layer"], "cross-layer heatmap")
+    if "cross_layer_sharing" in have:
+        r = fig_sharing(out, tables, attrs)
+        if r:
+            rep.add("Cross-layer shared basis", r)
+        else:
+            rep.warnings.append(
+                "/cross_layer_sharing lacks rank/shared_heldout_rel_fro/per_layer_heldout_rel_fro "
+                "columns: no sharing figure"
+            )
+    else:
+        rep.miss(["cross_layer_sharing"], "cross-layer sharing figure")
+
+
+def _e2e_sections(rep, out, tables, attrs, Q, e2e):
+    """5. End to end (figure and table; the table alone without /summary); 6. error against position."""
+    have = rep.have
+    if "e2e" in have:
+        r = fig_e2e(out, tables, attrs, Q) if "summary" in have else None
+        if r:
+            rep.add("End to end", r, table_e2e(e2e, Q))
+        elif "summary" in have:
+            rep.warnings.append(
+                "no /e2e row has a quantizer with bytes_per_token_model in /summary (or /e2e lacks a "
+                "quantizer column): no end-to-end figure"
+            )
+            if table_e2e(e2e, Q):
+                rep.sections.append(("End to end", None, "", table_e2e(e2e, Q)))
+        else:
+            rep.missing.append(
+                "/summary not in the results file: the /e2e rows cannot be placed on bytes per token; e2e table only."
+            )
+            rep.sections.append(("End to end", None, "", table_e2e(e2e, Q)))
+    else:
+        rep.miss(["e2e"], "end-to-end figure (run python -m latentq.e2e)")
+    if "e2e_position" in have or "attention_position" in have:
+        r = fig_position(out, tables)
+        if r:
+            rep.add("Error against position (decode order)", r, table_position(tables, r[2]))
+        else:
+            rep.warnings.append(
+                "/e2e_position and /attention_position hold no decode-order row with quantizer, "
+                "cache_mode, pos_start, pos_end and kl_mean: no error-vs-position figure"
+            )
+    elif "e2e" in have:
+        rep.miss(
+            ["e2e_position", "attention_position"],
+            "error-vs-position figure (a [decode_order] section in the study, or python -m latentq.e2e --cache-modes)",
+        )
+
+
+def _markdown_lines(path, attrs, Q, front, rep):
+    """The lines of report.md: title, subset warning, the file's metadata, the Pareto front, the sections,
+    the missing groups and the notes."""
+    model = attrs.get("model", "?")
+    L = [f"# latentq report: {model}", ""]
+    subset = subset_warning(attrs)
+    if subset:
+        L += [f"> **WARNING: {subset}.**", ""]
+    meta = [
+        ("results", os.path.abspath(path)),
+        ("input", attrs.get("input_path", "?")),
+        ("input sha256", attrs.get("input_sha256", "?")[:16]),
+        ("created", attrs.get("created", "?")),
+        ("latentq", f"{attrs.get('latentq_version', '?')} ({attrs.get('git_commit', '?')[:12]})"),
+        (
+            "model",
+            f"{model}: {attrs.get('num_layers', '?')} layers, kv_lora_rank {attrs.get('kv_lora_rank', '?')}, "
+            f"qk_rope_head_dim {attrs.get('qk_rope_head_dim', '?')}",
+        ),
+    ]
+    L += [f"- **{k}**: {v}" for k, v in meta]
+    L.append("")
+    L.append(
+        "rel_fro = ‖X̂ − X‖_F / ‖X‖_F (unitless). Bits per element and bytes per token include the "
+        "scale/offset metadata."
+    )
+    L.append("")
+    if front:
+        L.append(
+            "Pareto front (c_kv rel_fro against c_kv bits per element): "
+            + ", ".join(f"`{q}` ({fmt(Q[q]['bpe'], 'g')} bits, {fmt(Q[q]['err_c_kv'], 'e')})" for q in front)
+            + "."
+        )
+        L.append("")
+    for title, fn, cap, tmd in rep.sections:
+        L += [f"## {title}", ""]
+        if fn:
+            L += [f"![{title}]({fn})", "", f"*{cap}*", ""]
+        elif cap:
+            L += [cap, ""]
+        if tmd:
+            L += [tmd, ""]
+    if rep.missing:
+        L += ["## Not in this results file", ""] + [f"- {m}" for m in rep.missing] + [""]
+    if rep.warnings:
+        L += ["## Notes", ""] + [f"- {w}" for w in rep.warnings] + [""]
+    return L
+
+
+def write_report(path, loaded, out, patterns):
+    """Make the figures and report.md in the directory `out` from loaded = load_results(path); patterns:
+    --quantizers (None: the default selection). report.md is written last, through a temporary file and
+    a rename; figures of an earlier report in `out` that this one did not make are removed.
+    Returns (written files, missing lines, warnings)."""
+    attrs, tables, notes = loaded
+    Q = quantizer_table(tables)
+    rep = _Report(set(tables), notes)
+    att = attention_by_quantizer(tables)
+    e2e = e2e_rows(tables, Q)
+    front = _frontier_sections(rep, out, tables, attrs, Q, att, e2e)
+    _layer_and_svd_sections(rep, out, tables, attrs, Q, patterns)
+    _cross_layer_sections(rep, out, tables, attrs)
+    _e2e_sections(rep, out, tables, attrs, Q, e2e)
+    L = _markdown_lines(path, attrs, Q, front, rep)
+    md_path = os.path.join(out, "report.md")
+    fd, tmp = tempfile.mkstemp(prefix=".report.md.", suffix=".tmp", dir=out)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write("\n".join(L) + "\n")
+        _publish(tmp, md_path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    files = [s[1] for s in rep.sections if s[1]] + ["report.md"]
+    # figures of an earlier report into the same DIR that this one did not make would look current
+    for fn in FIGURES:
+        if fn not in files and os.path.isfile(os.path.join(out, fn)):
+            os.remove(os.path.join(out, fn))
+    return files, rep.missing, rep.warnings

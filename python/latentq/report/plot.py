@@ -1,0 +1,247 @@
+"""Plot helpers of the report's figures: matplotlib set-up (imported lazily, Agg backend), the marker
+and color code of the quantizer families, the greedy label placement, the frontier panel and the PNG
+writer (a temporary file, then a rename).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+
+from latentq.report.load import is_baseline, pareto_front, short_label
+
+GRAN_STYLE = {  # color, label
+    "tensor": ("tab:green", "per-tensor"),
+    "channel": ("tab:blue", "per-channel"),
+    "token": ("tab:orange", "per-token"),
+    "tile": ("tab:red", "fp8 e4m3 tile"),
+    "element": ("black", "bf16"),
+    "svd": ("tab:purple", "SVD rank r"),
+    "?": ("tab:gray", "other"),
+}
+SCHEME_MARKER = {"sym": "o", "asym": "s"}
+KIND_MARKER = {"bf16": "D", "svd": "P"}
+# engine and standard formats (the `format` column): a star, colored by family
+FAMILY_STYLE = {
+    "fp8": ("tab:red", "FP8 (FlashMLA, vLLM)"),
+    "mx": ("tab:brown", "OCP MX"),
+    "nvfp4": ("tab:pink", "NVFP4 / FP4"),
+    "fp4": ("tab:pink", "NVFP4 / FP4"),
+    "ggml": ("tab:olive", "ggml"),
+}
+
+
+def _mpl():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plt.rcParams.update(
+        {
+            "font.size": 9,
+            "axes.titlesize": 10,
+            "axes.labelsize": 9,
+            "legend.fontsize": 8,
+            "figure.dpi": 100,
+            "savefig.dpi": 150,
+            "axes.grid": True,
+            "grid.alpha": 0.3,
+            "grid.linewidth": 0.5,
+        }
+    )
+    return plt
+
+
+def _style(e):
+    if e["kind"] in FAMILY_STYLE:
+        return FAMILY_STYLE[e["kind"]][0], "*"
+    color, _ = GRAN_STYLE.get(e["granularity"], GRAN_STYLE["?"])
+    marker = KIND_MARKER.get(e["kind"], SCHEME_MARKER.get(e["scheme"], "o"))
+    return color, marker
+
+
+def _legend_handles():
+    from matplotlib.lines import Line2D
+
+    h = [
+        Line2D([], [], ls="", marker="o", color=GRAN_STYLE[g][0], label=GRAN_STYLE[g][1])
+        for g in ("tensor", "channel", "token")
+    ]
+    seen = []
+    for color, label in FAMILY_STYLE.values():
+        if label not in seen:
+            seen.append(label)
+            h.append(Line2D([], [], ls="", marker="*", ms=9, color=color, mec="black", mew=0.6, label=label))
+    h += [
+        Line2D([], [], ls="", marker="D", color="black", label="bf16"),
+        Line2D([], [], ls="", marker="o", mfc="white", color="0.3", label="sym (circle)"),
+        Line2D([], [], ls="", marker="s", mfc="white", color="0.3", label="asym (square)"),
+        Line2D([], [], ls="-", color="0.2", lw=1, label="Pareto front"),
+    ]
+    return h
+
+
+def place_labels(ax, xs, ys, labels, force=None, fontsize=7, color="black"):
+    """Annotate points with labels by a greedy placement in display space: each label tries offsets
+    around its point and takes the first where it overlaps no marker, no text already on the axes and
+    no earlier label, inside the axes. A label with no free place is left out unless force[i].
+    Call after the figure layout is final (the offsets are in points). Returns the indices labelled."""
+    fig = ax.figure
+    fig.canvas.draw()
+    r = fig.canvas.get_renderer()
+    ax_bb = ax.get_window_extent(r)
+    from matplotlib.transforms import Bbox
+
+    placed = []
+    for line in ax.lines + ax.collections:
+        try:
+            offs = line.get_offsets() if hasattr(line, "get_offsets") else line.get_xydata()
+        except Exception:  # noqa: BLE001 - artists without data
+            continue
+        if offs is None or len(offs) == 0 or len(offs) > 500:
+            continue
+        if getattr(line, "get_marker", lambda: "o")() in ("", "None", None):
+            continue  # a plain line (Pareto step): labels may cross it
+        for px, py in ax.transData.transform(offs):
+            if math.isfinite(px) and math.isfinite(py):
+                placed.append(Bbox.from_extents(px - 4, py - 4, px + 4, py + 4))
+    placed += [t.get_window_extent(r) for t in ax.texts]
+    cands = [
+        (5, 2, "left", "bottom"),
+        (5, -2, "left", "top"),
+        (-5, 2, "right", "bottom"),
+        (-5, -2, "right", "top"),
+        (8, 0, "left", "center"),
+        (-8, 0, "right", "center"),
+        (8, 12, "left", "bottom"),
+        (8, -12, "left", "top"),
+        (-8, 12, "right", "bottom"),
+        (-8, -12, "right", "top"),
+        (14, 24, "left", "bottom"),
+        (14, -24, "left", "top"),
+        (-14, 24, "right", "bottom"),
+        (-14, -24, "right", "top"),
+    ]
+    force = force or [False] * len(xs)
+    done = []
+    # forced labels first, then left to right
+    for i in sorted(range(len(xs)), key=lambda i: (not force[i], xs[i], ys[i])):
+        ok = False
+        for dx, dy, ha, va in cands:
+            far = abs(dx) > 10 or abs(dy) > 10
+            ann = ax.annotate(
+                labels[i],
+                (xs[i], ys[i]),
+                xytext=(dx, dy),
+                textcoords="offset points",
+                fontsize=fontsize,
+                ha=ha,
+                va=va,
+                color=color,
+                arrowprops=dict(arrowstyle="-", lw=0.5, color="0.5", shrinkA=0, shrinkB=3) if far else None,
+            )
+            bb = ann.get_window_extent(r)
+            inside = bb.x0 >= ax_bb.x0 + 1 and bb.x1 <= ax_bb.x1 - 1 and bb.y0 >= ax_bb.y0 + 1 and bb.y1 <= ax_bb.y1 - 1
+            if inside and not any(bb.overlaps(p) for p in placed):
+                placed.append(bb)
+                ok = True
+                break
+            ann.remove()
+        if not ok and force[i]:
+            ann = ax.annotate(
+                labels[i],
+                (xs[i], ys[i]),
+                xytext=(5, 2),
+                textcoords="offset points",
+                fontsize=fontsize,
+                ha="left",
+                va="bottom",
+                color=color,
+            )
+            placed.append(ann.get_window_extent(r))
+            ok = True
+        if ok:
+            done.append(i)
+    return sorted(done)
+
+
+def _publish(tmp, path):
+    """Rename tmp over path with the permissions of a normally created file (mkstemp makes 0600)."""
+    um = os.umask(0)
+    os.umask(um)
+    os.chmod(tmp, 0o666 & ~um)
+    os.replace(tmp, path)
+
+
+def _save(fig, path):
+    """Save to a temporary file in the same directory, then rename."""
+    plt = _mpl()
+    d = os.path.dirname(path)
+    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=d)
+    os.close(fd)
+    try:
+        fig.savefig(tmp, format="png", bbox_inches="tight", pad_inches=0.08)
+        _publish(tmp, path)
+    finally:
+        plt.close(fig)
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def _positive(x, y):
+    import numpy as np
+
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    return np.isfinite(x) & np.isfinite(y) & (y > 0)
+
+
+def _frontier_panel(ax, Q, names, x, y, xlabel, ylabel, title):
+    """Scatter of quantizers (color: granularity, marker: scheme), Pareto front, labels for the front
+    and the baselines. Returns (pareto names, names not shown because y <= 0 / NaN)."""
+    import numpy as np
+
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    ok = _positive(x, y)
+    hidden = [names[i] for i in range(len(names)) if not ok[i]]
+    for i in np.flatnonzero(ok):
+        color, marker = _style(Q[names[i]])
+        ax.plot(
+            x[i],
+            y[i],
+            ls="",
+            marker=marker,
+            color=color,
+            ms=9 if marker == "*" else 5.5,
+            mec="black" if is_baseline(names[i]) else color,
+            mew=0.6,
+            alpha=0.85,
+            zorder=3,
+        )
+    idx = np.flatnonzero(ok)
+    front = [idx[k] for k in pareto_front(x[idx], y[idx])]
+    if len(front) > 1:
+        ax.step(x[front], y[front], where="post", color="0.2", lw=1, zorder=2)
+    ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    return [names[i] for i in front], hidden
+
+
+def _label_frontier(ax, Q, names, x, y, front):
+    import numpy as np
+
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    lab = [
+        i for i, q in enumerate(names) if (q in front or is_baseline(q)) and _positive(x[i : i + 1], y[i : i + 1])[0]
+    ]
+    done = place_labels(
+        ax,
+        [x[i] for i in lab],
+        [y[i] for i in lab],
+        [short_label(names[i]) for i in lab],
+        force=[is_baseline(names[i]) for i in lab],
+    )
+    return [names[lab[k]] for k in done]
