@@ -1,7 +1,8 @@
 // latentq/attention/device_seam.h — the one name the study's generic layers need of the attention device seam:
 // the factory a compute backend hands to the attention probes (LatentBackend::attention_device ->
-// LayerStore -> LayerAccess::attention_device). The device interface itself (AttentionDevice, AttentionLayout)
-// is declared in latentq/attention/attention.h; the CUDA implementation is kernels/attention/attention.cu.
+// LayerStore -> LayerAccess::attention_device). The device interface itself is declared in
+// latentq/attention/engine.h (AttentionDevice) and latentq/attention/types.h (AttentionLayout); the CUDA
+// implementation is kernels/attention/attention.cu.
 #pragma once
 
 #include <functional>
