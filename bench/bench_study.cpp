@@ -2,7 +2,7 @@
 // execution path `latentq run` uses (plan_study()'s tasks, their LayerStore reads, their compute()).
 //
 // Input: a `latentq synth --preset deepseek-v2-lite` dump of 2 layers × 4 sequences × 2048 tokens with
-// 256 query rows (the V2-Lite study shape: 16 heads, kv_lora_rank 512, qk_rope_head_dim 64),
+// 256 query rows (the V2-Lite study shape: 16 heads, kv_lora_rank 512, qk_rope_head_dim 64),
 // written once into a temporary directory (removed at exit), planned with the embedded default config
 // (study/config/default.toml). A row times every task of one group that reads layer 1 alone (or layers
 // {0, 1} for the cross-layer groups), one after the other on one thread, with the layer(s) read from

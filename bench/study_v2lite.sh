@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The default study on a DeepSeek-V2-Lite-shaped synthetic dump (27 layers x 4 sequences x 2,048 tokens,
-# 16 heads, 256 query rows: the shape of issue 14), end to end through `latentq run`, timed with
+# 16 heads, 256 query rows: the V2-Lite study shape), end to end through `latentq run`, timed with
 # /usr/bin/time -v (wall clock and peak RSS).
 #
 #   bench/study_v2lite.sh stages [THREADS]   the latent, SVD and cross-layer stages only: the embedded

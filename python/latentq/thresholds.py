@@ -34,7 +34,7 @@ KEY += [
     "q4_0",
     "q4_1",
 ]
-# Transformed quantizers (issue 11): the rotation stage in front of the per-channel, per-token and ggml
+# Transformed quantizers: the rotation stage in front of the per-channel, per-token and ggml
 # formats (a change of the FWHT, the signs or the KLT fit moves these).
 KEY += [
     "had,int4-asym-channel-g32",

@@ -21,8 +21,9 @@ namespace latentq {
 namespace fs = std::filesystem;
 
 // The presets. Dims: the models' config.json (num_hidden_layers, num_attention_heads, kv_lora_rank,
-// qk_rope_head_dim, qk_nope_head_dim, v_head_dim, rope_theta, vocab_size), as gathered in
-// /work/shared/FIELD.md §1 "Configs"; softmax scales: FIELD.md §1 "Softmax scale" (qk_head_dim^(−1/2)·mscale²);
+// qk_rope_head_dim, qk_nope_head_dim, v_head_dim, rope_theta, vocab_size) on each model's Hugging Face repository
+// (named in the second column); softmax scales: qk_head_dim^(−1/2)·mscale², mscale = 0.1·mscale_all_dim·ln(factor) + 1
+// under YaRN (DeepSeek-V3 inference/model.py, MLA.__init__);
 // RoPE layouts: data/README.md "rope_layout" (HF DeepseekV2: interleaved; HF DeepseekV3 / GLM-4.7-Flash /
 // MiniCPM3: rotate_half). YaRN (DeepSeek, factor 40) and LongRoPE (MiniCPM3) change the frequencies of
 // the slow pairs at long context; the synthetic k_pe uses the base θ (documented, not a model claim).
@@ -32,16 +33,16 @@ const std::vector<ModelShape>& model_presets() {
        "data/tiny-mla/config.json (the project's model); scale 96^-1/2"},
       {"deepseek-v2-lite", "deepseek-ai/DeepSeek-V2-Lite", 27, 16, 512, 64, 128, 128, 10000.0, "interleaved",
        0.1147214, 102400,
-       "DeepSeek-V2-Lite config.json (FIELD.md §1); scale 192^-1/2 * 1.2608038^2 (YaRN mscale_all_dim 0.707, "
+       "DeepSeek-V2-Lite config.json; scale 192^-1/2 * 1.2608038^2 (YaRN mscale_all_dim 0.707, "
        "factor 40); HF DeepseekV2 apply_rotary_emb: interleaved"},
       {"deepseek-v3", "deepseek-ai/DeepSeek-V3", 61, 128, 512, 64, 128, 128, 10000.0, "half", 0.1352338, 129280,
-       "DeepSeek-V3 config.json (FIELD.md §1; DeepSeek-R1 and Kimi K2 share the attention shape); scale "
+       "DeepSeek-V3 config.json (DeepSeek-R1 and Kimi K2 share the attention shape); scale "
        "192^-1/2 * mscale^2 (YaRN mscale_all_dim 1.0, factor 40); HF DeepseekV3: rotate_half"},
       {"glm-4.7-flash", "zai-org/GLM-4.7-Flash", 47, 20, 512, 64, 192, 256, 1000000.0, "half", 0.0625, 154880,
-       "GLM-4.7-Flash config.json (FIELD.md §1: 47 layers, 20 heads, 512 + 64, nope 192 / v 256; rope_theta "
+       "GLM-4.7-Flash config.json (47 layers, 20 heads, 512 + 64, nope 192 / v 256; rope_theta "
        "1e6, vocab 154880); scale 256^-1/2; HF: rotate_half"},
       {"minicpm3-4b", "openbmb/MiniCPM3-4B", 62, 40, 256, 32, 64, 64, 10000.0, "half", 0.10206207261596575, 73448,
-       "MiniCPM3-4B config.json (FIELD.md §1: 62 layers, 40 heads, 256 + 32, nope 64 / v 64; rope_theta 1e4, "
+       "MiniCPM3-4B config.json (62 layers, 40 heads, 256 + 32, nope 64 / v 64; rope_theta 1e4, "
        "vocab 73448; LongRoPE short factors not applied); scale 96^-1/2; HF: rotate_half"},
   };
   return p;

@@ -123,7 +123,7 @@ std::vector<ColumnTable> run_check(const StudyConfig& config, const CheckCell& c
     ref2 += static_cast<double>(dumped[j]) * static_cast<double>(dumped[j]);
   }
   const double rel = ref2 > 0 ? std::sqrt(err2 / ref2) : (err2 > 0 ? std::numeric_limits<double>::infinity() : 0.0);
-  // The fold check (issue 11): every transform of the study (rot when it has none), folded into
+  // The fold check: every transform of the study (rot when it has none), folded into
   // W_UK, W_UV and q_pe, must reproduce the unrotated attention to kFoldTolerance; else the cell fails.
   std::vector<Transform> transforms;
   for (const Quantizer& q : config.all_quantizers())

@@ -100,7 +100,7 @@ TEST(Split, RejectsBadOffsetsAndEmptySplits) {
 }
 
 // Empty sequences hold no token and take no place in the split: with them or without, the same token
-// ranges (the dumps: one empty sequence first, or four).
+// ranges (dumps with one empty sequence first, or four).
 TEST(Split, EmptySequencesAreSkipped) {
   const TokenSplit ref = fit_heldout_split(std::vector<int64_t>{0, 512, 1024, 1536, 2048}, 2048);
   for (const std::vector<int64_t>& offs :

@@ -575,7 +575,7 @@ TEST(Attention, EmptySequencesChangeNothing) {
   }
 }
 
-// ---- the mixed cache and the decode order (issue 12) -----------------------------------------------
+// ---- the mixed cache and the decode order -----------------------------------------------------------
 
 namespace {
 

@@ -494,7 +494,7 @@ TEST(GpuSpecial, ReportsTheDevice) {
 
 }  // namespace
 
-// ---- the randomized Hadamard (issue 11) ---------------------------------------------------------
+// ---- the randomized Hadamard -------------------------------------------------------------------
 // hadamard_rows_gpu against latentq::fwht_rows / Rotation::forward / Rotation::inverse, byte for byte
 // (memcmp), on make_input rows (outliers, signed zeros), for several (T, D, block): 576 = 9 · 64 blocks,
 // the 2-wide block, the largest block (4096, 16 KiB of shared memory) and T = 0.

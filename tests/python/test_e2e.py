@@ -199,7 +199,7 @@ def test_only_the_study_layers_are_injected(tmp_path, capsys):
 
 
 def test_non_finite_logits_are_an_error(tmp_path, capsys, monkeypatch):
-    """No metric from a non-finite reference (issue 9, item 2's kind): NaN reference logits used to give
+    """No metric from a non-finite reference (the edge-input kind): NaN reference logits used to give
     NaN KL and an arbitrary top-1; now exit 2 naming the run, and the results file is left unchanged."""
     ids = torch.zeros(1, 4, dtype=torch.int64)
     good = torch.zeros(1, 4, 256)

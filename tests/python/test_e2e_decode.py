@@ -626,7 +626,7 @@ def test_script_flags_and_errors(v3_checkpoint, tmp_path, capsys):
 
 
 def test_latentq_run_with_e2e_on_an_hf_checkpoint(v3_checkpoint, tmp_path):
-    """The done-when of issue 12 item 4: `latentq run` on a dump of a random-init HF DeepseekV3 directory,
+    """`latentq run` on a dump of a random-init HF DeepseekV3 directory,
     [e2e] model = that directory -> /e2e and /e2e_position in the results (default text and windows)."""
     lq = os.environ.get("LATENTQ_BIN", os.path.join(ROOT, "build", "latentq"))
     if not os.path.isfile(lq):

@@ -308,7 +308,7 @@ def _rel_fro(a, b) -> float:
 
 @pytest.mark.parametrize("transform", ["had", "rot-s3"])
 def test_rotation_fold_is_exact(case, transform):
-    """Issue 11 on random-init HF DeepseekV2/V3: with c_kv' = R c_kv, W_UK' = W_UK R^T, W_UV' = W_UV R^T and
+    """The rotation fold on random-init HF DeepseekV2/V3: with c_kv' = R c_kv, W_UK' = W_UK R^T, W_UV' = W_UV R^T and
     k_pe' = R_pe k_pe, q_pe' = R_pe q_pe (R from the C++ latentq.rotation_matrix; had: blocks of 64 for
     kv_lora_rank 64 and 16 for qk_rope_head_dim 16) the absorbed attention (float32) equals the unrotated one
     to 1e-5 relative (Frobenius); the cache rotated but W_UV left alone fails by orders of magnitude."""

@@ -1,4 +1,4 @@
-// Issue 9 sweep: every spec of the default study and every block format against the edge inputs —
+// The edge sweep: every spec of the default study and every block format against the edge inputs —
 // group sizes 2^31 − 1 … 2^63 − 1, values at each storage dtype's max and beyond, subnormal-range
 // values, empty sequences. Each either quantizes with every decoded value finite, or is refused with
 // std::invalid_argument; never a crash, never a non-finite decode.

@@ -103,7 +103,7 @@ assert list(sh["rank"]) == [4, 8, 16] * 3
 ac = t["attention_check"]
 assert (ac["ref_vs_dump_rel_fro"] < 1e-4).all(), ac["ref_vs_dump_rel_fro"]  # synthetic attn_out is exact
 assert (ac["tq"] == 6).all()
-assert (ac["fold_rel_fro"] <= 1e-5).all(), ac["fold_rel_fro"]  # the rotation folds exactly (issue 11)
+assert (ac["fold_rel_fro"] <= 1e-5).all(), ac["fold_rel_fro"]  # the rotation folds exactly
 assert set(ac["fold_transforms"].astype(str)) == {"rot"}, ac["fold_transforms"]  # no transform in the study: rot
 ae = t["attention_error"]
 svd = np.char.startswith(ae["quantizer"].astype(str), "svd-rank")

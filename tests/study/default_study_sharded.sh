@@ -1,5 +1,5 @@
 #!/bin/sh
-# ctest `study.default_study_sharded` (issue 9, item 7): the embedded default study run as 3
+# ctest `study.default_study_sharded`: the embedded default study run as 3
 # shards + `latentq merge` has every group of the unsharded run (OUT_DIR/default_study.h5, written by
 # ctest study.default_study_and_gate), /e2e included: the shards never run the e2e step, the
 # merge runs it on the merged file. Compared with tests/slurm/compare_results.py: every group exactly,

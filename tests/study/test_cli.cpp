@@ -86,7 +86,7 @@ TEST_F(CliTest, OverridesAndRelativePaths) {
   EXPECT_FALSE(fs::exists(results));
 }
 
-// Issue 9, item 2: the default study on a copy of the shipped dump whose softmax_scale is finite as a
+// Edge inputs: the default study on a copy of the shipped dump whose softmax_scale is finite as a
 // float64 but not as the float32 the attention runs in. It used to exit 0 with a NaN attention check and
 // /attention_error rows scored out_rel_fro 0, KL 0, top-1 1 (1e300), or a uniform softmax (1e-50).
 TEST_F(CliTest, DefaultStudyRefusesASoftmaxScaleThatFloat32CannotHold) {

@@ -40,7 +40,7 @@ group_sizes = [0, 32, 128]
 TEST(Config, DefaultIsTheFullMatrix) {
   const StudyConfig c = default_config();
   // 3 bits x 2 schemes x (1 tensor + 3 channel + 3 token) = 42, + bf16 + 12 engine/standard formats
-  // + 16 transformed quantizers (issue 11).
+  // + 16 transformed quantizers.
   ASSERT_EQ(c.targets.size(), 2u);
   EXPECT_EQ(c.targets[0].target, Target::CKV);
   EXPECT_EQ(c.targets[1].target, Target::KPE);

@@ -686,7 +686,7 @@ TEST(ProbeRealDump, AbsorbedRecomputationMatchesTheDumpedAttnOut) {
   }
 }
 
-// Issue 11: on every layer of tiny-mla, the absorbed attention with the cache rotated (c_kv and k_pe, each
+// The rotation fold: on every layer of tiny-mla, the absorbed attention with the cache rotated (c_kv and k_pe, each
 // with its own rotation) and W_UK, W_UV, q_pe rotated, no quantization, equals the unrotated one to 1e-5
 // relative in float32 — for had, had32 (block-diagonal: 4 blocks on c_kv, 1 on k_pe), rot and klt. Leaving
 // W_UV (or W_UK, or q_pe) unrotated must fail the check loudly. Skipped without the dump.
@@ -851,7 +851,7 @@ TEST_F(ProbeCliTest, SvdRankAboveKvLoraRankIsExit2AndWritesNothing) {
   EXPECT_FALSE(fs::exists(results));
 }
 
-// Issue 9, item 4 (the same kind): a short dump of a real model's shape, kv_lora_rank 512 and 2 × 256
+// Edge inputs (the same kind): a short dump of a real model's shape, kv_lora_rank 512 and 2 × 256
 // tokens. The automatic SVD ranks reach 512 (513 fit tokens needed) and used to fail the whole run
 // (exit 2); now they are capped at the 255 that the 256 fit tokens determine, with one warning line.
 TEST_F(ProbeCliTest, ShortDumpOfARealShapeCapsTheAutomaticRanks) {
@@ -881,7 +881,7 @@ TEST_F(ProbeCliTest, ShortDumpOfARealShapeCapsTheAutomaticRanks) {
   EXPECT_EQ(dir.entries(), (std::vector<std::string>{"dump.h5", "study.toml"}));
 }
 
-// Issue 9, item 2 (the same kind): finite inputs whose float32 attention overflows. The reference on
+// Edge inputs (the same kind): finite inputs whose float32 attention overflows. The reference on
 // exact latents is NaN; metrics from it used to be a "perfect" row (out_rel_fro 0, KL 0, top-1 1). Now
 // the cell fails with its real cause (no hint about -fp32 scales), the run exits 2, no OUT.
 TEST_F(ProbeCliTest, AttentionOverflowingFloat32IsAnErrorNotAPerfectRow) {
@@ -905,7 +905,7 @@ TEST_F(ProbeCliTest, AttentionOverflowingFloat32IsAnErrorNotAPerfectRow) {
   EXPECT_FALSE(fs::exists(results));
 }
 
-// Issue 9, item 4: empty sequences (seq_offsets entries repeated) hold no token, so every result group
+// Edge inputs: empty sequences (seq_offsets entries repeated) hold no token, so every result group
 // equals that of the dump without them, bit for bit (table_difference, the comparator of
 // lq_results_equal). The fit/held-out split used to count an empty sequence in its "first half": /svd,
 // /cross_layer_sharing and the svd-rank rows of /attention_error changed silently (one empty sequence
@@ -982,7 +982,7 @@ TEST_F(ProbeCliTest, E2eIsSkippedWithOneLine) {
   }
 }
 
-// Issue 9, item 7: shards never run the e2e step; `latentq merge` runs it on the merged file (as an
+// Shards never run the e2e step; `latentq merge` runs it on the merged file (as an
 // unsharded run does) unless --no-e2e, resolving [e2e] model against the root attribute config_dir.
 // (With Python and the model: ctest study.e2e_and_report, study.default_study_sharded and
 // slurm.array_merge compare the merged /e2e with the unsharded run's.)

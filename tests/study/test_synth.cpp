@@ -29,7 +29,7 @@ struct Want {
   const char* layout;
 };
 
-// FIELD.md §1 "Configs" and "Softmax scale", data/tiny-mla/config.json.
+// the models' config.json (synth.cpp cites each), data/tiny-mla/config.json.
 TEST(Synth, PresetsHaveTheModelsDims) {
   const Want want[] = {
       {"tiny-mla", 6, 6, 128, 32, 64, 64, 1 / std::sqrt(96.0), "interleaved"},

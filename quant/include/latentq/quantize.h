@@ -169,7 +169,7 @@ inline constexpr float kDecodeCheckAmax = 1e36f;
 /// finite; used by the CPU reference and the kernels' host code when max|x| ≥ kDecodeCheckAmax.
 void check_decodable(const QuantizedTensor& qt, const float* X);
 
-/// Precision lost silently by a quantized matrix under the documented conventions (issue: "the
+/// Precision lost silently by a quantized matrix under the documented conventions (the principle: "the
 /// conventions stay, the results record it"). Counts, over the stored groups of qt:
 struct QuantDiagnostics {
   int64_t scale_underflow = 0;  ///< groups with a non-zero range whose stored scale is 0 or subnormal in its dtype

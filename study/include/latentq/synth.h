@@ -1,7 +1,7 @@
 // latentq/synth.h — synthetic latentq-dump/1 files with the shape of a real MLA model (`latentq synth`).
 //
 // The dims of each preset are the model's config.json (the table in synth.cpp cites where each was read;
-// /work/shared/FIELD.md §1 "Configs" for the four real models). The values are a model of what a real
+// the models' Hugging Face repositories for the four real ones). The values are a model of what a real
 // c_kv / k_pe looks like, not a measurement:
 //
 //   c_kv[t] = γ ⊙ x_t / rms(x_t),  x_t = V · diag(σ) · z_t          (kv_a_layernorm: RMSNorm, eps 1e-6)
@@ -44,7 +44,7 @@ struct ModelShape {
   int64_t v_head_dim = 0;         ///< value width per head
   double rope_theta = 0;          ///< RoPE base θ (frequencies θ^(−2i/d_r), i = 0 .. d_r/2 − 1)
   std::string rope_layout;        ///< "interleaved" (pairs 2i, 2i+1) or "half" (pairs i, i + d_r/2)
-  double softmax_scale = 0;       ///< the scale the model applies (FIELD.md "Softmax scale")
+  double softmax_scale = 0;       ///< the scale the model applies (qk_head_dim^(−1/2)·mscale², see synth.cpp)
   int64_t vocab_size = 0;         ///< token ids of the synthetic /tokens are drawn in [0, vocab_size)
   std::string source;             ///< where the numbers were read
 };
