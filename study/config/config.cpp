@@ -187,6 +187,245 @@ const TargetPlan* StudyConfig::plan(Target t) const {
   return nullptr;
 }
 
+namespace {
+
+// The top-level keys: the study's own sections, [e2e], then every registered probe's section
+// (latentq/probe_registry.h).
+void check_sections(const Parser& P, const toml::table& root) {
+  std::vector<std::string> sections = {"input", "quantizers", "targets", "output"};
+  for (const Probe* p : registered_probes()) sections.push_back(p->section());
+  sections.insert(sections.end(), {"e2e", "mixed"});
+  P.check_keys(root, "", sections);
+}
+
+// 'input.layers': "all" (leaves `layers` empty) or distinct layer indices 0..999.
+void parse_input_layers(const Parser& P, const toml::node& n, std::vector<int>& layers) {
+  if (n.is_string()) {
+    if (n.as_string()->get() != "all") P.fail(n, "'input.layers' must be \"all\" or an array of layer indices");
+    return;
+  }
+  for (int64_t l : P.ints(n, "input.layers")) {
+    if (l < 0 || l > 999) P.fail(n, fmt::format("'input.layers': {} is not a layer index (0..999)", l));
+    if (std::find(layers.begin(), layers.end(), static_cast<int>(l)) != layers.end())
+      P.fail(n, fmt::format("'input.layers': layer {} is listed twice", l));
+    layers.push_back(static_cast<int>(l));
+  }
+  if (layers.empty()) P.fail(n, "'input.layers' is empty (use \"all\" for every layer)");
+}
+
+// 'input.targets': distinct target names, at least one.
+std::vector<Target> parse_input_targets(const Parser& P, const toml::node& n) {
+  std::vector<Target> targets;
+  for (const std::string& s : P.strings(n, "input.targets")) {
+    Target t;
+    try {
+      t = parse_target(s);
+    } catch (const std::invalid_argument& e) {
+      P.fail(n, std::string("'input.targets': ") + e.what());
+    }
+    if (std::find(targets.begin(), targets.end(), t) != targets.end())
+      P.fail(n, fmt::format("'input.targets': '{}' is listed twice", s));
+    targets.push_back(t);
+  }
+  if (targets.empty()) P.fail(n, "'input.targets' is empty (expected c_kv and/or k_pe)");
+  return targets;
+}
+
+// [input]: sets C.dump and C.layers; returns the studied targets (c_kv and k_pe by default).
+std::vector<Target> parse_input(const Parser& P, const toml::table& root, const fs::path& base_dir, StudyConfig& C) {
+  std::vector<Target> targets = {Target::CKV, Target::KPE};
+  if (const toml::table* in = P.table(root, "input", "input")) {
+    P.check_keys(*in, "input.", {"dump", "layers", "targets"});
+    if (const toml::node* n = in->get("dump")) C.dump = resolve(base_dir, P.string(*n, "input.dump"));
+    if (const toml::node* n = in->get("layers")) parse_input_layers(P, *n, C.layers);
+    if (const toml::node* n = in->get("targets")) targets = parse_input_targets(P, *n);
+  }
+  return targets;
+}
+
+// [output]: sets C.results.
+void parse_output(const Parser& P, const toml::table& root, const fs::path& base_dir, StudyConfig& C) {
+  if (const toml::table* out = P.table(root, "output", "output")) {
+    P.check_keys(*out, "output.", {"results"});
+    if (const toml::node* n = out->get("results")) C.results = resolve(base_dir, P.string(*n, "output.results"));
+  }
+}
+
+// The matrix of [quantizers] (bits, schemes, granularities, and optional group_sizes and
+// scale_dtypes), each list checked against its own node for the location in the message.
+std::vector<Quantizer> parse_matrix(const Parser& P, const toml::table& q) {
+  const toml::node* nb = q.get("bits");
+  const toml::node* ns = q.get("schemes");
+  const toml::node* ng = q.get("granularities");
+  if (!(nb || ns || ng)) return {};
+  if (!(nb && ns && ng)) P.fail(*(nb ? nb : ns ? ns : ng), "'quantizers.bits', 'schemes' and 'granularities' go together: give all three");
+  const auto bits = P.ints(*nb, "quantizers.bits");
+  const auto schemes = P.strings(*ns, "quantizers.schemes");
+  const auto grans = P.strings(*ng, "quantizers.granularities");
+  std::vector<int64_t> groups{0};
+  std::vector<std::string> dtypes{"fp16"};
+  const toml::node* ngs = q.get("group_sizes");
+  const toml::node* nsd = q.get("scale_dtypes");
+  if (ngs) groups = P.ints(*ngs, "quantizers.group_sizes");
+  if (nsd) dtypes = P.strings(*nsd, "quantizers.scale_dtypes");
+  auto check = [&](const toml::node& n, const char* key, auto&& fn) {
+    try {
+      fn();
+    } catch (const std::invalid_argument& e) {
+      P.fail(n, fmt::format("'quantizers.{}': {}", key, e.what()));
+    }
+  };
+  check(*nb, "bits", [&] { expand_matrix(bits, {}, {}, {}, {}); });
+  check(*ns, "schemes", [&] { expand_matrix({}, schemes, {}, {}, {}); });
+  check(*ng, "granularities", [&] { expand_matrix({}, {}, grans, {}, {}); });
+  if (ngs) check(*ngs, "group_sizes", [&] { expand_matrix({}, {}, {}, groups, {}); });
+  if (nsd) check(*nsd, "scale_dtypes", [&] { expand_matrix({}, {}, {}, {}, dtypes); });
+  if (groups.empty()) P.fail(ngs ? *ngs : *ng, "'quantizers.group_sizes' is empty (use [0] for whole-axis groups)");
+  if (dtypes.empty()) P.fail(nsd ? *nsd : *ng, "'quantizers.scale_dtypes' is empty");
+  return expand_matrix(bits, schemes, grans, groups, dtypes);
+}
+
+// An 'exclude' list `name` (node n): checks its plain entries are specs, removes the matching
+// quantizers from v, and warns of each pattern that matches none.
+void parse_exclude(const Parser& P, const toml::node& n, const std::string& name, std::vector<Quantizer>& v,
+                   std::vector<std::string>& warnings) {
+  const auto pats = P.strings(n, name);
+  for (const toml::node& e : *n.as_array()) {
+    const std::string s = e.as_string()->get();
+    if (s.find('*') == std::string::npos) P.quantizer(e, s);  // a plain entry must be a valid spec
+  }
+  const auto matched = apply_excludes(v, pats);
+  for (size_t i = 0; i < pats.size(); ++i)
+    if (!matched[i]) warnings.push_back(fmt::format("{}: exclude pattern '{}' matches no quantizer", P.where(n), pats[i]));
+}
+
+// [quantizers]: the quantizers common to every target (the matrix, then extra, less exclude).
+std::vector<Quantizer> parse_quantizers(const Parser& P, const toml::table& root, std::vector<std::string>& warnings) {
+  std::vector<Quantizer> common;
+  if (const toml::table* q = P.table(root, "quantizers", "quantizers")) {
+    P.check_keys(*q, "quantizers.", {"bits", "schemes", "granularities", "group_sizes", "scale_dtypes", "extra", "exclude"});
+    common = parse_matrix(P, *q);
+    if (const toml::node* n = q->get("extra")) {
+      if (!n->is_array()) P.fail(*n, "'quantizers.extra' must be an array of strings");
+      for (const toml::node& e : *n->as_array()) add_unique(common, P.quantizer(e, P.string(e, "quantizers.extra")));
+    }
+    if (const toml::node* n = q->get("exclude")) parse_exclude(P, *n, "quantizers.exclude", common, warnings);
+  }
+  return common;
+}
+
+// [targets.<name>]: a target's own quantizers list (replacing the common ones) and exclude.
+void parse_targets(const Parser& P, const toml::table& root, const std::vector<Target>& targets,
+                   std::map<Target, std::vector<Quantizer>>& per_target, std::vector<std::string>& warnings) {
+  const toml::table* ts = P.table(root, "targets", "targets");
+  if (!ts) return;
+  P.check_keys(*ts, "targets.", {"c_kv", "k_pe"});
+  for (auto&& [k, v] : *ts) {
+    const std::string name = std::string(k.str());
+    if (!v.is_table()) P.fail(v, fmt::format("'targets.{}' must be a table", name));
+    const Target t = parse_target(name);
+    if (std::find(targets.begin(), targets.end(), t) == targets.end())
+      P.fail(v, fmt::format("[targets.{}] is configured but '{}' is not in input.targets", name, name));
+    const toml::table& tt = *v.as_table();
+    P.check_keys(tt, "targets." + name + ".", {"quantizers", "exclude"});
+    if (const toml::node* n = tt.get("quantizers")) {
+      if (!n->is_array()) P.fail(*n, fmt::format("'targets.{}.quantizers' must be an array of strings", name));
+      per_target[t].clear();
+      for (const toml::node& e : *n->as_array())
+        add_unique(per_target[t], P.quantizer(e, P.string(e, "targets." + name + ".quantizers")));
+    }
+    if (const toml::node* n = tt.get("exclude")) parse_exclude(P, *n, "targets." + name + ".exclude", per_target[t], warnings);
+  }
+}
+
+// A [[mixed]] rule's name ("mixed" by default): not a spec, not empty, no '/' or '*'.
+std::string parse_mixed_name(const Parser& P, const toml::table& m) {
+  std::string name = "mixed";
+  if (const toml::node* nn = m.get("name")) name = P.string(*nn, "mixed.name");
+  bool is_spec = true;
+  try {
+    QuantSpec::parse(name);
+  } catch (const std::invalid_argument&) {
+    is_spec = false;
+  }
+  if (is_spec || name.empty() || name.find_first_of("/*") != std::string::npos)
+    P.fail(m, fmt::format("'mixed.name' = '{}': a mixed assignment needs a name that is not a spec and holds no '/' "
+                          "or '*' (e.g. \"mixed\")", name));
+  return name;
+}
+
+// A [[mixed]] rule's layers: "all" (empty) or layer indices 0..999.
+std::vector<int> parse_mixed_layers(const Parser& P, const toml::table& m) {
+  std::vector<int> layers;
+  const toml::node* nl = m.get("layers");
+  if (!nl) return layers;
+  if (nl->is_string()) {
+    if (nl->as_string()->get() != "all") P.fail(*nl, "'mixed.layers' must be \"all\" or an array of layer indices");
+    return layers;
+  }
+  for (int64_t l : P.ints(*nl, "mixed.layers")) {
+    if (l < 0 || l > 999) P.fail(*nl, fmt::format("'mixed.layers': {} is not a layer index (0..999)", l));
+    layers.push_back(static_cast<int>(l));
+  }
+  if (layers.empty()) P.fail(*nl, "'mixed.layers' is empty (use \"all\" for every layer)");
+  return layers;
+}
+
+// One [[mixed]] table: its rules (one per target it gives) appended to the quantizer of its name
+// in `mixed` (created at its first rule).
+void parse_mixed_rule(const Parser& P, const toml::table& m, const std::vector<Target>& targets,
+                      std::vector<Quantizer>& mixed) {
+  P.check_keys(m, "mixed.", {"name", "layers", "c_kv", "k_pe"});
+  const std::string name = parse_mixed_name(P, m);
+  MixedRule base;
+  base.layers = parse_mixed_layers(P, m);
+  auto it = std::find_if(mixed.begin(), mixed.end(), [&](const Quantizer& q) { return q.name == name; });
+  if (it == mixed.end()) it = mixed.insert(mixed.end(), Quantizer{name, QuantSpec{}, {}});
+  bool any = false;
+  for (Target t : {Target::CKV, Target::KPE}) {
+    const toml::node* ns = m.get(to_string(t));
+    if (!ns) continue;
+    any = true;
+    if (std::find(targets.begin(), targets.end(), t) == targets.end())
+      P.fail(*ns, fmt::format("'mixed.{}' is given but '{}' is not in input.targets", to_string(t), to_string(t)));
+    MixedRule r = base;
+    r.target = t;
+    r.spec = P.quantizer(*ns, P.string(*ns, "mixed." + std::string(to_string(t)))).spec;
+    for (const MixedRule& o : it->mixed) {
+      if (o.target != t) continue;
+      const bool overlap = o.layers.empty() || r.layers.empty() ||
+                           std::any_of(r.layers.begin(), r.layers.end(), [&](int l) {
+                             return std::find(o.layers.begin(), o.layers.end(), l) != o.layers.end();
+                           });
+      if (overlap) P.fail(*ns, fmt::format("mixed assignment '{}' assigns {} of a layer twice", name, to_string(t)));
+    }
+    it->mixed.push_back(r);
+  }
+  if (!any) P.fail(m, "a [[mixed]] rule needs c_kv and/or k_pe (a spec string)");
+}
+
+// [[mixed]]: the rules of each name form one quantizer, appended to every target it assigns.
+void parse_mixed(const Parser& P, const toml::table& root, const std::vector<Target>& targets,
+                 std::map<Target, std::vector<Quantizer>>& per_target) {
+  const toml::node* n = root.get("mixed");
+  if (!n) return;
+  if (!n->is_array_of_tables()) P.fail(*n, "'mixed' must be an array of tables ([[mixed]])");
+  std::vector<Quantizer> mixed;
+  for (const toml::node& e : *n->as_array()) parse_mixed_rule(P, *e.as_table(), targets, mixed);
+  for (const Quantizer& q : mixed)
+    for (Target t : targets) {
+      const bool assigns = std::any_of(q.mixed.begin(), q.mixed.end(), [&](const MixedRule& r) { return r.target == t; });
+      if (!assigns)
+        P.fail(*n, fmt::format("mixed assignment '{}' assigns nothing to {} (every studied target needs a spec)", q.name,
+                               to_string(t)));
+      if (std::any_of(per_target[t].begin(), per_target[t].end(), [&](const Quantizer& x) { return x.name == q.name; }))
+        P.fail(*n, fmt::format("mixed assignment '{}' has the name of a quantizer", q.name));
+      per_target[t].push_back(q);
+    }
+}
+
+}  // namespace
+
 StudyConfig parse_config(std::string_view text, const std::string& source, const fs::path& base_dir) {
   const Parser P(source);
   const toml::table root = parse_toml(text, source);
@@ -194,203 +433,15 @@ StudyConfig parse_config(std::string_view text, const std::string& source, const
   C.text = std::string(text);
   C.source = source;
   C.base_dir = base_dir;
-  {
-    // The study's own sections, [e2e], then every registered probe's section (latentq/probe_registry.h).
-    std::vector<std::string> sections = {"input", "quantizers", "targets", "output"};
-    for (const Probe* p : registered_probes()) sections.push_back(p->section());
-    sections.insert(sections.end(), {"e2e", "mixed"});
-    P.check_keys(root, "", sections);
-  }
+  check_sections(P, root);
   C.probes = parse_probe_config(text, source, base_dir);  // the probe sections (latentq/probe_config.h)
-
-  // [input]
-  std::vector<Target> targets = {Target::CKV, Target::KPE};
-  if (const toml::table* in = P.table(root, "input", "input")) {
-    P.check_keys(*in, "input.", {"dump", "layers", "targets"});
-    if (const toml::node* n = in->get("dump")) C.dump = resolve(base_dir, P.string(*n, "input.dump"));
-    if (const toml::node* n = in->get("layers")) {
-      if (n->is_string()) {
-        if (n->as_string()->get() != "all") P.fail(*n, "'input.layers' must be \"all\" or an array of layer indices");
-      } else {
-        for (int64_t l : P.ints(*n, "input.layers")) {
-          if (l < 0 || l > 999) P.fail(*n, fmt::format("'input.layers': {} is not a layer index (0..999)", l));
-          if (std::find(C.layers.begin(), C.layers.end(), static_cast<int>(l)) != C.layers.end())
-            P.fail(*n, fmt::format("'input.layers': layer {} is listed twice", l));
-          C.layers.push_back(static_cast<int>(l));
-        }
-        if (C.layers.empty()) P.fail(*n, "'input.layers' is empty (use \"all\" for every layer)");
-      }
-    }
-    if (const toml::node* n = in->get("targets")) {
-      targets.clear();
-      for (const std::string& s : P.strings(*n, "input.targets")) {
-        Target t;
-        try {
-          t = parse_target(s);
-        } catch (const std::invalid_argument& e) {
-          P.fail(*n, std::string("'input.targets': ") + e.what());
-        }
-        if (std::find(targets.begin(), targets.end(), t) != targets.end())
-          P.fail(*n, fmt::format("'input.targets': '{}' is listed twice", s));
-        targets.push_back(t);
-      }
-      if (targets.empty()) P.fail(*n, "'input.targets' is empty (expected c_kv and/or k_pe)");
-    }
-  }
-
-  // [output]
-  if (const toml::table* out = P.table(root, "output", "output")) {
-    P.check_keys(*out, "output.", {"results"});
-    if (const toml::node* n = out->get("results")) C.results = resolve(base_dir, P.string(*n, "output.results"));
-  }
-
-  // [quantizers]
-  std::vector<Quantizer> common;
-  if (const toml::table* q = P.table(root, "quantizers", "quantizers")) {
-    P.check_keys(*q, "quantizers.", {"bits", "schemes", "granularities", "group_sizes", "scale_dtypes", "extra", "exclude"});
-    const toml::node* nb = q->get("bits");
-    const toml::node* ns = q->get("schemes");
-    const toml::node* ng = q->get("granularities");
-    if (nb || ns || ng) {
-      if (!(nb && ns && ng)) P.fail(*(nb ? nb : ns ? ns : ng), "'quantizers.bits', 'schemes' and 'granularities' go together: give all three");
-      const auto bits = P.ints(*nb, "quantizers.bits");
-      const auto schemes = P.strings(*ns, "quantizers.schemes");
-      const auto grans = P.strings(*ng, "quantizers.granularities");
-      std::vector<int64_t> groups{0};
-      std::vector<std::string> dtypes{"fp16"};
-      const toml::node* ngs = q->get("group_sizes");
-      const toml::node* nsd = q->get("scale_dtypes");
-      if (ngs) groups = P.ints(*ngs, "quantizers.group_sizes");
-      if (nsd) dtypes = P.strings(*nsd, "quantizers.scale_dtypes");
-      // Check each list against its own node, for the location in the message.
-      auto check = [&](const toml::node& n, const char* key, auto&& fn) {
-        try {
-          fn();
-        } catch (const std::invalid_argument& e) {
-          P.fail(n, fmt::format("'quantizers.{}': {}", key, e.what()));
-        }
-      };
-      check(*nb, "bits", [&] { expand_matrix(bits, {}, {}, {}, {}); });
-      check(*ns, "schemes", [&] { expand_matrix({}, schemes, {}, {}, {}); });
-      check(*ng, "granularities", [&] { expand_matrix({}, {}, grans, {}, {}); });
-      if (ngs) check(*ngs, "group_sizes", [&] { expand_matrix({}, {}, {}, groups, {}); });
-      if (nsd) check(*nsd, "scale_dtypes", [&] { expand_matrix({}, {}, {}, {}, dtypes); });
-      if (groups.empty()) P.fail(ngs ? *ngs : *ng, "'quantizers.group_sizes' is empty (use [0] for whole-axis groups)");
-      if (dtypes.empty()) P.fail(nsd ? *nsd : *ng, "'quantizers.scale_dtypes' is empty");
-      common = expand_matrix(bits, schemes, grans, groups, dtypes);
-    }
-    if (const toml::node* n = q->get("extra")) {
-      if (!n->is_array()) P.fail(*n, "'quantizers.extra' must be an array of strings");
-      for (const toml::node& e : *n->as_array()) add_unique(common, P.quantizer(e, P.string(e, "quantizers.extra")));
-    }
-    if (const toml::node* n = q->get("exclude")) {
-      const auto pats = P.strings(*n, "quantizers.exclude");
-      for (const toml::node& e : *n->as_array()) {
-        const std::string s = e.as_string()->get();
-        if (s.find('*') == std::string::npos) P.quantizer(e, s);  // a plain entry must be a valid spec
-      }
-      const auto matched = apply_excludes(common, pats);
-      for (size_t i = 0; i < pats.size(); ++i)
-        if (!matched[i]) C.warnings.push_back(fmt::format("{}: exclude pattern '{}' matches no quantizer", P.where(*n), pats[i]));
-    }
-  }
-
-  // [targets.<name>]
+  const std::vector<Target> targets = parse_input(P, root, base_dir, C);
+  parse_output(P, root, base_dir, C);
+  const std::vector<Quantizer> common = parse_quantizers(P, root, C.warnings);
   std::map<Target, std::vector<Quantizer>> per_target;
   for (Target t : targets) per_target[t] = common;
-  if (const toml::table* ts = P.table(root, "targets", "targets")) {
-    P.check_keys(*ts, "targets.", {"c_kv", "k_pe"});
-    for (auto&& [k, v] : *ts) {
-      const std::string name = std::string(k.str());
-      if (!v.is_table()) P.fail(v, fmt::format("'targets.{}' must be a table", name));
-      const Target t = parse_target(name);
-      if (std::find(targets.begin(), targets.end(), t) == targets.end())
-        P.fail(v, fmt::format("[targets.{}] is configured but '{}' is not in input.targets", name, name));
-      const toml::table& tt = *v.as_table();
-      P.check_keys(tt, "targets." + name + ".", {"quantizers", "exclude"});
-      if (const toml::node* n = tt.get("quantizers")) {
-        if (!n->is_array()) P.fail(*n, fmt::format("'targets.{}.quantizers' must be an array of strings", name));
-        per_target[t].clear();
-        for (const toml::node& e : *n->as_array())
-          add_unique(per_target[t], P.quantizer(e, P.string(e, "targets." + name + ".quantizers")));
-      }
-      if (const toml::node* n = tt.get("exclude")) {
-        const auto pats = P.strings(*n, "targets." + name + ".exclude");
-        for (const toml::node& e : *n->as_array()) {
-          const std::string s = e.as_string()->get();
-          if (s.find('*') == std::string::npos) P.quantizer(e, s);
-        }
-        const auto matched = apply_excludes(per_target[t], pats);
-        for (size_t i = 0; i < pats.size(); ++i)
-          if (!matched[i]) C.warnings.push_back(fmt::format("{}: exclude pattern '{}' matches no quantizer", P.where(*n), pats[i]));
-      }
-    }
-  }
-  // [[mixed]]: the rules of each name form one quantizer, appended to every target it assigns.
-  std::vector<Quantizer> mixed;
-  if (const toml::node* n = root.get("mixed")) {
-    if (!n->is_array_of_tables()) P.fail(*n, "'mixed' must be an array of tables ([[mixed]])");
-    for (const toml::node& e : *n->as_array()) {
-      const toml::table& m = *e.as_table();
-      P.check_keys(m, "mixed.", {"name", "layers", "c_kv", "k_pe"});
-      std::string name = "mixed";
-      if (const toml::node* nn = m.get("name")) name = P.string(*nn, "mixed.name");
-      bool is_spec = true;
-      try {
-        QuantSpec::parse(name);
-      } catch (const std::invalid_argument&) {
-        is_spec = false;
-      }
-      if (is_spec || name.empty() || name.find_first_of("/*") != std::string::npos)
-        P.fail(m, fmt::format("'mixed.name' = '{}': a mixed assignment needs a name that is not a spec and holds no '/' "
-                              "or '*' (e.g. \"mixed\")", name));
-      MixedRule base;
-      if (const toml::node* nl = m.get("layers")) {
-        if (nl->is_string()) {
-          if (nl->as_string()->get() != "all") P.fail(*nl, "'mixed.layers' must be \"all\" or an array of layer indices");
-        } else {
-          for (int64_t l : P.ints(*nl, "mixed.layers")) {
-            if (l < 0 || l > 999) P.fail(*nl, fmt::format("'mixed.layers': {} is not a layer index (0..999)", l));
-            base.layers.push_back(static_cast<int>(l));
-          }
-          if (base.layers.empty()) P.fail(*nl, "'mixed.layers' is empty (use \"all\" for every layer)");
-        }
-      }
-      auto it = std::find_if(mixed.begin(), mixed.end(), [&](const Quantizer& q) { return q.name == name; });
-      if (it == mixed.end()) it = mixed.insert(mixed.end(), Quantizer{name, QuantSpec{}, {}});
-      bool any = false;
-      for (Target t : {Target::CKV, Target::KPE}) {
-        const toml::node* ns = m.get(to_string(t));
-        if (!ns) continue;
-        any = true;
-        if (std::find(targets.begin(), targets.end(), t) == targets.end())
-          P.fail(*ns, fmt::format("'mixed.{}' is given but '{}' is not in input.targets", to_string(t), to_string(t)));
-        MixedRule r = base;
-        r.target = t;
-        r.spec = P.quantizer(*ns, P.string(*ns, "mixed." + std::string(to_string(t)))).spec;
-        for (const MixedRule& o : it->mixed) {
-          if (o.target != t) continue;
-          const bool overlap = o.layers.empty() || r.layers.empty() ||
-                               std::any_of(r.layers.begin(), r.layers.end(), [&](int l) {
-                                 return std::find(o.layers.begin(), o.layers.end(), l) != o.layers.end();
-                               });
-          if (overlap) P.fail(*ns, fmt::format("mixed assignment '{}' assigns {} of a layer twice", name, to_string(t)));
-        }
-        it->mixed.push_back(r);
-      }
-      if (!any) P.fail(m, "a [[mixed]] rule needs c_kv and/or k_pe (a spec string)");
-    }
-    for (const Quantizer& q : mixed)
-      for (Target t : targets) {
-        const bool assigns = std::any_of(q.mixed.begin(), q.mixed.end(), [&](const MixedRule& r) { return r.target == t; });
-        if (!assigns)
-          P.fail(*n, fmt::format("mixed assignment '{}' assigns nothing to {} (every studied target needs a spec)", q.name,
-                                 to_string(t)));
-        if (std::any_of(per_target[t].begin(), per_target[t].end(), [&](const Quantizer& x) { return x.name == q.name; }))
-          P.fail(*n, fmt::format("mixed assignment '{}' has the name of a quantizer", q.name));
-        per_target[t].push_back(q);
-      }
-  }
+  parse_targets(P, root, targets, per_target, C.warnings);
+  parse_mixed(P, root, targets, per_target);
   for (Target t : targets) {
     if (per_target[t].empty())
       P.fail(fmt::format("no quantizer for target {}: give [quantizers] bits/schemes/granularities or extra, "
@@ -398,7 +449,6 @@ StudyConfig parse_config(std::string_view text, const std::string& source, const
                          to_string(t), to_string(t)));
     C.targets.push_back({t, per_target[t]});
   }
-
   return C;
 }
 

@@ -122,12 +122,9 @@ class Loader {
 
 const char* const kAttentionSets[] = {"q_rows", "q_nope", "q_pe", "w_uk", "w_uv", "attn_out"};
 
-Dump load(const std::filesystem::path& path, const H5::H5File& file, const LoadOptions& opt, Loader& L) {
-  Dump D;
-  D.path = path;
-  DumpAttrs& A = D.attrs;
-
-  // -- schema and attributes --
+// The root attributes: the schema first, then the model's (softmax_scale checked finite, > 0 and
+// in the float32 normal range).
+void read_attrs(Loader& L, DumpAttrs& A) {
   {
     const H5::Attribute a = L.attr("schema", "\"latentq-dump/1\"");
     if (a.getTypeClass() != H5T_STRING) L.invalid("root attribute 'schema' is not a string (expected \"latentq-dump/1\")");
@@ -156,26 +153,28 @@ Dump load(const std::filesystem::path& path, const H5::H5File& file, const LoadO
     L.invalid(fmt::format("root attribute 'softmax_scale' = {} {}; the attention runs in float32: expected a value "
                           "> 0 in the float32 normal range [{:.8g}, {:.8g}]",
                           A.softmax_scale, p, std::numeric_limits<float>::min(), std::numeric_limits<float>::max()));
+}
 
-  // -- token arrays --
+// /tokens (not empty), /positions and /seq_offsets (0 to T, non-decreasing).
+void read_token_arrays(Loader& L, Dump& D) {
   D.tokens = L.read<int32_t>(L.open("/tokens", DType::I32, {-1}, "T"), "/tokens");
   const int64_t T = D.num_tokens();
   if (T == 0) L.invalid("/tokens is empty (T = 0): the dump holds no tokens, every layer is empty");
   D.positions = L.read<int32_t>(L.open("/positions", DType::I32, {T}, "T from /tokens"), "/positions");
   D.seq_offsets = L.read<int64_t>(L.open("/seq_offsets", DType::I64, {-1}, "S+1"), "/seq_offsets");
-  {
-    const auto& o = D.seq_offsets;
-    bool ok = o.size() >= 2 && o.front() == 0 && o.back() == T;
-    for (size_t i = 1; ok && i < o.size(); ++i) ok = o[i] >= o[i - 1];
-    if (!ok) {
-      const size_t show = std::min<size_t>(o.size(), 12);
-      L.invalid(fmt::format("/seq_offsets must run from 0 to T = {} non-decreasing (at least 2 entries), got [{}{}]", T,
-                            fmt::join(o.begin(), o.begin() + static_cast<std::ptrdiff_t>(show), ", "),
-                            o.size() > show ? ", ..." : ""));
-    }
+  const auto& o = D.seq_offsets;
+  bool ok = o.size() >= 2 && o.front() == 0 && o.back() == T;
+  for (size_t i = 1; ok && i < o.size(); ++i) ok = o[i] >= o[i - 1];
+  if (!ok) {
+    const size_t show = std::min<size_t>(o.size(), 12);
+    L.invalid(fmt::format("/seq_offsets must run from 0 to T = {} non-decreasing (at least 2 entries), got [{}{}]", T,
+                          fmt::join(o.begin(), o.begin() + static_cast<std::ptrdiff_t>(show), ", "),
+                          o.size() > show ? ", ..." : ""));
   }
+}
 
-  // -- layer list --
+// D.file_layers: the groups /layers/NNN, sorted, as many as the root attribute num_layers.
+void read_layer_list(Loader& L, const H5::H5File& file, Dump& D) {
   if (!L.has("/layers")) L.invalid("missing group /layers");
   {
     const H5::Group g = file.openGroup("/layers");
@@ -188,11 +187,13 @@ Dump load(const std::filesystem::path& path, const H5::H5File& file, const LoadO
     }
   }
   std::sort(D.file_layers.begin(), D.file_layers.end());
-  if (static_cast<int64_t>(D.file_layers.size()) != A.num_layers)
+  if (static_cast<int64_t>(D.file_layers.size()) != D.attrs.num_layers)
     L.invalid(fmt::format("/layers holds {} layers, but the root attribute num_layers = {}", D.file_layers.size(),
-                          A.num_layers));
+                          D.attrs.num_layers));
+}
 
-  // -- attention data: all or none, the same in every layer --
+// D.file_has_attention: the attention datasets are all present or all absent, the same in every layer.
+void check_attention_sets(Loader& L, Dump& D) {
   int first_with = -1, first_without = -1;
   for (int li : D.file_layers) {
     std::vector<std::string> present, missing;
@@ -206,8 +207,10 @@ Dump load(const std::filesystem::path& path, const H5::H5File& file, const LoadO
   if (first_with >= 0 && first_without >= 0)
     L.invalid(fmt::format("layer {:03d} has attention data but layer {:03d} has none", first_with, first_without));
   D.file_has_attention = first_with >= 0;
+}
 
-  // -- which layers --
+// The layers to load: opt.layers (sorted, distinct; every file layer when empty), each in the file.
+std::vector<int> wanted_layers(const std::filesystem::path& path, const Dump& D, const LoadOptions& opt) {
   std::vector<int> want = opt.layers.empty() ? D.file_layers : opt.layers;
   std::sort(want.begin(), want.end());
   want.erase(std::unique(want.begin(), want.end()), want.end());
@@ -215,66 +218,101 @@ Dump load(const std::filesystem::path& path, const H5::H5File& file, const LoadO
     if (!std::binary_search(D.file_layers.begin(), D.file_layers.end(), li))
       throw std::invalid_argument(fmt::format("{}: layer {} was requested but the file has layers [{}]", path.string(),
                                               li, fmt::join(D.file_layers, ", ")));
+  return want;
+}
 
-  const int64_t H = A.num_heads, r = A.kv_lora_rank, dr = A.qk_rope_head_dim, dn = A.qk_nope_head_dim,
-                dv = A.v_head_dim;
-  int64_t Tq = -1;
-  int tq_layer = -1;
-  for (int li : want) {
-    Layer ly;
-    ly.index = li;
+// Reads (or only checks, without opt.data) the layers of a dump: each layer's latents against T and
+// the root attributes, its attention datasets against Tq, the query count of the first layer read.
+class LayerReader {
+ public:
+  LayerReader(Loader& L, const H5::H5File& file, const Dump& D)
+      : L_(L), file_(file), T_(D.num_tokens()), H_(D.attrs.num_heads), r_(D.attrs.kv_lora_rank),
+        dr_(D.attrs.qk_rope_head_dim), dn_(D.attrs.qk_nope_head_dim), dv_(D.attrs.v_head_dim) {}
+
+  // An empty layer gets its own message before the shape check against /tokens.
+  void check_not_empty(int li) {
     const std::string g = layer_group(li);
     for (const char* n : {"c_kv", "k_pe"}) {
       const std::string name = g + "/" + n;
-      // An empty layer gets its own message before the shape check against /tokens.
-      if (L.has(name)) {
-        const H5::DataSet ds = file.openDataSet(name);
+      if (L_.has(name)) {
+        const H5::DataSet ds = file_.openDataSet(name);
         const auto d = h5::dims_of(ds);
-        if (!d.empty() && d[0] == 0) L.invalid(fmt::format("layer {:03d} is empty: {} has shape {} (T = 0)", li, name, h5::shape_str(d)));
+        if (!d.empty() && d[0] == 0) L_.invalid(fmt::format("layer {:03d} is empty: {} has shape {} (T = 0)", li, name, h5::shape_str(d)));
       }
     }
-    if (!opt.data) {  // shapes and dtypes only (read_layer() reads the values)
-      L.open(g + "/c_kv", DType::F32, {T, r}, "T from /tokens, kv_lora_rank");
-      L.open(g + "/k_pe", DType::F32, {T, dr}, "T from /tokens, qk_rope_head_dim");
-      if (opt.attention && D.file_has_attention) {
-        const std::string qn = g + "/q_rows";
-        const H5::DataSet q = Tq < 0 ? L.open(qn, DType::I32, {-1}, "Tq")
-                                     : L.open(qn, DType::I32, {Tq}, fmt::format("Tq of layer {:03d}", tq_layer));
-        if (Tq < 0) {
-          Tq = static_cast<int64_t>(h5::dims_of(q)[0]);
-          tq_layer = li;
-          if (Tq == 0) L.invalid(fmt::format("layer {:03d}: {} is empty (Tq = 0)", li, qn));
-        }
-        L.open(g + "/q_nope", DType::F32, {Tq, H, dn}, "Tq, num_heads, qk_nope_head_dim");
-        L.open(g + "/q_pe", DType::F32, {Tq, H, dr}, "Tq, num_heads, qk_rope_head_dim");
-        L.open(g + "/w_uk", DType::F32, {H, dn, r}, "num_heads, qk_nope_head_dim, kv_lora_rank");
-        L.open(g + "/w_uv", DType::F32, {H, dv, r}, "num_heads, v_head_dim, kv_lora_rank");
-        L.open(g + "/attn_out", DType::F32, {Tq, H, dv}, "Tq, num_heads, v_head_dim");
-      }
-      D.layers.push_back(std::move(ly));
-      continue;
+  }
+
+  // Shapes and dtypes only (read_layer() reads the values).
+  void check_shapes(int li, bool attention) {
+    const std::string g = layer_group(li);
+    L_.open(g + "/c_kv", DType::F32, {T_, r_}, "T from /tokens, kv_lora_rank");
+    L_.open(g + "/k_pe", DType::F32, {T_, dr_}, "T from /tokens, qk_rope_head_dim");
+    if (!attention) return;
+    const std::string qn = g + "/q_rows";
+    const H5::DataSet q = Tq_ < 0 ? L_.open(qn, DType::I32, {-1}, "Tq")
+                                  : L_.open(qn, DType::I32, {Tq_}, fmt::format("Tq of layer {:03d}", tq_layer_));
+    if (Tq_ < 0) {
+      Tq_ = static_cast<int64_t>(h5::dims_of(q)[0]);
+      tq_layer_ = li;
+      if (Tq_ == 0) L_.invalid(fmt::format("layer {:03d}: {} is empty (Tq = 0)", li, qn));
     }
-    ly.c_kv = L.read_finite(g + "/c_kv", {T, r}, "T from /tokens, kv_lora_rank", li);
-    ly.k_pe = L.read_finite(g + "/k_pe", {T, dr}, "T from /tokens, qk_rope_head_dim", li);
-    if (opt.attention && D.file_has_attention) {
-      const std::string qn = g + "/q_rows";
-      if (Tq < 0) {
-        ly.q_rows = L.read<int32_t>(L.open(qn, DType::I32, {-1}, "Tq"), qn);
-        Tq = static_cast<int64_t>(ly.q_rows.size());
-        tq_layer = li;
-        if (Tq == 0) L.invalid(fmt::format("layer {:03d}: {} is empty (Tq = 0)", li, qn));
-      } else {
-        ly.q_rows = L.read<int32_t>(L.open(qn, DType::I32, {Tq}, fmt::format("Tq of layer {:03d}", tq_layer)), qn);
-      }
-      for (size_t i = 0; i < ly.q_rows.size(); ++i)
-        if (ly.q_rows[i] < 0 || ly.q_rows[i] >= T)
-          L.invalid(fmt::format("layer {:03d}: {}[{}] = {} is not a token index in [0, {})", li, qn, i, ly.q_rows[i], T));
-      ly.q_nope = L.read_finite(g + "/q_nope", {Tq, H, dn}, "Tq, num_heads, qk_nope_head_dim", li);
-      ly.q_pe = L.read_finite(g + "/q_pe", {Tq, H, dr}, "Tq, num_heads, qk_rope_head_dim", li);
-      ly.w_uk = L.read_finite(g + "/w_uk", {H, dn, r}, "num_heads, qk_nope_head_dim, kv_lora_rank", li);
-      ly.w_uv = L.read_finite(g + "/w_uv", {H, dv, r}, "num_heads, v_head_dim, kv_lora_rank", li);
-      ly.attn_out = L.read_finite(g + "/attn_out", {Tq, H, dv}, "Tq, num_heads, v_head_dim", li);
+    L_.open(g + "/q_nope", DType::F32, {Tq_, H_, dn_}, "Tq, num_heads, qk_nope_head_dim");
+    L_.open(g + "/q_pe", DType::F32, {Tq_, H_, dr_}, "Tq, num_heads, qk_rope_head_dim");
+    L_.open(g + "/w_uk", DType::F32, {H_, dn_, r_}, "num_heads, qk_nope_head_dim, kv_lora_rank");
+    L_.open(g + "/w_uv", DType::F32, {H_, dv_, r_}, "num_heads, v_head_dim, kv_lora_rank");
+    L_.open(g + "/attn_out", DType::F32, {Tq_, H_, dv_}, "Tq, num_heads, v_head_dim");
+  }
+
+  // The values, checked finite (q_rows: token indices in [0, T)).
+  void read(Layer& ly, bool attention) {
+    const int li = ly.index;
+    const std::string g = layer_group(li);
+    ly.c_kv = L_.read_finite(g + "/c_kv", {T_, r_}, "T from /tokens, kv_lora_rank", li);
+    ly.k_pe = L_.read_finite(g + "/k_pe", {T_, dr_}, "T from /tokens, qk_rope_head_dim", li);
+    if (!attention) return;
+    const std::string qn = g + "/q_rows";
+    if (Tq_ < 0) {
+      ly.q_rows = L_.read<int32_t>(L_.open(qn, DType::I32, {-1}, "Tq"), qn);
+      Tq_ = static_cast<int64_t>(ly.q_rows.size());
+      tq_layer_ = li;
+      if (Tq_ == 0) L_.invalid(fmt::format("layer {:03d}: {} is empty (Tq = 0)", li, qn));
+    } else {
+      ly.q_rows = L_.read<int32_t>(L_.open(qn, DType::I32, {Tq_}, fmt::format("Tq of layer {:03d}", tq_layer_)), qn);
     }
+    for (size_t i = 0; i < ly.q_rows.size(); ++i)
+      if (ly.q_rows[i] < 0 || ly.q_rows[i] >= T_)
+        L_.invalid(fmt::format("layer {:03d}: {}[{}] = {} is not a token index in [0, {})", li, qn, i, ly.q_rows[i], T_));
+    ly.q_nope = L_.read_finite(g + "/q_nope", {Tq_, H_, dn_}, "Tq, num_heads, qk_nope_head_dim", li);
+    ly.q_pe = L_.read_finite(g + "/q_pe", {Tq_, H_, dr_}, "Tq, num_heads, qk_rope_head_dim", li);
+    ly.w_uk = L_.read_finite(g + "/w_uk", {H_, dn_, r_}, "num_heads, qk_nope_head_dim, kv_lora_rank", li);
+    ly.w_uv = L_.read_finite(g + "/w_uv", {H_, dv_, r_}, "num_heads, v_head_dim, kv_lora_rank", li);
+    ly.attn_out = L_.read_finite(g + "/attn_out", {Tq_, H_, dv_}, "Tq, num_heads, v_head_dim", li);
+  }
+
+ private:
+  Loader& L_;
+  const H5::H5File& file_;
+  const int64_t T_, H_, r_, dr_, dn_, dv_;
+  int64_t Tq_ = -1;    // the query count, of the first layer whose q_rows was opened
+  int tq_layer_ = -1;  // that layer
+};
+
+Dump load(const std::filesystem::path& path, const H5::H5File& file, const LoadOptions& opt, Loader& L) {
+  Dump D;
+  D.path = path;
+  read_attrs(L, D.attrs);
+  read_token_arrays(L, D);
+  read_layer_list(L, file, D);
+  check_attention_sets(L, D);
+  const std::vector<int> want = wanted_layers(path, D, opt);
+  const bool attention = opt.attention && D.file_has_attention;
+  LayerReader R(L, file, D);
+  for (int li : want) {
+    Layer ly;
+    ly.index = li;
+    R.check_not_empty(li);
+    if (opt.data) R.read(ly, attention);
+    else R.check_shapes(li, attention);
     D.layers.push_back(std::move(ly));
   }
   return D;

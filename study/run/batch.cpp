@@ -365,9 +365,13 @@ std::vector<NamedTable> assemble_cell_tables(const std::vector<CellRows>& cells)
 
 // ---- run ------------------------------------------------------------------------------------------
 
-BatchResult run_batch(const fs::path& out, const Attrs& attrs, const std::vector<CellTask>& plan, const DeriveFn& derive,
-                      const BatchOptions& options) {
-  // The plan.
+namespace {
+
+using CellTables = std::vector<ColumnTable>;                   // one table per group of a cell
+using DoneCells = std::vector<std::shared_ptr<const CellTables>>;  // by plan index; null = not present
+
+// Checks each cell of the plan (groups, key, compute); returns the plan index of each key.
+std::unordered_map<std::string, size_t> index_plan(const std::vector<CellTask>& plan) {
   std::unordered_map<std::string, size_t> index_of;
   for (size_t i = 0; i < plan.size(); ++i) {
     const CellTask& t = plan[i];
@@ -381,6 +385,224 @@ BatchResult run_batch(const fs::path& out, const Attrs& attrs, const std::vector
     if (!t.compute) throw std::invalid_argument("cell " + t.key + " has nothing to compute");
     if (!index_of.emplace(t.key, i).second) throw std::invalid_argument("cell key '" + t.key + "' is planned twice");
   }
+  return index_of;
+}
+
+// The study's `attrs` with the batch attributes of a run of `shard` (`owned` cells) of `plan`.
+Attrs batch_attrs(const Attrs& attrs, const std::vector<CellTask>& plan, const Shard& shard, size_t owned) {
+  Attrs base = attrs;
+  const std::string& config = std::get<std::string>(attr(attrs, "config"));  // throws if absent
+  if (!std::holds_alternative<std::string>(attr(attrs, "input_sha256")))
+    throw std::invalid_argument("run_batch: attribute input_sha256 must be a string");
+  set_attr(base, "config_sha256", sha256_hex(config));
+  set_attr(base, "plan_sha256", sha256_hex(join_keys(plan)));
+  set_attr(base, "cells_total", static_cast<int64_t>(plan.size()));
+  set_attr(base, "shard", shard.to_string());
+  set_attr(base, "shard_index", shard.index);
+  set_attr(base, "shard_count", shard.count);
+  set_attr(base, "shard_cells", static_cast<int64_t>(owned));
+  return base;
+}
+
+// Takes the cells of the batch file `src` into `done`, after checking that `src` was written for the
+// run of attributes `base` and that each of its cells is an owned cell of the plan, as planned.
+// Returns the number of cells taken.
+size_t resume_cells(const fs::path& src, const Attrs& base, const std::vector<CellTask>& plan,
+                    const std::unordered_map<std::string, size_t>& index_of, const std::vector<char>& is_owned,
+                    const Shard& shard, DoneCells& done) {
+  size_t resumed = 0;
+  BatchFile bf = read_batch_file(src);
+  check_resumable(bf.attrs, src, base);
+  for (CellRows& c : bf.cells) {
+    const auto it = index_of.find(c.key);
+    if (it == index_of.end())
+      throw std::invalid_argument(fmt::format("{}: cannot resume: cell '{}' is not in this study", src.string(), c.key));
+    const size_t i = it->second;
+    std::vector<std::string> groups;
+    CellTables rows;
+    for (NamedTable& part : c.parts) groups.push_back(part.group), rows.push_back(std::move(part.table));
+    if (!is_owned[i] || plan[i].groups != groups || static_cast<size_t>(c.index) != i)
+      throw std::invalid_argument(fmt::format("{}: cannot resume: cell '{}' (groups {}, index {}) does not match the "
+                                              "plan (groups {}, index {}, shard {})",
+                                              src.string(), c.key, fmt::join(groups, ","), c.index,
+                                              fmt::join(plan[i].groups, ","), i, shard.to_string()));
+    done[i] = std::make_shared<const CellTables>(std::move(rows));
+    ++resumed;
+  }
+  return resumed;
+}
+
+// The owned cells not done, in the start order of `schedule` (canonical order when unset).
+std::vector<size_t> pending_cells(const std::vector<size_t>& owned, const DoneCells& done,
+                                  const std::function<std::vector<size_t>(const std::vector<size_t>&)>& schedule) {
+  std::vector<size_t> pending;
+  for (size_t i : owned)
+    if (!done[i]) pending.push_back(i);
+  if (schedule) {  // the start order; the results stay in canonical order
+    std::vector<size_t> order = schedule(pending);
+    std::vector<size_t> a = order, b = pending;
+    std::sort(a.begin(), a.end());
+    std::sort(b.begin(), b.end());
+    if (a != b) throw std::logic_error("run_batch: the schedule is not a permutation of the pending cells");
+    pending = std::move(order);
+  }
+  return pending;
+}
+
+// The owned cells present in `d`, in canonical order.
+std::vector<CellRows> present_cells(const std::vector<CellTask>& plan, const std::vector<size_t>& owned,
+                                    const DoneCells& d) {
+  std::vector<CellRows> cells;
+  for (size_t i : owned) {
+    if (!d[i]) continue;
+    CellRows c{plan[i].key, static_cast<int64_t>(i), {}};
+    for (size_t g = 0; g < plan[i].groups.size(); ++g) c.parts.push_back({plan[i].groups[g], (*d[i])[g], {}});
+    cells.push_back(std::move(c));
+  }
+  return cells;
+}
+
+// Writes the checkpoint `partial`: the owned cells present in `d`, marked incomplete.
+void write_checkpoint(const fs::path& partial, const Attrs& base, const std::vector<CellTask>& plan,
+                      const std::vector<size_t>& owned, const DoneCells& d) {
+  const std::vector<CellRows> cells = present_cells(plan, owned, d);
+  Attrs a = base;
+  set_attr(a, "cells", static_cast<int64_t>(cells.size()));
+  set_attr(a, "complete", int64_t{0});
+  write_results(partial, a, assemble_cell_tables(cells), WriteMode::Replace);
+}
+
+// The tables of one cell, checked to be one per group with consistent columns; throws the cell's error.
+std::shared_ptr<const CellTables> compute_cell(const CellTask& task, std::mutex& serial) {
+  std::unique_lock<std::mutex> lk(serial, std::defer_lock);
+  if (!task.concurrent) lk.lock();
+  auto t = std::make_shared<const CellTables>(task.compute());
+  if (t->size() != task.groups.size())
+    throw std::logic_error(fmt::format("computed {} tables for {} groups", t->size(), task.groups.size()));
+  for (const ColumnTable& x : *t) x.num_rows();  // ragged columns: the task's bug, reported as its error
+  return t;
+}
+
+// The workers of run_batch: they take the pending cells in order and store each result in `done`
+// (or its error in `errors`) while the calling thread reports progress and writes checkpoints.
+class CellPool {
+ public:
+  CellPool(const std::vector<CellTask>& plan, const std::vector<size_t>& pending, const BatchOptions& options,
+           DoneCells& done)
+      : errors(plan.size()), plan_(plan), pending_(pending), options_(options), done_(done) {}
+
+  // Runs the pending cells until each is computed or failed, or options.stop_after cells were
+  // computed; `resumed` cells of the `owned` are present before. `checkpoint` writes a snapshot of
+  // `done` (throwing stops the workers and propagates).
+  void run(size_t resumed, size_t owned, const std::function<void(const DoneCells&)>& checkpoint) {
+    int threads = worker_threads(options_.threads);
+    threads = static_cast<int>(std::min<size_t>(static_cast<size_t>(threads), pending_.size()));
+    using clock = std::chrono::steady_clock;
+    auto last_write = clock::now() - std::chrono::hours(1);
+    const auto interval = std::chrono::duration<double>(std::max(0.0, options_.checkpoint_interval));
+    std::vector<std::jthread> pool;
+    struct StopOnExit {  // an exception here (a failed checkpoint) stops the workers before the pool joins
+      std::atomic<bool>& s;
+      ~StopOnExit() { s = true; }
+    } stop_on_exit{stop_};
+    active_ = threads;
+    for (int t = 0; t < threads; ++t) pool.emplace_back([this] { work(); });
+    for (;;) {
+      DoneCells snapshot;
+      bool finished = false;
+      size_t present = 0;
+      {
+        std::unique_lock<std::mutex> lk(m_);
+        cv_.wait_for(lk, std::chrono::milliseconds(100), [&] { return active_ == 0 || (unwritten > 0 && clock::now() - last_write >= interval); });
+        finished = active_ == 0;
+        present = resumed + computed;
+        if (!finished && unwritten > 0 && clock::now() - last_write >= interval) {
+          snapshot = done_;
+          unwritten = 0;
+        }
+      }
+      if (options_.progress) options_.progress(present, owned);
+      if (finished) break;
+      if (!snapshot.empty()) {
+        checkpoint(snapshot);
+        last_write = clock::now();
+      }
+    }
+  }
+
+  // Read after run().
+  std::vector<std::exception_ptr> errors;  // by plan index
+  size_t unwritten = 0, computed = 0, failed = 0;
+
+ private:
+  void work() {
+    for (;;) {
+      if (stop_.load()) break;
+      const size_t k = next_++;
+      if (k >= pending_.size()) break;
+      const size_t i = pending_[k];
+      std::shared_ptr<const CellTables> t;
+      std::exception_ptr err;
+      try {
+        t = compute_cell(plan_[i], serial_);
+      } catch (...) {
+        err = std::current_exception();
+        t.reset();
+      }
+      {
+        const std::lock_guard<std::mutex> lk(m_);
+        if (t) {
+          done_[i] = std::move(t);
+          ++computed;
+          ++unwritten;
+          if (options_.stop_after && computed >= options_.stop_after) stop_ = true;
+        } else {
+          errors[i] = err;
+          ++failed;
+        }
+      }
+      cv_.notify_one();
+    }
+    {
+      const std::lock_guard<std::mutex> lk(m_);
+      --active_;
+    }
+    cv_.notify_one();
+  }
+
+  const std::vector<CellTask>& plan_;
+  const std::vector<size_t>& pending_;
+  const BatchOptions& options_;
+  DoneCells& done_;
+  std::mutex m_, serial_;
+  std::condition_variable cv_;
+  int active_ = 0;
+  std::atomic<bool> stop_{false};
+  std::atomic<size_t> next_{0};
+};
+
+// Throws std::invalid_argument for the first failed cell of `owned`, if any: its message, how many
+// failed and where the `present` completed cells are kept.
+void throw_first_failure(const std::vector<CellTask>& plan, const std::vector<size_t>& owned,
+                         const std::vector<std::exception_ptr>& errors, size_t failed, size_t present,
+                         const fs::path& partial, const fs::path& out) {
+  for (size_t i : owned)
+    if (errors[i])
+      throw std::invalid_argument(fmt::format(
+          "{} ({} of {} cells failed; the first failed cell is {}. Its message names the cause: a cell "
+          "fails the same way on every run, --resume included, until that cause is fixed in the config or the "
+          "input{}; no {} was written)",
+          cell_error(errors[i], plan[i].key), failed, owned.size(), plan[i].key,
+          present ? fmt::format(". The {} completed cells are kept in the checkpoint {}", present, partial.string())
+                  : "",
+          out.filename().string()));
+}
+
+}  // namespace
+
+BatchResult run_batch(const fs::path& out, const Attrs& attrs, const std::vector<CellTask>& plan, const DeriveFn& derive,
+                      const BatchOptions& options) {
+  const std::unordered_map<std::string, size_t> index_of = index_plan(plan);
   const Shard shard = options.shard;
   if (shard.count < 1 || shard.index < 0 || shard.index >= shard.count)
     throw std::invalid_argument("bad shard " + shard.to_string());
@@ -392,21 +614,9 @@ BatchResult run_batch(const fs::path& out, const Attrs& attrs, const std::vector
   BatchResult res;
   res.total = plan.size();
   res.owned = owned.size();
-  Attrs base = attrs;
-  const std::string& config = std::get<std::string>(attr(attrs, "config"));  // throws if absent
-  if (!std::holds_alternative<std::string>(attr(attrs, "input_sha256")))
-    throw std::invalid_argument("run_batch: attribute input_sha256 must be a string");
-  set_attr(base, "config_sha256", sha256_hex(config));
-  set_attr(base, "plan_sha256", sha256_hex(join_keys(plan)));
-  set_attr(base, "cells_total", static_cast<int64_t>(plan.size()));
-  set_attr(base, "shard", shard.to_string());
-  set_attr(base, "shard_index", shard.index);
-  set_attr(base, "shard_count", shard.count);
-  set_attr(base, "shard_cells", static_cast<int64_t>(owned.size()));
+  const Attrs base = batch_attrs(attrs, plan, shard, owned.size());
 
-  // Results by plan index; null = not present.
-  using Rows = std::vector<ColumnTable>;  // one table per group of the cell
-  std::vector<std::shared_ptr<const Rows>> done(plan.size());
+  DoneCells done(plan.size());
   const fs::path partial = partial_path(out);
   std::error_code ec;
   remove_stale_temporaries(out);
@@ -415,168 +625,35 @@ BatchResult run_batch(const fs::path& out, const Attrs& attrs, const std::vector
   if (options.resume) {
     const fs::path src = fs::exists(partial, ec) ? partial : fs::exists(out, ec) ? out : fs::path();
     if (!src.empty()) {
-      BatchFile bf = read_batch_file(src);
-      check_resumable(bf.attrs, src, base);
-      for (CellRows& c : bf.cells) {
-        const auto it = index_of.find(c.key);
-        if (it == index_of.end())
-          throw std::invalid_argument(fmt::format("{}: cannot resume: cell '{}' is not in this study", src.string(), c.key));
-        const size_t i = it->second;
-        std::vector<std::string> groups;
-        Rows rows;
-        for (NamedTable& part : c.parts) groups.push_back(part.group), rows.push_back(std::move(part.table));
-        if (!is_owned[i] || plan[i].groups != groups || static_cast<size_t>(c.index) != i)
-          throw std::invalid_argument(fmt::format("{}: cannot resume: cell '{}' (groups {}, index {}) does not match the "
-                                                  "plan (groups {}, index {}, shard {})",
-                                                  src.string(), c.key, fmt::join(groups, ","), c.index,
-                                                  fmt::join(plan[i].groups, ","), i, shard.to_string()));
-        done[i] = std::make_shared<const Rows>(std::move(rows));
-        ++res.resumed;
-      }
+      res.resumed = resume_cells(src, base, plan, index_of, is_owned, shard, done);
       res.resumed_from = src;
     }
   }
-  std::vector<size_t> pending;
-  for (size_t i : owned)
-    if (!done[i]) pending.push_back(i);
-  if (options.schedule) {  // the start order; the results stay in canonical order
-    std::vector<size_t> order = options.schedule(pending);
-    std::vector<size_t> a = order, b = pending;
-    std::sort(a.begin(), a.end());
-    std::sort(b.begin(), b.end());
-    if (a != b) throw std::logic_error("run_batch: the schedule is not a permutation of the pending cells");
-    pending = std::move(order);
-  }
-
-  auto present_cells = [&](const std::vector<std::shared_ptr<const Rows>>& d) {
-    std::vector<CellRows> cells;
-    for (size_t i : owned) {
-      if (!d[i]) continue;
-      CellRows c{plan[i].key, static_cast<int64_t>(i), {}};
-      for (size_t g = 0; g < plan[i].groups.size(); ++g) c.parts.push_back({plan[i].groups[g], (*d[i])[g], {}});
-      cells.push_back(std::move(c));
-    }
-    return cells;
-  };
-  auto write_partial = [&](const std::vector<std::shared_ptr<const Rows>>& d) {
-    const std::vector<CellRows> cells = present_cells(d);
-    Attrs a = base;
-    set_attr(a, "cells", static_cast<int64_t>(cells.size()));
-    set_attr(a, "complete", int64_t{0});
-    write_results(partial, a, assemble_cell_tables(cells), WriteMode::Replace);
-  };
+  const std::vector<size_t> pending = pending_cells(owned, done, options.schedule);
+  auto write_partial = [&](const DoneCells& d) { write_checkpoint(partial, base, plan, owned, d); };
 
   // Workers take pending cells in canonical order; the calling thread checkpoints.
-  std::vector<std::exception_ptr> errors(plan.size());
-  std::mutex m, serial;
-  std::condition_variable cv;
-  size_t unwritten = 0, computed = 0, failed = 0;
-  int active = 0;
-  std::atomic<bool> stop{false};
-  std::atomic<size_t> next{0};
-  auto work = [&] {
-    for (;;) {
-      if (stop.load()) break;
-      const size_t k = next++;
-      if (k >= pending.size()) break;
-      const size_t i = pending[k];
-      std::shared_ptr<const Rows> t;
-      std::exception_ptr err;
-      try {
-        std::unique_lock<std::mutex> lk(serial, std::defer_lock);
-        if (!plan[i].concurrent) lk.lock();
-        t = std::make_shared<const Rows>(plan[i].compute());
-        if (t->size() != plan[i].groups.size())
-          throw std::logic_error(fmt::format("computed {} tables for {} groups", t->size(), plan[i].groups.size()));
-        for (const ColumnTable& x : *t) x.num_rows();  // ragged columns: the task's bug, reported as its error
-      } catch (...) {
-        err = std::current_exception();
-        t.reset();
-      }
-      {
-        const std::lock_guard<std::mutex> lk(m);
-        if (t) {
-          done[i] = std::move(t);
-          ++computed;
-          ++unwritten;
-          if (options.stop_after && computed >= options.stop_after) stop = true;
-        } else {
-          errors[i] = err;
-          ++failed;
-        }
-      }
-      cv.notify_one();
-    }
-    {
-      const std::lock_guard<std::mutex> lk(m);
-      --active;
-    }
-    cv.notify_one();
-  };
-
-  int threads = worker_threads(options.threads);
-  threads = static_cast<int>(std::min<size_t>(static_cast<size_t>(threads), pending.size()));
-  using clock = std::chrono::steady_clock;
-  auto last_write = clock::now() - std::chrono::hours(1);
-  const auto interval = std::chrono::duration<double>(std::max(0.0, options.checkpoint_interval));
-  {
-    std::vector<std::jthread> pool;
-    struct StopOnExit {  // an exception here (a failed checkpoint) stops the workers before the pool joins
-      std::atomic<bool>& s;
-      ~StopOnExit() { s = true; }
-    } stop_on_exit{stop};
-    active = threads;
-    for (int t = 0; t < threads; ++t) pool.emplace_back(work);
-    for (;;) {
-      std::vector<std::shared_ptr<const Rows>> snapshot;
-      bool finished = false;
-      size_t present = 0;
-      {
-        std::unique_lock<std::mutex> lk(m);
-        cv.wait_for(lk, std::chrono::milliseconds(100), [&] { return active == 0 || (unwritten > 0 && clock::now() - last_write >= interval); });
-        finished = active == 0;
-        present = res.resumed + computed;
-        if (!finished && unwritten > 0 && clock::now() - last_write >= interval) {
-          snapshot = done;
-          unwritten = 0;
-        }
-      }
-      if (options.progress) options.progress(present, owned.size());
-      if (finished) break;
-      if (!snapshot.empty()) {
-        write_partial(snapshot);
-        last_write = clock::now();
-      }
-    }
-  }
+  CellPool pool(plan, pending, options, done);
+  pool.run(res.resumed, owned.size(), write_partial);
+  const size_t computed = pool.computed;
   res.computed = computed;
 
   const bool complete = res.resumed + computed == owned.size();
   if (!complete) {
-    if (unwritten > 0 || (res.resumed > 0 && res.resumed_from != partial)) write_partial(done);
+    if (pool.unwritten > 0 || (res.resumed > 0 && res.resumed_from != partial)) write_partial(done);
     res.written = partial;
     res.attrs = base;
     set_attr(res.attrs, "cells", static_cast<int64_t>(res.resumed + computed));
     set_attr(res.attrs, "complete", int64_t{0});
-    const size_t present = res.resumed + computed;
-    for (size_t i : owned)
-      if (errors[i])
-        throw std::invalid_argument(fmt::format(
-            "{} ({} of {} cells failed; the first failed cell is {}. Its message names the cause: a cell "
-            "fails the same way on every run, --resume included, until that cause is fixed in the config or the "
-            "input{}; no {} was written)",
-            cell_error(errors[i], plan[i].key), failed, owned.size(), plan[i].key,
-            present ? fmt::format(". The {} completed cells are kept in the checkpoint {}", present, partial.string())
-                    : "",
-            out.filename().string()));
-    res.tables = assemble_cell_tables(present_cells(done));
+    throw_first_failure(plan, owned, pool.errors, pool.failed, res.resumed + computed, partial, out);
+    res.tables = assemble_cell_tables(present_cells(plan, owned, done));
     return res;  // stopped (options.stop_after)
   }
 
   Attrs a = base;
   set_attr(a, "cells", static_cast<int64_t>(owned.size()));
   set_attr(a, "complete", int64_t{1});
-  std::vector<NamedTable> tables = assemble_cell_tables(present_cells(done));
+  std::vector<NamedTable> tables = assemble_cell_tables(present_cells(plan, owned, done));
   if (shard.count == 1) tables = with_derived(std::move(tables), a, derive);
   const bool keep_foreign = !res.resumed_from.empty() && res.resumed_from == out;
   write_results(out, a, tables, keep_foreign ? WriteMode::Update : WriteMode::Replace);
@@ -590,17 +667,21 @@ BatchResult run_batch(const fs::path& out, const Attrs& attrs, const std::vector
 
 // ---- merge ----------------------------------------------------------------------------------------
 
-MergeResult merge_results(const fs::path& out, const std::vector<fs::path>& inputs, const DeriveFn& derive) {
-  if (inputs.empty()) throw std::invalid_argument("merge: no shard files given");
-  struct In {
-    fs::path path;
-    BatchFile file;
-    int64_t index = 0, count = 0;
-  };
-  std::vector<In> ins;
+namespace {
+
+// A shard file given to merge_results.
+struct ShardFile {
+  fs::path path;
+  BatchFile file;
+  int64_t index = 0, count = 0;
+};
+
+// Reads the shard files, each with the batch attributes and complete.
+std::vector<ShardFile> read_shards(const std::vector<fs::path>& inputs) {
+  std::vector<ShardFile> ins;
   const char* why = "not a shard written by a batch-aware `latentq run --shard`";
   for (const fs::path& p : inputs) {
-    In in{p, read_batch_file(p)};
+    ShardFile in{p, read_batch_file(p)};
     const Attrs& a = in.file.attrs;
     need_attr<std::string>(a, "config", p, why);
     need_attr<std::string>(a, "input_sha256", p, why);
@@ -617,13 +698,19 @@ MergeResult merge_results(const fs::path& out, const std::vector<fs::path>& inpu
           in.count));
     ins.push_back(std::move(in));
   }
-  const In& first = ins.front();
+  return ins;
+}
+
+// Checks that the shards are of one study (the first's config, input, shard count and plan) and
+// that none is missing.
+void check_shards(const std::vector<ShardFile>& ins) {
+  const ShardFile& first = ins.front();
   const Attrs& fa = first.file.attrs;
   const std::string& config = std::get<std::string>(attr(fa, "config"));
   const std::string& input = std::get<std::string>(attr(fa, "input_sha256"));
   const std::string& planh = std::get<std::string>(attr(fa, "plan_sha256"));
   const int64_t total = std::get<int64_t>(attr(fa, "cells_total"));
-  for (const In& in : ins) {
+  for (const ShardFile& in : ins) {
     const Attrs& a = in.file.attrs;
     const std::string& c = std::get<std::string>(attr(a, "config"));
     if (c != config)
@@ -646,20 +733,21 @@ MergeResult merge_results(const fs::path& out, const std::vector<fs::path>& inpu
       throw std::invalid_argument(fmt::format("merge: {}: bad shard {}/{}", in.path.string(), in.index, in.count));
   }
   std::vector<char> have(static_cast<size_t>(first.count), 0);
-  for (const In& in : ins) have[static_cast<size_t>(in.index)] = 1;
+  for (const ShardFile& in : ins) have[static_cast<size_t>(in.index)] = 1;
   std::vector<int64_t> missing;
   for (int64_t i = 0; i < first.count; ++i)
     if (!have[static_cast<size_t>(i)]) missing.push_back(i);
   if (!missing.empty())
     throw std::invalid_argument(fmt::format("merge: {} of {} shards missing: shard {} (given: {} file{})", missing.size(),
                                             first.count, fmt::join(missing, ", "), ins.size(), ins.size() == 1 ? "" : "s"));
+}
 
-  // Union of the cells; equal duplicates are fine.
-  MergeResult mr;
-  mr.shards = static_cast<size_t>(first.count);
-  std::unordered_map<std::string, std::pair<const CellRows*, const In*>> by_key;
+// The union of the shards' cells in canonical order, checked to be the study's `total` cells; equal
+// duplicates are fine (counted in `overlapping`), different ones are an error.
+std::vector<CellRows> union_of_cells(const std::vector<ShardFile>& ins, int64_t total, size_t& overlapping) {
+  std::unordered_map<std::string, std::pair<const CellRows*, const ShardFile*>> by_key;
   std::vector<CellRows> cells;
-  for (const In& in : ins)
+  for (const ShardFile& in : ins)
     for (const CellRows& c : in.file.cells) {
       const auto [it, fresh] = by_key.emplace(c.key, std::make_pair(&c, &in));
       if (fresh) continue;
@@ -675,7 +763,7 @@ MergeResult merge_results(const fs::path& out, const std::vector<fs::path>& inpu
       if (!diff.empty())
         throw std::invalid_argument(fmt::format("merge: cell {} is in {} and {} with different results ({})", c.key,
                                                 it->second.second->path.string(), in.path.string(), diff));
-      ++mr.overlapping;
+      ++overlapping;
     }
   for (auto& [k, v] : by_key) cells.push_back(*v.first);
   std::sort(cells.begin(), cells.end(), [](const CellRows& a, const CellRows& b) { return a.index < b.index; });
@@ -686,17 +774,20 @@ MergeResult merge_results(const fs::path& out, const std::vector<fs::path>& inpu
                                               cells.size(), total, i));
   if (static_cast<int64_t>(cells.size()) != total)
     throw std::invalid_argument(fmt::format("merge: the shards hold no cells, the study has {}", total));
+  return cells;
+}
 
-  // Root attributes: those of shard 0, as an unsharded complete file.
-  const In* zero = &first;
-  for (const In& in : ins)
+// Root attributes: those of shard 0, as an unsharded complete file of `total` cells.
+Attrs merged_attrs(const std::vector<ShardFile>& ins, int64_t total) {
+  const ShardFile* zero = &ins.front();
+  for (const ShardFile& in : ins)
     if (in.index == 0) {
       zero = &in;
       break;
     }
   Attrs a = zero->file.attrs;
   std::vector<std::string> names;
-  for (const In& in : ins) names.push_back(in.path.string());
+  for (const ShardFile& in : ins) names.push_back(in.path.string());
   set_attr(a, "created", utc_now_iso8601());
   set_attr(a, "shard", std::string("0/1"));
   set_attr(a, "shard_index", int64_t{0});
@@ -705,6 +796,21 @@ MergeResult merge_results(const fs::path& out, const std::vector<fs::path>& inpu
   set_attr(a, "cells", total);
   set_attr(a, "complete", int64_t{1});
   set_attr(a, "merged_from", fmt::format("{}", fmt::join(names, ", ")));
+  return a;
+}
+
+}  // namespace
+
+MergeResult merge_results(const fs::path& out, const std::vector<fs::path>& inputs, const DeriveFn& derive) {
+  if (inputs.empty()) throw std::invalid_argument("merge: no shard files given");
+  const std::vector<ShardFile> ins = read_shards(inputs);
+  check_shards(ins);
+  const ShardFile& first = ins.front();
+  const int64_t total = std::get<int64_t>(attr(first.file.attrs, "cells_total"));
+  MergeResult mr;
+  mr.shards = static_cast<size_t>(first.count);
+  const std::vector<CellRows> cells = union_of_cells(ins, total, mr.overlapping);
+  Attrs a = merged_attrs(ins, total);
   std::vector<NamedTable> tables = with_derived(assemble_cell_tables(cells), a, derive);
   write_results(out, a, tables, WriteMode::Replace);
   mr.cells = cells.size();

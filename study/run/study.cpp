@@ -113,71 +113,50 @@ RotatedLatent rotate_latent(std::shared_ptr<const Rotation> r, const float* X, i
   return out;
 }
 
-ColumnTable run_latent_error(const Dump& dump, const std::function<const Layer&(int)>& layer_data,
-                             const std::vector<Cell>& cells, LatentBackend& backend, const RunOptions& options,
-                             SpectrumCache* spectra, const RotatedLatents& rotated) {
-  SpectrumCache local;
-  if (!spectra) spectra = &local;
-  const size_t n = cells.size();
-  std::vector<CellResult> results(n);
-  std::vector<RateDistortionBound> bounds(n);
-  const int64_t T = dump.num_tokens();
-  const DumpAttrs& A = dump.attrs;
-  // Resolve layer pointers up front (throws for a cell whose layer is not loaded).
-  std::vector<const Layer*> layer_of(n);
-  for (size_t i = 0; i < n; ++i) layer_of[i] = &layer_data(cells[i].layer);
-  auto input = [&](const Layer& l, Target target) {
-    return target == Target::CKV ? l.c_kv.data() : l.k_pe.data();
-  };
-  auto dim = [&](Target target) { return target == Target::CKV ? A.kv_lora_rank : A.qk_rope_head_dim; };
-  // Without the caller's rotated matrices: each distinct (layer, target, transform) of `cells` is
-  // fitted and rotated once, by the first of its cells to run (a failure surfaces in that cell).
+namespace {
+
+// The rotated inputs of the transformed cells: the caller's `rotated` when given, else each distinct
+// (layer, target, transform) of `cells` fitted and rotated once, by the first of its cells to run
+// (a failure surfaces in that cell).
+class CellRotations {
+ public:
+  CellRotations(const Dump& dump, const std::vector<Cell>& cells, const RotatedLatents& rotated)
+      : dump_(dump), rotated_(rotated) {
+    if (!rotated_)
+      for (const Cell& c : cells)
+        if (c.quantizer.transform.kind != TransformKind::None) own_.try_emplace(key_of(c));
+  }
+
+  // The rotated [T, D] input X of cell c (a transformed cell); thread-safe.
+  std::shared_ptr<const RotatedLatent> get(const Cell& c, const float* X, int64_t D) {
+    if (rotated_) return rotated_(c.layer, c.target, c.quantizer.transform);
+    const int64_t T = dump_.num_tokens();
+    Own& o = own_.at(key_of(c));
+    std::call_once(o.once, [&] {
+      o.value = std::make_shared<const RotatedLatent>(rotate_latent(
+          std::make_shared<const Rotation>(probes::fit_rotation(c.quantizer.transform, X, T, D, dump_.seq_offsets)), X,
+          T, D));
+    });
+    return o.value;
+  }
+
+ private:
   struct Own {
     std::once_flag once;
     std::shared_ptr<const RotatedLatent> value;
   };
-  auto key_of = [](const Cell& c) {
+  static std::string key_of(const Cell& c) {
     return fmt::format("{}/{}/{}", c.layer, to_string(c.target), c.quantizer.transform.to_string());
-  };
-  std::map<std::string, Own> own;
-  if (!rotated)
-    for (const Cell& c : cells)
-      if (c.quantizer.transform.kind != TransformKind::None) own.try_emplace(key_of(c));
-  auto rotated_input = [&](const Cell& c, const float* X, int64_t D) {
-    if (rotated) return rotated(c.layer, c.target, c.quantizer.transform);
-    Own& o = own.at(key_of(c));
-    std::call_once(o.once, [&] {
-      o.value = std::make_shared<const RotatedLatent>(rotate_latent(
-          std::make_shared<const Rotation>(probes::fit_rotation(c.quantizer.transform, X, T, D, dump.seq_offsets)), X,
-          T, D));
-    });
-    return o.value;
-  };
+  }
+  const Dump& dump_;
+  const RotatedLatents& rotated_;
+  std::map<std::string, Own> own_;
+};
 
-  auto one = [&](size_t i) {
-    const Cell& c = cells[i];
-    const Layer& l = *layer_of[i];
-    const float* X = input(l, c.target);
-    const int64_t D = dim(c.target);
-    thread_local std::vector<float> decoded;  // [T, D], reused by the thread's cells (no page faults per cell)
-    decoded.resize(static_cast<size_t>(T * D));
-    StoredCell st;
-    if (c.quantizer.transform.kind == TransformKind::None) {
-      st = backend.run(c.quantizer.spec, c.target, X, T, D, dump.seq_offsets, decoded.data());
-    } else {
-      // Transformed cell: quantize R·x, un-rotate the decoded rows, measure in the original basis. The
-      // diagnostics and the accounting are those of the stored (rotated) matrix.
-      const std::shared_ptr<const RotatedLatent> xr = rotated_input(c, X, D);
-      st = backend.run(c.quantizer.spec, c.target, xr->x.data(), T, D, dump.seq_offsets, decoded.data());
-      xr->rotation->inverse(decoded.data(), T, D);
-    }
-    results[i] = {st.stored, st.accounting, error_metrics(X, decoded.data(), T, D), st.diagnostics};
-    bounds[i] = rate_distortion_bound(spectra->get(dump, l, c.target), results[i].accounting.bits_per_element);
-  };
-  const std::vector<std::exception_ptr> errors =
-      parallel_cells(n, backend.concurrent() ? options.threads : 1, one, options.progress);
-
-  for (size_t i = 0; i < n; ++i) {
+// Rethrows the first failed cell's exception as std::invalid_argument naming the dump and the cell.
+void rethrow_first_cell_error(const Dump& dump, const std::vector<Cell>& cells,
+                              const std::vector<std::exception_ptr>& errors) {
+  for (size_t i = 0; i < cells.size(); ++i) {
     if (!errors[i]) continue;
     try {
       std::rethrow_exception(errors[i]);
@@ -185,7 +164,11 @@ ColumnTable run_latent_error(const Dump& dump, const std::function<const Layer&(
       throw std::invalid_argument(fmt::format("{}: cell {}: {}", dump.path.string(), cells[i].key(), e.what()));
     }
   }
+}
 
+// The /latent_error table (latent_error_columns()), one row per cell.
+ColumnTable latent_error_table(const DumpAttrs& A, const std::vector<Cell>& cells, const std::vector<CellResult>& results,
+                               const std::vector<RateDistortionBound>& bounds) {
   ColumnTable t;
   auto& layer = t.add<int64_t>("layer");
   auto& target = t.add<std::string>("target");
@@ -211,7 +194,7 @@ ColumnTable run_latent_error(const Dump& dump, const std::function<const Layer&(
   auto& gap = t.add<double>("gap_db");
   auto& transform = t.add<std::string>("transform");
   auto& transform_seed = t.add<int64_t>("transform_seed");
-  for (size_t i = 0; i < n; ++i) {
+  for (size_t i = 0; i < cells.size(); ++i) {
     const Cell& c = cells[i];
     const CellResult& r = results[i];
     const QuantSpec& s = r.stored;
@@ -243,6 +226,53 @@ ColumnTable run_latent_error(const Dump& dump, const std::function<const Layer&(
     transform_seed.push_back(static_cast<int64_t>(tr.seed));
   }
   return t;
+}
+
+}  // namespace
+
+ColumnTable run_latent_error(const Dump& dump, const std::function<const Layer&(int)>& layer_data,
+                             const std::vector<Cell>& cells, LatentBackend& backend, const RunOptions& options,
+                             SpectrumCache* spectra, const RotatedLatents& rotated) {
+  SpectrumCache local;
+  if (!spectra) spectra = &local;
+  const size_t n = cells.size();
+  std::vector<CellResult> results(n);
+  std::vector<RateDistortionBound> bounds(n);
+  const int64_t T = dump.num_tokens();
+  const DumpAttrs& A = dump.attrs;
+  // Resolve layer pointers up front (throws for a cell whose layer is not loaded).
+  std::vector<const Layer*> layer_of(n);
+  for (size_t i = 0; i < n; ++i) layer_of[i] = &layer_data(cells[i].layer);
+  auto input = [&](const Layer& l, Target target) {
+    return target == Target::CKV ? l.c_kv.data() : l.k_pe.data();
+  };
+  auto dim = [&](Target target) { return target == Target::CKV ? A.kv_lora_rank : A.qk_rope_head_dim; };
+  CellRotations rotations(dump, cells, rotated);
+
+  auto one = [&](size_t i) {
+    const Cell& c = cells[i];
+    const Layer& l = *layer_of[i];
+    const float* X = input(l, c.target);
+    const int64_t D = dim(c.target);
+    thread_local std::vector<float> decoded;  // [T, D], reused by the thread's cells (no page faults per cell)
+    decoded.resize(static_cast<size_t>(T * D));
+    StoredCell st;
+    if (c.quantizer.transform.kind == TransformKind::None) {
+      st = backend.run(c.quantizer.spec, c.target, X, T, D, dump.seq_offsets, decoded.data());
+    } else {
+      // Transformed cell: quantize R·x, un-rotate the decoded rows, measure in the original basis. The
+      // diagnostics and the accounting are those of the stored (rotated) matrix.
+      const std::shared_ptr<const RotatedLatent> xr = rotations.get(c, X, D);
+      st = backend.run(c.quantizer.spec, c.target, xr->x.data(), T, D, dump.seq_offsets, decoded.data());
+      xr->rotation->inverse(decoded.data(), T, D);
+    }
+    results[i] = {st.stored, st.accounting, error_metrics(X, decoded.data(), T, D), st.diagnostics};
+    bounds[i] = rate_distortion_bound(spectra->get(dump, l, c.target), results[i].accounting.bits_per_element);
+  };
+  const std::vector<std::exception_ptr> errors =
+      parallel_cells(n, backend.concurrent() ? options.threads : 1, one, options.progress);
+  rethrow_first_cell_error(dump, cells, errors);
+  return latent_error_table(A, cells, results, bounds);
 }
 
 std::vector<std::string> latent_precision_warnings(const ColumnTable& le) {
