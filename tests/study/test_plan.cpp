@@ -2,6 +2,8 @@
 // against brute force; [[mixed]] configs; the plan written, rerun and reproducing its bytes per token.
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include <cmath>
 #include <fstream>
 #include <random>
@@ -193,6 +195,62 @@ TEST_F(MixedTest, ConfigErrors) {
   o.attention = false;
   const Dump d = load_dump(dump_path, o);
   EXPECT_THROW(plan_cells(c, d), std::invalid_argument);
+}
+
+// A [[mixed]] rule's "<transform>,<spec>" is run behind its transform: the mixed rows of /latent_error
+// and /attention_error equal those of the transformed quantizer on the layers it covers (the rule used
+// to keep the spec and drop the transform).
+TEST_F(MixedTest, RuleCarriesATransform) {
+  const fs::path cfg = dir / "study.toml", res = dir / "res.h5";
+  std::ofstream(cfg) << "[input]\ndump = \"dump.h5\"\n[quantizers]\nbits = [4]\nschemes = [\"asym\"]\n"
+                        "granularities = [\"token\"]\ngroup_sizes = [0]\n"
+                        "extra = [\"had8,int4-asym-token\", \"int8-asym-token\"]\n"
+                        "[cross_layer]\nenabled = false\n[svd]\nenabled = false\n"
+                        "[[mixed]]\nlayers = [0, 1]\nc_kv = \"had8,int4-asym-token\"\n"
+                        "[[mixed]]\nlayers = [2]\nc_kv = \"int4-asym-token\"\n"
+                        "[[mixed]]\nk_pe = \"int8-asym-token\"\n";
+  const StudyConfig c = load_config(cfg);
+  const Quantizer& m = c.targets[0].quantizers.back();
+  ASSERT_EQ(m.name, "mixed");
+  EXPECT_EQ(m.transform_for(0, Target::CKV).to_string(), "had8");
+  EXPECT_EQ(m.transform_for(2, Target::CKV).to_string(), "");
+  EXPECT_EQ(m.transform_for(1, Target::KPE).to_string(), "");
+  const lqtest::Outcome o = cli({"run", cfg.string(), "--out", res.string(), "--threads", "2"});
+  ASSERT_EQ(o.rc, 0) << o.err;
+  const ColumnTable le = read_table(res, "latent_error");
+  const auto& q = le.get<std::string>("quantizer");
+  const auto& l = le.get<int64_t>("layer");
+  const auto& tg = le.get<std::string>("target");
+  const auto& rf = le.get<double>("rel_fro");
+  const auto& tr = le.get<std::string>("transform");
+  auto row = [&](int64_t layer, const std::string& target, const std::string& quant) {
+    for (size_t i = 0; i < q.size(); ++i)
+      if (l[i] == layer && tg[i] == target && q[i] == quant) return i;
+    ADD_FAILURE() << layer << " " << target << " " << quant;
+    return size_t{0};
+  };
+  for (auto [layer, target, spec] : std::vector<std::tuple<int64_t, std::string, std::string>>{
+           {0, "c_kv", "had8,int4-asym-token"}, {1, "c_kv", "had8,int4-asym-token"}, {2, "c_kv", "int4-asym-token"},
+           {0, "k_pe", "int8-asym-token"}, {2, "k_pe", "int8-asym-token"}}) {
+    SCOPED_TRACE(fmt::format("{} {} {}", layer, target, spec));
+    EXPECT_EQ(rf[row(layer, target, "mixed")], rf[row(layer, target, spec)]);
+    EXPECT_EQ(tr[row(layer, target, "mixed")], tr[row(layer, target, spec)]);
+  }
+  EXPECT_NE(rf[row(0, "c_kv", "had8,int4-asym-token")], rf[row(0, "c_kv", "int4-asym-token")]);
+  const ColumnTable ae = read_table(res, "attention_error");
+  const auto& aq = ae.get<std::string>("quantizer");
+  const auto& al = ae.get<int64_t>("layer");
+  const auto& at = ae.get<std::string>("targets");
+  const auto& kl = ae.get<double>("kl_mean");
+  auto att = [&](int64_t layer, const std::string& targets, const std::string& quant) {
+    for (size_t i = 0; i < aq.size(); ++i)
+      if (al[i] == layer && at[i] == targets && aq[i] == quant) return kl[i];
+    ADD_FAILURE() << layer << " " << targets << " " << quant;
+    return 0.0;
+  };
+  EXPECT_EQ(att(0, "c_kv", "mixed"), att(0, "c_kv", "had8,int4-asym-token"));
+  EXPECT_EQ(att(2, "c_kv", "mixed"), att(2, "c_kv", "int4-asym-token"));
+  EXPECT_EQ(att(1, "k_pe", "mixed"), att(1, "k_pe", "int8-asym-token"));
 }
 
 TEST_F(MixedTest, PlanRoundTrips) {
