@@ -271,9 +271,10 @@ struct PlanArgs {
 };
 
 // `latentq plan`: the exact multiple-choice knapsack (latentq/plan.h), the best uniform quantizer within
-// the same budget, and the plan written as a study config.
-int cmd_plan(const PlanArgs& a, std::ostream& out) {
+// the same budget, and the plan written as a study config. Rows that are no option: warnings on `err`.
+int cmd_plan(const PlanArgs& a, std::ostream& out, std::ostream& err) {
   const PlanInputs in = read_plan_inputs(a.results, a.objective);
+  for (const std::string& w : in.warnings) err << "latentq: warning: " << w << "\n";
   const PlanSolution s = solve_plan(in.groups, a.budget, in.units_per_byte);  // throws naming the minimum below the cheapest
   const PlanUniform best = best_uniform(in, s.budget_cost);
   std::string header = fmt::format(
@@ -398,7 +399,7 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
     if (report->parsed()) return run_report(report_results, report_out, out);
     if (merge->parsed()) return cmd_merge(ma, out, err);
     if (regress->parsed()) return cmd_regress(reg_results, reg_thresholds, out);
-    if (plan->parsed()) return cmd_plan(pa, out);
+    if (plan->parsed()) return cmd_plan(pa, out, err);
     if (synth->parsed()) return cmd_synth(sa, out);
   } catch (const std::invalid_argument& e) {
     err << "latentq: error: " << e.what() << "\n";

@@ -18,6 +18,7 @@
 #include "latentq/batch_study.h"
 #include "latentq/results.h"
 #include "latentq/table.h"
+#include "latentq/transform.h"
 
 namespace latentq {
 namespace {
@@ -215,6 +216,21 @@ bool exact_fraction(double x, int64_t& p, int64_t& q) {
   return false;
 }
 
+// Where a warning applies: "every layer and target", or the groups it names.
+std::string where(const std::vector<std::string>& names, size_t groups) {
+  if (names.size() == groups) return "every layer and target";
+  std::string s;
+  for (size_t i = 0; i < names.size() && i < 6; ++i) s += (i ? ", " : "") + names[i];
+  if (names.size() > 6) s += fmt::format(" and {} more", names.size() - 6);
+  return s;
+}
+
+// A row that is no option: its quantizer, the reason, the groups.
+struct Skipped {
+  std::string quantizer, reason;
+  std::vector<std::string> groups;
+};
+
 // {(layer, target, quantizer): kl_mean} of the /attention_error rows with one target quantized. Throws
 // std::invalid_argument naming the file when there is none.
 std::map<std::tuple<int64_t, std::string, std::string>, double> single_target_kl(const std::filesystem::path& results) {
@@ -265,8 +281,15 @@ PlanInputs read_plan_inputs(const std::filesystem::path& results, const std::str
   in.objective_note = objective == "kl"
                           ? "sum over layers and targets of the attention KL (nats) with that target alone quantized"
                           : "sum over layers and targets of the latent squared error per token (mse x width)";
-  // Pass 1: the groups, the options (their exact bytes per token as fractions).
+  // Pass 1: the groups, the options (their exact bytes per token as fractions), the rows that are none.
   std::map<std::pair<int64_t, std::string>, size_t> index;
+  std::vector<Skipped> skipped;
+  auto skip = [&](size_t i, std::string reason) {
+    auto it = std::find_if(skipped.begin(), skipped.end(),
+                           [&](const Skipped& s) { return s.quantizer == quant[i] && s.reason == reason; });
+    if (it == skipped.end()) it = skipped.insert(skipped.end(), {quant[i], std::move(reason), {}});
+    it->groups.push_back(fmt::format("layer {} {}", layer[i], target[i]));
+  };
   struct Frac {
     int64_t p, q;
   };
@@ -281,16 +304,24 @@ PlanInputs read_plan_inputs(const std::filesystem::path& results, const std::str
       frac.emplace_back();
     }
     try {
-      QuantSpec::parse(quant[i]);
+      TransformedSpec::parse(quant[i]);
     } catch (const std::invalid_argument&) {
-      continue;  // a mixed assignment's row
+      skip(i, "a mixed assignment's row, not one spec");
+      continue;
     }
     const double width = target[i] == "c_kv" ? static_cast<double>(A.kv_lora_rank) : static_cast<double>(A.qk_rope_head_dim);
     double obj = mse[i] * width;
     if (objective == "kl") {
       const auto k = kl.find({layer[i], target[i], quant[i]});
-      if (k == kl.end()) continue;
+      if (k == kl.end()) {
+        skip(i, fmt::format("no /attention_error row with targets \"{}\" alone", target[i]));
+        continue;
+      }
       obj = k->second;
+    }
+    if (!std::isfinite(obj)) {
+      skip(i, objective == "kl" ? "its kl_mean is not finite" : "its mse is not finite");
+      continue;
     }
     Frac f{0, 1};
     if (!std::isfinite(bpt[i]) || bpt[i] < 0 || !exact_fraction(bpt[i], f.p, f.q))
@@ -322,6 +353,9 @@ PlanInputs read_plan_inputs(const std::filesystem::path& results, const std::str
         throw std::logic_error("plan: exact bytes do not round-trip (internal)");
       in.groups[k].options[o].cost = static_cast<int64_t>(c);
     }
+  for (const Skipped& s : skipped)
+    in.warnings.push_back(fmt::format("plan: quantizer '{}' ({}) is not a candidate: {}", s.quantizer,
+                                      where(s.groups, in.groups.size()), s.reason));
   for (const PlanOption& o : in.groups.front().options) {
     const bool everywhere = std::all_of(in.groups.begin(), in.groups.end(), [&](const PlanGroup& g) {
       return std::any_of(g.options.begin(), g.options.end(), [&](const PlanOption& x) { return x.quantizer == o.quantizer; });

@@ -493,4 +493,92 @@ TEST_F(PlanStudy, HugeBudgetIsCappedWithAMessage) {
   }
 }
 
+// A transformed spec at the bytes of its unrotated twin and with a strictly lower objective is a
+// candidate, chosen, and written so that `latentq run PLAN.toml` runs it (the old planner skipped
+// every "<transform>,<spec>" row without a word).
+TEST_F(PlanStudy, TransformedSpecStrictlyBetterIsChosen) {
+  study("bits = [8, 4]\nschemes = [\"asym\"]\ngranularities = [\"token\"]\ngroup_sizes = [0]\n"
+        "extra = [\"had,int8-asym-token\", \"had,int4-asym-token\"]", true);
+  const double b = summary_bytes("int4-asym-token");
+  EXPECT_EQ(b, summary_bytes("had,int4-asym-token"));
+  const fs::path res2 = dir / "res2.h5";
+  for (const std::string objective : {"kl", "mse"}) {
+    SCOPED_TRACE(objective);
+    const lqtest::Outcome o =
+        cli({"plan", res.string(), "--budget", fmt::format("{}", b), "--objective", objective, "--out", plan.string()});
+    ASSERT_EQ(o.rc, 0) << o.err;
+    const PlanInputs in = read_plan_inputs(res, objective);
+    const auto chosen = printed(o.out);
+    size_t rotated = 0;
+    for (const PlanGroup& g : in.groups) {
+      const std::string& q = chosen.at({g.layer, std::string(to_string(g.target))});
+      auto obj = [&](const std::string& name) {
+        for (const PlanOption& x : g.options)
+          if (x.quantizer == name) return x.objective;
+        ADD_FAILURE() << name << " is not an option of layer " << g.layer << " " << to_string(g.target);
+        return 0.0;
+      };
+      for (const std::string base : {"int8-asym-token", "int4-asym-token"}) {
+        if (obj("had," + base) < obj(base)) {
+          EXPECT_NE(q, base) << "layer " << g.layer << " " << to_string(g.target);
+        }
+      }
+      rotated += q.starts_with("had,");
+    }
+    EXPECT_GT(rotated, 0u) << o.out;
+    if (objective == "mse") {
+      EXPECT_CONTAINS(o.out, "best uniform quantizer within the budget: had,int4-asym-token");
+    }
+    EXPECT_LE(objective_of(in, chosen), uniform(in, "had,int4-asym-token"));
+    // The rerun's mixed rows store what the plan chose, the rotated ones behind their transform: the
+    // same numbers as the chosen quantizer's rows of the study.
+    const lqtest::Outcome r = cli({"run", plan.string(), "--out", res2.string(), "--threads", "2", "--no-e2e"});
+    ASSERT_EQ(r.rc, 0) << r.err;
+    auto row = [](const fs::path& file, int64_t layer, const std::string& target, const std::string& q) {
+      const ColumnTable le = read_table(file, "latent_error");
+      const auto& lq = le.get<std::string>("quantizer");
+      const auto& ll = le.get<int64_t>("layer");
+      const auto& lt = le.get<std::string>("target");
+      for (size_t i = 0; i < lq.size(); ++i)
+        if (ll[i] == layer && lt[i] == target && lq[i] == q)
+          return std::make_pair(le.get<double>("rel_fro")[i], le.get<std::string>("transform")[i]);
+      ADD_FAILURE() << file << ": " << layer << " " << target << " " << q;
+      return std::make_pair(0.0, std::string());
+    };
+    for (const auto& [key, q] : chosen) {
+      SCOPED_TRACE(fmt::format("{} {} {}", key.first, key.second, q));
+      const auto m = row(res2, key.first, key.second, "mixed");
+      EXPECT_EQ(m.first, row(res, key.first, key.second, q).first);
+      EXPECT_EQ(m.second, q.starts_with("had,") ? "had" : "none");
+    }
+  }
+}
+
+// A row the planner cannot use is named in a warning with the reason: here the "mixed" row of a rerun.
+TEST_F(PlanStudy, UnusableRowsAreNamedInAWarning) {
+  study("bits = [8, 4]\nschemes = [\"asym\"]\ngranularities = [\"token\"]\ngroup_sizes = [0]", false);
+  lqtest::Outcome o = cli({"plan", res.string(), "--budget", "200", "--objective", "mse", "--out", plan.string()});
+  ASSERT_EQ(o.rc, 0) << o.err;
+  EXPECT_EQ(o.err, "");
+  const fs::path res2 = dir / "res2.h5", plan2 = dir / "plan2.toml";
+  o = cli({"run", plan.string(), "--out", res2.string(), "--threads", "2", "--no-e2e"});
+  ASSERT_EQ(o.rc, 0) << o.err;
+  o = cli({"plan", res2.string(), "--budget", "200", "--objective", "mse", "--out", plan2.string()});
+  ASSERT_EQ(o.rc, 0) << o.err;
+  EXPECT_CONTAINS(o.err, "latentq: warning: plan: quantizer 'mixed' (every layer and target) is not a candidate: "
+                         "a mixed assignment's row, not one spec");
+}
+
+// kl without single-target rows for k_pe: each quantizer is named there, then the group without an option.
+TEST_F(PlanStudy, MissingAttentionRowsAreNamedInAWarning) {
+  study("bits = [8, 4]\nschemes = [\"asym\"]\ngranularities = [\"token\"]\ngroup_sizes = [0]", false,
+        "[attention]\ntargets = [\"c_kv\", \"c_kv+k_pe\"]\n");
+  const lqtest::Outcome o = cli({"plan", res.string(), "--budget", "300", "--objective", "kl", "--out", plan.string()});
+  EXPECT_EQ(o.rc, 2);
+  EXPECT_CONTAINS(o.err, "latentq: warning: plan: quantizer 'int8-asym-token' (layer 0 k_pe, layer 1 k_pe) is not a "
+                         "candidate: no /attention_error row with targets \"k_pe\" alone\n");
+  EXPECT_CONTAINS(o.err, "latentq: error: plan: layer 0 k_pe has no measured option");
+  EXPECT_FALSE(fs::exists(plan));
+}
+
 }  // namespace

@@ -23,7 +23,7 @@ namespace latentq {
 
 /// One measured quantizer of a group.
 struct PlanOption {
-  std::string quantizer;  ///< canonical spec string
+  std::string quantizer;  ///< canonical TransformedSpec string ("int4-asym-token", "had,int4-asym-token")
   int64_t cost = 0;       ///< exact bytes per token this group costs (whole-model scale, metadata included), in
                           ///< plan units (bytes = cost / units_per_byte); ≥ 0
   double objective = 0;   ///< what it adds to the objective (≥ 0 expected; any finite value accepted)
@@ -81,17 +81,20 @@ struct PlanInputs {
   std::string objective;               ///< "kl" or "mse"
   std::string objective_note;          ///< what the objective sums, in words
   int64_t units_per_byte = 1;          ///< plan units per byte per token (every option's cost is exact in them)
+  std::vector<std::string> warnings;   ///< the rows that are no option, each with the reason
 };
 
 /// Read /latent_error (and /attention_error for objective "kl") of `results`. Options: every
-/// quantizer row of /latent_error that is a spec (mixed rows are skipped). Bytes: bytes_per_token_layer is a matrix's stored bytes B over
+/// quantizer row of /latent_error that is a spec or a transformed spec ("<transform>,<spec>"); a row
+/// that is neither (a mixed assignment's) or has a non-finite objective is no option, and a warning
+/// names its quantizer, where and why. Bytes: bytes_per_token_layer is a matrix's stored bytes B over
 /// its T tokens; each is recovered as the exact fraction B/T (the fraction of smallest denominator that
 /// rounds to the stored double: exact when T ≤ 10^6 tokens), asserted to round-trip, and a group's cost
 /// is B/T · num_layers / (studied layers) in units of 1/units_per_byte byte (units_per_byte = the least
 /// common denominator × studied layers / gcd), so Σ over groups of a uniform quantizer's cost is its
 /// /summary bytes_per_token_model. Objective "kl": kl_mean of the /attention_error row (layer,
 /// quantizer, targets = the group's target alone; nats, mean over query rows × heads) — a quantizer
-/// without that row is not an option; "mse": mse · D (squared error per token,
+/// without that row is no option there (a warning names it); "mse": mse · D (squared error per token,
 /// D = the target's width). Throws std::invalid_argument naming the file for a missing group or column,
 /// an unknown objective, kl without /attention_error single-target rows, or bytes that are no fraction
 /// of a token count (no round trip with a denominator ≤ 2^40).
@@ -108,7 +111,8 @@ PlanUniform best_uniform(const PlanInputs& in, int64_t budget_cost);
 
 /// The study config (TOML) of a plan: [input] the results' input dump (absolute), layers and targets;
 /// [quantizers] extra = the best uniform quantizer (when given) for comparison; one [[mixed]] rule
-/// named "mixed" per (layer, target); [e2e] enabled and model copied from the results' config.
+/// named "mixed" per (layer, target), its spec string transformed ("had,int4-asym-token") where the
+/// plan chose a transformed spec; [e2e] enabled and model copied from the results' config.
 std::string plan_config_text(const std::filesystem::path& results, const std::vector<PlanGroup>& groups,
                              const PlanSolution& plan, const std::string& uniform, const std::string& header);
 
