@@ -76,6 +76,8 @@ void register_cpu_benchmarks(const Options& opt);
 void register_attention_benchmarks(const Options& opt);
 /// The default study's stages at DeepSeek-V2-Lite shape (bench_study.cpp).
 void register_study_benchmarks(const Options& opt);
+/// cpu/plan/...: the planner's solver at DeepSeek-V3 size (bench_plan.cpp).
+void register_plan_benchmarks(const Options& opt);
 #if defined(LATENTQ_BENCH_GPU)
 void register_gpu_benchmarks(const Options& opt);
 #endif

@@ -44,6 +44,7 @@ int main(int argc, char** argv) {
   latentq::bench::register_cpu_benchmarks(opt);
   latentq::bench::register_attention_benchmarks(opt);
   latentq::bench::register_study_benchmarks(opt);
+  latentq::bench::register_plan_benchmarks(opt);
 #if defined(LATENTQ_BENCH_GPU)
   latentq::bench::register_gpu_benchmarks(opt);
 #endif

@@ -161,13 +161,15 @@ def study_quantizers(results_path: str) -> list[tuple[str, tuple[str, ...]]]:
 
 def mixed_specs(results_path: str, quantizer: str) -> dict[tuple[int, str], str]:
     """{(layer, target): stored spec} of the /latent_error rows of `quantizer`: what a mixed
-    assignment ([[mixed]] in the study config, a name that is no spec) stores on each layer."""
+    assignment ([[mixed]] in the study config, a name that is no spec) stores on each layer, behind
+    its transform ("<transform>,<spec>") where the row's transform column is not "none"."""
     with open_results(results_path) as f:
         g = f["latent_error"]
         dec = lambda v: v.decode() if isinstance(v, bytes) else str(v)
+        tr = g["transform"][:] if "transform" in g else [b"none"] * len(g["layer"])
         return {
-            (int(l), dec(t)): dec(s)
-            for l, t, q, s in zip(g["layer"][:], g["target"][:], g["quantizer"][:], g["stored"][:])
+            (int(l), dec(t)): dec(s) if dec(x) == "none" else f"{dec(x)},{dec(s)}"
+            for l, t, q, s, x in zip(g["layer"][:], g["target"][:], g["quantizer"][:], g["stored"][:], tr)
             if dec(q) == quantizer
         }
 

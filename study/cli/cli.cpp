@@ -271,43 +271,36 @@ struct PlanArgs {
 };
 
 // `latentq plan`: the exact multiple-choice knapsack (latentq/plan.h), the best uniform quantizer within
-// the same budget, and the plan written as a study config.
-int cmd_plan(const PlanArgs& a, std::ostream& out) {
+// the same budget, and the plan written as a study config. Rows that are no option: warnings on `err`.
+int cmd_plan(const PlanArgs& a, std::ostream& out, std::ostream& err) {
   const PlanInputs in = read_plan_inputs(a.results, a.objective);
-  const PlanSolution s = solve_plan(in.groups, a.budget);  // throws naming the minimum below the cheapest
-  std::string best;
-  double best_obj = std::numeric_limits<double>::infinity(), best_bytes = 0;
-  for (const std::string& q : in.uniform) {
-    double obj = 0, bytes = 0;
-    for (const PlanGroup& g : in.groups)
-      for (const PlanOption& o : g.options)
-        if (o.quantizer == q) {
-          obj += o.objective;
-          bytes += o.bytes;
-          break;
-        }
-    if (bytes <= a.budget + 1e-9 && obj < best_obj) {
-      best = q;
-      best_obj = obj;
-      best_bytes = bytes;
-    }
-  }
+  for (const std::string& w : in.warnings) err << "latentq: warning: " << w << "\n";
+  const PlanSolution s = solve_plan(in.groups, a.budget, in.units_per_byte);  // throws naming the minimum below the cheapest
+  const PlanUniform best = best_uniform(in, s.budget_cost);
   std::string header = fmt::format(
       "written by `latentq plan {} --budget {} --objective {}`\n"
-      "objective: {}\n"
+      "objective: {}\n",
+      a.results, a.budget, a.objective, in.objective_note);
+  if (s.capped)
+    header += fmt::format("budget {} bytes/token is above the largest assignment ({:.2f} bytes/token: the costliest "
+                          "measured quantizer of every layer and target): planned for that\n",
+                          a.budget, s.max_bytes);
+  header += fmt::format(
       "planned (row \"mixed\"): {:.2f} bytes/token (whole model, c_kv + k_pe, metadata included), predicted objective {:.4e}\n",
-      a.results, a.budget, a.objective, in.objective_note, s.bytes, s.objective);
-  header += best.empty() ? std::string("best uniform quantizer within the budget: none fits\n")
-                         : fmt::format("best uniform quantizer within the budget: {} ({:.2f} bytes/token, objective {:.4e})\n",
-                                       best, best_bytes, best_obj);
-  header += fmt::format("exact multiple-choice knapsack: DP over the budget in 1/{} byte units, costs rounded up\n",
-                        kPlanUnitsPerByte);
-  write_text_atomic(a.out, plan_config_text(a.results, in.groups, s, best, header));
+      s.bytes, s.objective);
+  header += best.quantizer.empty()
+                ? std::string("best uniform quantizer within the budget: none fits\n")
+                : fmt::format("best uniform quantizer within the budget: {} ({:.2f} bytes/token, objective {:.4e})\n",
+                              best.quantizer, best.bytes, best.objective);
+  header += fmt::format("exact multiple-choice knapsack: DP over the Pareto frontiers of exact byte totals (units of "
+                        "1/{} byte/token; largest frontier {} point{})\n",
+                        in.units_per_byte, s.frontier_max, s.frontier_max == 1 ? "" : "s");
+  write_text_atomic(a.out, plan_config_text(a.results, in.groups, s, best.quantizer, header));
   out << fmt::format("{:>5} {:<5} {:<32} {:>11} {:>11}\n", "layer", "target", "quantizer", "bytes/token", a.objective);
   for (size_t i = 0; i < in.groups.size(); ++i) {
     const PlanOption& o = in.groups[i].options[s.choice[i]];
     out << fmt::format("{:>5} {:<6} {:<32} {:>11.2f} {:>11.4e}\n", in.groups[i].layer, to_string(in.groups[i].target),
-                       o.quantizer, o.bytes, o.objective);
+                       o.quantizer, static_cast<double>(o.cost) / static_cast<double>(in.units_per_byte), o.objective);
   }
   out << header << "plan: " << a.out << "\n";
   return kExitOk;
@@ -368,7 +361,7 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   PlanArgs pa;
   CLI::App* plan = app.add_subcommand(
       "plan", "Pick one measured quantizer per (layer, target) minimizing the summed objective under a whole-model "
-              "byte budget (exact: DP over bytes) and write it as a study config with a \"mixed\" row");
+              "byte budget (exact: DP over the exact byte totals) and write it as a study config with a \"mixed\" row");
   plan->add_option("results", pa.results, "results file of a study (latentq-results/1 HDF5)")->required();
   plan->add_option("--budget", pa.budget, "bytes per token, whole model (all layers, c_kv + k_pe, metadata included)")
       ->required();
@@ -406,7 +399,7 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
     if (report->parsed()) return run_report(report_results, report_out, out);
     if (merge->parsed()) return cmd_merge(ma, out, err);
     if (regress->parsed()) return cmd_regress(reg_results, reg_thresholds, out);
-    if (plan->parsed()) return cmd_plan(pa, out);
+    if (plan->parsed()) return cmd_plan(pa, out, err);
     if (synth->parsed()) return cmd_synth(sa, out);
   } catch (const std::invalid_argument& e) {
     err << "latentq: error: " << e.what() << "\n";

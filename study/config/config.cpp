@@ -164,14 +164,24 @@ std::vector<Quantizer> expand_matrix(const std::vector<int64_t>& bits, const std
   return out;
 }
 
-const QuantSpec& Quantizer::spec_for(int layer, Target target) const {
-  if (mixed.empty()) return spec;
-  for (const MixedRule& r : mixed)
+namespace {
+const MixedRule& mixed_rule(const Quantizer& q, int layer, Target target) {
+  for (const MixedRule& r : q.mixed)
     if (r.target == target && (r.layers.empty() || std::find(r.layers.begin(), r.layers.end(), layer) != r.layers.end()))
-      return r.spec;
+      return r;
+  const std::string& name = q.name;
   throw std::invalid_argument(fmt::format("mixed assignment '{}' assigns no spec to layer {} {} (add a [[mixed]] rule "
                                           "with name = \"{}\" covering it)",
                                           name, layer, to_string(target), name));
+}
+}  // namespace
+
+const QuantSpec& Quantizer::spec_for(int layer, Target target) const {
+  return mixed.empty() ? spec : mixed_rule(*this, layer, target).spec;
+}
+
+const Transform& Quantizer::transform_for(int layer, Target target) const {
+  return mixed.empty() ? transform : mixed_rule(*this, layer, target).transform;
 }
 
 std::vector<Quantizer> StudyConfig::all_quantizers() const {
@@ -344,7 +354,7 @@ std::string parse_mixed_name(const Parser& P, const toml::table& m) {
   if (const toml::node* nn = m.get("name")) name = P.string(*nn, "mixed.name");
   bool is_spec = true;
   try {
-    QuantSpec::parse(name);
+    TransformedSpec::parse(name);
   } catch (const std::invalid_argument&) {
     is_spec = false;
   }
@@ -390,7 +400,9 @@ void parse_mixed_rule(const Parser& P, const toml::table& m, const std::vector<T
       P.fail(*ns, fmt::format("'mixed.{}' is given but '{}' is not in input.targets", to_string(t), to_string(t)));
     MixedRule r = base;
     r.target = t;
-    r.spec = P.quantizer(*ns, P.string(*ns, "mixed." + std::string(to_string(t)))).spec;
+    const Quantizer q = P.quantizer(*ns, P.string(*ns, "mixed." + std::string(to_string(t))));
+    r.spec = q.spec;
+    r.transform = q.transform;
     for (const MixedRule& o : it->mixed) {
       if (o.target != t) continue;
       const bool overlap = o.layers.empty() || r.layers.empty() ||

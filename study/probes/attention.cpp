@@ -39,7 +39,8 @@ struct ErrorCell {
   QuantSpec spec;         // unused for svd-rank cells; on c_kv only when spec_kpe is set
   int64_t svd_rank = 0;   // r > 0 for an svd-rank<r> cell
   std::optional<QuantSpec> spec_kpe{};  // the spec on k_pe when it differs (a mixed assignment); else `spec`
-  Transform transform{};                // rotation before the quantizer; None: none
+  Transform transform{};                // rotation before the quantizer; None: none (on c_kv only when transform_kpe is set)
+  std::optional<Transform> transform_kpe{};  // the rotation on k_pe when spec_kpe is set; else `transform`
   // The plan's /attention_error cells of the same (layer, quantizer), this one included (non-SVD cells):
   // computed together by the first of them to run (run_error_group).
   std::shared_ptr<const std::vector<ErrorCell>> group{};
@@ -126,10 +127,14 @@ std::vector<ColumnTable> run_check(const StudyConfig& config, const CheckCell& c
   // The fold check: every transform of the study (rot when it has none), folded into
   // W_UK, W_UV and q_pe, must reproduce the unrotated attention to kFoldTolerance; else the cell fails.
   std::vector<Transform> transforms;
-  for (const Quantizer& q : config.all_quantizers())
-    if (q.transform.kind != TransformKind::None &&
-        std::find(transforms.begin(), transforms.end(), q.transform) == transforms.end())
-      transforms.push_back(q.transform);
+  auto add_transform = [&](const Transform& t) {
+    if (t.kind != TransformKind::None && std::find(transforms.begin(), transforms.end(), t) == transforms.end())
+      transforms.push_back(t);
+  };
+  for (const Quantizer& q : config.all_quantizers()) {
+    add_transform(q.transform);
+    for (const MixedRule& r : q.mixed) add_transform(r.transform);  // a mixed assignment's rules
+  }
   if (transforms.empty()) transforms.push_back(Transform::parse("rot"));
   double fold = 0;
   std::string names;
@@ -189,9 +194,9 @@ GroupRows run_error_group(const std::vector<ErrorCell>& cells, const LayerAccess
     Accounting a{};
     std::exception_ptr error;
   };
-  std::map<std::string, Store> stores;  // "<target>/<spec>"
+  std::map<std::string, Store> stores;  // "<target>/<transform>/<spec>"
   const auto store = [&](Target t, const QuantSpec& spec, const Transform& tr) -> const Store& {
-    const std::string key = fmt::format("{}/{}", to_string(t), spec.to_string());
+    const std::string key = fmt::format("{}/{}/{}", to_string(t), tr.to_string(), spec.to_string());
     if (const auto it = stores.find(key); it != stores.end()) return it->second;
     Store& st = stores[key];
     const bool ckv = t == Target::CKV;
@@ -210,7 +215,9 @@ GroupRows run_error_group(const std::vector<ErrorCell>& cells, const LayerAccess
     const bool q_ckv = c.targets != "k_pe", q_kpe = c.targets != "c_kv";
     const Store* sc = q_ckv ? &store(Target::CKV, c.spec, c.transform) : nullptr;
     const Store* sk =
-        q_kpe ? &store(Target::KPE, c.targets == "k_pe" ? c.spec : c.spec_kpe.value_or(c.spec), c.transform) : nullptr;
+        q_kpe ? &store(Target::KPE, c.targets == "k_pe" ? c.spec : c.spec_kpe.value_or(c.spec),
+                       c.transform_kpe.value_or(c.transform))
+              : nullptr;
     const std::string key = error_key(c.layer, c.targets, c.quantizer);
     if ((sc && sc->error) || (sk && sk->error)) {
       g.errors[key] = sc && sc->error ? sc->error : sk->error;
@@ -295,7 +302,7 @@ std::vector<ColumnTable> run_error(const StudyConfig& config, const ErrorCell& c
   }
   const bool q_kpe = c.svd_rank == 0 && c.targets != "c_kv";
   bytes_k = account(quantize_dequantize_layer(in, c.layer, Target::KPE, q_kpe ? c.spec_kpe.value_or(c.spec) : kBf16,
-                                              q_kpe ? c.transform : Transform{}, kpe_buf.data()))
+                                              q_kpe ? c.transform_kpe.value_or(c.transform) : Transform{}, kpe_buf.data()))
                 .bytes_per_token;
   const std::span<const float> ckv = ckv_buf, kpe = kpe_buf;
   const probes::AttentionError x = e->error(ckv, kpe);
@@ -471,8 +478,11 @@ class AttentionProbe final : public Probe {
         for (const Quantizer& q : qs)
           if ((!ckv || ran(Target::CKV, q)) && (!kpe || ran(Target::KPE, q))) {
             ErrorCell c{l, tg, q.name, ckv ? q.spec_for(l, Target::CKV) : q.spec_for(l, Target::KPE), 0};
-            if (q.is_mixed() && ckv && kpe) c.spec_kpe = q.spec_for(l, Target::KPE);
-            c.transform = q.transform;
+            c.transform = ckv ? q.transform_for(l, Target::CKV) : q.transform_for(l, Target::KPE);
+            if (q.is_mixed() && ckv && kpe) {
+              c.spec_kpe = q.spec_for(l, Target::KPE);
+              c.transform_kpe = q.transform_for(l, Target::KPE);
+            }
             layer_cells.push_back(std::move(c));
           }
       }

@@ -62,6 +62,7 @@ std::vector<Cell> plan_cells(const StudyConfig& config, const Dump& dump) {
       for (const Quantizer& q : p.quantizers) {
         Cell c{l.index, p.target, q};
         c.quantizer.spec = q.spec_for(l.index, p.target);  // a mixed assignment: this layer's spec
+        c.quantizer.transform = q.transform_for(l.index, p.target);  // ... and its transform
         cells.push_back(std::move(c));
       }
   return cells;

@@ -282,3 +282,29 @@ def test_mixed_assignment_uses_each_layers_stored_spec(tmp_path):
         one = e2e_inject.make_inject(latentq, spec, ("c_kv", "k_pe"))
         assert torch.equal(fn(layer, target, x), one(layer, target, x)), (layer, target)
     assert fn(5, "c_kv", x) is x  # a layer the assignment does not cover stays exact
+
+
+def test_mixed_assignment_keeps_each_layers_transform(tmp_path):
+    """A mixed row whose rule is transformed ("had,int4-asym-token" in [[mixed]]): the /latent_error
+    transform column puts the transform back in front of the stored spec, so the injection rotates that
+    layer like the transformed quantizer's own callback; "none" leaves the spec alone."""
+    res = tmp_path / "r.h5"
+    str_t = h5py.string_dtype("utf-8")
+    with h5py.File(res, "w") as f:
+        f.attrs["schema"] = "latentq-results/1"
+        g = f.create_group("latent_error")
+        g.create_dataset("layer", data=np.array([0, 0], dtype=np.int64))
+        g.create_dataset("target", data=np.array(["c_kv", "k_pe"], dtype=object), dtype=str_t)
+        g.create_dataset("quantizer", data=np.array(["mixed"] * 2, dtype=object), dtype=str_t)
+        g.create_dataset("stored", data=np.array(["int4-asym-token", "int8-asym-token"], dtype=object), dtype=str_t)
+        g.create_dataset("transform", data=np.array(["had", "none"], dtype=object), dtype=str_t)
+    specs = e2e_inject.mixed_specs(str(res), "mixed")
+    assert specs == {(0, "c_kv"): "had,int4-asym-token", (0, "k_pe"): "int8-asym-token"}
+    import latentq
+
+    fn = e2e_inject.make_inject(latentq, specs, ("c_kv", "k_pe"))
+    x = torch.randn(2, 64, 16)
+    one = e2e_inject.make_inject(latentq, "had,int4-asym-token", ("c_kv",))
+    assert torch.equal(fn(0, "c_kv", x), one(0, "c_kv", x))
+    plain = e2e_inject.make_inject(latentq, "int4-asym-token", ("c_kv",))
+    assert not torch.equal(fn(0, "c_kv", x), plain(0, "c_kv", x))

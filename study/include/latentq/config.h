@@ -32,11 +32,13 @@
 
 namespace latentq {
 
-/// One rule of a mixed assignment ([[mixed]] in a config): `spec` on `target` of `layers`.
+/// One rule of a mixed assignment ([[mixed]] in a config): `spec` behind `transform` on `target` of
+/// `layers` (the rule's string "<transform>,<spec>" or "<spec>").
 struct MixedRule {
   std::vector<int> layers;  ///< the layer indices; empty = every studied layer
   Target target = Target::CKV;
   QuantSpec spec;
+  Transform transform{};    ///< the rotation before `spec`; kind None: none
   bool operator==(const MixedRule&) const = default;
 };
 
@@ -53,6 +55,9 @@ struct Quantizer {
   /// The spec stored on (layer, target): `spec`, or the mixed rule covering them. Throws
   /// std::invalid_argument naming the assignment, the layer and the target when no rule covers them.
   const QuantSpec& spec_for(int layer, Target target) const;
+  /// The transform before that spec: `transform`, or that of the mixed rule covering them. Throws as
+  /// spec_for.
+  const Transform& transform_for(int layer, Target target) const;
 };
 
 /// The quantizers to run on one target, in run order.
