@@ -66,7 +66,8 @@ const Layer& layer() {
     };
     for (int64_t s = 0; s <= kSeqs; ++s) x.seq_offsets.push_back(s * kLen);
     for (int64_t s = 0; s < kSeqs; ++s)
-      for (int64_t j = 0; j < kRowsPerSeq; ++j) x.q_rows.push_back(static_cast<int32_t>(s * kLen + (j + 1) * kLen / kRowsPerSeq - 1));
+      for (int64_t j = 0; j < kRowsPerSeq; ++j)
+        x.q_rows.push_back(static_cast<int32_t>(s * kLen + (j + 1) * kLen / kRowsPerSeq - 1));
     for (int64_t t = 0; t < x.T; ++t) x.positions.push_back(static_cast<int32_t>(t % kLen));
     const int64_t Tq = static_cast<int64_t>(x.q_rows.size()), H = kV2Lite.num_heads, r = kV2Lite.kv_lora_rank;
     fill(x.q_nope, Tq * H * kV2Lite.qk_nope_head_dim, 2.0f);
@@ -147,19 +148,22 @@ void bm_group(benchmark::State& st) {
   const QuantSpec spec = QuantSpec::parse("int4-asym-channel-g32"), bf16 = QuantSpec::parse("bf16");
   const Rotation id;
   std::vector<float> ckv(l.c_kv.size()), kpe(l.k_pe.size()), ckv_b(l.c_kv.size()), kpe_b(l.k_pe.size());
-  quantize_dequantize_rotated(bf16, id, Target::CKV, l.c_kv.data(), l.T, kV2Lite.kv_lora_rank, l.seq_offsets, ckv_b.data());
+  quantize_dequantize_rotated(bf16, id, Target::CKV, l.c_kv.data(), l.T, kV2Lite.kv_lora_rank, l.seq_offsets,
+                              ckv_b.data());
   quantize_dequantize_rotated(bf16, id, Target::KPE, l.k_pe.data(), l.T, kV2Lite.qk_rope_head_dim, l.seq_offsets,
                               kpe_b.data());
   const auto scores = att.ckv_scores(ckv_b);
   double total = 0;
   for (auto _ : st) {
     const auto t0 = Clock::now();
-    quantize_dequantize_rotated(spec, id, Target::CKV, l.c_kv.data(), l.T, kV2Lite.kv_lora_rank, l.seq_offsets, ckv.data());
+    quantize_dequantize_rotated(spec, id, Target::CKV, l.c_kv.data(), l.T, kV2Lite.kv_lora_rank, l.seq_offsets,
+                                ckv.data());
     quantize_dequantize_rotated(spec, id, Target::KPE, l.k_pe.data(), l.T, kV2Lite.qk_rope_head_dim, l.seq_offsets,
                                 kpe.data());
     using V = probes::AbsorbedAttention<float>::Variant;
     const std::vector<V> vs = {{ckv, kpe_b, nullptr}, {ckv_b, kpe, &scores}, {ckv, kpe, nullptr}};
-    for (const auto& r : att.run_variants(vs, true)) benchmark::DoNotOptimize(probes::attention_error(prepared, r).kl_mean);
+    for (const auto& r : att.run_variants(vs, true))
+      benchmark::DoNotOptimize(probes::attention_error(prepared, r).kl_mean);
     const double sec = std::chrono::duration<double>(Clock::now() - t0).count();
     st.SetIterationTime(sec);
     total += sec;
@@ -184,10 +188,12 @@ void bm_cell(benchmark::State& st, bool decode) {
     const auto t0 = Clock::now();
     if (decode) {
       const probes::DecodeOrderInput in{l.c_kv, l.k_pe, l.seq_offsets, l.q_rows, l.positions};
-      const auto e = probes::decode_order_attention(att, prepared, in, probes::DecodeOrderQuantizer{spec}, {&order, 1}, 64);
+      const auto e =
+          probes::decode_order_attention(att, prepared, in, probes::DecodeOrderQuantizer{spec}, {&order, 1}, 64);
       benchmark::DoNotOptimize(e.data());
     } else {
-      quantize_dequantize_rotated(spec, id, Target::CKV, l.c_kv.data(), l.T, kV2Lite.kv_lora_rank, l.seq_offsets, ckv.data());
+      quantize_dequantize_rotated(spec, id, Target::CKV, l.c_kv.data(), l.T, kV2Lite.kv_lora_rank, l.seq_offsets,
+                                  ckv.data());
       quantize_dequantize_rotated(spec, id, Target::KPE, l.k_pe.data(), l.T, kV2Lite.qk_rope_head_dim, l.seq_offsets,
                                   kpe.data());
       const probes::AttentionError e = probes::attention_error(prepared, att.run(ckv, kpe, true));
@@ -212,7 +218,9 @@ void register_attention_benchmarks(const Options&) {
   benchmark::RegisterBenchmark("cpu/attention_sgemm_eigen/v2lite", bm_sgemm, true)
       ->UseManualTime()
       ->Unit(benchmark::kMillisecond);
-  benchmark::RegisterBenchmark("cpu/attention_cell/v2lite", bm_cell, false)->UseManualTime()->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("cpu/attention_cell/v2lite", bm_cell, false)
+      ->UseManualTime()
+      ->Unit(benchmark::kMillisecond);
   benchmark::RegisterBenchmark("cpu/attention_group/v2lite", bm_group)->UseManualTime()->Unit(benchmark::kMillisecond);
   benchmark::RegisterBenchmark("cpu/attention_position/v2lite", bm_cell, true)
       ->UseManualTime()

@@ -36,8 +36,8 @@ inline constexpr int64_t kD = 576;
 inline constexpr int64_t kSeqTokens = 4096;
 
 struct Options {
-  int64_t cpu_max_tokens = 65536;   ///< CPU benchmarks up to this T (--lq_cpu_max_tokens)
-  bool verify = false;              ///< GPU: compare with the CPU reference after timing (--lq_verify)
+  int64_t cpu_max_tokens = 65536;               ///< CPU benchmarks up to this T (--lq_cpu_max_tokens)
+  bool verify = false;                          ///< GPU: compare with the CPU reference after timing (--lq_verify)
   int64_t verify_max_elems = int64_t{1} << 28;  ///< ... for T·D up to this (--lq_verify_max_elems)
 };
 
@@ -48,8 +48,8 @@ inline std::vector<std::string> bench_specs() {
   for (const char* g : {"tensor", "channel-g32", "channel-g0", "token-g32", "token-g0"})
     for (const char* scheme : {"asym", "sym"})
       for (const int bits : {8, 4, 2}) out.push_back("int" + std::to_string(bits) + "-" + scheme + "-" + g);
-  for (const char* b : {"fp8-e4m3-tile128-pow2", "fp8-e4m3-tile128-fp32", "fp8-e4m3-tile32-pow2-ue8m0", "fp8-e4m3-tensor",
-                        "mxfp8", "mxfp4", "nvfp4", "fp4-e2m1-tile16-e4m3", "q8_0", "q4_0", "q4_1"})
+  for (const char* b : {"fp8-e4m3-tile128-pow2", "fp8-e4m3-tile128-fp32", "fp8-e4m3-tile32-pow2-ue8m0",
+                        "fp8-e4m3-tensor", "mxfp8", "mxfp4", "nvfp4", "fp4-e2m1-tile16-e4m3", "q8_0", "q4_0", "q4_1"})
     out.push_back(b);
   out.push_back("bf16");
   return out;

@@ -68,7 +68,8 @@ void set_counters(benchmark::State& st, int64_t bytes, double seconds_total) {
   const double per_iter = seconds_total / static_cast<double>(std::max<int64_t>(st.iterations(), 1));
   const double ref = memcpy_seconds((bytes + 1) / 2);  // a copy moving the same read + written bytes
   st.counters["vs_memcpy"] = per_iter > 0 ? ref / per_iter : 0.0;
-  st.counters["memcpy_GBps"] = ref > 0 ? static_cast<double>(2 * ((bytes + 1) / 2)) / ref / 1e9 : 0.0;  // read + written
+  st.counters["memcpy_GBps"] =
+      ref > 0 ? static_cast<double>(2 * ((bytes + 1) / 2)) / ref / 1e9 : 0.0;  // read + written
   st.counters["MB"] = static_cast<double>(bytes) / 1e6;
 }
 
@@ -181,8 +182,8 @@ void register_cpu_benchmarks(const Options& opt) {
   for (const int64_t T : bench_tokens()) {
     if (T > opt.cpu_max_tokens) continue;
     // baseline: copy of the float32 [T, 576] matrix (reads and writes T·576·4 bytes)
-    benchmark::RegisterBenchmark(("cpu/memcpy/T:" + std::to_string(T) + "/D:" + std::to_string(kD)).c_str(),
-                                 bm_memcpy, T * kD * 4)
+    benchmark::RegisterBenchmark(("cpu/memcpy/T:" + std::to_string(T) + "/D:" + std::to_string(kD)).c_str(), bm_memcpy,
+                                 T * kD * 4)
         ->Unit(benchmark::kMillisecond);
     benchmark::RegisterBenchmark(bench_name("cpu", "hadamard", "had", T).c_str(), bm_hadamard, T)
         ->UseManualTime()

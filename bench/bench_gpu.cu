@@ -26,14 +26,17 @@ __device__ __forceinline__ uint64_t splitmix64(uint64_t z) {
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
   return z ^ (z >> 31);
 }
-__device__ __forceinline__ float unit(uint64_t h) { return (static_cast<float>(h >> 40) + 0.5f) * (1.0f / 16777216.0f); }
+__device__ __forceinline__ float unit(uint64_t h) {
+  return (static_cast<float>(h >> 40) + 0.5f) * (1.0f / 16777216.0f);
+}
 
 // Latent-like values: a normal (Box–Muller) per element, per-channel scale and offset, 0.1% ×20.
 __global__ void fill_latent(float* x /*[n / D, D]*/, int64_t n, int64_t D, uint64_t seed) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t d = i % D;
-    const uint64_t h1 = splitmix64(seed ^ (static_cast<uint64_t>(i) * 2)), h2 = splitmix64(seed ^ (static_cast<uint64_t>(i) * 2 + 1));
+    const uint64_t h1 = splitmix64(seed ^ (static_cast<uint64_t>(i) * 2)),
+                   h2 = splitmix64(seed ^ (static_cast<uint64_t>(i) * 2 + 1));
     const float z = sqrtf(-2.0f * logf(unit(h1))) * cospif(2.0f * unit(h2));
     const uint64_t hc = splitmix64(seed + 77 + static_cast<uint64_t>(d));
     const float scale = expf(0.7f * (unit(hc) * 2.0f - 1.0f) * 1.7f), offset = 0.2f * (unit(hc >> 7) - 0.5f);
@@ -75,16 +78,20 @@ struct Events {
 double d2d_seconds(int64_t bytes) {
   static std::map<int64_t, double> cache;
   if (auto it = cache.find(bytes); it != cache.end()) return it->second;
-  gpu::DeviceBuffer<char> src(static_cast<size_t>(bytes), "copy source"), dst(static_cast<size_t>(bytes), "copy target");
+  gpu::DeviceBuffer<char> src(static_cast<size_t>(bytes), "copy source"),
+      dst(static_cast<size_t>(bytes), "copy target");
   LQ_CUDA_CHECK(cudaMemset(src.data(), 1, static_cast<size_t>(bytes)));
   Events ev;
   std::vector<double> t;
   for (int i = 0; i < 12; ++i) {
     LQ_CUDA_CHECK(cudaEventRecord(ev.a, nullptr));
-    LQ_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice, nullptr));
+    LQ_CUDA_CHECK(
+        cudaMemcpyAsync(dst.data(), src.data(), static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice, nullptr));
     LQ_CUDA_CHECK(cudaEventRecord(ev.b, nullptr));
-    if (i >= 2) t.push_back(ev.seconds());  // two warm-ups
-    else (void)ev.seconds();
+    if (i >= 2)
+      t.push_back(ev.seconds());  // two warm-ups
+    else
+      (void)ev.seconds();
   }
   std::nth_element(t.begin(), t.begin() + static_cast<std::ptrdiff_t>(t.size() / 2), t.end());
   return cache[bytes] = t[t.size() / 2];
@@ -182,7 +189,8 @@ void bm_hadamard(benchmark::State& st, int64_t T, Options opt) {
     Events ev;
     double total = 0;
     for (auto _ : st) {
-      LQ_CUDA_CHECK(cudaMemcpyAsync(dx.data(), d_in, static_cast<size_t>(T * kD) * 4, cudaMemcpyDeviceToDevice, nullptr));
+      LQ_CUDA_CHECK(
+          cudaMemcpyAsync(dx.data(), d_in, static_cast<size_t>(T * kD) * 4, cudaMemcpyDeviceToDevice, nullptr));
       LQ_CUDA_CHECK(cudaEventRecord(ev.a, nullptr));
       hadamard_rows_device(dx.data(), T, kD, block, ds.data(), false);
       LQ_CUDA_CHECK(cudaEventRecord(ev.b, nullptr));
@@ -205,12 +213,14 @@ void bm_hadamard(benchmark::State& st, int64_t T, Options opt) {
 
 void bm_d2d(benchmark::State& st, int64_t bytes) {
   try {
-    gpu::DeviceBuffer<char> src(static_cast<size_t>(bytes), "copy source"), dst(static_cast<size_t>(bytes), "copy target");
+    gpu::DeviceBuffer<char> src(static_cast<size_t>(bytes), "copy source"),
+        dst(static_cast<size_t>(bytes), "copy target");
     LQ_CUDA_CHECK(cudaMemset(src.data(), 1, static_cast<size_t>(bytes)));
     Events ev;
     for (auto _ : st) {
       LQ_CUDA_CHECK(cudaEventRecord(ev.a, nullptr));
-      LQ_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice, nullptr));
+      LQ_CUDA_CHECK(
+          cudaMemcpyAsync(dst.data(), src.data(), static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice, nullptr));
       LQ_CUDA_CHECK(cudaEventRecord(ev.b, nullptr));
       st.SetIterationTime(ev.seconds());
     }

@@ -27,9 +27,12 @@ int main(int argc, char** argv) {
       const std::string f = std::string(flag) + "=";
       return a.rfind(f, 0) == 0 ? argv[i] + f.size() : nullptr;
     };
-    if (const char* v = value("--lq_cpu_max_tokens")) opt.cpu_max_tokens = std::atoll(v);
-    else if (const char* v = value("--lq_verify_max_elems")) opt.verify_max_elems = std::atoll(v);
-    else if (a == "--lq_verify") opt.verify = true;
+    if (const char* v = value("--lq_cpu_max_tokens"))
+      opt.cpu_max_tokens = std::atoll(v);
+    else if (const char* v = value("--lq_verify_max_elems"))
+      opt.verify_max_elems = std::atoll(v);
+    else if (a == "--lq_verify")
+      opt.verify = true;
     else {
       if (a == "--help") {
         std::printf(

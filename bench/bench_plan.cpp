@@ -61,7 +61,8 @@ struct PlanFixture {
         const QuantizedTensor q =
             quantize_dequantize(specs[k], t == 0 ? Target::CKV : Target::KPE, X.data(), kTokens, D, seq, Y.data());
         double e = 0;
-        for (size_t i = 0; i < X.size(); ++i) e += (static_cast<double>(Y[i]) - X[i]) * (static_cast<double>(Y[i]) - X[i]);
+        for (size_t i = 0; i < X.size(); ++i)
+          e += (static_cast<double>(Y[i]) - X[i]) * (static_cast<double>(Y[i]) - X[i]);
         cost[t].push_back(q.storage_bytes());
         const double gain = transformed[k] ? 0.5 + 0.5 * std::generate_canonical<double, 53>(rng) : 1.0;
         mse[t].push_back(e / static_cast<double>(kTokens) * gain);

@@ -98,9 +98,8 @@ CrossLayerPair cross_layer_pair(const float* A, const float* B, int64_t T, int64
 }
 
 std::vector<SharedBasisResult> shared_basis_probe(std::span<const float* const> layers, int64_t T, int64_t r,
-                                                  std::span<const int64_t> seq_offsets,
-                                                  std::span<const int64_t> ranks, bool centered,
-                                                  std::span<const SvdSplitFit* const> per_layer) {
+                                                  std::span<const int64_t> seq_offsets, std::span<const int64_t> ranks,
+                                                  bool centered, std::span<const SvdSplitFit* const> per_layer) {
   const int64_t w = static_cast<int64_t>(layers.size());
   if (w < 1) throw std::invalid_argument("shared-basis probe: empty layer window");
   if (r < 1) throw std::invalid_argument("shared-basis probe: kv_lora_rank " + std::to_string(r) + " < 1");
@@ -137,8 +136,8 @@ std::vector<SharedBasisResult> shared_basis_probe(std::span<const float* const> 
 
   // Per layer: energies along each layer's own basis (the caller's fits, or computed here).
   if (!per_layer.empty() && static_cast<int64_t>(per_layer.size()) != w)
-    throw std::invalid_argument("shared-basis probe: " + std::to_string(per_layer.size()) + " per-layer fits for a window of " +
-                                std::to_string(w));
+    throw std::invalid_argument("shared-basis probe: " + std::to_string(per_layer.size()) +
+                                " per-layer fits for a window of " + std::to_string(w));
   std::vector<Eigen::VectorXd> pf(w), ph(w);
   for (int64_t l = 0; l < w; ++l) {
     if (!per_layer.empty()) {
@@ -155,9 +154,7 @@ std::vector<SharedBasisResult> shared_basis_probe(std::span<const float* const> 
     pf[l] = f.fit_energy;
     ph[l] = f.heldout_energy;
   }
-  auto rel = [](double resid, double ref) {
-    return ref > 0 ? std::sqrt(resid / ref) : (resid > 0 ? INFINITY : 0.0);
-  };
+  auto rel = [](double resid, double ref) { return ref > 0 ? std::sqrt(resid / ref) : (resid > 0 ? INFINITY : 0.0); };
   std::vector<SharedBasisResult> out;
   for (int64_t k : ranks) {
     SharedBasisResult res;

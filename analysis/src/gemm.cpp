@@ -35,7 +35,8 @@ struct Blas {
     const int parallel = openblas_get_parallel();
     serialize = parallel != 1;
     name = std::string(openblas_get_config()) + ", kernel " + openblas_get_corename();
-    if (serialize) name += parallel == 0 ? " (sequential build: calls serialized)" : " (OpenMP build: calls serialized)";
+    if (serialize)
+      name += parallel == 0 ? " (sequential build: calls serialized)" : " (OpenMP build: calls serialized)";
   }
 };
 
@@ -50,7 +51,8 @@ std::string shape(int64_t rows, int64_t cols, Op op) {
 
 int blas_int(int64_t n, const char* what) {
   if (n < 0 || n > INT_MAX)
-    throw std::invalid_argument(std::string("gemm: ") + what + " " + std::to_string(n) + " exceeds the BLAS integer (2^31 - 1)");
+    throw std::invalid_argument(std::string("gemm: ") + what + " " + std::to_string(n) +
+                                " exceeds the BLAS integer (2^31 - 1)");
   return static_cast<int>(n);
 }
 
@@ -78,8 +80,10 @@ void gemm_on(Op op_a, Op op_b, Scalar alpha, const ConstView& A, const ConstView
                                 std::to_string(C.cols()) + "]");
   if (m == 0 || n == 0) return;
   if (k == 0) {  // BLAS would scale C by beta; do the same without calling it with k = 0
-    if (beta == Scalar(0)) C.setZero();
-    else C *= beta;
+    if (beta == Scalar(0))
+      C.setZero();
+    else
+      C *= beta;
     return;
   }
   // The leading dimension: the view's outer stride, which must cover a whole row (row-major) or column
@@ -152,8 +156,7 @@ SymmetricEigen symmetric_eigen(const Eigen::MatrixXd& A, bool vectors) {
     liwork = iwork_query;
     std::vector<double> work(static_cast<size_t>(std::max(lwork, 1)));
     std::vector<int> iwork(static_cast<size_t>(std::max(liwork, 1)));
-    dsyevd_(&jobz, &uplo, &n, a.data(), &n, out.values.data(), work.data(), &lwork, iwork.data(), &liwork, &info, 1,
-            1);
+    dsyevd_(&jobz, &uplo, &n, a.data(), &n, out.values.data(), work.data(), &lwork, iwork.data(), &liwork, &info, 1, 1);
   };
   if (b.serialize) {
     const std::lock_guard<std::mutex> lock(b.mu);
@@ -165,8 +168,10 @@ SymmetricEigen symmetric_eigen(const Eigen::MatrixXd& A, bool vectors) {
   if (info != 0)
     throw std::runtime_error("symmetric_eigen: LAPACK dsyevd did not converge on the [" + std::to_string(n) + ", " +
                              std::to_string(n) + "] matrix (INFO = " + std::to_string(info) + ")");
-  if (vectors) out.vectors = std::move(a);
-  else out.vectors.resize(0, 0);
+  if (vectors)
+    out.vectors = std::move(a);
+  else
+    out.vectors.resize(0, 0);
   return out;
 }
 

@@ -33,11 +33,13 @@ double distortion_at(std::span<const double> lambda, double theta) {
 
 WaterFilling reverse_water_filling(std::span<const double> eigenvalues, double rate) {
   if (eigenvalues.empty()) throw std::invalid_argument("reverse_water_filling: empty spectrum");
-  if (!std::isfinite(rate)) throw std::invalid_argument(fmt::format("reverse_water_filling: rate {} is not finite", rate));
+  if (!std::isfinite(rate))
+    throw std::invalid_argument(fmt::format("reverse_water_filling: rate {} is not finite", rate));
   std::vector<double> lambda;
   lambda.reserve(eigenvalues.size());
   for (double l : eigenvalues) {
-    if (!std::isfinite(l)) throw std::invalid_argument(fmt::format("reverse_water_filling: eigenvalue {} is not finite", l));
+    if (!std::isfinite(l))
+      throw std::invalid_argument(fmt::format("reverse_water_filling: eigenvalue {} is not finite", l));
     lambda.push_back(std::max(l, 0.0));
   }
   const double hi0 = *std::max_element(lambda.begin(), lambda.end());
@@ -102,7 +104,8 @@ RateDistortionBound rate_distortion_bound(const LatentSpectrum& s, double bits_p
 }
 
 double gap_db(double mse, double mse_bound) {
-  if (mse_bound == 0) return mse == 0 ? std::numeric_limits<double>::quiet_NaN() : std::numeric_limits<double>::infinity();
+  if (mse_bound == 0)
+    return mse == 0 ? std::numeric_limits<double>::quiet_NaN() : std::numeric_limits<double>::infinity();
   return 10.0 * std::log10(mse / mse_bound);
 }
 

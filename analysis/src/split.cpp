@@ -26,8 +26,8 @@ void validate_seq_offsets(std::span<const int64_t> seq_offsets, int64_t T, std::
   if (seq_offsets.front() != 0)
     throw std::invalid_argument(name + "[0] = " + std::to_string(seq_offsets.front()) + ", expected 0");
   if (seq_offsets.back() != T)
-    throw std::invalid_argument(name + "[S] = " + std::to_string(seq_offsets.back()) + ", expected T = " +
-                                std::to_string(T));
+    throw std::invalid_argument(name + "[S] = " + std::to_string(seq_offsets.back()) +
+                                ", expected T = " + std::to_string(T));
   for (size_t s = 1; s < seq_offsets.size(); ++s)
     if (seq_offsets[s] < seq_offsets[s - 1])
       throw std::invalid_argument(name + " not non-decreasing at entry " + std::to_string(s) + " (" +

@@ -106,7 +106,7 @@ SvdBasis fit_svd_basis(const float* X, int64_t T, int64_t D, std::span<const std
   basis.mean = centered ? Eigen::VectorXd(Xf.colwise().mean().transpose()) : Eigen::VectorXd::Zero(D);
   const Eigen::MatrixXd Z = Xf.rowwise() - basis.mean.transpose();
   Eigen::MatrixXd G(D, D);
-  gemm<double>(Op::T, Op::N, 1, Z, Z, 0, G);  // G = ZᵀZ (the solver reads its lower triangle)
+  gemm<double>(Op::T, Op::N, 1, Z, Z, 0, G);           // G = ZᵀZ (the solver reads its lower triangle)
   const SymmetricEigen es = symmetric_eigen(G, true);  // LAPACK dsyevd (probes/lapack.h)
   // Eigenvalues ascending; reverse to σ descending. Sign convention: the largest-|.| entry of each
   // column is positive, so the basis is deterministic.
@@ -167,8 +167,8 @@ SvdProbeResult svd_probe(const float* c_kv, int64_t T, int64_t D, std::span<cons
   int64_t max_rank = 0;
   for (int64_t r : ranks) {
     if (r < 1 || r > D)
-      throw std::invalid_argument("SVD probe: rank " + std::to_string(r) + " outside [1, kv_lora_rank = " +
-                                  std::to_string(D) + "]");
+      throw std::invalid_argument("SVD probe: rank " + std::to_string(r) +
+                                  " outside [1, kv_lora_rank = " + std::to_string(D) + "]");
     max_rank = std::max(max_rank, r);
   }
   for (double f : options.energy_fractions)
@@ -202,9 +202,7 @@ SvdProbeResult svd_probe(const float* c_kv, int64_t T, int64_t D, std::span<cons
   const double nf = fit->fit_norm2, nh = fit->heldout_norm2;
   const Eigen::VectorXd s2 = res.basis.singular_values.cwiseAbs2();
   const double s2_total = s2.sum();
-  auto rel = [](double resid, double ref) {
-    return ref > 0 ? std::sqrt(resid / ref) : (resid > 0 ? INFINITY : 0.0);
-  };
+  auto rel = [](double resid, double ref) { return ref > 0 ? std::sqrt(resid / ref) : (resid > 0 ? INFINITY : 0.0); };
   // The bf16 reconstructions: every rank from one coefficient matrix per split (residuals_at_ranks); an
   // overflow is reported for the first rank in `ranks` order, fit split first, as rank by rank would.
   std::map<int64_t, std::pair<double, double>> bf16_resid;  // rank → (fit, held-out) ‖X − X̂_r‖²

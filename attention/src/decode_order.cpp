@@ -32,9 +32,12 @@ std::vector<KeyRange> decode_order_ranges(const DecodeOrder& order, std::span<co
       if (q && closed)
         throw std::logic_error("decode_order_ranges: " + order.label() + " reads the keys of position " + sz(t) +
                                " quantized in more than one range");
-      if (q && !seen) k = {j, j + 1}, seen = true;
-      else if (q) k.end = j + 1;
-      else if (seen) closed = true;
+      if (q && !seen)
+        k = {j, j + 1}, seen = true;
+      else if (q)
+        k.end = j + 1;
+      else if (seen)
+        closed = true;
     }
     out.push_back(k);
   }
@@ -58,11 +61,12 @@ std::vector<int64_t> checked_positions(const AbsorbedAttention<float>& att, cons
   for (int64_t i = 0; i < Tq; ++i) {
     const int64_t tok = in.q_rows[i];
     if (tok < 0 || tok >= T)
-      throw std::invalid_argument(std::string(what) + ": q_rows[" + sz(i) + "] = " + sz(tok) + " outside [0, T = " + sz(T) + ")");
+      throw std::invalid_argument(std::string(what) + ": q_rows[" + sz(i) + "] = " + sz(tok) +
+                                  " outside [0, T = " + sz(T) + ")");
     pos[i] = in.positions[tok];
     if (pos[i] != att.nkeys(i) - 1)
-      throw std::invalid_argument(std::string(what) + ": /positions[" + sz(tok) + "] = " + sz(pos[i]) + " for query row " +
-                                  sz(i) + ", but the row is key " + sz(att.nkeys(i) - 1) +
+      throw std::invalid_argument(std::string(what) + ": /positions[" + sz(tok) + "] = " + sz(pos[i]) +
+                                  " for query row " + sz(i) + ", but the row is key " + sz(att.nkeys(i) - 1) +
                                   " of its sequence (positions must count from each sequence's start)");
   }
   return pos;
@@ -70,12 +74,14 @@ std::vector<int64_t> checked_positions(const AbsorbedAttention<float>& att, cons
 
 // decode_order_attention on the CPU (ref: the prepared reference) or, ref null, on att's device against the
 // reference kept there (each order's errors from one evaluation's per-pair terms, summed per bucket).
-std::vector<DecodeOrderError> decode_order_impl(const AbsorbedAttention<float>& att, const AttentionReference<float>* ref,
-                                                const DecodeOrderInput& in, const DecodeOrderQuantizer& q,
-                                                std::span<const DecodeOrder> orders, int64_t bucket) {
+std::vector<DecodeOrderError> decode_order_impl(const AbsorbedAttention<float>& att,
+                                                const AttentionReference<float>* ref, const DecodeOrderInput& in,
+                                                const DecodeOrderQuantizer& q, std::span<const DecodeOrder> orders,
+                                                int64_t bucket) {
   const char* what = "decode-order attention";
   if (!ref && !(att.device_computes_errors() && att.device_runs_mixed()))
-    throw std::logic_error(std::string(what) + ": no reference, and no device that computes attention_error's terms of "
+    throw std::logic_error(std::string(what) +
+                           ": no reference, and no device that computes attention_error's terms of "
                            "mixed caches attached");
   if (bucket < 1) throw std::invalid_argument(std::string(what) + ": position bucket " + sz(bucket) + " < 1");
   if (!q.c_kv && !q.k_pe) throw std::invalid_argument(std::string(what) + ": neither c_kv nor k_pe is quantized");
@@ -105,8 +111,8 @@ std::vector<DecodeOrderError> decode_order_impl(const AbsorbedAttention<float>& 
       bpt = 2.0 * static_cast<double>(D);
       if (!on || D == 0) return;
       out.resize(X.size());
-      const QuantizedTensor qt = decode_order_quantize(q.spec, rot ? *rot : identity, t, X.data(), T, D, in.seq_offsets,
-                                                       o, out.data());
+      const QuantizedTensor qt =
+          decode_order_quantize(q.spec, rot ? *rot : identity, t, X.data(), T, D, in.seq_offsets, o, out.data());
       bpt = qt.rows > 0 ? account(qt).bytes_per_token : 0.0;
     };
     one(q.c_kv, Target::CKV, in.c_kv, r, q.r_ckv, Qz.c, Qz.bpt_c);
@@ -133,12 +139,17 @@ std::vector<DecodeOrderError> decode_order_impl(const AbsorbedAttention<float>& 
     if (!qk) rk = rc;
     const MixedCache m{qc ? std::span<const float>(Qz.c) : std::span<const float>(bc),
                        qk ? std::span<const float>(Qz.k) : std::span<const float>(bk),
-                       bc, bk, rc, rk};
+                       bc,
+                       bk,
+                       rc,
+                       rk};
     // CPU: run_mixed()'s result (checked finite there: not again for each bucket); device: its terms.
     std::optional<AttentionResult<float>> test;
     std::vector<AttentionPairTerms> terms;
-    if (ref) test.emplace(att.run_mixed(m, true));
-    else terms = att.device_error_terms(m);
+    if (ref)
+      test.emplace(att.run_mixed(m, true));
+    else
+      terms = att.device_error_terms(m);
 
     DecodeOrderError e;
     e.order = o;
@@ -180,9 +191,10 @@ std::vector<DecodeOrderError> decode_order_impl(const AbsorbedAttention<float>& 
 }
 }  // namespace
 
-std::vector<DecodeOrderError> decode_order_attention(const AbsorbedAttention<float>& att, const AttentionReference<float>& ref,
-                                                     const DecodeOrderInput& in, const DecodeOrderQuantizer& q,
-                                                     std::span<const DecodeOrder> orders, int64_t bucket) {
+std::vector<DecodeOrderError> decode_order_attention(const AbsorbedAttention<float>& att,
+                                                     const AttentionReference<float>& ref, const DecodeOrderInput& in,
+                                                     const DecodeOrderQuantizer& q, std::span<const DecodeOrder> orders,
+                                                     int64_t bucket) {
   return decode_order_impl(att, &ref, in, q, orders, bucket);
 }
 

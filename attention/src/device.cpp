@@ -34,7 +34,8 @@ void AbsorbedAttention<Scalar>::attach_device(const AttentionDeviceFactory& make
   } else {
     if (segment_rows < 0)
       throw std::invalid_argument("attention: attach_device: segment_rows " + sz(segment_rows) + " < 0");
-    const int64_t rows = segment_rows > 0 ? segment_rows : std::max<int64_t>(1, kDeviceSegmentGemmRows / dims_.num_heads);
+    const int64_t rows =
+        segment_rows > 0 ? segment_rows : std::max<int64_t>(1, kDeviceSegmentGemmRows / dims_.num_heads);
     // Segments of at most `rows` consecutive sorted rows of one sequence (the chunks of a sequence are
     // consecutive and share key_begin; rows are sorted by token index, so a segment's last row has the most
     // keys, its nk).
@@ -94,7 +95,8 @@ AttentionResult<Scalar> AbsorbedAttention<Scalar>::keep_device_reference(std::sp
     throw std::logic_error("attention: keep_device_reference: the device path is float32 only");
   } else {
     if (!device_computes_errors())
-      throw std::logic_error("attention: keep_device_reference: no device that computes attention_error's terms is attached");
+      throw std::logic_error(
+          "attention: keep_device_reference: no device that computes attention_error's terms is attached");
     check_latents(dims_, T_, c_kv, k_pe);
     device_reference_ = false;
     AttentionResult<Scalar> res = device_result(false, "attention reference", [&](float* out, float*) {
@@ -115,8 +117,7 @@ AttentionResult<Scalar> AbsorbedAttention<Scalar>::device_result(bool keep_probs
   std::vector<float> out(static_cast<size_t>(Tq * H * v)), probs(keep_probs ? static_cast<size_t>(nprobs) : 0);
   run(out.data(), keep_probs ? probs.data() : nullptr);
   // Back to q_rows order and the packed probability layout (H·nkeys[i] per row).
-  for (int64_t p = 0; p < Tq; ++p)
-    std::copy_n(out.data() + p * H * v, H * v, res.out.data() + order_[p] * H * v);
+  for (int64_t p = 0; p < Tq; ++p) std::copy_n(out.data() + p * H * v, H * v, res.out.data() + order_[p] * H * v);
   if (keep_probs) {
     int64_t off = 0;
     for (const AttentionSegment& g : segments_) {
@@ -135,7 +136,7 @@ AttentionResult<Scalar> AbsorbedAttention<Scalar>::device_result(bool keep_probs
 
 template <typename Scalar>
 AttentionResult<Scalar> AbsorbedAttention<Scalar>::run_device(std::span<const float> c_kv, std::span<const float> k_pe,
-                                                               bool keep_probs) const {
+                                                              bool keep_probs) const {
   check_latents(dims_, T_, c_kv, k_pe);
   return device_result(keep_probs, "attention",
                        [&](float* out, float* probs) { device_->run(c_kv.data(), k_pe.data(), out, probs); });
@@ -159,8 +160,9 @@ std::vector<AttentionPairTerms> AbsorbedAttention<Scalar>::device_terms_impl(std
                                                                              std::span<const float> k_pe,
                                                                              const MixedCache* mixed) const {
   if (!device_computes_errors() || !device_reference_)
-    throw std::logic_error("attention: device_error: no reference kept on a device that computes attention_error's "
-                           "terms (keep_device_reference)");
+    throw std::logic_error(
+        "attention: device_error: no reference kept on a device that computes attention_error's "
+        "terms (keep_device_reference)");
   if (mixed && !device_runs_mixed())
     throw std::logic_error("attention: device_error_terms: the device does not run mixed caches");
   check_latents(dims_, T_, c_kv, k_pe);
@@ -204,7 +206,8 @@ AttentionError AbsorbedAttention<Scalar>::error_from_terms(std::span<const Atten
   double err2 = 0, ref2 = 0, cos_sum = 0, kl_sum = 0, top1 = 0, top8 = 0;
   for (const int64_t i : rows) {
     if (i < 0 || i >= Tq)
-      throw std::invalid_argument("attention: error_from_terms: query row " + sz(i) + " outside [0, Tq = " + sz(Tq) + ")");
+      throw std::invalid_argument("attention: error_from_terms: query row " + sz(i) + " outside [0, Tq = " + sz(Tq) +
+                                  ")");
     const int64_t m = std::min<int64_t>(8, nkeys_[i]);
     for (int64_t h = 0; h < H; ++h) {
       const AttentionPairTerms& t = terms[i * H + h];
@@ -216,7 +219,8 @@ AttentionError AbsorbedAttention<Scalar>::error_from_terms(std::span<const Atten
       top8 += static_cast<double>(t.top_common) / static_cast<double>(m);
     }
   }
-  return finish_error(err2, ref2, cos_sum, kl_sum, top1, top8, static_cast<double>(static_cast<int64_t>(rows.size()) * H));
+  return finish_error(err2, ref2, cos_sum, kl_sum, top1, top8,
+                      static_cast<double>(static_cast<int64_t>(rows.size()) * H));
 }
 
 template <typename Scalar>

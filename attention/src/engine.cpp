@@ -23,8 +23,8 @@ RowInfo validate_queries(const AttentionQueries& q) {
   if (d.num_heads < 1 || d.kv_lora_rank < 1 || d.qk_nope_head_dim < 1 || d.v_head_dim < 1 || d.qk_rope_head_dim < 0)
     throw std::invalid_argument("attention: bad dims (num_heads " + sz(d.num_heads) + ", kv_lora_rank " +
                                 sz(d.kv_lora_rank) + ", qk_nope_head_dim " + sz(d.qk_nope_head_dim) +
-                                ", qk_rope_head_dim " + sz(d.qk_rope_head_dim) + ", v_head_dim " +
-                                sz(d.v_head_dim) + "); all must be >= 1 (qk_rope_head_dim >= 0)");
+                                ", qk_rope_head_dim " + sz(d.qk_rope_head_dim) + ", v_head_dim " + sz(d.v_head_dim) +
+                                "); all must be >= 1 (qk_rope_head_dim >= 0)");
   if (q.num_tokens < 1) throw std::invalid_argument("attention: num_tokens " + sz(q.num_tokens) + " < 1");
   validate_seq_offsets(q.seq_offsets, q.num_tokens, "attention: seq_offsets");
   const int64_t Tq = static_cast<int64_t>(q.q_rows.size());
@@ -48,8 +48,8 @@ RowInfo validate_queries(const AttentionQueries& q) {
   for (int64_t i = 0; i < Tq; ++i) {
     const int64_t t = q.q_rows[i];
     if (t < 0 || t >= q.num_tokens)
-      throw std::invalid_argument("attention: q_rows[" + sz(i) + "] = " + sz(t) + " outside [0, T = " +
-                                  sz(q.num_tokens) + ")");
+      throw std::invalid_argument("attention: q_rows[" + sz(i) + "] = " + sz(t) +
+                                  " outside [0, T = " + sz(q.num_tokens) + ")");
     // The sequence s with seq_offsets[s] <= t < seq_offsets[s+1] (empty sequences skipped).
     const auto it = std::upper_bound(q.seq_offsets.begin(), q.seq_offsets.end(), t);
     info.t[i] = t;
@@ -214,7 +214,8 @@ AbsorbedAttention<Scalar>::AbsorbedAttention(const AttentionQueries& q) {
     gemm<Scalar>(Op::N, Op::N, 1, qn, wuk, 0, ql);
     for (int64_t p = 0; p < Tq; ++p) {
       q_lat_.row(p * H + h) = ql.row(p);
-      for (int64_t j = 0; j < rope; ++j) q_pe_(p * H + h, j) = static_cast<Scalar>(q.q_pe[(order_[p] * H + h) * rope + j]);
+      for (int64_t j = 0; j < rope; ++j)
+        q_pe_(p * H + h, j) = static_cast<Scalar>(q.q_pe[(order_[p] * H + h) * rope + j]);
     }
   }
   w_uv_ = Eigen::Map<const RowMatF>(q.w_uv.data(), H * v, r).template cast<Scalar>();
@@ -222,14 +223,14 @@ AbsorbedAttention<Scalar>::AbsorbedAttention(const AttentionQueries& q) {
 
 template <typename Scalar>
 AttentionResult<Scalar> AbsorbedAttention<Scalar>::run(std::span<const float> c_kv, std::span<const float> k_pe,
-                                                        bool keep_probs) const {
+                                                       bool keep_probs) const {
   if (device_) return run_device(c_kv, k_pe, keep_probs);
   return run_impl(c_kv, k_pe, nullptr, keep_probs);
 }
 
 template <typename Scalar>
 AttentionResult<Scalar> AbsorbedAttention<Scalar>::run_on_cpu(std::span<const float> c_kv, std::span<const float> k_pe,
-                                                               bool keep_probs) const {
+                                                              bool keep_probs) const {
   return run_impl(c_kv, k_pe, nullptr, keep_probs);
 }
 
@@ -237,9 +238,9 @@ template <typename Scalar>
 void AbsorbedAttention<Scalar>::check_mixed_ranges(const MixedCache& m) const {
   const int64_t Tq = num_queries();
   if (static_cast<int64_t>(m.ckv_from_a.size()) != Tq || static_cast<int64_t>(m.kpe_from_a.size()) != Tq)
-    throw std::invalid_argument("attention: the mixed cache's key ranges have " + sz(static_cast<int64_t>(m.ckv_from_a.size())) +
-                                " (c_kv) and " + sz(static_cast<int64_t>(m.kpe_from_a.size())) +
-                                " (k_pe) entries, expected Tq = " + sz(Tq));
+    throw std::invalid_argument(
+        "attention: the mixed cache's key ranges have " + sz(static_cast<int64_t>(m.ckv_from_a.size())) +
+        " (c_kv) and " + sz(static_cast<int64_t>(m.kpe_from_a.size())) + " (k_pe) entries, expected Tq = " + sz(Tq));
 }
 
 template <typename Scalar>
@@ -251,7 +252,7 @@ AttentionResult<Scalar> AbsorbedAttention<Scalar>::run_mixed(const MixedCache& m
 
 template <typename Scalar>
 AttentionResult<Scalar> AbsorbedAttention<Scalar>::run_impl(std::span<const float> c_kv, std::span<const float> k_pe,
-                                                             const MixedCache* mixed, bool keep_probs) const {
+                                                            const MixedCache* mixed, bool keep_probs) const {
   check_latents(dims_, T_, c_kv, k_pe);
   if (mixed) check_latents(dims_, T_, mixed->c_kv_b, mixed->k_pe_b);
   const int64_t Tq = num_queries();
@@ -446,8 +447,10 @@ std::vector<AttentionResult<Scalar>> AbsorbedAttention<Scalar>::run_variants(std
       for (int64_t b = 0; b < m; ++b) {
         const int64_t a = vs[b];
         auto Pb = P.middleRows(b * nH, nH);
-        if (rope > 0) Pb.noalias() = Sc + Sk[vk[a]];
-        else Pb = Sc;
+        if (rope > 0)
+          Pb.noalias() = Sc + Sk[vk[a]];
+        else
+          Pb = Sc;
         Pb *= scale_;
         for (int64_t p = c.begin; p < c.end; ++p) {
           const int64_t i = order_[p], n = nkeys_[i];

@@ -109,13 +109,12 @@ FoldCheck fold_check(const AttentionQueries& q, std::span<const float> c_kv, std
   const int64_t r = d.kv_lora_rank, rope = d.qk_rope_head_dim;
   const std::vector<float> c2 = rotated(c_kv, r_ckv, r);
   const std::vector<float> k2 = rope ? rotated(k_pe, r_kpe, rope) : std::vector<float>{};
-  const std::vector<float> wuk = mode == FoldMode::SkipWUK ? std::vector<float>(q.w_uk.begin(), q.w_uk.end())
-                                                           : rotated(q.w_uk, r_ckv, r);
-  const std::vector<float> wuv = mode == FoldMode::SkipWUV ? std::vector<float>(q.w_uv.begin(), q.w_uv.end())
-                                                           : rotated(q.w_uv, r_ckv, r);
-  const std::vector<float> qpe = (mode == FoldMode::SkipQPe || !rope)
-                                     ? std::vector<float>(q.q_pe.begin(), q.q_pe.end())
-                                     : rotated(q.q_pe, r_kpe, rope);
+  const std::vector<float> wuk =
+      mode == FoldMode::SkipWUK ? std::vector<float>(q.w_uk.begin(), q.w_uk.end()) : rotated(q.w_uk, r_ckv, r);
+  const std::vector<float> wuv =
+      mode == FoldMode::SkipWUV ? std::vector<float>(q.w_uv.begin(), q.w_uv.end()) : rotated(q.w_uv, r_ckv, r);
+  const std::vector<float> qpe = (mode == FoldMode::SkipQPe || !rope) ? std::vector<float>(q.q_pe.begin(), q.q_pe.end())
+                                                                      : rotated(q.q_pe, r_kpe, rope);
   AttentionQueries q2 = q;
   q2.w_uk = wuk;
   q2.w_uv = wuv;
@@ -134,8 +133,8 @@ FoldCheck require_fold_exact(const AttentionQueries& q, std::span<const float> c
     std::snprintf(buf, sizeof buf, "out_rel_fro %.3g > %.0e (KL %.3g)", f.out_rel_fro, kFoldTolerance, f.kl_mean);
     throw std::runtime_error("fold check failed: " + what +
                              ": the absorbed attention on the rotated cache with the rotated W_UK, W_UV and q_pe "
-                             "differs from the unrotated one: " + buf +
-                             " (a rotation applied to the cache but not undone on a weight path)");
+                             "differs from the unrotated one: " +
+                             buf + " (a rotation applied to the cache but not undone on a weight path)");
   }
   return f;
 }

@@ -84,8 +84,9 @@ AttentionError finish_error(double err2, double ref2, double cos_sum, double kl_
 template <typename Scalar>
 void require_finite_counts(const char* what, int64_t bad_out, int64_t n_out, int64_t bad_p, int64_t n_p) {
   if (bad_out + bad_p > 0)
-    throw std::invalid_argument(std::string(what) + ": " + sz(bad_out) + " of " + sz(n_out) + " outputs and " + sz(bad_p) +
-                                " of " + sz(n_p) + " kept probabilities are NaN/Inf in " + precision_name<Scalar>() +
+    throw std::invalid_argument(std::string(what) + ": " + sz(bad_out) + " of " + sz(n_out) + " outputs and " +
+                                sz(bad_p) + " of " + sz(n_p) + " kept probabilities are NaN/Inf in " +
+                                precision_name<Scalar>() +
                                 " (the scores or the output overflow the working precision); no metric is computed "
                                 "from a non-finite attention");
 }

@@ -98,7 +98,8 @@ void check_error_inputs(const AttentionResult<Scalar>& ref, const AttentionResul
                                 ") or in their key counts");
   if (ref.probs.size() != static_cast<size_t>(ref.prob_offsets.back()) ||
       test.probs.size() != static_cast<size_t>(test.prob_offsets.back()))
-    throw std::invalid_argument(std::string(what) + ": both results need their probabilities (run with keep_probs = true)");
+    throw std::invalid_argument(std::string(what) +
+                                ": both results need their probabilities (run with keep_probs = true)");
   const int64_t Tq = ref.num_queries;
   if (Tq < 1) throw std::invalid_argument(std::string(what) + ": no query rows");
   if (rows.empty()) throw std::invalid_argument(std::string(what) + ": no query rows selected");
@@ -168,7 +169,8 @@ AttentionError error_over_rows(const AttentionResult<Scalar>& ref, const Attenti
       top8 += static_cast<double>(common) / static_cast<double>(m);
     }
   }
-  return finish_error(err2, ref2, cos_sum, kl_sum, top1, top8, static_cast<double>(static_cast<int64_t>(rows.size()) * H));
+  return finish_error(err2, ref2, cos_sum, kl_sum, top1, top8,
+                      static_cast<double>(static_cast<int64_t>(rows.size()) * H));
 }
 
 // decode_order.cpp scores float results; the double ones are attention_error's here.
@@ -204,12 +206,13 @@ AttentionReference<Scalar>::AttentionReference(const AttentionResult<Scalar>& re
   for (int64_t i = 0; i < Tq; ++i)
     if (ref.nkeys[i] < 0 || ref.prob_offsets[i + 1] - ref.prob_offsets[i] != H * ref.nkeys[i])
       throw std::invalid_argument("attention reference: query row " + sz(i) + " has " +
-                                  sz(ref.prob_offsets[i + 1] - ref.prob_offsets[i]) + " probabilities, expected H · nkeys = " +
-                                  sz(H) + " · " + sz(ref.nkeys[i]));
+                                  sz(ref.prob_offsets[i + 1] - ref.prob_offsets[i]) +
+                                  " probabilities, expected H · nkeys = " + sz(H) + " · " + sz(ref.nkeys[i]));
   require_finite_result(ref, "attention reference");
   top_.assign(static_cast<size_t>(std::max<int64_t>(Tq, 0) * H * 8), -1);
   for (int64_t i = 0; i < Tq; ++i)
-    for (int64_t h = 0; h < H; ++h) top_m(ref.prob(i, h), std::min<int64_t>(8, ref.nkeys[i]), top_.data() + (i * H + h) * 8);
+    for (int64_t h = 0; h < H; ++h)
+      top_m(ref.prob(i, h), std::min<int64_t>(8, ref.nkeys[i]), top_.data() + (i * H + h) * 8);
 }
 
 template <typename Scalar>

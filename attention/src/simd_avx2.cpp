@@ -15,7 +15,7 @@
 
 namespace latentq::probes::attention_detail {
 
-extern "C" __m256 _ZGVdN8v_expf(__m256);    // glibc libmvec: the AVX2 variant of expf (x86_64 vector ABI)
+extern "C" __m256 _ZGVdN8v_expf(__m256);   // glibc libmvec: the AVX2 variant of expf (x86_64 vector ABI)
 extern "C" __m256d _ZGVdN4v_log(__m256d);  // ... and of log
 
 // x[j] = exp(x[j] − m) for j in [0, n), eight at a time with libmvec's expf, the tail with std::exp.

@@ -63,7 +63,7 @@ const CublasApi& cublas() {
       return a;
     }
     const auto sym = [&](auto& f, const char* name) {
-      f = reinterpret_cast<std::remove_reference_t<decltype(f)>>(dlsym(h, name));
+      f = reinterpret_cast<std::remove_reference_t<decltype(f)> >(dlsym(h, name));
       if (!f && a.error.empty()) a.error = std::string("cuBLAS has no ") + name;
     };
     sym(a.create, "cublasCreate_v2");
@@ -96,8 +96,10 @@ __device__ T block_reduce(T v, T* sh) {
   __syncthreads();
   for (int s = kSoftmaxThreads / 2; s > 0; s >>= 1) {
     if (t < s) {
-      if constexpr (Max) sh[t] = fmaxf(sh[t], sh[t + s]);
-      else sh[t] = sh[t] + sh[t + s];
+      if constexpr (Max)
+        sh[t] = fmaxf(sh[t], sh[t + s]);
+      else
+        sh[t] = sh[t] + sh[t + s];
     }
     __syncthreads();
   }
@@ -170,8 +172,10 @@ __device__ void block_top(const float* x, int64_t n, float (*sv)[kTop], int32_t 
       int a = 0, b = 0, k = 0;
       while (k < kTop && (a < na || b < nb)) {
         const bool take_a = b >= nb || (a < na && top_before(sv[t][a], si[t][a], sv[t + s][b], si[t + s][b]));
-        if (take_a) lv[k] = sv[t][a], li[k] = si[t][a], ++a;
-        else lv[k] = sv[t + s][b], li[k] = si[t + s][b], ++b;
+        if (take_a)
+          lv[k] = sv[t][a], li[k] = si[t][a], ++a;
+        else
+          lv[k] = sv[t + s][b], li[k] = si[t + s][b], ++b;
         ++k;
       }
       for (int q = 0; q < k; ++q) sv[t][q] = lv[q], si[t][q] = li[q];
@@ -208,11 +212,21 @@ __global__ void mix_kernel(float* X, float* Y, int64_t M, int64_t ld, const int6
     const int64_t* rg = ranges + (q / H) * 4 + 2 * target;
     const bool in = j >= rg[0] && j < rg[1];
     switch (op) {
-      case kPickA: X[e] = in ? X[e] : Y[e]; break;
-      case kAddA: X[e] = in ? X[e] + Y[e] : X[e]; break;
-      case kAddB: X[e] = in ? X[e] : X[e] + Y[e]; break;
-      case kKeepA: Y[e] = in ? X[e] : 0.0f; break;
-      default: Y[e] = in ? 0.0f : X[e]; break;
+      case kPickA:
+        X[e] = in ? X[e] : Y[e];
+        break;
+      case kAddA:
+        X[e] = in ? X[e] + Y[e] : X[e];
+        break;
+      case kAddB:
+        X[e] = in ? X[e] : X[e] + Y[e];
+        break;
+      case kKeepA:
+        Y[e] = in ? X[e] : 0.0f;
+        break;
+      default:
+        Y[e] = in ? 0.0f : X[e];
+        break;
     }
   }
 }
@@ -334,7 +348,7 @@ struct DeviceAbsorbedAttention::Impl {
   std::vector<int64_t> nkeys;  // [Tq] by sorted row (host copy: run_mixed's column bounds)
   float scale = 0;
   std::vector<DeviceAttentionSegment> segments;
-  std::vector<int64_t> s_offset;  // [segments + 1] start of each segment's scores in d_S
+  std::vector<int64_t> s_offset;                     // [segments + 1] start of each segment's scores in d_S
   gpu::DeviceBuffer<float> d_q_lat, d_q_pe, d_w_uv;  // [Tq·H, r], [Tq·H, rope], [H·v, r]
   gpu::DeviceBuffer<int64_t> d_nkeys;                // [Tq]
   gpu::DeviceBuffer<float> d_c_kv, d_k_pe;           // [T, r], [T, rope]
@@ -343,7 +357,7 @@ struct DeviceAbsorbedAttention::Impl {
   // The kept reference (keep_reference): its probabilities (as d_S), outputs and top keys [Tq·H, kTop].
   gpu::DeviceBuffer<float> d_S_ref, d_out_ref;
   gpu::DeviceBuffer<int32_t> d_top_ref;
-  gpu::DeviceBuffer<DeviceAttentionTerms> d_terms;   // [Tq·H]
+  gpu::DeviceBuffer<DeviceAttentionTerms> d_terms;  // [Tq·H]
   bool has_ref = false;
   // run_mixed's store B and the rows' ranges: [T, r], [T, rope], [Tq, 4]; a second scores buffer (as d_S).
   gpu::DeviceBuffer<float> d_c_kv_b, d_k_pe_b, d_S2;
@@ -368,23 +382,20 @@ DeviceAbsorbedAttention::DeviceAbsorbedAttention(int64_t num_heads, int64_t kv_l
   m.H = num_heads, m.r = kv_lora_rank, m.rope = qk_rope_head_dim, m.v = v_head_dim, m.T = num_tokens;
   m.Tq = static_cast<int64_t>(nkeys.size());
   m.scale = softmax_scale;
-  const auto bad = [](const std::string& what) {
-    throw std::invalid_argument("DeviceAbsorbedAttention: " + what);
-  };
+  const auto bad = [](const std::string& what) { throw std::invalid_argument("DeviceAbsorbedAttention: " + what); };
   if (m.H < 1 || m.r < 1 || m.rope < 0 || m.v < 1 || m.T < 1 || m.Tq < 1)
-    bad("bad dims (num_heads " + std::to_string(m.H) + ", kv_lora_rank " + std::to_string(m.r) +
-        ", qk_rope_head_dim " + std::to_string(m.rope) + ", v_head_dim " + std::to_string(m.v) + ", T " +
-        std::to_string(m.T) + ", Tq " + std::to_string(m.Tq) + ")");
+    bad("bad dims (num_heads " + std::to_string(m.H) + ", kv_lora_rank " + std::to_string(m.r) + ", qk_rope_head_dim " +
+        std::to_string(m.rope) + ", v_head_dim " + std::to_string(m.v) + ", T " + std::to_string(m.T) + ", Tq " +
+        std::to_string(m.Tq) + ")");
   m.segments.assign(segments.begin(), segments.end());
   m.s_offset.assign(1, 0);
   int64_t next = 0;
   for (size_t g = 0; g < m.segments.size(); ++g) {
     const DeviceAttentionSegment& s = m.segments[g];
     if (s.begin != next || s.end <= s.begin || s.end > m.Tq || s.key_begin < 0 || s.nk < 1 || s.key_begin + s.nk > m.T)
-      bad("segment " + std::to_string(g) + " [" + std::to_string(s.begin) + ", " + std::to_string(s.end) +
-          ") keys [" + std::to_string(s.key_begin) + ", " + std::to_string(s.key_begin + s.nk) +
-          ") does not continue at row " + std::to_string(next) + " within Tq = " + std::to_string(m.Tq) +
-          " and T = " + std::to_string(m.T));
+      bad("segment " + std::to_string(g) + " [" + std::to_string(s.begin) + ", " + std::to_string(s.end) + ") keys [" +
+          std::to_string(s.key_begin) + ", " + std::to_string(s.key_begin + s.nk) + ") does not continue at row " +
+          std::to_string(next) + " within Tq = " + std::to_string(m.Tq) + " and T = " + std::to_string(m.T));
     for (int64_t p = s.begin; p < s.end; ++p)
       if (nkeys[p] < 1 || nkeys[p] > s.nk)
         bad("nkeys[" + std::to_string(p) + "] = " + std::to_string(nkeys[p]) + " outside [1, " + std::to_string(s.nk) +
@@ -394,7 +405,8 @@ DeviceAbsorbedAttention::DeviceAbsorbedAttention(int64_t num_heads, int64_t kv_l
     m.s_offset.push_back(m.s_offset.back() + (s.end - s.begin) * m.H * s.nk);
     next = s.end;
   }
-  if (next != m.Tq) bad("the segments cover rows [0, " + std::to_string(next) + "), not [0, Tq = " + std::to_string(m.Tq) + ")");
+  if (next != m.Tq)
+    bad("the segments cover rows [0, " + std::to_string(next) + "), not [0, Tq = " + std::to_string(m.Tq) + ")");
   cublas_int(m.Tq * m.H * std::max(m.r, m.v), "rows × heads × dims");
 
   m.d_q_lat.upload(q_lat, static_cast<size_t>(m.Tq * m.H * m.r), nullptr, "q_lat");
@@ -471,15 +483,15 @@ void DeviceAbsorbedAttention::Impl::compute(const float* c_kv, const float* k_pe
                             const float* beta) {
       if (j1 > j0)
         LQ_CUBLAS_CHECK(cublas().sgemm(m.handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(j1 - j0), M,
-                                    static_cast<int>(d), &one, store + j0 * d, static_cast<int>(d), Qx,
-                                    static_cast<int>(d), beta, dst + j0, nk));
+                                       static_cast<int>(d), &one, store + j0 * d, static_cast<int>(d), Qx,
+                                       static_cast<int>(d), beta, dst + j0, nk));
     };
     float* O = m.d_o_lat.data() + s.begin * m.H * m.r;
     bool o_set = false;  // O written by a first product (beta 0), then accumulated
     const auto output = [&](const float* store, const float* P, int64_t j0, int64_t j1) {
       if (j1 <= j0) return;
       LQ_CUBLAS_CHECK(cublas().sgemm(m.handle, CUBLAS_OP_N, CUBLAS_OP_N, r, M, static_cast<int>(j1 - j0), &one,
-                                  store + j0 * m.r, r, P + j0, nk, o_set ? &one : &zero, O, r));
+                                     store + j0 * m.r, r, P + j0, nk, o_set ? &one : &zero, O, r));
       o_set = true;
     };
     // The c_kv columns of each store (mixed), for the score and the output products alike.
@@ -518,9 +530,9 @@ void DeviceAbsorbedAttention::Impl::compute(const float* c_kv, const float* k_pe
   // out[p, h, :] = o_lat[p·H + h, :] · W_UV[h]ᵀ, per head h ([Tq, r] with row stride H·r, times [v, r]ᵀ into
   // [Tq, v] with row stride H·v); column-major per head: outᵀ [v, Tq] = W_UV[h] (col-major [r, v], op T) · o_latᵀ.
   LQ_CUBLAS_CHECK(cublas().sgemm_strided_batched(m.handle, CUBLAS_OP_T, CUBLAS_OP_N, v, Tq, r, &one, m.d_w_uv.data(), r,
-                                            static_cast<long long>(m.v) * m.r, m.d_o_lat.data(), H * r,
-                                            static_cast<long long>(m.r), &zero, m.d_out.data(), H * v,
-                                            static_cast<long long>(m.v), H));
+                                                 static_cast<long long>(m.v) * m.r, m.d_o_lat.data(), H * r,
+                                                 static_cast<long long>(m.r), &zero, m.d_out.data(), H * v,
+                                                 static_cast<long long>(m.v), H));
 }
 
 void DeviceAbsorbedAttention::run(const float* c_kv, const float* k_pe, float* out_sorted, float* probs) const {
@@ -549,7 +561,8 @@ void DeviceAbsorbedAttention::keep_reference(const float* c_kv, const float* k_p
   m.d_out_ref.resize(m.d_out.size(), "reference output");
   m.d_top_ref.resize(static_cast<size_t>(m.Tq * m.H * kTop), "reference top keys");
   LQ_CUDA_CHECK(cudaMemcpyAsync(m.d_S_ref.data(), m.d_S.data(), m.d_S.bytes(), cudaMemcpyDeviceToDevice, nullptr));
-  LQ_CUDA_CHECK(cudaMemcpyAsync(m.d_out_ref.data(), m.d_out.data(), m.d_out.bytes(), cudaMemcpyDeviceToDevice, nullptr));
+  LQ_CUDA_CHECK(
+      cudaMemcpyAsync(m.d_out_ref.data(), m.d_out.data(), m.d_out.bytes(), cudaMemcpyDeviceToDevice, nullptr));
   for (size_t g = 0; g < m.segments.size(); ++g) {
     const DeviceAttentionSegment& s = m.segments[g];
     LQ_LAUNCH(top_rows_kernel, dim3(static_cast<unsigned>((s.end - s.begin) * m.H)), dim3(kSoftmaxThreads), 0, nullptr,

@@ -38,26 +38,26 @@ namespace latentq::gpu::detail {
 namespace {
 
 constexpr int kBlocksThreads = 256;
-constexpr int kLoadUnroll = 8;         // loads in flight per thread in phase 1 (scalar)
-constexpr int kLoadUnroll4 = 4;        // (float4)
-constexpr int kTileElems = 4608;       // target R·D of a quantize tile (8 rows at D = 576)
+constexpr int kLoadUnroll = 8;            // loads in flight per thread in phase 1 (scalar)
+constexpr int kLoadUnroll4 = 4;           // (float4)
+constexpr int kTileElems = 4608;          // target R·D of a quantize tile (8 rows at D = 576)
 constexpr int64_t kTileSmem = 24 * 1024;  // and its shared memory: ≈ 8 CTAs of 256 threads per SM
 constexpr int kDequantTileElems = 8192;
-constexpr int kTensorPiece = 32;       // per-tensor fp8: elements per piece
+constexpr int kTensorPiece = 32;  // per-tensor fp8: elements per piece
 
 /// Launch geometry of one block-format call (host-computed).
 struct BlocksPlan {
   q::BlockDesc desc;  ///< the kernels' blocks (per-tensor fp8: kTensorPiece-element pieces)
   int D;
-  int nb;             ///< blocks per row
-  int rb;             ///< code bytes per row
-  int bb;             ///< code bytes of a full block (block · code_bits / 8; blocks start at even elements)
-  int R;              ///< rows per tile
-  int sb;             ///< shared-memory floats per block: odd, ≥ block
+  int nb;  ///< blocks per row
+  int rb;  ///< code bytes per row
+  int bb;  ///< code bytes of a full block (block · code_bits / 8; blocks start at even elements)
+  int R;   ///< rows per tile
+  int sb;  ///< shared-memory floats per block: odd, ≥ block
   FastDiv div_D, div_block, div_nb, div_rb, div_bb;
-  bool vec;           ///< decode: float4 stores of 4 elements of one block
-  bool vec_load;      ///< quantize: float4 loads (x 16-byte aligned, D % 4 == 0, block % 4 == 0)
-  bool words;         ///< quantize: 4-byte code stores (codes 4-byte aligned, rb % 4 == 0, bb % 4 == 0)
+  bool vec;       ///< decode: float4 stores of 4 elements of one block
+  bool vec_load;  ///< quantize: float4 loads (x 16-byte aligned, D % 4 == 0, block % 4 == 0)
+  bool words;     ///< quantize: 4-byte code stores (codes 4-byte aligned, rb % 4 == 0, bb % 4 == 0)
 };
 
 __device__ __forceinline__ uint8_t* scale_ptr(const BlocksArgs& a, int64_t gi) {
@@ -69,7 +69,7 @@ __device__ __forceinline__ uint8_t* offset_ptr(const BlocksArgs& a, int64_t gi) 
 
 __global__ void __launch_bounds__(kBlocksThreads) quantize_blocks_kernel(const BlocksArgs a, const BlocksPlan p) {
   LQ_DYNAMIC_SMEM(float4, smem);
-  float* xs = reinterpret_cast<float*>(smem);                             // [R·nb, sb] the tile, block by block
+  float* xs = reinterpret_cast<float*>(smem);  // [R·nb, sb] the tile, block by block
   auto* ps = reinterpret_cast<q::BlockParams*>(xs + static_cast<int64_t>(p.R) * p.nb * p.sb);  // [R·nb]
   __shared__ unsigned tile_bad;
   __shared__ unsigned tile_amax;
@@ -144,7 +144,8 @@ __global__ void __launch_bounds__(kBlocksThreads) quantize_blocks_kernel(const B
     const int64_t gi = (t0 + t) * p.nb + j;
     q::BlockStatus s;
     ps[b] = q::block_params(p.desc, xs + b * p.sb, nj, a.global, scale_ptr(a, gi), offset_ptr(a, gi), s);
-    if (s.overflow) atomicMin(&a.st->overflow_key, 2ull * static_cast<unsigned long long>(gi) + (s.overflow_offset ? 1ull : 0ull));
+    if (s.overflow)
+      atomicMin(&a.st->overflow_key, 2ull * static_cast<unsigned long long>(gi) + (s.overflow_offset ? 1ull : 0ull));
     amax = q::max_num(amax, ps[b].amax);
   }
   if (amax > 0.0f) atomicMax(&tile_amax, q::f32_bits(amax));
@@ -197,8 +198,8 @@ __global__ void __launch_bounds__(kBlocksThreads) dequantize_blocks_kernel(const
 }
 
 /// Max of |x| over the finite elements of x [n] into *amax_bits (float bits; atomicMax).
-__global__ void __launch_bounds__(kBlocksThreads) block_amax_kernel(const float* __restrict__ x /*[n]*/, int64_t n,
-                                                                    bool vec, unsigned long long* amax_bits /*[1]*/) {
+__global__ void __launch_bounds__(kBlocksThreads)
+    block_amax_kernel(const float* __restrict__ x /*[n]*/, int64_t n, bool vec, unsigned long long* amax_bits /*[1]*/) {
   float m = 0.0f;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const int64_t i0 = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -260,7 +261,8 @@ unsigned grid_of(const BlocksArgs& a, const BlocksPlan& p) { return static_cast<
 cudaError_t launch_quantize_blocks(const BlocksArgs& a, cudaStream_t stream) {
   if (a.T <= 0 || a.nb <= 0 || a.D <= 0 || a.D > kMaxCols) return cudaErrorInvalidValue;
   const BlocksPlan p = plan_of(a, kTileElems, kTileSmem);
-  const size_t smem = static_cast<size_t>(p.R) * p.nb * (static_cast<size_t>(p.sb) * sizeof(float) + sizeof(q::BlockParams));
+  const size_t smem =
+      static_cast<size_t>(p.R) * p.nb * (static_cast<size_t>(p.sb) * sizeof(float) + sizeof(q::BlockParams));
   if (smem > 32 * 1024) {  // one row of tiny blocks at large D (e.g. tile 2 at D = 4096): ≤ 80 KiB
     const cudaError_t e = cudaFuncSetAttribute(quantize_blocks_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                static_cast<int>(smem));

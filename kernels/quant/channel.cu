@@ -20,8 +20,8 @@ namespace {
 
 template <int BITS, bool SYM>
 __global__ void __launch_bounds__(kChannelWarps * 32) channel_encode_kernel(const ChannelArgs a) {
-  constexpr int PER = 8 / BITS;             // codes per byte
-  constexpr int WORD_LANES = 4 * PER;       // lanes whose codes form one 32-bit word
+  constexpr int PER = 8 / BITS;        // codes per byte
+  constexpr int WORD_LANES = 4 * PER;  // lanes whose codes form one 32-bit word
   const int lane = static_cast<int>(threadIdx.x & 31);
   const int64_t task = static_cast<int64_t>(blockIdx.x) * kChannelWarps + (threadIdx.x >> 5);
   if (task >= a.nchunks * a.nslices) return;  // warp-uniform

@@ -72,8 +72,10 @@ __global__ void __launch_bounds__(kDequantThreads) dequantize_kernel(const Dequa
             cur = si;
           }
           const uint32_t u = (w >> (BITS * e)) & ((1u << BITS) - 1u);
-          if constexpr (M == Mode::Sym) o[e] = q::decode_sym(u, sv, BITS);
-          else o[e] = q::decode_asym(u, sv, ov);
+          if constexpr (M == Mode::Sym)
+            o[e] = q::decode_sym(u, sv, BITS);
+          else
+            o[e] = q::decode_asym(u, sv, ov);
         }
       }
     }

@@ -54,9 +54,9 @@ void hadamard_rows_device(float* d_x, int64_t T, int64_t D, int64_t block, const
     throw std::invalid_argument("fwht_rows: block " + std::to_string(block) + " must be a power of two dividing D = " +
                                 std::to_string(D) + " (T = " + std::to_string(T) + " >= 0)");
   if (block > kMaxHadamardBlock || D > (int64_t{1} << 30) || T * (D / block) > int64_t{0x7fffffff})
-    throw std::invalid_argument("hadamard_rows_device: block " + std::to_string(block) + " (max " +
-                                std::to_string(kMaxHadamardBlock) + ") or T*D/block = " + std::to_string(T * (D / block)) +
-                                " (max 2^31 - 1) beyond the kernel's limits");
+    throw std::invalid_argument(
+        "hadamard_rows_device: block " + std::to_string(block) + " (max " + std::to_string(kMaxHadamardBlock) +
+        ") or T*D/block = " + std::to_string(T * (D / block)) + " (max 2^31 - 1) beyond the kernel's limits");
   if (T == 0) return;
   const float norm = static_cast<float>(1.0 / std::sqrt(static_cast<double>(block)));
   const size_t smem = static_cast<size_t>(block) * sizeof(float);  // ≤ 16 KiB: under the default 48 KiB

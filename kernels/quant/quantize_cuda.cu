@@ -80,8 +80,8 @@ bool plan_channel(gpu::Workspace& ws, int64_t T, int64_t group, std::span<const 
   return true;
 }
 
-gd::RowsArgs rows_args(const float* x, int64_t T, int64_t D, int64_t rb, int64_t g, int64_t nt, bool tensor,
-                       bool asym, ScaleDtype sd, DeviceQuantized& out, gpu::DeviceStatus* st) {
+gd::RowsArgs rows_args(const float* x, int64_t T, int64_t D, int64_t rb, int64_t g, int64_t nt, bool tensor, bool asym,
+                       ScaleDtype sd, DeviceQuantized& out, gpu::DeviceStatus* st) {
   constexpr int64_t kSmemTarget = 24 * 1024;  // ~8 blocks of 256 threads per SM
   gd::RowsArgs a{};
   a.x = x;
@@ -142,10 +142,10 @@ float raw_group_param(const DeviceQuantized& out, const float* d_x, int64_t gi, 
     mn = qmath::min_num(mn, v);
     mx = qmath::max_num(mx, v);
   }
-  const qmath::ScaleOffset p = st.scheme == Scheme::Sym
-                                   ? qmath::sym_params(qmath::max_num(qmath::abs_f(mn), qmath::abs_f(mx)), st.bits,
-                                                       ScaleDtype::F32)
-                                   : qmath::asym_params(mn, mx, st.bits, ScaleDtype::F32);
+  const qmath::ScaleOffset p =
+      st.scheme == Scheme::Sym
+          ? qmath::sym_params(qmath::max_num(qmath::abs_f(mn), qmath::abs_f(mx)), st.bits, ScaleDtype::F32)
+          : qmath::asym_params(mn, mx, st.bits, ScaleDtype::F32);
   return offset ? p.offset : p.scale;
 }
 
@@ -165,7 +165,8 @@ gpu::DeviceStatus finish(const DeviceQuantized& out, const float* d_x, cudaStrea
   gpu::DeviceStatus h{};
   LQ_CUDA_CHECK(cudaMemcpyAsync(&h, out.ws.status.data(), sizeof h, cudaMemcpyDeviceToHost, stream));
   LQ_CUDA_CHECK(cudaStreamSynchronize(stream));
-  if (h.nonfinite) throw std::invalid_argument(nonfinite_message(static_cast<int64_t>(h.nonfinite), out.rows, out.cols));
+  if (h.nonfinite)
+    throw std::invalid_argument(nonfinite_message(static_cast<int64_t>(h.nonfinite), out.rows, out.cols));
   if (h.overflow_key == gpu::kNoOverflow) return h;
   const int64_t gi = static_cast<int64_t>(h.overflow_key >> 1);
   const bool offset = (h.overflow_key & 1) != 0;
@@ -173,9 +174,9 @@ gpu::DeviceStatus finish(const DeviceQuantized& out, const float* d_x, cudaStrea
   if (out.spec.format == Format::BF16) {  // an element whose bf16 rounding overflowed: key 2·(flat index)
     float raw = 0.0f;
     LQ_CUDA_CHECK(cudaMemcpy(&raw, d_x + gi, sizeof raw, cudaMemcpyDeviceToHost));
-    throw std::invalid_argument(overflow_message(out.spec, "value", raw,
-                                                 "token " + std::to_string(gi / out.cols) + ", dimension " +
-                                                     std::to_string(gi % out.cols)));
+    throw std::invalid_argument(
+        overflow_message(out.spec, "value", raw,
+                         "token " + std::to_string(gi / out.cols) + ", dimension " + std::to_string(gi % out.cols)));
   }
   const Layout L = hdr.layout();
   float raw;
@@ -213,7 +214,8 @@ bool cuda_device_available(std::string* why) {
     cudaDeviceProp prop{};
     if ((e = cudaGetDevice(&dev)) != cudaSuccess || (e = cudaGetDeviceProperties(&prop, dev)) != cudaSuccess) {
       (void)cudaGetLastError();
-      return {false, std::string("cannot query the CUDA device: ") + cudaGetErrorName(e) + ": " + cudaGetErrorString(e)};
+      return {false,
+              std::string("cannot query the CUDA device: ") + cudaGetErrorName(e) + ": " + cudaGetErrorString(e)};
     }
     const std::string name = std::string(prop.name) + " (sm_" + std::to_string(prop.major) +
                              std::to_string(prop.minor) + ", " + std::to_string(prop.multiProcessorCount) + " SMs)";
@@ -312,8 +314,19 @@ void quantize_device(const QuantSpec& spec, Target target, const float* d_x, int
       qmath::store_dtype(out.global.data(), global, ScaleDtype::F32);
     }
     // every code byte is written by the kernel (no memset)
-    gd::BlocksArgs ba{d_x, nullptr, T, D, rb, L.blocks_per_row > 0 ? L.blocks_per_row : 1, L.desc, L.scale_bytes, global,
-                      out.codes.data(), out.scales.data(), out.offsets.data(), status};
+    gd::BlocksArgs ba{d_x,
+                      nullptr,
+                      T,
+                      D,
+                      rb,
+                      L.blocks_per_row > 0 ? L.blocks_per_row : 1,
+                      L.desc,
+                      L.scale_bytes,
+                      global,
+                      out.codes.data(),
+                      out.scales.data(),
+                      out.offsets.data(),
+                      status};
     LQ_CUDA_CHECK(gd::launch_quantize_blocks(ba, stream));
     const gpu::DeviceStatus hs = finish(out, d_x, stream);
     if (L.tensor_bytes == 0) amax = qmath::f32_from_bits(static_cast<uint32_t>(hs.amax_bits));
@@ -358,8 +371,8 @@ void quantize_device(const QuantSpec& spec, Target target, const float* d_x, int
             ws.partial.resize(static_cast<size_t>(nstat * D * 2), "channel partial statistics");
             gd::ChannelStatsArgs sa{d_x, D, ws.stat_chunks.data(), nstat, nslices, ws.partial.data(), status};
             LQ_CUDA_CHECK(gd::launch_channel_stats(sa, sym, stream));
-            gd::ChannelFinalizeArgs fa{ws.partial.data(), ws.stat_begin.data(), G, D, st.bits, st.scale_dtype,
-                                       out.scales.data(), out.offsets.data(), status};
+            gd::ChannelFinalizeArgs fa{ws.partial.data(), ws.stat_begin.data(), G,     D, st.bits, st.scale_dtype,
+                                       out.scales.data(), out.offsets.data(),   status};
             LQ_CUDA_CHECK(gd::launch_channel_finalize(fa, sym, stream));
           }
           gd::ChannelArgs ca{d_x,
@@ -380,7 +393,8 @@ void quantize_device(const QuantSpec& spec, Target target, const float* d_x, int
       }
       break;
     }
-    default: throw std::logic_error("quantize_device: unhandled format '" + st.to_string() + "'");
+    default:
+      throw std::logic_error("quantize_device: unhandled format '" + st.to_string() + "'");
   }
   finish(out, d_x, stream);
 }
@@ -402,15 +416,25 @@ void dequantize_device(const DeviceQuantized& q, float* d_out, cudaStream_t stre
   if (static_cast<int64_t>(q.codes.size()) != T * rb || static_cast<int64_t>(q.scales.size()) != sl ||
       static_cast<int64_t>(q.offsets.size()) != (is_asym(st) ? sl : 0))
     throw std::invalid_argument("dequantize_device: buffers of '" + st.to_string() + "' " + shape(T, D) +
-                                " do not match the layout (codes " + std::to_string(q.codes.size()) + " bytes, expected " +
-                                std::to_string(T * rb) + "; scales " + std::to_string(q.scales.size()) + ", expected " +
-                                std::to_string(sl) + ")");
+                                " do not match the layout (codes " + std::to_string(q.codes.size()) +
+                                " bytes, expected " + std::to_string(T * rb) + "; scales " +
+                                std::to_string(q.scales.size()) + ", expected " + std::to_string(sl) + ")");
 
   const Layout L = h.layout();
   if (L.block_format) {
-    gd::BlocksArgs ba{nullptr, d_out, T, D, rb, L.blocks_per_row > 0 ? L.blocks_per_row : 1, L.desc, L.scale_bytes,
-                      h.global_scale(), const_cast<uint8_t*>(q.codes.data()), const_cast<uint8_t*>(q.scales.data()),
-                      const_cast<uint8_t*>(q.offsets.data()), nullptr};
+    gd::BlocksArgs ba{nullptr,
+                      d_out,
+                      T,
+                      D,
+                      rb,
+                      L.blocks_per_row > 0 ? L.blocks_per_row : 1,
+                      L.desc,
+                      L.scale_bytes,
+                      h.global_scale(),
+                      const_cast<uint8_t*>(q.codes.data()),
+                      const_cast<uint8_t*>(q.scales.data()),
+                      const_cast<uint8_t*>(q.offsets.data()),
+                      nullptr};
     LQ_CUDA_CHECK(gd::launch_dequantize_blocks(ba, stream));
     return;
   }
@@ -432,8 +456,10 @@ void dequantize_device(const DeviceQuantized& q, float* d_out, cudaStream_t stre
           (reinterpret_cast<uintptr_t>(q.codes.data()) & 7) == 0;
   a.out = d_out;
   gd::Mode mode;
-  if (st.format == Format::BF16) mode = gd::Mode::Bf16;
-  else mode = st.scheme == Scheme::Sym ? gd::Mode::Sym : gd::Mode::Asym;
+  if (st.format == Format::BF16)
+    mode = gd::Mode::Bf16;
+  else
+    mode = st.scheme == Scheme::Sym ? gd::Mode::Sym : gd::Mode::Asym;
   if (st.format == Format::Int && st.granularity == Granularity::Token) {
     a.g = static_cast<int>(h.row_group());
     a.nt = static_cast<int>(h.scales_per_row());
@@ -462,7 +488,8 @@ DeviceQuantized to_device(const QuantizedTensor& q, cudaStream_t stream) {
   const int64_t rb = q.row_bytes();
   const int64_t sl = scales_len(q);
   if (q.rows <= 0 || q.cols <= 0 || static_cast<int64_t>(q.codes.size()) != q.rows * rb ||
-      static_cast<int64_t>(q.scales.size()) != sl || static_cast<int64_t>(q.offsets.size()) != (is_asym(q.spec) ? sl : 0))
+      static_cast<int64_t>(q.scales.size()) != sl ||
+      static_cast<int64_t>(q.offsets.size()) != (is_asym(q.spec) ? sl : 0))
     throw std::invalid_argument("QuantizedTensor '" + q.spec.to_string() + "' " + shape(q.rows, q.cols) +
                                 " does not match its layout (codes " + std::to_string(q.codes.size()) +
                                 " bytes, scales " + std::to_string(q.scales.size()) + ", offsets " +

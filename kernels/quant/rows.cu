@@ -26,19 +26,25 @@ using GroupStat = std::conditional_t<M == Mode::Asym, MinMaxZ<uint32_t>, float>;
 
 template <Mode M>
 __device__ __forceinline__ GroupStat<M> stat_identity() {
-  if constexpr (M == Mode::Asym) return minmaxz_identity<uint32_t>();
-  else return 0.0f;
+  if constexpr (M == Mode::Asym)
+    return minmaxz_identity<uint32_t>();
+  else
+    return 0.0f;
 }
 template <Mode M>
 __device__ __forceinline__ void stat_add(GroupStat<M>& s, float x, uint32_t i) {
-  if constexpr (M == Mode::Asym) minmaxz_add<uint32_t>(s, x, i);
-  else s = q::max_num(s, q::abs_f(x));
+  if constexpr (M == Mode::Asym)
+    minmaxz_add<uint32_t>(s, x, i);
+  else
+    s = q::max_num(s, q::abs_f(x));
 }
 template <Mode M>
 struct StatOp {
   __device__ __forceinline__ GroupStat<M> operator()(const GroupStat<M>& a, const GroupStat<M>& b) const {
-    if constexpr (M == Mode::Asym) return MinMaxZOp<uint32_t>{}(a, b);
-    else return AbsMaxOp{}(a, b);
+    if constexpr (M == Mode::Asym)
+      return MinMaxZOp<uint32_t>{}(a, b);
+    else
+      return AbsMaxOp{}(a, b);
   }
 };
 
@@ -57,8 +63,8 @@ template <int BITS, Mode M>
 __global__ void __launch_bounds__(kRowsThreads) quantize_rows_kernel(const RowsArgs a) {
   LQ_DYNAMIC_SMEM(float4, smem4);
   float* xs = reinterpret_cast<float*>(smem4);  // [R, D]
-  float* sc = xs + a.R * a.D;                    // [R, nt]
-  float* of = sc + a.R * a.nt;                   // [R, nt] asymmetric only
+  float* sc = xs + a.R * a.D;                   // [R, nt]
+  float* of = sc + a.R * a.nt;                  // [R, nt] asymmetric only
   using WarpReduce = cub::WarpReduce<GroupStat<M>>;
   __shared__ typename WarpReduce::TempStorage wtemp[kRowsThreads / 32];
 
@@ -159,7 +165,7 @@ __global__ void __launch_bounds__(kRowsThreads) quantize_rows_kernel(const RowsA
       for (int e = 0; e < 4; ++e) v[e] = d0 + e < a.D ? xr[d0 + e] : 0.0f;
     }
     int j = static_cast<int>(a.div_g.div(static_cast<uint32_t>(d0)));
-    int next = (j + 1) * a.g;  // first element of group j + 1
+    int next = (j + 1) * a.g;      // first element of group j + 1
     uint32_t u[4] = {0, 0, 0, 0};  // elements past D keep code 0: zero padding bits
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
@@ -169,8 +175,10 @@ __global__ void __launch_bounds__(kRowsThreads) quantize_rows_kernel(const RowsA
           ++j;
           next += a.g;
         }
-        if constexpr (M == Mode::Sym) u[e] = q::encode_sym(v[e], scr[j], BITS);
-        else u[e] = q::encode_asym(v[e], scr[j], of[r * a.nt + j], BITS);
+        if constexpr (M == Mode::Sym)
+          u[e] = q::encode_sym(v[e], scr[j], BITS);
+        else
+          u[e] = q::encode_asym(v[e], scr[j], of[r * a.nt + j], BITS);
       }
     }
     store_bytes<QB>(a.codes + (r0 + r) * a.rb + c * QB, pack_quad<BITS>(u[0], u[1], u[2], u[3]),
@@ -182,7 +190,8 @@ __global__ void __launch_bounds__(kRowsThreads) quantize_rows_kernel(const RowsA
 /// lowest index) as key 2·i.
 __device__ __forceinline__ uint16_t bf16_checked(float x, int64_t i, DeviceStatus* st) {
   const uint16_t b = q::f32_to_bf16_bits(x);
-  if ((b & 0x7fffu) == 0x7f80u && q::is_finite(x)) atomicMin(&st->overflow_key, 2ull * static_cast<unsigned long long>(i));
+  if ((b & 0x7fffu) == 0x7f80u && q::is_finite(x))
+    atomicMin(&st->overflow_key, 2ull * static_cast<unsigned long long>(i));
   return b;
 }
 

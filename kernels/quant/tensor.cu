@@ -41,8 +41,10 @@ __global__ void tensor_finalize_kernel(const TensorStats* s /*[1]*/, int bits, S
   st->nonfinite += v.nonfinite;  // single thread; the rows kernel does not count per-tensor inputs
   MinMaxZ<unsigned long long> m{v.mn, v.mx, v.zkey};
   fix_zero_signs(m);
-  if constexpr (SYM) finish_int_group<true>(q::max_num(q::abs_f(m.mn), q::abs_f(m.mx)), 0.0f, bits, sd, 0, scales, offsets, st);
-  else finish_int_group<false>(m.mn, m.mx, bits, sd, 0, scales, offsets, st);
+  if constexpr (SYM)
+    finish_int_group<true>(q::max_num(q::abs_f(m.mn), q::abs_f(m.mx)), 0.0f, bits, sd, 0, scales, offsets, st);
+  else
+    finish_int_group<false>(m.mn, m.mx, bits, sd, 0, scales, offsets, st);
 }
 
 __global__ void token_group_map_kernel(const int64_t* __restrict__ bounds /*[G+1]*/, int64_t G, int64_t T,
@@ -52,8 +54,10 @@ __global__ void token_group_map_kernel(const int64_t* __restrict__ bounds /*[G+1
     int64_t lo = 0, hi = G;  // largest g with bounds[g] ≤ t, over non-empty groups
     while (hi - lo > 1) {
       const int64_t mid = (lo + hi) / 2;
-      if (bounds[mid] <= t) lo = mid;
-      else hi = mid;
+      if (bounds[mid] <= t)
+        lo = mid;
+      else
+        hi = mid;
     }
     map[t] = static_cast<int32_t>(lo);
   }

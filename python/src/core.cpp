@@ -24,7 +24,8 @@ using F32Array = py::array_t<float, py::array::c_style | py::array::forcecast>;
 
 // Checks a [T, D] float32 matrix; raises ValueError naming the shape otherwise.
 std::pair<int64_t, int64_t> matrix_shape(const F32Array& x) {
-  if (x.ndim() != 2) throw py::value_error("expected a 2-D float32 array [T, D], got " + std::to_string(x.ndim()) + " dimensions");
+  if (x.ndim() != 2)
+    throw py::value_error("expected a 2-D float32 array [T, D], got " + std::to_string(x.ndim()) + " dimensions");
   return {x.shape(0), x.shape(1)};
 }
 
@@ -43,9 +44,12 @@ py::array_t<T> to_numpy(const std::vector<uint8_t>& bytes, std::vector<py::ssize
 py::object stored_values(const std::vector<uint8_t>& bytes, ScaleDtype d) {
   const py::ssize_t n = static_cast<py::ssize_t>(bytes.size()) / qmath::scale_dtype_bytes(d);
   switch (d) {
-    case ScaleDtype::F16: return to_numpy<uint16_t>(bytes, {n}).attr("view")("float16");
-    case ScaleDtype::F32: return to_numpy<float>(bytes, {n});
-    default: return to_numpy<uint8_t>(bytes, {n});
+    case ScaleDtype::F16:
+      return to_numpy<uint16_t>(bytes, {n}).attr("view")("float16");
+    case ScaleDtype::F32:
+      return to_numpy<float>(bytes, {n});
+    default:
+      return to_numpy<uint8_t>(bytes, {n});
   }
 }
 
@@ -58,16 +62,25 @@ void def_quantized_tensor(py::module_& m) {
       .def_property_readonly("spec", [](const QuantizedTensor& q) { return q.spec.to_string(); })
       .def_readonly("rows", &QuantizedTensor::rows)
       .def_readonly("cols", &QuantizedTensor::cols)
-      .def_property_readonly("codes", [](const QuantizedTensor& q) {
-        return to_numpy<uint8_t>(q.codes, {q.rows, q.row_bytes()});
-      }, "uint8 [rows, row_bytes] packed codes (INT4: element 2k in the low nibble of byte k).")
-      .def_property_readonly("scales", [](const QuantizedTensor& q) { return stored_values(q.scales, q.spec.scale_dtype); },
-                             "1-D scales as stored: float16 / float32, or uint8 raw bits for UE8M0 and e4m3 scales\n"
-                             "([T * blocks_per_row] for per-token groups and block formats, [G * D] per-channel, [1] per-tensor).")
-      .def_property_readonly("offsets", [](const QuantizedTensor& q) { return stored_values(q.offsets, q.spec.scale_dtype); },
-                             "1-D offsets (asymmetric int and q4_1; empty otherwise), same dtype and layout as scales.")
-      .def_property_readonly("global_scale", [](const QuantizedTensor& q) { return to_numpy<float>(q.global, {static_cast<py::ssize_t>(q.global.size() / 4)}); },
-                             "float32 [1] per-tensor scale (fp8-e4m3-tensor, nvfp4), float32 [0] otherwise.")
+      .def_property_readonly(
+          "codes",
+          [](const QuantizedTensor& q) {
+            return to_numpy<uint8_t>(q.codes, {q.rows, q.row_bytes()});
+          },
+          "uint8 [rows, row_bytes] packed codes (INT4: element 2k in the low nibble of byte k).")
+      .def_property_readonly(
+          "scales", [](const QuantizedTensor& q) { return stored_values(q.scales, q.spec.scale_dtype); },
+          "1-D scales as stored: float16 / float32, or uint8 raw bits for UE8M0 and e4m3 scales\n"
+          "([T * blocks_per_row] for per-token groups and block formats, [G * D] per-channel, [1] per-tensor).")
+      .def_property_readonly(
+          "offsets", [](const QuantizedTensor& q) { return stored_values(q.offsets, q.spec.scale_dtype); },
+          "1-D offsets (asymmetric int and q4_1; empty otherwise), same dtype and layout as scales.")
+      .def_property_readonly(
+          "global_scale",
+          [](const QuantizedTensor& q) {
+            return to_numpy<float>(q.global, {static_cast<py::ssize_t>(q.global.size() / 4)});
+          },
+          "float32 [1] per-tensor scale (fp8-e4m3-tensor, nvfp4), float32 [0] otherwise.")
       .def_readonly("group_bounds", &QuantizedTensor::group_bounds)
       .def_property_readonly("storage_bytes", &QuantizedTensor::storage_bytes)
       .def_property_readonly("bits_per_element", [](const QuantizedTensor& q) { return account(q).bits_per_element; })
@@ -80,157 +93,178 @@ void def_quantizers(py::module_& m) {
         "Worker threads of the integer quantize/dequantize on matrices of at least 2^20 elements (the C++\n"
         "set_cpu_threads, latentq/quantize.h; default 1; n < 1 is taken as 1). The bytes do not depend on it.");
   m.def("cpu_threads", &cpu_threads, "The current set_cpu_threads value.");
-  m.def("quantize",
-        [](const F32Array& x, const std::string& spec, const std::string& target,
-           std::optional<std::vector<int64_t>> seq_offsets) {
-          auto [T, D] = matrix_shape(x);
-          const auto so = offsets_or_single(seq_offsets, T);
+  m.def(
+      "quantize",
+      [](const F32Array& x, const std::string& spec, const std::string& target,
+         std::optional<std::vector<int64_t>> seq_offsets) {
+        auto [T, D] = matrix_shape(x);
+        const auto so = offsets_or_single(seq_offsets, T);
+        py::gil_scoped_release nogil;
+        return quantize(QuantSpec::parse(spec), parse_target(target), x.data(), T, D, so);
+      },
+      py::arg("x"), py::arg("spec"), py::arg("target") = "c_kv", py::arg("seq_offsets") = py::none(),
+      "Quantize x: float32 [T, D] row-major (c_kv or k_pe). seq_offsets: int64 [S+1] sequence boundaries\n"
+      "(per-channel groups never cross them; default one sequence). Returns a QuantizedTensor.\n"
+      "Raises ValueError for an unknown spec/target, an empty matrix, NaN/Inf, or a scale overflowing fp16.");
+  m.def(
+      "dequantize",
+      [](const QuantizedTensor& q) {
+        py::array_t<float> out({q.rows, q.cols});
+        float* o = out.mutable_data();
+        {
           py::gil_scoped_release nogil;
-          return quantize(QuantSpec::parse(spec), parse_target(target), x.data(), T, D, so);
-        },
-        py::arg("x"), py::arg("spec"), py::arg("target") = "c_kv", py::arg("seq_offsets") = py::none(),
-        "Quantize x: float32 [T, D] row-major (c_kv or k_pe). seq_offsets: int64 [S+1] sequence boundaries\n"
-        "(per-channel groups never cross them; default one sequence). Returns a QuantizedTensor.\n"
-        "Raises ValueError for an unknown spec/target, an empty matrix, NaN/Inf, or a scale overflowing fp16.");
-  m.def("dequantize",
-        [](const QuantizedTensor& q) {
-          py::array_t<float> out({q.rows, q.cols});
-          float* o = out.mutable_data();
-          {
-            py::gil_scoped_release nogil;
-            dequantize(q, o);
-          }
-          return out;
-        },
-        py::arg("q"), "Decode a QuantizedTensor into float32 [rows, cols] (the C++ decode, bit for bit).");
-  m.def("quantize_dequantize",
-        [](const F32Array& x, const std::string& spec, const std::string& target,
-           std::optional<std::vector<int64_t>> seq_offsets) {
-          auto [T, D] = matrix_shape(x);
-          const auto so = offsets_or_single(seq_offsets, T);
-          py::array_t<float> out({T, D});
-          float* o = out.mutable_data();
-          {
-            py::gil_scoped_release nogil;
-            const TransformedSpec ts = TransformedSpec::parse(spec);
-            quantize_dequantize_rotated(ts.spec, Rotation::make(ts.transform, D), parse_target(target), x.data(), T,
-                                        D, so, o);
-          }
-          return out;
-        },
-        py::arg("x"), py::arg("spec"), py::arg("target") = "c_kv", py::arg("seq_offsets") = py::none(),
-        "Quantize then dequantize x float32 [T, D]; returns float32 [T, D]. Same errors as quantize().\n"
-        "A transformed spec ('had,int4-asym-token', 'rot,mxfp4') quantizes the rotated rows and returns them\n"
-        "un-rotated (the C++ quantize_dequantize_rotated); 'klt,...' needs the fit split and raises ValueError.");
+          dequantize(q, o);
+        }
+        return out;
+      },
+      py::arg("q"), "Decode a QuantizedTensor into float32 [rows, cols] (the C++ decode, bit for bit).");
+  m.def(
+      "quantize_dequantize",
+      [](const F32Array& x, const std::string& spec, const std::string& target,
+         std::optional<std::vector<int64_t>> seq_offsets) {
+        auto [T, D] = matrix_shape(x);
+        const auto so = offsets_or_single(seq_offsets, T);
+        py::array_t<float> out({T, D});
+        float* o = out.mutable_data();
+        {
+          py::gil_scoped_release nogil;
+          const TransformedSpec ts = TransformedSpec::parse(spec);
+          quantize_dequantize_rotated(ts.spec, Rotation::make(ts.transform, D), parse_target(target), x.data(), T, D,
+                                      so, o);
+        }
+        return out;
+      },
+      py::arg("x"), py::arg("spec"), py::arg("target") = "c_kv", py::arg("seq_offsets") = py::none(),
+      "Quantize then dequantize x float32 [T, D]; returns float32 [T, D]. Same errors as quantize().\n"
+      "A transformed spec ('had,int4-asym-token', 'rot,mxfp4') quantizes the rotated rows and returns them\n"
+      "un-rotated (the C++ quantize_dequantize_rotated); 'klt,...' needs the fit split and raises ValueError.");
 }
 
 // Rotations, engine records and the diagnostics of a quantized tensor.
 void def_records(py::module_& m) {
-  m.def("rotation_matrix",
-        [](const std::string& transform, int64_t d) {
-          const std::vector<float> R = Rotation::make(Transform::parse(transform), d).matrix();
-          if (R.empty()) throw std::invalid_argument("rotation_matrix: transform '" + transform + "' is the identity");
-          py::array_t<float> out({d, d});
-          std::memcpy(out.mutable_data(), R.data(), R.size() * sizeof(float));
-          return out;
-        },
-        py::arg("transform"), py::arg("d"),
-        "The orthogonal R float32 [d, d] of a transform ('had', 'had64-s3', 'rot', 'rot-s1'; latentq/transform.h):\n"
-        "x' = R @ x. Raises ValueError for an unknown transform, a Hadamard block that does not fit d, or 'klt'\n"
-        "(fitted on a dump's fit split by the C++ study).");
-  m.def("pack_record",
-        [](const QuantizedTensor& ckv, const QuantizedTensor& kpe, const std::string& preset) {
-          const std::vector<uint8_t> r = pack_record(QuantSpec::parse(preset), ckv, kpe);
-          return to_numpy<uint8_t>(r, {ckv.rows, static_cast<py::ssize_t>(r.size()) / std::max<int64_t>(ckv.rows, 1)});
-        },
-        py::arg("q_ckv"), py::arg("q_kpe"), py::arg("preset"),
-        "The engine's per-token record of a preset (e.g. 'flashmla-v32-fp8') from c_kv and k_pe quantized with it:\n"
-        "uint8 [T, record_bytes]. Raises ValueError for a spec mismatch or widths the engine record does not hold.");
-  m.def("record_bytes",
-        [](const std::string& preset, int64_t d_ckv, int64_t d_kpe) { return record_bytes(QuantSpec::parse(preset), d_ckv, d_kpe); },
-        py::arg("preset"), py::arg("d_ckv"), py::arg("d_kpe"), "Bytes per token of a preset's record at these widths (one layer).");
-  m.def("diagnose",
-        [](const QuantizedTensor& q, const F32Array& x) {
-          auto [T, D] = matrix_shape(x);
-          if (T != q.rows || D != q.cols) throw py::value_error("x must be the [rows, cols] matrix q was quantized from");
-          const QuantDiagnostics d = diagnose(q, x.data());
-          return py::dict(py::arg("scale_underflow") = d.scale_underflow, py::arg("offset_rounding") = d.offset_rounding,
-                          py::arg("saturated") = d.saturated);
-        },
-        py::arg("q"), py::arg("x"),
-        "Precision lost silently under the format's conventions: groups whose scale underflowed to zero/subnormal,\n"
-        "asymmetric groups whose stored offset is off the min by more than half a step, saturated values.");
+  m.def(
+      "rotation_matrix",
+      [](const std::string& transform, int64_t d) {
+        const std::vector<float> R = Rotation::make(Transform::parse(transform), d).matrix();
+        if (R.empty()) throw std::invalid_argument("rotation_matrix: transform '" + transform + "' is the identity");
+        py::array_t<float> out({d, d});
+        std::memcpy(out.mutable_data(), R.data(), R.size() * sizeof(float));
+        return out;
+      },
+      py::arg("transform"), py::arg("d"),
+      "The orthogonal R float32 [d, d] of a transform ('had', 'had64-s3', 'rot', 'rot-s1'; latentq/transform.h):\n"
+      "x' = R @ x. Raises ValueError for an unknown transform, a Hadamard block that does not fit d, or 'klt'\n"
+      "(fitted on a dump's fit split by the C++ study).");
+  m.def(
+      "pack_record",
+      [](const QuantizedTensor& ckv, const QuantizedTensor& kpe, const std::string& preset) {
+        const std::vector<uint8_t> r = pack_record(QuantSpec::parse(preset), ckv, kpe);
+        return to_numpy<uint8_t>(r, {ckv.rows, static_cast<py::ssize_t>(r.size()) / std::max<int64_t>(ckv.rows, 1)});
+      },
+      py::arg("q_ckv"), py::arg("q_kpe"), py::arg("preset"),
+      "The engine's per-token record of a preset (e.g. 'flashmla-v32-fp8') from c_kv and k_pe quantized with it:\n"
+      "uint8 [T, record_bytes]. Raises ValueError for a spec mismatch or widths the engine record does not hold.");
+  m.def(
+      "record_bytes",
+      [](const std::string& preset, int64_t d_ckv, int64_t d_kpe) {
+        return record_bytes(QuantSpec::parse(preset), d_ckv, d_kpe);
+      },
+      py::arg("preset"), py::arg("d_ckv"), py::arg("d_kpe"),
+      "Bytes per token of a preset's record at these widths (one layer).");
+  m.def(
+      "diagnose",
+      [](const QuantizedTensor& q, const F32Array& x) {
+        auto [T, D] = matrix_shape(x);
+        if (T != q.rows || D != q.cols) throw py::value_error("x must be the [rows, cols] matrix q was quantized from");
+        const QuantDiagnostics d = diagnose(q, x.data());
+        return py::dict(py::arg("scale_underflow") = d.scale_underflow, py::arg("offset_rounding") = d.offset_rounding,
+                        py::arg("saturated") = d.saturated);
+      },
+      py::arg("q"), py::arg("x"),
+      "Precision lost silently under the format's conventions: groups whose scale underflowed to zero/subnormal,\n"
+      "asymmetric groups whose stored offset is off the min by more than half a step, saturated values.");
 }
 
 // The decode-order cache model (latentq/decode_order.h).
 void def_decode_order(py::module_& m) {
-  m.def("decode_token_group", [](const std::string& spec) { return decode_token_group(TransformedSpec::parse(spec).spec); },
-        py::arg("spec"),
-        "G of a spec in the decode-order cache model (latentq/decode_order.h): group_size of a per-channel integer\n"
-        "spec with group_size > 0, else 1.");
-  m.def("decode_scale_is_causal", [](const std::string& spec) { return decode_scale_is_causal(TransformedSpec::parse(spec).spec); },
-        py::arg("spec"), "False when the spec's scale spans the sequence (per-tensor, channel-g0, nvfp4, fp8-e4m3-tensor).");
-  m.def("decode_order_mask",
-        [](const std::string& mode, int64_t L, int64_t G) {
-          const DecodeOrder o = DecodeOrder::parse(mode);
-          if (L < 0 || G < 1) throw py::value_error("decode_order_mask: need L >= 0 and G >= 1");
-          py::array_t<bool> out({L, L});
-          bool* m = out.mutable_data();
-          for (int64_t t = 0; t < L; ++t)
-            for (int64_t j = 0; j < L; ++j) m[t * L + j] = j <= t && o.reads_quantized(t, j, G);
-          return out;
-        },
-        py::arg("mode"), py::arg("L"), py::arg("G"),
-        "bool [L, L]: entry (t, j) is True iff the query at position t reads key j (j <= t) from the quantized cache\n"
-        "under `mode` ('prefill-at-once' or 'decode-r<R>-s<S>-p<P>'; DecodeOrder::reads_quantized), for token group G.\n"
-        "Raises ValueError for a malformed mode.");
-  m.def("decode_order_latents",
-        [](const F32Array& x, const std::string& spec, const std::string& mode, const std::string& target,
-           std::optional<std::vector<int64_t>> seq_offsets) {
-          auto [T, D] = matrix_shape(x);
-          const auto so = offsets_or_single(seq_offsets, T);
-          const DecodeOrder o = DecodeOrder::parse(mode);
-          py::array_t<float> q({T, D}), b({T, D});
-          {
-            py::gil_scoped_release nogil;
-            const TransformedSpec ts = TransformedSpec::parse(spec);
-            decode_order_quantize(ts.spec, Rotation::make(ts.transform, D), parse_target(target), x.data(), T, D, so, o,
-                                  q.mutable_data());
-            round_bf16(x.data(), T * D, b.mutable_data());
-          }
-          return py::make_tuple(q, b);
-        },
-        py::arg("x"), py::arg("spec"), py::arg("mode"), py::arg("target") = "c_kv", py::arg("seq_offsets") = py::none(),
-        "The decode-order cache of x float32 [T, D] (latentq/decode_order.h decode_order_quantize): returns\n"
-        "(quantized [T, D], bf16 [T, D]); row j of a sequence is read from `quantized` by the query at t iff\n"
-        "decode_order_mask(mode, L, decode_token_group(spec))[t, j]. Same errors as quantize_dequantize.");
+  m.def(
+      "decode_token_group",
+      [](const std::string& spec) { return decode_token_group(TransformedSpec::parse(spec).spec); }, py::arg("spec"),
+      "G of a spec in the decode-order cache model (latentq/decode_order.h): group_size of a per-channel integer\n"
+      "spec with group_size > 0, else 1.");
+  m.def(
+      "decode_scale_is_causal",
+      [](const std::string& spec) { return decode_scale_is_causal(TransformedSpec::parse(spec).spec); },
+      py::arg("spec"),
+      "False when the spec's scale spans the sequence (per-tensor, channel-g0, nvfp4, fp8-e4m3-tensor).");
+  m.def(
+      "decode_order_mask",
+      [](const std::string& mode, int64_t L, int64_t G) {
+        const DecodeOrder o = DecodeOrder::parse(mode);
+        if (L < 0 || G < 1) throw py::value_error("decode_order_mask: need L >= 0 and G >= 1");
+        py::array_t<bool> out({L, L});
+        bool* m = out.mutable_data();
+        for (int64_t t = 0; t < L; ++t)
+          for (int64_t j = 0; j < L; ++j) m[t * L + j] = j <= t && o.reads_quantized(t, j, G);
+        return out;
+      },
+      py::arg("mode"), py::arg("L"), py::arg("G"),
+      "bool [L, L]: entry (t, j) is True iff the query at position t reads key j (j <= t) from the quantized cache\n"
+      "under `mode` ('prefill-at-once' or 'decode-r<R>-s<S>-p<P>'; DecodeOrder::reads_quantized), for token group G.\n"
+      "Raises ValueError for a malformed mode.");
+  m.def(
+      "decode_order_latents",
+      [](const F32Array& x, const std::string& spec, const std::string& mode, const std::string& target,
+         std::optional<std::vector<int64_t>> seq_offsets) {
+        auto [T, D] = matrix_shape(x);
+        const auto so = offsets_or_single(seq_offsets, T);
+        const DecodeOrder o = DecodeOrder::parse(mode);
+        py::array_t<float> q({T, D}), b({T, D});
+        {
+          py::gil_scoped_release nogil;
+          const TransformedSpec ts = TransformedSpec::parse(spec);
+          decode_order_quantize(ts.spec, Rotation::make(ts.transform, D), parse_target(target), x.data(), T, D, so, o,
+                                q.mutable_data());
+          round_bf16(x.data(), T * D, b.mutable_data());
+        }
+        return py::make_tuple(q, b);
+      },
+      py::arg("x"), py::arg("spec"), py::arg("mode"), py::arg("target") = "c_kv", py::arg("seq_offsets") = py::none(),
+      "The decode-order cache of x float32 [T, D] (latentq/decode_order.h decode_order_quantize): returns\n"
+      "(quantized [T, D], bf16 [T, D]); row j of a sequence is read from `quantized` by the query at t iff\n"
+      "decode_order_mask(mode, L, decode_token_group(spec))[t, j]. Same errors as quantize_dequantize.");
 }
 
 // Error metrics of a reconstruction.
 void def_metrics(py::module_& m) {
-  m.def("error_metrics",
-        [](const F32Array& x, const F32Array& x_hat) {
-          auto [T, D] = matrix_shape(x);
-          auto [T2, D2] = matrix_shape(x_hat);
-          if (T != T2 || D != D2 || T == 0 || D == 0) throw py::value_error("x and x_hat must have the same non-empty [T, D] shape");
-          const ErrorMetrics e = error_metrics(x.data(), x_hat.data(), T, D);
-          return py::dict(py::arg("rel_fro") = e.rel_fro, py::arg("mse") = e.mse, py::arg("sqnr_db") = e.sqnr_db,
-                          py::arg("max_abs_err") = e.max_abs_err, py::arg("cos_mean") = e.cos_mean);
-        },
-        py::arg("x"), py::arg("x_hat"), "rel_fro, mse, sqnr_db, max_abs_err, cos_mean of x_hat against x (float32 [T, D]).");
+  m.def(
+      "error_metrics",
+      [](const F32Array& x, const F32Array& x_hat) {
+        auto [T, D] = matrix_shape(x);
+        auto [T2, D2] = matrix_shape(x_hat);
+        if (T != T2 || D != D2 || T == 0 || D == 0)
+          throw py::value_error("x and x_hat must have the same non-empty [T, D] shape");
+        const ErrorMetrics e = error_metrics(x.data(), x_hat.data(), T, D);
+        return py::dict(py::arg("rel_fro") = e.rel_fro, py::arg("mse") = e.mse, py::arg("sqnr_db") = e.sqnr_db,
+                        py::arg("max_abs_err") = e.max_abs_err, py::arg("cos_mean") = e.cos_mean);
+      },
+      py::arg("x"), py::arg("x_hat"),
+      "rel_fro, mse, sqnr_db, max_abs_err, cos_mean of x_hat against x (float32 [T, D]).");
 }
 
 }  // namespace
 
 PYBIND11_MODULE(_core, m) {
-  m.doc() = "latentq: quantizers of the MLA latent KV cache (c_kv [T, kv_lora_rank], k_pe [T, qk_rope_head_dim]).\n"
-            "Spec strings as in the C++ CLI, e.g. 'int4-asym-channel-g32', 'fp8-e4m3-tile128-pow2', 'mxfp4', 'q4_0', 'bf16'.";
+  m.doc() =
+      "latentq: quantizers of the MLA latent KV cache (c_kv [T, kv_lora_rank], k_pe [T, qk_rope_head_dim]).\n"
+      "Spec strings as in the C++ CLI, e.g. 'int4-asym-channel-g32', 'fp8-e4m3-tile128-pow2', 'mxfp4', 'q4_0', 'bf16'.";
   py::register_exception<std::invalid_argument>(m, "LatentqError", PyExc_ValueError);
 
   m.def("spec_grammar", &spec_grammar, "The valid quantizer spec forms.");
-  m.def("canonical_spec", [](const std::string& s) { return TransformedSpec::parse(s).to_string(); },
-        "Canonical form of a spec string, '<quantizer>' or '<transform>,<quantizer>' (latentq/transform.h).\n"
-        "Raises ValueError (listing the valid forms) for an unknown spec or transform.");
+  m.def(
+      "canonical_spec", [](const std::string& s) { return TransformedSpec::parse(s).to_string(); },
+      "Canonical form of a spec string, '<quantizer>' or '<transform>,<quantizer>' (latentq/transform.h).\n"
+      "Raises ValueError (listing the valid forms) for an unknown spec or transform.");
 
   def_quantized_tensor(m);
   def_quantizers(m);

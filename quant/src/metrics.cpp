@@ -74,7 +74,8 @@ struct RowSums {
   return r;
 }
 
-[[gnu::always_inline]] inline ErrorMetrics error_metrics_body(const float* x, const float* x_hat, int64_t T, int64_t D) {
+[[gnu::always_inline]] inline ErrorMetrics error_metrics_body(const float* x, const float* x_hat, int64_t T,
+                                                              int64_t D) {
   double err2 = 0, ref2 = 0, maxabs = 0, cos_sum = 0;
   for (int64_t t = 0; t < T; ++t) {
     const RowSums s = row_sums_body(x + t * D, x_hat + t * D, D);
@@ -98,7 +99,7 @@ ErrorMetrics error_metrics_baseline(const float* x, const float* x_hat, int64_t 
 }
 #if defined(__x86_64__) && defined(__GNUC__)
 __attribute__((target("avx2"))) ErrorMetrics error_metrics_avx2(const float* x, const float* x_hat, int64_t T,
-                                                                 int64_t D) {
+                                                                int64_t D) {
   return error_metrics_body(x, x_hat, T, D);
 }
 #endif

@@ -45,20 +45,20 @@ const StorageOps& ops_of(Format f) { return kStorageOps[static_cast<int>(storage
 
 }  // namespace
 
-int64_t QuantizedTensor::row_bytes() const {
-  return spec.format == Format::BF16 ? 2 * cols : layout().row_code_bytes;
-}
+int64_t QuantizedTensor::row_bytes() const { return spec.format == Format::BF16 ? 2 * cols : layout().row_code_bytes; }
 int64_t QuantizedTensor::row_group() const { return layout().block; }
 int64_t QuantizedTensor::scales_per_row() const { return layout().blocks_per_row; }
 
 float QuantizedTensor::scale_at(int64_t i) const { return cpu::get_scale(scales, i, spec.scale_dtype); }
 float QuantizedTensor::offset_at(int64_t i) const { return cpu::get_scale(offsets, i, spec.scale_dtype); }
-float QuantizedTensor::global_scale() const { return global.size() == 4 ? q::load_dtype(global.data(), ScaleDtype::F32) : 0.0f; }
+float QuantizedTensor::global_scale() const {
+  return global.size() == 4 ? q::load_dtype(global.data(), ScaleDtype::F32) : 0.0f;
+}
 
 void validate_seq_offsets(std::span<const int64_t> seq_offsets, int64_t T) {
   if (seq_offsets.size() < 2 || seq_offsets.front() != 0 || seq_offsets.back() != T)
-    throw std::invalid_argument("seq_offsets must run from 0 to T = " + std::to_string(T) + " with at least one sequence, got " +
-                                std::to_string(seq_offsets.size()) + " entries" +
+    throw std::invalid_argument("seq_offsets must run from 0 to T = " + std::to_string(T) +
+                                " with at least one sequence, got " + std::to_string(seq_offsets.size()) + " entries" +
                                 (seq_offsets.empty() ? std::string()
                                                      : " from " + std::to_string(seq_offsets.front()) + " to " +
                                                            std::to_string(seq_offsets.back())));
@@ -141,18 +141,23 @@ std::string nonfinite_message(int64_t count, int64_t T, int64_t D) {
 
 std::string overflow_message(const QuantSpec& spec, const char* what, float raw, const std::string& where) {
   const bool value = std::string_view(what) == "value";
-  const char* dtype = value ? (spec.format == Format::BF16 ? "bf16" : "decoded float32")
-                            : spec.format == Format::Int ? to_string(spec.scale_dtype) : "fp16";
+  const char* dtype = value                        ? (spec.format == Format::BF16 ? "bf16" : "decoded float32")
+                      : spec.format == Format::Int ? to_string(spec.scale_dtype)
+                                                   : "fp16";
   const bool fixable = spec.format == Format::Int && spec.scale_dtype == ScaleDtype::F16;
   return std::string(what) + " " + std::to_string(raw) + " of " + where + " overflows the " + dtype + " storage of '" +
          spec.to_string() + "'" +
-         (fixable ? "; use the -fp32 variant" : value && spec.format == Format::BF16 ? " (bf16 holds at most 3.3895e38)" : value ? "" : " (the input range exceeds what the format can store)");
+         (fixable                                ? "; use the -fp32 variant"
+          : value && spec.format == Format::BF16 ? " (bf16 holds at most 3.3895e38)"
+          : value                                ? ""
+                                                 : " (the input range exceeds what the format can store)");
 }
 
 QuantizedTensor quantize(const QuantSpec& spec_in, Target target, const float* X, int64_t T, int64_t D,
                          std::span<const int64_t> seq_offsets) {
   if (T <= 0 || D <= 0)
-    throw std::invalid_argument("cannot quantize an empty matrix [" + std::to_string(T) + ", " + std::to_string(D) + "]");
+    throw std::invalid_argument("cannot quantize an empty matrix [" + std::to_string(T) + ", " + std::to_string(D) +
+                                "]");
   const CpuKernel kernel = active_cpu_kernel();
   QuantizedTensor qt;
   if (spec_in.format == Format::Int && kernel != CpuKernel::Reference) {
@@ -228,7 +233,8 @@ QuantDiagnostics diagnose(const QuantizedTensor& qt, const float* X) {
     const float range = asym ? q::sub_rn(mx, mn) : q::max_num(q::abs_f(mn), q::abs_f(mx));
     const float sc = qt.scale_at(gi);
     if (range > 0.0f && sc < tiny) ++r.scale_underflow;
-    if (asym && std::abs(static_cast<double>(qt.offset_at(gi)) - static_cast<double>(mn)) > 0.5 * static_cast<double>(sc))
+    if (asym &&
+        std::abs(static_cast<double>(qt.offset_at(gi)) - static_cast<double>(mn)) > 0.5 * static_cast<double>(sc))
       ++r.offset_rounding;
   };
   auto fold = [&](int64_t t0, int64_t t1, int64_t d0, int64_t d1, int64_t gi) {
@@ -241,7 +247,9 @@ QuantDiagnostics diagnose(const QuantizedTensor& qt, const float* X) {
     check(mn, mx, gi);
   };
   switch (spec.granularity) {
-    case Granularity::Tensor: fold(0, T, 0, D, 0); break;
+    case Granularity::Tensor:
+      fold(0, T, 0, D, 0);
+      break;
     case Granularity::Channel: {
       // Each group's per-column min/max in one row-major pass over its tokens (the same values as a
       // fold down each column: min/max of finite values do not depend on the order, and check() gives
@@ -269,10 +277,10 @@ void check_decodable(const QuantizedTensor& qt, const float* X) {
   dequantize(qt, out.data());
   for (int64_t i = 0; i < qt.rows * qt.cols; ++i)
     if (!q::is_finite(out[i]))
-      throw std::invalid_argument(overflow_message(qt.spec, "value", X[i],
-                                                   "token " + std::to_string(i / qt.cols) + ", dimension " +
-                                                       std::to_string(i % qt.cols)) +
-                                  ": its decoded value is beyond float32");
+      throw std::invalid_argument(
+          overflow_message(qt.spec, "value", X[i],
+                           "token " + std::to_string(i / qt.cols) + ", dimension " + std::to_string(i % qt.cols)) +
+          ": its decoded value is beyond float32");
 }
 
 std::vector<uint8_t> pack_record(const QuantSpec& preset, const QuantizedTensor& ckv, const QuantizedTensor& kpe) {
@@ -280,10 +288,12 @@ std::vector<uint8_t> pack_record(const QuantSpec& preset, const QuantizedTensor&
     throw std::invalid_argument("pack_record: '" + preset.to_string() + "' is not an engine preset");
   const PresetTraits& P = kPresets[preset.preset];
   if (ckv.spec != preset.stored_for(Target::CKV) || kpe.spec != preset.stored_for(Target::KPE))
-    throw std::invalid_argument(std::string("pack_record: ") + P.name + " stores c_kv as '" + P.ckv + "' and k_pe as '" +
-                                P.kpe + "', got '" + ckv.spec.to_string() + "' and '" + kpe.spec.to_string() + "'");
+    throw std::invalid_argument(std::string("pack_record: ") + P.name + " stores c_kv as '" + P.ckv +
+                                "' and k_pe as '" + P.kpe + "', got '" + ckv.spec.to_string() + "' and '" +
+                                kpe.spec.to_string() + "'");
   if (ckv.rows != kpe.rows)
-    throw std::invalid_argument("pack_record: c_kv has " + std::to_string(ckv.rows) + " tokens, k_pe " + std::to_string(kpe.rows));
+    throw std::invalid_argument("pack_record: c_kv has " + std::to_string(ckv.rows) + " tokens, k_pe " +
+                                std::to_string(kpe.rows));
   if ((P.native_ckv && ckv.cols != P.native_ckv) || (P.native_kpe && kpe.cols != P.native_kpe))
     throw std::invalid_argument(std::string("pack_record: the ") + P.name + " record holds c_kv of " +
                                 std::to_string(P.native_ckv) + " and k_pe of " + std::to_string(P.native_kpe) +
@@ -300,9 +310,19 @@ std::vector<uint8_t> pack_record(const QuantSpec& preset, const QuantizedTensor&
       o += n;
     };
     switch (P.order) {
-      case RecordOrder::CodesScalesRope: put(ckv.codes, cb); put(ckv.scales, cs); put(kpe.codes, kb); put(kpe.scales, ks); break;
+      case RecordOrder::CodesScalesRope:
+        put(ckv.codes, cb);
+        put(ckv.scales, cs);
+        put(kpe.codes, kb);
+        put(kpe.scales, ks);
+        break;
       case RecordOrder::CodesRopeScalesPad8:  // k_pe is bf16 there (no scales); the pad stays zero
-      case RecordOrder::CodesCodesScalesScales: put(ckv.codes, cb); put(kpe.codes, kb); put(ckv.scales, cs); put(kpe.scales, ks); break;
+      case RecordOrder::CodesCodesScalesScales:
+        put(ckv.codes, cb);
+        put(kpe.codes, kb);
+        put(ckv.scales, cs);
+        put(kpe.scales, ks);
+        break;
     }
     assert(o <= out.data() + (t + 1) * R);
   }

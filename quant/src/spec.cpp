@@ -117,8 +117,10 @@ QuantSpec QuantSpec::parse(std::string_view s) {
     if (parts[2] == "tensor") {
       QuantSpec q = simple(Format::Fp8Tensor, 8, ScaleDtype::F32);
       q.rule = ScaleRule::Calibrated;
-      if (parts.size() == 4 && parts[3] == "s1") q.rule = ScaleRule::Unit;
-      else if (parts.size() != 3) bad(s, "expected fp8-e4m3-tensor or fp8-e4m3-tensor-s1");
+      if (parts.size() == 4 && parts[3] == "s1")
+        q.rule = ScaleRule::Unit;
+      else if (parts.size() != 3)
+        bad(s, "expected fp8-e4m3-tensor or fp8-e4m3-tensor-s1");
       return q;
     }
     if (parts[2].starts_with("tile")) {
@@ -127,15 +129,19 @@ QuantSpec QuantSpec::parse(std::string_view s) {
       QuantSpec q = simple(Format::Fp8Tile, 8, ScaleDtype::F32);
       q.group_size = tile;
       if (parts.size() == 3)
-        bad(s, "fp8-e4m3-tile<N> (scale max(amax,1e-4)/448) is retired: it reproduced neither engine. Use "
-               "fp8-e4m3-tile<N>-pow2 (FlashMLA), fp8-e4m3-tile<N>-fp32 (vLLM fp8_ds_mla), or the presets "
-               "flashmla-v32-fp8 / vllm-fp8-ds-mla (k_pe in bf16)");
-      if (parts[3] == "pow2" && parts.size() == 4) q.rule = ScaleRule::Pow2;
+        bad(s,
+            "fp8-e4m3-tile<N> (scale max(amax,1e-4)/448) is retired: it reproduced neither engine. Use "
+            "fp8-e4m3-tile<N>-pow2 (FlashMLA), fp8-e4m3-tile<N>-fp32 (vLLM fp8_ds_mla), or the presets "
+            "flashmla-v32-fp8 / vllm-fp8-ds-mla (k_pe in bf16)");
+      if (parts[3] == "pow2" && parts.size() == 4)
+        q.rule = ScaleRule::Pow2;
       else if (parts[3] == "pow2" && parts.size() == 5 && parts[4] == "ue8m0") {
         q.rule = ScaleRule::Pow2;
         q.scale_dtype = ScaleDtype::UE8M0;
-      } else if (parts[3] == "fp32" && parts.size() == 4) q.rule = ScaleRule::Fp32;
-      else bad(s, "the fp8 tile scale rule must be pow2, pow2-ue8m0 or fp32");
+      } else if (parts[3] == "fp32" && parts.size() == 4)
+        q.rule = ScaleRule::Fp32;
+      else
+        bad(s, "the fp8 tile scale rule must be pow2, pow2-ue8m0 or fp32");
       return q;
     }
   }
@@ -146,13 +152,20 @@ QuantSpec QuantSpec::parse(std::string_view s) {
   if (!parse_int(parts[0].substr(3), bits)) bad(s, "bits must be a number");
   if (bits != 8 && bits != 4 && bits != 2) bad(s, "bits must be 2, 4 or 8, got " + std::to_string(bits));
   q.bits = static_cast<int>(bits);
-  if (parts[1] == "sym") q.scheme = Scheme::Sym;
-  else if (parts[1] == "asym") q.scheme = Scheme::Asym;
-  else bad(s, "scheme must be sym or asym, got '" + std::string(parts[1]) + "'");
-  if (parts[2] == "tensor") q.granularity = Granularity::Tensor;
-  else if (parts[2] == "channel") q.granularity = Granularity::Channel;
-  else if (parts[2] == "token") q.granularity = Granularity::Token;
-  else bad(s, "granularity must be tensor, channel or token, got '" + std::string(parts[2]) + "'");
+  if (parts[1] == "sym")
+    q.scheme = Scheme::Sym;
+  else if (parts[1] == "asym")
+    q.scheme = Scheme::Asym;
+  else
+    bad(s, "scheme must be sym or asym, got '" + std::string(parts[1]) + "'");
+  if (parts[2] == "tensor")
+    q.granularity = Granularity::Tensor;
+  else if (parts[2] == "channel")
+    q.granularity = Granularity::Channel;
+  else if (parts[2] == "token")
+    q.granularity = Granularity::Token;
+  else
+    bad(s, "granularity must be tensor, channel or token, got '" + std::string(parts[2]) + "'");
   size_t i = 3;
   if (i < parts.size() && parts[i].starts_with("g")) {
     if (q.granularity == Granularity::Tensor) bad(s, "a per-tensor spec takes no group size");
@@ -176,22 +189,36 @@ QuantSpec QuantSpec::parse(std::string_view s) {
 
 std::string QuantSpec::to_string() const {
   switch (format) {
-    case Format::BF16: return "bf16";
+    case Format::BF16:
+      return "bf16";
     case Format::Fp8Tile:
       return "fp8-e4m3-tile" + std::to_string(group_size) +
-             (rule == ScaleRule::Fp32 ? "-fp32" : scale_dtype == ScaleDtype::UE8M0 ? "-pow2-ue8m0" : "-pow2");
-    case Format::Fp8Tensor: return rule == ScaleRule::Unit ? "fp8-e4m3-tensor-s1" : "fp8-e4m3-tensor";
-    case Format::MxFp8: return "mxfp8";
-    case Format::MxFp4: return "mxfp4";
-    case Format::NvFp4: return "nvfp4";
-    case Format::Q8_0: return "q8_0";
-    case Format::Q4_0: return "q4_0";
-    case Format::Q4_1: return "q4_1";
-    case Format::Fp4Tile: return "fp4-e2m1-tile16-e4m3";
-    case Format::Preset: return kPresets[preset].name;
-    case Format::Int: break;
+             (rule == ScaleRule::Fp32            ? "-fp32"
+              : scale_dtype == ScaleDtype::UE8M0 ? "-pow2-ue8m0"
+                                                 : "-pow2");
+    case Format::Fp8Tensor:
+      return rule == ScaleRule::Unit ? "fp8-e4m3-tensor-s1" : "fp8-e4m3-tensor";
+    case Format::MxFp8:
+      return "mxfp8";
+    case Format::MxFp4:
+      return "mxfp4";
+    case Format::NvFp4:
+      return "nvfp4";
+    case Format::Q8_0:
+      return "q8_0";
+    case Format::Q4_0:
+      return "q4_0";
+    case Format::Q4_1:
+      return "q4_1";
+    case Format::Fp4Tile:
+      return "fp4-e2m1-tile16-e4m3";
+    case Format::Preset:
+      return kPresets[preset].name;
+    case Format::Int:
+      break;
   }
-  std::string s = "int" + std::to_string(bits) + "-" + latentq::to_string(scheme) + "-" + latentq::to_string(granularity);
+  std::string s =
+      "int" + std::to_string(bits) + "-" + latentq::to_string(scheme) + "-" + latentq::to_string(granularity);
   if (granularity != Granularity::Tensor && group_size > 0) s += "-g" + std::to_string(group_size);
   if (scale_dtype == ScaleDtype::F32) s += "-fp32";
   return s;
@@ -204,7 +231,9 @@ QuantSpec QuantSpec::stored_for(Target target) const {
 }
 
 Layout layout(const QuantSpec& s, int64_t D) {
-  if (D <= 0) throw std::invalid_argument("layout of '" + s.to_string() + "': the row length must be > 0, got " + std::to_string(D));
+  if (D <= 0)
+    throw std::invalid_argument("layout of '" + s.to_string() + "': the row length must be > 0, got " +
+                                std::to_string(D));
   Layout L;
   L.code_bits = s.bits;
   L.row_code_bytes = qmath::packed_row_bytes(D, s.bits);
@@ -217,8 +246,10 @@ Layout layout(const QuantSpec& s, int64_t D) {
   };
   auto block_format = [&](qmath::BlockKind k, int64_t block, bool has_scale, bool has_offset) {
     L.block_format = true;
-    if (has_scale) blocks(block, s.scale_dtype, has_offset);
-    else L.sd = ScaleDtype::F32;
+    if (has_scale)
+      blocks(block, s.scale_dtype, has_offset);
+    else
+      L.sd = ScaleDtype::F32;
     L.desc = {k, static_cast<int>(has_scale ? L.block : D), s.bits, s.scale_dtype, has_scale, has_offset};
   };
   switch (s.format) {
@@ -227,28 +258,39 @@ Layout layout(const QuantSpec& s, int64_t D) {
       const bool asym = s.scheme == Scheme::Asym;
       L.sd = s.scale_dtype;
       switch (s.granularity) {
-        case Granularity::Tensor: L.tensor_bytes = sb * (asym ? 2 : 1); break;
+        case Granularity::Tensor:
+          L.tensor_bytes = sb * (asym ? 2 : 1);
+          break;
         case Granularity::Channel:
           L.channel = true;
           L.scale_bytes = static_cast<int>(sb);
           L.offsets = asym;
           break;
-        case Granularity::Token: blocks(s.group_size > 0 ? s.group_size : D, s.scale_dtype, asym); break;
+        case Granularity::Token:
+          blocks(s.group_size > 0 ? s.group_size : D, s.scale_dtype, asym);
+          break;
       }
       return L;
     }
-    case Format::BF16: return L;
+    case Format::BF16:
+      return L;
     case Format::Fp8Tile:
-      block_format(s.rule == ScaleRule::Fp32 ? qmath::BlockKind::Fp8Fp32 : qmath::BlockKind::Fp8Pow2, s.group_size, true,
-                   false);
+      block_format(s.rule == ScaleRule::Fp32 ? qmath::BlockKind::Fp8Fp32 : qmath::BlockKind::Fp8Pow2, s.group_size,
+                   true, false);
       return L;
     case Format::Fp8Tensor:
       block_format(qmath::BlockKind::Fp8Tensor, D, false, false);
       L.tensor_bytes = 4;
       return L;
-    case Format::MxFp8: block_format(qmath::BlockKind::MxFp8, 32, true, false); return L;
-    case Format::MxFp4: block_format(qmath::BlockKind::MxFp4, 32, true, false); return L;
-    case Format::Fp4Tile: block_format(qmath::BlockKind::Fp4Tile, 16, true, false); return L;
+    case Format::MxFp8:
+      block_format(qmath::BlockKind::MxFp8, 32, true, false);
+      return L;
+    case Format::MxFp4:
+      block_format(qmath::BlockKind::MxFp4, 32, true, false);
+      return L;
+    case Format::Fp4Tile:
+      block_format(qmath::BlockKind::Fp4Tile, 16, true, false);
+      return L;
     case Format::NvFp4:
       block_format(qmath::BlockKind::NvFp4, 16, true, false);
       L.tensor_bytes = 4;
@@ -257,14 +299,16 @@ Layout layout(const QuantSpec& s, int64_t D) {
     case Format::Q4_0:
     case Format::Q4_1:
       if (D % 32 != 0)
-        throw std::invalid_argument("'" + s.to_string() + "' needs a row length that is a multiple of 32 (ggml blocks), got " +
+        throw std::invalid_argument("'" + s.to_string() +
+                                    "' needs a row length that is a multiple of 32 (ggml blocks), got " +
                                     std::to_string(D));
       block_format(s.format == Format::Q8_0   ? qmath::BlockKind::Q8_0
                    : s.format == Format::Q4_0 ? qmath::BlockKind::Q4_0
                                               : qmath::BlockKind::Q4_1,
                    32, true, s.format == Format::Q4_1);
       return L;
-    case Format::Preset: break;
+    case Format::Preset:
+      break;
   }
   throw std::invalid_argument("layout(): '" + s.to_string() + "' is a preset; use stored_for(target) first");
 }
@@ -280,19 +324,26 @@ int64_t record_bytes(const QuantSpec& p, int64_t D_ckv, int64_t D_kpe) {
 const char* to_string(Scheme s) { return s == Scheme::Sym ? "sym" : "asym"; }
 const char* to_string(Granularity g) {
   switch (g) {
-    case Granularity::Tensor: return "tensor";
-    case Granularity::Channel: return "channel";
-    case Granularity::Token: return "token";
+    case Granularity::Tensor:
+      return "tensor";
+    case Granularity::Channel:
+      return "channel";
+    case Granularity::Token:
+      return "token";
   }
   return "?";
 }
 const char* to_string(Target t) { return t == Target::CKV ? "c_kv" : "k_pe"; }
 const char* to_string(ScaleDtype d) {
   switch (d) {
-    case ScaleDtype::F16: return "fp16";
-    case ScaleDtype::F32: return "fp32";
-    case ScaleDtype::UE8M0: return "ue8m0";
-    case ScaleDtype::E4M3: return "e4m3";
+    case ScaleDtype::F16:
+      return "fp16";
+    case ScaleDtype::F32:
+      return "fp32";
+    case ScaleDtype::UE8M0:
+      return "ue8m0";
+    case ScaleDtype::E4M3:
+      return "e4m3";
   }
   return "?";
 }

@@ -19,7 +19,8 @@ constexpr const char* kTransformForms =
     "klt (PCA basis of the fit split); a full spec is '<transform>,<quantizer>', e.g. had,int4-asym-token";
 
 [[noreturn]] void bad_transform(std::string_view s, const std::string& why) {
-  throw std::invalid_argument("unknown transform '" + std::string(s) + "': " + why + ". Valid forms: " + kTransformForms);
+  throw std::invalid_argument("unknown transform '" + std::string(s) + "': " + why +
+                              ". Valid forms: " + kTransformForms);
 }
 
 template <typename I>
@@ -74,10 +75,16 @@ Transform Transform::parse(std::string_view s) {
 std::string Transform::to_string() const {
   std::string s;
   switch (kind) {
-    case TransformKind::None: return s;
-    case TransformKind::Klt: return "klt";
-    case TransformKind::Random: s = "rot"; break;
-    case TransformKind::Hadamard: s = block ? "had" + std::to_string(block) : "had"; break;
+    case TransformKind::None:
+      return s;
+    case TransformKind::Klt:
+      return "klt";
+    case TransformKind::Random:
+      s = "rot";
+      break;
+    case TransformKind::Hadamard:
+      s = block ? "had" + std::to_string(block) : "had";
+      break;
   }
   if (seed) s += "-s" + std::to_string(seed);
   return s;
@@ -91,8 +98,9 @@ TransformedSpec TransformedSpec::parse(std::string_view s) {
     return ts;
   }
   if (s.find(',', p + 1) != std::string_view::npos || p == 0 || p + 1 == s.size())
-    throw std::invalid_argument("bad spec '" + std::string(s) +
-                                "': expected '<transform>,<quantizer>' (one comma, both parts non-empty) or '<quantizer>'");
+    throw std::invalid_argument(
+        "bad spec '" + std::string(s) +
+        "': expected '<transform>,<quantizer>' (one comma, both parts non-empty) or '<quantizer>'");
   ts.transform = Transform::parse(s.substr(0, p));
   ts.spec = QuantSpec::parse(s.substr(p + 1));
   return ts;
@@ -272,12 +280,23 @@ template <int R>
       int64_t r0 = 0;
       for (; r0 + 6 <= rows; r0 += 6) dense_cols8<6>(P, xin.data() + r0 * D, out + r0 * D, D, i);
       switch (rows - r0) {
-        case 5: dense_cols8<5>(P, xin.data() + r0 * D, out + r0 * D, D, i); break;
-        case 4: dense_cols8<4>(P, xin.data() + r0 * D, out + r0 * D, D, i); break;
-        case 3: dense_cols8<3>(P, xin.data() + r0 * D, out + r0 * D, D, i); break;
-        case 2: dense_cols8<2>(P, xin.data() + r0 * D, out + r0 * D, D, i); break;
-        case 1: dense_cols8<1>(P, xin.data() + r0 * D, out + r0 * D, D, i); break;
-        default: break;
+        case 5:
+          dense_cols8<5>(P, xin.data() + r0 * D, out + r0 * D, D, i);
+          break;
+        case 4:
+          dense_cols8<4>(P, xin.data() + r0 * D, out + r0 * D, D, i);
+          break;
+        case 3:
+          dense_cols8<3>(P, xin.data() + r0 * D, out + r0 * D, D, i);
+          break;
+        case 2:
+          dense_cols8<2>(P, xin.data() + r0 * D, out + r0 * D, D, i);
+          break;
+        case 1:
+          dense_cols8<1>(P, xin.data() + r0 * D, out + r0 * D, D, i);
+          break;
+        default:
+          break;
       }
     }
     if (D8 < D) {
@@ -312,8 +331,10 @@ void dense_rows(const float* M, float* X, int64_t T, int64_t D) {
 
 Rotation Rotation::make(const Transform& t, int64_t D) {
   switch (t.kind) {
-    case TransformKind::None: return {};
-    case TransformKind::Hadamard: return hadamard(D, t.block, t.seed);
+    case TransformKind::None:
+      return {};
+    case TransformKind::Hadamard:
+      return hadamard(D, t.block, t.seed);
     case TransformKind::Random: {
       // A function of (D, seed) alone: built once per process (the study asks for the same matrix for
       // every layer), then copied.
@@ -328,7 +349,8 @@ Rotation Rotation::make(const Transform& t, int64_t D) {
       }
       return dense(D, std::move(R));
     }
-    case TransformKind::Klt: break;
+    case TransformKind::Klt:
+      break;
   }
   throw std::invalid_argument("transform 'klt' of dimension " + std::to_string(D) +
                               " is fitted on the fit split: build it with Rotation::dense from the basis");

@@ -37,10 +37,10 @@ namespace {
 struct RunArgs {
   std::string config, input, out, device = "cpu";
   int threads = 0;
-  std::string shard;               // "i/n"; empty = all cells
+  std::string shard;  // "i/n"; empty = all cells
   bool resume = false;
   double checkpoint_interval = 10;  // seconds (each checkpoint rewrites every completed cell)
-  bool no_e2e = false;             // skip [e2e] even when enabled
+  bool no_e2e = false;              // skip [e2e] even when enabled
 };
 
 // LATENTQ_TEST_KILL_AFTER_CELLS=N (tests only): stop after N computed cells, checkpoint, SIGKILL.
@@ -49,7 +49,8 @@ size_t test_kill_after_cells() {
   if (!v || !*v) return 0;
   char* end = nullptr;
   const long long n = std::strtoll(v, &end, 10);
-  if (*end || n < 1) throw std::invalid_argument(fmt::format("LATENTQ_TEST_KILL_AFTER_CELLS='{}' is not a positive integer", v));
+  if (*end || n < 1)
+    throw std::invalid_argument(fmt::format("LATENTQ_TEST_KILL_AFTER_CELLS='{}' is not a positive integer", v));
   return static_cast<size_t>(n);
 }
 
@@ -64,7 +65,8 @@ int cmd_run(const RunArgs& a, std::ostream& out, std::ostream& err, bool progres
   for (const std::string& w : cfg.warnings) err << "latentq: warning: " << w << "\n";
   if (!a.input.empty()) cfg.dump = fs::absolute(a.input).lexically_normal();
   if (!a.out.empty()) cfg.results = fs::absolute(a.out).lexically_normal();
-  if (cfg.results.empty()) throw std::invalid_argument(cfg.source + ": no results path: set [output] results or pass --out");
+  if (cfg.results.empty())
+    throw std::invalid_argument(cfg.source + ": no results path: set [output] results or pass --out");
   std::error_code ec;
   if (!cfg.dump.empty() && fs::equivalent(cfg.dump, cfg.results, ec))
     throw std::invalid_argument(cfg.results.string() + ": the results path is the input dump; choose another --out");
@@ -78,7 +80,8 @@ int cmd_run(const RunArgs& a, std::ostream& out, std::ostream& err, bool progres
   if (progress_bar) {
     opt.progress = [&err](size_t done, size_t total) {
       const int w = 40;
-      const int fill = total ? static_cast<int>(static_cast<double>(w) * static_cast<double>(done) / static_cast<double>(total)) : w;
+      const int fill =
+          total ? static_cast<int>(static_cast<double>(w) * static_cast<double>(done) / static_cast<double>(total)) : w;
       err << fmt::format("\r[{}{}] {}/{} cells", std::string(static_cast<size_t>(fill), '#'),
                          std::string(static_cast<size_t>(w - fill), '.'), done, total);
       if (done == total) err << "\n";
@@ -105,7 +108,8 @@ int cmd_run(const RunArgs& a, std::ostream& out, std::ostream& err, bool progres
     return kExitUserError;  // not reached
   }
   const std::string resumed = r.resumed_from.empty() ? std::string()
-                              : fmt::format("; {} resumed from {}, {} computed", r.resumed, r.resumed_from.string(), r.computed);
+                                                     : fmt::format("; {} resumed from {}, {} computed", r.resumed,
+                                                                   r.resumed_from.string(), r.computed);
   if (const ColumnTable* le = find_table(r.tables, "latent_error"))
     for (const std::string& w : latent_precision_warnings(*le)) err << "latentq: warning: " << w << "\n";
   if (shard.count == 1) {
@@ -119,9 +123,10 @@ int cmd_run(const RunArgs& a, std::ostream& out, std::ostream& err, bool progres
     print_probe_report(cfg, plan.probes, nullptr, r.tables, plan.dump().attrs, out, err);
     if (cfg.probes.e2e.enabled && !a.no_e2e)
       out << "e2e: skipped: a shard; `latentq merge` runs it on the merged file\n";
-    out << fmt::format("shard {}: {} of the {} cells{} on {} in {:.1f} s (no /summary: `latentq merge` writes it)\n"
-                       "results: {}\n",
-                       shard.to_string(), r.owned, r.total, resumed, backend->name(), secs, cfg.results.string());
+    out << fmt::format(
+        "shard {}: {} of the {} cells{} on {} in {:.1f} s (no /summary: `latentq merge` writes it)\n"
+        "results: {}\n",
+        shard.to_string(), r.owned, r.total, resumed, backend->name(), secs, cfg.results.string());
   }
   return kExitOk;
 }
@@ -140,9 +145,10 @@ void merged_e2e_step(const fs::path& merged, const Attrs& attrs, int threads, st
   const StudyConfig cfg = config_from_results(attrs, &has_dir);
   if (!cfg.probes.e2e.enabled) return;
   if (!has_dir) {
-    out << fmt::format("e2e: skipped: {} has no root attribute config_dir (shards of an older latentq), so the "
-                       "config's [e2e] model cannot be resolved; run python -m latentq.e2e --results {}\n",
-                       merged.string(), merged.string());
+    out << fmt::format(
+        "e2e: skipped: {} has no root attribute config_dir (shards of an older latentq), so the "
+        "config's [e2e] model cannot be resolved; run python -m latentq.e2e --results {}\n",
+        merged.string(), merged.string());
     return;
   }
   run_e2e_step(cfg, dump_attrs_from_results(attrs), merged, threads, out, err);
@@ -165,17 +171,17 @@ int cmd_merge(const MergeArgs& a, std::ostream& out, std::ostream& err) {
                                               merged, i + 1, in[i].string()));
     for (size_t j = 0; j < i; ++j)
       if (same(in[i], in[j]))
-        throw std::invalid_argument(fmt::format("merge: inputs {} ({}) and {} ({}) are the same file; give each shard once",
-                                                j + 1, in[j].string(), i + 1, in[i].string()));
+        throw std::invalid_argument(
+            fmt::format("merge: inputs {} ({}) and {} ({}) are the same file; give each shard once", j + 1,
+                        in[j].string(), i + 1, in[i].string()));
   }
   install_temp_file_signal_cleanup();
   const MergeResult m = merge_results(merged, in, derive_study_tables);
   if (const ColumnTable* summary = find_table(m.tables, "summary"))
     out << format_summary(*summary, dump_attrs_from_results(m.attrs)) << "\n";
-  out << fmt::format("merged {} shard{} ({} files): {} cells{}\nresults: {}\n", m.shards, m.shards == 1 ? "" : "s",
-                     inputs.size(), m.cells,
-                     m.overlapping ? fmt::format(" ({} of them in more than one file, equal)", m.overlapping) : "",
-                     merged);
+  out << fmt::format(
+      "merged {} shard{} ({} files): {} cells{}\nresults: {}\n", m.shards, m.shards == 1 ? "" : "s", inputs.size(),
+      m.cells, m.overlapping ? fmt::format(" ({} of them in more than one file, equal)", m.overlapping) : "", merged);
   if (!a.no_e2e) merged_e2e_step(merged, m.attrs, a.threads, out, err);
   return kExitOk;
 }
@@ -204,11 +210,13 @@ int cmd_regress(const std::string& results, const std::string& thresholds, std::
     throw std::invalid_argument(fmt::format(
         "{}: is an incomplete run (root attribute complete = 0: a checkpoint with {} of {} cells): a gate over part "
         "of the cells is meaningless; finish it with `latentq run ... --resume`",
-        results, int_attr("cells").value_or(-1), int_attr("shard_cells").value_or(int_attr("cells_total").value_or(-1))));
+        results, int_attr("cells").value_or(-1),
+        int_attr("shard_cells").value_or(int_attr("cells_total").value_or(-1))));
   const std::vector<Threshold> th = load_thresholds(thresholds);
   const std::vector<std::string> groups = list_tables(results);
   if (std::find(groups.begin(), groups.end(), "latent_error") == groups.end())
-    throw std::invalid_argument(results + ": no /latent_error group (groups: " + fmt::format("{}", fmt::join(groups, ", ")) + ")");
+    throw std::invalid_argument(
+        results + ": no /latent_error group (groups: " + fmt::format("{}", fmt::join(groups, ", ")) + ")");
   const ColumnTable le = read_table(results, "latent_error");
   for (const char* c : {"quantizer", "target"})
     if (!le.has(c) || le.at(c).index() != 2)
@@ -254,12 +262,14 @@ int cmd_synth(const SynthArgs& a, std::ostream& out) {
   o.seed = a.seed;
   validate(o);
   const ModelShape& m = o.shape;
-  const double layer_bytes = 4.0 * static_cast<double>(o.seqs * o.seq_len * (m.kv_lora_rank + m.qk_rope_head_dim) +
-                                                       o.query_rows * m.num_heads * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim) +
-                                                       m.num_heads * (m.qk_nope_head_dim + m.v_head_dim) * m.kv_lora_rank);
-  out << fmt::format("synth {}: {} layers, {} x {} tokens, {} query rows, seed {}: {:.1f} MiB per layer, {:.1f} MiB in all\n",
-                     m.name, m.num_layers, o.seqs, o.seq_len, o.query_rows, o.seed, layer_bytes / 1048576.0,
-                     layer_bytes * static_cast<double>(m.num_layers) / 1048576.0);
+  const double layer_bytes =
+      4.0 * static_cast<double>(o.seqs * o.seq_len * (m.kv_lora_rank + m.qk_rope_head_dim) +
+                                o.query_rows * m.num_heads * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim) +
+                                m.num_heads * (m.qk_nope_head_dim + m.v_head_dim) * m.kv_lora_rank);
+  out << fmt::format(
+      "synth {}: {} layers, {} x {} tokens, {} query rows, seed {}: {:.1f} MiB per layer, {:.1f} MiB in all\n", m.name,
+      m.num_layers, o.seqs, o.seq_len, o.query_rows, o.seed, layer_bytes / 1048576.0,
+      layer_bytes * static_cast<double>(m.num_layers) / 1048576.0);
   write_synth_dump(a.out, o);
   out << "dump: " << fs::absolute(a.out).lexically_normal().string() << "\n";
   return kExitOk;
@@ -275,26 +285,30 @@ struct PlanArgs {
 int cmd_plan(const PlanArgs& a, std::ostream& out, std::ostream& err) {
   const PlanInputs in = read_plan_inputs(a.results, a.objective);
   for (const std::string& w : in.warnings) err << "latentq: warning: " << w << "\n";
-  const PlanSolution s = solve_plan(in.groups, a.budget, in.units_per_byte);  // throws naming the minimum below the cheapest
+  const PlanSolution s =
+      solve_plan(in.groups, a.budget, in.units_per_byte);  // throws naming the minimum below the cheapest
   const PlanUniform best = best_uniform(in, s.budget_cost);
   std::string header = fmt::format(
       "written by `latentq plan {} --budget {} --objective {}`\n"
       "objective: {}\n",
       a.results, a.budget, a.objective, in.objective_note);
   if (s.capped)
-    header += fmt::format("budget {} bytes/token is above the largest assignment ({:.2f} bytes/token: the costliest "
-                          "measured quantizer of every layer and target): planned for that\n",
-                          a.budget, s.max_bytes);
+    header += fmt::format(
+        "budget {} bytes/token is above the largest assignment ({:.2f} bytes/token: the costliest "
+        "measured quantizer of every layer and target): planned for that\n",
+        a.budget, s.max_bytes);
   header += fmt::format(
-      "planned (row \"mixed\"): {:.2f} bytes/token (whole model, c_kv + k_pe, metadata included), predicted objective {:.4e}\n",
+      "planned (row \"mixed\"): {:.2f} bytes/token (whole model, c_kv + k_pe, metadata included), predicted objective "
+      "{:.4e}\n",
       s.bytes, s.objective);
   header += best.quantizer.empty()
                 ? std::string("best uniform quantizer within the budget: none fits\n")
                 : fmt::format("best uniform quantizer within the budget: {} ({:.2f} bytes/token, objective {:.4e})\n",
                               best.quantizer, best.bytes, best.objective);
-  header += fmt::format("exact multiple-choice knapsack: DP over the Pareto frontiers of exact byte totals (units of "
-                        "1/{} byte/token; largest frontier {} point{})\n",
-                        in.units_per_byte, s.frontier_max, s.frontier_max == 1 ? "" : "s");
+  header += fmt::format(
+      "exact multiple-choice knapsack: DP over the Pareto frontiers of exact byte totals (units of "
+      "1/{} byte/token; largest frontier {} point{})\n",
+      in.units_per_byte, s.frontier_max, s.frontier_max == 1 ? "" : "s");
   write_text_atomic(a.out, plan_config_text(a.results, in.groups, s, best.quantizer, header));
   out << fmt::format("{:>5} {:<5} {:<32} {:>11} {:>11}\n", "layer", "target", "quantizer", "bytes/token", a.objective);
   for (size_t i = 0; i < in.groups.size(); ++i) {
@@ -339,8 +353,9 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
 
   std::string report_results, report_out;
   CLI::App* report = app.add_subcommand(
-      "report", "Figures (PNG) and report.md from a results file: runs python -m latentq.report with the project venv "
-                "and passes its exit code through");
+      "report",
+      "Figures (PNG) and report.md from a results file: runs python -m latentq.report with the project venv "
+      "and passes its exit code through");
   report->add_option("results", report_results, "results file (latentq-results/1 HDF5)")->required();
   report->add_option("--out", report_out, "output directory (created)")->required();
 
@@ -351,8 +366,9 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
 
   MergeArgs ma;
   CLI::App* merge = app.add_subcommand(
-      "merge", "Join the shard files of a `latentq run --shard i/n` study into one results file (= an unsharded run: "
-               "with [e2e] enabled it then runs the e2e step on the merged file, as `run` does)");
+      "merge",
+      "Join the shard files of a `latentq run --shard i/n` study into one results file (= an unsharded run: "
+      "with [e2e] enabled it then runs the e2e step on the merged file, as `run` does)");
   merge->add_option("merged", ma.out, "the merged results file to write")->required();
   merge->add_option("shards", ma.inputs, "the shard files (every shard 0..n-1 of one config and input)")->required();
   merge->add_option("--threads", ma.threads, "threads of the e2e step (0 = all cores)")->check(CLI::NonNegativeNumber);
@@ -360,8 +376,9 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
 
   PlanArgs pa;
   CLI::App* plan = app.add_subcommand(
-      "plan", "Pick one measured quantizer per (layer, target) minimizing the summed objective under a whole-model "
-              "byte budget (exact: DP over the exact byte totals) and write it as a study config with a \"mixed\" row");
+      "plan",
+      "Pick one measured quantizer per (layer, target) minimizing the summed objective under a whole-model "
+      "byte budget (exact: DP over the exact byte totals) and write it as a study config with a \"mixed\" row");
   plan->add_option("results", pa.results, "results file of a study (latentq-results/1 HDF5)")->required();
   plan->add_option("--budget", pa.budget, "bytes per token, whole model (all layers, c_kv + k_pe, metadata included)")
       ->required();
@@ -371,8 +388,9 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
 
   SynthArgs sa;
   CLI::App* synth = app.add_subcommand(
-      "synth", "Write a synthetic latentq-dump/1 file with a real model's MLA shape (low-rank RMS-normalized c_kv "
-               "with outlier channels, RoPE'd k_pe, queries, W_UK/W_UV, exact attn_out), one layer at a time");
+      "synth",
+      "Write a synthetic latentq-dump/1 file with a real model's MLA shape (low-rank RMS-normalized c_kv "
+      "with outlier channels, RoPE'd k_pe, queries, W_UK/W_UV, exact attn_out), one layer at a time");
   synth->add_option("--preset", sa.preset, "tiny-mla, deepseek-v2-lite, deepseek-v3, glm-4.7-flash or minicpm3-4b");
   synth->add_flag("--list", sa.list, "print the presets' dims and exit");
   synth->add_option("--layers", sa.layers, "number of layers (default: the preset's)")->check(CLI::PositiveNumber);

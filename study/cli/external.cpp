@@ -103,7 +103,8 @@ int run_process(const std::vector<std::string>& argv, const std::vector<std::pai
   args.push_back(nullptr);
 
   int fds[2];
-  if (::pipe(fds) != 0) throw std::runtime_error(fmt::format("{}: cannot create a pipe: {}", argv[0], std::strerror(errno)));
+  if (::pipe(fds) != 0)
+    throw std::runtime_error(fmt::format("{}: cannot create a pipe: {}", argv[0], std::strerror(errno)));
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_addclose(&fa, fds[0]);
@@ -158,13 +159,17 @@ bool run_e2e_step(const StudyConfig& config, const DumpAttrs& attrs, const fs::p
   // with a tiny-mla directory, another dump (an HF checkpoint) with a non-tiny-mla directory.
   const bool dump_tiny = attrs.model == "tiny-mla";
   if (E.model.empty() && !dump_tiny)
-    why = fmt::format("the dump's model is '{}' and [e2e] names no model: set [e2e] model to its checkpoint "
-                      "directory", attrs.model);
+    why = fmt::format(
+        "the dump's model is '{}' and [e2e] names no model: set [e2e] model to its checkpoint "
+        "directory",
+        attrs.model);
   else if (!E.model.empty() && !fs::is_regular_file(E.model / "config.json", ec))
     why = fmt::format("the model directory {} ([e2e] model) has no config.json", E.model.string());
   else if (!E.model.empty() && dump_tiny != is_tiny_mla_dir(E.model))
-    why = fmt::format("the dump's model is '{}' but the [e2e] model {} is {}a tiny-mla directory: set [e2e] model "
-                      "to the dump's checkpoint directory", attrs.model, E.model.string(), dump_tiny ? "not " : "");
+    why = fmt::format(
+        "the dump's model is '{}' but the [e2e] model {} is {}a tiny-mla directory: set [e2e] model "
+        "to the dump's checkpoint directory",
+        attrs.model, E.model.string(), dump_tiny ? "not " : "");
   else
     why = python_unavailable_reason(t, "python/latentq/e2e.py", true);
   if (!why.empty()) {

@@ -39,7 +39,8 @@ class Parser {
       const bool ok = std::any_of(vs.begin(), vs.end(), [&](const std::string& s) { return k.str() == s; });
       if (!ok) {
         fail(v, fmt::format("unknown key '{}{}' (valid keys{}: {})", prefix, k.str(),
-                            prefix.empty() ? "" : " in [" + prefix.substr(0, prefix.size() - 1) + "]", fmt::join(vs, ", ")));
+                            prefix.empty() ? "" : " in [" + prefix.substr(0, prefix.size() - 1) + "]",
+                            fmt::join(vs, ", ")));
       }
     }
   }
@@ -136,9 +137,11 @@ std::vector<Quantizer> expand_matrix(const std::vector<int64_t>& bits, const std
     if (g != "tensor" && g != "channel" && g != "token")
       throw std::invalid_argument(fmt::format("granularity '{}' is not one of tensor, channel, token", g));
   for (int64_t g : group_sizes)
-    if (g < 0) throw std::invalid_argument(fmt::format("group size {} is negative (group sizes are >= 0; 0 = whole axis)", g));
+    if (g < 0)
+      throw std::invalid_argument(fmt::format("group size {} is negative (group sizes are >= 0; 0 = whole axis)", g));
   for (const auto& d : scale_dtypes)
-    if (d != "fp16" && d != "fp32") throw std::invalid_argument(fmt::format("scale dtype '{}' is not one of fp16, fp32", d));
+    if (d != "fp16" && d != "fp32")
+      throw std::invalid_argument(fmt::format("scale dtype '{}' is not one of fp16, fp32", d));
   // spec values built directly (the grammar's fields), named by their canonical string
   std::vector<Quantizer> out;
   auto add = [&](int64_t b, const std::string& s, Granularity g, int64_t gs, const std::string& d) {
@@ -159,7 +162,8 @@ std::vector<Quantizer> expand_matrix(const std::vector<int64_t>& bits, const std
           continue;
         }
         for (int64_t gs : group_sizes)
-          for (const auto& d : scale_dtypes) add(b, s, g == "channel" ? Granularity::Channel : Granularity::Token, gs, d);
+          for (const auto& d : scale_dtypes)
+            add(b, s, g == "channel" ? Granularity::Channel : Granularity::Token, gs, d);
       }
   return out;
 }
@@ -167,12 +171,14 @@ std::vector<Quantizer> expand_matrix(const std::vector<int64_t>& bits, const std
 namespace {
 const MixedRule& mixed_rule(const Quantizer& q, int layer, Target target) {
   for (const MixedRule& r : q.mixed)
-    if (r.target == target && (r.layers.empty() || std::find(r.layers.begin(), r.layers.end(), layer) != r.layers.end()))
+    if (r.target == target &&
+        (r.layers.empty() || std::find(r.layers.begin(), r.layers.end(), layer) != r.layers.end()))
       return r;
   const std::string& name = q.name;
-  throw std::invalid_argument(fmt::format("mixed assignment '{}' assigns no spec to layer {} {} (add a [[mixed]] rule "
-                                          "with name = \"{}\" covering it)",
-                                          name, layer, to_string(target), name));
+  throw std::invalid_argument(
+      fmt::format("mixed assignment '{}' assigns no spec to layer {} {} (add a [[mixed]] rule "
+                  "with name = \"{}\" covering it)",
+                  name, layer, to_string(target), name));
 }
 }  // namespace
 
@@ -268,7 +274,8 @@ std::vector<Quantizer> parse_matrix(const Parser& P, const toml::table& q) {
   const toml::node* ns = q.get("schemes");
   const toml::node* ng = q.get("granularities");
   if (!(nb || ns || ng)) return {};
-  if (!(nb && ns && ng)) P.fail(*(nb ? nb : ns ? ns : ng), "'quantizers.bits', 'schemes' and 'granularities' go together: give all three");
+  if (!(nb && ns && ng))
+    P.fail(*(nb ? nb : ns ? ns : ng), "'quantizers.bits', 'schemes' and 'granularities' go together: give all three");
   const auto bits = P.ints(*nb, "quantizers.bits");
   const auto schemes = P.strings(*ns, "quantizers.schemes");
   const auto grans = P.strings(*ng, "quantizers.granularities");
@@ -306,14 +313,16 @@ void parse_exclude(const Parser& P, const toml::node& n, const std::string& name
   }
   const auto matched = apply_excludes(v, pats);
   for (size_t i = 0; i < pats.size(); ++i)
-    if (!matched[i]) warnings.push_back(fmt::format("{}: exclude pattern '{}' matches no quantizer", P.where(n), pats[i]));
+    if (!matched[i])
+      warnings.push_back(fmt::format("{}: exclude pattern '{}' matches no quantizer", P.where(n), pats[i]));
 }
 
 // [quantizers]: the quantizers common to every target (the matrix, then extra, less exclude).
 std::vector<Quantizer> parse_quantizers(const Parser& P, const toml::table& root, std::vector<std::string>& warnings) {
   std::vector<Quantizer> common;
   if (const toml::table* q = P.table(root, "quantizers", "quantizers")) {
-    P.check_keys(*q, "quantizers.", {"bits", "schemes", "granularities", "group_sizes", "scale_dtypes", "extra", "exclude"});
+    P.check_keys(*q, "quantizers.",
+                 {"bits", "schemes", "granularities", "group_sizes", "scale_dtypes", "extra", "exclude"});
     common = parse_matrix(P, *q);
     if (const toml::node* n = q->get("extra")) {
       if (!n->is_array()) P.fail(*n, "'quantizers.extra' must be an array of strings");
@@ -344,7 +353,8 @@ void parse_targets(const Parser& P, const toml::table& root, const std::vector<T
       for (const toml::node& e : *n->as_array())
         add_unique(per_target[t], P.quantizer(e, P.string(e, "targets." + name + ".quantizers")));
     }
-    if (const toml::node* n = tt.get("exclude")) parse_exclude(P, *n, "targets." + name + ".exclude", per_target[t], warnings);
+    if (const toml::node* n = tt.get("exclude"))
+      parse_exclude(P, *n, "targets." + name + ".exclude", per_target[t], warnings);
   }
 }
 
@@ -360,7 +370,8 @@ std::string parse_mixed_name(const Parser& P, const toml::table& m) {
   }
   if (is_spec || name.empty() || name.find_first_of("/*") != std::string::npos)
     P.fail(m, fmt::format("'mixed.name' = '{}': a mixed assignment needs a name that is not a spec and holds no '/' "
-                          "or '*' (e.g. \"mixed\")", name));
+                          "or '*' (e.g. \"mixed\")",
+                          name));
   return name;
 }
 
@@ -405,10 +416,10 @@ void parse_mixed_rule(const Parser& P, const toml::table& m, const std::vector<T
     r.transform = q.transform;
     for (const MixedRule& o : it->mixed) {
       if (o.target != t) continue;
-      const bool overlap = o.layers.empty() || r.layers.empty() ||
-                           std::any_of(r.layers.begin(), r.layers.end(), [&](int l) {
-                             return std::find(o.layers.begin(), o.layers.end(), l) != o.layers.end();
-                           });
+      const bool overlap =
+          o.layers.empty() || r.layers.empty() || std::any_of(r.layers.begin(), r.layers.end(), [&](int l) {
+            return std::find(o.layers.begin(), o.layers.end(), l) != o.layers.end();
+          });
       if (overlap) P.fail(*ns, fmt::format("mixed assignment '{}' assigns {} of a layer twice", name, to_string(t)));
     }
     it->mixed.push_back(r);
@@ -426,10 +437,11 @@ void parse_mixed(const Parser& P, const toml::table& root, const std::vector<Tar
   for (const toml::node& e : *n->as_array()) parse_mixed_rule(P, *e.as_table(), targets, mixed);
   for (const Quantizer& q : mixed)
     for (Target t : targets) {
-      const bool assigns = std::any_of(q.mixed.begin(), q.mixed.end(), [&](const MixedRule& r) { return r.target == t; });
+      const bool assigns =
+          std::any_of(q.mixed.begin(), q.mixed.end(), [&](const MixedRule& r) { return r.target == t; });
       if (!assigns)
-        P.fail(*n, fmt::format("mixed assignment '{}' assigns nothing to {} (every studied target needs a spec)", q.name,
-                               to_string(t)));
+        P.fail(*n, fmt::format("mixed assignment '{}' assigns nothing to {} (every studied target needs a spec)",
+                               q.name, to_string(t)));
       if (std::any_of(per_target[t].begin(), per_target[t].end(), [&](const Quantizer& x) { return x.name == q.name; }))
         P.fail(*n, fmt::format("mixed assignment '{}' has the name of a quantizer", q.name));
       per_target[t].push_back(q);
@@ -456,9 +468,10 @@ StudyConfig parse_config(std::string_view text, const std::string& source, const
   parse_mixed(P, root, targets, per_target);
   for (Target t : targets) {
     if (per_target[t].empty())
-      P.fail(fmt::format("no quantizer for target {}: give [quantizers] bits/schemes/granularities or extra, "
-                         "or [targets.{}] quantizers",
-                         to_string(t), to_string(t)));
+      P.fail(
+          fmt::format("no quantizer for target {}: give [quantizers] bits/schemes/granularities or extra, "
+                      "or [targets.{}] quantizers",
+                      to_string(t), to_string(t)));
     C.targets.push_back({t, per_target[t]});
   }
   return C;

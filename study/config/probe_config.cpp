@@ -41,8 +41,8 @@ void SettingsReader::check_keys(std::initializer_list<const char*> valid) const 
   for (auto&& [k, v] : *impl_->table) {
     if (std::none_of(valid.begin(), valid.end(), [&](const char* s) { return k.str() == s; })) {
       std::vector<std::string> vs(valid.begin(), valid.end());
-      impl_->fail(v, fmt::format("unknown key '{}.{}' (valid keys in [{}]: {})", impl_->section, k.str(), impl_->section,
-                                 fmt::join(vs, ", ")));
+      impl_->fail(v, fmt::format("unknown key '{}.{}' (valid keys in [{}]: {})", impl_->section, k.str(),
+                                 impl_->section, fmt::join(vs, ", ")));
     }
   }
 }
@@ -95,7 +95,8 @@ std::optional<std::vector<int64_t>> SettingsReader::ints(const char* key, int64_
     if (!e.is_integer()) impl_->fail(e, fmt::format("'{}' must be an array of integers", name));
     const int64_t v = e.as_integer()->get();
     if (v < lo) impl_->fail(e, fmt::format("'{}': {} is < {}", name, v, lo));
-    if (std::find(out.begin(), out.end(), v) != out.end()) impl_->fail(e, fmt::format("'{}': {} is listed twice", name, v));
+    if (std::find(out.begin(), out.end(), v) != out.end())
+      impl_->fail(e, fmt::format("'{}': {} is listed twice", name, v));
     out.push_back(v);
   }
   return out;
@@ -129,8 +130,8 @@ std::unique_ptr<SettingsReader> make_settings_reader(std::string_view text, cons
 }
 
 std::map<std::string, std::shared_ptr<const ProbeSettings>> parse_probe_sections(std::string_view text,
-                                                                                  const std::string& source,
-                                                                                  const fs::path& base_dir) {
+                                                                                 const std::string& source,
+                                                                                 const fs::path& base_dir) {
   const auto root = std::make_shared<const toml::table>(parse_toml(text, source));
   std::map<std::string, std::shared_ptr<const ProbeSettings>> out;
   for (const Probe* p : registered_probes()) {
@@ -149,9 +150,12 @@ const ProbeSettings& probe_settings_any(const StudyConfig& config, const std::st
 
 const char* to_string(PairSelection p) {
   switch (p) {
-    case PairSelection::All: return "all";
-    case PairSelection::Adjacent: return "adjacent";
-    case PairSelection::Auto: break;
+    case PairSelection::All:
+      return "all";
+    case PairSelection::Adjacent:
+      return "adjacent";
+    case PairSelection::Auto:
+      break;
   }
   return "auto";
 }

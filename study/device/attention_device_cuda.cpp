@@ -63,8 +63,8 @@ class CudaAttentionDevice final : public probes::AttentionDevice {
   }
 
   DeviceAbsorbedAttention dev_;
-  size_t nkeys_;    // Tq
-  int64_t heads_;   // H
+  size_t nkeys_;   // Tq
+  int64_t heads_;  // H
 };
 
 }  // namespace

@@ -91,7 +91,8 @@ void extend(const std::vector<int64_t>& cost, const std::vector<double>& obj, co
     // Dominated: so is every later point of this copy whose objective is not below the best kept one
     // (objectives fall along a copy, costs rise): resume at the first that is below it (binary search).
     const double best = nobj.back(), v = g.options[h.option].objective;
-    const auto first = std::partition_point(obj.begin() + h.parent + 1, obj.end(), [&](double x) { return x + v >= best; });
+    const auto first =
+        std::partition_point(obj.begin() + h.parent + 1, obj.end(), [&](double x) { return x + v >= best; });
     push(h.option, static_cast<uint32_t>(first - obj.begin()));
   }
 }
@@ -120,15 +121,18 @@ PlanSolution solve_plan(const std::vector<PlanGroup>& groups, double budget, int
   for (size_t g = 0; g < G; ++g) {
     const PlanGroup& grp = groups[g];
     if (grp.options.empty())
-      throw std::invalid_argument(fmt::format("plan: layer {} {} has no measured option", grp.layer, to_string(grp.target)));
+      throw std::invalid_argument(
+          fmt::format("plan: layer {} {} has no measured option", grp.layer, to_string(grp.target)));
     if (grp.options.size() > std::numeric_limits<uint32_t>::max())
-      throw std::invalid_argument(fmt::format("plan: layer {} {} has too many options", grp.layer, to_string(grp.target)));
+      throw std::invalid_argument(
+          fmt::format("plan: layer {} {} has too many options", grp.layer, to_string(grp.target)));
     int64_t mn = kMaxExact, mx = 0;
     for (const PlanOption& o : grp.options) {
       if (o.cost < 0 || o.cost > kMaxExact || !std::isfinite(o.objective))
-        throw std::invalid_argument(fmt::format("plan: layer {} {} {}: cost {} / objective {} (expected finite, cost "
-                                                "in 0 .. 2^53)",
-                                                grp.layer, to_string(grp.target), o.quantizer, o.cost, o.objective));
+        throw std::invalid_argument(
+            fmt::format("plan: layer {} {} {}: cost {} / objective {} (expected finite, cost "
+                        "in 0 .. 2^53)",
+                        grp.layer, to_string(grp.target), o.quantizer, o.cost, o.objective));
       mn = std::min(mn, o.cost);
       mx = std::max(mx, o.cost);
     }
@@ -144,7 +148,8 @@ PlanSolution solve_plan(const std::vector<PlanGroup>& groups, double budget, int
   if (s.budget_cost < 0)
     throw std::invalid_argument(fmt::format(
         "plan: budget {} bytes/token is below the cheapest assignment ({:.4f} bytes/token: the cheapest measured "
-        "quantizer of every layer and target)", budget, static_cast<double>(suffix_min[0]) / upb));
+        "quantizer of every layer and target)",
+        budget, static_cast<double>(suffix_min[0]) / upb));
   std::vector<int64_t> cost{0}, ncost;
   std::vector<double> obj{0.0}, nobj;
   std::vector<std::vector<Back>> back(G);
@@ -199,7 +204,8 @@ bool exact_fraction(double x, int64_t& p, int64_t& q) {
     const unsigned __int128 t = a / b;
     if (t > static_cast<unsigned __int128>(kMaxExact)) return false;  // the next denominator is beyond 2^40
     const unsigned __int128 h = t * h1 + h2, k = t * k1 + k2;
-    if (k > static_cast<unsigned __int128>(kMaxDenominator) || h > static_cast<unsigned __int128>(kMaxExact)) return false;
+    if (k > static_cast<unsigned __int128>(kMaxDenominator) || h > static_cast<unsigned __int128>(kMaxExact))
+      return false;
     if (static_cast<double>(static_cast<int64_t>(h)) / static_cast<double>(static_cast<int64_t>(k)) == x) {
       p = static_cast<int64_t>(h);
       q = static_cast<int64_t>(k);
@@ -243,9 +249,10 @@ std::map<std::tuple<int64_t, std::string, std::string>, double> single_target_kl
   for (size_t i = 0; i < al.size(); ++i)
     if (at[i] == "c_kv" || at[i] == "k_pe") kl[{al[i], at[i], aq[i]}] = ak[i];
   if (kl.empty())
-    throw std::invalid_argument(fmt::format("{}: /attention_error has no single-target rows (targets \"c_kv\" or "
-                                            "\"k_pe\"); use --objective mse or add them to [attention] targets",
-                                            results.string()));
+    throw std::invalid_argument(
+        fmt::format("{}: /attention_error has no single-target rows (targets \"c_kv\" or "
+                    "\"k_pe\"); use --objective mse or add them to [attention] targets",
+                    results.string()));
   return kl;
 }
 
@@ -260,8 +267,10 @@ PlanInputs read_plan_inputs(const std::filesystem::path& results, const std::str
   auto need = [&](const std::string& g) {
     if (std::find(groups.begin(), groups.end(), g) == groups.end())
       throw std::invalid_argument(fmt::format("{}: no /{} group{}", results.string(), g,
-                                              g == "attention_error" ? " (use --objective mse, or a study with [attention] "
-                                                                       "targets \"c_kv\" and \"k_pe\")" : ""));
+                                              g == "attention_error"
+                                                  ? " (use --objective mse, or a study with [attention] "
+                                                    "targets \"c_kv\" and \"k_pe\")"
+                                                  : ""));
   };
   need("latent_error");
   const ColumnTable le = read_table(results, "latent_error");
@@ -309,7 +318,8 @@ PlanInputs read_plan_inputs(const std::filesystem::path& results, const std::str
       skip(i, "a mixed assignment's row, not one spec");
       continue;
     }
-    const double width = target[i] == "c_kv" ? static_cast<double>(A.kv_lora_rank) : static_cast<double>(A.qk_rope_head_dim);
+    const double width =
+        target[i] == "c_kv" ? static_cast<double>(A.kv_lora_rank) : static_cast<double>(A.qk_rope_head_dim);
     double obj = mse[i] * width;
     if (objective == "kl") {
       const auto k = kl.find({layer[i], target[i], quant[i]});
@@ -327,11 +337,14 @@ PlanInputs read_plan_inputs(const std::filesystem::path& results, const std::str
     if (!std::isfinite(bpt[i]) || bpt[i] < 0 || !exact_fraction(bpt[i], f.p, f.q))
       throw std::invalid_argument(fmt::format(
           "{}: /latent_error layer {} {} {}: bytes_per_token_layer {} is not stored bytes over a token count (no "
-          "fraction of denominator <= 2^40 rounds to it)", results.string(), layer[i], target[i], quant[i], bpt[i]));
+          "fraction of denominator <= 2^40 rounds to it)",
+          results.string(), layer[i], target[i], quant[i], bpt[i]));
     const int64_t g = std::gcd(den, f.q);
     if (den / g > kMaxDenominator / f.q)
-      throw std::invalid_argument(fmt::format("{}: the bytes per token of /latent_error have no common token count "
-                                              "<= 2^40 (row layer {} {} {})", results.string(), layer[i], target[i], quant[i]));
+      throw std::invalid_argument(
+          fmt::format("{}: the bytes per token of /latent_error have no common token count "
+                      "<= 2^40 (row layer {} {} {})",
+                      results.string(), layer[i], target[i], quant[i]));
     den = den / g * f.q;
     in.groups[it->second].options.push_back({quant[i], 0, obj});
     frac[it->second].push_back(f);
@@ -358,7 +371,8 @@ PlanInputs read_plan_inputs(const std::filesystem::path& results, const std::str
                                       where(s.groups, in.groups.size()), s.reason));
   for (const PlanOption& o : in.groups.front().options) {
     const bool everywhere = std::all_of(in.groups.begin(), in.groups.end(), [&](const PlanGroup& g) {
-      return std::any_of(g.options.begin(), g.options.end(), [&](const PlanOption& x) { return x.quantizer == o.quantizer; });
+      return std::any_of(g.options.begin(), g.options.end(),
+                         [&](const PlanOption& x) { return x.quantizer == o.quantizer; });
     });
     if (everywhere) in.uniform.push_back(o.quantizer);
   }
@@ -414,7 +428,8 @@ std::string plan_config_text(const std::filesystem::path& results, const std::ve
   }
   t.insert("mixed", mixed);
   toml::table e2e{{"enabled", src.probes.e2e.enabled}};
-  if (!src.probes.e2e.model.empty()) e2e.insert("model", std::filesystem::absolute(src.probes.e2e.model).lexically_normal().string());
+  if (!src.probes.e2e.model.empty())
+    e2e.insert("model", std::filesystem::absolute(src.probes.e2e.model).lexically_normal().string());
   t.insert("e2e", e2e);
   std::ostringstream out;
   std::istringstream h(header);

@@ -26,10 +26,12 @@ std::vector<Threshold> parse_thresholds(const std::string& text, const std::stri
   };
   for (auto&& [k, v] : root)
     if (k.str() != "threshold")
-      throw std::invalid_argument(fmt::format("{}: unknown key '{}' (expected [[threshold]] entries)", where(v), k.str()));
+      throw std::invalid_argument(
+          fmt::format("{}: unknown key '{}' (expected [[threshold]] entries)", where(v), k.str()));
   const toml::node* arr = root.get("threshold");
   if (!arr) throw std::invalid_argument(source + ": no [[threshold]] entries");
-  if (!arr->is_array_of_tables()) throw std::invalid_argument(where(*arr) + ": 'threshold' must be [[threshold]] tables");
+  if (!arr->is_array_of_tables())
+    throw std::invalid_argument(where(*arr) + ": 'threshold' must be [[threshold]] tables");
   std::vector<Threshold> out;
   for (const toml::node& n : *arr->as_array()) {
     const toml::table& t = *n.as_table();
@@ -57,7 +59,8 @@ std::vector<Threshold> parse_thresholds(const std::string& text, const std::stri
       } else if (key == "statistic") {
         th.statistic = str();
         if (th.statistic != "max" && th.statistic != "mean" && th.statistic != "min")
-          throw std::invalid_argument(fmt::format("{}: statistic '{}' is not max, mean or min", where(v), th.statistic));
+          throw std::invalid_argument(
+              fmt::format("{}: statistic '{}' is not max, mean or min", where(v), th.statistic));
       } else if (key == "direction") {
         th.direction = str();
         if (th.direction != "max" && th.direction != "min")
@@ -86,7 +89,8 @@ std::vector<Threshold> parse_thresholds(const std::string& text, const std::stri
 std::vector<Threshold> load_thresholds(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
   std::error_code ec;
-  if (!in || std::filesystem::is_directory(path, ec)) throw std::runtime_error(path.string() + ": cannot read the thresholds file");
+  if (!in || std::filesystem::is_directory(path, ec))
+    throw std::runtime_error(path.string() + ": cannot read the thresholds file");
   std::ostringstream ss;
   ss << in.rdbuf();
   return parse_thresholds(ss.str(), path.string());
@@ -101,8 +105,9 @@ std::vector<ThresholdResult> evaluate_thresholds(const ColumnTable& le, const st
   std::vector<ThresholdResult> out;
   for (const Threshold& th : thresholds) {
     if (std::find(numeric.begin(), numeric.end(), th.metric) == numeric.end())
-      throw std::invalid_argument(fmt::format("{}: metric '{}' is not a numeric column of /latent_error (numeric columns: {})",
-                                              th.where, th.metric, fmt::join(numeric, ", ")));
+      throw std::invalid_argument(
+          fmt::format("{}: metric '{}' is not a numeric column of /latent_error (numeric columns: {})", th.where,
+                      th.metric, fmt::join(numeric, ", ")));
     const Column& col = le.at(th.metric);
     std::vector<double> vals;
     for (size_t i = 0; i < q.size(); ++i) {
@@ -119,9 +124,12 @@ std::vector<ThresholdResult> evaluate_thresholds(const ColumnTable& le, const st
       bool nan = false;
       for (double v : vals) {
         nan = nan || std::isnan(v);
-        if (th.statistic == "mean") acc += v;
-        else if (th.statistic == "max") acc = std::max(acc, v);
-        else acc = std::min(acc, v);
+        if (th.statistic == "mean")
+          acc += v;
+        else if (th.statistic == "max")
+          acc = std::max(acc, v);
+        else
+          acc = std::min(acc, v);
       }
       if (th.statistic == "mean") acc /= static_cast<double>(vals.size());
       r.value = nan ? std::numeric_limits<double>::quiet_NaN() : acc;
@@ -142,16 +150,16 @@ std::string format_threshold_results(const std::vector<ThresholdResult>& results
       out += fmt::format("FAIL  {:<52} no rows match (quantizer '{}', target '{}' not in /latent_error)\n", what,
                          t.quantizer, t.target);
     } else {
-      const std::string inferred =
-          t.direction_inferred && t.direction == "min"
-              ? fmt::format("; direction min inferred: higher {} is better", t.metric)
-              : std::string();
+      const std::string inferred = t.direction_inferred && t.direction == "min"
+                                       ? fmt::format("; direction min inferred: higher {} is better", t.metric)
+                                       : std::string();
       out += fmt::format("{}  {:<52} = {:<12.6g} {} {:.6g}   ({} rows{})\n", r.pass ? "PASS" : "FAIL", what, r.value,
                          t.direction == "max" ? "<=" : ">=", t.bound, r.rows, inferred);
     }
     fails += !r.pass;
   }
-  out += fmt::format("gate: {} of {} thresholds pass{}\n", results.size() - fails, results.size(), fails ? "" : " (all)");
+  out +=
+      fmt::format("gate: {} of {} thresholds pass{}\n", results.size() - fails, results.size(), fails ? "" : " (all)");
   return out;
 }
 

@@ -50,7 +50,8 @@ class Loader {
   H5::Attribute scalar_attr(const std::string& name, H5T_class_t cls, const char* expected) {
     const H5::Attribute a = attr(name, expected);
     if (a.getTypeClass() != cls)
-      invalid(fmt::format("root attribute '{}' has type {}, expected {}", name, h5::dtype_name(a.getDataType()), expected));
+      invalid(
+          fmt::format("root attribute '{}' has type {}, expected {}", name, h5::dtype_name(a.getDataType()), expected));
     if (a.getSpace().getSimpleExtentNpoints() != 1)
       invalid(fmt::format("root attribute '{}' must be a single value", name));
     return a;
@@ -97,9 +98,12 @@ class Loader {
     for (hsize_t x : d) n *= static_cast<size_t>(x);
     std::vector<T> v(n);
     if (n == 0) return v;
-    if constexpr (std::is_same_v<T, float>) ds.read(v.data(), H5::PredType::NATIVE_FLOAT);
-    else if constexpr (std::is_same_v<T, int32_t>) ds.read(v.data(), H5::PredType::NATIVE_INT32);
-    else ds.read(v.data(), H5::PredType::NATIVE_INT64);
+    if constexpr (std::is_same_v<T, float>)
+      ds.read(v.data(), H5::PredType::NATIVE_FLOAT);
+    else if constexpr (std::is_same_v<T, int32_t>)
+      ds.read(v.data(), H5::PredType::NATIVE_INT32);
+    else
+      ds.read(v.data(), H5::PredType::NATIVE_INT64);
     return v;
   }
 
@@ -127,7 +131,8 @@ const char* const kAttentionSets[] = {"q_rows", "q_nope", "q_pe", "w_uk", "w_uv"
 void read_attrs(Loader& L, DumpAttrs& A) {
   {
     const H5::Attribute a = L.attr("schema", "\"latentq-dump/1\"");
-    if (a.getTypeClass() != H5T_STRING) L.invalid("root attribute 'schema' is not a string (expected \"latentq-dump/1\")");
+    if (a.getTypeClass() != H5T_STRING)
+      L.invalid("root attribute 'schema' is not a string (expected \"latentq-dump/1\")");
     const std::string schema = h5::read_string_attr(a);
     if (schema != kDumpSchema)
       L.invalid(fmt::format("root attribute 'schema' is \"{}\", expected \"{}\"", schema, kDumpSchema));
@@ -150,9 +155,10 @@ void read_attrs(Loader& L, DumpAttrs& A) {
   // Checked after the conversion too: the attention runs in float32, where 1e300 is inf (a NaN
   // attention) and 1e-50 is 0 (a uniform softmax).
   if (const std::string p = probes::narrowing_problem<float>(A.softmax_scale); !p.empty())
-    L.invalid(fmt::format("root attribute 'softmax_scale' = {} {}; the attention runs in float32: expected a value "
-                          "> 0 in the float32 normal range [{:.8g}, {:.8g}]",
-                          A.softmax_scale, p, std::numeric_limits<float>::min(), std::numeric_limits<float>::max()));
+    L.invalid(
+        fmt::format("root attribute 'softmax_scale' = {} {}; the attention runs in float32: expected a value "
+                    "> 0 in the float32 normal range [{:.8g}, {:.8g}]",
+                    A.softmax_scale, p, std::numeric_limits<float>::min(), std::numeric_limits<float>::max()));
 }
 
 // /tokens (not empty), /positions and /seq_offsets (0 to T, non-decreasing).
@@ -180,7 +186,8 @@ void read_layer_list(Loader& L, const H5::H5File& file, Dump& D) {
     const H5::Group g = file.openGroup("/layers");
     for (hsize_t i = 0; i < g.getNumObjs(); ++i) {
       const std::string name = g.getObjnameByIdx(i);
-      const bool digits = name.size() == 3 && std::all_of(name.begin(), name.end(), [](unsigned char c) { return std::isdigit(c); });
+      const bool digits =
+          name.size() == 3 && std::all_of(name.begin(), name.end(), [](unsigned char c) { return std::isdigit(c); });
       if (!digits) L.invalid(fmt::format("/layers/{} is not a layer name (expected 3 digits, e.g. 000)", name));
       if (g.getObjTypeByIdx(i) != H5G_GROUP) L.invalid(fmt::format("/layers/{} is not a group", name));
       D.file_layers.push_back(std::stoi(name));
@@ -226,8 +233,14 @@ std::vector<int> wanted_layers(const std::filesystem::path& path, const Dump& D,
 class LayerReader {
  public:
   LayerReader(Loader& L, const H5::H5File& file, const Dump& D)
-      : L_(L), file_(file), T_(D.num_tokens()), H_(D.attrs.num_heads), r_(D.attrs.kv_lora_rank),
-        dr_(D.attrs.qk_rope_head_dim), dn_(D.attrs.qk_nope_head_dim), dv_(D.attrs.v_head_dim) {}
+      : L_(L),
+        file_(file),
+        T_(D.num_tokens()),
+        H_(D.attrs.num_heads),
+        r_(D.attrs.kv_lora_rank),
+        dr_(D.attrs.qk_rope_head_dim),
+        dn_(D.attrs.qk_nope_head_dim),
+        dv_(D.attrs.v_head_dim) {}
 
   // An empty layer gets its own message before the shape check against /tokens.
   void check_not_empty(int li) {
@@ -237,7 +250,8 @@ class LayerReader {
       if (L_.has(name)) {
         const H5::DataSet ds = file_.openDataSet(name);
         const auto d = h5::dims_of(ds);
-        if (!d.empty() && d[0] == 0) L_.invalid(fmt::format("layer {:03d} is empty: {} has shape {} (T = 0)", li, name, h5::shape_str(d)));
+        if (!d.empty() && d[0] == 0)
+          L_.invalid(fmt::format("layer {:03d} is empty: {} has shape {} (T = 0)", li, name, h5::shape_str(d)));
       }
     }
   }
@@ -281,7 +295,8 @@ class LayerReader {
     }
     for (size_t i = 0; i < ly.q_rows.size(); ++i)
       if (ly.q_rows[i] < 0 || ly.q_rows[i] >= T_)
-        L_.invalid(fmt::format("layer {:03d}: {}[{}] = {} is not a token index in [0, {})", li, qn, i, ly.q_rows[i], T_));
+        L_.invalid(
+            fmt::format("layer {:03d}: {}[{}] = {} is not a token index in [0, {})", li, qn, i, ly.q_rows[i], T_));
     ly.q_nope = L_.read_finite(g + "/q_nope", {Tq_, H_, dn_}, "Tq, num_heads, qk_nope_head_dim", li);
     ly.q_pe = L_.read_finite(g + "/q_pe", {Tq_, H_, dr_}, "Tq, num_heads, qk_rope_head_dim", li);
     ly.w_uk = L_.read_finite(g + "/w_uk", {H_, dn_, r_}, "num_heads, qk_nope_head_dim, kv_lora_rank", li);
@@ -311,8 +326,10 @@ Dump load(const std::filesystem::path& path, const H5::H5File& file, const LoadO
     Layer ly;
     ly.index = li;
     R.check_not_empty(li);
-    if (opt.data) R.read(ly, attention);
-    else R.check_shapes(li, attention);
+    if (opt.data)
+      R.read(ly, attention);
+    else
+      R.check_shapes(li, attention);
     D.layers.push_back(std::move(ly));
   }
   return D;
@@ -332,7 +349,8 @@ Dump load_dump(const std::filesystem::path& path, const LoadOptions& options) {
   const std::string p = path.string();
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) throw std::runtime_error(p + ": no such file");
-  if (std::filesystem::is_directory(path, ec)) throw std::runtime_error(p + ": is a directory, expected an HDF5 dump file");
+  if (std::filesystem::is_directory(path, ec))
+    throw std::runtime_error(p + ": is a directory, expected an HDF5 dump file");
   bool is_h5 = false;
   try {
     is_h5 = H5::H5File::isHdf5(p);
@@ -353,8 +371,8 @@ Dump load_dump(const std::filesystem::path& path, const LoadOptions& options) {
     }
   } catch (const H5::Exception& e) {
     if (stack.empty()) stack = h5::error_stack();
-    throw std::runtime_error(fmt::format("{}: HDF5 error while reading {}: {}{}; the file may be truncated or corrupt", p,
-                                         where, e.getDetailMsg(), stack.empty() ? "" : " (" + stack + ")"));
+    throw std::runtime_error(fmt::format("{}: HDF5 error while reading {}: {}{}; the file may be truncated or corrupt",
+                                         p, where, e.getDetailMsg(), stack.empty() ? "" : " (" + stack + ")"));
   }
 }
 
@@ -368,8 +386,8 @@ Layer read_layer(const Dump& header, int index, bool attention) {
   o.attention = attention;
   Dump d = load_dump(header.path, o);
   if (d.num_tokens() != header.num_tokens() || d.seq_offsets != header.seq_offsets)
-    throw std::invalid_argument(fmt::format("{}: the file changed while it was read (tokens or seq_offsets differ)",
-                                            header.path.string()));
+    throw std::invalid_argument(
+        fmt::format("{}: the file changed while it was read (tokens or seq_offsets differ)", header.path.string()));
   return std::move(d.layers.front());
 }
 

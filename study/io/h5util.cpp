@@ -37,16 +37,26 @@ std::string dtype_name(const H5::DataType& t) {
       const bool sgn = it.getSign() != H5T_SGN_NONE;
       return fmt::format("{}int{}", sgn ? "" : "u", 8 * sz);
     }
-    case H5T_FLOAT: return fmt::format("float{}", 8 * sz);
-    case H5T_STRING: return "string";
-    case H5T_COMPOUND: return "compound";
-    case H5T_ENUM: return "enum";
-    case H5T_ARRAY: return "array";
-    case H5T_VLEN: return "vlen";
-    case H5T_OPAQUE: return "opaque";
-    case H5T_BITFIELD: return "bitfield";
-    case H5T_REFERENCE: return "reference";
-    default: return "unknown";
+    case H5T_FLOAT:
+      return fmt::format("float{}", 8 * sz);
+    case H5T_STRING:
+      return "string";
+    case H5T_COMPOUND:
+      return "compound";
+    case H5T_ENUM:
+      return "enum";
+    case H5T_ARRAY:
+      return "array";
+    case H5T_VLEN:
+      return "vlen";
+    case H5T_OPAQUE:
+      return "opaque";
+    case H5T_BITFIELD:
+      return "bitfield";
+    case H5T_REFERENCE:
+      return "reference";
+    default:
+      return "unknown";
   }
 }
 

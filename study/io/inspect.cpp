@@ -49,11 +49,13 @@ std::string format_inspect(const Dump& dump, double outlier_factor) {
   out += fmt::format("layers          {} [{}]\n", A.num_layers, fmt::join(dump.file_layers, ", "));
   out += fmt::format("tokens          {} in {} sequences (lengths {})\n", dump.num_tokens(), dump.num_seqs(), [&] {
     std::vector<int64_t> lens;
-    for (size_t s = 0; s + 1 < dump.seq_offsets.size(); ++s) lens.push_back(dump.seq_offsets[s + 1] - dump.seq_offsets[s]);
+    for (size_t s = 0; s + 1 < dump.seq_offsets.size(); ++s)
+      lens.push_back(dump.seq_offsets[s + 1] - dump.seq_offsets[s]);
     return fmt::format("{}", fmt::join(lens, ", "));
   }());
-  out += fmt::format("dims            num_heads {}, kv_lora_rank {}, qk_rope_head_dim {}, qk_nope_head_dim {}, v_head_dim {}\n",
-                     A.num_heads, A.kv_lora_rank, A.qk_rope_head_dim, A.qk_nope_head_dim, A.v_head_dim);
+  out += fmt::format(
+      "dims            num_heads {}, kv_lora_rank {}, qk_rope_head_dim {}, qk_nope_head_dim {}, v_head_dim {}\n",
+      A.num_heads, A.kv_lora_rank, A.qk_rope_head_dim, A.qk_nope_head_dim, A.v_head_dim);
   out += fmt::format("softmax_scale   {:.7g}\n", A.softmax_scale);
   out += fmt::format("rope_layout     {}\n", A.rope_layout);
   out += fmt::format("original_dtype  {}\n", A.original_dtype);
@@ -62,9 +64,10 @@ std::string format_inspect(const Dump& dump, double outlier_factor) {
                        dump.layers.front().num_query_rows());
   else
     out += fmt::format("attention data  {}\n", dump.file_has_attention ? "yes" : "no (latent-only dump)");
-  out += fmt::format("\nper layer: absmax, mean |x|, range spread = max/median over channels of (max - min),\n"
-                     "outlier channels = channels with absmax > {:g} x the median channel absmax\n\n",
-                     outlier_factor);
+  out += fmt::format(
+      "\nper layer: absmax, mean |x|, range spread = max/median over channels of (max - min),\n"
+      "outlier channels = channels with absmax > {:g} x the median channel absmax\n\n",
+      outlier_factor);
   out += fmt::format("{:>5} {:<6} {:>10} {:>10} {:>8}  {}\n", "layer", "target", "absmax", "mean|x|", "spread",
                      "outlier channels");
   const int64_t T = dump.num_tokens();
@@ -73,8 +76,9 @@ std::string format_inspect(const Dump& dump, double outlier_factor) {
       const bool ckv = t == 0;
       const int64_t D = ckv ? A.kv_lora_rank : A.qk_rope_head_dim;
       const TensorStats s = tensor_stats(ckv ? l.c_kv.data() : l.k_pe.data(), T, D, outlier_factor);
-      const std::string outl =
-          s.outlier_channels.empty() ? "-" : fmt::format("{} [{}]", s.outlier_channels.size(), fmt::join(s.outlier_channels, ", "));
+      const std::string outl = s.outlier_channels.empty() ? "-"
+                                                          : fmt::format("{} [{}]", s.outlier_channels.size(),
+                                                                        fmt::join(s.outlier_channels, ", "));
       out += fmt::format("{:>5} {:<6} {:>10.4g} {:>10.4g} {:>8.3g}  {}\n", l.index, ckv ? "c_kv" : "k_pe", s.absmax,
                          s.mean_abs, s.range_spread, outl);
     }

@@ -162,10 +162,12 @@ AttrValue read_attr_value(const H5::Attribute& a, const std::string& where) {
     }
     case H5T_STRING: {
       const H5::DataSpace sp = a.getSpace();
-      if (sp.getSimpleExtentType() == H5S_SIMPLE && sp.getSimpleExtentNdims() == 1) return h5::read_string_array_attr(a);
+      if (sp.getSimpleExtentType() == H5S_SIMPLE && sp.getSimpleExtentNdims() == 1)
+        return h5::read_string_array_attr(a);
       return h5::read_string_attr(a);
     }
-    default: throw std::invalid_argument(where + ": attribute has type " + h5::dtype_name(a.getDataType()));
+    default:
+      throw std::invalid_argument(where + ": attribute has type " + h5::dtype_name(a.getDataType()));
   }
 }
 
@@ -229,23 +231,27 @@ const AttrValue& attr(const Attrs& attrs, const std::string& name) {
   throw std::invalid_argument("missing attribute '" + name + "'");
 }
 
-void write_results(const fs::path& path, const Attrs& root_attrs, const std::vector<NamedTable>& tables, WriteMode mode) {
+void write_results(const fs::path& path, const Attrs& root_attrs, const std::vector<NamedTable>& tables,
+                   WriteMode mode) {
   const std::lock_guard<std::recursive_mutex> h5_lock(h5::library_mutex());
   h5::quiet();
   for (const NamedTable& t : tables) {
-    if (t.group.empty() || t.group.find('/') != std::string::npos || t.group == "." )
+    if (t.group.empty() || t.group.find('/') != std::string::npos || t.group == ".")
       throw std::invalid_argument("bad table group name '" + t.group + "' (one path component expected)");
     t.table.num_rows();  // throws on ragged columns
   }
   for (size_t i = 0; i < tables.size(); ++i)
     for (size_t j = i + 1; j < tables.size(); ++j)
-      if (tables[i].group == tables[j].group) throw std::invalid_argument("table group '" + tables[i].group + "' given twice");
+      if (tables[i].group == tables[j].group)
+        throw std::invalid_argument("table group '" + tables[i].group + "' given twice");
 
   const fs::path dest = fs::absolute(path);
   const fs::path dir = dest.parent_path();
   std::error_code ec;
   fs::create_directories(dir, ec);
-  if (ec) throw std::runtime_error(fmt::format("{}: cannot create directory {}: {}", path.string(), dir.string(), ec.message()));
+  if (ec)
+    throw std::runtime_error(
+        fmt::format("{}: cannot create directory {}: {}", path.string(), dir.string(), ec.message()));
   const bool update = mode == WriteMode::Update && fs::exists(dest);
   // Check the existing file before anything is written.
   Attrs old_attrs;
@@ -371,7 +377,8 @@ ColumnTable read_table(const fs::path& path, const std::string& group) {
           t.add_column(name, std::move(v));
           break;
         }
-        default: throw std::invalid_argument(where + " has type " + h5::dtype_name(dt) + ", expected int, float or string");
+        default:
+          throw std::invalid_argument(where + " has type " + h5::dtype_name(dt) + ", expected int, float or string");
       }
     }
     t.num_rows();

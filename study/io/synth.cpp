@@ -31,8 +31,8 @@ const std::vector<ModelShape>& model_presets() {
   static const std::vector<ModelShape> p = {
       {"tiny-mla", "tiny-mla", 6, 6, 128, 32, 64, 64, 10000.0, "interleaved", 0.10206207261596575, 256,
        "data/tiny-mla/config.json (the project's model); scale 96^-1/2"},
-      {"deepseek-v2-lite", "deepseek-ai/DeepSeek-V2-Lite", 27, 16, 512, 64, 128, 128, 10000.0, "interleaved",
-       0.1147214, 102400,
+      {"deepseek-v2-lite", "deepseek-ai/DeepSeek-V2-Lite", 27, 16, 512, 64, 128, 128, 10000.0, "interleaved", 0.1147214,
+       102400,
        "DeepSeek-V2-Lite config.json; scale 192^-1/2 * 1.2608038^2 (YaRN mscale_all_dim 0.707, "
        "factor 40); HF DeepseekV2 apply_rotary_emb: interleaved"},
       {"deepseek-v3", "deepseek-ai/DeepSeek-V3", 61, 128, 512, 64, 128, 128, 10000.0, "half", 0.1352338, 129280,
@@ -70,14 +70,16 @@ void validate(const SynthOptions& o) {
   pos("v_head_dim", s.v_head_dim);
   pos("vocab_size", s.vocab_size);
   if (s.qk_rope_head_dim % 2)
-    throw std::invalid_argument(fmt::format("synth: qk_rope_head_dim = {} must be even (RoPE rotates pairs)", s.qk_rope_head_dim));
+    throw std::invalid_argument(
+        fmt::format("synth: qk_rope_head_dim = {} must be even (RoPE rotates pairs)", s.qk_rope_head_dim));
   if (!(s.rope_theta > 0) || !std::isfinite(s.rope_theta))
     throw std::invalid_argument(fmt::format("synth: rope_theta = {} must be finite and > 0", s.rope_theta));
   if (s.rope_layout != "interleaved" && s.rope_layout != "half")
     throw std::invalid_argument(fmt::format("synth: rope_layout '{}' is not interleaved or half", s.rope_layout));
   if (!(s.softmax_scale > 0) || !std::isfinite(s.softmax_scale))
     throw std::invalid_argument(fmt::format("synth: softmax_scale = {} must be finite and > 0", s.softmax_scale));
-  if (s.num_layers > 999) throw std::invalid_argument(fmt::format("synth: layers = {} exceeds 999 (NNN)", s.num_layers));
+  if (s.num_layers > 999)
+    throw std::invalid_argument(fmt::format("synth: layers = {} exceeds 999 (NNN)", s.num_layers));
   int64_t T = 0;
   if (o.seq_lens.empty()) {
     pos("seqs", o.seqs);
@@ -130,8 +132,8 @@ std::vector<float> randn(size_t n, double stddev, std::mt19937_64& rng) {
   return v;
 }
 
-constexpr double kRho = 0.8;          // AR(1) coefficient of the latent factors over tokens
-constexpr double kRmsEps = 1e-6;      // kv_a_layernorm eps (DeepSeek rms_norm_eps)
+constexpr double kRho = 0.8;      // AR(1) coefficient of the latent factors over tokens
+constexpr double kRmsEps = 1e-6;  // kv_a_layernorm eps (DeepSeek rms_norm_eps)
 
 }  // namespace
 
@@ -139,13 +141,15 @@ void apply_rope(std::vector<float>& x, int64_t d, const std::vector<int32_t>& po
                 const std::string& layout) {
   if (d < 2 || d % 2) throw std::invalid_argument(fmt::format("apply_rope: d = {} must be even and >= 2", d));
   const bool half = layout == "half";
-  if (!half && layout != "interleaved") throw std::invalid_argument(fmt::format("apply_rope: unknown layout '{}'", layout));
+  if (!half && layout != "interleaved")
+    throw std::invalid_argument(fmt::format("apply_rope: unknown layout '{}'", layout));
   const int64_t rows = static_cast<int64_t>(positions.size()), pairs = d / 2;
   assert(static_cast<int64_t>(x.size()) % (rows * d) == 0 || rows == 0);
   const int64_t per_row = rows ? static_cast<int64_t>(x.size()) / rows : 0;  // d, or H·d for queries
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t i = 0; i < pairs; ++i) {
-      const double ang = static_cast<double>(positions[r]) * std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(d));
+      const double ang =
+          static_cast<double>(positions[r]) * std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(d));
       const double c = std::cos(ang), s = std::sin(ang);
       for (int64_t h = 0; h < per_row / d; ++h) {
         float* row = x.data() + r * per_row + h * d;
@@ -216,7 +220,8 @@ SynthLayer synth_layer(const SynthOptions& o, const SynthTokens& tok, int64_t la
     const double tau = std::max(1.0, static_cast<double>(r) / 16.0);
     MatF basis(r, r);  // row i = σ_i · v_iᵀ
     for (int64_t i = 0; i < r; ++i)
-      for (int64_t c = 0; c < r; ++c) basis(i, c) = static_cast<float>(std::exp(-static_cast<double>(i) / tau) * q(c, i));
+      for (int64_t c = 0; c < r; ++c)
+        basis(i, c) = static_cast<float>(std::exp(-static_cast<double>(i) / tau) * q(c, i));
     std::vector<float> gamma(static_cast<size_t>(r));
     for (float& x : gamma) x = static_cast<float>(std::exp(0.25 * N(rng)));
     const int64_t outliers = std::min<int64_t>(r, std::max<int64_t>(2, r / 128));
@@ -263,7 +268,8 @@ SynthLayer synth_layer(const SynthOptions& o, const SynthTokens& tok, int64_t la
     out.q_nope = randn(static_cast<size_t>(Tq * H * dn), 1.0, rng);
     out.q_pe = randn(static_cast<size_t>(Tq * H * dr), 1.0, rng);
     std::vector<int32_t> qpos(static_cast<size_t>(Tq));
-    for (int64_t i = 0; i < Tq; ++i) qpos[static_cast<size_t>(i)] = tok.positions[static_cast<size_t>(tok.q_rows[static_cast<size_t>(i)])];
+    for (int64_t i = 0; i < Tq; ++i)
+      qpos[static_cast<size_t>(i)] = tok.positions[static_cast<size_t>(tok.q_rows[static_cast<size_t>(i)])];
     apply_rope(out.q_pe, dr, qpos, m.rope_theta, m.rope_layout);
   }
   {
@@ -364,8 +370,9 @@ void write_synth_dump(const fs::path& out_path, const SynthOptions& o, const std
       h5::write_attr(f, "seq_len", equal ? tok.seq_offsets[1] : int64_t{-1});
       h5::write_attr(f, "text_sha256", std::string(""));
       h5::write_attr(f, "tokenizer", std::string("synthetic"));
-      h5::write_attr(f, "q_rows_rule", std::string("per sequence k = floor(Tq/S) (+1 for the first Tq mod S), local "
-                                                   "positions floor((j+1)*L/k)-1"));
+      h5::write_attr(f, "q_rows_rule",
+                     std::string("per sequence k = floor(Tq/S) (+1 for the first Tq mod S), local "
+                                 "positions floor((j+1)*L/k)-1"));
       h5::write_attr(f, "synth_preset", m.name);
       h5::write_attr(f, "synth_seed", static_cast<int64_t>(o.seed));
       h5::write_attr(f, "synth_source", m.source);
@@ -382,7 +389,8 @@ void write_synth_dump(const fs::path& out_path, const SynthOptions& o, const std
         const std::string p = fmt::format("/layers/{:03d}/", l);
         {
           const SynthLayer d = synth_layer(o, tok, l);
-          put_chunked(fid, p + "c_kv", {uT, r}, {rows_per_mib(m.kv_lora_rank), r}, d.c_kv.data(), H5T_IEEE_F32LE, H5T_NATIVE_FLOAT);
+          put_chunked(fid, p + "c_kv", {uT, r}, {rows_per_mib(m.kv_lora_rank), r}, d.c_kv.data(), H5T_IEEE_F32LE,
+                      H5T_NATIVE_FLOAT);
           put_chunked(fid, p + "k_pe", {uT, dr}, {rows_per_mib(m.qk_rope_head_dim), dr}, d.k_pe.data(), H5T_IEEE_F32LE,
                       H5T_NATIVE_FLOAT);
           put_chunked(fid, p + "q_rows", {Tq}, {1 << 16}, tok.q_rows.data(), H5T_STD_I32LE, H5T_NATIVE_INT32);

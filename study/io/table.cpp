@@ -12,9 +12,12 @@ size_t column_size(const Column& c) {
 
 const char* column_type(const Column& c) {
   switch (c.index()) {
-    case 0: return "int64";
-    case 1: return "float64";
-    default: return "string";
+    case 0:
+      return "int64";
+    case 1:
+      return "float64";
+    default:
+      return "string";
   }
 }
 
@@ -59,8 +62,8 @@ size_t ColumnTable::num_rows() const {
   const size_t n = column_size(cols_.front().second);
   for (const auto& [name, c] : cols_)
     if (column_size(c) != n)
-      throw std::logic_error(fmt::format("column '{}' has {} rows, column '{}' has {}", name, column_size(c),
-                                         cols_.front().first, n));
+      throw std::logic_error(
+          fmt::format("column '{}' has {} rows, column '{}' has {}", name, column_size(c), cols_.front().first, n));
   return n;
 }
 

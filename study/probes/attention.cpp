@@ -34,12 +34,12 @@ struct CheckCell {
 };
 struct ErrorCell {
   int layer = 0;
-  std::string targets;    // "c_kv", "k_pe" or "c_kv+k_pe": the latents quantized
-  std::string quantizer;  // canonical spec string, or "svd-rank<r>"
-  QuantSpec spec;         // unused for svd-rank cells; on c_kv only when spec_kpe is set
-  int64_t svd_rank = 0;   // r > 0 for an svd-rank<r> cell
+  std::string targets;                  // "c_kv", "k_pe" or "c_kv+k_pe": the latents quantized
+  std::string quantizer;                // canonical spec string, or "svd-rank<r>"
+  QuantSpec spec;                       // unused for svd-rank cells; on c_kv only when spec_kpe is set
+  int64_t svd_rank = 0;                 // r > 0 for an svd-rank<r> cell
   std::optional<QuantSpec> spec_kpe{};  // the spec on k_pe when it differs (a mixed assignment); else `spec`
-  Transform transform{};                // rotation before the quantizer; None: none (on c_kv only when transform_kpe is set)
+  Transform transform{};  // rotation before the quantizer; None: none (on c_kv only when transform_kpe is set)
   std::optional<Transform> transform_kpe{};  // the rotation on k_pe when spec_kpe is set; else `transform`
   // The plan's /attention_error cells of the same (layer, quantizer), this one included (non-SVD cells):
   // computed together by the first of them to run (run_error_group).
@@ -140,8 +140,8 @@ std::vector<ColumnTable> run_check(const StudyConfig& config, const CheckCell& c
   std::string names;
   for (const Transform& tr : transforms) {
     const probes::FoldCheck f = probes::require_fold_exact(
-        e->queries, l.c_kv, l.k_pe, *layer_rotation(in, c.layer, Target::CKV, tr), *layer_rotation(in, c.layer, Target::KPE, tr),
-        fmt::format("layer {}, transform {}", c.layer, tr.to_string()));
+        e->queries, l.c_kv, l.k_pe, *layer_rotation(in, c.layer, Target::CKV, tr),
+        *layer_rotation(in, c.layer, Target::KPE, tr), fmt::format("layer {}, transform {}", c.layer, tr.to_string()));
     fold = std::max(fold, f.out_rel_fro);
     if (!names.empty()) names += ';';
     names += tr.to_string();
@@ -214,10 +214,9 @@ GroupRows run_error_group(const std::vector<ErrorCell>& cells, const LayerAccess
   for (const ErrorCell& c : cells) {
     const bool q_ckv = c.targets != "k_pe", q_kpe = c.targets != "c_kv";
     const Store* sc = q_ckv ? &store(Target::CKV, c.spec, c.transform) : nullptr;
-    const Store* sk =
-        q_kpe ? &store(Target::KPE, c.targets == "k_pe" ? c.spec : c.spec_kpe.value_or(c.spec),
-                       c.transform_kpe.value_or(c.transform))
-              : nullptr;
+    const Store* sk = q_kpe ? &store(Target::KPE, c.targets == "k_pe" ? c.spec : c.spec_kpe.value_or(c.spec),
+                                     c.transform_kpe.value_or(c.transform))
+                            : nullptr;
     const std::string key = error_key(c.layer, c.targets, c.quantizer);
     if ((sc && sc->error) || (sk && sk->error)) {
       g.errors[key] = sc && sc->error ? sc->error : sk->error;
@@ -267,8 +266,8 @@ GroupRows run_error_group(const std::vector<ErrorCell>& cells, const LayerAccess
 
 std::vector<ColumnTable> run_error(const StudyConfig& config, const ErrorCell& c, const LayerAccess& in) {
   if (c.svd_rank == 0 && c.group && !c.group->empty()) {
-    const std::shared_ptr<const GroupRows> g = in.shared<GroupRows>(
-        c.layer, "attention.group/" + c.quantizer, [&] { return run_error_group(*c.group, in); });
+    const std::shared_ptr<const GroupRows> g =
+        in.shared<GroupRows>(c.layer, "attention.group/" + c.quantizer, [&] { return run_error_group(*c.group, in); });
     const std::string key = error_key(c.layer, c.targets, c.quantizer);
     if (const auto it = g->rows.find(key); it != g->rows.end()) return {it->second};
     if (const auto it = g->errors.find(key); it != g->errors.end()) std::rethrow_exception(it->second);
@@ -289,21 +288,22 @@ std::vector<ColumnTable> run_error(const StudyConfig& config, const ErrorCell& c
   double bits_c = 16, bytes_c = 2.0 * static_cast<double>(r), bytes_k = 2.0 * static_cast<double>(rope);
   if (c.svd_rank > 0) {
     const bool centered = probe_settings<SvdSettings>(config, "svd").centered;
-    svd_split_fit(in, c.layer, centered)->basis.reconstruct(l.c_kv.data(), T, c.svd_rank, ckv_buf.data(),
-                                                            probes::CoeffDtype::BF16);
+    svd_split_fit(in, c.layer, centered)
+        ->basis.reconstruct(l.c_kv.data(), T, c.svd_rank, ckv_buf.data(), probes::CoeffDtype::BF16);
     bits_c = 16.0 * static_cast<double>(c.svd_rank) / static_cast<double>(r);
     bytes_c = 2.0 * static_cast<double>(c.svd_rank);
   } else {
     const bool q_ckv = c.targets != "k_pe";
     const Accounting a = account(quantize_dequantize_layer(in, c.layer, Target::CKV, q_ckv ? c.spec : kBf16,
-                                                          q_ckv ? c.transform : Transform{}, ckv_buf.data()));
+                                                           q_ckv ? c.transform : Transform{}, ckv_buf.data()));
     bits_c = a.bits_per_element;
     bytes_c = a.bytes_per_token;
   }
   const bool q_kpe = c.svd_rank == 0 && c.targets != "c_kv";
-  bytes_k = account(quantize_dequantize_layer(in, c.layer, Target::KPE, q_kpe ? c.spec_kpe.value_or(c.spec) : kBf16,
-                                              q_kpe ? c.transform_kpe.value_or(c.transform) : Transform{}, kpe_buf.data()))
-                .bytes_per_token;
+  bytes_k =
+      account(quantize_dequantize_layer(in, c.layer, Target::KPE, q_kpe ? c.spec_kpe.value_or(c.spec) : kBf16,
+                                        q_kpe ? c.transform_kpe.value_or(c.transform) : Transform{}, kpe_buf.data()))
+          .bytes_per_token;
   const std::span<const float> ckv = ckv_buf, kpe = kpe_buf;
   const probes::AttentionError x = e->error(ckv, kpe);
   add_row(t, {int64_t{c.layer}, c.quantizer, c.targets, x.out_rel_fro, x.cos_mean, x.kl_mean, x.top1_agree,
@@ -380,8 +380,8 @@ std::string attention_table(const ColumnTable& summary, const ColumnTable& att, 
                      "c_kv only");
   for (size_t i : summary_order(summary)) {
     const std::string& q = name[i];
-    out += fmt::format("{:<{}} {:>11} {:>10} | {:>10} {:>10} {:>7} {:>7} | {:>10}\n", q, w, num(bytes[i], 1), sci(mc[i]),
-                       sci(mean_at(m.out_rel, q, "c_kv+k_pe")), sci(mean_at(m.kl, q, "c_kv+k_pe")),
+    out += fmt::format("{:<{}} {:>11} {:>10} | {:>10} {:>10} {:>7} {:>7} | {:>10}\n", q, w, num(bytes[i], 1),
+                       sci(mc[i]), sci(mean_at(m.out_rel, q, "c_kv+k_pe")), sci(mean_at(m.kl, q, "c_kv+k_pe")),
                        num(mean_at(m.top1, q, "c_kv+k_pe"), 4), num(mean_at(m.top8, q, "c_kv+k_pe"), 4),
                        sci(mean_at(m.out_rel, q, "c_kv")));
   }
@@ -409,8 +409,9 @@ std::string attention_table(const ColumnTable& summary, const ColumnTable& att, 
                          num(mean_at(m.top8, q, "c_kv"), 4));
     }
   }
-  out += "attn out = ||out_hat - out||_F / ||out||_F of the attention output; KL(p || p_hat) of the attention "
-         "probabilities in nats;\ntop-k = agreement of the k most attended keys; all over query rows x heads.\n";
+  out +=
+      "attn out = ||out_hat - out||_F / ||out||_F of the attention output; KL(p || p_hat) of the attention "
+      "probabilities in nats;\ntop-k = agreement of the k most attended keys; all over query rows x heads.\n";
   return out;
 }
 
@@ -456,7 +457,8 @@ class AttentionProbe final : public Probe {
     p.groups = {"attention_check", "attention_error"};
     std::vector<int> L;
     for (const Layer& l : dump.layers) L.push_back(l.index);
-    for (int l : L) p.cells.push_back(ProbeCell::make(this, check_key(l), {"attention_check"}, {l}, true, CheckCell{l}));
+    for (int l : L)
+      p.cells.push_back(ProbeCell::make(this, check_key(l), {"attention_check"}, {l}, true, CheckCell{l}));
     // Layer-major; per layer, for each target combination (config order) each quantizer of the run that
     // the latent study ran on every target of the combination; then svd-rank<r> (c_kv) per SVD rank.
     const std::vector<int64_t> ranks = s.svd ? svd_ranks(config, dump) : std::vector<int64_t>{};
@@ -537,9 +539,10 @@ class AttentionProbe final : public Probe {
 std::string attention_unavailable_reason(const Dump& dump) {
   if (dump.layers.empty()) return fmt::format("{}: no layer loaded", dump.path.string());
   if (dump.file_has_attention) return "";
-  return fmt::format("{} has no dataset /layers/{:03d}/q_rows (nor q_nope, q_pe, w_uk, w_uv, attn_out): a latent-only "
-                     "dump",
-                     dump.path.string(), dump.layers.front().index);
+  return fmt::format(
+      "{} has no dataset /layers/{:03d}/q_rows (nor q_nope, q_pe, w_uk, w_uv, attn_out): a latent-only "
+      "dump",
+      dump.path.string(), dump.layers.front().index);
 }
 
 probes::AttentionQueries attention_queries(const Dump& dump, const Layer& l) {
@@ -563,10 +566,11 @@ std::vector<std::string> attention_check_warnings(const ColumnTable& check, doub
   const auto& rel = check.get<double>("ref_vs_dump_rel_fro");
   for (size_t i = 0; i < layer.size(); ++i)
     if (!(rel[i] <= tolerance))
-      out.push_back(fmt::format("attention check: layer {}: the absorbed recomputation on the exact latents differs "
-                                "from the dump's attn_out by rel_fro {:.3e} > {:.0e}; /attention_error of this layer "
-                                "compares against the recomputation",
-                                layer[i], rel[i], tolerance));
+      out.push_back(
+          fmt::format("attention check: layer {}: the absorbed recomputation on the exact latents differs "
+                      "from the dump's attn_out by rel_fro {:.3e} > {:.0e}; /attention_error of this layer "
+                      "compares against the recomputation",
+                      layer[i], rel[i], tolerance));
   return out;
 }
 

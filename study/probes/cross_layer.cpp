@@ -58,10 +58,14 @@ class CrossLayerProbe final : public Probe {
     if (auto v = r.boolean("enabled")) C->enabled = *v;
     if (auto v = r.boolean("centered")) C->centered = *v;
     if (auto v = r.string("pairs")) {
-      if (*v == "auto") C->pairs = PairSelection::Auto;
-      else if (*v == "all") C->pairs = PairSelection::All;
-      else if (*v == "adjacent") C->pairs = PairSelection::Adjacent;
-      else r.fail("pairs", fmt::format("'cross_layer.pairs' is '{}', expected \"all\", \"adjacent\" or \"auto\"", *v));
+      if (*v == "auto")
+        C->pairs = PairSelection::Auto;
+      else if (*v == "all")
+        C->pairs = PairSelection::All;
+      else if (*v == "adjacent")
+        C->pairs = PairSelection::Adjacent;
+      else
+        r.fail("pairs", fmt::format("'cross_layer.pairs' is '{}', expected \"all\", \"adjacent\" or \"auto\"", *v));
     }
     if (auto v = r.ints("windows", 2)) C->windows = *v;
     if (auto v = r.ints("ranks", 1)) {
@@ -93,14 +97,15 @@ class CrossLayerProbe final : public Probe {
     for (size_t i = 0; i < L.size(); ++i)
       for (size_t j = i + 1; j < L.size(); ++j)
         if (all || j == i + 1)
-          p.cells.push_back(ProbeCell::make(this, pair_key(L[i], L[j]), {"cross_layer"}, {L[i], L[j]}, false,
-                                            PairCell{L[i], L[j]}));
+          p.cells.push_back(
+              ProbeCell::make(this, pair_key(L[i], L[j]), {"cross_layer"}, {L[i], L[j]}, false, PairCell{L[i], L[j]}));
     // For each window size w (config order), each run of w consecutive studied layers, start ascending.
     for (int64_t w : s.windows) {
       if (static_cast<size_t>(w) > L.size()) {
-        p.warnings.push_back(fmt::format("{}: [cross_layer] windows: window {} is larger than the {} studied layer{}: "
-                                         "no /cross_layer_sharing rows for it",
-                                         config.source, w, L.size(), L.size() == 1 ? "" : "s"));
+        p.warnings.push_back(
+            fmt::format("{}: [cross_layer] windows: window {} is larger than the {} studied layer{}: "
+                        "no /cross_layer_sharing rows for it",
+                        config.source, w, L.size(), L.size() == 1 ? "" : "s"));
         continue;  // a window without cells takes no rank
       }
       sharing_ranks(config, dump, w);  // throws for ranks the dump cannot take
@@ -124,9 +129,9 @@ class CrossLayerProbe final : public Probe {
         return *in.shared<double>(l, "cross_layer.gram_norm",
                                   [&] { return probes::centered_gram_norm(in.layer(l).c_kv.data(), T, r); });
       };
-      const probes::CrossLayerPair p = probes::cross_layer_pair(in.layer(c.layer_a).c_kv.data(),
-                                                                in.layer(c.layer_b).c_kv.data(), T, r,
-                                                                gram_norm(c.layer_a), gram_norm(c.layer_b));
+      const probes::CrossLayerPair p =
+          probes::cross_layer_pair(in.layer(c.layer_a).c_kv.data(), in.layer(c.layer_b).c_kv.data(), T, r,
+                                   gram_norm(c.layer_a), gram_norm(c.layer_b));
       add_row(t, {int64_t{c.layer_a}, int64_t{c.layer_b}, p.pearson_mean_abs, p.pearson_channels, p.constant_channels,
                   p.cka_linear});
       return {std::move(t)};

@@ -26,7 +26,7 @@ namespace {
 
 /// [decode_order] (latentq/probe_registry.h settings).
 struct DecodeOrderSettings : ProbeSettings {
-  bool enabled = false;                           // true when the config has the section
+  bool enabled = false;  // true when the config has the section
   std::vector<int64_t> residual{0}, sink{0}, prefill{0};
   std::vector<std::string> quantizers;            // canonical "<transform>,<quantizer>" strings
   std::vector<std::string> targets{"c_kv+k_pe"};  // each "c_kv", "k_pe" or "c_kv+k_pe"
@@ -98,8 +98,8 @@ class DecodeOrderProbe final : public Probe {
       for (size_t i = 0; i < v->size(); ++i) {
         const std::string& s = (*v)[i];
         if (s != "c_kv" && s != "k_pe" && s != "c_kv+k_pe")
-          r.fail("targets", fmt::format("'decode_order.targets': '{}' is not one of \"c_kv\", \"k_pe\", \"c_kv+k_pe\"", s),
-                 i);
+          r.fail("targets",
+                 fmt::format("'decode_order.targets': '{}' is not one of \"c_kv\", \"k_pe\", \"c_kv+k_pe\"", s), i);
         if (std::count(v->begin(), v->end(), s) > 1)
           r.fail("targets", fmt::format("'decode_order.targets': '{}' is listed twice", s), i);
       }
@@ -151,8 +151,10 @@ class DecodeOrderProbe final : public Probe {
     q.spec = ts.spec;
     q.c_kv = c.targets != "k_pe";
     q.k_pe = c.targets != "c_kv";
-    const std::shared_ptr<const Rotation> r_ckv = layer_rotation(in, c.layer, Target::CKV, q.c_kv ? ts.transform : Transform{});
-    const std::shared_ptr<const Rotation> r_kpe = layer_rotation(in, c.layer, Target::KPE, q.k_pe ? ts.transform : Transform{});
+    const std::shared_ptr<const Rotation> r_ckv =
+        layer_rotation(in, c.layer, Target::CKV, q.c_kv ? ts.transform : Transform{});
+    const std::shared_ptr<const Rotation> r_kpe =
+        layer_rotation(in, c.layer, Target::KPE, q.k_pe ? ts.transform : Transform{});
     q.r_ckv = r_ckv.get();
     q.r_kpe = r_kpe.get();
     std::vector<DecodeOrder> orders{DecodeOrder{}};  // the baseline prefill-at-once first
@@ -200,7 +202,6 @@ class DecodeOrderProbe final : public Probe {
 };
 
 }  // namespace
-
 
 }  // namespace latentq
 

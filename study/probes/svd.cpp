@@ -69,8 +69,8 @@ class SvdProbe final : public Probe {
     svd_ranks(config, dump);  // throws for ranks the dump cannot take
     p.groups = {"svd", "svd_spectrum"};
     for (const Layer& l : dump.layers)
-      p.cells.push_back(ProbeCell::make(this, fmt::format("{:03d}/svd", l.index), p.groups, {l.index}, false,
-                                        SvdCell{l.index}));
+      p.cells.push_back(
+          ProbeCell::make(this, fmt::format("{:03d}/svd", l.index), p.groups, {l.index}, false, SvdCell{l.index}));
     return p;
   }
 
@@ -86,9 +86,9 @@ class SvdProbe final : public Probe {
                           opt, svd_split_fit(in, c.layer, opt.centered).get());
     ColumnTable t = empty_table(kSvd), s = empty_table(kSpectrum);
     for (const probes::SvdRankError& e : p.ranks)
-      add_row(t, {int64_t{c.layer}, e.rank, int64_t{p.centered ? 1 : 0}, p.fit_tokens, p.heldout_tokens,
-                  e.heldout_rel_fro, e.fit_rel_fro, e.fit_energy, p.energy_ranks[0], p.energy_ranks[1],
-                  p.energy_ranks[2]});
+      add_row(t,
+              {int64_t{c.layer}, e.rank, int64_t{p.centered ? 1 : 0}, p.fit_tokens, p.heldout_tokens, e.heldout_rel_fro,
+               e.fit_rel_fro, e.fit_energy, p.energy_ranks[0], p.energy_ranks[1], p.energy_ranks[2]});
     for (int64_t i = 0; i < p.basis.singular_values.size(); ++i)
       add_row(s, {int64_t{c.layer}, i, p.basis.singular_values[i]});
     return {std::move(t), std::move(s)};
@@ -123,8 +123,10 @@ class SvdProbe final : public Probe {
       return kNaN;
     };
     std::string out;
-    out += fmt::format("\nSVD of c_kv (kv_lora_rank {}; energy ranks of the fit split; rel_fro of the rank-r "
-                       "reconstruction)\n", r);
+    out += fmt::format(
+        "\nSVD of c_kv (kv_lora_rank {}; energy ranks of the fit split; rel_fro of the rank-r "
+        "reconstruction)\n",
+        r);
     out += fmt::format("{:>5} {:>7} {:>7} {:>8} | {:>12} {:>12} {:>12} {:>12}\n", "layer", "rank_90", "rank_99",
                        "rank_999", fmt::format("held-out {}", q4), fmt::format("held-out {}", h2),
                        fmt::format("fit {}", h2), "gap");
@@ -135,8 +137,10 @@ class SvdProbe final : public Probe {
       out += fmt::format("{:>5} {:>7} {:>7} {:>8} | {:>12} {:>12} {:>12} {:>12}\n", l, r90[i0], r99[i0], r999[i0],
                          sci(at(l, q4, ho)), sci(hh), sci(fh), sci(hh - fh));
     }
-    out += fmt::format("gap = held-out - fit rel_fro at rank {}; fit = first half of the non-empty sequences, held-out "
-                       "= the rest.\n", h2);
+    out += fmt::format(
+        "gap = held-out - fit rel_fro at rank {}; fit = first half of the non-empty sequences, held-out "
+        "= the rest.\n",
+        h2);
     return out;
   }
 };

@@ -67,7 +67,8 @@ const T& need_attr(const Attrs& a, const std::string& name, const fs::path& wher
 
 void check_group_name(const std::string& g, const std::string& key) {
   if (g.empty() || g.find('/') != std::string::npos || g == "." || g == ".." || g == kCellsGroup)
-    throw std::invalid_argument(fmt::format("cell '{}': bad group name '{}' (one path component, not '{}')", key, g, kCellsGroup));
+    throw std::invalid_argument(
+        fmt::format("cell '{}': bad group name '{}' (one path component, not '{}')", key, g, kCellsGroup));
 }
 
 // The rows [first, first + n) of t (same columns).
@@ -164,30 +165,30 @@ void check_resumable(const Attrs& old, const fs::path& src, const Attrs& now) {
   const std::string& old_config = need_attr<std::string>(old, "config", src, why);
   const std::string& new_config = std::get<std::string>(attr(now, "config"));
   if (old_config != new_config)
-    throw std::invalid_argument(fmt::format(
-        "{}: cannot resume: it was written for another config (config sha256 {} in the file, {} now); "
-        "rerun without --resume, or resume with the config it was written for",
-        src.string(), sha256_hex(old_config), sha256_hex(new_config)));
+    throw std::invalid_argument(
+        fmt::format("{}: cannot resume: it was written for another config (config sha256 {} in the file, {} now); "
+                    "rerun without --resume, or resume with the config it was written for",
+                    src.string(), sha256_hex(old_config), sha256_hex(new_config)));
   const std::string& old_in = need_attr<std::string>(old, "input_sha256", src, why);
   const std::string& new_in = std::get<std::string>(attr(now, "input_sha256"));
   if (old_in != new_in)
-    throw std::invalid_argument(fmt::format(
-        "{}: cannot resume: it was written for another input (input sha256 {} in the file, {} now); "
-        "rerun without --resume",
-        src.string(), old_in, new_in));
+    throw std::invalid_argument(
+        fmt::format("{}: cannot resume: it was written for another input (input sha256 {} in the file, {} now); "
+                    "rerun without --resume",
+                    src.string(), old_in, new_in));
   const std::string& old_shard = need_attr<std::string>(old, "shard", src, why);
   const std::string& new_shard = std::get<std::string>(attr(now, "shard"));
   if (old_shard != new_shard)
-    throw std::invalid_argument(fmt::format("{}: cannot resume: it holds shard {}, this run is shard {}", src.string(),
-                                            old_shard, new_shard));
+    throw std::invalid_argument(
+        fmt::format("{}: cannot resume: it holds shard {}, this run is shard {}", src.string(), old_shard, new_shard));
   const std::string& old_plan = need_attr<std::string>(old, "plan_sha256", src, why);
   if (old_plan != std::get<std::string>(attr(now, "plan_sha256")))
-    throw std::invalid_argument(fmt::format(
-        "{}: cannot resume: its cells were planned differently (plan sha256 {} in the file, {} now; "
-        "written by latentq {} at git {}?); rerun without --resume",
-        src.string(), old_plan, std::get<std::string>(attr(now, "plan_sha256")),
-        find_attr(old, "latentq_version") ? std::get<std::string>(*find_attr(old, "latentq_version")) : "?",
-        find_attr(old, "git_commit") ? std::get<std::string>(*find_attr(old, "git_commit")) : "?"));
+    throw std::invalid_argument(
+        fmt::format("{}: cannot resume: its cells were planned differently (plan sha256 {} in the file, {} now; "
+                    "written by latentq {} at git {}?); rerun without --resume",
+                    src.string(), old_plan, std::get<std::string>(attr(now, "plan_sha256")),
+                    find_attr(old, "latentq_version") ? std::get<std::string>(*find_attr(old, "latentq_version")) : "?",
+                    find_attr(old, "git_commit") ? std::get<std::string>(*find_attr(old, "git_commit")) : "?"));
 }
 
 // Remove the temporary files ".<name>.<pid>.tmp" that write_results() left next to `target` when a
@@ -263,8 +264,9 @@ BatchFile read_batch_file(const fs::path& path) {
   const std::vector<std::string> groups = list_tables(path);
   const std::string p = path.string();
   if (std::find(groups.begin(), groups.end(), kCellsGroup) == groups.end())
-    throw std::invalid_argument(p + ": no /cells table: not written by a batch-aware `latentq run` "
-                                    "(it cannot be resumed or merged; rerun it)");
+    throw std::invalid_argument(p +
+                                ": no /cells table: not written by a batch-aware `latentq run` "
+                                "(it cannot be resumed or merged; rerun it)");
   const ColumnTable cells = read_table(path, kCellsGroup);
   auto col = [&]<class T>(const char* name, const T*) -> const std::vector<T>& {
     if (!cells.has(name) || !std::holds_alternative<std::vector<T>>(cells.at(name)))
@@ -290,8 +292,8 @@ BatchFile read_batch_file(const fs::path& path) {
         throw std::invalid_argument(fmt::format("{}: index {} is negative or listed twice", where, index[i]));
       bf.cells.push_back({key[i], index[i], {}});
     } else if (bf.cells.back().index != index[i]) {
-      throw std::invalid_argument(fmt::format("{}: index {} differs from the cell's index {}", where, index[i],
-                                              bf.cells.back().index));
+      throw std::invalid_argument(
+          fmt::format("{}: index {} differs from the cell's index {}", where, index[i], bf.cells.back().index));
     }
     CellRows& cell = bf.cells.back();
     if (group[i] == kCellsGroup || group[i].empty() || group[i].find('/') != std::string::npos)
@@ -367,7 +369,7 @@ std::vector<NamedTable> assemble_cell_tables(const std::vector<CellRows>& cells)
 
 namespace {
 
-using CellTables = std::vector<ColumnTable>;                   // one table per group of a cell
+using CellTables = std::vector<ColumnTable>;                       // one table per group of a cell
 using DoneCells = std::vector<std::shared_ptr<const CellTables>>;  // by plan index; null = not present
 
 // Checks each cell of the plan (groups, key, compute); returns the plan index of each key.
@@ -379,7 +381,8 @@ std::unordered_map<std::string, size_t> index_plan(const std::vector<CellTask>& 
     for (size_t g = 0; g < t.groups.size(); ++g) {
       check_group_name(t.groups[g], t.key);
       for (size_t h = 0; h < g; ++h)
-        if (t.groups[h] == t.groups[g]) throw std::invalid_argument("cell " + t.key + ": group " + t.groups[g] + " given twice");
+        if (t.groups[h] == t.groups[g])
+          throw std::invalid_argument("cell " + t.key + ": group " + t.groups[g] + " given twice");
     }
     if (t.key.empty()) throw std::invalid_argument(fmt::format("cell {} of the plan has an empty key", i));
     if (!t.compute) throw std::invalid_argument("cell " + t.key + " has nothing to compute");
@@ -416,16 +419,17 @@ size_t resume_cells(const fs::path& src, const Attrs& base, const std::vector<Ce
   for (CellRows& c : bf.cells) {
     const auto it = index_of.find(c.key);
     if (it == index_of.end())
-      throw std::invalid_argument(fmt::format("{}: cannot resume: cell '{}' is not in this study", src.string(), c.key));
+      throw std::invalid_argument(
+          fmt::format("{}: cannot resume: cell '{}' is not in this study", src.string(), c.key));
     const size_t i = it->second;
     std::vector<std::string> groups;
     CellTables rows;
     for (NamedTable& part : c.parts) groups.push_back(part.group), rows.push_back(std::move(part.table));
     if (!is_owned[i] || plan[i].groups != groups || static_cast<size_t>(c.index) != i)
-      throw std::invalid_argument(fmt::format("{}: cannot resume: cell '{}' (groups {}, index {}) does not match the "
-                                              "plan (groups {}, index {}, shard {})",
-                                              src.string(), c.key, fmt::join(groups, ","), c.index,
-                                              fmt::join(plan[i].groups, ","), i, shard.to_string()));
+      throw std::invalid_argument(fmt::format(
+          "{}: cannot resume: cell '{}' (groups {}, index {}) does not match the "
+          "plan (groups {}, index {}, shard {})",
+          src.string(), c.key, fmt::join(groups, ","), c.index, fmt::join(plan[i].groups, ","), i, shard.to_string()));
     done[i] = std::make_shared<const CellTables>(std::move(rows));
     ++resumed;
   }
@@ -513,7 +517,8 @@ class CellPool {
       size_t present = 0;
       {
         std::unique_lock<std::mutex> lk(m_);
-        cv_.wait_for(lk, std::chrono::milliseconds(100), [&] { return active_ == 0 || (unwritten > 0 && clock::now() - last_write >= interval); });
+        cv_.wait_for(lk, std::chrono::milliseconds(100),
+                     [&] { return active_ == 0 || (unwritten > 0 && clock::now() - last_write >= interval); });
         finished = active_ == 0;
         present = resumed + computed;
         if (!finished && unwritten > 0 && clock::now() - last_write >= interval) {
@@ -600,8 +605,8 @@ void throw_first_failure(const std::vector<CellTask>& plan, const std::vector<si
 
 }  // namespace
 
-BatchResult run_batch(const fs::path& out, const Attrs& attrs, const std::vector<CellTask>& plan, const DeriveFn& derive,
-                      const BatchOptions& options) {
+BatchResult run_batch(const fs::path& out, const Attrs& attrs, const std::vector<CellTask>& plan,
+                      const DeriveFn& derive, const BatchOptions& options) {
   const std::unordered_map<std::string, size_t> index_of = index_plan(plan);
   const Shard shard = options.shard;
   if (shard.count < 1 || shard.index < 0 || shard.index >= shard.count)
@@ -691,11 +696,11 @@ std::vector<ShardFile> read_shards(const std::vector<fs::path>& inputs) {
     in.count = need_attr<int64_t>(a, "shard_count", p, why);
     const int64_t complete = need_attr<int64_t>(a, "complete", p, why);
     if (complete != 1)
-      throw std::invalid_argument(fmt::format(
-          "merge: {} is an incomplete shard {}/{} (a checkpoint with {} cells of {}); finish it with "
-          "`latentq run CONFIG --shard {}/{} --resume --out <its results file>`",
-          p.string(), in.index, in.count, in.file.cells.size(), need_attr<int64_t>(a, "shard_cells", p, why), in.index,
-          in.count));
+      throw std::invalid_argument(
+          fmt::format("merge: {} is an incomplete shard {}/{} (a checkpoint with {} cells of {}); finish it with "
+                      "`latentq run CONFIG --shard {}/{} --resume --out <its results file>`",
+                      p.string(), in.index, in.count, in.file.cells.size(),
+                      need_attr<int64_t>(a, "shard_cells", p, why), in.index, in.count));
     ins.push_back(std::move(in));
   }
   return ins;
@@ -714,12 +719,14 @@ void check_shards(const std::vector<ShardFile>& ins) {
     const Attrs& a = in.file.attrs;
     const std::string& c = std::get<std::string>(attr(a, "config"));
     if (c != config)
-      throw std::invalid_argument(fmt::format("merge: {} and {} are results of different configs (config sha256 {} vs {})",
-                                              first.path.string(), in.path.string(), sha256_hex(config), sha256_hex(c)));
+      throw std::invalid_argument(
+          fmt::format("merge: {} and {} are results of different configs (config sha256 {} vs {})", first.path.string(),
+                      in.path.string(), sha256_hex(config), sha256_hex(c)));
     const std::string& i = std::get<std::string>(attr(a, "input_sha256"));
     if (i != input)
-      throw std::invalid_argument(fmt::format("merge: {} and {} are results of different inputs (input sha256 {} vs {})",
-                                              first.path.string(), in.path.string(), input, i));
+      throw std::invalid_argument(
+          fmt::format("merge: {} and {} are results of different inputs (input sha256 {} vs {})", first.path.string(),
+                      in.path.string(), input, i));
     if (in.count != first.count)
       throw std::invalid_argument(fmt::format("merge: {} is shard {}/{} but {} is shard {}/{}: different shard counts",
                                               first.path.string(), first.index, first.count, in.path.string(), in.index,
@@ -738,8 +745,9 @@ void check_shards(const std::vector<ShardFile>& ins) {
   for (int64_t i = 0; i < first.count; ++i)
     if (!have[static_cast<size_t>(i)]) missing.push_back(i);
   if (!missing.empty())
-    throw std::invalid_argument(fmt::format("merge: {} of {} shards missing: shard {} (given: {} file{})", missing.size(),
-                                            first.count, fmt::join(missing, ", "), ins.size(), ins.size() == 1 ? "" : "s"));
+    throw std::invalid_argument(fmt::format("merge: {} of {} shards missing: shard {} (given: {} file{})",
+                                            missing.size(), first.count, fmt::join(missing, ", "), ins.size(),
+                                            ins.size() == 1 ? "" : "s"));
 }
 
 // The union of the shards' cells in canonical order, checked to be the study's `total` cells; equal
@@ -753,10 +761,13 @@ std::vector<CellRows> union_of_cells(const std::vector<ShardFile>& ins, int64_t 
       if (fresh) continue;
       const CellRows& o = *it->second.first;
       std::string diff;
-      if (o.index != c.index) diff = fmt::format("index {} vs {}", o.index, c.index);
-      else if (o.parts.size() != c.parts.size()) diff = fmt::format("{} vs {} groups", o.parts.size(), c.parts.size());
+      if (o.index != c.index)
+        diff = fmt::format("index {} vs {}", o.index, c.index);
+      else if (o.parts.size() != c.parts.size())
+        diff = fmt::format("{} vs {} groups", o.parts.size(), c.parts.size());
       for (size_t g = 0; diff.empty() && g < o.parts.size(); ++g) {
-        if (o.parts[g].group != c.parts[g].group) diff = fmt::format("group {} vs {}", o.parts[g].group, c.parts[g].group);
+        if (o.parts[g].group != c.parts[g].group)
+          diff = fmt::format("group {} vs {}", o.parts[g].group, c.parts[g].group);
         else if (std::string d = table_difference(o.parts[g].table, c.parts[g].table); !d.empty())
           diff = "/" + o.parts[g].group + " " + d;
       }
@@ -769,9 +780,10 @@ std::vector<CellRows> union_of_cells(const std::vector<ShardFile>& ins, int64_t 
   std::sort(cells.begin(), cells.end(), [](const CellRows& a, const CellRows& b) { return a.index < b.index; });
   for (size_t i = 0; i < cells.size(); ++i)
     if (static_cast<int64_t>(cells.size()) != total || cells[i].index != static_cast<int64_t>(i))
-      throw std::invalid_argument(fmt::format("merge: the shards hold {} distinct cells, the study has {} (first gap or "
-                                              "inconsistency at index {}): inconsistent shard files",
-                                              cells.size(), total, i));
+      throw std::invalid_argument(
+          fmt::format("merge: the shards hold {} distinct cells, the study has {} (first gap or "
+                      "inconsistency at index {}): inconsistent shard files",
+                      cells.size(), total, i));
   if (static_cast<int64_t>(cells.size()) != total)
     throw std::invalid_argument(fmt::format("merge: the shards hold no cells, the study has {}", total));
   return cells;

@@ -50,8 +50,9 @@ StudyPlan plan_study(const StudyConfig& config, LatentBackend& backend) {
       const RotatedLatents rotated = [&](int layer, Target target, const Transform& tr) {
         return rotated_latent(*in, layer, target, tr);
       };
-      return std::vector<ColumnTable>{run_latent_error(store->header(), [&](int l) -> const Layer& { return in->layer(l); },
-                                                       {c}, backend, one, spectra.get(), rotated)};
+      return std::vector<ColumnTable>{run_latent_error(
+          store->header(), [&](int l) -> const Layer& { return in->layer(l); }, {c}, backend, one, spectra.get(),
+          rotated)};
     };
     p.tasks.push_back(std::move(t));
     p.uses.push_back(use);
@@ -77,8 +78,12 @@ std::function<std::vector<size_t>(const std::vector<size_t>&)> StudyPlan::schedu
   const std::vector<LayerUse> u = uses;
   return [s, u](const std::vector<size_t>& pending) {
     std::vector<size_t> order = pending;
-    auto last = [&](size_t i) { return u[i].layers.empty() ? -1 : *std::max_element(u[i].layers.begin(), u[i].layers.end()); };
-    auto first = [&](size_t i) { return u[i].layers.empty() ? -1 : *std::min_element(u[i].layers.begin(), u[i].layers.end()); };
+    auto last = [&](size_t i) {
+      return u[i].layers.empty() ? -1 : *std::max_element(u[i].layers.begin(), u[i].layers.end());
+    };
+    auto first = [&](size_t i) {
+      return u[i].layers.empty() ? -1 : *std::min_element(u[i].layers.begin(), u[i].layers.end());
+    };
     std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
       if (last(a) != last(b)) return last(a) < last(b);
       return first(a) < first(b);
@@ -98,7 +103,8 @@ BatchResult run_study_batch(const std::filesystem::path& out, const StudyPlan& p
 DumpAttrs dump_attrs_from_results(const Attrs& root) {
   auto num = [&](const char* name) {
     const AttrValue& v = attr(root, name);
-    if (!std::holds_alternative<int64_t>(v)) throw std::invalid_argument(std::string("attribute '") + name + "' is not an integer");
+    if (!std::holds_alternative<int64_t>(v))
+      throw std::invalid_argument(std::string("attribute '") + name + "' is not an integer");
     return std::get<int64_t>(v);
   };
   DumpAttrs a;

@@ -21,9 +21,11 @@ std::shared_ptr<const Rotation> layer_rotation(const LayerAccess& in, int layer,
   });
 }
 
-std::shared_ptr<const RotatedLatent> rotated_latent(const LayerAccess& in, int layer, Target target, const Transform& t) {
+std::shared_ptr<const RotatedLatent> rotated_latent(const LayerAccess& in, int layer, Target target,
+                                                    const Transform& t) {
   if (t.kind == TransformKind::None)
-    throw std::invalid_argument(fmt::format("rotated_latent: layer {} {}: no transform to rotate by", layer, to_string(target)));
+    throw std::invalid_argument(
+        fmt::format("rotated_latent: layer {} {}: no transform to rotate by", layer, to_string(target)));
   return in.shared<RotatedLatent>(layer, fmt::format("rotated/{}/{}", to_string(target), t.to_string()), [&] {
     const Dump& d = in.header();
     const Layer& l = in.layer(layer);

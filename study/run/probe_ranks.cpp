@@ -69,16 +69,18 @@ std::vector<int64_t> svd_ranks(const StudyConfig& config, const Dump& dump) {
   const FitLimit f = fit_limit(dump, centered);
   if (S.ranks.empty()) {
     if (f.max_rank < 1)
-      throw std::invalid_argument(fmt::format("{}: [svd]: {}: no SVD rank can be fit (disable [svd] or use a dump with "
-                                              "more tokens)",
-                                              config.source, fit_words(dump, f, centered)));
+      throw std::invalid_argument(
+          fmt::format("{}: [svd]: {}: no SVD rank can be fit (disable [svd] or use a dump with "
+                      "more tokens)",
+                      config.source, fit_words(dump, f, centered)));
     return capped(probes::default_svd_ranks(r), f.max_rank);
   }
   for (int64_t k : S.ranks) {
     if (k > r)
-      throw std::invalid_argument(fmt::format("{}: [svd] ranks: rank {} is larger than kv_lora_rank {} of the dump "
-                                              "(SVD ranks must be 1 .. kv_lora_rank)",
-                                              config.source, k, r));
+      throw std::invalid_argument(
+          fmt::format("{}: [svd] ranks: rank {} is larger than kv_lora_rank {} of the dump "
+                      "(SVD ranks must be 1 .. kv_lora_rank)",
+                      config.source, k, r));
     if (k > f.max_rank)
       throw std::invalid_argument(fmt::format("{}: [svd] ranks: rank {} needs {} fit tokens, but {}", config.source, k,
                                               k + (centered ? 1 : 0), fit_words(dump, f, centered)));
@@ -94,16 +96,18 @@ std::vector<int64_t> sharing_ranks(const StudyConfig& config, const Dump& dump, 
   const int64_t cap = f.max_rank / w * w;  // the largest multiple of w the fit split determines
   if (C.ranks.empty()) {
     if (cap < w)
-      throw std::invalid_argument(fmt::format("{}: [cross_layer]: window {}: {}: no multiple of {} can be fit (disable "
-                                              "[cross_layer] or use a dump with more tokens)",
-                                              config.source, w, fit_words(dump, f, centered), w));
+      throw std::invalid_argument(
+          fmt::format("{}: [cross_layer]: window {}: {}: no multiple of {} can be fit (disable "
+                      "[cross_layer] or use a dump with more tokens)",
+                      config.source, w, fit_words(dump, f, centered), w));
     return capped(auto_sharing_ranks(r, w), cap);
   }
   for (int64_t k : C.ranks) {
     if (k > w * r)
-      throw std::invalid_argument(fmt::format("{}: [cross_layer] ranks: rank {} is larger than window {} x kv_lora_rank "
-                                              "{} = {} of the dump",
-                                              config.source, k, w, r, w * r));
+      throw std::invalid_argument(
+          fmt::format("{}: [cross_layer] ranks: rank {} is larger than window {} x kv_lora_rank "
+                      "{} = {} of the dump",
+                      config.source, k, w, r, w * r));
     if (k > f.max_rank)
       throw std::invalid_argument(fmt::format("{}: [cross_layer] ranks: rank {} needs {} fit tokens, but {}",
                                               config.source, k, k + (centered ? 1 : 0), fit_words(dump, f, centered)));
@@ -134,9 +138,10 @@ std::vector<std::string> rank_cap_warnings(const StudyConfig& config, const Dump
     }
   }
   if (parts.empty()) return {};
-  return {fmt::format("{}: automatic ranks capped at what the fit split determines ({}): {}; give the ranks "
-                      "explicitly to choose others",
-                      config.source, fit_split_words(dump, fit_limit(dump, false)), fmt::join(parts, "; "))};
+  return {
+      fmt::format("{}: automatic ranks capped at what the fit split determines ({}): {}; give the ranks "
+                  "explicitly to choose others",
+                  config.source, fit_split_words(dump, fit_limit(dump, false)), fmt::join(parts, "; "))};
 }
 
 }  // namespace latentq

@@ -28,8 +28,8 @@ const std::vector<const Probe*>& registered_probes() {
     std::set<int> orders;
     for (const Probe* p : v) {
       if (!sections.insert(p->section()).second || !orders.insert(p->order()).second)
-        throw std::logic_error(fmt::format("probe registry: section [{}] or order {} registered twice", p->section(),
-                                           p->order()));
+        throw std::logic_error(
+            fmt::format("probe registry: section [{}] or order {} registered twice", p->section(), p->order()));
       for (const GroupSpec& g : p->groups())
         if (!groups.insert(g.name).second)
           throw std::logic_error(fmt::format("probe registry: group /{} written by two probes", g.name));
@@ -68,9 +68,15 @@ ColumnTable empty_table(const GroupSpec& g) {
   ColumnTable t;
   for (const ColumnSpec& c : g.columns) {
     switch (c.type) {
-      case ColType::I64: t.add<int64_t>(c.name); break;
-      case ColType::F64: t.add<double>(c.name); break;
-      case ColType::Str: t.add<std::string>(c.name); break;
+      case ColType::I64:
+        t.add<int64_t>(c.name);
+        break;
+      case ColType::F64:
+        t.add<double>(c.name);
+        break;
+      case ColType::Str:
+        t.add<std::string>(c.name);
+        break;
     }
   }
   return t;
@@ -85,9 +91,15 @@ void add_row(ColumnTable& t, const std::vector<RowValue>& values) {
     const RowValue& v = values[i++];
     if (c.index() != v.index()) throw std::logic_error("add_row: column '" + name + "' has another type");
     switch (c.index()) {
-      case 0: std::get<0>(c).push_back(std::get<int64_t>(v)); break;
-      case 1: std::get<1>(c).push_back(std::get<double>(v)); break;
-      default: std::get<2>(c).push_back(std::get<std::string>(v)); break;
+      case 0:
+        std::get<0>(c).push_back(std::get<int64_t>(v));
+        break;
+      case 1:
+        std::get<1>(c).push_back(std::get<double>(v));
+        break;
+      default:
+        std::get<2>(c).push_back(std::get<std::string>(v));
+        break;
     }
   }
 }

@@ -182,8 +182,9 @@ std::string format_e2e_summary(const ColumnTable& e2e, const ColumnTable& summar
     out += fmt::format("{:<{}} {:<{}} {:>11} {:>10} {:>7} {:>9}\n", q[i], w, mode[i], wm,
                        has_b ? num(e2e.get<double>("bytes_per_token")[i], 1) : std::string("-"), sci(kl[i]),
                        num(top1[i], 4), fmt::format("{:+.4f}", pq[i] - pr[i]));
-  out += "B/tok/layer: the cache of one layer at the sequence end (bf16 tokens at 2 bytes per element); /e2e_position "
-         "has the error by query position.\n";
+  out +=
+      "B/tok/layer: the cache of one layer at the sequence end (bf16 tokens at 2 bytes per element); /e2e_position "
+      "has the error by query position.\n";
   return out;
 }
 

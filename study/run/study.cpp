@@ -61,7 +61,7 @@ std::vector<Cell> plan_cells(const StudyConfig& config, const Dump& dump) {
     for (const TargetPlan& p : config.targets)
       for (const Quantizer& q : p.quantizers) {
         Cell c{l.index, p.target, q};
-        c.quantizer.spec = q.spec_for(l.index, p.target);  // a mixed assignment: this layer's spec
+        c.quantizer.spec = q.spec_for(l.index, p.target);            // a mixed assignment: this layer's spec
         c.quantizer.transform = q.transform_for(l.index, p.target);  // ... and its transform
         cells.push_back(std::move(c));
       }
@@ -77,12 +77,30 @@ std::unique_ptr<LatentBackend> make_backend(std::string_view device) {
 }
 
 const std::vector<std::string>& latent_error_columns() {
-  static const std::vector<std::string> c = {
-      "layer",       "target",           "quantizer",             "stored",  "bits", "scheme",
-      "granularity", "group_size",       "scale_dtype",           "bits_per_element",
-      "bytes_per_token_layer", "rel_fro", "mse", "sqnr_db", "max_abs_err", "cos_mean",
-      "format", "scale_underflow_groups", "offset_rounding_groups", "saturated_values", "bound_rel_fro", "gap_db",
-      "transform", "transform_seed"};
+  static const std::vector<std::string> c = {"layer",
+                                             "target",
+                                             "quantizer",
+                                             "stored",
+                                             "bits",
+                                             "scheme",
+                                             "granularity",
+                                             "group_size",
+                                             "scale_dtype",
+                                             "bits_per_element",
+                                             "bytes_per_token_layer",
+                                             "rel_fro",
+                                             "mse",
+                                             "sqnr_db",
+                                             "max_abs_err",
+                                             "cos_mean",
+                                             "format",
+                                             "scale_underflow_groups",
+                                             "offset_rounding_groups",
+                                             "saturated_values",
+                                             "bound_rel_fro",
+                                             "gap_db",
+                                             "transform",
+                                             "transform_seed"};
   return c;
 }
 
@@ -103,7 +121,8 @@ const LatentSpectrum& SpectrumCache::get(const Dump& dump, const Layer& l, Targe
 
 ColumnTable run_latent_error(const Dump& dump, const std::vector<Cell>& cells, LatentBackend& backend,
                              const RunOptions& options, SpectrumCache* spectra) {
-  return run_latent_error(dump, [&](int l) -> const Layer& { return dump.layer(l); }, cells, backend, options, spectra);
+  return run_latent_error(
+      dump, [&](int l) -> const Layer& { return dump.layer(l); }, cells, backend, options, spectra);
 }
 
 RotatedLatent rotate_latent(std::shared_ptr<const Rotation> r, const float* X, int64_t T, int64_t D) {
@@ -168,8 +187,8 @@ void rethrow_first_cell_error(const Dump& dump, const std::vector<Cell>& cells,
 }
 
 // The /latent_error table (latent_error_columns()), one row per cell.
-ColumnTable latent_error_table(const DumpAttrs& A, const std::vector<Cell>& cells, const std::vector<CellResult>& results,
-                               const std::vector<RateDistortionBound>& bounds) {
+ColumnTable latent_error_table(const DumpAttrs& A, const std::vector<Cell>& cells,
+                               const std::vector<CellResult>& results, const std::vector<RateDistortionBound>& bounds) {
   ColumnTable t;
   auto& layer = t.add<int64_t>("layer");
   auto& target = t.add<std::string>("target");
@@ -206,8 +225,9 @@ ColumnTable latent_error_table(const DumpAttrs& A, const std::vector<Cell>& cell
     bits.push_back(s.bits);
     scheme.emplace_back(scheme_of(s));
     granularity.emplace_back(granularity_of(s));
-    group_size.push_back(s.format == Format::Int || s.format == Format::Fp8Tile ? s.group_size
-                         : layout(s, c.target == Target::CKV ? A.kv_lora_rank : A.qk_rope_head_dim).block);
+    group_size.push_back(s.format == Format::Int || s.format == Format::Fp8Tile
+                             ? s.group_size
+                             : layout(s, c.target == Target::CKV ? A.kv_lora_rank : A.qk_rope_head_dim).block);
     scale_dtype.emplace_back(scale_dtype_of(s));
     bpe.push_back(r.accounting.bits_per_element);
     bpt.push_back(r.accounting.bytes_per_token);
@@ -244,9 +264,7 @@ ColumnTable run_latent_error(const Dump& dump, const std::function<const Layer&(
   // Resolve layer pointers up front (throws for a cell whose layer is not loaded).
   std::vector<const Layer*> layer_of(n);
   for (size_t i = 0; i < n; ++i) layer_of[i] = &layer_data(cells[i].layer);
-  auto input = [&](const Layer& l, Target target) {
-    return target == Target::CKV ? l.c_kv.data() : l.k_pe.data();
-  };
+  auto input = [&](const Layer& l, Target target) { return target == Target::CKV ? l.c_kv.data() : l.k_pe.data(); };
   auto dim = [&](Target target) { return target == Target::CKV ? A.kv_lora_rank : A.qk_rope_head_dim; };
   CellRotations rotations(dump, cells, rotated);
 
@@ -300,7 +318,8 @@ std::vector<std::string> latent_precision_warnings(const ColumnTable& le) {
     const auto& s = sum[name];
     std::vector<std::string> parts;
     if (s[0]) parts.push_back(fmt::format("{} groups whose scale underflowed to zero or subnormal", s[0]));
-    if (s[1]) parts.push_back(fmt::format("{} groups whose stored offset is off the min by more than half a step", s[1]));
+    if (s[1])
+      parts.push_back(fmt::format("{} groups whose stored offset is off the min by more than half a step", s[1]));
     if (s[2]) parts.push_back(fmt::format("{} values saturated at the element format's max", s[2]));
     std::string targets;
     for (const std::string& t : where[name]) targets += (targets.empty() ? "" : ", ") + t;
@@ -314,8 +333,8 @@ std::vector<std::string> latent_precision_warnings(const ColumnTable& le) {
 
 const std::vector<std::string>& summary_columns() {
   static const std::vector<std::string> c = {
-      "quantizer",        "mean_rel_fro_c_kv", "max_rel_fro_c_kv",      "mean_rel_fro_k_pe", "max_rel_fro_k_pe",
-      "bits_per_element", "bytes_per_token_model", "ratio_vs_bf16", "c_kv_accounting", "k_pe_accounting"};
+      "quantizer",        "mean_rel_fro_c_kv",     "max_rel_fro_c_kv", "mean_rel_fro_k_pe", "max_rel_fro_k_pe",
+      "bits_per_element", "bytes_per_token_model", "ratio_vs_bf16",    "c_kv_accounting",   "k_pe_accounting"};
   return c;
 }
 
@@ -430,8 +449,9 @@ std::string format_summary(const ColumnTable& s, const DumpAttrs& attrs) {
   for (size_t i : order) {
     const bool a = acc_c[i] != "measured" || acc_k[i] != "measured";
     assumed = assumed || a;
-    out += fmt::format("{:<{}} {:>9} {:>11} {:>8} {:>10} {:>10} {:>10} {:>10}{}\n", name[i], w, num(bits[i], 3),
-                       num(bytes[i], 1), num(ratio[i], 3), sci(mc[i]), sci(xc[i]), sci(mk[i]), sci(xk[i]), a ? " *" : "");
+    out +=
+        fmt::format("{:<{}} {:>9} {:>11} {:>8} {:>10} {:>10} {:>10} {:>10}{}\n", name[i], w, num(bits[i], 3),
+                    num(bytes[i], 1), num(ratio[i], 3), sci(mc[i]), sci(xc[i]), sci(mk[i]), sci(xk[i]), a ? " *" : "");
   }
   if (assumed) out += "* a target that did not run this quantizer is counted as bf16\n";
   out += "rel_fro = ||X_hat - X||_F / ||X||_F per layer; mean/max over layers. vs bf16 = bytes / bf16 bytes.\n";

@@ -59,7 +59,7 @@ TEST(CrossLayerPair, PearsonOfConstructedChannels) {
   SCOPED_TRACE(testing::Message() << "seed " << seed << " shape [" << T << ", " << r << "] rho " << rho);
   const Eigen::MatrixXd A = gaussian(rng, T, r), N = gaussian(rng, T, r);
   Eigen::MatrixXd B = rho * A + std::sqrt(1 - rho * rho) * N;
-  B.leftCols(r / 2) *= -1.0;                         // |ρ|: the sign must not matter
+  B.leftCols(r / 2) *= -1.0;                                          // |ρ|: the sign must not matter
   B = (B * 5.0).rowwise() + Eigen::RowVectorXd::LinSpaced(r, -3, 3);  // nor scale and offset
   const auto a = to_row_major_f32(A), b = to_row_major_f32(B);
   const CrossLayerPair p = cross_layer_pair(a.data(), b.data(), T, r);
@@ -93,9 +93,9 @@ TEST(CrossLayerPair, ConstantChannelsSkipped) {
   std::mt19937_64 rng(14);
   const int64_t T = 256, r = 8;
   auto a = probe_test::gaussian_vec(rng, T * r);
-  auto b = a;  // identical: every usable channel has |ρ| = 1
-  for (int64_t t = 0; t < T; ++t) a[t * r + 3] = 0.75f;   // channel 3 constant in A
-  for (int64_t t = 0; t < T; ++t) b[t * r + 5] = -2.0f;   // channel 5 constant in B
+  auto b = a;                                            // identical: every usable channel has |ρ| = 1
+  for (int64_t t = 0; t < T; ++t) a[t * r + 3] = 0.75f;  // channel 3 constant in A
+  for (int64_t t = 0; t < T; ++t) b[t * r + 5] = -2.0f;  // channel 5 constant in B
   const CrossLayerPair p = cross_layer_pair(a.data(), b.data(), T, r);
   EXPECT_EQ(p.constant_channels, 2);
   EXPECT_EQ(p.pearson_channels, r - 2);
@@ -130,7 +130,7 @@ TEST(SharedBasis, SharedStructureFavoursSharedBasis) {
   EXPECT_LT(res[0].shared_heldout_rel_fro, 1e-5);
   EXPECT_GT(res[0].per_layer_heldout_rel_fro, 0.1);
   EXPECT_LT(res[1].per_layer_heldout_rel_fro, 1e-5);  // rank 4 per layer covers each layer
-  EXPECT_LT(res[2].shared_heldout_rel_fro, 1e-6);      // full rank: exact
+  EXPECT_LT(res[2].shared_heldout_rel_fro, 1e-6);     // full rank: exact
   EXPECT_LT(res[2].per_layer_heldout_rel_fro, 1e-6);
   EXPECT_EQ(res[0].shared_basis_floats, 2 * r * 4);
   EXPECT_EQ(res[0].per_layer_basis_floats, r * 4);
@@ -210,7 +210,8 @@ TEST(SharedBasis, Errors) {
     }
   }
   const std::vector<int64_t> ok{16};
-  EXPECT_THROW(shared_basis_probe(window, T, r, std::vector<int64_t>{0, 10, 64}, ok), std::invalid_argument);  // 10 fit tokens
+  EXPECT_THROW(shared_basis_probe(window, T, r, std::vector<int64_t>{0, 10, 64}, ok),
+               std::invalid_argument);  // 10 fit tokens
   EXPECT_THROW(shared_basis_probe(std::vector<const float*>{}, T, r, offs, ok), std::invalid_argument);
   EXPECT_THROW(shared_basis_probe(std::vector<const float*>{a.data(), nullptr}, T, r, offs, ok), std::invalid_argument);
 }

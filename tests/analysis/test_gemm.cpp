@@ -46,7 +46,8 @@ template <typename Scalar, typename Mat>
 void check_all_ops(double tol) {
   const uint64_t seed = 20261201;
   std::mt19937_64 rng(seed);
-  for (const auto& [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 1}, {7, 5, 3}, {33, 65, 130}, {128, 300, 576}}) {
+  for (const auto& [m, n, k] :
+       {std::tuple<int64_t, int64_t, int64_t>{1, 1, 1}, {7, 5, 3}, {33, 65, 130}, {128, 300, 576}}) {
     for (const Op oa : {Op::N, Op::T})
       for (const Op ob : {Op::N, Op::T})
         for (const double beta : {0.0, 1.0, -0.5}) {
@@ -54,7 +55,8 @@ void check_all_ops(double tol) {
           // exceeds the row length; C too.
           const int64_t ar = oa == Op::T ? k : m, ac = oa == Op::T ? m : k;
           const int64_t br = ob == Op::T ? n : k, bc = ob == Op::T ? k : n;
-          const Mat Abig = random_mat<Scalar, Mat>(ar + 1, ac + 3, rng), Bbig = random_mat<Scalar, Mat>(br + 2, bc + 1, rng);
+          const Mat Abig = random_mat<Scalar, Mat>(ar + 1, ac + 3, rng),
+                    Bbig = random_mat<Scalar, Mat>(br + 2, bc + 1, rng);
           Mat Cbig = random_mat<Scalar, Mat>(m + 1, n + 4, rng);
           const auto A = Abig.block(1, 2, ar, ac);
           const auto B = Bbig.block(2, 0, br, bc);
@@ -66,19 +68,21 @@ void check_all_ops(double tol) {
           const Eigen::MatrixXd want =
               definition(oa, ob, 0.75, A.template cast<double>(), B.template cast<double>(), beta, C0);
           const std::string at = std::string(Mat::IsRowMajor ? "row-major" : "column-major") + ", seed " +
-                                 std::to_string(seed) + ", m " + std::to_string(m) + " n " + std::to_string(n) +
-                                 " k " + std::to_string(k) + ", op(A) " + (oa == Op::T ? "T" : "N") + ", op(B) " +
+                                 std::to_string(seed) + ", m " + std::to_string(m) + " n " + std::to_string(n) + " k " +
+                                 std::to_string(k) + ", op(A) " + (oa == Op::T ? "T" : "N") + ", op(B) " +
                                  (ob == Op::T ? "T" : "N") + ", beta " + std::to_string(beta);
           // Each element against the float64 sum, relative to the sum of |terms| (the rounding bound's scale).
           for (int64_t i = 0; i < m; ++i)
             for (int64_t j = 0; j < n; ++j) {
               const double scale_ij = 0.75 * static_cast<double>(k) * 4.0 + std::abs(beta * C0(i, j)) + 1.0;
-              ASSERT_NEAR(static_cast<double>(C(i, j)), want(i, j), tol * scale_ij) << at << " at (" << i << ", " << j << ")";
+              ASSERT_NEAR(static_cast<double>(C(i, j)), want(i, j), tol * scale_ij)
+                  << at << " at (" << i << ", " << j << ")";
             }
           // Nothing outside the view of C is written.
           for (int64_t i = 0; i < Cbig.rows(); ++i)
             for (int64_t j = 0; j < Cbig.cols(); ++j)
-              if (i < 1 || j < 3 || j >= 3 + n) ASSERT_EQ(Cbig(i, j), Cbefore(i, j)) << at << " outside the view at (" << i << ", " << j << ")";
+              if (i < 1 || j < 3 || j >= 3 + n)
+                ASSERT_EQ(Cbig(i, j), Cbefore(i, j)) << at << " outside the view at (" << i << ", " << j << ")";
         }
   }
 }
@@ -120,7 +124,8 @@ TEST(Gemm, OverlappingRowsAreAnError) {
     gemm<float>(Op::N, Op::N, 1, A, B, 0, C);
     FAIL() << "no error for an overlapping view";
   } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("A's outer stride 2 is below its row length 4"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("A's outer stride 2 is below its row length 4"), std::string::npos)
+        << e.what();
   }
   // One row may have any stride.
   const Eigen::Map<const RowMat<float>, 0, Eigen::OuterStride<>> row(buf.data(), 1, 4, Eigen::OuterStride<>(1));

@@ -90,7 +90,8 @@ TEST(SymmetricEigen, ReadsTheLowerTriangleOnly) {
 
 TEST(SymmetricEigen, EmptyAndErrors) {
   EXPECT_EQ(symmetric_eigen(Eigen::MatrixXd(0, 0), true).values.size(), 0);
-  EXPECT_NE(what([] { symmetric_eigen(Eigen::MatrixXd::Zero(2, 3), true); }).find("[2, 3], not square"), std::string::npos);
+  EXPECT_NE(what([] { symmetric_eigen(Eigen::MatrixXd::Zero(2, 3), true); }).find("[2, 3], not square"),
+            std::string::npos);
   Eigen::MatrixXd A = Eigen::MatrixXd::Identity(3, 3);
   A(2, 1) = std::numeric_limits<double>::infinity();
   EXPECT_NE(what([&] { symmetric_eigen(A, false); }).find("NaN/Inf in the lower triangle of the [3, 3] matrix"),

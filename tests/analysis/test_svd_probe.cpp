@@ -27,9 +27,9 @@ const std::vector<double> kEnergy{0.85, 0.1, 0.045, 0.0042, 0.0007, 0.0001};
 
 struct KnownSpectrum {
   int64_t n, D, k;
-  Eigen::VectorXd sigma;   // [k]
-  Eigen::VectorXd mu;      // [D] (zero when not centered)
-  std::vector<float> X;    // [2n, D]: sequence 0 (fit) then sequence 1 (held-out)
+  Eigen::VectorXd sigma;  // [k]
+  Eigen::VectorXd mu;     // [D] (zero when not centered)
+  std::vector<float> X;   // [2n, D]: sequence 0 (fit) then sequence 1 (held-out)
   std::vector<int64_t> seq_offsets;
 };
 
@@ -86,9 +86,9 @@ TEST(Split, RejectsBadOffsetsAndEmptySplits) {
   EXPECT_THROW(fit_heldout_split(std::vector<int64_t>{1, 10}, 10), std::invalid_argument);
   EXPECT_THROW(fit_heldout_split(std::vector<int64_t>{0, 9}, 10), std::invalid_argument);
   EXPECT_THROW(fit_heldout_split(std::vector<int64_t>{0, 6, 4, 10}, 10), std::invalid_argument);
-  EXPECT_THROW(fit_heldout_split(std::vector<int64_t>{0, 1}, 1), std::invalid_argument);       // 0 fit tokens
-  EXPECT_THROW(fit_heldout_split(std::vector<int64_t>{0, 1, 1}, 1), std::invalid_argument);    // the same, + an empty one
-  EXPECT_THROW(fit_heldout_split(std::vector<int64_t>{0, 0, 0}, 0), std::invalid_argument);    // no token at all
+  EXPECT_THROW(fit_heldout_split(std::vector<int64_t>{0, 1}, 1), std::invalid_argument);     // 0 fit tokens
+  EXPECT_THROW(fit_heldout_split(std::vector<int64_t>{0, 1, 1}, 1), std::invalid_argument);  // the same, + an empty one
+  EXPECT_THROW(fit_heldout_split(std::vector<int64_t>{0, 0, 0}, 0), std::invalid_argument);  // no token at all
   try {
     fit_heldout_split(std::vector<int64_t>{0, 0, 1, 1}, 1);
     ADD_FAILURE() << "no error";
@@ -252,28 +252,28 @@ TEST(SvdProbe, ReconstructMatchesReportedError) {
   std::vector<int64_t> offs(S + 1);
   for (int64_t s = 0; s <= S; ++s) offs[s] = s * L;
   for (bool centered : {false, true})
-  for (CoeffDtype coeff : {CoeffDtype::BF16, CoeffDtype::Float64}) {
-    SvdProbeOptions opt;
-    opt.centered = centered;
-    opt.coeff_dtype = coeff;
-    const SvdProbeResult res = svd_probe(x.data(), T, D, offs, opt);
-    for (const auto& e : res.ranks) {
-      SCOPED_TRACE(testing::Message() << "centered " << centered << " bf16 " << (coeff == CoeffDtype::BF16)
-                                      << " rank " << e.rank);
-      const float* held = x.data() + 2 * L * D;
-      std::vector<float> rec(static_cast<size_t>(2 * L * D));
-      res.basis.reconstruct(held, 2 * L, e.rank, rec.data(), coeff);
-      const auto m = latentq::error_metrics(held, rec.data(), 2 * L, D);
-      EXPECT_NEAR(m.rel_fro, e.heldout_rel_fro, 1e-5 * std::max(1.0, e.heldout_rel_fro) + 1e-6);
-      if (e.rank > 1) {
-        EXPECT_LE(e.heldout_rel_fro, res.ranks.front().heldout_rel_fro);
+    for (CoeffDtype coeff : {CoeffDtype::BF16, CoeffDtype::Float64}) {
+      SvdProbeOptions opt;
+      opt.centered = centered;
+      opt.coeff_dtype = coeff;
+      const SvdProbeResult res = svd_probe(x.data(), T, D, offs, opt);
+      for (const auto& e : res.ranks) {
+        SCOPED_TRACE(testing::Message() << "centered " << centered << " bf16 " << (coeff == CoeffDtype::BF16)
+                                        << " rank " << e.rank);
+        const float* held = x.data() + 2 * L * D;
+        std::vector<float> rec(static_cast<size_t>(2 * L * D));
+        res.basis.reconstruct(held, 2 * L, e.rank, rec.data(), coeff);
+        const auto m = latentq::error_metrics(held, rec.data(), 2 * L, D);
+        EXPECT_NEAR(m.rel_fro, e.heldout_rel_fro, 1e-5 * std::max(1.0, e.heldout_rel_fro) + 1e-6);
+        if (e.rank > 1) {
+          EXPECT_LE(e.heldout_rel_fro, res.ranks.front().heldout_rel_fro);
+        }
+      }
+      // Centering helps data with a large common offset.
+      if (centered) {
+        EXPECT_LT(res.ranks.front().heldout_rel_fro, 0.5);
       }
     }
-    // Centering helps data with a large common offset.
-    if (centered) {
-      EXPECT_LT(res.ranks.front().heldout_rel_fro, 0.5);
-    }
-  }
 }
 
 TEST(SvdProbe, Errors) {
@@ -318,8 +318,9 @@ TEST(SvdBasis, CoefficientOverflowingBf16IsAnError) {
     b.reconstruct(x.data(), 1, 1, out.data(), CoeffDtype::BF16);
     ADD_FAILURE() << "no error";
   } catch (const std::invalid_argument& e) {
-    EXPECT_EQ(std::string(e.what()), "SVD: 1 rank-1 coefficient(s) overflow bf16 (|y| > 3.39e38): the latents are out "
-                                     "of range for bf16 coefficients");
+    EXPECT_EQ(std::string(e.what()),
+              "SVD: 1 rank-1 coefficient(s) overflow bf16 (|y| > 3.39e38): the latents are out "
+              "of range for bf16 coefficients");
   }
   // Unrounded coefficients hold it, and the reconstruction is back in float32 range.
   b.reconstruct(x.data(), 1, 1, out.data(), CoeffDtype::Float64);

@@ -32,9 +32,7 @@ struct RandomLayer {
   double scale = 0;
   uint64_t seed = 0;
 
-  AttentionQueries queries() const {
-    return {dims, T, seq_offsets, q_rows, q_nope, q_pe, w_uk, w_uv, scale};
-  }
+  AttentionQueries queries() const { return {dims, T, seq_offsets, q_rows, q_nope, q_pe, w_uk, w_uv, scale}; }
   std::string describe() const {
     return "seed " + std::to_string(seed) + " T " + std::to_string(T) + " S " + std::to_string(seq_offsets.size() - 1) +
            " Tq " + std::to_string(q_rows.size()) + " H " + std::to_string(dims.num_heads) + " r " +

@@ -24,7 +24,8 @@ TEST(Attention, AbsorbedMatchesLoopReference) {
   for (size_t j = 0; j < ref.probs.size(); ++j) ASSERT_NEAR(a.probs[j], ref.probs[j], 1e-13) << j;
   for (size_t i = 0; i < l.q_rows.size(); ++i) {
     EXPECT_EQ(a.nkeys[i], l.q_rows[i] % 40 + 1);
-    for (int64_t h = 0; h < 2; ++h) EXPECT_NEAR(std::accumulate(a.prob(i, h).begin(), a.prob(i, h).end(), 0.0), 1.0, 1e-12);
+    for (int64_t h = 0; h < 2; ++h)
+      EXPECT_NEAR(std::accumulate(a.prob(i, h).begin(), a.prob(i, h).end(), 0.0), 1.0, 1e-12);
   }
 }
 
@@ -391,8 +392,10 @@ TEST(AttentionError, KlRowHandComputedAndEveryKernelAgrees) {
       const double got = kl_row<float>(a, b);
       EXPECT_NEAR(got, def, 1e-13 * std::max(1.0, std::abs(def)))
           << "seed 4242, n " << n << ", kernel " << static_cast<int>(k) << " (1 Reference, 2 Baseline, 3 Avx2)";
-      if (k != latentq::CpuKernel::Avx2) EXPECT_EQ(got, def) << "n " << n;  // the scalar path is the definition
-      else differ += got != def;
+      if (k != latentq::CpuKernel::Avx2)
+        EXPECT_EQ(got, def) << "n " << n;  // the scalar path is the definition
+      else
+        differ += got != def;
     }
   }
   if (kernels.back() == latentq::CpuKernel::Avx2)
@@ -476,7 +479,8 @@ TEST(Attention, RunVariantsEqualsRun) {
       EXPECT_LE(rel_fro(one.out, res[a].out), 1e-6);
       ASSERT_EQ(one.probs.size(), res[a].probs.size());
       double worst = 0;
-      for (size_t j = 0; j < one.probs.size(); ++j) worst = std::max(worst, double(std::abs(one.probs[j] - res[a].probs[j])));
+      for (size_t j = 0; j < one.probs.size(); ++j)
+        worst = std::max(worst, double(std::abs(one.probs[j] - res[a].probs[j])));
       EXPECT_LE(worst, 1e-6);
       const AttentionError e1 = attention_error(att.run(l.c_kv, l.k_pe, true), one);
       const AttentionError e2 = attention_error(att.run(l.c_kv, l.k_pe, true), res[a]);

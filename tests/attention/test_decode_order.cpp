@@ -90,7 +90,8 @@ TEST(Attention, MixedCacheAllAOrAllBIsThePlainRun) {
   EXPECT_EQ(ma.probs, a.probs);
   EXPECT_EQ(mb.out, b.out);
   EXPECT_EQ(mb.probs, b.probs);
-  EXPECT_THROW(att.run_mixed({l.c_kv, l.k_pe, cb, kb, std::span<const KeyRange>(all).first(2), all}), std::invalid_argument);
+  EXPECT_THROW(att.run_mixed({l.c_kv, l.k_pe, cb, kb, std::span<const KeyRange>(all).first(2), all}),
+               std::invalid_argument);
 }
 
 TEST(AttentionError, RowsPartitionAveragesToTheWhole) {
@@ -148,7 +149,11 @@ struct DecodeFixture {
   AttentionResult<float> ref;
   AttentionReference<float> prepared;  // ref, prepared once (as the study does per layer)
   explicit DecodeFixture(RandomLayer layer)
-      : l(std::move(layer)), pos(positions_of(l)), att(l.queries()), ref(att.run(l.c_kv, l.k_pe, true)), prepared(ref) {}
+      : l(std::move(layer)),
+        pos(positions_of(l)),
+        att(l.queries()),
+        ref(att.run(l.c_kv, l.k_pe, true)),
+        prepared(ref) {}
   DecodeFixture(const DecodeFixture&) = delete;  // prepared points at this ref
   DecodeFixture& operator=(const DecodeFixture&) = delete;
   DecodeOrderInput input() const { return {l.c_kv, l.k_pe, l.seq_offsets, l.q_rows, pos}; }
@@ -181,12 +186,14 @@ TEST(DecodeOrder, PrefillAtOnceIsTheQuantizedRunAndLongResidualIsBf16) {
   // prefill-at-once: the cache quantized at once, every key read quantized (what /attention_error measures).
   std::vector<float> qc(f.l.c_kv.size()), qk(f.l.k_pe.size());
   const latentq::Rotation id;
-  const double bpt_c = latentq::account(latentq::quantize_dequantize_rotated(spec, id, latentq::Target::CKV, f.l.c_kv.data(),
-                                                                            f.l.T, 32, f.l.seq_offsets, qc.data()))
-                           .bytes_per_token;
-  const double bpt_k = latentq::account(latentq::quantize_dequantize_rotated(spec, id, latentq::Target::KPE, f.l.k_pe.data(),
-                                                                            f.l.T, 8, f.l.seq_offsets, qk.data()))
-                           .bytes_per_token;
+  const double bpt_c =
+      latentq::account(latentq::quantize_dequantize_rotated(spec, id, latentq::Target::CKV, f.l.c_kv.data(), f.l.T, 32,
+                                                            f.l.seq_offsets, qc.data()))
+          .bytes_per_token;
+  const double bpt_k =
+      latentq::account(latentq::quantize_dequantize_rotated(spec, id, latentq::Target::KPE, f.l.k_pe.data(), f.l.T, 8,
+                                                            f.l.seq_offsets, qk.data()))
+          .bytes_per_token;
   const auto at_once = f.att.run(qc, qk, true);
   const AttentionError whole = attention_error(f.ref, at_once);
   // bf16 everywhere: R ≥ the sequence length, or S ≥ it.
@@ -293,8 +300,8 @@ TEST(DecodeOrder, BytesPerTokenHandComputed) {
   // Errors: a bucket < 1, nothing quantized, positions that do not count from the sequence start.
   EXPECT_THROW(decode_order_attention(f.att, f.prepared, f.input(), DecodeOrderQuantizer{spec}, {&o, 1}, 0),
                std::invalid_argument);
-  EXPECT_THROW(decode_order_attention(f.att, f.prepared, f.input(), DecodeOrderQuantizer{spec, nullptr, nullptr, false, false},
-                                      {&o, 1}, 4),
+  EXPECT_THROW(decode_order_attention(f.att, f.prepared, f.input(),
+                                      DecodeOrderQuantizer{spec, nullptr, nullptr, false, false}, {&o, 1}, 4),
                std::invalid_argument);
   std::vector<int32_t> shifted = f.pos;
   for (auto& p : shifted) p += 1;
@@ -307,4 +314,3 @@ TEST(DecodeOrder, BytesPerTokenHandComputed) {
     EXPECT_NE(std::string(e.what()).find("/positions["), std::string::npos) << e.what();
   }
 }
-

@@ -8,9 +8,8 @@
 
 #include "latentq/quantize_cuda.h"
 
-#define LQ_REQUIRE_GPU()                                \
-  do {                                                  \
-    std::string why_;                                   \
-    if (!latentq::cuda_device_available(&why_))         \
-      GTEST_SKIP() << "no CUDA device: " << why_;       \
+#define LQ_REQUIRE_GPU()                                                                    \
+  do {                                                                                      \
+    std::string why_;                                                                       \
+    if (!latentq::cuda_device_available(&why_)) GTEST_SKIP() << "no CUDA device: " << why_; \
   } while (0)

@@ -64,7 +64,8 @@ Case make_case(uint64_t seed, std::vector<int64_t> lengths, int64_t rope) {
   c.T = c.seq_offsets.back();
   for (size_t s = 0; s + 1 < c.seq_offsets.size(); ++s)
     for (int64_t t = c.seq_offsets[s]; t < c.seq_offsets[s + 1]; ++t)
-      if (t == c.seq_offsets[s] || t == c.seq_offsets[s + 1] - 1 || t % 3 == 0) c.q_rows.push_back(static_cast<int32_t>(t));
+      if (t == c.seq_offsets[s] || t == c.seq_offsets[s + 1] - 1 || t % 3 == 0)
+        c.q_rows.push_back(static_cast<int32_t>(t));
   std::shuffle(c.q_rows.begin(), c.q_rows.end(), rng);  // the probe sorts them
   const int64_t Tq = static_cast<int64_t>(c.q_rows.size()), H = c.d.num_heads;
   const auto fill = [&](std::vector<float>& v, int64_t n, float s) {
@@ -93,8 +94,7 @@ void expect_close(const AttentionResult<float>& cpu, const AttentionResult<float
   ASSERT_EQ(cpu.probs.size(), dev.probs.size());
   const double scale = max_abs(cpu.out);
   ASSERT_GT(scale, 0);
-  for (size_t j = 0; j < cpu.out.size(); ++j)
-    ASSERT_NEAR(dev.out[j], cpu.out[j], 2e-5 * scale) << "out[" << j << "]";
+  for (size_t j = 0; j < cpu.out.size(); ++j) ASSERT_NEAR(dev.out[j], cpu.out[j], 2e-5 * scale) << "out[" << j << "]";
   for (size_t j = 0; j < cpu.probs.size(); ++j) ASSERT_NEAR(dev.probs[j], cpu.probs[j], 2e-6) << "probs[" << j << "]";
 }
 
@@ -123,53 +123,53 @@ TEST(DeviceAttention, CublasLoadsWithoutAGpu) {
 TEST(DeviceAttention, MatchesTheCpuPathOverSeveralSequences) {
   LQ_REQUIRE_GPU();
   for (const int64_t rope : {int64_t{4}, int64_t{0}})
-  for (const int64_t segment_rows : {int64_t{0}, int64_t{5}}) {
-    const uint64_t seed = 20261201 + static_cast<uint64_t>(rope);
-    SCOPED_TRACE("seed " + std::to_string(seed) + ", sequences 37, 0, 50, 21, H 3, r 16, rope " + std::to_string(rope) +
-                 ", segment_rows " + std::to_string(segment_rows));
-    const Case c = make_case(seed, {37, 0, 50, 21}, rope);
-    const probes::AttentionQueries q = c.queries();
-    const AbsorbedAttention<float> cpu(q);
-    size_t segments = 0;
-    const std::unique_ptr<AbsorbedAttention<float>> dev = on_device(q, segment_rows, &segments);
-    ASSERT_TRUE(dev->on_device());
-    // 14, 18 and 9 query rows in the three non-empty sequences: 3 segments, or 3 + 4 + 2 of ≤ 5 rows.
-    EXPECT_EQ(segments, segment_rows == 0 ? 3u : 9u);
-    const AttentionResult<float> ref_cpu = cpu.run(c.c_kv, c.k_pe, true);
-    const AttentionResult<float> ref_dev = dev->run(c.c_kv, c.k_pe, true);
-    expect_close(ref_cpu, ref_dev);
-    // run_on_cpu with the device attached is the CPU path, bit for bit.
-    EXPECT_EQ(dev->run_on_cpu(c.c_kv, c.k_pe, true).out, ref_cpu.out);
+    for (const int64_t segment_rows : {int64_t{0}, int64_t{5}}) {
+      const uint64_t seed = 20261201 + static_cast<uint64_t>(rope);
+      SCOPED_TRACE("seed " + std::to_string(seed) + ", sequences 37, 0, 50, 21, H 3, r 16, rope " +
+                   std::to_string(rope) + ", segment_rows " + std::to_string(segment_rows));
+      const Case c = make_case(seed, {37, 0, 50, 21}, rope);
+      const probes::AttentionQueries q = c.queries();
+      const AbsorbedAttention<float> cpu(q);
+      size_t segments = 0;
+      const std::unique_ptr<AbsorbedAttention<float>> dev = on_device(q, segment_rows, &segments);
+      ASSERT_TRUE(dev->on_device());
+      // 14, 18 and 9 query rows in the three non-empty sequences: 3 segments, or 3 + 4 + 2 of ≤ 5 rows.
+      EXPECT_EQ(segments, segment_rows == 0 ? 3u : 9u);
+      const AttentionResult<float> ref_cpu = cpu.run(c.c_kv, c.k_pe, true);
+      const AttentionResult<float> ref_dev = dev->run(c.c_kv, c.k_pe, true);
+      expect_close(ref_cpu, ref_dev);
+      // run_on_cpu with the device attached is the CPU path, bit for bit.
+      EXPECT_EQ(dev->run_on_cpu(c.c_kv, c.k_pe, true).out, ref_cpu.out);
 
-    // A perturbed cache (a stand-in for a quantized one): the errors agree across engines.
-    std::vector<float> ckv_q = c.c_kv, kpe_q = c.k_pe;
-    std::mt19937_64 rng(seed + 7);
-    std::normal_distribution<float> nd(0.0f, 0.05f);
-    for (float& x : ckv_q) x += nd(rng);
-    for (float& x : kpe_q) x += nd(rng);
-    const AttentionResult<float> t_cpu = cpu.run(ckv_q, kpe_q, true);
-    const AttentionResult<float> t_dev = dev->run(ckv_q, kpe_q, true);
-    expect_close(t_cpu, t_dev);
-    const probes::AttentionError e_cpu = probes::attention_error(ref_cpu, t_cpu);
-    const probes::AttentionError e_dev = probes::attention_error(ref_dev, t_dev);
-    EXPECT_GT(e_cpu.kl_mean, 1e-5);
-    EXPECT_NEAR(e_dev.kl_mean, e_cpu.kl_mean, 1e-3 * e_cpu.kl_mean);
-    EXPECT_NEAR(e_dev.out_rel_fro, e_cpu.out_rel_fro, 1e-3 * e_cpu.out_rel_fro);
-    EXPECT_NEAR(e_dev.cos_mean, e_cpu.cos_mean, 1e-6);
+      // A perturbed cache (a stand-in for a quantized one): the errors agree across engines.
+      std::vector<float> ckv_q = c.c_kv, kpe_q = c.k_pe;
+      std::mt19937_64 rng(seed + 7);
+      std::normal_distribution<float> nd(0.0f, 0.05f);
+      for (float& x : ckv_q) x += nd(rng);
+      for (float& x : kpe_q) x += nd(rng);
+      const AttentionResult<float> t_cpu = cpu.run(ckv_q, kpe_q, true);
+      const AttentionResult<float> t_dev = dev->run(ckv_q, kpe_q, true);
+      expect_close(t_cpu, t_dev);
+      const probes::AttentionError e_cpu = probes::attention_error(ref_cpu, t_cpu);
+      const probes::AttentionError e_dev = probes::attention_error(ref_dev, t_dev);
+      EXPECT_GT(e_cpu.kl_mean, 1e-5);
+      EXPECT_NEAR(e_dev.kl_mean, e_cpu.kl_mean, 1e-3 * e_cpu.kl_mean);
+      EXPECT_NEAR(e_dev.out_rel_fro, e_cpu.out_rel_fro, 1e-3 * e_cpu.out_rel_fro);
+      EXPECT_NEAR(e_dev.cos_mean, e_cpu.cos_mean, 1e-6);
 
-    // run_variants on the device: each variant is run() of its cache, bit for bit (scores are not shared).
-    const AbsorbedAttention<float>::CkvScores scores = cpu.ckv_scores(c.c_kv);
-    std::vector<AbsorbedAttention<float>::Variant> vs(3);
-    vs[0].c_kv = ckv_q, vs[0].k_pe = c.k_pe;
-    vs[1].c_kv = c.c_kv, vs[1].k_pe = kpe_q, vs[1].scores = &scores;
-    vs[2].c_kv = ckv_q, vs[2].k_pe = kpe_q;
-    const std::vector<AttentionResult<float>> rv = dev->run_variants(vs, true);
-    ASSERT_EQ(rv.size(), 3u);
-    EXPECT_EQ(rv[2].out, t_dev.out);
-    EXPECT_EQ(rv[2].probs, t_dev.probs);
-    expect_close(cpu.run(c.c_kv, kpe_q, true), rv[1]);
-    expect_close(cpu.run(ckv_q, c.k_pe, true), rv[0]);
-  }
+      // run_variants on the device: each variant is run() of its cache, bit for bit (scores are not shared).
+      const AbsorbedAttention<float>::CkvScores scores = cpu.ckv_scores(c.c_kv);
+      std::vector<AbsorbedAttention<float>::Variant> vs(3);
+      vs[0].c_kv = ckv_q, vs[0].k_pe = c.k_pe;
+      vs[1].c_kv = c.c_kv, vs[1].k_pe = kpe_q, vs[1].scores = &scores;
+      vs[2].c_kv = ckv_q, vs[2].k_pe = kpe_q;
+      const std::vector<AttentionResult<float>> rv = dev->run_variants(vs, true);
+      ASSERT_EQ(rv.size(), 3u);
+      EXPECT_EQ(rv[2].out, t_dev.out);
+      EXPECT_EQ(rv[2].probs, t_dev.probs);
+      expect_close(cpu.run(c.c_kv, kpe_q, true), rv[1]);
+      expect_close(cpu.run(ckv_q, c.k_pe, true), rv[0]);
+    }
 }
 
 // attention_error on the device (keep_device_reference + device_error: the probabilities never come back)
@@ -180,8 +180,8 @@ TEST(DeviceAttention, ErrorTermsMatchTheHostMetrics) {
   for (const int64_t rope : {int64_t{4}, int64_t{0}}) {
     const uint64_t seed = 20261202 + static_cast<uint64_t>(rope);
     const int64_t segment_rows = rope > 0 ? 0 : 7;
-    SCOPED_TRACE("seed " + std::to_string(seed) + ", sequences 300, 0, 45, 21, H 3, r 16, rope " + std::to_string(rope) +
-                 ", segment_rows " + std::to_string(segment_rows));
+    SCOPED_TRACE("seed " + std::to_string(seed) + ", sequences 300, 0, 45, 21, H 3, r 16, rope " +
+                 std::to_string(rope) + ", segment_rows " + std::to_string(segment_rows));
     Case c = make_case(seed, {300, 0, 45, 21}, rope);
     // Ties: the first 24 tokens of the first sequence share one c_kv and k_pe row, so every row reading them
     // has 24 equal probabilities (top-8 must take the lowest 8 indices); the test below breaks the tie.
@@ -309,7 +309,8 @@ TEST(DeviceAttention, MixedCachesMatchTheCpuPath) {
     // and against the CPU form on the same device's results (float64 rounding).
     std::vector<int32_t> positions(static_cast<size_t>(c.T));
     for (size_t s = 0; s + 1 < c.seq_offsets.size(); ++s)
-      for (int64_t t = c.seq_offsets[s]; t < c.seq_offsets[s + 1]; ++t) positions[t] = static_cast<int32_t>(t - c.seq_offsets[s]);
+      for (int64_t t = c.seq_offsets[s]; t < c.seq_offsets[s + 1]; ++t)
+        positions[t] = static_cast<int32_t>(t - c.seq_offsets[s]);
     const probes::DecodeOrderInput in{c.c_kv, c.k_pe, c.seq_offsets, c.q_rows, positions};
     const probes::DecodeOrderQuantizer dq{QuantSpec::parse("int4-asym-channel-g32")};
     const std::vector<DecodeOrder> orders = {DecodeOrder{}, {CacheMode::Decode, 8, 0, 0}, {CacheMode::Decode, 4, 2, 0}};
@@ -324,7 +325,8 @@ TEST(DeviceAttention, MixedCachesMatchTheCpuPath) {
       ASSERT_EQ(on_dev[o].buckets.size(), on_cpu[o].buckets.size());
       EXPECT_EQ(on_dev[o].bytes_per_token, on_cpu[o].bytes_per_token);
       for (size_t b = 0; b < on_dev[o].buckets.size(); ++b) {
-        const probes::PositionBucketError &x = on_dev[o].buckets[b], &y = host_of_dev[o].buckets[b], &z = on_cpu[o].buckets[b];
+        const probes::PositionBucketError &x = on_dev[o].buckets[b], &y = host_of_dev[o].buckets[b],
+                                          &z = on_cpu[o].buckets[b];
         EXPECT_EQ(x.queries, z.queries);
         EXPECT_EQ(x.quantized_key_frac, z.quantized_key_frac);
         EXPECT_NEAR(x.kl_mean, y.kl_mean, 1e-12 * y.kl_mean + 1e-300) << "order " << o << ", bucket " << b;

@@ -42,16 +42,19 @@ std::vector<float> make_input(int64_t T, int64_t D, uint64_t seed) {
   for (int64_t k = 0; k < T * D / 500 + 1; ++k) X[rng() % (T * D)] *= 20.0f;
   for (int64_t t = 0; t < T; ++t) {
     float* x = X.data() + t * D;
-    if (D > 1) x[1] = 0.75f;                                            // constant channel
-    if (D > 2) x[2] = signed_zero(rng);                                 // all-zero channel, mixed signs
+    if (D > 1) x[1] = 0.75f;                                               // constant channel
+    if (D > 2) x[2] = signed_zero(rng);                                    // all-zero channel, mixed signs
     if (D > 3) x[3] = (t % 4 == 1) ? signed_zero(rng) : std::fabs(x[3]);   // channel min is a signed zero
     if (D > 4) x[4] = (t % 4 == 2) ? signed_zero(rng) : -std::fabs(x[4]);  // channel max is a signed zero
   }
   auto row = [&](int64_t t) { return X.data() + t * D; };
-  if (T > 2) std::fill(row(2), row(2) + D, 1.5f);                      // constant row
-  if (T > 3) for (int64_t d = 0; d < D; ++d) row(3)[d] = signed_zero(rng);  // all-zero row / fp8 tiles
-  if (T > 5) for (int64_t d = 0; d < D; ++d) row(5)[d] = (d % 3 == 0) ? signed_zero(rng) : std::fabs(row(5)[d]);
-  if (T > 6) for (int64_t d = 0; d < D; ++d) row(6)[d] = (d % 3 == 1) ? signed_zero(rng) : -std::fabs(row(6)[d]);
+  if (T > 2) std::fill(row(2), row(2) + D, 1.5f);  // constant row
+  if (T > 3)
+    for (int64_t d = 0; d < D; ++d) row(3)[d] = signed_zero(rng);  // all-zero row / fp8 tiles
+  if (T > 5)
+    for (int64_t d = 0; d < D; ++d) row(5)[d] = (d % 3 == 0) ? signed_zero(rng) : std::fabs(row(5)[d]);
+  if (T > 6)
+    for (int64_t d = 0; d < D; ++d) row(6)[d] = (d % 3 == 1) ? signed_zero(rng) : -std::fabs(row(6)[d]);
   return X;
 }
 
@@ -100,7 +103,9 @@ void expect_same(const char* what, const std::vector<E>& cpu, const std::vector<
     }
   std::ostringstream os;
   os << what << ": " << n << " of " << cpu.size() << " differ; first at index " << first;
-  if (row_len > 0) os << " (row " << first / static_cast<size_t>(row_len) << ", column " << first % static_cast<size_t>(row_len) << ")";
+  if (row_len > 0)
+    os << " (row " << first / static_cast<size_t>(row_len) << ", column " << first % static_cast<size_t>(row_len)
+       << ")";
   os << ": CPU 0x" << std::hex << static_cast<uint64_t>(cpu[first]) << ", GPU 0x" << static_cast<uint64_t>(gpu[first]);
   ADD_FAILURE() << os.str();
 }
@@ -170,8 +175,16 @@ void run_spec(const std::string& spec, bool both_targets = false) {
       const std::vector<int64_t> seqs{0, s.T};
       const QuantSpec q = QuantSpec::parse(spec);
       std::string cpu, gpu;
-      try { (void)quantize(q, Target::CKV, X.data(), s.T, s.D, seqs); } catch (const std::invalid_argument& e) { cpu = e.what(); }
-      try { (void)quantize_gpu(q, Target::CKV, X.data(), s.T, s.D, seqs); } catch (const std::invalid_argument& e) { gpu = e.what(); }
+      try {
+        (void)quantize(q, Target::CKV, X.data(), s.T, s.D, seqs);
+      } catch (const std::invalid_argument& e) {
+        cpu = e.what();
+      }
+      try {
+        (void)quantize_gpu(q, Target::CKV, X.data(), s.T, s.D, seqs);
+      } catch (const std::invalid_argument& e) {
+        gpu = e.what();
+      }
       EXPECT_NE(cpu.find("multiple of 32"), std::string::npos) << cpu;
       EXPECT_EQ(gpu, cpu);
       continue;
@@ -279,8 +292,8 @@ LQ_SPEC_TEST_BOTH_TARGETS(flashmla_v41_fp4, "flashmla-v41-fp4")
 TEST(GpuSpec, block_formats_narrow_rows_and_tiny_tiles) {
   LQ_REQUIRE_GPU();
   for (const int64_t D : {1, 5, 7, 33})
-    for (const char* spec : {"mxfp4", "nvfp4", "fp4-e2m1-tile16-e4m3", "mxfp8", "fp8-e4m3-tile128-pow2", "fp8-e4m3-tile3-fp32",
-                             "fp8-e4m3-tensor"}) {
+    for (const char* spec : {"mxfp4", "nvfp4", "fp4-e2m1-tile16-e4m3", "mxfp8", "fp8-e4m3-tile128-pow2",
+                             "fp8-e4m3-tile3-fp32", "fp8-e4m3-tensor"}) {
       check_spec(spec, Target::CKV, 37, D, 40 + static_cast<uint64_t>(D), 2);
       if (::testing::Test::HasFailure()) return;
     }
@@ -338,16 +351,17 @@ TEST(GpuSpecial, NonFiniteInputThrowsTheCpuMessage) {
   X[D * (T * 2 / 9) + 1] = nan;
   const std::vector<int64_t> seqs = {0, T * 2 / 5, T};
   const std::string expected = "5 NaN/Inf values in the [" + std::to_string(T) + ", 576] input";
-  for (const char* spec : {"int8-asym-tensor", "int4-sym-tensor", "int4-asym-channel-g32", "int2-sym-channel-g0",
-                           "int4-asym-token-g32", "int8-sym-token-g128", "fp8-e4m3-tile128-pow2", "mxfp4",
-                           "nvfp4", "fp8-e4m3-tensor", "q4_1", "bf16"}) {
+  for (const char* spec :
+       {"int8-asym-tensor", "int4-sym-tensor", "int4-asym-channel-g32", "int2-sym-channel-g0", "int4-asym-token-g32",
+        "int8-sym-token-g128", "fp8-e4m3-tile128-pow2", "mxfp4", "nvfp4", "fp8-e4m3-tensor", "q4_1", "bf16"}) {
     SCOPED_TRACE(spec);
     const QuantSpec s = QuantSpec::parse(spec);
     const std::string cpu = what_of([&] { (void)quantize(s, Target::CKV, X.data(), T, D, seqs); });
     EXPECT_NE(cpu.find(expected), std::string::npos) << cpu;
     EXPECT_EQ(what_of([&] { (void)quantize_gpu(s, Target::CKV, X.data(), T, D, seqs); }), cpu);
     std::vector<float> out(X.size());
-    EXPECT_EQ(what_of([&] { quantize_dequantize_gpu(s, Target::CKV, X.data(), T, D, seqs, out.data(), nullptr); }), cpu);
+    EXPECT_EQ(what_of([&] { quantize_dequantize_gpu(s, Target::CKV, X.data(), T, D, seqs, out.data(), nullptr); }),
+              cpu);
   }
   // NaN is reported before bad seq_offsets, as on the CPU
   const std::vector<int64_t> bad_seqs = {0, T * 3 / 5, T * 8 / 15, T};
@@ -369,8 +383,9 @@ TEST(GpuSpecial, ScaleOverflowThrowsTheCpuMessage) {
   for (int64_t d = 0; d < D; ++d) X[(T * 7 / 11) * D + d] = (d % 2 ? 1e7f : -1e7f);
   for (int64_t t = T * 9 / 11; t < T; ++t) X[t * D + 9] = -1e5f;
   const std::vector<int64_t> seqs = {0, T * 9 / 22, T};
-  for (const char* spec : {"int8-sym-token-g32", "int4-asym-token-g0", "int2-asym-token-g128", "int8-sym-tensor",
-                           "int4-asym-tensor", "int4-asym-channel-g32", "int8-sym-channel-g0", "int2-asym-channel-g128"}) {
+  for (const char* spec :
+       {"int8-sym-token-g32", "int4-asym-token-g0", "int2-asym-token-g128", "int8-sym-tensor", "int4-asym-tensor",
+        "int4-asym-channel-g32", "int8-sym-channel-g0", "int2-asym-channel-g128"}) {
     SCOPED_TRACE(spec);
     const QuantSpec s = QuantSpec::parse(spec);
     const std::string cpu = what_of([&] { (void)quantize(s, Target::CKV, X.data(), T, D, seqs); });
@@ -458,7 +473,8 @@ TEST(GpuSpecial, DeviceApiReuseAndUnalignedInput) {
     int n_seqs;
   } runs[] = {{"int4-asym-channel-g32", 1000 / kDiv, 576, 3}, {"int4-asym-channel-g32", 1000 / kDiv, 576, 3},
               {"int2-sym-channel-g0", 300 / kDiv, 64, 2},     {"int8-asym-token-g32", 2000 / kDiv, 512, 1},
-              {"fp8-e4m3-tile128-fp32", 50, 576, 1},         {"nvfp4", 50, 576, 1},               {"int4-asym-channel-g32", 1000 / kDiv, 576, 4}};
+              {"fp8-e4m3-tile128-fp32", 50, 576, 1},          {"nvfp4", 50, 576, 1},
+              {"int4-asym-channel-g32", 1000 / kDiv, 576, 4}};
   uint64_t seed = 51;
   for (const auto& r : runs) {
     const std::vector<int64_t> seqs = make_seqs(r.T, r.n_seqs, seed);  // the same for both shifts: cached plan
@@ -500,7 +516,10 @@ TEST(GpuSpecial, ReportsTheDevice) {
 // the 2-wide block, the largest block (4096, 16 KiB of shared memory) and T = 0.
 TEST(GpuHadamard, ByteIdenticalToTheCpuReference) {
   LQ_REQUIRE_GPU();
-  struct Shape { int64_t T, D, block; uint64_t seed; };
+  struct Shape {
+    int64_t T, D, block;
+    uint64_t seed;
+  };
   for (const Shape s : {Shape{7, 128, 128, 1}, Shape{5, 576, 64, 2}, Shape{3, 96, 32, 3}, Shape{9, 32, 2, 4},
                         Shape{2, 4096, 4096, 5}, Shape{0, 64, 64, 6}}) {
     SCOPED_TRACE(::testing::Message() << "T=" << s.T << " D=" << s.D << " block=" << s.block << " seed=" << s.seed);
@@ -521,7 +540,8 @@ TEST(GpuHadamard, ByteIdenticalToTheCpuReference) {
     r.inverse(cpu.data(), s.T, s.D);
     hadamard_rows_gpu(gpu.data(), s.T, s.D, s.block, signs.data(), true);
     EXPECT_EQ(std::memcmp(cpu.data(), gpu.data(), cpu.size() * sizeof(float)), 0);
-    if (s.T > 0) EXPECT_NE(std::memcmp(cpu.data(), x0.data(), cpu.size() * sizeof(float)), 0);  // rounding: not the identity
+    if (s.T > 0)
+      EXPECT_NE(std::memcmp(cpu.data(), x0.data(), cpu.size() * sizeof(float)), 0);  // rounding: not the identity
   }
   std::vector<float> x(6);
   try {

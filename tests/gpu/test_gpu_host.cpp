@@ -27,7 +27,8 @@ TEST(GpuHelpers, FastDivEqualsIntegerDivision) {
   std::mt19937_64 rng(7);
   std::vector<int64_t> divisors;
   for (int64_t d = 1; d <= 1100; ++d) divisors.push_back(d);
-  for (int64_t d : {4095, 4096, 4097, 65535, 65536, 65537, 1 << 20, (1 << 30) - 1, 1 << 30, 2147483647}) divisors.push_back(d);
+  for (int64_t d : {4095, 4096, 4097, 65535, 65536, 65537, 1 << 20, (1 << 30) - 1, 1 << 30, 2147483647})
+    divisors.push_back(d);
   for (int i = 0; i < 200; ++i) divisors.push_back(static_cast<int64_t>(rng() % 2147483647) + 1);
   for (const int64_t d : divisors) {
     const gpu::FastDiv f(d);
@@ -132,7 +133,8 @@ TEST(GpuHelpers, TensorStatsEqualTheInOrderFold) {
     std::vector<float> x(n);
     std::normal_distribution<float> nd;
     for (float& v : x) v = (rng() % 5 == 0) ? ((rng() & 1) ? 0.0f : -0.0f) : nd(rng);
-    if (trial % 2) for (float& v : x) v = q::abs_f(v) == 0.0f ? v : q::abs_f(v);
+    if (trial % 2)
+      for (float& v : x) v = q::abs_f(v) == 0.0f ? v : q::abs_f(v);
     const auto [mn, mx] = cpu_fold(x);
     std::vector<gpu::TensorStats> parts;
     for (size_t i = 0; i < n; ++i) parts.push_back(gpu::tensor_stats_of(x[i], static_cast<int64_t>(i)));
@@ -170,11 +172,12 @@ TEST(GpuHelpers, QuadPackingReproducesTheCpuLayout) {
           uint32_t u[4] = {0, 0, 0, 0};
           for (int e = 0; e < 4; ++e)
             if (4 * c + e < D) u[e] = q::encode_asym(X[t * D + 4 * c + e], s, o, bits);
-          const uint32_t w = bits == 8 ? gpu::pack_quad<8>(u[0], u[1], u[2], u[3])
+          const uint32_t w = bits == 8   ? gpu::pack_quad<8>(u[0], u[1], u[2], u[3])
                              : bits == 4 ? gpu::pack_quad<4>(u[0], u[1], u[2], u[3])
                                          : gpu::pack_quad<2>(u[0], u[1], u[2], u[3]);
           const int64_t qb = bits / 2;
-          for (int64_t k = 0; k < qb && c * qb + k < rb; ++k) mine[t * rb + c * qb + k] = static_cast<uint8_t>(w >> (8 * k));
+          for (int64_t k = 0; k < qb && c * qb + k < rb; ++k)
+            mine[t * rb + c * qb + k] = static_cast<uint8_t>(w >> (8 * k));
         }
       }
       EXPECT_EQ(mine, qt.codes) << "bits " << bits << ", D " << D;

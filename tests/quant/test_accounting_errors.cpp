@@ -16,7 +16,7 @@ struct Acct {
   Target target;
   int64_t T, D;
   std::vector<int64_t> seq;
-  int64_t bytes;         // total storage, hand-computed
+  int64_t bytes;  // total storage, hand-computed
   double bytes_per_token, bits_per_element;
 };
 
@@ -69,8 +69,8 @@ TEST(Accounting, KnownLayouts) {
       {"int2-sym-tensor", Target::CKV, 7, 33, {0, 7}, 65, 65.0 / 7, 65.0 * 8 / (7 * 33)},
   };
   for (const Acct& c : cases) {
-    SCOPED_TRACE(std::string(c.spec) + (c.target == Target::KPE ? " on k_pe" : "") + " [" + std::to_string(c.T) +
-                 ", " + std::to_string(c.D) + "]");
+    SCOPED_TRACE(std::string(c.spec) + (c.target == Target::KPE ? " on k_pe" : "") + " [" + std::to_string(c.T) + ", " +
+                 std::to_string(c.D) + "]");
     const std::vector<float> X = ramp(c.T * c.D);
     const QuantizedTensor q = quant(c.spec, X, c.T, c.D, c.seq, c.target);
     EXPECT_EQ(q.storage_bytes(), c.bytes);
@@ -90,8 +90,8 @@ TEST(Accounting, KnownLayouts) {
   // the other engine records, at DeepSeek's 512 + 64 and at the 448 + 64 they were made for
   EXPECT_EQ(latentq::record_bytes(QuantSpec::parse("flashmla-model1-fp8"), 448, 64), 584);  // 448 + 128 + 7 + 1 pad
   EXPECT_EQ(latentq::record_bytes(QuantSpec::parse("flashmla-model1-fp8"), 512, 64), 648);  // 512 + 128 + 8
-  EXPECT_EQ(latentq::record_bytes(QuantSpec::parse("flashmla-v41-fp8"), 448, 64), 528);    // 512 + 16
-  EXPECT_EQ(latentq::record_bytes(QuantSpec::parse("flashmla-v41-fp8"), 512, 64), 594);    // 576 + 18
+  EXPECT_EQ(latentq::record_bytes(QuantSpec::parse("flashmla-v41-fp8"), 448, 64), 528);     // 512 + 16
+  EXPECT_EQ(latentq::record_bytes(QuantSpec::parse("flashmla-v41-fp8"), 512, 64), 594);     // 576 + 18
 }
 
 // ---- errors -------------------------------------------------------------------------------------
@@ -122,8 +122,8 @@ TEST(Errors, NonFiniteInputCounted) {
   X[6] = std::numeric_limits<float>::infinity();
   X[11] = -std::numeric_limits<float>::infinity();
   EXPECT_EQ(latentq::count_nonfinite(X.data(), 12), 3);
-  for (const char* spec : {"int4-asym-channel-g32", "int8-sym-tensor", "bf16", "fp8-e4m3-tile4-pow2", "fp8-e4m3-tile2-fp32",
-                           "fp8-e4m3-tensor", "mxfp8", "mxfp4", "nvfp4", "flashmla-v32-fp8"}) {
+  for (const char* spec : {"int4-asym-channel-g32", "int8-sym-tensor", "bf16", "fp8-e4m3-tile4-pow2",
+                           "fp8-e4m3-tile2-fp32", "fp8-e4m3-tensor", "mxfp8", "mxfp4", "nvfp4", "flashmla-v32-fp8"}) {
     SCOPED_TRACE(spec);
     expect_invalid([&] { quant(spec, X, 3, 4); }, {"3 NaN/Inf", "[3, 4]"});
   }
@@ -156,10 +156,17 @@ TEST(Errors, ScaleOverflowsFp16NamesTheValueAndSuggestsFp32) {
   EXPECT_EQ(unpack_codes(q), (std::vector<uint32_t>{3, 1, 2, 2}));
   EXPECT_EQ(decode(q), (std::vector<float>{1e6f, -1e6f, 0.0f, 0.0f}));
   // Per-group: the message names the group.
-  expect_invalid([&] { quant("int8-asym-token", {0, 1, 0, 1e8f}, 2, 2); }, {"scale", "token 1, dimensions [0, 2)", "-fp32"});
+  expect_invalid(
+      [&] {
+        quant("int8-asym-token", {0, 1, 0, 1e8f}, 2, 2);
+      },
+      {"scale", "token 1, dimensions [0, 2)", "-fp32"});
   // per-channel: the group is named as (token range, dimension), not a flat index
-  expect_invalid([&] { quant("int8-sym-channel-g2", {0, 1, 0, 1e8f, 0, 0}, 3, 2); },
-                 {"scale", "tokens [0, 2), dimension 1", "-fp32"});
+  expect_invalid(
+      [&] {
+        quant("int8-sym-channel-g2", {0, 1, 0, 1e8f, 0, 0}, 3, 2);
+      },
+      {"scale", "tokens [0, 2), dimension 1", "-fp32"});
 }
 
 TEST(Errors, OffsetOverflowsFp16) {

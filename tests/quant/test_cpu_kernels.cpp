@@ -50,7 +50,8 @@ Result run(const Config& c, const std::string& spec, const std::vector<float>& x
       EXPECT_EQ(reused.rows, 0) << spec << ": quantize_into left a tensor after an error";
       EXPECT_TRUE(reused.codes.empty()) << spec;
     }
-    for (std::vector<uint8_t>* v : {&reused.codes, &reused.scales, &reused.offsets}) std::fill(v->begin(), v->end(), 0xA5);
+    for (std::vector<uint8_t>* v : {&reused.codes, &reused.scales, &reused.offsets})
+      std::fill(v->begin(), v->end(), 0xA5);
   }
   try {
     if (c.into) {
@@ -79,8 +80,8 @@ Result run(const Config& c, const std::string& spec, const std::vector<float>& x
 }
 
 std::vector<Config> fast_kernels() {
-  std::vector<Config> k = {{CpuKernel::Baseline, 1, -1, false}, {CpuKernel::Baseline, 2, -1, false},
-                           {CpuKernel::Baseline, 1, 0, true}};
+  std::vector<Config> k = {
+      {CpuKernel::Baseline, 1, -1, false}, {CpuKernel::Baseline, 2, -1, false}, {CpuKernel::Baseline, 1, 0, true}};
   if (available_cpu_kernels().back() == CpuKernel::Avx2) {  // else the Baseline kernels are still compared
     k.push_back({CpuKernel::Avx2, 1, -1, false});
     k.push_back({CpuKernel::Avx2, 2, -1, false});
@@ -119,8 +120,8 @@ std::vector<std::string> int_specs() {
 }
 
 TEST(CpuKernels, RandomInputsGiveTheReferenceBytes) {
-  const std::vector<std::pair<int64_t, int64_t>> shapes = {{1, 1}, {3, 7}, {40, 33}, {97, 576}, {64, 512},
-                                                             {1, 577}, {33, 45}};
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{1, 1},    {3, 7},   {40, 33}, {97, 576},
+                                                           {64, 512}, {1, 577}, {33, 45}};
   uint64_t seed = 100;
   for (const auto& [T, D] : shapes)
     for (const std::string& spec : int_specs()) {
@@ -159,7 +160,8 @@ TEST(CpuKernels, CodeBuffersOf32MiBGiveTheReferenceBytes) {
 }
 
 // Two shapes: [48, 40], and [20, 300], whose rows hold eight full groups of 32 columns (the Avx2 kernel folds
-// those eight together, quant/src/cpu/int_fused.h group_minmax_avx2) and a last group of 12 (read with overlapping loads).
+// those eight together, quant/src/cpu/int_fused.h group_minmax_avx2) and a last group of 12 (read with overlapping
+// loads).
 TEST(CpuKernels, EdgeInputsGiveTheReferenceBytes) {
   for (const auto& [T, D] : {std::pair<int64_t, int64_t>{48, 40}, std::pair<int64_t, int64_t>{20, 300}}) {
     auto base = [&] {
@@ -183,8 +185,10 @@ TEST(CpuKernels, EdgeInputsGiveTheReferenceBytes) {
        // +0.0 at i ≡ 8 (mod 16), so lane 0 holds +0.0 while the left-to-right fold keeps the -0.0 at i = 3
       std::vector<float> x = base();
       for (size_t i = 0; i < x.size(); ++i)
-        if (i % 16 == 3) x[i] = -0.0f;
-        else if (i % 16 == 8) x[i] = 0.0f;
+        if (i % 16 == 3)
+          x[i] = -0.0f;
+        else if (i % 16 == 8)
+          x[i] = 0.0f;
       cases.push_back({"zeros as min, first zero -0 in lane 3", x});
       for (float& v : x) v = v == 0.0f ? v : -v;
       cases.push_back({"zeros as max, first zero -0 in lane 3", x});
@@ -255,8 +259,10 @@ TEST(CpuKernels, QuotientsAtAndNextToHalfStepsGiveTheReferenceBytes) {
       for (int64_t d = 0; d < D; ++d) {
         float& v = x[static_cast<size_t>(t * D + d)];
         const int64_t r = (t + d) % 7;
-        if (r == 0) v = lo;
-        else if (r == 3) v = hi;
+        if (r == 0)
+          v = lo;
+        else if (r == 3)
+          v = hi;
         else {
           v = base + (static_cast<float>(K(rng)) + 0.5f) * s;  // exact: small odd multiples of s/2 plus base
           if (base == 0.0f && sign(rng)) v = -v;
@@ -267,7 +273,8 @@ TEST(CpuKernels, QuotientsAtAndNextToHalfStepsGiveTheReferenceBytes) {
   };
   cases.push_back({"asym: min -1, max -1 + 15 s", make(-1.0f, -1.0f + 15.0f * s, 15, -1.0f)});
   for (const int Q : {127, 7, 1})
-    cases.push_back({"sym: absmax " + std::to_string(Q) + " s", make(static_cast<float>(Q) * s, -static_cast<float>(Q) * s, Q, 0.0f)});
+    cases.push_back({"sym: absmax " + std::to_string(Q) + " s",
+                     make(static_cast<float>(Q) * s, -static_cast<float>(Q) * s, Q, 0.0f)});
   for (const auto& [what, x] : cases)
     for (const std::string& spec : int_specs()) expect_same(spec, x, T, D, {0, 20, T}, what + ", seed 23");
 }
@@ -291,7 +298,8 @@ TEST(CpuKernels, Fp16ScalesAtRoundingTiesGiveTheReferenceBytes) {
   int k = 0;
   auto tie_value = [&](bool subnormal) {
     const int h = subnormal ? H(rng) % 0x400 : H(rng);
-    float m = 0.5f * (qmath::f16_bits_to_f32(static_cast<uint16_t>(h)) + qmath::f16_bits_to_f32(static_cast<uint16_t>(h + 1)));
+    float m = 0.5f *
+              (qmath::f16_bits_to_f32(static_cast<uint16_t>(h)) + qmath::f16_bits_to_f32(static_cast<uint16_t>(h + 1)));
     if (const int j = J(rng); j != 0) m = std::nextafter(m, j > 0 ? 1e9f : 0.0f);
     return m * Qs[k++ % 3];  // exact for a midpoint m (12 significant bits; Q at most 7); a moved m may round
   };
@@ -308,7 +316,8 @@ TEST(CpuKernels, Fp16ScalesAtRoundingTiesGiveTheReferenceBytes) {
   for (const char* g : {"token-g8", "token", "channel-g8", "channel"})
     for (const int bits : {8, 4, 2})
       for (const char* sch : {"sym", "asym"})
-        expect_same("int" + std::to_string(bits) + "-" + sch + "-" + g, x, T, D, {0, 24, T}, "seed " + std::to_string(seed));
+        expect_same("int" + std::to_string(bits) + "-" + sch + "-" + g, x, T, D, {0, 24, T},
+                    "seed " + std::to_string(seed));
 }
 
 // One tensor reused across specs and shapes (sizes grow, shrink, repeat) and for a non-integer format:
@@ -321,19 +330,34 @@ TEST(CpuKernels, Fp16ScalesAtRoundingTiesGiveTheReferenceBytes) {
 // whatever amax is) also meets 448 .. 470 (saturation at 464). The fp4 kinds likewise with 6 and the e2m1
 // values, midpoints and neighbours. And a NaN and an Inf: the same message.
 std::vector<std::string> block_specs() {
-  return {"fp8-e4m3-tile128-pow2", "fp8-e4m3-tile64-pow2-ue8m0", "fp8-e4m3-tile20-pow2", "fp8-e4m3-tile128-fp32",
-          "fp8-e4m3-tile32-fp32",  "fp8-e4m3-tensor",            "fp8-e4m3-tensor-s1",   "mxfp8",
-          "mxfp4",                 "nvfp4",                      "fp4-e2m1-tile16-e4m3", "q8_0",
-          "q4_0",                  "q4_1",                       "flashmla-v32-fp8",     "vllm-fp8-ds-mla",
-          "flashmla-v41-fp8",      "flashmla-v41-fp4"};
+  return {"fp8-e4m3-tile128-pow2",
+          "fp8-e4m3-tile64-pow2-ue8m0",
+          "fp8-e4m3-tile20-pow2",
+          "fp8-e4m3-tile128-fp32",
+          "fp8-e4m3-tile32-fp32",
+          "fp8-e4m3-tensor",
+          "fp8-e4m3-tensor-s1",
+          "mxfp8",
+          "mxfp4",
+          "nvfp4",
+          "fp4-e2m1-tile16-e4m3",
+          "q8_0",
+          "q4_0",
+          "q4_1",
+          "flashmla-v32-fp8",
+          "vllm-fp8-ds-mla",
+          "flashmla-v41-fp8",
+          "flashmla-v41-fp4"};
 }
 
 TEST(CpuKernels, BlockFormatsGiveTheReferenceBytes) {
   std::vector<float> edge;
   for (int c = 0; c < 0x7e; ++c) {
-    const float v = qmath::e4m3_bits_to_f32(static_cast<uint8_t>(c)), w = qmath::e4m3_bits_to_f32(static_cast<uint8_t>(c + 1));
+    const float v = qmath::e4m3_bits_to_f32(static_cast<uint8_t>(c)),
+                w = qmath::e4m3_bits_to_f32(static_cast<uint8_t>(c + 1));
     const float m = (v + w) / 2;  // exact: one more mantissa bit
-    for (const float y : {v, m, std::nextafter(m, 0.0f), std::nextafter(m, 1e9f)}) edge.push_back(y), edge.push_back(-y);
+    for (const float y : {v, m, std::nextafter(m, 0.0f), std::nextafter(m, 1e9f)})
+      edge.push_back(y), edge.push_back(-y);
   }
   for (int k = 0; k <= 20; ++k) edge.push_back(static_cast<float>(k) * 0.0009765625f);  // k · 2^-10
   for (const float y : {0.015625f, std::nextafter(0.015625f, 0.0f), -0.0f, 0.0f, 1e-40f, -1e-40f, 448.0f, -448.0f})
@@ -341,9 +365,11 @@ TEST(CpuKernels, BlockFormatsGiveTheReferenceBytes) {
   // The same for e2m1 (the fp4 kinds, whose blocks start with 6: scale 1 for MXFP4 and the fp4 tiles).
   std::vector<float> edge4;
   for (int c = 0; c < 7; ++c) {
-    const float v = qmath::e2m1_bits_to_f32(static_cast<uint8_t>(c)), w = qmath::e2m1_bits_to_f32(static_cast<uint8_t>(c + 1));
+    const float v = qmath::e2m1_bits_to_f32(static_cast<uint8_t>(c)),
+                w = qmath::e2m1_bits_to_f32(static_cast<uint8_t>(c + 1));
     const float m = (v + w) / 2;
-    for (const float y : {v, m, std::nextafter(m, 0.0f), std::nextafter(m, 1e9f)}) edge4.push_back(y), edge4.push_back(-y);
+    for (const float y : {v, m, std::nextafter(m, 0.0f), std::nextafter(m, 1e9f)})
+      edge4.push_back(y), edge4.push_back(-y);
   }
   for (const float y : {0.1f, -0.0f, 1e-40f, 6.0f, -6.0f, std::nextafter(6.0f, 0.0f)}) edge4.push_back(y);
   for (const auto& [T, D] : std::vector<std::pair<int64_t, int64_t>>{{40, 576}, {7, 64}, {2048, 576}}) {
@@ -355,8 +381,10 @@ TEST(CpuKernels, BlockFormatsGiveTheReferenceBytes) {
     for (int64_t i = 0; i < T * D; ++i) ed[i] = edge[static_cast<size_t>(i) % edge.size()];
     for (int64_t i = 0; i < T * D; ++i) ed4[i] = edge4[static_cast<size_t>(i) % edge4.size()];
     for (const std::string& spec : block_specs()) {
-      const int64_t blk = spec.find("tile20") != std::string::npos ? 20 : spec.find("tile32") != std::string::npos ? 32
-                        : spec.find("tile64") != std::string::npos ? 64 : 16;  // the block max at every multiple
+      const int64_t blk = spec.find("tile20") != std::string::npos   ? 20
+                          : spec.find("tile32") != std::string::npos ? 32
+                          : spec.find("tile64") != std::string::npos ? 64
+                                                                     : 16;  // the block max at every multiple
       const bool fp4 = spec.find("fp4") != std::string::npos;
       std::vector<float> e = fp4 ? ed4 : ed;
       for (int64_t t = 0; t < T; ++t)
@@ -406,10 +434,16 @@ TEST(CpuKernels, QuantizeIntoAReusedTensorEqualsQuantize) {
   std::vector<float> x(static_cast<size_t>(70 * 96));
   for (float& v : x) v = N(rng) * 2.0f - 0.25f;
   QuantizedTensor qt;
-  const std::vector<std::pair<std::string, int64_t>> calls = {
-      {"int8-sym-token", 70},        {"int4-asym-channel-g32", 70}, {"int2-asym-tensor", 70}, {"int4-asym-channel-g32", 70},
-      {"int4-asym-channel-g32", 33}, {"int8-asym-token-g32-fp32", 70}, {"bf16", 70},          {"int2-sym-token-g7", 51},
-      {"q4_0", 70},                  {"int4-sym-channel", 70}};
+  const std::vector<std::pair<std::string, int64_t>> calls = {{"int8-sym-token", 70},
+                                                              {"int4-asym-channel-g32", 70},
+                                                              {"int2-asym-tensor", 70},
+                                                              {"int4-asym-channel-g32", 70},
+                                                              {"int4-asym-channel-g32", 33},
+                                                              {"int8-asym-token-g32-fp32", 70},
+                                                              {"bf16", 70},
+                                                              {"int2-sym-token-g7", 51},
+                                                              {"q4_0", 70},
+                                                              {"int4-sym-channel", 70}};
   for (const auto& [spec, T] : calls) {
     for (size_t i = 0; i < x.size(); ++i) x[i] = x[i] * -1.0625f + 0.01f;  // new data for every call
     const std::vector<int64_t> seqs = {0, T / 2, T};

@@ -37,8 +37,7 @@ TEST(DecodeOrder, PrefillAtOnceReadsEveryKeyQuantized) {
 
 TEST(DecodeOrder, PerTokenResidualAndSinkByHand) {
   // G = 1, R = 2, S = 1: the own key and the one before it in bf16, token 0 always bf16.
-  EXPECT_EQ(mask_rows(decode(2, 1, 0), 6, 1),
-            (std::vector<std::string>{"b", "bb", "bbb", "bqbb", "bqqbb", "bqqqbb"}));
+  EXPECT_EQ(mask_rows(decode(2, 1, 0), 6, 1), (std::vector<std::string>{"b", "bb", "bbb", "bqbb", "bqqbb", "bqqqbb"}));
   // R = 0: the engines' order, the own key is written to the quantized cache before it is read.
   EXPECT_EQ(mask_rows(decode(0, 0, 0), 3, 1), (std::vector<std::string>{"q", "qq", "qqq"}));
 }
@@ -71,12 +70,14 @@ TEST(DecodeOrder, MatchesKiviKeyAndValueRules) {
   for (int64_t Rk : {1, 4, 32}) {
     for (int64_t t = 0; t < 200; ++t)
       for (int64_t j = 0; j <= t; ++j)
-        ASSERT_EQ(decode(1, 0, 0).reads_quantized(t, j, Rk), j < Rk * (t / Rk)) << "R_k " << Rk << " t " << t << " j " << j;
+        ASSERT_EQ(decode(1, 0, 0).reads_quantized(t, j, Rk), j < Rk * (t / Rk))
+            << "R_k " << Rk << " t " << t << " j " << j;
   }
   for (int64_t Rv : {0, 3, 32}) {
     for (int64_t t = 0; t < 200; ++t)
       for (int64_t j = 0; j <= t; ++j)
-        ASSERT_EQ(decode(Rv + 1, 0, 0).reads_quantized(t, j, 1), j < t - Rv) << "R_v " << Rv << " t " << t << " j " << j;
+        ASSERT_EQ(decode(Rv + 1, 0, 0).reads_quantized(t, j, 1), j < t - Rv)
+            << "R_v " << Rv << " t " << t << " j " << j;
   }
 }
 
@@ -84,8 +85,9 @@ TEST(DecodeOrder, LabelsRoundTripAndBadInputThrows) {
   for (const DecodeOrder& o : {DecodeOrder{}, decode(0, 0, 0), decode(128, 4, 512)})
     EXPECT_EQ(DecodeOrder::parse(o.label()), o) << o.label();
   EXPECT_EQ(decode(32, 4, 0).label(), "decode-r32-s4-p0");
-  for (const char* bad : {"decode", "decode-r-1-s0-p0", "decode-r1-s0", "decode-r1-s0-p0x", "prefill", "decode-r01-s0-p0",
-                          "decode-r+1-s0-p0", "decode-r 1-s0-p0", "decode-r99999999999999999999-s0-p0"})
+  for (const char* bad :
+       {"decode", "decode-r-1-s0-p0", "decode-r1-s0", "decode-r1-s0-p0x", "prefill", "decode-r01-s0-p0",
+        "decode-r+1-s0-p0", "decode-r 1-s0-p0", "decode-r99999999999999999999-s0-p0"})
     EXPECT_THROW(DecodeOrder::parse(bad), std::invalid_argument) << bad;
   EXPECT_THROW((DecodeOrder{CacheMode::PrefillAtOnce, 4, 0, 0}.validate()), std::invalid_argument);
   EXPECT_THROW(decode(0, -1, 0).validate(), std::invalid_argument);
@@ -154,8 +156,8 @@ TEST(DecodeOrder, SinkRowsAreBf16AndGroupsStartAfterTheSink) {
 
 TEST(DecodeOrder, HugeWindowsSinksAndPrefillsDoNotOverflow) {
   constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
-  for (const DecodeOrder& o : {decode(kMax, 0, 0), decode(kMax, 4, 0), decode(0, kMax, 0), decode(kMax, kMax, kMax),
-                               decode(3, kMax - 1, 0)})
+  for (const DecodeOrder& o :
+       {decode(kMax, 0, 0), decode(kMax, 4, 0), decode(0, kMax, 0), decode(kMax, kMax, kMax), decode(3, kMax - 1, 0)})
     for (int64_t t : {int64_t{0}, int64_t{5}, int64_t{1} << 40}) {
       EXPECT_EQ(o.quantized_end(t, 4), o.sink) << o.label() << " t " << t;
       EXPECT_FALSE(o.reads_quantized(t, t, 1)) << o.label();
@@ -179,14 +181,21 @@ TEST(DecodeOrder, NonFiniteInputWithASinkGivesTheWholeInputsMessage) {
   const int64_t T = 10, D = 4;
   const std::vector<int64_t> offs{0, 6, 10};
   const QuantSpec spec = QuantSpec::parse("int4-asym-token");
-  for (const int64_t bad : {int64_t{1}, int64_t{8 * D + 2}}) {  // a sink row of sequence 0; a row past sequence 1's sink
+  for (const int64_t bad :
+       {int64_t{1}, int64_t{8 * D + 2}}) {  // a sink row of sequence 0; a row past sequence 1's sink
     std::vector<float> X(T * D, 0.5f), q(T * D);
     X[static_cast<size_t>(bad)] = std::numeric_limits<float>::quiet_NaN();
     std::string at_once, sunk;
-    try { (void)quantize(spec, Target::CKV, X.data(), T, D, offs); } catch (const std::invalid_argument& e) { at_once = e.what(); }
+    try {
+      (void)quantize(spec, Target::CKV, X.data(), T, D, offs);
+    } catch (const std::invalid_argument& e) {
+      at_once = e.what();
+    }
     try {
       (void)decode_order_quantize(spec, Rotation{}, Target::CKV, X.data(), T, D, offs, decode(2, 2, 0), q.data());
-    } catch (const std::invalid_argument& e) { sunk = e.what(); }
+    } catch (const std::invalid_argument& e) {
+      sunk = e.what();
+    }
     EXPECT_NE(at_once.find("[10, 4]"), std::string::npos) << at_once;
     EXPECT_EQ(sunk, at_once) << "NaN at " << bad;
   }

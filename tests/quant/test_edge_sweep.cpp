@@ -43,8 +43,8 @@ TEST(EdgeSweep, HugeGroupSizesEqualWholeAxisGroups) {
       const std::string spec = std::string("int4-asym-") + gran + "-g" + g;
       SCOPED_TRACE(spec + " on [4, 8], seq_offsets [0, 2, 4]");
       const QuantizedTensor a = latentq::quantize(QuantSpec::parse(spec), Target::CKV, X.data(), 4, 8, seq);
-      const QuantizedTensor b =
-          latentq::quantize(QuantSpec::parse(std::string("int4-asym-") + gran + "-g0"), Target::CKV, X.data(), 4, 8, seq);
+      const QuantizedTensor b = latentq::quantize(QuantSpec::parse(std::string("int4-asym-") + gran + "-g0"),
+                                                  Target::CKV, X.data(), 4, 8, seq);
       EXPECT_EQ(a.codes, b.codes);
       EXPECT_EQ(a.scales, b.scales);
       EXPECT_EQ(a.offsets, b.offsets);
@@ -55,8 +55,8 @@ TEST(EdgeSweep, HugeGroupSizesEqualWholeAxisGroups) {
 }
 
 TEST(EdgeSweep, EveryFormatRefusesOrDecodesFinite) {
-  const float vals[] = {3.4e38f, -3.4e38f, 3.3895e38f, 65504.0f, 65520.0f, 1e5f, 448.0f, 464.0f, 512.0f, 6.0f, 7.0f,
-                        1e-40f, -1e-45f, 1e-30f, 0.0f, -0.0f};
+  const float vals[] = {3.4e38f, -3.4e38f, 3.3895e38f, 65504.0f, 65520.0f, 1e5f,   448.0f, 464.0f,
+                        512.0f,  6.0f,     7.0f,       1e-40f,   -1e-45f,  1e-30f, 0.0f,   -0.0f};
   const int64_t T = 6, D = 64;
   for (const std::string& spec : all_specs())
     for (const float v : vals)
@@ -94,7 +94,8 @@ TEST(EdgeSweep, Bf16ValueBeyondItsRangeIsRefused) {
     ADD_FAILURE() << "stored inf";
   } catch (const std::invalid_argument& e) {
     const std::string m = e.what();
-    for (const char* n : {"value", "token 1, dimension 2", "bf16"}) EXPECT_NE(m.find(n), std::string::npos) << n << " in " << m;
+    for (const char* n : {"value", "token 1, dimension 2", "bf16"})
+      EXPECT_NE(m.find(n), std::string::npos) << n << " in " << m;
   }
 }
 
@@ -106,20 +107,25 @@ TEST(EdgeSweep, DiagnosticsCountSilentPrecisionLoss) {
   const std::vector<int64_t> seq = {0, T};
   const QuantizedTensor a = latentq::quantize(QuantSpec::parse("int8-sym-channel"), Target::CKV, X.data(), T, D, seq);
   EXPECT_EQ(latentq::diagnose(a, X.data()).scale_underflow, D);  // every channel group
-  const QuantizedTensor a32 = latentq::quantize(QuantSpec::parse("int8-sym-channel-fp32"), Target::CKV, X.data(), T, D, seq);
+  const QuantizedTensor a32 =
+      latentq::quantize(QuantSpec::parse("int8-sym-channel-fp32"), Target::CKV, X.data(), T, D, seq);
   EXPECT_FALSE(latentq::diagnose(a32, X.data()).any());
   // a row [1000.3, 1000.31]: fp16 offset 1000.5 lies above both elements, 0.2 off on a range of 0.01
   const std::vector<float> R = {1000.3f, 1000.31f};
-  const QuantizedTensor b = latentq::quantize(QuantSpec::parse("int4-asym-token"), Target::CKV, R.data(), 1, 2, std::vector<int64_t>{0, 1});
+  const QuantizedTensor b =
+      latentq::quantize(QuantSpec::parse("int4-asym-token"), Target::CKV, R.data(), 1, 2, std::vector<int64_t>{0, 1});
   const latentq::QuantDiagnostics db = latentq::diagnose(b, R.data());
   EXPECT_EQ(db.offset_rounding, 1);
   EXPECT_EQ(db.scale_underflow, 0);
-  // fp8 with the uncalibrated scale 1.0 saturates values beyond 464; MX's floor rule clips a block max in [464, 512)·2^e
+  // fp8 with the uncalibrated scale 1.0 saturates values beyond 464; MX's floor rule clips a block max in [464,
+  // 512)·2^e
   const std::vector<float> S = {500.0f, 1.0f, -1000.0f, 2.0f};
-  const QuantizedTensor c = latentq::quantize(QuantSpec::parse("fp8-e4m3-tensor-s1"), Target::CKV, S.data(), 1, 4, std::vector<int64_t>{0, 1});
+  const QuantizedTensor c = latentq::quantize(QuantSpec::parse("fp8-e4m3-tensor-s1"), Target::CKV, S.data(), 1, 4,
+                                              std::vector<int64_t>{0, 1});
   EXPECT_EQ(latentq::diagnose(c, S.data()).saturated, 2);
   const std::vector<float> M = {480.0f, 1.0f};  // floor(log2 480) = 8 -> e = 0, 480 > 464 saturates to 448
-  const QuantizedTensor m = latentq::quantize(QuantSpec::parse("mxfp8"), Target::CKV, M.data(), 1, 2, std::vector<int64_t>{0, 1});
+  const QuantizedTensor m =
+      latentq::quantize(QuantSpec::parse("mxfp8"), Target::CKV, M.data(), 1, 2, std::vector<int64_t>{0, 1});
   EXPECT_EQ(latentq::diagnose(m, M.data()).saturated, 1);
 }
 

@@ -45,18 +45,24 @@ inline float float_of(uint32_t u) {
 inline double f16_value(uint16_t h) {
   const int s = h >> 15, e = (h >> 10) & 31, m = h & 1023;
   double v;
-  if (e == 31) v = m ? std::numeric_limits<double>::quiet_NaN() : std::numeric_limits<double>::infinity();
-  else if (e == 0) v = std::ldexp(static_cast<double>(m), -24);
-  else v = std::ldexp(static_cast<double>(1024 + m), e - 25);
+  if (e == 31)
+    v = m ? std::numeric_limits<double>::quiet_NaN() : std::numeric_limits<double>::infinity();
+  else if (e == 0)
+    v = std::ldexp(static_cast<double>(m), -24);
+  else
+    v = std::ldexp(static_cast<double>(1024 + m), e - 25);
   return s ? -v : v;
 }
 /// OCP e4m3fn value of code c (bias 7, no inf, 0x7f/0xff NaN).
 inline double e4m3_value(uint8_t c) {
   const int s = c >> 7, e = (c >> 3) & 15, m = c & 7;
   double v;
-  if (e == 15 && m == 7) v = std::numeric_limits<double>::quiet_NaN();
-  else if (e == 0) v = std::ldexp(static_cast<double>(m), -9);
-  else v = std::ldexp(static_cast<double>(8 + m), e - 10);
+  if (e == 15 && m == 7)
+    v = std::numeric_limits<double>::quiet_NaN();
+  else if (e == 0)
+    v = std::ldexp(static_cast<double>(m), -9);
+  else
+    v = std::ldexp(static_cast<double>(8 + m), e - 10);
   return s ? -v : v;
 }
 

@@ -107,7 +107,7 @@ TEST(ErrorMetrics, LaneSumsInTheDocumentedOrderUnderEveryKernel) {
         xh[i] = x[i] + 0.01f * nd(rng);
       }
       if (T > 2) {
-        for (int64_t d = 0; d < D; ++d) xh[D + d] = x[D + d];           // row 1 exact
+        for (int64_t d = 0; d < D; ++d) xh[D + d] = x[D + d];              // row 1 exact
         for (int64_t d = 0; d < D; ++d) x[2 * D + d] = xh[2 * D + d] = 0;  // row 2 zero in both
       }
       double err2 = 0, ref2 = 0, maxabs = 0, cos_sum = 0;

@@ -84,8 +84,8 @@ TEST(QmathF16, EncodeMatchesReferenceOnTiesAndRandom) {
     const uint16_t h = qm::f32_to_f16_bits(f);
     const double got = f16_value(h);
     if (got != want || std::signbit(got) != std::signbit(f))
-      return ::testing::AssertionFailure() << "f = " << f << " (0x" << std::hex << bits_of(f) << ") -> 0x" << h
-                                           << ", want value " << want;
+      return ::testing::AssertionFailure()
+             << "f = " << f << " (0x" << std::hex << bits_of(f) << ") -> 0x" << h << ", want value " << want;
     return ::testing::AssertionSuccess();
   };
   const uint32_t lows[] = {0x0000, 0x0001, 0x0fff, 0x1000, 0x1001, 0x1fff};
@@ -147,20 +147,20 @@ TEST(QmathBf16, EncodeMatchesReference) {
 // ---- fp8 e4m3 -----------------------------------------------------------------------------------
 
 TEST(QmathE4m3, HandValues) {
-  EXPECT_EQ(qm::f32_to_e4m3_bits(448.0f), 0x7e);   // max finite: e = 15, m = 6
-  EXPECT_EQ(qm::f32_to_e4m3_bits(464.0f), 0x7e);   // tie 448/480 (480 would be the NaN code) -> 448
-  EXPECT_EQ(qm::f32_to_e4m3_bits(465.0f), 0x7e);   // saturates (no inf in e4m3fn)
+  EXPECT_EQ(qm::f32_to_e4m3_bits(448.0f), 0x7e);  // max finite: e = 15, m = 6
+  EXPECT_EQ(qm::f32_to_e4m3_bits(464.0f), 0x7e);  // tie 448/480 (480 would be the NaN code) -> 448
+  EXPECT_EQ(qm::f32_to_e4m3_bits(465.0f), 0x7e);  // saturates (no inf in e4m3fn)
   EXPECT_EQ(qm::f32_to_e4m3_bits(1e9f), 0x7e);
   EXPECT_EQ(qm::f32_to_e4m3_bits(-1e9f), 0xfe);
-  EXPECT_EQ(qm::f32_to_e4m3_bits(1.0f), 0x38);     // e = 7 (bias), m = 0
+  EXPECT_EQ(qm::f32_to_e4m3_bits(1.0f), 0x38);  // e = 7 (bias), m = 0
   EXPECT_EQ(qm::f32_to_e4m3_bits(-1.0f), 0xb8);
   EXPECT_EQ(qm::f32_to_e4m3_bits(0.5f), 0x30);
-  EXPECT_EQ(qm::f32_to_e4m3_bits(3.25f), 0x45);    // 1.625·2^1: e = 8, m = 5
-  EXPECT_EQ(qm::f32_to_e4m3_bits(0x1p-6f), 0x08);  // smallest normal
-  EXPECT_EQ(qm::f32_to_e4m3_bits(0x1p-9f), 0x01);  // smallest subnormal 2^-9
-  EXPECT_EQ(qm::f32_to_e4m3_bits(0x1p-10f), 0x00); // 0.5·2^-9: tie between 0 (even) and 2^-9 -> 0
-  EXPECT_EQ(qm::f32_to_e4m3_bits(0x3p-10f), 0x02); // 1.5·2^-9 ties to 2·2^-9
-  EXPECT_EQ(qm::f32_to_e4m3_bits(0x5p-10f), 0x02); // 2.5·2^-9 ties to 2·2^-9
+  EXPECT_EQ(qm::f32_to_e4m3_bits(3.25f), 0x45);     // 1.625·2^1: e = 8, m = 5
+  EXPECT_EQ(qm::f32_to_e4m3_bits(0x1p-6f), 0x08);   // smallest normal
+  EXPECT_EQ(qm::f32_to_e4m3_bits(0x1p-9f), 0x01);   // smallest subnormal 2^-9
+  EXPECT_EQ(qm::f32_to_e4m3_bits(0x1p-10f), 0x00);  // 0.5·2^-9: tie between 0 (even) and 2^-9 -> 0
+  EXPECT_EQ(qm::f32_to_e4m3_bits(0x3p-10f), 0x02);  // 1.5·2^-9 ties to 2·2^-9
+  EXPECT_EQ(qm::f32_to_e4m3_bits(0x5p-10f), 0x02);  // 2.5·2^-9 ties to 2·2^-9
   EXPECT_EQ(qm::f32_to_e4m3_bits(-0x1p-9f), 0x81);
   EXPECT_EQ(qm::f32_to_e4m3_bits(15.5f * 0x1p-10f), 0x08);  // 7.75·2^-9 rounds up into the normals
   EXPECT_EQ(qm::f32_to_e4m3_bits(std::numeric_limits<float>::quiet_NaN()), 0x7f);
@@ -195,7 +195,8 @@ TEST(QmathE4m3, EncodeMatchesReferenceOnMidpointsAndRandom) {
   };
   // Midpoints of consecutive non-negative codes (exact ties) and their float neighbours.
   for (uint32_t c = 0; c < 0x7e; ++c) {
-    const float mid = static_cast<float>((e4m3_value(static_cast<uint8_t>(c)) + e4m3_value(static_cast<uint8_t>(c + 1))) / 2);
+    const float mid =
+        static_cast<float>((e4m3_value(static_cast<uint8_t>(c)) + e4m3_value(static_cast<uint8_t>(c + 1))) / 2);
     for (float f : {mid, std::nextafter(mid, 0.0f), std::nextafter(mid, 1000.0f), -mid}) ASSERT_TRUE(check(f));
   }
   std::mt19937 rng(4242);
@@ -286,9 +287,18 @@ TEST(QmathCodes, ParamsEncodeDecode) {
 // zeros. Fixed seed; the format, seed and block index are printed on failure.
 TEST(QmathBlocks, CountSaturatedEqualsTheEncodersCount) {
   namespace q = latentq::qmath;
-  const char* specs[] = {"fp8-e4m3-tile128-pow2", "fp8-e4m3-tile32-pow2-ue8m0", "fp8-e4m3-tile128-fp32",
-                         "fp8-e4m3-tensor", "fp8-e4m3-tensor-s1", "mxfp8", "mxfp4", "nvfp4",
-                         "fp4-e2m1-tile16-e4m3", "q8_0", "q4_0", "q4_1"};
+  const char* specs[] = {"fp8-e4m3-tile128-pow2",
+                         "fp8-e4m3-tile32-pow2-ue8m0",
+                         "fp8-e4m3-tile128-fp32",
+                         "fp8-e4m3-tensor",
+                         "fp8-e4m3-tensor-s1",
+                         "mxfp8",
+                         "mxfp4",
+                         "nvfp4",
+                         "fp4-e2m1-tile16-e4m3",
+                         "q8_0",
+                         "q4_0",
+                         "q4_1"};
   const uint64_t seed = 20261201;
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> nd;

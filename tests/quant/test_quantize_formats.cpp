@@ -119,8 +119,10 @@ void hand_fp8_tiles(bool pow2) {
   for (int64_t d = 0; d < D; ++d) {
     const int j = static_cast<int>(d / 128);
     uint8_t want;
-    if (s_row0[j] == 0.0f) want = 0x00;
-    else if (d % 128 == 0) want = 0x7e;
+    if (s_row0[j] == 0.0f)
+      want = 0x00;
+    else if (d % 128 == 0)
+      want = 0x7e;
     else {
       // p = 0.25·k, k = d mod 8 − 4: −1 0xb8, −0.75 0xb4, −0.5 0xb0, −0.25 0xa8, 0 0x00, 0.25 0x28,
       // 0.5 0x30, 0.75 0x34.
@@ -148,8 +150,10 @@ void hand_fp8_tiles(bool pow2) {
 
   const std::vector<float> xh = decode(q);
   for (int64_t d = 0; d < D; ++d) {
-    if (s_row0[d / 128] != 0.0f) ASSERT_EQ(xh[d], X[d]) << "row 0 is exact, d = " << d;
-    else ASSERT_EQ(bits_of(xh[d]), 0u) << "zero tile decodes to +0, d = " << d;
+    if (s_row0[d / 128] != 0.0f)
+      ASSERT_EQ(xh[d], X[d]) << "row 0 is exact, d = " << d;
+    else
+      ASSERT_EQ(bits_of(xh[d]), 0u) << "zero tile decodes to +0, d = " << d;
   }
   EXPECT_EQ(xh[D + 0], 448.0f);
   EXPECT_EQ(xh[D + 1], 0x1p-9f);
@@ -188,35 +192,37 @@ TEST(FormatsFp8Tile, RandomTilesMatchReference) {
   // (pow2: 2^ceil(log2(max(amax/448, 1e-4))) in double; fp32: max(amax/448, FLT_MIN)); codes
   // re-derived with the independent double-precision RNE reference (saturating at 448).
   for (const bool pow2 : {true, false})
-  for (uint32_t seed : {1u, 2u, 3u}) {
-    for (int64_t D : {576, 64, 33, 128}) {
-      const int64_t T = 7;
-      SCOPED_TRACE(std::string(pow2 ? "pow2" : "fp32") + " seed " + std::to_string(seed) + " [" + std::to_string(T) + ", " +
-                   std::to_string(D) + "]");
-      std::mt19937 rng(seed);
-      std::normal_distribution<float> nd(0.0f, 1.0f);
-      std::vector<float> X(T * D);
-      for (int64_t i = 0; i < T * D; ++i) X[i] = nd(rng) * ((i % D) < 16 ? 20.0f : 1.0f);
-      const QuantizedTensor q = quant(pow2 ? "fp8-e4m3-tile128-pow2" : "fp8-e4m3-tile128-fp32", X, T, D);
-      const int64_t nt = (D + 127) / 128;
-      ASSERT_EQ(q.scales.size(), static_cast<size_t>(T * nt * 4));
-      const std::vector<float> sc = le32f(q.scales), xh = decode(q);
-      for (int64_t t = 0; t < T; ++t)
-        for (int64_t j = 0; j < nt; ++j) {
-          float amax = 0;
-          for (int64_t d = 128 * j; d < std::min(D, 128 * j + 128); ++d) amax = std::max(amax, std::fabs(X[t * D + d]));
-          const float s = pow2 ? static_cast<float>(std::exp2(std::ceil(std::log2(std::max<double>(amax / 448.0f, 1e-4f)))))
-                               : std::max(amax / 448.0f, 1.17549435e-38f);
-          ASSERT_EQ(sc[t * nt + j], s) << "t " << t << " tile " << j;
-          for (int64_t d = 128 * j; d < std::min(D, 128 * j + 128); ++d) {
-            const float x = X[t * D + d];
-            const double want = std::clamp(ref_e4m3(x / s), -448.0, 448.0);
-            ASSERT_EQ(e4m3_value(q.codes[t * D + d]), want) << "t " << t << " d " << d;
-            ASSERT_EQ(xh[t * D + d], static_cast<float>(want) * s) << "t " << t << " d " << d;
+    for (uint32_t seed : {1u, 2u, 3u}) {
+      for (int64_t D : {576, 64, 33, 128}) {
+        const int64_t T = 7;
+        SCOPED_TRACE(std::string(pow2 ? "pow2" : "fp32") + " seed " + std::to_string(seed) + " [" + std::to_string(T) +
+                     ", " + std::to_string(D) + "]");
+        std::mt19937 rng(seed);
+        std::normal_distribution<float> nd(0.0f, 1.0f);
+        std::vector<float> X(T * D);
+        for (int64_t i = 0; i < T * D; ++i) X[i] = nd(rng) * ((i % D) < 16 ? 20.0f : 1.0f);
+        const QuantizedTensor q = quant(pow2 ? "fp8-e4m3-tile128-pow2" : "fp8-e4m3-tile128-fp32", X, T, D);
+        const int64_t nt = (D + 127) / 128;
+        ASSERT_EQ(q.scales.size(), static_cast<size_t>(T * nt * 4));
+        const std::vector<float> sc = le32f(q.scales), xh = decode(q);
+        for (int64_t t = 0; t < T; ++t)
+          for (int64_t j = 0; j < nt; ++j) {
+            float amax = 0;
+            for (int64_t d = 128 * j; d < std::min(D, 128 * j + 128); ++d)
+              amax = std::max(amax, std::fabs(X[t * D + d]));
+            const float s =
+                pow2 ? static_cast<float>(std::exp2(std::ceil(std::log2(std::max<double>(amax / 448.0f, 1e-4f)))))
+                     : std::max(amax / 448.0f, 1.17549435e-38f);
+            ASSERT_EQ(sc[t * nt + j], s) << "t " << t << " tile " << j;
+            for (int64_t d = 128 * j; d < std::min(D, 128 * j + 128); ++d) {
+              const float x = X[t * D + d];
+              const double want = std::clamp(ref_e4m3(x / s), -448.0, 448.0);
+              ASSERT_EQ(e4m3_value(q.codes[t * D + d]), want) << "t " << t << " d " << d;
+              ASSERT_EQ(xh[t * D + d], static_cast<float>(want) * s) << "t " << t << " d " << d;
+            }
           }
-        }
+      }
     }
-  }
 }
 
 // ---- bf16 ---------------------------------------------------------------------------------------

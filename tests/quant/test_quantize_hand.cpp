@@ -13,12 +13,12 @@ namespace {
 using namespace lqtest;
 
 struct Want {
-  std::vector<uint32_t> u;        // unpacked codes [T*D]
-  std::vector<uint8_t> packed;    // raw code bytes [T*row_bytes]
-  std::vector<double> scales;     // stored scales, layout order
-  std::vector<double> offsets;    // stored offsets (asym), layout order; empty for sym
-  std::vector<float> xhat;        // decoded values [T*D]
-  std::vector<int64_t> bounds;    // channel: token-group boundaries; else empty
+  std::vector<uint32_t> u;      // unpacked codes [T*D]
+  std::vector<uint8_t> packed;  // raw code bytes [T*row_bytes]
+  std::vector<double> scales;   // stored scales, layout order
+  std::vector<double> offsets;  // stored offsets (asym), layout order; empty for sym
+  std::vector<float> xhat;      // decoded values [T*D]
+  std::vector<int64_t> bounds;  // channel: token-group boundaries; else empty
 };
 
 void check(const std::string& spec, const std::vector<float>& X, int64_t T, int64_t D, const Want& w,
@@ -30,8 +30,7 @@ void check(const std::string& spec, const std::vector<float>& X, int64_t T, int6
   ASSERT_EQ(q.cols, D);
   EXPECT_EQ(q.group_bounds, w.bounds);
   ASSERT_EQ(q.codes.size(), w.packed.size());
-  for (size_t i = 0; i < w.packed.size(); ++i)
-    EXPECT_EQ(int(q.codes[i]), int(w.packed[i])) << "code byte " << i;
+  for (size_t i = 0; i < w.packed.size(); ++i) EXPECT_EQ(int(q.codes[i]), int(w.packed[i])) << "code byte " << i;
   EXPECT_EQ(unpack_codes(q), w.u);
   ASSERT_EQ(q.scales.size(), 2 * w.scales.size());  // fp16
   EXPECT_EQ(stored_values(q.scales, ScaleDtype::F16), w.scales);

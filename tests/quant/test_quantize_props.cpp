@@ -24,10 +24,14 @@ using namespace lqtest;
 enum class Kind { Normal, Shifted, Tiny, Mixed };
 const char* kind_name(Kind k) {
   switch (k) {
-    case Kind::Normal: return "normal";
-    case Kind::Shifted: return "shifted";
-    case Kind::Tiny: return "tiny";
-    case Kind::Mixed: return "mixed";
+    case Kind::Normal:
+      return "normal";
+    case Kind::Shifted:
+      return "shifted";
+    case Kind::Tiny:
+      return "tiny";
+    case Kind::Mixed:
+      return "mixed";
   }
   return "?";
 }
@@ -49,15 +53,25 @@ std::vector<float> gen(uint32_t seed, int64_t T, int64_t D, Kind kind) {
     for (int64_t d = 0; d < D; ++d) {
       float& v = X[t * D + d];
       switch (kind) {
-        case Kind::Normal: v = nd(rng) * gain[d] * tg[t]; break;
-        case Kind::Shifted: v = 300.0f + 0.05f * nd(rng); break;
-        case Kind::Tiny: v = 1e-6f * nd(rng); break;
+        case Kind::Normal:
+          v = nd(rng) * gain[d] * tg[t];
+          break;
+        case Kind::Shifted:
+          v = 300.0f + 0.05f * nd(rng);
+          break;
+        case Kind::Tiny:
+          v = 1e-6f * nd(rng);
+          break;
         case Kind::Mixed: {
           const float r = nd(rng);
-          if (d % 11 == 3) v = -2.75f;                          // constant channel
-          else if (d % 7 == 0 && r > 0.5f) v = 0.0f;            // exact zeros
-          else if (r < -1.0f) v = std::round(r * 4.0f) / 4.0f;  // repeated quarter values
-          else v = 4.0f * std::sin(static_cast<float>(d)) + r;
+          if (d % 11 == 3)
+            v = -2.75f;  // constant channel
+          else if (d % 7 == 0 && r > 0.5f)
+            v = 0.0f;  // exact zeros
+          else if (r < -1.0f)
+            v = std::round(r * 4.0f) / 4.0f;  // repeated quarter values
+          else
+            v = 4.0f * std::sin(static_cast<float>(d)) + r;
           break;
         }
       }
@@ -76,8 +90,7 @@ std::vector<std::string> int_specs() {
   for (int bits : {8, 4, 2})
     for (const char* sch : {"sym", "asym"})
       for (const char* gr : {"tensor", "channel", "channel-g32", "channel-g128", "token", "token-g32", "token-g128"})
-        for (const char* dt : {"", "-fp32"})
-          v.push_back("int" + std::to_string(bits) + "-" + sch + "-" + gr + dt);
+        for (const char* dt : {"", "-fp32"}) v.push_back("int" + std::to_string(bits) + "-" + sch + "-" + gr + dt);
   return v;
 }
 
@@ -135,10 +148,12 @@ struct Stats {
   if (q.group_bounds != want_bounds) return AssertionFailure() << "group_bounds";
   const size_t sbytes = f16 ? 2 : 4;
   if (q.scales.size() != ngroups * sbytes) return AssertionFailure() << "scales size " << q.scales.size();
-  if (q.offsets.size() != (sym ? 0 : ngroups * sbytes)) return AssertionFailure() << "offsets size " << q.offsets.size();
+  if (q.offsets.size() != (sym ? 0 : ngroups * sbytes))
+    return AssertionFailure() << "offsets size " << q.offsets.size();
 
   // Group statistics and the expected stored parameters (computed in float32, then rounded to the dtype).
-  std::vector<float> mn(ngroups, std::numeric_limits<float>::infinity()), mx(ngroups, -std::numeric_limits<float>::infinity());
+  std::vector<float> mn(ngroups, std::numeric_limits<float>::infinity()),
+      mx(ngroups, -std::numeric_limits<float>::infinity());
   for (int64_t i = 0; i < T * D; ++i) {
     mn[idx[i]] = std::min(mn[idx[i]], X[i]);
     mx[idx[i]] = std::max(mx[idx[i]], X[i]);
@@ -191,8 +206,8 @@ struct Stats {
       if (std::fabs(e - dist) > slack)
         return AssertionFailure() << "out-of-range element (" << t << ", " << d << ") x = " << x << " range [" << lo
                                   << ", " << hi << "]: error " << e << " != distance " << dist;
-      const double deficit = sym ? std::max(std::fabs(mn[g]), std::fabs(mx[g])) - hi
-                                 : (x < lo ? O[g] - mn[g] : mx[g] - hi);
+      const double deficit =
+          sym ? std::max(std::fabs(mn[g]), std::fabs(mx[g])) - hi : (x < lo ? O[g] - mn[g] : mx[g] - hi);
       if (dist > deficit + slack) return AssertionFailure() << "distance " << dist << " > deficit " << deficit;
     }
     // -fp32: the simple bound for every element.
@@ -252,7 +267,8 @@ void put_bytes(std::vector<uint8_t>& buf, const std::vector<uint8_t>& b) {
 }
 std::vector<uint8_t> get_bytes(const std::vector<uint8_t>& buf, size_t& p) {
   const size_t n = get_u64(buf, p);
-  std::vector<uint8_t> b(buf.begin() + static_cast<std::ptrdiff_t>(p), buf.begin() + static_cast<std::ptrdiff_t>(p + n));
+  std::vector<uint8_t> b(buf.begin() + static_cast<std::ptrdiff_t>(p),
+                         buf.begin() + static_cast<std::ptrdiff_t>(p + n));
   p += n;
   return b;
 }
@@ -291,12 +307,13 @@ QuantizedTensor deserialize(const std::vector<uint8_t>& buf) {
 TEST(Storage, ByteBufferRoundTripAndDeterminism) {
   std::vector<std::string> specs = int_specs();
   specs.push_back("bf16");
-  for (const char* b : {"fp8-e4m3-tile128-pow2", "fp8-e4m3-tile64-pow2-ue8m0", "fp8-e4m3-tile128-fp32", "fp8-e4m3-tensor",
-                        "fp8-e4m3-tensor-s1", "mxfp8", "mxfp4", "nvfp4", "q8_0", "q4_0", "q4_1"})
+  for (const char* b : {"fp8-e4m3-tile128-pow2", "fp8-e4m3-tile64-pow2-ue8m0", "fp8-e4m3-tile128-fp32",
+                        "fp8-e4m3-tensor", "fp8-e4m3-tensor-s1", "mxfp8", "mxfp4", "nvfp4", "q8_0", "q4_0", "q4_1"})
     specs.push_back(b);
   for (const std::string& s : specs)
     for (int64_t D : {576, 33}) {
-      if (s.starts_with("q") && D % 32 != 0) continue;  // ggml blocks need D % 32 == 0 (refused: Spec.LayoutFromTheDescriptor)
+      if (s.starts_with("q") && D % 32 != 0)
+        continue;  // ggml blocks need D % 32 == 0 (refused: Spec.LayoutFromTheDescriptor)
       const int64_t T = 7;
       SCOPED_TRACE(s + " seed 3 [" + std::to_string(T) + ", " + std::to_string(D) + "]");
       const std::vector<float> X = gen(3, T, D, Kind::Mixed);

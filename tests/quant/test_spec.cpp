@@ -48,9 +48,9 @@ TEST(Spec, Baselines) {
   EXPECT_EQ(QuantSpec::parse("fp8-e4m3-tensor").rule, latentq::ScaleRule::Calibrated);
   EXPECT_EQ(QuantSpec::parse("fp8-e4m3-tensor-s1").rule, latentq::ScaleRule::Unit);
   // Every block format and preset round-trips through its canonical string.
-  for (const char* name : {"fp8-e4m3-tile128-pow2", "fp8-e4m3-tile64-pow2-ue8m0", "fp8-e4m3-tile32-fp32", "fp8-e4m3-tensor",
-                           "fp8-e4m3-tensor-s1", "mxfp8", "mxfp4", "nvfp4", "q8_0", "q4_0", "q4_1", "flashmla-v32-fp8",
-                           "vllm-fp8-ds-mla", "flashmla-model1-fp8", "flashmla-v41-fp8"}) {
+  for (const char* name : {"fp8-e4m3-tile128-pow2", "fp8-e4m3-tile64-pow2-ue8m0", "fp8-e4m3-tile32-fp32",
+                           "fp8-e4m3-tensor", "fp8-e4m3-tensor-s1", "mxfp8", "mxfp4", "nvfp4", "q8_0", "q4_0", "q4_1",
+                           "flashmla-v32-fp8", "vllm-fp8-ds-mla", "flashmla-model1-fp8", "flashmla-v41-fp8"}) {
     SCOPED_TRACE(name);
     const QuantSpec q = QuantSpec::parse(name);
     EXPECT_EQ(q.to_string(), name);
@@ -61,7 +61,8 @@ TEST(Spec, Baselines) {
   EXPECT_EQ(v32.stored_for(Target::CKV), f);
   EXPECT_EQ(v32.stored_for(Target::KPE), b);
   EXPECT_EQ(QuantSpec::parse("vllm-fp8-ds-mla").stored_for(Target::CKV), QuantSpec::parse("fp8-e4m3-tile128-fp32"));
-  EXPECT_EQ(QuantSpec::parse("flashmla-v41-fp8").stored_for(Target::KPE), QuantSpec::parse("fp8-e4m3-tile32-pow2-ue8m0"));
+  EXPECT_EQ(QuantSpec::parse("flashmla-v41-fp8").stored_for(Target::KPE),
+            QuantSpec::parse("fp8-e4m3-tile32-pow2-ue8m0"));
   EXPECT_EQ(f.stored_for(Target::KPE), f);
   const QuantSpec i = QuantSpec::parse("int4-asym-channel-g32");
   EXPECT_EQ(i.stored_for(Target::KPE), i);
@@ -81,7 +82,8 @@ TEST(Spec, RetiredFp8TileNameSaysWhatReplacesIt) {
     ADD_FAILURE() << "accepted";
   } catch (const std::invalid_argument& e) {
     const std::string m = e.what();
-    for (const char* n : {"retired", "fp8-e4m3-tile<N>-pow2", "fp8-e4m3-tile<N>-fp32", "flashmla-v32-fp8", "vllm-fp8-ds-mla"})
+    for (const char* n :
+         {"retired", "fp8-e4m3-tile<N>-pow2", "fp8-e4m3-tile<N>-fp32", "flashmla-v32-fp8", "vllm-fp8-ds-mla"})
       EXPECT_NE(m.find(n), std::string::npos) << n << " in " << m;
   }
 }

@@ -87,7 +87,12 @@ TEST(Transform, FwhtHandComputed) {
   fwht_rows(y.data(), 1, 4, 2);
   const float n = static_cast<float>(1.0 / std::sqrt(2.0));
   EXPECT_EQ(y, (std::vector<float>{3 * n, -1 * n, 7 * n, -1 * n}));
-  expect_throw_containing([] { std::vector<float> z(6); fwht_rows(z.data(), 1, 6, 4); }, "D = 6");
+  expect_throw_containing(
+      [] {
+        std::vector<float> z(6);
+        fwht_rows(z.data(), 1, 6, 4);
+      },
+      "D = 6");
 }
 
 TEST(Transform, HadamardSignsAreSeeded) {
@@ -145,33 +150,33 @@ TEST(Transform, RotationsAreOrthogonalAndInvertible) {
 // build of the loops, Avx2 the AVX2 one where the CPU has it; kernel= 1, 2, 3 in the trace).
 TEST(Transform, DenseRotationIsTheFloat64SumInIndexOrder) {
   for (const CpuKernel k : available_cpu_kernels())
-  for (const auto& [T, D] : std::vector<std::pair<int64_t, int64_t>>{{1, 5}, {8, 33}, {19, 64}, {19, 576}, {9, 7}, {6, 40}, {10, 64},
-                                                                            {77, 64}, {41, 24}, {72, 9}, {37, 40}}) {
-    const ScopedCpuKernel kernel(k);
-    const uint32_t seed = static_cast<uint32_t>(11 + T + D);
-    SCOPED_TRACE("T=" + std::to_string(T) + " D=" + std::to_string(D) + " seed=" + std::to_string(seed) +
-                 " kernel=" + std::to_string(static_cast<int>(k)));
-    const Rotation r = Rotation::dense(D, haar_orthogonal(D, seed));
-    const std::vector<float> R = r.matrix();
-    const std::vector<float> x0 = random_rows(T, D, seed);
-    std::vector<float> fwd(x0.size()), inv(x0.size());
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t i = 0; i < D; ++i) {
-        double f = 0, b = 0;
-        for (int64_t j = 0; j < D; ++j) {
-          f += static_cast<double>(R[i * D + j]) * x0[t * D + j];  // x'_i = Σ_j R_ij x_j
-          b += static_cast<double>(R[j * D + i]) * x0[t * D + j];  // x_i = Σ_j R_ji x'_j
+    for (const auto& [T, D] : std::vector<std::pair<int64_t, int64_t>>{
+             {1, 5}, {8, 33}, {19, 64}, {19, 576}, {9, 7}, {6, 40}, {10, 64}, {77, 64}, {41, 24}, {72, 9}, {37, 40}}) {
+      const ScopedCpuKernel kernel(k);
+      const uint32_t seed = static_cast<uint32_t>(11 + T + D);
+      SCOPED_TRACE("T=" + std::to_string(T) + " D=" + std::to_string(D) + " seed=" + std::to_string(seed) +
+                   " kernel=" + std::to_string(static_cast<int>(k)));
+      const Rotation r = Rotation::dense(D, haar_orthogonal(D, seed));
+      const std::vector<float> R = r.matrix();
+      const std::vector<float> x0 = random_rows(T, D, seed);
+      std::vector<float> fwd(x0.size()), inv(x0.size());
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t i = 0; i < D; ++i) {
+          double f = 0, b = 0;
+          for (int64_t j = 0; j < D; ++j) {
+            f += static_cast<double>(R[i * D + j]) * x0[t * D + j];  // x'_i = Σ_j R_ij x_j
+            b += static_cast<double>(R[j * D + i]) * x0[t * D + j];  // x_i = Σ_j R_ji x'_j
+          }
+          fwd[t * D + i] = static_cast<float>(f);
+          inv[t * D + i] = static_cast<float>(b);
         }
-        fwd[t * D + i] = static_cast<float>(f);
-        inv[t * D + i] = static_cast<float>(b);
-      }
-    std::vector<float> x = x0;
-    r.forward(x.data(), T, D);
-    for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(x[i], fwd[i]) << "forward, element " << i;
-    x = x0;
-    r.inverse(x.data(), T, D);
-    for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(x[i], inv[i]) << "inverse, element " << i;
-  }
+      std::vector<float> x = x0;
+      r.forward(x.data(), T, D);
+      for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(x[i], fwd[i]) << "forward, element " << i;
+      x = x0;
+      r.inverse(x.data(), T, D);
+      for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(x[i], inv[i]) << "inverse, element " << i;
+    }
 }
 
 TEST(Transform, HaarIsSeededAndNotTheIdentity) {
@@ -188,6 +193,11 @@ TEST(Transform, RotationErrors) {
   expect_throw_containing([] { Rotation::make(Transform::parse("had"), 100); }, "dimension 100");
   expect_throw_containing([] { Rotation::dense(4, std::vector<float>(15)); }, "got 15");
   const Rotation r = Rotation::make(Transform::parse("had"), 64);
-  expect_throw_containing([&] { std::vector<float> x(32); r.forward(x.data(), 1, 32); }, "rows of 64");
+  expect_throw_containing(
+      [&] {
+        std::vector<float> x(32);
+        r.forward(x.data(), 1, 32);
+      },
+      "rows of 64");
   EXPECT_TRUE(Rotation::make(Transform{}, 64).identity());
 }

@@ -34,7 +34,6 @@ using lqtest::Outcome;
 using lqtest::TempDir;
 namespace fs = std::filesystem;
 
-
 inline size_t count_of(const std::string& s, const std::string& needle) {
   size_t n = 0;
   for (size_t p = s.find(needle); p != std::string::npos; p = s.find(needle, p + 1)) ++n;
@@ -49,8 +48,10 @@ class ScopedEnv {
     ::setenv(name, value.c_str(), 1);
   }
   ~ScopedEnv() {
-    if (had_) ::setenv(name_, old_.c_str(), 1);
-    else ::unsetenv(name_);
+    if (had_)
+      ::setenv(name_, old_.c_str(), 1);
+    else
+      ::unsetenv(name_);
   }
 
  private:
@@ -103,6 +104,5 @@ struct ProbeTest : ::testing::Test {
   }
   void SetUp() override { make({}); }
 };
-
 
 }  // namespace

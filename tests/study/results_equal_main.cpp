@@ -1,5 +1,5 @@
-// lq_results_equal A.h5 B.h5 [--rtol GROUP=REL ...] [--atol GROUP=ABS ...] — strict comparison of two latentq results files for
-// the batch tests and the GPU check: the same groups in the same order, each with the same columns (names,
+// lq_results_equal A.h5 B.h5 [--rtol GROUP=REL ...] [--atol GROUP=ABS ...] — strict comparison of two latentq results
+// files for the batch tests and the GPU check: the same groups in the same order, each with the same columns (names,
 // order, types) and the same rows in the same order, float64 bit for bit (latentq/batch.h
 // table_difference); a group named by --rtol / --atol compares finite float64 values to
 // |x − y| ≤ REL · max(|x|, |y|) + ABS instead (`--rtol attention_error=2e-2 --atol attention_error=1e-9`: the
@@ -47,7 +47,8 @@ int main(int argc, char** argv) {
   try {
     const std::vector<std::string> ga = list_tables(fa), gb = list_tables(fb);
     if (ga != gb) {
-      std::cerr << fmt::format("groups differ: [{}] in {}, [{}] in {}\n", fmt::join(ga, ", "), fa, fmt::join(gb, ", "), fb);
+      std::cerr << fmt::format("groups differ: [{}] in {}, [{}] in {}\n", fmt::join(ga, ", "), fa, fmt::join(gb, ", "),
+                               fb);
       return 1;
     }
     size_t rows = 0;

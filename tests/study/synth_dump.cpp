@@ -112,7 +112,8 @@ void write_synth(const fs::path& path, const SynthData& d) {
   const hsize_t T = static_cast<hsize_t>(d.T);
   put(f, "/tokens", {T}, d.tokens.data(), H5::PredType::STD_I32LE, H5::PredType::NATIVE_INT32);
   put(f, "/positions", {T}, d.positions.data(), H5::PredType::STD_I32LE, H5::PredType::NATIVE_INT32);
-  put(f, "/seq_offsets", {d.seq_offsets.size()}, d.seq_offsets.data(), H5::PredType::STD_I64LE, H5::PredType::NATIVE_INT64);
+  put(f, "/seq_offsets", {d.seq_offsets.size()}, d.seq_offsets.data(), H5::PredType::STD_I64LE,
+      H5::PredType::NATIVE_INT64);
   const hsize_t r = static_cast<hsize_t>(s.kv_lora_rank), dr = static_cast<hsize_t>(s.qk_rope_head_dim),
                 H = static_cast<hsize_t>(s.num_heads), dn = static_cast<hsize_t>(s.qk_nope_head_dim),
                 dv = static_cast<hsize_t>(s.v_head_dim), Tq = static_cast<hsize_t>(s.query_rows);
@@ -149,17 +150,26 @@ void set_int_attr(const fs::path& path, const std::string& name, int64_t value) 
 void set_double_attr(const fs::path& path, const std::string& name, double value) {
   with_file(path, [&](H5::H5File& f) { h5::write_attr(f, name, value); });
 }
-void put_f32(const fs::path& path, const std::string& name, const std::vector<hsize_t>& dims, const std::vector<float>& v) {
-  with_file(path, [&](H5::H5File& f) { put(f, name, dims, v.data(), H5::PredType::IEEE_F32LE, H5::PredType::NATIVE_FLOAT); });
+void put_f32(const fs::path& path, const std::string& name, const std::vector<hsize_t>& dims,
+             const std::vector<float>& v) {
+  with_file(path,
+            [&](H5::H5File& f) { put(f, name, dims, v.data(), H5::PredType::IEEE_F32LE, H5::PredType::NATIVE_FLOAT); });
 }
-void put_f64(const fs::path& path, const std::string& name, const std::vector<hsize_t>& dims, const std::vector<double>& v) {
-  with_file(path, [&](H5::H5File& f) { put(f, name, dims, v.data(), H5::PredType::IEEE_F64LE, H5::PredType::NATIVE_DOUBLE); });
+void put_f64(const fs::path& path, const std::string& name, const std::vector<hsize_t>& dims,
+             const std::vector<double>& v) {
+  with_file(path, [&](H5::H5File& f) {
+    put(f, name, dims, v.data(), H5::PredType::IEEE_F64LE, H5::PredType::NATIVE_DOUBLE);
+  });
 }
-void put_i64(const fs::path& path, const std::string& name, const std::vector<hsize_t>& dims, const std::vector<int64_t>& v) {
-  with_file(path, [&](H5::H5File& f) { put(f, name, dims, v.data(), H5::PredType::STD_I64LE, H5::PredType::NATIVE_INT64); });
+void put_i64(const fs::path& path, const std::string& name, const std::vector<hsize_t>& dims,
+             const std::vector<int64_t>& v) {
+  with_file(path,
+            [&](H5::H5File& f) { put(f, name, dims, v.data(), H5::PredType::STD_I64LE, H5::PredType::NATIVE_INT64); });
 }
-void put_i32(const fs::path& path, const std::string& name, const std::vector<hsize_t>& dims, const std::vector<int32_t>& v) {
-  with_file(path, [&](H5::H5File& f) { put(f, name, dims, v.data(), H5::PredType::STD_I32LE, H5::PredType::NATIVE_INT32); });
+void put_i32(const fs::path& path, const std::string& name, const std::vector<hsize_t>& dims,
+             const std::vector<int32_t>& v) {
+  with_file(path,
+            [&](H5::H5File& f) { put(f, name, dims, v.data(), H5::PredType::STD_I32LE, H5::PredType::NATIVE_INT32); });
 }
 
 TempDir::TempDir() {

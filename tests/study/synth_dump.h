@@ -18,7 +18,7 @@ struct SynthSpec {
   int64_t query_rows = 6;
   bool attention = true;
   uint64_t seed = 1234;
-  int outlier_channel = 3;      ///< c_kv channel scaled by outlier_scale (-1: none)
+  int outlier_channel = 3;  ///< c_kv channel scaled by outlier_scale (-1: none)
   float outlier_scale = 20.0f;
 };
 

@@ -58,15 +58,24 @@ int main(int argc, char** argv) {
         return 2;
       }
       ++i;
-      if (a == "--layers") s.num_layers = v;
-      else if (a == "--seqs") seqs = v;
-      else if (a == "--seq-len") seq_len = v;
-      else if (a == "--kv-lora-rank") s.kv_lora_rank = v;
-      else if (a == "--rope") s.qk_rope_head_dim = v;
-      else if (a == "--heads") s.num_heads = v;
-      else if (a == "--nope") s.qk_nope_head_dim = v;
-      else if (a == "--v") s.v_head_dim = v;
-      else if (a == "--query-rows") o.query_rows = v;
+      if (a == "--layers")
+        s.num_layers = v;
+      else if (a == "--seqs")
+        seqs = v;
+      else if (a == "--seq-len")
+        seq_len = v;
+      else if (a == "--kv-lora-rank")
+        s.kv_lora_rank = v;
+      else if (a == "--rope")
+        s.qk_rope_head_dim = v;
+      else if (a == "--heads")
+        s.num_heads = v;
+      else if (a == "--nope")
+        s.qk_nope_head_dim = v;
+      else if (a == "--v")
+        s.v_head_dim = v;
+      else if (a == "--query-rows")
+        o.query_rows = v;
       else {
         std::fprintf(stderr, "lq_synth_dump: unknown option '%s' (the output path may not start with '-'; use ./%s)\n",
                      a.c_str(), a.c_str());

@@ -48,10 +48,10 @@ TEST(TableDifference, RelativeToleranceOnFiniteFloatsOnly) {
   // |x - y| = 2e-6 > 1e-6 * 1.000002: different.
   EXPECT_EQ(table_difference(table(1.0, 2.0), table(1.000002, 2.0), 1e-6), "column 'kl', row 0: 1 vs 1.000002");
   EXPECT_EQ(table_difference(table(0.0, nan), table(0.0, nan), 1e-3), "");
-  EXPECT_NE(table_difference(table(inf, 1.0), table(1e308, 1.0), 1e-3), "");  // non-finite: bit for bit
+  EXPECT_NE(table_difference(table(inf, 1.0), table(1e308, 1.0), 1e-3), "");   // non-finite: bit for bit
   EXPECT_NE(table_difference(table(0.0, 1.0), table(1e-300, 1.0), 1e-3), "");  // 0 vs tiny: relative to the larger
   EXPECT_EQ(table_difference(table(0.0, 1.0), table(1e-300, 1.0), 1e-3, 1e-12), "");  // ... within atol
-  EXPECT_EQ(table_difference(table(-1e-10, 1.0), table(2e-10, 1.0), 0, 1e-9), "");  // a KL either side of 0
+  EXPECT_EQ(table_difference(table(-1e-10, 1.0), table(2e-10, 1.0), 0, 1e-9), "");    // a KL either side of 0
   EXPECT_NE(table_difference(table(-1e-10, 1.0), table(2e-9, 1.0), 0, 1e-9), "");
 }
 
@@ -112,8 +112,8 @@ struct Synthetic {
   int cells = 23;
   std::string config = "synthetic config v1";
   std::string input = "input-sha";
-  double salt = 0;               // added to x: "another result" of the same cell
-  int fail_cell = -1;            // this cell throws
+  double salt = 0;     // added to x: "another result" of the same cell
+  int fail_cell = -1;  // this cell throws
   std::shared_ptr<std::atomic<int>> calls = std::make_shared<std::atomic<int>>(0);
 
   std::vector<CellTask> plan() const {

@@ -18,7 +18,6 @@ using lqtest::Outcome;
 using lqtest::TempDir;
 namespace fs = std::filesystem;
 
-
 const char* kConfig = R"(
 [input]
 dump = "dump.h5"
@@ -70,7 +69,8 @@ TEST_F(CliTest, RunWritesResultsAndPrintsTheSummary) {
   const std::string created = std::get<std::string>(attr(a, "created"));
   EXPECT_EQ(created.size(), 20u);
   EXPECT_EQ(created.back(), 'Z');
-  EXPECT_EQ(list_tables(results), (std::vector<std::string>{"latent_error", "summary", "cells"}));  // /cells: latentq/batch.h
+  EXPECT_EQ(list_tables(results),
+            (std::vector<std::string>{"latent_error", "summary", "cells"}));  // /cells: latentq/batch.h
   EXPECT_EQ(read_table(results, "latent_error").num_rows(), 108u);
   EXPECT_EQ(read_table(results, "summary").num_rows(), 18u);
 }
@@ -278,8 +278,9 @@ bound = 0.05
   EXPECT_CONTAINS(o.out, "FAIL  bf16 k_pe max(cos_mean)");
   EXPECT_CONTAINS(o.out, ">= 2");
   // An explicit direction is kept and nothing is said about it.
-  o = regress("[[threshold]]\nquantizer = \"bf16\"\ntarget = \"k_pe\"\nmetric = \"cos_mean\"\nbound = 2\n"
-              "direction = \"max\"\n");
+  o = regress(
+      "[[threshold]]\nquantizer = \"bf16\"\ntarget = \"k_pe\"\nmetric = \"cos_mean\"\nbound = 2\n"
+      "direction = \"max\"\n");
   EXPECT_EQ(o.rc, 0) << o.out;
   EXPECT_CONTAINS(o.out, "<= 2");
   EXPECT_EQ(o.out.find("inferred"), std::string::npos) << o.out;
@@ -297,12 +298,16 @@ TEST_F(CliTest, WarnsAboutCrossLayerWindowsLargerThanTheStudiedLayers) {
   EXPECT_CONTAINS(o.err, "window 4 is larger than the 3 studied layers");
   EXPECT_EQ(o.err.find("window 2 "), std::string::npos) << o.err;
   size_t n = 0;
-  for (size_t p = o.err.find("[cross_layer] windows"); p != std::string::npos; p = o.err.find("[cross_layer] windows", p + 1)) ++n;
+  for (size_t p = o.err.find("[cross_layer] windows"); p != std::string::npos;
+       p = o.err.find("[cross_layer] windows", p + 1))
+    ++n;
   EXPECT_EQ(n, 2u) << o.err;
 }
 
 TEST_F(RegressTest, MalformedInputs) {
-  Outcome o = regress(std::string(kPassing) + "[[threshold]]\nquantizer = \"bf16\"\ntarget = \"c_kv\"\nmetric = \"rel_fro\"\nbound = 1\nslack = 2\n");
+  Outcome o =
+      regress(std::string(kPassing) +
+              "[[threshold]]\nquantizer = \"bf16\"\ntarget = \"c_kv\"\nmetric = \"rel_fro\"\nbound = 1\nslack = 2\n");
   EXPECT_EQ(o.rc, 2);
   EXPECT_CONTAINS(o.err, "unknown key 'slack'");
   o = regress("[[threshold]]\nquantizer = \"bf16\"\ntarget = \"c_kv\"\nmetric = \"scheme\"\nbound = 1\n");
@@ -314,9 +319,11 @@ TEST_F(RegressTest, MalformedInputs) {
   o = regress("[[threshold]]\nquantizer = \"bf17\"\ntarget = \"c_kv\"\nmetric = \"rel_fro\"\nbound = 1\n");
   EXPECT_EQ(o.rc, 2);
   EXPECT_CONTAINS(o.err, "unknown quantizer spec 'bf17'");
-  o = regress("[[threshold]]\nquantizer = \"bf16\"\ntarget = \"c_kv\"\nmetric = \"rel_fro\"\nbound = 1\ndirection = \"up\"\n");
+  o = regress(
+      "[[threshold]]\nquantizer = \"bf16\"\ntarget = \"c_kv\"\nmetric = \"rel_fro\"\nbound = 1\ndirection = \"up\"\n");
   EXPECT_EQ(o.rc, 2);
-  o = regress("[[threshold]]\nquantizer = \"bf16\"\ntarget = \"c_kv\"\nmetric = \"rel_fro\"\nbound = 1\nstatistic = \"p99\"\n");
+  o = regress(
+      "[[threshold]]\nquantizer = \"bf16\"\ntarget = \"c_kv\"\nmetric = \"rel_fro\"\nbound = 1\nstatistic = \"p99\"\n");
   EXPECT_EQ(o.rc, 2);
   // A results path that is a dump, not a results file.
   const fs::path p = dir / "t.toml";

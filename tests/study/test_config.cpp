@@ -56,15 +56,15 @@ TEST(Config, DefaultIsTheFullMatrix) {
               16);
   }
   const auto n = names(c.targets[0].quantizers);
-  EXPECT_EQ(std::vector<std::string>(n.begin(), n.begin() + 8),
-            (std::vector<std::string>{"int8-sym-tensor", "int8-sym-channel", "int8-sym-channel-g32",
-                                      "int8-sym-channel-g128", "int8-sym-token", "int8-sym-token-g32",
-                                      "int8-sym-token-g128", "int8-asym-tensor"}));
+  EXPECT_EQ(
+      std::vector<std::string>(n.begin(), n.begin() + 8),
+      (std::vector<std::string>{"int8-sym-tensor", "int8-sym-channel", "int8-sym-channel-g32", "int8-sym-channel-g128",
+                                "int8-sym-token", "int8-sym-token-g32", "int8-sym-token-g128", "int8-asym-tensor"}));
   EXPECT_EQ(n[42], "bf16");
   EXPECT_EQ(std::vector<std::string>(n.begin() + 43, n.begin() + 55),
             (std::vector<std::string>{"flashmla-v32-fp8", "vllm-fp8-ds-mla", "flashmla-v41-fp8", "flashmla-v41-fp4",
-                                      "fp8-e4m3-tensor", "fp8-e4m3-tensor-s1", "mxfp8", "mxfp4", "nvfp4", "q8_0", "q4_0",
-                                      "q4_1"}));
+                                      "fp8-e4m3-tensor", "fp8-e4m3-tensor-s1", "mxfp8", "mxfp4", "nvfp4", "q8_0",
+                                      "q4_0", "q4_1"}));
   EXPECT_EQ(n[55], "had,int4-asym-channel-g32");
   EXPECT_EQ(n[70], "had,flashmla-v32-fp8");
   EXPECT_EQ(c.all_quantizers().size(), 71u);
@@ -78,11 +78,13 @@ TEST(Config, DefaultIsTheFullMatrix) {
 }
 
 TEST(Config, MatrixSize) {
-  EXPECT_EQ(expand_matrix({8, 4, 2}, {"sym", "asym"}, {"tensor", "channel", "token"}, {0, 32, 128}, {"fp16"}).size(), 42u);
+  EXPECT_EQ(expand_matrix({8, 4, 2}, {"sym", "asym"}, {"tensor", "channel", "token"}, {0, 32, 128}, {"fp16"}).size(),
+            42u);
   EXPECT_EQ(expand_matrix({4}, {"asym"}, {"tensor"}, {0, 32}, {"fp16", "fp32"}).size(), 2u);
   EXPECT_EQ(expand_matrix({4}, {"asym"}, {"channel"}, {32, 64}, {"fp16", "fp32"}).size(), 4u);
   // Duplicates collapse: -g0 and no group are the same spec.
-  EXPECT_EQ(names(expand_matrix({2}, {"sym"}, {"token"}, {0, 0}, {"fp16"})), (std::vector<std::string>{"int2-sym-token"}));
+  EXPECT_EQ(names(expand_matrix({2}, {"sym"}, {"token"}, {0, 0}, {"fp16"})),
+            (std::vector<std::string>{"int2-sym-token"}));
   EXPECT_EQ(names(expand_matrix({4}, {"asym"}, {"channel"}, {32}, {"fp16", "fp32"})),
             (std::vector<std::string>{"int4-asym-channel-g32", "int4-asym-channel-g32-fp32"}));
 }
@@ -162,7 +164,8 @@ TEST(Config, UnknownKeys) {
 }
 
 TEST(Config, UnknownSpec) {
-  expect_config_error(kMatrix + "extra = [\"int3-sym-token\"]\n", {"test.toml:", "unknown quantizer spec 'int3-sym-token'", "Valid forms"});
+  expect_config_error(kMatrix + "extra = [\"int3-sym-token\"]\n",
+                      {"test.toml:", "unknown quantizer spec 'int3-sym-token'", "Valid forms"});
   expect_config_error(kMatrix + "extra = [\"fp4\"]\n", {"unknown quantizer spec 'fp4'", "int{8|4|2}"});
   expect_config_error(kMatrix + "exclude = [\"int4-foo\"]\n", {"unknown quantizer spec 'int4-foo'"});
   expect_config_error(kMatrix + "[targets.c_kv]\nquantizers = [\"int4-asym-tensor-g32\"]\n",
@@ -173,8 +176,9 @@ TEST(Config, BadValues) {
   expect_config_error("[quantizers]\nbits = [8, 3]\nschemes = [\"sym\"]\ngranularities = [\"tensor\"]\n",
                       {"test.toml:2:", "'quantizers.bits': bits = 3 is not one of 2, 4, 8"});
   expect_config_error(kMatrix + "scale_dtypes = [\"bf16\"]\n", {"scale dtype 'bf16' is not one of fp16, fp32"});
-  expect_config_error("[quantizers]\nbits = [8]\nschemes = [\"sym\"]\ngranularities = [\"channel\"]\ngroup_sizes = [32, -32]\n",
-                      {"'quantizers.group_sizes': group size -32 is negative"});
+  expect_config_error(
+      "[quantizers]\nbits = [8]\nschemes = [\"sym\"]\ngranularities = [\"channel\"]\ngroup_sizes = [32, -32]\n",
+      {"'quantizers.group_sizes': group size -32 is negative"});
   expect_config_error("[quantizers]\nbits = [8]\nschemes = [\"symmetric\"]\ngranularities = [\"channel\"]\n",
                       {"scheme 'symmetric' is not one of sym, asym"});
   expect_config_error("[quantizers]\nbits = [8]\nschemes = [\"sym\"]\ngranularities = [\"row\"]\n",
@@ -193,9 +197,7 @@ TEST(Config, BadValues) {
   expect_config_error(kMatrix + "exclude = [\"*\"]\n", {"no quantizer for target c_kv"});
 }
 
-TEST(Config, SyntaxError) {
-  expect_config_error("[input]\ndump = \"x.h5\n", {"test.toml:2:", "TOML syntax error"});
-}
+TEST(Config, SyntaxError) { expect_config_error("[input]\ndump = \"x.h5\n", {"test.toml:2:", "TOML syntax error"}); }
 
 TEST(Config, LoadConfigFile) {
   EXPECT_THROW(load_config("/nonexistent/latentq/config.toml"), std::runtime_error);

@@ -149,7 +149,8 @@ TEST_F(DumpTest, MissingOrMistypedAttr) {
   lqtest::delete_attr(path, "kv_lora_rank");
   expect_error<std::invalid_argument>([&] { load_dump(path); }, {p(), "missing root attribute 'kv_lora_rank'"});
   lqtest::set_string_attr(path, "kv_lora_rank", "16");
-  expect_error<std::invalid_argument>([&] { load_dump(path); }, {"'kv_lora_rank' has type string, expected an integer"});
+  expect_error<std::invalid_argument>([&] { load_dump(path); },
+                                      {"'kv_lora_rank' has type string, expected an integer"});
 }
 
 // softmax_scale is a float64 attribute used by a float32 attention: checked after the conversion.
@@ -161,12 +162,13 @@ TEST_F(DumpTest, SoftmaxScaleMustBeANormalFloat32) {
              "attention runs in float32: expected a value > 0 in the float32 normal range [1.1754944e-38, "
              "3.4028235e+38]"});
   lqtest::set_double_attr(path, "softmax_scale", 1e-50);  // 0 as a float: a uniform softmax
-  expect_error<std::invalid_argument>(
-      [&] { load_dump(path); }, {p() + ": root attribute 'softmax_scale' = 1e-50 becomes 0 in float32"});
+  expect_error<std::invalid_argument>([&] { load_dump(path); },
+                                      {p() + ": root attribute 'softmax_scale' = 1e-50 becomes 0 in float32"});
   lqtest::set_double_attr(path, "softmax_scale", 1e-40);  // a subnormal float: the precision is lost
   expect_error<std::invalid_argument>([&] { load_dump(path); }, {"'softmax_scale' = 1e-40 becomes 9.9999461e-41"});
   lqtest::set_double_attr(path, "softmax_scale", -0.125);
-  expect_error<std::invalid_argument>([&] { load_dump(path); }, {"'softmax_scale' = -0.125, expected a finite value > 0"});
+  expect_error<std::invalid_argument>([&] { load_dump(path); },
+                                      {"'softmax_scale' = -0.125, expected a finite value > 0"});
   lqtest::set_double_attr(path, "softmax_scale", 0.1147214);  // DeepSeek-V2-Lite
   EXPECT_EQ(load_dump(path).attrs.softmax_scale, 0.1147214);
 }
@@ -184,7 +186,8 @@ TEST_F(DumpTest, MissingDataset) {
 TEST_F(DumpTest, WrongDtype) {
   std::vector<double> v(data.c_kv[1].begin(), data.c_kv[1].end());
   lqtest::put_f64(path, "/layers/001/c_kv", {64, 16}, v);
-  expect_error<std::invalid_argument>([&] { load_dump(path); }, {p(), "/layers/001/c_kv has dtype float64, expected float32"});
+  expect_error<std::invalid_argument>([&] { load_dump(path); },
+                                      {p(), "/layers/001/c_kv has dtype float64, expected float32"});
 }
 
 TEST_F(DumpTest, WrongShape) {
@@ -256,19 +259,21 @@ TEST_F(DumpTest, BadSeqOffsets) {
 
 TEST_F(DumpTest, PartialAttentionData) {
   lqtest::delete_link(path, "/layers/001/w_uv");
-  expect_error<std::invalid_argument>([&] { load_dump(path); },
-                                      {"layer 001: attention datasets must be all present or all absent", "but not w_uv"});
+  expect_error<std::invalid_argument>(
+      [&] { load_dump(path); }, {"layer 001: attention datasets must be all present or all absent", "but not w_uv"});
 }
 
 TEST_F(DumpTest, AttentionInSomeLayersOnly) {
   for (const char* n : {"q_rows", "q_nope", "q_pe", "w_uk", "w_uv", "attn_out"})
     lqtest::delete_link(path, std::string("/layers/002/") + n);
-  expect_error<std::invalid_argument>([&] { load_dump(path); }, {"layer 000 has attention data but layer 002 has none"});
+  expect_error<std::invalid_argument>([&] { load_dump(path); },
+                                      {"layer 000 has attention data but layer 002 has none"});
 }
 
 TEST_F(DumpTest, QueryRowOutOfRange) {
   lqtest::put_i32(path, "/layers/000/q_rows", {6}, {0, 1, 2, 3, 4, 64});
-  expect_error<std::invalid_argument>([&] { load_dump(path); }, {"/layers/000/q_rows[5] = 64 is not a token index in [0, 64)"});
+  expect_error<std::invalid_argument>([&] { load_dump(path); },
+                                      {"/layers/000/q_rows[5] = 64 is not a token index in [0, 64)"});
 }
 
 TEST_F(DumpTest, BadLayerName) {

@@ -66,8 +66,8 @@ TEST(Plan, BudgetBelowTheCheapestNamesTheMinimum) {
 // cost is a matrix's stored bytes. The options are specs shared by the groups (each group its own
 // objectives, ties included): per-token ones (row bytes × T), per-tensor ones (+ an fp16 scale and
 // offset, or a scale, per matrix) and whole-sequence channel ones (+ D fp16 scales and offsets, or
-// scales, per sequence, 2 sequences), off any coarser grid. Budgets: each uniform assignment's bytes summed in doubles (as
-// /summary sums them, not exactly the rational total), and random ones.
+// scales, per sequence, 2 sequences), off any coarser grid. Budgets: each uniform assignment's bytes summed in doubles
+// (as /summary sums them, not exactly the rational total), and random ones.
 TEST(Plan, MatchesBruteForce) {
   const int64_t T = 160;
   for (uint64_t seed = 1; seed <= 300; ++seed) {
@@ -85,7 +85,8 @@ TEST(Plan, MatchesBruteForce) {
     for (int g = 0; g < G; ++g) {
       PlanGroup p{g / 2, g % 2 ? Target::KPE : Target::CKV, {}};
       for (int o = 0; o < n; ++o)
-        p.options.push_back({fmt::format("q{}", o), spec_cost[static_cast<size_t>(o)], static_cast<double>(rng() % 40) / 7.0});
+        p.options.push_back(
+            {fmt::format("q{}", o), spec_cost[static_cast<size_t>(o)], static_cast<double>(rng() % 40) / 7.0});
       gs.push_back(p);
     }
     std::vector<double> budgets;
@@ -143,10 +144,12 @@ TEST(Plan, BudgetEqualToAPerTensorSpecTakesIt) {
   const int64_t T = 160;
   std::vector<PlanGroup> gs;
   for (int l = 0; l < 2; ++l) {
-    gs.push_back(group(l, Target::CKV, {{"int4-asym-token", 68 * T, 0.30}, {"int4-asym-tensor", 64 * T + 4, 0.40},
-                                        {"int2-asym-token", 36 * T, 2.0}}));
-    gs.push_back(group(l, Target::KPE, {{"int4-asym-token", 20 * T, 0.30}, {"int4-asym-tensor", 16 * T + 4, 0.40},
-                                        {"int2-asym-token", 12 * T, 2.0}}));
+    gs.push_back(group(
+        l, Target::CKV,
+        {{"int4-asym-token", 68 * T, 0.30}, {"int4-asym-tensor", 64 * T + 4, 0.40}, {"int2-asym-token", 36 * T, 2.0}}));
+    gs.push_back(group(
+        l, Target::KPE,
+        {{"int4-asym-token", 20 * T, 0.30}, {"int4-asym-tensor", 16 * T + 4, 0.40}, {"int2-asym-token", 12 * T, 2.0}}));
   }
   const double budget = 2 * (64.025 + 16.025);
   const PlanSolution s = solve_plan(gs, budget, T);
@@ -227,9 +230,11 @@ TEST_F(MixedTest, ConfigRowsAreTheAssignedSpecs) {
     ADD_FAILURE() << layer << " " << target << " " << quant;
     return size_t{0};
   };
-  for (auto [layer, target, spec] : std::vector<std::tuple<int64_t, std::string, std::string>>{
-           {0, "c_kv", "int8-asym-channel-g32"}, {0, "k_pe", "bf16"}, {1, "c_kv", "int4-asym-channel-g32"},
-           {2, "k_pe", "int8-asym-channel-g32"}}) {
+  for (auto [layer, target, spec] :
+       std::vector<std::tuple<int64_t, std::string, std::string>>{{0, "c_kv", "int8-asym-channel-g32"},
+                                                                  {0, "k_pe", "bf16"},
+                                                                  {1, "c_kv", "int4-asym-channel-g32"},
+                                                                  {2, "k_pe", "int8-asym-channel-g32"}}) {
     EXPECT_EQ(rf[row(layer, target, "mixed")], rf[row(layer, target, spec)]);
     EXPECT_EQ(bpt[row(layer, target, "mixed")], bpt[row(layer, target, spec)]);
   }
@@ -253,16 +258,19 @@ TEST_F(MixedTest, ConfigErrors) {
     }
     return std::string("no error");
   };
-  EXPECT_CONTAINS(err("[[mixed]]\nname = \"bf16\"\nc_kv = \"bf16\"\nk_pe = \"bf16\"\n"), "needs a name that is not a spec");
-  EXPECT_CONTAINS(err("[[mixed]]\nlayers = [0]\nc_kv = \"bf16\"\nk_pe = \"bf16\"\n[[mixed]]\nlayers = [0, 1]\nc_kv = \"bf16\"\n"),
-                  "m.toml:7:8: mixed assignment 'mixed' assigns c_kv of a layer twice");
+  EXPECT_CONTAINS(err("[[mixed]]\nname = \"bf16\"\nc_kv = \"bf16\"\nk_pe = \"bf16\"\n"),
+                  "needs a name that is not a spec");
+  EXPECT_CONTAINS(
+      err("[[mixed]]\nlayers = [0]\nc_kv = \"bf16\"\nk_pe = \"bf16\"\n[[mixed]]\nlayers = [0, 1]\nc_kv = \"bf16\"\n"),
+      "m.toml:7:8: mixed assignment 'mixed' assigns c_kv of a layer twice");
   EXPECT_CONTAINS(err("[[mixed]]\nc_kv = \"bf16\"\n"), "assigns nothing to k_pe");
   EXPECT_CONTAINS(err("[input]\ntargets = [\"c_kv\"]\n[[mixed]]\nc_kv = \"bf16\"\nk_pe = \"bf16\"\n"),
                   "'mixed.k_pe' is given but 'k_pe' is not in input.targets");
   EXPECT_CONTAINS(err("[[mixed]]\nc_kv = \"int5\"\nk_pe = \"bf16\"\n"), "m.toml:2:8");
   EXPECT_CONTAINS(err("[[mixed]]\nc_kv = \"bf16\"\nk_pe = \"bf16\"\nbits = 4\n"), "unknown key 'mixed.bits'");
   // Layers not covered: an error when the cells are planned (the layers are known then).
-  const StudyConfig c = parse_config("[[mixed]]\nlayers = [0, 1]\nc_kv = \"bf16\"\nk_pe = \"bf16\"\n", "m.toml", dir.path());
+  const StudyConfig c =
+      parse_config("[[mixed]]\nlayers = [0, 1]\nc_kv = \"bf16\"\nk_pe = \"bf16\"\n", "m.toml", dir.path());
   LoadOptions o;
   o.attention = false;
   const Dump d = load_dump(dump_path, o);
@@ -301,9 +309,12 @@ TEST_F(MixedTest, RuleCarriesATransform) {
     ADD_FAILURE() << layer << " " << target << " " << quant;
     return size_t{0};
   };
-  for (auto [layer, target, spec] : std::vector<std::tuple<int64_t, std::string, std::string>>{
-           {0, "c_kv", "had8,int4-asym-token"}, {1, "c_kv", "had8,int4-asym-token"}, {2, "c_kv", "int4-asym-token"},
-           {0, "k_pe", "int8-asym-token"}, {2, "k_pe", "int8-asym-token"}}) {
+  for (auto [layer, target, spec] :
+       std::vector<std::tuple<int64_t, std::string, std::string>>{{0, "c_kv", "had8,int4-asym-token"},
+                                                                  {1, "c_kv", "had8,int4-asym-token"},
+                                                                  {2, "c_kv", "int4-asym-token"},
+                                                                  {0, "k_pe", "int8-asym-token"},
+                                                                  {2, "k_pe", "int8-asym-token"}}) {
     SCOPED_TRACE(fmt::format("{} {} {}", layer, target, spec));
     EXPECT_EQ(rf[row(layer, target, "mixed")], rf[row(layer, target, spec)]);
     EXPECT_EQ(tr[row(layer, target, "mixed")], tr[row(layer, target, spec)]);
@@ -375,7 +386,6 @@ TEST_F(MixedTest, PlanRoundTrips) {
   }
 }
 
-
 // ---- the planner on real results: exact bytes, huge budgets, transformed specs ----
 
 // A study on a synthetic dump of tiny-mla's latent shape: 2 layers, 2 sequences of 80 tokens (T = 160),
@@ -394,8 +404,9 @@ struct PlanStudy : ::testing::Test {
     sp.qk_rope_head_dim = 32;
     if (!outlier) sp.outlier_channel = -1;
     lqtest::write_synth(dump, lqtest::make_synth(sp));
-    std::ofstream(cfg) << "[input]\ndump = \"dump.h5\"\n[quantizers]\n" << quantizers
-                       << "\n[cross_layer]\nenabled = false\n[svd]\nenabled = false\n" << sections;
+    std::ofstream(cfg) << "[input]\ndump = \"dump.h5\"\n[quantizers]\n"
+                       << quantizers << "\n[cross_layer]\nenabled = false\n[svd]\nenabled = false\n"
+                       << sections;
     const lqtest::Outcome o = cli({"run", cfg.string(), "--out", res.string(), "--threads", "2"});
     ASSERT_EQ(o.rc, 0) << o.err;
   }
@@ -469,13 +480,15 @@ TEST_F(PlanStudy, BudgetEqualToATensorSpecsBytesIsAtLeastThatSpec) {
   }
 }
 
-
 // A budget far above every assignment: capped at the largest one, and said so (the old DP allocated
 // 64 entries per byte of budget per group: std::bad_alloc at 1e9).
 TEST_F(PlanStudy, HugeBudgetIsCappedWithAMessage) {
-  study("bits = [4, 2]\nschemes = [\"asym\"]\ngranularities = [\"tensor\", \"token\"]\ngroup_sizes = [0]\n"
-        "extra = [\"bf16\"]", false);
-  const lqtest::Outcome o = cli({"plan", res.string(), "--budget", "1e9", "--objective", "mse", "--out", plan.string()});
+  study(
+      "bits = [4, 2]\nschemes = [\"asym\"]\ngranularities = [\"tensor\", \"token\"]\ngroup_sizes = [0]\n"
+      "extra = [\"bf16\"]",
+      false);
+  const lqtest::Outcome o =
+      cli({"plan", res.string(), "--budget", "1e9", "--objective", "mse", "--out", plan.string()});
   ASSERT_EQ(o.rc, 0) << o.err;
   EXPECT_CONTAINS(o.out, "budget 1000000000 bytes/token is above the largest assignment (640.00 bytes/token");
   EXPECT_TRUE(fs::exists(plan));
@@ -497,8 +510,10 @@ TEST_F(PlanStudy, HugeBudgetIsCappedWithAMessage) {
 // candidate, chosen, and written so that `latentq run PLAN.toml` runs it (the old planner skipped
 // every "<transform>,<spec>" row without a word).
 TEST_F(PlanStudy, TransformedSpecStrictlyBetterIsChosen) {
-  study("bits = [8, 4]\nschemes = [\"asym\"]\ngranularities = [\"token\"]\ngroup_sizes = [0]\n"
-        "extra = [\"had,int8-asym-token\", \"had,int4-asym-token\"]", true);
+  study(
+      "bits = [8, 4]\nschemes = [\"asym\"]\ngranularities = [\"token\"]\ngroup_sizes = [0]\n"
+      "extra = [\"had,int8-asym-token\", \"had,int4-asym-token\"]",
+      true);
   const double b = summary_bytes("int4-asym-token");
   EXPECT_EQ(b, summary_bytes("had,int4-asym-token"));
   const fs::path res2 = dir / "res2.h5";
@@ -565,8 +580,9 @@ TEST_F(PlanStudy, UnusableRowsAreNamedInAWarning) {
   ASSERT_EQ(o.rc, 0) << o.err;
   o = cli({"plan", res2.string(), "--budget", "200", "--objective", "mse", "--out", plan2.string()});
   ASSERT_EQ(o.rc, 0) << o.err;
-  EXPECT_CONTAINS(o.err, "latentq: warning: plan: quantizer 'mixed' (every layer and target) is not a candidate: "
-                         "a mixed assignment's row, not one spec");
+  EXPECT_CONTAINS(o.err,
+                  "latentq: warning: plan: quantizer 'mixed' (every layer and target) is not a candidate: "
+                  "a mixed assignment's row, not one spec");
 }
 
 // kl without single-target rows for k_pe: each quantizer is named there, then the group without an option.
@@ -575,8 +591,9 @@ TEST_F(PlanStudy, MissingAttentionRowsAreNamedInAWarning) {
         "[attention]\ntargets = [\"c_kv\", \"c_kv+k_pe\"]\n");
   const lqtest::Outcome o = cli({"plan", res.string(), "--budget", "300", "--objective", "kl", "--out", plan.string()});
   EXPECT_EQ(o.rc, 2);
-  EXPECT_CONTAINS(o.err, "latentq: warning: plan: quantizer 'int8-asym-token' (layer 0 k_pe, layer 1 k_pe) is not a "
-                         "candidate: no /attention_error row with targets \"k_pe\" alone\n");
+  EXPECT_CONTAINS(o.err,
+                  "latentq: warning: plan: quantizer 'int8-asym-token' (layer 0 k_pe, layer 1 k_pe) is not a "
+                  "candidate: no /attention_error row with targets \"k_pe\" alone\n");
   EXPECT_CONTAINS(o.err, "latentq: error: plan: layer 0 k_pe has no measured option");
   EXPECT_FALSE(fs::exists(plan));
 }

@@ -14,7 +14,9 @@ namespace fs = std::filesystem;
 struct ProbeCliTest : ::testing::Test {
   TempDir dir;
   fs::path dump = dir / "dump.h5", config = dir / "study.toml", results = dir / "out.h5";
-  void write_config(const std::string& extra) { std::ofstream(config) << "[input]\ndump = \"dump.h5\"\n" << kConfig << extra; }
+  void write_config(const std::string& extra) {
+    std::ofstream(config) << "[input]\ndump = \"dump.h5\"\n" << kConfig << extra;
+  }
 };
 
 // The synthetic dump's sequences are 40 and 24 tokens, its query rows at positions 9, 20, 31 and 1, 12,
@@ -136,16 +138,18 @@ TEST_F(ProbeCliTest, SvdRankAboveKvLoraRankIsExit2AndWritesNothing) {
 // tokens. The automatic SVD ranks reach 512 (513 fit tokens needed) and used to fail the whole run
 // (exit 2); now they are capped at the 255 that the 256 fit tokens determine, with one warning line.
 TEST_F(ProbeCliTest, ShortDumpOfARealShapeCapsTheAutomaticRanks) {
-  lqtest::write_synth(dump, lqtest::make_synth({.layers = 2, .seq_lens = {256, 256}, .kv_lora_rank = 512,
-                                                 .qk_rope_head_dim = 64, .query_rows = 8}));
+  lqtest::write_synth(
+      dump, lqtest::make_synth(
+                {.layers = 2, .seq_lens = {256, 256}, .kv_lora_rank = 512, .qk_rope_head_dim = 64, .query_rows = 8}));
   write_config("");
   const Outcome o = cli({"run", config.string(), "--out", results.string(), "--threads", "2"});
   ASSERT_EQ(o.rc, 0) << o.err;
   EXPECT_EQ(count_of(o.err, "latentq: warning: "), 1u) << o.err;
-  EXPECT_CONTAINS(o.err, "automatic ranks capped at what the fit split determines (the fit split of " + dump.string() +
-                             " has 256 tokens (the first 1 of its 2 non-empty sequences)): [svd] ranks 32, 64, 128, 255 "
-                             "instead of 32, 64, 128, 256, 384, 512; [cross_layer] window 2 ranks 128, 254 instead of "
-                             "128, 256, 512");
+  EXPECT_CONTAINS(o.err,
+                  "automatic ranks capped at what the fit split determines (the fit split of " + dump.string() +
+                      " has 256 tokens (the first 1 of its 2 non-empty sequences)): [svd] ranks 32, 64, 128, 255 "
+                      "instead of 32, 64, 128, 256, 384, 512; [cross_layer] window 2 ranks 128, 254 instead of "
+                      "128, 256, 512");
   const ColumnTable svd = read_table(results, "svd");
   EXPECT_EQ(svd.get<int64_t>("rank"), (std::vector<int64_t>{32, 64, 128, 255, 32, 64, 128, 255}));
   EXPECT_EQ(svd.get<int64_t>("fit_tokens")[0], 256);
@@ -157,8 +161,10 @@ TEST_F(ProbeCliTest, ShortDumpOfARealShapeCapsTheAutomaticRanks) {
   write_config("[svd]\nranks = [64, 300]\n");
   const Outcome e = cli({"run", config.string(), "--out", results.string(), "--threads", "2"});
   EXPECT_EQ(e.rc, 2);
-  EXPECT_CONTAINS(e.err, "latentq: error: " + config.string() + ": [svd] ranks: rank 300 needs 301 fit tokens, but the "
-                         "fit split of " + dump.string() + " has 256 tokens");
+  EXPECT_CONTAINS(e.err, "latentq: error: " + config.string() +
+                             ": [svd] ranks: rank 300 needs 301 fit tokens, but the "
+                             "fit split of " +
+                             dump.string() + " has 256 tokens");
   EXPECT_EQ(dir.entries(), (std::vector<std::string>{"dump.h5", "study.toml"}));
 }
 
@@ -179,8 +185,9 @@ TEST_F(ProbeCliTest, AttentionOverflowingFloat32IsAnErrorNotAPerfectRow) {
   const Outcome o = cli({"run", config.string(), "--out", results.string(), "--threads", "2"});
   EXPECT_EQ(o.rc, 2) << o.out;
   EXPECT_CONTAINS(o.err, "latentq: error: " + dump.string() + ": cell 000/attention_check: attention: ");
-  EXPECT_CONTAINS(o.err, "are NaN/Inf in float32 (the scores or the output overflow the working precision); no metric "
-                         "is computed from a non-finite attention");
+  EXPECT_CONTAINS(o.err,
+                  "are NaN/Inf in float32 (the scores or the output overflow the working precision); no metric "
+                  "is computed from a non-finite attention");
   EXPECT_CONTAINS(o.err, "the first failed cell is 000/attention_check. Its message names the cause");
   EXPECT_EQ(o.err.find("fp32"), std::string::npos) << o.err;  // no hint about scale dtypes
   EXPECT_FALSE(fs::exists(results));
@@ -227,12 +234,13 @@ TEST_F(ProbeCliTest, EmptySequencesChangeNoResultGroupShippedDump) {
                            "[\"c_kv+k_pe\"]\n";
   const fs::path ref = dir / "ref.h5";
   ASSERT_EQ(cli({"run", config.string(), "--input", shipped.string(), "--out", ref.string(), "--threads", "2"}).rc, 0);
-  for (const std::vector<int64_t>& offsets :
-       {std::vector<int64_t>{0, 0, 512, 1024, 1536, 2048}, std::vector<int64_t>{0, 0, 0, 0, 0, 512, 1024, 1536, 2048}}) {
+  for (const std::vector<int64_t>& offsets : {std::vector<int64_t>{0, 0, 512, 1024, 1536, 2048},
+                                              std::vector<int64_t>{0, 0, 0, 0, 0, 512, 1024, 1536, 2048}}) {
     SCOPED_TRACE(::testing::PrintToString(offsets));
     fs::copy_file(shipped, dump, fs::copy_options::overwrite_existing);
     lqtest::put_i64(dump, "/seq_offsets", {offsets.size()}, offsets);
-    const Outcome o = cli({"run", config.string(), "--input", dump.string(), "--out", results.string(), "--threads", "2"});
+    const Outcome o =
+        cli({"run", config.string(), "--input", dump.string(), "--out", results.string(), "--threads", "2"});
     ASSERT_EQ(o.rc, 0) << o.err;
     expect_same_groups(ref, results);
   }
@@ -287,14 +295,14 @@ TEST_F(ProbeCliTest, MergeRunsTheE2eStep) {
   Outcome o = cli(merge_args);
   ASSERT_EQ(o.rc, 0) << o.err;
   EXPECT_EQ(count_of(o.out, "e2e: skipped: "), 1u) << o.out;
-  EXPECT_CONTAINS(o.out, "e2e: skipped: the model directory " + (dir / "no-model").string() +
-                             " ([e2e] model) has no config.json");
+  EXPECT_CONTAINS(
+      o.out, "e2e: skipped: the model directory " + (dir / "no-model").string() + " ([e2e] model) has no config.json");
   // A tiny-mla dump: the next check resolves [e2e] model against the config's directory.
   for (int i = 0; i < 2; ++i) lqtest::set_string_attr(dir / ("s" + std::to_string(i) + ".h5"), "model", "tiny-mla");
   o = cli(merge_args);
   ASSERT_EQ(o.rc, 0) << o.err;
-  EXPECT_CONTAINS(o.out, "e2e: skipped: the model directory " + (dir / "no-model").string() +
-                             " ([e2e] model) has no config.json");
+  EXPECT_CONTAINS(
+      o.out, "e2e: skipped: the model directory " + (dir / "no-model").string() + " ([e2e] model) has no config.json");
   // --no-e2e: no step.
   merge_args.push_back("--no-e2e");
   o = cli(merge_args);

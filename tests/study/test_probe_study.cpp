@@ -20,20 +20,33 @@ TEST_F(ProbeTest, PlanKeysAreStable) {
   // kv_lora_rank 16: SVD ranks 1, 2, 4, 8, 12, 16. Quantizers: c_kv int4-asym-channel-g32,
   // int4-asym-token-g32, bf16; k_pe int4-asym-channel-g32, int8-sym-token.
   const std::vector<std::string> expected_head = {
-      "000/svd", "001/svd", "002/svd",                                 // svd + svd_spectrum
-      "000-001/cross_layer", "000-002/cross_layer", "001-002/cross_layer",
-      "w2-000/cross_layer_sharing", "w2-001/cross_layer_sharing",
-      "000/attention_check", "001/attention_check", "002/attention_check",
-      "000/c_kv/int4-asym-channel-g32/attention_error", "000/c_kv/int4-asym-token-g32/attention_error",
+      "000/svd",
+      "001/svd",
+      "002/svd",  // svd + svd_spectrum
+      "000-001/cross_layer",
+      "000-002/cross_layer",
+      "001-002/cross_layer",
+      "w2-000/cross_layer_sharing",
+      "w2-001/cross_layer_sharing",
+      "000/attention_check",
+      "001/attention_check",
+      "002/attention_check",
+      "000/c_kv/int4-asym-channel-g32/attention_error",
+      "000/c_kv/int4-asym-token-g32/attention_error",
       "000/c_kv/bf16/attention_error",
-      "000/k_pe/int4-asym-channel-g32/attention_error", "000/k_pe/int8-sym-token/attention_error",
+      "000/k_pe/int4-asym-channel-g32/attention_error",
+      "000/k_pe/int8-sym-token/attention_error",
       "000/c_kv+k_pe/int4-asym-channel-g32/attention_error",  // the only quantizer run on both targets
-      "000/c_kv/svd-rank1/attention_error", "000/c_kv/svd-rank2/attention_error",
-      "000/c_kv/svd-rank4/attention_error", "000/c_kv/svd-rank8/attention_error",
-      "000/c_kv/svd-rank12/attention_error", "000/c_kv/svd-rank16/attention_error",
+      "000/c_kv/svd-rank1/attention_error",
+      "000/c_kv/svd-rank2/attention_error",
+      "000/c_kv/svd-rank4/attention_error",
+      "000/c_kv/svd-rank8/attention_error",
+      "000/c_kv/svd-rank12/attention_error",
+      "000/c_kv/svd-rank16/attention_error",
       "001/c_kv/int4-asym-channel-g32/attention_error"};
   ASSERT_GE(k.size(), expected_head.size());
-  EXPECT_EQ(std::vector<std::string>(k.begin(), k.begin() + static_cast<ptrdiff_t>(expected_head.size())), expected_head);
+  EXPECT_EQ(std::vector<std::string>(k.begin(), k.begin() + static_cast<ptrdiff_t>(expected_head.size())),
+            expected_head);
   EXPECT_EQ(k.size(), 3u + 3u + 2u + 3u + 3u * 12u);
   // Every group but /attention_position ([decode_order] absent: off).
   EXPECT_EQ(p.groups, std::vector<std::string>(probe_groups().begin(), probe_groups().end() - 1));
@@ -159,8 +172,10 @@ TEST_F(ProbeTest, ConfigErrorsNameTheKey) {
     }
   }
   // Defaults when the sections are absent; [e2e] model resolves against the config's directory.
-  const StudyConfig c = parse_config(std::string(kConfig) + "[e2e]\nenabled = true\nmodel = \"m\"\n", "p.toml", dir.path());
-  EXPECT_TRUE(probe_settings<SvdSettings>(c, "svd").enabled && probe_settings<CrossLayerSettings>(c, "cross_layer").enabled &&
+  const StudyConfig c =
+      parse_config(std::string(kConfig) + "[e2e]\nenabled = true\nmodel = \"m\"\n", "p.toml", dir.path());
+  EXPECT_TRUE(probe_settings<SvdSettings>(c, "svd").enabled &&
+              probe_settings<CrossLayerSettings>(c, "cross_layer").enabled &&
               probe_settings<AttentionSettings>(c, "attention").enabled);
   EXPECT_EQ(probe_settings<CrossLayerSettings>(c, "cross_layer").windows, (std::vector<int64_t>{2}));
   EXPECT_TRUE(c.probes.e2e.enabled);
@@ -169,7 +184,6 @@ TEST_F(ProbeTest, ConfigErrorsNameTheKey) {
 }
 
 // ---- values ----------------------------------------------------------------------------------------
-
 
 const ColumnTable& table_of(const std::vector<NamedTable>& tables, const std::string& group) {
   const auto it = std::find_if(tables.begin(), tables.end(), [&](const NamedTable& t) { return t.group == group; });
@@ -217,11 +231,14 @@ TEST_F(ProbeTest, CellsAreIndependentOfThreadsAndOfEachOther) {
       ASSERT_LE(first + rows[g].num_rows(), full.num_rows());
       ColumnTable block = empty_probe_table(task.groups[g]);
       for (const auto& [name, col] : full.columns()) {
-        std::visit([&](const auto& v) {
-          using V = std::decay_t<decltype(v)>;
-          std::get<V>(block.at(name)).assign(v.begin() + static_cast<ptrdiff_t>(first),
-                                             v.begin() + static_cast<ptrdiff_t>(first + rows[g].num_rows()));
-        }, col);
+        std::visit(
+            [&](const auto& v) {
+              using V = std::decay_t<decltype(v)>;
+              std::get<V>(block.at(name))
+                  .assign(v.begin() + static_cast<ptrdiff_t>(first),
+                          v.begin() + static_cast<ptrdiff_t>(first + rows[g].num_rows()));
+            },
+            col);
       }
       EXPECT_EQ(table_difference(block, rows[g]), "") << task.key;
     }
@@ -249,7 +266,8 @@ class LiteralAttentionDevice final : public probes::AttentionDevice {
   void literal(const float* c_kv, const float* k_pe, const float* c_kv_b, const float* k_pe_b, const int64_t* ranges,
                float* out, float* probs) const {
     ++*runs_;
-    const int64_t H = l_.dims.num_heads, r = l_.dims.kv_lora_rank, rope = l_.dims.qk_rope_head_dim, v = l_.dims.v_head_dim;
+    const int64_t H = l_.dims.num_heads, r = l_.dims.kv_lora_rank, rope = l_.dims.qk_rope_head_dim,
+                  v = l_.dims.v_head_dim;
     int64_t off = 0;
     for (const probes::AttentionSegment& g : l_.segments) {
       for (int64_t p = g.begin; p < g.end; ++p)
@@ -361,15 +379,15 @@ class LiteralAttentionDevice final : public probes::AttentionDevice {
 };
 
 // /attention_error columns of two runs row by row: |y − x| ≤ rtol·|x| + atol.
-void expect_columns_near(const ColumnTable& x, const ColumnTable& y, std::initializer_list<const char*> cols, double rtol,
-                         double atol) {
+void expect_columns_near(const ColumnTable& x, const ColumnTable& y, std::initializer_list<const char*> cols,
+                         double rtol, double atol) {
   for (const char* col : cols) {
     const auto& u = x.get<double>(col);
     const auto& w = y.get<double>(col);
     for (size_t i = 0; i < u.size(); ++i)
       EXPECT_NEAR(w[i], u[i], rtol * std::fabs(u[i]) + atol)
-          << col << " row " << i << " (" << x.get<std::string>("quantizer")[i] << ", " << x.get<std::string>("targets")[i]
-          << ")";
+          << col << " row " << i << " (" << x.get<std::string>("quantizer")[i] << ", "
+          << x.get<std::string>("targets")[i] << ")";
   }
 }
 
@@ -453,8 +471,9 @@ TEST_F(ProbeTest, AttentionErrorCellsTakeTheDevicesOwnMetrics) {
 // order of every /attention_position cell runs there (one mixed run per order), and the rows equal the CPU
 // engine's to float32 rounding (the device is float64); the other tables are as without decode order.
 TEST_F(ProbeTest, DecodeOrderCellsRunOnTheDevice) {
-  make({}, "\n[decode_order]\nresidual = [0, 8]\nsink = [0, 2]\nquantizers = [\"int4-asym-channel-g32\"]\n"
-           "position_bucket = 16\n");
+  make({},
+       "\n[decode_order]\nresidual = [0, 8]\nsink = [0, 2]\nquantizers = [\"int4-asym-channel-g32\"]\n"
+       "position_bucket = 16\n");
   const auto cpu = make_cpu_backend();
   DeviceAttentionBackend device_metrics(true);
   BatchOptions o;
@@ -475,15 +494,16 @@ TEST_F(ProbeTest, DecodeOrderCellsRunOnTheDevice) {
     const auto& u = x.get<double>(col);
     const auto& w = y.get<double>(col);
     for (size_t i = 0; i < u.size(); ++i)
-      EXPECT_NEAR(w[i], u[i], 1e-3 * std::fabs(u[i]) + 1e-7) << col << " row " << i << " (" << x.get<std::string>("cache_mode")[i] << ")";
+      EXPECT_NEAR(w[i], u[i], 1e-3 * std::fabs(u[i]) + 1e-7)
+          << col << " row " << i << " (" << x.get<std::string>("cache_mode")[i] << ")";
   }
 }
 
 TEST_F(ProbeTest, AttentionRowsOnASyntheticDump) {
   // Sequences of 40, 24 and 5 tokens: the g32 channel groups of the last two are partial.
   // k_pe runs bf16 too, so that the c_kv, k_pe and c_kv+k_pe bf16 rows are all planned.
-  const std::string with_bf16 = std::regex_replace(std::string(kConfig), std::regex("\"int8-sym-token\"\\]"),
-                                                   "\"int8-sym-token\", \"bf16\"]");
+  const std::string with_bf16 =
+      std::regex_replace(std::string(kConfig), std::regex("\"int8-sym-token\"\\]"), "\"int8-sym-token\", \"bf16\"]");
   ASSERT_NE(with_bf16, kConfig);
   make({.seq_lens = {40, 24, 5}}, "", with_bf16.c_str());
   const int64_t r = dump.attrs.kv_lora_rank, rope = dump.attrs.qk_rope_head_dim;
@@ -523,7 +543,8 @@ TEST_F(ProbeTest, AttentionRowsOnASyntheticDump) {
     const QuantSpec s8 = QuantSpec::parse("int8-sym-token");
     const ColumnTable k = run(key("k_pe", s8.to_string()))[0];
     EXPECT_EQ(k.get<double>("bits_per_element_c_kv")[0], 16.0);
-    EXPECT_EQ(k.get<double>("bytes_per_token_layer")[0], 2.0 * static_cast<double>(r) + static_cast<double>(rope) + 2.0);
+    EXPECT_EQ(k.get<double>("bytes_per_token_layer")[0],
+              2.0 * static_cast<double>(r) + static_cast<double>(rope) + 2.0);
     EXPECT_GT(k.get<double>("out_rel_fro")[0], 0.0);
     EXPECT_LT(k.get<double>("out_rel_fro")[0], 0.1);
     // Quantizing more cannot be free: c_kv+k_pe at int4 has an error, a top-1 agreement in [0, 1].
@@ -617,9 +638,9 @@ TEST(ProbeRealDump, RotationFoldIsExactAndABrokenFoldFails) {
       EXPECT_GT(f.out_rel_fro, 0.0);  // float32: the rotation rounds, so not bit-equal
       EXPECT_LT(std::abs(f.kl_mean), 1e-6);
       // The broken folds: the cache rotated, one weight path not.
-      for (const auto& [mode, what] : {std::pair{probes::FoldMode::SkipWUV, "W_UV"},
-                                       std::pair{probes::FoldMode::SkipWUK, "W_UK"},
-                                       std::pair{probes::FoldMode::SkipQPe, "q_pe"}}) {
+      for (const auto& [mode, what] :
+           {std::pair{probes::FoldMode::SkipWUV, "W_UV"}, std::pair{probes::FoldMode::SkipWUK, "W_UK"},
+            std::pair{probes::FoldMode::SkipQPe, "q_pe"}}) {
         SCOPED_TRACE(what);
         const probes::FoldCheck b = probes::fold_check(q, l.c_kv, l.k_pe, rc, rk, mode);
         EXPECT_GT(b.out_rel_fro, 100 * probes::kFoldTolerance);  // far beyond rounding

@@ -95,9 +95,10 @@ TEST(WaterFilling, LatentErrorColumns) {
   LoadOptions o;
   o.attention = false;
   const Dump dump = load_dump(path, o);
-  const StudyConfig config = parse_config("[quantizers]\nbits = [4, 2]\nschemes = [\"asym\"]\ngranularities = "
-                                          "[\"channel\"]\ngroup_sizes = [0]\nextra = [\"bf16\"]\n",
-                                          "rd.toml", dir.path());
+  const StudyConfig config = parse_config(
+      "[quantizers]\nbits = [4, 2]\nschemes = [\"asym\"]\ngranularities = "
+      "[\"channel\"]\ngroup_sizes = [0]\nextra = [\"bf16\"]\n",
+      "rd.toml", dir.path());
   auto backend = make_cpu_backend();
   const ColumnTable t = run_latent_error(dump, plan_cells(config, dump), *backend);
   const auto& layer = t.get<int64_t>("layer");
@@ -111,7 +112,8 @@ TEST(WaterFilling, LatentErrorColumns) {
     const Layer& l = dump.layer(static_cast<int>(layer[i]));
     const bool ckv = target[i] == "c_kv";
     const int64_t D = ckv ? dump.attrs.kv_lora_rank : dump.attrs.qk_rope_head_dim;
-    const LatentSpectrum s = latent_spectrum(ckv ? l.c_kv.data() : l.k_pe.data(), dump.num_tokens(), D, dump.seq_offsets);
+    const LatentSpectrum s =
+        latent_spectrum(ckv ? l.c_kv.data() : l.k_pe.data(), dump.num_tokens(), D, dump.seq_offsets);
     EXPECT_DOUBLE_EQ(brf[i], rate_distortion_bound(s, bpe[i]).rel_fro);
     // gap = 10·log10(mse/mse_bound) = 20·log10(rel_fro/bound_rel_fro): same normalization.
     EXPECT_NEAR(gap[i], 20 * std::log10(rf[i] / brf[i]), 1e-9);

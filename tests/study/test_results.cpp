@@ -34,8 +34,10 @@ void expect_same(const ColumnTable& a, const ColumnTable& b) {
       const auto& y = std::get<std::vector<double>>(other);
       ASSERT_EQ(x.size(), y.size());
       for (size_t i = 0; i < x.size(); ++i)
-        if (std::isnan(x[i])) EXPECT_TRUE(std::isnan(y[i]));
-        else EXPECT_EQ(x[i], y[i]);
+        if (std::isnan(x[i]))
+          EXPECT_TRUE(std::isnan(y[i]));
+        else
+          EXPECT_EQ(x[i], y[i]);
     } else {
       EXPECT_EQ(col, other);
     }

@@ -79,7 +79,8 @@ TEST_F(StudyTest, RowsMatchTheReferenceForAnyThreadCount) {
     const int64_t D = ckv ? 16 : 8;
     const std::vector<float>& X = ckv ? l.c_kv : l.k_pe;
     std::vector<float> out(X.size());
-    const QuantizedTensor q = quantize_dequantize(c.quantizer.spec, c.target, X.data(), T, D, dump.seq_offsets, out.data());
+    const QuantizedTensor q =
+        quantize_dequantize(c.quantizer.spec, c.target, X.data(), T, D, dump.seq_offsets, out.data());
     const ErrorMetrics m = error_metrics(X.data(), out.data(), T, D);
     const Accounting a = account(q);
     EXPECT_EQ(t1.get<int64_t>("layer")[i], c.layer);
@@ -204,9 +205,9 @@ TEST(Backend, Devices) {
 
 TEST(Inspect, TensorStatsHandComputed) {
   // x [3, 4]: channel 2 is an outlier (absmax 70 vs median channel absmax (2 + 3) / 2 = 2.5).
-  const std::vector<float> x = {1, -2, 70, 0,  //
-                                -1, 2, -10, 3,  //
-                                0, 1, 5, -3};
+  const std::vector<float> x = {1,  -2, 70,  0,  //
+                                -1, 2,  -10, 3,  //
+                                0,  1,  5,   -3};
   const TensorStats s = tensor_stats(x.data(), 3, 4);
   EXPECT_DOUBLE_EQ(s.absmax, 70);
   EXPECT_DOUBLE_EQ(s.mean_abs, (1 + 2 + 70 + 0 + 1 + 2 + 10 + 3 + 0 + 1 + 5 + 3) / 12.0);
@@ -224,8 +225,8 @@ TEST_F(StudyTest, InspectReport) {
   const Dump d = load_dump(path);
   const std::string r = format_inspect(d);
   for (const char* part : {"model           synthetic", "tokens          64 in 2 sequences (lengths 40, 24)",
-                           "kv_lora_rank 16, qk_rope_head_dim 8", "softmax_scale   0.125", "rope_layout     interleaved",
-                           "attention data  yes (6 query rows"})
+                           "kv_lora_rank 16, qk_rope_head_dim 8", "softmax_scale   0.125",
+                           "rope_layout     interleaved", "attention data  yes (6 query rows"})
     EXPECT_NE(r.find(part), std::string::npos) << part << "\n" << r;
   // The synthetic c_kv has channel 3 scaled by 20: an outlier in every layer.
   size_t n = 0;

@@ -132,7 +132,8 @@ TEST(Synth, LatentsHaveLowEffectiveRankAndOutlierChannels) {
   Eigen::Map<const Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>> c(L.c_kv.data(), T, r);
   // column RMS: the outliers stand out of the median by > 5x
   std::vector<double> rms(static_cast<size_t>(r));
-  for (int64_t j = 0; j < r; ++j) rms[static_cast<size_t>(j)] = std::sqrt(c.col(j).cast<double>().squaredNorm() / double(T));
+  for (int64_t j = 0; j < r; ++j)
+    rms[static_cast<size_t>(j)] = std::sqrt(c.col(j).cast<double>().squaredNorm() / double(T));
   std::vector<double> sorted = rms;
   std::sort(sorted.begin(), sorted.end());
   EXPECT_GT(sorted.back() / sorted[sorted.size() / 2], 5.0) << "seed 7, [192, 512]";
@@ -165,7 +166,8 @@ TEST(Synth, DatasetsAreChunked) {
   lqtest::TempDir dir;
   write_synth_dump(dir / "d.h5", small("deepseek-v3", 1));
   H5::H5File f((dir / "d.h5").string(), H5F_ACC_RDONLY);
-  for (const char* name : {"/layers/000/c_kv", "/layers/000/k_pe", "/layers/000/w_uk", "/layers/000/attn_out", "/tokens"}) {
+  for (const char* name :
+       {"/layers/000/c_kv", "/layers/000/k_pe", "/layers/000/w_uk", "/layers/000/attn_out", "/tokens"}) {
     const H5::DataSet ds = f.openDataSet(name);
     EXPECT_EQ(ds.getCreatePlist().getLayout(), H5D_CHUNKED) << name;
   }
@@ -192,8 +194,8 @@ double resident_mib() {
 TEST(Synth, WritingIsLayerStreamed) {
   lqtest::TempDir dir;
   const std::string out = (dir / "big.h5").string();
-  std::vector<std::string> args = {LATENTQ_BIN, "synth", "--preset", "tiny-mla", "--layers", "16", "--seqs", "1",
-                                   "--seq-len", "8192", "--query-rows", "2", "--out", out};
+  std::vector<std::string> args = {LATENTQ_BIN, "synth",     "--preset", "tiny-mla",     "--layers", "16",    "--seqs",
+                                   "1",         "--seq-len", "8192",     "--query-rows", "2",        "--out", out};
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);

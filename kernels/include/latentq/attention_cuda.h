@@ -27,7 +27,8 @@
 // a reference kept by keep_reference() (as much memory again for its probabilities).
 //
 // Errors: std::invalid_argument for inconsistent shapes (naming them); std::runtime_error when cuBLAS cannot be
-// loaded (the paths tried), and for CUDA and cuBLAS failures ("<file>:<line>: <call> failed: <status>"), an allocation naming its bytes.
+// loaded (the paths tried), and for CUDA and cuBLAS failures ("<file>:<line>: <call> failed: <status>"), an allocation
+// naming its bytes.
 #pragma once
 
 #include <cstdint>
@@ -52,16 +53,16 @@ struct DeviceAttentionSegment {
 /// attention.h, AttentionError) between the kept reference (keep_reference) and a test cache, as
 /// error_terms() computes them on the device: float64 sums of float32 values.
 struct DeviceAttentionTerms {
-  double kl = 0;    ///< Σ_j p_j·ln(p_j / max(p̂_j, kl_floor)) over the row's keys with p_j > 0
-  double dot = 0;   ///< Σ a·b over the pair's v_head_dim outputs (a: reference, b: test)
-  double ref2 = 0;  ///< Σ a²
-  double test2 = 0; ///< Σ b²
-  double err2 = 0;  ///< Σ (b − a)²
-  int32_t equal = 0;           ///< 1 when a == b element for element
-  int32_t top1 = 0;            ///< 1 when the keys of largest probability agree (ties: the lower key index)
-  int32_t top_common = 0;      ///< |top-m(p) ∩ top-m(p̂)|, m = min(8, nkeys) (ties: the lower key index)
-  int32_t nonfinite_probs = 0; ///< NaN/Inf among the test's probabilities of the pair's keys
-  int32_t nonfinite_out = 0;   ///< NaN/Inf among the test's outputs of the pair
+  double kl = 0;                ///< Σ_j p_j·ln(p_j / max(p̂_j, kl_floor)) over the row's keys with p_j > 0
+  double dot = 0;               ///< Σ a·b over the pair's v_head_dim outputs (a: reference, b: test)
+  double ref2 = 0;              ///< Σ a²
+  double test2 = 0;             ///< Σ b²
+  double err2 = 0;              ///< Σ (b − a)²
+  int32_t equal = 0;            ///< 1 when a == b element for element
+  int32_t top1 = 0;             ///< 1 when the keys of largest probability agree (ties: the lower key index)
+  int32_t top_common = 0;       ///< |top-m(p) ∩ top-m(p̂)|, m = min(8, nkeys) (ties: the lower key index)
+  int32_t nonfinite_probs = 0;  ///< NaN/Inf among the test's probabilities of the pair's keys
+  int32_t nonfinite_out = 0;    ///< NaN/Inf among the test's outputs of the pair
   int32_t pad = 0;
 };
 static_assert(sizeof(DeviceAttentionTerms) == 64, "DeviceAttentionTerms is copied as bytes between host and device");

@@ -64,16 +64,16 @@ struct Workspace {
 /// A quantized [rows, cols] matrix in device memory, in exactly the storage layout of
 /// QuantizedTensor (quantize.h). Move-only; buffers are reused by later quantize_device calls.
 struct DeviceQuantized {
-  QuantSpec spec;                         ///< the format as stored (QuantSpec::stored_for applied)
-  int64_t rows = 0;                       ///< T
-  int64_t cols = 0;                       ///< D
-  std::vector<int64_t> group_bounds;      ///< channel: token-group boundaries [G+1] (host copy)
-  gpu::DeviceBuffer<uint8_t> codes;       ///< [rows, row_bytes()]
-  gpu::DeviceBuffer<uint8_t> scales;      ///< raw little-endian scale values, layout as QuantizedTensor
-  gpu::DeviceBuffer<uint8_t> offsets;     ///< asymmetric only
-  std::vector<uint8_t> global;            ///< fp32 per-tensor scale [4 bytes] (fp8-e4m3-tensor, nvfp4), host copy
+  QuantSpec spec;                             ///< the format as stored (QuantSpec::stored_for applied)
+  int64_t rows = 0;                           ///< T
+  int64_t cols = 0;                           ///< D
+  std::vector<int64_t> group_bounds;          ///< channel: token-group boundaries [G+1] (host copy)
+  gpu::DeviceBuffer<uint8_t> codes;           ///< [rows, row_bytes()]
+  gpu::DeviceBuffer<uint8_t> scales;          ///< raw little-endian scale values, layout as QuantizedTensor
+  gpu::DeviceBuffer<uint8_t> offsets;         ///< asymmetric only
+  std::vector<uint8_t> global;                ///< fp32 per-tensor scale [4 bytes] (fp8-e4m3-tensor, nvfp4), host copy
   gpu::DeviceBuffer<int64_t> d_group_bounds;  ///< channel: device copy of group_bounds [G+1]
-  mutable gpu::Workspace ws;              ///< scratch, see gpu::Workspace
+  mutable gpu::Workspace ws;                  ///< scratch, see gpu::Workspace
 
   /// Metadata-only QuantizedTensor (spec, rows, cols, group_bounds, global; no codes): its row_bytes(),
   /// row_group() and scales_per_row() define this layout.

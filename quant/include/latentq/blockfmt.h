@@ -4,8 +4,8 @@
 // one decodes it; the CPU quantizer (quant/src/cpu/dispatch.cpp) loops over blocks calling them; the
 // CUDA kernels (kernels/quant/blocks.cu) call their halves — block_params (statistics, stored scale)
 // from one thread per block, encode_block_bytes / dequantize_elements from one thread per few
-// code bytes / elements — so the two are byte-identical by construction (qmath.h's rules: IEEE ops each rounded on its own, integer
-// bit manipulation for every dtype conversion).
+// code bytes / elements — so the two are byte-identical by construction (qmath.h's rules: IEEE ops each rounded on its
+// own, integer bit manipulation for every dtype conversion).
 //
 // A block is n ≤ BlockDesc::block consecutive elements of one token row (D = kv_lora_rank or
 // qk_rope_head_dim); a row has ceil(D / block) blocks, the last one possibly partial (its own
@@ -48,16 +48,16 @@ enum class BlockKind : uint8_t {
 /// Runtime description of a block format, as the kernels receive it (POD).
 struct BlockDesc {
   BlockKind kind;
-  int block;       ///< elements per block along the row (a tile width for fp8 tiles, D for Fp8Tensor)
-  int code_bits;   ///< 8 or 4
-  ScaleDtype sd;   ///< dtype of the per-block scale (and q4_1's offset)
-  bool has_scale;  ///< a scale is stored per block (false: Fp8Tensor)
-  bool has_offset; ///< an offset is stored per block (q4_1's m)
+  int block;        ///< elements per block along the row (a tile width for fp8 tiles, D for Fp8Tensor)
+  int code_bits;    ///< 8 or 4
+  ScaleDtype sd;    ///< dtype of the per-block scale (and q4_1's offset)
+  bool has_scale;   ///< a scale is stored per block (false: Fp8Tensor)
+  bool has_offset;  ///< an offset is stored per block (q4_1's m)
 };
 
 constexpr float kFlashMlaScaleFloor = 1e-4f;  ///< FlashMLA: max(amax / 448, 1e-4)
-constexpr float kFltMin = 1.17549435e-38f;     ///< FLT_MIN, vLLM's floor
-constexpr float kE4M3Tiny = 0.015625f;         ///< 2^-6, torch.finfo(float8_e4m3fn).tiny: NVFP4's scale floor
+constexpr float kFltMin = 1.17549435e-38f;    ///< FLT_MIN, vLLM's floor
+constexpr float kE4M3Tiny = 0.015625f;        ///< 2^-6, torch.finfo(float8_e4m3fn).tiny: NVFP4's scale floor
 
 /// What quantize_block reports: whether a stored value overflowed its dtype (then raw holds the
 /// float32 value before rounding, offset tells which), and how many elements saturated (the saturating cast
@@ -131,11 +131,11 @@ LQ_HD uint8_t e2m1_sat(float v, int& saturated) {
 /// divisor or multiplier of every element, q4_1's min, NVFP4's all-zero tensor, and max|x| of the
 /// block (the caller's per-tensor amax).
 struct BlockParams {
-  float s = 0.0f;      ///< fp8 tile / MX / fp4 tile / fp8 tensor: the divisor; NVFP4: the multiplier; ggml: id
-  float inv = 0.0f;    ///< Fp8Pow2, MX: 1/s, exact (s = 2^E, 1/s = 2^−E is a float32 for every E they reach)
-  float mn = 0.0f;     ///< q4_1: min
-  float amax = 0.0f;   ///< max|x| of the block
-  int zero = 0;        ///< NVFP4 of an all-zero tensor: every code is 0
+  float s = 0.0f;     ///< fp8 tile / MX / fp4 tile / fp8 tensor: the divisor; NVFP4: the multiplier; ggml: id
+  float inv = 0.0f;   ///< Fp8Pow2, MX: 1/s, exact (s = 2^E, 1/s = 2^−E is a float32 for every E they reach)
+  float mn = 0.0f;    ///< q4_1: min
+  float amax = 0.0f;  ///< max|x| of the block
+  int zero = 0;       ///< NVFP4 of an all-zero tensor: every code is 0
 };
 
 /// block_params with the block's max|x| given (amax = max_num over abs_f(x[i]), which for finite x is the same
@@ -320,7 +320,7 @@ LQ_HD int encode_block_bytes(const BlockDesc& f, const BlockParams& p, const flo
     } else if (ggml) {  // ggml q4: byte j holds element j (low) and j + n/2 (high)
       const int h = n / 2;
       c = (b < h ? encode_element(f, p, x[b], sat) : 0u) | (b + h < n ? encode_element(f, p, x[b + h], sat) << 4 : 0u);
-    } else {            // element 2k in the low nibble of byte k
+    } else {  // element 2k in the low nibble of byte k
       c = encode_element(f, p, x[2 * b], sat) | (2 * b + 1 < n ? encode_element(f, p, x[2 * b + 1], sat) << 4 : 0u);
     }
     codes[b - b0] = static_cast<uint8_t>(c);
@@ -393,13 +393,19 @@ LQ_HD BlockStatus quantize_block(const BlockDesc& f, const float* x, int n, floa
 LQ_HD float minifloat_block_multiplier(const BlockDesc& f, const uint8_t* scale, float global) {
   switch (f.kind) {
     case BlockKind::Fp8Pow2:
-    case BlockKind::Fp8Fp32: return load_dtype(scale, f.sd);
-    case BlockKind::Fp8Tensor: return global;
+    case BlockKind::Fp8Fp32:
+      return load_dtype(scale, f.sd);
+    case BlockKind::Fp8Tensor:
+      return global;
     case BlockKind::MxFp8:
-    case BlockKind::MxFp4: return e8m0_bits_to_f32(scale[0]);
-    case BlockKind::Fp4Tile: return e4m3_bits_to_f32(scale[0]);
-    case BlockKind::NvFp4: return mul_rn(global, e4m3_bits_to_f32(scale[0]));
-    default: return 0.0f;
+    case BlockKind::MxFp4:
+      return e8m0_bits_to_f32(scale[0]);
+    case BlockKind::Fp4Tile:
+      return e4m3_bits_to_f32(scale[0]);
+    case BlockKind::NvFp4:
+      return mul_rn(global, e4m3_bits_to_f32(scale[0]));
+    default:
+      return 0.0f;
   }
 }
 

@@ -107,15 +107,15 @@ LQ_HD uint16_t f32_to_f16_bits(float f) {
   const uint32_t sign = u & 0x80000000u;
   u ^= sign;
   uint16_t o;
-  if (u >= (143u << 23)) {                     // |f| ≥ 65536: inf, or NaN
+  if (u >= (143u << 23)) {  // |f| ≥ 65536: inf, or NaN
     o = (u > 0x7f800000u) ? 0x7e00 : 0x7c00;
-  } else if (u < (113u << 23)) {               // |f| < 2^-14: fp16 subnormal or zero
+  } else if (u < (113u << 23)) {                           // |f| < 2^-14: fp16 subnormal or zero
     const float denorm_magic = f32_from_bits(126u << 23);  // 0.5: aligns 10 mantissa bits at the bottom
     o = static_cast<uint16_t>(f32_bits(add_rn(f32_from_bits(u), denorm_magic)) - (126u << 23));
   } else {
     const uint32_t mant_odd = (u >> 13) & 1u;
     u += (static_cast<uint32_t>(15 - 127) << 23) + 0xfffu + mant_odd;
-    o = static_cast<uint16_t>(u >> 13);        // a carry into the exponent gives 0x7c00 (inf)
+    o = static_cast<uint16_t>(u >> 13);  // a carry into the exponent gives 0x7c00 (inf)
   }
   return static_cast<uint16_t>(o | (sign >> 16));
 }
@@ -128,7 +128,7 @@ LQ_HD float f16_bits_to_f32(uint16_t h) {
   if (exp == shifted_exp) {
     o += static_cast<uint32_t>(128 - 16) << 23;  // inf / NaN
   } else if (exp == 0) {
-    o += 1u << 23;                                // zero / subnormal: renormalize
+    o += 1u << 23;  // zero / subnormal: renormalize
     o = f32_bits(sub_rn(f32_from_bits(o), f32_from_bits(113u << 23)));
   }
   return f32_from_bits(o | ((static_cast<uint32_t>(h) & 0x8000u) << 16));
@@ -159,7 +159,8 @@ LQ_HD uint8_t f32_to_minifloat_bits(float f, float max_value) {
   uint8_t o;
   if (!(a < max_value)) {
     o = static_cast<uint8_t>(MAXC);  // saturate; NaN lands here too
-  } else if (u < (static_cast<uint32_t>(128 - B) << 23)) {  // subnormal: m·2^(1−B−M); m = 2^M is the smallest normal, same bits
+  } else if (u < (static_cast<uint32_t>(128 - B)
+                  << 23)) {  // subnormal: m·2^(1−B−M); m = 2^M is the smallest normal, same bits
     o = static_cast<uint8_t>(rne_small(mul_rn(a, f32_from_bits(static_cast<uint32_t>(127 + B - 1 + M) << 23))));
   } else {
     constexpr int S = 23 - M;
@@ -202,7 +203,9 @@ LQ_HD float e2m1_bits_to_f32(uint8_t c) {
 LQ_HD float exp2_int(int e) {
   return e >= -126 ? f32_from_bits(static_cast<uint32_t>(e + 127) << 23) : f32_from_bits(0x00400000u);
 }
-LQ_HD float e8m0_bits_to_f32(uint8_t b) { return b == 0xff ? f32_from_bits(0x7fc00000u) : exp2_int(static_cast<int>(b) - 127); }
+LQ_HD float e8m0_bits_to_f32(uint8_t b) {
+  return b == 0xff ? f32_from_bits(0x7fc00000u) : exp2_int(static_cast<int>(b) - 127);
+}
 /// floor(log2(v)) from the float32 exponent field (v ≥ 0 finite): exact for normal v; a subnormal
 /// or zero v gives −127 (torchao's FLOOR mode reads the exponent bits the same way).
 LQ_HD int floor_log2_bits(float v) { return static_cast<int>((f32_bits(v) >> 23) & 0xffu) - 127; }
@@ -228,16 +231,17 @@ LQ_HD float round_half_away(float v) {
 ///   E4M3  one fp8 e4m3fn byte (NVFP4 block scales)
 enum class ScaleDtype : uint8_t { F16 = 0, F32 = 1, UE8M0 = 2, E4M3 = 3 };
 /// Bytes of one stored scale/offset of dtype d.
-LQ_HD int scale_dtype_bytes(ScaleDtype d) {
-  return d == ScaleDtype::F16 ? 2 : d == ScaleDtype::F32 ? 4 : 1;
-}
+LQ_HD int scale_dtype_bytes(ScaleDtype d) { return d == ScaleDtype::F16 ? 2 : d == ScaleDtype::F32 ? 4 : 1; }
 /// v rounded to dtype d (F16: RNE, may overflow to ±inf; F32: v; UE8M0: v must already be a power
 /// of two in range (the scale rules produce only those); E4M3: RNE saturating).
 LQ_HD float round_to_dtype(float v, ScaleDtype d) {
   switch (d) {
-    case ScaleDtype::F16: return f16_bits_to_f32(f32_to_f16_bits(v));
-    case ScaleDtype::E4M3: return e4m3_bits_to_f32(f32_to_e4m3_bits(v));
-    default: return v;
+    case ScaleDtype::F16:
+      return f16_bits_to_f32(f32_to_f16_bits(v));
+    case ScaleDtype::E4M3:
+      return e4m3_bits_to_f32(f32_to_e4m3_bits(v));
+    default:
+      return v;
   }
 }
 /// Raw little-endian bytes of v (already representable in d) into dst[scale_dtype_bytes(d)].
@@ -254,19 +258,26 @@ LQ_HD void store_dtype(uint8_t* dst, float v, ScaleDtype d) {
       for (int k = 0; k < 4; ++k) dst[k] = static_cast<uint8_t>(w >> (8 * k));
       return;
     }
-    case ScaleDtype::UE8M0: dst[0] = static_cast<uint8_t>(floor_log2_bits(v) + 127); return;
-    case ScaleDtype::E4M3: dst[0] = f32_to_e4m3_bits(v); return;
+    case ScaleDtype::UE8M0:
+      dst[0] = static_cast<uint8_t>(floor_log2_bits(v) + 127);
+      return;
+    case ScaleDtype::E4M3:
+      dst[0] = f32_to_e4m3_bits(v);
+      return;
   }
 }
 /// Decoded value of the stored bytes src[scale_dtype_bytes(d)], exact.
 LQ_HD float load_dtype(const uint8_t* src, ScaleDtype d) {
   switch (d) {
-    case ScaleDtype::F16: return f16_bits_to_f32(static_cast<uint16_t>(src[0] | (src[1] << 8)));
+    case ScaleDtype::F16:
+      return f16_bits_to_f32(static_cast<uint16_t>(src[0] | (src[1] << 8)));
     case ScaleDtype::F32:
       return f32_from_bits(static_cast<uint32_t>(src[0]) | (static_cast<uint32_t>(src[1]) << 8) |
                            (static_cast<uint32_t>(src[2]) << 16) | (static_cast<uint32_t>(src[3]) << 24));
-    case ScaleDtype::UE8M0: return e8m0_bits_to_f32(src[0]);
-    case ScaleDtype::E4M3: return e4m3_bits_to_f32(src[0]);
+    case ScaleDtype::UE8M0:
+      return e8m0_bits_to_f32(src[0]);
+    case ScaleDtype::E4M3:
+      return e4m3_bits_to_f32(src[0]);
   }
   return 0.0f;
 }
@@ -304,14 +315,13 @@ LQ_HD float decode_sym(uint32_t u, float scale, int bits) {
 }
 /// Asymmetric encode → code u = q ∈ [0, 2^b − 1]; scale 0 → q = 0.
 LQ_HD uint32_t encode_asym(float x, float scale, float offset, int bits) {
-  const float q = scale > 0.0f ? rne_clamp(div_rn(sub_rn(x, offset), scale), 0.0f, static_cast<float>(asym_qmax(bits)))
-                               : 0.0f;
+  const float q =
+      scale > 0.0f ? rne_clamp(div_rn(sub_rn(x, offset), scale), 0.0f, static_cast<float>(asym_qmax(bits))) : 0.0f;
   return static_cast<uint32_t>(q);
 }
 LQ_HD float decode_asym(uint32_t u, float scale, float offset) {
   return add_rn(offset, mul_rn(scale, static_cast<float>(u)));
 }
-
 
 // ---- bit packing ------------------------------------------------------------------------------
 // Codes of one token row are packed little-end first: INT4 element 2k in bits 0–3 of byte k and

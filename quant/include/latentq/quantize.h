@@ -41,9 +41,9 @@ struct QuantizedTensor {
   std::vector<uint8_t> global;        ///< fp32 per-tensor scale [4 bytes] (fp8-e4m3-tensor, nvfp4); else empty
 
   Layout layout() const { return latentq::layout(spec, cols); }  ///< the stored layout (spec.h)
-  int64_t row_bytes() const;          ///< bytes of one packed code row
-  int64_t row_group() const;          ///< per-row scale groups (token groups, blocks): width along D; else 0
-  int64_t scales_per_row() const;     ///< per-row scale groups per row, ceil(D / row_group()); else 0
+  int64_t row_bytes() const;                                     ///< bytes of one packed code row
+  int64_t row_group() const;       ///< per-row scale groups (token groups, blocks): width along D; else 0
+  int64_t scales_per_row() const;  ///< per-row scale groups per row, ceil(D / row_group()); else 0
   /// Bytes actually stored: codes + scales + offsets + global.
   int64_t storage_bytes() const {
     return static_cast<int64_t>(codes.size() + scales.size() + offsets.size() + global.size());
@@ -118,7 +118,8 @@ QuantizedTensor quantize_dequantize(const QuantSpec& spec, Target target, const 
 /// byte). The block formats run blockfmt.h's block functions on every kernel: Baseline and Avx2 split the
 /// rows across set_cpu_threads' threads, and Avx2 also encodes and decodes the e4m3 kinds (fp8 tiles,
 /// per-tensor fp8, MXFP8), the e2m1 kinds (MXFP4, NVFP4, fp4 tiles) and the ggml kinds' codes eight elements
-/// at a time and takes the NaN/Inf check and max|x| in one pass (the same bytes again). bf16 runs the reference loop (after that one pass under Avx2).
+/// at a time and takes the NaN/Inf check and max|x| in one pass (the same bytes again). bf16 runs the reference loop
+/// (after that one pass under Avx2).
 ///   Reference  the plain loops: one pass for NaN/Inf, one for the statistics, one to encode.
 ///   Baseline   the fused loops (statistics, NaN/Inf flag and encoding of a group while it is in cache;
 ///              eight-lane min/max reductions), compiled for the baseline ISA (x86-64: SSE2).

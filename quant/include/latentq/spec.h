@@ -73,13 +73,13 @@ enum class Target : uint8_t { CKV = 0, KPE = 1 };
 /// A parsed quantizer spec. Fields that do not apply to a format hold their defaults.
 struct QuantSpec {
   Format format = Format::Int;
-  int bits = 8;                                 ///< code bits: 8/4/2 (Int), 16 (BF16), 8 (fp8, mxfp8, q8_0), 4 (fp4, q4)
-  Scheme scheme = Scheme::Asym;                 ///< Int only
-  Granularity granularity = Granularity::Tensor;///< Int only
-  int64_t group_size = 0;                       ///< Int channel/token: group length, 0 = whole axis; Fp8Tile: tile width
-  ScaleDtype scale_dtype = ScaleDtype::F16;     ///< dtype of the stored per-group scale (see kFormats)
-  ScaleRule rule = ScaleRule::None;             ///< Fp8Tile / Fp8Tensor only
-  uint8_t preset = 0;                           ///< Preset: index into kPresets
+  int bits = 8;                  ///< code bits: 8/4/2 (Int), 16 (BF16), 8 (fp8, mxfp8, q8_0), 4 (fp4, q4)
+  Scheme scheme = Scheme::Asym;  ///< Int only
+  Granularity granularity = Granularity::Tensor;  ///< Int only
+  int64_t group_size = 0;                    ///< Int channel/token: group length, 0 = whole axis; Fp8Tile: tile width
+  ScaleDtype scale_dtype = ScaleDtype::F16;  ///< dtype of the stored per-group scale (see kFormats)
+  ScaleRule rule = ScaleRule::None;          ///< Fp8Tile / Fp8Tensor only
+  uint8_t preset = 0;                        ///< Preset: index into kPresets
 
   /// Parse a spec string. Throws std::invalid_argument naming the string and listing the valid
   /// forms for an unknown string, bits outside {2,4,8}, a negative or malformed group size, a
@@ -109,9 +109,9 @@ inline const FormatTraits& traits(Format f) { return kFormats[static_cast<int>(f
 
 /// Order of the parts of an engine's per-token record (pack_record() in quantize.h).
 enum class RecordOrder : uint8_t {
-  CodesScalesRope = 0,        ///< c_kv codes | c_kv scales | k_pe (V3.2 / vLLM fp8_ds_mla)
-  CodesRopeScalesPad8 = 1,    ///< c_kv codes | k_pe | c_kv scales | zero pad to a multiple of 8 (MODEL1)
-  CodesCodesScalesScales = 2, ///< c_kv codes | k_pe codes | c_kv scales | k_pe scales (V4.1)
+  CodesScalesRope = 0,         ///< c_kv codes | c_kv scales | k_pe (V3.2 / vLLM fp8_ds_mla)
+  CodesRopeScalesPad8 = 1,     ///< c_kv codes | k_pe | c_kv scales | zero pad to a multiple of 8 (MODEL1)
+  CodesCodesScalesScales = 2,  ///< c_kv codes | k_pe codes | c_kv scales | k_pe scales (V4.1)
 };
 /// An engine preset: the formats of c_kv and k_pe in the engine's per-token record.
 struct PresetTraits {
@@ -128,17 +128,17 @@ extern const PresetTraits kPresets[5];
 /// Byte layout of one stored target ([T, D] matrix) of a non-preset spec. Every stored byte is one
 /// of: codes [T, row_code_bytes]; scales/offsets per group; a constant per matrix.
 struct Layout {
-  int code_bits = 0;          ///< bits per element code (16 for bf16)
-  int64_t row_code_bytes = 0; ///< code bytes of one token row, padded to a whole byte
-  int64_t block = 0;          ///< width along D of a per-row scale group (token groups, tiles, blocks); 0 = none
-  int64_t blocks_per_row = 0; ///< ceil(D / block); 0 = none
+  int code_bits = 0;                ///< bits per element code (16 for bf16)
+  int64_t row_code_bytes = 0;       ///< code bytes of one token row, padded to a whole byte
+  int64_t block = 0;                ///< width along D of a per-row scale group (token groups, tiles, blocks); 0 = none
+  int64_t blocks_per_row = 0;       ///< ceil(D / block); 0 = none
   ScaleDtype sd = ScaleDtype::F32;  ///< dtype of the per-group scale and offset
-  int scale_bytes = 0;        ///< bytes of one stored scale (0 = none stored per group)
-  bool offsets = false;       ///< an offset is stored next to each scale
-  bool channel = false;       ///< per-channel token groups: scales [G, D] (count depends on seq_offsets)
-  int64_t tensor_bytes = 0;   ///< bytes stored once per matrix (per-tensor scale/offset, global scale)
-  bool block_format = false;  ///< quantized through latentq/blockfmt.h
-  qmath::BlockDesc desc{};    ///< block formats: the kernel/CPU block description
+  int scale_bytes = 0;              ///< bytes of one stored scale (0 = none stored per group)
+  bool offsets = false;             ///< an offset is stored next to each scale
+  bool channel = false;             ///< per-channel token groups: scales [G, D] (count depends on seq_offsets)
+  int64_t tensor_bytes = 0;         ///< bytes stored once per matrix (per-tensor scale/offset, global scale)
+  bool block_format = false;        ///< quantized through latentq/blockfmt.h
+  qmath::BlockDesc desc{};          ///< block formats: the kernel/CPU block description
 
   /// Bytes per token of one layer for one target, metadata included, for formats whose storage is
   /// per token (per-token groups, blocks, bf16); per-matrix bytes are left out (amortized over T).

@@ -29,12 +29,14 @@ LQ_AVX2_AI __m256i minifloat_codes_avx2(__m256 y, float max_value) {
   const __m256i c_sub = _mm256_cvtps_epi32(_mm256_mul_ps(a, _mm256_set1_ps(static_cast<float>(1 << (B - 1 + M)))));
   const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, S), _mm256_set1_epi32(1));
   const __m256i biased = _mm256_add_epi32(
-      _mm256_add_epi32(u, _mm256_set1_epi32(static_cast<int>((static_cast<uint32_t>(B - 127) << 23) + ((1u << (S - 1)) - 1u)))),
+      _mm256_add_epi32(
+          u, _mm256_set1_epi32(static_cast<int>((static_cast<uint32_t>(B - 127) << 23) + ((1u << (S - 1)) - 1u)))),
       odd);
   const __m256i c_norm = _mm256_min_epu32(_mm256_srli_epi32(biased, S), _mm256_set1_epi32(static_cast<int>(MAXC)));
   __m256i c = _mm256_blendv_epi8(c_norm, c_sub, sub);
   c = _mm256_blendv_epi8(c, _mm256_set1_epi32(static_cast<int>(MAXC)), _mm256_castps_si256(sat));
-  return _mm256_or_si256(c, _mm256_srli_epi32(_mm256_and_si256(ui, _mm256_set1_epi32(static_cast<int>(0x80000000u))), 31 - SIGN));
+  return _mm256_or_si256(
+      c, _mm256_srli_epi32(_mm256_and_si256(ui, _mm256_set1_epi32(static_cast<int>(0x80000000u))), 31 - SIGN));
 }
 
 // f32_to_e4m3_bits: the minifloat code of e4m3 (bias 7, max 448), and NaN → 0x7f (no sign).
@@ -59,9 +61,9 @@ LQ_AVX2_AI void encode_e4m3_avx2_t(const float* x, int64_t n, float k, uint8_t* 
   const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   int64_t i = 0;
   for (; i + 32 <= n; i += 32) {
-    const __m256i b =
-        _mm256_packus_epi16(_mm256_packus_epi32(e4m3_scaled_avx2<Mul>(x + i, vk), e4m3_scaled_avx2<Mul>(x + i + 8, vk)),
-                            _mm256_packus_epi32(e4m3_scaled_avx2<Mul>(x + i + 16, vk), e4m3_scaled_avx2<Mul>(x + i + 24, vk)));
+    const __m256i b = _mm256_packus_epi16(
+        _mm256_packus_epi32(e4m3_scaled_avx2<Mul>(x + i, vk), e4m3_scaled_avx2<Mul>(x + i + 8, vk)),
+        _mm256_packus_epi32(e4m3_scaled_avx2<Mul>(x + i + 16, vk), e4m3_scaled_avx2<Mul>(x + i + 24, vk)));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + i), _mm256_permutevar8x32_epi32(b, order));
   }
   for (; i + 8 <= n; i += 8) {
@@ -76,8 +78,10 @@ LQ_AVX2_AI void encode_e4m3_avx2_t(const float* x, int64_t n, float k, uint8_t* 
 
 __attribute__((LQ_AVX2_TARGET, noinline)) void encode_e4m3_avx2(const float* x, int64_t n, bool mul, float k,
                                                                 uint8_t* codes) {
-  if (mul) encode_e4m3_avx2_t<true>(x, n, k, codes);
-  else encode_e4m3_avx2_t<false>(x, n, k, codes);
+  if (mul)
+    encode_e4m3_avx2_t<true>(x, n, k, codes);
+  else
+    encode_e4m3_avx2_t<false>(x, n, k, codes);
 }
 
 // out[i] = e4m3_bits_to_f32(codes[i]) · s, i < n (dequantize_elements of the 8-bit e4m3 kinds): the 256 exact
@@ -133,9 +137,12 @@ __attribute__((LQ_AVX2_TARGET, noinline)) void encode_e2m1_avx2(const q::BlockDe
     return;
   }
   // scaled_element: MXFP4 v · inv (scales_by_inverse), NVFP4 v · s, Fp4Tile v / s
-  if (f.kind == q::BlockKind::NvFp4) encode_e2m1_avx2_t<true>(f, p, x, n, p.s, codes);
-  else if (q::scales_by_inverse(f.kind)) encode_e2m1_avx2_t<true>(f, p, x, n, p.inv, codes);
-  else encode_e2m1_avx2_t<false>(f, p, x, n, p.s, codes);
+  if (f.kind == q::BlockKind::NvFp4)
+    encode_e2m1_avx2_t<true>(f, p, x, n, p.s, codes);
+  else if (q::scales_by_inverse(f.kind))
+    encode_e2m1_avx2_t<true>(f, p, x, n, p.inv, codes);
+  else
+    encode_e2m1_avx2_t<false>(f, p, x, n, p.s, codes);
 }
 
 // out[i] = e2m1_bits_to_f32(code i) · s, i < n (n even; dequantize_elements of the non-ggml 4-bit kinds): the
@@ -177,13 +184,15 @@ LQ_AVX2_AI __m256i ggml_codes_avx2(const float* x, __m256 id, __m256 mn) {
     const __m256 sign = _mm256_and_ps(y, _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int>(0x80000000u))));
     const __m256 a = _mm256_andnot_ps(_mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int>(0x80000000u))), y);
     const __m256 t = _mm256_cvtepi32_ps(_mm256_cvttps_epi32(a));
-    const __m256 up = _mm256_and_ps(_mm256_cmp_ps(_mm256_sub_ps(a, t), _mm256_set1_ps(0.5f), _CMP_GE_OQ), _mm256_set1_ps(1.0f));
+    const __m256 up =
+        _mm256_and_ps(_mm256_cmp_ps(_mm256_sub_ps(a, t), _mm256_set1_ps(0.5f), _CMP_GE_OQ), _mm256_set1_ps(1.0f));
     __m256 r = _mm256_or_ps(_mm256_add_ps(t, up), sign);
     r = _mm256_min_ps(_mm256_max_ps(r, _mm256_set1_ps(-127.0f)), _mm256_set1_ps(127.0f));
     return _mm256_cvttps_epi32(r);
   } else {
-    const __m256 y = K == q::BlockKind::Q4_0 ? _mm256_add_ps(_mm256_mul_ps(v, id), _mm256_set1_ps(8.5f))
-                                             : _mm256_add_ps(_mm256_mul_ps(_mm256_sub_ps(v, mn), id), _mm256_set1_ps(0.5f));
+    const __m256 y = K == q::BlockKind::Q4_0
+                         ? _mm256_add_ps(_mm256_mul_ps(v, id), _mm256_set1_ps(8.5f))
+                         : _mm256_add_ps(_mm256_mul_ps(_mm256_sub_ps(v, mn), id), _mm256_set1_ps(0.5f));
     const __m256i c = _mm256_cvttps_epi32(y);
     return _mm256_min_epi32(_mm256_max_epi32(c, _mm256_setzero_si256()), _mm256_set1_epi32(15));
   }
@@ -205,7 +214,8 @@ LQ_AVX2_AI void encode_ggml32_avx2_t(const q::BlockParams& p, const float* x, ui
     _mm_storeu_si128(reinterpret_cast<__m128i*>(codes), _mm_packs_epi16(narrow16_avx2(c0), narrow16_avx2(c1)));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + 16), _mm_packs_epi16(narrow16_avx2(c2), narrow16_avx2(c3)));
   } else {
-    const __m256i b0 = _mm256_or_si256(c0, _mm256_slli_epi32(c2, 4)), b1 = _mm256_or_si256(c1, _mm256_slli_epi32(c3, 4));
+    const __m256i b0 = _mm256_or_si256(c0, _mm256_slli_epi32(c2, 4)),
+                  b1 = _mm256_or_si256(c1, _mm256_slli_epi32(c3, 4));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(codes), _mm_packus_epi16(narrow16_avx2(b0), narrow16_avx2(b1)));
   }
 }
@@ -220,9 +230,12 @@ __attribute__((LQ_AVX2_TARGET, noinline)) void encode_ggml_avx2(const q::BlockDe
     return;
   }
   switch (f.kind) {
-    case q::BlockKind::Q8_0: return encode_ggml32_avx2_t<q::BlockKind::Q8_0>(p, x, codes);
-    case q::BlockKind::Q4_0: return encode_ggml32_avx2_t<q::BlockKind::Q4_0>(p, x, codes);
-    default: return encode_ggml32_avx2_t<q::BlockKind::Q4_1>(p, x, codes);
+    case q::BlockKind::Q8_0:
+      return encode_ggml32_avx2_t<q::BlockKind::Q8_0>(p, x, codes);
+    case q::BlockKind::Q4_0:
+      return encode_ggml32_avx2_t<q::BlockKind::Q4_0>(p, x, codes);
+    default:
+      return encode_ggml32_avx2_t<q::BlockKind::Q4_1>(p, x, codes);
   }
 }
 
@@ -250,7 +263,8 @@ __attribute__((LQ_AVX2_TARGET, noinline)) uint32_t abs_bits_max_avx2(const float
     a3 = _mm256_max_epu32(a3, _mm256_and_si256(m, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i + 24))));
   }
   alignas(32) uint32_t lanes[8];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), _mm256_max_epu32(_mm256_max_epu32(a0, a1), _mm256_max_epu32(a2, a3)));
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes),
+                     _mm256_max_epu32(_mm256_max_epu32(a0, a1), _mm256_max_epu32(a2, a3)));
   uint32_t r = 0;
   for (const uint32_t v : lanes) r = std::max(r, v);
   for (; i < n; ++i) r = std::max(r, q::f32_bits(x[i]) & 0x7fffffffu);

@@ -102,7 +102,8 @@ float check_finite(const float* X, int64_t T, int64_t D, CpuKernel kernel) {
     amax_x = q::f32_from_bits(m);
   } else
 #endif
-  if (const int64_t bad = count_nonfinite(X, T * D)) throw std::invalid_argument(nonfinite_message(bad, T, D));
+      if (const int64_t bad = count_nonfinite(X, T * D))
+    throw std::invalid_argument(nonfinite_message(bad, T, D));
   return amax_x;
 }
 
@@ -110,8 +111,8 @@ float check_finite(const float* X, int64_t T, int64_t D, CpuKernel kernel) {
 // Into qt (quantize(): a new tensor; quantize_into(): a reused one). The kernels write every byte of
 // codes, scales and offsets, so a buffer that already has the needed size is neither reallocated nor
 // zero-filled (no page faults, no extra pass over memory).
-void quantize_int_fast(QuantizedTensor& qt, const QuantSpec& spec_in, Target target, const float* X, int64_t T, int64_t D,
-                       std::span<const int64_t> seq_offsets, CpuKernel kernel) {
+void quantize_int_fast(QuantizedTensor& qt, const QuantSpec& spec_in, Target target, const float* X, int64_t T,
+                       int64_t D, std::span<const int64_t> seq_offsets, CpuKernel kernel) {
   auto sized = [](std::vector<uint8_t>& v, int64_t n) {
     if (static_cast<int64_t>(v.size()) != n) assign_zeroed(v, static_cast<size_t>(n));
   };
@@ -228,7 +229,8 @@ void quantize_blocks(QuantizedTensor& qt, const Layout& L, const QuantizeInput& 
   const CpuKernel kernel = in.kernel;
   // max|x| of the matrix: the per-tensor scale, and whether the decode must be checked for overflow
   float amax = 0.0f;
-  if (amax_x >= 0.0f) amax = amax_x;
+  if (amax_x >= 0.0f)
+    amax = amax_x;
   else
     for (int64_t i = 0; i < T * D; ++i) amax = q::max_num(amax, q::abs_f(X[i]));
   float global = 0.0f;
@@ -261,15 +263,15 @@ void quantize_blocks(QuantizedTensor& qt, const Layout& L, const QuantizeInput& 
         // its rows skip the block's max|x|.
         const float block_amax =
             L.desc.kind == q::BlockKind::Fp8Tensor ? 0.0f : q::f32_from_bits(abs_bits_max_avx2(x, n));
-        const q::BlockParams p =
-            q::block_params_amax(L.desc, block_amax, x, static_cast<int>(n), global, sc, of, st);
+        const q::BlockParams p = q::block_params_amax(L.desc, block_amax, x, static_cast<int>(n), global, sc, of, st);
         const bool inv = q::scales_by_inverse(L.desc.kind);
         encode_e4m3_avx2(x, n, inv, inv ? p.inv : p.s, codes);
       } else
 #endif
         st = q::quantize_block(L.desc, x, static_cast<int>(n), global, codes, sc, of);
       if (st.overflow)
-        throw std::invalid_argument(overflow_message(spec, st.overflow_offset ? "offset" : "scale", st.raw, group_name(qt, gi)));
+        throw std::invalid_argument(
+            overflow_message(spec, st.overflow_offset ? "offset" : "scale", st.raw, group_name(qt, gi)));
     });
   };
   split_ranges(T, kernel != CpuKernel::Reference && T * D >= kThreadMinElems ? g_threads.load() : 1, rows);

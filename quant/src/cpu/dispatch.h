@@ -34,8 +34,8 @@ float check_finite(const float* X, int64_t T, int64_t D, CpuKernel kernel);
 
 /// Integer formats on the fused kernels (kernel Baseline or Avx2), the whole of quantize() /
 /// quantize_into() for them: validation, layout and the NaN/Inf check included (dispatch.cpp).
-void quantize_int_fast(QuantizedTensor& qt, const QuantSpec& spec_in, Target target, const float* X, int64_t T, int64_t D,
-                       std::span<const int64_t> seq_offsets, CpuKernel kernel);
+void quantize_int_fast(QuantizedTensor& qt, const QuantSpec& spec_in, Target target, const float* X, int64_t T,
+                       int64_t D, std::span<const int64_t> seq_offsets, CpuKernel kernel);
 /// Integer formats, reference loops (CpuKernel::Reference; reference.cpp).
 void quantize_int_reference(QuantizedTensor& qt, const Layout& L, const QuantizeInput& in);
 /// Integer dequantize: the reference loops for Reference, else the fused kernels across threads.

@@ -74,9 +74,12 @@ LQ_AVX2_AI void enc_avx2(const float* __restrict x, int64_t n, const float* __re
 // Out-of-line AVX2 entry points (a target("avx2") function is not inlined into the target-less template
 // body; one call per row, the per-token groups of a row in one call).
 __attribute__((LQ_AVX2_TARGET, noinline)) void enc_row_avx2(const float* x, int64_t n, const float* s, const float* o,
-                                                            float s0, float o0, bool sym, bool cols, int bits, uint8_t* u) {
-  if (sym) cols ? enc_avx2<true, true>(x, n, s, o, s0, o0, bits, u) : enc_avx2<true, false>(x, n, s, o, s0, o0, bits, u);
-  else cols ? enc_avx2<false, true>(x, n, s, o, s0, o0, bits, u) : enc_avx2<false, false>(x, n, s, o, s0, o0, bits, u);
+                                                            float s0, float o0, bool sym, bool cols, int bits,
+                                                            uint8_t* u) {
+  if (sym)
+    cols ? enc_avx2<true, true>(x, n, s, o, s0, o0, bits, u) : enc_avx2<true, false>(x, n, s, o, s0, o0, bits, u);
+  else
+    cols ? enc_avx2<false, true>(x, n, s, o, s0, o0, bits, u) : enc_avx2<false, false>(x, n, s, o, s0, o0, bits, u);
 }
 // Row x[D] in nt groups of g columns (the last one up to D), group j with (sc[j], of[j]).
 __attribute__((LQ_AVX2_TARGET, noinline)) void enc_groups_avx2(const float* x, int64_t D, int64_t nt, int64_t g,
@@ -84,8 +87,10 @@ __attribute__((LQ_AVX2_TARGET, noinline)) void enc_groups_avx2(const float* x, i
                                                                uint8_t* u) {
   for (int64_t j = 0; j < nt; ++j) {
     const int64_t d0 = j * g, n = std::min(D, d0 + g) - d0;
-    if (sym) enc_avx2<true, false>(x + d0, n, nullptr, nullptr, sc[j], of[j], bits, u + d0);
-    else enc_avx2<false, false>(x + d0, n, nullptr, nullptr, sc[j], of[j], bits, u + d0);
+    if (sym)
+      enc_avx2<true, false>(x + d0, n, nullptr, nullptr, sc[j], of[j], bits, u + d0);
+    else
+      enc_avx2<false, false>(x + d0, n, nullptr, nullptr, sc[j], of[j], bits, u + d0);
   }
 }
 
@@ -138,7 +143,9 @@ LQ_AVX2_AI float hmax8(__m256 a) {
 }
 
 template <bool Min>
-LQ_AVX2_AI __m256 minmax8_avx2(__m256 p, __m256 q) { return Min ? _mm256_min_ps(p, q) : _mm256_max_ps(p, q); }
+LQ_AVX2_AI __m256 minmax8_avx2(__m256 p, __m256 q) {
+  return Min ? _mm256_min_ps(p, q) : _mm256_max_ps(p, q);
+}
 // r[k] = the min (Min) or max of the eight lanes of v[k], k = 0..7
 template <bool Min>
 LQ_AVX2_AI __m256 fold8_avx2(const __m256* v) {
@@ -178,7 +185,7 @@ LQ_AVX2_AI void lanes_minmax_avx2(const float* xs, int64_t n, __m256& a, __m256&
 // minima (maxima), and one compare with zero finds the groups whose extremum needs first_zero; the others
 // are folded one by one (vminps / vmaxps trees, hmin8 / hmax8).
 __attribute__((LQ_AVX2_TARGET, noinline)) uint32_t group_minmax_avx2(const float* x, int64_t D, int64_t nt, int64_t g,
-                                                                   float* mn, float* mx) {
+                                                                     float* mn, float* mx) {
   const __m256i expo = _mm256_set1_epi32(0x7f800000);
   __m256i e = _mm256_setzero_si256();
   uint32_t bad = 0;
@@ -233,7 +240,8 @@ namespace {
 // 64 bits of a packed row of nb bytes from byte k, little-endian; bytes past the row read as 0.
 LQ_AI uint64_t load_le64(const uint8_t* row, int64_t k, int64_t nb) {
   uint64_t w = 0;
-  if (k + 8 <= nb) std::memcpy(&w, row + k, 8);
+  if (k + 8 <= nb)
+    std::memcpy(&w, row + k, 8);
   else
     for (int64_t j = 0; k + j < nb; ++j) w |= static_cast<uint64_t>(row[k + j]) << (8 * j);
   return w;
@@ -253,8 +261,10 @@ LQ_AVX2_AI __m256i codes8(const uint8_t* row, int64_t i, int64_t nb) {
   } else {
     const int64_t b = i * Bits;
     const uint32_t w = static_cast<uint32_t>(load_le64(row, b >> 3, nb) >> (b & 7));
-    const __m256i sh = Bits == 4 ? _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28) : _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
-    return _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(w)), sh), _mm256_set1_epi32((1 << Bits) - 1));
+    const __m256i sh =
+        Bits == 4 ? _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28) : _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
+    return _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(w)), sh),
+                            _mm256_set1_epi32((1 << Bits) - 1));
   }
 }
 
@@ -279,10 +289,14 @@ LQ_AVX2_AI void dec_row_avx2(const uint8_t* __restrict row, int64_t D, int64_t n
     const __m256i c = codes8<Bits>(row, i, nb);
     const __m256 s = Cols ? _mm256_loadu_ps(sc + i) : vs;
     __m256 r;
-    if constexpr (Sym) r = _mm256_mul_ps(s, _mm256_cvtepi32_ps(_mm256_sub_epi32(c, bias)));
-    else r = _mm256_add_ps(Cols ? _mm256_loadu_ps(of + i) : vo, _mm256_mul_ps(s, _mm256_cvtepi32_ps(c)));
-    if constexpr (NT) _mm256_stream_ps(o + i, r);
-    else _mm256_storeu_ps(o + i, r);
+    if constexpr (Sym)
+      r = _mm256_mul_ps(s, _mm256_cvtepi32_ps(_mm256_sub_epi32(c, bias)));
+    else
+      r = _mm256_add_ps(Cols ? _mm256_loadu_ps(of + i) : vo, _mm256_mul_ps(s, _mm256_cvtepi32_ps(c)));
+    if constexpr (NT)
+      _mm256_stream_ps(o + i, r);
+    else
+      _mm256_storeu_ps(o + i, r);
   }
   for (; i < D; ++i) one(i);
 }
@@ -296,8 +310,10 @@ LQ_AVX2_AI void dec_span_avx2(const uint8_t* __restrict row, int64_t i0, int64_t
   int64_t i = i0;
   for (; i + 8 <= i1; i += 8) {
     const __m256i c = codes8<Bits>(row, i, nb);
-    if constexpr (Sym) _mm256_storeu_ps(o + i, _mm256_mul_ps(vs, _mm256_cvtepi32_ps(_mm256_sub_epi32(c, bias))));
-    else _mm256_storeu_ps(o + i, _mm256_add_ps(vo, _mm256_mul_ps(vs, _mm256_cvtepi32_ps(c))));
+    if constexpr (Sym)
+      _mm256_storeu_ps(o + i, _mm256_mul_ps(vs, _mm256_cvtepi32_ps(_mm256_sub_epi32(c, bias))));
+    else
+      _mm256_storeu_ps(o + i, _mm256_add_ps(vo, _mm256_mul_ps(vs, _mm256_cvtepi32_ps(c))));
   }
   for (; i < i1; ++i) {
     const uint32_t u = code_at(row, i, Bits);
@@ -319,8 +335,10 @@ __attribute__((LQ_AVX2_TARGET)) void int_dequantize_avx2_t(const DecJob& job) {
   // dst[0, n) = stored scales or offsets [i0, i0 + n) of src as floats (scale_at's values)
   auto load_params = [&qt](const std::vector<uint8_t>& src, int64_t i0, int64_t n, float* dst) {
     switch (qt.spec.scale_dtype) {
-      case ScaleDtype::F32: return (void)std::memcpy(dst, src.data() + 4 * i0, static_cast<size_t>(4 * n));
-      case ScaleDtype::F16: return f16_load_avx2(src.data() + 2 * i0, n, dst);
+      case ScaleDtype::F32:
+        return (void)std::memcpy(dst, src.data() + 4 * i0, static_cast<size_t>(4 * n));
+      case ScaleDtype::F16:
+        return f16_load_avx2(src.data() + 2 * i0, n, dst);
       default:
         for (int64_t i = 0; i < n; ++i) dst[i] = get_scale(src, i0 + i, qt.spec.scale_dtype);
     }
@@ -349,20 +367,22 @@ __attribute__((LQ_AVX2_TARGET)) void int_dequantize_avx2_t(const DecJob& job) {
       if (nt == 1) {
         for (int64_t t = job.begin; t < job.end; ++t)
           dec_row_avx2<Bits, Sym, false, NT>(codes + t * rb, D, rb, nullptr, nullptr, qt.scale_at(t),
-                                              Sym ? 0.0f : qt.offset_at(t), job.out + t * D);
+                                             Sym ? 0.0f : qt.offset_at(t), job.out + t * D);
         break;
       }
       // groups within the row: each group's span decoded with its (scale, offset); streamed output goes
       // through a row buffer in L1 (the groups do not start on the output's 32-byte boundaries)
       // (the row's nt scales and offsets are converted in one loop first, not one scale_at() per group)
-      std::vector<float> buf(static_cast<size_t>(NT ? D : 0)), rs(static_cast<size_t>(nt)), ro(static_cast<size_t>(nt), 0.0f);
+      std::vector<float> buf(static_cast<size_t>(NT ? D : 0)), rs(static_cast<size_t>(nt)),
+          ro(static_cast<size_t>(nt), 0.0f);
       for (int64_t t = job.begin; t < job.end; ++t) {
         float* o = NT ? buf.data() : job.out + t * D;
         load_params(qt.scales, t * nt, nt, rs.data());
         if (!Sym) load_params(qt.offsets, t * nt, nt, ro.data());
         for (int64_t j = 0; j < nt; ++j) {
           const int64_t d0 = j * g, d1 = std::min(D, d0 + g);
-          dec_span_avx2<Bits, Sym>(codes + t * rb, d0, d1, rb, rs[static_cast<size_t>(j)], ro[static_cast<size_t>(j)], o);
+          dec_span_avx2<Bits, Sym>(codes + t * rb, d0, d1, rb, rs[static_cast<size_t>(j)], ro[static_cast<size_t>(j)],
+                                   o);
         }
         if constexpr (NT) copy_stream_f32(job.out + t * D, buf.data(), D);
       }
@@ -374,8 +394,10 @@ __attribute__((LQ_AVX2_TARGET)) void int_dequantize_avx2_t(const DecJob& job) {
 
 template <int Bits, bool Sym>
 __attribute__((LQ_AVX2_TARGET)) void int_dequantize_avx2_nt(const DecJob& job, bool nt) {
-  if (nt) int_dequantize_avx2_t<Bits, Sym, true>(job);
-  else int_dequantize_avx2_t<Bits, Sym, false>(job);
+  if (nt)
+    int_dequantize_avx2_t<Bits, Sym, true>(job);
+  else
+    int_dequantize_avx2_t<Bits, Sym, false>(job);
 }
 
 }  // namespace
@@ -385,9 +407,12 @@ __attribute__((LQ_AVX2_TARGET)) void int_dequantize_avx2(const DecJob& job) {
   const bool nt = qt.rows * qt.cols * 4 >= stream_min_bytes() && (reinterpret_cast<uintptr_t>(job.out) & 3) == 0;
   const bool sym = qt.spec.scheme == Scheme::Sym;
   switch (qt.spec.bits) {
-    case 8: return sym ? int_dequantize_avx2_nt<8, true>(job, nt) : int_dequantize_avx2_nt<8, false>(job, nt);
-    case 4: return sym ? int_dequantize_avx2_nt<4, true>(job, nt) : int_dequantize_avx2_nt<4, false>(job, nt);
-    default: return sym ? int_dequantize_avx2_nt<2, true>(job, nt) : int_dequantize_avx2_nt<2, false>(job, nt);
+    case 8:
+      return sym ? int_dequantize_avx2_nt<8, true>(job, nt) : int_dequantize_avx2_nt<8, false>(job, nt);
+    case 4:
+      return sym ? int_dequantize_avx2_nt<4, true>(job, nt) : int_dequantize_avx2_nt<4, false>(job, nt);
+    default:
+      return sym ? int_dequantize_avx2_nt<2, true>(job, nt) : int_dequantize_avx2_nt<2, false>(job, nt);
   }
 }
 

@@ -46,30 +46,32 @@ LQ_AI void stream_fence() {
 #endif
 }
 
-LQ_AI void enc_uniform(const float* __restrict x, int64_t n, float s, float o, bool sym, int bits, uint8_t* __restrict u) {
+LQ_AI void enc_uniform(const float* __restrict x, int64_t n, float s, float o, bool sym, int bits,
+                       uint8_t* __restrict u) {
   if (sym)
     for (int64_t i = 0; i < n; ++i) u[i] = static_cast<uint8_t>(q::encode_sym(x[i], s, bits));
   else
     for (int64_t i = 0; i < n; ++i) u[i] = static_cast<uint8_t>(q::encode_asym(x[i], s, o, bits));
 }
 
-LQ_AI void enc_columns(const float* __restrict x, int64_t n, const float* __restrict s, const float* __restrict o, bool sym,
-                       int bits, uint8_t* __restrict u) {
+LQ_AI void enc_columns(const float* __restrict x, int64_t n, const float* __restrict s, const float* __restrict o,
+                       bool sym, int bits, uint8_t* __restrict u) {
   if (sym)
     for (int64_t i = 0; i < n; ++i) u[i] = static_cast<uint8_t>(q::encode_sym(x[i], s[i], bits));
   else
     for (int64_t i = 0; i < n; ++i) u[i] = static_cast<uint8_t>(q::encode_asym(x[i], s[i], o[i], bits));
 }
 
-LQ_AI void dec_uniform(const uint8_t* __restrict u, int64_t n, float s, float o, bool sym, int bits, float* __restrict out) {
+LQ_AI void dec_uniform(const uint8_t* __restrict u, int64_t n, float s, float o, bool sym, int bits,
+                       float* __restrict out) {
   if (sym)
     for (int64_t i = 0; i < n; ++i) out[i] = q::decode_sym(u[i], s, bits);
   else
     for (int64_t i = 0; i < n; ++i) out[i] = q::decode_asym(u[i], s, o);
 }
 
-LQ_AI void dec_columns(const uint8_t* __restrict u, int64_t n, const float* __restrict s, const float* __restrict o, bool sym,
-                       int bits, float* __restrict out) {
+LQ_AI void dec_columns(const uint8_t* __restrict u, int64_t n, const float* __restrict s, const float* __restrict o,
+                       bool sym, int bits, float* __restrict out) {
   if (sym)
     for (int64_t i = 0; i < n; ++i) out[i] = q::decode_sym(u[i], s[i], bits);
   else
@@ -98,8 +100,8 @@ __attribute__((LQ_AVX2_TARGET)) uint32_t group_minmax_avx2(const float* x, int64
 // qt.scales / qt.offsets at [g0, g0 + n). If any stored value is not finite, group_params is called
 // group by group instead: it throws the reference's message for the first such group.
 template <bool Avx2>
-LQ_AI void put_groups(QuantizedTensor& qt, const float* __restrict mn, const float* __restrict mx, int64_t n, int64_t g0,
-                      float* __restrict sc, float* __restrict of) {
+LQ_AI void put_groups(QuantizedTensor& qt, const float* __restrict mn, const float* __restrict mx, int64_t n,
+                      int64_t g0, float* __restrict sc, float* __restrict of) {
   const QuantSpec& spec = qt.spec;
   const bool sym = spec.scheme == Scheme::Sym;
   if (sym) {
@@ -125,7 +127,7 @@ LQ_AI void put_groups(QuantizedTensor& qt, const float* __restrict mn, const flo
     if (!sym) f16_round_store_avx2(of, n, qt.offsets.data() + 2 * g0);
   } else
 #endif
-  if (spec.scale_dtype == ScaleDtype::F16) {
+      if (spec.scale_dtype == ScaleDtype::F16) {
     uint8_t* ds = qt.scales.data() + 2 * g0;
     for (int64_t i = 0; i < n; ++i) {
       const uint16_t h = q::f32_to_f16_bits(sc[i]);
@@ -174,7 +176,8 @@ LQ_AI uint32_t int_quantize_body(const IntJob& job) {
     case Granularity::Tensor:
       for (int64_t t = job.begin; t < job.end; ++t) {
 #if LQ_X86_KERNELS
-        if constexpr (Avx2) enc_row_avx2(X + t * D, D, nullptr, nullptr, job.tensor_scale, job.tensor_offset, sym, false, bits, u.data());
+        if constexpr (Avx2)
+          enc_row_avx2(X + t * D, D, nullptr, nullptr, job.tensor_scale, job.tensor_offset, sym, false, bits, u.data());
         else
 #endif
           enc_uniform(X + t * D, D, job.tensor_scale, job.tensor_offset, sym, bits, u.data());
@@ -191,7 +194,8 @@ LQ_AI uint32_t int_quantize_body(const IntJob& job) {
         put_groups<Avx2>(qt, mn.data(), mx.data(), D, g * D, sc.data(), of.data());
         for (int64_t t = t0; t < t1; ++t) {
 #if LQ_X86_KERNELS
-          if constexpr (Avx2) enc_row_avx2(X + t * D, D, sc.data(), of.data(), 0.0f, 0.0f, sym, true, bits, u.data());
+          if constexpr (Avx2)
+            enc_row_avx2(X + t * D, D, sc.data(), of.data(), 0.0f, 0.0f, sym, true, bits, u.data());
           else
 #endif
             enc_columns(X + t * D, D, sc.data(), of.data(), sym, bits, u.data());
@@ -207,7 +211,8 @@ LQ_AI uint32_t int_quantize_body(const IntJob& job) {
       for (int64_t t = job.begin; t < job.end; ++t) {
         const float* x = X + t * D;
 #if LQ_X86_KERNELS
-        if constexpr (Avx2) bad |= group_minmax_avx2(x, D, nt, g, mn.data(), mx.data());
+        if constexpr (Avx2)
+          bad |= group_minmax_avx2(x, D, nt, g, mn.data(), mx.data());
         else
 #endif
           for (int64_t j = 0; j < nt; ++j) {
@@ -217,12 +222,14 @@ LQ_AI uint32_t int_quantize_body(const IntJob& job) {
         if (bad) return bad;
         put_groups<Avx2>(qt, mn.data(), mx.data(), nt, t * nt, sc.data(), of.data());
 #if LQ_X86_KERNELS
-        if constexpr (Avx2) enc_groups_avx2(x, D, nt, g, sc.data(), of.data(), sym, bits, u.data());
+        if constexpr (Avx2)
+          enc_groups_avx2(x, D, nt, g, sc.data(), of.data(), sym, bits, u.data());
         else
 #endif
           for (int64_t j = 0; j < nt; ++j) {
             const int64_t d0 = j * g, d1 = std::min(D, d0 + g);
-            enc_uniform(x + d0, d1 - d0, sc[static_cast<size_t>(j)], of[static_cast<size_t>(j)], sym, bits, u.data() + d0);
+            enc_uniform(x + d0, d1 - d0, sc[static_cast<size_t>(j)], of[static_cast<size_t>(j)], sym, bits,
+                        u.data() + d0);
           }
         put_row(t);
       }
@@ -255,7 +262,8 @@ LQ_AI void int_dequantize_body(const DecJob& job) {
           sc[static_cast<size_t>(d)] = qt.scale_at(g * D + d);
           if (!sym) of[static_cast<size_t>(d)] = qt.offset_at(g * D + d);
         }
-        for (int64_t t = qt.group_bounds[static_cast<size_t>(g)]; t < qt.group_bounds[static_cast<size_t>(g) + 1]; ++t) {
+        for (int64_t t = qt.group_bounds[static_cast<size_t>(g)]; t < qt.group_bounds[static_cast<size_t>(g) + 1];
+             ++t) {
           unpack_row(qt.codes.data() + t * rb, D, bits, u.data());
           dec_columns(u.data(), D, sc.data(), of.data(), sym, bits, job.out + t * D);
         }

@@ -45,7 +45,8 @@ q::ScaleOffset group_params(const QuantizedTensor& qt, float mn, float mx, int64
   const q::ScaleOffset p = params(spec.scale_dtype);
   if (!q::is_finite(p.scale) || !q::is_finite(p.offset)) {
     const q::ScaleOffset raw = params(ScaleDtype::F32);  // unrounded, for the message
-    if (!q::is_finite(p.scale)) throw std::invalid_argument(overflow_message(spec, "scale", raw.scale, group_name(qt, gi)));
+    if (!q::is_finite(p.scale))
+      throw std::invalid_argument(overflow_message(spec, "scale", raw.scale, group_name(qt, gi)));
     throw std::invalid_argument(overflow_message(spec, "offset", raw.offset, group_name(qt, gi)));
   }
   return p;
@@ -75,8 +76,10 @@ template <bool Sym, int Step>
 void encode_span(const float* x, int64_t n, const float* scale, const float* offset, int bits, uint8_t* u) {
   for (int64_t i = 0; i < n; ++i) {
     const float s = scale[i * Step];
-    if constexpr (Sym) u[i] = static_cast<uint8_t>(q::encode_sym(x[i], s, bits));
-    else u[i] = static_cast<uint8_t>(q::encode_asym(x[i], s, offset[i * Step], bits));
+    if constexpr (Sym)
+      u[i] = static_cast<uint8_t>(q::encode_sym(x[i], s, bits));
+    else
+      u[i] = static_cast<uint8_t>(q::encode_asym(x[i], s, offset[i * Step], bits));
   }
 }
 
@@ -95,11 +98,15 @@ void quantize_int_reference(QuantizedTensor& qt, const Layout&, const QuantizeIn
   // codes of x[0, n) into u[0, n): one (scale, offset) for the span (step 0) or one per element (step 1)
   auto encode = [&](const float* x, int64_t n, const float* sc, const float* of, int step, uint8_t* uo) {
     if (step == 0) {
-      if (sym) encode_span<true, 0>(x, n, sc, of, bits, uo);
-      else encode_span<false, 0>(x, n, sc, of, bits, uo);
+      if (sym)
+        encode_span<true, 0>(x, n, sc, of, bits, uo);
+      else
+        encode_span<false, 0>(x, n, sc, of, bits, uo);
     } else {
-      if (sym) encode_span<true, 1>(x, n, sc, of, bits, uo);
-      else encode_span<false, 1>(x, n, sc, of, bits, uo);
+      if (sym)
+        encode_span<true, 1>(x, n, sc, of, bits, uo);
+      else
+        encode_span<false, 1>(x, n, sc, of, bits, uo);
     }
   };
   auto encode_row = [&](const float* x, const float* sc, const float* of, int step, uint8_t* out) {
@@ -227,8 +234,8 @@ void quantize_bf16(QuantizedTensor& qt, const Layout&, const QuantizeInput& in) 
   for (int64_t i = 0; i < T * D; ++i) {
     const uint16_t b = q::f32_to_bf16_bits(X[i]);
     if ((b & 0x7fffu) == 0x7f80u)  // a finite float32 beyond bf16's range rounds to ±inf
-      throw std::invalid_argument(overflow_message(spec, "value", X[i],
-                                                   "token " + std::to_string(i / D) + ", dimension " + std::to_string(i % D)));
+      throw std::invalid_argument(overflow_message(
+          spec, "value", X[i], "token " + std::to_string(i / D) + ", dimension " + std::to_string(i % D)));
     std::memcpy(qt.codes.data() + 2 * i, &b, 2);
   }
 }

@@ -124,8 +124,8 @@ BatchFile read_batch_file(const std::filesystem::path& path);
 
 /// The per-cell tables of `cells` (sorted by index): one table per group, in order of the group's
 /// first appearance, each the concatenation of its cells' rows; then the /cells table (last). A
-/// group whose cells all gave tables without columns is left out (so is a group no cell has). Throws std::invalid_argument naming
-/// the cell when a cell's columns differ from the other cells of its group.
+/// group whose cells all gave tables without columns is left out (so is a group no cell has). Throws
+/// std::invalid_argument naming the cell when a cell's columns differ from the other cells of its group.
 std::vector<NamedTable> assemble_cell_tables(const std::vector<CellRows>& cells);
 
 /// Tables derived from the per-cell tables (e.g. /summary from /latent_error), computed from the
@@ -137,9 +137,9 @@ using DeriveFn = std::function<std::vector<NamedTable>(const Attrs& root, const 
 std::filesystem::path partial_path(const std::filesystem::path& out);
 
 struct BatchOptions {
-  Shard shard;                 ///< the cells to run (default: all)
-  bool resume = false;         ///< continue from "<out>.partial", else from a complete `out`
-  int threads = 0;             ///< worker threads; 0 = std::thread::hardware_concurrency()
+  Shard shard;                     ///< the cells to run (default: all)
+  bool resume = false;             ///< continue from "<out>.partial", else from a complete `out`
+  int threads = 0;                 ///< worker threads; 0 = std::thread::hardware_concurrency()
   double checkpoint_interval = 0;  ///< minimum seconds between checkpoints (0: whenever cells completed)
   /// Test hook: stop after this many cells were computed in this run (0 = never): no new cell is
   /// started, the completed ones are checkpointed, run_batch returns with complete = false.
@@ -156,10 +156,10 @@ struct BatchOptions {
 
 struct BatchResult {
   bool complete = false;
-  size_t total = 0;     ///< cells of the whole study
-  size_t owned = 0;     ///< cells of this shard
-  size_t resumed = 0;   ///< cells taken from the file resumed
-  size_t computed = 0;  ///< cells computed by this run
+  size_t total = 0;                    ///< cells of the whole study
+  size_t owned = 0;                    ///< cells of this shard
+  size_t resumed = 0;                  ///< cells taken from the file resumed
+  size_t computed = 0;                 ///< cells computed by this run
   std::filesystem::path resumed_from;  ///< the file resumed (empty if none)
   std::filesystem::path written;       ///< `out` when complete, else partial_path(out)
   Attrs attrs;                         ///< root attributes written
@@ -187,8 +187,8 @@ BatchResult run_batch(const std::filesystem::path& out, const Attrs& attrs, cons
                       const DeriveFn& derive, const BatchOptions& options = {});
 
 struct MergeResult {
-  size_t shards = 0;  ///< shard count n
-  size_t cells = 0;   ///< cells merged (= cells_total)
+  size_t shards = 0;       ///< shard count n
+  size_t cells = 0;        ///< cells merged (= cells_total)
   size_t overlapping = 0;  ///< cells present in more than one input (all equal)
   Attrs attrs;
   std::vector<NamedTable> tables;

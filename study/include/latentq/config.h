@@ -38,7 +38,7 @@ struct MixedRule {
   std::vector<int> layers;  ///< the layer indices; empty = every studied layer
   Target target = Target::CKV;
   QuantSpec spec;
-  Transform transform{};    ///< the rotation before `spec`; kind None: none
+  Transform transform{};  ///< the rotation before `spec`; kind None: none
   bool operator==(const MixedRule&) const = default;
 };
 
@@ -46,7 +46,8 @@ struct MixedRule {
 /// mixed assignment (`mixed` non-empty): a name that is no spec (e.g. "mixed") and one spec per
 /// (layer, target), run as one row whose bytes per token are the sum of what each layer stores.
 struct Quantizer {
-  std::string name;     ///< canonical TransformedSpec string ("had,int4-asym-token", "int8-sym-tensor"), or a mixed row's name
+  std::string
+      name;  ///< canonical TransformedSpec string ("had,int4-asym-token", "int8-sym-tensor"), or a mixed row's name
   QuantSpec spec;                  ///< unused for a mixed assignment
   Transform transform{};           ///< the rotation before the quantizer (latentq/transform.h); kind None: none
   std::vector<MixedRule> mixed{};  ///< the rules of a mixed assignment, config order; empty otherwise
@@ -67,15 +68,15 @@ struct TargetPlan {
 };
 
 struct StudyConfig {
-  std::string text;                  ///< the full config text (stored in results files)
-  std::string source;                ///< where it came from (a path, or the embedded default's path)
-  std::filesystem::path base_dir;    ///< directory relative paths resolve against
-  std::filesystem::path dump;        ///< [input].dump resolved; empty if not given
-  std::vector<int> layers;           ///< [input].layers; empty = all layers of the dump
-  std::vector<TargetPlan> targets;   ///< one per [input].targets entry, in that order
-  std::filesystem::path results;     ///< [output].results resolved; empty if not given
-  std::vector<std::string> warnings; ///< non-fatal remarks (e.g. an exclude pattern matching nothing)
-  ProbeConfig probes;                ///< [svd], [cross_layer], [attention], [e2e] (latentq/probe_config.h)
+  std::string text;                   ///< the full config text (stored in results files)
+  std::string source;                 ///< where it came from (a path, or the embedded default's path)
+  std::filesystem::path base_dir;     ///< directory relative paths resolve against
+  std::filesystem::path dump;         ///< [input].dump resolved; empty if not given
+  std::vector<int> layers;            ///< [input].layers; empty = all layers of the dump
+  std::vector<TargetPlan> targets;    ///< one per [input].targets entry, in that order
+  std::filesystem::path results;      ///< [output].results resolved; empty if not given
+  std::vector<std::string> warnings;  ///< non-fatal remarks (e.g. an exclude pattern matching nothing)
+  ProbeConfig probes;                 ///< [svd], [cross_layer], [attention], [e2e] (latentq/probe_config.h)
 
   /// Every quantizer of any target, first occurrence order (c_kv's list first when it is first).
   std::vector<Quantizer> all_quantizers() const;

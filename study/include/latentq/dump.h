@@ -32,8 +32,7 @@ inline constexpr const char* kDumpSchema = "latentq-dump/1";
 /// Root attributes of a dump.
 struct DumpAttrs {
   std::string model, revision, source, rope_layout, original_dtype, config_json;
-  int64_t num_layers = 0, num_heads = 0, kv_lora_rank = 0, qk_rope_head_dim = 0, qk_nope_head_dim = 0,
-          v_head_dim = 0;
+  int64_t num_layers = 0, num_heads = 0, kv_lora_rank = 0, qk_rope_head_dim = 0, qk_nope_head_dim = 0, v_head_dim = 0;
   double softmax_scale = 0;  ///< the model's attention softmax scale (mscale² included); > 0 and a
                              ///< normal float32 (load_dump checks it after the conversion)
 };
@@ -41,20 +40,19 @@ struct DumpAttrs {
 /// One layer of a dump. Latents are always loaded; the attention data only when requested and
 /// present (empty vectors otherwise).
 struct Layer {
-  int index = 0;                 ///< the layer index (the NNN of /layers/NNN)
-  std::vector<float> c_kv;       ///< [T, kv_lora_rank] row-major float32
-  std::vector<float> k_pe;       ///< [T, qk_rope_head_dim] row-major float32
-  std::vector<int32_t> q_rows;   ///< [Tq] indices into /tokens
-  std::vector<float> q_nope;     ///< [Tq, H, qk_nope_head_dim]
-  std::vector<float> q_pe;       ///< [Tq, H, qk_rope_head_dim]
-  std::vector<float> w_uk;       ///< [H, qk_nope_head_dim, kv_lora_rank] (W_UK)
-  std::vector<float> w_uv;       ///< [H, v_head_dim, kv_lora_rank] (W_UV)
-  std::vector<float> attn_out;   ///< [Tq, H, v_head_dim] the model's attention output (before o_proj)
+  int index = 0;                ///< the layer index (the NNN of /layers/NNN)
+  std::vector<float> c_kv;      ///< [T, kv_lora_rank] row-major float32
+  std::vector<float> k_pe;      ///< [T, qk_rope_head_dim] row-major float32
+  std::vector<int32_t> q_rows;  ///< [Tq] indices into /tokens
+  std::vector<float> q_nope;    ///< [Tq, H, qk_nope_head_dim]
+  std::vector<float> q_pe;      ///< [Tq, H, qk_rope_head_dim]
+  std::vector<float> w_uk;      ///< [H, qk_nope_head_dim, kv_lora_rank] (W_UK)
+  std::vector<float> w_uv;      ///< [H, v_head_dim, kv_lora_rank] (W_UV)
+  std::vector<float> attn_out;  ///< [Tq, H, v_head_dim] the model's attention output (before o_proj)
 
   /// True when all six attention datasets were loaded.
   bool has_attention() const {
-    return !q_rows.empty() && !q_nope.empty() && !q_pe.empty() && !w_uk.empty() && !w_uv.empty() &&
-           !attn_out.empty();
+    return !q_rows.empty() && !q_nope.empty() && !q_pe.empty() && !w_uk.empty() && !w_uv.empty() && !attn_out.empty();
   }
   /// Number of query rows Tq (0 without attention data).
   int64_t num_query_rows() const { return static_cast<int64_t>(q_rows.size()); }
@@ -72,15 +70,15 @@ struct Dump {
   bool file_has_attention = false;   ///< the file holds the attention datasets (even if not loaded)
   std::filesystem::path path;        ///< the file it was loaded from
 
-  int64_t num_tokens() const { return static_cast<int64_t>(tokens.size()); }                 ///< T
-  int64_t num_seqs() const { return static_cast<int64_t>(seq_offsets.size()) - 1; }          ///< S
+  int64_t num_tokens() const { return static_cast<int64_t>(tokens.size()); }         ///< T
+  int64_t num_seqs() const { return static_cast<int64_t>(seq_offsets.size()) - 1; }  ///< S
   /// The loaded layer with this index; throws std::invalid_argument if it was not loaded.
   const Layer& layer(int index) const;
 };
 
 struct LoadOptions {
-  std::vector<int> layers;     ///< layer indices to load; empty = all layers of the file
-  bool attention = true;       ///< load q_rows/q_nope/q_pe/w_uk/w_uv/attn_out when present
+  std::vector<int> layers;  ///< layer indices to load; empty = all layers of the file
+  bool attention = true;    ///< load q_rows/q_nope/q_pe/w_uk/w_uv/attn_out when present
   /// false: a header only — attributes, tokens, positions, seq_offsets, the layer list, and every
   /// dataset's dtype and shape checked, but no layer values read (Layer entries hold their index only;
   /// read_layer() reads one layer's values). The finiteness checks happen when the values are read.

@@ -21,9 +21,10 @@
 namespace latentq {
 
 struct PythonTools {
-  std::filesystem::path python;        ///< interpreter; empty when the build knew none
-  std::filesystem::path source_dir;    ///< the latentq source tree (the package in python/latentq)
-  std::filesystem::path pymodule_dir;  ///< directory of the compiled latentq._core (<build>/python/latentq); may be empty
+  std::filesystem::path python;      ///< interpreter; empty when the build knew none
+  std::filesystem::path source_dir;  ///< the latentq source tree (the package in python/latentq)
+  std::filesystem::path
+      pymodule_dir;  ///< directory of the compiled latentq._core (<build>/python/latentq); may be empty
 };
 
 /// The build-time values with the environment overrides applied.
@@ -50,8 +51,8 @@ int run_process(const std::vector<std::string>& argv, const std::vector<std::pai
 /// MLA checkpoint, needs its checkpoint directory as [e2e] model), the model directory has no config.json, or
 /// python_unavailable_reason() says why it cannot run; "latentq: warning: e2e: ..." to `err` when the
 /// step fails. Never throws for these; returns true when /e2e was written.
-bool run_e2e_step(const StudyConfig& config, const DumpAttrs& attrs, const std::filesystem::path& results,
-                  int threads, std::ostream& out, std::ostream& err);
+bool run_e2e_step(const StudyConfig& config, const DumpAttrs& attrs, const std::filesystem::path& results, int threads,
+                  std::ostream& out, std::ostream& err);
 
 /// `latentq report RESULTS.h5 --out DIR`: runs <python> -m latentq.report RESULTS --out DIR (PYTHONPATH
 /// as above) and returns its exit code (output copied to `out`). Throws std::runtime_error (exit 2)

@@ -11,11 +11,11 @@ namespace latentq {
 
 /// Statistics of a [T, D] row-major float32 matrix (accumulated in float64, Eigen reductions).
 struct TensorStats {
-  double absmax = 0;                ///< max |x|
-  double mean_abs = 0;              ///< mean |x|
-  double median_channel_range = 0;  ///< median over channels d of (max_t x[t,d] − min_t x[t,d])
-  double range_spread = 0;          ///< max over channels of that range / its median (inf if the median is 0)
-  double median_channel_absmax = 0; ///< median over channels of max_t |x[t,d]|
+  double absmax = 0;                      ///< max |x|
+  double mean_abs = 0;                    ///< mean |x|
+  double median_channel_range = 0;        ///< median over channels d of (max_t x[t,d] − min_t x[t,d])
+  double range_spread = 0;                ///< max over channels of that range / its median (inf if the median is 0)
+  double median_channel_absmax = 0;       ///< median over channels of max_t |x[t,d]|
   std::vector<int64_t> outlier_channels;  ///< channels whose absmax > outlier_factor · median channel absmax
 };
 

@@ -25,7 +25,8 @@ std::shared_ptr<const Rotation> layer_rotation(const LayerAccess& in, int layer,
 /// cells that quantize behind t, so each (layer, target, transform) is rotated forward once. Memory: one
 /// [T, D] float32 matrix per transform while the layer is held. Throws std::invalid_argument for
 /// TransformKind::None (nothing to rotate), and as layer_rotation.
-std::shared_ptr<const RotatedLatent> rotated_latent(const LayerAccess& in, int layer, Target target, const Transform& t);
+std::shared_ptr<const RotatedLatent> rotated_latent(const LayerAccess& in, int layer, Target target,
+                                                    const Transform& t);
 /// quantize_dequantize_rotated(spec, *layer_rotation(in, layer, target, t), target, the layer's c_kv or k_pe,
 /// ...) into out [T, D] (row-major float32), the forward rotation taken from rotated_latent(): the same
 /// values. Returns the stored tensor. Throws as quantize() and rotated_latent().

@@ -76,12 +76,12 @@ PlanSolution solve_plan(const std::vector<PlanGroup>& groups, double budget_byte
 
 /// The planner's view of a results file.
 struct PlanInputs {
-  std::vector<PlanGroup> groups;       ///< one per (layer, target) of /latent_error, layer-major
-  std::vector<std::string> uniform;    ///< quantizers measured in every group (candidates for a uniform plan)
-  std::string objective;               ///< "kl" or "mse"
-  std::string objective_note;          ///< what the objective sums, in words
-  int64_t units_per_byte = 1;          ///< plan units per byte per token (every option's cost is exact in them)
-  std::vector<std::string> warnings;   ///< the rows that are no option, each with the reason
+  std::vector<PlanGroup> groups;      ///< one per (layer, target) of /latent_error, layer-major
+  std::vector<std::string> uniform;   ///< quantizers measured in every group (candidates for a uniform plan)
+  std::string objective;              ///< "kl" or "mse"
+  std::string objective_note;         ///< what the objective sums, in words
+  int64_t units_per_byte = 1;         ///< plan units per byte per token (every option's cost is exact in them)
+  std::vector<std::string> warnings;  ///< the rows that are no option, each with the reason
 };
 
 /// Read /latent_error (and /attention_error for objective "kl") of `results`. Options: every

@@ -60,8 +60,8 @@ struct CrossLayerSettings : ProbeSettings {
 struct AttentionSettings : ProbeSettings {
   bool enabled = true;
   std::vector<std::string> targets{"c_kv", "k_pe", "c_kv+k_pe"};  ///< each "c_kv", "k_pe" or "c_kv+k_pe"
-  bool svd = true;                  ///< also the svd-rank<r> cells (c_kv only)
-  double check_tolerance = 1e-4;    ///< /attention_check: warn above this relative error
+  bool svd = true;                                                ///< also the svd-rank<r> cells (c_kv only)
+  double check_tolerance = 1e-4;                                  ///< /attention_check: warn above this relative error
 };
 
 struct E2eSettings {

@@ -113,18 +113,24 @@ class Probe;
 /// runner loads exactly those, once per window), and the probe's own description of the cell.
 struct ProbeCell {
   const Probe* probe = nullptr;
-  std::string key;                  ///< e.g. "003/svd"
-  std::vector<std::string> groups;  ///< in the order run() returns their tables
-  std::vector<int> layers;          ///< the layers run() reads, ascending
-  bool attention = false;           ///< run() reads the attention datasets of those layers
+  std::string key;                     ///< e.g. "003/svd"
+  std::vector<std::string> groups;     ///< in the order run() returns their tables
+  std::vector<int> layers;             ///< the layers run() reads, ascending
+  bool attention = false;              ///< run() reads the attention datasets of those layers
   std::shared_ptr<const void> detail;  ///< the probe's cell description (as<T>())
 
   template <class T>
-  const T& as() const { return *static_cast<const T*>(detail.get()); }
+  const T& as() const {
+    return *static_cast<const T*>(detail.get());
+  }
   template <class T>
   static ProbeCell make(const Probe* probe, std::string key, std::vector<std::string> groups, std::vector<int> layers,
                         bool attention, T detail) {
-    return {probe, std::move(key), std::move(groups), std::move(layers), attention,
+    return {probe,
+            std::move(key),
+            std::move(groups),
+            std::move(layers),
+            attention,
             std::make_shared<const T>(std::move(detail))};
   }
 };
@@ -154,9 +160,8 @@ class LayerAccess {
   /// next call tries again).
   template <class T>
   std::shared_ptr<const T> shared(int layer, const std::string& name, const std::function<T()>& make) const {
-    return std::static_pointer_cast<const T>(shared_any(layer, name, [&] {
-      return std::static_pointer_cast<const void>(std::make_shared<const T>(make()));
-    }));
+    return std::static_pointer_cast<const T>(shared_any(
+        layer, name, [&] { return std::static_pointer_cast<const void>(std::make_shared<const T>(make())); }));
   }
 
  protected:
@@ -170,7 +175,7 @@ struct ProbeReportInput {
   const ColumnTable* summary;             ///< /summary; null for a shard
   const std::vector<NamedTable>& tables;  ///< every table of the run
   const DumpAttrs& attrs;
-  const ProbePart& part;                  ///< this probe's plan
+  const ProbePart& part;  ///< this probe's plan
   const NamedTable* find(const std::string& group) const;
 };
 
@@ -193,7 +198,8 @@ class Probe {
   /// std::invalid_argument for values the dump cannot take, naming them.
   virtual ProbePart plan(const StudyConfig& config, const Dump& dump) const = 0;
   /// The rows of one of its cells: one table per group of the cell. Runs on the calling thread only.
-  virtual std::vector<ColumnTable> run(const StudyConfig& config, const ProbeCell& cell, const LayerAccess& in) const = 0;
+  virtual std::vector<ColumnTable> run(const StudyConfig& config, const ProbeCell& cell,
+                                       const LayerAccess& in) const = 0;
   /// The cell key of every row of `group` (one of its groups), from the columns.
   virtual std::vector<std::string> row_keys(const std::string& group, const ColumnTable& t) const = 0;
   /// Printed after the latent summary: warnings (to err, without the "latentq: warning: " prefix)
@@ -217,8 +223,8 @@ const GroupSpec& probe_group_spec(const std::string& group);
 
 /// Parse the sections of every registered probe from config text (called by parse_config).
 std::map<std::string, std::shared_ptr<const ProbeSettings>> parse_probe_sections(std::string_view text,
-                                                                                  const std::string& source,
-                                                                                  const std::filesystem::path& base_dir);
+                                                                                 const std::string& source,
+                                                                                 const std::filesystem::path& base_dir);
 /// A SettingsReader over one section of config text (for parse_probe_sections and tests).
 std::unique_ptr<SettingsReader> make_settings_reader(std::string_view text, const std::string& source,
                                                      const std::filesystem::path& base_dir, const std::string& section);
@@ -239,10 +245,10 @@ const T& probe_settings(const StudyConfig& config, const std::string& section) {
 
 /// In study/probes/<name>.cpp: registers `Class` (default-constructible, deriving from
 /// latentq::Probe) under the file's stem `name`.
-#define LATENTQ_DEFINE_PROBE(name, Class)            \
-  namespace latentq::registry {                      \
-  const ::latentq::Probe& probe_##name() {           \
-    static const Class instance;                     \
-    return instance;                                 \
-  }                                                  \
+#define LATENTQ_DEFINE_PROBE(name, Class)  \
+  namespace latentq::registry {            \
+  const ::latentq::Probe& probe_##name() { \
+    static const Class instance;           \
+    return instance;                       \
+  }                                        \
   }

@@ -38,14 +38,15 @@ std::vector<Threshold> parse_thresholds(const std::string& text, const std::stri
 
 struct ThresholdResult {
   Threshold threshold;
-  size_t rows = 0;     ///< matching rows (0: the threshold fails)
-  double value = 0;    ///< the statistic over the matching rows
+  size_t rows = 0;   ///< matching rows (0: the threshold fails)
+  double value = 0;  ///< the statistic over the matching rows
   bool pass = false;
 };
 
 /// Evaluate thresholds on a /latent_error table. Throws std::invalid_argument if a metric is not a
 /// numeric column of the table (listing the numeric columns).
-std::vector<ThresholdResult> evaluate_thresholds(const ColumnTable& latent_error, const std::vector<Threshold>& thresholds);
+std::vector<ThresholdResult> evaluate_thresholds(const ColumnTable& latent_error,
+                                                 const std::vector<Threshold>& thresholds);
 
 /// One line per threshold: PASS/FAIL, quantizer, target, statistic(metric), value, bound.
 std::string format_threshold_results(const std::vector<ThresholdResult>& results);

@@ -46,9 +46,9 @@ std::vector<Cell> plan_cells(const StudyConfig& config, const Dump& dump);
 
 /// What one cell measures.
 struct CellResult {
-  QuantSpec stored;      ///< the format actually stored (QuantSpec::stored_for)
-  Accounting accounting; ///< bits per element, bytes per token (one layer, one target), metadata included
-  ErrorMetrics metrics;  ///< of the dequantized matrix against the original
+  QuantSpec stored;              ///< the format actually stored (QuantSpec::stored_for)
+  Accounting accounting;         ///< bits per element, bytes per token (one layer, one target), metadata included
+  ErrorMetrics metrics;          ///< of the dequantized matrix against the original
   QuantDiagnostics diagnostics;  ///< precision lost silently under the format's conventions (diagnose())
 };
 
@@ -86,7 +86,8 @@ struct RotatedLatent {
 };
 /// (layer, target, transform) → its RotatedLatent; called from the cells' threads, so it must be
 /// thread-safe. The batch runner shares one per layer while the layer is held (LayerAccess::shared).
-using RotatedLatents = std::function<std::shared_ptr<const RotatedLatent>(int layer, Target target, const Transform& t)>;
+using RotatedLatents =
+    std::function<std::shared_ptr<const RotatedLatent>(int layer, Target target, const Transform& t)>;
 /// The RotatedLatent of X [T, D] (row-major float32; the layer's target) under transform t with its
 /// rotation r (fit_rotation's): r and a rotated copy of X. Throws as Rotation::forward.
 RotatedLatent rotate_latent(std::shared_ptr<const Rotation> r, const float* X, int64_t T, int64_t D);
@@ -138,8 +139,8 @@ const std::vector<std::string>& latent_error_columns();
 ///   rate–distortion bound at the cell's bits_per_element (latentq/analysis/rate_distortion.h):
 ///   bound_rel_fro (rel_fro's normalization), gap_db = 10·log10(mse / mse_bound) (float64, may be
 ///   negative). `spectra` caches the fit-split spectra across calls (a local cache when null).
-/// The columns describe the stored format (a preset's rows say what it stores for that target, e.g. bf16 for flashmla-v32-fp8 on k_pe).
-/// Throws std::invalid_argument naming the cell (key) when a cell fails (e.g. a scale that
+/// The columns describe the stored format (a preset's rows say what it stores for that target, e.g. bf16 for
+/// flashmla-v32-fp8 on k_pe). Throws std::invalid_argument naming the cell (key) when a cell fails (e.g. a scale that
 /// overflows fp16); with several failures, the first in cell order.
 ColumnTable run_latent_error(const Dump& dump, const std::vector<Cell>& cells, LatentBackend& backend,
                              const RunOptions& options = {}, SpectrumCache* spectra = nullptr);
@@ -161,7 +162,8 @@ const std::vector<std::string>& summary_columns();
 ///   over the studied layers), a target that did not run the quantizer counted as bf16;
 ///   ratio_vs_bf16 = bytes_per_token_model / (num_layers · (kv_lora_rank + qk_rope_head_dim) · 2);
 ///   c_kv_accounting, k_pe_accounting: "measured" or "bf16 (not run)".
-ColumnTable summarize(const ColumnTable& latent_error, const std::vector<Quantizer>& quantizers, const DumpAttrs& attrs);
+ColumnTable summarize(const ColumnTable& latent_error, const std::vector<Quantizer>& quantizers,
+                      const DumpAttrs& attrs);
 
 /// The root attributes of a results file of `config` run on `dump` (loaded from config.dump, whose
 /// SHA-256 is `input_sha256`) on `device`: created, latentq_version, git_commit, config, config_source,

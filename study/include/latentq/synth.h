@@ -34,19 +34,19 @@ namespace latentq {
 
 /// The MLA shape of a model, as in its config.json.
 struct ModelShape {
-  std::string name;               ///< preset name, e.g. "deepseek-v3"
-  std::string model;              ///< the checkpoint, e.g. "deepseek-ai/DeepSeek-V3"
-  int64_t num_layers = 0;         ///< num_hidden_layers (MLA layers)
-  int64_t num_heads = 0;          ///< num_attention_heads
-  int64_t kv_lora_rank = 0;       ///< r: c_kv width
-  int64_t qk_rope_head_dim = 0;   ///< k_pe / q_pe width (even)
-  int64_t qk_nope_head_dim = 0;   ///< q_nope width per head
-  int64_t v_head_dim = 0;         ///< value width per head
-  double rope_theta = 0;          ///< RoPE base θ (frequencies θ^(−2i/d_r), i = 0 .. d_r/2 − 1)
-  std::string rope_layout;        ///< "interleaved" (pairs 2i, 2i+1) or "half" (pairs i, i + d_r/2)
-  double softmax_scale = 0;       ///< the scale the model applies (qk_head_dim^(−1/2)·mscale², see synth.cpp)
-  int64_t vocab_size = 0;         ///< token ids of the synthetic /tokens are drawn in [0, vocab_size)
-  std::string source;             ///< where the numbers were read
+  std::string name;              ///< preset name, e.g. "deepseek-v3"
+  std::string model;             ///< the checkpoint, e.g. "deepseek-ai/DeepSeek-V3"
+  int64_t num_layers = 0;        ///< num_hidden_layers (MLA layers)
+  int64_t num_heads = 0;         ///< num_attention_heads
+  int64_t kv_lora_rank = 0;      ///< r: c_kv width
+  int64_t qk_rope_head_dim = 0;  ///< k_pe / q_pe width (even)
+  int64_t qk_nope_head_dim = 0;  ///< q_nope width per head
+  int64_t v_head_dim = 0;        ///< value width per head
+  double rope_theta = 0;         ///< RoPE base θ (frequencies θ^(−2i/d_r), i = 0 .. d_r/2 − 1)
+  std::string rope_layout;       ///< "interleaved" (pairs 2i, 2i+1) or "half" (pairs i, i + d_r/2)
+  double softmax_scale = 0;      ///< the scale the model applies (qk_head_dim^(−1/2)·mscale², see synth.cpp)
+  int64_t vocab_size = 0;        ///< token ids of the synthetic /tokens are drawn in [0, vocab_size)
+  std::string source;            ///< where the numbers were read
 };
 
 /// The presets: tiny-mla, deepseek-v2-lite, deepseek-v3 (= DeepSeek-R1, Kimi K2 shape), glm-4.7-flash,
@@ -58,11 +58,11 @@ const ModelShape& find_preset(const std::string& name);
 
 /// What to write. seq_lens empty: `seqs` sequences of `seq_len` tokens each.
 struct SynthOptions {
-  ModelShape shape;                 ///< usually find_preset(...); num_layers may be overridden
-  int64_t seqs = 2;                 ///< S ≥ 1
-  int64_t seq_len = 512;            ///< tokens per sequence ≥ 1
-  std::vector<int64_t> seq_lens;    ///< explicit lengths (overrides seqs × seq_len when not empty)
-  int64_t query_rows = 32;          ///< Tq per layer, 1 ≤ Tq ≤ T, chosen by the dump's query-row rule
+  ModelShape shape;               ///< usually find_preset(...); num_layers may be overridden
+  int64_t seqs = 2;               ///< S ≥ 1
+  int64_t seq_len = 512;          ///< tokens per sequence ≥ 1
+  std::vector<int64_t> seq_lens;  ///< explicit lengths (overrides seqs × seq_len when not empty)
+  int64_t query_rows = 32;        ///< Tq per layer, 1 ≤ Tq ≤ T, chosen by the dump's query-row rule
   uint64_t seed = 0;
 };
 

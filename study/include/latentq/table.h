@@ -23,7 +23,8 @@ const char* column_type(const Column& c);
 class ColumnTable {
  public:
   /// Add an empty column of type T (int64_t, double or std::string) at the end and return it.
-  /// The reference stays valid while more columns are added (columns live in a deque). Throws std::invalid_argument if a column with that name exists.
+  /// The reference stays valid while more columns are added (columns live in a deque). Throws std::invalid_argument if
+  /// a column with that name exists.
   template <class T>
   std::vector<T>& add(const std::string& name) {
     check_new(name);

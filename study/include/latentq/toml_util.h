@@ -18,7 +18,8 @@ inline toml::table parse_toml(std::string_view text, const std::string& source) 
     return toml::parse(text, source);
   } catch (const toml::parse_error& e) {
     const auto& b = e.source().begin;
-    throw std::invalid_argument(fmt::format("{}:{}:{}: TOML syntax error: {}", source, b.line, b.column, e.description()));
+    throw std::invalid_argument(
+        fmt::format("{}:{}:{}: TOML syntax error: {}", source, b.line, b.column, e.description()));
   }
 }
 

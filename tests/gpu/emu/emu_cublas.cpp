@@ -22,9 +22,12 @@ cublasStatus_t cublasSetMathMode(cublasHandle_t handle, cublasMath_t mode) {
 }
 const char* cublasGetStatusName(cublasStatus_t s) {
   switch (s) {
-    case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
-    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
-    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_SUCCESS:
+      return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_NOT_INITIALIZED:
+      return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_INVALID_VALUE:
+      return "CUBLAS_STATUS_INVALID_VALUE";
   }
   return "CUBLAS_STATUS_UNKNOWN";
 }
@@ -49,8 +52,10 @@ cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_
       for (int i = 0; i < m; ++i) {
         float acc = 0;
         for (int l = 0; l < k; ++l) {
-          const float a = ta == CUBLAS_OP_N ? Ab[i + static_cast<long long>(l) * lda] : Ab[l + static_cast<long long>(i) * lda];
-          const float x = tb == CUBLAS_OP_N ? Bb[l + static_cast<long long>(j) * ldb] : Bb[j + static_cast<long long>(l) * ldb];
+          const float a =
+              ta == CUBLAS_OP_N ? Ab[i + static_cast<long long>(l) * lda] : Ab[l + static_cast<long long>(i) * lda];
+          const float x =
+              tb == CUBLAS_OP_N ? Bb[l + static_cast<long long>(j) * ldb] : Bb[j + static_cast<long long>(l) * ldb];
           acc += a * x;
         }
         float& c = Cb[i + static_cast<long long>(j) * ldc];

@@ -31,10 +31,10 @@
 namespace latentq::probes {
 
 struct CrossLayerPair {
-  double pearson_mean_abs = 0;   ///< mean over non-constant channels of |Pearson(A[:, i], B[:, i])|
-  int64_t pearson_channels = 0;  ///< channels in that mean
-  int64_t constant_channels = 0; ///< channels skipped (constant in A or in B)
-  double cka_linear = 0;         ///< linear CKA of A and B
+  double pearson_mean_abs = 0;    ///< mean over non-constant channels of |Pearson(A[:, i], B[:, i])|
+  int64_t pearson_channels = 0;   ///< channels in that mean
+  int64_t constant_channels = 0;  ///< channels skipped (constant in A or in B)
+  double cka_linear = 0;          ///< linear CKA of A and B
 };
 
 /// ‖X_cᵀX_c‖_F of X [T, r] (row-major float32) with its columns centered, in float64 (dgemm): linear CKA's
@@ -53,9 +53,9 @@ CrossLayerPair cross_layer_pair(const float* A, const float* B, int64_t T, int64
 double linear_cka(const float* X, int64_t dx, const float* Y, int64_t dy, int64_t T);
 
 struct SharedBasisResult {
-  int64_t window = 0;               ///< w
-  int64_t rank = 0;                 ///< k: coefficients per token for the whole window
-  int64_t rank_per_layer = 0;       ///< k / w
+  int64_t window = 0;          ///< w
+  int64_t rank = 0;            ///< k: coefficients per token for the whole window
+  int64_t rank_per_layer = 0;  ///< k / w
   bool centered = false;
   double shared_fit_rel_fro = 0, shared_heldout_rel_fro = 0;
   double per_layer_fit_rel_fro = 0, per_layer_heldout_rel_fro = 0;
@@ -71,8 +71,8 @@ struct SharedBasisResult {
 /// fit_svd_split(layer, T, r, seq_offsets, centered) when the caller has them (the same values as computing
 /// them here); std::invalid_argument if their count, dimension or centering differ.
 std::vector<SharedBasisResult> shared_basis_probe(std::span<const float* const> layers, int64_t T, int64_t r,
-                                                  std::span<const int64_t> seq_offsets,
-                                                  std::span<const int64_t> ranks, bool centered = true,
+                                                  std::span<const int64_t> seq_offsets, std::span<const int64_t> ranks,
+                                                  bool centered = true,
                                                   std::span<const SvdSplitFit* const> per_layer = {});
 
 }  // namespace latentq::probes

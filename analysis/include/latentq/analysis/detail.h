@@ -27,10 +27,9 @@ inline Eigen::MatrixXd gather_rows(const float* X, int64_t T, int64_t D, Ranges 
   int64_t i = 0;
   for (const auto& [b, e] : rows) {
     if (b < 0 || e > T || b > e)
-      throw std::invalid_argument("row range [" + std::to_string(b) + ", " + std::to_string(e) +
-                                  ") outside the " + std::to_string(T) + " tokens");
-    for (int64_t t = b; t < e; ++t, ++i)
-      out.row(i) = Eigen::Map<const Eigen::RowVectorXf>(X + t * D, D).cast<double>();
+      throw std::invalid_argument("row range [" + std::to_string(b) + ", " + std::to_string(e) + ") outside the " +
+                                  std::to_string(T) + " tokens");
+    for (int64_t t = b; t < e; ++t, ++i) out.row(i) = Eigen::Map<const Eigen::RowVectorXf>(X + t * D, D).cast<double>();
   }
   return out;
 }

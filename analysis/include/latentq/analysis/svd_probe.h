@@ -71,10 +71,10 @@ int64_t energy_rank(const Eigen::VectorXd& singular_values, double fraction);
 std::vector<int64_t> default_svd_ranks(int64_t kv_lora_rank);
 
 struct SvdProbeOptions {
-  bool centered = true;                                ///< subtract the fit mean (stored: D floats)
-  std::vector<int64_t> ranks;                          ///< empty → default_svd_ranks(kv_lora_rank)
+  bool centered = true;        ///< subtract the fit mean (stored: D floats)
+  std::vector<int64_t> ranks;  ///< empty → default_svd_ranks(kv_lora_rank)
   std::vector<double> energy_fractions{0.9, 0.99, 0.999};
-  CoeffDtype coeff_dtype = CoeffDtype::BF16;          ///< dtype of the stored per-token coefficients
+  CoeffDtype coeff_dtype = CoeffDtype::BF16;  ///< dtype of the stored per-token coefficients
 };
 
 struct SvdRankError {
@@ -89,10 +89,10 @@ struct SvdProbeResult {
   CoeffDtype coeff_dtype = CoeffDtype::BF16;
   int64_t kv_lora_rank = 0;
   int64_t fit_tokens = 0, heldout_tokens = 0;
-  SvdBasis basis;                          ///< spectrum in basis.singular_values [kv_lora_rank], descending
-  std::vector<SvdRankError> ranks;         ///< in the order of options.ranks
-  std::vector<double> energy_fractions;    ///< as requested
-  std::vector<int64_t> energy_ranks;       ///< energy_rank(σ, fraction) for each fraction
+  SvdBasis basis;                        ///< spectrum in basis.singular_values [kv_lora_rank], descending
+  std::vector<SvdRankError> ranks;       ///< in the order of options.ranks
+  std::vector<double> energy_fractions;  ///< as requested
+  std::vector<int64_t> energy_ranks;     ///< energy_rank(σ, fraction) for each fraction
 };
 
 /// One layer's basis on its fit split with the energy of both splits along every basis direction: the
@@ -100,9 +100,9 @@ struct SvdProbeResult {
 /// (the study computes it once per layer and passes it to both).
 struct SvdSplitFit {
   int64_t fit_tokens = 0, heldout_tokens = 0;
-  SvdBasis basis;                  ///< fit_svd_basis on the fit split (fit_heldout_split)
-  Eigen::VectorXd fit_energy;      ///< [D] Σ over the fit tokens x of ((x − μ)·v_j)², j = 0 .. D−1
-  Eigen::VectorXd heldout_energy;  ///< [D] the same over the held-out tokens
+  SvdBasis basis;                           ///< fit_svd_basis on the fit split (fit_heldout_split)
+  Eigen::VectorXd fit_energy;               ///< [D] Σ over the fit tokens x of ((x − μ)·v_j)², j = 0 .. D−1
+  Eigen::VectorXd heldout_energy;           ///< [D] the same over the held-out tokens
   double fit_norm2 = 0, heldout_norm2 = 0;  ///< ‖X_fit‖_F², ‖X_heldout‖_F² (uncentered, as stored)
 };
 /// The SvdSplitFit of X [T, D] (row-major float32) with sequences seq_offsets [S+1]. Throws

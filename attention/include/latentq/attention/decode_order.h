@@ -45,11 +45,11 @@ struct DecodeOrderQuantizer {
 /// The error of one bucket of query positions [pos_start, pos_end) (pos_end = pos_start + bucket).
 struct PositionBucketError {
   int64_t pos_start = 0, pos_end = 0;
-  int64_t queries = 0;              ///< query rows in the bucket (all sequences)
-  double quantized_key_frac = 0;    ///< mean over the rows of (keys read quantized) / (keys), c_kv's keys
-                                    ///< (k_pe's when only k_pe is quantized)
-  double kl_mean = 0;               ///< attention_error_rows(ref, test, rows).kl_mean (nats)
-  double out_rel_fro = 0;           ///< attention_error_rows(...).out_rel_fro
+  int64_t queries = 0;            ///< query rows in the bucket (all sequences)
+  double quantized_key_frac = 0;  ///< mean over the rows of (keys read quantized) / (keys), c_kv's keys
+                                  ///< (k_pe's when only k_pe is quantized)
+  double kl_mean = 0;             ///< attention_error_rows(ref, test, rows).kl_mean (nats)
+  double out_rel_fro = 0;         ///< attention_error_rows(...).out_rel_fro
 };
 
 /// One decode order's result: its buckets (ascending, non-empty only) and the bytes per token of the
@@ -73,9 +73,10 @@ struct DecodeOrderError {
 /// quantized, sizes that do not match att, a row whose positions[q_row] is not its key index in its
 /// sequence (the dump's /positions must count from each sequence's start), an invalid order, and as
 /// decode_order_quantize / run_mixed / attention_error_rows.
-std::vector<DecodeOrderError> decode_order_attention(const AbsorbedAttention<float>& att, const AttentionReference<float>& ref,
-                                                     const DecodeOrderInput& in, const DecodeOrderQuantizer& q,
-                                                     std::span<const DecodeOrder> orders, int64_t bucket);
+std::vector<DecodeOrderError> decode_order_attention(const AbsorbedAttention<float>& att,
+                                                     const AttentionReference<float>& ref, const DecodeOrderInput& in,
+                                                     const DecodeOrderQuantizer& q, std::span<const DecodeOrder> orders,
+                                                     int64_t bucket);
 /// The same on att's device (att.device_computes_errors() and att.device_runs_mixed(), its reference kept by
 /// keep_device_reference on the exact latents): each order's mixed cache is evaluated there once
 /// (device_error_terms) and every bucket's errors are summed from its per-pair terms (error_from_terms);

@@ -196,19 +196,19 @@ class AbsorbedAttention {
                                                     const MixedCache* mixed) const;
   std::vector<int64_t> mixed_ranges_sorted(const MixedCache& m) const;  // [Tq, 4] by sorted row, clipped
   void check_mixed_ranges(const MixedCache& m) const;
-  std::shared_ptr<const AttentionDevice> device_;   // null: the CPU
+  std::shared_ptr<const AttentionDevice> device_;  // null: the CPU
   std::vector<AttentionSegment> segments_;         // with a device: consecutive sorted rows of one sequence
   std::vector<int64_t> nkeys_sorted_;              // with a device: [Tq] by sorted row
   bool device_reference_ = false;                  // keep_device_reference() has run
   MlaDims dims_;
   int64_t T_ = 0;
   Scalar scale_ = 0;
-  std::vector<int64_t> order_;   // sorted position → original query row
-  std::vector<int64_t> nkeys_;   // [Tq] by original row
+  std::vector<int64_t> order_;  // sorted position → original query row
+  std::vector<int64_t> nkeys_;  // [Tq] by original row
   std::vector<Chunk> chunks_;
-  Mat q_lat_;                    // [Tq·H, r], row = sorted_pos·H + h
-  Mat q_pe_;                     // [Tq·H, rope], same row order
-  Mat w_uv_;                     // [H·v, r]
+  Mat q_lat_;  // [Tq·H, r], row = sorted_pos·H + h
+  Mat q_pe_;   // [Tq·H, rope], same row order
+  Mat w_uv_;   // [H·v, r]
 };
 
 /// Convenience: AbsorbedAttention<Scalar>(q).run(c_kv, k_pe, keep_probs).

@@ -21,22 +21,22 @@ struct AttentionError {
                            ///< natural log (nats); terms with p_j = 0 contribute 0; the 1e-30 floor keeps
                            ///< a key that underflowed to 0 in p̂ finite (≈ 69 nats per unit of p); rounding
                            ///< of p, p̂ (each sums to 1 only up to rounding) can leave it ~1e-9 below 0
-  double top1_agree = 0;   ///< fraction of rows×heads where argmax p == argmax p̂ (ties → lowest key index)
-  double top8_agree = 0;   ///< mean of |topm(p) ∩ topm(p̂)| / m, m = min(8, nkeys) (ties → lowest index)
+  double top1_agree = 0;  ///< fraction of rows×heads where argmax p == argmax p̂ (ties → lowest key index)
+  double top8_agree = 0;  ///< mean of |topm(p) ∩ topm(p̂)| / m, m = min(8, nkeys) (ties → lowest index)
 };
 
 /// One (query row, head) pair's terms of attention_error, as a device that computes them returns them
 /// (AttentionDevice::error_terms): float64 sums over the pair's keys and its v_head_dim outputs, a = the
 /// reference, b = the test. AbsorbedAttention::device_error() sums them in attention_error's order.
 struct AttentionPairTerms {
-  double kl = 0;     ///< Σ_j p_j·ln(p_j / max(p̂_j, kKlProbFloor)) over the row's keys with p_j > 0
-  double dot = 0;    ///< Σ a·b
-  double ref2 = 0;   ///< Σ a²
-  double test2 = 0;  ///< Σ b²
-  double err2 = 0;   ///< Σ (b − a)²
-  bool equal = false;      ///< a == b element for element
-  bool top1 = false;       ///< the keys of largest probability agree (ties: the lower key index)
-  int32_t top_common = 0;  ///< |top-m(p) ∩ top-m(p̂)|, m = min(8, nkeys) (ties: the lower key index)
+  double kl = 0;                ///< Σ_j p_j·ln(p_j / max(p̂_j, kKlProbFloor)) over the row's keys with p_j > 0
+  double dot = 0;               ///< Σ a·b
+  double ref2 = 0;              ///< Σ a²
+  double test2 = 0;             ///< Σ b²
+  double err2 = 0;              ///< Σ (b − a)²
+  bool equal = false;           ///< a == b element for element
+  bool top1 = false;            ///< the keys of largest probability agree (ties: the lower key index)
+  int32_t top_common = 0;       ///< |top-m(p) ∩ top-m(p̂)|, m = min(8, nkeys) (ties: the lower key index)
   int64_t nonfinite_probs = 0;  ///< NaN/Inf among the test's probabilities of the pair's keys
   int64_t nonfinite_out = 0;    ///< NaN/Inf among the test's outputs of the pair
 };
@@ -60,8 +60,8 @@ AttentionError attention_error_rows(const AttentionResult<Scalar>& ref, const At
 /// probabilities and to be finite, and per (query row, head) the indices of its m = min(8, nkeys) largest
 /// probabilities (ties → lowest index), which top1_agree/top8_agree compare with. Keeps a pointer to
 /// `ref`, which must outlive it. Throws std::invalid_argument if `ref`'s key counts or offsets do not
-/// match its Tq, or it lacks probabilities, or has a NaN/Inf output or probability. attention_error(prepared, test) equals attention_error(ref, test)
-/// bit for bit.
+/// match its Tq, or it lacks probabilities, or has a NaN/Inf output or probability. attention_error(prepared, test)
+/// equals attention_error(ref, test) bit for bit.
 template <typename Scalar>
 class AttentionReference {
  public:

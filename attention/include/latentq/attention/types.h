@@ -59,10 +59,10 @@ struct KeyRange {
 /// stores the ranges pick. The decode-order cache (latentq/decode_order.h) is this with A = the quantized
 /// cache, B = its bf16 reads and the range [sink, quantized_end(t, G)).
 struct MixedCache {
-  std::span<const float> c_kv_a, k_pe_a;        ///< store A: [T, kv_lora_rank], [T, qk_rope_head_dim] float32
-  std::span<const float> c_kv_b, k_pe_b;        ///< store B: same shapes
-  std::span<const KeyRange> ckv_from_a;         ///< [Tq], q_rows order
-  std::span<const KeyRange> kpe_from_a;         ///< [Tq], q_rows order
+  std::span<const float> c_kv_a, k_pe_a;  ///< store A: [T, kv_lora_rank], [T, qk_rope_head_dim] float32
+  std::span<const float> c_kv_b, k_pe_b;  ///< store B: same shapes
+  std::span<const KeyRange> ckv_from_a;   ///< [Tq], q_rows order
+  std::span<const KeyRange> kpe_from_a;   ///< [Tq], q_rows order
 };
 
 /// Sorted query rows [begin, end) of one sequence and its keys, tokens key_begin .. key_begin + nk − 1
@@ -77,7 +77,7 @@ struct AttentionSegment {
 /// into the AbsorbedAttention that made the layout, valid while it lives.
 struct AttentionLayout {
   MlaDims dims;
-  int64_t num_tokens = 0;                  ///< T
+  int64_t num_tokens = 0;  ///< T
   float softmax_scale = 0;
   std::span<const int64_t> nkeys;          ///< [Tq] keys of each sorted row
   std::vector<AttentionSegment> segments;  ///< cover the sorted rows [0, Tq) in order

@@ -16,8 +16,8 @@ namespace latentq::gpu {
 /// unless e is cudaSuccess. Used through LQ_CUDA_CHECK.
 inline void check_cuda(cudaError_t e, const char* expr, const char* file, int line) {
   if (e == cudaSuccess) return;
-  throw std::runtime_error(std::string(file) + ":" + std::to_string(line) + ": " + expr + " failed: " +
-                           cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
+  throw std::runtime_error(std::string(file) + ":" + std::to_string(line) + ": " + expr +
+                           " failed: " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
 }
 
 }  // namespace latentq::gpu
