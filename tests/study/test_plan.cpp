@@ -260,6 +260,14 @@ TEST_F(MixedTest, ConfigErrors) {
   };
   EXPECT_CONTAINS(err("[[mixed]]\nname = \"bf16\"\nc_kv = \"bf16\"\nk_pe = \"bf16\"\n"),
                   "needs a name that is not a spec");
+  // Names that parse as a transformed spec are refused too: the e2e step would otherwise take the name for a
+  // quantizer and run it under the mixed row's name.
+  for (const char* name :
+       {"had-s9,int4-asym-token", "had64,int4-asym-token", "int4-asym-channel-g032", "had064,int4-asym-token"}) {
+    SCOPED_TRACE(name);
+    EXPECT_CONTAINS(err(std::string("[[mixed]]\nname = \"") + name + "\"\nc_kv = \"bf16\"\nk_pe = \"bf16\"\n"),
+                    "needs a name that is not a spec");
+  }
   EXPECT_CONTAINS(
       err("[[mixed]]\nlayers = [0]\nc_kv = \"bf16\"\nk_pe = \"bf16\"\n[[mixed]]\nlayers = [0, 1]\nc_kv = \"bf16\"\n"),
       "m.toml:7:8: mixed assignment 'mixed' assigns c_kv of a layer twice");
