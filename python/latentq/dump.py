@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from latentq.capture import LatentCapture, MLAModuleNotFoundError, config_softmax_scale, find_mla_layers, mla_dims
+from latentq.files import publish
 
 SCHEMA = "latentq-dump/1"
 Q_ROWS_RULE = "per sequence k rows at positions floor((j+1)*L/k)-1, j=0..k-1; k=q_rows//S (+1 for the first q_rows%S)"
@@ -367,14 +368,6 @@ def _write_root_attrs(
         f.attrs[k] = str(v) if isinstance(v, str) else v  # str(): TorchVersion is a str subclass
 
 
-def _publish(tmp: str, path: str) -> None:
-    """Rename tmp over path with the permissions of a normally created file (mkstemp creates 0600)."""
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)
-    os.replace(tmp, path)
-
-
 @torch.no_grad()
 def dump(
     model,
@@ -473,7 +466,7 @@ def dump(
                 "transformers_version": transformers.__version__,
             }
             _write_root_attrs(f, plan, writer, config_dict, meta, extra_attrs)
-        _publish(tmp, out_path)
+        publish(tmp, out_path)
     except BaseException:
         if os.path.exists(tmp):
             os.remove(tmp)

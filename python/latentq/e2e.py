@@ -88,6 +88,7 @@ from latentq.e2e_decode import (  # noqa: F401  (re-exported: the tests and benc
     mode_rsp,
     spec_at,
 )
+from latentq.files import publish
 from latentq.inject import DecodeOrderAttention, LatentInjector
 
 # The repository (python/latentq/e2e.py is two levels below it): the default --model data/tiny-mla.
@@ -331,7 +332,7 @@ def write_groups(results_path: str, groups: dict[str, tuple[dict[str, np.ndarray
                         g.create_dataset(k, data=v)
                 for k, v in attrs.items():
                     g.attrs[k] = v
-        os.replace(tmp, results_path)
+        publish(tmp, results_path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)

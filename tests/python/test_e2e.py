@@ -2,6 +2,7 @@
 the logits, int2-sym-tensor latents move them a lot; the /e2e group is added without losing others."""
 
 import os
+import stat
 
 import h5py
 import numpy as np
@@ -308,3 +309,20 @@ def test_mixed_assignment_keeps_each_layers_transform(tmp_path):
     assert torch.equal(fn(0, "c_kv", x), one(0, "c_kv", x))
     plain = e2e_inject.make_inject(latentq, "int4-asym-token", ("c_kv",))
     assert not torch.equal(fn(0, "c_kv", x), plain(0, "c_kv", x))
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_results_written_by_the_e2e_step_respect_the_umask(tmp_path, umask):
+    """write_groups (every /e2e and /e2e_position write) renames a mkstemp file over the results; its mode
+    is 0666 & ~umask like every other output, not mkstemp's 0600."""
+    res = tmp_path / "r.h5"
+    with h5py.File(res, "w") as f:
+        f.attrs["schema"] = "latentq-results/1"
+    old = os.umask(umask)
+    try:
+        e2e_inject.write_groups(str(res), {"e2e": ({"kl_mean": np.array([1.0])}, {"note": "x"})})
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(res).st_mode) == 0o666 & ~umask
+    with h5py.File(res, "r") as f:
+        assert f["e2e"]["kl_mean"][0] == 1.0 and f["e2e"].attrs["note"] == "x"

@@ -38,6 +38,7 @@ import os
 import re
 import tempfile
 
+from latentq.files import publish
 from latentq.report.figures import (
     FIGURES,
     fig_cross_layer,
@@ -61,7 +62,6 @@ from latentq.report.load import (
     select_quantizers,
     strings,
 )
-from latentq.report.plot import _publish
 
 
 def fmt(v, kind="g"):
@@ -535,7 +535,7 @@ def write_report(path, loaded, out, patterns):
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write("\n".join(L) + "\n")
-        _publish(tmp, md_path)
+        publish(tmp, md_path)
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)

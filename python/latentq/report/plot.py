@@ -9,6 +9,7 @@ import math
 import os
 import tempfile
 
+from latentq.files import publish
 from latentq.report.load import is_baseline, pareto_front, short_label
 
 GRAN_STYLE = {  # color, label
@@ -167,14 +168,6 @@ def place_labels(ax, xs, ys, labels, force=None, fontsize=7, color="black"):
     return sorted(done)
 
 
-def _publish(tmp, path):
-    """Rename tmp over path with the permissions of a normally created file (mkstemp makes 0600)."""
-    um = os.umask(0)
-    os.umask(um)
-    os.chmod(tmp, 0o666 & ~um)
-    os.replace(tmp, path)
-
-
 def _save(fig, path):
     """Save to a temporary file in the same directory, then rename."""
     plt = _mpl()
@@ -183,7 +176,7 @@ def _save(fig, path):
     os.close(fd)
     try:
         fig.savefig(tmp, format="png", bbox_inches="tight", pad_inches=0.08)
-        _publish(tmp, path)
+        publish(tmp, path)
     finally:
         plt.close(fig)
         if os.path.exists(tmp):
