@@ -2,12 +2,7 @@
 // and refusals (exit 2, nothing written), e2e / report steps without Python, merge running the e2e step.
 #include "probe_study_test_util.h"
 
-namespace {
-using namespace latentq;
-using lqtest::cli;
-using lqtest::Outcome;
-using lqtest::TempDir;
-namespace fs = std::filesystem;
+namespace {  // probe_study_test_util.h's using-declarations apply here too
 
 // ---- the CLI -----------------------------------------------------------------------------------------
 

@@ -4,12 +4,7 @@
 // readable, the printed tables, e2e / report skipped without Python).
 #include "probe_study_test_util.h"
 
-namespace {
-using namespace latentq;
-using lqtest::cli;
-using lqtest::Outcome;
-using lqtest::TempDir;
-namespace fs = std::filesystem;
+namespace {  // probe_study_test_util.h's using-declarations apply here too
 
 // ---- plans and keys ------------------------------------------------------------------------------
 

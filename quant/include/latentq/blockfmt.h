@@ -349,19 +349,9 @@ LQ_HD float saturation_threshold(const BlockDesc& f) {
 /// Whether the saturating cast of a block format's element changes the scaled value v (detail::e4m3_saturates,
 /// detail::e2m1_saturates); false for the ggml kinds (their codes clamp by definition).
 LQ_HD bool element_saturates(const BlockDesc& f, float v) {
-  switch (f.kind) {
-    case BlockKind::Fp8Pow2:
-    case BlockKind::MxFp8:
-    case BlockKind::Fp8Fp32:
-    case BlockKind::Fp8Tensor:
-      return detail::e4m3_saturates(v);
-    case BlockKind::MxFp4:
-    case BlockKind::Fp4Tile:
-    case BlockKind::NvFp4:
-      return detail::e2m1_saturates(v);
-    default:
-      return false;
-  }
+  const float t = saturation_threshold(f);  // the element format, by its threshold; +inf for the ggml kinds
+  if (t == detail::kE4M3Saturation) return detail::e4m3_saturates(v);
+  return t == detail::kE2M1Saturation && detail::e2m1_saturates(v);
 }
 
 /// The saturation count of encode_block_bytes over a whole block x[0, n) with parameters p, without
