@@ -98,7 +98,6 @@ std::vector<DecodeOrderError> decode_order_impl(const AbsorbedAttention<float>& 
   const Rotation identity;
   struct Quantized {
     std::vector<float> c, k;  // empty: that target reads bf16
-    double bpt_c = 0, bpt_k = 0;
   };
   std::map<int64_t, Quantized> caches;  // key: the sink (0 for prefill-at-once: the same contents)
   const auto quantized_for = [&](const DecodeOrder& o) -> const Quantized& {
@@ -107,16 +106,13 @@ std::vector<DecodeOrderError> decode_order_impl(const AbsorbedAttention<float>& 
     if (it != caches.end()) return it->second;
     Quantized Qz;
     const auto one = [&](bool on, Target t, std::span<const float> X, int64_t D, const Rotation* rot,
-                         std::vector<float>& out, double& bpt) {
-      bpt = 2.0 * static_cast<double>(D);
+                         std::vector<float>& out) {
       if (!on || D == 0) return;
       out.resize(X.size());
-      const QuantizedTensor qt =
-          decode_order_quantize(q.spec, rot ? *rot : identity, t, X.data(), T, D, in.seq_offsets, o, out.data());
-      bpt = qt.rows > 0 ? account(qt).bytes_per_token : 0.0;
+      decode_order_quantize(q.spec, rot ? *rot : identity, t, X.data(), T, D, in.seq_offsets, o, out.data());
     };
-    one(q.c_kv, Target::CKV, in.c_kv, r, q.r_ckv, Qz.c, Qz.bpt_c);
-    one(q.k_pe, Target::KPE, in.k_pe, rope, q.r_kpe, Qz.k, Qz.bpt_k);
+    one(q.c_kv, Target::CKV, in.c_kv, r, q.r_ckv, Qz.c);
+    one(q.k_pe, Target::KPE, in.k_pe, rope, q.r_kpe, Qz.k);
     return caches.emplace(key, std::move(Qz)).first->second;
   };
   const int64_t G_c = decode_token_group(q.spec.stored_for(Target::CKV));
@@ -172,19 +168,12 @@ std::vector<DecodeOrderError> decode_order_impl(const AbsorbedAttention<float>& 
       pb.out_rel_fro = x.out_rel_fro;
       e.buckets.push_back(pb);
     }
-    // Bytes at each sequence's end.
-    double bytes = 0;
-    for (size_t s = 0; s + 1 < in.seq_offsets.size(); ++s) {
-      const int64_t L = in.seq_offsets[s + 1] - in.seq_offsets[s];
-      const auto part = [&](bool on, int64_t G, int64_t D, double bpt) {
-        if (!on) return static_cast<double>(L) * 2.0 * static_cast<double>(D);
-        const DecodeCacheTokens c = decode_cache_tokens(o, L, G);
-        return static_cast<double>(c.bf16_tokens) * 2.0 * static_cast<double>(D) +
-               static_cast<double>(c.quantized_tokens) * bpt;
-      };
-      bytes += part(qc, G_c, r, Qz.bpt_c) + part(qk, G_k, rope, Qz.bpt_k);
-    }
-    e.bytes_per_token = bytes / static_cast<double>(T);
+    // Bytes at each sequence's end: the one decode-order accounting (a target read in bf16: 2 bytes/element).
+    const auto part = [&](bool on, Target t, int64_t D) {
+      return on ? decode_order_cache_bytes(q.spec, t, D, in.seq_offsets, o) : T * 2 * D;
+    };
+    e.bytes_per_token =
+        static_cast<double>(part(qc, Target::CKV, r) + part(qk, Target::KPE, rope)) / static_cast<double>(T);
     out.push_back(std::move(e));
   }
   return out;

@@ -30,10 +30,10 @@ __path__ = pkgutil.extend_path(__path__, __name__)
 
 # The names python/src/core.cpp defines: without _core, each is an ImportError naming the build step.
 CORE_NAMES = (
-    "LatentqError", "QuantizedTensor", "canonical_spec", "cpu_threads", "decode_order_latents",
-    "decode_order_mask", "decode_scale_is_causal", "decode_token_group", "dequantize", "diagnose",
-    "error_metrics", "pack_record", "quantize", "quantize_dequantize", "record_bytes", "rotation_matrix",
-    "set_cpu_threads", "spec_grammar",
+    "LatentqError", "QuantizedTensor", "canonical_spec", "cpu_threads", "decode_order_cache_bytes",
+    "decode_order_latents", "decode_order_mask", "decode_scale_is_causal", "decode_token_group", "dequantize",
+    "diagnose", "error_metrics", "pack_record", "quantize", "quantize_dequantize", "record_bytes",
+    "rotation_matrix", "set_cpu_threads", "spec_grammar",
 )  # fmt: skip
 
 BUILD_HINT = (

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 
-import numpy as np
 import torch
 
 PREFILL_AT_ONCE = "prefill-at-once"
@@ -115,15 +114,16 @@ def cache_bytes_per_token(
     memo: dict | None = None,
 ) -> float:
     """Bytes per token per layer of the latent cache once L tokens are decoded, mean over `layers`:
-    per target (c_kv: kv_lora_rank, k_pe: qk_rope_head_dim columns), the bf16 tokens at 2 bytes/element
-    and the quantized ones at the format's bytes per token (QuantizedTensor.bytes_per_token of the
-    spec's quantizer storing num_seqs sequences of that many tokens; a per-tensor scale is amortized
-    over them); the bf16/quantized split is the last row of latentq.decode_order_mask(mode, L, G).
+    per target (c_kv: kv_lora_rank, k_pe: qk_rope_head_dim columns), latentq.decode_order_cache_bytes of
+    num_seqs sequences of L tokens (the one decode-order accounting, C++ decode_order.h, that
+    /attention_position uses: the sink, the residual window and the incomplete group in bf16 at 2 bytes per
+    element, the complete groups with their metadata, a per-tensor scale once) / (num_seqs * L).
     A target the spec does not cover counts at 2 bytes/element. Raises ValueError as quantize().
     `memo`: a dict shared across calls (e.g. every run of one e2e step); the bytes of one (spec, target)
-    depend only on (spec, target, mode, L, num_seqs, width) and are quantized once per such key."""
+    depend only on (spec, target, mode, L, num_seqs, width)."""
     widths = {"c_kv": dims["kv_lora_rank"], "k_pe": dims["qk_rope_head_dim"]}
     memo = {} if memo is None else memo
+    offsets = [i * L for i in range(num_seqs + 1)]
     total = 0.0
     for layer in layers:
         for name, D in widths.items():
@@ -133,12 +133,6 @@ def cache_bytes_per_token(
                 continue
             key = (s, name, mode, L, num_seqs, D)
             if key not in memo:
-                nq = int(latentq.decode_order_mask(mode, L, latentq.decode_token_group(s))[L - 1].sum())
-                bq = 0.0
-                if nq:  # the format's storage; a rotation costs nothing (folded into W_UK / W_UV)
-                    base = latentq.canonical_spec(s).split(",")[-1]
-                    x = np.random.default_rng(0).standard_normal((num_seqs * nq, D)).astype(np.float32)
-                    bq = latentq.quantize(x, base, name, [i * nq for i in range(num_seqs + 1)]).bytes_per_token
-                memo[key] = ((L - nq) * 2.0 * D + nq * bq) / L
+                memo[key] = latentq.decode_order_cache_bytes(s, name, D, offsets, mode) / (num_seqs * L)
             total += memo[key]
     return total / len(layers)

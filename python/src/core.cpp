@@ -213,6 +213,19 @@ void def_decode_order(py::module_& m) {
       "under `mode` ('prefill-at-once' or 'decode-r<R>-s<S>-p<P>'; DecodeOrder::reads_quantized), for token group G.\n"
       "Raises ValueError for a malformed mode.");
   m.def(
+      "decode_order_cache_bytes",
+      [](const std::string& spec, const std::string& target, int64_t D, const std::vector<int64_t>& seq_offsets,
+         const std::string& mode) {
+        return decode_order_cache_bytes(TransformedSpec::parse(spec).spec, parse_target(target), D, seq_offsets,
+                                        DecodeOrder::parse(mode));
+      },
+      py::arg("spec"), py::arg("target"), py::arg("D"), py::arg("seq_offsets"), py::arg("mode"),
+      "Bytes (int) of one target's decode-order cache of D columns once every sequence of seq_offsets [S+1] is\n"
+      "decoded to its end (latentq/decode_order.h decode_order_cache_bytes, the accounting /attention_position\n"
+      "uses): the attention sink, the residual window and the incomplete token group in bf16 at 2*D bytes, the\n"
+      "complete groups with their metadata (a rotation stores nothing). Raises ValueError for a malformed spec,\n"
+      "target or mode, bad seq_offsets, or a width the format's layout refuses.");
+  m.def(
       "decode_order_latents",
       [](const F32Array& x, const std::string& spec, const std::string& mode, const std::string& target,
          std::optional<std::vector<int64_t>> seq_offsets) {

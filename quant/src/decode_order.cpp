@@ -77,6 +77,23 @@ DecodeCacheTokens decode_cache_tokens(const DecodeOrder& order, int64_t L, int64
   return {L - quantized, quantized};
 }
 
+int64_t decode_order_cache_bytes(const QuantSpec& spec, Target target, int64_t D, std::span<const int64_t> seq_offsets,
+                                 const DecodeOrder& order) {
+  order.validate();
+  if (seq_offsets.empty())
+    throw std::invalid_argument("decode-order cache bytes: seq_offsets is empty (expected [S+1])");
+  validate_seq_offsets(seq_offsets, seq_offsets.back());
+  const int64_t G = decode_token_group(spec.stored_for(target));
+  int64_t bf16 = 0;
+  std::vector<int64_t> quantized{0};  // the quantized tokens of each sequence, as one matrix's seq_offsets
+  for (size_t s = 0; s + 1 < seq_offsets.size(); ++s) {
+    const DecodeCacheTokens c = decode_cache_tokens(order, seq_offsets[s + 1] - seq_offsets[s], G);
+    bf16 += c.bf16_tokens;
+    quantized.push_back(quantized.back() + c.quantized_tokens);
+  }
+  return bf16 * 2 * D + storage_bytes(spec, target, D, quantized);
+}
+
 void round_bf16(const float* x, int64_t n, float* out) {
   for (int64_t i = 0; i < n; ++i) out[i] = qmath::bf16_bits_to_f32(qmath::f32_to_bf16_bits(x[i]));
 }

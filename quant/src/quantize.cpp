@@ -335,4 +335,19 @@ Accounting account(const QuantizedTensor& qt) {
           bytes / static_cast<double>(qt.rows)};
 }
 
+int64_t storage_bytes(const QuantSpec& spec, Target target, int64_t D, std::span<const int64_t> seq_offsets) {
+  const QuantSpec stored = spec.stored_for(target);
+  const Layout L = layout(stored, D);
+  if (seq_offsets.empty()) throw std::invalid_argument("storage_bytes: seq_offsets is empty (expected [S+1])");
+  const int64_t T = seq_offsets.back();
+  validate_seq_offsets(seq_offsets, T);
+  if (T == 0) return 0;
+  int64_t bytes = T * L.bytes_per_token() + L.tensor_bytes;
+  if (L.channel) {
+    const int64_t groups = static_cast<int64_t>(channel_groups(seq_offsets, T, stored.group_size).size()) - 1;
+    bytes += groups * D * L.scale_bytes * (L.offsets ? 2 : 1);
+  }
+  return bytes;
+}
+
 }  // namespace latentq

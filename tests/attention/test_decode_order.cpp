@@ -284,6 +284,38 @@ TEST(DecodeOrder, MatchesPerRowCachesWithSinkResidualAndGroups) {
   }
 }
 
+// The one decode-order accounting: the incomplete group is held in bf16 and charged no metadata. Two sequences
+// of 40 tokens, c_kv 32 and k_pe 16 columns, int4-asym-channel-g16 (codes D/2 B per token; per complete group of
+// 16 tokens D fp16 scales + D fp16 offsets = 4·D B). tests/python/test_e2e_decode.py checks /e2e and
+// /e2e_position against the same values.
+TEST(DecodeOrder, BytesOfTheIncompleteGroupAreBf16Only) {
+  using latentq::CacheMode;
+  using latentq::DecodeOrder;
+  const DecodeFixture f(make_layer(54, 2, 40, 12, MlaDims{2, 32, 8, 16, 8}));
+  SCOPED_TRACE(f.l.describe());
+  const latentq::QuantSpec spec = latentq::QuantSpec::parse("int4-asym-channel-g16");
+  // r0-s0 and r0-s4: 32 tokens in 2 complete groups, 8 in bf16 (the incomplete group; the sink of 4 moves the
+  // groups to [4, 36) and leaves 4 + 4 bf16 tokens). c_kv: 8·64 + 32·16 + 2·128 = 1280 B; k_pe: 8·32 + 32·8 +
+  // 2·64 = 640 B per sequence -> 1920 / 40 = 48 B/token. r16-s4: quantized_end(39) = 4 + 16·floor(20/16) = 20,
+  // 16 tokens in 1 group, 24 in bf16: c_kv 24·64 + 16·16 + 128 = 1920, k_pe 24·32 + 16·8 + 64 = 960 -> 72 B/token.
+  const std::vector<DecodeOrder> orders = {
+      {CacheMode::Decode, 0, 0, 0}, {CacheMode::Decode, 16, 4, 0}, {CacheMode::Decode, 0, 4, 0}};
+  const std::vector<double> expected = {48.0, 72.0, 48.0};
+  const auto res = decode_order_attention(f.att, f.prepared, f.input(), DecodeOrderQuantizer{spec}, orders, 40);
+  ASSERT_EQ(res.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    SCOPED_TRACE(orders[i].label());
+    EXPECT_EQ(res[i].bytes_per_token, expected[i]);
+    const int64_t c = latentq::decode_order_cache_bytes(spec, latentq::Target::CKV, 32, f.l.seq_offsets, orders[i]);
+    const int64_t k = latentq::decode_order_cache_bytes(spec, latentq::Target::KPE, 16, f.l.seq_offsets, orders[i]);
+    EXPECT_EQ(static_cast<double>(c + k), expected[i] * 80);
+  }
+  // Prefill-at-once: the whole matrix as quantize() stores it (the incomplete group [32, 40) quantized, with its
+  // metadata): c_kv 40·16 + 3·128 = 1024, k_pe 40·8 + 3·64 = 512 per sequence -> 38.4 B/token.
+  EXPECT_EQ(latentq::decode_order_cache_bytes(spec, latentq::Target::CKV, 32, f.l.seq_offsets, DecodeOrder{}), 2048);
+  EXPECT_EQ(latentq::decode_order_cache_bytes(spec, latentq::Target::KPE, 16, f.l.seq_offsets, DecodeOrder{}), 1024);
+}
+
 TEST(DecodeOrder, BytesPerTokenHandComputed) {
   using latentq::CacheMode;
   // Sequences of 16 tokens, int8-asym-token (G = 1; D + 4 bytes per token: codes, fp16 scale and offset),

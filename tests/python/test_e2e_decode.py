@@ -625,6 +625,38 @@ def test_script_flags_and_errors(v3_checkpoint, tmp_path, capsys):
         assert f["e2e/bytes_per_token"][0] == pytest.approx((8 * 96 + 24 * 28) / 32)
 
 
+def test_e2e_bytes_are_the_decode_order_accounting(v3_checkpoint, tmp_path):
+    """/e2e and /e2e_position count a decode-order cache as /attention_position does (C++
+    decode_order_cache_bytes): the incomplete token group is held in bf16 and charged no metadata. The values
+    are the hand-computed ones of DecodeOrder.BytesOfTheIncompleteGroupAreBf16Only (tests/attention): 2 x 40
+    tokens, c_kv 32 + k_pe 16 columns, int4-asym-channel-g16 -> 48 / 72 / 48 B/token/layer for
+    r0-s0 / r16-s4 / r0-s4."""
+    res = tmp_path / "r.h5"
+    results_file(res)
+    text = tmp_path / "t.txt"
+    text.write_bytes(b"In the beginning God created the heaven and the earth. " * 8)
+    modes = ["decode-r0-s0-p0", "decode-r16-s4-p0", "decode-r0-s4-p0"]
+    args = ["--results", str(res), "--model", str(v3_checkpoint), "--text", str(text), "--offset-bytes", "0"]
+    args += ["--seq-len", "40", "--num-seqs", "2", "--threads", "1", "--cache-modes", *modes]
+    assert e2e_inject.main(args + ["--decode-quantizers", "int4-asym-channel-g16"]) == 0
+    dec = lambda a: [x.decode() if isinstance(x, bytes) else x for x in a]
+    with h5py.File(res, "r") as f:
+        e = {k: dec(v[:]) for k, v in f["e2e"].items()}
+        p = {k: dec(v[:]) for k, v in f["e2e_position"].items()}
+    expected = {"decode-r0-s0-p0": 48.0, "decode-r16-s4-p0": 72.0, "decode-r0-s4-p0": 48.0}
+    got = {m: b for q, m, b in zip(e["quantizer"], e["cache_mode"], e["bytes_per_token"]) if m in expected}
+    assert got == expected
+    for q, m, b in zip(p["quantizer"], p["cache_mode"], p["bytes_per_token"]):
+        if m in expected:
+            assert b == expected[m], (q, m)
+    # the function itself, per target and for the whole matrix (prefill-at-once quantizes the incomplete group)
+    offsets = [0, 40, 80]
+    assert latentq.decode_order_cache_bytes("int4-asym-channel-g16", "c_kv", 32, offsets, "decode-r16-s4-p0") == 3840
+    assert latentq.decode_order_cache_bytes("had,int4-asym-channel-g16", "k_pe", 16, offsets, "prefill-at-once") == 1024
+    with pytest.raises(ValueError, match="decode-r1"):
+        latentq.decode_order_cache_bytes("int4-asym-token", "c_kv", 32, offsets, "decode-r1")
+
+
 def test_latentq_run_with_e2e_on_an_hf_checkpoint(v3_checkpoint, tmp_path):
     """`latentq run` on a dump of a random-init HF DeepseekV3 directory,
     [e2e] model = that directory -> /e2e and /e2e_position in the results (default text and windows)."""

@@ -2,6 +2,8 @@
 // hand-computed, and the errors quantize() throws for bad input.
 #include "test_helpers.h"
 
+#include <random>
+
 namespace {
 using namespace lqtest;
 
@@ -74,6 +76,7 @@ TEST(Accounting, KnownLayouts) {
     const std::vector<float> X = ramp(c.T * c.D);
     const QuantizedTensor q = quant(c.spec, X, c.T, c.D, c.seq, c.target);
     EXPECT_EQ(q.storage_bytes(), c.bytes);
+    EXPECT_EQ(latentq::storage_bytes(QuantSpec::parse(c.spec), c.target, c.D, c.seq), c.bytes);
     const latentq::Accounting a = latentq::account(q);
     EXPECT_DOUBLE_EQ(a.bytes_per_token, c.bytes_per_token);
     EXPECT_DOUBLE_EQ(a.bits_per_element, c.bits_per_element);
@@ -92,6 +95,51 @@ TEST(Accounting, KnownLayouts) {
   EXPECT_EQ(latentq::record_bytes(QuantSpec::parse("flashmla-model1-fp8"), 512, 64), 648);  // 512 + 128 + 8
   EXPECT_EQ(latentq::record_bytes(QuantSpec::parse("flashmla-v41-fp8"), 448, 64), 528);     // 512 + 16
   EXPECT_EQ(latentq::record_bytes(QuantSpec::parse("flashmla-v41-fp8"), 512, 64), 594);     // 576 + 18
+}
+
+// storage_bytes() is the layout's count of what quantize() stores: equal for every format family, on random
+// shapes and sequence splits (fixed seed; the case is printed on failure).
+TEST(Accounting, StorageBytesIsWhatQuantizeStores) {
+  const char* specs[] = {"int8-asym-tensor",
+                         "int4-sym-tensor-fp32",
+                         "int4-asym-channel-g16",
+                         "int2-sym-channel",
+                         "int8-asym-channel-g32-fp32",
+                         "int4-asym-token",
+                         "int2-sym-token-g8",
+                         "bf16",
+                         "fp8-e4m3-tile64-pow2-ue8m0",
+                         "fp8-e4m3-tile128-fp32",
+                         "fp8-e4m3-tensor",
+                         "mxfp8",
+                         "mxfp4",
+                         "nvfp4",
+                         "q8_0",
+                         "q4_0",
+                         "q4_1",
+                         "flashmla-v32-fp8",
+                         "vllm-fp8-ds-mla"};
+  std::mt19937_64 rng(20261202);
+  for (int it = 0; it < 60; ++it) {
+    const int64_t D = 32 * (1 + static_cast<int64_t>(rng() % 6));  // multiples of 32: every family's blocks fit
+    const int64_t S = 1 + static_cast<int64_t>(rng() % 3);
+    std::vector<int64_t> seq = {0};
+    for (int64_t s = 0; s < S; ++s) seq.push_back(seq.back() + static_cast<int64_t>(rng() % 41));
+    if (seq.back() == 0) seq.back() = 1;
+    const int64_t T = seq.back();
+    const std::vector<float> X = ramp(T * D);
+    for (const char* spec : specs)
+      for (const Target t : {Target::CKV, Target::KPE}) {
+        SCOPED_TRACE(::testing::Message()
+                     << "seed 20261202 iteration " << it << ": " << spec << " on " << latentq::to_string(t) << " [" << T
+                     << ", " << D << "], " << S << " sequences");
+        const QuantizedTensor q = quant(spec, X, T, D, seq, t);
+        EXPECT_EQ(latentq::storage_bytes(QuantSpec::parse(spec), t, D, seq), q.storage_bytes());
+      }
+  }
+  EXPECT_EQ(latentq::storage_bytes(QuantSpec::parse("nvfp4"), Target::CKV, 64, std::vector<int64_t>{0, 0}), 0);
+  EXPECT_THROW(latentq::storage_bytes(QuantSpec::parse("q4_0"), Target::CKV, 40, std::vector<int64_t>{0, 2}),
+               std::invalid_argument);  // ggml blocks never straddle: D must be a multiple of 32
 }
 
 // ---- errors -------------------------------------------------------------------------------------

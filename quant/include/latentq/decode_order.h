@@ -97,6 +97,19 @@ struct DecodeCacheTokens {
 };
 DecodeCacheTokens decode_cache_tokens(const DecodeOrder& order, int64_t L, int64_t G);
 
+/// The one byte accounting of a decode-order cache: the bytes one target's cache holds once every sequence
+/// of seq_offsets [S+1] is decoded to its end. Per sequence of length L, with G = decode_token_group of the
+/// spec stored for `target`, decode_cache_tokens(order, L, G) splits the tokens:
+///   bf16_tokens      the attention sink, the residual window and the incomplete token group, at 2·D bytes;
+///   quantized_tokens the complete groups, counted as storage_bytes() (quantize.h) of the spec storing the
+///                    quantized tokens of all sequences as one matrix: their codes and per-group metadata,
+///                    a per-tensor scale once.
+/// No metadata is charged for a group held in bf16. Prefill-at-once: storage_bytes() of the whole matrix.
+/// /attention_position (the attention probe) and /e2e, /e2e_position (through latentq._core) all count
+/// with it. Throws std::invalid_argument as storage_bytes() and for an invalid order.
+int64_t decode_order_cache_bytes(const QuantSpec& spec, Target target, int64_t D, std::span<const int64_t> seq_offsets,
+                                 const DecodeOrder& order);
+
 /// The cache contents under a decode order, for X [T, D] row-major float32 (c_kv or k_pe of the
 /// sequences given by seq_offsets [S+1], validate_seq_offsets rules):
 ///   quantized [T, D]: rows [sink, L) of each sequence quantize-dequantized by `spec` (rotated by r,

@@ -197,4 +197,13 @@ struct Accounting {
 };
 Accounting account(const QuantizedTensor& q);
 
+/// The bytes quantize() stores for a [T, D] matrix of `target` under `spec` (a preset's spec for that
+/// target, QuantSpec::stored_for), for the sequences seq_offsets [S+1] (T = seq_offsets.back()), computed
+/// from the layout alone (spec.h Layout): T · Layout::bytes_per_token() + the per-channel token groups'
+/// scales and offsets (channel_groups: D per group) + the per-matrix bytes. 0 when T = 0 (nothing is stored,
+/// no per-tensor scale either). Equal to quantize(...).storage_bytes() for every format (tested); the
+/// decode-order cache bytes (decode_order.h) count through it. Throws std::invalid_argument as layout() and
+/// validate_seq_offsets().
+int64_t storage_bytes(const QuantSpec& spec, Target target, int64_t D, std::span<const int64_t> seq_offsets);
+
 }  // namespace latentq

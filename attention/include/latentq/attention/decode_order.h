@@ -53,10 +53,9 @@ struct PositionBucketError {
 };
 
 /// One decode order's result: its buckets (ascending, non-empty only) and the bytes per token of the
-/// cache at each sequence's end: Σ over sequences and targets of (bf16 tokens · 2 · D + quantized tokens ·
-/// the format's bytes per token) / T, with decode_cache_tokens(order, L, G) and the format's bytes per
-/// token as account() of the quantized rows (decode_order_quantize; metadata included); an unquantized
-/// target costs 2 · D per token. One layer, c_kv + k_pe (prefill-at-once: /attention_error's
+/// cache at each sequence's end: Σ over targets of decode_order_cache_bytes (latentq/decode_order.h: the
+/// sink, the residual window and the incomplete group in bf16, the complete groups with their metadata) / T;
+/// an unquantized target costs 2 · D per token. One layer, c_kv + k_pe (prefill-at-once: /attention_error's
 /// bytes_per_token_layer).
 struct DecodeOrderError {
   DecodeOrder order;
