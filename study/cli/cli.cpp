@@ -89,7 +89,14 @@ int cmd_run(const RunArgs& a, std::ostream& out, std::ostream& err, bool progres
     };
   }
   const auto t0 = std::chrono::steady_clock::now();
-  const StudyPlan plan = plan_study(cfg, *backend);  // the latent-error cells, then the probe cells
+  std::function<void(size_t, size_t)> validate_progress;
+  if (progress_bar)
+    validate_progress = [&err](size_t done, size_t total) {
+      err << fmt::format("\rchecking the dump: {}/{} layers", done, total) << (done == total ? "\n" : "");
+      err.flush();
+    };
+  // the latent-error cells, then the probe cells; every studied layer's values checked first
+  const StudyPlan plan = plan_study(cfg, *backend, validate_progress);
   for (const std::string& w : plan.probes.warnings) err << "latentq: warning: " << w << "\n";
   BatchOptions bo;
   bo.shard = shard;

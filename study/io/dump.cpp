@@ -391,4 +391,12 @@ Layer read_layer(const Dump& header, int index, bool attention) {
   return std::move(d.layers.front());
 }
 
+void validate_layers(const Dump& header, bool attention, const std::function<void(size_t, size_t)>& progress) {
+  const size_t n = header.layers.size();
+  for (size_t i = 0; i < n; ++i) {
+    (void)read_layer(header, header.layers[i].index, attention);
+    if (progress) progress(i + 1, n);
+  }
+}
+
 }  // namespace latentq

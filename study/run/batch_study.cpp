@@ -11,7 +11,8 @@
 
 namespace latentq {
 
-StudyPlan plan_study(const StudyConfig& config, LatentBackend& backend) {
+StudyPlan plan_study(const StudyConfig& config, LatentBackend& backend,
+                     const std::function<void(size_t, size_t)>& validate_progress) {
   if (config.dump.empty())
     throw std::invalid_argument(config.source + ": no input dump: set [input] dump or pass --input");
   LoadOptions lo;
@@ -24,6 +25,9 @@ StudyPlan plan_study(const StudyConfig& config, LatentBackend& backend) {
     lo.attention = true;  // check the attention datasets' shapes too (still no values read)
     header = load_dump(config.dump, lo);
   }
+  // Every value the cells will read, checked before the first cell runs: bad input is refused with nothing
+  // written (no OUT.partial: a resume cannot fix it).
+  validate_layers(header, lo.attention, validate_progress);
   StudyPlan p;
   p.store = std::make_shared<LayerStore>(std::move(header));
   p.store->set_attention_device(backend.attention_device());

@@ -21,11 +21,11 @@ struct Outcome {
   std::string out, err;
 };
 
-/// latentq::run_cli({"latentq", args...}) with stdout and stderr captured.
-inline Outcome cli(std::vector<std::string> args) {
+/// latentq::run_cli({"latentq", args...}) with stdout and stderr captured (progress_bar: as on a terminal).
+inline Outcome cli(std::vector<std::string> args, bool progress_bar = false) {
   args.insert(args.begin(), "latentq");
   std::ostringstream out, err;
-  const int rc = latentq::run_cli(args, out, err);
+  const int rc = latentq::run_cli(args, out, err, progress_bar);
   return {rc, out.str(), err.str()};
 }
 

@@ -2,6 +2,8 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <limits>
+#include <functional>
 #include <sstream>
 
 #include "latentq/batch.h"
@@ -143,6 +145,65 @@ TEST_F(CliTest, InputErrorsWriteNothing) {
     EXPECT_CONTAINS(o.err, c.message);
     EXPECT_FALSE(fs::exists(results));
     EXPECT_FALSE(fs::exists(dir / "out"));
+  }
+}
+
+// Bad values in the last layer a study reads (NaN/Inf in c_kv, k_pe or w_uk; a q_rows index outside [0, T)):
+// `run` refuses before its first cell, exit 2 naming the dataset, and writes no file at all (no OUT.partial:
+// a resume cannot fix the input). With a progress bar, the check counts its layers.
+TEST_F(CliTest, BadLayerValuesAreRefusedBeforeAnyCellRuns) {
+  write(dir / "attn.toml",
+        "[input]\ndump = \"bad.h5\"\n[quantizers]\nextra = [\"int4-asym-token\"]\n"
+        "[output]\nresults = \"out/results.h5\"\n[attention]\nenabled = true\n");
+  const lqtest::SynthData d = lqtest::make_synth();
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  struct Case {
+    std::string dataset;
+    std::function<void(const fs::path&)> breaks;
+    std::string message;
+  };
+  const auto with = [](std::vector<float> v, size_t i, float x) {
+    v[i] = x;
+    return v;
+  };
+  const hsize_t T = static_cast<hsize_t>(d.T), r = 16, rope = 8;
+  std::vector<int32_t> rows = d.q_rows;
+  rows.back() = static_cast<int32_t>(d.T);
+  const std::vector<Case> cases = {
+      {"/layers/002/c_kv",
+       [&](const fs::path& p) {
+         lqtest::put_f32(p, "/layers/002/c_kv", {T, r}, with(d.c_kv[2], 17, nan));
+       },
+       "/layers/002/c_kv"},
+      {"/layers/002/k_pe",
+       [&](const fs::path& p) {
+         lqtest::put_f32(p, "/layers/002/k_pe", {T, rope}, with(d.k_pe[2], 3, inf));
+       },
+       "/layers/002/k_pe"},
+      {"/layers/002/w_uk",
+       [&](const fs::path& p) {
+         lqtest::put_f32(p, "/layers/002/w_uk", {2, 4, r}, with(d.w_uk[2], 5, nan));
+       },
+       "/layers/002/w_uk"},
+      {"/layers/002/q_rows", [&](const fs::path& p) { lqtest::put_i32(p, "/layers/002/q_rows", {rows.size()}, rows); },
+       "is not a token index in [0, 64)"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.dataset);
+    const fs::path bad = dir / "bad.h5";
+    fs::copy_file(dump, bad, fs::copy_options::overwrite_existing);
+    c.breaks(bad);
+    for (const bool bar : {false, true}) {
+      const Outcome o = cli({"run", (dir / "attn.toml").string(), "--threads", "1"}, bar);
+      EXPECT_EQ(o.rc, 2) << o.out << o.err;
+      EXPECT_CONTAINS(o.err, "latentq: error: " + bad.string());
+      EXPECT_CONTAINS(o.err, c.message);
+      if (bar) {
+        EXPECT_CONTAINS(o.err, "checking the dump: 2/3 layers");
+      }
+      EXPECT_EQ(o.err.find("cell"), std::string::npos) << o.err;  // refused before any cell, not by one
+      EXPECT_FALSE(fs::exists(dir / "out")) << "a file was written";
+    }
   }
 }
 

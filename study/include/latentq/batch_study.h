@@ -44,9 +44,13 @@ struct StudyPlan {
 /// dataset's dtype and shape; the attention datasets when [attention] is enabled), hash the file and
 /// plan every cell: one task per plan_cells() cell (key Cell::key(), group latent_error, one row as
 /// run_latent_error() gives it), then the probe cells (plan_probes(), run_probe_cell()). Every task reads
-/// its layers through `store`. `backend` must outlive the tasks. Throws as load_dump() and
-/// plan_probes(); std::invalid_argument if config.dump is empty.
-StudyPlan plan_study(const StudyConfig& config, LatentBackend& backend);
+/// its layers through `store`. Before returning, validate_layers() reads every studied layer's values once
+/// (the attention datasets too when a cell needs them; `validate_progress` is its progress callback), so
+/// that bad input throws here, before any cell runs or any file is written. `backend` must outlive the
+/// tasks. Throws as load_dump(), validate_layers() and plan_probes(); std::invalid_argument if config.dump
+/// is empty.
+StudyPlan plan_study(const StudyConfig& config, LatentBackend& backend,
+                     const std::function<void(size_t, size_t)>& validate_progress = nullptr);
 
 /// The tables of a complete run of `plan` (all shards, no checkpoint) written to `out` and read back:
 /// what the tests compare (run_batch() with plan.schedule()).

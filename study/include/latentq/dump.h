@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -103,5 +104,12 @@ Dump load_dump(const std::filesystem::path& path, const LoadOptions& options = {
 /// load_dump() validates them (the same messages); also throws std::invalid_argument when the file's
 /// tokens changed since the header was read. Thread-safe (HDF5 calls hold h5::library_mutex()).
 Layer read_layer(const Dump& header, int index, bool attention);
+
+/// One streaming pass over the values of every layer of `header` (read_layer() for each, ascending, one
+/// layer held at a time, then dropped): the checks load_dump() and `latentq inspect` make on values
+/// (NaN/Inf in c_kv, k_pe and, with `attention`, the attention datasets; q_rows outside [0, T)). The study
+/// runs it before its first cell, so that bad input is refused with nothing written. `progress`, when
+/// set, is called after each layer with (layers done, layers). Throws as read_layer().
+void validate_layers(const Dump& header, bool attention, const std::function<void(size_t, size_t)>& progress = nullptr);
 
 }  // namespace latentq
