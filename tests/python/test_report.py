@@ -734,3 +734,34 @@ def test_e2e_without_position_groups_says_so(tmp_path):
     md = (tmp_path / "out" / "report.md").read_text()
     assert "/e2e_position and /attention_position not in the results file: no error-vs-position figure" in md
     assert not (tmp_path / "out" / "error_vs_position.png").exists()
+
+
+def test_forced_labels_of_a_cluster_get_free_places():
+    """place_labels: five forced labels on points a few pixels apart (the engine formats at 8.25 bits
+    on the frontier) all get a place of their own, with leader lines, not one on top of another."""
+    from matplotlib.text import Text
+
+    from latentq.report import plot
+
+    plt = plot._mpl()
+    fig, ax = plt.subplots(figsize=(6.4, 5.2))
+    xs, ys = [8.0, 8.1, 8.2, 8.25, 8.3], [0.026, 0.025, 0.027, 0.026, 0.024]
+    for x, y in zip(xs, ys):
+        ax.plot(x, y, ls="", marker="*", ms=9)
+    ax.set_xlim(0, 17)
+    ax.set_yscale("log")
+    ax.set_ylim(1e-3, 1)
+    labels = [f"engine-format-{i}" for i in range(5)]
+    try:
+        assert plot.place_labels(ax, xs, ys, labels, force=[True] * 5) == [0, 1, 2, 3, 4]
+        r = fig.canvas.get_renderer()
+        boxes = []
+        for t in ax.texts:
+            t.update_positions(r)
+            boxes.append((t.get_text(), Text.get_window_extent(t, r)))
+        assert sorted(b[0] for b in boxes) == labels
+        for i, (a, ba) in enumerate(boxes):
+            for b, bb in boxes[:i]:
+                assert not ba.overlaps(bb), (a, b)
+    finally:
+        plt.close(fig)

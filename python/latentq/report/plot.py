@@ -87,12 +87,14 @@ def _legend_handles():
 def place_labels(ax, xs, ys, labels, force=None, fontsize=7, color="black"):
     """Annotate points with labels by a greedy placement in display space: each label tries offsets
     around its point and takes the first where it overlaps no marker, no text already on the axes and
-    no earlier label, inside the axes. A label with no free place is left out unless force[i].
+    no earlier label, inside the axes (the text's box: the leader line of a far offset may cross
+    markers). A label with no free place is left out unless force[i] (then it overlaps).
     Call after the figure layout is final (the offsets are in points). Returns the indices labelled."""
     fig = ax.figure
     fig.canvas.draw()
     r = fig.canvas.get_renderer()
     ax_bb = ax.get_window_extent(r)
+    from matplotlib.text import Text
     from matplotlib.transforms import Bbox
 
     placed = []
@@ -143,7 +145,8 @@ def place_labels(ax, xs, ys, labels, force=None, fontsize=7, color="black"):
                 color=color,
                 arrowprops=dict(arrowstyle="-", lw=0.5, color="0.5", shrinkA=0, shrinkB=3) if far else None,
             )
-            bb = ann.get_window_extent(r)
+            ann.update_positions(r)
+            bb = Text.get_window_extent(ann, r)  # the text alone: its leader line may cross its own marker
             inside = bb.x0 >= ax_bb.x0 + 1 and bb.x1 <= ax_bb.x1 - 1 and bb.y0 >= ax_bb.y0 + 1 and bb.y1 <= ax_bb.y1 - 1
             if inside and not any(bb.overlaps(p) for p in placed):
                 placed.append(bb)
