@@ -16,6 +16,7 @@ from latentq.report.load import (
     find_column,
     flags,
     is_baseline,
+    is_transformed,
     load_results,
     numbers,
     pareto_front,
@@ -31,6 +32,7 @@ from latentq.report.markdown import write_report
 
 __all__ = [
     "PREFILL_AT_ONCE", "SCHEMA", "ReportError", "_position_modes", "cross_layer_matrices", "e2e_rows", "find_column",
-    "flags", "is_baseline", "load_results", "numbers", "parse_spec", "pareto_front", "position_curves",
-    "quantizer_table", "select_quantizers", "short_label", "strings", "symmetric_matrix", "write_report",
+    "flags", "is_baseline", "is_transformed", "load_results", "numbers", "parse_spec", "pareto_front",
+    "position_curves", "quantizer_table", "select_quantizers", "short_label", "strings", "symmetric_matrix",
+    "write_report",
 ]  # fmt: skip

@@ -17,23 +17,23 @@ from latentq.report.load import (
     cross_layer_matrices,
     e2e_rows,
     flags,
-    is_baseline,
     numbers,
     parse_spec,
     position_curves,
-    short_label,
     strings,
     svd_mean_by_rank,
 )
 from latentq.report.plot import (
     GRAN_STYLE,
+    TRANSFORMED_MARKER,
     _frontier_panel,
     _label_frontier,
     _legend_handles,
     _mpl,
     _save,
-    _style,
+    line_styles,
     place_labels,
+    plot_point,
 )
 
 FIGURES = (
@@ -77,11 +77,25 @@ def _label_svd_ranks(ax, err, D):
     )
 
 
-def _frontier_caption(akey, extra, hid):
+def _transformed(Q, names):
+    """Whether any of the quantizers `names` is transformed (their figure's key shows TRANSFORMED_MARKER)."""
+    return any(Q[q].get("transform") for q in names)
+
+
+def _marker_key(transformed):
+    """The caption's key to the scatter markers (point_style)."""
+    return "marker: sym (circle) / asym (square)" + (
+        f", {TRANSFORMED_MARKER} a transformed quantizer (`<transform>,<spec>`, labelled with its transform)"
+        if transformed
+        else ""
+    )
+
+
+def _frontier_caption(akey, extra, hid, transformed):
     """The caption of frontier_c_kv.png: the axes, the attention panel (akey), the SVD notes, hidden names."""
     cap = (
         "c_kv rel_fro = ‖ĉ_kv − c_kv‖_F / ‖c_kv‖_F (unitless), mean over layers, against the c_kv bits per element "
-        "including the scale/offset metadata. Color: granularity; marker: sym (circle) / asym (square); "
+        f"including the scale/offset metadata. Color: granularity; {_marker_key(transformed)}; "
         "the line is the lower-left Pareto front; labels: the baselines and the points of the front where "
         "there is room (the whole front is listed at the top of this report)."
     )
@@ -146,7 +160,7 @@ def fig_frontier(out, tables, attrs, Q):
         }
         if sr and D:
             _svd_rank_line(axes[1], sr, D)
-    handles = _legend_handles()
+    handles = _legend_handles(_transformed(Q, names))
     if svd:
         from matplotlib.lines import Line2D
 
@@ -164,7 +178,7 @@ def fig_frontier(out, tables, attrs, Q):
         _label_frontier(axes[1], Q, anames, ax_, ay, afront)
     fn = "frontier_c_kv.png"
     _save(fig, os.path.join(out, fn))
-    return fn, _frontier_caption(akey, extra, sorted(set(hidden) | set(ahidden))), front
+    return fn, _frontier_caption(akey, extra, sorted(set(hidden) | set(ahidden)), _transformed(Q, names)), front
 
 
 def fig_model_bytes(out, tables, attrs, Q):
@@ -193,7 +207,7 @@ def fig_model_bytes(out, tables, attrs, Q):
         for ax in axes:
             sec = ax.secondary_xaxis("top", functions=(lambda b, s=bf16_bytes: b / s, lambda r, s=bf16_bytes: r * s))
             sec.set_xlabel("fraction of the bf16 cache")
-    fig.legend(handles=_legend_handles(), loc="lower center", ncol=4, frameon=False)
+    fig.legend(handles=_legend_handles(_transformed(Q, names)), loc="lower center", ncol=4, frameon=False)
     fig.tight_layout(rect=(0, 0.1, 1, 1))
     notes = []
     for (ax, y, front, hid), (k, _, _) in zip(res, panels):
@@ -213,7 +227,7 @@ def fig_model_bytes(out, tables, attrs, Q):
     cap = (
         f"Mean rel_fro over layers against the latent cache size of the whole model in bytes per token "
         f"(all {L} layers, c_kv + k_pe, metadata included; a target that did not run a quantizer counts as bf16), "
-        "from /summary. Line: Pareto front."
+        f"from /summary. Color: granularity; {_marker_key(_transformed(Q, names))}. Line: Pareto front."
     )
     if ratios:
         cap += " Top axis: the same size as a fraction of the bf16 cache."
@@ -251,24 +265,7 @@ def fig_per_layer(out, tables, attrs, Q, selected, user_selected=False):
         return None
     fig, axes = plt.subplots(1, n, figsize=(5.2 * n, 4.8), squeeze=False)
     axes = list(axes[0])
-    cmap = plt.get_cmap("tab10")
-    styles = {}
-    # color by bit width (line style by granularity) when that tells the selected quantizers apart
-    family = [(Q.get(q, {}).get("kind"), Q.get(q, {}).get("bits"), Q.get(q, {}).get("granularity")) for q in selected]
-    by_bits = len(set(family)) == len(family)
-    bit_color = {2: "tab:red", 3: "tab:orange", 4: "tab:blue", 5: "tab:cyan", 6: "tab:olive", 8: "tab:green"}
-    for i, q in enumerate(selected):
-        kind, bits, g = family[i]
-        ls = {"channel": "-", "token": "--", "tensor": ":"}.get(g, "-.")
-        if kind == "bf16":
-            color = "black"
-        elif kind == "fp8":
-            color = "tab:purple"
-        elif by_bits and bits in bit_color:
-            color = bit_color[bits]
-        else:
-            color = cmap(i % 10)
-        styles[q] = dict(color=color, ls=ls, marker="osD^v<>*PX"[i % 10], ms=4, lw=1.3)
+    styles = line_styles(Q, selected)
     hidden = set()
 
     def draw(ax, layers, errs, q):
@@ -278,7 +275,7 @@ def fig_per_layer(out, tables, attrs, Q, selected, user_selected=False):
         if not ok.any():
             hidden.add(q)
             return
-        ax.plot(l[ok], e[ok], label=short_label(q), **styles[q])
+        ax.plot(l[ok], e[ok], **styles[q])
 
     for ax, t in zip(axes, panels):
         for q in selected:
@@ -326,8 +323,13 @@ def fig_per_layer(out, tables, attrs, Q, selected, user_selected=False):
             else " (default: the best channel and token quantizer at each bit width by mean c_kv rel_fro, "
             "and the bf16 / fp8 baselines)"
         )
-        + ". Line style: solid per-channel, dashed per-token, dotted per-tensor, dash-dot bf16 / fp8"
-        + ("; color: bit width." if by_bits else ".")
+        + ". Color: one per quantizer; line style: solid per-channel, dashed per-token, dotted per-tensor, "
+        "dash-dot any other format (bf16, fp8, ...)"
+        + (
+            f"; marker {TRANSFORMED_MARKER}: a transformed quantizer (`<transform>,<spec>`)."
+            if _transformed(Q, [q for q in selected if q in Q])
+            else "."
+        )
     )
     if att_panel is not None:
         cap += f" Right: attention output rel_fro with {att_panel[0]} quantized (/attention_error)."
@@ -596,7 +598,9 @@ def fig_e2e(out, tables, attrs, Q):
     for q in names:
         if q not in Q:
             p = parse_spec(q)
-            Q[q] = dict(quantizer=q, kind=p["kind"], scheme=p["scheme"], granularity=p["granularity"])
+            Q[q] = dict(
+                quantizer=q, kind=p["kind"], scheme=p["scheme"], granularity=p["granularity"], transform=p["transform"]
+            )
     x = np.array([r["bytes_model"] for r in rows])
     kl = np.array([r["kl"] for r in rows])
     L = attrs.get("num_layers", "?")
@@ -610,18 +614,7 @@ def fig_e2e(out, tables, attrs, Q):
         ax = axes[1]
         for i in range(len(rows)):
             if math.isfinite(pq[i]):
-                color, marker = _style(Q[names[i]])
-                ax.plot(
-                    x[i],
-                    pq[i],
-                    ls="",
-                    marker=marker,
-                    color=color,
-                    ms=9 if marker == "*" else 5.5,
-                    alpha=0.85,
-                    mec="black" if is_baseline(names[i]) else color,
-                    mew=0.6,
-                )
+                plot_point(ax, Q[names[i]], x[i], pq[i])
         if pref:
             ax.axhline(float(np.median(pref)), color="0.2", ls="--", lw=1)
             ax.annotate(
@@ -639,7 +632,7 @@ def fig_e2e(out, tables, attrs, Q):
         ax.set_xlabel(xlabel)
         ax.set_ylabel("perplexity per token with quantized latents")
         ax.set_title("End to end: perplexity")
-    fig.legend(handles=_legend_handles(), loc="lower center", ncol=4, frameon=False)
+    fig.legend(handles=_legend_handles(_transformed(Q, names)), loc="lower center", ncol=4, frameon=False)
     fig.tight_layout(rect=(0, 0.1, 1, 1))
     _label_frontier(axes[0], Q, names, x, kl, front)
     fn = "e2e.png"
@@ -647,7 +640,8 @@ def fig_e2e(out, tables, attrs, Q):
     cap = (
         "The model run with quantized latents on held-out text (/e2e), against the cache bytes per token of the "
         "whole model (/summary). Left: mean over tokens of KL(p_ref ‖ p_quant) of the next-token distributions, "
-        "nats (log), Pareto front drawn. Right: perplexity; dashed: the reference model."
+        f"nats (log), Pareto front drawn. Right: perplexity; dashed: the reference model. Color: granularity; "
+        f"{_marker_key(_transformed(Q, names))}."
     )
     if hidden:
         cap += f" Not shown on the log axis (KL 0 or missing): {', '.join(sorted(hidden))}."

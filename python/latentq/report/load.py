@@ -191,23 +191,28 @@ def load_results(path):
 
 _SVD_RE = re.compile(r"^svd-rank(\d+)$")
 # Spec fields by quantizer name, from the columns /latent_error stores for each cell (the C++ format
-# descriptor wrote them: format, bits, scheme, granularity, group_size, scale_dtype), c_kv rows first.
-# The report never re-parses quantizer spec strings.
+# descriptor wrote them: format, bits, scheme, granularity, group_size, scale_dtype; transform and
+# stored), c_kv rows first. The report never re-parses quantizer spec strings.
 _SPEC_FIELDS = {}
 _FIELD_COLS = ("format", "bits", "scheme", "granularity", "group_size", "scale_dtype")
 
 
 def register_specs(le):
-    """Fill the spec-field table from a /latent_error DataFrame (None or missing columns: nothing)."""
+    """Fill the spec-field table from a /latent_error DataFrame (None or missing columns: nothing).
+    A file without a transform column (written before transforms existed) has no transformed rows;
+    one without a stored column gives spec=None."""
     _SPEC_FIELDS.clear()
     if le is None or not all(c in le.columns for c in _FIELD_COLS + ("quantizer", "target")):
         return
     cols = {c: le[c].to_numpy() for c in _FIELD_COLS + ("quantizer", "target")}
+    transform = le["transform"].to_numpy() if "transform" in le.columns else None
+    stored = le["stored"].to_numpy() if "stored" in le.columns else None
     for want in ("c_kv", "k_pe"):
         for i in range(len(le)):
             q = str(cols["quantizer"][i])
             if str(cols["target"][i]) != want or q in _SPEC_FIELDS:
                 continue
+            tr = "" if transform is None or str(transform[i]) == "none" else str(transform[i])
             _SPEC_FIELDS[q] = dict(
                 kind=str(cols["format"][i]),
                 bits=int(cols["bits"][i]),
@@ -215,26 +220,50 @@ def register_specs(le):
                 granularity=str(cols["granularity"][i]),
                 group_size=int(cols["group_size"][i]),
                 scale_dtype=str(cols["scale_dtype"][i]),
+                transform=tr,
+                spec=None if stored is None else (f"{tr},{stored[i]}" if tr else str(stored[i])),
             )
 
 
 def parse_spec(q):
-    """Family fields of a quantizer: dict(kind, bits, scheme, granularity, group_size, scale_dtype),
-    as /latent_error stores them (register_specs). kind is the format family ("int", "bf16", "fp8",
-    "mx", "nvfp4", "fp4", "ggml"), "svd" for the SVD probe's rank rows, or "other" for a name the
-    results do not describe."""
+    """Family fields of a quantizer: dict(kind, bits, scheme, granularity, group_size, scale_dtype,
+    transform, spec), as /latent_error stores them (register_specs) for its first c_kv row (else k_pe).
+    kind is the format family ("int", "bf16", "fp8", "mx", "nvfp4", "fp4", "ggml"), "svd" for the SVD
+    probe's rank rows, or "other" for a name the results do not describe. transform is the canonical
+    transform string of latentq/transform.h ("had", "had64-s9", "rot", "klt"; "" for none); spec is
+    "<transform>,<stored>" (or the stored spec alone), which differs from q for a mixed assignment
+    (None when the file has no stored column or does not describe q)."""
     if q in _SPEC_FIELDS:
         return _SPEC_FIELDS[q]
     m = _SVD_RE.match(q)
     if m:
-        return dict(kind="svd", bits=None, scheme="none", granularity="svd", group_size=int(m[1]), scale_dtype="none")
-    return dict(kind="other", bits=None, scheme="?", granularity="?", group_size=0, scale_dtype="?")
+        return dict(
+            kind="svd",
+            bits=None,
+            scheme="none",
+            granularity="svd",
+            group_size=int(m[1]),
+            scale_dtype="none",
+            transform="",
+            spec=None,
+        )
+    return dict(
+        kind="other", bits=None, scheme="?", granularity="?", group_size=0, scale_dtype="?", transform="", spec=None
+    )
+
+
+def is_transformed(q):
+    """Whether /latent_error ran q behind a transform ("<transform>,<spec>": rotated before quantizing)."""
+    return parse_spec(q)["transform"] != ""
 
 
 def short_label(q):
-    """A compact label: int4-asym-channel-g32 -> int4 asym ch g32 (fp16 scales implied)."""
+    """The label of q in the figures: an integer spec compacted, its transform prefix kept
+    (int4-asym-channel-g32 -> "int4 asym ch g32", had,int4-asym-token -> "had,int4 asym tok all"; fp16
+    scales implied); any other quantizer, and a row whose name is not its stored spec (a mixed
+    assignment), by its name."""
     p = parse_spec(q)
-    if p["kind"] != "int":
+    if p["kind"] != "int" or (p["spec"] is not None and p["spec"] != q):
         return q
     g = {"tensor": "tensor", "channel": "ch", "token": "tok"}[p["granularity"]]
     s = f"int{p['bits']} {p['scheme']} {g}"
@@ -242,7 +271,7 @@ def short_label(q):
         s += f" g{p['group_size']}" if p["group_size"] else " all"
     if p["scale_dtype"] != "fp16":
         s += f" {p['scale_dtype']}"
-    return s
+    return f"{p['transform']},{s}" if p["transform"] else s
 
 
 def is_baseline(q):
@@ -286,6 +315,7 @@ def quantizer_table(tables):
                 granularity=p["granularity"],
                 group_size=p["group_size"],
                 scale_dtype=p["scale_dtype"],
+                transform=p["transform"],
                 bpe=math.nan,
                 err_c_kv=math.nan,
                 err_c_kv_max=math.nan,

@@ -1,6 +1,9 @@
-"""Plot helpers of the report's figures: matplotlib set-up (imported lazily, Agg backend), the marker
-and color code of the quantizer families, the greedy label placement, the frontier panel and the PNG
-writer (a temporary file, then a rename).
+"""Plot helpers of the report's figures: matplotlib set-up (imported lazily, Agg backend), the one
+definition of a quantizer's label, color and marker (point_style for the scatter figures: color by
+granularity or format family; line_styles for one line per quantizer: a color of its own), the greedy
+label placement, the frontier panel and the PNG writer (a temporary file, then a rename). A
+transformed quantizer ("<transform>,<spec>") is drawn with TRANSFORMED_MARKER in every figure and
+labelled with its transform (short_label).
 """
 
 from __future__ import annotations
@@ -23,6 +26,11 @@ GRAN_STYLE = {  # color, label
 }
 SCHEME_MARKER = {"sym": "o", "asym": "s"}
 KIND_MARKER = {"bf16": "D", "svd": "P"}
+# a quantizer behind a transform (rotated before quantizing, latentq/transform.h), whatever its format
+TRANSFORMED_MARKER = "X"
+TRANSFORMED_LEGEND = "<transform>,<spec>: transformed (X)"
+# the markers of the lines of per_layer.png (none like TRANSFORMED_MARKER: it marks the transformed ones)
+LINE_MARKERS = "osD^v<>*ph"
 # engine and standard formats (the `format` column): a star, colored by family
 FAMILY_STYLE = {
     "fp8": ("tab:red", "FP8 (FlashMLA, vLLM)"),
@@ -55,15 +63,78 @@ def _mpl():
     return plt
 
 
-def _style(e):
+def point_style(e):
+    """ax.plot keywords (color, marker, ms, mec, mew) of a quantizer's point on a scatter figure, from its
+    quantizer_table entry e: color by granularity (an engine / standard format: by family, a star), marker
+    by scheme (sym circle, asym square; bf16 diamond, SVD plus); a transformed quantizer:
+    TRANSFORMED_MARKER; baselines (is_baseline) edged in black."""
     if e["kind"] in FAMILY_STYLE:
-        return FAMILY_STYLE[e["kind"]][0], "*"
-    color, _ = GRAN_STYLE.get(e["granularity"], GRAN_STYLE["?"])
-    marker = KIND_MARKER.get(e["kind"], SCHEME_MARKER.get(e["scheme"], "o"))
-    return color, marker
+        color, marker = FAMILY_STYLE[e["kind"]][0], "*"
+    else:
+        color = GRAN_STYLE.get(e["granularity"], GRAN_STYLE["?"])[0]
+        marker = KIND_MARKER.get(e["kind"], SCHEME_MARKER.get(e["scheme"], "o"))
+    if e.get("transform"):
+        marker = TRANSFORMED_MARKER
+    return dict(
+        color=color,
+        marker=marker,
+        ms=9 if marker == "*" else 6.5 if marker == TRANSFORMED_MARKER else 5.5,
+        mec="black" if is_baseline(e["quantizer"]) else color,
+        mew=0.6,
+    )
 
 
-def _legend_handles():
+def plot_point(ax, e, x, y, **kw):
+    """One quantizer's point (x, y) in its point_style (e: its quantizer_table entry)."""
+    ax.plot(x, y, ls="", alpha=0.85, **point_style(e), **kw)
+
+
+def _palette(n):
+    """n distinct colors: tab10, the light shades of tab20, tab20b, tab20c, then evenly spaced hues."""
+    from matplotlib import colormaps
+    from matplotlib.colors import to_hex
+
+    cols = []
+    for name, idx in (("tab10", range(10)), ("tab20", range(1, 20, 2)), ("tab20b", range(20)), ("tab20c", range(20))):
+        for i in idx:
+            c = to_hex(colormaps[name](i))
+            if c not in cols and c != "#000000":
+                cols.append(c)
+    k = 0
+    while len(cols) < n:
+        c = to_hex(colormaps["hsv"]((k * 0.618034) % 1.0))
+        if c not in cols:
+            cols.append(c)
+        k += 1
+    return cols[:n]
+
+
+def line_styles(Q, names):
+    """{q: ax.plot keywords} of one line per quantizer (per_layer.png): label short_label(q); a color
+    of its own (bf16 black, the others _palette's in order); line style by granularity (solid
+    per-channel, dashed per-token, dotted per-tensor, dash-dot any other); marker TRANSFORMED_MARKER for
+    a transformed quantizer, else LINE_MARKERS in turn."""
+    colors = iter(_palette(sum(Q.get(q, {}).get("kind") != "bf16" for q in names)))
+    out, k = {}, 0
+    for q in names:
+        e = Q.get(q, {})
+        if e.get("transform"):
+            marker = TRANSFORMED_MARKER
+        else:
+            marker, k = LINE_MARKERS[k % len(LINE_MARKERS)], k + 1
+        out[q] = dict(
+            label=short_label(q),
+            color="black" if e.get("kind") == "bf16" else next(colors),
+            ls={"channel": "-", "token": "--", "tensor": ":"}.get(e.get("granularity"), "-."),
+            marker=marker,
+            ms=5 if marker == TRANSFORMED_MARKER else 4,
+            lw=1.3,
+        )
+    return out
+
+
+def _legend_handles(transformed=False):
+    """The key of the scatter figures' colors and markers; transformed: with TRANSFORMED_MARKER's entry."""
     from matplotlib.lines import Line2D
 
     h = [
@@ -79,20 +150,24 @@ def _legend_handles():
         Line2D([], [], ls="", marker="D", color="black", label="bf16"),
         Line2D([], [], ls="", marker="o", mfc="white", color="0.3", label="sym (circle)"),
         Line2D([], [], ls="", marker="s", mfc="white", color="0.3", label="asym (square)"),
-        Line2D([], [], ls="-", color="0.2", lw=1, label="Pareto front"),
     ]
+    if transformed:
+        h.append(Line2D([], [], ls="", marker=TRANSFORMED_MARKER, mfc="white", color="0.3", label=TRANSFORMED_LEGEND))
+    h.append(Line2D([], [], ls="-", color="0.2", lw=1, label="Pareto front"))
     return h
 
 
 def place_labels(ax, xs, ys, labels, force=None, fontsize=7, color="black"):
     """Annotate points with labels by a greedy placement in display space: each label tries offsets
     around its point and takes the first where it overlaps no marker, no text already on the axes and
-    no earlier label, inside the axes. A label with no free place is left out unless force[i].
+    no earlier label, inside the axes (the text's box: the leader line of a far offset may cross
+    markers). A label with no free place is left out unless force[i] (then it overlaps).
     Call after the figure layout is final (the offsets are in points). Returns the indices labelled."""
     fig = ax.figure
     fig.canvas.draw()
     r = fig.canvas.get_renderer()
     ax_bb = ax.get_window_extent(r)
+    from matplotlib.text import Text
     from matplotlib.transforms import Bbox
 
     placed = []
@@ -143,7 +218,8 @@ def place_labels(ax, xs, ys, labels, force=None, fontsize=7, color="black"):
                 color=color,
                 arrowprops=dict(arrowstyle="-", lw=0.5, color="0.5", shrinkA=0, shrinkB=3) if far else None,
             )
-            bb = ann.get_window_extent(r)
+            ann.update_positions(r)
+            bb = Text.get_window_extent(ann, r)  # the text alone: its leader line may cross its own marker
             inside = bb.x0 >= ax_bb.x0 + 1 and bb.x1 <= ax_bb.x1 - 1 and bb.y0 >= ax_bb.y0 + 1 and bb.y1 <= ax_bb.y1 - 1
             if inside and not any(bb.overlaps(p) for p in placed):
                 placed.append(bb)
@@ -191,27 +267,15 @@ def _positive(x, y):
 
 
 def _frontier_panel(ax, Q, names, x, y, xlabel, ylabel, title):
-    """Scatter of quantizers (color: granularity, marker: scheme), Pareto front, labels for the front
-    and the baselines. Returns (pareto names, names not shown because y <= 0 / NaN)."""
+    """Scatter of quantizers (point_style) and the Pareto front (_label_frontier labels it, once the layout
+    is final). Returns (pareto names, names not shown because y <= 0 / NaN)."""
     import numpy as np
 
     x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     ok = _positive(x, y)
     hidden = [names[i] for i in range(len(names)) if not ok[i]]
     for i in np.flatnonzero(ok):
-        color, marker = _style(Q[names[i]])
-        ax.plot(
-            x[i],
-            y[i],
-            ls="",
-            marker=marker,
-            color=color,
-            ms=9 if marker == "*" else 5.5,
-            mec="black" if is_baseline(names[i]) else color,
-            mew=0.6,
-            alpha=0.85,
-            zorder=3,
-        )
+        plot_point(ax, Q[names[i]], x[i], y[i], zorder=3)
     idx = np.flatnonzero(ok)
     front = [idx[k] for k in pareto_front(x[idx], y[idx])]
     if len(front) > 1:
@@ -224,6 +288,8 @@ def _frontier_panel(ax, Q, names, x, y, xlabel, ylabel, title):
 
 
 def _label_frontier(ax, Q, names, x, y, front):
+    """Labels (short_label) of the points of the front and of the baselines, where there is room; the
+    baselines without a transform are labelled even where there is none. Returns the names labelled."""
     import numpy as np
 
     x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
@@ -235,6 +301,6 @@ def _label_frontier(ax, Q, names, x, y, front):
         [x[i] for i in lab],
         [y[i] for i in lab],
         [short_label(names[i]) for i in lab],
-        force=[is_baseline(names[i]) for i in lab],
+        force=[is_baseline(names[i]) and not Q[names[i]].get("transform") for i in lab],
     )
     return [names[lab[k]] for k in done]
