@@ -194,8 +194,10 @@ int cmd_merge(const MergeArgs& a, std::ostream& out, std::ostream& err) {
 }
 
 int cmd_inspect(const std::string& path, std::ostream& out) {
-  const Dump d = load_dump(path);
-  out << format_inspect(d);
+  LoadOptions header_only;
+  header_only.data = false;  // the layers are read one at a time: a dump larger than memory can be inspected
+  const Dump h = load_dump(path, header_only);
+  out << format_inspect(h, [&h](int index) { return read_layer(h, index, true); });
   return kExitOk;
 }
 

@@ -5,7 +5,13 @@
 
 #include <algorithm>
 #include <cassert>
+#include <cmath>
 #include <limits>
+#include <optional>
+
+#include "latentq/analysis/cross_layer.h"
+#include "latentq/analysis/gemm.h"
+#include "latentq/analysis/lapack.h"
 
 namespace latentq {
 namespace {
@@ -19,7 +25,54 @@ double median(Eigen::ArrayXd v) {
   return 0.5 * (*std::max_element(v.data(), v.data() + h) + hi);
 }
 
+// The q-quantile of v (0 ≤ q ≤ 1) by linear interpolation between order statistics (numpy's default,
+// "linear": position q·(n − 1)).
+double quantile(Eigen::ArrayXd v, double q) {
+  assert(v.size() > 0);
+  std::sort(v.data(), v.data() + v.size());
+  const double pos = q * static_cast<double>(v.size() - 1);
+  const Eigen::Index lo = static_cast<Eigen::Index>(std::floor(pos));
+  const Eigen::Index hi = std::min<Eigen::Index>(lo + 1, v.size() - 1);
+  return v[lo] + (pos - static_cast<double>(lo)) * (v[hi] - v[lo]);
+}
+
+double ratio(double a, double b) { return b > 0 ? a / b : std::numeric_limits<double>::infinity(); }
+
 }  // namespace
+
+LatentStats latent_stats(const float* x, int64_t T, int64_t D, std::span<const int64_t> seq_offsets) {
+  assert(T > 0 && D > 0);
+  using RowMajor = Eigen::Array<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  const probes::RowMat<double> X = Eigen::Map<const RowMajor>(x, T, D).cast<double>().matrix();
+  LatentStats s;
+  const Eigen::ArrayXd ch_rms = (X.array().square().colwise().sum() / static_cast<double>(T)).sqrt().transpose();
+  s.channel_rms_ratio = ratio(ch_rms.maxCoeff(), median(ch_rms));
+  probes::RowMat<double> G(D, D);
+  probes::gemm<double>(probes::Op::T, probes::Op::N, 1.0, X, X, 0.0, G);
+  const Eigen::VectorXd ev = probes::symmetric_eigen(Eigen::MatrixXd(G), false).values;  // ascending
+  const double total = ev.cwiseMax(0.0).sum();
+  const auto top = [&](int64_t k) {
+    double e = 0;
+    for (int64_t i = 0; i < k; ++i) e += std::max(0.0, ev[D - 1 - i]);
+    return total > 0 ? e / total : 1.0;
+  };
+  s.energy_top_eighth = top(std::max<int64_t>(1, D / 8));
+  s.energy_top_quarter = top(std::max<int64_t>(1, D / 4));
+  s.energy_top_half = top(std::max<int64_t>(1, D / 2));
+  const Eigen::ArrayXd norms = X.rowwise().norm().array();
+  const double med = median(norms);
+  s.norm_p99_ratio = ratio(quantile(norms, 0.99), med);
+  s.norm_max_ratio = ratio(norms.maxCoeff(), med);
+  double first = 0;
+  int64_t n = 0;
+  for (size_t i = 0; i + 1 < seq_offsets.size(); ++i)
+    if (seq_offsets[i + 1] > seq_offsets[i]) {
+      first += norms[seq_offsets[i]];
+      ++n;
+    }
+  s.first_token_ratio = n ? ratio(first / static_cast<double>(n), med) : 0.0;
+  return s;
+}
 
 TensorStats tensor_stats(const float* x, int64_t T, int64_t D, double outlier_factor) {
   assert(T > 0 && D > 0);
@@ -40,7 +93,8 @@ TensorStats tensor_stats(const float* x, int64_t T, int64_t D, double outlier_fa
   return s;
 }
 
-std::string format_inspect(const Dump& dump, double outlier_factor) {
+std::string format_inspect(const Dump& header, const LayerSource& read, double outlier_factor) {
+  const Dump& dump = header;
   const DumpAttrs& A = dump.attrs;
   std::string out;
   out += fmt::format("file            {}\n", dump.path.string());
@@ -59,9 +113,44 @@ std::string format_inspect(const Dump& dump, double outlier_factor) {
   out += fmt::format("softmax_scale   {:.7g}\n", A.softmax_scale);
   out += fmt::format("rope_layout     {}\n", A.rope_layout);
   out += fmt::format("original_dtype  {}\n", A.original_dtype);
-  if (dump.file_has_attention && !dump.layers.empty() && dump.layers.front().has_attention())
-    out += fmt::format("attention data  yes ({} query rows per layer, W_UK, W_UV, attn_out)\n",
-                       dump.layers.front().num_query_rows());
+  const int64_t T = dump.num_tokens();
+  // Layer by layer: at most the previous layer (for the adjacent-layer Pearson) and this one are held.
+  std::string stats, decision;
+  std::optional<Layer> prev;
+  bool attention_rows_known = false;
+  int64_t query_rows = 0;
+  for (const Layer& h : dump.layers) {
+    Layer l = read(h.index);
+    if (!attention_rows_known) {
+      attention_rows_known = true;
+      query_rows = l.has_attention() ? l.num_query_rows() : -1;
+    }
+    for (int t = 0; t < 2; ++t) {
+      const bool ckv = t == 0;
+      const int64_t D = ckv ? A.kv_lora_rank : A.qk_rope_head_dim;
+      const float* x = ckv ? l.c_kv.data() : l.k_pe.data();
+      const TensorStats s = tensor_stats(x, T, D, outlier_factor);
+      const std::string outl = s.outlier_channels.empty() ? "-"
+                                                          : fmt::format("{} [{}]", s.outlier_channels.size(),
+                                                                        fmt::join(s.outlier_channels, ", "));
+      stats += fmt::format("{:>5} {:<6} {:>10.4g} {:>10.4g} {:>8.3g}  {}\n", l.index, ckv ? "c_kv" : "k_pe", s.absmax,
+                           s.mean_abs, s.range_spread, outl);
+      const LatentStats z = latent_stats(x, T, D, dump.seq_offsets);
+      std::string adjacent = "-";
+      if (prev && prev->index == l.index - 1 && T >= 2) {
+        const float* px = ckv ? prev->c_kv.data() : prev->k_pe.data();
+        const probes::CrossLayerPair p = probes::cross_layer_pair(px, x, T, D);
+        adjacent = std::isnan(p.pearson_mean_abs) ? "nan" : fmt::format("{:.4f}", p.pearson_mean_abs);
+      }
+      decision +=
+          fmt::format("{:>5} {:<6} {:>8.3g} {:>7.4f} {:>7.4f} {:>7.4f} {:>8.3g} {:>8.3g} {:>8.3g}  {}\n", l.index,
+                      ckv ? "c_kv" : "k_pe", z.channel_rms_ratio, z.energy_top_eighth, z.energy_top_quarter,
+                      z.energy_top_half, z.norm_p99_ratio, z.norm_max_ratio, z.first_token_ratio, adjacent);
+    }
+    prev = std::move(l);
+  }
+  if (dump.file_has_attention && query_rows >= 0)
+    out += fmt::format("attention data  yes ({} query rows per layer, W_UK, W_UV, attn_out)\n", query_rows);
   else
     out += fmt::format("attention data  {}\n", dump.file_has_attention ? "yes" : "no (latent-only dump)");
   out += fmt::format(
@@ -70,20 +159,22 @@ std::string format_inspect(const Dump& dump, double outlier_factor) {
       outlier_factor);
   out += fmt::format("{:>5} {:<6} {:>10} {:>10} {:>8}  {}\n", "layer", "target", "absmax", "mean|x|", "spread",
                      "outlier channels");
-  const int64_t T = dump.num_tokens();
-  for (const Layer& l : dump.layers) {
-    for (int t = 0; t < 2; ++t) {
-      const bool ckv = t == 0;
-      const int64_t D = ckv ? A.kv_lora_rank : A.qk_rope_head_dim;
-      const TensorStats s = tensor_stats(ckv ? l.c_kv.data() : l.k_pe.data(), T, D, outlier_factor);
-      const std::string outl = s.outlier_channels.empty() ? "-"
-                                                          : fmt::format("{} [{}]", s.outlier_channels.size(),
-                                                                        fmt::join(s.outlier_channels, ", "));
-      out += fmt::format("{:>5} {:<6} {:>10.4g} {:>10.4g} {:>8.3g}  {}\n", l.index, ckv ? "c_kv" : "k_pe", s.absmax,
-                         s.mean_abs, s.range_spread, outl);
-    }
-  }
+  out += stats;
+  out += fmt::format(
+      "\nper layer, the statistics that decide a quantizer choice:\n"
+      "  ch-rms   max / median over channels of the channel RMS (c_kv: ~ max|gamma| / median|gamma|)\n"
+      "  E1/8 E1/4 E1/2   energy fraction in the top 1/8, 1/4, 1/2 of directions (SVD, uncentered)\n"
+      "  p99 max  token L2 norm p99 / median and max / median;  first  first tokens' mean norm / median\n"
+      "  adj|r|   mean |Pearson| of matched channels with the previous layer\n\n");
+  out += fmt::format("{:>5} {:<6} {:>8} {:>7} {:>7} {:>7} {:>8} {:>8} {:>8}  {}\n", "layer", "target", "ch-rms", "E1/8",
+                     "E1/4", "E1/2", "p99", "max", "first", "adj|r|");
+  out += decision;
   return out;
+}
+
+std::string format_inspect(const Dump& dump, double outlier_factor) {
+  return format_inspect(
+      dump, [&](int index) { return dump.layer(index); }, outlier_factor);
 }
 
 }  // namespace latentq

@@ -3,7 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
+#include <sstream>
 
+#include "latentq/cli.h"
 #include "latentq/inspect.h"
 #include "latentq/study.h"
 #include "synth_dump.h"
@@ -219,6 +222,74 @@ TEST(Inspect, TensorStatsHandComputed) {
   EXPECT_EQ(s.outlier_channels, (std::vector<int64_t>{2}));
   const TensorStats loose = tensor_stats(x.data(), 3, 4, 100.0);
   EXPECT_TRUE(loose.outlier_channels.empty());
+}
+
+// Columns 1.. of the Sylvester Hadamard matrix of order 64: ±1 entries, zero mean, mutually orthogonal.
+float hadamard64(int64_t t, int64_t j) { return __builtin_popcountll(static_cast<uint64_t>(t & j)) % 2 ? -1.0f : 1.0f; }
+
+TEST(Inspect, LatentStatsHandComputed) {
+  // X [64, 16], X[t, d] = s_d · H[t, d + 1]: channel RMS s_d, XᵀX = 64 · diag(s_d²), every token norm sqrt(Σ s²).
+  // s = 1 (11 channels), 2 (4), 20 (1): median channel RMS 1 -> ratio 20; energy 64 · (11 + 16 + 400):
+  // top 2 = (400 + 4) / 427, top 4 = (400 + 12) / 427, top 8 = (400 + 16 + 3) / 427.
+  std::vector<float> x(64 * 16);
+  for (int64_t t = 0; t < 64; ++t)
+    for (int64_t d = 0; d < 16; ++d) x[t * 16 + d] = (d < 11 ? 1.0f : d < 15 ? 2.0f : 20.0f) * hadamard64(t, d + 1);
+  const std::vector<int64_t> seq = {0, 40, 64};
+  LatentStats s = latent_stats(x.data(), 64, 16, seq);
+  EXPECT_NEAR(s.channel_rms_ratio, 20.0, 1e-12);
+  EXPECT_NEAR(s.energy_top_eighth, 404.0 / 427, 1e-12);
+  EXPECT_NEAR(s.energy_top_quarter, 412.0 / 427, 1e-12);
+  EXPECT_NEAR(s.energy_top_half, 419.0 / 427, 1e-12);
+  EXPECT_NEAR(s.norm_p99_ratio, 1.0, 1e-12);
+  EXPECT_NEAR(s.norm_max_ratio, 1.0, 1e-12);
+  EXPECT_NEAR(s.first_token_ratio, 1.0, 1e-12);
+  // Token norms 10 (token 0, the first of sequence 0), 1 (the other 15; token 8 starts sequence 1) along one
+  // channel: p99 at position 0.99 · 15 = 14.85 -> 1 + 0.85 · 9 = 8.65; max 10; first tokens (10 + 1) / 2;
+  // channel RMS sqrt(115 / 16) and 0 -> median half of it, ratio 2; one direction holds all the energy.
+  std::vector<float> y(16 * 2, 0.0f);
+  for (int64_t t = 0; t < 16; ++t) y[t * 2] = t == 0 ? 10.0f : 1.0f;
+  s = latent_stats(y.data(), 16, 2, std::vector<int64_t>{0, 8, 16});
+  EXPECT_NEAR(s.norm_p99_ratio, 8.65, 1e-12);
+  EXPECT_DOUBLE_EQ(s.norm_max_ratio, 10.0);
+  EXPECT_DOUBLE_EQ(s.first_token_ratio, 5.5);
+  EXPECT_NEAR(s.channel_rms_ratio, 2.0, 1e-12);
+  EXPECT_DOUBLE_EQ(s.energy_top_eighth, 1.0);
+  EXPECT_DOUBLE_EQ(s.energy_top_half, 1.0);
+}
+
+// `latentq inspect` on a hand-built dump: layer 1's c_kv equals layer 0's (adjacent mean |Pearson| 1),
+// layer 2's uses other Hadamard columns (0); the decision rows carry latent_stats' values.
+TEST(Inspect, DecisionStatisticsOfAHandBuiltDump) {
+  lqtest::TempDir dir;
+  lqtest::SynthData d = lqtest::make_synth();  // 3 layers, T = 64 (40 + 24), kv_lora_rank 16
+  ASSERT_EQ(d.T, 64);
+  for (int l = 0; l < 3; ++l)
+    for (int64_t t = 0; t < 64; ++t)
+      for (int64_t c = 0; c < 16; ++c)
+        d.c_kv[l][t * 16 + c] = (c < 11 ? 1.0f : c < 15 ? 2.0f : 20.0f) * hadamard64(t, c + 1 + (l == 2 ? 16 : 0));
+  const fs::path path = dir / "hand.h5";
+  lqtest::write_synth(path, d);
+  std::ostringstream out, err;
+  ASSERT_EQ(run_cli({"latentq", "inspect", path.string()}, out, err), 0) << err.str();
+  const std::string r = out.str();
+  // the decision rows: layer, target, ch-rms, E1/8, E1/4, E1/2, p99, max, first, adj|r|
+  std::map<std::string, std::vector<std::string>> rows;
+  std::istringstream lines(r.substr(r.find("adj|r|\n")));
+  for (std::string line; std::getline(lines, line);) {
+    std::istringstream f(line);
+    std::vector<std::string> v;
+    for (std::string w; f >> w;) v.push_back(w);
+    if (v.size() == 10 && v[1] == "c_kv") rows[v[0]] = v;
+  }
+  ASSERT_EQ(rows.size(), 3u) << r;
+  for (const char* l : {"0", "1", "2"}) {
+    SCOPED_TRACE(l);
+    EXPECT_EQ(std::vector<std::string>(rows[l].begin() + 2, rows[l].end() - 1),
+              (std::vector<std::string>{"20", "0.9461", "0.9649", "0.9813", "1", "1", "1"}));
+  }
+  EXPECT_EQ(rows["0"].back(), "-");
+  EXPECT_EQ(rows["1"].back(), "1.0000");
+  EXPECT_EQ(rows["2"].back(), "0.0000");
 }
 
 TEST_F(StudyTest, InspectReport) {
