@@ -222,15 +222,7 @@ int cmd_regress(const std::string& results, const std::string& thresholds, std::
         results, int_attr("cells").value_or(-1),
         int_attr("shard_cells").value_or(int_attr("cells_total").value_or(-1))));
   const std::vector<Threshold> th = load_thresholds(thresholds);
-  const std::vector<std::string> groups = list_tables(results);
-  if (std::find(groups.begin(), groups.end(), "latent_error") == groups.end())
-    throw std::invalid_argument(
-        results + ": no /latent_error group (groups: " + fmt::format("{}", fmt::join(groups, ", ")) + ")");
-  const ColumnTable le = read_table(results, "latent_error");
-  for (const char* c : {"quantizer", "target"})
-    if (!le.has(c) || le.at(c).index() != 2)
-      throw std::invalid_argument(results + ": /latent_error has no string column '" + c + "'");
-  const std::vector<ThresholdResult> r = evaluate_thresholds(le, th);
+  const std::vector<ThresholdResult> r = evaluate_thresholds(read_gate_tables(results), th, results);
   out << format_threshold_results(r);
   for (const ThresholdResult& x : r)
     if (!x.pass) return kExitGateFailure;

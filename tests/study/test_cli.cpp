@@ -270,7 +270,7 @@ bound = 40
 TEST_F(RegressTest, Passes) {
   const Outcome o = regress(kPassing);
   EXPECT_EQ(o.rc, 0) << o.out << o.err;
-  EXPECT_CONTAINS(o.out, "PASS  int8-asym-channel-g8 c_kv max(rel_fro)");
+  EXPECT_CONTAINS(o.out, "PASS  int8-asym-channel-g8 c_kv /latent_error max(rel_fro)");
   EXPECT_CONTAINS(o.out, ">= 0.99");
   EXPECT_CONTAINS(o.out, "(3 rows)");
   EXPECT_CONTAINS(o.out, "gate: 3 of 3 thresholds pass");
@@ -286,8 +286,60 @@ statistic = "mean"
 bound = 1e-6
 )");
   EXPECT_EQ(o.rc, 1);
-  EXPECT_CONTAINS(o.out, "FAIL  int4-sym-token c_kv mean(rel_fro)");
+  EXPECT_CONTAINS(o.out, "FAIL  int4-sym-token c_kv /latent_error mean(rel_fro)");
   EXPECT_CONTAINS(o.out, "gate: 3 of 4 thresholds pass");
+}
+
+// A gate on /e2e (a table added to the study's results by hand): the failing thresholds are listed again
+// after the summary line, by name, value and bound, with their file:line:column.
+TEST_F(RegressTest, GatesAnotherGroupAndListsTheFailuresAtTheEnd) {
+  ColumnTable e2e;
+  e2e.add<std::string>("quantizer") = {"int4-asym-channel-g32", "int4-asym-channel-g32", "int8-asym-token"};
+  e2e.add<std::string>("targets") = {"c_kv+k_pe", "c_kv+k_pe", "c_kv+k_pe"};
+  e2e.add<std::string>("cache_mode") = {"prefill-at-once", "decode-r16-s4-p0", "prefill-at-once"};
+  e2e.add<double>("kl_mean") = {0.03, 0.01, 0.001};
+  e2e.add<double>("ppl_quant") = {12.5, 12.25, 12.0};
+  write_results(results, {}, {{"e2e", e2e, {}}}, WriteMode::Update);
+  const Outcome o = regress(std::string(kPassing) + R"(
+[[threshold]]
+group = "e2e"
+quantizer = "int4-*"
+cache_mode = "prefill-at-once"
+metric = "kl_mean"
+bound = 0.02
+
+[[threshold]]
+group = "e2e"
+quantizer = "*"
+metric = "ppl_quant"
+statistic = "mean"
+bound = 12.2
+
+[[threshold]]
+group = "e2e"
+quantizer = "int8-asym-token"
+target = "c_kv+k_pe"
+metric = "kl_mean"
+bound = 0.002
+)");
+  EXPECT_EQ(o.rc, 1) << o.out << o.err;
+  const std::string p = (dir / "thresholds.toml").string();
+  EXPECT_CONTAINS(o.out, "PASS  int8-asym-token c_kv+k_pe /e2e max(kl_mean)");
+  const size_t summary = o.out.find("gate: ");
+  ASSERT_NE(summary, std::string::npos) << o.out;
+  std::string want = "gate: 4 of 6 thresholds pass; 2 fail:\n";
+  want += "  FAIL  int4-* prefill-at-once /e2e max(kl_mean) = 0.03, bound <= 0.02   (" + p + ":25:1)\n";
+  want += "  FAIL  * /e2e mean(ppl_quant) = 12.25, bound <= 12.2   (" + p + ":32:1)\n";  // 36.75 / 3
+  EXPECT_EQ(o.out.substr(summary), want) << o.out;
+  // A group the file lacks is a config error naming the entry and the file's gate groups.
+  write(dir / "absent.toml",
+        "[[threshold]]\ngroup = \"attention_error\"\nquantizer = \"*\"\nmetric = \"kl_mean\"\nbound = 1\n");
+  const Outcome a = cli({"regress", results.string(), "--thresholds", (dir / "absent.toml").string()});
+  EXPECT_EQ(a.rc, 2);
+  EXPECT_CONTAINS(a.err, "latentq: error: " + (dir / "absent.toml").string() +
+                             ":2:9: group /attention_error is not in " + results.string() +
+                             " (its gate groups: e2e, latent_error, summary)");
+  EXPECT_TRUE(a.out.empty()) << a.out;
 }
 
 TEST_F(RegressTest, FailsOnAThresholdMatchingNothing) {
@@ -327,7 +379,7 @@ bound = 0.05
 )";
   Outcome o = regress(th);
   EXPECT_EQ(o.rc, 0) << o.out << o.err;
-  EXPECT_CONTAINS(o.out, "PASS  int8-asym-channel-g8 k_pe min(cos_mean)");
+  EXPECT_CONTAINS(o.out, "PASS  int8-asym-channel-g8 k_pe /latent_error min(cos_mean)");
   EXPECT_CONTAINS(o.out, ">= 0.99");
   EXPECT_CONTAINS(o.out, "direction min inferred: higher cos_mean is better");
   EXPECT_CONTAINS(o.out, "direction min inferred: higher sqnr_db is better");
@@ -336,7 +388,7 @@ bound = 0.05
   // A bound above every value fails under the inferred "min" (it would pass as "max").
   o = regress("[[threshold]]\nquantizer = \"bf16\"\ntarget = \"k_pe\"\nmetric = \"cos_mean\"\nbound = 2\n");
   EXPECT_EQ(o.rc, 1) << o.out;
-  EXPECT_CONTAINS(o.out, "FAIL  bf16 k_pe max(cos_mean)");
+  EXPECT_CONTAINS(o.out, "FAIL  bf16 k_pe /latent_error max(cos_mean)");
   EXPECT_CONTAINS(o.out, ">= 2");
   // An explicit direction is kept and nothing is said about it.
   o = regress(
