@@ -205,12 +205,13 @@ fi
 # whose attention runs on cuBLAS (another summation order; their byte and key-fraction columns come from the same
 # host code on both engines, so the group's tolerance hides nothing there): to ATT_RTOL relative + 1e-9 absolute (a KL near 0 may round to either side). The CPU's float32 attention itself is within
 # 6.7e-3 (KL), 2.5e-5 (out_rel_fro) of a float64 evaluation on tiny-mla (README "GPU and benchmarks").
+# /decision takes its KL from /attention_error (no e2e here): the same tolerance (its strings must match).
 ATT_RTOL=${LQ_ATT_RTOL:-2e-2}
 if [ -n "$CLI" ] && [ -n "$REQ" ] && [ -f "$ROOT/data/latents/tiny-mla.h5" ]; then
   say "latentq run --device cuda vs --device cpu (default study, no e2e)"
   if "$CLI" run --no-e2e --input "$ROOT/data/latents/tiny-mla.h5" --device cpu --out "$OUTDIR/study_cpu.h5" >"$OUTDIR/study.log" 2>&1 &&
      "$CLI" run --no-e2e --input "$ROOT/data/latents/tiny-mla.h5" --device cuda --out "$OUTDIR/study_cuda.h5" >>"$OUTDIR/study.log" 2>&1 &&
-     "$REQ" "$OUTDIR/study_cpu.h5" "$OUTDIR/study_cuda.h5" --rtol attention_error=$ATT_RTOL --atol attention_error=1e-9 --rtol attention_position=$ATT_RTOL --atol attention_position=1e-9 >>"$OUTDIR/study.log" 2>&1 &&
+     "$REQ" "$OUTDIR/study_cpu.h5" "$OUTDIR/study_cuda.h5" --rtol attention_error=$ATT_RTOL --atol attention_error=1e-9 --rtol attention_position=$ATT_RTOL --atol attention_position=1e-9 --rtol decision=$ATT_RTOL --atol decision=1e-9 >>"$OUTDIR/study.log" 2>&1 &&
      "$CLI" regress "$OUTDIR/study_cuda.h5" --thresholds "$ROOT/results/thresholds.toml" >>"$OUTDIR/study.log" 2>&1; then
     say "study: cuda results equal the cpu results (/attention_error to $ATT_RTOL relative); the threshold gate passes on them"
   else
@@ -232,7 +233,7 @@ if [ -n "$CLI" ] && [ -n "$REQ" ] && [ "${LQ_V2LITE:-1}" != 0 ]; then
     "$CLI" run --no-e2e --input "$V2" --device cpu --threads "$JOBS" --out "$OUTDIR/v2lite_cpu.h5" >>"$OUTDIR/v2lite.log" 2>&1
     rc_cpu=$?; t_cpu=$((SECONDS - t0))
     if [ $rc_gpu -eq 0 ] && [ $rc_cpu -eq 0 ] &&
-       "$REQ" "$OUTDIR/v2lite_cpu.h5" "$OUTDIR/v2lite_cuda.h5" --rtol attention_error=$ATT_RTOL --atol attention_error=1e-9 --rtol attention_position=$ATT_RTOL --atol attention_position=1e-9 >>"$OUTDIR/v2lite.log" 2>&1; then
+       "$REQ" "$OUTDIR/v2lite_cpu.h5" "$OUTDIR/v2lite_cuda.h5" --rtol attention_error=$ATT_RTOL --atol attention_error=1e-9 --rtol attention_position=$ATT_RTOL --atol attention_position=1e-9 --rtol decision=$ATT_RTOL --atol decision=1e-9 >>"$OUTDIR/v2lite.log" 2>&1; then
       say "V2-Lite study: cuda ${t_gpu} s, cpu ${t_cpu} s on $JOBS threads; results equal (/attention_error to $ATT_RTOL)"
     else
       STATUS=1; tail -20 "$OUTDIR/v2lite.log"; say "V2-Lite study FAILED (rc cuda $rc_gpu, cpu $rc_cpu; log: $OUTDIR/v2lite.log)"

@@ -19,6 +19,7 @@
 #include "latentq/batch.h"
 #include "latentq/batch_study.h"
 #include "latentq/config.h"
+#include "latentq/decision.h"
 #include "latentq/dump.h"
 #include "latentq/external.h"
 #include "latentq/inspect.h"
@@ -41,7 +42,17 @@ struct RunArgs {
   bool resume = false;
   double checkpoint_interval = 10;  // seconds (each checkpoint rewrites every completed cell)
   bool no_e2e = false;              // skip [e2e] even when enabled
+  std::string budgets;              // the decision summary's budgets (fractions of bf16); empty = default
 };
+
+// The decision summary (latentq/decision.h) of a complete results file: printed, and written into it as
+// /decision (the report's first section).
+void decision_step(const fs::path& results, const std::string& budgets, std::ostream& out) {
+  const std::vector<double> f = budgets.empty() ? default_budget_fractions() : parse_budget_fractions(budgets);
+  const ColumnTable t = decision_table(results, f);
+  write_results(results, {}, {{"decision", t, {}}}, WriteMode::Update);
+  out << "\n" << format_decision(t);
+}
 
 // LATENTQ_TEST_KILL_AFTER_CELLS=N (tests only): stop after N computed cells, checkpoint, SIGKILL.
 size_t test_kill_after_cells() {
@@ -126,6 +137,7 @@ int cmd_run(const RunArgs& a, std::ostream& out, std::ostream& err, bool progres
     out << fmt::format("\n{} cells ({} quantizers{}) on {} in {:.1f} s\nresults: {}\n", r.owned, plan.quantizers.size(),
                        resumed, backend->name(), secs, cfg.results.string());
     if (cfg.probes.e2e.enabled && !a.no_e2e) run_e2e_step(cfg, plan.dump().attrs, cfg.results, a.threads, out, err);
+    decision_step(cfg.results, a.budgets, out);
   } else {
     print_probe_report(cfg, plan.probes, nullptr, r.tables, plan.dump().attrs, out, err);
     if (cfg.probes.e2e.enabled && !a.no_e2e)
@@ -143,6 +155,7 @@ struct MergeArgs {
   std::vector<std::string> inputs;
   int threads = 0;
   bool no_e2e = false;
+  std::string budgets;
 };
 
 // The e2e step of a merged study: what `latentq run` does after writing an unsharded OUT, so the
@@ -190,6 +203,7 @@ int cmd_merge(const MergeArgs& a, std::ostream& out, std::ostream& err) {
       "merged {} shard{} ({} files): {} cells{}\nresults: {}\n", m.shards, m.shards == 1 ? "" : "s", inputs.size(),
       m.cells, m.overlapping ? fmt::format(" ({} of them in more than one file, equal)", m.overlapping) : "", merged);
   if (!a.no_e2e) merged_e2e_step(merged, m.attrs, a.threads, out, err);
+  decision_step(merged, a.budgets, out);
   return kExitOk;
 }
 
@@ -201,10 +215,10 @@ int cmd_inspect(const std::string& path, std::ostream& out) {
   return kExitOk;
 }
 
-int cmd_regress(const std::string& results, const std::string& thresholds, std::ostream& out) {
-  const Attrs attrs = read_results_attrs(results);  // schema check first: a wrong file is an input error
-  // A gate over part of the cells is meaningless: refuse shards and checkpoints (files without these
-  // attributes, older or synthetic, are accepted).
+// Refuses shards and checkpoints for a step over every cell (`what`: "a gate", "a decision"); files without
+// these attributes, older or synthetic, are accepted. Schema checked first: a wrong file is an input error.
+void require_complete_results(const std::string& results, const char* what) {
+  const Attrs attrs = read_results_attrs(results);
   auto int_attr = [&](const char* name) -> std::optional<int64_t> {
     for (const auto& [k, v] : attrs)
       if (k == name && std::holds_alternative<int64_t>(v)) return std::get<int64_t>(v);
@@ -212,15 +226,19 @@ int cmd_regress(const std::string& results, const std::string& thresholds, std::
   };
   if (const auto count = int_attr("shard_count"); count && *count > 1)
     throw std::invalid_argument(fmt::format(
-        "{}: is shard {}/{} (root attribute shard_count = {}): a gate over a subset of the cells is meaningless; "
-        "run `latentq merge MERGED.h5 SHARD.h5...` and gate the merged file",
-        results, int_attr("shard_index").value_or(-1), *count, *count));
+        "{}: is shard {}/{} (root attribute shard_count = {}): {} over a subset of the cells is meaningless; "
+        "run `latentq merge MERGED.h5 SHARD.h5...` and use the merged file",
+        results, int_attr("shard_index").value_or(-1), *count, *count, what));
   if (const auto complete = int_attr("complete"); complete && *complete == 0)
     throw std::invalid_argument(fmt::format(
-        "{}: is an incomplete run (root attribute complete = 0: a checkpoint with {} of {} cells): a gate over part "
+        "{}: is an incomplete run (root attribute complete = 0: a checkpoint with {} of {} cells): {} over part "
         "of the cells is meaningless; finish it with `latentq run ... --resume`",
-        results, int_attr("cells").value_or(-1),
-        int_attr("shard_cells").value_or(int_attr("cells_total").value_or(-1))));
+        results, int_attr("cells").value_or(-1), int_attr("shard_cells").value_or(int_attr("cells_total").value_or(-1)),
+        what));
+}
+
+int cmd_regress(const std::string& results, const std::string& thresholds, std::ostream& out) {
+  require_complete_results(results, "a gate");
   const std::vector<Threshold> th = load_thresholds(thresholds);
   const std::vector<ThresholdResult> r = evaluate_thresholds(read_gate_tables(results), th, results);
   out << format_threshold_results(r);
@@ -346,6 +364,9 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
                   "minimum seconds between checkpoints to OUT.partial (default 10; 0: whenever cells completed)")
       ->check(CLI::NonNegativeNumber);
   run->add_flag("--no-e2e", ra.no_e2e, "do not start python -m latentq.e2e even when the config has [e2e] enabled");
+  const char* budgets_help =
+      "budgets of the decision summary, as fractions of the bf16 cache (default 1/16,1/8,1/4,3/8,1/2)";
+  run->add_option("--budgets", ra.budgets, budgets_help);
   run->footer("Quantizer specs:\n" + spec_grammar());
 
   std::string inspect_path;
@@ -374,6 +395,15 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   merge->add_option("shards", ma.inputs, "the shard files (every shard 0..n-1 of one config and input)")->required();
   merge->add_option("--threads", ma.threads, "threads of the e2e step (0 = all cores)")->check(CLI::NonNegativeNumber);
   merge->add_flag("--no-e2e", ma.no_e2e, "do not start python -m latentq.e2e even when the config has [e2e] enabled");
+  merge->add_option("--budgets", ma.budgets, budgets_help);
+
+  std::string decide_results, decide_budgets;
+  CLI::App* decide = app.add_subcommand(
+      "decide",
+      "The decision summary of a complete results file: at each budget the best uniform format, the best engine "
+      "format and the planner's assignment (written into the file as /decision)");
+  decide->add_option("results", decide_results, "results file of a complete study")->required();
+  decide->add_option("--budgets", decide_budgets, budgets_help);
 
   PlanArgs pa;
   CLI::App* plan = app.add_subcommand(
@@ -419,6 +449,11 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
     if (merge->parsed()) return cmd_merge(ma, out, err);
     if (regress->parsed()) return cmd_regress(reg_results, reg_thresholds, out);
     if (plan->parsed()) return cmd_plan(pa, out, err);
+    if (decide->parsed()) {
+      require_complete_results(decide_results, "a decision");
+      decision_step(decide_results, decide_budgets, out);
+      return kExitOk;
+    }
     if (synth->parsed()) return cmd_synth(sa, out);
   } catch (const std::invalid_argument& e) {
     err << "latentq: error: " << e.what() << "\n";

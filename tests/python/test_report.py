@@ -987,3 +987,42 @@ def test_forced_labels_of_a_cluster_get_free_places():
                 assert not ba.overlaps(bb), (a, b)
     finally:
         plt.close(fig)
+
+
+def test_report_md_begins_with_the_decision(tmp_path):
+    """/decision (written by the C++ study, latentq/decision.h) is report.md's first section, right after the
+    title: one table row per (budget, choice), with the fraction of bf16, the measured KL and where it comes
+    from, 'nothing measured fits' for an empty choice and the planner's objective for a predicted plan."""
+    res = tmp_path / "r.h5"
+    make_results(res, groups=("latent_error", "summary"))
+    nan = float("nan")
+    with h5py.File(res, "a") as f:
+        write_group(
+            f,
+            "decision",
+            {
+                "budget_fraction": [0.125, 0.125, 0.125],
+                "budget_bytes": [240.0, 240.0, 240.0],
+                "choice": np.array(["uniform", "engine", "plan"]),
+                "quantizer": np.array(["had,int4-asym-channel-g32", "-", "mixed: int4-asym-token x12"]),
+                "bytes_per_token_model": [216.0, nan, 239.5],
+                "kl_mean": [4.4e-3, nan, nan],
+                "top1_agree": [0.97314, nan, nan],
+                "delta_ppl": [0.0055, nan, nan],
+                "source": np.array(["e2e", "none", "predicted"]),
+                "plan_objective": [0.0123, nan, 0.00904],
+                "objective": np.array(["kl", "kl", "kl"]),
+            },
+        )
+    out = tmp_path / "rep"
+    p = run_report(res, "--out", out)
+    assert p.returncode == 0, p.stderr
+    md = (out / "report.md").read_text().splitlines()
+    assert md[0] == "# latentq report: tiny-mla" and md[2] == "## Decision", md[:4]
+    rows = [line for line in md if line.startswith("| 240 (1/8) |")]
+    assert rows == [
+        "| 240 (1/8) | uniform | `had,int4-asym-channel-g32` | 216 | 4.40e-03 | 0.9731 | +0.0055 | e2e |",
+        "| 240 (1/8) | engine | nothing measured fits |  |  |  |  |  |",
+        "| 240 (1/8) | plan | `mixed: int4-asym-token x12` | 239.5 |  |  |  | predicted (objective 0.00904) |",
+    ]
+    assert any("next-token KL with quantized latents (/e2e)" in line for line in md[:6])

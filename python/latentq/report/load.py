@@ -20,6 +20,7 @@ import re
 
 SCHEMA = "latentq-results/1"
 KNOWN_GROUPS = (
+    "decision",
     "latent_error",
     "summary",
     "attention_error",

@@ -466,14 +466,67 @@ def _e2e_sections(rep, out, tables, attrs, Q, e2e):
         )
 
 
-def _markdown_lines(path, attrs, Q, front, rep):
-    """The lines of report.md: title, subset warning, the file's metadata, the Pareto front, the sections,
-    the missing groups and the notes."""
+def _fraction_label(f):
+    """'1/8' for a budget fraction that is k/2^n (n <= 6), else the decimal."""
+    for den in (2, 4, 8, 16, 32, 64):
+        num = f * den
+        if abs(num - round(num)) < 1e-9:
+            g = math.gcd(int(round(num)), den)
+            return f"{int(round(num)) // g}/{den // g}"
+    return f"{f:.4g}"
+
+
+def _kl_source(r, measured):
+    if not measured:
+        return ""
+    return r.source if math.isfinite(r.kl_mean) else f"predicted (objective {r.plan_objective:.4g})"
+
+
+def decision_lines(d):
+    """The decision summary of /decision (written by the C++ study, latentq/decision.h: one row per budget and
+    choice): a table of budget (whole-model bytes per token and fraction of bf16), choice, quantizer, bytes,
+    KL, top-1, Δppl and where the KL comes from; [] without the group."""
+    if d is None or len(d) == 0:
+        return []
+    rows = []
+    for r in d.itertuples(index=False):
+        measured = r.quantizer != "-"
+        rows.append(
+            [
+                f"{r.budget_bytes:.6g} ({_fraction_label(r.budget_fraction)})",
+                r.choice,
+                f"`{r.quantizer}`" if measured else "nothing measured fits",
+                f"{r.bytes_per_token_model:.6g}" if measured else "",
+                fmt(r.kl_mean, "e") if math.isfinite(r.kl_mean) else "",
+                f"{r.top1_agree:.4f}" if math.isfinite(r.top1_agree) else "",
+                f"{r.delta_ppl:+.4g}" if math.isfinite(r.delta_ppl) else "",
+                _kl_source(r, measured),
+            ]
+        )
+    header = ["budget B/token (of bf16)", "choice", "quantizer", "B/token", "KL", "top-1", "Δppl", "KL from"]
+    e2e = any(str(s).endswith("e2e") for s in d["source"])
+    what = "the model's next-token KL with quantized latents (/e2e)" if e2e else "the attention KL (/attention_error)"
+    return [
+        "## Decision",
+        "",
+        "At each budget (whole-model bytes per token, c_kv + k_pe, metadata included): the best measured uniform "
+        "format, the best engine format at no more bytes, and the planner's mixed assignment (`latentq plan`; "
+        f"*predicted* until a study runs it). KL: {what}.",
+        "",
+        md_table(header, rows),
+        "",
+    ]
+
+
+def _markdown_lines(path, attrs, Q, front, rep, decision=None):
+    """The lines of report.md: title, subset warning, the decision summary (/decision), the file's metadata,
+    the Pareto front, the sections, the missing groups and the notes."""
     model = attrs.get("model", "?")
     L = [f"# latentq report: {model}", ""]
     subset = subset_warning(attrs)
     if subset:
         L += [f"> **WARNING: {subset}.**", ""]
+    L += decision_lines(decision)
     meta = [
         ("results", os.path.abspath(path)),
         ("input", attrs.get("input_path", "?")),
@@ -529,7 +582,7 @@ def write_report(path, loaded, out, patterns):
     _layer_and_svd_sections(rep, out, tables, attrs, Q, patterns)
     _cross_layer_sections(rep, out, tables, attrs)
     _e2e_sections(rep, out, tables, attrs, Q, e2e)
-    L = _markdown_lines(path, attrs, Q, front, rep)
+    L = _markdown_lines(path, attrs, Q, front, rep, tables.get("decision"))
     md_path = os.path.join(out, "report.md")
     fd, tmp = tempfile.mkstemp(prefix=".report.md.", suffix=".tmp", dir=out)
     try:

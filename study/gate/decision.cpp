@@ -1,0 +1,310 @@
+// The decision summary (latentq/decision.h).
+#include "latentq/decision.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <numeric>
+#include <optional>
+#include <stdexcept>
+
+#include "latentq/batch_study.h"
+#include "latentq/plan.h"
+#include "latentq/results.h"
+#include "latentq/spec.h"
+#include "latentq/transform.h"
+
+namespace latentq {
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+struct Metric {
+  double kl = kNaN, top1 = kNaN, delta_ppl = kNaN;
+};
+
+// A name of /summary that is a spec or a transformed spec (a mixed assignment's name is not).
+std::optional<TransformedSpec> as_spec(const std::string& q) {
+  try {
+    return TransformedSpec::parse(q);
+  } catch (const std::invalid_argument&) {
+    return std::nullopt;
+  }
+}
+
+// A layout an engine stores as it is: a preset, ggml, MX, NVFP4, fp8 tiles or per-tensor fp8, unrotated.
+bool is_engine_format(const TransformedSpec& ts) {
+  return ts.transform.kind == TransformKind::None && ts.spec.format != Format::Int && ts.spec.format != Format::BF16;
+}
+
+const std::vector<std::string>& strings(const ColumnTable& t, const std::string& c) { return t.get<std::string>(c); }
+const std::vector<double>& doubles(const ColumnTable& t, const std::string& c) { return t.get<double>(c); }
+
+// The KL of every quantizer: /e2e (prefill-at-once, c_kv+k_pe) when the e2e step ran, else /attention_error
+// (c_kv+k_pe, mean over layers). `source` is "e2e" or "attention" ("none" when neither exists).
+std::map<std::string, Metric> measured_kl(const std::filesystem::path& results, std::string& source) {
+  const std::vector<std::string> groups = list_tables(results);
+  const auto has = [&](const char* g) { return std::find(groups.begin(), groups.end(), g) != groups.end(); };
+  std::map<std::string, Metric> out;
+  if (has("e2e")) {
+    const ColumnTable e = read_table(results, "e2e");
+    const auto& q = strings(e, "quantizer");
+    for (size_t i = 0; i < q.size(); ++i) {
+      if (e.has("cache_mode") && strings(e, "cache_mode")[i] != "prefill-at-once") continue;
+      if (e.has("targets") && strings(e, "targets")[i] != "c_kv+k_pe") continue;
+      out[q[i]] = {doubles(e, "kl_mean")[i], doubles(e, "top1_agree")[i],
+                   doubles(e, "ppl_quant")[i] - doubles(e, "ppl_ref")[i]};
+    }
+    if (!out.empty()) {
+      source = "e2e";
+      return out;
+    }
+  }
+  source = "none";
+  if (!has("attention_error")) return out;
+  const ColumnTable a = read_table(results, "attention_error");
+  const auto& q = strings(a, "quantizer");
+  const auto& tg = strings(a, "targets");
+  std::map<std::string, std::pair<Metric, int>> acc;
+  for (size_t i = 0; i < q.size(); ++i) {
+    if (tg[i] != "c_kv+k_pe") continue;
+    auto& [m, n] = acc[q[i]];
+    if (n == 0) m = {0, 0, kNaN};
+    m.kl += doubles(a, "kl_mean")[i];
+    m.top1 += doubles(a, "top1_agree")[i];
+    ++n;
+  }
+  for (auto& [name, mn] : acc) out[name] = {mn.first.kl / mn.second, mn.first.top1 / mn.second, kNaN};
+  if (!out.empty()) source = "attention";
+  return out;
+}
+
+// Σ over the planner's groups of `quantizer`'s objective (NaN when a group lacks it).
+double plan_objective_of(const PlanInputs& in, const std::string& quantizer) {
+  double s = 0;
+  for (const PlanGroup& g : in.groups) {
+    const auto it =
+        std::find_if(g.options.begin(), g.options.end(), [&](const PlanOption& o) { return o.quantizer == quantizer; });
+    if (it == g.options.end()) return kNaN;
+    s += it->objective;
+  }
+  return s;
+}
+
+// The mixed assignments of /latent_error (rows whose quantizer is no spec): name -> (layer, target) ->
+// (transform, stored).
+using Assignment = std::map<std::pair<int64_t, std::string>, std::pair<std::string, std::string>>;
+std::map<std::string, Assignment> mixed_assignments(const ColumnTable& le) {
+  std::map<std::string, Assignment> out;
+  if (!le.has("stored") || !le.has("transform")) return out;
+  const auto& q = strings(le, "quantizer");
+  for (size_t i = 0; i < q.size(); ++i) {
+    if (as_spec(q[i])) continue;
+    out[q[i]][{le.get<int64_t>("layer")[i], strings(le, "target")[i]}] = {strings(le, "transform")[i],
+                                                                          strings(le, "stored")[i]};
+  }
+  return out;
+}
+
+// The plan's choice in /latent_error's terms.
+Assignment plan_assignment(const PlanInputs& in, const PlanSolution& s) {
+  Assignment a;
+  for (size_t g = 0; g < in.groups.size(); ++g) {
+    const PlanGroup& G = in.groups[g];
+    const TransformedSpec ts = TransformedSpec::parse(G.options[s.choice[g]].quantizer);
+    const std::string tr = ts.transform.to_string();
+    a[{G.layer, to_string(G.target)}] = {tr.empty() ? "none" : tr, ts.spec.stored_for(G.target).to_string()};
+  }
+  return a;
+}
+
+std::string plan_name(const PlanInputs& in, const PlanSolution& s) {
+  std::map<std::string, int> count;
+  std::vector<std::string> order;
+  for (size_t g = 0; g < in.groups.size(); ++g) {
+    const std::string& q = in.groups[g].options[s.choice[g]].quantizer;
+    if (count[q]++ == 0) order.push_back(q);
+  }
+  std::stable_sort(order.begin(), order.end(), [&](const auto& a, const auto& b) { return count[a] > count[b]; });
+  std::string name = "mixed:";
+  for (size_t i = 0; i < order.size(); ++i) name += fmt::format("{} {} x{}", i ? "," : "", order[i], count[order[i]]);
+  return name;
+}
+
+double parse_fraction(const std::string& s) {
+  const auto bad = [&]() {
+    return std::invalid_argument(
+        fmt::format("budget '{}': expected a fraction of the bf16 cache in (0, 1], as a/b or a decimal", s));
+  };
+  size_t used = 0;
+  double v = 0;
+  try {
+    const size_t slash = s.find('/');
+    if (slash == std::string::npos) {
+      v = std::stod(s, &used);
+      if (used != s.size()) throw bad();
+    } else {
+      const std::string a = s.substr(0, slash), b = s.substr(slash + 1);
+      const double num = std::stod(a, &used);
+      if (used != a.size()) throw bad();
+      const double den = std::stod(b, &used);
+      if (used != b.size() || den == 0) throw bad();
+      v = num / den;
+    }
+  } catch (const std::logic_error&) {  // std::stod's invalid_argument / out_of_range, and ours
+    throw bad();
+  }
+  if (!(v > 0 && v <= 1)) throw bad();
+  return v;
+}
+
+std::string fraction_label(double f) {
+  for (int den : {2, 4, 8, 16, 32, 64})
+    for (int num = 1; num <= den; ++num)
+      if (std::abs(f * den - num) < 1e-12) {
+        const int g = std::gcd(num, den);
+        return num == den ? "all" : fmt::format("{}/{}", num / g, den / g);
+      }
+  return fmt::format("{:.4g}", f);
+}
+
+}  // namespace
+
+const std::vector<double>& default_budget_fractions() {
+  static const std::vector<double> f = {1.0 / 16, 1.0 / 8, 1.0 / 4, 3.0 / 8, 1.0 / 2};
+  return f;
+}
+
+std::vector<double> parse_budget_fractions(const std::string& text) {
+  std::vector<double> out;
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t comma = text.find(',', start);
+    const std::string part = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    out.push_back(parse_fraction(part));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
+ColumnTable decision_table(const std::filesystem::path& results, const std::vector<double>& fractions) {
+  const DumpAttrs d = dump_attrs_from_results(read_results_attrs(results));
+  const double bf16 =
+      2.0 * static_cast<double>(d.num_layers) * static_cast<double>(d.kv_lora_rank + d.qk_rope_head_dim);
+  const ColumnTable summary = read_table(results, "summary");
+  const auto& sq = strings(summary, "quantizer");
+  const auto& sb = doubles(summary, "bytes_per_token_model");
+  std::string source;
+  const std::map<std::string, Metric> kl = measured_kl(results, source);
+
+  // The planner: objective kl when /attention_error has single-target rows, else mse.
+  std::optional<PlanInputs> in;
+  try {
+    in = read_plan_inputs(results, "kl");
+  } catch (const std::invalid_argument&) {
+    in = read_plan_inputs(results, "mse");
+  }
+  const std::map<std::string, Assignment> mixed = mixed_assignments(read_table(results, "latent_error"));
+
+  ColumnTable t;
+  auto& c_frac = t.add<double>("budget_fraction");
+  auto& c_budget = t.add<double>("budget_bytes");
+  auto& c_choice = t.add<std::string>("choice");
+  auto& c_q = t.add<std::string>("quantizer");
+  auto& c_bytes = t.add<double>("bytes_per_token_model");
+  auto& c_kl = t.add<double>("kl_mean");
+  auto& c_top1 = t.add<double>("top1_agree");
+  auto& c_dppl = t.add<double>("delta_ppl");
+  auto& c_src = t.add<std::string>("source");
+  auto& c_obj = t.add<double>("plan_objective");
+  const auto row = [&](double f, const char* choice, const std::string& q, double bytes, const Metric& m,
+                       const std::string& src, double obj) {
+    c_frac.push_back(f);
+    c_budget.push_back(f * bf16);
+    c_choice.push_back(choice);
+    c_q.push_back(q);
+    c_bytes.push_back(bytes);
+    c_kl.push_back(m.kl);
+    c_top1.push_back(m.top1);
+    c_dppl.push_back(m.delta_ppl);
+    c_src.push_back(src);
+    c_obj.push_back(obj);
+  };
+  for (const double f : fractions) {
+    const double budget = f * bf16, lim = budget * (1 + kPlanBudgetSlack);
+    for (const bool engine : {false, true}) {
+      std::optional<size_t> best;
+      for (size_t i = 0; i < sq.size(); ++i) {
+        const std::optional<TransformedSpec> ts = as_spec(sq[i]);
+        const auto m = kl.find(sq[i]);
+        if (!ts || m == kl.end() || !std::isfinite(m->second.kl) || sb[i] > lim) continue;
+        if (engine && !is_engine_format(*ts)) continue;
+        if (!best || m->second.kl < kl.at(sq[*best]).kl) best = i;
+      }
+      const char* choice = engine ? "engine" : "uniform";
+      if (best)
+        row(f, choice, sq[*best], sb[*best], kl.at(sq[*best]), source, plan_objective_of(*in, sq[*best]));
+      else
+        row(f, choice, "-", kNaN, {}, "none", kNaN);
+    }
+    try {
+      const PlanSolution s = solve_plan(in->groups, budget, in->units_per_byte);
+      const Assignment a = plan_assignment(*in, s);
+      std::string measured;
+      for (const auto& [name, m] : mixed)
+        if (m == a) measured = name;
+      const auto mk = measured.empty() ? kl.end() : kl.find(measured);
+      if (mk != kl.end())
+        row(f, "plan", plan_name(*in, s), s.bytes, mk->second, "measured-" + source, s.objective);
+      else
+        row(f, "plan", plan_name(*in, s), s.bytes, {}, "predicted", s.objective);
+    } catch (const std::invalid_argument&) {  // the budget is below the cheapest assignment
+      row(f, "plan", "-", kNaN, {}, "none", kNaN);
+    }
+  }
+  t.add<std::string>("objective") = std::vector<std::string>(t.num_rows(), in->objective);
+  return t;
+}
+
+std::string format_decision(const ColumnTable& t) {
+  const auto& f = doubles(t, "budget_fraction");
+  const auto& budget = doubles(t, "budget_bytes");
+  const auto& choice = strings(t, "choice");
+  const auto& q = strings(t, "quantizer");
+  const auto& bytes = doubles(t, "bytes_per_token_model");
+  const auto& kl = doubles(t, "kl_mean");
+  const auto& top1 = doubles(t, "top1_agree");
+  const auto& dppl = doubles(t, "delta_ppl");
+  const auto& src = strings(t, "source");
+  const auto& obj = doubles(t, "plan_objective");
+  std::string out = "decision (bytes: whole model, c_kv + k_pe, metadata included, per token):\n";
+  for (size_t i = 0; i < t.num_rows(); ++i) {
+    if (i == 0 || f[i] != f[i - 1])
+      out += fmt::format("at {:.6g} B/token ({} of bf16):\n", budget[i], fraction_label(f[i]));
+    if (q[i] == "-") {
+      out += fmt::format("  {:<8} nothing measured fits\n", choice[i]);
+      continue;
+    }
+    std::string what;
+    if (std::isfinite(kl[i]))
+      what = fmt::format("KL {:.4g}, top-1 {:.4f}{} ({})", kl[i], top1[i],
+                         std::isfinite(dppl[i]) ? fmt::format(", dppl {:+.4g}", dppl[i]) : std::string(), src[i]);
+    else
+      what = fmt::format("{}, planner objective {:.4g}", src[i], obj[i]);
+    out += fmt::format("  {:<8} {} at {:.6g} B/token: {}\n", choice[i], q[i], bytes[i], what);
+  }
+  const bool e2e = std::any_of(src.begin(), src.end(), [](const std::string& s) { return s.ends_with("e2e"); });
+  if (t.num_rows() > 0)
+    out += fmt::format("(KL: {}; the planner's objective: {})\n",
+                       e2e ? "the model's next-token KL with quantized latents (/e2e)"
+                           : "the absorbed attention's KL, mean over layers (/attention_error)",
+                       strings(t, "objective")[0] == "kl" ? "sum of single-target attention KL over (layer, target)"
+                                                          : "sum of squared error per token over (layer, target)");
+  return out;
+}
+
+}  // namespace latentq

@@ -1,0 +1,49 @@
+// latentq/decision.h — the decision summary of a results file: at each byte budget, which cache format.
+//
+// A budget is a fraction of the bf16 cache of the whole model: num_layers × (kv_lora_rank +
+// qk_rope_head_dim) × 2 bytes per token, c_kv + k_pe, metadata included (the default ladder: 1/16,
+// 1/8, 1/4, 3/8, 1/2). Every byte figure is a whole-model bytes per token (/summary's
+// bytes_per_token_model). For each budget three rows (the /decision table, one row each):
+//   uniform  the best measured uniform format: the /summary quantizer (a spec or a transformed spec) at
+//            no more than the budget with the lowest KL;
+//   engine   the best engine format at no more than the same bytes: a cache layout a serving engine
+//            stores as it is (an engine preset, ggml, MX, NVFP4, fp8 tiles or per-tensor fp8; no
+//            rotation, no generic integer grid), ranked the same way;
+//   plan     the planner's mixed assignment at the budget (latentq/plan.h solve_plan, objective "kl",
+//            else "mse" when the study has no single-target /attention_error rows). It is "measured" when
+//            the results hold a mixed assignment with exactly that choice per (layer, target) (its KL is
+//            then that row's), else "predicted" (its KL is NaN and only its planner objective is known).
+// KL: the e2e KL (/e2e, cache_mode prefill-at-once, targets c_kv+k_pe: kl_mean, top1_agree,
+// delta_ppl = ppl_quant − ppl_ref) when the e2e step ran; otherwise the attention KL (/attention_error,
+// targets c_kv+k_pe, mean over layers of kl_mean and top1_agree; delta_ppl NaN). `source` says which.
+// plan_objective: the planner's objective of the row's assignment (Σ over (layer, target) groups; for a
+// uniform row the same sum over its options), so the three rows compare in one unit.
+#pragma once
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "latentq/table.h"
+
+namespace latentq {
+
+/// The default ladder of budgets, as fractions of the whole-model bf16 cache.
+const std::vector<double>& default_budget_fractions();
+
+/// Parses "1/16,1/8,0.25" (fractions a/b or decimals in (0, 1]); throws std::invalid_argument naming the
+/// entry otherwise.
+std::vector<double> parse_budget_fractions(const std::string& text);
+
+/// The /decision table of `results` (columns: budget_fraction, budget_bytes, choice (uniform, engine,
+/// plan), quantizer ("-" when nothing fits; a plan: "mixed: <spec> x<count>, ..."), bytes_per_token_model,
+/// kl_mean, top1_agree, delta_ppl, source (e2e, attention, measured-e2e, measured-attention, predicted,
+/// none), plan_objective). Throws std::invalid_argument naming the file for a missing /summary or root
+/// attribute, and as read_table().
+ColumnTable decision_table(const std::filesystem::path& results, const std::vector<double>& fractions);
+
+/// The terminal form: one block per budget ("at N B/token (1/8 of bf16): use X ..."), then the objective
+/// and the metric's source in words.
+std::string format_decision(const ColumnTable& decision);
+
+}  // namespace latentq
