@@ -90,6 +90,7 @@ from latentq.e2e_decode import (  # noqa: F401  (re-exported: the tests and benc
 )
 from latentq.files import publish
 from latentq.inject import DecodeOrderAttention, LatentInjector
+from latentq.progress import Progress
 
 # The repository (python/latentq/e2e.py is two levels below it): the default --model data/tiny-mla.
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -548,6 +549,7 @@ class Runner:
         self.rows, self.pos_rows = [], []
         self.ref = None
         self.bpt_memo: dict = {}
+        self.progress = None  # a latentq.progress.Progress over the runs (the reference not counted)
 
     def resolve(self, spec):
         """A spec string as is, or a mixed assignment's {(layer, target): spec} from /latent_error."""
@@ -629,11 +631,15 @@ class Runner:
                     "bytes_per_token": bpt,
                 }
             )
-        print(
+        line = (
             f"  {spec:28s} {mode:20s} KL {m['kl_mean']:.3e}  top1 {m['top1_agree']:.4f}  "
-            f"ppl {m['ppl_ref']:.4f} -> {m['ppl_quant']:.4f}  {bpt:.1f} B/token",
-            flush=True,
+            f"ppl {m['ppl_ref']:.4f} -> {m['ppl_quant']:.4f}  {bpt:.1f} B/token"
         )
+        if self.progress is None:
+            print(line, flush=True)
+        else:
+            self.progress.write(line)
+            self.progress.update(1)
 
     def run_all(self, chunks) -> None:
         """forward + record for every chunk. Raises ValueError (non-finite logits, a spec the quantizers
@@ -738,7 +744,8 @@ def main(argv=None) -> int:
     t0 = time.time()
     runner = Runner(latentq, a, model, ids, plan, dims)
     try:
-        runner.run_all(chunks)
+        with Progress(len(runs), "e2e", "runs") as runner.progress:
+            runner.run_all(chunks)
     except ValueError as e:  # non-finite logits, a spec the quantizers refuse: nothing is written
         print(f"e2e_inject: error: {e}; {a.results} is left unchanged", file=sys.stderr)
         return 2

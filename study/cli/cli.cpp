@@ -88,26 +88,10 @@ int cmd_run(const RunArgs& a, std::ostream& out, std::ostream& err, bool progres
 
   RunOptions opt;
   opt.threads = a.threads;
-  if (progress_bar) {
-    opt.progress = [&err](size_t done, size_t total) {
-      const int w = 40;
-      const int fill =
-          total ? static_cast<int>(static_cast<double>(w) * static_cast<double>(done) / static_cast<double>(total)) : w;
-      err << fmt::format("\r[{}{}] {}/{} cells", std::string(static_cast<size_t>(fill), '#'),
-                         std::string(static_cast<size_t>(w - fill), '.'), done, total);
-      if (done == total) err << "\n";
-      err.flush();
-    };
-  }
+  opt.progress = progress_reporter(err, progress_bar, "cells");
   const auto t0 = std::chrono::steady_clock::now();
-  std::function<void(size_t, size_t)> validate_progress;
-  if (progress_bar)
-    validate_progress = [&err](size_t done, size_t total) {
-      err << fmt::format("\rchecking the dump: {}/{} layers", done, total) << (done == total ? "\n" : "");
-      err.flush();
-    };
   // the latent-error cells, then the probe cells; every studied layer's values checked first
-  const StudyPlan plan = plan_study(cfg, *backend, validate_progress);
+  const StudyPlan plan = plan_study(cfg, *backend, progress_reporter(err, progress_bar, "layers checked"));
   for (const std::string& w : plan.probes.warnings) err << "latentq: warning: " << w << "\n";
   BatchOptions bo;
   bo.shard = shard;

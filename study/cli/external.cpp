@@ -140,6 +140,45 @@ int run_process(const std::vector<std::string>& argv, const std::vector<std::pai
 }
 
 namespace {
+/// A child's output as it arrives, line by line (a progress bar's carriage-return updates too): its
+/// notes, warnings and errors ("e2e_inject: note:" / "warning:" / "error:") to `err`, every other line to
+/// `out`, each flushed at once, so a long step shows its progress instead of going silent.
+class RouteLines : public std::streambuf {
+ public:
+  RouteLines(std::ostream& out, std::ostream& err) : out_(out), err_(err) {}
+  /// The last incomplete line, if any.
+  void finish() {
+    if (!line_.empty()) emit();
+  }
+
+ protected:
+  int_type overflow(int_type c) override {
+    if (c != traits_type::eof()) put(static_cast<char>(c));
+    return c;
+  }
+  std::streamsize xsputn(const char* s, std::streamsize n) override {
+    for (std::streamsize i = 0; i < n; ++i) put(s[i]);
+    return n;
+  }
+
+ private:
+  void put(char c) {
+    line_ += c;
+    if (c == '\n' || c == '\r') emit();
+  }
+  void emit() {
+    const bool to_err = line_.rfind("e2e_inject: note:", 0) == 0 || line_.rfind("e2e_inject: warning:", 0) == 0 ||
+                        line_.rfind("e2e_inject: error:", 0) == 0;
+    std::ostream& o = to_err ? err_ : out_;
+    o << line_;
+    o.flush();
+    line_.clear();
+  }
+  std::ostream& out_;
+  std::ostream& err_;
+  std::string line_;
+};
+
 /// Whether the model directory's config.json names the tiny-mla architecture (latentq.tiny_mla);
 /// false when it cannot be read.
 bool is_tiny_mla_dir(const fs::path& dir) {
@@ -186,31 +225,26 @@ bool run_e2e_step(const StudyConfig& config, const DumpAttrs& attrs, const fs::p
   }
   out << "\ne2e: " << fmt::format("{}", fmt::join(argv, " ")) << "\n";
   out.flush();
-  // The step prints one line per quantizer; keep them for a failure, show its last line.
-  std::ostringstream log;
+  // The step's lines (one per run, its progress with counts and an ETA, its notes and warnings) are relayed
+  // as they come (RouteLines); on a terminal it draws a bar (latentq/progress.py), else a line every ~10 s.
+  std::vector<std::pair<std::string, std::string>> env = python_env(t);
+  if (!std::getenv("LATENTQ_PROGRESS") && ::isatty(STDERR_FILENO)) env.emplace_back("LATENTQ_PROGRESS", "bar");
+  RouteLines route(out, err);
+  std::ostream relay(&route);
   int rc = 0;
   try {
-    rc = run_process(argv, python_env(t), log);
+    rc = run_process(argv, env, relay);
+    route.finish();
   } catch (const std::runtime_error& e) {
+    route.finish();
     err << "latentq: warning: e2e: " << e.what() << "\n";
     return false;
   }
-  std::string text = log.str();
-  while (!text.empty() && text.back() == '\n') text.pop_back();
   if (rc != 0) {
-    err << text << "\n"
-        << fmt::format("latentq: warning: e2e: python -m latentq.e2e exited with code {}; {} has no new /e2e\n", rc,
+    err << fmt::format("latentq: warning: e2e: python -m latentq.e2e exited with code {}; {} has no new /e2e\n", rc,
                        results.string());
     return false;
   }
-  // The step's notes and warnings (klt specs not injected, a quantizer the study did not run, layers
-  // left unquantized) reach the user; the rest of its log is progress.
-  {
-    std::istringstream lines(text);
-    for (std::string line; std::getline(lines, line);)
-      if (line.rfind("e2e_inject: warning:", 0) == 0 || line.rfind("e2e_inject: note:", 0) == 0) err << line << "\n";
-  }
-  out << text.substr(text.rfind('\n') == std::string::npos ? 0 : text.rfind('\n') + 1) << "\n";
   try {
     const std::vector<std::string> groups = list_tables(results);
     const bool has_summary = std::find(groups.begin(), groups.end(), "summary") != groups.end();

@@ -2,9 +2,14 @@
 
 #include <openssl/evp.h>
 
+#include <fmt/format.h>
+
 #include <atomic>
 #include <chrono>
 #include <ctime>
+#include <string>
+#include <ostream>
+#include <cstdlib>
 #include <thread>
 #include <fstream>
 #include <memory>
@@ -92,6 +97,47 @@ std::vector<std::exception_ptr> parallel_cells(size_t n, int threads, const std:
   }
   if (progress) progress(n, n);
   return errors;
+}
+
+std::function<void(size_t, size_t)> progress_reporter(std::ostream& err, bool bar, std::string unit) {
+  const char* mode = std::getenv("LATENTQ_PROGRESS");
+  if (mode && std::string(mode) == "off") return nullptr;
+  const char* iv = std::getenv("LATENTQ_PROGRESS_INTERVAL");
+  double interval = 10;
+  if (iv && *iv) {
+    char* end = nullptr;
+    interval = std::strtod(iv, &end);
+    if (*end || !(interval >= 0))
+      throw std::invalid_argument(fmt::format("LATENTQ_PROGRESS_INTERVAL='{}' is not a number of seconds >= 0", iv));
+  }
+  struct State {
+    std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now(), last = t0;
+    size_t last_done = 0;
+  };
+  auto st = std::make_shared<State>();
+  return [&err, bar, unit, interval, st](size_t done, size_t total) {
+    const auto now = std::chrono::steady_clock::now();
+    const double el = std::chrono::duration<double>(now - st->t0).count();
+    const std::string eta =
+        done > 0 && done < total
+            ? fmt::format(", ETA {:.0f} s", el / static_cast<double>(done) * static_cast<double>(total - done))
+            : std::string();
+    if (bar) {
+      const int w = 40;
+      const int fill =
+          total ? static_cast<int>(static_cast<double>(w) * static_cast<double>(done) / static_cast<double>(total)) : w;
+      err << fmt::format("\r[{}{}] {}/{} {}, {:.0f} s{}   ", std::string(static_cast<size_t>(fill), '#'),
+                         std::string(static_cast<size_t>(w - fill), '.'), done, total, unit, el, eta);
+      if (done == total) err << "\n";
+    } else {
+      if (done == st->last_done || done == total || std::chrono::duration<double>(now - st->last).count() < interval)
+        return;
+      st->last = now;
+      st->last_done = done;
+      err << fmt::format("latentq: {}/{} {}, {:.0f} s{}\n", done, total, unit, el, eta);
+    }
+    err.flush();
+  };
 }
 
 }  // namespace latentq

@@ -1,6 +1,7 @@
 // The CLI logic in-process (run_cli): exit codes, messages, and that errors write nothing.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <limits>
 #include <functional>
@@ -76,6 +77,44 @@ TEST_F(CliTest, RunWritesResultsAndPrintsTheSummary) {
                                       "decision"}));  // /cells: latentq/batch.h; /decision: latentq/decision.h
   EXPECT_EQ(read_table(results, "latent_error").num_rows(), 108u);
   EXPECT_EQ(read_table(results, "summary").num_rows(), 18u);
+}
+
+// Progress without a terminal: a line about every LATENTQ_PROGRESS_INTERVAL seconds with counts and an ETA (0:
+// a line per cell, the last one left to the summary); none by default for a step this short; off silences it.
+TEST_F(CliTest, ProgressLinesWithoutATerminal) {
+  ::setenv("LATENTQ_PROGRESS_INTERVAL", "0", 1);
+  Outcome o = cli({"run", config.string(), "--threads", "1"});
+  ::unsetenv("LATENTQ_PROGRESS_INTERVAL");
+  ASSERT_EQ(o.rc, 0) << o.err;
+  EXPECT_CONTAINS(o.err, "latentq: 1/3 layers checked, 0 s, ETA ");
+  EXPECT_CONTAINS(o.err, "latentq: 2/3 layers checked, 0 s, ETA ");
+  EXPECT_EQ(o.err.find("3/3 layers checked"), std::string::npos) << o.err;
+  {  // the reporter itself: a line per new count, none for a repeated count or the end; a bar on a terminal
+    ::setenv("LATENTQ_PROGRESS_INTERVAL", "0", 1);
+    std::ostringstream lines, bar;
+    const auto p = progress_reporter(lines, false, "cells");
+    for (const auto& [d, t] : std::vector<std::pair<size_t, size_t>>{{0, 4}, {1, 4}, {1, 4}, {3, 4}, {4, 4}}) p(d, t);
+    const auto b = progress_reporter(bar, true, "cells");
+    b(2, 4);
+    b(4, 4);
+    ::unsetenv("LATENTQ_PROGRESS_INTERVAL");
+    const std::string l = lines.str();
+    EXPECT_EQ(std::count(l.begin(), l.end(), '\n'), 2) << l;
+    EXPECT_CONTAINS(l, "latentq: 1/4 cells, 0 s, ETA 0 s\n");
+    EXPECT_CONTAINS(l, "latentq: 3/4 cells, 0 s, ETA 0 s\n");
+    EXPECT_CONTAINS(bar.str(), "\r[####################....................] 2/4 cells, 0 s, ETA 0 s");
+    EXPECT_CONTAINS(bar.str(), "\r[########################################] 4/4 cells, 0 s   \n");
+  }
+  ::setenv("LATENTQ_PROGRESS", "off", 1);
+  o = cli({"run", config.string(), "--threads", "1"}, true);
+  ::unsetenv("LATENTQ_PROGRESS");
+  ASSERT_EQ(o.rc, 0) << o.err;
+  EXPECT_TRUE(o.err.empty()) << o.err;
+  ::setenv("LATENTQ_PROGRESS_INTERVAL", "soon", 1);
+  o = cli({"run", config.string()});
+  ::unsetenv("LATENTQ_PROGRESS_INTERVAL");
+  EXPECT_EQ(o.rc, 2);
+  EXPECT_CONTAINS(o.err, "LATENTQ_PROGRESS_INTERVAL='soon' is not a number of seconds >= 0");
 }
 
 TEST_F(CliTest, OverridesAndRelativePaths) {
@@ -200,7 +239,7 @@ TEST_F(CliTest, BadLayerValuesAreRefusedBeforeAnyCellRuns) {
       EXPECT_CONTAINS(o.err, "latentq: error: " + bad.string());
       EXPECT_CONTAINS(o.err, c.message);
       if (bar) {
-        EXPECT_CONTAINS(o.err, "checking the dump: 2/3 layers");
+        EXPECT_CONTAINS(o.err, "2/3 layers checked");
       }
       EXPECT_EQ(o.err.find("cell"), std::string::npos) << o.err;  // refused before any cell, not by one
       EXPECT_FALSE(fs::exists(dir / "out")) << "a file was written";

@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <exception>
 #include <functional>
+#include <iosfwd>
 #include <string>
 #include <vector>
 
@@ -31,5 +32,13 @@ int worker_threads(int threads);
 /// while the workers run, then once with (n, n). Used by the study and the probe cells.
 std::vector<std::exception_ptr> parallel_cells(size_t n, int threads, const std::function<void(size_t)>& fn,
                                                const std::function<void(size_t, size_t)>& progress = {});
+
+/// Progress of a long step (called with (done, total) as it advances), written to `err` with counts, elapsed time
+/// and an ETA (elapsed / done x left). `bar` (a terminal): a bar redrawn in place ("[####....] 12/100 cells, 3 s,
+/// ETA 20 s"), a newline at the end. Otherwise one line "latentq: 12/100 cells, 3 s, ETA 20 s" at most every
+/// LATENTQ_PROGRESS_INTERVAL seconds (default 10; 0: at every new count) and only for a new count, none at the
+/// end (the step's own summary follows), so CI and Slurm logs show a long step alive. LATENTQ_PROGRESS=off: no
+/// reporter (null). Throws std::invalid_argument for a LATENTQ_PROGRESS_INTERVAL that is not a number >= 0.
+std::function<void(size_t, size_t)> progress_reporter(std::ostream& err, bool bar, std::string unit);
 
 }  // namespace latentq

@@ -1,0 +1,87 @@
+"""Progress of a long step (the dump, the e2e runs): counts, elapsed time and an ETA.
+
+On a terminal it is a tqdm bar; otherwise (CI, Slurm, the pipe through which ``latentq run`` relays its
+Python steps) one line about every ``interval`` seconds and one at the end, so a log shows the step is
+alive without a line per item. The environment chooses too:
+  LATENTQ_PROGRESS           ``bar``, ``lines`` or ``off`` (default: ``bar`` when the stream is a terminal,
+                             else ``lines``); ``latentq`` sets ``bar`` for its child when it runs on a terminal
+  LATENTQ_PROGRESS_INTERVAL  seconds between lines (default 10; 0: a line per item)
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+
+class Progress:
+    """``Progress(total, desc, unit)``; ``update(n)`` after each item, ``write(line)`` for a line of the
+    step's own output (printed above a bar), ``close()`` at the end (also as a context manager, which prints no last line when the block raises).
+    total: the item count (>= 0); desc: the step's name, the start of every line ("e2e"); unit: the items'
+    name ("runs"). Lines read ``e2e: 12/71 runs, 35 s, ETA 170 s`` (the ETA: elapsed / done x left)."""
+
+    def __init__(self, total: int, desc: str, unit: str, stream=None, mode: str | None = None, interval=None):
+        self.total, self.desc, self.unit = int(total), desc, unit
+        self.stream = stream if stream is not None else sys.stderr
+        mode = mode or os.environ.get("LATENTQ_PROGRESS") or ("bar" if _isatty(self.stream) else "lines")
+        if mode not in ("bar", "lines", "off"):
+            raise ValueError(f"LATENTQ_PROGRESS={mode!r}: expected bar, lines or off")
+        self.mode = mode
+        if interval is None:
+            interval = float(os.environ.get("LATENTQ_PROGRESS_INTERVAL", "10"))
+        self.interval = float(interval)
+        self.done = 0
+        self.t0 = self.last = time.monotonic()
+        self.bar = None
+        if mode == "bar":
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=self.total, desc=desc, unit=f" {unit}", file=self.stream, dynamic_ncols=True)
+
+    def line(self) -> str:
+        """The current progress line (what the lines mode prints)."""
+        el = time.monotonic() - self.t0
+        left = self.total - self.done
+        eta = f", ETA {el / self.done * left:.0f} s" if self.done and left > 0 else ""
+        return f"{self.desc}: {self.done}/{self.total} {self.unit}, {el:.0f} s{eta}"
+
+    def update(self, n: int = 1) -> None:
+        self.done += n
+        if self.bar is not None:
+            self.bar.update(n)
+        elif self.mode == "lines":
+            now = time.monotonic()
+            if now - self.last >= self.interval and self.done < self.total:
+                self.last = now
+                print(self.line(), file=self.stream, flush=True)
+
+    def write(self, text: str) -> None:
+        """A line of the step's own output, on stdout (above the bar on a terminal)."""
+        if self.bar is not None:
+            self.bar.write(text, file=sys.stdout)
+        else:
+            print(text, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+        elif self.mode == "lines":
+            print(self.line() + " (done)" if self.done >= self.total else self.line(), file=self.stream, flush=True)
+        self.mode = "off"
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, *exc):
+        if exc_type is not None and self.bar is None:
+            self.mode = "off"  # a failing step: its error line is the last word, not a progress line
+        self.close()
+
+
+def _isatty(stream) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
