@@ -148,7 +148,7 @@ def main(argv=None) -> int:
         ratio = v / target
         inside = abs(ratio - 1) <= TOLERANCE
         ok = ok and inside
-        print(f"{row:<58} {target:>8.4g} {v:>9.4g} {ratio:>6.2f}{'' if inside else '  outside +-20%'}")
+        print(f"{row:<58} {target:>8.4g} {v:>#9.4g} {ratio:>6.2f}{'' if inside else '  outside +-20%'}")
     inside = math.isnan(pearson) or pearson <= independent  # NaN: one layer, no pair
     ok = ok and inside
     print(
