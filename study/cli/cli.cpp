@@ -404,8 +404,9 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   SynthArgs sa;
   CLI::App* synth = app.add_subcommand(
       "synth",
-      "Write a synthetic latentq-dump/1 file with a real model's MLA shape (low-rank RMS-normalized c_kv "
-      "with outlier channels, RoPE'd k_pe, queries, W_UK/W_UV, exact attn_out), one layer at a time");
+      "Write a synthetic latentq-dump/1 file with a real model's MLA shape (RMS-normalized c_kv: the "
+      "stand-in calibrated to DeepSeek-V2-Lite's latents, sink and spike outlier channels; tiny-mla: "
+      "low-rank; RoPE'd k_pe, queries, W_UK/W_UV, exact attn_out), one layer at a time");
   synth->add_option("--preset", sa.preset, "tiny-mla, deepseek-v2-lite, deepseek-v3, glm-4.7-flash or minicpm3-4b");
   synth->add_flag("--list", sa.list, "print the presets' dims and exit");
   synth->add_option("--layers", sa.layers, "number of layers (default: the preset's)")->check(CLI::PositiveNumber);

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cassert>
 #include <cmath>
+#include <numeric>
 #include <random>
 #include <stdexcept>
 
@@ -30,7 +31,7 @@ namespace fs = std::filesystem;
 const std::vector<ModelShape>& model_presets() {
   static const std::vector<ModelShape> p = {
       {"tiny-mla", "tiny-mla", 6, 6, 128, 32, 64, 64, 10000.0, "interleaved", 0.10206207261596575, 256,
-       "data/tiny-mla/config.json (the project's model); scale 96^-1/2"},
+       "data/tiny-mla/config.json (the project's model); scale 96^-1/2", LatentModel::kLowRank},
       {"deepseek-v2-lite", "deepseek-ai/DeepSeek-V2-Lite", 27, 16, 512, 64, 128, 128, 10000.0, "interleaved", 0.1147214,
        102400,
        "DeepSeek-V2-Lite config.json; scale 192^-1/2 * 1.2608038^2 (YaRN mscale_all_dim 0.707, "
@@ -46,6 +47,17 @@ const std::vector<ModelShape>& model_presets() {
        "vocab 73448; LongRoPE short factors not applied); scale 96^-1/2; HF: rotate_half"},
   };
   return p;
+}
+
+const StandinModel& standin_model() {
+  static const StandinModel p;
+  return p;
+}
+
+bool is_standin_sink_layer(int64_t layer) { return layer % standin_model().sink_layer_period == 1; }
+
+int64_t standin_spike_channels(int64_t r) {
+  return std::clamp<int64_t>(std::llround(standin_model().spike_channel_frac * static_cast<double>(r)), 0, r - 1);
 }
 
 const ModelShape& find_preset(const std::string& name) {
@@ -200,6 +212,117 @@ SynthTokens synth_tokens(const SynthOptions& o) {
   return t;
 }
 
+namespace {
+
+// The c_kv of a layer and what the queries and weights need to be consistent with it.
+struct LatentDraw {
+  std::vector<float> c_kv;    // [T, r]
+  std::vector<float> gamma;   // [r] the kv_a_layernorm weight; empty: the weights ignore it (low-rank model)
+  int64_t sink_channel = -1;  // the channel the attention sinks put their energy in (-1: none)
+  float sink_sign = 1.0f;     // its sign
+};
+
+// kLowRank: c_kv = γ ⊙ RMSNorm(V·diag(σ)·z_t), σ_i = exp(−i/τ), τ = r/16 (tiny-mla's shape).
+LatentDraw lowrank_ckv(const SynthOptions& o, const SynthTokens& tok, uint64_t L) {
+  const int64_t T = tok.num_tokens(), r = o.shape.kv_lora_rank;
+  std::mt19937_64 rng = stream(o.seed, kLatent, L);
+  std::normal_distribution<double> N(0.0, 1.0);
+  MatF g(r, r);
+  for (int64_t i = 0; i < r; ++i)
+    for (int64_t j = 0; j < r; ++j) g(i, j) = static_cast<float>(N(rng));
+  Eigen::MatrixXd q = Eigen::HouseholderQR<Eigen::MatrixXd>(g.cast<double>()).householderQ();  // Haar up to signs
+  const double tau = std::max(1.0, static_cast<double>(r) / 16.0);
+  MatF basis(r, r);  // row i = σ_i · v_iᵀ
+  for (int64_t i = 0; i < r; ++i)
+    for (int64_t c = 0; c < r; ++c) basis(i, c) = static_cast<float>(std::exp(-static_cast<double>(i) / tau) * q(c, i));
+  std::vector<float> gamma(static_cast<size_t>(r));
+  for (float& x : gamma) x = static_cast<float>(std::exp(0.25 * N(rng)));
+  const int64_t outliers = std::min<int64_t>(r, std::max<int64_t>(2, r / 128));
+  std::uniform_int_distribution<int64_t> ch(0, r - 1);
+  std::uniform_real_distribution<double> big(8.0, 24.0);
+  for (int64_t k = 0; k < outliers; ++k) gamma[static_cast<size_t>(ch(rng))] = static_cast<float>(big(rng));
+  const MatF z = ar1_rows(tok, r, kRho, rng);
+  MatF x = z * basis;  // [T, r]
+  LatentDraw out;
+  out.c_kv.resize(static_cast<size_t>(T * r));
+  for (int64_t t = 0; t < T; ++t) {
+    double ss = 0;
+    for (int64_t c = 0; c < r; ++c) ss += static_cast<double>(x(t, c)) * x(t, c);
+    const double inv = 1.0 / std::sqrt(ss / static_cast<double>(r) + kRmsEps);
+    for (int64_t c = 0; c < r; ++c)
+      out.c_kv[static_cast<size_t>(t * r + c)] = static_cast<float>(gamma[static_cast<size_t>(c)] * (x(t, c) * inv));
+  }
+  return out;
+}
+
+// kStandin: the calibrated model of latentq/synth.h (StandinModel).
+LatentDraw standin_ckv(const SynthOptions& o, const SynthTokens& tok, int64_t layer) {
+  const StandinModel& P = standin_model();
+  const int64_t T = tok.num_tokens(), r = o.shape.kv_lora_rank;
+  const bool sink_layer = is_standin_sink_layer(layer);
+  std::mt19937_64 rng = stream(o.seed, kLatent, static_cast<uint64_t>(layer));
+  std::normal_distribution<double> N(0.0, 1.0);
+  std::uniform_real_distribution<double> U(0.0, 1.0);
+  LatentDraw out;
+  out.gamma.resize(static_cast<size_t>(r));
+  for (float& x : out.gamma) x = static_cast<float>(std::exp(P.gamma_sigma * N(rng)));
+  // The outlier channels: the sink channel first, then K spike channels (a seeded partial shuffle).
+  const int64_t K = standin_spike_channels(r);
+  std::vector<int64_t> perm(static_cast<size_t>(r));
+  std::iota(perm.begin(), perm.end(), int64_t{0});
+  for (int64_t i = 0; i <= K; ++i)
+    std::swap(perm[static_cast<size_t>(i)],
+              perm[static_cast<size_t>(i + std::uniform_int_distribution<int64_t>(0, r - 1 - i)(rng))]);
+  std::vector<float> sign(static_cast<size_t>(K + 1));
+  for (float& s : sign) s = U(rng) < 0.5 ? -1.0f : 1.0f;
+  out.sink_channel = perm[0];
+  out.sink_sign = sign[0];
+  out.gamma[static_cast<size_t>(perm[0])] = static_cast<float>(sink_layer ? P.sink_layer_gain : P.sink_gain);
+  const double lo = std::log(P.spike_gain_lo), hi = std::log(P.spike_gain_hi);
+  for (int64_t k = 1; k <= K; ++k)
+    out.gamma[static_cast<size_t>(perm[static_cast<size_t>(k)])] =
+        static_cast<float>(std::exp(lo + (hi - lo) * U(rng)));
+  // Ordinary tokens leave the outlier channels dormant: there x = z / γ, so γ·x̂ is of ordinary size.
+  std::vector<float> dormant(static_cast<size_t>(r), 1.0f);
+  for (int64_t k = 0; k <= K; ++k) {
+    const size_t c = static_cast<size_t>(perm[static_cast<size_t>(k)]);
+    dormant[c] = 1.0f / out.gamma[c];
+  }
+  const MatF x = ar1_rows(tok, r, P.rho, rng);  // the white bulk, [T, r]
+  std::vector<char> first(static_cast<size_t>(T), 0);
+  for (size_t s = 0; s + 1 < tok.seq_offsets.size(); ++s)
+    if (tok.seq_offsets[s] < tok.seq_offsets[s + 1]) first[static_cast<size_t>(tok.seq_offsets[s])] = 1;
+  const double scale = sink_layer ? 0.0 : P.spike_scale;  // a sink layer has no spikes
+  std::uniform_int_distribution<int64_t> pick(1, std::max<int64_t>(1, K));
+  out.c_kv.resize(static_cast<size_t>(T * r));
+  std::vector<double> row(static_cast<size_t>(r));
+  for (int64_t t = 0; t < T; ++t) {
+    // A spike for every token (drawn even where unused, so the stream does not depend on positions).
+    const double m = scale * (std::pow(1.0 - U(rng), -1.0 / P.spike_tail) - 1.0);
+    const int64_t k = pick(rng);
+    double ss = 0;
+    for (int64_t c = 0; c < r; ++c) {
+      row[static_cast<size_t>(c)] = static_cast<double>(x(t, c)) * dormant[static_cast<size_t>(c)];
+      ss += row[static_cast<size_t>(c)] * row[static_cast<size_t>(c)];
+    }
+    const bool sink = first[static_cast<size_t>(t)] != 0;
+    const int64_t slot = sink ? 0 : (K > 0 ? k : -1);
+    if (slot >= 0) {
+      const size_t c = static_cast<size_t>(perm[static_cast<size_t>(slot)]);
+      const double add = sign[static_cast<size_t>(slot)] * (sink ? P.sink_magnitude : m) * std::sqrt(ss);
+      ss += add * (2.0 * row[c] + add);
+      row[c] += add;
+    }
+    const double inv = 1.0 / std::sqrt(ss / static_cast<double>(r) + kRmsEps);
+    for (int64_t c = 0; c < r; ++c)
+      out.c_kv[static_cast<size_t>(t * r + c)] =
+          static_cast<float>(out.gamma[static_cast<size_t>(c)] * (row[static_cast<size_t>(c)] * inv));
+  }
+  return out;
+}
+
+}  // namespace
+
 SynthLayer synth_layer(const SynthOptions& o, const SynthTokens& tok, int64_t layer) {
   const ModelShape& m = o.shape;
   if (layer < 0 || layer >= m.num_layers)
@@ -209,36 +332,9 @@ SynthLayer synth_layer(const SynthOptions& o, const SynthTokens& tok, int64_t la
   const uint64_t L = static_cast<uint64_t>(layer);
   SynthLayer out;
 
-  // ---- c_kv: γ ⊙ RMSNorm(V·diag(σ)·z_t) ----
-  {
-    std::mt19937_64 rng = stream(o.seed, kLatent, L);
-    std::normal_distribution<double> N(0.0, 1.0);
-    MatF g(r, r);
-    for (int64_t i = 0; i < r; ++i)
-      for (int64_t j = 0; j < r; ++j) g(i, j) = static_cast<float>(N(rng));
-    Eigen::MatrixXd q = Eigen::HouseholderQR<Eigen::MatrixXd>(g.cast<double>()).householderQ();  // Haar up to signs
-    const double tau = std::max(1.0, static_cast<double>(r) / 16.0);
-    MatF basis(r, r);  // row i = σ_i · v_iᵀ
-    for (int64_t i = 0; i < r; ++i)
-      for (int64_t c = 0; c < r; ++c)
-        basis(i, c) = static_cast<float>(std::exp(-static_cast<double>(i) / tau) * q(c, i));
-    std::vector<float> gamma(static_cast<size_t>(r));
-    for (float& x : gamma) x = static_cast<float>(std::exp(0.25 * N(rng)));
-    const int64_t outliers = std::min<int64_t>(r, std::max<int64_t>(2, r / 128));
-    std::uniform_int_distribution<int64_t> ch(0, r - 1);
-    std::uniform_real_distribution<double> big(8.0, 24.0);
-    for (int64_t k = 0; k < outliers; ++k) gamma[static_cast<size_t>(ch(rng))] = static_cast<float>(big(rng));
-    const MatF z = ar1_rows(tok, r, kRho, rng);
-    MatF x = z * basis;  // [T, r]
-    out.c_kv.resize(static_cast<size_t>(T * r));
-    for (int64_t t = 0; t < T; ++t) {
-      double ss = 0;
-      for (int64_t c = 0; c < r; ++c) ss += static_cast<double>(x(t, c)) * x(t, c);
-      const double inv = 1.0 / std::sqrt(ss / static_cast<double>(r) + kRmsEps);
-      for (int64_t c = 0; c < r; ++c)
-        out.c_kv[static_cast<size_t>(t * r + c)] = static_cast<float>(gamma[static_cast<size_t>(c)] * (x(t, c) * inv));
-    }
-  }
+  // ---- c_kv ----
+  LatentDraw lat = m.latent == LatentModel::kLowRank ? lowrank_ckv(o, tok, L) : standin_ckv(o, tok, layer);
+  out.c_kv = std::move(lat.c_kv);
 
   // ---- k_pe: RoPE(m + s ⊙ z'_t) ----
   {
@@ -262,7 +358,14 @@ SynthLayer synth_layer(const SynthOptions& o, const SynthTokens& tok, int64_t la
     apply_rope(out.k_pe, dr, tok.positions, m.rope_theta, m.rope_layout);
   }
 
-  // ---- queries and weights ----
+  // ---- weights: W̃_UK ~ N(0, 1/d_n), W̃_UV ~ N(0, 1/r); with γ, W = W̃ · diag(γ)⁻¹ ----
+  {
+    std::mt19937_64 rng = stream(o.seed, kWeights, L);
+    out.w_uk = randn(static_cast<size_t>(H * dn * r), 1.0 / std::sqrt(static_cast<double>(dn)), rng);
+    out.w_uv = randn(static_cast<size_t>(H * dv * r), 1.0 / std::sqrt(static_cast<double>(r)), rng);
+  }
+  // ---- queries: q_nope, q_pe ~ N(0, 1) (q_pe RoPE'd at the query's position); with a sink, per head h
+  //      q_nope += sign·β_h·w̃ / ‖w̃‖², w̃ = W̃_UK[h][:, sink channel], so (W̃ᵀq)_sink gains β_h ----
   {
     std::mt19937_64 rng = stream(o.seed, kQuery, L);
     out.q_nope = randn(static_cast<size_t>(Tq * H * dn), 1.0, rng);
@@ -271,11 +374,29 @@ SynthLayer synth_layer(const SynthOptions& o, const SynthTokens& tok, int64_t la
     for (int64_t i = 0; i < Tq; ++i)
       qpos[static_cast<size_t>(i)] = tok.positions[static_cast<size_t>(tok.q_rows[static_cast<size_t>(i)])];
     apply_rope(out.q_pe, dr, qpos, m.rope_theta, m.rope_layout);
+    if (lat.sink_channel >= 0) {
+      std::uniform_real_distribution<double> U(0.0, 2.0 * standin_model().query_sink_bias);
+      for (int64_t h = 0; h < H; ++h) {
+        const double beta = U(rng);
+        std::vector<double> w(static_cast<size_t>(dn));
+        double nn = 0;
+        for (int64_t d = 0; d < dn; ++d) {
+          w[static_cast<size_t>(d)] = out.w_uk[static_cast<size_t>((h * dn + d) * r + lat.sink_channel)];
+          nn += w[static_cast<size_t>(d)] * w[static_cast<size_t>(d)];
+        }
+        if (!(nn > 0)) continue;
+        for (int64_t i = 0; i < Tq; ++i)
+          for (int64_t d = 0; d < dn; ++d)
+            out.q_nope[static_cast<size_t>((i * H + h) * dn + d)] +=
+                static_cast<float>(lat.sink_sign * beta * w[static_cast<size_t>(d)] / nn);
+      }
+    }
   }
-  {
-    std::mt19937_64 rng = stream(o.seed, kWeights, L);
-    out.w_uk = randn(static_cast<size_t>(H * dn * r), 1.0 / std::sqrt(static_cast<double>(dn)), rng);
-    out.w_uv = randn(static_cast<size_t>(H * dv * r), 1.0 / std::sqrt(static_cast<double>(r)), rng);
+  if (!lat.gamma.empty()) {  // fold γ out: W_UK·diag(γ) = W̃_UK, so the scores and values read x̂
+    for (int64_t hd = 0; hd < H * dn; ++hd)
+      for (int64_t c = 0; c < r; ++c) out.w_uk[static_cast<size_t>(hd * r + c)] /= lat.gamma[static_cast<size_t>(c)];
+    for (int64_t hd = 0; hd < H * dv; ++hd)
+      for (int64_t c = 0; c < r; ++c) out.w_uv[static_cast<size_t>(hd * r + c)] /= lat.gamma[static_cast<size_t>(c)];
   }
 
   // ---- attn_out: the absorbed attention in float64, rounded once ----

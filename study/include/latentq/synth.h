@@ -2,18 +2,24 @@
 //
 // The dims of each preset are the model's config.json (the table in synth.cpp cites where each was read;
 // the models' Hugging Face repositories for the four real ones). The values are a model of what a real
-// c_kv / k_pe looks like, not a measurement:
+// c_kv / k_pe looks like, not a measurement. c_kv has two models (LatentModel):
 //
-//   c_kv[t] = γ ⊙ x_t / rms(x_t),  x_t = V · diag(σ) · z_t          (kv_a_layernorm: RMSNorm, eps 1e-6)
-//     σ_i   = exp(−i / τ), τ = kv_lora_rank / 16: a decaying spectrum, 99% of the energy of x in the
-//             first ≈ 0.14·kv_lora_rank directions (tiny-mla's dump has 99% in 18–26 of 128)
-//     V     = a seeded Haar-random orthogonal basis [r, r] per layer
+//   kStandin (deepseek-v2-lite, deepseek-v3, glm-4.7-flash, minicpm3-4b): StandinModel below, fitted so
+//     that latentq's own study on a deepseek-v2-lite dump gives DeepSeek-V2-Lite's published c_kv
+//     numbers (int8 per-tensor and per-channel rel_fro, SVD-256 held-out; docs/latents.md, "The
+//     calibrated stand-in"): a sink channel, heavy-tailed spike channels and a white bulk, RMS-normalized.
+//   kLowRank (tiny-mla): the shape of tiny-mla's own dump,
+//     c_kv[t] = γ ⊙ x_t / rms(x_t),  x_t = V · diag(σ) · z_t          (kv_a_layernorm: RMSNorm, eps 1e-6)
+//     σ_i   = exp(−i / τ), τ = kv_lora_rank / 16: 99% of the energy of x in the first ≈ 0.14·kv_lora_rank
+//             directions (tiny-mla's dump has 99% in 18–26 of 128); V a seeded Haar basis per layer;
 //     z_t   = AR(1) over the tokens of one sequence, ρ = 0.8, N(0, 1) stationary (never across sequences)
-//     γ     = the norm weight: exp(0.25·N(0,1)) per channel, and max(2, r/128) channels ×8 … ×24 (outliers)
+//     γ     = exp(0.25·N(0,1)) per channel, and max(2, r/128) channels ×8 … ×24 (outliers)
+//
 //   k_pe[t] = RoPE(pos_t, k_t),  k_t = m + s ⊙ z'_t: per-pair mean m and scale s (larger on the slow,
 //             high-index frequencies), z'_t AR(1) as above; RoPE with the preset's θ and rope_layout
 //   q_nope, q_pe (RoPE at the query's position) ~ N(0, 1); W_UK ~ N(0, 1/qk_nope_head_dim),
-//   W_UV ~ N(0, 1/kv_lora_rank), so q_lat = q_nope·W_UK has unit-variance entries
+//   W_UV ~ N(0, 1/kv_lora_rank), so q_lat = q_nope·W_UK has unit-variance entries; the stand-in folds γ
+//   out of W_UK and W_UV and gives the queries a per-head sink component (StandinModel)
 //   attn_out = the absorbed attention of data/README.md ("Attention from the dump") on these latents,
 //             computed in float64 (latentq/attention/attention.h) and rounded once to float32: the dump's
 //             /attention_check passes (its float32 recomputation: rel_fro ~1e-6).
@@ -32,6 +38,12 @@
 
 namespace latentq {
 
+/// Which generative model draws a preset's c_kv (the rest of the layer is common to both).
+enum class LatentModel {
+  kLowRank,  ///< tiny-mla's shape: a decaying spectrum (τ = r/16) with a few γ outliers
+  kStandin,  ///< the stand-in calibrated to DeepSeek-V2-Lite's measured latents (StandinModel)
+};
+
 /// The MLA shape of a model, as in its config.json.
 struct ModelShape {
   std::string name;              ///< preset name, e.g. "deepseek-v3"
@@ -47,7 +59,47 @@ struct ModelShape {
   double softmax_scale = 0;      ///< the scale the model applies (qk_head_dim^(−1/2)·mscale², see synth.cpp)
   int64_t vocab_size = 0;        ///< token ids of the synthetic /tokens are drawn in [0, vocab_size)
   std::string source;            ///< where the numbers were read
+  LatentModel latent = LatentModel::kStandin;  ///< the c_kv model
 };
+
+/// The parameters of the stand-in c_kv model (docs/latents.md, "The calibrated stand-in", gives each
+/// value, the calibration row it was fitted to and what it does not model). Per layer ℓ, r = kv_lora_rank:
+///   γ: exp(gamma_sigma·N(0,1)) per channel; one sink channel with gain sink_gain (sink_layer_gain in a
+///      sink layer, ℓ mod sink_layer_period = 1); K = standin_spike_channels(r) spike channels with gains
+///      log-uniform in [spike_gain_lo, spike_gain_hi]; the channels and one sign per outlier channel are
+///      seeded per layer;
+///   x_t = z_t, z AR(1) over the tokens of one sequence (rho), white: every direction has the same variance;
+///      the sink and spike channels are dormant on ordinary tokens (there x = z / γ, so γ·x̂ is ordinary);
+///   spike: token t adds sign·m_t·‖x_t‖ to one spike channel (uniform), m_t = spike_scale·(U^(−1/spike_tail) − 1),
+///      U ~ U(0, 1] (Lomax: heavy-tailed per-token magnitudes); none in a sink layer;
+///   sink: the first token of each sequence adds sign·sink_magnitude·‖x_t‖ to the sink channel;
+///   c_kv[t] = γ ⊙ x_t / rms(x_t) (kv_a_layernorm, eps 1e-6).
+/// Weights and queries: W_UK·diag(γ) ~ N(0, 1/d_n), W_UV·diag(γ) ~ N(0, 1/r) (the up-projections undo
+/// the gain, so scores and values read x̂ = x / rms(x)); per head h the query's component on the sink
+/// channel gains β_h ~ U[0, 2·query_sink_bias], which raises the sink's score by softmax_scale·β_h·√r.
+struct StandinModel {
+  double gamma_sigma = 0.2;            ///< σ of ln γ on the ordinary channels
+  double spike_channel_frac = 0.1875;  ///< K = round(frac·r) spike channels (96 of 512)
+  double spike_gain_lo = 2.0;          ///< γ of the spike channels: log-uniform in [lo, hi]
+  double spike_gain_hi = 7.0;
+  double spike_scale = 0.15;      ///< Lomax scale of the spike magnitude m_t (relative to ‖x_t‖)
+  double spike_tail = 1.0;        ///< Lomax tail index: P(m > y) = (1 + y/scale)^(−tail)
+  double sink_gain = 4.0;         ///< γ of the sink channel in an ordinary layer
+  double sink_layer_gain = 28.0;  ///< γ of the sink channel in a sink layer
+  int64_t sink_layer_period = 4;  ///< layers ℓ with ℓ mod period = 1 are sink layers (1, 5, 9, ...)
+  double sink_magnitude = 50.0;   ///< the sink's m: its row is 99.98% one channel
+  double rho = 0.8;               ///< AR(1) coefficient of the bulk over the tokens of a sequence
+  double query_sink_bias = 3.0;   ///< mean β_h: the sink's score rises by softmax_scale·β_h·√r
+};
+
+/// The stand-in's parameters (one definition, used by synth_layer and the tests).
+const StandinModel& standin_model();
+
+/// Whether layer ℓ of a stand-in dump is a sink layer (ℓ mod sink_layer_period == 1).
+bool is_standin_sink_layer(int64_t layer);
+
+/// K, the stand-in's spike channels for kv_lora_rank r: round(spike_channel_frac·r), at most r − 1.
+int64_t standin_spike_channels(int64_t r);
 
 /// The presets: tiny-mla, deepseek-v2-lite, deepseek-v3 (= DeepSeek-R1, Kimi K2 shape), glm-4.7-flash,
 /// minicpm3-4b.
