@@ -65,6 +65,7 @@ special tokens; else the bytes), `--num-seqs` windows of `--seq-len` tokens.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib
 import os
 import shutil
@@ -406,6 +407,11 @@ def parse_args(argv=None):
     )
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument(
+        "--dump-text-sha256",
+        default="",
+        help="the dump's text_sha256: refuse to score another text (latentq study passes it)",
+    )
+    ap.add_argument(
         "--batch-runs",
         type=int,
         default=0,
@@ -511,6 +517,12 @@ def load_inputs(a, plan: Plan):
         from latentq.kjv_text import load_kjv, split_kjv
 
         text = split_kjv(load_kjv())[1]
+    a.text_sha256 = hashlib.sha256(text).hexdigest()
+    if a.dump_text_sha256 and a.dump_text_sha256 != a.text_sha256:
+        raise ValueError(
+            f"the scored text {a.text or '(the KJV held-out split)'} (sha256 {a.text_sha256[:16]}...) is not the "
+            f"dumped text (the dump's text_sha256 {a.dump_text_sha256[:16]}...): score the text the latents came from"
+        )
     if not os.path.isfile(os.path.join(a.model, "config.json")):
         raise ValueError(f"--model {a.model}: no config.json (expected a tiny-mla or HF MLA checkpoint directory)")
     model, _cfg, _src, _rev, _orig, tokenizer = load_model(a.model, _DTYPES[a.dtype], a.trust_remote_code)
@@ -675,6 +687,8 @@ def write_tables(a, runner: Runner, tokenizer, K: int, K_dec: int) -> None:
         "device": a.device,
         "dtype": a.dtype,
         "tokenizer": "bytes" if tokenizer is None else type(tokenizer).__name__,
+        "text": os.path.abspath(a.text) if a.text else "kjv-heldout",
+        "text_sha256": a.text_sha256,
         "batch_runs": np.int64(K),
         "batch_runs_decode": np.int64(K_dec),
     }

@@ -43,6 +43,7 @@ struct RunArgs {
   double checkpoint_interval = 10;  // seconds (each checkpoint rewrites every completed cell)
   bool no_e2e = false;              // skip [e2e] even when enabled
   std::string budgets;              // the decision summary's budgets (fractions of bf16); empty = default
+  bool no_decision = false;         // `latentq study`: the summary comes after its own e2e step
 };
 
 // The decision summary (latentq/decision.h) of a complete results file: printed, and written into it as
@@ -121,7 +122,7 @@ int cmd_run(const RunArgs& a, std::ostream& out, std::ostream& err, bool progres
     out << fmt::format("\n{} cells ({} quantizers{}) on {} in {:.1f} s\nresults: {}\n", r.owned, plan.quantizers.size(),
                        resumed, backend->name(), secs, cfg.results.string());
     if (cfg.probes.e2e.enabled && !a.no_e2e) run_e2e_step(cfg, plan.dump().attrs, cfg.results, a.threads, out, err);
-    decision_step(cfg.results, a.budgets, out);
+    if (!a.no_decision) decision_step(cfg.results, a.budgets, out);
   } else {
     print_probe_report(cfg, plan.probes, nullptr, r.tables, plan.dump().attrs, out, err);
     if (cfg.probes.e2e.enabled && !a.no_e2e)
@@ -132,6 +133,116 @@ int cmd_run(const RunArgs& a, std::ostream& out, std::ostream& err, bool progres
         shard.to_string(), r.owned, r.total, resumed, backend->name(), secs, cfg.results.string());
   }
   return kExitOk;
+}
+
+struct StudyArgs {
+  std::string model, text, out, config, device = "cpu", dtype = "float32", budgets;
+  int64_t seq_len = 512, num_seqs = 4, q_rows = 256;
+  int threads = 0;
+  bool no_e2e = false;
+};
+
+// A string root attribute of `attrs`, or "" when absent or not a string.
+std::string str_attr(const Attrs& attrs, const std::string& name) {
+  for (const auto& [k, v] : attrs)
+    if (k == name && std::holds_alternative<std::string>(v)) return std::get<std::string>(v);
+  return "";
+}
+int64_t int_attr_or(const Attrs& attrs, const std::string& name, int64_t fallback) {
+  for (const auto& [k, v] : attrs)
+    if (k == name && std::holds_alternative<int64_t>(v)) return std::get<int64_t>(v);
+  return fallback;
+}
+
+// `latentq study`: the user's checkpoint to a decision. dump -> study (cells, probes, attention) -> e2e (the same
+// model and the same tokenized text: the dump's windows from byte 0) -> decision summary -> report, into OUTDIR.
+// A rerun resumes: a finished dump is reused when its inputs' hashes match (run_dump_step), a complete results
+// file of the same dump and config is kept (an OUT.partial of them resumes), and /e2e is kept when its
+// provenance (text sha256, model, device, dtype, windows) matches.
+int cmd_study(const StudyArgs& a, std::ostream& out, std::ostream& err, bool progress_bar) {
+  const fs::path dir = fs::absolute(a.out).lexically_normal();
+  DumpStepInputs in;
+  in.model = fs::absolute(a.model).lexically_normal();
+  in.text = fs::absolute(a.text).lexically_normal();
+  in.seq_len = a.seq_len;
+  in.num_seqs = a.num_seqs;
+  in.q_rows = a.q_rows;
+  in.dtype = a.dtype;
+  in.threads = a.threads;
+  std::error_code ec;
+  if (!fs::is_regular_file(in.model / "config.json", ec))
+    throw std::invalid_argument(fmt::format("--model {}: no config.json (expected a checkpoint directory)", a.model));
+  if (!fs::is_regular_file(in.text, ec)) throw std::invalid_argument(fmt::format("--text {}: no such file", a.text));
+  const std::string config_text = a.config.empty() ? std::string(default_config_text()) : [&] {
+    std::ifstream f(a.config, std::ios::binary);
+    if (!f) throw std::invalid_argument(a.config + ": cannot read the config file");
+    return std::string{std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+  }();
+  fs::create_directories(dir);
+  const fs::path dump = dir / "dump.h5", results = dir / "results.h5";
+
+  // 1. The dump (reused when its inputs match).
+  run_dump_step(in, dump, out);
+  const std::string dump_sha = file_sha256(dump);
+  const std::string text_sha = file_sha256(in.text);
+
+  // 2. The study: kept when complete for this dump and config, resumed from its checkpoint, else afresh.
+  const auto same_study = [&](const fs::path& p) {
+    if (!fs::is_regular_file(p, ec)) return false;
+    const Attrs at = read_results_attrs(p);
+    return str_attr(at, "input_sha256") == dump_sha && str_attr(at, "config") == config_text;
+  };
+  if (same_study(results) && int_attr_or(read_results_attrs(results), "complete", 0) == 1) {
+    out << "study: reusing " << results.string() << " (complete, of this dump and config)\n";
+  } else {
+    RunArgs ra;
+    ra.config = a.config;
+    ra.input = dump.string();
+    ra.out = results.string();
+    ra.device = a.device;
+    ra.threads = a.threads;
+    ra.resume = same_study(partial_path(results));
+    ra.no_e2e = true;
+    ra.no_decision = true;
+    if (const int rc = cmd_run(ra, out, err, progress_bar); rc != kExitOk) return rc;
+  }
+
+  // 3. The e2e step on the same model and text, with its provenance checked.
+  const Attrs attrs = read_results_attrs(results);
+  StudyConfig cfg = config_from_results(attrs);
+  E2eSettings& E = cfg.probes.e2e;
+  E.enabled = true;
+  E.model = in.model;
+  E.text = in.text;
+  E.seq_len = a.seq_len;
+  E.num_seqs = a.num_seqs;
+  E.offset_bytes = 0;  // the dump's windows: the text from its first byte
+  E.device = a.device;
+  E.dtype = a.dtype;
+  E.dump_text_sha256 = text_sha;
+  const std::vector<std::string> groups = list_tables(results);
+  bool e2e_kept = false;
+  if (std::find(groups.begin(), groups.end(), "e2e") != groups.end()) {
+    const Attrs e = read_group_attrs(results, "e2e");
+    e2e_kept = str_attr(e, "text_sha256") == text_sha && str_attr(e, "model") == in.model.string() &&
+               str_attr(e, "device") == a.device && str_attr(e, "dtype") == a.dtype &&
+               int_attr_or(e, "seq_len", -1) == a.seq_len && int_attr_or(e, "num_seqs", -1) == a.num_seqs &&
+               int_attr_or(e, "text_offset_bytes", -1) == 0;
+  }
+  if (a.no_e2e)
+    out << "e2e: skipped (--no-e2e)\n";
+  else if (e2e_kept)
+    out << "e2e: reusing /e2e of " << results.string() << " (same model, text, device, dtype and windows)\n";
+  else
+    run_e2e_step(cfg, dump_attrs_from_results(attrs), results, a.threads, out, err);
+
+  // 4. The decision summary, then 5. the report.
+  decision_step(results, a.budgets, out);
+  const fs::path report = dir / "report";
+  const int rc = run_report(results.string(), report.string(), out);
+  out << fmt::format("\nstudy: {}\n  dump     {}\n  results  {}\n  report   {}\n", dir.string(), dump.string(),
+                     results.string(), (report / "report.md").string());
+  return rc;
 }
 
 struct MergeArgs {
@@ -381,6 +492,28 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   merge->add_flag("--no-e2e", ma.no_e2e, "do not start python -m latentq.e2e even when the config has [e2e] enabled");
   merge->add_option("--budgets", ma.budgets, budgets_help);
 
+  StudyArgs sta;
+  CLI::App* study = app.add_subcommand(
+      "study",
+      "Your checkpoint to a decision in one command: dump its latents, run the study (cells, probes, attention), "
+      "the e2e step on the same model and text, the decision summary and the report, into OUTDIR (a rerun "
+      "resumes)");
+  study->add_option("--model", sta.model, "the checkpoint directory (HF MLA model or tiny-mla)")->required();
+  study->add_option("--text", sta.text, "the text file whose windows are dumped and scored")->required();
+  study->add_option("--out", sta.out, "the output directory: dump.h5, results.h5, report/")->required();
+  study->add_option("--config", sta.config, "a study config (default: the embedded default study)");
+  study->add_option("--device", sta.device, "cpu or cuda: the study's cells and the e2e step")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  study->add_option("--dtype", sta.dtype, "the model's compute dtype (dump and e2e)")
+      ->check(CLI::IsMember({"float32", "bfloat16"}));
+  study->add_option("--seq-len", sta.seq_len, "tokens per window (default 512)")->check(CLI::PositiveNumber);
+  study->add_option("--num-seqs", sta.num_seqs, "windows (default 4)")->check(CLI::PositiveNumber);
+  study->add_option("--q-rows", sta.q_rows, "query rows per layer over all windows (default 256)")
+      ->check(CLI::PositiveNumber);
+  study->add_option("--budgets", sta.budgets, budgets_help);
+  study->add_option("--threads", sta.threads, "worker threads (default: all cores)")->check(CLI::NonNegativeNumber);
+  study->add_flag("--no-e2e", sta.no_e2e, "skip the e2e step (the decision then uses the attention KL)");
+
   std::string decide_results, decide_budgets;
   CLI::App* decide = app.add_subcommand(
       "decide",
@@ -434,6 +567,7 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
     if (merge->parsed()) return cmd_merge(ma, out, err);
     if (regress->parsed()) return cmd_regress(reg_results, reg_thresholds, out);
     if (plan->parsed()) return cmd_plan(pa, out, err);
+    if (study->parsed()) return cmd_study(sta, out, err, progress_bar);
     if (decide->parsed()) {
       require_complete_results(decide_results, "a decision");
       decision_step(decide_results, decide_budgets, out);

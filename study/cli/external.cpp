@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "latentq/probe_study.h"
+#include "latentq/plan.h"
 #include "latentq/results.h"
 
 extern char** environ;
@@ -217,6 +218,14 @@ bool run_e2e_step(const StudyConfig& config, const DumpAttrs& attrs, const fs::p
   }
   std::vector<std::string> argv = {t.python.string(), "-m", "latentq.e2e", "--results", fs::absolute(results).string()};
   if (!E.model.empty()) argv.insert(argv.end(), {"--model", E.model.string()});
+  if (!E.text.empty()) argv.insert(argv.end(), {"--text", E.text.string()});
+  if (E.seq_len > 0) argv.insert(argv.end(), {"--seq-len", std::to_string(E.seq_len)});
+  if (E.num_seqs > 0) argv.insert(argv.end(), {"--num-seqs", std::to_string(E.num_seqs)});
+  if (E.offset_bytes >= 0) argv.insert(argv.end(), {"--offset-bytes", std::to_string(E.offset_bytes)});
+  if (!E.device.empty()) argv.insert(argv.end(), {"--device", E.device});
+  if (!E.dtype.empty()) argv.insert(argv.end(), {"--dtype", E.dtype});
+  if (E.batch_runs > 0) argv.insert(argv.end(), {"--batch-runs", std::to_string(E.batch_runs)});
+  if (!E.dump_text_sha256.empty()) argv.insert(argv.end(), {"--dump-text-sha256", E.dump_text_sha256});
   const int n = worker_threads(threads);
   argv.insert(argv.end(), {"--threads", std::to_string(n)});
   if (!E.quantizers.empty()) {
@@ -254,6 +263,64 @@ bool run_e2e_step(const StudyConfig& config, const DumpAttrs& attrs, const fs::p
     return false;
   }
   return true;
+}
+
+bool run_dump_step(const DumpStepInputs& in, const fs::path& dump, std::ostream& out) {
+  const auto sha_or = [](const fs::path& p) {
+    std::error_code ec;
+    return fs::is_regular_file(p, ec) ? file_sha256(p) : std::string("-");
+  };
+  // The checkpoint's identity without hashing its weights: its config, and its shard index or single file.
+  const std::string weights = fs::exists(in.model / "model.safetensors.index.json")
+                                  ? sha_or(in.model / "model.safetensors.index.json")
+                                  : sha_or(in.model / "model.safetensors");
+  const std::string record = fmt::format(
+      "latentq study dump inputs\nmodel {}\nmodel_config_sha256 {}\nmodel_weights_sha256 {}\ntext {}\n"
+      "text_sha256 {}\nseq_len {}\nnum_seqs {}\nq_rows {}\ndtype {}\n",
+      in.model.string(), sha_or(in.model / "config.json"), weights, in.text.string(), sha_or(in.text), in.seq_len,
+      in.num_seqs, in.q_rows, in.dtype);
+  fs::path stamp = dump;
+  stamp += ".inputs";
+  std::error_code ec;
+  if (fs::is_regular_file(dump, ec) && fs::is_regular_file(stamp, ec)) {
+    std::ifstream f(stamp);
+    const std::string old{std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+    if (old == record + "dump_sha256 " + file_sha256(dump) + "\n") {
+      out << "dump: reusing " << dump.string() << " (its inputs and its sha256 match " << stamp.string() << ")\n";
+      return true;
+    }
+  }
+  const PythonTools t = python_tools();
+  if (const std::string why = python_unavailable_reason(t, "python/latentq/dump.py", false); !why.empty())
+    throw std::runtime_error("dump: " + why);
+  const std::vector<std::string> argv = {t.python.string(),
+                                         "-m",
+                                         "latentq.dump",
+                                         "--model",
+                                         in.model.string(),
+                                         "--text",
+                                         in.text.string(),
+                                         "--seq-len",
+                                         std::to_string(in.seq_len),
+                                         "--num-seqs",
+                                         std::to_string(in.num_seqs),
+                                         "--q-rows",
+                                         std::to_string(in.q_rows),
+                                         "--dtype",
+                                         in.dtype,
+                                         "--out",
+                                         dump.string(),
+                                         "--force",
+                                         "--threads",
+                                         std::to_string(worker_threads(in.threads))};
+  out << "dump: " << fmt::format("{}", fmt::join(argv, " ")) << "\n";
+  std::vector<std::pair<std::string, std::string>> env = python_env(t);
+  if (!std::getenv("LATENTQ_PROGRESS") && ::isatty(STDERR_FILENO)) env.emplace_back("LATENTQ_PROGRESS", "bar");
+  fs::remove(stamp, ec);  // a dump being rewritten is not reusable until it is complete
+  const int rc = run_process(argv, env, out);
+  if (rc != 0) throw std::runtime_error(fmt::format("dump: python -m latentq.dump exited with code {}", rc));
+  write_text_atomic(stamp, record + "dump_sha256 " + file_sha256(dump) + "\n");
+  return false;
 }
 
 int run_report(const std::string& results, const std::string& out_dir, std::ostream& out) {

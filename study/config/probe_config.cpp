@@ -6,6 +6,8 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
+
 #include <algorithm>
 #include <stdexcept>
 #include <toml++/toml.h>
@@ -164,10 +166,33 @@ ProbeConfig parse_probe_config(std::string_view text, const std::string& source,
   ProbeConfig P;
   P.sections = parse_probe_sections(text, source, base_dir);
   const auto r = make_settings_reader(text, source, base_dir, "e2e");
-  r->check_keys({"enabled", "model", "quantizers"});
+  r->check_keys({"enabled", "model", "quantizers", "text", "seq_len", "num_seqs", "offset_bytes", "device", "dtype",
+                 "batch_runs"});
   E2eSettings& E = P.e2e;
   if (auto v = r->boolean("enabled")) E.enabled = *v;
   if (auto v = r->path("model")) E.model = *v;
+  if (auto v = r->path("text")) E.text = *v;
+  const auto integer = [&](const char* key, int64_t lo, int64_t& out) {
+    const std::optional<double> v = r->number(key);
+    if (!v) return;
+    if (!(*v >= static_cast<double>(lo) && *v <= 1e15 && *v == std::floor(*v)))
+      r->fail(key, fmt::format("'e2e.{}' must be an integer >= {}", key, lo));
+    out = static_cast<int64_t>(*v);
+  };
+  integer("seq_len", 1, E.seq_len);
+  integer("num_seqs", 1, E.num_seqs);
+  integer("offset_bytes", 0, E.offset_bytes);
+  integer("batch_runs", 1, E.batch_runs);
+  if (auto v = r->string("device")) {
+    if (*v != "cpu" && v->rfind("cuda", 0) != 0)
+      r->fail("device", fmt::format("'e2e.device' = '{}': expected cpu, cuda or cuda:N", *v));
+    E.device = *v;
+  }
+  if (auto v = r->string("dtype")) {
+    if (*v != "float32" && *v != "bfloat16" && *v != "float16")
+      r->fail("dtype", fmt::format("'e2e.dtype' = '{}': expected float32, bfloat16 or float16", *v));
+    E.dtype = *v;
+  }
   if (auto specs = r->strings("quantizers")) {
     for (size_t i = 0; i < specs->size(); ++i) {
       try {

@@ -316,6 +316,15 @@ Attrs read_results_attrs(const fs::path& path) {
   });
 }
 
+Attrs read_group_attrs(const fs::path& path, const std::string& group) {
+  const std::lock_guard<std::recursive_mutex> h5_lock(h5::library_mutex());
+  return with_h5_errors(path, "reading", [&] {
+    const H5::H5File f = open_results(path);
+    if (!h5::exists(f, "/" + group)) throw std::invalid_argument(path.string() + ": no group /" + group);
+    return read_all_attrs(f.openGroup("/" + group), path.string() + ":/" + group);
+  });
+}
+
 std::vector<std::string> list_tables(const fs::path& path) {
   const std::lock_guard<std::recursive_mutex> h5_lock(h5::library_mutex());
   return with_h5_errors(path, "reading", [&] {

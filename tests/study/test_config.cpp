@@ -211,3 +211,34 @@ TEST(Config, LoadConfigFile) {
 }
 
 }  // namespace
+
+namespace {
+// [e2e]'s pass-through keys: resolved paths, values, and each bad value named at its position.
+TEST(Config, E2eKeys) {
+  const StudyConfig c =
+      parse(kMatrix +
+            "[e2e]\nenabled = true\nmodel = \"ckpt\"\ntext = \"t.txt\"\nseq_len = 64\nnum_seqs = 2\noffset_bytes = 0\n"
+            "device = \"cuda:1\"\ndtype = \"bfloat16\"\nbatch_runs = 3\n");
+  const E2eSettings& e = c.probes.e2e;
+  EXPECT_TRUE(e.enabled);
+  EXPECT_EQ(e.model, fs::path("/base/dir/ckpt"));
+  EXPECT_EQ(e.text, fs::path("/base/dir/t.txt"));
+  EXPECT_EQ(e.seq_len, 64);
+  EXPECT_EQ(e.num_seqs, 2);
+  EXPECT_EQ(e.offset_bytes, 0);
+  EXPECT_EQ(e.device, "cuda:1");
+  EXPECT_EQ(e.dtype, "bfloat16");
+  EXPECT_EQ(e.batch_runs, 3);
+  const StudyConfig d = parse(kMatrix + "[e2e]\nenabled = true\n");  // unset: the script's defaults
+  EXPECT_EQ(d.probes.e2e.seq_len, 0);
+  EXPECT_EQ(d.probes.e2e.offset_bytes, -1);
+  EXPECT_TRUE(d.probes.e2e.text.empty() && d.probes.e2e.device.empty() && d.probes.e2e.dtype.empty());
+  expect_config_error(kMatrix + "[e2e]\nseq_len = 0\n", {"test.toml:8:11:", "'e2e.seq_len' must be an integer >= 1"});
+  expect_config_error(kMatrix + "[e2e]\nnum_seqs = 1.5\n", {"'e2e.num_seqs' must be an integer >= 1"});
+  expect_config_error(kMatrix + "[e2e]\noffset_bytes = -3\n", {"'e2e.offset_bytes' must be an integer >= 0"});
+  expect_config_error(kMatrix + "[e2e]\ndevice = \"tpu\"\n", {"'e2e.device' = 'tpu': expected cpu, cuda or cuda:N"});
+  expect_config_error(kMatrix + "[e2e]\ndtype = \"fp8\"\n",
+                      {"'e2e.dtype' = 'fp8': expected float32, bfloat16 or float16"});
+  expect_config_error(kMatrix + "[e2e]\ntexts = \"x\"\n", {"unknown key 'e2e.texts'"});
+}
+}  // namespace

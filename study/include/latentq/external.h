@@ -54,6 +54,22 @@ int run_process(const std::vector<std::string>& argv, const std::vector<std::pai
 bool run_e2e_step(const StudyConfig& config, const DumpAttrs& attrs, const std::filesystem::path& results, int threads,
                   std::ostream& out, std::ostream& err);
 
+/// The inputs of a dump `latentq study` makes: what decides whether a finished dump can be reused.
+struct DumpStepInputs {
+  std::filesystem::path model, text;  ///< absolute
+  int64_t seq_len = 512, num_seqs = 4, q_rows = 256;
+  std::string dtype = "float32";
+  int threads = 0;
+};
+/// `latentq study`'s dump: DUMP is reused when DUMP.inputs (written after a successful dump) records the
+/// same inputs (model directory, sha256 of its config.json and of its safetensors index or weights file, the
+/// text's sha256, seq_len, num_seqs, q_rows, dtype) and DUMP's own sha256; otherwise runs
+///   <python> -m latentq.dump --model DIR --text FILE --seq-len L --num-seqs S --q-rows Q --dtype D
+///                            --out DUMP --force --threads N
+/// (its output, with its progress, copied to `out` as it comes) and writes DUMP.inputs. Returns true when
+/// the dump was reused. Throws std::runtime_error when Python is unavailable or the dump fails (its exit code).
+bool run_dump_step(const DumpStepInputs& in, const std::filesystem::path& dump, std::ostream& out);
+
 /// `latentq report RESULTS.h5 --out DIR`: runs <python> -m latentq.report RESULTS --out DIR (PYTHONPATH
 /// as above) and returns its exit code (output copied to `out`). Throws std::runtime_error (exit 2)
 /// when Python or the package is unavailable, saying why.

@@ -68,6 +68,15 @@ struct E2eSettings {
   bool enabled = false;                 ///< only [e2e] enabled = true runs the script
   std::filesystem::path model;          ///< resolved against the config's directory; empty = the script's default
   std::vector<std::string> quantizers;  ///< canonical spec strings; empty = every quantizer of the study
+  // Passed through to python -m latentq.e2e when set (0 / empty: the script's default):
+  std::filesystem::path text;    ///< the scored text file (resolved like model); empty = the KJV held-out split
+  int64_t seq_len = 0;           ///< tokens per window (--seq-len), >= 1
+  int64_t num_seqs = 0;          ///< windows (--num-seqs), >= 1
+  int64_t offset_bytes = -1;     ///< where the windows start in the text (--offset-bytes), >= 0; -1 = default
+  std::string device;            ///< torch device (--device): cpu, cuda, cuda:N
+  std::string dtype;             ///< compute dtype (--dtype): float32, bfloat16, float16
+  int64_t batch_runs = 0;        ///< runs per forward (--batch-runs), >= 1; 0 = auto
+  std::string dump_text_sha256;  ///< not a config key: `latentq study` sets it (--dump-text-sha256)
 };
 
 /// The probe sections of a config and [e2e].

@@ -70,6 +70,10 @@ void install_temp_file_signal_cleanup();
 /// latentq-results/1 file").
 Attrs read_results_attrs(const std::filesystem::path& path);
 
+/// The attributes of the group /<group> (schema checked; /e2e's provenance, for example). Throws
+/// std::invalid_argument when the group is absent, and as read_results_attrs().
+Attrs read_group_attrs(const std::filesystem::path& path, const std::string& group);
+
 /// Names of the table groups of a results file, in creation order (schema checked).
 std::vector<std::string> list_tables(const std::filesystem::path& path);
 

@@ -1,0 +1,132 @@
+"""`latentq study --model DIR --text FILE --out OUTDIR`: the one command from a checkpoint to a decision, on the
+shipped tiny-mla checkpoint with a small config. It writes the dump, the results with /e2e (the dumped text,
+recorded with its sha256) and a report that begins with the decision summary; a rerun reuses every stage; a
+killed run resumes from its checkpoint; the e2e step refuses a text other than the dumped one."""
+
+import hashlib
+import os
+import subprocess
+import sys
+
+import h5py
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+LQ = os.environ.get("LATENTQ_BIN", os.path.join(ROOT, "build", "latentq"))
+MODEL = os.path.join(ROOT, "data", "tiny-mla")
+CONFIG = """[quantizers]
+bits = [4]
+schemes = ["asym"]
+granularities = ["channel", "token"]
+group_sizes = [32]
+extra = ["bf16", "q4_0"]
+[svd]
+enabled = false
+[cross_layer]
+enabled = false
+"""
+
+pytestmark = pytest.mark.skipif(not os.path.exists(LQ), reason=f"no latentq binary at {LQ} (build it first)")
+
+
+def study(out, cfg, text, *extra, env=None):
+    args = [LQ, "study", "--model", MODEL, "--text", str(text), "--out", str(out), "--config", str(cfg)]
+    args += ["--seq-len", "64", "--num-seqs", "2", "--q-rows", "16", "--threads", "1", *extra]
+    return subprocess.run(args, capture_output=True, text=True, timeout=600, env=env)
+
+
+@pytest.fixture
+def inputs(tmp_path):
+    text = tmp_path / "text.txt"
+    text.write_bytes(b"And God said, Let there be light: and there was light. And God saw the light. " * 8)
+    cfg = tmp_path / "small.toml"
+    cfg.write_text(CONFIG)
+    return text, cfg
+
+
+def test_one_command_writes_everything_and_a_rerun_reuses_it(tmp_path, inputs):
+    text, cfg = inputs
+    out = tmp_path / "out"
+    r = study(out, cfg, text)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert sorted(os.listdir(out)) == ["dump.h5", "dump.h5.inputs", "report", "results.h5"]
+    sha = hashlib.sha256(text.read_bytes()).hexdigest()
+    with h5py.File(out / "dump.h5", "r") as f:
+        assert f.attrs["text_sha256"] == sha and int(f.attrs["seq_len"]) == 64 and int(f.attrs["num_seqs"]) == 2
+    with h5py.File(out / "results.h5", "r") as f:
+        e = f["e2e"].attrs
+        assert e["text"] == str(text) and e["text_sha256"] == sha and int(e["text_offset_bytes"]) == 0
+        assert e["device"] == "cpu" and e["dtype"] == "float32" and e["model"] == MODEL
+        assert "decision" in f
+        choice = [x.decode() for x in f["decision/choice"][:]]
+        quant = [x.decode() for x in f["decision/quantizer"][:]]
+    # the summary names a format at the budgets where one fits (3/8 and 1/2 of bf16 for int4 on tiny-mla)
+    named = [q for c, q in zip(choice, quant) if c == "uniform" and q != "-"]
+    assert named and all(
+        q in ("int4-asym-channel-g32", "int4-asym-token", "int4-asym-token-g32", "q4_0") for q in named
+    )
+    assert "decision (bytes: whole model" in r.stdout and "uniform  int4" in r.stdout
+    md = (out / "report" / "report.md").read_text().splitlines()
+    assert md[2] == "## Decision"
+    # a rerun: every stage reused, the files unchanged
+    before = {n: (out / n).read_bytes() for n in ("dump.h5", "results.h5")}
+    r2 = study(out, cfg, text)
+    assert r2.returncode == 0, r2.stderr
+    for line in ("dump: reusing", "study: reusing", "e2e: reusing"):
+        assert line in r2.stdout, r2.stdout
+    assert (out / "dump.h5").read_bytes() == before["dump.h5"]
+    # another text: the dump is made again (its inputs changed), so is the study
+    text.write_bytes(text.read_bytes() + b"And the evening and the morning were the first day. " * 4)
+    r3 = study(out, cfg, text)
+    assert r3.returncode == 0, r3.stderr
+    assert "dump: reusing" not in r3.stdout and "study: reusing" not in r3.stdout
+    with h5py.File(out / "results.h5", "r") as f:
+        assert f["e2e"].attrs["text_sha256"] == hashlib.sha256(text.read_bytes()).hexdigest()
+
+
+def test_a_killed_study_resumes(tmp_path, inputs):
+    text, cfg = inputs
+    out = tmp_path / "out"
+    env = dict(os.environ, LATENTQ_TEST_KILL_AFTER_CELLS="5")
+    r = study(out, cfg, text, "--no-e2e", env=env)
+    assert r.returncode == -9, (r.returncode, r.stderr)
+    assert (out / "results.h5.partial").exists() and not (out / "results.h5").exists()
+    r2 = study(out, cfg, text, "--no-e2e")
+    assert r2.returncode == 0, r2.stderr
+    assert "dump: reusing" in r2.stdout and "5 resumed from" in r2.stdout, r2.stdout
+    assert not (out / "results.h5.partial").exists()
+
+
+def test_the_e2e_step_refuses_another_text(tmp_path, inputs):
+    text, cfg = inputs
+    out = tmp_path / "out"
+    assert study(out, cfg, text, "--no-e2e").returncode == 0
+    other = tmp_path / "other.txt"
+    other.write_bytes(b"In the beginning God created the heaven and the earth. " * 8)
+    path = [os.path.join(ROOT, "python"), *os.environ.get("PYTHONPATH", "").split(os.pathsep)]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(path))
+    args = ["-m", "latentq.e2e", "--results", str(out / "results.h5"), "--model", MODEL, "--text", str(other)]
+    args += ["--offset-bytes", "0", "--seq-len", "64", "--num-seqs", "2", "--threads", "1"]
+    args += ["--dump-text-sha256", hashlib.sha256(text.read_bytes()).hexdigest()]
+    r = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 2
+    assert "is not the dumped text" in r.stderr, r.stderr
+
+
+def test_bad_arguments_write_nothing(tmp_path, inputs):
+    text, cfg = inputs
+    r = subprocess.run(
+        [LQ, "study", "--model", str(tmp_path), "--text", str(text), "--out", str(tmp_path / "o")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2 and "no config.json" in r.stderr
+    r = subprocess.run(
+        [LQ, "study", "--model", MODEL, "--text", str(tmp_path / "none"), "--out", str(tmp_path / "o")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2 and "no such file" in r.stderr
+    assert not (tmp_path / "o").exists()
