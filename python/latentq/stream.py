@@ -36,9 +36,10 @@ What it reads:
     multi-token-prediction layer 61) are never read (``skipped_layers``).
 
 Written here rather than taken from a library: transformers' ``from_pretrained`` loads the whole
-model; its CPU fallback for FP8 checkpoints (``dequantize=True``) derives the block size as
-rows // scale_rows and refuses weights whose size is not a multiple of the block (DeepSeek-V3's
-kv_a_proj_with_mqa has 576 rows, 4.5 blocks); accelerate's big-model inference (``dispatch_model``
+model; its CPU fallback for FP8 checkpoints (``dequantize=True``, to bfloat16) derives the block size
+as (rows // scale rows, cols // scale cols), which is wrong for partial edge blocks: it refuses
+DeepSeek-V3's kv_a_proj_with_mqa ([576, 7168], a 5 × 56 scale grid) and silently misplaces the scales
+of a [160, 192] weight (a 2 × 2 grid read as 80 × 96 blocks; transformers 5.24.0); accelerate's big-model inference (``dispatch_model``
 with offload) streams weights per module but runs each forward input through all layers before the
 next input, reads no FP8 scales and does not fuse per-expert tensors. The pieces that exist are
 used: ``init_empty_weights``, ``set_module_tensor_to_device``, ``safetensors.safe_open``.
