@@ -696,14 +696,13 @@ def stream_decision(mode: str, path: str, dtype: torch.dtype, budget: int) -> tu
         m = re.match(r"^.+\.layers\.(\d+)\.", name)
         return m is not None and int(m.group(1)) >= n
 
+    def size(n: int) -> str:
+        return f"{n / (1 << 30):.2f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.2f} MiB"
+
     need = ck.header_bytes(dtype, skip=mtp)
-    gib = 1 << 30
     if need > budget:
-        return (
-            True,
-            f"weights {need / gib:.2f} GiB in {str(dtype).replace('torch.', '')} > budget {budget / gib:.2f} GiB",
-        )
-    return False, f"weights {need / gib:.2f} GiB fit the budget {budget / gib:.2f} GiB"
+        return True, f"weights {size(need)} in {str(dtype).replace('torch.', '')} > budget {size(budget)}"
+    return False, f"weights {size(need)} fit the budget {size(budget)}"
 
 
 def main(argv=None) -> int:
@@ -807,7 +806,7 @@ def main(argv=None) -> int:
             compression="gzip" if a.gzip else None,
             extra_attrs={"tokenizer": tokenizer},
         )
-    except (DumpError, MLAModuleNotFoundError) as e:
+    except (DumpError, MLAModuleNotFoundError, CheckpointError) as e:
         return fail(str(e))
     summary["execution"] = "layer streaming" if stream else "in memory"
     if stream:

@@ -10,11 +10,12 @@ real shape without its weights.
     write_checkpoint(tensors, model.config, "DIR", shards=3, fp8_block=(128, 128))
 
 The FP8 quantization is the inverse of the dequantization latentq.stream reads (DeepSeek-V3
-inference/kernel.py ``weight_dequant``): per block, scale = max|w| / 448 (e4m3's largest finite value;
-1 for an all-zero block), fp8 = float8_e4m3fn(w / scale), ``weight_scale_inv`` = scale. Quantized:
-the 2-D ``*_proj.weight`` and ``kv_a_proj_with_mqa.weight`` tensors of the decoder layers (attention projections, dense MLP, shared and
-routed experts); the router (``mlp.gate.weight``), the norms, the embedding and the head stay in
-``dtype`` (bfloat16) and ``e_score_correction_bias`` in float32, as in DeepSeek-V3's shards.
+inference/kernel.py ``weight_dequant``): per block, scale = max|w| / 448 (e4m3's largest finite
+value; 1 for an all-zero block), fp8 = float8_e4m3fn(w / scale), ``weight_scale_inv`` = scale.
+Quantized: the 2-D ``*_proj.weight`` and ``kv_a_proj_with_mqa.weight`` tensors of the decoder
+layers (attention projections, dense MLP, shared and routed experts); the router
+(``mlp.gate.weight``), the norms, the embedding and the head stay in ``dtype`` (bfloat16) and
+``e_score_correction_bias`` in float32, as in DeepSeek-V3's shards.
 """
 
 from __future__ import annotations

@@ -38,11 +38,12 @@ What it reads:
 Written here rather than taken from a library: transformers' ``from_pretrained`` loads the whole
 model; its CPU fallback for FP8 checkpoints (``dequantize=True``, to bfloat16) derives the block size
 as (rows // scale rows, cols // scale cols), which is wrong for partial edge blocks: it refuses
-DeepSeek-V3's kv_a_proj_with_mqa ([576, 7168], a 5 × 56 scale grid) and silently misplaces the scales
-of a [160, 192] weight (a 2 × 2 grid read as 80 × 96 blocks; transformers 5.24.0); accelerate's big-model inference (``dispatch_model``
-with offload) streams weights per module but runs each forward input through all layers before the
-next input, reads no FP8 scales and does not fuse per-expert tensors. The pieces that exist are
-used: ``init_empty_weights``, ``set_module_tensor_to_device``, ``safetensors.safe_open``.
+DeepSeek-V3's kv_a_proj_with_mqa ([576, 7168], a 5 × 56 scale grid) and silently misplaces the
+scales of a [160, 192] weight (a 2 × 2 grid read as 80 × 96 blocks; transformers 5.24.0).
+accelerate's big-model inference (``dispatch_model`` with offload) streams weights per module but
+runs each forward input through all layers before the next input, reads no FP8 scales and does not
+fuse per-expert tensors. The pieces that exist are used: ``init_empty_weights``,
+``set_module_tensor_to_device``, ``safetensors.safe_open``.
 """
 
 from __future__ import annotations
@@ -427,6 +428,11 @@ class LayerStreamer:
         self.norm_name, self.head_name = self._names[id(norm)], self._names[id(head)]
         self._tensors = _persistent_tensors(self.model, "")
         self.states_in_memory: bool | None = None
+        for i in range(n):  # every tensor has its place before anything is read (names only)
+            p = f"{self.layers_name}.{i}"
+            self._placements(self._under(p), self.checkpoint.names_under(p))
+        rest = [t for t in self._tensors if not t.startswith(self.layers_name + ".")]
+        self._placements(rest, [k for k in rest if k in self.checkpoint.weight_map])
 
     # ---- what lives where ---------------------------------------------------------------------
     def _fp32_patterns(self):
