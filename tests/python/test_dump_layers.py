@@ -216,14 +216,35 @@ def test_fp8_streamed_equals_in_memory(ckpts, tmp_path, capsys):
         assert _attr(f.attrs["revision"]) == dump_latents.weights_revision(paths["fp8"])
 
 
-def test_fp8_streamed_equals_reference_model(ckpts, tmp_path):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fp8_loader_equals_transformers_on_reference(ckpts, dtype):
+    """latentq.stream's whole-model load of the FP8 checkpoint equals transformers' from_pretrained of
+    the numpy-dequantized float32 checkpoint: the same state dict (names, dtypes, values bit for bit),
+    so the per-expert fusion and the dtypes agree: in bfloat16 the router weight and
+    e_score_correction_bias stay float32, everything else is the float32 value rounded once."""
+    from transformers import AutoModelForCausalLM
+
+    paths, _ = ckpts
+    mine = stream.LayerStreamer(paths["fp8"], dtype).materialize().state_dict()
+    ref = AutoModelForCausalLM.from_pretrained(paths["ref"], dtype=dtype, attn_implementation="eager").state_dict()
+    assert sorted(mine) == sorted(ref)
+    for k in ref:
+        assert mine[k].dtype == ref[k].dtype and torch.equal(mine[k], ref[k]), (k, mine[k].dtype, ref[k].dtype)
+    if dtype == torch.bfloat16:
+        assert ref["model.layers.1.mlp.gate.weight"].dtype == torch.float32
+        assert ref["model.layers.1.mlp.gate.e_score_correction_bias"].dtype == torch.float32
+        assert ref["model.layers.1.mlp.experts.gate_up_proj"].dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_fp8_streamed_equals_reference_model(ckpts, tmp_path, dtype):
     """The streamed FP8 dump against transformers' in-memory float32 model of the numpy-dequantized
     weights (its own loader and expert fusion): every dataset bit for bit; the attributes that describe
     the checkpoint itself (revision: other files; original_dtype; config_json: its quantization_config
     and _name_or_path) differ by construction, the rest are equal."""
     paths, _ = ckpts
-    streamed = _dump(ckpts, tmp_path, "fp8", "streamed", "--stream", "on")
-    ref = _dump(ckpts, tmp_path, "ref", "ref", "--stream", "off")
+    streamed = _dump(ckpts, tmp_path, "fp8", "streamed", "--stream", "on", "--dtype", dtype)
+    ref = _dump(ckpts, tmp_path, "ref", "ref", "--stream", "off", "--dtype", dtype)
     assert_same_dump(streamed, ref, skip_attrs=("created", "revision", "original_dtype", "config_json"), what="ref")
     with h5py.File(streamed) as a, h5py.File(ref) as b:
         ca, cb = (json.loads(_attr(f.attrs["config_json"])) for f in (a, b))
