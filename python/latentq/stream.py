@@ -108,7 +108,7 @@ def dequantize_fp8_blocks(
     block_size = (bm, bn); the last block row / column may be partial (M or N not a multiple of
     the block), it takes its block's scale like any other. Returns a new [M, N] CPU tensor of
     ``dtype`` (float32: the exact float32 product). Works one block row at a time: transient memory
-    is one [bm, N] float32 row on top of the output.
+    is one [bm, N] float32 row (and its int64 codes) on top of the output.
     Raises ValueError if weight is not 2-D or the scale grid does not have that shape.
     """
     if weight.dim() != 2:
@@ -123,11 +123,27 @@ def dequantize_fp8_blocks(
         )
     s = scale_inv.to(torch.float32)
     out = torch.empty((M, N), dtype=dtype)
+    codes = weight.view(torch.uint8) if weight.dtype == torch.float8_e4m3fn else None
+    table = _e4m3_table() if codes is not None else None
     for r in range(grid[0]):
         rows = slice(r * bm, min(M, (r + 1) * bm))
         col_scale = s[r].repeat_interleave(bn)[:N]  # [N]: the scale of each column's block
-        out[rows] = (weight[rows].to(torch.float32) * col_scale).to(dtype)
+        x = torch.take(table, codes[rows].long()) if codes is not None else weight[rows].to(torch.float32)
+        out[rows] = (x * col_scale).to(dtype)
     return out
+
+
+def _e4m3_table() -> torch.Tensor:
+    """float32 value of each of the 256 float8_e4m3fn codes (torch's own conversion, NaN codes
+    included). Decoding a weight through it (torch.take) gives the same numbers as
+    ``weight.to(torch.float32)`` at a quarter of the time on a CPU."""
+    global _E4M3
+    if _E4M3 is None:
+        _E4M3 = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).to(torch.float32)
+    return _E4M3
+
+
+_E4M3 = None
 
 
 class Checkpoint:
@@ -317,6 +333,29 @@ class HostStates:
             self._file = None
 
 
+def _trim_host_heap() -> None:
+    """Give freed heap memory back to the OS (glibc's ``malloc_trim(0)``; nothing elsewhere). A layer's
+    tensors of a few MB each come from malloc's heap, not from their own mmap (glibc raises its mmap
+    threshold to the size of the largest block freed, up to 32 MiB), and what a freed layer leaves
+    there would otherwise stay resident and fragment: the streamed dump's peak RSS grew ≈ 5 MB per
+    layer without this, at 122 MB per layer (bench/dump_stream_rss.py)."""
+    global _LIBC
+    if _LIBC is None:
+        import ctypes
+        import ctypes.util
+
+        try:
+            _LIBC = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+            _LIBC.malloc_trim.argtypes = [ctypes.c_size_t]
+        except (OSError, AttributeError):
+            _LIBC = False
+    if _LIBC:
+        _LIBC.malloc_trim(0)
+
+
+_LIBC = None
+
+
 class _Stop(Exception):
     """Raised by the layer-0 pre-hook once it has recorded the layer's inputs."""
 
@@ -339,12 +378,11 @@ def _same(a, b) -> bool:
     return a is b or (type(a) is type(b) and a == b)
 
 
-def _persistent_tensors(module: nn.Module, prefix: str) -> dict[str, torch.Tensor]:
-    """Parameters and persistent buffers of module, by qualified name (``prefix.name``)."""
+def _persistent_tensors(module: nn.Module) -> dict[str, torch.Tensor]:
+    """Parameters and persistent buffers of module, by qualified name."""
     out = {}
-    pre = prefix + "." if prefix else ""
     for mname, m in module.named_modules():
-        mp = pre + mname + "." if mname else pre
+        mp = mname + "." if mname else ""
         for n, p in m._parameters.items():
             if p is not None:
                 out[mp + n] = p
@@ -426,7 +464,7 @@ class LayerStreamer:
                 f"{path}: {type(self.model).__name__} has no final norm (<base>.norm) or output embeddings"
             )
         self.norm_name, self.head_name = self._names[id(norm)], self._names[id(head)]
-        self._tensors = _persistent_tensors(self.model, "")
+        self._tensors = _persistent_tensors(self.model)
         self.states_in_memory: bool | None = None
         for i in range(n):  # every tensor has its place before anything is read (names only)
             p = f"{self.layers_name}.{i}"
@@ -561,6 +599,7 @@ class LayerStreamer:
             set_module_tensor_to_device(self.model, t, "meta", clear_cache=False)
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
+        _trim_host_heap()
 
     def load_layer(self, i: int) -> None:
         """Read decoder layer i's weights from the checkpoint onto the device."""
