@@ -33,7 +33,7 @@ if ((${#missing[@]})); then
 fi
 
 # --- the project venv: torch first, pinned (a CPU build; unpinned pulls a multi-GB CUDA build) ---
-if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c "import torch, transformers, safetensors, h5py, numpy, matplotlib, pandas, pytest, ml_dtypes, gguf, torchao" 2>/dev/null; then
+if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c "import torch, transformers, safetensors, accelerate, h5py, numpy, matplotlib, pandas, pytest, ml_dtypes, gguf, torchao" 2>/dev/null; then
   echo "setup: creating the Python venv in .venv"
   python3 -m venv .venv
   if ! { .venv/bin/pip install --disable-pip-version-check torch==2.13.0 &&

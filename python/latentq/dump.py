@@ -7,6 +7,17 @@
 HF DeepseekV2/V3-architecture checkpoint directory / hub id (loaded with AutoModelForCausalLM,
 ``attn_implementation="eager"``; ``--trust-remote-code`` for remote-code checkpoints).
 
+Models larger than memory: ``--stream on`` runs a local safetensors checkpoint layer by layer
+(latentq.stream.LayerStreamer: the model on the meta device, each decoder layer read from the shards
+right before it runs and freed after, every sequence through layer i before layer i+1, the hidden
+states on the host; in a temporary file in the output directory when they and the largest layer
+exceed ``--memory-budget``, default half the physical memory). ``--stream auto`` (the default)
+streams FP8 checkpoints and checkpoints whose weights in the compute dtype exceed the budget; tiny-mla,
+hub ids and .bin checkpoints load in memory; ``--stream off`` never streams. DeepSeek's block-wise
+FP8 e4m3 checkpoints are dequantized on load to the compute dtype by latentq.stream in either mode
+(``original_dtype`` = float8_e4m3fn). Both modes write the same file (datasets and attributes, bit
+for bit); the JSON summary says which ran (``execution``).
+
 Tokens: the text's bytes for tiny-mla (byte-level vocabulary); for HF models the checkpoint's
 AutoTokenizer when it has one (no special tokens added), else the bytes. The dump covers
 ``--num-seqs`` consecutive non-overlapping windows of ``--seq-len`` tokens from the start of the
@@ -33,6 +44,7 @@ import datetime
 import hashlib
 import json
 import os
+import re
 import sys
 import tempfile
 
@@ -231,15 +243,16 @@ class _Plan:
         return wkv_b[:, :nope], wkv_b[:, nope:]
 
 
-def _create_datasets(f, plan: _Plan, kw: dict) -> None:
+def _create_datasets(f, plan: _Plan, kw: dict, weights: bool = True) -> None:
     """Every dataset of the file at its final shape (dump's docstring): tokens, positions, seq_offsets and,
-    per layer, q_rows, W_UK and W_UV written whole; c_kv, k_pe, q_nope, q_pe and attn_out empty, chunked
-    with chunk_shape. kw: the compression arguments of every dataset."""
+    per layer, q_rows written whole; W_UK and W_UV written whole when ``weights`` (the model's weights are
+    loaded), else left for ``_write_w_uk_uv`` (a streamed model loads layer i only when it runs); c_kv,
+    k_pe, q_nope, q_pe and attn_out empty, chunked with chunk_shape. kw: the compression arguments of
+    every dataset."""
 
     def put(parent, name, data):
-        """A dataset written whole at creation, chunked: INDEX_CHUNK elements (1-D), one head (W_UK/W_UV)."""
-        chunks = (min(len(data), INDEX_CHUNK),) if data.ndim == 1 else (1,) + data.shape[1:]
-        parent.create_dataset(name, data=data, chunks=chunks, **kw)
+        """A dataset written whole at creation, chunked: INDEX_CHUNK elements (1-D)."""
+        parent.create_dataset(name, data=data, chunks=(min(len(data), INDEX_CHUNK),), **kw)
 
     put(f, "tokens", plan.tokens.astype(np.int32))
     put(f, "positions", plan.positions.astype(np.int32))
@@ -250,20 +263,32 @@ def _create_datasets(f, plan: _Plan, kw: dict) -> None:
         for k in ("c_kv", "k_pe", "q_rows", "q_nope", "q_pe", "w_uk", "w_uv", "attn_out"):
             if k == "q_rows":
                 put(gl, k, plan.q_rows_global.astype(np.int32))
-            elif k in ("w_uk", "w_uv"):
-                put(gl, k, np.ascontiguousarray(plan.w_uk_uv(i)[0 if k == "w_uk" else 1].numpy()))
+            elif k in ("w_uk", "w_uv"):  # one head per chunk
+                gl.create_dataset(k, shape=plan.shapes[k], dtype="<f4", chunks=(1,) + plan.shapes[k][1:], **kw)
             else:
                 gl.create_dataset(k, shape=plan.shapes[k], dtype="<f4", chunks=chunk_shape(plan.shapes[k]), **kw)
+        if weights:
+            _write_w_uk_uv(f, plan, i)
+
+
+def _write_w_uk_uv(f, plan: _Plan, i: int) -> None:
+    """Write /layers/NNN/w_uk and w_uv of layer i from its kv_b_proj weight (which must be loaded)."""
+    w_uk, w_uv = plan.w_uk_uv(i)
+    gl = f["layers"][f"{i:03d}"]
+    gl["w_uk"][...] = np.ascontiguousarray(w_uk.numpy())
+    gl["w_uv"][...] = np.ascontiguousarray(w_uv.numpy())
 
 
 class _LayerWriter:
     """The on_layer callback of dump()'s capture: writes layer i's rows of the running sequence ``seq``
-    into the open file f, self-checks them (_seq_check) and keeps the per-layer maxima and the softmax
-    scales, rope layouts, functions and scale sources seen; the record is dropped after the call."""
+    into the open file f, self-checks them (_seq_check) and keeps the per-layer maxima, the sequences
+    each layer ran (``ran[i]``) and the softmax scales, rope layouts, functions and scale sources seen;
+    the record is dropped after the call."""
 
     def __init__(self, f, plan: _Plan):
         self.f, self.plan = f, plan
-        self.seq, self.done = 0, set()
+        self.seq = 0
+        self.ran = {i: set() for i in plan.layer_ids}
         self.scales, self.layouts, self.functions, self.sources = set(), set(), set(), set()
         self.max_diff = {i: 0.0 for i in plan.layer_ids}
         self.max_ref = {i: 0.0 for i in plan.layer_ids}
@@ -294,11 +319,30 @@ class _LayerWriter:
         d, m = _seq_check(rec, *p.w_uk_uv(i), p.local_rows[s], rec["softmax_scale"])
         self.max_diff[i] = float(np.maximum(self.max_diff[i], d))
         self.max_ref[i] = float(np.maximum(self.max_ref[i], m))
-        self.done.add(i)
+        self.ran[i].add(s)
 
     def rel_err(self, i: int) -> float:
         """max|Δ| / max|attn_out| of layer i over the sequences run so far."""
         return self.max_diff[i] / max(self.max_ref[i], 1e-300)
+
+
+def _check_consistent(writer: _LayerWriter) -> None:
+    """The softmax scales and rope layouts seen so far agree across layers, else RuntimeError."""
+    if len(writer.scales) != 1 or len(writer.layouts) != 1:
+        raise RuntimeError(
+            f"layers disagree: softmax scales {sorted(writer.scales)}, rope layouts {sorted(writer.layouts)}"
+        )
+
+
+def _check_layer(writer: _LayerWriter, i: int, check_tol: float, seen: str) -> None:
+    """Layer i's absorbed recomputation is within check_tol of attn_out over the sequences run so far
+    (``seen`` names them in the message), else RuntimeError."""
+    err = writer.rel_err(i)
+    if not err <= check_tol:
+        raise RuntimeError(
+            f"layer {i}: absorbed recomputation differs from the model's attn_out by "
+            f"{err:.3g} (relative) > {check_tol:g}; the captured tensors or scale are inconsistent ({seen})"
+        )
 
 
 def _run_sequences(model, plan: _Plan, writer: _LayerWriter, check_tol: float) -> None:
@@ -309,25 +353,45 @@ def _run_sequences(model, plan: _Plan, writer: _LayerWriter, check_tol: float) -
     model.eval()
     with LatentCapture(model, on_layer=writer) as cap:
         for s, (seq, rows) in enumerate(zip(plan.seqs, plan.local_rows)):
-            writer.seq, writer.done = s, set()
+            writer.seq = s
             cap.clear()
             cap.q_rows = torch.as_tensor(rows)
             run_model(model, torch.as_tensor(seq, device=device)[None, :])
-            missing = sorted(set(plan.layer_ids) - writer.done)
+            missing = sorted(i for i in plan.layer_ids if s not in writer.ran[i])
             if missing:
                 raise RuntimeError(f"sequence {s}: MLA layers {missing} did not run in the forward pass")
-            if len(writer.scales) != 1 or len(writer.layouts) != 1:
-                raise RuntimeError(
-                    f"layers disagree: softmax scales {sorted(writer.scales)}, rope layouts {sorted(writer.layouts)}"
-                )
+            _check_consistent(writer)
             for i in plan.layer_ids:
-                err = writer.rel_err(i)
-                if not err <= check_tol:
-                    raise RuntimeError(
-                        f"layer {i}: absorbed recomputation differs from the model's attn_out by "
-                        f"{err:.3g} (relative) > {check_tol:g}; the captured tensors or scale are inconsistent "
-                        f"(sequences 0..{s} of {len(plan.seqs)})"
-                    )
+                _check_layer(writer, i, check_tol, f"sequences 0..{s} of {len(plan.seqs)}")
+
+
+def _run_streamed(streamer, f, plan: _Plan, writer: _LayerWriter, check_tol: float) -> None:
+    """The same captures and checks as _run_sequences, layer-major (latentq.stream.LayerStreamer.run):
+    layer i is loaded, its W_UK / W_UV written, every sequence run through it (each layer record
+    written as it comes), the layer checked over all sequences, then freed. Raises RuntimeError as
+    _run_sequences (a sequence the layer did not run, disagreeing layers, a layer over check_tol)."""
+    S = len(plan.seqs)
+    with LatentCapture(streamer.model, on_layer=writer) as cap:
+
+        def loaded(i: int) -> None:
+            if i in writer.ran:
+                _write_w_uk_uv(f, plan, i)
+
+        def before(i: int, s: int) -> None:
+            writer.seq = s
+            cap.clear()
+            cap.q_rows = torch.as_tensor(plan.local_rows[s])
+
+        def after(i: int) -> None:
+            if i not in writer.ran:
+                return
+            missing = sorted(set(range(S)) - writer.ran[i])
+            if missing:
+                raise RuntimeError(f"layer {i}: sequences {missing} did not run its MLA module")
+            _check_consistent(writer)
+            _check_layer(writer, i, check_tol, f"all {S} sequences")
+
+        streamer.run(plan.seqs, before=before, loaded=loaded, after=after)
 
 
 def _write_root_attrs(
@@ -388,12 +452,15 @@ def dump(
 ) -> dict:
     """Run ``model`` on each sequence and write a ``latentq-dump/1`` HDF5 file to ``out_path``, streaming.
 
-    model: an MLA model in eval mode (tiny-mla or HF), already in the compute dtype.
+    model: an MLA model in eval mode (tiny-mla or HF), already in the compute dtype; or a
+    ``latentq.stream.LayerStreamer`` (a checkpoint on the meta device, run layer by layer: see
+    "Layer streaming" below).
     config_dict: the model config as a dict (stored as ``config_json``; must hold qk_nope_head_dim,
     qk_rope_head_dim, v_head_dim, kv_lora_rank, num_attention_heads).
     token_ids_per_seq: list of 1-D int sequences (each run separately, positions from 0).
     q_rows: total number of query rows to dump per layer (see ``select_q_rows``).
-    revision: stored as ``revision``; default sha256 of the state dict.
+    revision: stored as ``revision``; default sha256 of the state dict (LayerStreamer: of the
+    checkpoint's weight files, as the CLI's, ``weights_revision``).
     compression: None (uncompressed) or "gzip" (level 4, shuffle).
     check_tol: max relative error allowed between the absorbed recomputation and the model's
     attn_out (default 1e-4 in float32, 2e-2 otherwise).
@@ -425,6 +492,15 @@ def dump(
     rope layouts of all layers must agree, and a layer over ``check_tol`` (its error over the
     sequences run so far already exceeds it, and can only grow) is an error.
 
+    Layer streaming (model a LayerStreamer): the same file, written layer-major. Layer i's weights
+    are loaded, its W_UK / W_UV written, every sequence run through it (hidden states of all
+    sequences kept on the host between layers: LayerStreamer.run), each record written and checked
+    as above, then the layer is checked over all sequences and its weights freed. The layers run the
+    same modules on the same inputs as the model's own forward, so the datasets and attributes equal
+    those of the in-memory model bit for bit (tests/python/test_dump_layers.py). Peak host memory:
+    the largest decoder layer's weights + the hidden states of all sequences (or none, when they
+    are spilled to a file) + one layer's tensors of one sequence, flat in the number of layers.
+
     Raises DumpError (existing output without force, bad q_rows, empty input), MLAModuleNotFoundError
     (no MLA module), RuntimeError (config/weights disagree, inconsistent scale/layout across layers, a
     layer that did not run, failed self-check); input errors are raised before any file is created.
@@ -433,12 +509,18 @@ def dump(
 
     if os.path.exists(out_path) and not force:
         raise DumpError(f"{out_path} exists; pass force=True (--force) to overwrite")
-    plan = _Plan(model, config_dict, token_ids_per_seq, q_rows)
-    compute_dtype = next(model.parameters()).dtype
+    from latentq.stream import LayerStreamer
+
+    streamer = model if isinstance(model, LayerStreamer) else None
+    module = streamer.model if streamer is not None else model
+    plan = _Plan(module, config_dict, token_ids_per_seq, q_rows)
+    compute_dtype = streamer.dtype if streamer is not None else next(model.parameters()).dtype
     if check_tol is None:
         check_tol = 1e-4 if compute_dtype == torch.float32 else 2e-2
     if revision is None:
-        revision = "sha256-state-dict:" + state_dict_sha256(model)
+        revision = (
+            weights_revision(streamer.path) if streamer is not None else "sha256-state-dict:" + state_dict_sha256(model)
+        )
     if original_dtype is None:
         original_dtype = str(config_dict.get("torch_dtype") or config_dict.get("dtype") or compute_dtype).replace(
             "torch.", ""
@@ -450,12 +532,15 @@ def dump(
     os.makedirs(out_dir, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".tmp-" + os.path.basename(out_path) + ".", dir=out_dir)
     os.close(fd)
-    was_training = model.training
+    was_training = module.training
     try:
         with h5py.File(tmp, "w") as f:
-            _create_datasets(f, plan, kw)
+            _create_datasets(f, plan, kw, weights=streamer is None)
             writer = _LayerWriter(f, plan)
-            _run_sequences(model, plan, writer, check_tol)
+            if streamer is not None:
+                _run_streamed(streamer, f, plan, writer, check_tol)
+            else:
+                _run_sequences(model, plan, writer, check_tol)
             meta = {
                 "model": model_name,
                 "revision": revision,
@@ -472,7 +557,7 @@ def dump(
             os.remove(tmp)
         raise
     finally:
-        model.train(was_training)
+        module.train(was_training)
     errs = {i: writer.rel_err(i) for i in plan.layer_ids}
     return {
         "path": out_path,
@@ -495,44 +580,137 @@ def file_sha256(paths: list[str]) -> str:
     return h.hexdigest()
 
 
-def load_model(path: str, dtype: torch.dtype, trust_remote_code: bool = False):
-    """Load tiny-mla (config.json architectures == ["TinyMLAForCausalLM"]) or an HF model.
-    Returns (model, config_dict, source, revision, original_dtype, tokenizer_or_None)."""
+def weights_revision(path: str) -> str | None:
+    """``sha256:<hex>`` over the bytes of a local directory's weight files (every ``*.safetensors`` and
+    ``*.bin``, sorted by name, concatenated), or None when there is none or path is not a directory."""
+    if not os.path.isdir(path):
+        return None
+    w = sorted(os.path.join(path, n) for n in os.listdir(path) if n.endswith((".safetensors", ".bin")))
+    return "sha256:" + file_sha256(w) if w else None
+
+
+def checkpoint_dtype(cfg_file: dict | None) -> str:
+    """The ``original_dtype`` attribute of a checkpoint from its config.json: ``float8_e4m3fn`` for a
+    block-wise FP8 checkpoint (``quantization_config.quant_method == "fp8"``; its torch_dtype names the
+    unquantized tensors), else torch_dtype / dtype, else "unknown"."""
+    cfg_file = cfg_file or {}
+    if (cfg_file.get("quantization_config") or {}).get("quant_method") == "fp8":
+        return "float8_e4m3fn"
+    return str(cfg_file.get("torch_dtype") or cfg_file.get("dtype") or "unknown")
+
+
+def load_tokenizer(path: str, trust_remote_code: bool = False):
+    """The checkpoint's AutoTokenizer, or None (with a warning on stderr) when it has none."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except Exception as e:  # no tokenizer files: fall back to bytes
+        print(f"warning: no tokenizer for {path} ({type(e).__name__}); using byte tokens", file=sys.stderr)
+        return None
+
+
+def _read_config(path: str) -> dict | None:
     cfg_path = os.path.join(path, "config.json")
-    cfg_file = None
-    if os.path.isfile(cfg_path):
-        with open(cfg_path) as f:
-            cfg_file = json.load(f)
+    if not os.path.isfile(cfg_path):
+        return None
+    with open(cfg_path) as f:
+        return json.load(f)
+
+
+def is_tiny_mla(path: str) -> bool:
+    """Whether path is a tiny-mla directory (config.json architectures == ["TinyMLAForCausalLM"])."""
+    cfg = _read_config(path)
+    return cfg is not None and cfg.get("architectures") == ["TinyMLAForCausalLM"]
+
+
+def load_model(
+    path: str,
+    dtype: torch.dtype,
+    trust_remote_code: bool = False,
+    *,
+    stream: bool = False,
+    memory_budget: int | None = None,
+    spill_dir: str | None = None,
+):
+    """Load tiny-mla (config.json architectures == ["TinyMLAForCausalLM"]) or an HF model.
+    Returns (model, config_dict, source, revision, original_dtype, tokenizer_or_None).
+
+    HF checkpoints load with AutoModelForCausalLM.from_pretrained (eager attention), except FP8
+    ones (``checkpoint_dtype`` == float8_e4m3fn), which latentq.stream loads with its own block-wise
+    dequantization (LayerStreamer.materialize: the whole model in memory, in ``dtype``).
+    stream=True: ``model`` is a latentq.stream.LayerStreamer (nothing loaded yet; memory_budget and
+    spill_dir are its own) for a local safetensors checkpoint directory. Raises
+    latentq.stream.CheckpointError for a checkpoint that cannot be streamed."""
+    cfg_file = _read_config(path) if os.path.isdir(path) else None
     if cfg_file is not None and cfg_file.get("architectures") == ["TinyMLAForCausalLM"]:
         from latentq.tiny_mla import TinyMLAForCausalLM
 
+        if stream:
+            raise DumpError(f"--model {path}: tiny-mla is not streamed (it fits in memory); use --stream off or auto")
         model = TinyMLAForCausalLM.from_pretrained(path).to(dtype).eval()
         rev = "sha256:" + file_sha256([os.path.join(path, "model.safetensors")])
         return model, cfg_file, "tiny-mla", rev, str(cfg_file.get("torch_dtype", "float32")), None
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    orig = checkpoint_dtype(cfg_file)
+    if stream or orig == "float8_e4m3fn":
+        from latentq.stream import LayerStreamer
 
-    model = AutoModelForCausalLM.from_pretrained(
-        path, dtype=dtype, attn_implementation="eager", trust_remote_code=trust_remote_code
-    ).eval()
-    cfg = model.config.to_dict()
-    orig = str((cfg_file or {}).get("torch_dtype") or (cfg_file or {}).get("dtype") or "unknown")
-    rev = getattr(model.config, "_commit_hash", None)
-    if not rev and os.path.isdir(path):
-        w = sorted(os.path.join(path, n) for n in os.listdir(path) if n.endswith((".safetensors", ".bin")))
-        rev = "sha256:" + file_sha256(w) if w else None
+        sm = LayerStreamer(
+            path, dtype, memory_budget=memory_budget, spill_dir=spill_dir, trust_remote_code=trust_remote_code
+        )
+        model = sm if stream else sm.materialize()
+        config = sm.config
+    else:
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=dtype, attn_implementation="eager", trust_remote_code=trust_remote_code
+        ).eval()
+        config = model.config
+    rev = getattr(config, "_commit_hash", None) or weights_revision(path)
+    return model, config.to_dict(), "hf-hooks", rev, orig, load_tokenizer(path, trust_remote_code)
+
+
+def stream_decision(mode: str, path: str, dtype: torch.dtype, budget: int) -> tuple[bool, str]:
+    """(stream?, why) for --stream MODE on --model path. ``on``: stream (the checkpoint must be a local
+    safetensors directory); ``off``: never; ``auto``: stream a local safetensors HF checkpoint that is FP8
+    or whose weights in ``dtype`` (from the shards' headers; layers past num_hidden_layers left out)
+    exceed ``budget`` bytes; tiny-mla, hub ids and .bin checkpoints load in memory."""
+    if mode == "off":
+        return False, "--stream off"
+    if mode == "on":
+        return True, "--stream on"
+    from latentq.stream import Checkpoint, CheckpointError
+
+    if not os.path.isdir(path) or is_tiny_mla(path):
+        return False, "not a local HF checkpoint directory" if not os.path.isdir(path) else "tiny-mla"
     try:
-        tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
-    except Exception as e:  # no tokenizer files: fall back to bytes
-        print(f"warning: no tokenizer for {path} ({type(e).__name__}); using byte tokens", file=sys.stderr)
-        tok = None
-    return model, cfg, "hf-hooks", rev, orig, tok
+        ck = Checkpoint(path)
+    except CheckpointError as e:
+        return False, f"not streamable ({e})"
+    if ck.fp8_block is not None:
+        return True, "FP8 checkpoint"
+    n = int(ck.config.get("num_hidden_layers") or 1 << 30)
+
+    def mtp(name: str) -> bool:
+        m = re.match(r"^.+\.layers\.(\d+)\.", name)
+        return m is not None and int(m.group(1)) >= n
+
+    def size(n: int) -> str:
+        return f"{n / (1 << 30):.2f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.2f} MiB"
+
+    need = ck.header_bytes(dtype, skip=mtp)
+    if need > budget:
+        return True, f"weights {size(need)} in {str(dtype).replace('torch.', '')} > budget {size(budget)}"
+    return False, f"weights {size(need)} fit the budget {size(budget)}"
 
 
 def main(argv=None) -> int:
     """CLI entry point (see the module docstring). Returns 0 on success, 2 on a refused request
     (existing output without --force, missing/unreadable --text, a --model directory without a
-    readable config.json, text too short, bad --q-rows, no MLA module), with one line
-    "dump_latents: error: ..." on stderr."""
+    readable config.json, text too short, bad --q-rows, no MLA module, a bad --memory-budget, a
+    checkpoint that cannot be streamed under --stream on), with one line "dump_latents: error: ..."
+    on stderr."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True, help="tiny-mla directory or HF model directory / id")
     ap.add_argument("--text", required=True, help="text file (its bytes are tokenized)")
@@ -547,6 +725,17 @@ def main(argv=None) -> int:
     ap.add_argument("--gzip", action="store_true", help="gzip-compress the datasets (default: uncompressed)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--trust-remote-code", action="store_true")
+    ap.add_argument(
+        "--stream",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="run layer by layer from the safetensors shards (auto: for FP8 checkpoints and weights over the budget)",
+    )
+    ap.add_argument(
+        "--memory-budget",
+        default=None,
+        help="host memory for weights + hidden states, e.g. 24G (default: half the physical memory)",
+    )
     a = ap.parse_args(argv)
 
     torch.set_num_threads(a.threads)
@@ -574,7 +763,26 @@ def main(argv=None) -> int:
                 json.load(f)
         except (OSError, ValueError) as e:
             return fail(f"--model {a.model}: cannot read {cfg_path} as JSON ({e})")
-    model, cfg, source, rev, orig, tok = load_model(a.model, _DTYPES[a.dtype], a.trust_remote_code)
+    from latentq.stream import CheckpointError, default_memory_budget, parse_size
+
+    try:
+        budget = default_memory_budget() if a.memory_budget is None else parse_size(a.memory_budget)
+    except ValueError as e:
+        return fail(f"--memory-budget: {e}")
+    stream, why = stream_decision(a.stream, a.model, _DTYPES[a.dtype], budget)
+    print(f"dump_latents: {'layer streaming' if stream else 'in memory'} ({why})", file=sys.stderr)
+    out_dir = os.path.dirname(os.path.abspath(a.out))
+    try:
+        model, cfg, source, rev, orig, tok = load_model(
+            a.model,
+            _DTYPES[a.dtype],
+            a.trust_remote_code,
+            stream=stream,
+            memory_budget=budget,
+            spill_dir=out_dir if os.path.isdir(out_dir) else None,
+        )
+    except (CheckpointError, DumpError, MLAModuleNotFoundError) as e:
+        return fail(str(e))
     if tok is not None:
         ids = tok(text.decode("utf-8", errors="replace"), add_special_tokens=False)["input_ids"]
         tokenizer = type(tok).__name__
@@ -598,8 +806,11 @@ def main(argv=None) -> int:
             compression="gzip" if a.gzip else None,
             extra_attrs={"tokenizer": tokenizer},
         )
-    except (DumpError, MLAModuleNotFoundError) as e:
+    except (DumpError, MLAModuleNotFoundError, CheckpointError) as e:
         return fail(str(e))
+    summary["execution"] = "layer streaming" if stream else "in memory"
+    if stream:
+        summary["hidden_states"] = "memory" if model.states_in_memory else "temporary file"
     print(json.dumps(summary, indent=2, default=str))
     return 0
 

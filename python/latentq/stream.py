@@ -1,0 +1,724 @@
+"""Layer streaming: run an HF MLA checkpoint larger than memory, one decoder layer at a time.
+
+The model is built on the meta device (accelerate's ``init_empty_weights``: parameters on meta,
+buffers such as the rotary ``inv_freq`` real), so it costs no memory. Its decoder layers then run
+layer-major: every input (a sequence, or a batch of them) goes through layer i before layer i+1,
+and layer i's weights are read from the safetensors shards (through ``model.safetensors.index.json``;
+a layer may span shards) right before it runs and put back on meta right after
+(accelerate's ``set_module_tensor_to_device``). Between layers the hidden states live on the host:
+in memory, or in a temporary file when they and the largest layer do not fit in the memory budget.
+
+    sm = LayerStreamer("DIR", torch.float32)         # meta model, nothing loaded
+    sm.run([ids0, ids1], before=..., after=..., on_logits=...)
+    model = LayerStreamer("DIR", torch.float32).materialize()   # every weight loaded: in memory
+
+The inputs of layer 0 (hidden states, attention mask, position embeddings, position ids ...) are
+taken from the model's own forward: it runs up to the first decoder layer, whose forward pre-hook
+records its arguments and stops the pass, so the layers see exactly what the model's forward would
+give them, and the streamed outputs equal the in-memory model's bit for bit (same modules, same
+arithmetic, one input per call as before).
+
+What it reads:
+  - bf16 / fp16 / fp32 tensors, cast to the compute dtype (or kept in float32 where the model keeps
+    them there: parameters the model creates in float32, such as DeepSeek-V3's router, and its
+    ``_keep_in_fp32_modules_strict``, as transformers' ``from_pretrained`` does);
+  - DeepSeek FP8 checkpoints (``quantization_config.quant_method == "fp8"``): float8_e4m3fn weights
+    with a float32 ``<name>_scale_inv`` per block of ``weight_block_size`` (128 × 128), dequantized
+    on load by ``dequantize_fp8_blocks`` (DeepSeek-V3 inference/kernel.py ``weight_dequant``:
+    w = fp8 · scale_inv of the weight's block, partial edge blocks included);
+  - per-expert weights as DeepSeek ships them (``mlp.experts.N.{gate,up,down}_proj.weight``, 2-D),
+    placed into transformers' fused expert parameters (``experts.gate_up_proj`` [E, 2I, H] = gate
+    rows then up rows per expert, ``experts.down_proj`` [E, H, I]) when the model has them, as
+    transformers' own conversion (MergeModulelist + Concatenate) does, or by name when it keeps
+    one module per expert (remote code);
+  - MoE and dense layers alike (``first_k_dense_replace`` is the model's own business: whatever
+    module a layer has is what gets loaded); checkpoint layers past ``num_hidden_layers`` (DeepSeek-V3's
+    multi-token-prediction layer 61) are never read (``skipped_layers``).
+
+Written here rather than taken from a library: transformers' ``from_pretrained`` loads the whole
+model; its CPU fallback for FP8 checkpoints (``dequantize=True``, to bfloat16) derives the block size
+as (rows // scale rows, cols // scale cols), which is wrong for partial edge blocks: it refuses
+DeepSeek-V3's kv_a_proj_with_mqa ([576, 7168], a 5 × 56 scale grid) and silently misplaces the
+scales of a [160, 192] weight (a 2 × 2 grid read as 80 × 96 blocks; transformers 5.24.0).
+accelerate's big-model inference (``dispatch_model`` with offload) streams weights per module but
+runs each forward input through all layers before the next input, reads no FP8 scales and does not
+fuse per-expert tensors. The pieces that exist are used: ``init_empty_weights``,
+``set_module_tensor_to_device``, ``safetensors.safe_open``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import torch
+from torch import nn
+
+INDEX_NAME = "model.safetensors.index.json"
+SINGLE_NAME = "model.safetensors"
+SCALE_SUFFIX = "_scale_inv"
+_EXPERT_KEY = re.compile(r"^(?P<base>.+\.experts)\.(?P<e>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)\.weight$")
+_LAYER_KEY = re.compile(r"^(?P<prefix>(?P<list>.+\.layers)\.(?P<i>\d+))\.")
+_FLOAT8 = {"F8_E4M3": torch.float8_e4m3fn}
+_SAFETENSORS_BYTES = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "I64": 8, "I32": 4}
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+class CheckpointError(ValueError):
+    """A checkpoint directory that cannot be streamed (no safetensors, unknown quantization, a weight
+    the model has no place for, a model weight the checkpoint lacks ...). The message names the
+    directory and the tensor."""
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes from "24G", "512M", "1.5T", "64K" (binary units, optional trailing "B" / "iB") or a
+    plain integer. Raises ValueError naming the text on anything else or a size <= 0."""
+    if isinstance(text, int):
+        n = text
+    else:
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGT]?)(i?B)?\s*", str(text), re.IGNORECASE)
+        if not m:
+            raise ValueError(f"memory size {text!r}: expected a number of bytes or e.g. 512M, 24G, 1.5T")
+        n = int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+    if n <= 0:
+        raise ValueError(f"memory size {text!r}: must be > 0")
+    return n
+
+
+def default_memory_budget() -> int:
+    """Half of the machine's physical memory, in bytes."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+
+
+def dequantize_fp8_blocks(
+    weight: torch.Tensor, scale_inv: torch.Tensor, block_size=(128, 128), dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """Block-wise FP8 dequantization, DeepSeek's ``weight_dequant`` formula (DeepSeek-V3
+    inference/kernel.py): out[i, j] = float32(weight[i, j]) * scale_inv[i // bm, j // bn], computed in
+    float32 and stored in ``dtype``.
+
+    weight: [M, N] float8 (e4m3fn as DeepSeek ships it; any dtype that converts to float32);
+    scale_inv: [ceil(M / bm), ceil(N / bn)] float (DeepSeek: float32), one per block of
+    block_size = (bm, bn); the last block row / column may be partial (M or N not a multiple of
+    the block), it takes its block's scale like any other. Returns a new [M, N] CPU tensor of
+    ``dtype`` (float32: the exact float32 product). Works one block row at a time: transient memory
+    is one [bm, N] float32 row (and its int64 codes) on top of the output.
+    Raises ValueError if weight is not 2-D or the scale grid does not have that shape.
+    """
+    if weight.dim() != 2:
+        raise ValueError(f"FP8 weight must be 2-D, got shape {tuple(weight.shape)}")
+    bm, bn = (int(b) for b in block_size)
+    M, N = weight.shape
+    grid = (math.ceil(M / bm), math.ceil(N / bn))
+    if tuple(scale_inv.shape) != grid:
+        raise ValueError(
+            f"FP8 weight [{M}, {N}] with {bm}x{bn} blocks needs a weight_scale_inv of shape {grid}, "
+            f"got {tuple(scale_inv.shape)}"
+        )
+    s = scale_inv.to(torch.float32)
+    out = torch.empty((M, N), dtype=dtype)
+    codes = weight.view(torch.uint8) if weight.dtype == torch.float8_e4m3fn else None
+    table = _e4m3_table() if codes is not None else None
+    for r in range(grid[0]):
+        rows = slice(r * bm, min(M, (r + 1) * bm))
+        col_scale = s[r].repeat_interleave(bn)[:N]  # [N]: the scale of each column's block
+        x = torch.take(table, codes[rows].long()) if codes is not None else weight[rows].to(torch.float32)
+        out[rows] = (x * col_scale).to(dtype)
+    return out
+
+
+def _e4m3_table() -> torch.Tensor:
+    """float32 value of each of the 256 float8_e4m3fn codes (torch's own conversion, NaN codes
+    included). Decoding a weight through it (torch.take) gives the same numbers as
+    ``weight.to(torch.float32)`` at a quarter of the time on a CPU."""
+    global _E4M3
+    if _E4M3 is None:
+        _E4M3 = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).to(torch.float32)
+    return _E4M3
+
+
+_E4M3 = None
+
+
+class Checkpoint:
+    """A local safetensors checkpoint directory: its config.json, the index
+    (``model.safetensors.index.json``, or a single ``model.safetensors``) and its FP8 quantization.
+
+    Attributes: path, config (dict), weight_map (tensor name -> shard file name), files (the shard
+    names, sorted), fp8_block ((bm, bn) for an FP8 checkpoint, else None).
+    Raises CheckpointError: no config.json, no safetensors index or file, an unsupported
+    ``quantization_config``, an index naming a missing shard."""
+
+    def __init__(self, path: str):
+        self.path = path
+        cfg_path = os.path.join(path, "config.json")
+        try:
+            with open(cfg_path) as f:
+                self.config = json.load(f)
+        except (OSError, ValueError) as e:
+            raise CheckpointError(f"{path}: cannot read config.json ({e})") from None
+        index = os.path.join(path, INDEX_NAME)
+        if os.path.isfile(index):
+            with open(index) as f:
+                self.weight_map = dict(json.load(f)["weight_map"])
+        elif os.path.isfile(os.path.join(path, SINGLE_NAME)):
+            from safetensors import safe_open
+
+            with safe_open(os.path.join(path, SINGLE_NAME), framework="pt") as f:
+                self.weight_map = dict.fromkeys(f.keys(), SINGLE_NAME)
+        else:
+            raise CheckpointError(f"{path}: no {INDEX_NAME} and no {SINGLE_NAME} (streaming reads safetensors only)")
+        self.files = sorted(set(self.weight_map.values()))
+        for fn in self.files:
+            if not os.path.isfile(os.path.join(path, fn)):
+                raise CheckpointError(f"{path}: {INDEX_NAME} names the shard {fn}, which does not exist")
+        self.fp8_block = self._fp8_block(self.config.get("quantization_config"))
+        self._by_layer: dict[str, list[str]] = {}
+        for k in self.weight_map:
+            m = _LAYER_KEY.match(k)
+            if m:
+                self._by_layer.setdefault(m["prefix"], []).append(k)
+
+    def _fp8_block(self, qc) -> tuple[int, int] | None:
+        if not qc:
+            return None
+        method = qc.get("quant_method")
+        if method != "fp8":
+            raise CheckpointError(
+                f"{self.path}: quantization_config.quant_method {method!r} is not supported "
+                "(block-wise 'fp8' as DeepSeek ships it, or an unquantized checkpoint)"
+            )
+        if qc.get("fmt", "e4m3") != "e4m3":
+            raise CheckpointError(f"{self.path}: quantization_config.fmt {qc.get('fmt')!r}: only e4m3 is supported")
+        block = qc.get("weight_block_size")
+        if not (isinstance(block, (list, tuple)) and len(block) == 2 and all(int(b) > 0 for b in block)):
+            raise CheckpointError(
+                f"{self.path}: quantization_config.weight_block_size {block!r}: "
+                "expected [rows, cols] (DeepSeek: [128, 128])"
+            )
+        return int(block[0]), int(block[1])
+
+    def names_under(self, prefix: str) -> list[str]:
+        """Tensor names under ``prefix + "."`` (in index order)."""
+        if prefix in self._by_layer:
+            return list(self._by_layer[prefix])
+        return [k for k in self.weight_map if k.startswith(prefix + ".")]
+
+    def layer_indices(self, layers_name: str) -> list[int]:
+        """The indices i of the ``<layers_name>.<i>`` prefixes of the checkpoint, sorted."""
+        out = []
+        for p in self._by_layer:
+            head, _, i = p.rpartition(".")
+            if head == layers_name:
+                out.append(int(i))
+        return sorted(out)
+
+    def header_bytes(self, dtype: torch.dtype, skip=lambda name: False) -> int:
+        """Bytes the checkpoint's tensors take in ``dtype`` (floating tensors; scales excluded; integer
+        tensors at their stored size), from the shards' headers (nothing is read). ``skip(name)``
+        leaves tensors out."""
+        from safetensors import safe_open
+
+        elem = torch.empty((), dtype=dtype).element_size()
+        total = 0
+        by_file: dict[str, list[str]] = {}
+        for k, fn in self.weight_map.items():
+            if not k.endswith(SCALE_SUFFIX) and not skip(k):
+                by_file.setdefault(fn, []).append(k)
+        for fn, names in by_file.items():
+            with safe_open(os.path.join(self.path, fn), framework="pt") as f:
+                for k in names:
+                    sl = f.get_slice(k)
+                    n = math.prod(sl.get_shape())
+                    st = sl.get_dtype()
+                    total += n * (elem if st.startswith(("F", "BF")) else _SAFETENSORS_BYTES.get(st, 8))
+        return total
+
+    def read(self, names: list[str], dtype_of: Callable[[str], torch.dtype]) -> Iterator[tuple[str, torch.Tensor]]:
+        """Yield (name, tensor) for each name, shard by shard (each shard opened once, closed after):
+        FP8 tensors dequantized to dtype_of(name) with their ``_scale_inv``, floating tensors cast
+        to it, others as stored. Raises CheckpointError: a name not in the index, an FP8 tensor
+        without its scale (or in a checkpoint without an FP8 quantization_config)."""
+        from safetensors import safe_open
+
+        by_file: dict[str, list[str]] = {}
+        for k in names:
+            if k not in self.weight_map:
+                raise CheckpointError(f"{self.path}: tensor {k} is not in the checkpoint")
+            by_file.setdefault(self.weight_map[k], []).append(k)
+        for fn in sorted(by_file):
+            with safe_open(os.path.join(self.path, fn), framework="pt") as f:
+                for k in by_file[fn]:
+                    t = f.get_tensor(k)
+                    yield k, self._convert(k, t, dtype_of(k))
+                    del t
+
+    def _convert(self, k: str, t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        if t.dtype in _FLOAT8.values():
+            if self.fp8_block is None:
+                raise CheckpointError(
+                    f"{self.path}: {k} is {t.dtype} but config.json has no fp8 quantization_config (weight_block_size)"
+                )
+            sk = k + SCALE_SUFFIX
+            if sk not in self.weight_map:
+                raise CheckpointError(f"{self.path}: FP8 tensor {k} has no {sk}")
+            from safetensors import safe_open
+
+            with safe_open(os.path.join(self.path, self.weight_map[sk]), framework="pt") as f:
+                s = f.get_tensor(sk)
+            try:
+                return dequantize_fp8_blocks(t, s, self.fp8_block, dtype)
+            except ValueError as e:
+                raise CheckpointError(f"{self.path}: {k}: {e}") from None
+        if t.is_floating_point():
+            return t.to(dtype)
+        return t
+
+
+class HostStates:
+    """The hidden states of the inputs between layers, on the host: item n is a [B_n, L_n, hidden]
+    tensor of ``dtype``. In memory, or (``in_memory=False``) in an anonymous temporary file in
+    ``directory`` (removed on close), read and written with pread / pwrite, so that the file's pages
+    are not part of the process's memory. ``get(n)`` returns a new CPU tensor; ``put(n, x)`` stores
+    a copy (x of the item's shape, any device)."""
+
+    def __init__(self, shapes: list[tuple[int, ...]], dtype: torch.dtype, in_memory: bool, directory: str | None):
+        self.shapes, self.dtype, self.in_memory = [tuple(s) for s in shapes], dtype, in_memory
+        elem = torch.empty((), dtype=dtype).element_size()
+        sizes = [math.prod(s) * elem for s in self.shapes]
+        self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        self.nbytes = int(self.offsets[-1])
+        self._mem: list[torch.Tensor | None] = [None] * len(shapes)
+        self._file = None if in_memory else tempfile.TemporaryFile(prefix="latentq-states-", dir=directory)
+
+    def put(self, n: int, x: torch.Tensor) -> None:
+        if tuple(x.shape) != self.shapes[n] or x.dtype != self.dtype:
+            raise RuntimeError(
+                f"hidden states {n}: got {tuple(x.shape)} {x.dtype}, expected {self.shapes[n]} {self.dtype}"
+            )
+        x = x.detach().to("cpu")
+        if self.in_memory:
+            self._mem[n] = x  # layers return new tensors and do not write into their input
+            return
+        buf = memoryview(x.contiguous().reshape(-1).view(torch.uint8).numpy())
+        off, done = int(self.offsets[n]), 0
+        while done < len(buf):
+            done += os.pwrite(self._file.fileno(), buf[done:], off + done)
+
+    def get(self, n: int) -> torch.Tensor:
+        if self.in_memory:
+            if self._mem[n] is None:
+                raise RuntimeError(f"hidden states {n} were never stored")
+            return self._mem[n]
+        x = torch.empty(self.shapes[n], dtype=self.dtype)
+        buf = memoryview(x.reshape(-1).view(torch.uint8).numpy())
+        off, done = int(self.offsets[n]), 0
+        while done < len(buf):
+            got = os.preadv(self._file.fileno(), [buf[done:]], off + done)
+            if got <= 0:
+                raise RuntimeError(f"hidden states {n}: short read from the temporary file")
+            done += got
+        return x
+
+    def close(self) -> None:
+        self._mem = [None] * len(self.shapes)
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def _trim_host_heap() -> None:
+    """Give freed heap memory back to the OS (glibc's ``malloc_trim(0)``; nothing elsewhere). A layer's
+    tensors of a few MB each come from malloc's heap, not from their own mmap (glibc raises its mmap
+    threshold to the size of the largest block freed, up to 32 MiB), and what a freed layer leaves
+    there would otherwise stay resident and fragment: the streamed dump's peak RSS grew ≈ 5 MB per
+    layer without this, at 122 MB per layer (bench/dump_stream_rss.py)."""
+    global _LIBC
+    if _LIBC is None:
+        import ctypes
+        import ctypes.util
+
+        try:
+            _LIBC = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+            _LIBC.malloc_trim.argtypes = [ctypes.c_size_t]
+        except (OSError, AttributeError):
+            _LIBC = False
+    if _LIBC:
+        _LIBC.malloc_trim(0)
+
+
+_LIBC = None
+
+
+class _Stop(Exception):
+    """Raised by the layer-0 pre-hook once it has recorded the layer's inputs."""
+
+
+def _same(a, b) -> bool:
+    """Structural equality of captured layer arguments (tensors bit for bit)."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return (
+            isinstance(a, torch.Tensor)
+            and isinstance(b, torch.Tensor)
+            and a.shape == b.shape
+            and a.dtype == b.dtype
+            and a.device == b.device
+            and bool(torch.equal(a, b))
+        )
+    if isinstance(a, (tuple, list)):
+        return type(a) is type(b) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    return a is b or (type(a) is type(b) and a == b)
+
+
+def _persistent_tensors(module: nn.Module) -> dict[str, torch.Tensor]:
+    """Parameters and persistent buffers of module, by qualified name."""
+    out = {}
+    for mname, m in module.named_modules():
+        mp = mname + "." if mname else ""
+        for n, p in m._parameters.items():
+            if p is not None:
+                out[mp + n] = p
+        for n, b in m._buffers.items():
+            if b is not None and n not in m._non_persistent_buffers_set:
+                out[mp + n] = b
+    return out
+
+
+class LayerStreamer:
+    """An HF causal-LM checkpoint directory on the meta device, run layer by layer (module docstring).
+
+    path: a local directory with config.json and safetensors shards. dtype: the compute dtype.
+    device: where each layer runs ("cpu" or "cuda"; hidden states go back to the host between
+    layers). memory_budget: bytes (default ``default_memory_budget()``): the hidden states stay in
+    memory when they and the largest decoder layer (in the compute dtype) fit in it, else they go to
+    a temporary file in ``spill_dir`` (default: the system's temporary directory).
+    trust_remote_code: for remote-code checkpoints (their decoder layers must be the entries of one
+    ``...layers`` ModuleList holding the MLA modules).
+
+    Attributes: model (the meta model: install hooks on it, e.g. latentq.capture.LatentCapture),
+    config (its PretrainedConfig), checkpoint (Checkpoint), layers_name ("model.layers"), layers (the
+    ModuleList), skipped_layers (checkpoint layer indices >= num_hidden_layers, never read),
+    states_in_memory (after ``run``: whether the hidden states were kept in memory).
+
+    Raises CheckpointError (see Checkpoint; a model layer missing from the checkpoint),
+    latentq.capture.MLAModuleNotFoundError (no MLA module).
+    """
+
+    def __init__(
+        self,
+        path: str,
+        dtype: torch.dtype = torch.float32,
+        *,
+        device: str | torch.device = "cpu",
+        memory_budget: int | None = None,
+        spill_dir: str | None = None,
+        trust_remote_code: bool = False,
+        attn_implementation: str = "eager",
+    ):
+        from accelerate import init_empty_weights
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        from latentq.capture import find_mla_layers
+
+        self.checkpoint = Checkpoint(path)
+        self.path, self.dtype, self.device = path, dtype, torch.device(device)
+        self.memory_budget = default_memory_budget() if memory_budget is None else int(memory_budget)
+        self.spill_dir = spill_dir
+        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+        with init_empty_weights(include_buffers=False):
+            model = AutoModelForCausalLM.from_config(
+                config, dtype=dtype, attn_implementation=attn_implementation, trust_remote_code=trust_remote_code
+            )
+        self.model = model.eval()
+        self.config = self.model.config
+        self._names = {id(m): n for n, m in self.model.named_modules()}
+        mla = find_mla_layers(self.model)
+        parents = {n.rsplit(".", 2)[0] for _, n, _ in mla}  # "model.layers.3.self_attn" -> "model.layers"
+        if len(parents) != 1:
+            raise CheckpointError(f"{path}: MLA modules under several layer lists {sorted(parents)}")
+        self.layers_name = parents.pop()
+        self.layers = self.model.get_submodule(self.layers_name)
+        if not isinstance(self.layers, nn.ModuleList):
+            raise CheckpointError(f"{path}: {self.layers_name} is a {type(self.layers).__name__}, not a ModuleList")
+        have = self.checkpoint.layer_indices(self.layers_name)
+        n = len(self.layers)
+        missing = sorted(set(range(n)) - set(have))
+        if missing:
+            raise CheckpointError(
+                f"{path}: the model has {n} decoder layers; the checkpoint has no tensors of layers {missing}"
+            )
+        self.skipped_layers = [i for i in have if i >= n]
+        self._fp32 = self._fp32_patterns()
+        head = self.model.get_output_embeddings()
+        norm = getattr(getattr(self.model, self.model.base_model_prefix, None), "norm", None)
+        if head is None or norm is None:
+            raise CheckpointError(
+                f"{path}: {type(self.model).__name__} has no final norm (<base>.norm) or output embeddings"
+            )
+        self.norm_name, self.head_name = self._names[id(norm)], self._names[id(head)]
+        self._tensors = _persistent_tensors(self.model)
+        self.states_in_memory: bool | None = None
+        for i in range(n):  # every tensor has its place before anything is read (names only)
+            p = f"{self.layers_name}.{i}"
+            self._placements(self._under(p), self.checkpoint.names_under(p))
+        rest = [t for t in self._tensors if not t.startswith(self.layers_name + ".")]
+        self._placements(rest, [k for k in rest if k in self.checkpoint.weight_map])
+
+    # ---- what lives where ---------------------------------------------------------------------
+    def _fp32_patterns(self):
+        plan = self.model._get_dtype_plan(self.dtype) if hasattr(self.model, "_get_dtype_plan") else {}
+        pats = [p.replace("*", ".*") for p, d in plan.items() if d == torch.float32]
+        return re.compile("|".join(pats)) if pats else None
+
+    def _target_dtype(self, name: str, meta: torch.Tensor) -> torch.dtype:
+        """The dtype a tensor gets, as transformers' from_pretrained gives it: float32 for the model's
+        keep-in-fp32 patterns, else the dtype the model created it in (the compute dtype, or float32
+        where a module asks for it, e.g. DeepSeek-V3's router weight)."""
+        if not meta.is_floating_point():
+            return meta.dtype
+        if self._fp32 is not None and self._fp32.search(name):
+            return torch.float32
+        return meta.dtype
+
+    def _under(self, prefix: str) -> list[str]:
+        return [n for n in self._tensors if n.startswith(prefix + ".")]
+
+    def layer_bytes(self, i: int) -> int:
+        """Bytes of decoder layer i's tensors once loaded (compute dtype, float32 where kept)."""
+        tot = 0
+        for n in self._under(f"{self.layers_name}.{i}"):
+            t = self._tensors[n]
+            tot += t.numel() * torch.empty((), dtype=self._target_dtype(n, t)).element_size()
+        return tot
+
+    def weight_bytes(self) -> int:
+        """Bytes of the whole model's tensors once loaded (as layer_bytes)."""
+        return sum(
+            t.numel() * torch.empty((), dtype=self._target_dtype(n, t)).element_size() for n, t in self._tensors.items()
+        )
+
+    # ---- loading and freeing ------------------------------------------------------------------
+    def _placements(self, targets: list[str], scope: list[str]):
+        """(checkpoint name, target name, index) for every target: index None (the whole tensor) or
+        (expert, row slice) of a fused expert tensor. scope: the checkpoint names that may hold
+        them. Returns (placements, unused checkpoint names). Raises CheckpointError when a target
+        gets no tensor or one twice."""
+        tset = set(targets)
+        places, unused = [], []
+        got: dict[str, set] = {t: set() for t in targets}
+        for k in scope:
+            if k.endswith(SCALE_SUFFIX):
+                continue
+            if k in tset:
+                places.append((k, k, None))
+                got[k].add(None)
+                continue
+            m = _EXPERT_KEY.match(k)
+            fused = m and f"{m['base']}.{'down_proj' if m['proj'] == 'down_proj' else 'gate_up_proj'}"
+            if fused and fused in tset:
+                e = int(m["e"])
+                shape = self._tensors[fused].shape
+                if m["proj"] == "down_proj":
+                    idx = (e, slice(None))
+                else:
+                    half = shape[1] // 2
+                    idx = (e, slice(0, half) if m["proj"] == "gate_proj" else slice(half, 2 * half))
+                if e >= shape[0]:
+                    raise CheckpointError(f"{self.path}: {k}: expert {e} but {fused} has {shape[0]} experts")
+                if (e, m["proj"]) in got[fused]:
+                    raise CheckpointError(f"{self.path}: {k} given twice")
+                got[fused].add((e, m["proj"]))
+                places.append((k, fused, idx))
+            else:
+                unused.append(k)
+        tied = self._tied_sources()
+        for t in targets:
+            t_shape = self._tensors[t].shape
+            if t.endswith(".gate_up_proj") and got[t] and None not in got[t]:
+                want = {(e, p) for e in range(t_shape[0]) for p in ("gate_proj", "up_proj")}
+            elif t.endswith(".down_proj") and got[t] and None not in got[t]:
+                want = {(e, "down_proj") for e in range(t_shape[0])}
+            else:
+                want = {None}
+            if not got[t] and t in tied and tied[t] in self.checkpoint.weight_map:
+                places.append((tied[t], t, None))
+                continue
+            if got[t] != want:
+                lack = sorted(want - got[t], key=str)[:4]
+                raise CheckpointError(
+                    f"{self.path}: the model's {t} {tuple(t_shape)} has no checkpoint tensor"
+                    + (f" (missing {lack})" if lack != [None] else "")
+                )
+        return places, unused
+
+    def _tied_sources(self) -> dict[str, str]:
+        if not getattr(self.config, "tie_word_embeddings", False):
+            return {}
+        tied = getattr(self.model, "_tied_weights_keys", None)
+        return dict(tied) if isinstance(tied, dict) else {}
+
+    def _load(self, targets: list[str], scope: list[str], what: str) -> None:
+        from accelerate.utils import set_module_tensor_to_device
+
+        places, unused = self._placements(targets, scope)
+        if unused:
+            print(f"latentq.stream: warning: {what}: checkpoint tensors not used: {unused[:6]}", file=sys.stderr)
+        dtype_of = {}
+        for k, t, _ in places:
+            dtype_of[k] = self._target_dtype(t, self._tensors[t])
+        fused = {t: torch.empty(self._tensors[t].shape, dtype=dtype_of[k]) for k, t, idx in places if idx is not None}
+        where: dict[str, list] = {}
+        for k, t, idx in places:  # a tied head reads the embedding's tensor: one name, two targets
+            where.setdefault(k, []).append((t, idx))
+        for k, x in self.checkpoint.read(list(where), dtype_of.__getitem__):
+            for t, idx in where[k]:
+                want = tuple(self._tensors[t].shape) if idx is None else tuple(fused[t][idx].shape)
+                if tuple(x.shape) != want:
+                    raise CheckpointError(f"{self.path}: {k} has shape {tuple(x.shape)}; the model's {t} needs {want}")
+                if idx is None:
+                    set_module_tensor_to_device(self.model, t, self.device, value=x, dtype=x.dtype, clear_cache=False)
+                else:
+                    fused[t][idx].copy_(x)
+            del x
+        for t, x in fused.items():
+            set_module_tensor_to_device(self.model, t, self.device, value=x, dtype=x.dtype, clear_cache=False)
+        fused.clear()
+
+    def _free(self, targets: list[str]) -> None:
+        from accelerate.utils import set_module_tensor_to_device
+
+        for t in targets:
+            set_module_tensor_to_device(self.model, t, "meta", clear_cache=False)
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        _trim_host_heap()
+
+    def load_layer(self, i: int) -> None:
+        """Read decoder layer i's weights from the checkpoint onto the device."""
+        p = f"{self.layers_name}.{i}"
+        self._load(self._under(p), self.checkpoint.names_under(p), f"layer {i}")
+
+    def free_layer(self, i: int) -> None:
+        """Put decoder layer i's weights back on the meta device (their memory is released)."""
+        self._free(self._under(f"{self.layers_name}.{i}"))
+
+    def _outside(self) -> list[str]:
+        """The model's tensors outside the decoder layers, the final norm and the head: the embedding
+        and anything else that runs before layer 0."""
+        skip = [self.layers_name, self.norm_name, self.head_name]
+        return [n for n in self._tensors if not any(n == s or n.startswith(s + ".") for s in skip)]
+
+    def materialize(self) -> nn.Module:
+        """Load every weight (the in-memory path; the same loader, dtypes and placements as the
+        streamed one) and return the model, in eval mode on ``device``."""
+        ts = [n for n in self._tensors if not n.startswith(self.layers_name + ".")]
+        self._load(ts, [k for k in ts if k in self.checkpoint.weight_map], "embedding, norm and head")
+        for i in range(len(self.layers)):
+            self.load_layer(i)
+        return self.model
+
+    # ---- running ------------------------------------------------------------------------------
+    def _capture_inputs(self, ids: torch.Tensor):
+        """(hidden states, args after the hidden states, kwargs) with which the model's forward calls
+        decoder layer 0 for input_ids ids [B, L]."""
+        box = {}
+
+        def hook(mod, args, kwargs):
+            box["args"], box["kwargs"] = args, kwargs
+            raise _Stop
+
+        h = self.layers[0].register_forward_pre_hook(hook, with_kwargs=True)
+        try:
+            self.model(input_ids=ids, use_cache=False)
+        except _Stop:
+            pass
+        finally:
+            h.remove()
+        if "args" not in box:
+            raise RuntimeError(f"{self.path}: the model's forward never called decoder layer 0")
+        args, kwargs = box["args"], dict(box["kwargs"])
+        if args:
+            return args[0], tuple(args[1:]), kwargs
+        return kwargs.pop("hidden_states"), (), kwargs
+
+    @torch.no_grad()
+    def run(
+        self,
+        inputs: list,
+        *,
+        before: Callable[[int, int], None] | None = None,
+        loaded: Callable[[int], None] | None = None,
+        after: Callable[[int], None] | None = None,
+        on_logits: Callable[[int, torch.Tensor], None] | None = None,
+    ) -> None:
+        """Run every input through every decoder layer, layer-major.
+
+        inputs: token ids, each [L] or [B, L] (int; one forward call each, as the in-memory model
+        would get them). Callbacks, all optional: ``loaded(i)`` once layer i's weights are loaded,
+        ``before(i, n)`` before layer i runs input n, ``after(i)`` once layer i has run every input
+        (its weights still loaded), ``on_logits(n, logits [B, L, V])`` after the last layer, with the
+        final norm and head loaded (``on_logits`` absent: they are never read).
+        Peak memory: the embedding while the inputs of layer 0 are taken, then one decoder layer's
+        weights + the hidden states of all inputs (in memory, or a temporary file: class docstring)
+        + one input's activations in that layer.
+        """
+        ids = [torch.as_tensor(np.asarray(x), dtype=torch.long) for x in inputs]
+        ids = [x[None, :] if x.dim() == 1 else x for x in ids]
+        hidden = int(self.config.hidden_size)
+        shapes = [tuple(x.shape) + (hidden,) for x in ids]
+        elem = torch.empty((), dtype=self.dtype).element_size()
+        states_bytes = sum(math.prod(s) for s in shapes) * elem
+        biggest = max(self.layer_bytes(i) for i in range(len(self.layers)))
+        self.states_in_memory = states_bytes + biggest <= self.memory_budget
+        states = HostStates(shapes, self.dtype, self.states_in_memory, self.spill_dir)
+        pro = self._outside()
+        try:
+            self._load(pro, [k for k in pro if k in self.checkpoint.weight_map], "embedding")
+            args_of, shared = [], []  # per input: index into shared (args, kwargs), deduplicated
+            for n, x in enumerate(ids):
+                h, args, kwargs = self._capture_inputs(x.to(self.device))
+                states.put(n, h)
+                del h
+                for j, (a, k) in enumerate(shared):
+                    if _same(a, args) and _same(k, kwargs):
+                        args_of.append(j)
+                        break
+                else:
+                    shared.append((args, kwargs))
+                    args_of.append(len(shared) - 1)
+            self._free(pro)
+            for i, layer in enumerate(self.layers):
+                self.load_layer(i)
+                try:
+                    if loaded is not None:
+                        loaded(i)
+                    for n in range(len(ids)):
+                        if before is not None:
+                            before(i, n)
+                        args, kwargs = shared[args_of[n]]
+                        out = layer(states.get(n).to(self.device), *args, **kwargs)
+                        states.put(n, out[0] if isinstance(out, tuple) else out)
+                        del out
+                    if after is not None:
+                        after(i)
+                finally:
+                    self.free_layer(i)
+            if on_logits is not None:
+                head = self._under(self.norm_name) + self._under(self.head_name)
+                self._load(head, [k for k in head if k in self.checkpoint.weight_map], "head")
+                try:
+                    norm, lm_head = self.model.get_submodule(self.norm_name), self.model.get_submodule(self.head_name)
+                    for n in range(len(ids)):
+                        on_logits(n, lm_head(norm(states.get(n).to(self.device))))
+                finally:
+                    self._free(head)
+        finally:
+            states.close()
