@@ -53,6 +53,7 @@ import torch
 
 from latentq.capture import LatentCapture, MLAModuleNotFoundError, config_softmax_scale, find_mla_layers, mla_dims
 from latentq.files import publish
+from latentq.progress import Progress
 
 SCHEMA = "latentq-dump/1"
 Q_ROWS_RULE = "per sequence k rows at positions floor((j+1)*L/k)-1, j=0..k-1; k=q_rows//S (+1 for the first q_rows%S)"
@@ -351,7 +352,7 @@ def _run_sequences(model, plan: _Plan, writer: _LayerWriter, check_tol: float) -
     softmax scale or rope layout, a layer over check_tol."""
     device = next(model.parameters()).device
     model.eval()
-    with LatentCapture(model, on_layer=writer) as cap:
+    with LatentCapture(model, on_layer=writer) as cap, Progress(len(plan.seqs), "dump", "sequences") as progress:
         for s, (seq, rows) in enumerate(zip(plan.seqs, plan.local_rows)):
             writer.seq = s
             cap.clear()
@@ -363,6 +364,7 @@ def _run_sequences(model, plan: _Plan, writer: _LayerWriter, check_tol: float) -
             _check_consistent(writer)
             for i in plan.layer_ids:
                 _check_layer(writer, i, check_tol, f"sequences 0..{s} of {len(plan.seqs)}")
+            progress.update()
 
 
 def _run_streamed(streamer, f, plan: _Plan, writer: _LayerWriter, check_tol: float) -> None:
@@ -371,7 +373,8 @@ def _run_streamed(streamer, f, plan: _Plan, writer: _LayerWriter, check_tol: flo
     written as it comes), the layer checked over all sequences, then freed. Raises RuntimeError as
     _run_sequences (a sequence the layer did not run, disagreeing layers, a layer over check_tol)."""
     S = len(plan.seqs)
-    with LatentCapture(streamer.model, on_layer=writer) as cap:
+    progress = Progress(len(streamer.layers), "dump", "layers (streamed)")
+    with LatentCapture(streamer.model, on_layer=writer) as cap, progress:
 
         def loaded(i: int) -> None:
             if i in writer.ran:
@@ -383,6 +386,7 @@ def _run_streamed(streamer, f, plan: _Plan, writer: _LayerWriter, check_tol: flo
             cap.q_rows = torch.as_tensor(plan.local_rows[s])
 
         def after(i: int) -> None:
+            progress.update()
             if i not in writer.ran:
                 return
             missing = sorted(set(range(S)) - writer.ran[i])

@@ -1,8 +1,8 @@
 """Progress of a long step (the dump, the e2e runs): counts, elapsed time and an ETA.
 
 On a terminal it is a tqdm bar; otherwise (CI, Slurm, the pipe through which ``latentq run`` relays its
-Python steps) one line about every ``interval`` seconds and one at the end, so a log shows the step is
-alive without a line per item. The environment chooses too:
+Python steps) one line about every ``interval`` seconds and one at the end (none for a step shorter than
+``interval``), so a log shows the step is alive without a line per item. The environment chooses too:
   LATENTQ_PROGRESS           ``bar``, ``lines`` or ``off`` (default: ``bar`` when the stream is a terminal,
                              else ``lines``); ``latentq`` sets ``bar`` for its child when it runs on a terminal
   LATENTQ_PROGRESS_INTERVAL  seconds between lines (default 10; 0: a line per item)
@@ -17,7 +17,8 @@ import time
 
 class Progress:
     """``Progress(total, desc, unit)``; ``update(n)`` after each item, ``write(line)`` for a line of the
-    step's own output (printed above a bar), ``close()`` at the end (also as a context manager, which prints no last line when the block raises).
+    step's own output (printed above a bar), ``close()`` at the end (also as a context manager, which
+    prints no last line when the block raises).
     total: the item count (>= 0); desc: the step's name, the start of every line ("e2e"); unit: the items'
     name ("runs"). Lines read ``e2e: 12/71 runs, 35 s, ETA 170 s`` (the ETA: elapsed / done x left)."""
 
@@ -67,7 +68,7 @@ class Progress:
         if self.bar is not None:
             self.bar.close()
             self.bar = None
-        elif self.mode == "lines":
+        elif self.mode == "lines" and time.monotonic() - self.t0 >= self.interval:  # a short step stays quiet
             print(self.line() + " (done)" if self.done >= self.total else self.line(), file=self.stream, flush=True)
         self.mode = "off"
 
