@@ -130,3 +130,41 @@ def test_bad_arguments_write_nothing(tmp_path, inputs):
     )
     assert r.returncode == 2 and "no such file" in r.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_one_command_on_an_fp8_sharded_deepseek_v3_checkpoint(tmp_path, inputs):
+    """The FP8 checkpoint as DeepSeek ships it (e4m3 weights with 128 x 128 weight_scale_inv blocks, per-expert
+    2-D weights, 3 shards with a layer across two, first_k_dense_replace 1, an MTP layer) on a CPU: the dump
+    streams it (FP8), the e2e step loads it dequantized, and the report names a format per budget."""
+    import torch
+
+    from latentq.random_checkpoint import deepseek_tensors, random_model, write_checkpoint
+
+    torch.set_num_threads(1)
+    cfg = dict(hidden_size=192, intermediate_size=160, moe_intermediate_size=48, q_lora_rank=96)
+    m = random_model("v3", seed=21, num_hidden_layers=4, **cfg)
+    ckpt = tmp_path / "v3-fp8"
+    write_checkpoint(
+        deepseek_tensors(m, fp8_block=(128, 128), mtp_layers=1, seed=21),
+        m.config,
+        str(ckpt),
+        shards=3,
+        fp8_block=(128, 128),
+    )
+    text, _ = inputs
+    small = tmp_path / "fp8.toml"  # k_pe is 16 wide here: no ggml format (blocks of 32)
+    small.write_text(CONFIG.replace('"q4_0"', '"fp8-e4m3-tensor"'))
+    out = tmp_path / "out"
+    args = [LQ, "study", "--model", str(ckpt), "--text", str(text), "--out", str(out), "--config", str(small)]
+    args += ["--seq-len", "32", "--num-seqs", "2", "--q-rows", "8", "--threads", "1"]
+    r = subprocess.run(args, capture_output=True, text=True, timeout=900, env=dict(os.environ, HF_HUB_OFFLINE="1"))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "e2e: skipped" not in r.stdout, r.stdout[-2000:]
+    with h5py.File(out / "dump.h5", "r") as f:
+        assert f.attrs["original_dtype"] == "float8_e4m3fn" and int(f.attrs["num_layers"]) == 4
+    with h5py.File(out / "results.h5", "r") as f:
+        assert len(f["e2e/quantizer"]) > 0
+        assert f["e2e"].attrs["text_sha256"] == hashlib.sha256(text.read_bytes()).hexdigest()
+        named = [x.decode() for c, x in zip(f["decision/choice"][:], f["decision/quantizer"][:]) if x != b"-"]
+    assert named, "no format named at any budget"
+    assert (out / "report" / "report.md").read_text().splitlines()[2] == "## Decision"
