@@ -11,8 +11,11 @@
 #include <csignal>
 #include <cstdlib>
 #include <iostream>
+#include <fstream>
 #include <limits>
 #include <optional>
+#include <regex>
+#include <sstream>
 #include <variant>
 #include <stdexcept>
 
@@ -243,6 +246,45 @@ int cmd_study(const StudyArgs& a, std::ostream& out, std::ostream& err, bool pro
   out << fmt::format("\nstudy: {}\n  dump     {}\n  results  {}\n  report   {}\n", dir.string(), dump.string(),
                      results.string(), (report / "report.md").string());
   return rc;
+}
+
+// `latentq init STUDY.toml [--model DIR]`: the embedded default config with its relative paths resolved
+// (against the directory it stands for), so the copy works wherever it is written. With --model: [e2e] model is
+// DIR and [input] dump is dump.h5 next to STUDY.toml (what `latentq study --config STUDY.toml` or
+// `python -m latentq.dump --model DIR ... --out` writes). Refuses an existing file; written atomically.
+int cmd_init(const std::string& path, const std::string& model, std::ostream& out) {
+  const fs::path target = fs::absolute(path).lexically_normal();
+  std::error_code ec;
+  if (fs::exists(target, ec)) throw std::invalid_argument(target.string() + ": exists; choose another name");
+  const fs::path base = default_config_path().parent_path();
+  std::istringstream in{std::string(default_config_text())};
+  std::string section, text, line;
+  const std::regex header(R"re(^\[([A-Za-z0-9_.]+)\]\s*$)re");
+  const std::regex key(R"re(^(\s*)(dump|results|model|text)(\s*=\s*)"([^"]*)"(.*)$)re");
+  while (std::getline(in, line)) {
+    std::smatch m;
+    if (std::regex_match(line, m, header)) section = m[1];
+    if (std::regex_match(line, m, key)) {
+      fs::path p = fs::path(m[4].str());
+      if (!model.empty() && section == "e2e" && m[2] == "model")
+        p = fs::absolute(model);
+      else if (!model.empty() && section == "input" && m[2] == "dump")
+        p = target.parent_path() / "dump.h5";
+      else if (p.is_relative())
+        p = base / p;
+      line =
+          fmt::format("{}{}{}\"{}\"{}", m[1].str(), m[2].str(), m[3].str(), p.lexically_normal().string(), m[5].str());
+    }
+    text += line + "\n";
+  }
+  text = fmt::format("# written by `latentq init{}`: the default study with its paths resolved.\n",
+                     model.empty() ? std::string() : " --model " + model) +
+         text;
+  (void)parse_config(text, target.string(), target.parent_path());  // what `run` will read parses
+  fs::create_directories(target.parent_path());
+  write_text_atomic(target, text);
+  out << "config: " << target.string() << "\n";
+  return kExitOk;
 }
 
 struct MergeArgs {
@@ -492,6 +534,12 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   merge->add_flag("--no-e2e", ma.no_e2e, "do not start python -m latentq.e2e even when the config has [e2e] enabled");
   merge->add_option("--budgets", ma.budgets, budgets_help);
 
+  std::string init_path, init_model;
+  CLI::App* init = app.add_subcommand(
+      "init", "Write the default study config with its paths resolved (to edit, then `latentq run STUDY.toml`)");
+  init->add_option("config", init_path, "the config file to write (refused if it exists)")->required();
+  init->add_option("--model", init_model, "a checkpoint directory: [e2e] model, and [input] dump = dump.h5 beside");
+
   StudyArgs sta;
   CLI::App* study = app.add_subcommand(
       "study",
@@ -568,6 +616,7 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
     if (regress->parsed()) return cmd_regress(reg_results, reg_thresholds, out);
     if (plan->parsed()) return cmd_plan(pa, out, err);
     if (study->parsed()) return cmd_study(sta, out, err, progress_bar);
+    if (init->parsed()) return cmd_init(init_path, init_model, out);
     if (decide->parsed()) {
       require_complete_results(decide_results, "a decision");
       decision_step(decide_results, decide_budgets, out);

@@ -9,6 +9,7 @@
 
 #include "latentq/batch.h"
 #include "latentq/cli.h"
+#include "latentq/config.h"
 #include "latentq/results.h"
 #include "latentq/util.h"
 #include "cli_capture.h"
@@ -245,6 +246,31 @@ TEST_F(CliTest, BadLayerValuesAreRefusedBeforeAnyCellRuns) {
       EXPECT_FALSE(fs::exists(dir / "out")) << "a file was written";
     }
   }
+}
+
+// `latentq init`: the default config with resolved paths (the copy runs from anywhere); --model points [e2e]
+// at the checkpoint and [input] at dump.h5 beside the config; an existing file is refused.
+TEST_F(CliTest, InitWritesTheDefaultConfigWithResolvedPaths) {
+  const fs::path c = dir / "cfg" / "mine.toml";
+  Outcome o = cli({"init", c.string()});
+  ASSERT_EQ(o.rc, 0) << o.err;
+  const StudyConfig got = load_config(c);
+  const StudyConfig def = default_config();
+  EXPECT_EQ(got.dump, def.dump);
+  EXPECT_TRUE(got.dump.is_absolute());
+  EXPECT_EQ(got.results, def.results);
+  EXPECT_EQ(got.probes.e2e.model, def.probes.e2e.model);
+  EXPECT_EQ(got.all_quantizers().size(), def.all_quantizers().size());
+  o = cli({"init", c.string()});
+  EXPECT_EQ(o.rc, 2);
+  EXPECT_CONTAINS(o.err, "mine.toml: exists");
+  const fs::path m = dir / "m.toml";
+  o = cli({"init", m.string(), "--model", (dir / "ckpt").string()});
+  ASSERT_EQ(o.rc, 0) << o.err;
+  const StudyConfig with_model = load_config(m);
+  EXPECT_EQ(with_model.dump, dir / "dump.h5");
+  EXPECT_EQ(with_model.probes.e2e.model, dir / "ckpt");
+  EXPECT_TRUE(with_model.probes.e2e.enabled);
 }
 
 TEST_F(CliTest, Inspect) {
