@@ -53,7 +53,6 @@ from latentq.report.figures import (
     fig_sharing,
     fig_svd,
 )
-from latentq.report.findings import findings_markdown
 from latentq.report.load import (
     _attention_key,
     _int_attr,
@@ -588,6 +587,9 @@ def write_report(path, loaded, out, patterns):
     _layer_and_svd_sections(rep, out, tables, attrs, Q, patterns)
     _cross_layer_sections(rep, out, tables, attrs)
     _e2e_sections(rep, out, tables, attrs, Q, e2e)
+    # imported here: `python -m latentq.report.findings` imports the package (and this module) first
+    from latentq.report.findings import findings_markdown
+
     L = _markdown_lines(path, attrs, Q, front, rep, tables.get("decision"), findings_markdown(attrs, tables))
     md_path = os.path.join(out, "report.md")
     fd, tmp = tempfile.mkstemp(prefix=".report.md.", suffix=".tmp", dir=out)
