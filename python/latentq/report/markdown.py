@@ -24,6 +24,9 @@ shows them with captions and short tables. Figures, each made only when its grou
                            (/attention_position, mean over layers); prefill-at-once and the decode
                            orders with residual R in {0, 32, 128} and sink S in {0, 4}
 
+report.md also has a "Findings" section (latentq.report.findings): the source the results stand on
+(tiny-mla, the V2-Lite stand-in or a real checkpoint, from the model attribute and the input path) and
+each verdict of docs/findings.md with its outcome and numbers.
 A group that is missing gives no figure and one line saying so (stdout and report.md).
 Exit codes (latentq.report.__main__): 0 done; 2 input error (missing file, not HDF5, wrong schema, no
 result tables, bad --out), with "latentq report: <file>: <what>" on stderr and nothing written; 1
@@ -518,9 +521,10 @@ def decision_lines(d):
     ]
 
 
-def _markdown_lines(path, attrs, Q, front, rep, decision=None):
+def _markdown_lines(path, attrs, Q, front, rep, decision=None, findings=()):
     """The lines of report.md: title, subset warning, the decision summary (/decision), the file's metadata,
-    the Pareto front, the sections, the missing groups and the notes."""
+    the Pareto front, the findings (latentq.report.findings: lines), the sections, the missing groups and
+    the notes."""
     model = attrs.get("model", "?")
     L = [f"# latentq report: {model}", ""]
     subset = subset_warning(attrs)
@@ -553,6 +557,7 @@ def _markdown_lines(path, attrs, Q, front, rep, decision=None):
             + "."
         )
         L.append("")
+    L += list(findings)
     for title, fn, cap, tmd in rep.sections:
         L += [f"## {title}", ""]
         if fn:
@@ -582,7 +587,10 @@ def write_report(path, loaded, out, patterns):
     _layer_and_svd_sections(rep, out, tables, attrs, Q, patterns)
     _cross_layer_sections(rep, out, tables, attrs)
     _e2e_sections(rep, out, tables, attrs, Q, e2e)
-    L = _markdown_lines(path, attrs, Q, front, rep, tables.get("decision"))
+    # imported here: `python -m latentq.report.findings` imports the package (and this module) first
+    from latentq.report.findings import findings_markdown
+
+    L = _markdown_lines(path, attrs, Q, front, rep, tables.get("decision"), findings_markdown(attrs, tables))
     md_path = os.path.join(out, "report.md")
     fd, tmp = tempfile.mkstemp(prefix=".report.md.", suffix=".tmp", dir=out)
     try:
