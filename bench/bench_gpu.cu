@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "bench_common.h"
+#include "latentq/fused_decode_cuda.h"
 #include "latentq/quantize_cuda.h"
 #include "latentq/transform.h"
 
@@ -231,6 +232,93 @@ void bm_d2d(benchmark::State& st, int64_t bytes) {
   }
 }
 
+// One decode step of the absorbed attention on the quantized cache (fused_decode_cuda.h): B sequences of L
+// keys, H heads, c_kv [B·L, 512] and k_pe [B·L, 64] stored in `spec_s` (a preset: each target in its format),
+// queries generated on the device. bytes_per_second: the cache bytes read (codes, scales, offsets of c_kv and
+// k_pe: storage_bytes()) per second of the step (both kernels: split-K and combine); vs_memcpy: that rate over a
+// device-to-device copy moving as many bytes (read + written) in the same run; us_per_token: the step's time
+// per sequence (one decoded token, one layer); splits: the automatic split of the keys.
+void bm_fused_decode(benchmark::State& st, const std::string& spec_s, int64_t B, int64_t H, int64_t L) {
+  try {
+    constexpr int64_t Dc = 512, Dr = 64;
+    const QuantSpec spec = QuantSpec::parse(spec_s);
+    const int64_t T = B * L;
+    std::vector<int64_t> seqs(static_cast<size_t>(B + 1));
+    for (int64_t b = 0; b <= B; ++b) seqs[b] = b * L;
+    DeviceQuantized dc, dk;
+    {
+      gpu::DeviceBuffer<float> x(static_cast<size_t>(T * Dc), "fused decode c_kv input");
+      fill_latent<<<4096, 256>>>(x.data(), T * Dc, Dc, 1234);
+      LQ_CUDA_CHECK(cudaGetLastError());
+      quantize_device(spec, Target::CKV, x.data(), T, Dc, seqs, dc);
+      fill_latent<<<4096, 256>>>(x.data(), T * Dr, Dr, 5678);
+      LQ_CUDA_CHECK(cudaGetLastError());
+      quantize_device(spec, Target::KPE, x.data(), T, Dr, seqs, dk);
+    }
+    gpu::DeviceBuffer<float> ql(static_cast<size_t>(B * H * Dc), "q_lat"), qp(static_cast<size_t>(B * H * Dr), "q_pe"),
+        out(static_cast<size_t>(B * H * Dc), "fused decode output"), lse(static_cast<size_t>(B * H), "lse");
+    fill_latent<<<1024, 256>>>(ql.data(), B * H * Dc, Dc, 99);
+    fill_latent<<<1024, 256>>>(qp.data(), B * H * Dr, Dr, 98);
+    LQ_CUDA_CHECK(cudaGetLastError());
+    gpu::DeviceBuffer<int64_t> d_seq;
+    d_seq.upload(seqs.data(), seqs.size(), nullptr, "seq_offsets");
+    const gpu::FusedCacheView vc = gpu::fused_cache_view(dc, gpu::kFusedMaxCkv),
+                              vk = gpu::fused_cache_view(dk, gpu::kFusedMaxKpe);
+    const gpu::FusedDecodePlan plan = gpu::plan_fused_decode(B, H, Dc, L, 0, gpu::device_sm_count());
+    gpu::DeviceBuffer<unsigned char> ws(plan.workspace_bytes, "fused decode workspace");
+    gpu::FusedDecodeParams p;
+    p.B = B;
+    p.H = H;
+    p.Dc = Dc;
+    p.Dr = Dr;
+    p.softmax_scale = 1.0f / std::sqrt(192.0f);
+    p.q_lat = ql.data();
+    p.q_pe = qp.data();
+    p.seq_offsets = d_seq.data();
+    p.out = out.data();
+    p.lse = lse.data();
+    LQ_CUDA_CHECK(gpu::launch_fused_decode(vc, vk, p, plan, ws.data(), nullptr));  // warm-up
+    LQ_CUDA_CHECK(cudaDeviceSynchronize());
+    const int64_t bytes = dc.storage_bytes() + dk.storage_bytes();
+    Events ev;
+    double total = 0;
+    for (auto _ : st) {
+      LQ_CUDA_CHECK(cudaEventRecord(ev.a, nullptr));
+      LQ_CUDA_CHECK(gpu::launch_fused_decode(vc, vk, p, plan, ws.data(), nullptr));
+      LQ_CUDA_CHECK(cudaEventRecord(ev.b, nullptr));
+      const double s = ev.seconds();
+      st.SetIterationTime(s);
+      total += s;
+    }
+    set_counters(st, bytes, total);
+    const double per_iter = total / static_cast<double>(std::max<int64_t>(st.iterations(), 1));
+    st.counters["us_per_token"] = per_iter * 1e6 / static_cast<double>(B);
+    st.counters["splits"] = plan.splits;
+  } catch (const std::exception& e) {
+    st.SkipWithError(e.what());
+  }
+}
+
+/// The fused decode's formats: bf16, integer per-channel (token groups of 32) and per-token, ggml, fp8 tiles
+/// with FlashMLA's and vLLM's rules, MXFP4, NVFP4, FlashMLA's FP4 tiles, and the FlashMLA V3.2 record (fp8 c_kv,
+/// bf16 k_pe).
+std::vector<std::string> fused_decode_specs() {
+  return {"bf16",
+          "int8-asym-token",
+          "int8-sym-channel-g32",
+          "int4-asym-channel-g32",
+          "int4-sym-token-g32",
+          "int2-asym-channel-g32",
+          "q8_0",
+          "q4_0",
+          "fp8-e4m3-tile128-pow2",
+          "fp8-e4m3-tile128-fp32",
+          "mxfp4",
+          "nvfp4",
+          "fp4-e2m1-tile16-e4m3",
+          "flashmla-v32-fp8"};
+}
+
 void bm_unavailable(benchmark::State& st, const std::string& why) {
   for (auto _ : st) {
   }
@@ -264,6 +352,18 @@ void register_gpu_benchmarks(const Options& opt) {
           ->Unit(benchmark::kMillisecond);
     }
   }
+  // the fused decode: batch x heads x context, B·L ≤ 2^21 tokens (64 x 32k, 8 x 128k)
+  for (const std::string& spec : fused_decode_specs())
+    for (const int64_t B : {1, 8, 64})
+      for (const int64_t H : {16, 128})
+        for (const int64_t L : {4096, 32768, 131072}) {
+          if (B * L > (int64_t{1} << 21)) continue;
+          const std::string name = "gpu/fused_decode/" + spec + "/B:" + std::to_string(B) + "/H:" + std::to_string(H) +
+                                   "/L:" + std::to_string(L);
+          benchmark::RegisterBenchmark(name.c_str(), bm_fused_decode, spec, B, H, L)
+              ->UseManualTime()
+              ->Unit(benchmark::kMicrosecond);
+        }
 }
 
 }  // namespace latentq::bench

@@ -11,8 +11,10 @@
 #   4b. the default study on tiny-mla and on a 2-layer DeepSeek-V2-Lite-shaped synthetic dump, --device
 #      cuda against --device cpu (the V2-Lite one timed; LQ_V2LITE=0 skips it);
 #   5. latentq_bench: GPU quantize/dequantize + device-to-device copy at T = 262144 and 1048576
-#      (151M and 604M elements of D = 576), each result compared with the CPU reference at 262144;
-#   6. a table, printed LAST: spec, size, GB/s, ratio to the D2D copy, identical.
+#      (151M and 604M elements of D = 576), each result compared with the CPU reference at 262144; and the
+#      fused decode-attention per format (gpu/fused_decode/..., batch x heads x context of LQ_FUSED);
+#   6. the tables, printed LAST: spec, size, GB/s, ratio to the D2D copy, identical; then the fused decode:
+#      spec, B, H, L, splits, time per step and per token, cache GB/s, ratio to the D2D copy.
 #
 # Usage:   bash kernels/gpu_check.sh          (from any directory)
 # Env:     LQ_CUDA_ARCH   CUDA architecture (default: nvidia-smi's compute capability, else 90)
@@ -26,6 +28,8 @@
 #          LQ_IGNORE_SYSTEM_DEPS  1: use the carried .debs even if the system has the packages (testing)
 #          LQ_SANITIZE    0: skip compute-sanitizer
 #          LQ_BENCH_T     regex of the benchmarked T (default 262144|1048576)
+#          LQ_FUSED       regex of the fused decode shapes B:<B>/H:<H>/L:<L> (default B:(1|64)/H:(16|128)/L:32768;
+#                         0 skips them)
 #          OUT            folder for the logs (build, test_gpu, sanitizer, bench) and bench.json
 #                         (default <build>/out)
 # Exit:    0 everything passed and identical · 1 a test failed or a result differed
@@ -37,6 +41,7 @@ BUILD=${LQ_BUILD_DIR:-$ROOT/build-gpucheck}
 DEPS=${LQ_DEPS_DIR:-$ROOT/build-gpudeps}
 OUTDIR=${OUT:-$BUILD/out}
 BENCH_T=${LQ_BENCH_T:-262144|1048576}
+FUSED=${LQ_FUSED:-B:(1|64)/H:(16|128)/L:32768}
 JOBS=$(nproc 2>/dev/null || echo 4)
 T0=$SECONDS
 mkdir -p "$BUILD" "$OUTDIR"
@@ -245,8 +250,10 @@ if [ -n "$CLI" ] && [ -n "$REQ" ] && [ "${LQ_V2LITE:-1}" != 0 ]; then
 fi
 # ---- benchmarks -------------------------------------------------------------------------------
 if [ -n "$BENCH" ]; then
-  say "latentq_bench (GPU, T = $BENCH_T, D = 576; verify against the CPU at T·D ≤ 2^28)"
-  "$BENCH" --benchmark_filter="^gpu/.*/T:($BENCH_T)/" --benchmark_min_time=0.2 --lq_verify \
+  FILTER="^gpu/.*/T:($BENCH_T)/"
+  [ "$FUSED" != 0 ] && FILTER="^gpu/(.*/T:($BENCH_T)/|fused_decode/.*/($FUSED)(/|\$))"
+  say "latentq_bench (GPU, T = $BENCH_T, D = 576; verify against the CPU at T·D ≤ 2^28; fused decode: ${FUSED})"
+  "$BENCH" --benchmark_filter="$FILTER" --benchmark_min_time=0.2 --lq_verify \
     --lq_verify_max_elems=268435456 --benchmark_out="$OUTDIR/bench.json" --benchmark_out_format=json \
     >"$OUTDIR/bench.log" 2>&1 || { STATUS=1; tail -20 "$OUTDIR/bench.log"; say "latentq_bench FAILED"; }
 fi
@@ -281,6 +288,18 @@ met = sum(1 for r in rows if r[2] * r[3] >= 64 << 20 and r[5] >= 0.85)
 big = sum(1 for r in rows if r[2] * r[3] >= 64 << 20)
 print(f"ratio >= 0.85 in {met} of {big} rows at >= 64M elements; identical: "
       f"{sum(ident.values())} of {len(ident)} verified specs")
+fused = []
+for r in runs:
+    m = re.match(r"gpu/fused_decode/([^/]+)/B:(\d+)/H:(\d+)/L:(\d+)(/|$)", r["name"])
+    if m and not r.get("error_occurred"):
+        us = r["real_time"] * {"ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6}[r.get("time_unit", "us")]
+        fused.append((m.group(1), int(m.group(2)), int(m.group(3)), int(m.group(4)), int(r.get("splits", 0)), us,
+                      r.get("us_per_token", 0.0), r["bytes_per_second"] / 1e9, r.get("vs_memcpy", 0.0)))
+if fused:
+    print("\nFused decode-attention, one step of one layer (Dc 512 + Dr 64; cache bytes read per second; vs D2D copy)")
+    print(f"{'spec':<24} {'B':>3} {'H':>4} {'L':>7} {'splits':>6} {'us/step':>9} {'us/token':>9} {'GB/s':>7} {'vs D2D':>7}")
+    for spec, B, H, L, sp, us, ust, gbs, ratio in fused:
+        print(f"{spec:<24} {B:>3} {H:>4} {L:>7} {sp:>6} {us:9.1f} {ust:9.2f} {gbs:7.0f} {ratio:7.2f}")
 sys.exit(1 if bad else 0)
 PY
 elif [ -f "$OUTDIR/bench.log" ]; then

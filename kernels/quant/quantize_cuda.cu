@@ -399,27 +399,50 @@ void quantize_device(const QuantSpec& spec, Target target, const float* d_x, int
   finish(out, d_x, stream);
 }
 
-void dequantize_device(const DeviceQuantized& q, float* d_out, cudaStream_t stream) {
+namespace gpu {
+void check_device_layout(const DeviceQuantized& q, const char* who) {
   const int64_t T = q.rows, D = q.cols;
-  if (T <= 0 || D <= 0) throw std::invalid_argument("cannot dequantize an empty matrix " + shape(T, D));
+  if (T <= 0 || D <= 0) throw std::invalid_argument(std::string(who) + ": cannot read an empty matrix " + shape(T, D));
   check_shape(T, D);
-  if (d_out == nullptr) throw std::invalid_argument("dequantize_device: the output pointer is null");
   const QuantizedTensor h = q.header();
   const QuantSpec& st = q.spec;
   const bool channel = st.format == Format::Int && st.granularity == Granularity::Channel;
   if (channel && (q.group_bounds.size() < 2 || q.group_bounds.front() != 0 || q.group_bounds.back() != T ||
                   q.d_group_bounds.size() != q.group_bounds.size()))
-    throw std::invalid_argument("dequantize_device: channel group bounds must run from 0 to T = " + std::to_string(T) +
-                                " and be on the device");
+    throw std::invalid_argument(std::string(who) + ": channel group bounds must run from 0 to T = " +
+                                std::to_string(T) + " and be on the device");
   const int64_t rb = h.row_bytes();
   const int64_t sl = scales_len(h);
   if (static_cast<int64_t>(q.codes.size()) != T * rb || static_cast<int64_t>(q.scales.size()) != sl ||
       static_cast<int64_t>(q.offsets.size()) != (is_asym(st) ? sl : 0))
-    throw std::invalid_argument("dequantize_device: buffers of '" + st.to_string() + "' " + shape(T, D) +
+    throw std::invalid_argument(std::string(who) + ": buffers of '" + st.to_string() + "' " + shape(T, D) +
                                 " do not match the layout (codes " + std::to_string(q.codes.size()) +
                                 " bytes, expected " + std::to_string(T * rb) + "; scales " +
                                 std::to_string(q.scales.size()) + ", expected " + std::to_string(sl) + ")");
+}
 
+const int32_t* token_group_map(const DeviceQuantized& q, cudaStream_t stream) {
+  Workspace& ws = q.ws;
+  const int64_t T = q.rows;
+  if (ws.map_bounds != q.group_bounds || ws.token_group.size() != static_cast<size_t>(T)) {
+    ws.token_group.resize(static_cast<size_t>(T), "token group map");
+    LQ_CUDA_CHECK(gd::launch_token_group_map(q.d_group_bounds.data(), static_cast<int64_t>(q.group_bounds.size()) - 1,
+                                             T, ws.token_group.data(), stream));
+    ws.map_bounds = q.group_bounds;
+  }
+  return ws.token_group.data();
+}
+}  // namespace gpu
+
+void dequantize_device(const DeviceQuantized& q, float* d_out, cudaStream_t stream) {
+  const int64_t T = q.rows, D = q.cols;
+  if (T <= 0 || D <= 0) throw std::invalid_argument("cannot dequantize an empty matrix " + shape(T, D));
+  if (d_out == nullptr) throw std::invalid_argument("dequantize_device: the output pointer is null");
+  gpu::check_device_layout(q, "dequantize_device");
+  const QuantizedTensor h = q.header();
+  const QuantSpec& st = q.spec;
+  const bool channel = st.format == Format::Int && st.granularity == Granularity::Channel;
+  const int64_t rb = h.row_bytes();
   const Layout L = h.layout();
   if (L.block_format) {
     gd::BlocksArgs ba{nullptr,
@@ -465,16 +488,7 @@ void dequantize_device(const DeviceQuantized& q, float* d_out, cudaStream_t stre
     a.nt = static_cast<int>(h.scales_per_row());
   }
   a.div_g = gpu::FastDiv(a.g);
-  if (channel) {
-    gpu::Workspace& ws = q.ws;
-    if (ws.map_bounds != q.group_bounds || ws.token_group.size() != static_cast<size_t>(T)) {
-      ws.token_group.resize(static_cast<size_t>(T), "token group map");
-      LQ_CUDA_CHECK(gd::launch_token_group_map(q.d_group_bounds.data(), static_cast<int64_t>(q.group_bounds.size()) - 1,
-                                               T, ws.token_group.data(), stream));
-      ws.map_bounds = q.group_bounds;
-    }
-    a.token_group = ws.token_group.data();
-  }
+  if (channel) a.token_group = gpu::token_group_map(q, stream);
   LQ_CUDA_CHECK(gd::launch_dequantize(a, st.bits, mode, stream));
 }
 

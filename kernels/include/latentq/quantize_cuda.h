@@ -96,6 +96,16 @@ void quantize_device(const QuantSpec& spec, Target target, const float* d_x /*[T
 /// Throws std::invalid_argument if q's buffers do not match its layout.
 void dequantize_device(const DeviceQuantized& q, float* d_out /*[T, D]*/, cudaStream_t stream = nullptr);
 
+namespace gpu {
+/// Throws std::invalid_argument ("<who>: ...") unless q's device buffers match its layout: codes [rows,
+/// row_bytes()], scales and offsets as quantize.h lays them out, per-channel group bounds from 0 to rows with
+/// their device copy; and the kernels' limits on rows and cols.
+void check_device_layout(const DeviceQuantized& q, const char* who);
+/// The token → channel group map [rows] (int32, device) of a per-channel q, built on `stream` on first use and
+/// kept in q.ws (rebuilt when the group bounds change).
+const int32_t* token_group_map(const DeviceQuantized& q, cudaStream_t stream);
+}  // namespace gpu
+
 /// Number of NaN/Inf values in d_x [n] (device), with cub::DeviceReduce. Synchronizes `stream`.
 int64_t count_nonfinite_device(const float* d_x /*[n]*/, int64_t n, cudaStream_t stream = nullptr);
 
