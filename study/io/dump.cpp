@@ -45,15 +45,20 @@ class Loader {
     const H5::Attribute a = attr(name, "a string");
     if (a.getTypeClass() != H5T_STRING)
       invalid(fmt::format("root attribute '{}' has type {}, expected a string", name, h5::dtype_name(a.getDataType())));
+    single(a, name, "a string");
     return h5::read_string_attr(a);
+  }
+  // An attribute holding one value (a scalar or a one-element array).
+  void single(const H5::Attribute& a, const std::string& name, const char* expected) const {
+    if (const hssize_t n = a.getSpace().getSimpleExtentNpoints(); n != 1)
+      invalid(fmt::format("root attribute '{}' holds {} values, expected {}", name, n, expected));
   }
   H5::Attribute scalar_attr(const std::string& name, H5T_class_t cls, const char* expected) {
     const H5::Attribute a = attr(name, expected);
     if (a.getTypeClass() != cls)
       invalid(
           fmt::format("root attribute '{}' has type {}, expected {}", name, h5::dtype_name(a.getDataType()), expected));
-    if (a.getSpace().getSimpleExtentNpoints() != 1)
-      invalid(fmt::format("root attribute '{}' must be a single value", name));
+    single(a, name, expected);
     return a;
   }
   int64_t int_attr(const std::string& name, int64_t min_value) {
@@ -133,6 +138,7 @@ void read_attrs(Loader& L, DumpAttrs& A) {
     const H5::Attribute a = L.attr("schema", "\"latentq-dump/1\"");
     if (a.getTypeClass() != H5T_STRING)
       L.invalid("root attribute 'schema' is not a string (expected \"latentq-dump/1\")");
+    L.single(a, "schema", "the string \"latentq-dump/1\"");
     const std::string schema = h5::read_string_attr(a);
     if (schema != kDumpSchema)
       L.invalid(fmt::format("root attribute 'schema' is \"{}\", expected \"{}\"", schema, kDumpSchema));

@@ -1,9 +1,12 @@
 // The dump loader: a good synthetic dump loads exactly; each kind of bad input gives a clear error.
+#include <H5Cpp.h>
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <fstream>
 #include <limits>
+#include <vector>
 
 #include "latentq/dump.h"
 #include "latentq/util.h"
@@ -279,6 +282,33 @@ TEST_F(DumpTest, QueryRowOutOfRange) {
 TEST_F(DumpTest, BadLayerName) {
   lqtest::put_f32(path, "/layers/extra/c_kv", {1, 1}, {0.0f});
   expect_error<std::invalid_argument>([&] { load_dump(path); }, {"/layers/extra is not a layer name"});
+}
+
+// Replaces root attribute `name` by variable-length strings on `space` (`values`, one per element).
+void put_string_attr(const fs::path& path, const std::string& name, const H5::DataSpace& space,
+                     const std::vector<const char*>& values) {
+  H5::H5File f(path.string(), H5F_ACC_RDWR);
+  if (f.attrExists(name)) f.removeAttr(name);
+  const H5::StrType t(H5::PredType::C_S1, H5T_VARIABLE);
+  const H5::Attribute a = f.createAttribute(name, t, space);
+  if (!values.empty()) a.write(t, values.data());
+}
+
+// A string attribute holds one string. (An array of two variable-length strings was read into the
+// storage of one, HDF5 writing the second pointer past it, and loaded as its first value; one of none,
+// a null dataspace, freed an uninitialized pointer. Found by fuzz/fuzz_dump_schema.)
+TEST_F(DumpTest, StringAttributeWithSeveralValues) {
+  const hsize_t two = 2;
+  for (const char* name : {"schema", "model"}) {
+    SCOPED_TRACE(name);
+    lqtest::write_synth(path, data);
+    put_string_attr(path, name, H5::DataSpace(1, &two), {"latentq-dump/1", "latentq-dump/1"});
+    expect_error<std::invalid_argument>([&] { load_dump(path); },
+                                        {p(), fmt::format("root attribute '{}' holds 2 values, expected", name)});
+    put_string_attr(path, name, H5::DataSpace(H5S_NULL), {});
+    expect_error<std::invalid_argument>([&] { load_dump(path); },
+                                        {p(), fmt::format("root attribute '{}' holds 0 values, expected", name)});
+  }
 }
 
 TEST(Sha256, KnownDigests) {
