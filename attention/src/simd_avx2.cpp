@@ -15,8 +15,10 @@
 
 namespace latentq::probes::attention_detail {
 
-extern "C" __m256 _ZGVdN8v_expf(__m256);   // glibc libmvec: the AVX2 variant of expf (x86_64 vector ABI)
-extern "C" __m256d _ZGVdN4v_log(__m256d);  // ... and of log
+// glibc libmvec: the AVX2 variants of expf and log (x86_64 vector ABI); declared for the avx2 target,
+// which clang requires of a declaration that passes __m256 in registers.
+extern "C" __attribute__((target("avx2"))) __m256 _ZGVdN8v_expf(__m256);
+extern "C" __attribute__((target("avx2"))) __m256d _ZGVdN4v_log(__m256d);
 
 // x[j] = exp(x[j] − m) for j in [0, n), eight at a time with libmvec's expf, the tail with std::exp.
 __attribute__((target("avx2"))) void exp_shifted_avx2(float* x, int64_t n, float m) {

@@ -45,15 +45,20 @@ class Loader {
     const H5::Attribute a = attr(name, "a string");
     if (a.getTypeClass() != H5T_STRING)
       invalid(fmt::format("root attribute '{}' has type {}, expected a string", name, h5::dtype_name(a.getDataType())));
+    single(a, name, "a string");
     return h5::read_string_attr(a);
+  }
+  // An attribute holding one value (a scalar or a one-element array).
+  void single(const H5::Attribute& a, const std::string& name, const char* expected) const {
+    if (const hssize_t n = a.getSpace().getSimpleExtentNpoints(); n != 1)
+      invalid(fmt::format("root attribute '{}' holds {} values, expected {}", name, n, expected));
   }
   H5::Attribute scalar_attr(const std::string& name, H5T_class_t cls, const char* expected) {
     const H5::Attribute a = attr(name, expected);
     if (a.getTypeClass() != cls)
       invalid(
           fmt::format("root attribute '{}' has type {}, expected {}", name, h5::dtype_name(a.getDataType()), expected));
-    if (a.getSpace().getSimpleExtentNpoints() != 1)
-      invalid(fmt::format("root attribute '{}' must be a single value", name));
+    single(a, name, expected);
     return a;
   }
   int64_t int_attr(const std::string& name, int64_t min_value) {
@@ -90,12 +95,54 @@ class Loader {
     return ds;
   }
 
+  // The element count of `ds`, checked before its memory is allocated: every value must be stored in
+  // the file. HDF5 reads fill values for storage that was never written, so a dataset declared with
+  // an extent but written in part (an interrupted writer) or not at all would load as zeros, and a
+  // file of a few kB could ask for gigabytes.
+  size_t stored_count(const H5::DataSet& ds, const std::string& name, size_t mem_size) {
+    const std::vector<hsize_t> d = h5::dims_of(ds);
+    const size_t file_size = ds.getDataType().getSize();
+    size_t n = 1, bytes = 0;
+    for (hsize_t x : d)
+      if (__builtin_mul_overflow(n, x, &n)) n = std::numeric_limits<size_t>::max();
+    if (__builtin_mul_overflow(n, std::max(mem_size, file_size), &bytes))
+      invalid(fmt::format("{} has shape {}: too many elements to hold in memory", name, h5::shape_str(d)));
+    if (n == 0) return 0;
+    const H5::DSetCreatPropList cp = ds.getCreatePlist();
+    switch (cp.getLayout()) {
+      case H5D_CHUNKED: {
+        std::vector<hsize_t> c(d.size());
+        cp.getChunk(static_cast<int>(c.size()), c.data());
+        hsize_t chunks = 1, written = 0;
+        for (size_t i = 0; i < d.size(); ++i) chunks *= c[i] ? (d[i] + c[i] - 1) / c[i] : 0;
+        if (const H5::DataSpace all = ds.getSpace(); H5Dget_num_chunks(ds.getId(), all.getId(), &written) < 0)
+          throw H5::DataSetIException("H5Dget_num_chunks", "cannot count the written chunks");
+        if (written < chunks)
+          invalid(
+              fmt::format("{} has shape {} in {} chunks, of which {} are written: the dataset was not written in "
+                          "full (an interrupted write?)",
+                          name, h5::shape_str(d), chunks, written));
+        break;
+      }
+      case H5D_CONTIGUOUS:
+      case H5D_COMPACT:
+        if (cp.getExternalCount() > 0) break;  // in external raw files: reading reports a missing or short one
+        if (const hsize_t stored = ds.getStorageSize(); stored < n * file_size)
+          invalid(
+              fmt::format("{} has shape {} ({} bytes) but {} bytes of it are stored: the dataset was not written "
+                          "in full (an interrupted write?)",
+                          name, h5::shape_str(d), n * file_size, stored));
+        break;
+      default:
+        invalid(fmt::format("{} is a virtual dataset: a dump holds its values itself", name));
+    }
+    return n;
+  }
+
   template <class T>
   std::vector<T> read(const H5::DataSet& ds, const std::string& name) {
     where_ = name;
-    const std::vector<hsize_t> d = h5::dims_of(ds);
-    size_t n = 1;
-    for (hsize_t x : d) n *= static_cast<size_t>(x);
+    const size_t n = stored_count(ds, name, sizeof(T));
     std::vector<T> v(n);
     if (n == 0) return v;
     if constexpr (std::is_same_v<T, float>)
@@ -133,6 +180,7 @@ void read_attrs(Loader& L, DumpAttrs& A) {
     const H5::Attribute a = L.attr("schema", "\"latentq-dump/1\"");
     if (a.getTypeClass() != H5T_STRING)
       L.invalid("root attribute 'schema' is not a string (expected \"latentq-dump/1\")");
+    L.single(a, "schema", "the string \"latentq-dump/1\"");
     const std::string schema = h5::read_string_attr(a);
     if (schema != kDumpSchema)
       L.invalid(fmt::format("root attribute 'schema' is \"{}\", expected \"{}\"", schema, kDumpSchema));

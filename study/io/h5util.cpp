@@ -94,6 +94,11 @@ H5::StrType vlen_utf8() {
 }
 
 std::string read_string_attr(const H5::Attribute& a) {
+  // H5::Attribute::read(type, std::string) reads every element into one string: an array of variable-length
+  // strings would write its pointers past the one it has.
+  if (const hssize_t n = a.getSpace().getSimpleExtentNpoints(); n != 1)
+    throw H5::AttributeIException("read_string_attr",
+                                  fmt::format("attribute '{}' holds {} values, expected one string", a.getName(), n));
   std::string s;
   const H5::StrType t = a.getStrType();
   a.read(t, s);

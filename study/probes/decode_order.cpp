@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "latentq/config.h"
 #include "latentq/decode_order.h"
@@ -87,9 +88,13 @@ class DecodeOrderProbe final : public Probe {
     nonempty("sink", D->sink);
     nonempty("prefill", D->prefill);
     if (auto v = r.number("position_bucket")) {
-      if (!(*v >= 1) || *v != static_cast<double>(static_cast<int64_t>(*v)))
+      // Checked in float64 before the conversion, which is undefined for 2^63 and beyond (1e300, inf);
+      // float64 holds every integer up to 2^53 exactly.
+      if (!(*v >= 1 && *v <= 0x1p53) || *v != std::floor(*v))
         r.fail("position_bucket",
-               "'decode_order.position_bucket' must be an integer >= 1 (query positions bucketed as [b*W, (b+1)*W))");
+               fmt::format("'decode_order.position_bucket' = {} is not an integer in [1, 2^53] (query positions are "
+                           "bucketed as [b*W, (b+1)*W))",
+                           *v));
       D->position_bucket = static_cast<int64_t>(*v);
     }
     if (auto v = r.strings("targets")) {

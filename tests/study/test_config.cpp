@@ -197,6 +197,14 @@ TEST(Config, BadValues) {
   expect_config_error(kMatrix + "exclude = [\"*\"]\n", {"no quantizer for target c_kv"});
 }
 
+// A non-ASCII character where TOML allows whitespace (U+0310 after a key, found by fuzz/fuzz_config):
+// toml++ 3.3.0 classifies it through a switch whose default is unreachable (upstream
+// marzer/tomlplusplus#190, #295), the Debian library then refuses it as a syntax error, named here.
+TEST(Config, NonAsciiWhereWhitespaceGoes) {
+  expect_config_error("bit\xcc\x90 4", {"test.toml:1:4: TOML syntax error"});
+  expect_config_error("[input]\ndump = \"x.h5\"\xc2\xa1\n", {"test.toml:2:", "TOML syntax error"});
+}
+
 TEST(Config, SyntaxError) { expect_config_error("[input]\ndump = \"x.h5\n", {"test.toml:2:", "TOML syntax error"}); }
 
 TEST(Config, LoadConfigFile) {

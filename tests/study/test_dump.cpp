@@ -1,9 +1,12 @@
 // The dump loader: a good synthetic dump loads exactly; each kind of bad input gives a clear error.
+#include <H5Cpp.h>
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <fstream>
 #include <limits>
+#include <vector>
 
 #include "latentq/dump.h"
 #include "latentq/util.h"
@@ -279,6 +282,82 @@ TEST_F(DumpTest, QueryRowOutOfRange) {
 TEST_F(DumpTest, BadLayerName) {
   lqtest::put_f32(path, "/layers/extra/c_kv", {1, 1}, {0.0f});
   expect_error<std::invalid_argument>([&] { load_dump(path); }, {"/layers/extra is not a layer name"});
+}
+
+// Replaces root attribute `name` by variable-length strings on `space` (`values`, one per element).
+void put_string_attr(const fs::path& path, const std::string& name, const H5::DataSpace& space,
+                     const std::vector<const char*>& values) {
+  H5::H5File f(path.string(), H5F_ACC_RDWR);
+  if (f.attrExists(name)) f.removeAttr(name);
+  const H5::StrType t(H5::PredType::C_S1, H5T_VARIABLE);
+  const H5::Attribute a = f.createAttribute(name, t, space);
+  if (!values.empty()) a.write(t, values.data());
+}
+
+// A string attribute holds one string. (An array of two variable-length strings was read into the
+// storage of one, HDF5 writing the second pointer past it, and loaded as its first value; one of none,
+// a null dataspace, freed an uninitialized pointer. Found by fuzz/fuzz_dump_schema.)
+TEST_F(DumpTest, StringAttributeWithSeveralValues) {
+  const hsize_t two = 2;
+  for (const char* name : {"schema", "model"}) {
+    SCOPED_TRACE(name);
+    lqtest::write_synth(path, data);
+    put_string_attr(path, name, H5::DataSpace(1, &two), {"latentq-dump/1", "latentq-dump/1"});
+    expect_error<std::invalid_argument>([&] { load_dump(path); },
+                                        {p(), fmt::format("root attribute '{}' holds 2 values, expected", name)});
+    put_string_attr(path, name, H5::DataSpace(H5S_NULL), {});
+    expect_error<std::invalid_argument>([&] { load_dump(path); },
+                                        {p(), fmt::format("root attribute '{}' holds 0 values, expected", name)});
+  }
+}
+
+// Replaces dataset `name` by a float32 [rows, cols] dataset (chunked by `chunk_rows` rows when > 0) of
+// which only the first `written` rows are written (ones); HDF5 reads fill values for the rest.
+void put_f32_written(const fs::path& path, const std::string& name, hsize_t rows, hsize_t cols, hsize_t chunk_rows,
+                     hsize_t written) {
+  H5::H5File f(path.string(), H5F_ACC_RDWR);
+  H5Ldelete(f.getId(), name.c_str(), H5P_DEFAULT);
+  const hsize_t dims[2] = {rows, cols};
+  const H5::DataSpace sp(2, dims);
+  H5::DSetCreatPropList cp;
+  if (chunk_rows > 0) {
+    const hsize_t chunk[2] = {chunk_rows, cols};
+    cp.setChunk(2, chunk);
+  }
+  const H5::DataSet ds = f.createDataSet(name, H5::PredType::IEEE_F32LE, sp, cp);
+  if (written == 0) return;
+  const std::vector<float> ones(static_cast<size_t>(written * cols), 1.0f);
+  H5::DataSpace fs = ds.getSpace();
+  const hsize_t start[2] = {0, 0}, count[2] = {written, cols};
+  fs.selectHyperslab(H5S_SELECT_SET, count, start);
+  ds.write(ones.data(), H5::PredType::NATIVE_FLOAT, H5::DataSpace(2, count), fs);
+}
+
+// Every value of a dataset is stored in the file. (A dataset declared but not written, or written in
+// part, loaded HDF5's fill values as data; a few bytes declaring 2^40 tokens asked for 4 TiB. Found by
+// fuzz/fuzz_dump_schema, as an out-of-memory.)
+TEST_F(DumpTest, DatasetNotWrittenInFull) {
+  const std::string c = "/layers/001/c_kv";
+  const hsize_t T = static_cast<hsize_t>(data.T), r = static_cast<hsize_t>(data.spec.kv_lora_rank);
+  put_f32_written(path, c, T, r, 0, 0);  // contiguous, never written
+  expect_error<std::invalid_argument>(
+      [&] { load_dump(path); },
+      {p(), fmt::format("{} has shape [{}, {}] ({} bytes) but 0 bytes of it are stored", c, T, r, T * r * 4),
+       "not written in full"});
+  put_f32_written(path, c, T, r, 16, 40);  // chunks of 16 rows: 3 of 4 written
+  expect_error<std::invalid_argument>([&] { load_dump(path); },
+                                      {p(), c + " has shape [64, 16] in 4 chunks, of which 3 are written"});
+  put_f32_written(path, c, T, r, 16, T);  // all written: loads
+  EXPECT_EQ(load_dump(path).layer(1).c_kv, std::vector<float>(T * r, 1.0f));
+
+  H5::H5File(p(), H5F_ACC_RDWR).unlink("/tokens");
+  {
+    H5::H5File f(p(), H5F_ACC_RDWR);
+    const hsize_t n = hsize_t{1} << 40;
+    f.createDataSet("/tokens", H5::PredType::STD_I32LE, H5::DataSpace(1, &n));
+  }
+  expect_error<std::invalid_argument>(
+      [&] { load_dump(path); }, {p(), "/tokens has shape [1099511627776] (4398046511104 bytes) but 0 bytes of it"});
 }
 
 TEST(Sha256, KnownDigests) {

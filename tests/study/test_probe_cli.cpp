@@ -106,6 +106,29 @@ TEST_F(ProbeCliTest, RunWritesEveryGroupAndPrintsTheTables) {
   EXPECT_EQ(o.out.find("attention: skipped"), std::string::npos);
 }
 
+// position_bucket is a TOML number converted to int64: a value beyond int64 made that conversion
+// undefined (1e300: UBSan's float-cast-overflow in the fuzz build; gcc on x86 happened to refuse it with
+// the wrong message). Refused before the conversion now, naming the file, the key and the value; 2^53,
+// the largest integer a float64 holds exactly, is taken.
+TEST(DecodeOrderConfig, PositionBucketOutOfRange) {
+  const auto text = [](const std::string& v) {
+    return std::string(kConfig) + "[decode_order]\nquantizers = [\"int4-asym-token\"]\nposition_bucket = " + v + "\n";
+  };
+  for (const std::string v : {"1e300", "inf", "-inf", "nan", "9223372036854775807", "1.5", "0"}) {
+    SCOPED_TRACE(v);
+    try {
+      parse_config(text(v), "probe.toml", "/base");
+      ADD_FAILURE() << "no error";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_CONTAINS(e.what(), "probe.toml:12:");
+      EXPECT_CONTAINS(e.what(), "'decode_order.position_bucket' = ");
+      EXPECT_CONTAINS(e.what(), "is not an integer in [1, 2^53]");
+    }
+  }
+  EXPECT_NO_THROW(parse_config(text("9007199254740992"), "probe.toml", "/base"));
+  EXPECT_NO_THROW(parse_config(text("16.0"), "probe.toml", "/base"));
+}
+
 TEST_F(ProbeCliTest, LatentOnlyDumpRunsWithOneSkipLine) {
   lqtest::write_synth(dump, lqtest::make_synth({.attention = false}));
   write_config("");

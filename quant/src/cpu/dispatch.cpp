@@ -11,6 +11,10 @@
 #include <thread>
 #include <vector>
 
+#if LQ_HAVE_AVX2_KERNEL && defined(__clang__)
+#include <cpuid.h>
+#endif
+
 namespace latentq::cpu {
 namespace {
 
@@ -27,7 +31,11 @@ std::atomic<int> g_kernel{static_cast<int>(CpuKernel::Auto)};
 std::atomic<int> g_threads{1};
 
 bool cpu_has_avx2() {
-#if LQ_HAVE_AVX2_KERNEL
+#if LQ_HAVE_AVX2_KERNEL && defined(__clang__)
+  // clang (14, the fuzz build's) has no "f16c" for __builtin_cpu_supports: CPUID leaf 1, ECX bit 29.
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __builtin_cpu_supports("avx2") && __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C);
+#elif LQ_HAVE_AVX2_KERNEL
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
 #else
   return false;

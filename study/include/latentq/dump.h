@@ -90,7 +90,9 @@ struct LoadOptions {
 /// Throws std::runtime_error for a missing/unreadable file, a file that is not HDF5, or an HDF5
 /// error while reading (truncated or corrupt file; the message names the path and dataset), and
 /// std::invalid_argument for content that breaks the schema: wrong or missing `schema` or other
-/// root attribute, missing dataset, wrong dtype/rank/shape (e.g. "/layers/003/c_kv has shape
+/// root attribute, a root attribute that holds no value or several (a string array for 'model'), missing
+/// dataset, a dataset not written in full (fewer bytes or chunks stored than its shape needs: HDF5 would
+/// read fill values; checked before its memory is allocated), wrong dtype/rank/shape (e.g. "/layers/003/c_kv has shape
 /// [2048, 127], expected [2048, 128] (T, kv_lora_rank)"), attention data present in part or with
 /// shapes that differ across layers, a softmax_scale that is not > 0 and finite as a float64 or that
 /// is not a normal float32 after the conversion (1e300 → inf, 1e-50 → 0; the attention runs in

@@ -38,7 +38,8 @@ bool exists(const H5::H5File& file, const std::string& name);
 /// A variable-length UTF-8 string type (what h5py writes for Python str).
 H5::StrType vlen_utf8();
 
-/// Read a string attribute (fixed or variable length). Throws H5::Exception on HDF5 errors.
+/// Read a string attribute (fixed or variable length) holding one value. Throws H5::Exception on HDF5
+/// errors and for an attribute of another number of values (an array, a null dataspace).
 std::string read_string_attr(const H5::Attribute& a);
 
 /// Write/overwrite a scalar attribute on `obj`.
