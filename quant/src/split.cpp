@@ -1,4 +1,4 @@
-#include "latentq/analysis/split.h"
+#include "latentq/split.h"
 
 #include <algorithm>
 #include <stdexcept>
