@@ -10,6 +10,7 @@
 #include "latentq/gpu/plan.h"
 #include "latentq/qmath.h"
 #include "latentq/spec.h"
+#include "latentq/turboquant.h"
 
 // Launch and dynamic shared memory through macros so the kernels also compile as plain C++ against
 // the host emulator of tests/gpu/emu (LQ_EMULATE; runs every kernel on CPU fibers, see there).
@@ -264,5 +265,23 @@ __device__ __forceinline__ uint32_t load_bytes(const uint8_t* src, int nb) {
   return w;
 }
 #endif  // __CUDACC__ || LQ_EMULATE
+
+/// TurboQuant (turboquant.cu): the row norms (fp16, norms [T, 2]) and unit rows y [T, D] of x [T, D]; the
+/// code bytes of rotated rows y into codes [T, rb]; the decoded rotated rows of codes/norms into out [T, D]
+/// (the caller applies the Hadamard after normalize and after decode).
+cudaError_t launch_tq_normalize(const float* x /*[T, D]*/, int64_t T, int D, float* y /*[T, D]*/,
+                                uint8_t* norms /*[T, 2]*/, cudaStream_t stream);
+cudaError_t launch_tq_encode(const float* y /*[T, D]*/, int64_t T, int D, int rb, const q::TqCodebook& cb,
+                             uint8_t* codes /*[T, rb]*/, cudaStream_t stream);
+cudaError_t launch_tq_decode(const uint8_t* codes /*[T, rb]*/, const uint8_t* norms /*[T, 2]*/, int64_t T, int D,
+                             int rb, const q::TqCodebook& cb, bool nc, float* out /*[T, D]*/, cudaStream_t stream);
+
+/// Lloyd-Max codebooks (lloyd_max.cu): the code bytes of x [T, D] into codes [T, rb] with the midpoints
+/// [codebooks, 2^bits − 1]; the decoded values of codes into out [T, D] with the centroids [codebooks, 2^bits]
+/// (device tables of latentq::lloyd_max_tables; `width` channels per codebook).
+cudaError_t launch_lm_encode(const float* x /*[T, D]*/, int64_t T, int D, int rb, int bits, const float* midpoint,
+                             int64_t width, uint8_t* codes /*[T, rb]*/, cudaStream_t stream);
+cudaError_t launch_lm_decode(const uint8_t* codes /*[T, rb]*/, int64_t T, int D, int rb, int bits,
+                             const float* centroid, int64_t width, float* out /*[T, D]*/, cudaStream_t stream);
 
 }  // namespace latentq::gpu::detail

@@ -6,6 +6,9 @@
 #include <string>
 
 #include "kernels.cuh"
+#include "latentq/transform.h"
+#include "latentq/turboquant.h"
+#include "latentq/lloyd_max.h"
 #include "latentq/quantize_cuda.h"
 
 namespace latentq {
@@ -193,6 +196,50 @@ gpu::DeviceStatus finish(const DeviceQuantized& out, const float* d_x, cudaStrea
   throw std::invalid_argument(overflow_message(out.spec, offset ? "offset" : "scale", raw, group_name(hdr, gi)));
 }
 
+// TurboQuant (turboquant.h): NaN/Inf first (the CPU reference's first error), the fp16 row norms and unit rows,
+// the Hadamard in place, the code bytes; an fp16 norm that overflowed is found in the norms read back and
+// reported with its float32 value, as the CPU reference does.
+void quantize_tq(DeviceQuantized& out, const float* d_x, int64_t T, int64_t D, int64_t rb, cudaStream_t stream) {
+  gpu::Workspace& ws = out.ws;
+  if (const unsigned long long bad = count_nonfinite_ws(ws, d_x, T * D, stream))
+    throw std::invalid_argument(nonfinite_message(static_cast<int64_t>(bad), T, D));
+  const qmath::TqCodebook& cb = tq_codebook(D, out.spec.bits);
+  ws.tq_rotated.resize(static_cast<size_t>(T * D), "TurboQuant rotated rows");
+  LQ_CUDA_CHECK(gd::launch_tq_normalize(d_x, T, static_cast<int>(D), ws.tq_rotated.data(), out.scales.data(), stream));
+  hadamard_rows_device(ws.tq_rotated.data(), T, D, hadamard_block(D, 0), nullptr, false, stream);
+  LQ_CUDA_CHECK(gd::launch_tq_encode(ws.tq_rotated.data(), T, static_cast<int>(D), static_cast<int>(rb), cb,
+                                     out.codes.data(), stream));
+  std::vector<uint8_t> norms(static_cast<size_t>(2 * T));
+  LQ_CUDA_CHECK(cudaMemcpyAsync(norms.data(), out.scales.data(), norms.size(), cudaMemcpyDeviceToHost, stream));
+  LQ_CUDA_CHECK(cudaStreamSynchronize(stream));
+  for (int64_t t = 0; t < T; ++t)
+    if (!qmath::is_finite(qmath::load_dtype(norms.data() + 2 * t, ScaleDtype::F16))) {
+      std::vector<float> x(static_cast<size_t>(D));
+      LQ_CUDA_CHECK(cudaMemcpy(x.data(), d_x + t * D, x.size() * sizeof(float), cudaMemcpyDeviceToHost));
+      throw std::invalid_argument(overflow_message(out.spec, "scale", qmath::tq_row_norm(x.data(), static_cast<int>(D)),
+                                                   "token " + std::to_string(t)) +
+                                  " (the row norm)");
+    }
+}
+
+// Lloyd-Max (lloyd_max.h): NaN/Inf first, then the codebooks fitted on the host from a copy of the matrix
+// (fit_lloyd_max, as the CPU quantizer) and the encode on the device with their midpoints.
+void quantize_lm(DeviceQuantized& out, const Layout& L, const float* d_x, int64_t T, int64_t D, int64_t rb,
+                 std::span<const int64_t> seq_offsets, cudaStream_t stream) {
+  gpu::Workspace& ws = out.ws;
+  if (const unsigned long long bad = count_nonfinite_ws(ws, d_x, T * D, stream))
+    throw std::invalid_argument(nonfinite_message(static_cast<int64_t>(bad), T, D));
+  std::vector<float> x(static_cast<size_t>(T * D));
+  LQ_CUDA_CHECK(cudaMemcpyAsync(x.data(), d_x, x.size() * sizeof(float), cudaMemcpyDeviceToHost, stream));
+  LQ_CUDA_CHECK(cudaStreamSynchronize(stream));
+  out.global = fit_lloyd_max(x.data(), T, D, seq_offsets, out.spec.bits, L.codebook_width);
+  const LloydMaxTables tab = lloyd_max_tables(out.global, out.spec.bits, L.codebook_width, D);
+  ws.lm_table.upload(tab.midpoint.data(), tab.midpoint.size(), stream, "Lloyd-Max midpoints");
+  LQ_CUDA_CHECK(gd::launch_lm_encode(d_x, T, static_cast<int>(D), static_cast<int>(rb), out.spec.bits,
+                                     ws.lm_table.data(), L.codebook_width, out.codes.data(), stream));
+  LQ_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
 __global__ void probe_kernel(int* p /*[1]*/) { *p = 42; }
 
 }  // namespace
@@ -302,6 +349,14 @@ void quantize_device(const QuantSpec& spec, Target target, const float* d_x, int
   LQ_CUDA_CHECK(cudaMemsetAsync(&status->overflow_key, 0xff, sizeof(unsigned long long), stream));
   LQ_CUDA_CHECK(cudaMemsetAsync(&status->amax_bits, 0, sizeof(unsigned long long), stream));
 
+  if (st.format == Format::TurboQuant) {
+    quantize_tq(out, d_x, T, D, rb, stream);
+    return;
+  }
+  if (st.format == Format::LloydMax) {
+    quantize_lm(out, L, d_x, T, D, rb, seq_offsets, stream);
+    return;
+  }
   if (L.block_format) {
     // max|x| of the finite elements: the per-tensor scale (a pass before the block kernel, which
     // needs it) and whether the decode must be checked for float32 overflow, as on the CPU. Without
@@ -444,6 +499,22 @@ void dequantize_device(const DeviceQuantized& q, float* d_out, cudaStream_t stre
   const bool channel = st.format == Format::Int && st.granularity == Granularity::Channel;
   const int64_t rb = h.row_bytes();
   const Layout L = h.layout();
+  if (st.format == Format::LloydMax) {
+    const LloydMaxTables tab = lloyd_max_tables(q.global, st.bits, L.codebook_width, D);
+    gpu::Workspace& ws = q.ws;
+    ws.lm_table.upload(tab.centroid.data(), tab.centroid.size(), stream, "Lloyd-Max centroids");
+    LQ_CUDA_CHECK(gd::launch_lm_decode(q.codes.data(), T, static_cast<int>(D), static_cast<int>(rb), st.bits,
+                                       ws.lm_table.data(), L.codebook_width, d_out, stream));
+    LQ_CUDA_CHECK(cudaStreamSynchronize(stream));  // the table buffer is reused by the next call
+    return;
+  }
+  if (st.format == Format::TurboQuant) {
+    const qmath::TqCodebook& cb = tq_codebook(D, st.bits);
+    LQ_CUDA_CHECK(gd::launch_tq_decode(q.codes.data(), q.scales.data(), T, static_cast<int>(D), static_cast<int>(rb),
+                                       cb, st.rule == ScaleRule::NormCorrected, d_out, stream));
+    hadamard_rows_device(d_out, T, D, hadamard_block(D, 0), nullptr, false, stream);
+    return;
+  }
   if (L.block_format) {
     gd::BlocksArgs ba{nullptr,
                       d_out,

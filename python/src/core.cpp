@@ -14,6 +14,7 @@
 #include "latentq/metrics.h"
 #include "latentq/quantize.h"
 #include "latentq/transform.h"
+#include "latentq/turboquant.h"
 
 namespace py = pybind11;
 using namespace latentq;
@@ -274,6 +275,15 @@ PYBIND11_MODULE(_core, m) {
   py::register_exception<std::invalid_argument>(m, "LatentqError", PyExc_ValueError);
 
   m.def("spec_grammar", &spec_grammar, "The valid quantizer spec forms.");
+  m.def(
+      "tq_codebook",
+      [](int64_t D, int bits) {
+        const qmath::TqCodebook& cb = tq_codebook(D, bits);
+        return std::vector<float>(cb.centroid, cb.centroid + cb.levels);
+      },
+      py::arg("D"), py::arg("bits"),
+      "TurboQuant's float32 centroids [2^bits], ascending, for rows of D elements (latentq/turboquant.h:\n"
+      "vLLM's solve_lloyd_max on N(0, 1/D)). Raises ValueError for D <= 0 or bits outside 1..4.");
   m.def(
       "canonical_spec", [](const std::string& s) { return TransformedSpec::parse(s).to_string(); },
       "Canonical form of a spec string, '<quantizer>' or '<transform>,<quantizer>' (latentq/transform.h).\n"

@@ -20,11 +20,24 @@ namespace q = qmath;
 namespace {
 
 // How quantize() and dequantize() run each storage kind of the format descriptor: integer groups, bf16
-// elements, or the block formats of blockfmt.h (every stored Format but Int and BF16: layout() marks them
-// block_format). The CPU kernel (set_cpu_kernel) picks the code inside each entry (cpu/dispatch.h).
-enum class Storage : uint8_t { Int = 0, Bf16 = 1, Block = 2 };
+// elements, TurboQuant's rotated codebook rows (turboquant.h), fitted Lloyd-Max codebooks (lloyd_max.h), or the
+// block formats of blockfmt.h (every
+// other stored Format: layout() marks them block_format). The CPU kernel (set_cpu_kernel) picks the code
+// inside each entry (cpu/dispatch.h).
+enum class Storage : uint8_t { Int = 0, Bf16 = 1, Block = 2, TurboQuant = 3, LloydMax = 4 };
 Storage storage_of(Format f) {
-  return f == Format::Int ? Storage::Int : f == Format::BF16 ? Storage::Bf16 : Storage::Block;
+  switch (f) {
+    case Format::Int:
+      return Storage::Int;
+    case Format::BF16:
+      return Storage::Bf16;
+    case Format::TurboQuant:
+      return Storage::TurboQuant;
+    case Format::LloydMax:
+      return Storage::LloydMax;
+    default:
+      return Storage::Block;
+  }
 }
 
 struct StorageOps {
@@ -40,6 +53,8 @@ constexpr StorageOps kStorageOps[] = {
     {cpu::quantize_int_reference, cpu::dequantize_int},
     {cpu::quantize_bf16, cpu::dequantize_bf16},
     {cpu::quantize_blocks, cpu::dequantize_blocks},
+    {cpu::quantize_tq, cpu::dequantize_tq},
+    {cpu::quantize_lm, cpu::dequantize_lm},
 };
 const StorageOps& ops_of(Format f) { return kStorageOps[static_cast<int>(storage_of(f))]; }
 
@@ -209,7 +224,8 @@ QuantDiagnostics diagnose(const QuantizedTensor& qt, const float* X) {
   QuantDiagnostics r;
   const QuantSpec& spec = qt.spec;
   const int64_t T = qt.rows, D = qt.cols;
-  if (spec.format == Format::BF16) return r;
+  if (spec.format == Format::BF16 || spec.format == Format::TurboQuant || spec.format == Format::LloydMax)
+    return r;  // no scale to underflow, no element format to saturate
   const Layout L = qt.layout();
   if (L.block_format) {  // saturation: the block quantizer's own count (its parameters, then count_saturated)
     if (!q::is_finite(q::saturation_threshold(L.desc))) return r;  // ggml blocks never saturate

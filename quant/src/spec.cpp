@@ -1,5 +1,7 @@
 #include "latentq/spec.h"
 
+#include "latentq/transform.h"
+
 #include <algorithm>
 #include <charconv>
 #include <iterator>
@@ -10,7 +12,7 @@
 namespace latentq {
 
 // clang-format off
-const FormatTraits kFormats[12] = {
+const FormatTraits kFormats[14] = {
   {Format::Int, "int{8|4|2}-{sym|asym}-tensor[-fp32] | int{8|4|2}-{sym|asym}-{channel|token}[-g<N>][-fp32]   (N >= 0; g0 or no -g = whole axis; scale/offset fp16 unless -fp32)",
    "int", nullptr, nullptr, "KIVI (arXiv 2402.02750) min/max scalar quantization"},
   {Format::BF16, "bf16", "bf16", "none", "element", "bf16 storage, round to nearest even"},
@@ -25,13 +27,17 @@ const FormatTraits kFormats[12] = {
   {Format::Q8_0, "q8_0   (ggml: int8, fp16 d per 32)", "ggml", "sym", "block", "ggml ggml-quants.c quantize_row_q8_0_ref"},
   {Format::Q4_0, "q4_0   (ggml: 4-bit, fp16 d per 32)", "ggml", "sym", "block", "ggml ggml-quants.c quantize_row_q4_0_ref"},
   {Format::Q4_1, "q4_1   (ggml: 4-bit, fp16 d and min per 32)", "ggml", "asym", "block", "ggml ggml-quants.c quantize_row_q4_1_ref"},
-  {Format::Preset, "flashmla-v32-fp8 | vllm-fp8-ds-mla | flashmla-model1-fp8 | flashmla-v41-fp8 | flashmla-v41-fp4   (an engine's per-token record: c_kv and k_pe formats)",
+  {Format::Preset, "flashmla-v32-fp8 | vllm-fp8-ds-mla | flashmla-model1-fp8 | flashmla-v41-fp8 | flashmla-v41-fp4 | vllm-turboquant-4bit-nc | vllm-turboquant-3bit-nc | vllm-turboquant-k8v4 | flashinfer-nvfp4-mla   (an engine's per-token record: c_kv and k_pe formats)",
    "preset", nullptr, nullptr, "see kPresets"},
-  {Format::Fp4Tile, "fp4-e2m1-tile16-e4m3   (e2m1, one e4m3 scale e4m3(clamp(amax/6, 2^-9, 448)) per 16, no per-tensor scale)",
-   "fp4", "sym", "tile", "FlashMLA tests/quant.py V41_FP4Sparse"},
+  {Format::Fp4Tile, "fp4-e2m1-tile16-e4m3[-rcp]   (e2m1, one e4m3 scale per 16, no per-tensor scale: e4m3(clamp(amax/6, 2^-9, 448)) and x/s; -rcp: e4m3(amax/6) and x·(1/s))",
+   "fp4", "sym", "tile", "FlashMLA tests/quant.py V41_FP4Sparse; -rcp: FlashInfer sparse_mla_sm120 nvfp4_quantization.cuh (PR 4955)"},
+  {Format::TurboQuant, "tq{2|3|4}[-nc]   (TurboQuant MSE stage: Hadamard, Lloyd-Max codebook of N(0,1/D), fp16 row norm per token; -nc: norm-corrected decode)",
+   "turboquant", "codebook", "token", "vLLM TurboQuant for MLA (arXiv 2504.19874; turboquant/centroids.py, triton_turboquant_store.py)"},
+  {Format::LloydMax, "lm{2|3|4}-tensor | lm{2|3|4}-channel[-g<N>]   (Lloyd-Max codebooks fitted on the fit split: one per layer matrix, per channel, or per N consecutive channels; fp16 centroids stored per matrix)",
+   "lloyd-max", "codebook", nullptr, "Lloyd (1982) / Max (1960) scalar quantizer, fitted per layer as KVQuant's non-uniform codebooks (arXiv 2401.18079)"},
 };
 
-const PresetTraits kPresets[5] = {
+const PresetTraits kPresets[9] = {
   {"flashmla-v32-fp8", "fp8-e4m3-tile128-pow2", "bf16", "FlashMLA V32_FP8Sparse (tests/quant.py quantize_k_cache): 656 B at 512 + 64",
    RecordOrder::CodesScalesRope, 0, 0},
   {"vllm-fp8-ds-mla", "fp8-e4m3-tile128-fp32", "bf16",
@@ -46,6 +52,18 @@ const PresetTraits kPresets[5] = {
   {"flashmla-v41-fp4", "fp4-e2m1-tile16-e4m3", "fp4-e2m1-tile16-e4m3",
    "FlashMLA V4.1 FP4 (tests/quant.py V41_FP4Sparse; tile 16, e4m3 scales): 288 B at 448 + 64",
    RecordOrder::CodesCodesScalesScales, 448, 64},
+  {"vllm-turboquant-4bit-nc", "tq4-nc", "bf16",
+   "vLLM --kv-cache-dtype turboquant_4bit_nc on MLA (triton_mla_tq.py, PR 41803): 512 4-bit indices | fp16 norm | 64 bf16 k_pe = 386 B",
+   RecordOrder::CodesScalesRope, 0, 0},
+  {"vllm-turboquant-3bit-nc", "tq3-nc", "bf16",
+   "vLLM --kv-cache-dtype turboquant_3bit_nc / turboquant_k3v4_nc on MLA (triton_mla_tq.py, PR 41803): 512 3-bit indices | fp16 norm | 64 bf16 k_pe = 322 B",
+   RecordOrder::CodesScalesRope, 0, 0},
+  {"vllm-turboquant-k8v4", "fp8-e4m3-tensor-s1", "bf16",
+   "vLLM --kv-cache-dtype turboquant_k8v4 on MLA (triton_mla_tq.py, PR 41803; k_scale 1.0): 512 e4m3 | 64 bf16 k_pe = 640 B",
+   RecordOrder::CodesScalesRope, 0, 0},
+  {"flashinfer-nvfp4-mla", "fp4-e2m1-tile16-e4m3-rcp", "bf16",
+   "FlashInfer NVFP4 sparse MLA for DeepSeek-V4 (nvfp4_cache_traits.cuh, PR 4955; SGLang PR 38646): 224 B e2m1 | 128 B bf16 rope | 28 e4m3 scales | 4 pad = 384 B",
+   RecordOrder::CodesRopeScalesPad8, 448, 64},
 };
 // clang-format on
 
@@ -101,9 +119,39 @@ QuantSpec QuantSpec::parse(std::string_view s) {
   if (s == "q8_0") return simple(Format::Q8_0, 8, ScaleDtype::F16);
   if (s == "q4_0") return simple(Format::Q4_0, 4, ScaleDtype::F16);
   if (s == "q4_1") return simple(Format::Q4_1, 4, ScaleDtype::F16);
-  if (s == "fp4-e2m1-tile16-e4m3") {
+  if (s == "fp4-e2m1-tile16-e4m3" || s == "fp4-e2m1-tile16-e4m3-rcp") {
     QuantSpec q = simple(Format::Fp4Tile, 4, ScaleDtype::E4M3);
     q.group_size = 16;
+    if (s.ends_with("-rcp")) q.rule = ScaleRule::Reciprocal;
+    return q;
+  }
+  if (s.starts_with("lm")) {
+    const auto p = split_dash(s);
+    int64_t b = 0;
+    if (!parse_int(p[0].substr(2), b) || b < 2 || b > 4) bad(s, "Lloyd-Max takes 2, 3 or 4 index bits (lm2, lm3, lm4)");
+    QuantSpec q = simple(Format::LloydMax, static_cast<int>(b), ScaleDtype::F16);
+    if (p.size() < 2 || (p[1] != "tensor" && p[1] != "channel"))
+      bad(s, "expected lm<bits>-tensor or lm<bits>-channel[-g<N>]");
+    q.granularity = p[1] == "tensor" ? Granularity::Tensor : Granularity::Channel;
+    if (p.size() == 3) {
+      int64_t n = 0;
+      if (q.granularity == Granularity::Tensor) bad(s, "a per-tensor codebook takes no channel group");
+      if (!p[2].starts_with("g") || !parse_int(p[2].substr(1), n) || n < 1)
+        bad(s, "the channel group must be -g<N> with N >= 1 channels");
+      q.group_size = n == 1 ? 0 : n;
+    } else if (p.size() > 3) {
+      bad(s, "unexpected '" + std::string(p[3]) + "'");
+    }
+    return q;
+  }
+  if (s.starts_with("tq")) {
+    const auto p = split_dash(s);
+    int64_t b = 0;
+    if (!parse_int(p[0].substr(2), b) || b < 2 || b > 4)
+      bad(s, "TurboQuant takes 2, 3 or 4 index bits (tq2, tq3, tq4)");
+    if (p.size() > 2 || (p.size() == 2 && p[1] != "nc")) bad(s, "expected tq<bits> or tq<bits>-nc");
+    QuantSpec q = simple(Format::TurboQuant, static_cast<int>(b), ScaleDtype::F16);
+    if (p.size() == 2) q.rule = ScaleRule::NormCorrected;
     return q;
   }
   for (size_t i = 0; i < std::size(kPresets); ++i)
@@ -211,7 +259,12 @@ std::string QuantSpec::to_string() const {
     case Format::Q4_1:
       return "q4_1";
     case Format::Fp4Tile:
-      return "fp4-e2m1-tile16-e4m3";
+      return rule == ScaleRule::Reciprocal ? "fp4-e2m1-tile16-e4m3-rcp" : "fp4-e2m1-tile16-e4m3";
+    case Format::TurboQuant:
+      return "tq" + std::to_string(bits) + (rule == ScaleRule::NormCorrected ? "-nc" : "");
+    case Format::LloydMax:
+      return "lm" + std::to_string(bits) + (granularity == Granularity::Tensor ? "-tensor" : "-channel") +
+             (group_size > 0 ? "-g" + std::to_string(group_size) : "");
     case Format::Preset:
       return kPresets[preset].name;
     case Format::Int:
@@ -289,8 +342,26 @@ Layout layout(const QuantSpec& s, int64_t D) {
       block_format(qmath::BlockKind::MxFp4, 32, true, false);
       return L;
     case Format::Fp4Tile:
-      block_format(qmath::BlockKind::Fp4Tile, 16, true, false);
+      block_format(s.rule == ScaleRule::Reciprocal ? qmath::BlockKind::Fp4TileRcp : qmath::BlockKind::Fp4Tile, 16, true,
+                   false);
       return L;
+    case Format::TurboQuant:
+      if ((D & -D) < kMinAutoHadamardBlock)  // its rotation: the Hadamard of transform.h, block D & -D
+        throw std::invalid_argument("'" + s.to_string() + "' rotates rows with a Hadamard block of the largest power " +
+                                    "of two dividing the row length, which must be >= " +
+                                    std::to_string(kMinAutoHadamardBlock) + "; got D = " + std::to_string(D));
+      L.block = D;  // one fp16 row norm per token
+      L.blocks_per_row = 1;
+      L.sd = ScaleDtype::F16;
+      L.scale_bytes = 2;
+      return L;
+    case Format::LloydMax: {
+      L.codebook_width = s.granularity == Granularity::Tensor ? D : std::min(D, s.group_size > 0 ? s.group_size : 1);
+      L.codebooks = (D + L.codebook_width - 1) / L.codebook_width;
+      L.sd = ScaleDtype::F16;
+      L.tensor_bytes = L.codebooks * (int64_t{1} << s.bits) * 2;  // fp16 centroids [codebooks, 2^b]
+      return L;
+    }
     case Format::NvFp4:
       block_format(qmath::BlockKind::NvFp4, 16, true, false);
       L.tensor_bytes = 4;

@@ -419,6 +419,23 @@ def fp4_tile16_e4m3_flashmla(x) -> Quant:
     return Quant("fp4-e2m1-tile16-e4m3", T, D, pack_nibbles_even_low(e2m1_bits(y)), sb.reshape(-1), block=16)
 
 
+def fp4_tile16_e4m3_flashinfer(x) -> Quant:
+    """flashinfer-ai/flashinfer include/flashinfer/attention/sparse_mla_sm120/common/nvfp4_quantization.cuh
+    (3fe65b06, PR 4955) quantize_fp32_group16_to_nvfp4_regs, per group of 16:
+      `scale_byte = float_to_e4m3_byte(amax / 6.f)`   (__nv_fp8_e4m3: RNE, saturating; NO lower clamp)
+      `scale_inv = scale == 0.f ? 0.f : 1.f / scale`  (scale: the e4m3 value of that byte)
+      `normalized[i] = values[i] * scale_inv`          then cvt.rn.satfinite.e2m1x2.f32 (RNE, +-6)
+    packed with element 2j in the low nibble of byte j (fp32_vec_to_e2m1)."""
+    x = _f32(x)
+    T, D = x.shape
+    sb = e4m3_bits((_tile_amax(x, 16) / E2M1_MAX).astype(np.float32))
+    s = e4m3_value(sb).astype(np.float32)
+    with np.errstate(divide="ignore"):
+        inv = np.where(s == 0, np.float32(0), (np.float32(1) / s).astype(np.float32)).astype(np.float32)
+    y = (x * _expand(inv, 16, D)).astype(np.float32)
+    return Quant("fp4-e2m1-tile16-e4m3-rcp", T, D, pack_nibbles_even_low(e2m1_bits(y)), sb.reshape(-1), block=16)
+
+
 # ---------------------------------------------------------------------------------------------------
 # 6. ggml q8_0, q4_0, q4_1 (blocks of 32 along the row)
 # ---------------------------------------------------------------------------------------------------
@@ -522,6 +539,7 @@ SPECS = [
     "q4_0",
     "q4_1",
     "fp4-e2m1-tile16-e4m3",
+    "fp4-e2m1-tile16-e4m3-rcp",
 ]
 
 
@@ -542,6 +560,7 @@ def quantize(x, spec: str) -> Quant:
         "q4_0": q4_0,
         "q4_1": q4_1,
         "fp4-e2m1-tile16-e4m3": fp4_tile16_e4m3_flashmla,
+        "fp4-e2m1-tile16-e4m3-rcp": fp4_tile16_e4m3_flashinfer,
     }
     if spec not in table:
         raise ValueError(f"no reference for spec {spec!r}")
@@ -566,7 +585,7 @@ def dequantize(q: Quant) -> np.ndarray:
     if s == "nvfp4":
         bs = (q.global_scale[0] * e4m3_value(q.scales)).astype(np.float32).reshape(T, -1)
         return (e2m1_value(unpack_nibbles_even_low(q.codes, D)) * _expand(bs, 16, D)).astype(np.float32)
-    if s == "fp4-e2m1-tile16-e4m3":
+    if s in ("fp4-e2m1-tile16-e4m3", "fp4-e2m1-tile16-e4m3-rcp"):  # FlashInfer: values * scales (per 16)
         sc = e4m3_value(q.scales).astype(np.float32).reshape(T, -1)
         return (e2m1_value(unpack_nibbles_even_low(q.codes, D)) * _expand(sc, 16, D)).astype(np.float32)
     if s == "q8_0":
@@ -695,6 +714,29 @@ def flashmla_v41_fp4_record(ckv, kpe) -> np.ndarray:
     return np.concatenate([q.codes, q.scales.reshape(T, 32)], axis=1)
 
 
+def flashinfer_nvfp4_mla_record(ckv, kpe) -> np.ndarray:
+    """FlashInfer NVFP4 sparse MLA for DeepSeek-V4 (include/flashinfer/attention/sparse_mla_sm120/model/
+    nvfp4_cache_traits.cuh, 3fe65b06, PR 4955), 384 B per token: a data row of 224 B packed e2m1 NoPE
+    (448 dims, element 2j low nibble) then 128 B bf16 RoPE copied verbatim, and a scale row of 28 e4m3 group
+    scales then 4 zero bytes. In a page of P tokens the engine stores the P data rows, then the P scale rows;
+    this is one token's data row followed by its scale row (latentq's pack_record order)."""
+    ckv, kpe = _f32(ckv), _f32(kpe)
+    assert ckv.shape[1] == 448 and kpe.shape[1] == 64 and ckv.shape[0] == kpe.shape[0]
+    q = fp4_tile16_e4m3_flashinfer(ckv)
+    T = ckv.shape[0]
+    pad = np.zeros((T, 4), np.uint8)
+    return np.concatenate([q.codes, _le_bytes(bf16_bits(kpe), "<u2"), q.scales.reshape(T, 28), pad], axis=1)
+
+
+def vllm_turboquant_k8v4_record(ckv, kpe) -> np.ndarray:
+    """vLLM --kv-cache-dtype turboquant_k8v4 on MLA (vllm/v1/attention/backends/mla/triton_mla_tq.py, b40f4cc9,
+    PR 41803; _tq_mla_fused_store_fp8_kernel): 640 B at 512 + 64: [0, 512) e4m3 of `kv_c * (1/k_scale)` clamped
+    to +-448 (k_scale 1.0 uncalibrated), then 64 bf16 k_pe (raw bits, little-endian)."""
+    ckv, kpe = _f32(ckv), _f32(kpe)
+    assert ckv.shape[0] == kpe.shape[0]
+    return np.concatenate([e4m3_bits(ckv), _le_bytes(bf16_bits(kpe), "<u2")], axis=1)
+
+
 RECORDS = {
     # preset: (reference, c_kv width, k_pe width, c_kv spec, k_pe spec, record bytes)
     "flashmla-v32-fp8": (flashmla_v32_record, 512, 64, "fp8-e4m3-tile128-pow2", "bf16", 656),
@@ -709,4 +751,6 @@ RECORDS = {
         528,
     ),
     "flashmla-v41-fp4": (flashmla_v41_fp4_record, 448, 64, "fp4-e2m1-tile16-e4m3", "fp4-e2m1-tile16-e4m3", 288),
+    "flashinfer-nvfp4-mla": (flashinfer_nvfp4_mla_record, 448, 64, "fp4-e2m1-tile16-e4m3-rcp", "bf16", 384),
+    "vllm-turboquant-k8v4": (vllm_turboquant_k8v4_record, 512, 64, "fp8-e4m3-tensor-s1", "bf16", 640),
 }

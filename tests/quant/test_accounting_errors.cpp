@@ -118,7 +118,16 @@ TEST(Accounting, StorageBytesIsWhatQuantizeStores) {
                          "q4_0",
                          "q4_1",
                          "flashmla-v32-fp8",
-                         "vllm-fp8-ds-mla"};
+                         "vllm-fp8-ds-mla",
+                         "fp4-e2m1-tile16-e4m3-rcp",
+                         "tq2",
+                         "tq3",
+                         "tq4-nc",
+                         "vllm-turboquant-3bit-nc",
+                         "vllm-turboquant-k8v4",
+                         "lm2-tensor",
+                         "lm3-channel",
+                         "lm4-channel-g5"};
   std::mt19937_64 rng(20261202);
   for (int it = 0; it < 60; ++it) {
     const int64_t D = 32 * (1 + static_cast<int64_t>(rng() % 6));  // multiples of 32: every family's blocks fit

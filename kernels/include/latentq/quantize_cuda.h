@@ -58,6 +58,10 @@ struct Workspace {
   // dequantize: token → channel group, cached by the group bounds
   std::vector<int64_t> map_bounds;
   DeviceBuffer<int32_t> token_group;  // [T]
+  // TurboQuant: the rotated unit rows [T, D]
+  DeviceBuffer<float> tq_rotated;
+  // Lloyd-Max: the float32 midpoints (quantize) or centroids (dequantize) of the codebooks
+  DeviceBuffer<float> lm_table;
 };
 }  // namespace gpu
 

@@ -21,6 +21,10 @@
 //                  as torchao prototype/mx_formats to_mx, ScaleCalculationMode.FLOOR
 //   NVFP4          torchao prototype/mx_formats nvfp4_tensor.py nvfp4_quantize (two-level scaling)
 //   fp4 tile       FlashMLA tests/quant.py (V41_FP4Sparse): s = e4m3(clamp(amax/6, 2^-9, 448)), code = e2m1(x/s)
+//   fp4 tile rcp   FlashInfer include/flashinfer/attention/sparse_mla_sm120/common/nvfp4_quantization.cuh
+//                  quantize_fp32_group16_to_nvfp4_regs (commit 3fe65b06, FlashInfer PR 4955, the DeepSeek-V4
+//                  NVFP4 MLA cache): s = e4m3(amax/6) (RNE, saturating, no floor), code = e2m1(x · (1/s)),
+//                  1/s := 0 when s = 0 (every code 0)
 //   ggml           ggml/src/ggml-quants.c quantize_row_q8_0_ref / q4_0_ref / q4_1_ref, and the
 //                  dequantize_row_* routines
 #pragma once
@@ -43,6 +47,7 @@ enum class BlockKind : uint8_t {
   Q4_0 = 7,       ///< ggml: 4-bit codes, fp16 d = max/−8 (max: the signed value of largest |x|), per 32
   Q4_1 = 8,       ///< ggml: 4-bit codes, fp16 d = (max−min)/15 and fp16 m = min, per 32
   Fp4Tile = 9,    ///< e2m1, e4m3 scale e4m3(clamp(amax/6, 2^-9, 448)) per tile, no per-tensor scale (FlashMLA V4.1 FP4)
+  Fp4TileRcp = 10,  ///< e2m1, e4m3 scale e4m3(amax/6) per tile, elements times 1/scale (FlashInfer NVFP4 MLA)
 };
 
 /// Runtime description of a block format, as the kernels receive it (POD).
@@ -188,6 +193,14 @@ LQ_HD BlockParams block_params_amax(const BlockDesc& f, float amax, const float*
       p.s = div_rn(div_rn(1.0f, global), e4m3_bits_to_f32(sbits));  // torchao: x · ((1/g) / s_b)
       return p;
     }
+    case BlockKind::Fp4TileRcp: {
+      // FlashInfer NVFP4 MLA: s = e4m3(amax / 6); inv = s == 0 ? 0 : 1/s; code = e2m1(x · inv)
+      const uint8_t sbits = f32_to_e4m3_bits(div_rn(amax, kE2M1Max));
+      scale[0] = sbits;
+      p.s = e4m3_bits_to_f32(sbits);
+      p.inv = p.s == 0.0f ? 0.0f : div_rn(1.0f, p.s);
+      return p;
+    }
     case BlockKind::Fp4Tile: {
       // FlashMLA V4.1 FP4: s = e4m3(clamp(amax / 6, 2^-9, 448)); code = e2m1(x / s) (true division)
       const uint8_t sbits = f32_to_e4m3_bits(min_num(max_num(div_rn(amax, kE2M1Max), 0.001953125f), kE4M3Max));
@@ -247,10 +260,11 @@ LQ_HD BlockParams block_params(const BlockDesc& f, const float* x, int n, float 
 }
 
 /// How scaled_element scales the elements of the float8/float4 kinds with a per-block or per-tensor divisor:
-/// true: v · p.inv (the power-of-two scales: Fp8Pow2, MxFp8, MxFp4), false: v / p.s (Fp8Fp32, Fp8Tensor,
+/// true: v · p.inv (the power-of-two scales: Fp8Pow2, MxFp8, MxFp4; and Fp4TileRcp, whose source multiplies by
+/// its rounded reciprocal), false: v / p.s (Fp8Fp32, Fp8Tensor,
 /// Fp4Tile). The CPU's AVX2 e4m3 encoder takes its operation from here too.
 LQ_HD bool scales_by_inverse(BlockKind k) {
-  return k == BlockKind::Fp8Pow2 || k == BlockKind::MxFp8 || k == BlockKind::MxFp4;
+  return k == BlockKind::Fp8Pow2 || k == BlockKind::MxFp8 || k == BlockKind::MxFp4 || k == BlockKind::Fp4TileRcp;
 }
 
 /// The float8/float4 kinds: element v scaled by the block's parameters, the value its code rounds.
@@ -266,6 +280,7 @@ LQ_HD float scaled_element(const BlockDesc& f, const BlockParams& p, float v) {
     case BlockKind::Fp8Fp32:
     case BlockKind::Fp8Tensor:
     case BlockKind::Fp4Tile:
+    case BlockKind::Fp4TileRcp:
       return scales_by_inverse(f.kind) ? mul_rn(v, p.inv) : div_rn(v, p.s);
     case BlockKind::NvFp4:
       return p.zero ? 0.0f : mul_rn(v, p.s);
@@ -285,6 +300,7 @@ LQ_HD uint32_t encode_element(const BlockDesc& f, const BlockParams& p, float v,
       return detail::e4m3_sat(scaled_element(f, p, v), saturated);
     case BlockKind::MxFp4:
     case BlockKind::Fp4Tile:
+    case BlockKind::Fp4TileRcp:
     case BlockKind::NvFp4:  // an all-zero NVFP4 tensor scales every element to 0: code 0, no saturation
       return detail::e2m1_sat(scaled_element(f, p, v), saturated);
     case BlockKind::Q8_0: {
@@ -339,6 +355,7 @@ LQ_HD float saturation_threshold(const BlockDesc& f) {
       return detail::kE4M3Saturation;
     case BlockKind::MxFp4:
     case BlockKind::Fp4Tile:
+    case BlockKind::Fp4TileRcp:
     case BlockKind::NvFp4:
       return detail::kE2M1Saturation;
     default:
@@ -391,6 +408,7 @@ LQ_HD float minifloat_block_multiplier(const BlockDesc& f, const uint8_t* scale,
     case BlockKind::MxFp4:
       return e8m0_bits_to_f32(scale[0]);
     case BlockKind::Fp4Tile:
+    case BlockKind::Fp4TileRcp:
       return e4m3_bits_to_f32(scale[0]);
     case BlockKind::NvFp4:
       return mul_rn(global, e4m3_bits_to_f32(scale[0]));
@@ -415,7 +433,8 @@ LQ_HD void dequantize_elements(const BlockDesc& f, const uint8_t* codes, const u
     }
     case BlockKind::MxFp4:
     case BlockKind::NvFp4:
-    case BlockKind::Fp4Tile: {
+    case BlockKind::Fp4Tile:
+    case BlockKind::Fp4TileRcp: {
       const float s = minifloat_block_multiplier(f, scale, global);
       for (int i = i0; i < i1; ++i)
         out[i - i0] = mul_rn(e2m1_bits_to_f32(static_cast<uint8_t>(detail::get_code(codes, i, 4, false, n))), s);

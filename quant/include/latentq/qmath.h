@@ -82,6 +82,14 @@ LQ_HD float div_rn(float a, float b) {
   return a / b;
 #endif
 }
+/// IEEE square root, correctly rounded (host sqrtf: SSE sqrtss; device: __fsqrt_rn).
+LQ_HD float sqrt_rn(float a) {
+#if defined(__CUDA_ARCH__)
+  return __fsqrt_rn(a);
+#else
+  return __builtin_sqrtf(a);
+#endif
+}
 /// min/max written out so the host compiler vectorizes them. A NaN in the SECOND operand b is ignored
 /// (the result is a); a NaN in a is returned as is, so accumulate as m = min_num(m, x[i]).
 /// NaN inputs are rejected before quantization anyway (see count_nonfinite).

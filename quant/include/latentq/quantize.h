@@ -15,7 +15,9 @@
 //               int token, every block format -> [T, blocks_per_row]
 //               bf16, fp8-e4m3-tensor -> []
 //   offsets : int asymmetric and q4_1 only, same layout and dtype as scales (the group min, as stored).
-//   global  : fp8-e4m3-tensor and nvfp4: the fp32 per-tensor scale [1] (4 bytes).
+//   global  : fp8-e4m3-tensor and nvfp4: the fp32 per-tensor scale [1] (4 bytes); lm<b>: the fitted fp16
+//             centroids [codebooks, 2^b] (lloyd_max.h).
+//   TurboQuant (tq<b>): codes [T, ceil(D·b/8)] LSB-first indices, scales [T] fp16 row norms (turboquant.h).
 // Dequantization reads only codes, scales, offsets and global.
 #pragma once
 
@@ -38,7 +40,7 @@ struct QuantizedTensor {
   std::vector<uint8_t> codes;         ///< packed codes, [rows, row_bytes()]
   std::vector<uint8_t> scales;        ///< raw scale values, see layout
   std::vector<uint8_t> offsets;       ///< raw offsets (asymmetric only), same layout as scales
-  std::vector<uint8_t> global;        ///< fp32 per-tensor scale [4 bytes] (fp8-e4m3-tensor, nvfp4); else empty
+  std::vector<uint8_t> global;        ///< fp32 per-tensor scale [4 bytes] (fp8-e4m3-tensor, nvfp4); lm: fp16 codebooks
 
   Layout layout() const { return latentq::layout(spec, cols); }  ///< the stored layout (spec.h)
   int64_t row_bytes() const;                                     ///< bytes of one packed code row

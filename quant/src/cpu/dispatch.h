@@ -48,6 +48,13 @@ void dequantize_bf16(const QuantizedTensor& qt, float* out, CpuKernel kernel);
 void quantize_blocks(QuantizedTensor& qt, const Layout& L, const QuantizeInput& in);
 void dequantize_blocks(const QuantizedTensor& qt, float* out, CpuKernel kernel);
 
+/// TurboQuant (turboquant.h) on every kernel: the scalar row loops and fwht_rows (turboquant.cpp).
+void quantize_tq(QuantizedTensor& qt, const Layout& L, const QuantizeInput& in);
+void dequantize_tq(const QuantizedTensor& qt, float* out, CpuKernel kernel);
+/// Lloyd-Max codebooks (lloyd_max.h) on every kernel: the fit, then the scalar row loops (lloyd_max.cpp).
+void quantize_lm(QuantizedTensor& qt, const Layout& L, const QuantizeInput& in);
+void dequantize_lm(const QuantizedTensor& qt, float* out, CpuKernel kernel);
+
 /// The output size (bytes) from which the fused kernels write with non-temporal stores
 /// (set_cpu_stream_min_bytes).
 int64_t stream_min_bytes();
