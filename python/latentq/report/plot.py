@@ -38,6 +38,8 @@ FAMILY_STYLE = {
     "nvfp4": ("tab:pink", "NVFP4 / FP4"),
     "fp4": ("tab:pink", "NVFP4 / FP4"),
     "ggml": ("tab:olive", "ggml"),
+    "turboquant": ("tab:cyan", "TurboQuant (vLLM)"),
+    "lloyd-max": ("darkviolet", "Lloyd-Max (fitted)"),
 }
 
 
