@@ -228,7 +228,8 @@ LQ_FUSED_FORMAT(fp4_e2m1_tile16_e4m3, "fp4-e2m1-tile16-e4m3")
 // The engine presets: each target in its own stored format (e.g. fp8 tiles for c_kv, bf16 for k_pe).
 TEST(FusedDecode, EnginePresets) {
   LQ_REQUIRE_GPU();
-  for (const PresetTraits& p : kPresets) check_decode(p.name, shapes()[0]);
+  for (const PresetTraits& p : kPresets)  // TurboQuant rows decode through a Hadamard: no fused kernel yet
+    if (QuantSpec::parse(p.ckv).format != Format::TurboQuant) check_decode(p.name, shapes()[0]);
 }
 
 // The automatic split: hand-computed plans (two CTAs per SM, at least 256 keys per chunk, chunks whole tiles).
