@@ -59,6 +59,12 @@ unsigned long long count_nonfinite_ws(gpu::Workspace& ws, const float* d_x, int6
   return bad;
 }
 
+// Throws the CPU reference's NaN/Inf error (nonfinite_message) when d_x [T, D] holds a NaN/Inf.
+void throw_if_nonfinite(gpu::Workspace& ws, const float* d_x, int64_t T, int64_t D, cudaStream_t stream) {
+  if (const unsigned long long bad = count_nonfinite_ws(ws, d_x, T * D, stream))
+    throw std::invalid_argument(nonfinite_message(static_cast<int64_t>(bad), T, D));
+}
+
 // Channel launch plan, cached by (T, group_size, seq_offsets). Returns true if it changed.
 // Throws std::invalid_argument for bad seq_offsets (channel_groups, the CPU's function).
 bool plan_channel(gpu::Workspace& ws, int64_t T, int64_t group, std::span<const int64_t> seq, cudaStream_t stream) {
@@ -201,8 +207,7 @@ gpu::DeviceStatus finish(const DeviceQuantized& out, const float* d_x, cudaStrea
 // reported with its float32 value, as the CPU reference does.
 void quantize_tq(DeviceQuantized& out, const float* d_x, int64_t T, int64_t D, int64_t rb, cudaStream_t stream) {
   gpu::Workspace& ws = out.ws;
-  if (const unsigned long long bad = count_nonfinite_ws(ws, d_x, T * D, stream))
-    throw std::invalid_argument(nonfinite_message(static_cast<int64_t>(bad), T, D));
+  throw_if_nonfinite(ws, d_x, T, D, stream);
   const qmath::TqCodebook& cb = tq_codebook(D, out.spec.bits);
   ws.tq_rotated.resize(static_cast<size_t>(T * D), "TurboQuant rotated rows");
   LQ_CUDA_CHECK(gd::launch_tq_normalize(d_x, T, static_cast<int>(D), ws.tq_rotated.data(), out.scales.data(), stream));
@@ -227,8 +232,7 @@ void quantize_tq(DeviceQuantized& out, const float* d_x, int64_t T, int64_t D, i
 void quantize_lm(DeviceQuantized& out, const Layout& L, const float* d_x, int64_t T, int64_t D, int64_t rb,
                  std::span<const int64_t> seq_offsets, cudaStream_t stream) {
   gpu::Workspace& ws = out.ws;
-  if (const unsigned long long bad = count_nonfinite_ws(ws, d_x, T * D, stream))
-    throw std::invalid_argument(nonfinite_message(static_cast<int64_t>(bad), T, D));
+  throw_if_nonfinite(ws, d_x, T, D, stream);
   std::vector<float> x(static_cast<size_t>(T * D));
   LQ_CUDA_CHECK(cudaMemcpyAsync(x.data(), d_x, x.size() * sizeof(float), cudaMemcpyDeviceToHost, stream));
   LQ_CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -303,15 +307,13 @@ void quantize_device(const QuantSpec& spec, Target target, const float* d_x, int
     validate_spec_fields(spec);
   } catch (const std::invalid_argument&) {
     // the CPU reference reports NaN/Inf before it looks at the spec fields
-    if (const unsigned long long bad = count_nonfinite_ws(ws, d_x, T * D, stream))
-      throw std::invalid_argument(nonfinite_message(static_cast<int64_t>(bad), T, D));
+    throw_if_nonfinite(ws, d_x, T, D, stream);
     throw;
   }
   try {
     validate_seq_offsets(seq_offsets, T);  // every spec, as the CPU reference
   } catch (const std::invalid_argument&) {
-    if (const unsigned long long bad = count_nonfinite_ws(ws, d_x, T * D, stream))
-      throw std::invalid_argument(nonfinite_message(static_cast<int64_t>(bad), T, D));
+    throw_if_nonfinite(ws, d_x, T, D, stream);
     throw;
   }
   const QuantSpec st = spec.stored_for(target);
@@ -328,8 +330,7 @@ void quantize_device(const QuantSpec& spec, Target target, const float* d_x, int
       changed = plan_channel(ws, T, st.group_size, seq_offsets, stream);
     } catch (const std::invalid_argument&) {
       // the CPU reference reports NaN/Inf before it looks at seq_offsets
-      if (const unsigned long long bad = count_nonfinite_ws(ws, d_x, T * D, stream))
-        throw std::invalid_argument(nonfinite_message(static_cast<int64_t>(bad), T, D));
+      throw_if_nonfinite(ws, d_x, T, D, stream);
       throw;
     }
     out.group_bounds = ws.bounds;

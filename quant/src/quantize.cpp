@@ -21,9 +21,8 @@ namespace {
 
 // How quantize() and dequantize() run each storage kind of the format descriptor: integer groups, bf16
 // elements, TurboQuant's rotated codebook rows (turboquant.h), fitted Lloyd-Max codebooks (lloyd_max.h), or the
-// block formats of blockfmt.h (every
-// other stored Format: layout() marks them block_format). The CPU kernel (set_cpu_kernel) picks the code
-// inside each entry (cpu/dispatch.h).
+// block formats of blockfmt.h (every other stored Format: layout() marks them block_format). The CPU kernel
+// (set_cpu_kernel) picks the code inside each entry (cpu/dispatch.h).
 enum class Storage : uint8_t { Int = 0, Bf16 = 1, Block = 2, TurboQuant = 3, LloydMax = 4 };
 Storage storage_of(Format f) {
   switch (f) {

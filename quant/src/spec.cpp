@@ -1,13 +1,13 @@
 #include "latentq/spec.h"
 
-#include "latentq/transform.h"
-
 #include <algorithm>
 #include <charconv>
 #include <iterator>
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+#include "latentq/transform.h"
 
 namespace latentq {
 
@@ -346,10 +346,12 @@ Layout layout(const QuantSpec& s, int64_t D) {
                    false);
       return L;
     case Format::TurboQuant:
-      if ((D & -D) < kMinAutoHadamardBlock)  // its rotation: the Hadamard of transform.h, block D & -D
-        throw std::invalid_argument("'" + s.to_string() + "' rotates rows with a Hadamard block of the largest power " +
-                                    "of two dividing the row length, which must be >= " +
-                                    std::to_string(kMinAutoHadamardBlock) + "; got D = " + std::to_string(D));
+      try {  // its rotation: transform.h's automatic Hadamard block, one rule for both
+        (void)hadamard_block(D, 0);
+      } catch (const std::invalid_argument& e) {
+        throw std::invalid_argument("'" + s.to_string() + "' rotates rows of D = " + std::to_string(D) +
+                                    " with a Hadamard block: " + e.what());
+      }
       L.block = D;  // one fp16 row norm per token
       L.blocks_per_row = 1;
       L.sd = ScaleDtype::F16;

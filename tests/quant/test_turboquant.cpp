@@ -99,7 +99,7 @@ TEST(TurboQuant, ZeroRowGivesTheMiddleIndexAndDecodesToZero) {
   const int64_t D = 32;
   const std::vector<float> x(D, 0.0f);
   const QuantizedTensor qt = quantize(QuantSpec::parse("tq3"), Target::CKV, x.data(), 1, D, {{0, 1}});
-  for (int64_t i = 0; i < D; ++i) EXPECT_EQ(q::tq_get_code(qt.codes.data(), static_cast<int>(i), 3), 4u) << i;
+  for (int64_t i = 0; i < D; ++i) EXPECT_EQ(q::lsb_get_code(qt.codes.data(), static_cast<int>(i), 3), 4u) << i;
   std::vector<float> out(D, 1.0f);
   dequantize(qt, out.data());
   for (float v : out) EXPECT_EQ(v, 0.0f);
@@ -124,7 +124,7 @@ TEST(TurboQuant, PackingIsAnLsbFirstBitstream) {
         uint32_t c = 0;
         for (int j = 0; j < bits; ++j) c |= ((row[(i * bits + j) / 8] >> ((i * bits + j) % 8)) & 1u) << j;
         ASSERT_EQ(c, want[i]) << "bits " << bits << ", D " << D << ", element " << i;
-        ASSERT_EQ(q::tq_get_code(row.data(), i, bits), want[i]);
+        ASSERT_EQ(q::lsb_get_code(row.data(), i, bits), want[i]);
       }
       const int pad = rb * 8 - D * bits;  // trailing bits are zero
       if (pad > 0) {

@@ -66,9 +66,6 @@ LQ_HD float tq_unit(float x, float norm) { return div_rn(x, add_rn(norm, kTqNorm
 /// upper centroid; y = 0 gives 2^(b−1)).
 LQ_HD uint32_t tq_index(const TqCodebook& cb, float y) { return codebook_index(cb.midpoint, cb.levels, y); }
 
-/// Code i (b bits) of a stored row (lsb_get_code).
-LQ_HD uint32_t tq_get_code(const uint8_t* row, int i, int bits) { return lsb_get_code(row, i, bits); }
-
 /// The index of each rotated coordinate y[i] of a row (the code_of of lsb_encode_byte).
 struct TqCodeOf {
   const TqCodebook& cb;
@@ -86,7 +83,7 @@ LQ_HD uint8_t tq_encode_byte(const TqCodebook& cb, const float* y, int D, int k)
 LQ_HD float tq_nc_inverse(const TqCodebook& cb, const uint8_t* row, int D) {
   float s = 0.0f;
   for (int i = 0; i < D; ++i) {
-    const float c = cb.centroid_bf16[tq_get_code(row, i, cb.bits)];
+    const float c = cb.centroid_bf16[lsb_get_code(row, i, cb.bits)];
     s = add_rn(s, mul_rn(c, c));
   }
   return div_rn(1.0f, sqrt_rn(add_rn(s, kTqNormEps)));
@@ -95,7 +92,7 @@ LQ_HD float tq_nc_inverse(const TqCodebook& cb, const uint8_t* row, int D) {
 /// Decoded rotated coordinate i of a stored row with norm n: (ĉ · inv) · n with norm correction (inv =
 /// tq_nc_inverse), else ĉ · n (vLLM's y_hat · inv_norm, then · vec_norm).
 LQ_HD float tq_decode_element(const TqCodebook& cb, const uint8_t* row, int i, float norm, bool nc, float inv) {
-  const float c = cb.centroid_bf16[tq_get_code(row, i, cb.bits)];
+  const float c = cb.centroid_bf16[lsb_get_code(row, i, cb.bits)];
   return nc ? mul_rn(mul_rn(c, inv), norm) : mul_rn(c, norm);
 }
 
