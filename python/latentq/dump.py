@@ -634,6 +634,7 @@ def load_model(
     trust_remote_code: bool = False,
     *,
     stream: bool = False,
+    device: str = "cpu",
     memory_budget: int | None = None,
     spill_dir: str | None = None,
 ):
@@ -643,8 +644,9 @@ def load_model(
     HF checkpoints load with AutoModelForCausalLM.from_pretrained (eager attention), except FP8
     ones (``checkpoint_dtype`` == float8_e4m3fn), which latentq.stream loads with its own block-wise
     dequantization (LayerStreamer.materialize: the whole model in memory, in ``dtype``).
-    stream=True: ``model`` is a latentq.stream.LayerStreamer (nothing loaded yet; memory_budget and
-    spill_dir are its own) for a local safetensors checkpoint directory. Raises
+    stream=True: ``model`` is a latentq.stream.LayerStreamer (nothing loaded yet; device, memory_budget
+    and spill_dir are its own) for a local safetensors checkpoint directory; else the model is moved to
+    ``device``. Raises
     latentq.stream.CheckpointError for a checkpoint that cannot be streamed."""
     cfg_file = _read_config(path) if os.path.isdir(path) else None
     if cfg_file is not None and cfg_file.get("architectures") == ["TinyMLAForCausalLM"]:
@@ -652,7 +654,7 @@ def load_model(
 
         if stream:
             raise DumpError(f"--model {path}: tiny-mla is not streamed (it fits in memory); use --stream off or auto")
-        model = TinyMLAForCausalLM.from_pretrained(path).to(dtype).eval()
+        model = TinyMLAForCausalLM.from_pretrained(path).to(dtype).to(device).eval()
         rev = "sha256:" + file_sha256([os.path.join(path, "model.safetensors")])
         return model, cfg_file, "tiny-mla", rev, str(cfg_file.get("torch_dtype", "float32")), None
     orig = checkpoint_dtype(cfg_file)
@@ -660,16 +662,25 @@ def load_model(
         from latentq.stream import LayerStreamer
 
         sm = LayerStreamer(
-            path, dtype, memory_budget=memory_budget, spill_dir=spill_dir, trust_remote_code=trust_remote_code
+            path,
+            dtype,
+            device=device,
+            memory_budget=memory_budget,
+            spill_dir=spill_dir,
+            trust_remote_code=trust_remote_code,
         )
-        model = sm if stream else sm.materialize()
+        model = sm if stream else sm.materialize().to(device)
         config = sm.config
     else:
         from transformers import AutoModelForCausalLM
 
-        model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=dtype, attn_implementation="eager", trust_remote_code=trust_remote_code
-        ).eval()
+        model = (
+            AutoModelForCausalLM.from_pretrained(
+                path, dtype=dtype, attn_implementation="eager", trust_remote_code=trust_remote_code
+            )
+            .to(device)
+            .eval()
+        )
         config = model.config
     rev = getattr(config, "_commit_hash", None) or weights_revision(path)
     return model, config.to_dict(), "hf-hooks", rev, orig, load_tokenizer(path, trust_remote_code)
@@ -728,6 +739,8 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--gzip", action="store_true", help="gzip-compress the datasets (default: uncompressed)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu", help="torch device the model runs on (cpu, cuda, cuda:1)")
+    ap.add_argument("--quiet", action="store_true", help="one line at the end instead of the JSON summary")
     ap.add_argument("--trust-remote-code", action="store_true")
     ap.add_argument(
         "--stream",
@@ -741,6 +754,9 @@ def main(argv=None) -> int:
         help="host memory for weights + hidden states, e.g. 24G (default: half the physical memory)",
     )
     a = ap.parse_args(argv)
+    from latentq.progress import quiet_import_noise
+
+    quiet_import_noise()
 
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
@@ -767,6 +783,8 @@ def main(argv=None) -> int:
                 json.load(f)
         except (OSError, ValueError) as e:
             return fail(f"--model {a.model}: cannot read {cfg_path} as JSON ({e})")
+    if a.device.startswith("cuda") and not torch.cuda.is_available():
+        return fail(f"--device {a.device}: CUDA is not available to torch here")
     from latentq.stream import CheckpointError, default_memory_budget, parse_size
 
     try:
@@ -782,6 +800,7 @@ def main(argv=None) -> int:
             _DTYPES[a.dtype],
             a.trust_remote_code,
             stream=stream,
+            device=a.device,
             memory_budget=budget,
             spill_dir=out_dir if os.path.isdir(out_dir) else None,
         )
@@ -815,7 +834,13 @@ def main(argv=None) -> int:
     summary["execution"] = "layer streaming" if stream else "in memory"
     if stream:
         summary["hidden_states"] = "memory" if model.states_in_memory else "temporary file"
-    print(json.dumps(summary, indent=2, default=str))
+    if a.quiet:
+        print(
+            f"dump: wrote {a.out} ({summary.get('num_layers', '?')} layers, {len(seqs)} x {a.seq_len} tokens, "
+            f"{summary['execution']}, {a.device})"
+        )
+    else:
+        print(json.dumps(summary, indent=2, default=str))
     return 0
 
 

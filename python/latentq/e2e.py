@@ -56,6 +56,16 @@ decode-order runs one per forward. The tables do not depend on K beyond float32 
 an unbatched run. The file is updated through a temporary copy and a rename, so an interrupted run leaves
 the previous file intact; user errors exit 2 with one line and write nothing.
 
+Models larger than memory (``--stream auto|on|off``, ``--memory-budget``; the rule of latentq.dump,
+stream_decision: auto streams FP8 checkpoints and weights over the budget): the checkpoint runs layer by
+layer (latentq.stream.LayerStreamer: the model on the meta device, each decoder layer read from the
+shards right before it runs and freed after), every forward of the step (the reference and each batch
+of runs, the same chunks as in memory) through layer i before layer i+1, the hidden states on the host
+(a temporary file beside RESULTS.h5 when they exceed the budget). The rows are those of the in-memory
+step on the same runs (tests/python/test_e2e_stream.py); the progress then counts layers, and the
+attribute ``execution`` of /e2e records which way it ran ("in memory", "layer streaming (hidden states
+in memory)" or "... in a file)").
+
 Text: by default the held-out split of the KJV text (latentq.kjv_text); tokens from byte
 `--offset-bytes` on (the shipped dump reads the first 4 × 512 bytes, so the default 2048 keeps the
 two apart): the bytes for tiny-mla, the checkpoint's tokenizer for an HF model that has one (no
@@ -79,7 +89,7 @@ import torch
 import torch.nn.functional as F
 
 from latentq.capture import find_mla_layers, mla_dims
-from latentq.dump import load_model, run_model
+from latentq.dump import is_tiny_mla, load_model, load_tokenizer, run_model, stream_decision
 from latentq.e2e_decode import (  # noqa: F401  (re-exported: the tests and bench/e2e_rate.py use latentq.e2e.*)
     DECODE_TARGETS,
     PREFILL_AT_ONCE,
@@ -406,6 +416,19 @@ def parse_args(argv=None):
         help="W of /e2e_position (default: the root attribute decode_order_position_bucket, else 64)",
     )
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--quiet", action="store_true", help="no line per run (the progress and the last line remain)")
+    ap.add_argument(
+        "--stream",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="run the model layer by layer from its safetensors shards, every forward of the step through "
+        "layer i before layer i+1 (auto: FP8 checkpoints and weights over the memory budget; as latentq.dump)",
+    )
+    ap.add_argument(
+        "--memory-budget",
+        default=None,
+        help="host memory for weights + hidden states when streaming, e.g. 24G (default: half the physical memory)",
+    )
     ap.add_argument(
         "--dump-text-sha256",
         default="",
@@ -502,9 +525,11 @@ class Plan:
 
 def load_inputs(a, plan: Plan):
     """(model on --device, its tokenizer or None, ids [num_seqs, seq_len] on the device, MLA dims, the
-    model's MLA layers); plan.layers defaults to those. Raises ValueError (no CUDA, unreadable --text, no
-    config.json, windows the model or text cannot hold, study layers the model lacks), OSError,
-    RuntimeError."""
+    model's MLA layers, the LayerStreamer or None); plan.layers defaults to the MLA layers. Streaming
+    (--stream, decided by latentq.dump.stream_decision as the dump decides it): the model is the
+    streamer's meta model, nothing loaded yet. Raises ValueError (no CUDA, unreadable --text, no
+    config.json, a checkpoint that cannot be streamed, windows the model or text cannot hold, study
+    layers the model lacks), OSError, RuntimeError."""
     if a.device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"--device {a.device}: CUDA is not available to torch here")
     if a.text:
@@ -525,8 +550,36 @@ def load_inputs(a, plan: Plan):
         )
     if not os.path.isfile(os.path.join(a.model, "config.json")):
         raise ValueError(f"--model {a.model}: no config.json (expected a tiny-mla or HF MLA checkpoint directory)")
-    model, _cfg, _src, _rev, _orig, tokenizer = load_model(a.model, _DTYPES[a.dtype], a.trust_remote_code)
-    model = model.to(a.device)
+    from latentq.stream import CheckpointError, LayerStreamer, default_memory_budget, parse_size
+
+    try:
+        budget = default_memory_budget() if a.memory_budget is None else parse_size(a.memory_budget)
+    except ValueError as e:
+        raise ValueError(f"--memory-budget: {e}") from None
+    stream, why = stream_decision(a.stream, a.model, _DTYPES[a.dtype], budget)
+    a.execution = "layer streaming" if stream else "in memory"
+    if stream:  # in memory is the usual way: no line for it
+        print(f"e2e_inject: layer streaming ({why})", file=sys.stderr)
+    streamer = None
+    if stream and is_tiny_mla(a.model):
+        raise ValueError(f"--model {a.model}: tiny-mla is not streamed (it fits in memory); use --stream off or auto")
+    try:
+        if stream:
+            spill = os.path.dirname(os.path.abspath(a.results))
+            streamer = LayerStreamer(
+                a.model,
+                _DTYPES[a.dtype],
+                device=a.device,
+                memory_budget=budget,
+                spill_dir=spill if os.path.isdir(spill) else None,
+                trust_remote_code=a.trust_remote_code,
+            )
+            model, tokenizer = streamer.model, load_tokenizer(a.model, a.trust_remote_code)
+        else:
+            model, _cfg, _src, _rev, _orig, tokenizer = load_model(a.model, _DTYPES[a.dtype], a.trust_remote_code)
+            model = model.to(a.device)
+    except CheckpointError as e:
+        raise ValueError(str(e)) from None
     mla = find_mla_layers(model)
     dims = mla_dims(mla[0][2])
     max_pos = getattr(model.config, "max_position_embeddings", None)
@@ -543,7 +596,7 @@ def load_inputs(a, plan: Plan):
             f"{a.results}: study layer(s) {bad} not in the model {a.model} "
             f"(MLA layers {model_layers[0]}..{model_layers[-1]})"
         )
-    return model, tokenizer, ids, dims, model_layers
+    return model, tokenizer, ids, dims, model_layers, streamer
 
 
 REF = None  # the reference run (exact latents) in a chunk of runs
@@ -562,6 +615,7 @@ class Runner:
         self.ref = None
         self.bpt_memo: dict = {}
         self.progress = None  # a latentq.progress.Progress over the runs (the reference not counted)
+        self.counts_runs = True  # False: the progress counts something else (streamed: layers)
 
     def resolve(self, spec):
         """A spec string as is, or a mixed assignment's {(layer, target): spec} from /latent_error."""
@@ -571,37 +625,77 @@ class Runner:
         except ValueError:  # a mixed assignment: its spec per (layer, target) from /latent_error
             return mixed_specs(self.a.results, spec)
 
-    def forward(self, chunk) -> list[torch.Tensor]:
-        """The logits [n, T, V] (float32, CPU) of each run of `chunk` (REF: the exact latents)."""
-        latentq, model, ids, layer_set = self.latentq, self.model, self.ids, self.layer_set
-        n = ids.shape[0]
+    def hooks(self, chunk):
+        """The hooks of one forward of `chunk` (None for the reference alone): a LatentInjector for
+        prefill-at-once runs, a DecodeOrderAttention for decode-order runs, each run's quantizer on its
+        own num_seqs rows of the batch (batch_inject, batch_decode_cache) when the chunk has several."""
+        latentq, layer_set, n = self.latentq, self.layer_set, self.ids.shape[0]
         if len(chunk) == 1 and chunk[0] is REF:
-            return [run_model(model, ids).float().cpu()]
+            return None
         hows = [None if r is REF else self.resolve(r[0]) for r in chunk]
         if len(chunk) == 1:  # one run: the hooks of that run alone
             spec, targets, mode = chunk[0]
-            hooks = (
-                LatentInjector(model, make_inject(latentq, hows[0], targets, layer_set))
-                if mode == PREFILL_AT_ONCE
-                else DecodeOrderAttention(model, make_decode_cache(latentq, hows[0], targets, layer_set, mode))
-            )
-        elif chunk[-1][2] == PREFILL_AT_ONCE:
-            hooks = LatentInjector(
-                model,
-                batch_inject(
-                    [None if r is REF else make_inject(latentq, h, r[1], layer_set) for r, h in zip(chunk, hows)], n
-                ),
-            )
-        else:
-            hooks = DecodeOrderAttention(
-                model,
-                batch_decode_cache(
-                    [make_decode_cache(latentq, h, r[1], layer_set, r[2]) for r, h in zip(chunk, hows)], n
-                ),
-            )
+            if mode == PREFILL_AT_ONCE:
+                return LatentInjector(self.model, make_inject(latentq, hows[0], targets, layer_set))
+            return DecodeOrderAttention(self.model, make_decode_cache(latentq, hows[0], targets, layer_set, mode))
+        if chunk[-1][2] == PREFILL_AT_ONCE:
+            fns = [None if r is REF else make_inject(latentq, h, r[1], layer_set) for r, h in zip(chunk, hows)]
+            return LatentInjector(self.model, batch_inject(fns, n))
+        caches = [make_decode_cache(latentq, h, r[1], layer_set, r[2]) for r, h in zip(chunk, hows)]
+        return DecodeOrderAttention(self.model, batch_decode_cache(caches, n))
+
+    def batch_ids(self, chunk) -> torch.Tensor:
+        """The input ids of one forward of `chunk`: [len(chunk) · num_seqs, seq_len]."""
+        return self.ids.repeat(len(chunk), 1) if len(chunk) > 1 else self.ids
+
+    def forward(self, chunk) -> list[torch.Tensor]:
+        """The logits [n, T, V] (float32, CPU) of each run of `chunk` (REF: the exact latents)."""
+        hooks, n = self.hooks(chunk), self.ids.shape[0]
+        if hooks is None:
+            return [run_model(self.model, self.ids).float().cpu()]
         with hooks:
-            out = run_model(model, ids.repeat(len(chunk), 1) if len(chunk) > 1 else ids).float().cpu()
+            out = run_model(self.model, self.batch_ids(chunk)).float().cpu()
         return list(out.split(n)) if len(chunk) > 1 else [out]
+
+    def run_streamed(self, streamer, chunks, after=None) -> None:
+        """forward + record for every chunk, layer-major (latentq.stream.LayerStreamer.run): each chunk's
+        batch is one input of the streamer, so layer i's weights are loaded once and every forward of the
+        step (the reference, each batch of runs) goes through layer i before layer i+1. Before layer i runs
+        input n, the hooks of chunk n are installed (those of the previous input removed) and their
+        records of other layers dropped, so at most one layer's captured tensors are held. The logits of
+        each input, after the final norm and head, are split into its runs and recorded in the chunks'
+        order, the reference first: the rows, and each run's arithmetic, are those of ``run_all`` with
+        the same chunks. A run the quantizers refuse stops the step (ValueError) without the unbatched
+        replay of ``run_all``: the error is the quantizer's, the rows before it are not written.
+        ``after(i)``: called once layer i has run every input (progress)."""
+        hooks = [self.hooks(c) for c in chunks]
+        active: list = [None]
+
+        def use(n: int | None) -> None:
+            h = None if n is None else hooks[n]
+            if active[0] is not h and active[0] is not None:
+                active[0].__exit__(None, None, None)
+                active[0].clear()
+                active[0] = None
+            if h is not None:
+                h.clear()  # the records of the layer before: not needed again
+                if active[0] is None:
+                    h.__enter__()
+                    active[0] = h
+
+        def on_logits(n: int, logits: torch.Tensor) -> None:
+            use(None)
+            out = logits.float().cpu()
+            for run, q in zip(chunks[n], out.split(self.ids.shape[0]) if len(chunks[n]) > 1 else [out]):
+                self.record(run, q)
+
+        try:
+            with torch.no_grad():
+                streamer.run(
+                    [self.batch_ids(c) for c in chunks], before=lambda i, n: use(n), after=after, on_logits=on_logits
+                )
+        finally:
+            use(None)
 
     def record(self, run, q: torch.Tensor) -> None:
         """The rows of one run from its logits q (the reference's logits are kept for the others)."""
@@ -647,10 +741,13 @@ class Runner:
             f"  {spec:28s} {mode:20s} KL {m['kl_mean']:.3e}  top1 {m['top1_agree']:.4f}  "
             f"ppl {m['ppl_ref']:.4f} -> {m['ppl_quant']:.4f}  {bpt:.1f} B/token"
         )
-        if self.progress is None:
+        if self.a.quiet:
+            pass
+        elif self.progress is None:
             print(line, flush=True)
         else:
             self.progress.write(line)
+        if self.progress is not None and self.counts_runs:
             self.progress.update(1)
 
     def run_all(self, chunks) -> None:
@@ -690,6 +787,7 @@ def write_tables(a, runner: Runner, tokenizer, K: int, K_dec: int) -> None:
         "text": os.path.abspath(a.text) if a.text else "kjv-heldout",
         "text_sha256": a.text_sha256,
         "batch_runs": np.int64(K),
+        "execution": getattr(a, "execution", "in memory"),
         "batch_runs_decode": np.int64(K_dec),
     }
     write_groups(
@@ -725,10 +823,13 @@ def main(argv=None) -> int:
     if isinstance(a, int):
         return a
     latentq = import_latentq()
+    from latentq.progress import quiet_import_noise
+
+    quiet_import_noise()
     torch.set_num_threads(a.threads)
     try:
         plan = Plan(a, latentq)
-        model, tokenizer, ids, dims, model_layers = load_inputs(a, plan)
+        model, tokenizer, ids, dims, model_layers, streamer = load_inputs(a, plan)
     except (ValueError, OSError, RuntimeError) as e:
         print(f"e2e_inject: error: {e}", file=sys.stderr)
         return 2
@@ -758,8 +859,14 @@ def main(argv=None) -> int:
     t0 = time.time()
     runner = Runner(latentq, a, model, ids, plan, dims)
     try:
-        with Progress(len(runs), "e2e", "runs") as runner.progress:
-            runner.run_all(chunks)
+        if streamer is None:
+            with Progress(len(runs), "e2e", "runs") as runner.progress:
+                runner.run_all(chunks)
+        else:  # layer-major: the progress counts layers; each run's line comes at the end
+            runner.counts_runs = False
+            with Progress(len(streamer.layers), "e2e", f"layers (streamed, {len(chunks)} forwards)") as runner.progress:
+                runner.run_streamed(streamer, chunks, after=lambda i: runner.progress.update(1))
+            a.execution += " (hidden states in memory)" if streamer.states_in_memory else " (hidden states in a file)"
     except ValueError as e:  # non-finite logits, a spec the quantizers refuse: nothing is written
         print(f"e2e_inject: error: {e}; {a.results} is left unchanged", file=sys.stderr)
         return 2

@@ -86,3 +86,18 @@ def _isatty(stream) -> bool:
         return stream.isatty()
     except (AttributeError, ValueError):
         return False
+
+
+# Loggers of libraries imported on the way (transformers' FP8 integration imports torchao) that print at
+# import time: torchao warns once per prebuilt extension it cannot load ("Failed to load ..._C_*.so": CUDA
+# builds, unused on this path), torch's pytree warns once per Enum class torchao registers. Neither is about
+# the step's own work; errors still show.
+IMPORT_NOISE_LOGGERS = ("torchao", "torch.utils._pytree")
+
+
+def quiet_import_noise() -> None:
+    """Raise the loggers of IMPORT_NOISE_LOGGERS to ERROR (the command-line steps call it first)."""
+    import logging
+
+    for name in IMPORT_NOISE_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)

@@ -47,6 +47,7 @@ struct RunArgs {
   bool no_e2e = false;              // skip [e2e] even when enabled
   std::string budgets;              // the decision summary's budgets (fractions of bf16); empty = default
   bool no_decision = false;         // `latentq study`: the summary comes after its own e2e step
+  bool verbose = true;              // false (`latentq study` without --verbose): no tables, where they are instead
 };
 
 // The decision summary (latentq/decision.h) of a complete results file: printed, and written into it as
@@ -120,11 +121,15 @@ int cmd_run(const RunArgs& a, std::ostream& out, std::ostream& err, bool progres
     for (const std::string& w : latent_precision_warnings(*le)) err << "latentq: warning: " << w << "\n";
   if (shard.count == 1) {
     const ColumnTable* summary = find_table(r.tables, "summary");
-    if (summary) out << format_summary(*summary, plan.dump().attrs);
-    print_probe_report(cfg, plan.probes, summary, r.tables, plan.dump().attrs, out, err);
+    if (summary && a.verbose) out << format_summary(*summary, plan.dump().attrs);
+    print_probe_report(cfg, plan.probes, a.verbose ? summary : nullptr, r.tables, plan.dump().attrs, out, err);
+    if (!a.verbose)
+      out << fmt::format("study: {} tables in {} (--verbose prints them; the report shows them)\n", r.tables.size(),
+                         cfg.results.string());
     out << fmt::format("\n{} cells ({} quantizers{}) on {} in {:.1f} s\nresults: {}\n", r.owned, plan.quantizers.size(),
                        resumed, backend->name(), secs, cfg.results.string());
-    if (cfg.probes.e2e.enabled && !a.no_e2e) run_e2e_step(cfg, plan.dump().attrs, cfg.results, a.threads, out, err);
+    if (cfg.probes.e2e.enabled && !a.no_e2e)
+      run_e2e_step(cfg, plan.dump().attrs, cfg.results, a.threads, out, err, a.verbose);
     if (!a.no_decision) decision_step(cfg.results, a.budgets, out);
   } else {
     print_probe_report(cfg, plan.probes, nullptr, r.tables, plan.dump().attrs, out, err);
@@ -143,6 +148,7 @@ struct StudyArgs {
   int64_t seq_len = 512, num_seqs = 4, q_rows = 256;
   int threads = 0;
   bool no_e2e = false;
+  bool verbose = false;  // --verbose: the tables `latentq run` prints, the dump's JSON summary, a line per e2e run
 };
 
 // A string root attribute of `attrs`, or "" when absent or not a string.
@@ -171,7 +177,9 @@ int cmd_study(const StudyArgs& a, std::ostream& out, std::ostream& err, bool pro
   in.num_seqs = a.num_seqs;
   in.q_rows = a.q_rows;
   in.dtype = a.dtype;
+  in.device = a.device;
   in.threads = a.threads;
+  in.quiet = !a.verbose;
   std::error_code ec;
   if (!fs::is_regular_file(in.model / "config.json", ec))
     throw std::invalid_argument(fmt::format("--model {}: no config.json (expected a checkpoint directory)", a.model));
@@ -207,6 +215,7 @@ int cmd_study(const StudyArgs& a, std::ostream& out, std::ostream& err, bool pro
     ra.resume = same_study(partial_path(results));
     ra.no_e2e = true;
     ra.no_decision = true;
+    ra.verbose = a.verbose;
     if (const int rc = cmd_run(ra, out, err, progress_bar); rc != kExitOk) return rc;
   }
 
@@ -237,7 +246,7 @@ int cmd_study(const StudyArgs& a, std::ostream& out, std::ostream& err, bool pro
   else if (e2e_kept)
     out << "e2e: reusing /e2e of " << results.string() << " (same model, text, device, dtype and windows)\n";
   else
-    run_e2e_step(cfg, dump_attrs_from_results(attrs), results, a.threads, out, err);
+    run_e2e_step(cfg, dump_attrs_from_results(attrs), results, a.threads, out, err, a.verbose);
 
   // 4. The decision summary, then 5. the report.
   decision_step(results, a.budgets, out);
@@ -550,7 +559,7 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   study->add_option("--text", sta.text, "the text file whose windows are dumped and scored")->required();
   study->add_option("--out", sta.out, "the output directory: dump.h5, results.h5, report/")->required();
   study->add_option("--config", sta.config, "a study config (default: the embedded default study)");
-  study->add_option("--device", sta.device, "cpu or cuda: the study's cells and the e2e step")
+  study->add_option("--device", sta.device, "cpu or cuda: the dump, the study's cells and the e2e step")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   study->add_option("--dtype", sta.dtype, "the model's compute dtype (dump and e2e)")
       ->check(CLI::IsMember({"float32", "bfloat16"}));
@@ -561,6 +570,9 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   study->add_option("--budgets", sta.budgets, budgets_help);
   study->add_option("--threads", sta.threads, "worker threads (default: all cores)")->check(CLI::NonNegativeNumber);
   study->add_flag("--no-e2e", sta.no_e2e, "skip the e2e step (the decision then uses the attention KL)");
+  study->add_flag("--verbose", sta.verbose,
+                  "print every table (as `latentq run` does), the dump's summary and a line per e2e run; by "
+                  "default: the progress, the warnings, the decision summary and where the tables are");
 
   std::string decide_results, decide_budgets;
   CLI::App* decide = app.add_subcommand(

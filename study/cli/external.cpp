@@ -190,7 +190,7 @@ bool is_tiny_mla_dir(const fs::path& dir) {
 }  // namespace
 
 bool run_e2e_step(const StudyConfig& config, const DumpAttrs& attrs, const fs::path& results, int threads,
-                  std::ostream& out, std::ostream& err) {
+                  std::ostream& out, std::ostream& err, bool verbose) {
   const E2eSettings& E = config.probes.e2e;
   const PythonTools t = python_tools();
   std::error_code ec;
@@ -228,6 +228,7 @@ bool run_e2e_step(const StudyConfig& config, const DumpAttrs& attrs, const fs::p
   if (!E.dump_text_sha256.empty()) argv.insert(argv.end(), {"--dump-text-sha256", E.dump_text_sha256});
   const int n = worker_threads(threads);
   argv.insert(argv.end(), {"--threads", std::to_string(n)});
+  if (!verbose) argv.push_back("--quiet");
   if (!E.quantizers.empty()) {
     argv.push_back("--quantizers");
     argv.insert(argv.end(), E.quantizers.begin(), E.quantizers.end());
@@ -254,6 +255,7 @@ bool run_e2e_step(const StudyConfig& config, const DumpAttrs& attrs, const fs::p
                        results.string());
     return false;
   }
+  if (!verbose) return true;
   try {
     const std::vector<std::string> groups = list_tables(results);
     const bool has_summary = std::find(groups.begin(), groups.end(), "summary") != groups.end();
@@ -276,9 +278,9 @@ bool run_dump_step(const DumpStepInputs& in, const fs::path& dump, std::ostream&
                                   : sha_or(in.model / "model.safetensors");
   const std::string record = fmt::format(
       "latentq study dump inputs\nmodel {}\nmodel_config_sha256 {}\nmodel_weights_sha256 {}\ntext {}\n"
-      "text_sha256 {}\nseq_len {}\nnum_seqs {}\nq_rows {}\ndtype {}\n",
+      "text_sha256 {}\nseq_len {}\nnum_seqs {}\nq_rows {}\ndtype {}\ndevice {}\n",
       in.model.string(), sha_or(in.model / "config.json"), weights, in.text.string(), sha_or(in.text), in.seq_len,
-      in.num_seqs, in.q_rows, in.dtype);
+      in.num_seqs, in.q_rows, in.dtype, in.device);
   fs::path stamp = dump;
   stamp += ".inputs";
   std::error_code ec;
@@ -293,26 +295,29 @@ bool run_dump_step(const DumpStepInputs& in, const fs::path& dump, std::ostream&
   const PythonTools t = python_tools();
   if (const std::string why = python_unavailable_reason(t, "python/latentq/dump.py", false); !why.empty())
     throw std::runtime_error("dump: " + why);
-  const std::vector<std::string> argv = {t.python.string(),
-                                         "-m",
-                                         "latentq.dump",
-                                         "--model",
-                                         in.model.string(),
-                                         "--text",
-                                         in.text.string(),
-                                         "--seq-len",
-                                         std::to_string(in.seq_len),
-                                         "--num-seqs",
-                                         std::to_string(in.num_seqs),
-                                         "--q-rows",
-                                         std::to_string(in.q_rows),
-                                         "--dtype",
-                                         in.dtype,
-                                         "--out",
-                                         dump.string(),
-                                         "--force",
-                                         "--threads",
-                                         std::to_string(worker_threads(in.threads))};
+  std::vector<std::string> argv = {t.python.string(),
+                                   "-m",
+                                   "latentq.dump",
+                                   "--model",
+                                   in.model.string(),
+                                   "--text",
+                                   in.text.string(),
+                                   "--seq-len",
+                                   std::to_string(in.seq_len),
+                                   "--num-seqs",
+                                   std::to_string(in.num_seqs),
+                                   "--q-rows",
+                                   std::to_string(in.q_rows),
+                                   "--dtype",
+                                   in.dtype,
+                                   "--out",
+                                   dump.string(),
+                                   "--force",
+                                   "--device",
+                                   in.device,
+                                   "--threads",
+                                   std::to_string(worker_threads(in.threads))};
+  if (in.quiet) argv.push_back("--quiet");
   out << "dump: " << fmt::format("{}", fmt::join(argv, " ")) << "\n";
   std::vector<std::pair<std::string, std::string>> env = python_env(t);
   if (!std::getenv("LATENTQ_PROGRESS") && ::isatty(STDERR_FILENO)) env.emplace_back("LATENTQ_PROGRESS", "bar");

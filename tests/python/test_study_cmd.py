@@ -66,6 +66,7 @@ def test_one_command_writes_everything_and_a_rerun_reuses_it(tmp_path, inputs):
         q in ("int4-asym-channel-g32", "int4-asym-token", "int4-asym-token-g32", "q4_0") for q in named
     )
     assert "decision (bytes: whole model" in r.stdout and "uniform  int4" in r.stdout
+    compact(r.stdout)
     md = (out / "report" / "report.md").read_text().splitlines()
     assert md[2] == "## Decision"
     # a rerun: every stage reused, the files unchanged
@@ -82,6 +83,26 @@ def test_one_command_writes_everything_and_a_rerun_reuses_it(tmp_path, inputs):
     assert "dump: reusing" not in r3.stdout and "study: reusing" not in r3.stdout
     with h5py.File(out / "results.h5", "r") as f:
         assert f["e2e"].attrs["text_sha256"] == hashlib.sha256(text.read_bytes()).hexdigest()
+
+
+E2E_RUN_LINE = " prefill-at-once      KL "  # the e2e step's line per run (latentq.e2e Runner.record)
+
+
+def compact(stdout: str) -> None:
+    """The default terminal output: the stages' lines, the decision summary and where the tables are; none
+    of the tables of `latentq run`, no line per e2e run, no JSON summary of the dump."""
+    assert "tables in" in stdout and "--verbose prints them" in stdout, stdout
+    assert E2E_RUN_LINE not in stdout and '"num_layers"' not in stdout, stdout
+    assert len(stdout.splitlines()) < 60, f"{len(stdout.splitlines())} lines:\n{stdout}"
+
+
+def test_verbose_prints_the_tables(tmp_path, inputs):
+    text, cfg = inputs
+    r = study(tmp_path / "out", cfg, text, "--verbose")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert E2E_RUN_LINE in r.stdout and '"num_layers"' in r.stdout and "--verbose prints them" not in r.stdout
+    assert "decision (bytes: whole model" in r.stdout
+    assert len(r.stdout.splitlines()) > 60, r.stdout
 
 
 def test_a_killed_study_resumes(tmp_path, inputs):

@@ -51,21 +51,25 @@ int run_process(const std::vector<std::string>& argv, const std::vector<std::pai
 /// MLA checkpoint, needs its checkpoint directory as [e2e] model), the model directory has no config.json, or
 /// python_unavailable_reason() says why it cannot run; "latentq: warning: e2e: ..." to `err` when the
 /// step fails. Never throws for these; returns true when /e2e was written.
+/// verbose = false (`latentq study` without --verbose): the step gets --quiet (no line per run: its progress and
+/// last line remain) and the /e2e table is not printed after it.
 bool run_e2e_step(const StudyConfig& config, const DumpAttrs& attrs, const std::filesystem::path& results, int threads,
-                  std::ostream& out, std::ostream& err);
+                  std::ostream& out, std::ostream& err, bool verbose = true);
 
 /// The inputs of a dump `latentq study` makes: what decides whether a finished dump can be reused.
 struct DumpStepInputs {
   std::filesystem::path model, text;  ///< absolute
   int64_t seq_len = 512, num_seqs = 4, q_rows = 256;
   std::string dtype = "float32";
+  std::string device = "cpu";  ///< the torch device the model runs on
   int threads = 0;
+  bool quiet = false;  ///< --quiet: one line at the end instead of the dump's JSON summary
 };
 /// `latentq study`'s dump: DUMP is reused when DUMP.inputs (written after a successful dump) records the
 /// same inputs (model directory, sha256 of its config.json and of its safetensors index or weights file, the
-/// text's sha256, seq_len, num_seqs, q_rows, dtype) and DUMP's own sha256; otherwise runs
+/// text's sha256, seq_len, num_seqs, q_rows, dtype, device) and DUMP's own sha256; otherwise runs
 ///   <python> -m latentq.dump --model DIR --text FILE --seq-len L --num-seqs S --q-rows Q --dtype D
-///                            --out DUMP --force --threads N
+///                            --device DEV --out DUMP --force --threads N [--quiet]
 /// (its output, with its progress, copied to `out` as it comes) and writes DUMP.inputs. Returns true when
 /// the dump was reused. Throws std::runtime_error when Python is unavailable or the dump fails (its exit code).
 bool run_dump_step(const DumpStepInputs& in, const std::filesystem::path& dump, std::ostream& out);
