@@ -834,6 +834,8 @@ def main(argv=None) -> int:
     summary["execution"] = "layer streaming" if stream else "in memory"
     if stream:
         summary["hidden_states"] = "memory" if model.states_in_memory else "temporary file"
+        summary["load_seconds"] = round(model.load_seconds, 3)
+        summary["compute_seconds"] = round(model.compute_seconds, 3)
     if a.quiet:
         print(
             f"dump: wrote {a.out} ({summary.get('num_layers', '?')} layers, {len(seqs)} x {a.seq_len} tokens, "

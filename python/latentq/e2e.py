@@ -788,6 +788,11 @@ def write_tables(a, runner: Runner, tokenizer, K: int, K_dec: int) -> None:
         "text_sha256": a.text_sha256,
         "batch_runs": np.int64(K),
         "execution": getattr(a, "execution", "in memory"),
+        **(
+            {"load_seconds": a.stream_seconds[0], "compute_seconds": a.stream_seconds[1]}
+            if hasattr(a, "stream_seconds")
+            else {}
+        ),
         "batch_runs_decode": np.int64(K_dec),
     }
     write_groups(
@@ -867,6 +872,7 @@ def main(argv=None) -> int:
             with Progress(len(streamer.layers), "e2e", f"layers (streamed, {len(chunks)} forwards)") as runner.progress:
                 runner.run_streamed(streamer, chunks, after=lambda i: runner.progress.update(1))
             a.execution += " (hidden states in memory)" if streamer.states_in_memory else " (hidden states in a file)"
+            a.stream_seconds = (streamer.load_seconds, streamer.compute_seconds)
     except ValueError as e:  # non-finite logits, a spec the quantizers refuse: nothing is written
         print(f"e2e_inject: error: {e}; {a.results} is left unchanged", file=sys.stderr)
         return 2

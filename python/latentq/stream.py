@@ -54,6 +54,7 @@ import os
 import re
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -406,7 +407,8 @@ class LayerStreamer:
     Attributes: model (the meta model: install hooks on it, e.g. latentq.capture.LatentCapture),
     config (its PretrainedConfig), checkpoint (Checkpoint), layers_name ("model.layers"), layers (the
     ModuleList), skipped_layers (checkpoint layer indices >= num_hidden_layers, never read),
-    states_in_memory (after ``run``: whether the hidden states were kept in memory).
+    states_in_memory, load_seconds, compute_seconds (after ``run``: whether the hidden states were
+    kept in memory; the seconds of the layers' loads and of their runs).
 
     Raises CheckpointError (see Checkpoint; a model layer missing from the checkpoint),
     latentq.capture.MLAModuleNotFoundError (no MLA module).
@@ -466,6 +468,10 @@ class LayerStreamer:
         self.norm_name, self.head_name = self._names[id(norm)], self._names[id(head)]
         self._tensors = _persistent_tensors(self.model)
         self.states_in_memory: bool | None = None
+        # after ``run``: wall seconds spent reading + converting decoder-layer weights (load_layer) and
+        # running the decoder layers on the inputs (callbacks included): is a run read- or compute-bound
+        self.load_seconds = 0.0
+        self.compute_seconds = 0.0
         for i in range(n):  # every tensor has its place before anything is read (names only)
             p = f"{self.layers_name}.{i}"
             self._placements(self._under(p), self.checkpoint.names_under(p))
@@ -666,9 +672,10 @@ class LayerStreamer:
         ``before(i, n)`` before layer i runs input n, ``after(i)`` once layer i has run every input
         (its weights still loaded), ``on_logits(n, logits [B, L, V])`` after the last layer, with the
         final norm and head loaded (``on_logits`` absent: they are never read).
-        Peak memory: the embedding while the inputs of layer 0 are taken, then one decoder layer's
-        weights + the hidden states of all inputs (in memory, or a temporary file: class docstring)
-        + one input's activations in that layer.
+        Sets load_seconds / compute_seconds (seconds reading the decoder layers' weights / running
+        the layers with the callbacks). Peak memory: the embedding while the inputs of layer 0 are
+        taken, then one decoder layer's weights + the hidden states of all inputs (in memory, or a
+        temporary file: class docstring) + one input's activations in that layer.
         """
         ids = [torch.as_tensor(np.asarray(x), dtype=torch.long) for x in inputs]
         ids = [x[None, :] if x.dim() == 1 else x for x in ids]
@@ -695,8 +702,12 @@ class LayerStreamer:
                     shared.append((args, kwargs))
                     args_of.append(len(shared) - 1)
             self._free(pro)
+            self.load_seconds = self.compute_seconds = 0.0
             for i, layer in enumerate(self.layers):
+                t0 = time.perf_counter()
                 self.load_layer(i)
+                t1 = time.perf_counter()
+                self.load_seconds += t1 - t0
                 try:
                     if loaded is not None:
                         loaded(i)
@@ -711,6 +722,7 @@ class LayerStreamer:
                         after(i)
                 finally:
                     self.free_layer(i)
+                    self.compute_seconds += time.perf_counter() - t1
             if on_logits is not None:
                 head = self._under(self.norm_name) + self._under(self.head_name)
                 self._load(head, [k for k in head if k in self.checkpoint.weight_map], "head")
