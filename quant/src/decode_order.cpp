@@ -60,7 +60,8 @@ bool decode_scale_is_causal(const QuantSpec& spec) {
                (spec.granularity == Granularity::Channel && spec.group_size == 0));
     case Format::Fp8Tensor:
     case Format::NvFp4:
-    case Format::LloydMax:  // codebooks fitted on the matrix's fit split: a per-matrix constant
+    case Format::LloydMax:         // codebooks fitted on the matrix's fit split: a per-matrix constant
+    case Format::TransformCoding:  // the record (widths, scales, offsets) likewise
       return false;
     case Format::Preset:
       return decode_scale_is_causal(spec.stored_for(Target::CKV)) &&

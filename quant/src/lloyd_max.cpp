@@ -16,16 +16,6 @@ namespace q = qmath;
 
 namespace {
 
-// The token ranges the codebooks are fitted on: the fit split, or every token when it is empty (T = 1).
-std::vector<std::pair<int64_t, int64_t>> fit_ranges(std::span<const int64_t> seq_offsets, int64_t T) {
-  try {
-    return probes::fit_heldout_split(seq_offsets, T).fit;
-  } catch (const std::invalid_argument&) {
-    validate_seq_offsets(seq_offsets, T);  // bad offsets stay an error; only a split too small falls back
-    return {{0, T}};
-  }
-}
-
 // Lloyd iterations on sorted values v (float64) with prefix sums: cells are contiguous ranges of v.
 std::vector<double> lloyd(const std::vector<double>& v, int levels) {
   const size_t n = v.size();
@@ -62,7 +52,7 @@ std::vector<uint8_t> fit_lloyd_max(const float* X, int64_t T, int64_t D, std::sp
                                    int64_t width) {
   const int levels = 1 << bits;
   const int64_t groups = (D + width - 1) / width;
-  const auto ranges = fit_ranges(seq_offsets, T);
+  const auto ranges = probes::quantizer_fit_ranges(seq_offsets, T);
   std::vector<uint8_t> out(static_cast<size_t>(groups * levels * 2));
   std::vector<double> v;
   for (int64_t g = 0; g < groups; ++g) {

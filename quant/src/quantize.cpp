@@ -20,10 +20,11 @@ namespace q = qmath;
 namespace {
 
 // How quantize() and dequantize() run each storage kind of the format descriptor: integer groups, bf16
-// elements, TurboQuant's rotated codebook rows (turboquant.h), fitted Lloyd-Max codebooks (lloyd_max.h), or the
+// elements, TurboQuant's rotated codebook rows (turboquant.h), fitted Lloyd-Max codebooks (lloyd_max.h),
+// transform coding's per-component widths (transform_coding.h), or the
 // block formats of blockfmt.h (every other stored Format: layout() marks them block_format). The CPU kernel
 // (set_cpu_kernel) picks the code inside each entry (cpu/dispatch.h).
-enum class Storage : uint8_t { Int = 0, Bf16 = 1, Block = 2, TurboQuant = 3, LloydMax = 4 };
+enum class Storage : uint8_t { Int = 0, Bf16 = 1, Block = 2, TurboQuant = 3, LloydMax = 4, TransformCoding = 5 };
 Storage storage_of(Format f) {
   switch (f) {
     case Format::Int:
@@ -34,6 +35,8 @@ Storage storage_of(Format f) {
       return Storage::TurboQuant;
     case Format::LloydMax:
       return Storage::LloydMax;
+    case Format::TransformCoding:
+      return Storage::TransformCoding;
     default:
       return Storage::Block;
   }
@@ -54,6 +57,7 @@ constexpr StorageOps kStorageOps[] = {
     {cpu::quantize_blocks, cpu::dequantize_blocks},
     {cpu::quantize_tq, cpu::dequantize_tq},
     {cpu::quantize_lm, cpu::dequantize_lm},
+    {cpu::quantize_tc, cpu::dequantize_tc},
 };
 const StorageOps& ops_of(Format f) { return kStorageOps[static_cast<int>(storage_of(f))]; }
 
@@ -223,7 +227,8 @@ QuantDiagnostics diagnose(const QuantizedTensor& qt, const float* X) {
   QuantDiagnostics r;
   const QuantSpec& spec = qt.spec;
   const int64_t T = qt.rows, D = qt.cols;
-  if (spec.format == Format::BF16 || spec.format == Format::TurboQuant || spec.format == Format::LloydMax)
+  if (spec.format == Format::BF16 || spec.format == Format::TurboQuant || spec.format == Format::LloydMax ||
+      spec.format == Format::TransformCoding)
     return r;  // no scale to underflow, no element format to saturate
   const Layout L = qt.layout();
   if (L.block_format) {  // saturation: the block quantizer's own count (its parameters, then count_saturated)

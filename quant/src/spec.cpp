@@ -12,7 +12,7 @@
 namespace latentq {
 
 // clang-format off
-const FormatTraits kFormats[14] = {
+const FormatTraits kFormats[15] = {
   {Format::Int, "int{8|4|2}-{sym|asym}-tensor[-fp32] | int{8|4|2}-{sym|asym}-{channel|token}[-g<N>][-fp32]   (N >= 0; g0 or no -g = whole axis; scale/offset fp16 unless -fp32)",
    "int", nullptr, nullptr, "KIVI (arXiv 2402.02750) min/max scalar quantization"},
   {Format::BF16, "bf16", "bf16", "none", "element", "bf16 storage, round to nearest even"},
@@ -35,6 +35,8 @@ const FormatTraits kFormats[14] = {
    "turboquant", "codebook", "token", "vLLM TurboQuant for MLA (arXiv 2504.19874; turboquant/centroids.py, triton_turboquant_store.py)"},
   {Format::LloydMax, "lm{2|3|4}-tensor | lm{2|3|4}-channel[-g<N>]   (Lloyd-Max codebooks fitted on the fit split: one per layer matrix, per channel, or per N consecutive channels; fp16 centroids stored per matrix)",
    "lloyd-max", "codebook", nullptr, "Lloyd (1982) / Max (1960) scalar quantizer, fitted per layer as KVQuant's non-uniform codebooks (arXiv 2401.18079)"},
+  {Format::TransformCoding, "tc<R>[-lm]   (transform coding at R bits per element, 0 < R <= 8, at most 3 decimals: widths 0..8 per component by greedy reverse water-filling on the fit split's variances; uniform codes, or -lm: Gaussian Lloyd-Max codes; use after klt, for the KLT basis)",
+   "transform-coding", "water-filling", "component", "Huang & Schultheiss (1963) block quantization; greedy integer bit allocation (Gersho & Gray 1992, section 8.4)"},
 };
 
 const PresetTraits kPresets[9] = {
@@ -107,6 +109,7 @@ std::string spec_grammar() {
   std::string s;
   for (const FormatTraits& t : kFormats) s += "  " + std::string(t.grammar) + "\n";
   s += "  examples: int4-asym-channel-g32, int8-sym-tensor, int2-asym-token-g64, fp8-e4m3-tile128-pow2, mxfp4, q4_0, "
+       "tc2.5, "
        "flashmla-v32-fp8, bf16";
   return s;
 }
@@ -142,6 +145,26 @@ QuantSpec QuantSpec::parse(std::string_view s) {
     } else if (p.size() > 3) {
       bad(s, "unexpected '" + std::string(p[3]) + "'");
     }
+    return q;
+  }
+  if (s.starts_with("tc")) {
+    const auto p = split_dash(s);
+    const std::string_view r = p[0].substr(2);
+    const size_t dot = r.find('.');
+    int64_t whole = 0, frac = 0;
+    const std::string_view fr = dot == std::string_view::npos ? std::string_view{} : r.substr(dot + 1);
+    if (!parse_int(r.substr(0, dot), whole) ||
+        (dot != std::string_view::npos && (fr.size() > 3 || !parse_int(fr, frac))))
+      bad(s, "the rate must be bits per element as a decimal number with at most 3 decimals (tc3, tc2.5, tc0.75)");
+    for (size_t i = fr.size(); i < 3; ++i) frac *= 10;
+    if (whole > 8) bad(s, "transform coding spends at most 8 bits per element (components are 0..8 bits wide)");
+    const int64_t milli = whole * 1000 + frac;
+    if (milli <= 0) bad(s, "the rate must be > 0 bits per element");
+    if (milli > 8000) bad(s, "transform coding spends at most 8 bits per element (components are 0..8 bits wide)");
+    if (p.size() > 2 || (p.size() == 2 && p[1] != "lm")) bad(s, "expected tc<R> or tc<R>-lm");
+    QuantSpec q = simple(Format::TransformCoding, static_cast<int>((milli + 999) / 1000), ScaleDtype::F32);
+    q.rate_milli = static_cast<int>(milli);
+    if (p.size() == 2) q.rule = ScaleRule::GaussianCodebook;
     return q;
   }
   if (s.starts_with("tq")) {
@@ -265,6 +288,15 @@ std::string QuantSpec::to_string() const {
     case Format::LloydMax:
       return "lm" + std::to_string(bits) + (granularity == Granularity::Tensor ? "-tensor" : "-channel") +
              (group_size > 0 ? "-g" + std::to_string(group_size) : "");
+    case Format::TransformCoding: {
+      std::string r = "tc" + std::to_string(rate_milli / 1000);
+      if (int f = rate_milli % 1000; f != 0) {
+        std::string d = std::to_string(1000 + f).substr(1);  // three digits, then no trailing zero
+        while (d.back() == '0') d.pop_back();
+        r += "." + d;
+      }
+      return r + (rule == ScaleRule::GaussianCodebook ? "-lm" : "");
+    }
     case Format::Preset:
       return kPresets[preset].name;
     case Format::Int:
@@ -362,6 +394,20 @@ Layout layout(const QuantSpec& s, int64_t D) {
       L.codebooks = (D + L.codebook_width - 1) / L.codebook_width;
       L.sd = ScaleDtype::F16;
       L.tensor_bytes = L.codebooks * (int64_t{1} << s.bits) * 2;  // fp16 centroids [codebooks, 2^b]
+      return L;
+    }
+    case Format::TransformCoding: {
+      L.code_bits = 0;  // 0..8 per component, fixed per matrix by the record
+      L.row_code_bytes = static_cast<int64_t>(s.rate_milli) * D / 8000;  // floor: the rate is never exceeded
+      if (L.row_code_bytes <= 0)
+        throw std::invalid_argument("'" + s.to_string() +
+                                    "' stores floor(R·D/8) = 0 code bytes per token for rows of D = " +
+                                    std::to_string(D) + "; it needs R·D >= 8 bits");
+      L.code_budget_bits = 8 * L.row_code_bytes;
+      L.sd = ScaleDtype::F32;
+      // per matrix: width byte, fp32 scale and fp32 offset per component; -lm: the fp16 unit codebooks of widths
+      // 1..8, (2 + 4 + ... + 256)·2 = 1020 bytes (latentq/transform_coding.h)
+      L.tensor_bytes = 9 * D + (s.rule == ScaleRule::GaussianCodebook ? 1020 : 0);
       return L;
     }
     case Format::NvFp4:

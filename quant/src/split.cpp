@@ -4,6 +4,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "latentq/quantize.h"
+
 namespace latentq::probes {
 
 int64_t TokenSplit::fit_tokens() const {
@@ -63,6 +65,15 @@ TokenSplit fit_heldout_split(std::span<const int64_t> seq_offsets, int64_t T) {
 
 int64_t max_fit_rank(int64_t fit_tokens, bool centered) {
   return std::max<int64_t>(0, fit_tokens - (centered ? 1 : 0));
+}
+
+std::vector<std::pair<int64_t, int64_t>> quantizer_fit_ranges(std::span<const int64_t> seq_offsets, int64_t T) {
+  try {
+    return fit_heldout_split(seq_offsets, T).fit;
+  } catch (const std::invalid_argument&) {
+    latentq::validate_seq_offsets(seq_offsets, T);  // bad offsets stay an error; only a split too small falls back
+    return {{0, T}};
+  }
 }
 
 }  // namespace latentq::probes

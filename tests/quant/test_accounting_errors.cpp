@@ -127,7 +127,9 @@ TEST(Accounting, StorageBytesIsWhatQuantizeStores) {
                          "vllm-turboquant-k8v4",
                          "lm2-tensor",
                          "lm3-channel",
-                         "lm4-channel-g5"};
+                         "lm4-channel-g5",
+                         "tc3",
+                         "tc2.5-lm"};
   std::mt19937_64 rng(20261202);
   for (int it = 0; it < 60; ++it) {
     const int64_t D = 32 * (1 + static_cast<int64_t>(rng() % 6));  // multiples of 32: every family's blocks fit

@@ -23,13 +23,17 @@ LQ_HD uint32_t codebook_index(const float* mid, int levels, float y) {
   return k;
 }
 
-/// Index i (b ≤ 8 bits) of an LSB-first packed row.
-LQ_HD uint32_t lsb_get_code(const uint8_t* row, int i, int bits) {
-  const int bit = i * bits, byte = bit >> 3, shift = bit & 7;
+/// Bits [bit, bit + bits) (bits ≤ 8) of an LSB-first packed row: a code of any width at any bit offset
+/// (transform_coding.h's rows of per-component widths).
+LQ_HD uint32_t lsb_get_bits(const uint8_t* row, int bit, int bits) {
+  const int byte = bit >> 3, shift = bit & 7;
   uint32_t w = row[byte];
   if (shift + bits > 8) w |= static_cast<uint32_t>(row[byte + 1]) << 8;  // a code across two bytes
   return (w >> shift) & ((1u << bits) - 1u);
 }
+
+/// Index i (b ≤ 8 bits) of an LSB-first packed row.
+LQ_HD uint32_t lsb_get_code(const uint8_t* row, int i, int bits) { return lsb_get_bits(row, i * bits, bits); }
 
 /// Byte k of the LSB-first packed row of D indices code_of(i), b bits each (trailing bits zero). Bytes are
 /// independent: any split of a row's bytes among callers gives the same codes.

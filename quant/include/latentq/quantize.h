@@ -18,6 +18,8 @@
 //   global  : fp8-e4m3-tensor and nvfp4: the fp32 per-tensor scale [1] (4 bytes); lm<b>: the fitted fp16
 //             centroids [codebooks, 2^b] (lloyd_max.h).
 //   TurboQuant (tq<b>): codes [T, ceil(D·b/8)] LSB-first indices, scales [T] fp16 row norms (turboquant.h).
+//   Transform coding (tc<R>[-lm]): codes [T, floor(R·D/8)] of per-component widths; global: the per-matrix
+//             record of widths, fp32 scales and offsets (+ the fp16 unit codebooks for -lm), transform_coding.h.
 // Dequantization reads only codes, scales, offsets and global.
 #pragma once
 

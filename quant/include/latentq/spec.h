@@ -15,6 +15,9 @@
 //   lm{2|3|4}-tensor | lm{2|3|4}-channel[-g{N}]              Lloyd-Max codebooks fitted on the fit split
 //                                                            (latentq/lloyd_max.h); -g{N}: one codebook per N
 //                                                            consecutive CHANNELS (N ≥ 1; not tokens as for int)
+//   tc{R}[-lm]                                               transform coding (latentq/transform_coding.h): R bits
+//                                                            per element, 0 < R ≤ 8, at most 3 decimals (tc2.5);
+//                                                            per-component widths by reverse water-filling
 //   engine presets (a per-target pair): flashmla-v32-fp8, vllm-fp8-ds-mla, flashmla-model1-fp8,
 //   flashmla-v41-fp8, flashmla-v41-fp4, vllm-turboquant-4bit-nc, vllm-turboquant-3bit-nc,
 //   vllm-turboquant-k8v4, flashinfer-nvfp4-mla
@@ -60,20 +63,22 @@ enum class Format : uint8_t {
   Q4_1 = 9,       ///< ggml q4_1
   Preset = 10,    ///< an engine's per-token record: one stored format for c_kv, one for k_pe
   Fp4Tile = 11,   ///< e2m1, one e4m3 scale per 16, no per-tensor scale (FlashMLA V4.1 FP4; -rcp: FlashInfer NVFP4 MLA)
-  TurboQuant = 12,  ///< TurboQuant's MSE stage: Hadamard rotation, Lloyd-Max codebook of N(0, 1/D), fp16 row norm
-  LloydMax = 13,    ///< Lloyd-Max codebooks fitted on the fit split: per layer matrix or per group of channels
+  TurboQuant = 12,       ///< TurboQuant's MSE stage: Hadamard rotation, Lloyd-Max codebook of N(0, 1/D), fp16 row norm
+  LloydMax = 13,         ///< Lloyd-Max codebooks fitted on the fit split: per layer matrix or per group of channels
+  TransformCoding = 14,  ///< per-component widths by reverse water-filling, uniform or Gaussian Lloyd-Max codes
 };
 enum class Scheme : uint8_t { Sym = 0, Asym = 1 };
 enum class Granularity : uint8_t { Tensor = 0, Channel = 1, Token = 2 };
 /// Scale rule of an FP8 tile / tensor spec.
 enum class ScaleRule : uint8_t {
   None = 0,
-  Pow2 = 1,           ///< FlashMLA: 2^ceil(log2(max(amax/448, 1e-4)))
-  Fp32 = 2,           ///< vLLM fp8_ds_mla: max(amax/448, FLT_MIN), raw fp32
-  Calibrated = 3,     ///< per-tensor amax/448
-  Unit = 4,           ///< per-tensor 1.0 (uncalibrated)
-  Reciprocal = 5,     ///< fp4 tile: s = e4m3(amax/6) unclamped, elements times 1/s (FlashInfer NVFP4 MLA)
-  NormCorrected = 6,  ///< TurboQuant: the decode renormalizes the codeword to unit norm (vLLM's `_nc` presets)
+  Pow2 = 1,              ///< FlashMLA: 2^ceil(log2(max(amax/448, 1e-4)))
+  Fp32 = 2,              ///< vLLM fp8_ds_mla: max(amax/448, FLT_MIN), raw fp32
+  Calibrated = 3,        ///< per-tensor amax/448
+  Unit = 4,              ///< per-tensor 1.0 (uncalibrated)
+  Reciprocal = 5,        ///< fp4 tile: s = e4m3(amax/6) unclamped, elements times 1/s (FlashInfer NVFP4 MLA)
+  NormCorrected = 6,     ///< TurboQuant: the decode renormalizes the codeword to unit norm (vLLM's `_nc` presets)
+  GaussianCodebook = 7,  ///< TransformCoding -lm: unit-variance Gaussian Lloyd-Max codes scaled by each component's std
 };
 
 /// Which cached tensor a spec is applied to. Presets store the two differently.
@@ -82,14 +87,17 @@ enum class Target : uint8_t { CKV = 0, KPE = 1 };
 /// A parsed quantizer spec. Fields that do not apply to a format hold their defaults.
 struct QuantSpec {
   Format format = Format::Int;
-  int bits = 8;  ///< code bits: 8/4/2 (Int), 16 (BF16), 8 (fp8, mxfp8, q8_0), 4 (fp4, q4), 2/3/4 (TurboQuant)
+  int bits = 8;  ///< code bits: 8/4/2 (Int), 16 (BF16), 8 (fp8, mxfp8, q8_0), 4 (fp4, q4), 2/3/4 (TurboQuant);
+                 ///< TransformCoding: ceil(R), the results column `bits` (the widths vary per component)
   Scheme scheme = Scheme::Asym;                   ///< Int only
   Granularity granularity = Granularity::Tensor;  ///< Int only
   int64_t group_size = 0;  ///< Int channel/token: group length, 0 = whole axis; Fp8Tile: tile width; LloydMax
                            ///< channel: channels per codebook (0 = 1)
   ScaleDtype scale_dtype = ScaleDtype::F16;  ///< dtype of the stored per-group scale (see kFormats)
-  ScaleRule rule = ScaleRule::None;          ///< Fp8Tile / Fp8Tensor; Fp4Tile (Reciprocal); TurboQuant (NormCorrected)
+  ScaleRule rule = ScaleRule::None;          ///< Fp8Tile / Fp8Tensor; Fp4Tile (Reciprocal); TurboQuant (NormCorrected);
+                                             ///< TransformCoding (GaussianCodebook for -lm)
   uint8_t preset = 0;                        ///< Preset: index into kPresets
+  int rate_milli = 0;  ///< TransformCoding: R in thousandths of a bit per element (tc2.5 → 2500), 1..8000
 
   /// Parse a spec string. Throws std::invalid_argument naming the string and listing the valid
   /// forms for an unknown string, bits outside {2,4,8}, a negative or malformed group size, a
@@ -114,7 +122,7 @@ struct FormatTraits {
   const char* source;       ///< the engine file/function or standard section it reproduces
 };
 /// The descriptor table, indexed by Format.
-extern const FormatTraits kFormats[14];
+extern const FormatTraits kFormats[15];
 inline const FormatTraits& traits(Format f) { return kFormats[static_cast<int>(f)]; }
 
 /// Order of the parts of an engine's per-token record (pack_record() in quantize.h).
@@ -149,8 +157,9 @@ struct Layout {
   int64_t tensor_bytes = 0;         ///< bytes stored once per matrix (per-tensor scale/offset, global scale, codebooks)
   int64_t codebooks = 0;            ///< LloydMax: fitted codebooks per matrix (1 per tensor, ceil(D / N) per channel)
   int64_t codebook_width = 0;       ///< LloydMax: channels per codebook (D for tensor)
-  bool block_format = false;        ///< quantized through latentq/blockfmt.h
-  qmath::BlockDesc desc{};          ///< block formats: the kernel/CPU block description
+  int64_t code_budget_bits = 0;  ///< TransformCoding: Σ of the component widths may not exceed it (8·row_code_bytes)
+  bool block_format = false;     ///< quantized through latentq/blockfmt.h
+  qmath::BlockDesc desc{};       ///< block formats: the kernel/CPU block description
 
   /// Bytes per token of one layer for one target, metadata included, for formats whose storage is
   /// per token (per-token groups, blocks, bf16); per-matrix bytes are left out (amortized over T).

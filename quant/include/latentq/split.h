@@ -35,6 +35,11 @@ void validate_seq_offsets(std::span<const int64_t> seq_offsets, int64_t T, std::
 /// sequence of 1 token).
 TokenSplit fit_heldout_split(std::span<const int64_t> seq_offsets, int64_t T);
 
+/// The token ranges a fitted quantizer (Lloyd-Max codebooks, transform coding) fits on: the fit split's, or
+/// every token {[0, T)} when the split is empty (one sequence of 1 token). Throws std::invalid_argument for
+/// bad seq_offsets (validate_seq_offsets of quantize.h).
+std::vector<std::pair<int64_t, int64_t>> quantizer_fit_ranges(std::span<const int64_t> seq_offsets, int64_t T);
+
 /// The largest basis rank that `fit_tokens` fit tokens determine: fit_tokens − 1 when centered (the
 /// fit mean takes one degree of freedom), else fit_tokens; 0 when there is none. The SVD and
 /// shared-basis probes reject a larger rank; the study caps its automatic ranks at it.

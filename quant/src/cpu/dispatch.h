@@ -54,6 +54,10 @@ void dequantize_tq(const QuantizedTensor& qt, float* out, CpuKernel kernel);
 /// Lloyd-Max codebooks (lloyd_max.h) on every kernel: the fit, then the scalar row loops (lloyd_max.cpp).
 void quantize_lm(QuantizedTensor& qt, const Layout& L, const QuantizeInput& in);
 void dequantize_lm(const QuantizedTensor& qt, float* out, CpuKernel kernel);
+/// Transform coding (transform_coding.h) on every kernel: the record, then the scalar row loops
+/// (transform_coding.cpp).
+void quantize_tc(QuantizedTensor& qt, const Layout& L, const QuantizeInput& in);
+void dequantize_tc(const QuantizedTensor& qt, float* out, CpuKernel kernel);
 
 /// The output size (bytes) from which the fused kernels write with non-temporal stores
 /// (set_cpu_stream_min_bytes).
