@@ -389,9 +389,11 @@ FusedCacheView fused_cache_view(const DeviceQuantized& dq, int max_cols, cudaStr
   if (st.format == Format::Preset)
     throw std::invalid_argument("fused decode: '" + st.to_string() +
                                 "' is a preset; pass each target's stored tensor (QuantSpec::stored_for)");
-  if (st.format == Format::TurboQuant)  // its rows decode through a Hadamard: no fused kernel yet
-    throw std::invalid_argument("fused decode: '" + st.to_string() +
-                                "' (TurboQuant) has no fused decode kernel; dequantize_device it instead");
+  // TurboQuant's rows decode through a Hadamard, Lloyd-Max and transform coding through per-matrix tables:
+  // no fused kernel yet for any of them
+  if (st.format == Format::TurboQuant || st.format == Format::LloydMax || st.format == Format::TransformCoding)
+    throw std::invalid_argument("fused decode: '" + st.to_string() + "' (" + family_of(st) +
+                                ") has no fused decode kernel; dequantize_device it instead");
   check_device_layout(dq, "fused decode");
   if (dq.cols > max_cols)
     throw std::invalid_argument("fused decode: '" + st.to_string() + "' [" + std::to_string(dq.rows) + ", " +

@@ -10,6 +10,7 @@
 #include "latentq/gpu/plan.h"
 #include "latentq/qmath.h"
 #include "latentq/spec.h"
+#include "latentq/transform_coding.h"
 #include "latentq/turboquant.h"
 
 // Launch and dynamic shared memory through macros so the kernels also compile as plain C++ against
@@ -283,5 +284,12 @@ cudaError_t launch_lm_encode(const float* x /*[T, D]*/, int64_t T, int D, int rb
                              int64_t width, uint8_t* codes /*[T, rb]*/, cudaStream_t stream);
 cudaError_t launch_lm_decode(const uint8_t* codes /*[T, rb]*/, int64_t T, int D, int rb, int bits,
                              const float* centroid, int64_t width, float* out /*[T, D]*/, cudaStream_t stream);
+
+/// Transform coding (transform_coding.cu): the code bytes of x [T, tab.D] into codes [T, rb]; the decoded values
+/// of codes into out [T, tab.D] (tab: device pointers to latentq::tc_tables' arrays).
+cudaError_t launch_tc_encode(const float* x /*[T, D]*/, int64_t T, int rb, const q::TcTables& tab,
+                             uint8_t* codes /*[T, rb]*/, cudaStream_t stream);
+cudaError_t launch_tc_decode(const uint8_t* codes /*[T, rb]*/, int64_t T, int rb, const q::TcTables& tab,
+                             float* out /*[T, D]*/, cudaStream_t stream);
 
 }  // namespace latentq::gpu::detail

@@ -9,6 +9,7 @@
 #include "latentq/transform.h"
 #include "latentq/turboquant.h"
 #include "latentq/lloyd_max.h"
+#include "latentq/transform_coding.h"
 #include "latentq/quantize_cuda.h"
 
 namespace latentq {
@@ -244,6 +245,42 @@ void quantize_lm(DeviceQuantized& out, const Layout& L, const float* d_x, int64_
   LQ_CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 
+// Transform coding (transform_coding.h): the device view of a record's tables, uploaded into the workspace.
+qmath::TcTables upload_tc_tables(gpu::Workspace& ws, const TcHostTables& tab, cudaStream_t stream) {
+  std::vector<float> f(tab.scale);
+  f.insert(f.end(), tab.offset.begin(), tab.offset.end());
+  f.insert(f.end(), tab.centroid.begin(), tab.centroid.end());
+  f.insert(f.end(), tab.midpoint.begin(), tab.midpoint.end());
+  ws.tc_offsets.upload(tab.bit_offset.data(), tab.bit_offset.size(), stream, "transform coding bit offsets");
+  ws.tc_floats.upload(f.data(), f.size(), stream, "transform coding tables");
+  const size_t D = tab.scale.size();
+  qmath::TcTables t;
+  t.D = static_cast<int>(D);
+  t.bit_offset = ws.tc_offsets.data();
+  t.scale = ws.tc_floats.data();
+  t.offset = ws.tc_floats.data() + D;
+  if (!tab.centroid.empty()) {
+    t.centroid = ws.tc_floats.data() + 2 * D;
+    t.midpoint = t.centroid + tab.centroid.size();
+  }
+  return t;
+}
+
+// Transform coding: NaN/Inf first, then the record fitted on the host from a copy of the matrix
+// (fit_transform_coding, as the CPU quantizer) and the encode on the device with its tables.
+void quantize_tc(DeviceQuantized& out, const float* d_x, int64_t T, int64_t D, int64_t rb,
+                 std::span<const int64_t> seq_offsets, cudaStream_t stream) {
+  gpu::Workspace& ws = out.ws;
+  throw_if_nonfinite(ws, d_x, T, D, stream);
+  std::vector<float> x(static_cast<size_t>(T * D));
+  LQ_CUDA_CHECK(cudaMemcpyAsync(x.data(), d_x, x.size() * sizeof(float), cudaMemcpyDeviceToHost, stream));
+  LQ_CUDA_CHECK(cudaStreamSynchronize(stream));
+  out.global = fit_transform_coding(out.spec, x.data(), T, D, seq_offsets);
+  const qmath::TcTables tab = upload_tc_tables(ws, tc_tables(out.spec, out.global, D), stream);
+  LQ_CUDA_CHECK(gd::launch_tc_encode(d_x, T, static_cast<int>(rb), tab, out.codes.data(), stream));
+  LQ_CUDA_CHECK(cudaStreamSynchronize(stream));  // the host tables and the workspace's are reused next call
+}
+
 __global__ void probe_kernel(int* p /*[1]*/) { *p = 42; }
 
 }  // namespace
@@ -356,6 +393,10 @@ void quantize_device(const QuantSpec& spec, Target target, const float* d_x, int
   }
   if (st.format == Format::LloydMax) {
     quantize_lm(out, L, d_x, T, D, rb, seq_offsets, stream);
+    return;
+  }
+  if (st.format == Format::TransformCoding) {
+    quantize_tc(out, d_x, T, D, rb, seq_offsets, stream);
     return;
   }
   if (L.block_format) {
@@ -507,6 +548,12 @@ void dequantize_device(const DeviceQuantized& q, float* d_out, cudaStream_t stre
     LQ_CUDA_CHECK(gd::launch_lm_decode(q.codes.data(), T, static_cast<int>(D), static_cast<int>(rb), st.bits,
                                        ws.lm_table.data(), L.codebook_width, d_out, stream));
     LQ_CUDA_CHECK(cudaStreamSynchronize(stream));  // the table buffer is reused by the next call
+    return;
+  }
+  if (st.format == Format::TransformCoding) {
+    const qmath::TcTables tab = upload_tc_tables(q.ws, tc_tables(st, q.global, D), stream);
+    LQ_CUDA_CHECK(gd::launch_tc_decode(q.codes.data(), T, static_cast<int>(rb), tab, d_out, stream));
+    LQ_CUDA_CHECK(cudaStreamSynchronize(stream));  // the table buffers are reused by the next call
     return;
   }
   if (st.format == Format::TurboQuant) {

@@ -297,6 +297,15 @@ TEST(FusedDecode, RefusesBadInput) {
             std::string::npos)
       << run(qw, qk, in.seq, 2);
 
+  // the codebook formats have no fused kernel: refused by name, family included
+  for (const char* cb : {"tq3", "lm3-channel", "tc3", "tc2-lm"}) {
+    const QuantizedTensor qcb = quantize(QuantSpec::parse(cb), Target::CKV, in.c_kv.data(), in.T, s.Dc, in.seq);
+    const std::string m = run(qcb, qk, in.seq, 2);
+    EXPECT_NE(m.find(std::string("'") + cb + "' (" + family_of(qcb.spec) + ") has no fused decode kernel"),
+              std::string::npos)
+        << m;
+  }
+
   // the launcher: a k_pe view given as c_kv (D = 32, not Dc = 64), and a missing workspace
   const DeviceQuantized dc = to_device(qc), dk = to_device(qk);
   const gpu::FusedCacheView vc = gpu::fused_cache_view(dc, gpu::kFusedMaxCkv),

@@ -62,6 +62,9 @@ struct Workspace {
   DeviceBuffer<float> tq_rotated;
   // Lloyd-Max: the float32 midpoints (quantize) or centroids (dequantize) of the codebooks
   DeviceBuffer<float> lm_table;
+  // transform coding: the bit offsets [D + 1] and the floats (scale [D], offset [D], -lm centroids and midpoints)
+  DeviceBuffer<int32_t> tc_offsets;
+  DeviceBuffer<float> tc_floats;
 };
 }  // namespace gpu
 
