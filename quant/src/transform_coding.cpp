@@ -9,6 +9,7 @@
 #include <queue>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cpu/dispatch.h"
@@ -148,6 +149,60 @@ const std::vector<double>& tc_unit_codebook(int w) {
   return books[w];
 }
 
+namespace {
+
+// The float32 unit codebooks the -lm encoder and decoder read: the stored fp16 centroids of widths 1..8 and
+// the float32 midpoints of each width's adjacent centroids.
+struct UnitTables {
+  std::vector<float> centroid, midpoint;
+};
+UnitTables tables_of(const uint8_t* fp16) {  // fp16 [kTcCentroids], little-endian
+  UnitTables u;
+  u.centroid.resize(q::kTcCentroids);
+  u.midpoint.resize(q::kTcMidpoints);
+  for (int i = 0; i < q::kTcCentroids; ++i) u.centroid[i] = q::load_dtype(fp16 + 2 * i, ScaleDtype::F16);
+  for (int w = 1; w <= q::kTcMaxWidth; ++w)
+    for (int j = 0; j + 1 < (1 << w); ++j) {
+      const float* c = u.centroid.data() + q::tc_centroid_base(w);
+      u.midpoint[q::tc_midpoint_base(w) + j] = q::div_rn(q::add_rn(c[j], c[j + 1]), 2.0f);
+    }
+  return u;
+}
+const UnitTables& unit_tables() {
+  static const UnitTables t = tables_of(unit_codebook_bytes().data());
+  return t;
+}
+
+// The stored (scale, offset) of a component of width w ≥ 1, mean mu and std sigma at the multiplier m of the
+// Gaussian rule: scale = fp32(m·σ·g(w)), offset = fp32(μ − scale·(2^w − 1)/2) (uniform); fp32(m·σ), fp32(μ) (-lm).
+std::pair<float, float> component_params(double mu, double sigma, int w, bool lm, double m, int64_t i) {
+  const float s = to_f32_checked(lm ? m * sigma : m * sigma * tc_uniform_step(w), "scale", i);
+  const double o = lm ? mu : mu - static_cast<double>(s) * (((1 << w) - 1) / 2.0);
+  return {s, to_f32_checked(o, "offset", i)};
+}
+
+// Σ (x̂ − x)² over the values v of one component coded at width w with (scale, offset): the stored element math.
+double component_sse(const std::vector<float>& v, int w, bool lm, float scale, float offset) {
+  const int32_t bits[2] = {0, w};
+  q::TcTables t;
+  t.D = 1;
+  t.bit_offset = bits;
+  t.scale = &scale;
+  t.offset = &offset;
+  if (lm) {
+    t.centroid = unit_tables().centroid.data();
+    t.midpoint = unit_tables().midpoint.data();
+  }
+  double e = 0;
+  for (float x : v) {
+    const double d = static_cast<double>(q::tc_decode_code(t, 0, w, q::tc_code(t, 0, w, x))) - x;
+    e += d * d;
+  }
+  return e;
+}
+
+}  // namespace
+
 std::vector<uint8_t> fit_transform_coding(const QuantSpec& spec, const float* X, int64_t T, int64_t D,
                                           std::span<const int64_t> seq_offsets) {
   const Layout L = layout(spec, D);
@@ -170,18 +225,24 @@ std::vector<uint8_t> fit_transform_coding(const QuantSpec& spec, const float* X,
   std::vector<uint8_t> rec(static_cast<size_t>(L.tensor_bytes), 0);
   uint8_t* scale = rec.data() + D;
   uint8_t* offset = rec.data() + 5 * D;
+  std::vector<float> col(static_cast<size_t>(n));
   for (int64_t i = 0; i < D; ++i) {
     rec[i] = static_cast<uint8_t>(w[i]);
-    double s = 0, o = mean[i];
-    float s32 = 0.0f;
+    std::pair<float, float> best{0.0f, to_f32_checked(mean[i], "offset", i)};
     if (w[i] > 0) {
+      int64_t k = 0;
+      for (const auto& [t0, t1] : ranges)
+        for (int64_t t = t0; t < t1; ++t) col[k++] = X[t * D + i];
       const double sigma = std::sqrt(var[i]);
-      s32 = to_f32_checked(lm ? sigma : sigma * tc_uniform_step(w[i]), "scale", i);
-      s = s32;
-      if (!lm) o = mean[i] - s * (((1 << w[i]) - 1) / 2.0);
+      double best_sse = INFINITY;
+      for (int j = kTcScaleSearchFirst; j <= kTcScaleSearchLast; ++j) {  // m = 2^(j/8)
+        const auto p = component_params(mean[i], sigma, w[i], lm, std::exp2(j / 8.0), i);
+        const double e = component_sse(col, w[i], lm, p.first, p.second);
+        if (e < best_sse) best_sse = e, best = p;
+      }
     }
-    q::store_dtype(scale + 4 * i, s32, ScaleDtype::F32);
-    q::store_dtype(offset + 4 * i, to_f32_checked(o, "offset", i), ScaleDtype::F32);
+    q::store_dtype(scale + 4 * i, best.first, ScaleDtype::F32);
+    q::store_dtype(offset + 4 * i, best.second, ScaleDtype::F32);
   }
   if (lm) {
     const std::vector<uint8_t>& cb = unit_codebook_bytes();
@@ -228,16 +289,10 @@ TcHostTables tc_tables(const QuantSpec& spec, std::span<const uint8_t> rec, int6
   if (t.bit_offset[D] > L.code_budget_bits)
     throw std::invalid_argument("transform coding tables: the widths sum to " + std::to_string(t.bit_offset[D]) +
                                 " bits, over the budget of " + std::to_string(L.code_budget_bits));
-  if (spec.rule == ScaleRule::GaussianCodebook) {
-    t.centroid.resize(q::kTcCentroids);
-    t.midpoint.resize(q::kTcMidpoints);
-    for (int i = 0; i < q::kTcCentroids; ++i)
-      t.centroid[i] = q::load_dtype(rec.data() + 9 * D + 2 * i, ScaleDtype::F16);
-    for (int w = 1; w <= q::kTcMaxWidth; ++w)
-      for (int j = 0; j + 1 < (1 << w); ++j) {
-        const float* c = t.centroid.data() + q::tc_centroid_base(w);
-        t.midpoint[q::tc_midpoint_base(w) + j] = q::div_rn(q::add_rn(c[j], c[j + 1]), 2.0f);
-      }
+  if (spec.rule == ScaleRule::GaussianCodebook) {  // the decoder reads the stored codebooks
+    UnitTables u = tables_of(rec.data() + 9 * D);
+    t.centroid = std::move(u.centroid);
+    t.midpoint = std::move(u.midpoint);
   }
   return t;
 }

@@ -19,6 +19,7 @@
 namespace {
 
 using namespace latentq;
+namespace q = latentq::qmath;
 
 float record_f32(const QuantizedTensor& qt, int64_t at) {
   float f;
@@ -64,43 +65,131 @@ TEST(TransformCodingGaussian, TextbookUniformStepsAndLloydMaxLevels) {
   EXPECT_THROW((void)tc_unit_codebook(9), std::invalid_argument);
 }
 
+// The record's scale search restated in double: the multiplier 2^(j/8) of the Gaussian rule with the least
+// squared error over the values v of a component of mean mu, std sigma, width w (ties to the smaller j).
+double searched_scale(const std::vector<double>& v, double mu, double sigma, int w, bool lm) {
+  double best = 0, best_e = INFINITY;
+  const int L = 1 << w;
+  for (int j = kTcScaleSearchFirst; j <= kTcScaleSearchLast; ++j) {
+    const double m = std::exp2(j / 8.0);
+    const float s = static_cast<float>(lm ? m * sigma : m * sigma * tc_uniform_step(w));
+    const float o = static_cast<float>(lm ? mu : mu - static_cast<double>(s) * (L - 1) / 2);
+    double e = 0;
+    for (double x : v) {
+      double r;
+      if (lm) {  // the nearest level of the fp16-rounded unit codebook
+        r = INFINITY;
+        for (double c : tc_unit_codebook(w))
+          if (const double y =
+                  o + s * static_cast<double>(q::f16_bits_to_f32(q::f32_to_f16_bits(static_cast<float>(c))));
+              std::abs(y - x) < std::abs(r - x))
+            r = y;
+      } else {
+        r = o + s * std::clamp(std::nearbyint((x - o) / s), 0.0, L - 1.0);
+      }
+      e += (r - x) * (r - x);
+    }
+    if (e < best_e) best_e = e, best = s;
+  }
+  return best;
+}
+
 TEST(TransformCoding, RecordAndCodesByHand) {
   // D = 4, two sequences of the two tokens ±[4, 2, 1, 0.5]: the fit split (sequence 0) has mean 0 and variances
-  // 16, 4, 1, 0.25 → widths 4, 3, 1, 0 (above); tc2 at D = 4 stores floor(2·4/8) = 1 code byte per token.
-  // Steps Δ = σ·g(w): 4·0.3352, 2·0.5860, 1·1.596; offsets −Δ·(2^w − 1)/2 (the lowest level); component 3: 0.
+  // 16, 4, 1, 0.25 → widths 4, 3, 1, 0 (above); tc2 at D = 4 stores floor(2·4/8) = 1 code byte per token:
+  // component 0 in bits 0-3, 1 in bits 4-6, 2 in bit 7.
   const std::vector<float> x{4, 2, 1, 0.5f, -4, -2, -1, -0.5f, 4, 2, 1, 0.5f, -4, -2, -1, -0.5f};
   const std::vector<int64_t> seq{0, 2, 4};
   const QuantizedTensor qt = quantize(QuantSpec::parse("tc2"), Target::CKV, x.data(), 4, 4, seq);
   ASSERT_EQ(qt.global.size(), 9u * 4);
   EXPECT_EQ(std::vector<uint8_t>(qt.global.begin(), qt.global.begin() + 4), (std::vector<uint8_t>{4, 3, 1, 0}));
-  const double sigma[] = {4, 2, 1, 0.5}, levels[] = {16, 8, 2};
+  // Component 2 (±1, one bit): levels ±scale/2 at m·g(1) = m·1.596; |0.798·m − 1| is least on the grid at
+  // m = 2^(3/8) = 1.2968 (0.0349; 2^(2/8) gives 0.0510), so scale = 2.0698 and the levels are ±1.0349.
+  EXPECT_FLOAT_EQ(record_f32(qt, 4 + 8), static_cast<float>(std::exp2(3 / 8.0) * tc_uniform_step(1)));
+  EXPECT_NEAR(record_f32(qt, 4 + 8), 2.0698, 2e-3);
+  const double sigma[] = {4, 2, 1}, L[] = {16, 8, 2};
   for (int i = 0; i < 3; ++i) {
     const double s = record_f32(qt, 4 + 4 * i);
-    EXPECT_EQ(s, static_cast<float>(sigma[i] * tc_uniform_step(i == 0 ? 4 : i == 1 ? 3 : 1))) << i;
-    EXPECT_NEAR(record_f32(qt, 20 + 4 * i), -s * (levels[i] - 1) / 2, 1e-6) << i;
+    EXPECT_EQ(s, static_cast<float>(searched_scale({sigma[i], -sigma[i]}, 0, sigma[i],
+                                                   i == 0   ? 4
+                                                   : i == 1 ? 3
+                                                            : 1,
+                                                   false)))
+        << i;
+    EXPECT_NEAR(record_f32(qt, 20 + 4 * i), -s * (L[i] - 1) / 2, 1e-6) << i;  // the lowest level
   }
-  EXPECT_EQ(record_f32(qt, 16), 0.0f);
+  EXPECT_EQ(record_f32(qt, 16), 0.0f);  // component 3: no bits, scale 0, offset the mean 0
   EXPECT_EQ(record_f32(qt, 32), 0.0f);
-  // token +: (4 + 10.056)/1.3408 = 10.48 → 10; (2 + 4.102)/1.172 = 5.21 → 5; (1 + 0.798)/1.596 = 1.13 → 1:
-  //          byte 10 | 5 << 4 | 1 << 7 = 218
-  // token −: (−4 + 10.056)/1.3408 = 4.52 → 5; (−2 + 4.102)/1.172 = 1.79 → 2; (−1 + 0.798)/1.596 < 0.5 → 0:
-  //          byte 5 | 2 << 4 = 37
-  EXPECT_EQ(qt.codes, (std::vector<uint8_t>{218, 37, 218, 37}));
+  // codes: the nearest level of each component from the stored (scale, offset), packed by hand
+  auto code = [&](int i, double v) {
+    const double s = record_f32(qt, 4 + 4 * i), o = record_f32(qt, 20 + 4 * i);
+    return static_cast<int>(std::clamp(std::nearbyint((v - o) / s), 0.0, L[i] - 1));
+  };
+  const int plus = code(0, 4) | code(1, 2) << 4 | code(2, 1) << 7,
+            minus = code(0, -4) | code(1, -2) << 4 | code(2, -1) << 7;
+  EXPECT_EQ(code(2, 1), 1);
+  EXPECT_EQ(code(2, -1), 0);
+  EXPECT_EQ(qt.codes, (std::vector<uint8_t>{static_cast<uint8_t>(plus), static_cast<uint8_t>(minus),
+                                            static_cast<uint8_t>(plus), static_cast<uint8_t>(minus)}));
   std::vector<float> out(16);
   dequantize(qt, out.data());
-  const double want[] = {3.352, 1.758, 0.798, 0, -3.352, -1.758, -0.798, 0};
-  for (int i = 0; i < 8; ++i) EXPECT_NEAR(out[i], want[i], 2e-3) << i;
+  EXPECT_NEAR(out[2], 1.0349, 2e-3);
+  EXPECT_NEAR(out[6], -1.0349, 2e-3);
+  EXPECT_EQ(out[3], 0.0f);
+  for (int i = 0; i < 2; ++i) EXPECT_NEAR(out[i], x[i], 0.1 * sigma[i]) << i;
   EXPECT_EQ(qt.storage_bytes(), 4 * 1 + 36);
 
-  // -lm: scale σ, offset μ = 0, the fp16 unit codebooks after the 36 bytes; component 0 at 4 bits: u = 1 →
-  // index 11 (levels 0.9424 < 1 < 1.256 with the midpoint 1.099 above 1), decoded 4·0.9424.
+  // -lm: scale m·σ, offset μ = 0, the fp16 unit codebooks after the 36 bytes. Component 2 (±1, one bit): levels
+  // ±m·sqrt(2/π) = ±0.7979·m, least |0.7979·m − 1| at m = 2^(3/8) again (0.0347): decoded ±1.0347.
   const QuantizedTensor lm = quantize(QuantSpec::parse("tc2-lm"), Target::CKV, x.data(), 4, 4, seq);
   ASSERT_EQ(lm.global.size(), 36u + 1020);
-  EXPECT_EQ(record_f32(lm, 4), 4.0f);
-  EXPECT_EQ(record_f32(lm, 20), 0.0f);
+  EXPECT_FLOAT_EQ(record_f32(lm, 4 + 8), static_cast<float>(std::exp2(3 / 8.0)));
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(record_f32(lm, 4 + 4 * i), static_cast<float>(searched_scale({sigma[i], -sigma[i]}, 0, sigma[i],
+                                                                           i == 0   ? 4
+                                                                           : i == 1 ? 3
+                                                                                    : 1,
+                                                                           true)))
+        << i;
+    EXPECT_EQ(record_f32(lm, 20 + 4 * i), 0.0f) << i;
+  }
   dequantize(lm, out.data());
-  EXPECT_NEAR(out[0], 4 * 0.9424, 4e-3);
-  EXPECT_NEAR(out[4], -4 * 0.9424, 4e-3);
+  EXPECT_NEAR(out[2], 1.0347, 2e-3);
+  EXPECT_NEAR(out[6], -1.0347, 2e-3);
+}
+
+TEST(TransformCoding, TheScaleSearchWidensTheClipForHeavyTails) {
+  // Eight iid Laplace channels (equal variances: the greedy rounds give every component 4 bits at tc4): the
+  // Gaussian step clips a Laplace tail too early, so the fit-split search picks m > 1 for every component, and
+  // its squared error on the fit values is below the Gaussian rule's (m = 1).
+  const int64_t T = 4000, D = 8;
+  const uint64_t seed = 31;
+  std::mt19937_64 rng(seed);
+  std::exponential_distribution<double> e(1.0);
+  std::vector<float> x(static_cast<size_t>(T * D));
+  for (float& v : x) v = static_cast<float>(rng() & 1 ? e(rng) : -e(rng));
+  const std::vector<int64_t> seq{0, T / 2, T};
+  const QuantizedTensor qt = quantize(QuantSpec::parse("tc4"), Target::CKV, x.data(), T, D, seq);
+  const TcHostTables tab = tc_tables(qt.spec, qt.global, D);
+  for (int64_t i = 0; i < D; ++i) {
+    ASSERT_EQ(tab.widths()[i], 4) << i;
+    double mu = 0, var = 0;
+    for (int64_t t = 0; t < T / 2; ++t) mu += x[t * D + i];
+    mu /= T / 2.0;
+    for (int64_t t = 0; t < T / 2; ++t) var += std::pow(x[t * D + i] - mu, 2);
+    const double sigma = std::sqrt(var / (T / 2.0)), g = static_cast<float>(sigma * tc_uniform_step(4));
+    EXPECT_GT(tab.scale[i], 1.05 * g) << "component " << i << ", seed " << seed;
+    auto sse = [&](double s) {
+      const double o = static_cast<float>(mu - s * 7.5);
+      double r = 0;
+      for (int64_t t = 0; t < T / 2; ++t) {
+        const double v = x[t * D + i];
+        r += std::pow(o + s * std::clamp(std::nearbyint((v - o) / s), 0.0, 15.0) - v, 2);
+      }
+      return r;
+    };
+    EXPECT_LT(sse(tab.scale[i]), sse(g)) << "component " << i << ", seed " << seed;
+  }
 }
 
 TEST(TransformCoding, OnlyTheFitSplitIsFitted) {
