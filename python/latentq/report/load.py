@@ -229,12 +229,11 @@ def register_specs(le):
 def parse_spec(q):
     """Family fields of a quantizer: dict(kind, bits, scheme, granularity, group_size, scale_dtype,
     transform, spec), as /latent_error stores them (register_specs) for its first c_kv row (else k_pe).
-    kind is the format family ("int", "bf16", "fp8", "mx", "nvfp4", "fp4", "ggml", "turboquant", "lloyd-max"),
-    "svd" for the SVD
-    probe's rank rows, or "other" for a name the results do not describe. transform is the canonical
-    transform string of latentq/transform.h ("had", "had64-s9", "rot", "klt"; "" for none); spec is
-    "<transform>,<stored>" (or the stored spec alone), which differs from q for a mixed assignment
-    (None when the file has no stored column or does not describe q)."""
+    kind is the format family ("int", "bf16", "fp8", "mx", "nvfp4", "fp4", "ggml", "turboquant", "lloyd-max",
+    "transform-coding"), "svd" for the SVD probe's rank rows, or "other" for a name the results do not
+    describe. transform is the canonical transform string of latentq/transform.h ("had", "had64-s9", "rot",
+    "klt"; "" for none); spec is "<transform>,<stored>" (or the stored spec alone), which differs from q
+    for a mixed assignment (None when the file has no stored column or does not describe q)."""
     if q in _SPEC_FIELDS:
         return _SPEC_FIELDS[q]
     m = _SVD_RE.match(q)

@@ -40,6 +40,7 @@ FAMILY_STYLE = {
     "ggml": ("tab:olive", "ggml"),
     "turboquant": ("tab:cyan", "TurboQuant (vLLM)"),
     "lloyd-max": ("darkviolet", "Lloyd-Max (fitted)"),
+    "transform-coding": ("saddlebrown", "transform coding (water-filling)"),
 }
 
 
