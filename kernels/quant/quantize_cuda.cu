@@ -281,6 +281,25 @@ void quantize_tc(DeviceQuantized& out, const float* d_x, int64_t T, int64_t D, i
   LQ_CUDA_CHECK(cudaStreamSynchronize(stream));  // the host tables and the workspace's are reused next call
 }
 
+// The formats whose tables are fitted or fixed per matrix (TurboQuant, Lloyd-Max, transform coding): quantizes
+// `out` and returns true, or returns false for every other format.
+bool quantize_codebook_format(DeviceQuantized& out, const Layout& L, const float* d_x, int64_t T, int64_t D, int64_t rb,
+                              std::span<const int64_t> seq_offsets, cudaStream_t stream) {
+  switch (out.spec.format) {
+    case Format::TurboQuant:
+      quantize_tq(out, d_x, T, D, rb, stream);
+      return true;
+    case Format::LloydMax:
+      quantize_lm(out, L, d_x, T, D, rb, seq_offsets, stream);
+      return true;
+    case Format::TransformCoding:
+      quantize_tc(out, d_x, T, D, rb, seq_offsets, stream);
+      return true;
+    default:
+      return false;
+  }
+}
+
 __global__ void probe_kernel(int* p /*[1]*/) { *p = 42; }
 
 }  // namespace
@@ -387,18 +406,7 @@ void quantize_device(const QuantSpec& spec, Target target, const float* d_x, int
   LQ_CUDA_CHECK(cudaMemsetAsync(&status->overflow_key, 0xff, sizeof(unsigned long long), stream));
   LQ_CUDA_CHECK(cudaMemsetAsync(&status->amax_bits, 0, sizeof(unsigned long long), stream));
 
-  if (st.format == Format::TurboQuant) {
-    quantize_tq(out, d_x, T, D, rb, stream);
-    return;
-  }
-  if (st.format == Format::LloydMax) {
-    quantize_lm(out, L, d_x, T, D, rb, seq_offsets, stream);
-    return;
-  }
-  if (st.format == Format::TransformCoding) {
-    quantize_tc(out, d_x, T, D, rb, seq_offsets, stream);
-    return;
-  }
+  if (quantize_codebook_format(out, L, d_x, T, D, rb, seq_offsets, stream)) return;
   if (L.block_format) {
     // max|x| of the finite elements: the per-tensor scale (a pass before the block kernel, which
     // needs it) and whether the decode must be checked for float32 overflow, as on the CPU. Without
