@@ -247,14 +247,16 @@ def attention_error_columns(qs, mean_c):
 
 
 def score_vs_attention_columns(qs):
-    """/score_vs_attention: per target the layers, then -1; rho rising (score_mse) and falling (mse) with the layer."""
-    c = {k: [] for k in ("layer", "target", "n_quantizers", "spearman_score_mse", "spearman_mse")}
+    """/score_vs_attention: per target the layers, then -1 (and on c_kv a band of 4 bits); rho rising (score_mse)
+    and falling (mse) with the layer."""
+    c = {k: [] for k in ("layer", "target", "bits_band", "n_quantizers", "spearman_score_mse", "spearman_mse")}
     for t, n in (("c_kv", len(qs)), ("k_pe", 4)):
-        for layer in list(range(L)) + [-1]:
+        for layer, band in [(x, -1) for x in range(L)] + [(-1, -1)] + ([(-1, 4)] if t == "c_kv" else []):
             for k, v in (
                 ("layer", layer),
                 ("target", t),
-                ("n_quantizers", n),
+                ("bits_band", band),
+                ("n_quantizers", n if band < 0 else 3),
                 ("spearman_score_mse", 0.95 if layer < 0 else 0.9 + 0.01 * layer),
                 ("spearman_mse", 0.45 if layer < 0 else 0.5 - 0.01 * layer),
             ):
@@ -538,8 +540,9 @@ def test_full_report_score_section(full):
     md = (out / "report.md").read_text()
     assert "## Score-space error and attention" in md
     section = md.split("## Score-space error and attention")[1].split("\n## ")[0]
-    assert f"| mean over layers | c_kv | {len(quantizer_list())} | 0.950 | 0.450 |" in md
-    assert "| 2 | k_pe | 4 | 0.920 | 0.480 |" in md
+    assert f"| mean over layers | c_kv | all | {len(quantizer_list())} | 0.950 | 0.450 |" in md
+    assert "| mean over layers | c_kv | [4, 5) | 3 | 0.950 | 0.450 |" in md
+    assert "| 2 | k_pe | all | 4 | 0.920 | 0.480 |" in md
     with h5py.File(out.parent / "res.h5") as f:
         g = f["latent_error"]
         q, t = g["quantizer"].asstr()[:], g["target"].asstr()[:]

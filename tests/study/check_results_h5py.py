@@ -68,12 +68,17 @@ with h5py.File(sys.argv[1], "r") as f:
     np.testing.assert_allclose(
         cols["score_gap_db"], 10 * np.log10(cols["score_mse"] / cols["score_bound_mse"]), atol=1e-9
     )
-    # /score_vs_attention: per target, one row per layer, then layer -1 (the layer means)
+    # /score_vs_attention: per target one row per layer, then layer -1 (the layer means): all quantizers, then
+    # each bits band of >= 3 of them (c_kv of this tiny dump: [4, 5) int2-token, int2-token-g32, int4-channel,
+    # int4-tensor; [10, 11) int8-token, int8-token-g32, flashmla-v32-fp8)
     sva = {k: (v.asstr()[:] if h5py.check_string_dtype(v.dtype) else v[:]) for k, v in f["score_vs_attention"].items()}
-    assert list(sva) == ["layer", "target", "n_quantizers", "spearman_score_mse", "spearman_mse"], list(sva)
-    assert sva["layer"].tolist() == [0, 1, 2, 3, -1] * 2, sva["layer"]
-    assert sva["target"].tolist() == ["c_kv"] * 5 + ["k_pe"] * 5, sva["target"]
-    assert (sva["n_quantizers"] == [17] * 5 + [3] * 5).all(), sva["n_quantizers"]
+    assert list(sva) == ["layer", "target", "bits_band", "n_quantizers", "spearman_score_mse", "spearman_mse"], list(
+        sva
+    )
+    assert sva["layer"].tolist() == [0, 1, 2, 3, -1, -1, -1] + [0, 1, 2, 3, -1], sva["layer"]
+    assert sva["target"].tolist() == ["c_kv"] * 7 + ["k_pe"] * 5, sva["target"]
+    assert sva["bits_band"].tolist() == [-1] * 5 + [4, 10] + [-1] * 5, sva["bits_band"]
+    assert sva["n_quantizers"].tolist() == [17] * 5 + [4, 3] + [3] * 5, sva["n_quantizers"]
     for k in ("spearman_score_mse", "spearman_mse"):
         assert np.isfinite(sva[k]).all() and (np.abs(sva[k]) <= 1).all(), (k, sva[k])
     s = f["summary"]

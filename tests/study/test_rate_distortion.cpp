@@ -269,39 +269,45 @@ TEST(ScoreBound, LatentErrorScoreColumns) {
   }
 }
 
-// /score_vs_attention from hand-made tables: 2 layers, c_kv, quantizers a, b, c (and d on layer 0 only).
+// /score_vs_attention from hand-made tables: 2 layers, c_kv, quantizers a, b, c, e (and d on layer 0 only).
 TEST(ScoreBound, ScoreVsAttentionTable) {
   ColumnTable le, ae;
-  le.add<int64_t>("layer") = {0, 0, 0, 0, 1, 1, 1};
-  le.add<std::string>("target") = {"c_kv", "c_kv", "c_kv", "c_kv", "c_kv", "c_kv", "c_kv"};
-  le.add<std::string>("quantizer") = {"a", "b", "c", "d", "a", "b", "c"};
-  le.add<double>("mse") = {1, 2, 3, 4, 1, 1, 5};
-  le.add<double>("score_mse") = {3, 1, 2, 4, 10, 20, 30};
-  ae.add<int64_t>("layer") = {0, 0, 0, 0, 0, 1, 1, 1, 1};
-  ae.add<std::string>("targets") = {"c_kv", "c_kv", "c_kv", "c_kv", "c_kv+k_pe", "c_kv", "c_kv", "c_kv", "c_kv"};
-  ae.add<std::string>("quantizer") = {"a", "b", "c", "d", "a", "a", "b", "c", "svd-rank4"};
-  ae.add<double>("kl_mean") = {0.3, 0.1, 0.2, NAN, 9, 0.1, 0.2, 0.3, 0.5};
+  le.add<int64_t>("layer") = {0, 0, 0, 0, 0, 1, 1, 1, 1};
+  le.add<std::string>("target") = std::vector<std::string>(9, "c_kv");
+  le.add<std::string>("quantizer") = {"a", "b", "c", "d", "e", "a", "b", "c", "e"};
+  le.add<double>("bits_per_element") = {4.25, 4.5, 4.75, 2, 8, 4.25, 4.5, 4.75, 8};
+  le.add<double>("mse") = {1, 2, 3, 4, 10, 1, 1, 5, 10};
+  le.add<double>("score_mse") = {3, 1, 2, 4, 10, 10, 20, 30, 40};
+  ae.add<int64_t>("layer") = {0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1};
+  ae.add<std::string>("targets") = {"c_kv", "c_kv", "c_kv", "c_kv", "c_kv", "c_kv+k_pe",
+                                    "c_kv", "c_kv", "c_kv", "c_kv", "c_kv"};
+  ae.add<std::string>("quantizer") = {"a", "b", "c", "d", "e", "a", "a", "b", "c", "e", "svd-rank4"};
+  ae.add<double>("kl_mean") = {0.3, 0.1, 0.2, NAN, 1, 9, 0.1, 0.2, 0.3, 1, 0.5};
   const ColumnTable t = score_vs_attention(le, ae);
   ASSERT_EQ(t.names(), score_vs_attention_columns());
-  ASSERT_EQ(t.num_rows(), 3u);
-  EXPECT_EQ(t.get<int64_t>("layer"), (std::vector<int64_t>{0, 1, -1}));
-  EXPECT_EQ(t.get<std::string>("target"), (std::vector<std::string>{"c_kv", "c_kv", "c_kv"}));
-  // Layer 0: d left out (NaN kl). kl (0.3, 0.1, 0.2) against score_mse (3, 1, 2): ρ = 1; against mse (1, 2, 3):
-  // ranks (3, 1, 2) vs (1, 2, 3), deviations (1, −1, 0) and (−1, 0, 1): ρ = −1/2.
-  // Layer 1: kl (0.1, 0.2, 0.3); score_mse (10, 20, 30): ρ = 1; mse (1, 1, 5): ranks (1.5, 1.5, 3), deviations
-  // (−0.5, −0.5, 1) against (−1, 0, 1): Σxy = 1.5, Σxx = 1.5, Σyy = 2, ρ = 1.5/√3 = √3/2.
-  // Layer −1: a, b, c (d is not on layer 1); means kl (0.2, 0.15, 0.25), score_mse (6.5, 10.5, 16), mse
-  // (1, 1.5, 4): ranks kl (2, 1, 3), score (1, 2, 3) → deviations (0, −1, 1) · (−1, 0, 1) = 1 of 2: ρ = 1/2;
-  // mse ranks (1, 2, 3): the same, 1/2.
-  EXPECT_EQ(t.get<int64_t>("n_quantizers"), (std::vector<int64_t>{3, 3, 3}));
+  ASSERT_EQ(t.num_rows(), 4u);
+  EXPECT_EQ(t.get<int64_t>("layer"), (std::vector<int64_t>{0, 1, -1, -1}));
+  EXPECT_EQ(t.get<std::string>("target"), std::vector<std::string>(4, "c_kv"));
+  // Band 4 (a, b, c) gets a row; band 8 (e alone) does not (fewer than 3).
+  EXPECT_EQ(t.get<int64_t>("bits_band"), (std::vector<int64_t>{-1, -1, -1, 4}));
+  EXPECT_EQ(t.get<int64_t>("n_quantizers"), (std::vector<int64_t>{4, 4, 4, 3}));
+  // Layer 0: d left out (NaN kl). kl (0.3, 0.1, 0.2, 1) against score_mse (3, 1, 2, 10): ρ = 1; against mse
+  // (1, 2, 3, 10): rank deviations (−1.5, −0.5, 0.5, 1.5) and (0.5, −1.5, −0.5, 1.5): ρ = 2/5.
+  // Layer 1: kl (0.1, 0.2, 0.3, 1); score_mse (10, 20, 30, 40): ρ = 1; mse (1, 1, 5, 10): ranks (1.5, 1.5, 3, 4),
+  // deviations (−1, −1, 0.5, 1.5) against (−1.5, −0.5, 0.5, 1.5): Σxy = 4.5, Σxx = 4.5, Σyy = 5: ρ = 3/√10.
+  // Layer −1 (d is not on layer 1): means kl (0.2, 0.15, 0.25, 1), score_mse (6.5, 10.5, 16, 25), mse
+  // (1, 1.5, 4, 10): kl ranks (2, 1, 3, 4) against (1, 2, 3, 4) for both: Σxy = 4 of 5, ρ = 0.8.
+  // Band 4: a, b, c alone: kl ranks (2, 1, 3) against (1, 2, 3): ρ = 1/2 for both.
   const auto& rs = t.get<double>("spearman_score_mse");
   const auto& rm = t.get<double>("spearman_mse");
   EXPECT_DOUBLE_EQ(rs[0], 1.0);
-  EXPECT_DOUBLE_EQ(rm[0], -0.5);
+  EXPECT_DOUBLE_EQ(rm[0], 0.4);
   EXPECT_DOUBLE_EQ(rs[1], 1.0);
-  EXPECT_NEAR(rm[1], std::sqrt(3.0) / 2, 1e-15);
-  EXPECT_DOUBLE_EQ(rs[2], 0.5);
-  EXPECT_DOUBLE_EQ(rm[2], 0.5);
+  EXPECT_NEAR(rm[1], 3 / std::sqrt(10.0), 1e-15);
+  EXPECT_DOUBLE_EQ(rs[2], 0.8);
+  EXPECT_DOUBLE_EQ(rm[2], 0.8);
+  EXPECT_DOUBLE_EQ(rs[3], 0.5);
+  EXPECT_DOUBLE_EQ(rm[3], 0.5);
   ColumnTable no_score;
   no_score.add<int64_t>("layer");
   EXPECT_THROW(score_vs_attention(no_score, ae), std::invalid_argument);

@@ -381,8 +381,11 @@ def _frontier_sections(rep, out, tables, attrs, Q, att, e2e):
 
 
 def table_score_vs_attention(tables):
-    """/score_vs_attention as a table: per target and layer (layer -1: the layer means), Spearman's rho across
-    quantizers of score_mse and of mse against attention KL. "" without the group or its columns."""
+    """/score_vs_attention as a table: per target and layer (layer -1: the layer means; a bits band: only the
+    quantizers of mean bits per element in [k, k + 1)), Spearman's rho across quantizers of score_mse and of
+    mse against attention KL. "" without the group or its columns."""
+    import numpy as np
+
     sv = tables.get("score_vs_attention")
     if sv is None:
         return ""
@@ -391,11 +394,21 @@ def table_score_vs_attention(tables):
     rs, rm = numbers(sv, "spearman_score_mse"), numbers(sv, "spearman_mse")
     if any(x is None for x in (layer, n, tg, rs, rm)):
         return ""
+    band = numbers(sv, "bits_band")
+    if band is None:
+        band = np.full(len(sv), -1.0)
     rows = [
-        ["mean over layers" if lay < 0 else int(lay), t, int(k), fmt(float(a), "f3"), fmt(float(b), "f3")]
-        for lay, t, k, a, b in zip(layer, tg, n, rs, rm)
+        [
+            "mean over layers" if lay < 0 else int(lay),
+            t,
+            "all" if b < 0 else f"[{int(b)}, {int(b) + 1})",
+            int(k),
+            fmt(float(a), "f3"),
+            fmt(float(m), "f3"),
+        ]
+        for lay, t, b, k, a, m in zip(layer, tg, band, n, rs, rm)
     ]
-    header = ["layer", "target", "quantizers", "ρ(score_mse, KL)", "ρ(mse, KL)"]
+    header = ["layer", "target", "bits/elem", "quantizers", "ρ(score_mse, KL)", "ρ(mse, KL)"]
     return md_table(header, rows) if rows else ""
 
 

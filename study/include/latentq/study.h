@@ -177,16 +177,18 @@ ColumnTable summarize(const ColumnTable& latent_error, const std::vector<Quantiz
 /// Column names of /score_vs_attention, in order.
 const std::vector<std::string>& score_vs_attention_columns();
 
-/// The /score_vs_attention table: per target (c_kv, k_pe; /latent_error order) and layer (ascending), then
-/// layer −1, Spearman's ρ (average ranks for ties, latentq/analysis/rank_correlation.h) across quantizers
-/// between each /latent_error metric and the kl_mean of the /attention_error row of the same layer and
-/// quantizer that quantizes that target alone (targets = "c_kv" or "k_pe"):
-///   layer (int64; −1: over the quantizers present on every listed layer of the target, the means over those
-///   layers of each metric and of kl_mean), target, n_quantizers (int64: the quantizers ranked; rows with a
-///   non-finite mse, score_mse or kl_mean are left out), spearman_score_mse, spearman_mse (float64; NaN for
-///   fewer than 2 quantizers or a constant side). A target without any such pair has no rows.
-/// Throws std::invalid_argument when `latent_error` lacks layer/target/quantizer/mse/score_mse or
-/// `attention_error` lacks layer/targets/quantizer/kl_mean.
+/// The /score_vs_attention table: Spearman's ρ (average ranks for ties, latentq/analysis/rank_correlation.h)
+/// across quantizers between each /latent_error metric and the kl_mean of the /attention_error row of the
+/// same layer and quantizer that quantizes that target alone (targets = "c_kv" or "k_pe"). Per target
+/// (/latent_error order): one row per layer (ascending), then layer −1 (the quantizers present on every
+/// listed layer of the target, each with its means over those layers of the metrics, kl_mean and
+/// bits_per_element), then layer −1 once per bits band k with at least 3 of those quantizers (mean
+/// bits_per_element in [k, k + 1): the quantizers of about the same bytes). Columns: layer (int64),
+/// target, bits_band (int64; −1 = all), n_quantizers (int64: the quantizers ranked; rows with a non-finite
+/// mse, score_mse or kl_mean are left out), spearman_score_mse, spearman_mse (float64; NaN for fewer than 2
+/// quantizers or a constant side). A target without any such pair has no rows.
+/// Throws std::invalid_argument when `latent_error` lacks layer/target/quantizer/bits_per_element/mse/
+/// score_mse or `attention_error` lacks layer/targets/quantizer/kl_mean.
 ColumnTable score_vs_attention(const ColumnTable& latent_error, const ColumnTable& attention_error);
 
 /// The root attributes of a results file of `config` run on `dump` (loaded from config.dump, whose
