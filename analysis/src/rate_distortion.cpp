@@ -87,6 +87,7 @@ LatentSpectrum latent_spectrum(const float* X, int64_t T, int64_t d, std::span<c
   s.eigenvalues.assign(es.values.data(), es.values.data() + d);
   for (double& l : s.eigenvalues) l = std::max(l, 0.0);
   std::sort(s.eigenvalues.rbegin(), s.eigenvalues.rend());
+  s.covariance = std::move(cov);
   double ss = 0;
   for (int64_t k = 0; k < T * d; ++k) ss += static_cast<double>(X[k]) * static_cast<double>(X[k]);
   if (!std::isfinite(ss)) throw std::invalid_argument("latent_spectrum: NaN/Inf values");
@@ -107,6 +108,94 @@ double gap_db(double mse, double mse_bound) {
   if (mse_bound == 0)
     return mse == 0 ? std::numeric_limits<double>::quiet_NaN() : std::numeric_limits<double>::infinity();
   return 10.0 * std::log10(mse / mse_bound);
+}
+
+Eigen::MatrixXd score_metric(std::span<const float> q, std::span<const float> w, int64_t Tq, int64_t H, int64_t dq,
+                             int64_t d) {
+  if (Tq < 1 || H < 1 || dq < 1 || d < 1)
+    throw std::invalid_argument(
+        fmt::format("score_metric: Tq = {}, H = {}, dq = {}, d = {} (expected all >= 1)", Tq, H, dq, d));
+  if (static_cast<int64_t>(q.size()) != Tq * H * dq)
+    throw std::invalid_argument(
+        fmt::format("score_metric: q has {} values, expected Tq·H·dq = {}·{}·{}", q.size(), Tq, H, dq));
+  if (w.empty() && dq != d)
+    throw std::invalid_argument(fmt::format("score_metric: no W (identity) needs dq = d, got {} and {}", dq, d));
+  if (!w.empty() && static_cast<int64_t>(w.size()) != H * dq * d)
+    throw std::invalid_argument(
+        fmt::format("score_metric: w has {} values, expected H·dq·d = {}·{}·{}", w.size(), H, dq, d));
+  auto finite = [](std::span<const float> v) {
+    return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
+  };
+  if (!finite(q) || !finite(w)) throw std::invalid_argument("score_metric: NaN/Inf in q or w");
+  using probes::Op;
+  Eigen::MatrixXd M = Eigen::MatrixXd::Zero(d, d);
+  Eigen::MatrixXd Qh(Tq, dq), G(dq, dq), Wh(dq, d), GW(dq, d);
+  for (int64_t h = 0; h < H; ++h) {
+    for (int64_t t = 0; t < Tq; ++t)
+      for (int64_t k = 0; k < dq; ++k) Qh(t, k) = static_cast<double>(q[(t * H + h) * dq + k]);
+    probes::gemm<double>(Op::T, Op::N, 1, Qh, Qh, 0, G);  // Q_hᵀ Q_h [dq, dq]
+    if (w.empty()) {
+      M += G;
+      continue;
+    }
+    for (int64_t i = 0; i < dq; ++i)
+      for (int64_t j = 0; j < d; ++j) Wh(i, j) = static_cast<double>(w[(h * dq + i) * d + j]);
+    probes::gemm<double>(Op::N, Op::N, 1, G, Wh, 0, GW);  // (Q_hᵀ Q_h) W_h
+    probes::gemm<double>(Op::T, Op::N, 1, Wh, GW, 1, M);  // M += W_hᵀ (Q_hᵀ Q_h) W_h
+  }
+  M /= static_cast<double>(H * Tq);
+  return 0.5 * (M + M.transpose());  // exactly symmetric (the products round differently per triangle)
+}
+
+ScoreSpectrum score_spectrum(const LatentSpectrum& s, const Eigen::MatrixXd& metric) {
+  const int64_t d = s.dim;
+  if (s.covariance.rows() != d || s.covariance.cols() != d)
+    throw std::invalid_argument(fmt::format("score_spectrum: the spectrum has no [{}, {}] covariance", d, d));
+  if (metric.rows() != d || metric.cols() != d)
+    throw std::invalid_argument(
+        fmt::format("score_spectrum: the metric is [{}, {}], expected [{}, {}]", metric.rows(), metric.cols(), d, d));
+  if (!metric.allFinite()) throw std::invalid_argument("score_spectrum: NaN/Inf in the metric");
+  const probes::SymmetricEigen em = probes::symmetric_eigen(metric, true);  // M = V·diag(w)·Vᵀ (dsyevd)
+  const Eigen::VectorXd root = em.values.cwiseMax(0.0).cwiseSqrt();         // rounding negatives clamped to 0
+  ScoreSpectrum out;
+  out.tokens = s.tokens;
+  out.sqrt_metric = em.vectors * root.asDiagonal() * em.vectors.transpose();
+  out.sqrt_metric = 0.5 * (out.sqrt_metric + out.sqrt_metric.transpose());
+  Eigen::MatrixXd SM(d, d), A(d, d);
+  probes::gemm<double>(probes::Op::N, probes::Op::N, 1, s.covariance, out.sqrt_metric, 0, SM);  // Σ M^{1/2}
+  probes::gemm<double>(probes::Op::N, probes::Op::N, 1, out.sqrt_metric, SM, 0, A);             // M^{1/2} Σ M^{1/2}
+  const probes::SymmetricEigen ea = probes::symmetric_eigen(A, false);
+  out.eigenvalues.assign(ea.values.data(), ea.values.data() + d);
+  for (double& m : out.eigenvalues) m = std::max(m, 0.0);
+  std::sort(out.eigenvalues.rbegin(), out.eigenvalues.rend());
+  return out;
+}
+
+double score_bound_mse(const ScoreSpectrum& s, double bits_per_element) {
+  return reverse_water_filling(s.eigenvalues, bits_per_element - 32.0 / static_cast<double>(s.tokens)).distortion;
+}
+
+double score_mse(const float* X, const float* decoded, int64_t T, int64_t d, const Eigen::MatrixXd& sqrt_metric) {
+  if (T < 1) throw std::invalid_argument(fmt::format("score_mse: T = {} (expected >= 1)", T));
+  if (sqrt_metric.rows() != d || sqrt_metric.cols() != d)
+    throw std::invalid_argument(fmt::format("score_mse: the factor is [{}, {}], expected [{}, {}]", sqrt_metric.rows(),
+                                            sqrt_metric.cols(), d, d));
+  constexpr int64_t kBlock = 1024;  // rows per dgemm: bounds the float64 copies at kBlock·d each
+  const int64_t rows = std::min(T, kBlock);
+  const probes::RowMat<double> S = sqrt_metric;  // symmetric: the same matrix row-major
+  probes::RowMat<double> E(rows, d), Y(rows, d);
+  double sum = 0;
+  for (int64_t t0 = 0; t0 < T; t0 += kBlock) {
+    const int64_t n = std::min(kBlock, T - t0);
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < d; ++j) {
+        const int64_t k = (t0 + i) * d + j;
+        E(i, j) = static_cast<double>(decoded[k]) - static_cast<double>(X[k]);
+      }
+    probes::gemm<double>(probes::Op::N, probes::Op::N, 1, E.topRows(n), S, 0, Y.topRows(n));  // E·M^{1/2}
+    sum += Y.topRows(n).squaredNorm();
+  }
+  return sum / static_cast<double>(T);
 }
 
 }  // namespace latentq

@@ -44,7 +44,8 @@ StudyPlan plan_study(const StudyConfig& config, LatentBackend& backend,
     t.key = c.key();
     t.groups = {"latent_error"};
     t.concurrent = backend.concurrent();
-    const LayerUse use{{c.layer}, false};
+    // With the attention data when the probes read it: the score columns need the layer's queries and W_UK.
+    const LayerUse use{{c.layer}, lo.attention};
     t.compute = [store, spectra, &backend, c, use] {
       const std::unique_ptr<LayerAccess> in = store->open(use);
       RunOptions one;
@@ -137,12 +138,16 @@ StudyConfig config_from_results(const Attrs& root, bool* has_dir) {
 
 std::vector<NamedTable> derive_study_tables(const Attrs& root, const std::vector<NamedTable>& cell_tables) {
   std::vector<NamedTable> out;
+  const ColumnTable *le = nullptr, *ae = nullptr;
   for (const NamedTable& t : cell_tables) {
+    if (t.group == "attention_error") ae = &t.table;
     if (t.group != "latent_error") continue;
+    le = &t.table;
     // Only the quantizer lists of the config are used here.
     const StudyConfig config = config_from_results(root);
     out.push_back({"summary", summarize(t.table, config.all_quantizers(), dump_attrs_from_results(root)), {}});
   }
+  if (le && ae && le->has("score_mse")) out.push_back({"score_vs_attention", score_vs_attention(*le, *ae), {}});
   return out;
 }
 

@@ -99,6 +99,9 @@ const std::vector<std::string>& latent_error_columns() {
                                              "saturated_values",
                                              "bound_rel_fro",
                                              "gap_db",
+                                             "score_mse",
+                                             "score_bound_mse",
+                                             "score_gap_db",
                                              "transform",
                                              "transform_seed"};
   return c;
@@ -110,6 +113,23 @@ const LatentSpectrum& SpectrumCache::get(const Dump& dump, int layer, Target tar
 
 const LatentSpectrum& SpectrumCache::get(const Dump& dump, const Layer& l, Target target) {
   const std::lock_guard<std::mutex> lock(mutex_);
+  return spectrum_locked(dump, l, target);
+}
+
+const ScoreSpectrum* SpectrumCache::score(const Dump& dump, const Layer& l, Target target) {
+  if (!l.has_attention()) return nullptr;
+  const std::lock_guard<std::mutex> lock(mutex_);
+  const auto key = std::make_pair(l.index, static_cast<int>(target));
+  if (auto it = scores_.find(key); it != scores_.end()) return &it->second;
+  const DumpAttrs& A = dump.attrs;
+  const int64_t Tq = l.num_query_rows();
+  const Eigen::MatrixXd M = target == Target::CKV
+                                ? score_metric(l.q_nope, l.w_uk, Tq, A.num_heads, A.qk_nope_head_dim, A.kv_lora_rank)
+                                : score_metric(l.q_pe, {}, Tq, A.num_heads, A.qk_rope_head_dim, A.qk_rope_head_dim);
+  return &scores_.emplace(key, score_spectrum(spectrum_locked(dump, l, target), M)).first->second;
+}
+
+const LatentSpectrum& SpectrumCache::spectrum_locked(const Dump& dump, const Layer& l, Target target) {
   const auto key = std::make_pair(l.index, static_cast<int>(target));
   if (auto it = spectra_.find(key); it != spectra_.end()) return it->second;
   const bool ckv = target == Target::CKV;
@@ -187,8 +207,15 @@ void rethrow_first_cell_error(const Dump& dump, const std::vector<Cell>& cells,
 }
 
 // The /latent_error table (latent_error_columns()), one row per cell.
+// A cell's score-space measure and bound (NaN without the layer's attention data).
+struct ScoreError {
+  double mse = std::numeric_limits<double>::quiet_NaN();
+  double bound = std::numeric_limits<double>::quiet_NaN();
+};
+
 ColumnTable latent_error_table(const DumpAttrs& A, const std::vector<Cell>& cells,
-                               const std::vector<CellResult>& results, const std::vector<RateDistortionBound>& bounds) {
+                               const std::vector<CellResult>& results, const std::vector<RateDistortionBound>& bounds,
+                               const std::vector<ScoreError>& scores) {
   ColumnTable t;
   auto& layer = t.add<int64_t>("layer");
   auto& target = t.add<std::string>("target");
@@ -212,6 +239,9 @@ ColumnTable latent_error_table(const DumpAttrs& A, const std::vector<Cell>& cell
   auto& saturated = t.add<int64_t>("saturated_values");
   auto& bound_rel_fro = t.add<double>("bound_rel_fro");
   auto& gap = t.add<double>("gap_db");
+  auto& score_mse = t.add<double>("score_mse");
+  auto& score_bound = t.add<double>("score_bound_mse");
+  auto& score_gap = t.add<double>("score_gap_db");
   auto& transform = t.add<std::string>("transform");
   auto& transform_seed = t.add<int64_t>("transform_seed");
   for (size_t i = 0; i < cells.size(); ++i) {
@@ -242,6 +272,9 @@ ColumnTable latent_error_table(const DumpAttrs& A, const std::vector<Cell>& cell
     saturated.push_back(r.diagnostics.saturated);
     bound_rel_fro.push_back(bounds[i].rel_fro);
     gap.push_back(gap_db(r.metrics.mse, bounds[i].mse_bound));
+    score_mse.push_back(scores[i].mse);
+    score_bound.push_back(scores[i].bound);
+    score_gap.push_back(std::isnan(scores[i].mse) ? scores[i].mse : gap_db(scores[i].mse, scores[i].bound));
     const Transform& tr = c.quantizer.transform;
     transform.push_back(tr.kind == TransformKind::None ? "none" : tr.to_string());
     transform_seed.push_back(static_cast<int64_t>(tr.seed));
@@ -259,6 +292,7 @@ ColumnTable run_latent_error(const Dump& dump, const std::function<const Layer&(
   const size_t n = cells.size();
   std::vector<CellResult> results(n);
   std::vector<RateDistortionBound> bounds(n);
+  std::vector<ScoreError> scores(n);
   const int64_t T = dump.num_tokens();
   const DumpAttrs& A = dump.attrs;
   // Resolve layer pointers up front (throws for a cell whose layer is not loaded).
@@ -287,11 +321,14 @@ ColumnTable run_latent_error(const Dump& dump, const std::function<const Layer&(
     }
     results[i] = {st.stored, st.accounting, error_metrics(X, decoded.data(), T, D), st.diagnostics};
     bounds[i] = rate_distortion_bound(spectra->get(dump, l, c.target), results[i].accounting.bits_per_element);
+    if (const ScoreSpectrum* ss = spectra->score(dump, l, c.target))
+      scores[i] = {score_mse(X, decoded.data(), T, D, ss->sqrt_metric),
+                   score_bound_mse(*ss, results[i].accounting.bits_per_element)};
   };
   const std::vector<std::exception_ptr> errors =
       parallel_cells(n, backend.concurrent() ? options.threads : 1, one, options.progress);
   rethrow_first_cell_error(dump, cells, errors);
-  return latent_error_table(A, cells, results, bounds);
+  return latent_error_table(A, cells, results, bounds, scores);
 }
 
 std::vector<std::string> latent_precision_warnings(const ColumnTable& le) {

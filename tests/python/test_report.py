@@ -147,6 +147,10 @@ def latent_error_columns(qs, rng):
             "cos_mean",
             "stored",
             "transform",
+            "gap_db",
+            "score_mse",
+            "score_bound_mse",
+            "score_gap_db",
         )
     }
     for layer in range(L):
@@ -175,6 +179,11 @@ def latent_error_columns(qs, rng):
                     ("cos_mean", 1 - e * e / 2),
                     ("stored", "bf16" if p["kind"] == "fp8" and t == "k_pe" else spec),
                     ("transform", tr or "none"),
+                    # score space: a layer-dependent metric, a bound falling with the bits
+                    ("gap_db", 10 * math.log10(e * e / 2.0 ** (-2 * bpe))),
+                    ("score_mse", 100 * (1 + layer) * e * e),
+                    ("score_bound_mse", (1 + layer) * 2.0 ** (-2 * bpe)),
+                    ("score_gap_db", 10 * math.log10(100 * e * e / 2.0 ** (-2 * bpe))),
                 ):
                     le[k].append(v)
     return {k: np.array(v) for k, v in le.items()}
@@ -235,6 +244,24 @@ def attention_error_columns(qs, mean_c):
             ):
                 a[k].append(v)
     return a
+
+
+def score_vs_attention_columns(qs):
+    """/score_vs_attention: per target the layers, then -1 (and on c_kv a band of 4 bits); rho rising (score_mse)
+    and falling (mse) with the layer."""
+    c = {k: [] for k in ("layer", "target", "bits_band", "n_quantizers", "spearman_score_mse", "spearman_mse")}
+    for t, n in (("c_kv", len(qs)), ("k_pe", 4)):
+        for layer, band in [(x, -1) for x in range(L)] + [(-1, -1)] + ([(-1, 4)] if t == "c_kv" else []):
+            for k, v in (
+                ("layer", layer),
+                ("target", t),
+                ("bits_band", band),
+                ("n_quantizers", n if band < 0 else 3),
+                ("spearman_score_mse", 0.95 if layer < 0 else 0.9 + 0.01 * layer),
+                ("spearman_mse", 0.45 if layer < 0 else 0.5 - 0.01 * layer),
+            ):
+                c[k].append(v)
+    return c
 
 
 def svd_columns():
@@ -344,6 +371,7 @@ def make_results(
         "latent_error",
         "summary",
         "attention_error",
+        "score_vs_attention",
         "svd",
         "svd_spectrum",
         "cross_layer",
@@ -364,6 +392,7 @@ def make_results(
         "latent_error": lambda: le,
         "summary": lambda: summary_columns(le, qs),
         "attention_error": lambda: attention_error_columns(qs, mean_c),
+        "score_vs_attention": lambda: score_vs_attention_columns(qs),
         "svd": svd_columns,
         "svd_spectrum": svd_spectrum_columns,
         "cross_layer": cross_layer_columns,
@@ -500,6 +529,39 @@ def test_full_report_tables(full):
     # the Pareto front line names only quantizers of the file
     front = next(l for l in md.splitlines() if l.startswith("Pareto front"))
     assert "`bf16`" in front or "`int8" in front
+
+
+def test_full_report_score_section(full):
+    """The score-space section: the /score_vs_attention rows, and per bit width the lowest mean c_kv score_mse
+    first with its mean score_gap_db."""
+    import h5py
+
+    out, _, _ = full
+    md = (out / "report.md").read_text()
+    assert "## Score-space error and attention" in md
+    section = md.split("## Score-space error and attention")[1].split("\n## ")[0]
+    assert f"| mean over layers | c_kv | all | {len(quantizer_list())} | 0.950 | 0.450 |" in md
+    assert "| mean over layers | c_kv | [4, 5) | 3 | 0.950 | 0.450 |" in md
+    assert "| 2 | k_pe | all | 4 | 0.920 | 0.480 |" in md
+    with h5py.File(out.parent / "res.h5") as f:
+        g = f["latent_error"]
+        q, t = g["quantizer"].asstr()[:], g["target"].asstr()[:]
+        smse, sgap = g["score_mse"][:], g["score_gap_db"][:]
+    for b in (2, 4, 8):
+        cand = {x: smse[(q == x) & (t == "c_kv")].mean() for x in set(q) if x.startswith(f"int{b}-")}
+        best = min(cand, key=cand.get)
+        gap = sgap[(q == best) & (t == "c_kv")].mean()
+        line = next(l for l in section.splitlines() if l.startswith(f"| {b} | 1 | "))
+        assert f"`{best}`" in line and f"{cand[best]:.2e}" in line and f"| {gap:.1f} |" in line, (b, best, line)
+
+
+def test_older_file_without_score_vs_attention(tmp_path):
+    make_results(tmp_path / "res.h5", groups=("latent_error", "summary", "attention_error"))
+    p = run_report(tmp_path / "res.h5", "--out", tmp_path / "out")
+    assert p.returncode == 0, p.stderr
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "/score_vs_attention not in the results file: no score-vs-attention table" in md
+    assert "## Score-space error and attention" in md  # the score_gap_db table from /latent_error alone
 
 
 def test_partial_file(tmp_path):

@@ -34,6 +34,9 @@ EXPECTED = [
     "saturated_values",
     "bound_rel_fro",
     "gap_db",
+    "score_mse",
+    "score_bound_mse",
+    "score_gap_db",
     "transform",
     "transform_seed",
 ]
@@ -59,6 +62,25 @@ with h5py.File(sys.argv[1], "r") as f:
     # the Gaussian bound: same normalization as rel_fro, so gap_db = 20·log10(rel_fro / bound_rel_fro)
     assert (cols["bound_rel_fro"] > 0).all() and np.isfinite(cols["gap_db"]).all()
     np.testing.assert_allclose(cols["gap_db"], 20 * np.log10(cols["rel_fro"] / cols["bound_rel_fro"]), atol=1e-9)
+    # the score-space bound (the synthetic dump has attention data): finite, gap = 10·log10(score_mse / bound)
+    assert (cols["score_mse"] >= 0).all() and (cols["score_bound_mse"] > 0).all(), "score columns"
+    assert np.isfinite(cols["score_gap_db"]).all(), "score_gap_db"
+    np.testing.assert_allclose(
+        cols["score_gap_db"], 10 * np.log10(cols["score_mse"] / cols["score_bound_mse"]), atol=1e-9
+    )
+    # /score_vs_attention: per target one row per layer, then layer -1 (the layer means): all quantizers, then
+    # each bits band of >= 3 of them (c_kv of this tiny dump: [4, 5) int2-token, int2-token-g32, int4-channel,
+    # int4-tensor; [10, 11) int8-token, int8-token-g32, flashmla-v32-fp8)
+    sva = {k: (v.asstr()[:] if h5py.check_string_dtype(v.dtype) else v[:]) for k, v in f["score_vs_attention"].items()}
+    assert list(sva) == ["layer", "target", "bits_band", "n_quantizers", "spearman_score_mse", "spearman_mse"], list(
+        sva
+    )
+    assert sva["layer"].tolist() == [0, 1, 2, 3, -1, -1, -1] + [0, 1, 2, 3, -1], sva["layer"]
+    assert sva["target"].tolist() == ["c_kv"] * 7 + ["k_pe"] * 5, sva["target"]
+    assert sva["bits_band"].tolist() == [-1] * 5 + [4, 10] + [-1] * 5, sva["bits_band"]
+    assert sva["n_quantizers"].tolist() == [17] * 5 + [4, 3] + [3] * 5, sva["n_quantizers"]
+    for k in ("spearman_score_mse", "spearman_mse"):
+        assert np.isfinite(sva[k]).all() and (np.abs(sva[k]) <= 1).all(), (k, sva[k])
     s = f["summary"]
     assert s["quantizer"].asstr()[:].tolist()[-2:] == ["bf16", "flashmla-v32-fp8"]
     acc = dict(zip(s["quantizer"].asstr()[:], s["k_pe_accounting"].asstr()[:]))

@@ -571,9 +571,7 @@ struct StudyBatchTest : ::testing::Test {
 TEST_F(StudyBatchTest, EqualsTheStudyOnTheLoadedDump) {
   const StudyConfig cfg = load_config(config);
   const auto backend = make_cpu_backend();
-  LoadOptions lo;
-  lo.attention = false;
-  const Dump full = load_dump(dump, lo);
+  const Dump full = load_dump(dump);  // with the attention data, as the batch's latent cells (the probes read it)
   const ColumnTable le = run_latent_error(full, plan_cells(cfg, full), *backend);
   const ColumnTable summary = summarize(le, cfg.all_quantizers(), full.attrs);
   const StudyPlan plan = plan_study(cfg, *backend);

@@ -32,9 +32,7 @@ struct StudyTest : ::testing::Test {
   StudyConfig config;
   void SetUp() override {
     lqtest::write_synth(path, lqtest::make_synth());
-    LoadOptions o;
-    o.attention = false;
-    dump = load_dump(path, o);
+    dump = load_dump(path);  // with the attention data: the score columns are computed (and compared)
     config = parse_config(kSmallConfig, "small.toml", dir.path());
   }
 };

@@ -24,6 +24,7 @@ KNOWN_GROUPS = (
     "latent_error",
     "summary",
     "attention_error",
+    "score_vs_attention",
     "svd",
     "svd_spectrum",
     "cross_layer",

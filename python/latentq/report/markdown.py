@@ -24,6 +24,9 @@ shows them with captions and short tables. Figures, each made only when its grou
                            (/attention_position, mean over layers); prefill-at-once and the decode
                            orders with residual R in {0, 32, 128} and sink S in {0, 4}
 
+Tables without a figure: the top quantizers by c_kv error at each bit width, and "Score-space error and
+attention" (/score_vs_attention: Spearman's rho across quantizers of score_mse and of mse with attention KL,
+per layer and target; the lowest c_kv score_mse at each bit width with its gap_db and score_gap_db).
 report.md also has a "Findings" section (latentq.report.findings): the source the results stand on
 (tiny-mla, the V2-Lite stand-in or a real checkpoint, from the model attribute and the input path) and
 each verdict of docs/findings.md with its outcome and numbers.
@@ -56,6 +59,7 @@ from latentq.report.figures import (
 from latentq.report.load import (
     _attention_key,
     _int_attr,
+    _nanmean,
     attention_by_quantizer,
     e2e_rows,
     flags,
@@ -376,6 +380,123 @@ def _frontier_sections(rep, out, tables, attrs, Q, att, e2e):
     return front
 
 
+def table_score_vs_attention(tables):
+    """/score_vs_attention as a table: per target and layer (layer -1: the layer means; a bits band: only the
+    quantizers of mean bits per element in [k, k + 1)), Spearman's rho across quantizers of score_mse and of
+    mse against attention KL. "" without the group or its columns."""
+    import numpy as np
+
+    sv = tables.get("score_vs_attention")
+    if sv is None:
+        return ""
+    layer, n = numbers(sv, "layer"), numbers(sv, "n_quantizers")
+    tg = strings(sv, "target")
+    rs, rm = numbers(sv, "spearman_score_mse"), numbers(sv, "spearman_mse")
+    if any(x is None for x in (layer, n, tg, rs, rm)):
+        return ""
+    band = numbers(sv, "bits_band")
+    if band is None:
+        band = np.full(len(sv), -1.0)
+    rows = [
+        [
+            "mean over layers" if lay < 0 else int(lay),
+            t,
+            "all" if b < 0 else f"[{int(b)}, {int(b) + 1})",
+            int(k),
+            fmt(float(a), "f3"),
+            fmt(float(m), "f3"),
+        ]
+        for lay, t, b, k, a, m in zip(layer, tg, band, n, rs, rm)
+    ]
+    header = ["layer", "target", "bits/elem", "quantizers", "ρ(score_mse, KL)", "ρ(mse, KL)"]
+    return md_table(header, rows) if rows else ""
+
+
+def table_score_gap(tables, Q, k=3):
+    """The k quantizers with the lowest mean c_kv score_mse at each bit width (integer bits, then fp8 and the
+    rest), with their mean gap_db and score_gap_db (c_kv; k_pe) and the attention KL with c_kv alone
+    quantized. "" without the score columns."""
+    import numpy as np
+
+    le = tables.get("latent_error")
+    if le is None:
+        return ""
+    q, tg = strings(le, "quantizer"), strings(le, "target")
+    smse, sgap, gap = numbers(le, "score_mse"), numbers(le, "score_gap_db"), numbers(le, "gap_db")
+    if any(x is None for x in (q, tg, smse, sgap)):
+        return ""
+    if gap is None:
+        gap = np.full(len(le), math.nan)
+
+    def means(target, col):
+        m = tg == target
+        return {name: _nanmean(col[m & (q == name)]) for name in dict.fromkeys(q[m])}
+
+    score_c, sgap_c, gap_c, sgap_k = means("c_kv", smse), means("c_kv", sgap), means("c_kv", gap), means("k_pe", sgap)
+    kl = {}
+    at = tables.get("attention_error")
+    if at is not None:
+        aq, at_tg, akl = strings(at, "quantizer"), strings(at, "targets"), numbers(at, "kl_mean")
+        if aq is not None and at_tg is not None and akl is not None:
+            m = at_tg == "c_kv"
+            kl = {name: _nanmean(akl[m & (aq == name)]) for name in dict.fromkeys(aq[m])}
+    groups = {}
+    for name, v in score_c.items():
+        if math.isfinite(v):
+            groups.setdefault(_bits_group(name, Q), []).append(name)
+    rows = []
+    for b in _group_order(groups):
+        for i, name in enumerate(sorted(groups[b], key=lambda x: score_c[x])[:k], 1):
+            bpe = Q[name]["bpe"] if name in Q else math.nan
+            rows.append(
+                [
+                    b,
+                    i,
+                    f"`{name}`",
+                    fmt(bpe, "g"),
+                    fmt(score_c[name], "e"),
+                    fmt(gap_c.get(name, math.nan), "f1"),
+                    fmt(sgap_c[name], "f1"),
+                    fmt(sgap_k.get(name, math.nan), "f1"),
+                    fmt(kl.get(name, math.nan), "e"),
+                ]
+            )
+    header = [
+        "bits",
+        "rank",
+        "quantizer",
+        "c_kv bits/elem",
+        "c_kv score_mse",
+        "c_kv gap_db",
+        "c_kv score_gap_db",
+        "k_pe score_gap_db",
+        "attention KL (c_kv)",
+    ]
+    return md_table(header, rows) if rows else ""
+
+
+def _score_sections(rep, tables, Q):
+    """The score-space bound: the /score_vs_attention correlations and the best formats' score_gap_db."""
+    corr, gaps = table_score_vs_attention(tables), table_score_gap(tables, Q)
+    if corr or gaps:
+        rep.sections.append(
+            (
+                "Score-space error and attention",
+                None,
+                "score_mse = the mean over tokens of eᵀMe, the squared (unscaled) attention-score error of a "
+                "latent error e under M = the mean over heads and query rows of q_lat q_latᵀ (c_kv: q_lat = "
+                "W_UKᵀ q_nope; k_pe: q_pe); score_gap_db = 10·log10(score_mse / score_bound_mse), its distance "
+                "to the Gaussian rate–distortion bound in that metric at the cell's rate (study/README.md). "
+                "ρ: Spearman's rank correlation across quantizers with the attention KL of the same layer "
+                "and target quantized alone (/score_vs_attention); the second table: the lowest c_kv "
+                "score_mse at each bit width, means over layers.",
+                "\n\n".join(t for t in (corr, gaps) if t),
+            )
+        )
+    if "latent_error" in rep.have and "attention_error" in rep.have and "score_vs_attention" not in rep.have:
+        rep.miss(["score_vs_attention"], "score-vs-attention table (results of an older latentq)")
+
+
 def _layer_and_svd_sections(rep, out, tables, attrs, Q, patterns):
     """2. The per-layer figure (the quantizers of --quantizers or the default selection); 3. the SVD figure
     and its table."""
@@ -584,6 +705,7 @@ def write_report(path, loaded, out, patterns):
     att = attention_by_quantizer(tables)
     e2e = e2e_rows(tables, Q)
     front = _frontier_sections(rep, out, tables, attrs, Q, att, e2e)
+    _score_sections(rep, tables, Q)
     _layer_and_svd_sections(rep, out, tables, attrs, Q, patterns)
     _cross_layer_sections(rep, out, tables, attrs)
     _e2e_sections(rep, out, tables, attrs, Q, e2e)

@@ -43,7 +43,8 @@ struct StudyPlan {
 /// Read the header of config.dump (load_dump with data = false: attributes, tokens, every studied
 /// dataset's dtype and shape; the attention datasets when [attention] is enabled), hash the file and
 /// plan every cell: one task per plan_cells() cell (key Cell::key(), group latent_error, one row as
-/// run_latent_error() gives it), then the probe cells (plan_probes(), run_probe_cell()). Every task reads
+/// run_latent_error() gives it; with the layer's attention data, for the score columns, when a probe cell
+/// reads it), then the probe cells (plan_probes(), run_probe_cell()). Every task reads
 /// its layers through `store`. Before returning, validate_layers() reads every studied layer's values once
 /// (the attention datasets too when a cell needs them; `validate_progress` is its progress callback), so
 /// that bad input throws here, before any cell runs or any file is written. `backend` must outlive the
@@ -58,7 +59,8 @@ BatchResult run_study_batch(const std::filesystem::path& out, const StudyPlan& p
 
 /// The DeriveFn of the study: /summary (summarize()) from /latent_error, with the quantizers of the
 /// config text in root attribute `config` (source `config_source`) and num_layers, kv_lora_rank,
-/// qk_rope_head_dim, model from the root attributes. Nothing without /latent_error. Throws
+/// qk_rope_head_dim, model from the root attributes; /score_vs_attention (score_vs_attention()) when
+/// /attention_error is present too and /latent_error has score_mse. Nothing without /latent_error. Throws
 /// std::invalid_argument for a missing attribute or a config text that does not parse.
 std::vector<NamedTable> derive_study_tables(const Attrs& root, const std::vector<NamedTable>& cell_tables);
 

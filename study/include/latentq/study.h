@@ -120,10 +120,16 @@ class SpectrumCache {
   const LatentSpectrum& get(const Dump& dump, int layer, Target target);
   /// The same for the data `layer` of a layer of `dump` (whose header gives T, dims, seq_offsets).
   const LatentSpectrum& get(const Dump& dump, const Layer& layer, Target target);
+  /// The score-space spectrum of the same matrix: score_spectrum() of get()'s spectrum under the layer's
+  /// score_metric() (c_kv: q_nope and W_UK; k_pe: q_pe), or nullptr when `layer` has no attention data
+  /// loaded (not cached: a later call with the data computes it). Throws as get() and score_metric().
+  const ScoreSpectrum* score(const Dump& dump, const Layer& layer, Target target);
 
  private:
+  const LatentSpectrum& spectrum_locked(const Dump& dump, const Layer& layer, Target target);
   std::mutex mutex_;
   std::map<std::pair<int, int>, LatentSpectrum> spectra_;
+  std::map<std::pair<int, int>, ScoreSpectrum> scores_;
 };
 
 /// Column names of /latent_error, in order.
@@ -138,7 +144,10 @@ const std::vector<std::string>& latent_error_columns();
 ///   scale_underflow_groups, offset_rounding_groups, saturated_values (int64), and the Gaussian
 ///   rate–distortion bound at the cell's bits_per_element (latentq/analysis/rate_distortion.h):
 ///   bound_rel_fro (rel_fro's normalization), gap_db = 10·log10(mse / mse_bound) (float64, may be
-///   negative). `spectra` caches the fit-split spectra across calls (a local cache when null).
+///   negative); the same in score space (latentq/analysis/rate_distortion.h): score_mse = the mean over
+///   tokens of eᵀMe, score_bound_mse, score_gap_db = 10·log10(score_mse / score_bound_mse) (float64; NaN
+///   when the layer's attention data is not loaded). `spectra` caches the fit-split spectra across calls
+///   (a local cache when null).
 /// The columns describe the stored format (a preset's rows say what it stores for that target, e.g. bf16 for
 /// flashmla-v32-fp8 on k_pe). Throws std::invalid_argument naming the cell (key) when a cell fails (e.g. a scale that
 /// overflows fp16); with several failures, the first in cell order.
@@ -164,6 +173,23 @@ const std::vector<std::string>& summary_columns();
 ///   c_kv_accounting, k_pe_accounting: "measured" or "bf16 (not run)".
 ColumnTable summarize(const ColumnTable& latent_error, const std::vector<Quantizer>& quantizers,
                       const DumpAttrs& attrs);
+
+/// Column names of /score_vs_attention, in order.
+const std::vector<std::string>& score_vs_attention_columns();
+
+/// The /score_vs_attention table: Spearman's ρ (average ranks for ties, latentq/analysis/rank_correlation.h)
+/// across quantizers between each /latent_error metric and the kl_mean of the /attention_error row of the
+/// same layer and quantizer that quantizes that target alone (targets = "c_kv" or "k_pe"). Per target
+/// (/latent_error order): one row per layer (ascending), then layer −1 (the quantizers present on every
+/// listed layer of the target, each with its means over those layers of the metrics, kl_mean and
+/// bits_per_element), then layer −1 once per bits band k with at least 3 of those quantizers (mean
+/// bits_per_element in [k, k + 1): the quantizers of about the same bytes). Columns: layer (int64),
+/// target, bits_band (int64; −1 = all), n_quantizers (int64: the quantizers ranked; rows with a non-finite
+/// mse, score_mse or kl_mean are left out), spearman_score_mse, spearman_mse (float64; NaN for fewer than 2
+/// quantizers or a constant side). A target without any such pair has no rows.
+/// Throws std::invalid_argument when `latent_error` lacks layer/target/quantizer/bits_per_element/mse/
+/// score_mse or `attention_error` lacks layer/targets/quantizer/kl_mean.
+ColumnTable score_vs_attention(const ColumnTable& latent_error, const ColumnTable& attention_error);
 
 /// The root attributes of a results file of `config` run on `dump` (loaded from config.dump, whose
 /// SHA-256 is `input_sha256`) on `device`: created, latentq_version, git_commit, config, config_source,
