@@ -783,7 +783,13 @@ def main(argv=None) -> int:
                 json.load(f)
         except (OSError, ValueError) as e:
             return fail(f"--model {a.model}: cannot read {cfg_path} as JSON ({e})")
-    if a.device.startswith("cuda") and not torch.cuda.is_available():
+    try:
+        dev = torch.device(a.device)
+    except RuntimeError:
+        return fail(f"--device {a.device}: not a torch device (expected cpu, cuda or cuda:N)")
+    if dev.type not in ("cpu", "cuda"):
+        return fail(f"--device {a.device}: expected cpu, cuda or cuda:N")
+    if dev.type == "cuda" and not torch.cuda.is_available():
         return fail(f"--device {a.device}: CUDA is not available to torch here")
     from latentq.stream import CheckpointError, default_memory_budget, parse_size
 

@@ -530,7 +530,13 @@ def load_inputs(a, plan: Plan):
     streamer's meta model, nothing loaded yet. Raises ValueError (no CUDA, unreadable --text, no
     config.json, a checkpoint that cannot be streamed, windows the model or text cannot hold, study
     layers the model lacks), OSError, RuntimeError."""
-    if a.device.startswith("cuda") and not torch.cuda.is_available():
+    try:
+        dev = torch.device(a.device)
+    except RuntimeError:
+        raise ValueError(f"--device {a.device}: not a torch device (expected cpu, cuda or cuda:N)") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device {a.device}: expected cpu, cuda or cuda:N")
+    if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"--device {a.device}: CUDA is not available to torch here")
     if a.text:
         try:
@@ -558,11 +564,11 @@ def load_inputs(a, plan: Plan):
         raise ValueError(f"--memory-budget: {e}") from None
     stream, why = stream_decision(a.stream, a.model, _DTYPES[a.dtype], budget)
     a.execution = "layer streaming" if stream else "in memory"
-    if stream:  # in memory is the usual way: no line for it
-        print(f"e2e_inject: layer streaming ({why})", file=sys.stderr)
     streamer = None
     if stream and is_tiny_mla(a.model):
         raise ValueError(f"--model {a.model}: tiny-mla is not streamed (it fits in memory); use --stream off or auto")
+    if stream:  # in memory is the usual way: no line for it
+        print(f"e2e_inject: layer streaming ({why})", file=sys.stderr)
     try:
         if stream:
             spill = os.path.dirname(os.path.abspath(a.results))
@@ -873,7 +879,7 @@ def main(argv=None) -> int:
                 runner.run_streamed(streamer, chunks, after=lambda i: runner.progress.update(1))
             a.execution += " (hidden states in memory)" if streamer.states_in_memory else " (hidden states in a file)"
             a.stream_seconds = (streamer.load_seconds, streamer.compute_seconds)
-    except ValueError as e:  # non-finite logits, a spec the quantizers refuse: nothing is written
+    except (ValueError, OSError) as e:  # non-finite logits, a refused spec, a spill file that cannot be written
         print(f"e2e_inject: error: {e}; {a.results} is left unchanged", file=sys.stderr)
         return 2
     write_tables(a, runner, tokenizer, K, K_dec)
