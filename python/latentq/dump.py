@@ -720,6 +720,36 @@ def stream_decision(mode: str, path: str, dtype: torch.dtype, budget: int) -> tu
     return False, f"weights {size(need)} fit the budget {size(budget)}"
 
 
+def device_error(device: str) -> str | None:
+    """Why ``device`` (a --device value) cannot run the model here, or None: not a torch device string,
+    a device type other than cpu / cuda, or cuda without CUDA available to torch."""
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        return f"--device {device}: not a torch device (expected cpu, cuda or cuda:N)"
+    if dev.type not in ("cpu", "cuda"):
+        return f"--device {device}: expected cpu, cuda or cuda:N"
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        return f"--device {device}: CUDA is not available to torch here"
+    return None
+
+
+def stream_plan(mode: str, memory_budget: str | None, path: str, dtype: torch.dtype) -> tuple[bool, str, int]:
+    """(stream?, why, budget in bytes) for --stream MODE and --memory-budget TEXT (None: the default,
+    half the physical memory) on --model path: stream_decision, and the refusals both CLI steps share.
+    Raises DumpError (a ValueError) for a budget parse_size refuses, or tiny-mla under --stream on."""
+    from latentq.stream import default_memory_budget, parse_size
+
+    try:
+        budget = default_memory_budget() if memory_budget is None else parse_size(memory_budget)
+    except ValueError as e:
+        raise DumpError(f"--memory-budget: {e}") from None
+    stream, why = stream_decision(mode, path, dtype, budget)
+    if stream and is_tiny_mla(path):
+        raise DumpError(f"--model {path}: tiny-mla is not streamed (it fits in memory); use --stream off or auto")
+    return stream, why, budget
+
+
 def main(argv=None) -> int:
     """CLI entry point (see the module docstring). Returns 0 on success, 2 on a refused request
     (existing output without --force, missing/unreadable --text, a --model directory without a
@@ -783,21 +813,14 @@ def main(argv=None) -> int:
                 json.load(f)
         except (OSError, ValueError) as e:
             return fail(f"--model {a.model}: cannot read {cfg_path} as JSON ({e})")
-    try:
-        dev = torch.device(a.device)
-    except RuntimeError:
-        return fail(f"--device {a.device}: not a torch device (expected cpu, cuda or cuda:N)")
-    if dev.type not in ("cpu", "cuda"):
-        return fail(f"--device {a.device}: expected cpu, cuda or cuda:N")
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        return fail(f"--device {a.device}: CUDA is not available to torch here")
-    from latentq.stream import CheckpointError, default_memory_budget, parse_size
+    if why_not := device_error(a.device):
+        return fail(why_not)
+    from latentq.stream import CheckpointError
 
     try:
-        budget = default_memory_budget() if a.memory_budget is None else parse_size(a.memory_budget)
-    except ValueError as e:
-        return fail(f"--memory-budget: {e}")
-    stream, why = stream_decision(a.stream, a.model, _DTYPES[a.dtype], budget)
+        stream, why, budget = stream_plan(a.stream, a.memory_budget, a.model, _DTYPES[a.dtype])
+    except DumpError as e:
+        return fail(str(e))
     print(f"dump_latents: {'layer streaming' if stream else 'in memory'} ({why})", file=sys.stderr)
     out_dir = os.path.dirname(os.path.abspath(a.out))
     try:

@@ -89,7 +89,7 @@ import torch
 import torch.nn.functional as F
 
 from latentq.capture import find_mla_layers, mla_dims
-from latentq.dump import is_tiny_mla, load_model, load_tokenizer, run_model, stream_decision
+from latentq.dump import device_error, load_model, load_tokenizer, run_model, stream_plan
 from latentq.e2e_decode import (  # noqa: F401  (re-exported: the tests and bench/e2e_rate.py use latentq.e2e.*)
     DECODE_TARGETS,
     PREFILL_AT_ONCE,
@@ -530,14 +530,8 @@ def load_inputs(a, plan: Plan):
     streamer's meta model, nothing loaded yet. Raises ValueError (no CUDA, unreadable --text, no
     config.json, a checkpoint that cannot be streamed, windows the model or text cannot hold, study
     layers the model lacks), OSError, RuntimeError."""
-    try:
-        dev = torch.device(a.device)
-    except RuntimeError:
-        raise ValueError(f"--device {a.device}: not a torch device (expected cpu, cuda or cuda:N)") from None
-    if dev.type not in ("cpu", "cuda"):
-        raise ValueError(f"--device {a.device}: expected cpu, cuda or cuda:N")
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {a.device}: CUDA is not available to torch here")
+    if why_not := device_error(a.device):
+        raise ValueError(why_not)
     if a.text:
         try:
             with open(a.text, "rb") as f:
@@ -556,17 +550,10 @@ def load_inputs(a, plan: Plan):
         )
     if not os.path.isfile(os.path.join(a.model, "config.json")):
         raise ValueError(f"--model {a.model}: no config.json (expected a tiny-mla or HF MLA checkpoint directory)")
-    from latentq.stream import CheckpointError, LayerStreamer, default_memory_budget, parse_size
+    from latentq.stream import CheckpointError, LayerStreamer
 
-    try:
-        budget = default_memory_budget() if a.memory_budget is None else parse_size(a.memory_budget)
-    except ValueError as e:
-        raise ValueError(f"--memory-budget: {e}") from None
-    stream, why = stream_decision(a.stream, a.model, _DTYPES[a.dtype], budget)
-    a.execution = "layer streaming" if stream else "in memory"
+    stream, why, budget = stream_plan(a.stream, a.memory_budget, a.model, _DTYPES[a.dtype])  # DumpError: ValueError
     streamer = None
-    if stream and is_tiny_mla(a.model):
-        raise ValueError(f"--model {a.model}: tiny-mla is not streamed (it fits in memory); use --stream off or auto")
     if stream:  # in memory is the usual way: no line for it
         print(f"e2e_inject: layer streaming ({why})", file=sys.stderr)
     try:
@@ -679,15 +666,15 @@ class Runner:
 
         def use(n: int | None) -> None:
             h = None if n is None else hooks[n]
-            if active[0] is not h and active[0] is not None:
-                active[0].__exit__(None, None, None)
-                active[0].clear()
-                active[0] = None
+            if active[0] is not h:
+                if active[0] is not None:
+                    active[0].__exit__(None, None, None)
+                    active[0].clear()
+                if h is not None:
+                    h.__enter__()
+                active[0] = h
             if h is not None:
                 h.clear()  # the records of the layer before: not needed again
-                if active[0] is None:
-                    h.__enter__()
-                    active[0] = h
 
         def on_logits(n: int, logits: torch.Tensor) -> None:
             use(None)
@@ -775,8 +762,23 @@ class Runner:
                         self.record(run, q)
 
 
-def write_tables(a, runner: Runner, tokenizer, K: int, K_dec: int) -> None:
-    """/e2e and /e2e_position of the runner's rows into a.results (write_groups), with their attributes."""
+def execution_attrs(streamer) -> dict:
+    """The /e2e attributes saying how the step ran: ``execution`` ("in memory", or "layer streaming
+    (hidden states in memory)" / "... in a file)"), and for a streamed run (a LayerStreamer after its
+    ``run``) ``load_seconds`` and ``compute_seconds``."""
+    if streamer is None:
+        return {"execution": "in memory"}
+    where = "in memory" if streamer.states_in_memory else "in a file"
+    return {
+        "execution": f"layer streaming (hidden states {where})",
+        "load_seconds": streamer.load_seconds,
+        "compute_seconds": streamer.compute_seconds,
+    }
+
+
+def write_tables(a, runner: Runner, tokenizer, K: int, K_dec: int, streamer=None) -> None:
+    """/e2e and /e2e_position of the runner's rows into a.results (write_groups), with their attributes
+    (streamer: the LayerStreamer of a streamed step, else None)."""
     rows, pos_rows = runner.rows, runner.pos_rows
     cols = {k: np.array([r[k] for r in rows]) for k in rows[0]}
     cols["num_tokens"] = np.full(len(rows), a.num_seqs * a.seq_len, dtype=np.int64)
@@ -793,12 +795,7 @@ def write_tables(a, runner: Runner, tokenizer, K: int, K_dec: int) -> None:
         "text": os.path.abspath(a.text) if a.text else "kjv-heldout",
         "text_sha256": a.text_sha256,
         "batch_runs": np.int64(K),
-        "execution": getattr(a, "execution", "in memory"),
-        **(
-            {"load_seconds": a.stream_seconds[0], "compute_seconds": a.stream_seconds[1]}
-            if hasattr(a, "stream_seconds")
-            else {}
-        ),
+        **execution_attrs(streamer),
         "batch_runs_decode": np.int64(K_dec),
     }
     write_groups(
@@ -877,12 +874,10 @@ def main(argv=None) -> int:
             runner.counts_runs = False
             with Progress(len(streamer.layers), "e2e", f"layers (streamed, {len(chunks)} forwards)") as runner.progress:
                 runner.run_streamed(streamer, chunks, after=lambda i: runner.progress.update(1))
-            a.execution += " (hidden states in memory)" if streamer.states_in_memory else " (hidden states in a file)"
-            a.stream_seconds = (streamer.load_seconds, streamer.compute_seconds)
     except (ValueError, OSError) as e:  # non-finite logits, a refused spec, a spill file that cannot be written
         print(f"e2e_inject: error: {e}; {a.results} is left unchanged", file=sys.stderr)
         return 2
-    write_tables(a, runner, tokenizer, K, K_dec)
+    write_tables(a, runner, tokenizer, K, K_dec, streamer)
     print(
         f"e2e: {len(runner.rows)} runs, {a.num_seqs}x{a.seq_len} tokens, {len(chunks)} forwards of <= {K} runs, "
         f"{time.time() - t0:.1f}s -> "
