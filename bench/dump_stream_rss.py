@@ -63,18 +63,19 @@ def make_checkpoint(path: str, layers: int) -> None:
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-def peak_rss_kb(argv: list[str]) -> tuple[int, float]:
-    """(max RSS in kB from /usr/bin/time -v, wall seconds) of a child process."""
+def peak_rss_kb(argv: list[str]) -> tuple[int, float, str]:
+    """(max RSS in kB from /usr/bin/time -v, wall seconds, stdout) of a child process (also for
+    bench/stream_v2lite.py). Exits with a message naming the command when it fails."""
     t0 = time.perf_counter()
     p = subprocess.run(["/usr/bin/time", "-v", *argv], capture_output=True, text=True)
     wall = time.perf_counter() - t0
     if p.returncode != 0:
         sys.stderr.write(p.stdout[-2000:] + p.stderr[-4000:])
-        raise SystemExit(f"dump_stream_rss: {' '.join(argv)} failed with exit {p.returncode}")
+        raise SystemExit(f"{os.path.basename(sys.argv[0])}: {' '.join(argv)} failed with exit {p.returncode}")
     m = re.search(r"Maximum resident set size \(kbytes\): (\d+)", p.stderr)
     if not m:
-        raise SystemExit("dump_stream_rss: no 'Maximum resident set size' in the output of /usr/bin/time -v")
-    return int(m.group(1)), wall
+        raise SystemExit("no 'Maximum resident set size' in the output of /usr/bin/time -v")
+    return int(m.group(1)), wall, p.stdout
 
 
 def main() -> int:
@@ -103,7 +104,7 @@ def main() -> int:
                 argv = [sys.executable, "-m", "latentq.dump", "--model", ck, "--text", text]
                 argv += ["--seq-len", str(SEQ_LEN), "--num-seqs", str(NUM_SEQS), "--q-rows", str(Q_ROWS)]
                 argv += ["--out", os.path.join(work, f"dump-{n}-{mode}.h5"), "--force", "--threads", str(a.threads)]
-                kb, wall = peak_rss_kb(argv + ["--stream", mode])
+                kb, wall, _ = peak_rss_kb(argv + ["--stream", mode])
                 if mode == "on":
                     streamed[n] = kb
                 print(

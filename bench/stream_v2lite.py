@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -43,6 +42,7 @@ import tempfile
 import time
 
 import numpy as np
+from dump_stream_rss import peak_rss_kb  # bench/ is this script's directory, first on sys.path
 
 # deepseek-ai/DeepSeek-V2-Lite and deepseek-ai/DeepSeek-V3 config.json (the fields the formulas use)
 V2_LITE = dict(
@@ -115,20 +115,6 @@ def make_checkpoint(path: str, cfg: dict) -> None:
         f"write_checkpoint(t, cfg, {path!r}, shards=4)\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
-
-
-def timed(argv: list[str]) -> tuple[int, float, str]:
-    """(max RSS in kB from /usr/bin/time -v, wall seconds, stdout) of a child process."""
-    t0 = time.perf_counter()
-    p = subprocess.run(["/usr/bin/time", "-v", *argv], capture_output=True, text=True)
-    wall = time.perf_counter() - t0
-    if p.returncode != 0:
-        sys.stderr.write(p.stdout[-2000:] + p.stderr[-4000:])
-        raise SystemExit(f"stream_v2lite: {' '.join(argv)} failed with exit {p.returncode}")
-    m = re.search(r"Maximum resident set size \(kbytes\): (\d+)", p.stderr)
-    if not m:
-        raise SystemExit("stream_v2lite: no 'Maximum resident set size' in the output of /usr/bin/time -v")
-    return int(m.group(1)), wall, p.stdout
 
 
 def make_results(path: str, layers: int) -> None:
@@ -215,7 +201,7 @@ def main() -> int:
         dump = os.path.join(work, "dump.h5")
         argv = py + ["latentq.dump", "--model", ck, "--text", text, "--seq-len", str(a.seq_len)]
         argv += ["--num-seqs", str(a.num_seqs), "--q-rows", "64", "--out", dump, "--force", "--stream", "on"]
-        kb, wall, stdout = timed(argv + ["--threads", str(a.threads)])
+        kb, wall, stdout = peak_rss_kb(argv + ["--threads", str(a.threads)])
         s = json.loads(stdout[stdout.index("{") :])
         dm = dict(rss_kb=kb, load_s=s["load_seconds"], compute_s=s["compute_seconds"], vocab=a.vocab)
         dm["other_s"] = wall - dm["load_s"] - dm["compute_s"]
@@ -228,7 +214,7 @@ def main() -> int:
         make_results(res, cfg["num_hidden_layers"])
         argv = py + ["latentq.e2e", "--results", res, "--model", ck, "--text", text, "--offset-bytes", "0"]
         argv += ["--seq-len", str(a.seq_len), "--num-seqs", str(a.e2e_seqs), "--stream", "on", "--quiet"]
-        kb, wall, _ = timed(argv + ["--threads", str(a.threads)])
+        kb, wall, _ = peak_rss_kb(argv + ["--threads", str(a.threads)])
         import h5py
 
         with h5py.File(res, "r") as f:

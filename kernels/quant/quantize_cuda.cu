@@ -228,15 +228,22 @@ void quantize_tq(DeviceQuantized& out, const float* d_x, int64_t T, int64_t D, i
     }
 }
 
+// The fitted formats' host copy of d_x [T, D] (row-major float32, device), after throw_if_nonfinite: their
+// per-matrix tables are fitted on the host by the CPU quantizer's own fit, so the device encode uses the same.
+std::vector<float> finite_host_copy(gpu::Workspace& ws, const float* d_x, int64_t T, int64_t D, cudaStream_t stream) {
+  throw_if_nonfinite(ws, d_x, T, D, stream);
+  std::vector<float> x(static_cast<size_t>(T * D));
+  LQ_CUDA_CHECK(cudaMemcpyAsync(x.data(), d_x, x.size() * sizeof(float), cudaMemcpyDeviceToHost, stream));
+  LQ_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return x;
+}
+
 // Lloyd-Max (lloyd_max.h): NaN/Inf first, then the codebooks fitted on the host from a copy of the matrix
 // (fit_lloyd_max, as the CPU quantizer) and the encode on the device with their midpoints.
 void quantize_lm(DeviceQuantized& out, const Layout& L, const float* d_x, int64_t T, int64_t D, int64_t rb,
                  std::span<const int64_t> seq_offsets, cudaStream_t stream) {
   gpu::Workspace& ws = out.ws;
-  throw_if_nonfinite(ws, d_x, T, D, stream);
-  std::vector<float> x(static_cast<size_t>(T * D));
-  LQ_CUDA_CHECK(cudaMemcpyAsync(x.data(), d_x, x.size() * sizeof(float), cudaMemcpyDeviceToHost, stream));
-  LQ_CUDA_CHECK(cudaStreamSynchronize(stream));
+  const std::vector<float> x = finite_host_copy(ws, d_x, T, D, stream);
   out.global = fit_lloyd_max(x.data(), T, D, seq_offsets, out.spec.bits, L.codebook_width);
   const LloydMaxTables tab = lloyd_max_tables(out.global, out.spec.bits, L.codebook_width, D);
   ws.lm_table.upload(tab.midpoint.data(), tab.midpoint.size(), stream, "Lloyd-Max midpoints");
@@ -271,10 +278,7 @@ qmath::TcTables upload_tc_tables(gpu::Workspace& ws, const TcHostTables& tab, cu
 void quantize_tc(DeviceQuantized& out, const float* d_x, int64_t T, int64_t D, int64_t rb,
                  std::span<const int64_t> seq_offsets, cudaStream_t stream) {
   gpu::Workspace& ws = out.ws;
-  throw_if_nonfinite(ws, d_x, T, D, stream);
-  std::vector<float> x(static_cast<size_t>(T * D));
-  LQ_CUDA_CHECK(cudaMemcpyAsync(x.data(), d_x, x.size() * sizeof(float), cudaMemcpyDeviceToHost, stream));
-  LQ_CUDA_CHECK(cudaStreamSynchronize(stream));
+  const std::vector<float> x = finite_host_copy(ws, d_x, T, D, stream);
   out.global = fit_transform_coding(out.spec, x.data(), T, D, seq_offsets);
   const qmath::TcTables tab = upload_tc_tables(ws, tc_tables(out.spec, out.global, D), stream);
   LQ_CUDA_CHECK(gd::launch_tc_encode(d_x, T, static_cast<int>(rb), tab, out.codes.data(), stream));
