@@ -124,3 +124,49 @@ def test_stream_on_refuses_a_checkpoint_it_cannot_stream(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "e2e_inject: error:" in err, err
     assert res.read_bytes() == before
+
+
+@pytest.mark.parametrize("device", ["bogus", "meta"])
+def test_a_device_that_cannot_run_the_model_is_one_error_line(tmp_path, checkpoints, capsys, device):
+    """--device that is no torch device, or a device type other than cpu/cuda: exit 2 with one line naming
+    the value, in the e2e step (results file unchanged) and in the dump (no output file)."""
+    from latentq import dump as dump_latents
+
+    ckpt, text = checkpoints[1], checkpoints[2]
+    res = tmp_path / "r.h5"
+    make_results(res, 4)
+    before = res.read_bytes()
+    assert e2e_inject.main(["--results", str(res), "--model", str(ckpt), "--device", device]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [err[0]] and err[0].startswith(f"e2e_inject: error: --device {device}: "), err
+    assert res.read_bytes() == before
+    out = tmp_path / "d.h5"
+    argv = ["--model", str(ckpt), "--text", str(text), "--out", str(out), "--device", device, "--seq-len", "16"]
+    assert dump_latents.main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"dump_latents: error: --device {device}: " in err and "Traceback" not in err, err
+    assert not out.exists()
+
+
+def test_a_spill_file_that_cannot_be_written_is_one_error_line(tmp_path, checkpoints, capsys, monkeypatch):
+    """The hidden states spilled under a small budget, their file's writes failing (a full disk): exit 2
+    with one line naming the error, the results file unchanged, no temporary file left."""
+    import errno
+
+    import latentq.stream
+
+    def full(*args):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    ckpt, text = checkpoints[1], checkpoints[2]
+    res = tmp_path / "r.h5"
+    make_results(res, 4)
+    before = res.read_bytes()
+    monkeypatch.setattr(latentq.stream.os, "pwrite", full)
+    argv = ["--results", str(res), "--model", str(ckpt), "--text", str(text), "--offset-bytes", "0"]
+    argv += ["--seq-len", "24", "--num-seqs", "2", "--threads", "1", "--stream", "on", "--memory-budget", "64K"]
+    assert e2e_inject.main(argv) == 2
+    err = [l for l in capsys.readouterr().err.splitlines() if l.startswith("e2e_inject: error:")]
+    assert len(err) == 1 and "No space left on device" in err[0], err
+    assert res.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.h5"]
