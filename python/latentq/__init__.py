@@ -32,7 +32,7 @@ __path__ = pkgutil.extend_path(__path__, __name__)
 CORE_NAMES = (
     "LatentqError", "QuantizedTensor", "canonical_spec", "cpu_threads", "decode_order_cache_bytes",
     "decode_order_latents", "decode_order_mask", "decode_scale_is_causal", "decode_token_group", "dequantize",
-    "diagnose", "error_metrics", "pack_record", "quantize", "quantize_dequantize", "record_bytes",
+    "diagnose", "error_metrics", "fit_rotation", "pack_record", "quantize", "quantize_dequantize", "record_bytes",
     "rotation_matrix", "set_cpu_threads", "spec_grammar", "tq_codebook",
 )  # fmt: skip
 

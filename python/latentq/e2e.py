@@ -30,7 +30,9 @@ Quantized layers: the MLA layers the study ran (the root attribute `layers` of R
 `layer` column of /latent_error; recorded in the /e2e attribute `layers`), for the targets the study
 ran that quantizer on (c_kv+k_pe for a spec the study did not run, with a warning). A transformed
 quantizer ('had,int4-asym-token', 'rot,mxfp4') quantizes the rotated rows and reads them
-un-rotated (latentq/transform.h); 'klt,...' quantizers are not injected (a note says so).
+un-rotated (latentq/transform.h); a 'klt,...' quantizer rotates by the KLT basis the study fitted, refitted
+from the study's dump (the root attributes input_path / input_sha256; latentq.fitted_basis), and is left
+out with a note when that dump is not there.
 
 Per (quantizer, targets, cache_mode), group /e2e (one 1-D dataset per column):
   quantizer, targets, cache_mode, kl_mean (mean over tokens of KL(p_ref ‖ p_q) over the vocabulary,
@@ -100,6 +102,7 @@ from latentq.e2e_decode import (  # noqa: F401  (re-exported: the tests and benc
     spec_at,
 )
 from latentq.files import publish
+from latentq.fitted_basis import StudyBases, needs_basis
 from latentq.inject import DecodeOrderAttention, LatentInjector
 from latentq.progress import Progress
 
@@ -187,10 +190,11 @@ def mixed_specs(results_path: str, quantizer: str) -> dict[tuple[int, str], str]
         }
 
 
-def make_inject(latentq, spec, targets: tuple[str, ...], layers=None):
+def make_inject(latentq, spec, targets: tuple[str, ...], layers=None, bases=None):
     """Injection callback: quantize-dequantize c_kv / k_pe [B, T, D] per layer, one sequence per batch
     row; only the layers in `layers` (None: every layer). `spec` is a spec string, or a dict
-    {(layer, target): spec} for a mixed assignment (mixed_specs()): a layer it lacks is left exact."""
+    {(layer, target): spec} for a mixed assignment (mixed_specs()): a layer it lacks is left exact.
+    `bases(layer, target)`: the KLT basis of a 'klt,' spec (latentq.fitted_basis.StudyBases)."""
 
     def fn(layer: int, name: str, x: torch.Tensor) -> torch.Tensor:
         if name not in targets or (layers is not None and layer not in layers):
@@ -201,7 +205,7 @@ def make_inject(latentq, spec, targets: tuple[str, ...], layers=None):
         B, T, D = x.shape
         flat = x.detach().to("cpu", torch.float32).reshape(B * T, D).contiguous().numpy()
         offs = [b * T for b in range(B + 1)]
-        y = latentq.quantize_dequantize(flat, s, name, offs)
+        y = latentq.quantize_dequantize(flat, s, name, offs, bases(layer, name) if needs_basis(s) else None)
         return torch.from_numpy(y).reshape(B, T, D)
 
     return fn
@@ -503,23 +507,25 @@ class Plan:
         self.width = a.position_bucket or attr_w or 64
         if self.width < 1:
             raise ValueError(f"{a.results}: decode_order_position_bucket {self.width}: must be >= 1")
+        self.bases = StudyBases(latentq, a.results)  # the KLT bases of the klt quantizers, fitted when first used
 
     def runs(self, a) -> list[tuple[str, tuple[str, ...], str]]:
-        """(quantizer, targets, cache_mode) of every run, in the rows' order; prints a note for the klt
-        quantizers, which are left out."""
-        # KLT rotations are fitted on the dump's fit split by the C++ study (probes::fit_rotation); the
-        # injection sees only its own windows, so it does not refit one: those quantizers are left out.
-        klt = sorted({q for q, _ in self.pairs + self.decode_pairs if q.startswith("klt,")})
+        """(quantizer, targets, cache_mode) of every run, in the rows' order. The klt quantizers run behind
+        the study's KLT bases (self.bases, refitted from the study's dump); without that dump they are left
+        out, with a note saying why."""
+        bases = self.bases
+        keep = lambda q: bases.available or not needs_basis(q)
+        klt = sorted({q for q, _ in self.pairs + self.decode_pairs if not keep(q)})
         if klt:
             print(
-                f"e2e_inject: note: {len(klt)} klt quantizer(s) not injected (the KLT basis is fitted on the "
-                f"dump's fit split, not available here): {', '.join(klt)}",
+                f"e2e_inject: note: {len(klt)} klt quantizer(s) not injected ({bases.why}; the KLT basis is "
+                f"fitted on the dump's fit split): {', '.join(klt)}",
                 file=sys.stderr,
             )
-        runs = [(q, t, PREFILL_AT_ONCE) for q, t in self.pairs if not q.startswith("klt,")]
+        runs = [(q, t, PREFILL_AT_ONCE) for q, t in self.pairs if keep(q)]
         if PREFILL_AT_ONCE not in self.modes and a.cache_modes is not None:
             runs = []
-        runs += [(q, t, m) for m in self.decode_modes for q, t in self.decode_pairs if not q.startswith("klt,")]
+        runs += [(q, t, m) for m in self.decode_modes for q, t in self.decode_pairs if keep(q)]
         return runs
 
 
@@ -603,7 +609,7 @@ class Runner:
 
     def __init__(self, latentq, a, model, ids: torch.Tensor, plan: Plan, dims: dict):
         self.latentq, self.a, self.model, self.ids, self.plan, self.dims = latentq, a, model, ids, plan, dims
-        self.layer_set = frozenset(plan.layers)
+        self.layer_set, self.bases = frozenset(plan.layers), plan.bases
         self.rows, self.pos_rows = [], []
         self.ref = None
         self.bpt_memo: dict = {}
@@ -629,12 +635,14 @@ class Runner:
         if len(chunk) == 1:  # one run: the hooks of that run alone
             spec, targets, mode = chunk[0]
             if mode == PREFILL_AT_ONCE:
-                return LatentInjector(self.model, make_inject(latentq, hows[0], targets, layer_set))
-            return DecodeOrderAttention(self.model, make_decode_cache(latentq, hows[0], targets, layer_set, mode))
+                return LatentInjector(self.model, make_inject(latentq, hows[0], targets, layer_set, self.bases))
+            return DecodeOrderAttention(
+                self.model, make_decode_cache(latentq, hows[0], targets, layer_set, mode, self.bases)
+            )
         if chunk[-1][2] == PREFILL_AT_ONCE:
-            fns = [None if r is REF else make_inject(latentq, h, r[1], layer_set) for r, h in zip(chunk, hows)]
+            fns = [None if r is REF else make_inject(latentq, h, r[1], layer_set, self.bases) for r, h in zip(chunk, hows)]
             return LatentInjector(self.model, batch_inject(fns, n))
-        caches = [make_decode_cache(latentq, h, r[1], layer_set, r[2]) for r, h in zip(chunk, hows)]
+        caches = [make_decode_cache(latentq, h, r[1], layer_set, r[2], self.bases) for r, h in zip(chunk, hows)]
         return DecodeOrderAttention(self.model, batch_decode_cache(caches, n))
 
     def batch_ids(self, chunk) -> torch.Tensor:

@@ -12,6 +12,8 @@ import re
 
 import torch
 
+from latentq.fitted_basis import needs_basis
+
 PREFILL_AT_ONCE = "prefill-at-once"
 _MODE_RE = re.compile(r"decode-r(\d+)-s(\d+)-p(\d+)")
 
@@ -39,12 +41,13 @@ def spec_at(spec, layer: int, target: str) -> str | None:
     return spec if isinstance(spec, str) else spec.get((layer, target))
 
 
-def make_decode_cache(latentq, spec, targets: tuple[str, ...], layers, mode: str):
+def make_decode_cache(latentq, spec, targets: tuple[str, ...], layers, mode: str, bases=None):
     """cache_fn for latentq.inject.DecodeOrderAttention: per layer in `layers` (None: every layer),
     c_kv / k_pe [B, T, D] (one sequence per batch row) -> (quantized, bf16, read_quantized [T, T])
     for each, from latentq.decode_order_latents and latentq.decode_order_mask(mode, T, G) with
     G = latentq.decode_token_group of the target's spec. A target the quantizer does not cover is read
-    exact on both sides (mask all False); a layer with no covered target returns None (model's own)."""
+    exact on both sides (mask all False); a layer with no covered target returns None (model's own).
+    `bases(layer, target)`: the KLT basis of a 'klt,' spec (latentq.fitted_basis.StudyBases)."""
     masks: dict[tuple[int, int], torch.Tensor] = {}
 
     def fn(layer: int, c_kv: torch.Tensor, k_pe: torch.Tensor):
@@ -58,7 +61,8 @@ def make_decode_cache(latentq, spec, targets: tuple[str, ...], layers, mode: str
                 out += [x, x, torch.zeros(T, T, dtype=torch.bool)]
                 continue
             flat = x.detach().to("cpu", torch.float32).reshape(B * T, D).contiguous().numpy()
-            q, b = latentq.decode_order_latents(flat, s, mode, name, [i * T for i in range(B + 1)])
+            basis = bases(layer, name) if needs_basis(s) else None
+            q, b = latentq.decode_order_latents(flat, s, mode, name, [i * T for i in range(B + 1)], basis)
             G = latentq.decode_token_group(s)
             if (G, T) not in masks:
                 masks[(G, T)] = torch.from_numpy(latentq.decode_order_mask(mode, T, G))

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <vector>
 
+#include "latentq/analysis/svd_probe.h"
 #include "latentq/decode_order.h"
 #include "latentq/metrics.h"
 #include "latentq/quantize.h"
@@ -32,6 +33,23 @@ std::pair<int64_t, int64_t> matrix_shape(const F32Array& x) {
 
 std::vector<int64_t> offsets_or_single(const std::optional<std::vector<int64_t>>& so, int64_t T) {
   return so ? *so : std::vector<int64_t>{0, T};
+}
+
+// The rotation of a transformed spec for rows of D elements: Rotation::make for none/had/rot; for 'klt' the
+// given basis R float32 [D, D] row-major (x' = R @ x, as fit_rotation returns it). Raises ValueError for a klt
+// spec without a basis, a basis with any other transform, or a basis that is not [D, D].
+Rotation spec_rotation(const TransformedSpec& ts, int64_t D, const std::optional<F32Array>& basis) {
+  const std::string name = ts.to_string();
+  if (ts.transform.kind != TransformKind::Klt) {
+    if (basis) throw py::value_error("'" + name + "': basis is only for a 'klt,...' spec");
+    return Rotation::make(ts.transform, D);
+  }
+  if (!basis)
+    throw py::value_error("'" + name + "': a klt spec needs its basis (basis=fit_rotation(x_fit, 'klt', seq_offsets))");
+  if (basis->ndim() != 2 || basis->shape(0) != D || basis->shape(1) != D)
+    throw py::value_error("'" + name + "': basis must be float32 [" + std::to_string(D) + ", " + std::to_string(D) +
+                          "] for rows of " + std::to_string(D) + " elements");
+  return Rotation::dense(D, std::vector<float>(basis->data(), basis->data() + D * D));
 }
 
 template <typename T>
@@ -122,23 +140,25 @@ void def_quantizers(py::module_& m) {
   m.def(
       "quantize_dequantize",
       [](const F32Array& x, const std::string& spec, const std::string& target,
-         std::optional<std::vector<int64_t>> seq_offsets) {
+         std::optional<std::vector<int64_t>> seq_offsets, std::optional<F32Array> basis) {
         auto [T, D] = matrix_shape(x);
         const auto so = offsets_or_single(seq_offsets, T);
+        const TransformedSpec ts = TransformedSpec::parse(spec);
+        const Rotation r = spec_rotation(ts, D, basis);
         py::array_t<float> out({T, D});
         float* o = out.mutable_data();
         {
           py::gil_scoped_release nogil;
-          const TransformedSpec ts = TransformedSpec::parse(spec);
-          quantize_dequantize_rotated(ts.spec, Rotation::make(ts.transform, D), parse_target(target), x.data(), T, D,
-                                      so, o);
+          quantize_dequantize_rotated(ts.spec, r, parse_target(target), x.data(), T, D, so, o);
         }
         return out;
       },
       py::arg("x"), py::arg("spec"), py::arg("target") = "c_kv", py::arg("seq_offsets") = py::none(),
+      py::arg("basis") = py::none(),
       "Quantize then dequantize x float32 [T, D]; returns float32 [T, D]. Same errors as quantize().\n"
       "A transformed spec ('had,int4-asym-token', 'rot,mxfp4') quantizes the rotated rows and returns them\n"
-      "un-rotated (the C++ quantize_dequantize_rotated); 'klt,...' needs the fit split and raises ValueError.");
+      "un-rotated (the C++ quantize_dequantize_rotated). A 'klt,...' spec takes its basis R float32 [D, D]\n"
+      "(fit_rotation of the study's dump: the same KLT the study quantizes behind); ValueError without it.");
 }
 
 // Rotations, engine records and the diagnostics of a quantized tensor.
@@ -156,6 +176,29 @@ void def_records(py::module_& m) {
       "The orthogonal R float32 [d, d] of a transform ('had', 'had64-s3', 'rot', 'rot-s1'; latentq/transform.h):\n"
       "x' = R @ x. Raises ValueError for an unknown transform, a Hadamard block that does not fit d, or 'klt'\n"
       "(fitted on a dump's fit split by the C++ study).");
+  m.def(
+      "fit_rotation",
+      [](const F32Array& x, const std::string& transform, std::optional<std::vector<int64_t>> seq_offsets) {
+        auto [T, D] = matrix_shape(x);
+        const auto so = offsets_or_single(seq_offsets, T);
+        const Transform t = Transform::parse(transform);
+        if (t.kind == TransformKind::None) throw py::value_error("fit_rotation: no transform given ('')");
+        std::vector<float> R;
+        {
+          py::gil_scoped_release nogil;
+          R = probes::fit_rotation(t, x.data(), T, D, so).matrix();
+        }
+        py::array_t<float> out({D, D});
+        std::memcpy(out.mutable_data(), R.data(), R.size() * sizeof(float));
+        return out;
+      },
+      py::arg("x"), py::arg("transform"), py::arg("seq_offsets") = py::none(),
+      "The rotation R float32 [D, D] (x' = R @ x) that the study fits for a transform on one layer's target x\n"
+      "float32 [T, D] with sequences seq_offsets [S+1] (latentq/analysis/svd_probe.h fit_rotation): for 'klt' the\n"
+      "eigenbasis of the fit split's uncentered second moment (latentq/split.h), rows by descending variance; for\n"
+      "'had' / 'rot' the fixed matrix of rotation_matrix. Pass x = the dump's /layers/NNN/c_kv or k_pe and the\n"
+      "dump's /seq_offsets to get the study's basis. Raises ValueError for bad seq_offsets, an empty fit split,\n"
+      "NaN/Inf in x, an unknown or empty transform.");
   m.def(
       "pack_record",
       [](const QuantizedTensor& ckv, const QuantizedTensor& kpe, const std::string& preset) {
@@ -229,24 +272,26 @@ void def_decode_order(py::module_& m) {
   m.def(
       "decode_order_latents",
       [](const F32Array& x, const std::string& spec, const std::string& mode, const std::string& target,
-         std::optional<std::vector<int64_t>> seq_offsets) {
+         std::optional<std::vector<int64_t>> seq_offsets, std::optional<F32Array> basis) {
         auto [T, D] = matrix_shape(x);
         const auto so = offsets_or_single(seq_offsets, T);
         const DecodeOrder o = DecodeOrder::parse(mode);
+        const TransformedSpec ts = TransformedSpec::parse(spec);
+        const Rotation r = spec_rotation(ts, D, basis);
         py::array_t<float> q({T, D}), b({T, D});
         {
           py::gil_scoped_release nogil;
-          const TransformedSpec ts = TransformedSpec::parse(spec);
-          decode_order_quantize(ts.spec, Rotation::make(ts.transform, D), parse_target(target), x.data(), T, D, so, o,
-                                q.mutable_data());
+          decode_order_quantize(ts.spec, r, parse_target(target), x.data(), T, D, so, o, q.mutable_data());
           round_bf16(x.data(), T * D, b.mutable_data());
         }
         return py::make_tuple(q, b);
       },
       py::arg("x"), py::arg("spec"), py::arg("mode"), py::arg("target") = "c_kv", py::arg("seq_offsets") = py::none(),
+      py::arg("basis") = py::none(),
       "The decode-order cache of x float32 [T, D] (latentq/decode_order.h decode_order_quantize): returns\n"
       "(quantized [T, D], bf16 [T, D]); row j of a sequence is read from `quantized` by the query at t iff\n"
-      "decode_order_mask(mode, L, decode_token_group(spec))[t, j]. Same errors as quantize_dequantize.");
+      "decode_order_mask(mode, L, decode_token_group(spec))[t, j]. `basis` as in quantize_dequantize. Same\n"
+      "errors as quantize_dequantize.");
 }
 
 // Error metrics of a reconstruction.

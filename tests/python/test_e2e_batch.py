@@ -156,8 +156,8 @@ def test_a_refused_spec_gives_the_unbatched_error(tmp_path, capsys, monkeypatch)
     lines and the error (naming the spec) are those of K = 1, and the results file is left unchanged."""
     make = e2e_inject.make_inject
 
-    def refusing(latentq, spec, targets, layers=None):
-        fn = make(latentq, spec, targets, layers)
+    def refusing(latentq, spec, targets, layers=None, bases=None):
+        fn = make(latentq, spec, targets, layers, bases)
         if spec != "int4-sym-tensor":
             return fn
 
