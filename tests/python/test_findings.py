@@ -6,6 +6,7 @@ import math
 import re
 import subprocess
 import sys
+import unittest.mock
 
 import h5py
 import numpy as np
@@ -29,6 +30,14 @@ CELLS = {
     "int2-asym-channel-g32": ([0.3, 0.3], [30, 40], 120, [0.4, 0.8]),
     "int2-sym-tensor": ([0.9, 0.9], [50, math.inf], 96, [2.0, 2.0]),
     "flashmla-v32-fp8": ([0.03, 0.03], [70, 70], 330, [1e-4, 1e-4]),
+    "klt,tc2-lm": ([0.02, 0.02], [10, 12], 150, [1e-3, 1e-3]),
+    "lm3-channel": ([0.1, 0.1], [30, 30], 200, [0.05, 0.05]),
+}
+# c_kv bits_per_element, score_gap_db [l0, l1] and attention top-1 with c_kv alone of the cells that set the
+# score_gap and two_bits verdicts; every other cell: bits + 0.25, gap_db + 10 dB, top-1 0.
+SCORE = {
+    "klt,tc2-lm": (2.07, [20, 22], 0.95),
+    "lm3-channel": (3.06, [40, 44], 0.5),
 }
 _INT = re.compile(r"^(?:(had|klt),)?int(\d)-(sym|asym)-(tensor|channel|token)(?:-g(\d+))?$")
 
@@ -46,6 +55,12 @@ def spec_columns(q):
             transform=m[1] or "none",
             stored=q.split(",")[-1],
         )
+    if q in ("klt,tc2-lm", "lm3-channel"):
+        fmt = "transform-coding" if q.startswith("klt,") else "lloyd-max"
+        return dict(
+            format=fmt, bits=int(q.split(",")[-1][2]), scheme="none", granularity="block", group_size=0,
+            scale_dtype="fp16", transform=q.split(",")[0] if "," in q else "none", stored=q.split(",")[-1],
+        )  # fmt: skip
     assert q == "flashmla-v32-fp8"
     return dict(
         format="fp8", bits=8, scheme="none", granularity="block", group_size=128, scale_dtype="fp32", transform="none",
@@ -79,17 +94,20 @@ DECISION = [
 def groups(cells=CELLS, decision=DECISION, objective="kl", sharing_ratio=(4.0, 1.0)):
     le, at, sm = [], [], []
     for q, (rf, gap, by, kl) in cells.items():
+        cols = spec_columns(q)
+        bpe, sgap, top1_c = SCORE.get(q, (cols["bits"] + 0.25, [g + 10 for g in gap], 0.0))
         for layer in (0, 1):
             for t in ("c_kv", "k_pe"):
                 c = t == "c_kv"
                 le.append(
-                    dict(layer=layer, target=t, quantizer=q, **spec_columns(q), rel_fro=rf[layer] if c else 9.0,
-                         gap_db=gap[layer] if c else 0.0)
+                    dict(layer=layer, target=t, quantizer=q, **cols, rel_fro=rf[layer] if c else 9.0,
+                         gap_db=gap[layer] if c else 0.0, bits_per_element=bpe if c else 1.0,
+                         score_gap_db=sgap[layer] if c else 0.0)
                 )  # fmt: skip
             at.append(
                 dict(layer=layer, quantizer=q, targets="c_kv+k_pe", kl_mean=kl[layer], top1_agree=0.9, out_rel_fro=0.1)
             )
-            at.append(dict(layer=layer, quantizer=q, targets="c_kv", kl_mean=99.0, top1_agree=0.0, out_rel_fro=9.0))
+            at.append(dict(layer=layer, quantizer=q, targets="c_kv", kl_mean=99.0, top1_agree=top1_c, out_rel_fro=9.0))
         sm.append(dict(quantizer=q, bytes_per_token_model=float(by)))
     svd = [
         dict(layer=0, rank=64, centered=1, heldout_rel_fro=0.02),
@@ -180,6 +198,29 @@ def test_each_verdict_has_the_hand_computed_numbers_and_outcome(tmp_path):
     # planner: 2.0 / 0.1 = 20, 0.3 / 0.15 = 2, 0.1 / 0.1 = 1
     assert [v[k].numbers["gain"] for k in ("planner_1/4", "planner_3/8", "planner_1/2")] == pytest.approx([20, 2, 1])
     assert [v[k].outcome for k in ("planner_1/4", "planner_3/8", "planner_1/2")] == ["large", "modest", "none"]
+    # score gap, best cell per band of c_kv bits/elem: [2, 3) klt,tc2-lm mean(20, 22) = 21 (int2-asym-channel-g32:
+    # 45, int2-sym-tensor: its inf left out, 60); [3, 4) lm3-channel 42; [4, 5) had,int4-asym-token 15 (any
+    # family, a rotated one too); worst 42 >= 20: far
+    n = v["score_gap"].numbers
+    assert (n["score_gap_db_2"], n["score_gap_db_3"], n["score_gap_db_4"]) == pytest.approx((21.0, 42.0, 15.0))
+    assert v["score_gap"].outcome == "far" and "`klt,tc2-lm`, 2.07 b/e; mse gap 11.0" in v["score_gap"].text
+    # two bits: the cells at <= 2.5 b/e are the int2 ones (top-1 0 with c_kv alone) and klt,tc2-lm (0.95): holds
+    n = v["two_bits"].numbers
+    assert (n["top1"], n["top1_both"], n["bits_per_element"]) == pytest.approx((0.95, 0.9, 2.07))
+    assert v["two_bits"].outcome == "holds" and "`klt,tc2-lm`" in v["two_bits"].text
+
+
+def test_family_gaps_table(tmp_path):
+    _, tables, _ = load_results(write(tmp_path / "a.h5"))
+    assert F.family("int", "none") == "uniform" and F.family("int", "had") == "rotated uniform"
+    assert F.family("fp8", "none") == "engine" and F.family("bf16", "none") is None
+    rows = {r.split(" | ")[0].lstrip("| "): r for r in F.family_gaps(tables)[0].splitlines()[2:]}
+    assert list(rows) == list(F.FAMILIES)
+    assert rows["uniform"] == "| uniform | `int2-asym-channel-g32` 45.0 / 35.0 | – | `int4-asym-channel-g32` 35.0 / 25.0 |"
+    assert rows["rotated uniform"] == "| rotated uniform | – | – | `had,int4-asym-token` 15.0 / 5.0 |"
+    assert rows["transform coding"].startswith("| transform coding | `klt,tc2-lm` 21.0 / 11.0 | – | – |")
+    assert rows["Lloyd-Max"] == "| Lloyd-Max | – | `lm3-channel` 42.0 / 30.0 | – |"
+    assert rows["TurboQuant"] == "| TurboQuant | – | – | – |" and rows["engine"] == "| engine | – | – | – |"
 
 
 def test_thresholds_flip_the_outcomes(tmp_path):
@@ -187,9 +228,13 @@ def test_thresholds_flip_the_outcomes(tmp_path):
     cells["int8-sym-tensor"] = ([0.02, 0.04], [60, 60], 320, [5e-4, 5e-4])  # ratio 2: modest
     cells["int4-asym-channel-g32"] = ([0.2, 0.2], [24, 26], 240, [1e-4, 1e-4])  # sym wins channel-g32 (0.5)
     cells["int4-asym-token"] = ([0.1, 0.1], [60, 60], 200, [0.2, 0.2])  # asym wins token (2.04): mixed
-    cells["had,int4-asym-token"] = ([0.095, 0.095], [5, 5], 200, [0.3, 0.3])  # 0.95: no
     cells["int8-sym-channel-g32"] = ([0.01, 0.02], [5, 6], 340, [1e-5, 1e-5])  # min gap 5.5: near
-    v = by_key(write(tmp_path / "a.h5", cells=cells, sharing_ratio=(1.0, 1.0)))
+    SCORE_NEAR = {"klt,tc2-lm": (2.07, [2, 3], 0.8), "lm3-channel": (3.06, [1, 1], 0.5)}  # 2.5, 1, and 4 bits:
+    cells["had,int4-asym-token"] = ([0.095, 0.095], [-7, -7], 200, [0.3, 0.3])  # score gap 3 (rotations: no)
+    with unittest.mock.patch.dict(SCORE, SCORE_NEAR):
+        v = by_key(write(tmp_path / "a.h5", cells=cells, sharing_ratio=(1.0, 1.0)))
+    assert v["score_gap"].outcome == "near" and v["score_gap"].numbers["score_gap_db_4"] == pytest.approx(3.0)
+    assert v["two_bits"].outcome == "fails"  # top-1 0.8 with c_kv alone
     assert v["per_channel"].outcome == "modest"
     assert v["asym_vs_sym"].outcome == "mixed"
     assert v["int4"].outcome == "lossless"  # int4-asym-channel-g32's KL 1e-4

@@ -37,6 +37,14 @@ The verdicts (``verdicts(attrs, tables)``, in this order; "mean" is over the fil
                 3 bits per element of room at 6.02 dB per bit), moderate (>= 6 dB), near.
 - fp8           flashmla-v32-fp8 against the plain integer cell with the lowest attention KL at no more
                 bytes per token (whole model): integer or fp8 (lower attention KL).
+- score_gap     at 2, 3 and 4 bits per element (c_kv bits_per_element, metadata included, in [b, b + 1)) the
+                cell of any family with the smallest mean score_gap_db: the distance to the Gaussian bound in
+                the metric the scores read (study/README.md, "score_gap_db"), and its gap_db; outcome from the
+                largest of the three: near (<= 3 dB in every band, the target), moderate (< 20 dB), far.
+- two_bits      the cell at <= 2.5 bits per element on c_kv with the highest attention top-1 agreement with
+                c_kv alone quantized (/attention_error targets "c_kv", k_pe exact, as vLLM's TurboQuant MLA
+                backend keeps k_pe), with its top-1 when k_pe is quantized by the same spec: holds (top-1
+                >= 0.9) or fails.
 - planner_1/4, planner_3/8, planner_1/2
                 /decision (latentq/decision.h) at that fraction of the bf16 cache: the best uniform row's
                 plan_objective / the plan row's (the planner's objective, kl: the sum of single-target
@@ -64,6 +72,9 @@ SVD_REFUTED = 0.1
 SHARING_HELPS = 1.1
 ROTATION_HELPS, ROTATION_MODEST = 0.5, 0.9
 GAP_FAR_DB, GAP_MODERATE_DB = 20.0, 6.0
+SCORE_NEAR_DB = 3.0
+BITS_BANDS = (2, 3, 4)
+TWO_BITS_MAX_BPE, TWO_BITS_TOP1 = 2.5, 0.9
 PLANNER_LARGE, PLANNER_MODEST = 10.0, 1.25
 PLANNER_BUDGETS = (0.25, 0.375, 0.5)
 BOTH = "c_kv+k_pe"
@@ -78,6 +89,8 @@ CLAIMS = {
     "rotations": "rotations do not help (had/klt on int4/int2, same bytes)",
     "rd_gap": "the gap to the rate–distortion bound is 34–46 dB (best format at 2, 4, 8 bits)",
     "fp8": "FP8 (flashmla-v32-fp8) is the production answer (vs the best integer at ≤ bytes)",
+    "score_gap": "a format within 3 dB of the score-space bound at 2, 3, 4 bits/elem (c_kv, best cell per band)",
+    "two_bits": "two bits that hold: attention top-1 ≥ 0.9 at ≤ 2.5 bits/elem on c_kv",
     **{
         f"planner_{f}": f"planner's gain over the best uniform at {f} of bf16 (attention-KL objective)"
         for f in ("1/4", "3/8", "1/2")
@@ -362,6 +375,90 @@ def v_rd_gap(attrs, tables):
     return Verdict("rd_gap", claim, out, "dB: " + ", ".join(parts), nums)
 
 
+def _band_best(le, col, bands=BITS_BANDS):
+    """{b: (quantizer, mean c_kv col)} of the cell with the smallest finite mean of col among the cells whose mean
+    c_kv bits_per_element lies in [b, b + 1), for each band b that has one."""
+    val, bpe = _c_kv_mean(le, col), _c_kv_mean(le, "bits_per_element")
+    out = {}
+    for b in bands:
+        qs = [q for q, v in val.items() if b <= bpe.get(q, math.nan) < b + 1 and math.isfinite(v)]
+        if qs:
+            q = min(qs, key=val.get)
+            out[b] = (q, val[q])
+    return out
+
+
+def v_score_gap(attrs, tables):
+    le = tables.get("latent_error")
+    if le is None or "score_gap_db" not in le.columns:
+        return _missing("score_gap", "score_gap_db in /latent_error")
+    best = _band_best(le, "score_gap_db")
+    if not best:
+        return _missing("score_gap", "finite score_gap_db at 2-5 bits per element ([attention] on)")
+    gap, bpe = _c_kv_mean(le, "gap_db"), _c_kv_mean(le, "bits_per_element")
+    nums = {f"score_gap_db_{b}": g for b, (_, g) in best.items()}
+    parts = [f"{b} bits {g:.1f} (`{q}`, {bpe[q]:.3g} b/e; mse gap {gap.get(q, math.nan):.1f})" for b, (q, g) in best.items()]
+    worst = max(nums.values())
+    out = "near" if worst <= SCORE_NEAR_DB and len(best) == len(BITS_BANDS) else "moderate" if worst < GAP_FAR_DB else "far"
+    return Verdict("score_gap", CLAIMS["score_gap"], out, "dB: " + ", ".join(parts), nums)
+
+
+def v_two_bits(attrs, tables):
+    le = tables.get("latent_error")
+    top1 = _attention(tables, "c_kv", "top1_agree")
+    if le is None or not top1:
+        return _missing("two_bits", "/attention_error rows with c_kv alone quantized")
+    bpe = _c_kv_mean(le, "bits_per_element")
+    qs = [q for q, t in top1.items() if bpe.get(q, math.inf) <= TWO_BITS_MAX_BPE and math.isfinite(t)]
+    if not qs:
+        return _missing("two_bits", f"a cell at <= {TWO_BITS_MAX_BPE} bits per element on c_kv")
+    q = max(qs, key=top1.get)
+    both = _attention(tables, BOTH, "top1_agree").get(q, math.nan)
+    return Verdict(
+        "two_bits",
+        CLAIMS["two_bits"],
+        "holds" if top1[q] >= TWO_BITS_TOP1 else "fails",
+        f"`{q}` ({bpe[q]:.3g} b/e): top-1 {_g(top1[q])} with c_kv alone, {_g(both)} with k_pe too",
+        dict(top1=top1[q], top1_both=both, bits_per_element=bpe[q]),
+    )
+
+
+FAMILIES = ("uniform", "rotated uniform", "engine", "Lloyd-Max", "TurboQuant", "transform coding")
+
+
+def family(fmt: str, transform: str) -> str | None:
+    """The family of a /latent_error row (its format and transform columns): one of FAMILIES, None for bf16."""
+    if fmt == "bf16":
+        return None
+    named = {"turboquant": "TurboQuant", "lloyd-max": "Lloyd-Max", "transform-coding": "transform coding"}
+    if fmt in named:
+        return named[fmt]
+    if fmt == "int":
+        return "uniform" if transform == "none" else "rotated uniform"
+    return "engine"
+
+
+def family_gaps(tables):
+    """The gap to both bounds per family and band (list of Markdown lines): for each family and b in BITS_BANDS,
+    the cell with the smallest mean c_kv score_gap_db at bits_per_element in [b, b + 1), as
+    "`spec` score_gap_db / gap_db"; "–" where the family has no cell in the band. [] without score_gap_db."""
+    from latentq.report.markdown import md_table
+
+    le = tables.get("latent_error")
+    if le is None or "score_gap_db" not in le.columns:
+        return []
+    fam = [family(f, t) for f, t in zip(le["format"], le["transform"])]
+    gap = _c_kv_mean(le, "gap_db")
+    rows = []
+    for name in FAMILIES:
+        sub = le[[f == name for f in fam]]
+        best = _band_best(sub, "score_gap_db") if len(sub) else {}
+        cells = [f"`{best[b][0]}` {best[b][1]:.1f} / {gap[best[b][0]]:.1f}" if b in best else "–" for b in BITS_BANDS]
+        rows.append([name] + cells)
+    head = ["family"] + [f"{b}–{b + 1} bits/elem: score / mse gap dB" for b in BITS_BANDS]
+    return [md_table(head, rows)]
+
+
 def v_fp8(attrs, tables):
     claim = CLAIMS["fp8"]
     le, kl, by = tables.get("latent_error"), _attention(tables), _bytes(tables)
@@ -424,6 +521,8 @@ VERDICTS = (
     ("rotations", v_rotations),
     ("rd_gap", v_rd_gap),
     ("fp8", v_fp8),
+    ("score_gap", v_score_gap),
+    ("two_bits", v_two_bits),
 ) + tuple((f"planner_{_fraction(f)}", lambda a, t, f=f: v_planner(a, t, f)) for f in PLANNER_BUDGETS)
 
 
@@ -506,6 +605,11 @@ def main(argv=None):
     ap.add_argument("results", nargs="+", metavar="RESULTS.h5")
     ap.add_argument("--labels", help="comma-separated column labels, one per file (default: each source's kind)")
     ap.add_argument("--check", action="store_true", help="exit 1 when a verdict of a file is n/a (naming it)")
+    ap.add_argument(
+        "--families",
+        action="store_true",
+        help="after the table, per file: the gap to the score-space and mse bounds per family and bits band",
+    )
     a = ap.parse_args(argv)
     loaded = []
     for p in a.results:
@@ -519,6 +623,10 @@ def main(argv=None):
         print(f"latentq findings: --labels: {len(labels)} labels for {len(a.results)} files", file=sys.stderr)
         return 2
     lines, per = side_by_side(a.results, labels, loaded)
+    if a.families:
+        for lb, (_, tables, _) in zip(labels, loaded):
+            lines += ["", f"Gap to the bounds per family, {lb} (c_kv, mean over layers; the best cell by score gap):", ""]
+            lines += family_gaps(tables) or ["(no score_gap_db in this file)"]
     print("\n".join(lines))
     if a.check:
         bad = [(lb, v) for lb, vs in zip(labels, per) for v in vs if v.outcome == NA]
