@@ -42,7 +42,8 @@ struct Options {
 };
 
 /// INT8/4/2 × {asym, sym} × {tensor, channel-g32, channel-g0, token-g32, token-g0}, then the block formats
-/// (engine FP8 tiles, per-tensor FP8, MX, NVFP4, FlashMLA FP4, ggml) and bf16.
+/// (engine FP8 tiles, per-tensor FP8, MX, NVFP4, FlashMLA FP4, ggml), TurboQuant / Lloyd-Max / transform
+/// coding, and bf16.
 inline std::vector<std::string> bench_specs() {
   std::vector<std::string> out;
   for (const char* g : {"tensor", "channel-g32", "channel-g0", "token-g32", "token-g0"})
@@ -51,6 +52,9 @@ inline std::vector<std::string> bench_specs() {
   for (const char* b : {"fp8-e4m3-tile128-pow2", "fp8-e4m3-tile128-fp32", "fp8-e4m3-tile32-pow2-ue8m0",
                         "fp8-e4m3-tensor", "mxfp8", "mxfp4", "nvfp4", "fp4-e2m1-tile16-e4m3", "q8_0", "q4_0", "q4_1"})
     out.push_back(b);
+  // the non-uniform and transform-coding families (quant/README.md): TurboQuant's MSE stage, Lloyd-Max
+  // codebooks and transform coding, each quantize including its fit on the fit split (latentq/split.h)
+  for (const char* b : {"tq2-nc", "tq3-nc", "tq4-nc", "lm3-tensor", "lm3-channel", "tc3", "tc2-lm"}) out.push_back(b);
   out.push_back("bf16");
   return out;
 }
