@@ -216,7 +216,9 @@ def test_family_gaps_table(tmp_path):
     assert F.family("fp8", "none") == "engine" and F.family("bf16", "none") is None
     rows = {r.split(" | ")[0].lstrip("| "): r for r in F.family_gaps(tables)[0].splitlines()[2:]}
     assert list(rows) == list(F.FAMILIES)
-    assert rows["uniform"] == "| uniform | `int2-asym-channel-g32` 45.0 / 35.0 | – | `int4-asym-channel-g32` 35.0 / 25.0 |"
+    assert (
+        rows["uniform"] == "| uniform | `int2-asym-channel-g32` 45.0 / 35.0 | – | `int4-asym-channel-g32` 35.0 / 25.0 |"
+    )
     assert rows["rotated uniform"] == "| rotated uniform | – | – | `had,int4-asym-token` 15.0 / 5.0 |"
     assert rows["transform coding"].startswith("| transform coding | `klt,tc2-lm` 21.0 / 11.0 | – | – |")
     assert rows["Lloyd-Max"] == "| Lloyd-Max | – | `lm3-channel` 42.0 / 30.0 | – |"

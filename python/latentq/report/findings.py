@@ -397,9 +397,17 @@ def v_score_gap(attrs, tables):
         return _missing("score_gap", "finite score_gap_db at 2-5 bits per element ([attention] on)")
     gap, bpe = _c_kv_mean(le, "gap_db"), _c_kv_mean(le, "bits_per_element")
     nums = {f"score_gap_db_{b}": g for b, (_, g) in best.items()}
-    parts = [f"{b} bits {g:.1f} (`{q}`, {bpe[q]:.3g} b/e; mse gap {gap.get(q, math.nan):.1f})" for b, (q, g) in best.items()]
+    parts = [
+        f"{b} bits {g:.1f} (`{q}`, {bpe[q]:.3g} b/e; mse gap {gap.get(q, math.nan):.1f})" for b, (q, g) in best.items()
+    ]
     worst = max(nums.values())
-    out = "near" if worst <= SCORE_NEAR_DB and len(best) == len(BITS_BANDS) else "moderate" if worst < GAP_FAR_DB else "far"
+    out = (
+        "near"
+        if worst <= SCORE_NEAR_DB and len(best) == len(BITS_BANDS)
+        else "moderate"
+        if worst < GAP_FAR_DB
+        else "far"
+    )
     return Verdict("score_gap", CLAIMS["score_gap"], out, "dB: " + ", ".join(parts), nums)
 
 
@@ -625,7 +633,11 @@ def main(argv=None):
     lines, per = side_by_side(a.results, labels, loaded)
     if a.families:
         for lb, (_, tables, _) in zip(labels, loaded):
-            lines += ["", f"Gap to the bounds per family, {lb} (c_kv, mean over layers; the best cell by score gap):", ""]
+            lines += [
+                "",
+                f"Gap to the bounds per family, {lb} (c_kv, mean over layers; the best cell by score gap):",
+                "",
+            ]
             lines += family_gaps(tables) or ["(no score_gap_db in this file)"]
     print("\n".join(lines))
     if a.check:
