@@ -106,15 +106,21 @@ FoldCheck fold_check(const AttentionQueries& q, std::span<const float> c_kv, std
     r.forward(y.data(), static_cast<int64_t>(y.size()) / D, D);
     return y;
   };
+  // the weights' side: A⁻ᵀ·w (= R·w for a rotation), so that every dot product with the latent is kept
+  const auto folded = [](std::span<const float> x, const Rotation& r, int64_t D) {
+    std::vector<float> y(x.begin(), x.end());
+    r.fold(y.data(), static_cast<int64_t>(y.size()) / D, D);
+    return y;
+  };
   const int64_t r = d.kv_lora_rank, rope = d.qk_rope_head_dim;
   const std::vector<float> c2 = rotated(c_kv, r_ckv, r);
   const std::vector<float> k2 = rope ? rotated(k_pe, r_kpe, rope) : std::vector<float>{};
   const std::vector<float> wuk =
-      mode == FoldMode::SkipWUK ? std::vector<float>(q.w_uk.begin(), q.w_uk.end()) : rotated(q.w_uk, r_ckv, r);
+      mode == FoldMode::SkipWUK ? std::vector<float>(q.w_uk.begin(), q.w_uk.end()) : folded(q.w_uk, r_ckv, r);
   const std::vector<float> wuv =
-      mode == FoldMode::SkipWUV ? std::vector<float>(q.w_uv.begin(), q.w_uv.end()) : rotated(q.w_uv, r_ckv, r);
+      mode == FoldMode::SkipWUV ? std::vector<float>(q.w_uv.begin(), q.w_uv.end()) : folded(q.w_uv, r_ckv, r);
   const std::vector<float> qpe = (mode == FoldMode::SkipQPe || !rope) ? std::vector<float>(q.q_pe.begin(), q.q_pe.end())
-                                                                      : rotated(q.q_pe, r_kpe, rope);
+                                                                      : folded(q.q_pe, r_kpe, rope);
   AttentionQueries q2 = q;
   q2.w_uk = wuk;
   q2.w_uv = wuv;

@@ -16,7 +16,7 @@ namespace {
 constexpr const char* kTransformForms =
     "had[N][-s<seed>] (randomized Hadamard, N a power of two >= 2 dividing the dimension; default: the "
     "largest power of two dividing it, refused below 16), rot[-s<seed>] (seeded Haar random orthogonal), "
-    "klt (PCA basis of the fit split); a full spec is '<transform>,<quantizer>', e.g. had,int4-asym-token";
+    "klt (PCA basis of the fit split), sklt (score-metric KLT of the fit split and its query rows); a full spec is '<transform>,<quantizer>', e.g. had,int4-asym-token";
 
 [[noreturn]] void bad_transform(std::string_view s, const std::string& why) {
   throw std::invalid_argument("unknown transform '" + std::string(s) + "': " + why +
@@ -57,9 +57,9 @@ Transform Transform::parse(std::string_view s) {
     if (!seed.starts_with("s") || !parse_uint(seed.substr(1), t.seed))
       bad_transform(s, "the suffix must be -s<seed>, seed a non-negative 64-bit integer");
   }
-  if (head == "klt") {
-    if (!seed.empty()) bad_transform(s, "klt is fitted, it takes no seed");
-    t.kind = TransformKind::Klt;
+  if (head == "klt" || head == "sklt") {
+    if (!seed.empty()) bad_transform(s, std::string(head) + " is fitted, it takes no seed");
+    t.kind = head == "klt" ? TransformKind::Klt : TransformKind::ScoreKlt;
   } else if (head == "rot") {
     t.kind = TransformKind::Random;
   } else if (head.starts_with("had")) {
@@ -67,7 +67,7 @@ Transform Transform::parse(std::string_view s) {
     if (head.size() > 3 && (!parse_uint(head.substr(3), t.block) || !is_pow2(t.block) || t.block < 2))
       bad_transform(s, "the Hadamard block must be a power of two >= 2");
   } else {
-    bad_transform(s, "expected had, had<N>, rot or klt");
+    bad_transform(s, "expected had, had<N>, rot, klt or sklt");
   }
   return t;
 }
@@ -79,6 +79,8 @@ std::string Transform::to_string() const {
       return s;
     case TransformKind::Klt:
       return "klt";
+    case TransformKind::ScoreKlt:
+      return "sklt";
     case TransformKind::Random:
       s = "rot";
       break;
@@ -209,6 +211,18 @@ Rotation Rotation::dense(int64_t D, std::vector<float> R) {
   r.Rt_.resize(r.R_.size());
   for (int64_t i = 0; i < D; ++i)
     for (int64_t j = 0; j < D; ++j) r.Rt_[j * D + i] = r.R_[i * D + j];
+  return r;
+}
+
+Rotation Rotation::dense_invertible(int64_t D, std::vector<float> A, std::vector<float> A_inv) {
+  if (A_inv.size() != A.size())
+    throw std::invalid_argument("Rotation::dense_invertible: A has " + std::to_string(A.size()) + " values, its inverse " +
+                                std::to_string(A_inv.size()));
+  Rotation r = dense(D, std::move(A));
+  r.Inv_.resize(A_inv.size());
+  for (int64_t i = 0; i < D; ++i)
+    for (int64_t j = 0; j < D; ++j) r.Inv_[j * D + i] = A_inv[i * D + j];
+  r.Fold_ = std::move(A_inv);
   return r;
 }
 
@@ -350,10 +364,12 @@ Rotation Rotation::make(const Transform& t, int64_t D) {
       return dense(D, std::move(R));
     }
     case TransformKind::Klt:
+    case TransformKind::ScoreKlt:
       break;
   }
-  throw std::invalid_argument("transform 'klt' of dimension " + std::to_string(D) +
-                              " is fitted on the fit split: build it with Rotation::dense from the basis");
+  throw std::invalid_argument("transform '" + t.to_string() + "' of dimension " + std::to_string(D) +
+                              " is fitted on the fit split: build it with Rotation::dense (klt) or "
+                              "Rotation::dense_invertible (sklt) from the fitted basis");
 }
 
 void Rotation::forward(float* X, int64_t T, int64_t D) const {
@@ -377,7 +393,23 @@ void Rotation::inverse(float* X, int64_t T, int64_t D) const {
       for (int64_t j = 0; j < D; ++j) X[t * D + j] *= s_[j];
     return;
   }
-  dense_rows(R_.data(), X, T, D);  // x_j = Σ_i R_ij x'_i
+  // rotation: x_j = Σ_i R_ij x'_i; invertible: x_j = Σ_i (A⁻¹)ᵀ[i, j] x'_i = Σ_i A⁻¹_ji x'_i
+  dense_rows(Inv_.empty() ? R_.data() : Inv_.data(), X, T, D);
+}
+
+void Rotation::fold(float* X, int64_t T, int64_t D) const {
+  if (Fold_.empty()) return forward(X, T, D);
+  check_rows("Rotation::fold", T, D, D_);
+  dense_rows(Fold_.data(), X, T, D);  // w'_i = Σ_j A⁻¹_ji w_j = (A⁻ᵀ w)_i
+}
+
+std::vector<float> Rotation::inverse_matrix() const {
+  if (!Fold_.empty()) return Fold_;
+  const std::vector<float> R = matrix();
+  std::vector<float> Rt(R.size());
+  for (int64_t i = 0; i < D_; ++i)
+    for (int64_t j = 0; j < D_; ++j) Rt[j * D_ + i] = R[i * D_ + j];
+  return Rt;
 }
 
 std::vector<float> Rotation::matrix() const {

@@ -39,6 +39,10 @@ TEST(Transform, ParseAndCanonicalString) {
   EXPECT_EQ(TransformedSpec::parse("rot-s0,mxfp4").to_string(), "rot,mxfp4");  // seed 0 is the default
   EXPECT_EQ(TransformedSpec::parse("had-s7,int4-asym-channel-g32-fp16").to_string(), "had-s7,int4-asym-channel-g32");
   EXPECT_EQ(TransformedSpec::parse("klt,int4-asym-channel-g32").to_string(), "klt,int4-asym-channel-g32");
+  EXPECT_EQ(TransformedSpec::parse("sklt,tc3-lm").to_string(), "sklt,tc3-lm");
+  EXPECT_EQ(Transform::parse("sklt").kind, TransformKind::ScoreKlt);
+  EXPECT_TRUE(fitted_transform(TransformKind::ScoreKlt) && fitted_transform(TransformKind::Klt));
+  EXPECT_FALSE(fitted_transform(TransformKind::Hadamard) || fitted_transform(TransformKind::Random));
   EXPECT_EQ(TransformedSpec::parse("int8-sym-tensor").to_string(), "int8-sym-tensor");
   const TransformedSpec t = TransformedSpec::parse("had128-s3,flashmla-v32-fp8");
   EXPECT_EQ(t.transform.kind, TransformKind::Hadamard);
@@ -55,7 +59,8 @@ TEST(Transform, ParseErrorsNameTheString) {
   expect_throw_containing([] { Transform::parse("hadx"); }, "'hadx'");
   expect_throw_containing([] { Transform::parse("rot-7"); }, "-s<seed>");
   expect_throw_containing([] { Transform::parse("klt-s1"); }, "takes no seed");
-  expect_throw_containing([] { Transform::parse("pca"); }, "expected had, had<N>, rot or klt");
+  expect_throw_containing([] { Transform::parse("sklt-s2"); }, "sklt is fitted, it takes no seed");
+  expect_throw_containing([] { Transform::parse("pca"); }, "expected had, had<N>, rot, klt or sklt");
   expect_throw_containing([] { TransformedSpec::parse("had,,int4-asym-token"); }, "one comma");
   expect_throw_containing([] { TransformedSpec::parse(",int4-asym-token"); }, "both parts non-empty");
   expect_throw_containing([] { TransformedSpec::parse("had,"); }, "both parts non-empty");
@@ -190,6 +195,9 @@ TEST(Transform, HaarIsSeededAndNotTheIdentity) {
 
 TEST(Transform, RotationErrors) {
   expect_throw_containing([] { Rotation::make(Transform::parse("klt"), 64); }, "fit split");
+  expect_throw_containing([] { Rotation::make(Transform::parse("sklt"), 64); }, "Rotation::dense_invertible (sklt)");
+  expect_throw_containing([] { Rotation::dense_invertible(2, std::vector<float>(4), std::vector<float>(3)); },
+                          "its inverse 3");
   expect_throw_containing([] { Rotation::make(Transform::parse("had"), 100); }, "dimension 100");
   expect_throw_containing([] { Rotation::dense(4, std::vector<float>(15)); }, "got 15");
   const Rotation r = Rotation::make(Transform::parse("had"), 64);
@@ -200,4 +208,60 @@ TEST(Transform, RotationErrors) {
       },
       "rows of 64");
   EXPECT_TRUE(Rotation::make(Transform{}, 64).identity());
+}
+
+// sklt's invertible map by hand: A = [[2, 0], [1, 1]], A⁻¹ = [[0.5, 0], [-0.5, 1]] (exact in float32).
+// x = (1, 2): forward A·x = (2, 3), inverse gives x back; the weights' side w = (3, 4): A⁻ᵀ·w = (-0.5, 4), and
+// (A⁻ᵀw)·(Ax) = -1 + 12 = 11 = w·x. A rotation's fold is its forward map.
+TEST(Transform, InvertibleMapForwardInverseAndFoldByHand) {
+  const Rotation a = Rotation::dense_invertible(2, {2, 0, 1, 1}, {0.5f, 0, -0.5f, 1});
+  EXPECT_FALSE(a.orthogonal());
+  std::vector<float> x = {1, 2};
+  a.forward(x.data(), 1, 2);
+  EXPECT_EQ(x, (std::vector<float>{2, 3}));
+  a.inverse(x.data(), 1, 2);
+  EXPECT_EQ(x, (std::vector<float>{1, 2}));
+  std::vector<float> w = {3, 4};
+  a.fold(w.data(), 1, 2);
+  EXPECT_EQ(w, (std::vector<float>{-0.5f, 4}));
+  EXPECT_EQ(a.inverse_matrix(), (std::vector<float>{0.5f, 0, -0.5f, 1}));
+  const Rotation h = Rotation::make(Transform::parse("had"), 16);
+  EXPECT_TRUE(h.orthogonal());
+  std::vector<float> u = random_rows(3, 16, 5), v = u;
+  h.fold(u.data(), 3, 16);
+  h.forward(v.data(), 3, 16);
+  EXPECT_EQ(u, v);
+  const std::vector<float> R = h.matrix(), Rt = h.inverse_matrix();
+  for (int i = 0; i < 16; ++i)
+    for (int j = 0; j < 16; ++j) EXPECT_EQ(Rt[j * 16 + i], R[i * 16 + j]);
+}
+
+// A seeded well-conditioned A = Q·diag(s) (Q Haar, s in [0.5, 2]) and its float64 inverse: forward∘inverse is the
+// identity and every dot product w·x survives (fold w)·(forward x), to float32 rounding times cond(A) = 4.
+TEST(Transform, InvertibleMapKeepsDotProducts) {
+  const int64_t D = 24, T = 7;
+  const std::vector<float> Q = haar_orthogonal(D, 11);
+  std::vector<float> A(D * D), Ai(D * D);
+  for (int64_t i = 0; i < D; ++i)
+    for (int64_t j = 0; j < D; ++j) {
+      const double s = 0.5 + 1.5 * static_cast<double>(j) / static_cast<double>(D - 1);
+      A[i * D + j] = static_cast<float>(Q[i * D + j] * s);  // A = Q·diag(s): A⁻¹ = diag(1/s)·Qᵀ
+      Ai[j * D + i] = static_cast<float>(Q[i * D + j] / s);
+    }
+  const Rotation a = Rotation::dense_invertible(D, A, Ai);
+  const std::vector<float> x0 = random_rows(T, D, 21), w0 = random_rows(T, D, 22);
+  std::vector<float> x = x0, w = w0;
+  a.forward(x.data(), T, D);
+  a.fold(w.data(), T, D);
+  for (int64_t t = 0; t < T; ++t) {
+    double before = 0, after = 0, norm = 0;
+    for (int64_t j = 0; j < D; ++j) {
+      before += double(x0[t * D + j]) * w0[t * D + j];
+      after += double(x[t * D + j]) * w[t * D + j];
+      norm += std::fabs(double(x0[t * D + j]) * w0[t * D + j]);
+    }
+    EXPECT_NEAR(after, before, 4e-6 * norm) << "seed 21/22, D " << D << ", row " << t;
+  }
+  a.inverse(x.data(), T, D);
+  for (int64_t i = 0; i < T * D; ++i) EXPECT_NEAR(x[i], x0[i], 4e-6 * (1 + std::fabs(x0[i]))) << "element " << i;
 }

@@ -20,6 +20,16 @@
 //                      positive diagonal R, i.e. Q·sign(diag R)), the control
 //   klt                the KLT/PCA rotation: the eigenbasis of the fit split's uncentered second moment
 //                      (the SVD probe's basis at full rank), fitted per layer and target by the study
+//   sklt               the score-metric KLT, fitted per layer and target by the study: with Σ the fit split's
+//                      uncentered second moment and M the score metric of the fit split's query rows (c_kv:
+//                      the mean over heads and rows of q_lat·q_latᵀ, q_lat = W_UKᵀ·q_nope; k_pe: of
+//                      q_pe·q_peᵀ; latentq/analysis/rate_distortion.h score_metric), M's eigenvalues
+//                      floored at kScoreMetricFloor·max, A = Uᵀ·M^{1/2} with U the eigenvectors of
+//                      M^{1/2}·Σ·M^{1/2} (descending): the transform under which the score error eᵀMe is a
+//                      plain squared error and the components are uncorrelated, so reverse water-filling on
+//                      them (tc<R>) is the score-space bound's allocation. Not orthogonal: x' = A·x,
+//                      x = A⁻¹·x', and the weights fold by A⁻ᵀ (W_UK' = W_UK·A⁻¹, W_UV' = W_UV·A⁻¹,
+//                      q_pe' = A⁻ᵀ·q_pe), which keeps every score and output.
 // A full spec is "<transform>,<quantizer>", e.g. had,int4-asym-token, had64,q4_0, rot,mxfp4,
 // klt,int4-asym-channel-g32; a spec without a comma has no transform.
 #pragma once
@@ -35,7 +45,15 @@
 
 namespace latentq {
 
-enum class TransformKind : uint8_t { None = 0, Hadamard = 1, Random = 2, Klt = 3 };
+enum class TransformKind : uint8_t { None = 0, Hadamard = 1, Random = 2, Klt = 3, ScoreKlt = 4 };
+
+/// sklt's floor on the score metric's eigenvalues, relative to the largest: it bounds the condition number of
+/// A = Uᵀ·M^{1/2} by 1/sqrt(floor) = 100, so A⁻¹ and the folded weights stay within float32 (directions the
+/// queries read 10⁴× less than the strongest are kept at that weight, not dropped).
+inline constexpr double kScoreMetricFloor = 1e-4;
+
+/// True for the transforms fitted on the dump (klt, sklt): Rotation::make cannot build them.
+inline bool fitted_transform(TransformKind k) { return k == TransformKind::Klt || k == TransformKind::ScoreKlt; }
 
 /// A parsed transform. Fields that do not apply to the kind hold their defaults.
 struct Transform {
@@ -87,7 +105,10 @@ void fwht_rows(float* X, int64_t T, int64_t D, int64_t block);
 /// (float64), rounded to float32. Throws std::invalid_argument for D ≤ 0.
 std::vector<float> haar_orthogonal(int64_t D, uint64_t seed);
 
-/// One target's rotation, ready to apply. forward: x' = R·x for each row x; inverse: x = Rᵀ·x'.
+/// One target's transform, ready to apply: an orthogonal rotation (had, rot, klt: forward x' = R·x, inverse
+/// x = Rᵀ·x') or an invertible dense map (sklt: forward x' = A·x, inverse x = A⁻¹·x'). fold() is the map the
+/// weights that read the latent take (W_UK and W_UV rows for c_kv, q_pe for k_pe), so that scores and outputs
+/// are unchanged: R itself for a rotation, A⁻ᵀ otherwise.
 class Rotation {
  public:
   Rotation() = default;  ///< identity (no transform)
@@ -96,6 +117,10 @@ class Rotation {
   /// Dense orthogonal R [D, D] row-major (rot, klt). Throws std::invalid_argument for a size ≠ D·D or
   /// D ≤ 0. Orthogonality is the caller's (checked by the study's fold check).
   static Rotation dense(int64_t D, std::vector<float> R);
+  /// Dense invertible A [D, D] and its inverse A_inv [D, D], row-major float32 (sklt). Throws
+  /// std::invalid_argument for sizes ≠ D·D or D ≤ 0. That A_inv inverts A is the caller's (the fit computes
+  /// both from one eigendecomposition; the study's fold check measures it).
+  static Rotation dense_invertible(int64_t D, std::vector<float> A, std::vector<float> A_inv);
   /// Builds the rotation of a transform for rows of D elements (not KLT: that needs the fit split;
   /// throws std::invalid_argument for it, and for the errors of hadamard_block). None gives identity. rot:
   /// haar_orthogonal(D, seed), built once per (D, seed) in a process and kept (a D·D float matrix).
@@ -106,11 +131,19 @@ class Rotation {
   /// loops run over tiles of rows with the outputs in vector lanes, not a reassociating GEMM, so the
   /// bits do not depend on the ISA or the tiling). Throws std::invalid_argument if D differs.
   void forward(float* X, int64_t T, int64_t D) const;
-  /// Rows of X in place: Hadamard: x = s ⊙ (H·x'); dense: x_j = Σ_i R_ij x'_i (float64, i ascending).
+  /// Rows of X in place: Hadamard: x = s ⊙ (H·x'); dense: x_j = Σ_i R_ij x'_i (float64, i ascending);
+  /// invertible: x_j = Σ_i A⁻¹_ji x'_i (the same loops).
   void inverse(float* X, int64_t T, int64_t D) const;
-  /// The dense matrix R [D, D] row-major (built for Hadamard), e.g. to fold into weights.
+  /// Rows w of X [T, D] (weights that take dot products with the latent: W_UK / W_UV rows, q_pe) in place,
+  /// to A⁻ᵀ·w so that (A⁻ᵀw)·(Ax) = w·x: forward() for a rotation; w'_i = Σ_j A⁻¹_ji w_j for sklt.
+  void fold(float* X, int64_t T, int64_t D) const;
+  /// The dense matrix R (or A) [D, D] row-major (built for Hadamard): x' = R·x.
   std::vector<float> matrix() const;
+  /// The inverse matrix [D, D] row-major: Rᵀ for a rotation, A⁻¹ for sklt.
+  std::vector<float> inverse_matrix() const;
   bool identity() const { return D_ == 0; }
+  /// False for sklt's invertible map, true for the identity and every rotation.
+  bool orthogonal() const { return Inv_.empty(); }
   int64_t dim() const { return D_; }
 
  private:
@@ -119,6 +152,8 @@ class Rotation {
   std::vector<float> s_;   // Hadamard signs [D]
   std::vector<float> R_;   // dense [D, D]
   std::vector<float> Rt_;  // dense Rᵀ [D, D] (forward reads it row by row)
+  std::vector<float> Inv_;   // sklt: (A⁻¹)ᵀ [D, D] (inverse reads it); empty for a rotation
+  std::vector<float> Fold_;  // sklt: A⁻¹ [D, D] (fold reads it)
 };
 
 /// The cell of a transformed quantizer on the CPU reference: X' = rows of X [T, D] rotated by r

@@ -26,9 +26,9 @@ inline constexpr double kFoldTolerance = 1e-5;
 
 /// Folds r_ckv (dimension kv_lora_rank) and r_kpe (qk_rope_head_dim; identity allowed) into the
 /// weights — c_kv' = R·c_kv, W_UK' = W_UK·Rᵀ and W_UV' = W_UV·Rᵀ (each row of W_UK[h] / W_UV[h], a
-/// vector over the latent, rotated by R), k_pe' = R_pe·k_pe, q_pe' = R_pe·q_pe — and runs the float32
-/// absorbed attention of q on both caches. Exact in real arithmetic: R orthogonal gives the same
-/// scores and outputs. Throws std::invalid_argument as AbsorbedAttention, or when a rotation's
+/// vector over the latent, rotated by R), k_pe' = R_pe·k_pe, q_pe' = R_pe·q_pe; for sklt's invertible A
+/// the weights take A⁻ᵀ (Rotation::fold: W_UK' = W_UK·A⁻¹, q_pe' = A_pe⁻ᵀ·q_pe) — and runs the float32
+/// absorbed attention of q on both caches. Exact in real arithmetic: the same scores and outputs. Throws std::invalid_argument as AbsorbedAttention, or when a rotation's
 /// dimension is not the dims' kv_lora_rank / qk_rope_head_dim.
 FoldCheck fold_check(const AttentionQueries& q, std::span<const float> c_kv, std::span<const float> k_pe,
                      const Rotation& r_ckv, const Rotation& r_kpe, FoldMode mode = FoldMode::Full);
