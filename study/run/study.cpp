@@ -21,6 +21,7 @@
 
 #include "latentq/analysis/gemm.h"
 #include "latentq/analysis/svd_probe.h"
+#include "latentq/layer_shared.h"
 #include "latentq/transform.h"
 #include "latentq/util.h"
 
@@ -167,15 +168,14 @@ class CellRotations {
         if (c.quantizer.transform.kind != TransformKind::None) own_.try_emplace(key_of(c));
   }
 
-  // The rotated [T, D] input X of cell c (a transformed cell); thread-safe.
-  std::shared_ptr<const RotatedLatent> get(const Cell& c, const float* X, int64_t D) {
+  // The rotated [T, D] input X of cell c (a transformed cell) of layer l; thread-safe.
+  std::shared_ptr<const RotatedLatent> get(const Cell& c, const Layer& l, const float* X, int64_t D) {
     if (rotated_) return rotated_(c.layer, c.target, c.quantizer.transform);
     const int64_t T = dump_.num_tokens();
     Own& o = own_.at(key_of(c));
     std::call_once(o.once, [&] {
       o.value = std::make_shared<const RotatedLatent>(rotate_latent(
-          std::make_shared<const Rotation>(probes::fit_rotation(c.quantizer.transform, X, T, D, dump_.seq_offsets)), X,
-          T, D));
+          std::make_shared<const Rotation>(fit_layer_rotation(dump_, l, c.target, c.quantizer.transform)), X, T, D));
     });
     return o.value;
   }
@@ -315,7 +315,7 @@ ColumnTable run_latent_error(const Dump& dump, const std::function<const Layer&(
     } else {
       // Transformed cell: quantize R·x, un-rotate the decoded rows, measure in the original basis. The
       // diagnostics and the accounting are those of the stored (rotated) matrix.
-      const std::shared_ptr<const RotatedLatent> xr = rotations.get(c, X, D);
+      const std::shared_ptr<const RotatedLatent> xr = rotations.get(c, l, X, D);
       st = backend.run(c.quantizer.spec, c.target, xr->x.data(), T, D, dump.seq_offsets, decoded.data());
       xr->rotation->inverse(decoded.data(), T, D);
     }

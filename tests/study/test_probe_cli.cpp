@@ -142,6 +142,47 @@ TEST_F(ProbeCliTest, LatentOnlyDumpRunsWithOneSkipLine) {
   EXPECT_EQ(std::count(groups.begin(), groups.end(), "cross_layer"), 1);
 }
 
+// sklt (the score-metric KLT, latentq/analysis/score_basis.h) fits on the layer's fit-split query rows: its cells
+// run, with [attention] off too (the latent cells then read the attention data themselves), and pass the fold
+// check (A⁻ᵀ into W_UK, W_UV and q_pe); a dump without query rows is refused before any cell, nothing written.
+TEST_F(ProbeCliTest, ScoreKltRunsThroughTheFoldCheckAndNeedsTheQueryRows) {
+  lqtest::write_synth(dump, lqtest::make_synth());
+  const std::string quantizers =
+      "[quantizers]\nextra = [\"sklt,int4-asym-channel-g32\", \"klt,int4-asym-channel-g32\", \"bf16\"]\n";
+  std::ofstream(config) << "[input]\ndump = \"dump.h5\"\n" << quantizers;
+  Outcome o = cli({"run", config.string(), "--out", results.string()});
+  ASSERT_EQ(o.rc, 0) << o.err;
+  const ColumnTable check = read_table(results, "attention_check");
+  for (size_t r = 0; r < check.num_rows(); ++r) {
+    EXPECT_EQ(check.get<std::string>("fold_transforms")[r], "sklt;klt");
+    EXPECT_LE(check.get<double>("fold_rel_fro")[r], 1e-5);
+  }
+  const ColumnTable le = read_table(results, "latent_error");
+  std::map<std::string, int> rows;
+  for (size_t r = 0; r < le.num_rows(); ++r) {
+    const std::string& q = le.get<std::string>("quantizer")[r];
+    ++rows[q];
+    if (q == "sklt,int4-asym-channel-g32") {
+      EXPECT_EQ(le.get<std::string>("transform")[r], "sklt");
+      EXPECT_GT(le.get<double>("rel_fro")[r], 0);
+      EXPECT_LT(le.get<double>("rel_fro")[r], 0.5);
+    }
+  }
+  EXPECT_EQ(rows["sklt,int4-asym-channel-g32"], 3 * 2) << "3 layers x 2 targets";
+  fs::remove(results);
+  std::ofstream(config) << "[input]\ndump = \"dump.h5\"\n" << quantizers << "[attention]\nenabled = false\n";
+  o = cli({"run", config.string(), "--out", results.string()});
+  ASSERT_EQ(o.rc, 0) << o.err;
+  EXPECT_EQ(read_table(results, "latent_error").num_rows(), le.num_rows());
+  fs::remove(results);
+  lqtest::write_synth(dump, lqtest::make_synth({.attention = false}));
+  o = cli({"run", config.string(), "--out", results.string()});
+  EXPECT_EQ(o.rc, 2);
+  EXPECT_CONTAINS(o.err, "quantizer sklt,int4-asym-channel-g32 needs the dump's attention datasets");
+  EXPECT_FALSE(fs::exists(results));
+  EXPECT_FALSE(fs::exists(results.string() + ".partial"));
+}
+
 TEST_F(ProbeCliTest, SvdRankAboveKvLoraRankIsExit2AndWritesNothing) {
   lqtest::write_synth(dump, lqtest::make_synth());
   write_config("[svd]\nranks = [4, 40]\n");

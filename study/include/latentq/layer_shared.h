@@ -14,7 +14,12 @@
 
 namespace latentq {
 
-/// The rotation of transform `t` for one layer's target (c_kv or k_pe), as probes::fit_rotation builds it
+/// The transform `t` of layer l's target (c_kv or k_pe) in `dump`: probes::fit_rotation of its latent, and for
+/// sklt the score metric of its fit-split query rows (probes::fit_score_metric: q_nope and W_UK for c_kv, q_pe for
+/// k_pe). Throws std::invalid_argument naming the dump, layer and target for sklt on a layer without attention
+/// data, and as fit_rotation / fit_score_metric.
+Rotation fit_layer_rotation(const Dump& dump, const Layer& l, Target target, const Transform& t);
+/// The rotation of transform `t` for one layer's target (c_kv or k_pe), as fit_layer_rotation builds it
 /// (KLT: the PCA basis of the layer's fit split; rot: the seeded Haar matrix; had: the FWHT): fitted
 /// once per (layer, target, transform) while the layer is held and shared by the probe cells that
 /// quantize through it (/attention_error, /attention_check's fold, /attention_position). The identity
