@@ -33,7 +33,7 @@ CORE_NAMES = (
     "LatentqError", "QuantizedTensor", "canonical_spec", "cpu_threads", "decode_order_cache_bytes",
     "decode_order_latents", "decode_order_mask", "decode_scale_is_causal", "decode_token_group", "dequantize",
     "diagnose", "error_metrics", "fit_rotation", "pack_record", "quantize", "quantize_dequantize", "record_bytes",
-    "rotation_matrix", "set_cpu_threads", "spec_grammar", "tq_codebook",
+    "rotation_matrix", "set_cpu_threads", "spec_grammar", "token_split", "tq_codebook",
 )  # fmt: skip
 
 BUILD_HINT = (

@@ -31,8 +31,8 @@ Quantized layers: the MLA layers the study ran (the root attribute `layers` of R
 ran that quantizer on (c_kv+k_pe for a spec the study did not run, with a warning). A transformed
 quantizer ('had,int4-asym-token', 'rot,mxfp4') quantizes the rotated rows and reads them
 un-rotated (latentq/transform.h); a 'klt,...' quantizer rotates by the KLT basis the study fitted, refitted
-from the study's dump (the root attributes input_path / input_sha256; latentq.fitted_basis), and is left
-out with a note when that dump is not there.
+from the study's dump (the root attributes input_path / input_sha256; latentq.fitted_basis), an 'sklt,...' one
+by the score-metric KLT likewise; both are left out with a note when that dump is not there.
 
 Per (quantizer, targets, cache_mode), group /e2e (one 1-D dataset per column):
   quantizer, targets, cache_mode, kl_mean (mean over tokens of KL(p_ref ‖ p_q) over the vocabulary,
@@ -102,7 +102,7 @@ from latentq.e2e_decode import (  # noqa: F401  (re-exported: the tests and benc
     spec_at,
 )
 from latentq.files import publish
-from latentq.fitted_basis import StudyBases, needs_basis
+from latentq.fitted_basis import StudyBases, needs_basis, transform_of
 from latentq.inject import DecodeOrderAttention, LatentInjector
 from latentq.progress import Progress
 
@@ -194,7 +194,7 @@ def make_inject(latentq, spec, targets: tuple[str, ...], layers=None, bases=None
     """Injection callback: quantize-dequantize c_kv / k_pe [B, T, D] per layer, one sequence per batch
     row; only the layers in `layers` (None: every layer). `spec` is a spec string, or a dict
     {(layer, target): spec} for a mixed assignment (mixed_specs()): a layer it lacks is left exact.
-    `bases(layer, target)`: the KLT basis of a 'klt,' spec (latentq.fitted_basis.StudyBases)."""
+    `bases(layer, target, transform)`: the basis of a 'klt,' / 'sklt,' spec (latentq.fitted_basis.StudyBases)."""
 
     def fn(layer: int, name: str, x: torch.Tensor) -> torch.Tensor:
         if name not in targets or (layers is not None and layer not in layers):
@@ -205,7 +205,8 @@ def make_inject(latentq, spec, targets: tuple[str, ...], layers=None, bases=None
         B, T, D = x.shape
         flat = x.detach().to("cpu", torch.float32).reshape(B * T, D).contiguous().numpy()
         offs = [b * T for b in range(B + 1)]
-        y = latentq.quantize_dequantize(flat, s, name, offs, bases(layer, name) if needs_basis(s) else None)
+        basis = bases(layer, name, transform_of(s)) if needs_basis(s) else None
+        y = latentq.quantize_dequantize(flat, s, name, offs, basis)
         return torch.from_numpy(y).reshape(B, T, D)
 
     return fn
@@ -518,7 +519,7 @@ class Plan:
         klt = sorted({q for q, _ in self.pairs + self.decode_pairs if not keep(q)})
         if klt:
             print(
-                f"e2e_inject: note: {len(klt)} klt quantizer(s) not injected ({bases.why}; the KLT basis is "
+                f"e2e_inject: note: {len(klt)} klt/sklt quantizer(s) not injected ({bases.why}; their basis is "
                 f"fitted on the dump's fit split): {', '.join(klt)}",
                 file=sys.stderr,
             )
@@ -640,7 +641,9 @@ class Runner:
                 self.model, make_decode_cache(latentq, hows[0], targets, layer_set, mode, self.bases)
             )
         if chunk[-1][2] == PREFILL_AT_ONCE:
-            fns = [None if r is REF else make_inject(latentq, h, r[1], layer_set, self.bases) for r, h in zip(chunk, hows)]
+            fns = [
+                None if r is REF else make_inject(latentq, h, r[1], layer_set, self.bases) for r, h in zip(chunk, hows)
+            ]
             return LatentInjector(self.model, batch_inject(fns, n))
         caches = [make_decode_cache(latentq, h, r[1], layer_set, r[2], self.bases) for r, h in zip(chunk, hows)]
         return DecodeOrderAttention(self.model, batch_decode_cache(caches, n))

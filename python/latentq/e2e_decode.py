@@ -12,7 +12,7 @@ import re
 
 import torch
 
-from latentq.fitted_basis import needs_basis
+from latentq.fitted_basis import needs_basis, transform_of
 
 PREFILL_AT_ONCE = "prefill-at-once"
 _MODE_RE = re.compile(r"decode-r(\d+)-s(\d+)-p(\d+)")
@@ -47,7 +47,7 @@ def make_decode_cache(latentq, spec, targets: tuple[str, ...], layers, mode: str
     for each, from latentq.decode_order_latents and latentq.decode_order_mask(mode, T, G) with
     G = latentq.decode_token_group of the target's spec. A target the quantizer does not cover is read
     exact on both sides (mask all False); a layer with no covered target returns None (model's own).
-    `bases(layer, target)`: the KLT basis of a 'klt,' spec (latentq.fitted_basis.StudyBases)."""
+    `bases(layer, target, transform)`: the basis of a 'klt,' / 'sklt,' spec (latentq.fitted_basis.StudyBases)."""
     masks: dict[tuple[int, int], torch.Tensor] = {}
 
     def fn(layer: int, c_kv: torch.Tensor, k_pe: torch.Tensor):
@@ -61,7 +61,7 @@ def make_decode_cache(latentq, spec, targets: tuple[str, ...], layers, mode: str
                 out += [x, x, torch.zeros(T, T, dtype=torch.bool)]
                 continue
             flat = x.detach().to("cpu", torch.float32).reshape(B * T, D).contiguous().numpy()
-            basis = bases(layer, name) if needs_basis(s) else None
+            basis = bases(layer, name, transform_of(s)) if needs_basis(s) else None
             q, b = latentq.decode_order_latents(flat, s, mode, name, [i * T for i in range(B + 1)], basis)
             G = latentq.decode_token_group(s)
             if (G, T) not in masks:

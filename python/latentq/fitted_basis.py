@@ -1,9 +1,10 @@
-"""The KLT bases a study quantized behind, for the e2e step: a 'klt,<quantizer>' cell rotates each layer's
-c_kv (or k_pe) by the eigenbasis of the dump's fit split (latentq/analysis/svd_probe.h fit_rotation), which
-the e2e step's own windows cannot give. ``StudyBases`` refits that basis from the study's dump, with the
-very C++ function the study ran (``latentq.fit_rotation``), so the e2e injects the study's rotation:
-x -> Rᵀ·dequantize(quantize(R·x)), which equals folding R into W_UK / W_UV (c_kv) or q_pe (k_pe) up to
-float32 rounding (latentq/transform.h).
+"""The fitted bases a study quantized behind, for the e2e step: a 'klt,<quantizer>' cell rotates each layer's
+c_kv (or k_pe) by the eigenbasis of the dump's fit split, an 'sklt,<quantizer>' cell transforms it by the
+score-metric KLT of the fit split and its query rows (latentq/analysis/svd_probe.h fit_rotation,
+score_basis.h), which the e2e step's own windows cannot give. ``StudyBases`` refits that basis from the
+study's dump, with the very C++ function the study ran (``latentq.fit_rotation``), so the e2e injects the
+study's transform: x -> A⁻¹·dequantize(quantize(A·x)) (A = R orthogonal for klt, A⁻¹ = Rᵀ), which equals
+folding A into W_UK / W_UV (c_kv) or q_pe (k_pe) up to float32 rounding (latentq/transform.h).
 
 The dump is the results file's root attribute ``input_path``; its sha256 must equal ``input_sha256``
 (the file the study read), checked once, before the first basis is fitted.
@@ -17,12 +18,17 @@ import os
 import h5py
 import numpy as np
 
-KLT_PREFIX = "klt,"
+FITTED = ("klt", "sklt")  # the transforms fitted on the dump (latentq/transform.h fitted_transform)
 
 
 def needs_basis(spec: str | None) -> bool:
-    """True for a spec behind the fitted KLT ('klt,tc3'), whose quantize needs the study's basis."""
-    return spec is not None and spec.startswith(KLT_PREFIX)
+    """True for a spec behind a fitted transform ('klt,tc3', 'sklt,tc3'), whose quantize needs the study's basis."""
+    return spec is not None and "," in spec and spec.split(",", 1)[0] in FITTED
+
+
+def transform_of(spec: str) -> str:
+    """The transform part of a '<transform>,<quantizer>' spec ('klt' of 'klt,tc3')."""
+    return spec.split(",", 1)[0]
 
 
 def _attr(f: h5py.File, name: str) -> str | None:
@@ -41,10 +47,11 @@ def _file_sha256(path: str) -> str:
 
 
 class StudyBases:
-    """``bases(layer, target)`` -> R float32 [D, D] (x' = R @ x; D = kv_lora_rank for "c_kv",
-    qk_rope_head_dim for "k_pe"): the KLT basis the study fitted for that layer and target, refitted from
-    the study's dump (/layers/NNN/<target> float32 [T, D] and /seq_offsets [S+1]) by latentq.fit_rotation
-    and kept for the step (D·D·4 bytes per layer and target).
+    """``bases(layer, target, transform="klt")`` -> the basis the study fitted for that layer, target and fitted
+    transform, as latentq.fit_rotation returns it (klt: R float32 [D, D], x' = R @ x; sklt: (A, A⁻¹) float32
+    [2, D, D]; D = kv_lora_rank for "c_kv", qk_rope_head_dim for "k_pe"), refitted from the study's dump
+    (/layers/NNN/<target> float32 [T, D], /seq_offsets [S+1]; for sklt also /layers/NNN/q_rows, and q_nope with
+    w_uk for c_kv, q_pe for k_pe) and kept for the step (D·D·4 bytes, twice for sklt, per layer and target).
 
     ``available`` is False, with ``why`` saying so, when the results file records no dump or the dump is
     not at its path; then the caller leaves the klt quantizers out. Calling it raises ValueError naming the
@@ -64,25 +71,39 @@ class StudyBases:
         self._checked = False
         self._bases: dict[tuple[int, str], np.ndarray] = {}
 
-    def __call__(self, layer: int, target: str) -> np.ndarray:
-        key = (layer, target)
+    def __call__(self, layer: int, target: str, transform: str = "klt") -> np.ndarray:
+        key = (layer, target, transform)
         if key in self._bases:
             return self._bases[key]
         if not self.available:
-            raise ValueError(f"klt basis of layer {layer} {target}: {self.why}")
+            raise ValueError(f"{transform} basis of layer {layer} {target}: {self.why}")
         if not self._checked:
             sha = _file_sha256(self.path)
             if self.sha256 and sha != self.sha256:
                 raise ValueError(
                     f"{self.path}: sha256 {sha[:12]}…, but {self.results} was made from input sha256 "
-                    f"{self.sha256[:12]}…: the klt bases would not be the study's"
+                    f"{self.sha256[:12]}…: the fitted bases would not be the study's"
                 )
             self._checked = True
+        g = f"layers/{layer:03d}"
+        need = [target] + (
+            [] if transform != "sklt" else ["q_rows"] + (["q_nope", "w_uk"] if target == "c_kv" else ["q_pe"])
+        )
         with h5py.File(self.path, "r") as f:
-            name = f"layers/{layer:03d}/{target}"
-            if name not in f:
-                raise ValueError(f"{self.path}: no /{name}, needed for the klt basis of layer {layer} {target}")
-            x = np.ascontiguousarray(f[name][:], dtype=np.float32)
+            missing = [n for n in need if f"{g}/{n}" not in f]
+            if missing:
+                raise ValueError(
+                    f"{self.path}: no /{g}/{missing[0]}, needed for the {transform} basis of layer {layer} {target}"
+                )
+            d = {n: np.ascontiguousarray(f[f"{g}/{n}"][:]) for n in need}
             offsets = [int(v) for v in f["seq_offsets"][:]]
-        self._bases[key] = self.latentq.fit_rotation(x, "klt", offsets)
+        x = d[target].astype(np.float32)
+        if transform == "sklt":
+            q = d["q_nope" if target == "c_kv" else "q_pe"].astype(np.float32)
+            w = d["w_uk"].astype(np.float32) if target == "c_kv" else None
+            self._bases[key] = self.latentq.fit_rotation(
+                x, "sklt", offsets, q, w, d["q_rows"].astype(np.int32).tolist()
+            )
+        else:
+            self._bases[key] = self.latentq.fit_rotation(x, transform, offsets)
         return self._bases[key]

@@ -10,10 +10,12 @@
 #include <cstring>
 #include <vector>
 
+#include "latentq/analysis/score_basis.h"
 #include "latentq/analysis/svd_probe.h"
 #include "latentq/decode_order.h"
 #include "latentq/metrics.h"
 #include "latentq/quantize.h"
+#include "latentq/split.h"
 #include "latentq/transform.h"
 #include "latentq/turboquant.h"
 
@@ -35,21 +37,28 @@ std::vector<int64_t> offsets_or_single(const std::optional<std::vector<int64_t>>
   return so ? *so : std::vector<int64_t>{0, T};
 }
 
-// The rotation of a transformed spec for rows of D elements: Rotation::make for none/had/rot; for 'klt' the
-// given basis R float32 [D, D] row-major (x' = R @ x, as fit_rotation returns it). Raises ValueError for a klt
-// spec without a basis, a basis with any other transform, or a basis that is not [D, D].
+// The rotation of a transformed spec for rows of D elements: Rotation::make for none/had/rot; for a fitted
+// transform the given basis as fit_rotation returns it: 'klt' R float32 [D, D] row-major (x' = R @ x), 'sklt'
+// float32 [2, D, D] = (A, A⁻¹) (x' = A @ x). Raises ValueError for a fitted spec without a basis, a basis with
+// any other transform, or a basis of another shape.
 Rotation spec_rotation(const TransformedSpec& ts, int64_t D, const std::optional<F32Array>& basis) {
   const std::string name = ts.to_string();
-  if (ts.transform.kind != TransformKind::Klt) {
-    if (basis) throw py::value_error("'" + name + "': basis is only for a 'klt,...' spec");
+  if (!fitted_transform(ts.transform.kind)) {
+    if (basis) throw py::value_error("'" + name + "': basis is only for a 'klt,...' or 'sklt,...' spec");
     return Rotation::make(ts.transform, D);
   }
+  const bool sklt = ts.transform.kind == TransformKind::ScoreKlt;
   if (!basis)
-    throw py::value_error("'" + name + "': a klt spec needs its basis (basis=fit_rotation(x_fit, 'klt', seq_offsets))");
-  if (basis->ndim() != 2 || basis->shape(0) != D || basis->shape(1) != D)
-    throw py::value_error("'" + name + "': basis must be float32 [" + std::to_string(D) + ", " + std::to_string(D) +
-                          "] for rows of " + std::to_string(D) + " elements");
-  return Rotation::dense(D, std::vector<float>(basis->data(), basis->data() + D * D));
+    throw py::value_error("'" + name + "': a " + ts.transform.to_string() +
+                          " spec needs its basis (basis=fit_rotation(x, ...) of the study's dump)");
+  const std::string want = std::string(sklt ? "[2, " : "[") + std::to_string(D) + ", " + std::to_string(D) + "]";
+  const bool ok = sklt ? basis->ndim() == 3 && basis->shape(0) == 2 && basis->shape(1) == D && basis->shape(2) == D
+                       : basis->ndim() == 2 && basis->shape(0) == D && basis->shape(1) == D;
+  if (!ok) throw py::value_error("'" + name + "': basis must be float32 " + want + " for rows of " + std::to_string(D) +
+                                 " elements");
+  const float* b = basis->data();
+  if (!sklt) return Rotation::dense(D, std::vector<float>(b, b + D * D));
+  return Rotation::dense_invertible(D, std::vector<float>(b, b + D * D), std::vector<float>(b + D * D, b + 2 * D * D));
 }
 
 template <typename T>
@@ -178,27 +187,44 @@ void def_records(py::module_& m) {
       "(fitted on a dump's fit split by the C++ study).");
   m.def(
       "fit_rotation",
-      [](const F32Array& x, const std::string& transform, std::optional<std::vector<int64_t>> seq_offsets) {
+      [](const F32Array& x, const std::string& transform, std::optional<std::vector<int64_t>> seq_offsets,
+         std::optional<F32Array> q, std::optional<F32Array> w, std::optional<std::vector<int32_t>> q_rows) {
         auto [T, D] = matrix_shape(x);
         const auto so = offsets_or_single(seq_offsets, T);
         const Transform t = Transform::parse(transform);
         if (t.kind == TransformKind::None) throw py::value_error("fit_rotation: no transform given ('')");
-        std::vector<float> R;
+        const bool sklt = t.kind == TransformKind::ScoreKlt;
+        if (sklt && (!q || !q_rows || q->ndim() != 3))
+          throw py::value_error("fit_rotation: sklt needs q [Tq, H, dq] float32 and q_rows [Tq] (and w for c_kv)");
+        if (!sklt && (q || w || q_rows)) throw py::value_error("fit_rotation: q, w and q_rows are only for sklt");
+        std::vector<float> R, Ri;
         {
           py::gil_scoped_release nogil;
-          R = probes::fit_rotation(t, x.data(), T, D, so).matrix();
+          Eigen::MatrixXd M;
+          if (sklt) {
+            const auto qs = std::span<const float>(q->data(), static_cast<size_t>(q->size()));
+            const auto ws = w ? std::span<const float>(w->data(), static_cast<size_t>(w->size())) : std::span<const float>{};
+            M = probes::fit_score_metric(qs, ws, *q_rows, q->shape(1), q->shape(2), D, so, T);
+          }
+          const Rotation r = probes::fit_rotation(t, x.data(), T, D, so, sklt ? &M : nullptr);
+          R = r.matrix();
+          if (sklt) Ri = r.inverse_matrix();
         }
-        py::array_t<float> out({D, D});
+        py::array_t<float> out(sklt ? std::vector<py::ssize_t>{2, D, D} : std::vector<py::ssize_t>{D, D});
         std::memcpy(out.mutable_data(), R.data(), R.size() * sizeof(float));
+        if (sklt) std::memcpy(out.mutable_data() + D * D, Ri.data(), Ri.size() * sizeof(float));
         return out;
       },
-      py::arg("x"), py::arg("transform"), py::arg("seq_offsets") = py::none(),
-      "The rotation R float32 [D, D] (x' = R @ x) that the study fits for a transform on one layer's target x\n"
-      "float32 [T, D] with sequences seq_offsets [S+1] (latentq/analysis/svd_probe.h fit_rotation): for 'klt' the\n"
-      "eigenbasis of the fit split's uncentered second moment (latentq/split.h), rows by descending variance; for\n"
-      "'had' / 'rot' the fixed matrix of rotation_matrix. Pass x = the dump's /layers/NNN/c_kv or k_pe and the\n"
-      "dump's /seq_offsets to get the study's basis. Raises ValueError for bad seq_offsets, an empty fit split,\n"
-      "NaN/Inf in x, an unknown or empty transform.");
+      py::arg("x"), py::arg("transform"), py::arg("seq_offsets") = py::none(), py::arg("q") = py::none(),
+      py::arg("w") = py::none(), py::arg("q_rows") = py::none(),
+      "The transform that the study fits on one layer's target x float32 [T, D] with sequences seq_offsets [S+1]\n"
+      "(latentq/analysis/svd_probe.h fit_rotation): for 'klt' R float32 [D, D] (x' = R @ x), the eigenbasis of the\n"
+      "fit split's uncentered second moment (latentq/split.h), rows by descending variance; for 'had' / 'rot' the\n"
+      "fixed matrix of rotation_matrix; for 'sklt' float32 [2, D, D] = (A, A^-1), the score-metric KLT\n"
+      "(latentq/analysis/score_basis.h) under the metric of the query rows in the fit split: q [Tq, H, dq]\n"
+      "(q_nope for c_kv, with w = W_UK [H, dq, D]; q_pe for k_pe, w None), q_rows [Tq] their token indices.\n"
+      "Pass the dump's /layers/NNN datasets and /seq_offsets to get the study's basis. Raises ValueError for bad\n"
+      "seq_offsets, an empty fit split, NaN/Inf, no query row in the fit split, an unknown or empty transform.");
   m.def(
       "pack_record",
       [](const QuantizedTensor& ckv, const QuantizedTensor& kpe, const std::string& preset) {
@@ -231,6 +257,17 @@ void def_records(py::module_& m) {
 
 // The decode-order cache model (latentq/decode_order.h).
 void def_decode_order(py::module_& m) {
+  m.def(
+      "token_split",
+      [](const std::vector<int64_t>& seq_offsets) {
+        if (seq_offsets.empty()) throw py::value_error("token_split: seq_offsets is empty");
+        const probes::TokenSplit s = probes::fit_heldout_split(seq_offsets, seq_offsets.back());
+        return py::make_tuple(s.fit, s.heldout);
+      },
+      py::arg("seq_offsets"),
+      "The fit / held-out token split of sequences seq_offsets [S+1] (latentq/split.h fit_heldout_split, the one\n"
+      "rule the SVD probe, the bounds and the fitted quantizers use): (fit, heldout), each a list of [begin, end)\n"
+      "token ranges. Raises ValueError for bad seq_offsets or an empty split.");
   m.def(
       "decode_token_group",
       [](const std::string& spec) { return decode_token_group(TransformedSpec::parse(spec).spec); }, py::arg("spec"),

@@ -1,7 +1,7 @@
-"""The e2e step runs 'klt,<quantizer>' cells behind the KLT basis the study fitted (latentq.fitted_basis):
-latentq.fit_rotation of the dump's layer gives the study's own basis (the same rel_fro as its /latent_error
-row, to float rounding), the injection is Rᵀ·qd(R·x) with that basis, the e2e rows of klt specs exist, and a
-dump that is not the study's is refused by name."""
+"""The e2e step runs 'klt,<quantizer>' and 'sklt,<quantizer>' cells behind the basis the study fitted
+(latentq.fitted_basis): latentq.fit_rotation of the dump's layer gives the study's own basis (the same rel_fro
+as its /latent_error row, to float rounding), the injection is Rᵀ·qd(R·x) with that basis, the e2e rows of
+klt / sklt specs exist, and a dump that is not the study's is refused by name."""
 
 import os
 import shutil
@@ -27,7 +27,7 @@ import latentq  # noqa: E402
 from latentq import e2e as e2e_inject  # noqa: E402
 from latentq.fitted_basis import StudyBases  # noqa: E402
 
-SPECS = ["klt,int4-asym-channel-g32", "klt,tc3", "tc3", "int4-asym-channel-g32"]
+SPECS = ["klt,int4-asym-channel-g32", "klt,tc3", "tc3", "int4-asym-channel-g32", "sklt,tc3"]
 LAYERS = [1, 4]
 
 
@@ -43,12 +43,13 @@ def study(tmp_path_factory):
     shutil.copyfile(DUMP, dump)
     cfg = d / "study.toml"
     cfg.write_text(
-        f'[input]\ndump = "{dump}"\nlayers = {LAYERS}\n\n[quantizers]\n'
-        f"extra = {SPECS!r}\n\n".replace("'", '"')
+        f'[input]\ndump = "{dump}"\nlayers = {LAYERS}\n\n[quantizers]\nextra = {SPECS!r}\n\n'.replace("'", '"')
         + "[svd]\nenabled = false\n\n[cross_layer]\nenabled = false\n\n[attention]\nenabled = false\n"
     )
     out = d / "res.h5"
-    r = subprocess.run([LQ, "run", str(cfg), "--out", str(out), "--no-e2e", "--threads", "1"], capture_output=True, text=True)
+    r = subprocess.run(
+        [LQ, "run", str(cfg), "--out", str(out), "--no-e2e", "--threads", "1"], capture_output=True, text=True
+    )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     return dump, out
 
@@ -74,8 +75,13 @@ def test_fit_rotation_is_the_studys_basis(study):
                 fit = x[so[0] : so[len(so) // 2]]
                 var = ((fit @ R.T) ** 2).mean(axis=0)
                 assert np.all(np.diff(var) <= 1e-6 * var[0] + 1e-12), (layer, target, var[:8])
-                for spec in ("klt,int4-asym-channel-g32", "klt,tc3"):
-                    y = latentq.quantize_dequantize(x, spec, target, so, R)
+                g = f[f"layers/{layer:03d}"]
+                q, w = (g["q_nope"][:], g["w_uk"][:]) if target == "c_kv" else (g["q_pe"][:], None)
+                AB = latentq.fit_rotation(x, "sklt", so, q, w, g["q_rows"][:].tolist())
+                assert AB.shape == (2, D, D)
+                np.testing.assert_allclose(AB[0].astype(np.float64) @ AB[1], np.eye(D), atol=1e-4)
+                for spec, basis in (("klt,int4-asym-channel-g32", R), ("klt,tc3", R), ("sklt,tc3", AB)):
+                    y = latentq.quantize_dequantize(x, spec, target, so, basis)
                     rel = float(np.linalg.norm((y - x).astype(np.float64)) / np.linalg.norm(x.astype(np.float64)))
                     want = rows[(layer, target, spec)]
                     assert rel == pytest.approx(want, rel=1e-6), (layer, target, spec, rel, want)
@@ -91,6 +97,12 @@ def test_klt_spec_needs_its_basis_and_only_it():
         latentq.quantize_dequantize(x, "klt,int4-asym-token", "k_pe", None, np.eye(16, dtype=np.float32))
     with pytest.raises(ValueError, match="needs its basis"):
         latentq.decode_order_latents(x, "klt,int4-asym-token", "decode-r8-s0-p0", "k_pe")
+    with pytest.raises(ValueError, match=r"float32 \[2, 32, 32\]"):  # sklt takes (A, A⁻¹)
+        latentq.quantize_dequantize(x, "sklt,int4-asym-token", "k_pe", None, np.eye(32, dtype=np.float32))
+    with pytest.raises(ValueError, match="sklt needs q"):
+        latentq.fit_rotation(x, "sklt", [0, 32, 64])
+    with pytest.raises(ValueError, match="none of the 2 query rows lies in the fit split"):
+        latentq.fit_rotation(x, "sklt", [0, 32, 64], np.ones((2, 1, 32), np.float32), None, [40, 50])
 
 
 def test_injection_is_the_rotated_quantizer(study):
@@ -117,14 +129,15 @@ def test_e2e_runs_klt_cells_and_refuses_another_dump(study, tmp_path, capsys):
     res = tmp_path / "res.h5"
     shutil.copyfile(res0, res)
     args = ["--results", str(res), "--seq-len", "128", "--num-seqs", "2", "--threads", "1", "--quiet"]
-    args += ["--quantizers", "klt,tc3", "tc3"]
+    args += ["--quantizers", "klt,tc3", "tc3", "sklt,tc3"]
     assert e2e_inject.main(args) == 0
     assert "not injected" not in capsys.readouterr().err
     with h5py.File(res, "r") as f:
         q = [_dec(v) for v in f["e2e/quantizer"][:]]
         kl = dict(zip(q, f["e2e/kl_mean"][:]))
         t1 = dict(zip(q, f["e2e/top1_agree"][:]))
-    assert q == ["klt,tc3", "tc3"], q
+    assert q == ["klt,tc3", "tc3", "sklt,tc3"], q
+    assert np.isfinite(kl["sklt,tc3"]) and kl["sklt,tc3"] < kl["tc3"] / 3, kl
     # the KLT basis is what makes tc's per-component widths work: without it tc3 spends 3 bits on raw channels
     assert np.isfinite(kl["klt,tc3"]) and kl["klt,tc3"] < kl["tc3"] / 3, kl
     assert t1["klt,tc3"] > t1["tc3"], t1
@@ -142,6 +155,6 @@ def test_e2e_runs_klt_cells_and_refuses_another_dump(study, tmp_path, capsys):
     os.remove(dump)
     assert e2e_inject.main(args) == 0
     err = capsys.readouterr().err
-    assert f"1 klt quantizer(s) not injected (the study's dump {dump} is not there" in err, err
+    assert f"2 klt/sklt quantizer(s) not injected (the study's dump {dump} is not there" in err, err
     with h5py.File(res, "r") as f:
         assert [_dec(v) for v in f["e2e/quantizer"][:]] == ["tc3"]
