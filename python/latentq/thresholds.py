@@ -55,7 +55,7 @@ KEY += [
 ]
 # The non-uniform and transform-coding families (a change of a codebook, a fit or the water-filling moves these),
 # and vLLM's TurboQuant MLA preset.
-KEY += ["tq3-nc", "vllm-turboquant-3bit-nc", "lm3-channel", "klt,tc3", "klt,tc2-lm"]
+KEY += ["tq3-nc", "vllm-turboquant-3bit-nc", "lm3-channel", "klt,tc3", "klt,tc2-lm", "sklt,tc3", "sklt,tc2-lm"]
 MEAN_REL_FRO = [
     "int8-asym-channel-g32",
     "int4-asym-channel-g32",
@@ -93,6 +93,8 @@ ATTENTION = [
     "lm3-channel",
     "klt,tc3",
     "klt,tc2-lm",
+    "sklt,tc3",
+    "sklt,tc2-lm",
 ]
 TOP1_MIN = ["int4-asym-channel-g32", "had,int4-asym-channel-g32", "int4-asym-token"]
 # Decode orders gated on /attention_position (p95 over layers and position buckets) and /e2e.

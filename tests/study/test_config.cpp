@@ -41,13 +41,13 @@ TEST(Config, DefaultIsTheFullMatrix) {
   const StudyConfig c = default_config();
   // 3 bits x 2 schemes x (1 tensor + 3 channel + 3 token) = 42, + bf16 + 12 engine/standard formats
   // + 16 transformed quantizers + 8 codebook formats (tq2/3/4-nc, vllm-turboquant-3bit-nc, lm2/3/4-channel and
-  // the 17th transformed one, klt,lm3-channel) + 3 transform-coding ones (klt,tc3, klt,tc2-lm, klt,tc4: 20
-  // transformed).
+  // the 17th transformed one, klt,lm3-channel) + 5 transform-coding ones (klt,tc3, klt,tc2-lm, klt,tc4,
+  // sklt,tc3, sklt,tc2-lm: 22 transformed).
   ASSERT_EQ(c.targets.size(), 2u);
   EXPECT_EQ(c.targets[0].target, Target::CKV);
   EXPECT_EQ(c.targets[1].target, Target::KPE);
   for (const TargetPlan& p : c.targets) {
-    ASSERT_EQ(p.quantizers.size(), 82u);
+    ASSERT_EQ(p.quantizers.size(), 84u);
     EXPECT_EQ(std::count_if(p.quantizers.begin(), p.quantizers.end(),
                             [](const Quantizer& q) {
                               return q.spec.format == Format::Int && q.transform.kind == TransformKind::None;
@@ -55,7 +55,7 @@ TEST(Config, DefaultIsTheFullMatrix) {
               42);
     EXPECT_EQ(std::count_if(p.quantizers.begin(), p.quantizers.end(),
                             [](const Quantizer& q) { return q.transform.kind != TransformKind::None; }),
-              20);
+              22);
   }
   const auto n = names(c.targets[0].quantizers);
   EXPECT_EQ(
@@ -69,7 +69,7 @@ TEST(Config, DefaultIsTheFullMatrix) {
                                       "q4_0", "q4_1"}));
   EXPECT_EQ(n[55], "had,int4-asym-channel-g32");
   EXPECT_EQ(n[70], "had,flashmla-v32-fp8");
-  EXPECT_EQ(c.all_quantizers().size(), 82u);
+  EXPECT_EQ(c.all_quantizers().size(), 84u);
   EXPECT_TRUE(c.layers.empty());
   const fs::path config_dir = default_config_path().parent_path();
   EXPECT_EQ(c.dump, (config_dir / "../../data/latents/tiny-mla.h5").lexically_normal());
