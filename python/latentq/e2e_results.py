@@ -1,0 +1,96 @@
+"""What the e2e step (latentq.e2e) reads of a latentq-results/1 file: the study's layers, its quantizers and
+their targets, a mixed assignment's stored specs, and the decode-order settings the C++ study writes.
+Every function raises ValueError naming the file (missing, unreadable, another schema, a malformed
+attribute) instead of h5py's errno text."""
+
+from __future__ import annotations
+
+import os
+
+import h5py
+import numpy as np
+
+from latentq.e2e_decode import DECODE_TARGETS
+
+
+def open_results(results_path: str) -> h5py.File:
+    """Open a results file read-only. Raises ValueError naming the path when it is missing or not a
+    readable HDF5 file (instead of h5py's errno text)."""
+    if not os.path.isfile(results_path):
+        raise ValueError(f"{results_path}: results file not found")
+    try:
+        return h5py.File(results_path, "r")
+    except OSError:
+        raise ValueError(f"{results_path}: cannot read the results file (unreadable or not HDF5)") from None
+
+
+def study_layers(results_path: str) -> list[int] | None:
+    """Layers the study ran: the root attribute `layers` ("0,1,2"), else the distinct values of the
+    /latent_error `layer` column (ascending); None when neither is present. Raises ValueError on a
+    malformed attribute."""
+    with open_results(results_path) as f:
+        if "layers" in f.attrs:
+            v = f.attrs["layers"]
+            v = v.decode() if isinstance(v, bytes) else str(v)
+            try:
+                return [int(x) for x in v.split(",") if x.strip()]
+            except ValueError:
+                raise ValueError(
+                    f"{results_path}: root attribute layers = '{v}', expected comma-separated layer indices"
+                ) from None
+        if "latent_error" in f and "layer" in f["latent_error"]:
+            return sorted({int(x) for x in f["latent_error/layer"][:]})
+    return None
+
+
+def study_quantizers(results_path: str) -> list[tuple[str, tuple[str, ...]]]:
+    """(quantizer, targets) pairs of /latent_error in first-seen order. Raises ValueError on a file
+    that is missing, unreadable, not latentq-results/1 or has no /latent_error."""
+    with open_results(results_path) as f:
+        schema = f.attrs.get("schema", b"")
+        schema = schema.decode() if isinstance(schema, bytes) else str(schema)
+        if schema != "latentq-results/1":
+            raise ValueError(f"{results_path}: schema '{schema}', expected 'latentq-results/1'")
+        if "latent_error" not in f:
+            raise ValueError(f"{results_path}: no /latent_error group (run `latentq run` first)")
+        g = f["latent_error"]
+        qs = [q.decode() if isinstance(q, bytes) else str(q) for q in g["quantizer"][:]]
+        ts = [t.decode() if isinstance(t, bytes) else str(t) for t in g["target"][:]]
+    order: dict[str, list[str]] = {}
+    for q, t in zip(qs, ts):
+        lst = order.setdefault(q, [])
+        if t not in lst:
+            lst.append(t)
+    return [(q, tuple(t)) for q, t in order.items()]
+
+
+def mixed_specs(results_path: str, quantizer: str) -> dict[tuple[int, str], str]:
+    """{(layer, target): stored spec} of the /latent_error rows of `quantizer`: what a mixed
+    assignment ([[mixed]] in the study config, a name that is no spec) stores on each layer, behind
+    its transform ("<transform>,<spec>") where the row's transform column is not "none"."""
+    with open_results(results_path) as f:
+        g = f["latent_error"]
+        dec = lambda v: v.decode() if isinstance(v, bytes) else str(v)
+        tr = g["transform"][:] if "transform" in g else [b"none"] * len(g["layer"])
+        return {
+            (int(l), dec(t)): dec(s) if dec(x) == "none" else f"{dec(x)},{dec(s)}"
+            for l, t, q, s, x in zip(g["layer"][:], g["target"][:], g["quantizer"][:], g["stored"][:], tr)
+            if dec(q) == quantizer
+        }
+
+
+def decode_settings(results_path: str) -> tuple[list[str] | None, list[str] | None, int | None, list[str] | None]:
+    """The root attributes the C++ study writes from its [decode_order] section: (decode_order_modes,
+    decode_order_quantizers, decode_order_position_bucket, decode_order_targets), each None when absent.
+    Raises ValueError naming the file for a target that is not "c_kv", "k_pe" or "c_kv+k_pe"."""
+    dec = lambda v: v.decode() if isinstance(v, bytes) else str(v)
+    with open_results(results_path) as f:
+        A = f.attrs
+        modes = [dec(v) for v in np.atleast_1d(A["decode_order_modes"])] if "decode_order_modes" in A else None
+        qs = [dec(v) for v in np.atleast_1d(A["decode_order_quantizers"])] if "decode_order_quantizers" in A else None
+        w = int(A["decode_order_position_bucket"]) if "decode_order_position_bucket" in A else None
+        tg = [dec(v) for v in np.atleast_1d(A["decode_order_targets"])] if "decode_order_targets" in A else None
+    for t in tg or []:
+        if t not in DECODE_TARGETS:
+            raise ValueError(f"{results_path}: decode_order_targets '{t}', expected one of {', '.join(DECODE_TARGETS)}")
+    return modes, qs, w, tg
