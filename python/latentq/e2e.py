@@ -394,6 +394,7 @@ class Plan:
 
     def __init__(self, a, latentq):
         """Raises ValueError naming the file or flag (a spec, mode or target the study cannot have)."""
+        self.latentq = latentq
         self.pairs = study_quantizers(a.results)
         self.layers = study_layers(a.results)
         attr_modes, attr_qs, attr_w, attr_tg = decode_settings(a.results)
@@ -435,22 +436,30 @@ class Plan:
         self.bases = StudyBases(latentq, a.results)  # the KLT bases of the klt quantizers, fitted when first used
 
     def runs(self, a) -> list[tuple[str, tuple[str, ...], str]]:
-        """(quantizer, targets, cache_mode) of every run, in the rows' order. The klt quantizers run behind
-        the study's KLT bases (self.bases, refitted from the study's dump); without that dump they are left
-        out, with a note saying why."""
-        bases = self.bases
-        keep = lambda q: bases.available or not needs_basis(q)
-        klt = sorted({q for q, _ in self.pairs + self.decode_pairs if not keep(q)})
-        if klt:
+        """(quantizer, targets, cache_mode) of every run, in the rows' order. The klt / sklt quantizers (and
+        mixed rows with such a rule) run behind the study's bases (self.bases, refitted from the study's dump);
+        where the dump cannot give one (gone, or no query rows for sklt) they are left out, a note saying why."""
+        why: dict[str, str] = {}  # quantizer -> why its basis cannot be fitted
+        for q, _ in self.pairs + self.decode_pairs:
+            try:
+                self.latentq.canonical_spec(q)
+                specs = [q]
+            except ValueError:  # a mixed assignment: the specs of its rows
+                specs = list(mixed_specs(a.results, q).values())
+            for s in filter(needs_basis, specs):
+                if reason := self.bases.why_not(transform_of(s), self.layers):
+                    why[q] = reason
+        for reason in dict.fromkeys(why.values()):
+            qs = sorted(q for q, r in why.items() if r == reason)
             print(
-                f"e2e_inject: note: {len(klt)} klt/sklt quantizer(s) not injected ({bases.why}; their basis is "
-                f"fitted on the dump's fit split): {', '.join(klt)}",
+                f"e2e_inject: note: {len(qs)} klt/sklt quantizer(s) not injected ({reason}; their basis is "
+                f"fitted on the dump's fit split): {', '.join(qs)}",
                 file=sys.stderr,
             )
-        runs = [(q, t, PREFILL_AT_ONCE) for q, t in self.pairs if keep(q)]
+        runs = [(q, t, PREFILL_AT_ONCE) for q, t in self.pairs if q not in why]
         if PREFILL_AT_ONCE not in self.modes and a.cache_modes is not None:
             runs = []
-        runs += [(q, t, m) for m in self.decode_modes for q, t in self.decode_pairs if keep(q)]
+        runs += [(q, t, m) for m in self.decode_modes for q, t in self.decode_pairs if q not in why]
         return runs
 
 

@@ -70,6 +70,23 @@ class StudyBases:
         self.available = not self.why
         self._checked = False
         self._bases: dict[tuple[int, str], np.ndarray] = {}
+        self._why_not: dict[str, str] = {}
+
+    def why_not(self, transform: str, layers) -> str:
+        """ "" when the dump can give `transform`'s basis on every layer of `layers` (ints; None: every layer of
+        the dump), else why not: the dump is not there, or (sklt) a layer has no query rows (/layers/NNN/q_rows:
+        a latent-only dump)."""
+        if not self.available or transform != "sklt":
+            return self.why
+        if transform not in self._why_not:
+            with h5py.File(self.path, "r") as f:
+                names = [f"layers/{int(l):03d}" for l in layers] if layers is not None else list(f["layers"])
+                names = [n if n.startswith("layers/") else f"layers/{n}" for n in names]
+                bare = [n for n in names if f"{n}/q_rows" not in f]
+            self._why_not[transform] = (
+                f"the study's dump {self.path} has no query rows in /{bare[0]}, which sklt fits on" if bare else ""
+            )
+        return self._why_not[transform]
 
     def __call__(self, layer: int, target: str, transform: str = "klt") -> np.ndarray:
         key = (layer, target, transform)

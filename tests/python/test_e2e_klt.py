@@ -158,3 +158,40 @@ def test_e2e_runs_klt_cells_and_refuses_another_dump(study, tmp_path, capsys):
     assert f"2 klt/sklt quantizer(s) not injected (the study's dump {dump} is not there" in err, err
     with h5py.File(res, "r") as f:
         assert [_dec(v) for v in f["e2e/quantizer"][:]] == ["tc3"]
+
+
+def test_unfittable_bases_leave_their_runs_out_with_a_note(tmp_path, capsys):
+    """A mixed row with a klt rule, when the dump is gone, and an sklt spec on a dump without query rows: each
+    is left out with a note saying why; the other runs go on (exit 0)."""
+    dump = tmp_path / "dump.h5"
+    shutil.copyfile(DUMP, dump)
+    cfg = tmp_path / "mixed.toml"
+    cfg.write_text(
+        f'[input]\ndump = "{dump}"\nlayers = [2]\n\n[quantizers]\nextra = ["int4-asym-channel-g32", "sklt,tc3"]\n\n'
+        '[[mixed]]\nname = "mx"\nc_kv = "klt,int4-asym-channel-g32"\nk_pe = "bf16"\n\n'
+        "[svd]\nenabled = false\n\n[cross_layer]\nenabled = false\n\n[attention]\nenabled = false\n"
+    )
+    res = tmp_path / "res.h5"
+    r = subprocess.run(
+        [LQ, "run", str(cfg), "--out", str(res), "--no-e2e", "--threads", "1"], capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    args = ["--results", str(res), "--seq-len", "64", "--num-seqs", "2", "--threads", "1", "--quiet"]
+    # no query rows in the dump: sklt,tc3 is left out (no basis is fitted, so the changed sha256 is not read;
+    # the mixed row's klt rule would refuse this dump: it is not run here)
+    with h5py.File(dump, "a") as f:
+        del f["layers/002/q_rows"]
+    assert e2e_inject.main(args + ["--quantizers", "int4-asym-channel-g32", "sklt,tc3"]) == 0
+    err = capsys.readouterr().err
+    assert f"1 klt/sklt quantizer(s) not injected (the study's dump {dump} has no query rows in /layers/002" in err
+    assert "which sklt fits on; their basis is fitted on the dump's fit split): sklt,tc3" in err, err
+    with h5py.File(res, "r") as f:
+        assert [_dec(v) for v in f["e2e/quantizer"][:]] == ["int4-asym-channel-g32"]
+    # the dump gone: the mixed row, whose c_kv rule is klt, is left out too
+    os.remove(dump)
+    assert e2e_inject.main(args) == 0
+    err = capsys.readouterr().err
+    assert f"2 klt/sklt quantizer(s) not injected (the study's dump {dump} is not there" in err, err
+    assert "): mx, sklt,tc3" in err, err
+    with h5py.File(res, "r") as f:
+        assert [_dec(v) for v in f["e2e/quantizer"][:]] == ["int4-asym-channel-g32"]
