@@ -212,14 +212,14 @@ def test_each_verdict_has_the_hand_computed_numbers_and_outcome(tmp_path):
 
 def test_family_gaps_table(tmp_path):
     _, tables, _ = load_results(write(tmp_path / "a.h5"))
-    assert F.family("int", "none") == "uniform" and F.family("int", "had") == "rotated uniform"
+    assert F.family("int", "none") == "uniform" and F.family("int", "had") == "transformed uniform"
     assert F.family("fp8", "none") == "engine" and F.family("bf16", "none") is None
     rows = {r.split(" | ")[0].lstrip("| "): r for r in F.family_gaps(tables)[0].splitlines()[2:]}
     assert list(rows) == list(F.FAMILIES)
     assert (
         rows["uniform"] == "| uniform | `int2-asym-channel-g32` 45.0 / 35.0 | – | `int4-asym-channel-g32` 35.0 / 25.0 |"
     )
-    assert rows["rotated uniform"] == "| rotated uniform | – | – | `had,int4-asym-token` 15.0 / 5.0 |"
+    assert rows["transformed uniform"] == "| transformed uniform | – | – | `had,int4-asym-token` 15.0 / 5.0 |"
     assert rows["transform coding"].startswith("| transform coding | `klt,tc2-lm` 21.0 / 11.0 | – | – |")
     assert rows["Lloyd-Max"] == "| Lloyd-Max | – | `lm3-channel` 42.0 / 30.0 | – |"
     assert rows["TurboQuant"] == "| TurboQuant | – | – | – |" and rows["engine"] == "| engine | – | – | – |"
@@ -243,6 +243,10 @@ def test_thresholds_flip_the_outcomes(tmp_path):
     assert v["rotations"].outcome == "no" and v["rotations"].numbers["rel_fro_ratio"] == pytest.approx(0.95)
     assert v["rd_gap"].outcome == "near"
     assert v["sharing"].outcome == "fails"
+    # a band without a cell: n/a naming it, not an outcome of the other two
+    with unittest.mock.patch.dict(SCORE, {"lm3-channel": (4.06, [1, 1], 0.5)}):
+        v = by_key(write(tmp_path / "b.h5", cells=cells))
+    assert v["score_gap"].outcome == F.NA and "at 3–4 bits per element" in v["score_gap"].text
 
 
 def test_missing_inputs_give_na_naming_them(tmp_path):

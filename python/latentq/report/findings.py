@@ -40,7 +40,8 @@ The verdicts (``verdicts(attrs, tables)``, in this order; "mean" is over the fil
 - score_gap     at 2, 3 and 4 bits per element (c_kv bits_per_element, metadata included, in [b, b + 1)) the
                 cell of any family with the smallest mean score_gap_db: the distance to the Gaussian bound in
                 the metric the scores read (study/README.md, "score_gap_db"), and its gap_db; outcome from the
-                largest of the three: near (<= 3 dB in every band, the target), moderate (< 20 dB), far.
+                largest of the three: near (<= 3 dB in every band, the target), moderate (< 20 dB), far;
+                n/a when a band has no cell.
 - two_bits      the cell at <= 2.5 bits per element on c_kv with the highest attention top-1 agreement with
                 c_kv alone quantized (/attention_error targets "c_kv", k_pe exact, as vLLM's TurboQuant MLA
                 backend keeps k_pe), with its top-1 when k_pe is quantized by the same spec: holds (top-1
@@ -395,19 +396,18 @@ def v_score_gap(attrs, tables):
     best = _band_best(le, "score_gap_db")
     if not best:
         return _missing("score_gap", "finite score_gap_db at 2-5 bits per element ([attention] on)")
+    missing = [b for b in BITS_BANDS if b not in best]
+    if missing:
+        return _missing(
+            "score_gap", f"a cell with a finite score_gap_db at {missing[0]}–{missing[0] + 1} bits per element"
+        )
     gap, bpe = _c_kv_mean(le, "gap_db"), _c_kv_mean(le, "bits_per_element")
     nums = {f"score_gap_db_{b}": g for b, (_, g) in best.items()}
     parts = [
         f"{b} bits {g:.1f} (`{q}`, {bpe[q]:.3g} b/e; mse gap {gap.get(q, math.nan):.1f})" for b, (q, g) in best.items()
     ]
     worst = max(nums.values())
-    out = (
-        "near"
-        if worst <= SCORE_NEAR_DB and len(best) == len(BITS_BANDS)
-        else "moderate"
-        if worst < GAP_FAR_DB
-        else "far"
-    )
+    out = "near" if worst <= SCORE_NEAR_DB else "moderate" if worst < GAP_FAR_DB else "far"
     return Verdict("score_gap", CLAIMS["score_gap"], out, "dB: " + ", ".join(parts), nums)
 
 
@@ -431,7 +431,7 @@ def v_two_bits(attrs, tables):
     )
 
 
-FAMILIES = ("uniform", "rotated uniform", "engine", "Lloyd-Max", "TurboQuant", "transform coding")
+FAMILIES = ("uniform", "transformed uniform", "engine", "Lloyd-Max", "TurboQuant", "transform coding")
 
 
 def family(fmt: str, transform: str) -> str | None:
@@ -442,7 +442,7 @@ def family(fmt: str, transform: str) -> str | None:
     if fmt in named:
         return named[fmt]
     if fmt == "int":
-        return "uniform" if transform == "none" else "rotated uniform"
+        return "uniform" if transform == "none" else "transformed uniform"
     return "engine"
 
 
