@@ -16,7 +16,9 @@
 #include <vector>
 
 #include "bench_common.h"
+#if !defined(LATENTQ_BENCH_QUANT_ONLY)  // kernels/standalone builds the quantizer rows alone
 #include "latentq/analysis/gemm.h"
+#endif
 
 int main(int argc, char** argv) {
   latentq::bench::Options opt;
@@ -45,15 +47,19 @@ int main(int argc, char** argv) {
   int n = static_cast<int>(rest.size());
   rest.push_back(nullptr);
   latentq::bench::register_cpu_benchmarks(opt);
+#if !defined(LATENTQ_BENCH_QUANT_ONLY)
   latentq::bench::register_attention_benchmarks(opt);
   latentq::bench::register_study_benchmarks(opt);
   latentq::bench::register_plan_benchmarks(opt);
+#endif
 #if defined(LATENTQ_BENCH_GPU)
   latentq::bench::register_gpu_benchmarks(opt);
 #endif
   benchmark::Initialize(&n, rest.data());
   if (benchmark::ReportUnrecognizedArguments(n, rest.data())) return 1;
+#if !defined(LATENTQ_BENCH_QUANT_ONLY)
   benchmark::AddCustomContext("blas", latentq::probes::blas_backend());  // the attention rows' GEMMs
+#endif
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   return 0;
