@@ -13,8 +13,10 @@
 #   5. latentq_bench: GPU quantize/dequantize + device-to-device copy at T = 262144 and 1048576
 #      (151M and 604M elements of D = 576), each result compared with the CPU reference at 262144; and the
 #      fused decode-attention per format (gpu/fused_decode/..., batch x heads x context of LQ_FUSED);
+#   5b. where python3 has torch with CUDA: bench/decode_torch.py, the same decode step in PyTorch (cuBLAS bmm,
+#      SDPA) at the LQ_FUSED shapes, the library baseline of the fused kernel;
 #   6. the tables, printed LAST: spec, size, GB/s, ratio to the D2D copy, identical; then the fused decode:
-#      spec, B, H, L, splits, time per step and per token, cache GB/s, ratio to the D2D copy.
+#      spec, B, H, L, splits, time per step and per token, cache GB/s, ratio to the D2D copy; then PyTorch's.
 #
 # Usage:   bash kernels/gpu_check.sh          (from any directory)
 # Env:     LQ_CUDA_ARCH   CUDA architecture (default: nvidia-smi's compute capability, else 90)
@@ -259,6 +261,20 @@ if [ -n "$BENCH" ]; then
     --lq_verify_max_elems=268435456 --benchmark_out="$OUTDIR/bench.json" --benchmark_out_format=json \
     >"$OUTDIR/bench.log" 2>&1 || { STATUS=1; tail -20 "$OUTDIR/bench.log"; say "latentq_bench FAILED"; }
 fi
+# ---- the library baseline: the same decode step in PyTorch (cuBLAS bmm, SDPA), where torch has CUDA --------
+TORCH_TABLE=""
+if [ "$FUSED" != 0 ] && command -v python3 >/dev/null &&
+   python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+  SHAPES=$(python3 - "$FUSED" <<'PY'
+import itertools, re, sys
+m = re.fullmatch(r"B:\(?([0-9|]+)\)?/H:\(?([0-9|]+)\)?/L:\(?([0-9|]+)\)?", sys.argv[1])
+print(",".join(f"B:{b}/H:{h}/L:{l}" for b, h, l in itertools.product(*(g.split("|") for g in m.groups()))) if m else "")
+PY
+)
+  say "PyTorch decode baseline (bench/decode_torch.py ${SHAPES:-its default shapes})"
+  TORCH_TABLE=$(timeout 240 python3 "$ROOT/bench/decode_torch.py" ${SHAPES:+--shapes "$SHAPES"} \
+                --out "$OUTDIR/decode_torch.json" 2>&1) || say "decode_torch.py did not finish (its output below)"
+fi
 say "done in $((SECONDS - T0)) s; files in $OUTDIR"
 
 # ---- the table (last) -------------------------------------------------------------------------
@@ -306,5 +322,8 @@ sys.exit(1 if bad else 0)
 PY
 elif [ -f "$OUTDIR/bench.log" ]; then
   grep -E "^gpu/" "$OUTDIR/bench.log"
+fi
+if [ -n "$TORCH_TABLE" ]; then
+  printf '\nThe same decode step in PyTorch bf16 (the library baseline; cache GB/s; vs a D2D copy):\n%s\n' "$TORCH_TABLE"
 fi
 exit $STATUS
