@@ -435,18 +435,24 @@ class Plan:
             raise ValueError(f"{a.results}: decode_order_position_bucket {self.width}: must be >= 1")
         self.bases = StudyBases(latentq, a.results)  # the KLT bases of the klt quantizers, fitted when first used
 
+    def fitted_specs(self, a, quantizers: list[str]) -> list[str]:
+        """The spec strings these quantizers quantize with: each itself, or a mixed assignment's stored specs."""
+        out = []
+        for q in quantizers:
+            try:
+                self.latentq.canonical_spec(q)
+                out.append(q)
+            except ValueError:  # a mixed assignment: the specs of its rows
+                out += list(mixed_specs(a.results, q).values())
+        return out
+
     def runs(self, a) -> list[tuple[str, tuple[str, ...], str]]:
         """(quantizer, targets, cache_mode) of every run, in the rows' order. The klt / sklt quantizers (and
         mixed rows with such a rule) run behind the study's bases (self.bases, refitted from the study's dump);
         where the dump cannot give one (gone, or no query rows for sklt) they are left out, a note saying why."""
         why: dict[str, str] = {}  # quantizer -> why its basis cannot be fitted
         for q, _ in self.pairs + self.decode_pairs:
-            try:
-                self.latentq.canonical_spec(q)
-                specs = [q]
-            except ValueError:  # a mixed assignment: the specs of its rows
-                specs = list(mixed_specs(a.results, q).values())
-            for s in filter(needs_basis, specs):
+            for s in filter(needs_basis, self.fitted_specs(a, [q])):
                 if reason := self.bases.why_not(transform_of(s), self.layers):
                     why[q] = reason
         for reason in dict.fromkeys(why.values()):
@@ -792,6 +798,12 @@ def main(argv=None) -> int:
             file=sys.stderr,
         )
     runs = plan.runs(a)
+    try:  # a run behind a fitted basis: the dump must be the study's, checked before the first forward
+        if any(needs_basis(s) for s in plan.fitted_specs(a, [r[0] for r in runs])):
+            plan.bases.check_dump()
+    except (ValueError, OSError) as e:
+        print(f"e2e_inject: error: {e}; {a.results} is left unchanged", file=sys.stderr)
+        return 2
     if not runs:
         print("e2e_inject: error: no quantizer to run (only klt quantizers, or no cache mode)", file=sys.stderr)
         return 2

@@ -88,20 +88,26 @@ class StudyBases:
             )
         return self._why_not[transform]
 
+    def check_dump(self) -> None:
+        """Once: raises ValueError naming both files when the dump's sha256 is not the study's input_sha256 (another
+        file at the recorded path). The e2e step calls it before its first forward when a run needs a basis."""
+        if self._checked:
+            return
+        sha = _file_sha256(self.path)
+        if self.sha256 and sha != self.sha256:
+            raise ValueError(
+                f"{self.path}: sha256 {sha[:12]}…, but {self.results} was made from input sha256 "
+                f"{self.sha256[:12]}…: the fitted bases would not be the study's"
+            )
+        self._checked = True
+
     def __call__(self, layer: int, target: str, transform: str = "klt") -> np.ndarray:
         key = (layer, target, transform)
         if key in self._bases:
             return self._bases[key]
         if not self.available:
             raise ValueError(f"{transform} basis of layer {layer} {target}: {self.why}")
-        if not self._checked:
-            sha = _file_sha256(self.path)
-            if self.sha256 and sha != self.sha256:
-                raise ValueError(
-                    f"{self.path}: sha256 {sha[:12]}…, but {self.results} was made from input sha256 "
-                    f"{self.sha256[:12]}…: the fitted bases would not be the study's"
-                )
-            self._checked = True
+        self.check_dump()
         g = f"layers/{layer:03d}"
         need = [target] + (
             [] if transform != "sklt" else ["q_rows"] + (["q_nope", "w_uk"] if target == "c_kv" else ["q_pe"])

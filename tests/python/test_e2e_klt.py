@@ -124,7 +124,7 @@ def test_injection_is_the_rotated_quantizer(study):
     assert fn(0, "c_kv", x) is x  # a layer the study did not run stays exact
 
 
-def test_e2e_runs_klt_cells_and_refuses_another_dump(study, tmp_path, capsys):
+def test_e2e_runs_klt_cells_and_refuses_another_dump(study, tmp_path, capsys, monkeypatch):
     dump, res0 = study
     res = tmp_path / "res.h5"
     shutil.copyfile(res0, res)
@@ -146,10 +146,16 @@ def test_e2e_runs_klt_cells_and_refuses_another_dump(study, tmp_path, capsys):
     with h5py.File(dump, "a") as f:
         f.attrs["note"] = "changed"
     before = open(res, "rb").read()
+    forwards = []  # refused before the first forward, not after the other runs were computed
+    real_forward = e2e_inject.Runner.forward
+    monkeypatch.setattr(
+        e2e_inject.Runner, "forward", lambda self, chunk: forwards.append(chunk) or real_forward(self, chunk)
+    )
     assert e2e_inject.main(args) == 2
     err = capsys.readouterr().err
     assert f"{dump}: sha256" in err and "would not be the study's" in err, err
-    assert open(res, "rb").read() == before
+    assert open(res, "rb").read() == before and forwards == []
+    monkeypatch.undo()
 
     # no dump at the path: the klt cells are left out with a note naming it; the others run
     os.remove(dump)
