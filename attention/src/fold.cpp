@@ -101,26 +101,23 @@ FoldCheck fold_check(const AttentionQueries& q, std::span<const float> c_kv, std
       q.w_uv.size() != static_cast<size_t>(d.num_heads * d.v_head_dim * d.kv_lora_rank) ||
       q.q_pe.size() != q.q_rows.size() * static_cast<size_t>(d.num_heads * d.qk_rope_head_dim))
     throw std::invalid_argument("fold_check: c_kv, k_pe, W_UK, W_UV or q_pe do not match the dims");
-  const auto rotated = [](std::span<const float> x, const Rotation& r, int64_t D) {
+  // rows of x through r: the cache's side forward (A·x), the weights' side fold (A⁻ᵀ·w, = R·w for a rotation),
+  // so that every dot product of a weight row with the latent is kept
+  const auto mapped = [](std::span<const float> x, const Rotation& r, int64_t D, bool weights) {
     std::vector<float> y(x.begin(), x.end());
-    r.forward(y.data(), static_cast<int64_t>(y.size()) / D, D);
-    return y;
-  };
-  // the weights' side: A⁻ᵀ·w (= R·w for a rotation), so that every dot product with the latent is kept
-  const auto folded = [](std::span<const float> x, const Rotation& r, int64_t D) {
-    std::vector<float> y(x.begin(), x.end());
-    r.fold(y.data(), static_cast<int64_t>(y.size()) / D, D);
+    const int64_t rows = static_cast<int64_t>(y.size()) / D;
+    weights ? r.fold(y.data(), rows, D) : r.forward(y.data(), rows, D);
     return y;
   };
   const int64_t r = d.kv_lora_rank, rope = d.qk_rope_head_dim;
-  const std::vector<float> c2 = rotated(c_kv, r_ckv, r);
-  const std::vector<float> k2 = rope ? rotated(k_pe, r_kpe, rope) : std::vector<float>{};
+  const std::vector<float> c2 = mapped(c_kv, r_ckv, r, false);
+  const std::vector<float> k2 = rope ? mapped(k_pe, r_kpe, rope, false) : std::vector<float>{};
   const std::vector<float> wuk =
-      mode == FoldMode::SkipWUK ? std::vector<float>(q.w_uk.begin(), q.w_uk.end()) : folded(q.w_uk, r_ckv, r);
+      mode == FoldMode::SkipWUK ? std::vector<float>(q.w_uk.begin(), q.w_uk.end()) : mapped(q.w_uk, r_ckv, r, true);
   const std::vector<float> wuv =
-      mode == FoldMode::SkipWUV ? std::vector<float>(q.w_uv.begin(), q.w_uv.end()) : folded(q.w_uv, r_ckv, r);
+      mode == FoldMode::SkipWUV ? std::vector<float>(q.w_uv.begin(), q.w_uv.end()) : mapped(q.w_uv, r_ckv, r, true);
   const std::vector<float> qpe = (mode == FoldMode::SkipQPe || !rope) ? std::vector<float>(q.q_pe.begin(), q.q_pe.end())
-                                                                      : folded(q.q_pe, r_kpe, rope);
+                                                                      : mapped(q.q_pe, r_kpe, rope, true);
   AttentionQueries q2 = q;
   q2.w_uk = wuk;
   q2.w_uv = wuv;

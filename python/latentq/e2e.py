@@ -433,7 +433,8 @@ class Plan:
         self.width = a.position_bucket or attr_w or 64
         if self.width < 1:
             raise ValueError(f"{a.results}: decode_order_position_bucket {self.width}: must be >= 1")
-        self.bases = StudyBases(latentq, a.results)  # the KLT bases of the klt quantizers, fitted when first used
+        self.bases = StudyBases(latentq, a.results)  # the klt / sklt bases, fitted when first used
+        self.uses_bases = False  # set by runs(): a run to make needs one
 
     def fitted_specs(self, a, quantizers: list[str]) -> list[str]:
         """The spec strings these quantizers quantize with: each itself, or a mixed assignment's stored specs."""
@@ -451,8 +452,10 @@ class Plan:
         mixed rows with such a rule) run behind the study's bases (self.bases, refitted from the study's dump);
         where the dump cannot give one (gone, or no query rows for sklt) they are left out, a note saying why."""
         why: dict[str, str] = {}  # quantizer -> why its basis cannot be fitted
+        fitted = set()  # quantizers that run behind a fitted basis
         for q, _ in self.pairs + self.decode_pairs:
             for s in filter(needs_basis, self.fitted_specs(a, [q])):
+                fitted.add(q)
                 if reason := self.bases.why_not(transform_of(s), self.layers):
                     why[q] = reason
         for reason in dict.fromkeys(why.values()):
@@ -466,6 +469,7 @@ class Plan:
         if PREFILL_AT_ONCE not in self.modes and a.cache_modes is not None:
             runs = []
         runs += [(q, t, m) for m in self.decode_modes for q, t in self.decode_pairs if q not in why]
+        self.uses_bases = any(r[0] in fitted for r in runs)  # main checks the dump before the first forward
         return runs
 
 
@@ -799,7 +803,7 @@ def main(argv=None) -> int:
         )
     runs = plan.runs(a)
     try:  # a run behind a fitted basis: the dump must be the study's, checked before the first forward
-        if any(needs_basis(s) for s in plan.fitted_specs(a, [r[0] for r in runs])):
+        if plan.uses_bases:
             plan.bases.check_dump()
     except (ValueError, OSError) as e:
         print(f"e2e_inject: error: {e}; {a.results} is left unchanged", file=sys.stderr)

@@ -12,7 +12,6 @@ The dump is the results file's root attribute ``input_path``; its sha256 must eq
 
 from __future__ import annotations
 
-import hashlib
 import os
 
 import h5py
@@ -38,14 +37,6 @@ def _attr(f: h5py.File, name: str) -> str | None:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
-def _file_sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 class StudyBases:
     """``bases(layer, target, transform="klt")`` -> the basis the study fitted for that layer, target and fitted
     transform, as latentq.fit_rotation returns it (klt: R float32 [D, D], x' = R @ x; sklt: (A, A⁻¹) float32
@@ -69,7 +60,7 @@ class StudyBases:
             self.why = f"the study's dump {self.path} is not there"
         self.available = not self.why
         self._checked = False
-        self._bases: dict[tuple[int, str], np.ndarray] = {}
+        self._bases: dict[tuple[int, str, str], np.ndarray] = {}  # (layer, target, transform) -> basis
         self._why_not: dict[str, str] = {}
 
     def why_not(self, transform: str, layers) -> str:
@@ -93,7 +84,9 @@ class StudyBases:
         file at the recorded path). The e2e step calls it before its first forward when a run needs a basis."""
         if self._checked:
             return
-        sha = _file_sha256(self.path)
+        from latentq.dump import file_sha256  # the dumper's own file hash (torch-heavy module: imported when used)
+
+        sha = file_sha256([self.path])
         if self.sha256 and sha != self.sha256:
             raise ValueError(
                 f"{self.path}: sha256 {sha[:12]}…, but {self.results} was made from input sha256 "

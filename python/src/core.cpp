@@ -166,8 +166,9 @@ void def_quantizers(py::module_& m) {
       py::arg("basis") = py::none(),
       "Quantize then dequantize x float32 [T, D]; returns float32 [T, D]. Same errors as quantize().\n"
       "A transformed spec ('had,int4-asym-token', 'rot,mxfp4') quantizes the rotated rows and returns them\n"
-      "un-rotated (the C++ quantize_dequantize_rotated). A 'klt,...' spec takes its basis R float32 [D, D]\n"
-      "(fit_rotation of the study's dump: the same KLT the study quantizes behind); ValueError without it.");
+      "un-rotated (the C++ quantize_dequantize_rotated). A fitted spec takes its basis as fit_rotation returns it\n"
+      "for the study's dump: 'klt,...' R float32 [D, D], 'sklt,...' (A, A^-1) float32 [2, D, D] (returned as\n"
+      "A^-1 @ qd(A @ x)); ValueError without it or with another shape.");
 }
 
 // Rotations, engine records and the diagnostics of a quantized tensor.

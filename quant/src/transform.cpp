@@ -16,7 +16,8 @@ namespace {
 constexpr const char* kTransformForms =
     "had[N][-s<seed>] (randomized Hadamard, N a power of two >= 2 dividing the dimension; default: the "
     "largest power of two dividing it, refused below 16), rot[-s<seed>] (seeded Haar random orthogonal), "
-    "klt (PCA basis of the fit split), sklt (score-metric KLT of the fit split and its query rows); a full spec is '<transform>,<quantizer>', e.g. had,int4-asym-token";
+    "klt (PCA basis of the fit split), sklt (score-metric KLT of the fit split and its query rows); a full spec "
+    "is '<transform>,<quantizer>', e.g. had,int4-asym-token";
 
 [[noreturn]] void bad_transform(std::string_view s, const std::string& why) {
   throw std::invalid_argument("unknown transform '" + std::string(s) + "': " + why +
