@@ -489,7 +489,8 @@ int cmd_plan(const PlanArgs& a, std::ostream& out, std::ostream& err) {
 
 int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostream& err, bool progress_bar) {
   CLI::App app{"latentq: quantization study of the latent KV cache (c_kv, k_pe) of MLA models", "latentq"};
-  app.set_version_flag("--version", fmt::format("latentq {} (git {})", version(), git_commit()));
+  app.set_version_flag("--version",
+                       fmt::format("latentq {} (git {})\ndevices: {}", version(), git_commit(), device_build_info()));
   app.require_subcommand(1);
   app.footer("Exit codes: 0 ok, 1 gate failure (regress), 2 user/input/config error.");
 

@@ -1,9 +1,11 @@
-// The CUDA backend's attention device (latentq/study.h make_cuda_attention_device): probes::AttentionDevice
-// over latentq::DeviceAbsorbedAttention (kernels/include/latentq/attention_cuda.h), attention_error's terms
-// included (computes_error_terms: the probabilities stay on the device). Built with cuBLAS
-// (LATENTQ_CUBLAS); test_gpu_emu compiles it against the host emulator's kernels.
+// The CUDA backend's attention device (latentq/attention_device_cuda.h make_cuda_attention_device):
+// probes::AttentionDevice over latentq::DeviceAbsorbedAttention (kernels/include/latentq/attention_cuda.h),
+// attention_error's terms included (computes_error_terms: the probabilities stay on the device). Built with cuBLAS
+// (study/CMakeLists.txt; a CUDA build without it takes study/device/attention_device_none.cpp); test_gpu_emu
+// compiles it against the host emulator's kernels.
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "latentq/attention_cuda.h"
@@ -72,5 +74,12 @@ class CudaAttentionDevice final : public probes::AttentionDevice {
 std::unique_ptr<probes::AttentionDevice> make_cuda_attention_device(const probes::AttentionLayout& layout) {
   return std::make_unique<CudaAttentionDevice>(layout);
 }
+
+probes::AttentionDeviceFactory cuda_attention_device(std::string* why) {
+  if (!cuda_attention_available(why)) return {};
+  return make_cuda_attention_device;
+}
+
+const char* cuda_attention_build() { return "attention on the GPU (cuBLAS)"; }
 
 }  // namespace latentq

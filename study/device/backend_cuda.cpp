@@ -4,16 +4,14 @@
 // accounting and diagnostics are computed on the host from the stored bytes, the metrics by
 // run_latent_error from the decoded matrix. With cuBLAS, the /attention_error and /attention_position (decode
 // order) cells run on the device too, their metrics included (attention_device(): latentq/attention_cuda.h);
-// the attention check, the fold check, the SVD and cross-layer probes stay on the CPU.
+// without it (cuda_attention_device: latentq/attention_device_cuda.h) they stay on the CPU, and make_cuda_backend
+// says so. The attention check, the fold check, the SVD and cross-layer probes stay on the CPU.
 #include <cstdio>
 #include <mutex>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
-#ifdef LATENTQ_CUBLAS
-#include "latentq/attention_cuda.h"
-#endif
 #include "latentq/attention_device_cuda.h"
 #include "latentq/quantize_cuda.h"
 #include "latentq/study.h"
@@ -25,13 +23,9 @@ class CudaBackend final : public LatentBackend {
  public:
   std::string name() const override { return "cuda"; }
   bool concurrent() const override { return false; }  // one device, one stream: cells run in turn
-  // The /attention_error cells on the device too (cuBLAS); a build without cuBLAS keeps them on the CPU
-  // (make_cuda_backend says so).
-  probes::AttentionDeviceFactory attention_device() const override {
-    if (!attention_) return {};
-    return make_cuda_attention_device;
-  }
-  bool attention_ = false;  // cuBLAS loaded (make_cuda_backend)
+  // The /attention_error cells on the device too (cuBLAS); empty keeps them on the CPU (make_cuda_backend says so).
+  probes::AttentionDeviceFactory attention_device() const override { return attention_; }
+  probes::AttentionDeviceFactory attention_;  // cuda_attention_device (make_cuda_backend)
   StoredCell run(const QuantSpec& spec, Target target, const float* X, int64_t T, int64_t D,
                  std::span<const int64_t> seq_offsets, float* decoded) override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -51,13 +45,11 @@ std::unique_ptr<LatentBackend> make_cuda_backend() {
   if (!cuda_device_available(&why))
     throw std::runtime_error("--device cuda: no CUDA device available (" + why + "); use --device cpu");
   auto b = std::make_unique<CudaBackend>();
-#ifdef LATENTQ_CUBLAS
-  b->attention_ = cuda_attention_available(&why);
+  b->attention_ = cuda_attention_device(&why);
   if (!b->attention_) std::fprintf(stderr, "--device cuda: the attention probes run on the CPU: %s\n", why.c_str());
-#else
-  std::fprintf(stderr, "--device cuda: this build has no cuBLAS: the attention probes run on the CPU\n");
-#endif
   return b;
 }
+
+std::string device_build_info() { return std::string("cpu, cuda (") + cuda_attention_build() + ")"; }
 
 }  // namespace latentq

@@ -1,8 +1,8 @@
 // latentq/attention_cuda.h — the absorbed MLA attention of one layer on the GPU (cuBLAS sgemm + a
 // softmax kernel): the device side of probes::AbsorbedAttention<float> (analysis/include/
 // latentq/attention/attention.h), which owns the math and the row order and calls this through its
-// AttentionDevice seam. Host C++ header; link latentq_cuda (built with cuBLAS's headers, LATENTQ_CUBLAS;
-// the library itself is loaded with dlopen on first use).
+// AttentionDevice seam. Host C++ header; link latentq_cuda built with cuBLAS's headers (kernels/CMakeLists.txt
+// compiles attention.cu only then; the library itself is loaded with dlopen on first use).
 //
 // Source of the math: DeepSeek-V3 inference/model.py, MLA.forward, attn_impl == "absorb":
 //   scores = (q_lat·c_kvᵀ + q_pe·k_peᵀ) · softmax_scale      q_lat = q_nope·W_UK, computed on the host

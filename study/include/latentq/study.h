@@ -98,6 +98,9 @@ std::unique_ptr<LatentBackend> make_cpu_backend();
 /// study/device/backend_cuda.cpp) throws std::runtime_error saying so; a CUDA build throws
 /// std::runtime_error when no GPU is present.
 std::unique_ptr<LatentBackend> make_cuda_backend();
+/// The devices of this build, for `latentq --version` (defined next to make_cuda_backend): "cpu (no CUDA
+/// backend in this build)", or "cpu, cuda (" + cuda_attention_build() + ")" (latentq/attention_device_cuda.h).
+std::string device_build_info();
 /// "cpu" or "cuda"; throws std::invalid_argument for another name, and as make_cuda_backend().
 std::unique_ptr<LatentBackend> make_backend(std::string_view device);
 
