@@ -19,6 +19,7 @@ import h5py
 import numpy as np
 import pytest
 import torch
+import transformers
 
 from latentq import dump as dump_latents
 from latentq.capture import LatentCapture, find_mla_layers, mla_dims
@@ -49,7 +50,6 @@ def _tiny(layers=3, seed=1):
 
 
 def _v3():
-    transformers = pytest.importorskip("transformers")
     torch.manual_seed(5)
     cfg = transformers.DeepseekV3Config(
         vocab_size=320,

@@ -20,10 +20,10 @@ import pytest
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-pytest.importorskip("latentq._core", reason="the latentq Python module is not built")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import latentq  # noqa: E402
+import latentq._core  # noqa: E402, F401  (the compiled module: its absence is an error)
 from latentq import e2e as e2e_inject  # noqa: E402
 from latentq import tiny_mla  # noqa: E402
 from latentq.inject import DecodeOrderAttention, LatentInjector  # noqa: E402
@@ -259,7 +259,6 @@ def test_decode_order_skips_the_models_own_attention():
 
 # ---- HF DeepseekV2 / V3 --------------------------------------------------------------------------
 
-transformers = pytest.importorskip("transformers")
 from transformers import DeepseekV2Config, DeepseekV2ForCausalLM, DeepseekV3Config, DeepseekV3ForCausalLM  # noqa: E402
 
 HF_COMMON = dict(
@@ -661,8 +660,7 @@ def test_latentq_run_with_e2e_on_an_hf_checkpoint(v3_checkpoint, tmp_path):
     """`latentq run` on a dump of a random-init HF DeepseekV3 directory,
     [e2e] model = that directory -> /e2e and /e2e_position in the results (default text and windows)."""
     lq = os.environ.get("LATENTQ_BIN", os.path.join(ROOT, "build", "latentq"))
-    if not os.path.isfile(lq):
-        pytest.skip(f"{lq} is not built")
+    assert os.path.isfile(lq), f"the latentq CLI is not built ({lq}; set LATENTQ_BIN or build build/latentq)"
     text = tmp_path / "dump.txt"
     text.write_bytes((b"And God said, Let there be light: and there was light. " * 12)[:640])
     dump = tmp_path / "dump.h5"

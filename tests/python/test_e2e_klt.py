@@ -12,18 +12,17 @@ import numpy as np
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-pytest.importorskip("latentq._core", reason="the latentq Python module is not built")
 MODEL = os.path.join(ROOT, "data", "tiny-mla")
 DUMP = os.path.join(ROOT, "data", "latents", "tiny-mla.h5")
 LQ = os.environ.get("LATENTQ_BIN", os.path.join(ROOT, "build", "latentq"))
-if not os.path.exists(os.path.join(MODEL, "model.safetensors")) or not os.path.exists(DUMP):
-    pytest.skip("tiny-mla's weights or its shipped dump are absent", allow_module_level=True)
-if not os.access(LQ, os.X_OK):
-    pytest.skip(f"the latentq CLI is not built ({LQ})", allow_module_level=True)
+assert os.path.exists(os.path.join(MODEL, "model.safetensors")), "data/tiny-mla/model.safetensors (tracked) is absent"
+assert os.path.exists(DUMP), "data/latents/tiny-mla.h5 (tracked) is absent"
+assert os.access(LQ, os.X_OK), f"the latentq CLI is not built ({LQ}; set LATENTQ_BIN or build build/latentq)"
 
 import torch  # noqa: E402
 
 import latentq  # noqa: E402
+import latentq._core  # noqa: E402, F401  (the compiled module: its absence is an error)
 from latentq import e2e as e2e_inject  # noqa: E402
 from latentq.fitted_basis import StudyBases  # noqa: E402
 

@@ -14,12 +14,11 @@ import os
 import h5py
 import numpy as np
 import pytest
+import transformers  # noqa: F401  (latentq.random_checkpoint builds HF models: its absence is an error)
 
-pytest.importorskip("latentq._core", reason="the latentq Python module is not built")
-pytest.importorskip("transformers")
-
-from latentq import e2e as e2e_inject  # noqa: E402
-from latentq.random_checkpoint import deepseek_tensors, random_model, write_checkpoint  # noqa: E402
+import latentq._core  # noqa: F401  (the compiled module: its absence is an error)
+from latentq import e2e as e2e_inject
+from latentq.random_checkpoint import deepseek_tensors, random_model, write_checkpoint
 
 STR = h5py.string_dtype("utf-8")
 # (quantizer, target) rows of /latent_error on every layer: k_pe is 16 wide (no 32-blocks)

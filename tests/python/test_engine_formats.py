@@ -1,14 +1,22 @@
 """Production MLA cache formats: (1) engine_refs.py against the independent packages (ml_dtypes, gguf,
-torchao, torch) -- these run now; (2) the C++ module `latentq` against engine_refs.py, byte for byte --
-these skip, each with its reason, until latentq parses the spec / has pack_record."""
+torchao, torch; all pinned in requirements.txt); (2) the C++ module `latentq` against engine_refs.py, byte
+for byte, for every spec in engine_refs.SPECS and every record in engine_refs.RECORDS -- a name the C++
+side does not parse fails, naming it."""
 
+import gguf.quants as gq
+import ml_dtypes
 import numpy as np
 import pytest
+import torch
+import torchao.prototype.mx_formats.kernels as mx_kernels
+import torchao.prototype.mx_formats.mx_tensor as mxt
+import torchao.prototype.mx_formats.nvfp4_tensor as nv
+from gguf import GGMLQuantizationType as G
+from torchao.prototype.mx_formats.config import ScaleCalculationMode
 
 import engine_refs as R
-
-ml_dtypes = pytest.importorskip("ml_dtypes")
-
+import latentq
+import latentq._core  # noqa: F401  (the compiled module: its absence is an error, not a skip)
 
 # ---------------------------------------------------------------------------------------------------
 # Inputs
@@ -152,7 +160,6 @@ def test_e4m3_matches_ml_dtypes(source):
 
 def test_e4m3_saturating_matches_torch_cast():
     """FlashMLA's `.to(torch.float8_e4m3fn)` (torch 2.13 eager: RNE, saturating)."""
-    torch = pytest.importorskip("torch")
     x = _float32_stress(200_000, seed=3)
     t = torch.from_numpy(x).to(torch.float8_e4m3fn).view(torch.uint8).numpy()
     np.testing.assert_array_equal(R.e4m3_bits(x), t)
@@ -168,10 +175,8 @@ def test_e2m1_matches_ml_dtypes(source):
 
 
 def test_e2m1_matches_torchao():
-    kernels = pytest.importorskip("torchao.prototype.mx_formats.kernels")
-    torch = pytest.importorskip("torch")
     x = _float32_stress(300_000, seed=2)
-    ref = kernels.f32_to_f4_unpacked(torch.from_numpy(x)).numpy()
+    ref = mx_kernels.f32_to_f4_unpacked(torch.from_numpy(x)).numpy()
     np.testing.assert_array_equal(R.e2m1_bits(x), ref)
 
 
@@ -199,9 +204,6 @@ def test_roundf_is_c_roundf():
 @pytest.mark.parametrize("spec", ["q8_0", "q4_0", "q4_1"])
 @pytest.mark.parametrize("seed", [0, 1])
 def test_ggml_formats_match_gguf(spec, seed):
-    gq = pytest.importorskip("gguf.quants")
-    from gguf import GGMLQuantizationType as G
-
     qt = {"q8_0": G.Q8_0, "q4_0": G.Q4_0, "q4_1": G.Q4_1}[spec]
     for D in (576, 160):
         for x in (adversarial_matrix(1000, D, seed, ggml=True), adversarial_matrix(300, D, seed, bf16=True, ggml=True)):
@@ -215,10 +217,6 @@ def test_ggml_formats_match_gguf(spec, seed):
 @pytest.mark.parametrize("elem", ["e4m3", "e2m1"])
 @pytest.mark.parametrize("seed", [0, 1])
 def test_mx_matches_torchao(elem, seed):
-    torch = pytest.importorskip("torch")
-    mxt = pytest.importorskip("torchao.prototype.mx_formats.mx_tensor")
-    from torchao.prototype.mx_formats.config import ScaleCalculationMode
-
     dt = torch.float8_e4m3fn if elem == "e4m3" else torch.float4_e2m1fn_x2
     for D in (576, 160):
         x = adversarial_matrix(1000, D, seed)
@@ -238,8 +236,6 @@ def test_mx_matches_torchao(elem, seed):
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_nvfp4_matches_torchao(seed):
-    torch = pytest.importorskip("torch")
-    nv = pytest.importorskip("torchao.prototype.mx_formats.nvfp4_tensor")
     for D in (576, 160):
         for x in (adversarial_matrix(1000, D, seed), random_matrix(1000, D, seed)):
             t = torch.from_numpy(x)
@@ -256,8 +252,6 @@ def test_nvfp4_matches_torchao(seed):
 
 def _flashmla_expr_torch(x, tile):
     """The FlashMLA tests/quant.py per-tile expression, evaluated with torch (bf16-exact input)."""
-    import torch
-
     t = torch.from_numpy(x)
     T, D = x.shape
     codes, scales = [], []
@@ -275,7 +269,6 @@ def _flashmla_expr_torch(x, tile):
 def test_flashmla_pow2_matches_torch_expression(tile):
     """Our exact-math reference == FlashMLA's torch float32 expression, except where float32 torch.log2
     rounds log2(v) down to an integer for v just above a power of two (excluded and counted)."""
-    pytest.importorskip("torch")
     for x in (adversarial_matrix(1000, 576, 0, bf16=True), random_matrix(1000, 576, 0)):
         codes, s = _flashmla_expr_torch(x, tile)
         q = R.fp8_tile_pow2(x, tile)
@@ -291,7 +284,6 @@ def test_flashmla_pow2_matches_torch_expression(tile):
 def test_flashmla_torch_log2_edge_documented():
     """Where CPU torch's float32 log2 differs from exact ceil(log2): only v = 2^k (1 + j 2^-23), small j.
     Example from the report: amax = nextafter(7168, inf) -> v = 16.000002 -> exact 32, torch (CPU) 16."""
-    pytest.importorskip("torch")
     bits = np.arange(np.float32(1e-4).view(np.uint32), np.float32(2.0**20).view(np.uint32), 97, dtype=np.uint32)
     v = bits.view(np.float32)
     edge_bits = []
@@ -310,7 +302,6 @@ def test_flashmla_torch_log2_edge_documented():
 
 def test_flashmla_v41_fp4_scale_rule():
     """V4.1 FP4: clamp(amax/6, 2^-9, 448) -> e4m3; codes = e2m1(x / scale) -- checked with torch ops."""
-    torch = pytest.importorskip("torch")
     x = adversarial_matrix(500, 512, 3, bf16=True)
     t = torch.from_numpy(x).view(500, 32, 16)
     sc = torch.clamp(t.abs().amax(dim=-1) / 6.0, 2.0**-9, 448.0).to(torch.float8_e4m3fn)
@@ -375,33 +366,16 @@ def test_reference_accounting_at_deepseek_dims():
 # ---------------------------------------------------------------------------------------------------
 
 
-def _import_latentq():
-    try:
-        import latentq
-        import latentq._core  # noqa: F401
-
-        return latentq
-    except ImportError:
-        return None
-
-
-latentq = _import_latentq()
-
-
 def _need_spec(spec):
-    if latentq is None:
-        pytest.skip("the latentq Python module is not built (cmake --build build --target latentq_py)")
+    """Fail (naming `spec`) unless the C++ side parses it: every spec of engine_refs.SPECS is a claim."""
     try:
         latentq.quantize(np.ones((2, 64), np.float32), spec, "c_kv")
     except ValueError as e:
-        pytest.skip(f"latentq does not parse {spec!r} yet (the C++ side lands in parallel): {str(e).splitlines()[0]}")
+        pytest.fail(f"latentq does not parse the spec {spec!r}: {str(e).splitlines()[0]}")
 
 
 def _need_pack_record():
-    if latentq is None:
-        pytest.skip("the latentq Python module is not built")
-    if not hasattr(latentq, "pack_record"):
-        pytest.skip("latentq.pack_record does not exist yet (the C++ side lands in parallel)")
+    assert hasattr(latentq, "pack_record"), "latentq has no pack_record (the records of engine_refs.RECORDS)"
 
 
 def _assert_same(q, ref, what):

@@ -13,15 +13,14 @@ import sys
 import numpy as np
 import pytest
 import torch
+import transformers
+from transformers import DeepseekV2Config, DeepseekV2ForCausalLM, DeepseekV3Config, DeepseekV3ForCausalLM
 
-transformers = pytest.importorskip("transformers")
-from transformers import DeepseekV2Config, DeepseekV2ForCausalLM, DeepseekV3Config, DeepseekV3ForCausalLM  # noqa: E402
-
-from dump_checks import check_schema, reference_attn_out, rel  # noqa: E402
-from latentq import capture  # noqa: E402
-from latentq import dump as dump_latents  # noqa: E402
-from latentq.capture import LatentCapture  # noqa: E402
-from latentq.inject import LatentInjector  # noqa: E402
+from dump_checks import check_schema, reference_attn_out, rel
+from latentq import capture
+from latentq import dump as dump_latents
+from latentq.capture import LatentCapture
+from latentq.inject import LatentInjector
 
 NOPE, ROPE, V, R, H = 32, 16, 32, 64, 4
 QK = NOPE + ROPE
@@ -271,8 +270,7 @@ def test_other_mla_families(family, tmp_path):
                 topk_group=1,
             ),
         )
-    if not hasattr(transformers, model_cls):
-        pytest.skip(f"transformers {transformers.__version__} has no {model_cls}")
+    assert hasattr(transformers, model_cls), f"transformers {transformers.__version__} has no {model_cls}"
     keys = (
         "vocab_size",
         "hidden_size",
@@ -312,8 +310,8 @@ def test_rotation_fold_is_exact(case, transform):
     k_pe' = R_pe k_pe, q_pe' = R_pe q_pe (R from the C++ latentq.rotation_matrix; had: blocks of 64 for
     kv_lora_rank 64 and 16 for qk_rope_head_dim 16) the absorbed attention (float32) equals the unrotated one
     to 1e-5 relative (Frobenius); the cache rotated but W_UV left alone fails by orders of magnitude."""
-    pytest.importorskip("latentq._core")
     import latentq
+    import latentq._core  # noqa: F401  (the compiled module: its absence is an error)
 
     chk = case["chk"]
     offs, scale = chk["root"]["seq_offsets"], chk["attrs"]["softmax_scale"]

@@ -4,10 +4,8 @@ is the C++ one bit for bit (checked against an independent numpy decode of the s
 import numpy as np
 import pytest
 
-pytest.importorskip(
-    "latentq._core", reason="the latentq Python module is not built (cmake --build build --target latentq_py)"
-)
-import latentq  # noqa: E402
+import latentq
+import latentq._core  # noqa: F401  (the compiled module: its absence is an error)
 
 
 def numpy_decode(q, seq_offsets):

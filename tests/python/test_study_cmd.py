@@ -26,7 +26,7 @@ enabled = false
 enabled = false
 """
 
-pytestmark = pytest.mark.skipif(not os.path.exists(LQ), reason=f"no latentq binary at {LQ} (build it first)")
+assert os.access(LQ, os.X_OK), f"the latentq CLI is not built ({LQ}; set LATENTQ_BIN or build build/latentq)"
 
 
 def study(out, cfg, text, *extra, env=None):

@@ -25,16 +25,10 @@ import math
 
 import numpy as np
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-
-try:
-    import latentq
-    import latentq._core  # noqa: F401
-except ImportError:  # pragma: no cover - the module is built by the C++ build
-    latentq = None
-
-pytestmark = pytest.mark.skipif(latentq is None, reason="the latentq Python module is not built")
+import latentq
+import latentq._core  # noqa: F401  (the compiled module: its absence is an error)
 
 
 def lloyd_max_gaussian(d: int, bits: int) -> list[float]:
