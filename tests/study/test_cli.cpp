@@ -134,7 +134,7 @@ TEST_F(CliTest, OverridesAndRelativePaths) {
 // /attention_error rows scored out_rel_fro 0, KL 0, top-1 1 (1e300), or a uniform softmax (1e-50).
 TEST_F(CliTest, DefaultStudyRefusesASoftmaxScaleThatFloat32CannotHold) {
   const fs::path shipped = fs::path(LATENTQ_SOURCE_DIR) / "data" / "latents" / "tiny-mla.h5";
-  if (!fs::exists(shipped)) GTEST_SKIP() << shipped << " is missing";
+  ASSERT_TRUE(fs::exists(shipped)) << shipped << " is missing (a tracked file)";
   const fs::path copy = dir / "tiny-mla-scale.h5", out = dir / "default.h5";
   fs::copy_file(shipped, copy);
   for (const auto& [scale, words] : std::vector<std::pair<double, std::string>>{

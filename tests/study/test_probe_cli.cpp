@@ -285,7 +285,7 @@ TEST_F(ProbeCliTest, EmptySequencesChangeNoResultGroupSynthetic) {
 
 TEST_F(ProbeCliTest, EmptySequencesChangeNoResultGroupShippedDump) {
   const fs::path shipped = fs::path(LATENTQ_SOURCE_DIR) / "data" / "latents" / "tiny-mla.h5";
-  if (!fs::exists(shipped)) GTEST_SKIP() << shipped << " is missing";
+  ASSERT_TRUE(fs::exists(shipped)) << shipped << " is missing (a tracked file)";
   // Two layers, per-channel groups (which follow the sequences), automatic SVD and sharing ranks, every
   // probe group.
   std::ofstream(config) << "[input]\nlayers = [0, 1]\n[quantizers]\nextra = [\"int4-asym-channel-g32\", "

@@ -575,10 +575,10 @@ TEST_F(ProbeTest, LatentOnlyDumpSkipsTheAttentionGroups) {
   }
 }
 
-// The recomputation on the shipped dump equals the model's attn_out (skipped without the dump).
+// The recomputation on the shipped dump equals the model's attn_out.
 TEST(ProbeRealDump, AbsorbedRecomputationMatchesTheDumpedAttnOut) {
   const fs::path dump_path = fs::path(LATENTQ_SOURCE_DIR) / "data" / "latents" / "tiny-mla.h5";
-  if (!fs::exists(dump_path)) GTEST_SKIP() << dump_path << " is missing";
+  ASSERT_TRUE(fs::exists(dump_path)) << dump_path << " is missing (a tracked file)";
   StudyConfig config = default_config();
   config.dump = dump_path;
   const Dump dump = header_of(config);
@@ -612,10 +612,10 @@ TEST(ProbeRealDump, AbsorbedRecomputationMatchesTheDumpedAttnOut) {
 // The rotation fold: on every layer of tiny-mla, the absorbed attention with the cache rotated (c_kv and k_pe, each
 // with its own rotation) and W_UK, W_UV, q_pe rotated, no quantization, equals the unrotated one to 1e-5
 // relative in float32 — for had, had32 (block-diagonal: 4 blocks on c_kv, 1 on k_pe), rot and klt. Leaving
-// W_UV (or W_UK, or q_pe) unrotated must fail the check loudly. Skipped without the dump.
+// W_UV (or W_UK, or q_pe) unrotated must fail the check loudly.
 TEST(ProbeRealDump, RotationFoldIsExactAndABrokenFoldFails) {
   const fs::path dump_path = fs::path(LATENTQ_SOURCE_DIR) / "data" / "latents" / "tiny-mla.h5";
-  if (!fs::exists(dump_path)) GTEST_SKIP() << dump_path << " is missing";
+  ASSERT_TRUE(fs::exists(dump_path)) << dump_path << " is missing (a tracked file)";
   const Dump dump = load_dump(dump_path);  // every layer with its attention data
   const DumpAttrs& A = dump.attrs;
   ASSERT_EQ(A.kv_lora_rank, 128);
