@@ -168,6 +168,9 @@ fi
 bin() { find "$B" -type f -name "$1" -perm -u+x | head -1; }
 INFO=$(bin latentq_cuda_info); TEST=$(bin test_gpu); EMU=$(bin test_gpu_emu); BENCH=$(bin latentq_bench)
 CLI=$(bin latentq); REQ=$(bin lq_results_equal)
+# what the build does with --device cuda: "devices: cpu, cuda (attention on the GPU: cuBLAS)", or on the CPU
+# where it has no cuBLAS (none found: no toolkit cuBLAS, no wheel, no LATENTQ_CUBLAS_ROOT)
+[ -z "$CLI" ] || say "$("$CLI" --version 2>&1 | tr '\n' ' ')"
 
 # ---- device -----------------------------------------------------------------------------------
 DEV=$("$INFO" 2>&1); DEV_RC=$?

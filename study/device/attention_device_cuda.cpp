@@ -80,6 +80,6 @@ probes::AttentionDeviceFactory cuda_attention_device(std::string* why) {
   return make_cuda_attention_device;
 }
 
-const char* cuda_attention_build() { return "attention on the GPU (cuBLAS)"; }
+const char* cuda_attention_build() { return "attention on the GPU: cuBLAS"; }
 
 }  // namespace latentq

@@ -23,7 +23,7 @@ std::unique_ptr<probes::AttentionDevice> make_cuda_attention_device(const probes
 probes::AttentionDeviceFactory cuda_attention_device(std::string* why);
 
 /// Where this build runs the attention probes under `--device cuda`, for `latentq --version`: "attention on
-/// the GPU (cuBLAS)" or "attention on the CPU: built without cuBLAS". Loads nothing.
+/// the GPU: cuBLAS" or "attention on the CPU: built without cuBLAS". Loads nothing.
 const char* cuda_attention_build();
 
 }  // namespace latentq
