@@ -142,6 +142,7 @@ class Loader {
   template <class T>
   std::vector<T> read(const H5::DataSet& ds, const std::string& name) {
     where_ = name;
+    if (const std::string why = h5::storage_problem(ds); !why.empty()) invalid(name + ": " + why);
     const size_t n = stored_count(ds, name, sizeof(T));
     std::vector<T> v(n);
     if (n == 0) return v;

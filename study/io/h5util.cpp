@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <filesystem>
+
 namespace latentq::h5 {
 
 void quiet() { H5::Exception::dontPrint(); }
@@ -155,6 +157,58 @@ std::vector<std::string> read_string_array_attr(const H5::Attribute& a) {
     }
   }
   return out;
+}
+
+std::string storage_problem(const H5::DataSet& ds) {
+  const hid_t dcpl = H5Dget_create_plist(ds.getId());
+  if (dcpl < 0) return "";
+  std::string why;
+  const int nfilters = H5Pget_nfilters(dcpl);
+  for (int i = 0; why.empty() && i < nfilters; ++i) {
+    unsigned flags = 0, config = 0;
+    size_t nvalues = 0;
+    char name[256] = {0};
+    const H5Z_filter_t id = H5Pget_filter2(dcpl, static_cast<unsigned>(i), &flags, &nvalues, nullptr, sizeof name,
+                                           name, &config);
+    if (id >= 0 && H5Zfilter_avail(id) <= 0)
+      why = fmt::format("its values are compressed with the HDF5 filter '{}' (id {}), which this HDF5 library does "
+                        "not have{}; write it without that filter (e.g. h5py compression=\"gzip\" or none)",
+                        *name ? name : "unnamed", static_cast<long>(id), id == 32000 ? " (lzf is h5py's own filter)" : "");
+  }
+  const int nexternal = H5Pget_external_count(dcpl);
+  for (int i = 0; why.empty() && i < nexternal; ++i) {
+    char name[4096] = {0};
+    off_t offset = 0;
+    hsize_t size = 0;
+    if (H5Pget_external(dcpl, static_cast<unsigned>(i), sizeof name, name, &offset, &size) < 0) continue;
+    // HDF5 looks an external file up under the dataset access prefix (HDF5_EXTFILE_PREFIX), else the
+    // working directory.
+    std::string prefix;
+    if (const hid_t dapl = H5Dget_access_plist(ds.getId()); dapl >= 0) {
+      const ssize_t n = H5Pget_efile_prefix(dapl, nullptr, 0);
+      if (n > 0) {
+        prefix.resize(static_cast<size_t>(n) + 1);
+        H5Pget_efile_prefix(dapl, prefix.data(), prefix.size());
+        prefix.resize(static_cast<size_t>(n));
+      }
+      H5Pclose(dapl);
+    }
+    const std::filesystem::path p = std::filesystem::path(name).is_absolute() || prefix.empty()
+                                        ? std::filesystem::path(name)
+                                        : std::filesystem::path(prefix) / name;
+    std::error_code ec;
+    const std::filesystem::path shown = std::filesystem::absolute(p, ec);
+    if (!std::filesystem::is_regular_file(p, ec))
+      why = fmt::format("its values are stored in the external raw file '{}' (looked up as {}), which does not exist",
+                        name, shown.string());
+    else if (size != H5F_UNLIMITED &&
+             std::filesystem::file_size(p, ec) < static_cast<std::uintmax_t>(offset) + static_cast<std::uintmax_t>(size))
+      why = fmt::format("its values are stored in the external raw file '{}' ({}), which holds {} bytes, fewer than the "
+                        "{} from offset {} the dataset declares",
+                        name, shown.string(), std::filesystem::file_size(p, ec), size, static_cast<long long>(offset));
+  }
+  H5Pclose(dcpl);
+  return why;
 }
 
 }  // namespace latentq::h5

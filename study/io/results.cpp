@@ -350,6 +350,7 @@ ColumnTable read_table(const fs::path& path, const std::string& group) {
       const H5::DataSet ds = g.openDataSet(name);
       const auto dims = h5::dims_of(ds);
       if (dims.size() != 1) throw std::invalid_argument(where + " has shape " + h5::shape_str(dims) + ", expected 1-D");
+      if (const std::string why = h5::storage_problem(ds); !why.empty()) throw std::invalid_argument(where + ": " + why);
       const size_t n = dims[0];
       const H5::DataType dt = ds.getDataType();
       switch (dt.getClass()) {

@@ -23,6 +23,12 @@ std::recursive_mutex& library_mutex();
 /// Call it inside a catch(H5::Exception&) block, before any other HDF5 call.
 std::string error_stack();
 
+/// Why the values of `ds` cannot be read, before reading them, or "" when nothing is known to stop it: a filter in
+/// its pipeline that this HDF5 library does not have (h5py's lzf, a plugin not installed; named with its id), or
+/// an external raw file that does not exist or is shorter than the dataset declares (named, with the path HDF5
+/// looks it up under: the dataset access prefix, else the working directory).
+std::string storage_problem(const H5::DataSet& ds);
+
 /// "int32", "int64", "uint8", "float32", "float64", "string", or the HDF5 class name.
 std::string dtype_name(const H5::DataType& t);
 
