@@ -37,7 +37,7 @@ const std::vector<ModelShape>& model_presets() {
        "DeepSeek-V2-Lite config.json; scale 192^-1/2 * 1.2608038^2 (YaRN mscale_all_dim 0.707, "
        "factor 40); HF DeepseekV2 apply_rotary_emb: interleaved"},
       {"deepseek-v3", "deepseek-ai/DeepSeek-V3", 61, 128, 512, 64, 128, 128, 10000.0, "half", 0.1352338, 129280,
-       "DeepSeek-V3 config.json (DeepSeek-R1 and Kimi K2 share the attention shape); scale "
+       "DeepSeek-V3 config.json; scale "
        "192^-1/2 * mscale^2 (YaRN mscale_all_dim 1.0, factor 40); HF DeepseekV3: rotate_half"},
       {"glm-4.7-flash", "zai-org/GLM-4.7-Flash", 47, 20, 512, 64, 192, 256, 1000000.0, "half", 0.0625, 154880,
        "GLM-4.7-Flash config.json (47 layers, 20 heads, 512 + 64, nope 192 / v 256; rope_theta "

@@ -55,6 +55,21 @@ TEST(Synth, PresetsHaveTheModelsDims) {
   EXPECT_THROW(find_preset("deepseek-v4"), std::invalid_argument);
 }
 
+// Each preset's description names the config.json its dims come from and claims nothing about another model (the
+// deepseek-v3 preset once said Kimi K2 shares its attention shape: K2 has 64 heads and another softmax scale).
+TEST(Synth, PresetSourcesNameTheirOwnConfigOnly) {
+  const std::vector<std::string> models = {"DeepSeek-V2-Lite", "DeepSeek-V3", "GLM-4.7-Flash", "MiniCPM3-4B", "Kimi",
+                                           "R1",               "K2",          "V3.2",          "V4"};
+  for (const ModelShape& m : model_presets()) {
+    SCOPED_TRACE(m.name + ": " + m.source);
+    EXPECT_NE(m.source.find("config.json"), std::string::npos);
+    const std::string own = m.model.substr(m.model.find('/') + 1);  // "deepseek-ai/DeepSeek-V3" -> "DeepSeek-V3"
+    if (m.name != "tiny-mla") EXPECT_EQ(m.source.rfind(own + " config.json", 0), 0u);
+    for (const std::string& other : models)
+      if (own.find(other) == std::string::npos) EXPECT_EQ(m.source.find(other), std::string::npos) << other;
+  }
+}
+
 // d = 4, θ = 10000, position 1: pair 0 turns by 1 rad, pair 1 by 10000^(-1/2) = 0.01 rad.
 TEST(Synth, RopeRotatesThePairsOfEachLayout) {
   std::vector<float> x = {1, 0, 1, 0};
