@@ -52,7 +52,7 @@ import numpy as np
 import torch
 
 from latentq.capture import LatentCapture, MLAModuleNotFoundError, config_softmax_scale, find_mla_layers, mla_dims
-from latentq.files import publish
+from latentq.files import publish, refuse_output_over_input
 from latentq.progress import Progress
 
 SCHEMA = "latentq-dump/1"
@@ -795,6 +795,16 @@ def main(argv=None) -> int:
         print(f"dump_latents: error: {msg}", file=sys.stderr)
         return 2
 
+    try:
+        refuse_output_over_input(
+            [
+                ("the checkpoint directory --model", a.model if os.path.isdir(a.model) else ""),
+                ("the text --text", a.text),
+            ],
+            [("the dump --out", a.out)],
+        )
+    except ValueError as e:
+        return fail(str(e))
     if os.path.exists(a.out) and not a.force:
         return fail(f"{a.out} exists; pass --force to overwrite")
     try:

@@ -372,9 +372,20 @@ def parse_args(argv=None):
         "many as keep the activations under 768 MiB (auto_batch_runs; 4 for tiny-mla at 4 x 512), "
         "decode-order runs one per forward (batching them gained nothing); 1 = one run per forward",
     )
+    ap.add_argument(
+        "--step-key",
+        default="",
+        help="what `latentq study` keys the reuse of /e2e on (a JSON object): recorded as /e2e's attribute "
+        "step_key, not interpreted",
+    )
     a = ap.parse_args(argv)
+    if a.seq_len is not None and a.seq_len < 2:
+        print(
+            f"e2e_inject: error: --seq-len {a.seq_len}: at least 2 tokens per sequence for a next-token metric",
+            file=sys.stderr,
+        )
+        return 2
     for flag, v, lo in (
-        ("--seq-len", a.seq_len, 1),
         ("--num-seqs", a.num_seqs, 1),
         ("--offset-bytes", a.offset_bytes, 0),
         ("--threads", a.threads, 1),
@@ -385,6 +396,26 @@ def parse_args(argv=None):
             print(f"e2e_inject: error: {flag} {v}: must be >= {lo}", file=sys.stderr)
             return 2
     return a
+
+
+def canonical_specs(latentq, specs: list[str], flag: str) -> list[str]:
+    """``specs`` in their canonical spelling (latentq.canonical_spec), each once, in first-seen order: a spec
+    given twice, under any spelling, runs once, with a note naming the spellings. Raises ValueError naming the
+    flag and the spec the grammar refuses."""
+    seen: dict[str, list[str]] = {}
+    for q in specs:
+        try:
+            c = latentq.canonical_spec(q)
+        except ValueError as e:
+            raise ValueError(f"{flag} {q}: {str(e).splitlines()[0]}") from None
+        seen.setdefault(c, []).append(q)
+    for c, given in seen.items():
+        if len(given) > 1:
+            print(
+                f"e2e_inject: note: {flag} names {c} {len(given)} times ({', '.join(given)}): it runs once",
+                file=sys.stderr,
+            )
+    return list(seen)
 
 
 class Plan:
@@ -402,11 +433,7 @@ class Plan:
 
         def with_targets(specs: list[str], flag: str, decode: bool = False) -> list[tuple[str, tuple[str, ...]]]:
             out = []
-            for q in specs:
-                try:
-                    c = latentq.canonical_spec(q)
-                except ValueError as e:
-                    raise ValueError(f"{flag} {q}: {str(e).splitlines()[0]}") from None
+            for c in canonical_specs(latentq, specs, flag):
                 if c not in known:  # decode runs with decode_order_targets take those targets (below)
                     tg = "those of decode_order_targets" if decode and attr_tg is not None else "c_kv+k_pe"
                     print(
@@ -751,6 +778,7 @@ def write_tables(a, runner: Runner, tokenizer, K: int, K_dec: int, streamer=None
         "batch_runs": np.int64(K),
         **execution_attrs(streamer),
         "batch_runs_decode": np.int64(K_dec),
+        "step_key": a.step_key,
     }
     write_groups(
         a.results,

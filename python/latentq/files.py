@@ -16,3 +16,33 @@ def publish(tmp: str, path: str) -> None:
     os.umask(umask)
     os.chmod(tmp, 0o666 & ~umask)
     os.replace(tmp, path)
+
+
+def _inside(child: str, parent: str) -> bool:
+    rel = os.path.relpath(child, parent)
+    return rel != "." and not rel.startswith("..")
+
+
+def refuse_output_over_input(inputs: list[tuple[str, str]], outputs: list[tuple[str, str]]) -> None:
+    """Raise ValueError, naming both roles and paths, when an output path is one of the inputs: the same
+    path once resolved (symlinks, ".."), the same file through another name (a hard link: same device and
+    inode), or a path inside an input directory (a checkpoint directory). ``inputs`` and ``outputs`` are
+    (role, path) pairs; empty paths are ignored. The C++ tools apply the same rule
+    (latentq/provenance.h ``refuse_output_over_input``)."""
+    for orole, opath in outputs:
+        if not opath:
+            continue
+        ro = os.path.realpath(opath)
+        for irole, ipath in inputs:
+            if not ipath:
+                continue
+            ri = os.path.realpath(ipath)
+            same = ro == ri
+            if not same and os.path.exists(opath) and os.path.exists(ipath):
+                same = os.path.samefile(opath, ipath)
+            within = not same and os.path.isdir(ri) and _inside(ro, ri)
+            if same or within:
+                raise ValueError(
+                    f"{orole} {opath} {'is' if same else 'lies inside'} {irole} {ipath}: a command never writes "
+                    "over what it reads; choose another output"
+                )

@@ -6,6 +6,7 @@
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <chrono>
 #include <csignal>
@@ -27,6 +28,7 @@
 #include "latentq/external.h"
 #include "latentq/inspect.h"
 #include "latentq/plan.h"
+#include "latentq/provenance.h"
 #include "latentq/probe_study.h"
 #include "latentq/regress.h"
 #include "latentq/results.h"
@@ -83,9 +85,11 @@ int cmd_run(const RunArgs& a, std::ostream& out, std::ostream& err, bool progres
   if (!a.out.empty()) cfg.results = fs::absolute(a.out).lexically_normal();
   if (cfg.results.empty())
     throw std::invalid_argument(cfg.source + ": no results path: set [output] results or pass --out");
-  std::error_code ec;
-  if (!cfg.dump.empty() && fs::equivalent(cfg.dump, cfg.results, ec))
-    throw std::invalid_argument(cfg.results.string() + ": the results path is the input dump; choose another --out");
+  refuse_output_over_input({{"the config", a.config},
+                            {"the input dump", cfg.dump},
+                            {"the [e2e] model directory", cfg.probes.e2e.model},
+                            {"the [e2e] text", cfg.probes.e2e.text}},
+                           {{"the results file", cfg.results}, {"the results checkpoint", partial_path(cfg.results)}});
   const Shard shard = a.shard.empty() ? Shard{} : Shard::parse(a.shard);
   const size_t kill_after = test_kill_after_cells();
   const std::unique_ptr<LatentBackend> backend = make_backend(a.device);
@@ -163,11 +167,38 @@ int64_t int_attr_or(const Attrs& attrs, const std::string& name, int64_t fallbac
   return fallback;
 }
 
+// The study step's key, from a results file's root attributes: the dump it studied, the config, the code that
+// computed its cells and the device.
+StepKey study_key(const Attrs& at) {
+  StepKey k;
+  k.add("dump sha256", str_attr(at, "input_sha256"));
+  k.add("config sha256", sha256_hex(str_attr(at, "config")));
+  k.add("latentq code", str_attr(at, "code_sha256"));
+  k.add("--device", str_attr(at, "device"));
+  return k;
+}
+
+// What `latentq run` prints of a complete results file (--verbose): the latent summary and the probes' tables,
+// read back from the file (a study that was reused).
+void print_results_tables(const fs::path& results, const fs::path& dump, std::ostream& out, std::ostream& err) {
+  const Attrs attrs = read_results_attrs(results);
+  const StudyConfig cfg = config_from_results(attrs);
+  LoadOptions header_only;
+  header_only.data = false;
+  const ProbePlan probes = plan_probes(cfg, load_dump(dump, header_only));
+  std::vector<NamedTable> tables;
+  for (const std::string& g : list_tables(results)) tables.push_back({g, read_table(results, g), {}});
+  const ColumnTable* summary = find_table(tables, "summary");
+  if (summary) out << format_summary(*summary, dump_attrs_from_results(attrs));
+  print_probe_report(cfg, probes, summary, tables, dump_attrs_from_results(attrs), out, err);
+}
+
 // `latentq study`: the user's checkpoint to a decision. dump -> study (cells, probes, attention) -> e2e (the same
 // model and the same tokenized text: the dump's windows from byte 0) -> decision summary -> report, into OUTDIR.
-// A rerun resumes: a finished dump is reused when its inputs' hashes match (run_dump_step), a complete results
-// file of the same dump and config is kept (an OUT.partial of them resumes), and /e2e is kept when its
-// provenance (text sha256, model, device, dtype, windows) matches.
+// A rerun resumes: each step is reused only when everything it read is unchanged (latentq/provenance.h): the dump
+// when its key matches DUMP.inputs (run_dump_step), a complete results file of the same dump, config, code and
+// device (an OUT.partial of them resumes), and /e2e when its step_key (the checkpoint's files, the text, the code,
+// the flags) matches; otherwise the step is redone and the terminal says which input changed.
 int cmd_study(const StudyArgs& a, std::ostream& out, std::ostream& err, bool progress_bar) {
   const fs::path dir = fs::absolute(a.out).lexically_normal();
   DumpStepInputs in;
@@ -184,42 +215,66 @@ int cmd_study(const StudyArgs& a, std::ostream& out, std::ostream& err, bool pro
   if (!fs::is_regular_file(in.model / "config.json", ec))
     throw std::invalid_argument(fmt::format("--model {}: no config.json (expected a checkpoint directory)", a.model));
   if (!fs::is_regular_file(in.text, ec)) throw std::invalid_argument(fmt::format("--text {}: no such file", a.text));
+  if (!a.no_e2e && a.seq_len < 2)
+    throw std::invalid_argument(fmt::format(
+        "--seq-len {}: the e2e step needs at least 2 tokens per sequence for a next-token metric (or pass --no-e2e)",
+        a.seq_len));
+  const fs::path dump = dir / "dump.h5", results = dir / "results.h5";
+  fs::path stamp = dump, partial = partial_path(results);
+  stamp += ".inputs";
+  refuse_output_over_input(
+      {{"the checkpoint directory --model", in.model}, {"the text --text", in.text}, {"the config --config", a.config}},
+      {{"the output directory --out", dir},
+       {"the dump", dump},
+       {"the dump's record", stamp},
+       {"the results file", results},
+       {"the results checkpoint", partial},
+       {"the report directory", dir / "report"}});
   const std::string config_text = a.config.empty() ? std::string(default_config_text()) : [&] {
     std::ifstream f(a.config, std::ios::binary);
     if (!f) throw std::invalid_argument(a.config + ": cannot read the config file");
     return std::string{std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
   }();
   fs::create_directories(dir);
-  const fs::path dump = dir / "dump.h5", results = dir / "results.h5";
 
-  // 1. The dump (reused when its inputs match).
-  run_dump_step(in, dump, out);
+  // 1. The dump (reused when every input is unchanged).
+  const DumpStepResult d = run_dump_step(in, dump, out);
   const std::string dump_sha = file_sha256(dump);
   const std::string text_sha = file_sha256(in.text);
 
-  // 2. The study: kept when complete for this dump and config, resumed from its checkpoint, else afresh.
-  const auto same_study = [&](const fs::path& p) {
-    if (!fs::is_regular_file(p, ec)) return false;
-    const Attrs at = read_results_attrs(p);
-    return str_attr(at, "input_sha256") == dump_sha && str_attr(at, "config") == config_text;
+  // 2. The study: kept when complete for this dump, config, code and device, resumed from its checkpoint, else
+  // afresh.
+  StepKey study_now;
+  study_now.add("dump sha256", dump_sha);
+  study_now.add("config sha256", sha256_hex(config_text));
+  study_now.add("latentq code", executable_sha256());
+  study_now.add("--device", a.device);
+  const auto changes_of = [&](const fs::path& p) -> std::optional<std::vector<std::string>> {
+    if (!fs::is_regular_file(p, ec)) return std::nullopt;
+    return key_changes(study_key(read_results_attrs(p)), study_now);
   };
-  if (same_study(results) && int_attr_or(read_results_attrs(results), "complete", 0) == 1) {
-    out << "study: reusing " << results.string() << " (complete, of this dump and config)\n";
+  const auto done = changes_of(results);
+  if (done && done->empty() && int_attr_or(read_results_attrs(results), "complete", 0) == 1) {
+    out << "study: reusing " << results.string() << " (complete, of this dump, config, code and device)\n";
+    if (a.verbose) print_results_tables(results, dump, out, err);
   } else {
+    if (done && !done->empty())
+      out << "study: redoing " << results.string() << ": " << fmt::format("{}", fmt::join(*done, "; ")) << "\n";
+    const auto part = changes_of(partial);
     RunArgs ra;
     ra.config = a.config;
     ra.input = dump.string();
     ra.out = results.string();
     ra.device = a.device;
     ra.threads = a.threads;
-    ra.resume = same_study(partial_path(results));
+    ra.resume = part && part->empty();
     ra.no_e2e = true;
     ra.no_decision = true;
     ra.verbose = a.verbose;
     if (const int rc = cmd_run(ra, out, err, progress_bar); rc != kExitOk) return rc;
   }
 
-  // 3. The e2e step on the same model and text, with its provenance checked.
+  // 3. The e2e step on the same model and text, reused when its key (step_key) is unchanged.
   const Attrs attrs = read_results_attrs(results);
   StudyConfig cfg = config_from_results(attrs);
   E2eSettings& E = cfg.probes.e2e;
@@ -232,21 +287,36 @@ int cmd_study(const StudyArgs& a, std::ostream& out, std::ostream& err, bool pro
   E.device = a.device;
   E.dtype = a.dtype;
   E.dump_text_sha256 = text_sha;
+  StepKey e2e_now;
+  e2e_now.add("latentq code", d.code);
+  e2e_now.add("results", str_attr(attrs, "input_sha256") + " " + sha256_hex(str_attr(attrs, "config")));
+  e2e_now.add("model", in.model.string());
+  for (const FileDigest& f : d.model_files) e2e_now.add("model file " + f.name, f.sha256);
+  e2e_now.add("text sha256", text_sha);
+  e2e_now.add("--seq-len", std::to_string(a.seq_len));
+  e2e_now.add("--num-seqs", std::to_string(a.num_seqs));
+  e2e_now.add("--dtype", a.dtype);
+  e2e_now.add("--device", a.device);
   const std::vector<std::string> groups = list_tables(results);
-  bool e2e_kept = false;
+  std::optional<std::vector<std::string>> e2e_changes;
   if (std::find(groups.begin(), groups.end(), "e2e") != groups.end()) {
-    const Attrs e = read_group_attrs(results, "e2e");
-    e2e_kept = str_attr(e, "text_sha256") == text_sha && str_attr(e, "model") == in.model.string() &&
-               str_attr(e, "device") == a.device && str_attr(e, "dtype") == a.dtype &&
-               int_attr_or(e, "seq_len", -1) == a.seq_len && int_attr_or(e, "num_seqs", -1) == a.num_seqs &&
-               int_attr_or(e, "text_offset_bytes", -1) == 0;
+    const std::string recorded = str_attr(read_group_attrs(results, "e2e"), "step_key");
+    e2e_changes = recorded.empty() ? std::vector<std::string>{"no step_key recorded"}
+                                   : key_changes(StepKey::parse_json(recorded), e2e_now);
   }
-  if (a.no_e2e)
+  if (a.no_e2e) {
     out << "e2e: skipped (--no-e2e)\n";
-  else if (e2e_kept)
-    out << "e2e: reusing /e2e of " << results.string() << " (same model, text, device, dtype and windows)\n";
-  else
-    run_e2e_step(cfg, dump_attrs_from_results(attrs), results, a.threads, out, err, a.verbose);
+  } else if (e2e_changes && e2e_changes->empty()) {
+    out << "e2e: reusing /e2e of " << results.string() << " (every input unchanged)\n";
+    if (a.verbose)
+      out << format_e2e_summary(read_table(results, "e2e"),
+                                std::find(groups.begin(), groups.end(), "summary") != groups.end()
+                                    ? read_table(results, "summary")
+                                    : ColumnTable{});
+  } else {
+    if (e2e_changes) out << "e2e: redoing /e2e: " << fmt::format("{}", fmt::join(*e2e_changes, "; ")) << "\n";
+    run_e2e_step(cfg, dump_attrs_from_results(attrs), results, a.threads, out, err, a.verbose, &e2e_now);
+  }
 
   // 4. The decision summary, then 5. the report.
   decision_step(results, a.budgets, out);
@@ -448,6 +518,7 @@ struct PlanArgs {
 // `latentq plan`: the exact multiple-choice knapsack (latentq/plan.h), the best uniform quantizer within
 // the same budget, and the plan written as a study config. Rows that are no option: warnings on `err`.
 int cmd_plan(const PlanArgs& a, std::ostream& out, std::ostream& err) {
+  refuse_output_over_input({{"the results file", a.results}}, {{"the plan --out", a.out}});
   const PlanInputs in = read_plan_inputs(a.results, a.objective);
   for (const std::string& w : in.warnings) err << "latentq: warning: " << w << "\n";
   const PlanSolution s =

@@ -1,14 +1,21 @@
 // Python steps started by latentq (latentq/external.h): posix_spawn with a pipe for the output.
 #include "latentq/external.h"
 #include "latentq/util.h"
+#include "latentq/provenance.h"
 
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <chrono>
+#include <future>
+#include <memory>
+#include <optional>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -190,7 +197,7 @@ bool is_tiny_mla_dir(const fs::path& dir) {
 }  // namespace
 
 bool run_e2e_step(const StudyConfig& config, const DumpAttrs& attrs, const fs::path& results, int threads,
-                  std::ostream& out, std::ostream& err, bool verbose) {
+                  std::ostream& out, std::ostream& err, bool verbose, const StepKey* step_key) {
   const E2eSettings& E = config.probes.e2e;
   const PythonTools t = python_tools();
   std::error_code ec;
@@ -229,11 +236,15 @@ bool run_e2e_step(const StudyConfig& config, const DumpAttrs& attrs, const fs::p
   const int n = worker_threads(threads);
   argv.insert(argv.end(), {"--threads", std::to_string(n)});
   if (!verbose) argv.push_back("--quiet");
+  if (step_key) argv.insert(argv.end(), {"--step-key", step_key->json()});
   if (!E.quantizers.empty()) {
     argv.push_back("--quantizers");
     argv.insert(argv.end(), E.quantizers.begin(), E.quantizers.end());
   }
-  out << "\ne2e: " << fmt::format("{}", fmt::join(argv, " ")) << "\n";
+  std::vector<std::string> shown = argv;  // the key is long (a digest per checkpoint file): not printed
+  for (size_t i = 0; i + 1 < shown.size(); ++i)
+    if (shown[i] == "--step-key") shown[i + 1] = "<key>";
+  out << "\ne2e: " << fmt::format("{}", fmt::join(shown, " ")) << "\n";
   out.flush();
   // The step's lines (one per run, its progress with counts and an ETA, its notes and warnings) are relayed
   // as they come (RouteLines); on a terminal it draws a bar (latentq/progress.py), else a line every ~10 s.
@@ -267,32 +278,109 @@ bool run_e2e_step(const StudyConfig& config, const DumpAttrs& attrs, const fs::p
   return true;
 }
 
-bool run_dump_step(const DumpStepInputs& in, const fs::path& dump, std::ostream& out) {
+namespace {
+/// The dump step's key: the code, the checkpoint (its path and every file's sha256), the text, the flags, and last
+/// the dump's own sha256 (a dump changed since it was written is not reused).
+StepKey dump_key(const DumpStepInputs& in, const std::string& code, const std::vector<FileDigest>& model_files,
+                 const std::string& text_sha, const std::string& dump_sha) {
+  StepKey k;
+  k.add("latentq code", code);
+  k.add("model", in.model.string());
+  for (const FileDigest& f : model_files) k.add("model file " + f.name, f.sha256);
+  k.add("text", in.text.string());
+  k.add("text sha256", text_sha);
+  k.add("--seq-len", std::to_string(in.seq_len));
+  k.add("--num-seqs", std::to_string(in.num_seqs));
+  k.add("--q-rows", std::to_string(in.q_rows));
+  k.add("--dtype", in.dtype);
+  k.add("--device", in.device);
+  k.add("dump sha256", dump_sha);
+  return k;
+}
+
+/// DUMP.inputs: {"key": the dump's key, "files": [[name, sha256, size, mtime_ns, ctime_ns, inode, device], ...]}.
+std::string stamp_text(const StepKey& key, const std::vector<FileDigest>& files) {
+  nlohmann::ordered_json j;
+  j["schema"] = "latentq-step-key/1";
+  j["key"] = nlohmann::ordered_json::parse(key.json());
+  j["files"] = nlohmann::ordered_json::array();
+  for (const FileDigest& f : files)
+    j["files"].push_back({f.name, f.sha256, f.size, f.mtime_ns, f.ctime_ns, f.inode, f.device});
+  return j.dump(1) + "\n";
+}
+
+/// The key and the files of DUMP.inputs; nullopt when it is absent or not such a file.
+std::optional<std::pair<StepKey, std::vector<FileDigest>>> read_stamp(const fs::path& stamp) {
+  std::ifstream f(stamp);
+  if (!f) return std::nullopt;
+  try {
+    const nlohmann::ordered_json j = nlohmann::ordered_json::parse(f);
+    if (j.value("schema", "") != "latentq-step-key/1") return std::nullopt;
+    StepKey key = StepKey::parse_json(j.at("key").dump());
+    std::vector<FileDigest> files;
+    for (const auto& e : j.at("files")) {
+      FileDigest d;
+      d.name = e.at(0).get<std::string>();
+      d.sha256 = e.at(1).get<std::string>();
+      d.size = e.at(2).get<std::uintmax_t>();
+      d.mtime_ns = e.at(3).get<std::int64_t>();
+      d.ctime_ns = e.at(4).get<std::int64_t>();
+      d.inode = e.at(5).get<std::uint64_t>();
+      d.device = e.at(6).get<std::uint64_t>();
+      files.push_back(std::move(d));
+    }
+    return std::make_pair(std::move(key), std::move(files));
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+std::function<void(size_t, size_t)> hash_progress(std::ostream& out) {
+  auto last = std::make_shared<std::chrono::steady_clock::time_point>(std::chrono::steady_clock::now());
+  return [&out, last](size_t done, size_t total) {
+    const auto now = std::chrono::steady_clock::now();
+    if (done < total && now - *last < std::chrono::seconds(10)) return;
+    *last = now;
+    out << fmt::format("dump: hashed {:.1f} of {:.1f} MiB of the checkpoint\n", static_cast<double>(done) / 1048576.0,
+                       static_cast<double>(total) / 1048576.0);
+    out.flush();
+  };
+}
+}  // namespace
+
+DumpStepResult run_dump_step(const DumpStepInputs& in, const fs::path& dump, std::ostream& out) {
   const auto sha_or = [](const fs::path& p) {
     std::error_code ec;
     return fs::is_regular_file(p, ec) ? file_sha256(p) : std::string("-");
   };
-  // The checkpoint's identity without hashing its weights: its config, and its shard index or single file.
-  const std::string weights = fs::exists(in.model / "model.safetensors.index.json")
-                                  ? sha_or(in.model / "model.safetensors.index.json")
-                                  : sha_or(in.model / "model.safetensors");
-  const std::string record = fmt::format(
-      "latentq study dump inputs\nmodel {}\nmodel_config_sha256 {}\nmodel_weights_sha256 {}\ntext {}\n"
-      "text_sha256 {}\nseq_len {}\nnum_seqs {}\nq_rows {}\ndtype {}\ndevice {}\n",
-      in.model.string(), sha_or(in.model / "config.json"), weights, in.text.string(), sha_or(in.text), in.seq_len,
-      in.num_seqs, in.q_rows, in.dtype, in.device);
+  const PythonTools t = python_tools();
+  DumpStepResult res;
+  res.code = code_sha256(t.source_dir, t.pymodule_dir);
+  const std::string text_sha = sha_or(in.text);
   fs::path stamp = dump;
   stamp += ".inputs";
   std::error_code ec;
-  if (fs::is_regular_file(dump, ec) && fs::is_regular_file(stamp, ec)) {
-    std::ifstream f(stamp);
-    const std::string old{std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
-    if (old == record + "dump_sha256 " + file_sha256(dump) + "\n") {
-      out << "dump: reusing " << dump.string() << " (its inputs and its sha256 match " << stamp.string() << ")\n";
-      return true;
+  if (fs::is_regular_file(dump, ec)) {
+    const auto old = read_stamp(stamp);
+    if (!old) {
+      out << "dump: redoing " << dump.string() << " (no record of its inputs in " << stamp.string() << ")\n";
+    } else {
+      // Files whose stat fields are unchanged keep their recorded digest; the others are hashed again.
+      res.model_files = directory_digests(in.model, old->second, hash_progress(out));
+      const StepKey now = dump_key(in, res.code, res.model_files, text_sha, file_sha256(dump));
+      const std::vector<std::string> changes = key_changes(old->first, now);
+      if (changes.empty()) {
+        out << "dump: reusing " << dump.string() << " (every input unchanged: " << stamp.string() << ")\n";
+        if (old->second.size() != res.model_files.size() ||
+            !std::equal(old->second.begin(), old->second.end(), res.model_files.begin(),
+                        [](const FileDigest& a, const FileDigest& b) { return a.ctime_ns == b.ctime_ns; }))
+          write_text_atomic(stamp, stamp_text(now, res.model_files));  // touched, not changed: new stat fields
+        res.reused = true;
+        return res;
+      }
+      out << "dump: redoing " << dump.string() << ": " << fmt::format("{}", fmt::join(changes, "; ")) << "\n";
     }
   }
-  const PythonTools t = python_tools();
   if (const std::string why = python_unavailable_reason(t, "python/latentq/dump.py", false); !why.empty())
     throw std::runtime_error("dump: " + why);
   std::vector<std::string> argv = {t.python.string(),
@@ -322,10 +410,18 @@ bool run_dump_step(const DumpStepInputs& in, const fs::path& dump, std::ostream&
   std::vector<std::pair<std::string, std::string>> env = python_env(t);
   if (!std::getenv("LATENTQ_PROGRESS") && ::isatty(STDERR_FILENO)) env.emplace_back("LATENTQ_PROGRESS", "bar");
   fs::remove(stamp, ec);  // a dump being rewritten is not reusable until it is complete
+  // The checkpoint's files are hashed while the dump reads them (the page cache serves both), so the key costs
+  // no pass of its own; a file whose stat fields change meanwhile is hashed again by the next run.
+  std::future<std::vector<FileDigest>> files =
+      res.model_files.empty()
+          ? std::async(std::launch::async, [&] { return directory_digests(in.model); })
+          : std::async(std::launch::deferred, [&] { return res.model_files; });
   const int rc = run_process(argv, env, out);
+  res.model_files = files.get();
   if (rc != 0) throw std::runtime_error(fmt::format("dump: python -m latentq.dump exited with code {}", rc));
-  write_text_atomic(stamp, record + "dump_sha256 " + file_sha256(dump) + "\n");
-  return false;
+  write_text_atomic(stamp, stamp_text(dump_key(in, res.code, res.model_files, text_sha, file_sha256(dump)),
+                                      res.model_files));
+  return res;
 }
 
 int run_report(const std::string& results, const std::string& out_dir, std::ostream& out) {

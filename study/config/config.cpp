@@ -4,6 +4,7 @@
 
 #include <fnmatch.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <fstream>
@@ -317,6 +318,28 @@ void parse_exclude(const Parser& P, const toml::node& n, const std::string& name
       warnings.push_back(fmt::format("{}: exclude pattern '{}' matches no quantizer", P.where(n), pats[i]));
 }
 
+// A list of spec strings (`name`, node n) appended to v, each spec once whatever its spelling; a spec the list names
+// more than once (the same canonical spec under one or several spellings) is kept once, with a warning.
+void add_spec_list(const Parser& P, const toml::node& n, const std::string& name, std::vector<Quantizer>& v,
+                   std::vector<std::string>& warnings) {
+  if (!n.is_array()) P.fail(n, fmt::format("'{}' must be an array of strings", name));
+  std::vector<std::pair<std::string, std::vector<std::string>>> given;  // canonical -> spellings, in order
+  for (const toml::node& e : *n.as_array()) {
+    const std::string s = P.string(e, name);
+    const Quantizer q = P.quantizer(e, s);
+    auto it = std::find_if(given.begin(), given.end(), [&](const auto& g) { return g.first == q.name; });
+    if (it == given.end())
+      given.push_back({q.name, {s}});
+    else
+      it->second.push_back(s);
+    add_unique(v, q);
+  }
+  for (const auto& [c, spellings] : given)
+    if (spellings.size() > 1)
+      warnings.push_back(fmt::format("{}: '{}' names {} {} times ({}): it is studied once", P.where(n), name, c,
+                                     spellings.size(), fmt::join(spellings, ", ")));
+}
+
 // [quantizers]: the quantizers common to every target (the matrix, then extra, less exclude).
 std::vector<Quantizer> parse_quantizers(const Parser& P, const toml::table& root, std::vector<std::string>& warnings) {
   std::vector<Quantizer> common;
@@ -324,10 +347,7 @@ std::vector<Quantizer> parse_quantizers(const Parser& P, const toml::table& root
     P.check_keys(*q, "quantizers.",
                  {"bits", "schemes", "granularities", "group_sizes", "scale_dtypes", "extra", "exclude"});
     common = parse_matrix(P, *q);
-    if (const toml::node* n = q->get("extra")) {
-      if (!n->is_array()) P.fail(*n, "'quantizers.extra' must be an array of strings");
-      for (const toml::node& e : *n->as_array()) add_unique(common, P.quantizer(e, P.string(e, "quantizers.extra")));
-    }
+    if (const toml::node* n = q->get("extra")) add_spec_list(P, *n, "quantizers.extra", common, warnings);
     if (const toml::node* n = q->get("exclude")) parse_exclude(P, *n, "quantizers.exclude", common, warnings);
   }
   return common;
@@ -348,10 +368,8 @@ void parse_targets(const Parser& P, const toml::table& root, const std::vector<T
     const toml::table& tt = *v.as_table();
     P.check_keys(tt, "targets." + name + ".", {"quantizers", "exclude"});
     if (const toml::node* n = tt.get("quantizers")) {
-      if (!n->is_array()) P.fail(*n, fmt::format("'targets.{}.quantizers' must be an array of strings", name));
       per_target[t].clear();
-      for (const toml::node& e : *n->as_array())
-        add_unique(per_target[t], P.quantizer(e, P.string(e, "targets." + name + ".quantizers")));
+      add_spec_list(P, *n, "targets." + name + ".quantizers", per_target[t], warnings);
     }
     if (const toml::node* n = tt.get("exclude"))
       parse_exclude(P, *n, "targets." + name + ".exclude", per_target[t], warnings);
@@ -459,6 +477,7 @@ StudyConfig parse_config(std::string_view text, const std::string& source, const
   C.base_dir = base_dir;
   check_sections(P, root);
   C.probes = parse_probe_config(text, source, base_dir);  // the probe sections (latentq/probe_config.h)
+  C.warnings.insert(C.warnings.end(), C.probes.warnings.begin(), C.probes.warnings.end());
   const std::vector<Target> targets = parse_input(P, root, base_dir, C);
   parse_output(P, root, base_dir, C);
   const std::vector<Quantizer> common = parse_quantizers(P, root, C.warnings);

@@ -5,6 +5,7 @@
 #include "latentq/toml_util.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <cmath>
 
@@ -172,14 +173,14 @@ ProbeConfig parse_probe_config(std::string_view text, const std::string& source,
   if (auto v = r->boolean("enabled")) E.enabled = *v;
   if (auto v = r->path("model")) E.model = *v;
   if (auto v = r->path("text")) E.text = *v;
-  const auto integer = [&](const char* key, int64_t lo, int64_t& out) {
+  const auto integer = [&](const char* key, int64_t lo, int64_t& out, const char* why = "") {
     const std::optional<double> v = r->number(key);
     if (!v) return;
     if (!(*v >= static_cast<double>(lo) && *v <= 1e15 && *v == std::floor(*v)))
-      r->fail(key, fmt::format("'e2e.{}' must be an integer >= {}", key, lo));
+      r->fail(key, fmt::format("'e2e.{}' must be an integer >= {}{}", key, lo, why));
     out = static_cast<int64_t>(*v);
   };
-  integer("seq_len", 1, E.seq_len);
+  integer("seq_len", 2, E.seq_len, " (at least 2 tokens per sequence for a next-token metric)");
   integer("num_seqs", 1, E.num_seqs);
   integer("offset_bytes", 0, E.offset_bytes);
   integer("batch_runs", 1, E.batch_runs);
@@ -194,13 +195,25 @@ ProbeConfig parse_probe_config(std::string_view text, const std::string& source,
     E.dtype = *v;
   }
   if (auto specs = r->strings("quantizers")) {
+    std::vector<std::vector<std::string>> given;  // the spellings of each canonical spec, in E.quantizers' order
     for (size_t i = 0; i < specs->size(); ++i) {
       try {
-        E.quantizers.push_back(TransformedSpec::parse((*specs)[i]).to_string());
+        const std::string c = TransformedSpec::parse((*specs)[i]).to_string();
+        const auto it = std::find(E.quantizers.begin(), E.quantizers.end(), c);
+        if (it == E.quantizers.end()) {
+          E.quantizers.push_back(c);
+          given.push_back({(*specs)[i]});
+        } else {
+          given[static_cast<size_t>(it - E.quantizers.begin())].push_back((*specs)[i]);
+        }
       } catch (const std::invalid_argument& e) {
         r->fail("quantizers", std::string("'e2e.quantizers': ") + e.what(), i);
       }
     }
+    for (size_t i = 0; i < given.size(); ++i)
+      if (given[i].size() > 1)
+        P.warnings.push_back(fmt::format("{}: 'e2e.quantizers' names {} {} times ({}): it runs once", source,
+                                         E.quantizers[i], given[i].size(), fmt::join(given[i], ", ")));
   }
   return P;
 }

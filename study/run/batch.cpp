@@ -176,6 +176,18 @@ void check_resumable(const Attrs& old, const fs::path& src, const Attrs& now) {
         fmt::format("{}: cannot resume: it was written for another input (input sha256 {} in the file, {} now); "
                     "rerun without --resume",
                     src.string(), old_in, new_in));
+  // The code that computed the cells (files written before latentq recorded it are not checked).
+  const AttrValue* oc = find_attr(old, "code_sha256");
+  const AttrValue* nc = find_attr(now, "code_sha256");
+  if (oc && nc && std::holds_alternative<std::string>(*oc) && std::holds_alternative<std::string>(*nc)) {
+    const std::string& old_code = std::get<std::string>(*oc);
+    const std::string& new_code = std::get<std::string>(*nc);
+    if (old_code != new_code)
+      throw std::invalid_argument(
+          fmt::format("{}: cannot resume: its cells were computed by another build of latentq (code sha256 {} in "
+                      "the file, {} now); rerun without --resume",
+                      src.string(), old_code, new_code));
+  }
   const std::string& old_shard = need_attr<std::string>(old, "shard", src, why);
   const std::string& new_shard = std::get<std::string>(attr(now, "shard"));
   if (old_shard != new_shard)

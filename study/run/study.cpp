@@ -1,5 +1,6 @@
 // The latent-error study (latentq/study.h).
 #include "latentq/study.h"
+#include "latentq/provenance.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -436,6 +437,7 @@ Attrs study_attrs(const StudyConfig& config, const Dump& dump, const std::string
       {"created", utc_now_iso8601()},
       {"latentq_version", std::string(version())},
       {"git_commit", std::string(git_commit())},
+      {"code_sha256", executable_sha256()},  // the code of the cells (latentq/provenance.h)
       {"config", config.text},
       {"config_source", config.source},
       {"config_dir", std::filesystem::absolute(config.base_dir).lexically_normal().string()},

@@ -19,13 +19,16 @@
 #ifndef LATENTQ_VERSION
 #define LATENTQ_VERSION "unknown"
 #endif
+#if __has_include("latentq_git_commit.h")
+#include "latentq_git_commit.h"  // generated at build time (cmake/git_commit.cmake)
+#endif
 #ifndef LATENTQ_GIT_COMMIT
 #define LATENTQ_GIT_COMMIT "unknown"
 #endif
 
 namespace latentq {
 
-std::string file_sha256(const std::filesystem::path& path) {
+std::string file_sha256(const std::filesystem::path& path, const std::function<void(size_t)>& on_read) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw std::runtime_error(path.string() + ": cannot open for reading");
   const std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx(EVP_MD_CTX_new(), &EVP_MD_CTX_free);
@@ -35,7 +38,10 @@ std::string file_sha256(const std::filesystem::path& path) {
   while (in) {
     in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
     const std::streamsize n = in.gcount();
-    if (n > 0) EVP_DigestUpdate(ctx.get(), buf.data(), static_cast<size_t>(n));
+    if (n > 0) {
+      EVP_DigestUpdate(ctx.get(), buf.data(), static_cast<size_t>(n));
+      if (on_read) on_read(static_cast<size_t>(n));
+    }
   }
   if (in.bad()) throw std::runtime_error(path.string() + ": read error");
   unsigned char md[EVP_MAX_MD_SIZE];

@@ -170,7 +170,7 @@ TEST_F(CliTest, InputErrorsWriteNothing) {
       {{"run", (dir / "bad_spec.toml").string(), "--out", results.string()}, "unknown quantizer spec 'int5-sym-token'"},
       {{"run", (dir / "bad_layer.toml").string(), "--out", results.string()}, "layer 9 was requested"},
       {{"run", (dir / "none.toml").string()}, "cannot read the config file"},
-      {{"run", config.string(), "--out", dump.string()}, "the results path is the input dump"},
+      {{"run", config.string(), "--out", dump.string()}, "is the input dump"},
       {{"run", config.string(), "--device", "cuda"}, "CUDA"},
       {{"run", config.string(), "--device", "tpu"}, "--device"},
       {{"run", config.string(), "--threads", "-1"}, "--threads"},
@@ -187,6 +187,73 @@ TEST_F(CliTest, InputErrorsWriteNothing) {
     EXPECT_FALSE(fs::exists(results));
     EXPECT_FALSE(fs::exists(dir / "out"));
   }
+}
+
+// No command writes over a path it reads: by the same name, through a symlink or a hard link, or inside an input
+// directory. Each is refused with exit 2 naming both roles, and the input is left byte for byte as it was.
+TEST_F(CliTest, OutputsThatAreInputsAreRefused) {
+  ASSERT_EQ(cli({"run", config.string()}).rc, 0);
+  const auto bytes = [](const fs::path& p) {
+    std::ifstream f(p, std::ios::binary);
+    return std::string{std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+  };
+  fs::create_symlink(results, dir / "link.h5");
+  fs::create_hard_link(results, dir / "hard.h5");
+  fs::create_symlink(config, dir / "config_link.toml");
+  fs::create_directories(dir / "model");
+  write(dir / "model" / "config.json", "{}");
+  write(dir / "e2e.toml", std::string(kConfig) + "[e2e]\nmodel = \"model\"\n");
+  struct Case {
+    std::vector<std::string> args;
+    fs::path input;
+    std::vector<std::string> message;
+  };
+  const std::vector<Case> cases = {
+      {{"plan", results.string(), "--budget", "100", "--out", results.string()},
+       results,
+       {"the plan --out", "is the results file"}},
+      {{"plan", results.string(), "--budget", "100", "--out", (dir / "link.h5").string()},
+       results,
+       {"link.h5 is the results file"}},
+      {{"plan", results.string(), "--budget", "100", "--out", (dir / "hard.h5").string()},
+       results,
+       {"hard.h5 is the results file"}},
+      {{"run", config.string(), "--out", config.string()}, config, {"the results file", "is the config"}},
+      {{"run", config.string(), "--out", (dir / "config_link.toml").string()}, config, {"is the config"}},
+      {{"run", (dir / "e2e.toml").string(), "--out", (dir / "model" / "r.h5").string()},
+       dir / "model" / "config.json",
+       {"lies inside the [e2e] model directory"}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(::testing::PrintToString(c.args));
+    const std::string before = bytes(c.input);
+    const Outcome o = cli(c.args);
+    EXPECT_EQ(o.rc, 2);
+    for (const std::string& m : c.message) EXPECT_CONTAINS(o.err, m);
+    EXPECT_EQ(bytes(c.input), before);
+  }
+  EXPECT_FALSE(fs::exists(dir / "model" / "r.h5"));
+}
+
+// A spec named twice in one list, under one or two spellings, is studied (or run) once, with a warning naming the
+// spellings: [quantizers] extra and [e2e] quantizers.
+TEST_F(CliTest, ASpecNamedTwiceRunsOnce) {
+  write(dir / "dup.toml", std::string(kConfig) +
+                              "[e2e]\nquantizers = [\"int4-asym-channel-g16-fp16\", \"int4-asym-channel-g16\", "
+                              "\"int4-asym-channel-g16\"]\n");
+  const StudyConfig c = load_config(dir / "dup.toml");
+  EXPECT_EQ(c.probes.e2e.quantizers, std::vector<std::string>{"int4-asym-channel-g16"});
+  ASSERT_EQ(c.warnings.size(), 1u);
+  EXPECT_CONTAINS(c.warnings[0], "'e2e.quantizers' names int4-asym-channel-g16 3 times");
+  EXPECT_CONTAINS(c.warnings[0], "int4-asym-channel-g16-fp16, int4-asym-channel-g16, int4-asym-channel-g16");
+  std::string extra = kConfig;
+  extra.replace(extra.find("extra = [\"bf16\""), 15, "extra = [\"q4_0\", \"int8-sym-token-fp16\", \"int8-sym-token\", \"bf16\"");
+  write(dir / "dup_extra.toml", extra);
+  const StudyConfig e = load_config(dir / "dup_extra.toml");
+  const std::vector<Quantizer> qs = e.all_quantizers();
+  EXPECT_EQ(std::count_if(qs.begin(), qs.end(), [](const Quantizer& q) { return q.name == "int8-sym-token"; }), 1);
+  ASSERT_EQ(e.warnings.size(), 1u);
+  EXPECT_CONTAINS(e.warnings[0], "'quantizers.extra' names int8-sym-token 2 times (int8-sym-token-fp16, int8-sym-token)");
 }
 
 // Bad values in the last layer a study reads (NaN/Inf in c_kv, k_pe or w_uk; a q_rows index outside [0, T)):

@@ -17,6 +17,7 @@
 
 #include "latentq/config.h"
 #include "latentq/dump.h"
+#include "latentq/provenance.h"
 
 namespace latentq {
 
@@ -53,8 +54,10 @@ int run_process(const std::vector<std::string>& argv, const std::vector<std::pai
 /// step fails. Never throws for these; returns true when /e2e was written.
 /// verbose = false (`latentq study` without --verbose): the step gets --quiet (no line per run: its progress and
 /// last line remain) and the /e2e table is not printed after it.
+/// step_key (`latentq study`): recorded as /e2e's attribute step_key (python -m latentq.e2e --step-key), what a
+/// rerun compares to reuse /e2e.
 bool run_e2e_step(const StudyConfig& config, const DumpAttrs& attrs, const std::filesystem::path& results, int threads,
-                  std::ostream& out, std::ostream& err, bool verbose = true);
+                  std::ostream& out, std::ostream& err, bool verbose = true, const StepKey* step_key = nullptr);
 
 /// The inputs of a dump `latentq study` makes: what decides whether a finished dump can be reused.
 struct DumpStepInputs {
@@ -65,14 +68,24 @@ struct DumpStepInputs {
   int threads = 0;
   bool quiet = false;  ///< --quiet: one line at the end instead of the dump's JSON summary
 };
-/// `latentq study`'s dump: DUMP is reused when DUMP.inputs (written after a successful dump) records the
-/// same inputs (model directory, sha256 of its config.json and of its safetensors index or weights file, the
-/// text's sha256, seq_len, num_seqs, q_rows, dtype, device) and DUMP's own sha256; otherwise runs
+/// What the dump step of `latentq study` read and whether it reused its dump.
+struct DumpStepResult {
+  bool reused = false;
+  std::vector<FileDigest> model_files;  ///< every file of the checkpoint directory, with its sha256
+  std::string code;                     ///< code_sha256 of this latentq
+};
+
+/// `latentq study`'s dump: DUMP is reused when DUMP.inputs (written after a successful dump) records the same key
+/// (latentq/provenance.h): latentq's code (code_sha256), the model directory and the sha256 of every file in it
+/// (weights, config, tokenizer, remote code), the text and its sha256, seq_len, num_seqs, q_rows, dtype, device,
+/// and DUMP's own sha256. A file whose stat fields are those recorded is not hashed again. Otherwise prints
+/// "dump: redoing DUMP: <what changed>" (when DUMP exists) and runs
 ///   <python> -m latentq.dump --model DIR --text FILE --seq-len L --num-seqs S --q-rows Q --dtype D
 ///                            --device DEV --out DUMP --force --threads N [--quiet]
-/// (its output, with its progress, copied to `out` as it comes) and writes DUMP.inputs. Returns true when
-/// the dump was reused. Throws std::runtime_error when Python is unavailable or the dump fails (its exit code).
-bool run_dump_step(const DumpStepInputs& in, const std::filesystem::path& dump, std::ostream& out);
+/// (its output, with its progress, copied to `out` as it comes; the checkpoint hashed meanwhile) and writes
+/// DUMP.inputs. Throws std::runtime_error when Python is unavailable or the dump fails (its exit code), or a
+/// file of the checkpoint cannot be read.
+DumpStepResult run_dump_step(const DumpStepInputs& in, const std::filesystem::path& dump, std::ostream& out);
 
 /// `latentq report RESULTS.h5 --out DIR`: runs <python> -m latentq.report RESULTS --out DIR (PYTHONPATH
 /// as above) and returns its exit code (output copied to `out`). Throws std::runtime_error (exit 2)

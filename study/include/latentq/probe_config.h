@@ -84,6 +84,8 @@ struct ProbeConfig {
   E2eSettings e2e;
   /// The settings of every registered probe by section name (defaults for a section left out).
   std::map<std::string, std::shared_ptr<const ProbeSettings>> sections;
+  /// What parsing noticed and kept going: a spec named twice in [e2e] quantizers (run once).
+  std::vector<std::string> warnings;
 };
 
 /// Parse [e2e] and every registered probe's section of config text (other sections are ignored).

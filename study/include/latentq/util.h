@@ -10,15 +10,16 @@
 
 namespace latentq {
 
-/// Lower-case hex SHA-256 of a file's bytes (OpenSSL EVP, read in 1 MiB chunks).
-/// Throws std::runtime_error naming the path if it cannot be read.
-std::string file_sha256(const std::filesystem::path& path);
+/// Lower-case hex SHA-256 of a file's bytes (OpenSSL EVP, read in 1 MiB chunks; `on_read`, when set, is called
+/// with the byte count of each chunk). Throws std::runtime_error naming the path if it cannot be read.
+std::string file_sha256(const std::filesystem::path& path, const std::function<void(size_t)>& on_read = {});
 
 /// Current UTC time as ISO 8601, e.g. "2025-01-31T12:34:56Z".
 std::string utc_now_iso8601();
 
-/// latentq's version (CMake PROJECT_VERSION) and the git commit it was configured at
-/// (LATENTQ_GIT_COMMIT, "unknown" outside a git checkout).
+/// latentq's version (CMake PROJECT_VERSION) and the git commit of the sources built (read at build time:
+/// 12 hex digits, "-dirty" appended when a tracked file differed from that commit; "unknown" outside a git
+/// checkout).
 const char* version();
 const char* git_commit();
 
