@@ -88,8 +88,8 @@ def main() -> int:
         return 2
     from latentq import e2e as e2e_inject
     from latentq.capture import find_mla_layers
-    from latentq.dump import load_model, run_model
     from latentq.inject import DecodeOrderAttention, LatentInjector
+    from latentq.model import load_model, run_model
 
     torch.set_num_threads(a.threads)
     model = load_model(a.model, torch.float32, False)[0]

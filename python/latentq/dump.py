@@ -39,12 +39,10 @@ renamed: an interrupted dump never leaves a partial file. An existing output is 
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import hashlib
 import json
 import os
-import re
 import sys
 import tempfile
 
@@ -53,11 +51,20 @@ import torch
 
 from latentq.capture import LatentCapture, MLAModuleNotFoundError, config_softmax_scale, find_mla_layers, mla_dims
 from latentq.files import publish, refuse_output_over_input
-from latentq.progress import Progress
+from latentq.model import (
+    DTYPES,
+    ModelError,
+    device_error,
+    load_model,
+    run_model,
+    state_dict_sha256,
+    stream_plan,
+    weights_revision,
+)
+from latentq.progress import Progress, StepParser, say
 
 SCHEMA = "latentq-dump/1"
 Q_ROWS_RULE = "per sequence k rows at positions floor((j+1)*L/k)-1, j=0..k-1; k=q_rows//S (+1 for the first q_rows%S)"
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class DumpError(ValueError):
@@ -125,30 +132,6 @@ def rel_err(a, b) -> float:
     a = torch.as_tensor(np.asarray(a) if not isinstance(a, torch.Tensor) else a).double()
     b = torch.as_tensor(np.asarray(b) if not isinstance(b, torch.Tensor) else b).double()
     return float((a - b).abs().max() / b.abs().max().clamp_min(1e-300))
-
-
-def _is_hf(model) -> bool:
-    """Whether model is an HF PreTrainedModel. Does not import transformers (seconds) when it is not
-    imported yet: then no HF model exists."""
-    tf = sys.modules.get("transformers")
-    return tf is not None and isinstance(model, tf.PreTrainedModel)
-
-
-def run_model(model, ids: torch.Tensor) -> torch.Tensor:
-    """One forward pass, input_ids [B, T] int64 -> logits [B, T, V] (HF: use_cache=False)."""
-    if _is_hf(model):
-        return model(input_ids=ids, use_cache=False).logits
-    return model(ids)
-
-
-def state_dict_sha256(model) -> str:
-    """sha256 over the state dict (names, dtypes, shapes, bytes), sorted by name."""
-    h = hashlib.sha256()
-    for k, v in sorted(model.state_dict().items()):
-        t = v.detach().cpu().contiguous()
-        h.update(f"{k}|{t.dtype}|{tuple(t.shape)}|".encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    return h.hexdigest()
 
 
 CHUNK_BYTES = 1 << 20  # target bytes per HDF5 chunk of a per-token / per-query dataset
@@ -574,189 +557,13 @@ def dump(
     }
 
 
-def file_sha256(paths: list[str]) -> str:
-    """sha256 over the bytes of the given files, concatenated in the given order (hex string)."""
-    h = hashlib.sha256()
-    for p in paths:
-        with open(p, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                h.update(chunk)
-    return h.hexdigest()
-
-
-def weights_revision(path: str) -> str | None:
-    """``sha256:<hex>`` over the bytes of a local directory's weight files (every ``*.safetensors`` and
-    ``*.bin``, sorted by name, concatenated), or None when there is none or path is not a directory."""
-    if not os.path.isdir(path):
-        return None
-    w = sorted(os.path.join(path, n) for n in os.listdir(path) if n.endswith((".safetensors", ".bin")))
-    return "sha256:" + file_sha256(w) if w else None
-
-
-def checkpoint_dtype(cfg_file: dict | None) -> str:
-    """The ``original_dtype`` attribute of a checkpoint from its config.json: ``float8_e4m3fn`` for a
-    block-wise FP8 checkpoint (``quantization_config.quant_method == "fp8"``; its torch_dtype names the
-    unquantized tensors), else torch_dtype / dtype, else "unknown"."""
-    cfg_file = cfg_file or {}
-    if (cfg_file.get("quantization_config") or {}).get("quant_method") == "fp8":
-        return "float8_e4m3fn"
-    return str(cfg_file.get("torch_dtype") or cfg_file.get("dtype") or "unknown")
-
-
-def load_tokenizer(path: str, trust_remote_code: bool = False):
-    """The checkpoint's AutoTokenizer, or None (with a warning on stderr) when it has none."""
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
-    except Exception as e:  # no tokenizer files: fall back to bytes
-        print(f"warning: no tokenizer for {path} ({type(e).__name__}); using byte tokens", file=sys.stderr)
-        return None
-
-
-def _read_config(path: str) -> dict | None:
-    cfg_path = os.path.join(path, "config.json")
-    if not os.path.isfile(cfg_path):
-        return None
-    with open(cfg_path) as f:
-        return json.load(f)
-
-
-def is_tiny_mla(path: str) -> bool:
-    """Whether path is a tiny-mla directory (config.json architectures == ["TinyMLAForCausalLM"])."""
-    cfg = _read_config(path)
-    return cfg is not None and cfg.get("architectures") == ["TinyMLAForCausalLM"]
-
-
-def load_model(
-    path: str,
-    dtype: torch.dtype,
-    trust_remote_code: bool = False,
-    *,
-    stream: bool = False,
-    device: str = "cpu",
-    memory_budget: int | None = None,
-    spill_dir: str | None = None,
-):
-    """Load tiny-mla (config.json architectures == ["TinyMLAForCausalLM"]) or an HF model.
-    Returns (model, config_dict, source, revision, original_dtype, tokenizer_or_None).
-
-    HF checkpoints load with AutoModelForCausalLM.from_pretrained (eager attention), except FP8
-    ones (``checkpoint_dtype`` == float8_e4m3fn), which latentq.stream loads with its own block-wise
-    dequantization (LayerStreamer.materialize: the whole model in memory, in ``dtype``).
-    stream=True: ``model`` is a latentq.stream.LayerStreamer (nothing loaded yet; device, memory_budget
-    and spill_dir are its own) for a local safetensors checkpoint directory; else the model is moved to
-    ``device``. Raises
-    latentq.stream.CheckpointError for a checkpoint that cannot be streamed."""
-    cfg_file = _read_config(path) if os.path.isdir(path) else None
-    if cfg_file is not None and cfg_file.get("architectures") == ["TinyMLAForCausalLM"]:
-        from latentq.tiny_mla import TinyMLAForCausalLM
-
-        if stream:
-            raise DumpError(f"--model {path}: tiny-mla is not streamed (it fits in memory); use --stream off or auto")
-        model = TinyMLAForCausalLM.from_pretrained(path).to(dtype).to(device).eval()
-        rev = "sha256:" + file_sha256([os.path.join(path, "model.safetensors")])
-        return model, cfg_file, "tiny-mla", rev, str(cfg_file.get("torch_dtype", "float32")), None
-    orig = checkpoint_dtype(cfg_file)
-    if stream or orig == "float8_e4m3fn":
-        from latentq.stream import LayerStreamer
-
-        sm = LayerStreamer(
-            path,
-            dtype,
-            device=device,
-            memory_budget=memory_budget,
-            spill_dir=spill_dir,
-            trust_remote_code=trust_remote_code,
-        )
-        model = sm if stream else sm.materialize().to(device)
-        config = sm.config
-    else:
-        from transformers import AutoModelForCausalLM
-
-        model = (
-            AutoModelForCausalLM.from_pretrained(
-                path, dtype=dtype, attn_implementation="eager", trust_remote_code=trust_remote_code
-            )
-            .to(device)
-            .eval()
-        )
-        config = model.config
-    rev = getattr(config, "_commit_hash", None) or weights_revision(path)
-    return model, config.to_dict(), "hf-hooks", rev, orig, load_tokenizer(path, trust_remote_code)
-
-
-def stream_decision(mode: str, path: str, dtype: torch.dtype, budget: int) -> tuple[bool, str]:
-    """(stream?, why) for --stream MODE on --model path. ``on``: stream (the checkpoint must be a local
-    safetensors directory); ``off``: never; ``auto``: stream a local safetensors HF checkpoint that is FP8
-    or whose weights in ``dtype`` (from the shards' headers; layers past num_hidden_layers left out)
-    exceed ``budget`` bytes; tiny-mla, hub ids and .bin checkpoints load in memory."""
-    if mode == "off":
-        return False, "--stream off"
-    if mode == "on":
-        return True, "--stream on"
-    from latentq.stream import Checkpoint, CheckpointError
-
-    if not os.path.isdir(path) or is_tiny_mla(path):
-        return False, "not a local HF checkpoint directory" if not os.path.isdir(path) else "tiny-mla"
-    try:
-        ck = Checkpoint(path)
-    except CheckpointError as e:
-        return False, f"not streamable ({e})"
-    if ck.fp8_block is not None:
-        return True, "FP8 checkpoint"
-    n = int(ck.config.get("num_hidden_layers") or 1 << 30)
-
-    def mtp(name: str) -> bool:
-        m = re.match(r"^.+\.layers\.(\d+)\.", name)
-        return m is not None and int(m.group(1)) >= n
-
-    def size(n: int) -> str:
-        return f"{n / (1 << 30):.2f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.2f} MiB"
-
-    need = ck.header_bytes(dtype, skip=mtp)
-    if need > budget:
-        return True, f"weights {size(need)} in {str(dtype).replace('torch.', '')} > budget {size(budget)}"
-    return False, f"weights {size(need)} fit the budget {size(budget)}"
-
-
-def device_error(device: str) -> str | None:
-    """Why ``device`` (a --device value) cannot run the model here, or None: not a torch device string,
-    a device type other than cpu / cuda, or cuda without CUDA available to torch."""
-    try:
-        dev = torch.device(device)
-    except RuntimeError:
-        return f"--device {device}: not a torch device (expected cpu, cuda or cuda:N)"
-    if dev.type not in ("cpu", "cuda"):
-        return f"--device {device}: expected cpu, cuda or cuda:N"
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        return f"--device {device}: CUDA is not available to torch here"
-    return None
-
-
-def stream_plan(mode: str, memory_budget: str | None, path: str, dtype: torch.dtype) -> tuple[bool, str, int]:
-    """(stream?, why, budget in bytes) for --stream MODE and --memory-budget TEXT (None: the default,
-    half the physical memory) on --model path: stream_decision, and the refusals both CLI steps share.
-    Raises DumpError (a ValueError) for a budget parse_size refuses, or tiny-mla under --stream on."""
-    from latentq.stream import default_memory_budget, parse_size
-
-    try:
-        budget = default_memory_budget() if memory_budget is None else parse_size(memory_budget)
-    except ValueError as e:
-        raise DumpError(f"--memory-budget: {e}") from None
-    stream, why = stream_decision(mode, path, dtype, budget)
-    if stream and is_tiny_mla(path):
-        raise DumpError(f"--model {path}: tiny-mla is not streamed (it fits in memory); use --stream off or auto")
-    return stream, why, budget
-
-
 def main(argv=None) -> int:
     """CLI entry point (see the module docstring). Returns 0 on success, 2 on a refused request
     (existing output without --force, missing/unreadable --text, a --model directory without a
     readable config.json, text too short, bad --q-rows, no MLA module, a bad --memory-budget, a
-    checkpoint that cannot be streamed under --stream on), with one line "dump_latents: error: ..."
+    checkpoint that cannot be streamed under --stream on), with one line "latentq dump: error: ..."
     on stderr."""
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = StepParser("dump", prog="python -m latentq.dump", description=__doc__)
     ap.add_argument("--model", required=True, help="tiny-mla directory or HF model directory / id")
     ap.add_argument("--text", required=True, help="text file (its bytes are tokenized)")
     ap.add_argument("--seq-len", type=int, default=512)
@@ -764,9 +571,7 @@ def main(argv=None) -> int:
     ap.add_argument("--q-rows", type=int, default=256, help="query rows per layer, over all sequences")
     ap.add_argument("--out", required=True)
     ap.add_argument("--force", action="store_true", help="overwrite an existing --out")
-    ap.add_argument(
-        "--dtype", choices=sorted(_DTYPES), default="float32", help="compute dtype (stored data is float32)"
-    )
+    ap.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="compute dtype (stored data is float32)")
     ap.add_argument("--gzip", action="store_true", help="gzip-compress the datasets (default: uncompressed)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default="cpu", help="torch device the model runs on (cpu, cuda, cuda:1)")
@@ -792,7 +597,7 @@ def main(argv=None) -> int:
     torch.manual_seed(0)
 
     def fail(msg: str) -> int:
-        print(f"dump_latents: error: {msg}", file=sys.stderr)
+        say("dump", "error", msg)
         return 2
 
     try:
@@ -828,22 +633,22 @@ def main(argv=None) -> int:
     from latentq.stream import CheckpointError
 
     try:
-        stream, why, budget = stream_plan(a.stream, a.memory_budget, a.model, _DTYPES[a.dtype])
-    except DumpError as e:
+        stream, why, budget = stream_plan(a.stream, a.memory_budget, a.model, DTYPES[a.dtype])
+    except ModelError as e:
         return fail(str(e))
-    print(f"dump_latents: {'layer streaming' if stream else 'in memory'} ({why})", file=sys.stderr)
+    say("dump", "note", f"{'layer streaming' if stream else 'in memory'} ({why})")
     out_dir = os.path.dirname(os.path.abspath(a.out))
     try:
         model, cfg, source, rev, orig, tok = load_model(
             a.model,
-            _DTYPES[a.dtype],
+            DTYPES[a.dtype],
             a.trust_remote_code,
             stream=stream,
             device=a.device,
             memory_budget=budget,
             spill_dir=out_dir if os.path.isdir(out_dir) else None,
         )
-    except (CheckpointError, DumpError, MLAModuleNotFoundError) as e:
+    except (CheckpointError, ModelError, MLAModuleNotFoundError) as e:
         return fail(str(e))
     if tok is not None:
         ids = tok(text.decode("utf-8", errors="replace"), add_special_tokens=False)["input_ids"]

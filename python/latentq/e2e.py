@@ -59,9 +59,9 @@ an unbatched run. The file is updated through a temporary copy and a rename, so 
 the previous file intact; user errors exit 2 with one line and write nothing.
 
 Models larger than memory (``--stream auto|on|off``, ``--memory-budget``; the rule of latentq.dump,
-stream_decision: auto streams FP8 checkpoints and weights over the budget): the checkpoint runs layer by
-layer (latentq.stream.LayerStreamer: the model on the meta device, each decoder layer read from the
-shards right before it runs and freed after), every forward of the step (the reference and each batch
+latentq.model.stream_decision: auto streams FP8 checkpoints and weights over the budget): the checkpoint
+runs layer by layer (latentq.stream.LayerStreamer: the model on the meta device, each decoder layer read
+from the shards right before it runs and freed after), every forward of the step (the reference and each batch
 of runs, the same chunks as in memory) through layer i before layer i+1, the hidden states on the host
 (a temporary file beside RESULTS.h5 when they exceed the budget). The rows are those of the in-memory
 step on the same runs (tests/python/test_e2e_stream.py); the progress then counts layers, and the
@@ -76,7 +76,6 @@ special tokens; else the bytes), `--num-seqs` windows of `--seq-len` tokens.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import importlib
 import os
@@ -91,7 +90,6 @@ import torch
 import torch.nn.functional as F
 
 from latentq.capture import find_mla_layers, mla_dims
-from latentq.dump import device_error, load_model, load_tokenizer, run_model, stream_plan
 from latentq.e2e_decode import (  # noqa: F401  (re-exported: the tests and bench/e2e_rate.py use latentq.e2e.*)
     DECODE_TARGETS,
     PREFILL_AT_ONCE,
@@ -111,7 +109,8 @@ from latentq.e2e_results import (  # noqa: F401  (re-exported: the tests use lat
 from latentq.files import publish
 from latentq.fitted_basis import StudyBases, needs_basis, transform_of
 from latentq.inject import DecodeOrderAttention, LatentInjector
-from latentq.progress import Progress
+from latentq.model import DTYPES, device_error, load_model, load_tokenizer, run_model, stream_plan
+from latentq.progress import Progress, StepParser, message, say
 
 # The repository (python/latentq/e2e.py is two levels below it): the default --model data/tiny-mla.
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -126,7 +125,11 @@ def import_latentq():
         importlib.import_module("latentq._core")
     except ImportError as e:
         raise SystemExit(
-            f"e2e_inject: cannot import the compiled latentq Python module latentq._core ({e}); {latentq.BUILD_HINT}"
+            message(
+                "e2e",
+                "error",
+                f"cannot import the compiled latentq Python module latentq._core ({e}); {latentq.BUILD_HINT}",
+            )
         ) from None
     return latentq
 
@@ -302,15 +305,10 @@ def load_tokens(
     return t
 
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
 def parse_args(argv=None):
     """The command line (module docstring). Returns the namespace, or 2 after printing one error line when
     a number is out of range."""
-    ap = argparse.ArgumentParser(
-        prog="python -m latentq.e2e", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    ap = StepParser("e2e", prog="python -m latentq.e2e", description=__doc__)
     ap.add_argument("--results", required=True, help="latentq-results/1 file of `latentq run` (updated in place)")
     ap.add_argument(
         "--model",
@@ -318,7 +316,7 @@ def parse_args(argv=None):
         help="tiny-mla directory or HF MLA checkpoint directory (DeepseekV2/V3, GLM-4 MoE Lite, MiniCPM3)",
     )
     ap.add_argument("--device", default="cpu", help="torch device of the model (cpu, cuda, cuda:1)")
-    ap.add_argument("--dtype", choices=sorted(_DTYPES), default="float32", help="compute dtype of the model")
+    ap.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="compute dtype of the model")
     ap.add_argument("--trust-remote-code", action="store_true", help="for a remote-code checkpoint")
     ap.add_argument("--text", help="text file; default: the KJV held-out split")
     ap.add_argument("--seq-len", type=int, default=512, help="tokens per window")
@@ -380,10 +378,7 @@ def parse_args(argv=None):
     )
     a = ap.parse_args(argv)
     if a.seq_len is not None and a.seq_len < 2:
-        print(
-            f"e2e_inject: error: --seq-len {a.seq_len}: at least 2 tokens per sequence for a next-token metric",
-            file=sys.stderr,
-        )
+        say("e2e", "error", f"--seq-len {a.seq_len}: at least 2 tokens per sequence for a next-token metric")
         return 2
     for flag, v, lo in (
         ("--num-seqs", a.num_seqs, 1),
@@ -393,7 +388,7 @@ def parse_args(argv=None):
         ("--batch-runs", a.batch_runs, 0),
     ):
         if v is not None and v < lo:
-            print(f"e2e_inject: error: {flag} {v}: must be >= {lo}", file=sys.stderr)
+            say("e2e", "error", f"{flag} {v}: must be >= {lo}")
             return 2
     return a
 
@@ -411,10 +406,7 @@ def canonical_specs(latentq, specs: list[str], flag: str) -> list[str]:
         seen.setdefault(c, []).append(q)
     for c, given in seen.items():
         if len(given) > 1:
-            print(
-                f"e2e_inject: note: {flag} names {c} {len(given)} times ({', '.join(given)}): it runs once",
-                file=sys.stderr,
-            )
+            say("e2e", "note", f"{flag} names {c} {len(given)} times ({', '.join(given)}): it runs once")
     return list(seen)
 
 
@@ -436,10 +428,10 @@ class Plan:
             for c in canonical_specs(latentq, specs, flag):
                 if c not in known:  # decode runs with decode_order_targets take those targets (below)
                     tg = "those of decode_order_targets" if decode and attr_tg is not None else "c_kv+k_pe"
-                    print(
-                        f"e2e_inject: warning: quantizer {c} is not in the study of {a.results}; "
-                        f"its targets default to {tg}",
-                        file=sys.stderr,
+                    say(
+                        "e2e",
+                        "warning",
+                        f"quantizer {c} is not in the study of {a.results}; its targets default to {tg}",
                     )
                 out.append((c, known.get(c, ("c_kv", "k_pe"))))
             return out
@@ -487,10 +479,11 @@ class Plan:
                     why[q] = reason
         for reason in dict.fromkeys(why.values()):
             qs = sorted(q for q, r in why.items() if r == reason)
-            print(
-                f"e2e_inject: note: {len(qs)} klt/sklt quantizer(s) not injected ({reason}; their basis is "
+            say(
+                "e2e",
+                "note",
+                f"{len(qs)} klt/sklt quantizer(s) not injected ({reason}; their basis is "
                 f"fitted on the dump's fit split): {', '.join(qs)}",
-                file=sys.stderr,
             )
         runs = [(q, t, PREFILL_AT_ONCE) for q, t in self.pairs if q not in why]
         if PREFILL_AT_ONCE not in self.modes and a.cache_modes is not None:
@@ -503,7 +496,7 @@ class Plan:
 def load_inputs(a, plan: Plan):
     """(model on --device, its tokenizer or None, ids [num_seqs, seq_len] on the device, MLA dims, the
     model's MLA layers, the LayerStreamer or None); plan.layers defaults to the MLA layers. Streaming
-    (--stream, decided by latentq.dump.stream_decision as the dump decides it): the model is the
+    (--stream, decided by latentq.model.stream_plan as the dump decides it): the model is the
     streamer's meta model, nothing loaded yet. Raises ValueError (no CUDA, unreadable --text, no
     config.json, a checkpoint that cannot be streamed, windows the model or text cannot hold, study
     layers the model lacks), OSError, RuntimeError."""
@@ -529,16 +522,16 @@ def load_inputs(a, plan: Plan):
         raise ValueError(f"--model {a.model}: no config.json (expected a tiny-mla or HF MLA checkpoint directory)")
     from latentq.stream import CheckpointError, LayerStreamer
 
-    stream, why, budget = stream_plan(a.stream, a.memory_budget, a.model, _DTYPES[a.dtype])  # DumpError: ValueError
+    stream, why, budget = stream_plan(a.stream, a.memory_budget, a.model, DTYPES[a.dtype])  # ModelError: ValueError
     streamer = None
     if stream:  # in memory is the usual way: no line for it
-        print(f"e2e_inject: layer streaming ({why})", file=sys.stderr)
+        say("e2e", "note", f"layer streaming ({why})")
     try:
         if stream:
             spill = os.path.dirname(os.path.abspath(a.results))
             streamer = LayerStreamer(
                 a.model,
-                _DTYPES[a.dtype],
+                DTYPES[a.dtype],
                 device=a.device,
                 memory_budget=budget,
                 spill_dir=spill if os.path.isdir(spill) else None,
@@ -546,7 +539,7 @@ def load_inputs(a, plan: Plan):
             )
             model, tokenizer = streamer.model, load_tokenizer(a.model, a.trust_remote_code)
         else:
-            model, _cfg, _src, _rev, _orig, tokenizer = load_model(a.model, _DTYPES[a.dtype], a.trust_remote_code)
+            model, _cfg, _src, _rev, _orig, tokenizer = load_model(a.model, DTYPES[a.dtype], a.trust_remote_code)
             model = model.to(a.device)
     except CheckpointError as e:
         raise ValueError(str(e)) from None
@@ -807,7 +800,7 @@ def write_tables(a, runner: Runner, tokenizer, K: int, K_dec: int, streamer=None
 
 def main(argv=None) -> int:
     """The step (module docstring): 0 when /e2e and /e2e_position are written; 2 with one line
-    "e2e_inject: error: ..." on stderr (a bad flag or results file, a model or text that does not fit,
+    "latentq e2e: error: ..." on stderr (a bad flag or results file, a model or text that does not fit,
     non-finite logits, a spec the quantizers refuse), the results file left unchanged."""
     a = parse_args(argv)
     if isinstance(a, int):
@@ -821,23 +814,24 @@ def main(argv=None) -> int:
         plan = Plan(a, latentq)
         model, tokenizer, ids, dims, model_layers, streamer = load_inputs(a, plan)
     except (ValueError, OSError, RuntimeError) as e:
-        print(f"e2e_inject: error: {e}", file=sys.stderr)
+        say("e2e", "error", str(e))
         return 2
     if len(plan.layers) < len(model_layers):
-        print(
-            f"e2e_inject: note: the study ran layers {','.join(map(str, plan.layers))} only; the other "
+        say(
+            "e2e",
+            "note",
+            f"the study ran layers {','.join(map(str, plan.layers))} only; the other "
             f"{len(model_layers) - len(plan.layers)} of {len(model_layers)} layers stay unquantized",
-            file=sys.stderr,
         )
     runs = plan.runs(a)
     try:  # a run behind a fitted basis: the dump must be the study's, checked before the first forward
         if plan.uses_bases:
             plan.bases.check_dump()
     except (ValueError, OSError) as e:
-        print(f"e2e_inject: error: {e}; {a.results} is left unchanged", file=sys.stderr)
+        say("e2e", "error", f"{e}; {a.results} is left unchanged")
         return 2
     if not runs:
-        print("e2e_inject: error: no quantizer to run (only klt quantizers, or no cache mode)", file=sys.stderr)
+        say("e2e", "error", "no quantizer to run (only klt quantizers, or no cache mode)")
         return 2
 
     # Auto: the prefill-at-once runs K at a time (the memory bound); the decode-order runs one at a time,
@@ -863,7 +857,7 @@ def main(argv=None) -> int:
             with Progress(len(streamer.layers), "e2e", f"layers (streamed, {len(chunks)} forwards)") as runner.progress:
                 runner.run_streamed(streamer, chunks, after=lambda i: runner.progress.update(1))
     except (ValueError, OSError) as e:  # non-finite logits, a refused spec, a spill file that cannot be written
-        print(f"e2e_inject: error: {e}; {a.results} is left unchanged", file=sys.stderr)
+        say("e2e", "error", f"{e}; {a.results} is left unchanged")
         return 2
     write_tables(a, runner, tokenizer, K, K_dec, streamer)
     print(

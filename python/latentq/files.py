@@ -1,4 +1,5 @@
-"""Output files of the Python steps: written to a temporary name in the target directory, then renamed.
+"""Files of the Python steps: outputs written to a temporary name in the target directory, then renamed;
+the rule that no output lands on an input; the sha256 of files (the dump's inputs, the study's dump).
 
 ``tempfile.mkstemp`` creates its file with mode 0600; ``publish`` gives it the mode a file opened
 normally would get (0666 less the process umask) before the rename, so every output of the dump,
@@ -7,6 +8,7 @@ the e2e step and the report respects the umask as the C++ tools' outputs do.
 
 from __future__ import annotations
 
+import hashlib
 import os
 
 
@@ -16,6 +18,16 @@ def publish(tmp: str, path: str) -> None:
     os.umask(umask)
     os.chmod(tmp, 0o666 & ~umask)
     os.replace(tmp, path)
+
+
+def file_sha256(paths: list[str]) -> str:
+    """sha256 over the bytes of the given files, concatenated in the given order (hex string)."""
+    h = hashlib.sha256()
+    for p in paths:
+        with open(p, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+    return h.hexdigest()
 
 
 def _inside(child: str, parent: str) -> bool:

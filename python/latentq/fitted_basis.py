@@ -1,10 +1,10 @@
-"""The fitted bases a study quantized behind, for the e2e step: a 'klt,<quantizer>' cell rotates each layer's
-c_kv (or k_pe) by the eigenbasis of the dump's fit split, an 'sklt,<quantizer>' cell transforms it by the
-score-metric KLT of the fit split and its query rows (latentq/analysis/svd_probe.h fit_rotation,
-score_basis.h), which the e2e step's own windows cannot give. ``StudyBases`` refits that basis from the
-study's dump, with the very C++ function the study ran (``latentq.fit_rotation``), so the e2e injects the
-study's transform: x -> A⁻¹·dequantize(quantize(A·x)) (A = R orthogonal for klt, A⁻¹ = Rᵀ), which equals
-folding A into W_UK / W_UV (c_kv) or q_pe (k_pe) up to float32 rounding (latentq/transform.h).
+"""The fitted bases a study quantized behind, for the e2e step: a '<transform>,<quantizer>' cell whose transform is
+fitted on the dump (latentq.transform_rows(): 'klt', the eigenbasis of the fit split; 'sklt', the score-metric KLT of
+the fit split and its query rows) transforms each layer's c_kv (or k_pe) by a basis the e2e step's own windows cannot
+give. ``StudyBases`` refits that basis from the study's dump with the very C++ function the study ran
+(``latentq.fit_layer_rotation``, latentq/fit_layer.h: it reads what the transform's fit needs), so the e2e injects the
+study's transform: x -> A⁻¹·dequantize(quantize(A·x)) (A = R orthogonal for klt, A⁻¹ = Rᵀ), which equals folding A
+into W_UK / W_UV (c_kv) or q_pe (k_pe) up to float32 rounding (latentq/transform.h).
 
 The dump is the results file's root attribute ``input_path``; its sha256 must equal ``input_sha256``
 (the file the study read), checked once, before the first basis is fitted.
@@ -12,17 +12,26 @@ The dump is the results file's root attribute ``input_path``; its sha256 must eq
 
 from __future__ import annotations
 
+import functools
 import os
 
 import h5py
 import numpy as np
 
-FITTED = ("klt", "sklt")  # the transforms fitted on the dump (latentq/transform.h fitted_transform)
+
+@functools.cache
+def fitted_transforms() -> tuple[str, ...]:
+    """The names of the transforms fitted on the dump, in table order (latentq/transform.h kTransforms, through
+    latentq.transform_rows(): ('klt', 'sklt')). A fitted transform takes no block and no seed, so its name is its
+    whole transform part. Raises ImportError when latentq._core is not built."""
+    from latentq import _core
+
+    return tuple(r["name"] for r in _core.transform_rows() if r["fitted"])
 
 
 def needs_basis(spec: str | None) -> bool:
     """True for a spec behind a fitted transform ('klt,tc3', 'sklt,tc3'), whose quantize needs the study's basis."""
-    return spec is not None and "," in spec and spec.split(",", 1)[0] in FITTED
+    return spec is not None and "," in spec and transform_of(spec) in fitted_transforms()
 
 
 def transform_of(spec: str) -> str:
@@ -39,15 +48,14 @@ def _attr(f: h5py.File, name: str) -> str | None:
 
 class StudyBases:
     """``bases(layer, target, transform="klt")`` -> the basis the study fitted for that layer, target and fitted
-    transform, as latentq.fit_rotation returns it (klt: R float32 [D, D], x' = R @ x; sklt: (A, A⁻¹) float32
-    [2, D, D]; D = kv_lora_rank for "c_kv", qk_rope_head_dim for "k_pe"), refitted from the study's dump
-    (/layers/NNN/<target> float32 [T, D], /seq_offsets [S+1]; for sklt also /layers/NNN/q_rows, and q_nope with
-    w_uk for c_kv, q_pe for k_pe) and kept for the step (D·D·4 bytes, twice for sklt, per layer and target).
+    transform, as latentq.fit_layer_rotation returns it (a rotation, klt: R float32 [D, D], x' = R @ x; else, sklt:
+    (A, A⁻¹) float32 [2, D, D]; D = kv_lora_rank for "c_kv", qk_rope_head_dim for "k_pe"), refitted from the
+    study's dump and kept for the step (D·D·4 bytes, twice for sklt, per layer and target).
 
     ``available`` is False, with ``why`` saying so, when the results file records no dump or the dump is
-    not at its path; then the caller leaves the klt quantizers out. Calling it raises ValueError naming the
-    file when the dump's sha256 is not the study's input_sha256 (another file at that path), or the layer or
-    target is not in the dump."""
+    not at its path; then the caller leaves the fitted quantizers out. Calling it raises ValueError naming the
+    file when the dump's sha256 is not the study's input_sha256 (another file at that path), or the layer is not in
+    the dump (or lacks what the fit reads), RuntimeError when the dump cannot be read."""
 
     def __init__(self, latentq, results_path: str):
         self.latentq, self.results = latentq, results_path
@@ -65,18 +73,15 @@ class StudyBases:
 
     def why_not(self, transform: str, layers) -> str:
         """ "" when the dump can give `transform`'s basis on every layer of `layers` (ints; None: every layer of
-        the dump), else why not: the dump is not there, or (sklt) a layer has no query rows (/layers/NNN/q_rows:
-        a latent-only dump)."""
-        if not self.available or transform != "sklt":
+        the dump), else why not: the dump is not there, or the dump lacks what the fit reads on some layer
+        (latentq.fit_layer_missing: for sklt, a layer without query rows, as in a latent-only dump)."""
+        if not self.available:
             return self.why
         if transform not in self._why_not:
-            with h5py.File(self.path, "r") as f:
-                names = [f"layers/{int(l):03d}" for l in layers] if layers is not None else list(f["layers"])
-                names = [n if n.startswith("layers/") else f"layers/{n}" for n in names]
-                bare = [n for n in names if f"{n}/q_rows" not in f]
-            self._why_not[transform] = (
-                f"the study's dump {self.path} has no query rows in /{bare[0]}, which sklt fits on" if bare else ""
+            missing = self.latentq.fit_layer_missing(
+                self.path, transform, None if layers is None else [int(n) for n in layers]
             )
+            self._why_not[transform] = f"the study's dump {missing}" if missing else ""
         return self._why_not[transform]
 
     def check_dump(self) -> None:
@@ -84,7 +89,7 @@ class StudyBases:
         file at the recorded path). The e2e step calls it before its first forward when a run needs a basis."""
         if self._checked:
             return
-        from latentq.dump import file_sha256  # the dumper's own file hash (torch-heavy module: imported when used)
+        from latentq.files import file_sha256  # the hash of the dump's inputs
 
         sha = file_sha256([self.path])
         if self.sha256 and sha != self.sha256:
@@ -101,25 +106,5 @@ class StudyBases:
         if not self.available:
             raise ValueError(f"{transform} basis of layer {layer} {target}: {self.why}")
         self.check_dump()
-        g = f"layers/{layer:03d}"
-        need = [target] + (
-            [] if transform != "sklt" else ["q_rows"] + (["q_nope", "w_uk"] if target == "c_kv" else ["q_pe"])
-        )
-        with h5py.File(self.path, "r") as f:
-            missing = [n for n in need if f"{g}/{n}" not in f]
-            if missing:
-                raise ValueError(
-                    f"{self.path}: no /{g}/{missing[0]}, needed for the {transform} basis of layer {layer} {target}"
-                )
-            d = {n: np.ascontiguousarray(f[f"{g}/{n}"][:]) for n in need}
-            offsets = [int(v) for v in f["seq_offsets"][:]]
-        x = d[target].astype(np.float32)
-        if transform == "sklt":
-            q = d["q_nope" if target == "c_kv" else "q_pe"].astype(np.float32)
-            w = d["w_uk"].astype(np.float32) if target == "c_kv" else None
-            self._bases[key] = self.latentq.fit_rotation(
-                x, "sklt", offsets, q, w, d["q_rows"].astype(np.int32).tolist()
-            )
-        else:
-            self._bases[key] = self.latentq.fit_rotation(x, transform, offsets)
+        self._bases[key] = self.latentq.fit_layer_rotation(self.path, layer, target, transform)
         return self._bases[key]

@@ -1,4 +1,5 @@
-"""Progress of a long step (the dump, the e2e runs): counts, elapsed time and an ETA.
+"""Progress of a long step (the dump, the e2e runs): counts, elapsed time and an ETA; and the one form of
+a step's errors, warnings and notes (``say``).
 
 On a terminal it is a tqdm bar; otherwise (CI, Slurm, the pipe through which ``latentq run`` relays its
 Python steps) one line about every ``interval`` seconds and one at the end (none for a step shorter than
@@ -10,9 +11,38 @@ Python steps) one line about every ``interval`` seconds and one at the end (none
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import time
+
+
+def message(step: str, kind: str, text: str) -> str:
+    """``latentq <step>: <kind>: <text>``: how every Python step (dump, e2e, report, findings, thresholds,
+    stream, model) words an error, a warning or a note (kind: "error", "warning" or "note"), as the C++
+    CLI words its own ("latentq: error: ...")."""
+    assert kind in ("error", "warning", "note"), kind
+    return f"latentq {step}: {kind}: {text}"
+
+
+def say(step: str, kind: str, text: str) -> None:
+    """``message(step, kind, text)`` as one line on stderr, flushed (a parent relaying the step's stderr
+    shows it at once)."""
+    print(message(step, kind, text), file=sys.stderr, flush=True)
+
+
+class StepParser(argparse.ArgumentParser):
+    """The command line of a step: a usage error reads ``latentq <step>: error: ...`` (exit 2), as the step's
+    own errors do. The description is printed as written (RawDescriptionHelpFormatter)."""
+
+    def __init__(self, step: str, **kwargs):
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        super().__init__(**kwargs)
+        self.step = step
+
+    def error(self, msg: str):
+        self.print_usage(sys.stderr)
+        self.exit(2, message(self.step, "error", msg) + "\n")
 
 
 class Progress:

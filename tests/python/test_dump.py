@@ -340,7 +340,7 @@ def test_cli_missing_text_and_model_without_config(saved_model_dir, tmp_path, ca
     missing = tmp_path / "nope.txt"
     rc = dump_latents.main(["--model", saved_model_dir, "--text", str(missing), "--out", str(out)])
     err = capsys.readouterr().err
-    assert rc == 2 and err.startswith("dump_latents: error: ") and str(missing) in err, err
+    assert rc == 2 and err.startswith("latentq dump: error: ") and str(missing) in err, err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
     text = tmp_path / "t.txt"
     text.write_bytes(bytes(range(256)) * 2)
@@ -348,6 +348,6 @@ def test_cli_missing_text_and_model_without_config(saved_model_dir, tmp_path, ca
     empty_dir.mkdir()
     rc = dump_latents.main(["--model", str(empty_dir), "--text", str(text), "--out", str(out)])
     err = capsys.readouterr().err
-    assert rc == 2 and err.startswith("dump_latents: error: ") and str(empty_dir) in err and "config.json" in err, err
+    assert rc == 2 and err.startswith("latentq dump: error: ") and str(empty_dir) in err and "config.json" in err, err
     assert len(err.strip().splitlines()) == 1
     assert not out.exists()

@@ -31,6 +31,7 @@ import torch
 
 from latentq import dump as dump_latents
 from latentq import stream
+from latentq.model import weights_revision
 from latentq.random_checkpoint import deepseek_tensors, quantize_fp8_blocks, random_model, write_checkpoint
 
 BLOCK = (128, 128)
@@ -213,7 +214,7 @@ def test_fp8_streamed_equals_in_memory(ckpts, tmp_path, capsys):
     with h5py.File(on) as f:
         assert _attr(f.attrs["original_dtype"]) == "float8_e4m3fn" and f.attrs["num_layers"] == 4
         assert json.loads(_attr(f.attrs["config_json"]))["quantization_config"]["weight_block_size"] == [128, 128]
-        assert _attr(f.attrs["revision"]) == dump_latents.weights_revision(paths["fp8"])
+        assert _attr(f.attrs["revision"]) == weights_revision(paths["fp8"])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -366,6 +367,6 @@ def test_refused_requests(ckpts, tmp_path, capsys):
         rc = dump_latents.main(argv + ["--text", text, "--seq-len", "8", "--num-seqs", "1", "--out", str(out)])
         err = capsys.readouterr().err
         assert rc == 2, argv
-        lines = [x for x in err.splitlines() if x.startswith("dump_latents: error:")]
+        lines = [x for x in err.splitlines() if x.startswith("latentq dump: error:")]
         assert len(lines) == 1 and re.search(msg, lines[0]), (argv, err)
         assert not out.parent.exists() or os.listdir(out.parent) == [], argv

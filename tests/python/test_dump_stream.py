@@ -23,7 +23,8 @@ import transformers
 
 from latentq import dump as dump_latents
 from latentq.capture import LatentCapture, find_mla_layers, mla_dims
-from latentq.dump import Q_ROWS_RULE, SCHEMA, absorbed_attention, rel_err, select_q_rows, state_dict_sha256
+from latentq.dump import Q_ROWS_RULE, SCHEMA, absorbed_attention, rel_err, select_q_rows
+from latentq.model import run_model, state_dict_sha256
 from latentq.tiny_mla import TinyMLAConfig, TinyMLAForCausalLM
 
 TINY = dict(
@@ -102,7 +103,7 @@ def old_dump(model, cfg, seqs, q_rows, *, model_name, source, text_sha256, extra
         for s, rows in zip(seqs, local):
             cap.clear()
             cap.q_rows = torch.as_tensor(rows)
-            dump_latents.run_model(model, torch.as_tensor(s)[None])
+            run_model(model, torch.as_tensor(s)[None])
             for i in ids:
                 for k in per[i]:
                     per[i][k].append(cap.layers[i][k][0].numpy())

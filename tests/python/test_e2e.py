@@ -87,7 +87,7 @@ def _err_line(capsys):
     err = capsys.readouterr().err
     assert "Traceback" not in err
     lines = [l for l in err.strip().splitlines() if l]
-    assert len(lines) == 1 and lines[0].startswith("e2e_inject: error: "), err
+    assert len(lines) == 1 and lines[0].startswith("latentq e2e: error: "), err
     return lines[0]
 
 

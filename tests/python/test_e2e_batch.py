@@ -116,8 +116,8 @@ def test_batch_hooks_give_each_run_its_own_values():
     """The batched callbacks hand run k's rows to run k's quantizer: the same quantized values bit for bit
     as alone (prefill), and per-row masks / the model's own output on rows a run leaves exact (decode)."""
     import latentq
-    from latentq.dump import load_model, run_model
     from latentq.inject import DecodeOrderAttention
+    from latentq.model import load_model, run_model
 
     torch.manual_seed(0)
     x = torch.randn(6, 40, 16)  # 3 runs x 2 sequences
@@ -201,4 +201,4 @@ def test_a_refused_spec_gives_the_unbatched_error(tmp_path, capsys, monkeypatch)
     assert outs[0] == outs[1]
     lines = outs[0][0].splitlines()
     assert [l.split()[0] for l in lines] == ["int4-asym-channel-g8", "int2-sym-token", "had,int4-asym-token"], lines
-    assert outs[0][1].strip() == "e2e_inject: error: int4-sym-tensor: refused by the test; RES is left unchanged"
+    assert outs[0][1].strip() == "latentq e2e: error: int4-sym-tensor: refused by the test; RES is left unchanged"

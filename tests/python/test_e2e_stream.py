@@ -121,7 +121,7 @@ def test_stream_on_refuses_a_checkpoint_it_cannot_stream(tmp_path, capsys):
     rc = e2e_inject.main(["--results", str(res), "--model", model, "--stream", "on", "--seq-len", "16"])
     assert rc == 2
     err = capsys.readouterr().err
-    assert "e2e_inject: error:" in err, err
+    assert "latentq e2e: error:" in err, err
     assert res.read_bytes() == before
 
 
@@ -137,13 +137,13 @@ def test_a_device_that_cannot_run_the_model_is_one_error_line(tmp_path, checkpoi
     before = res.read_bytes()
     assert e2e_inject.main(["--results", str(res), "--model", str(ckpt), "--device", device]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [err[0]] and err[0].startswith(f"e2e_inject: error: --device {device}: "), err
+    assert err == [err[0]] and err[0].startswith(f"latentq e2e: error: --device {device}: "), err
     assert res.read_bytes() == before
     out = tmp_path / "d.h5"
     argv = ["--model", str(ckpt), "--text", str(text), "--out", str(out), "--device", device, "--seq-len", "16"]
     assert dump_latents.main(argv) == 2
     err = capsys.readouterr().err
-    assert f"dump_latents: error: --device {device}: " in err and "Traceback" not in err, err
+    assert f"latentq dump: error: --device {device}: " in err and "Traceback" not in err, err
     assert not out.exists()
 
 
@@ -165,7 +165,7 @@ def test_a_spill_file_that_cannot_be_written_is_one_error_line(tmp_path, checkpo
     argv = ["--results", str(res), "--model", str(ckpt), "--text", str(text), "--offset-bytes", "0"]
     argv += ["--seq-len", "24", "--num-seqs", "2", "--threads", "1", "--stream", "on", "--memory-budget", "64K"]
     assert e2e_inject.main(argv) == 2
-    err = [l for l in capsys.readouterr().err.splitlines() if l.startswith("e2e_inject: error:")]
+    err = [l for l in capsys.readouterr().err.splitlines() if l.startswith("latentq e2e: error:")]
     assert len(err) == 1 and "No space left on device" in err[0], err
     assert res.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.h5"]

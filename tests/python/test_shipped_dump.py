@@ -41,6 +41,7 @@ def test_shipped_dump_schema_and_recomputation():
 
 def test_redump_reproduces_shipped(tmp_path):
     from latentq import dump as dump_latents
+    from latentq.model import DTYPES, load_model
 
     with h5py.File(DUMP, "r") as f:
         attrs = {k: f.attrs[k] for k in f.attrs}
@@ -49,7 +50,7 @@ def test_redump_reproduces_shipped(tmp_path):
     with open(WEIGHTS, "rb") as fh:
         assert attrs["revision"] == "sha256:" + hashlib.sha256(fh.read()).hexdigest(), "dump made from other weights"
     model_dir = os.path.dirname(WEIGHTS)
-    model, cfg, source, rev, orig, _ = dump_latents.load_model(model_dir, dump_latents._DTYPES["float32"])
+    model, cfg, source, rev, orig, _ = load_model(model_dir, DTYPES["float32"])
     seqs = [tokens[offsets[s] : offsets[s + 1]] for s in range(len(offsets) - 1)]
     out = str(tmp_path / "redump.h5")
     dump_latents.dump(

@@ -1,0 +1,223 @@
+"""Model loading for the Python steps (latentq.dump, latentq.e2e): a tiny-mla directory or an HF MLA
+checkpoint (directory or hub id), its tokenizer, its identity (revision, original dtype) and whether it
+runs in memory or layer by layer (``--stream auto|on|off``, ``--memory-budget``).
+
+    load_model(path, dtype, ...)  -> (model, config dict, source, revision, original_dtype, tokenizer or None)
+    stream_plan(mode, budget, path, dtype) -> (stream?, why, budget bytes): the rule both steps share
+    device_error(device)          -> why a --device cannot run here, or None
+    run_model(model, ids)         -> logits [B, T, V] of one forward pass (tiny-mla or HF)
+
+Models larger than memory: latentq.stream.LayerStreamer (the model on the meta device, each decoder
+layer read from the shards right before it runs). DeepSeek's block-wise FP8 e4m3 checkpoints are
+dequantized on load by latentq.stream in either mode.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import sys
+
+import torch
+
+from latentq.files import file_sha256
+from latentq.progress import say
+
+# The compute dtypes of --dtype.
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class ModelError(ValueError):
+    """A model request a step refuses (tiny-mla under --stream on, a --memory-budget that does not parse)."""
+
+
+def _is_hf(model) -> bool:
+    """Whether model is an HF PreTrainedModel. Does not import transformers (seconds) when it is not
+    imported yet: then no HF model exists."""
+    tf = sys.modules.get("transformers")
+    return tf is not None and isinstance(model, tf.PreTrainedModel)
+
+
+def run_model(model, ids: torch.Tensor) -> torch.Tensor:
+    """One forward pass, input_ids [B, T] int64 -> logits [B, T, V] (HF: use_cache=False)."""
+    if _is_hf(model):
+        return model(input_ids=ids, use_cache=False).logits
+    return model(ids)
+
+
+def state_dict_sha256(model) -> str:
+    """sha256 over the state dict (names, dtypes, shapes, bytes), sorted by name."""
+    h = hashlib.sha256()
+    for k, v in sorted(model.state_dict().items()):
+        t = v.detach().cpu().contiguous()
+        h.update(f"{k}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def weights_revision(path: str) -> str | None:
+    """``sha256:<hex>`` over the bytes of a local directory's weight files (every ``*.safetensors`` and
+    ``*.bin``, sorted by name, concatenated), or None when there is none or path is not a directory."""
+    if not os.path.isdir(path):
+        return None
+    w = sorted(os.path.join(path, n) for n in os.listdir(path) if n.endswith((".safetensors", ".bin")))
+    return "sha256:" + file_sha256(w) if w else None
+
+
+def checkpoint_dtype(cfg_file: dict | None) -> str:
+    """The ``original_dtype`` attribute of a checkpoint from its config.json: ``float8_e4m3fn`` for a
+    block-wise FP8 checkpoint (``quantization_config.quant_method == "fp8"``; its torch_dtype names the
+    unquantized tensors), else torch_dtype / dtype, else "unknown"."""
+    cfg_file = cfg_file or {}
+    if (cfg_file.get("quantization_config") or {}).get("quant_method") == "fp8":
+        return "float8_e4m3fn"
+    return str(cfg_file.get("torch_dtype") or cfg_file.get("dtype") or "unknown")
+
+
+def load_tokenizer(path: str, trust_remote_code: bool = False):
+    """The checkpoint's AutoTokenizer, or None (with a warning on stderr) when it has none."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except Exception as e:  # no tokenizer files: fall back to bytes
+        say("model", "warning", f"no tokenizer for {path} ({type(e).__name__}); using byte tokens")
+        return None
+
+
+def _read_config(path: str) -> dict | None:
+    cfg_path = os.path.join(path, "config.json")
+    if not os.path.isfile(cfg_path):
+        return None
+    with open(cfg_path) as f:
+        return json.load(f)
+
+
+def is_tiny_mla(path: str) -> bool:
+    """Whether path is a tiny-mla directory (config.json architectures == ["TinyMLAForCausalLM"])."""
+    cfg = _read_config(path)
+    return cfg is not None and cfg.get("architectures") == ["TinyMLAForCausalLM"]
+
+
+def load_model(
+    path: str,
+    dtype: torch.dtype,
+    trust_remote_code: bool = False,
+    *,
+    stream: bool = False,
+    device: str = "cpu",
+    memory_budget: int | None = None,
+    spill_dir: str | None = None,
+):
+    """Load tiny-mla (config.json architectures == ["TinyMLAForCausalLM"]) or an HF model.
+    Returns (model, config_dict, source, revision, original_dtype, tokenizer_or_None).
+
+    HF checkpoints load with AutoModelForCausalLM.from_pretrained (eager attention), except FP8
+    ones (``checkpoint_dtype`` == float8_e4m3fn), which latentq.stream loads with its own block-wise
+    dequantization (LayerStreamer.materialize: the whole model in memory, in ``dtype``).
+    stream=True: ``model`` is a latentq.stream.LayerStreamer (nothing loaded yet; device, memory_budget
+    and spill_dir are its own) for a local safetensors checkpoint directory; else the model is moved to
+    ``device``. Raises
+    latentq.stream.CheckpointError for a checkpoint that cannot be streamed."""
+    cfg_file = _read_config(path) if os.path.isdir(path) else None
+    if cfg_file is not None and cfg_file.get("architectures") == ["TinyMLAForCausalLM"]:
+        from latentq.tiny_mla import TinyMLAForCausalLM
+
+        if stream:
+            raise ModelError(f"--model {path}: tiny-mla is not streamed (it fits in memory); use --stream off or auto")
+        model = TinyMLAForCausalLM.from_pretrained(path).to(dtype).to(device).eval()
+        rev = "sha256:" + file_sha256([os.path.join(path, "model.safetensors")])
+        return model, cfg_file, "tiny-mla", rev, str(cfg_file.get("torch_dtype", "float32")), None
+    orig = checkpoint_dtype(cfg_file)
+    if stream or orig == "float8_e4m3fn":
+        from latentq.stream import LayerStreamer
+
+        sm = LayerStreamer(
+            path,
+            dtype,
+            device=device,
+            memory_budget=memory_budget,
+            spill_dir=spill_dir,
+            trust_remote_code=trust_remote_code,
+        )
+        model = sm if stream else sm.materialize().to(device)
+        config = sm.config
+    else:
+        from transformers import AutoModelForCausalLM
+
+        model = (
+            AutoModelForCausalLM.from_pretrained(
+                path, dtype=dtype, attn_implementation="eager", trust_remote_code=trust_remote_code
+            )
+            .to(device)
+            .eval()
+        )
+        config = model.config
+    rev = getattr(config, "_commit_hash", None) or weights_revision(path)
+    return model, config.to_dict(), "hf-hooks", rev, orig, load_tokenizer(path, trust_remote_code)
+
+
+def stream_decision(mode: str, path: str, dtype: torch.dtype, budget: int) -> tuple[bool, str]:
+    """(stream?, why) for --stream MODE on --model path. ``on``: stream (the checkpoint must be a local
+    safetensors directory); ``off``: never; ``auto``: stream a local safetensors HF checkpoint that is FP8
+    or whose weights in ``dtype`` (from the shards' headers; layers past num_hidden_layers left out)
+    exceed ``budget`` bytes; tiny-mla, hub ids and .bin checkpoints load in memory."""
+    if mode == "off":
+        return False, "--stream off"
+    if mode == "on":
+        return True, "--stream on"
+    from latentq.stream import Checkpoint, CheckpointError
+
+    if not os.path.isdir(path) or is_tiny_mla(path):
+        return False, "not a local HF checkpoint directory" if not os.path.isdir(path) else "tiny-mla"
+    try:
+        ck = Checkpoint(path)
+    except CheckpointError as e:
+        return False, f"not streamable ({e})"
+    if ck.fp8_block is not None:
+        return True, "FP8 checkpoint"
+    n = int(ck.config.get("num_hidden_layers") or 1 << 30)
+
+    def mtp(name: str) -> bool:
+        m = re.match(r"^.+\.layers\.(\d+)\.", name)
+        return m is not None and int(m.group(1)) >= n
+
+    def size(n: int) -> str:
+        return f"{n / (1 << 30):.2f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.2f} MiB"
+
+    need = ck.header_bytes(dtype, skip=mtp)
+    if need > budget:
+        return True, f"weights {size(need)} in {str(dtype).replace('torch.', '')} > budget {size(budget)}"
+    return False, f"weights {size(need)} fit the budget {size(budget)}"
+
+
+def device_error(device: str) -> str | None:
+    """Why ``device`` (a --device value) cannot run the model here, or None: not a torch device string,
+    a device type other than cpu / cuda, or cuda without CUDA available to torch."""
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        return f"--device {device}: not a torch device (expected cpu, cuda or cuda:N)"
+    if dev.type not in ("cpu", "cuda"):
+        return f"--device {device}: expected cpu, cuda or cuda:N"
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        return f"--device {device}: CUDA is not available to torch here"
+    return None
+
+
+def stream_plan(mode: str, memory_budget: str | None, path: str, dtype: torch.dtype) -> tuple[bool, str, int]:
+    """(stream?, why, budget in bytes) for --stream MODE and --memory-budget TEXT (None: the default,
+    half the physical memory) on --model path: stream_decision, and the refusals both CLI steps share.
+    Raises ModelError (a ValueError) for a budget parse_size refuses, or tiny-mla under --stream on."""
+    from latentq.stream import default_memory_budget, parse_size
+
+    try:
+        budget = default_memory_budget() if memory_budget is None else parse_size(memory_budget)
+    except ValueError as e:
+        raise ModelError(f"--memory-budget: {e}") from None
+    stream, why = stream_decision(mode, path, dtype, budget)
+    if stream and is_tiny_mla(path):
+        raise ModelError(f"--model {path}: tiny-mla is not streamed (it fits in memory); use --stream off or auto")
+    return stream, why, budget
