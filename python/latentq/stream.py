@@ -52,7 +52,6 @@ import json
 import math
 import os
 import re
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -60,6 +59,8 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import torch
 from torch import nn
+
+from latentq.progress import say
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
@@ -576,7 +577,7 @@ class LayerStreamer:
 
         places, unused = self._placements(targets, scope)
         if unused:
-            print(f"latentq.stream: warning: {what}: checkpoint tensors not used: {unused[:6]}", file=sys.stderr)
+            say("stream", "warning", f"{what}: checkpoint tensors not used: {unused[:6]}")
         dtype_of = {}
         for k, t, _ in places:
             dtype_of[k] = self._target_dtype(t, self._tensors[t])

@@ -19,12 +19,13 @@ a row the gate needs. Only h5py and numpy.
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 
 import h5py
 import numpy as np
+
+from latentq.progress import StepParser, say
 
 # The key quantizers of the gate: every bit width and scheme at the three granularities that
 # matter (per-channel KIVI groups of 32, per-token whole row, per-tensor), plus the baselines.
@@ -146,14 +147,14 @@ def read_tables(path: str) -> tuple[dict, dict]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = StepParser("thresholds", prog="python -m latentq.thresholds", description=__doc__)
     ap.add_argument("results", help="a latentq-results/1 file of the default study")
     ap.add_argument("--margin", type=float, default=1.25, help="error-amplitude margin (default 1.25)")
     a = ap.parse_args(argv)
     try:
         text = thresholds_text(a.results, a.margin)
     except MissingRows as e:
-        print(f"error: {e}", file=sys.stderr)
+        say("thresholds", "error", str(e))
         return 2
     print(text)
     return 0

@@ -499,7 +499,8 @@ def test_full_report_writes_every_figure(full):
     assert md.startswith("# latentq report: tiny-mla")
     assert "/data/latents/tiny-mla.h5" in md
     assert "not in the results file" not in md and "not in the results file" not in p.stdout
-    assert "WARNING" not in md and "WARNING" not in p.stdout  # no shard/complete attributes: complete
+    subset = f"latentq report: warning: {out.parent / 'res.h5'}: "  # the shard / incomplete-run warning
+    assert "WARNING" not in md and subset not in p.stderr  # no shard/complete attributes: complete
     assert not [f for f in os.listdir(out) if f.endswith(".tmp")]
 
 
@@ -611,8 +612,8 @@ def test_shard_or_incomplete_file_warns(tmp_path, kind, attrs, expect):
     p = run_report(tmp_path / "res.h5", "--out", tmp_path / "out")
     assert p.returncode == 0, p.stderr
     assert_clean_stderr(p)
-    warn = [l for l in p.stdout.splitlines() if l.startswith("WARNING")]
-    assert len(warn) == 1 and expect in warn[0], p.stdout
+    warn = [l for l in p.stderr.splitlines() if l.startswith(f"latentq report: warning: {tmp_path / 'res.h5'}: ")]
+    assert len(warn) == 1 and expect in warn[0], p.stderr
     md = (tmp_path / "out" / "report.md").read_text().splitlines()
     assert md[0].startswith("# latentq report")
     top = next(l for l in md[1:] if l.strip())  # the first thing after the title
@@ -679,7 +680,7 @@ def test_bad_input(tmp_path, kind, expect):
     r = run_report(p, "--out", tmp_path / "out")
     assert r.returncode == 2, (kind, r.returncode, r.stderr)
     assert_clean_stderr(r)
-    assert r.stderr.startswith(f"latentq report: {p}: "), r.stderr
+    assert r.stderr.startswith(f"latentq report: error: {p}: "), r.stderr
     assert expect in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "out").exists()

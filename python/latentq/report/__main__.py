@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 
+from latentq.progress import say
 from latentq.report.load import ReportError, load_results
 from latentq.report.markdown import subset_warning, write_report
 
@@ -33,30 +34,31 @@ def main(argv=None):
         # validate the input before creating anything
         loaded = load_results(path)
         if os.path.exists(a.out) and not os.path.isdir(a.out):
-            print(f"{PROG}: {a.out}: --out exists and is not a directory", file=sys.stderr)
+            say("report", "error", f"{a.out}: --out exists and is not a directory")
             return 2
         try:
             os.makedirs(a.out, exist_ok=True)
         except OSError as e:
-            print(f"{PROG}: {a.out}: cannot create the output directory ({e.strerror or e})", file=sys.stderr)
+            say("report", "error", f"{a.out}: cannot create the output directory ({e.strerror or e})")
             return 2
         files, missing, warnings = write_report(path, loaded, a.out, a.quantizers)
     except ReportError as e:
-        print(f"{PROG}: {path}: {e}", file=sys.stderr)
+        say("report", "error", f"{path}: {e}")
         return 2
     except Exception as e:  # noqa: BLE001 - no traceback for users; LATENTQ_DEBUG=1 shows it
         if os.environ.get("LATENTQ_DEBUG"):
             raise
-        print(
-            f"{PROG}: {path}: internal error: {type(e).__name__}: {e} (set LATENTQ_DEBUG=1 for the traceback)",
-            file=sys.stderr,
+        say(
+            "report",
+            "error",
+            f"{path}: internal error: {type(e).__name__}: {e} (set LATENTQ_DEBUG=1 for the traceback)",
         )
         return 1
     subset = subset_warning(loaded[0])
     if subset:
-        print(f"WARNING: {path}: {subset}")
+        say("report", "warning", f"{path}: {subset}")
     for w in warnings:
-        print(f"{PROG}: warning: {w}", file=sys.stderr)
+        say("report", "warning", w)
     for m in missing:
         print(m)
     for f in files:

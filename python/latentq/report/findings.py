@@ -59,11 +59,13 @@ A verdict whose inputs the file lacks has outcome "n/a" and says what is missing
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import sys
 from dataclasses import dataclass, field
+
+from latentq.progress import StepParser, say
+from latentq.report.tables import md_table
 
 NA = "n/a"
 PER_CHANNEL_DECISIVE, PER_CHANNEL_MODEST = 10.0, 1.25
@@ -450,8 +452,6 @@ def family_gaps(tables):
     """The gap to both bounds per family and band (list of Markdown lines): for each family and b in BITS_BANDS,
     the cell with the smallest mean c_kv score_gap_db at bits_per_element in [b, b + 1), as
     "`spec` score_gap_db / gap_db"; "–" where the family has no cell in the band. [] without score_gap_db."""
-    from latentq.report.markdown import md_table
-
     le = tables.get("latent_error")
     if le is None or "score_gap_db" not in le.columns:
         return []
@@ -571,8 +571,6 @@ def source_line(label, path, attrs):
 def findings_markdown(attrs, tables):
     """The "Findings" section of report.md for one results file: its source, then verdict | outcome | numbers
     (list of lines)."""
-    from latentq.report.markdown import md_table
-
     _, desc = source(attrs)
     rows = [[v.claim, v.outcome, v.text] for v in verdicts(attrs, tables)]
     return [
@@ -590,8 +588,6 @@ def findings_markdown(attrs, tables):
 def side_by_side(paths, labels, loaded):
     """The side-by-side table (lines): verdict | each label | transfers?, then the sources. loaded: the
     load_results() of each path."""
-    from latentq.report.markdown import md_table
-
     per = [verdicts(a, t) for a, t, _ in loaded]
     rows = []
     for i, v in enumerate(per[0]):
@@ -605,7 +601,8 @@ def side_by_side(paths, labels, loaded):
 def main(argv=None):
     from latentq.report.load import ReportError, load_results
 
-    ap = argparse.ArgumentParser(
+    ap = StepParser(
+        "findings",
         prog="python -m latentq.report.findings",
         description="The findings' verdicts of one or more latentq results files, side by side (Markdown).",
         epilog="Exit codes: 0 done; 1 --check and a verdict is n/a; 2 input error.",
@@ -624,11 +621,11 @@ def main(argv=None):
         try:
             loaded.append(load_results(p))
         except ReportError as e:
-            print(f"latentq findings: {p}: {e}", file=sys.stderr)
+            say("findings", "error", f"{p}: {e}")
             return 2
     labels = a.labels.split(",") if a.labels else [source(x[0])[0] for x in loaded]
     if len(labels) != len(a.results):
-        print(f"latentq findings: --labels: {len(labels)} labels for {len(a.results)} files", file=sys.stderr)
+        say("findings", "error", f"--labels: {len(labels)} labels for {len(a.results)} files")
         return 2
     lines, per = side_by_side(a.results, labels, loaded)
     if a.families:
@@ -643,7 +640,7 @@ def main(argv=None):
     if a.check:
         bad = [(lb, v) for lb, vs in zip(labels, per) for v in vs if v.outcome == NA]
         for lb, v in bad:
-            print(f"latentq findings: {lb}: {v.key} is n/a: {v.text}", file=sys.stderr)
+            say("findings", "error", f"{lb}: {v.key} is n/a: {v.text}")
         return 1 if bad else 0
     return 0
 

@@ -36,7 +36,7 @@ KNOWN_GROUPS = (
 
 
 class ReportError(Exception):
-    """A user/input error: reported as 'latentq report: <file>: <message>', exit code 2."""
+    """A user/input error: reported as 'latentq report: error: <file>: <message>', exit code 2."""
 
 
 # ----------------------------------------------------------------------------------------------

@@ -32,7 +32,7 @@ report.md also has a "Findings" section (latentq.report.findings): the source th
 each verdict of docs/findings.md with its outcome and numbers.
 A group that is missing gives no figure and one line saying so (stdout and report.md).
 Exit codes (latentq.report.__main__): 0 done; 2 input error (missing file, not HDF5, wrong schema, no
-result tables, bad --out), with "latentq report: <file>: <what>" on stderr and nothing written; 1
+result tables, bad --out), with "latentq report: error: <file>: <what>" on stderr and nothing written; 1
 internal error.
 """
 
@@ -69,6 +69,7 @@ from latentq.report.load import (
     select_quantizers,
     strings,
 )
+from latentq.report.tables import md_table
 
 
 def fmt(v, kind="g"):
@@ -85,17 +86,6 @@ def fmt(v, kind="g"):
     if kind == "f4":
         return f"{v:.4f}"
     return str(v)
-
-
-def md_table(header, rows):
-    """A Markdown table; '|' inside a cell is escaped."""
-
-    def cell(c):
-        return str(c).replace("|", "\\|")
-
-    out = ["| " + " | ".join(cell(h) for h in header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    out += ["| " + " | ".join(cell(c) for c in r) + " |" for r in rows]
-    return "\n".join(out)
 
 
 def table_top_by_bits(Q, att, e2e, k=3):
