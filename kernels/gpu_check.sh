@@ -198,9 +198,9 @@ if [ -n "$TEST" ]; then
 fi
 SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
 if [ -n "$TEST" ] && [ "${LQ_SANITIZE:-1}" != 0 ] && [ -n "$SAN" ]; then
-  F='GpuSpec.int4_asym_channel_g32:GpuSpec.int2_sym_channel_g0:GpuSpec.int4_asym_token_g3:GpuSpec.int8_sym_token_g128:GpuSpec.fp8_e4m3_tile20_pow2:GpuSpec.nvfp4:GpuSpec.q4_1:GpuSpec.flashmla_v41_fp4:GpuSpec.bf16:GpuSpec.int4_asym_tensor:GpuSpecial.DeviceApiReuseAndUnalignedInput:GpuHadamard.*'
+  F='*GpuFormat.*/int4_asym_channel_g32:*GpuFormat.*/int2_sym_channel:*GpuFormat.*/int4_asym_token_g3:*GpuFormat.*/int8_sym_token_g128:*GpuFormat.*/fp8_e4m3_tile20_pow2:*GpuFormat.*/nvfp4:*GpuFormat.*/q4_1:*GpuFormat.*/flashmla_v41_fp4:*GpuFormat.*/bf16:*GpuFormat.*/int4_asym_tensor:GpuSpecial.DeviceApiReuseAndUnalignedInput:GpuHadamard.*'
   for tool in memcheck racecheck; do
-    [ $tool = racecheck ] && F='GpuSpec.int4_asym_token_g32:GpuSpec.int2_sym_token_g128:GpuSpec.fp8_e4m3_tile128_pow2:GpuSpec.mxfp4:GpuSpec.fp8_e4m3_tensor:GpuHadamard.*'
+    [ $tool = racecheck ] && F='*GpuFormat.*/int4_asym_token_g32:*GpuFormat.*/int2_sym_token_g128:*GpuFormat.*/fp8_e4m3_tile128_pow2:*GpuFormat.*/mxfp4:*GpuFormat.*/fp8_e4m3_tensor:GpuHadamard.*'
     say "compute-sanitizer --tool $tool (${F//:/ })"
     LQ_GPU_TEST_MAX_T=300 timeout $([ $tool = memcheck ] && echo 120 || echo 90) \
       "$SAN" --tool $tool --error-exitcode 9 "$TEST" --gtest_brief=1 --gtest_filter="$F" \

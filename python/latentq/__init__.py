@@ -11,6 +11,7 @@ Modules:
               (``latentq.quantize``, ``latentq.quantize_dequantize``, ``latentq.decode_order_mask``, ...)
   capture     forward hooks that capture c_kv, k_pe, q, the attention output and the softmax scale
   inject      quantized latents into the model (LatentInjector) and the decode order (DecodeOrderAttention)
+  format_table ``latentq.formats()``: the format table (every example spec and engine preset) as a DataFrame
   dump        ``python -m latentq.dump``: latentq-dump/1 HDF5 files (data/README.md)
   e2e         ``python -m latentq.e2e``: the model with quantized latents (/e2e, /e2e_position)
   report      ``python -m latentq.report``: figures and report.md of a results file
@@ -32,7 +33,7 @@ __path__ = pkgutil.extend_path(__path__, __name__)
 CORE_NAMES = (
     "LatentqError", "QuantizedTensor", "canonical_spec", "cpu_threads", "decode_order_cache_bytes",
     "decode_order_latents", "decode_order_mask", "decode_scale_is_causal", "decode_token_group", "dequantize",
-    "diagnose", "error_metrics", "fit_rotation", "pack_record", "quantize", "quantize_dequantize", "record_bytes",
+    "diagnose", "error_metrics", "fit_rotation", "format_rows", "pack_record", "quantize", "quantize_dequantize", "record_bytes",
     "rotation_matrix", "set_cpu_threads", "spec_grammar", "token_split", "tq_codebook",
 )  # fmt: skip
 
@@ -49,6 +50,13 @@ except ImportError as e:
 else:
     _core_error = ""
     globals().update({k: getattr(_core, k) for k in dir(_core) if not k.startswith("_")})
+
+
+def formats():
+    """The format table as a pandas DataFrame (latentq.format_table.formats: name, family, engine, record_bytes, ...)."""
+    from latentq.format_table import formats as table
+
+    return table()
 
 
 def __getattr__(name: str):

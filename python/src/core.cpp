@@ -372,6 +372,23 @@ PYBIND11_MODULE(_core, m) {
       "Canonical form of a spec string, '<quantizer>' or '<transform>,<quantizer>' (latentq/transform.h).\n"
       "Raises ValueError (listing the valid forms) for an unknown spec or transform.");
 
+  m.def(
+      "format_rows",
+      [] {
+        py::list rows;
+        for (const FormatRow& r : format_rows())
+          rows.append(py::dict(py::arg("name") = r.name, py::arg("family") = r.family, py::arg("engine") = r.engine,
+                               py::arg("record_bytes") = r.record_bytes,
+                               py::arg("bits_per_element") = r.bits_per_element, py::arg("causal") = r.causal,
+                               py::arg("shapes") = r.shapes, py::arg("source") = r.source,
+                               py::arg("reference") = r.reference));
+        return rows;
+      },
+      "The format table (latentq/spec.h format_rows()): one dict per example spec and engine preset with name,\n"
+      "family, engine (the engine and setting that ship it for MLA, '' when none), record_bytes (one token of\n"
+      "c_kv 512 + k_pe 64, per-matrix bytes left out; -1: a width the format refuses), bits_per_element,\n"
+      "causal, shapes, source and reference (the test against code latentq did not write).");
+
   def_quantized_tensor(m);
   def_quantizers(m);
   def_records(m);

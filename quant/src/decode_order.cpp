@@ -54,21 +54,19 @@ int64_t decode_token_group(const QuantSpec& spec) {
 }
 
 bool decode_scale_is_causal(const QuantSpec& spec) {
-  switch (spec.format) {
-    case Format::Int:
+  switch (traits(spec.format).causality) {  // the format table's row (latentq/spec.h)
+    case Causality::PerToken:
+      return true;
+    case Causality::PerMatrix:
+      return false;
+    case Causality::ByGranularity:
       return !(spec.granularity == Granularity::Tensor ||
                (spec.granularity == Granularity::Channel && spec.group_size == 0));
-    case Format::Fp8Tensor:
-    case Format::NvFp4:
-    case Format::LloydMax:         // codebooks fitted on the matrix's fit split: a per-matrix constant
-    case Format::TransformCoding:  // the record (widths, scales, offsets) likewise
-      return false;
-    case Format::Preset:
+    case Causality::ByTargets:
       return decode_scale_is_causal(spec.stored_for(Target::CKV)) &&
              decode_scale_is_causal(spec.stored_for(Target::KPE));
-    default:
-      return true;
   }
+  return false;
 }
 
 DecodeCacheTokens decode_cache_tokens(const DecodeOrder& order, int64_t L, int64_t G) {

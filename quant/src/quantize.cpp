@@ -19,28 +19,11 @@ namespace latentq {
 namespace q = qmath;
 namespace {
 
-// How quantize() and dequantize() run each storage kind of the format descriptor: integer groups, bf16
-// elements, TurboQuant's rotated codebook rows (turboquant.h), fitted Lloyd-Max codebooks (lloyd_max.h),
-// transform coding's per-component widths (transform_coding.h), or the
-// block formats of blockfmt.h (every other stored Format: layout() marks them block_format). The CPU kernel
-// (set_cpu_kernel) picks the code inside each entry (cpu/dispatch.h).
-enum class Storage : uint8_t { Int = 0, Bf16 = 1, Block = 2, TurboQuant = 3, LloydMax = 4, TransformCoding = 5 };
-Storage storage_of(Format f) {
-  switch (f) {
-    case Format::Int:
-      return Storage::Int;
-    case Format::BF16:
-      return Storage::Bf16;
-    case Format::TurboQuant:
-      return Storage::TurboQuant;
-    case Format::LloydMax:
-      return Storage::LloydMax;
-    case Format::TransformCoding:
-      return Storage::TransformCoding;
-    default:
-      return Storage::Block;
-  }
-}
+// How quantize() and dequantize() run each storage kind of the format descriptor (the table's `storage` field,
+// latentq/spec.h): integer groups, bf16 elements, TurboQuant's rotated codebook rows (turboquant.h), fitted
+// Lloyd-Max codebooks (lloyd_max.h), transform coding's per-component widths (transform_coding.h), or the block
+// formats of blockfmt.h. The CPU kernel (set_cpu_kernel) picks the code inside each entry (cpu/dispatch.h).
+Storage storage_of(Format f) { return traits(f).storage; }
 
 struct StorageOps {
   // Fills qt (stored spec, rows, cols and zeroed codes set) from in.X, already checked for NaN/Inf.
@@ -59,7 +42,11 @@ constexpr StorageOps kStorageOps[] = {
     {cpu::quantize_lm, cpu::dequantize_lm},
     {cpu::quantize_tc, cpu::dequantize_tc},
 };
-const StorageOps& ops_of(Format f) { return kStorageOps[static_cast<int>(storage_of(f))]; }
+static_assert(std::size(kStorageOps) == static_cast<size_t>(Storage::Record), "one entry per stored Storage");
+const StorageOps& ops_of(Format f) {
+  assert(storage_of(f) != Storage::Record);  // a preset is quantized through its stored formats (stored_for)
+  return kStorageOps[static_cast<int>(storage_of(f))];
+}
 
 }  // namespace
 

@@ -7,66 +7,157 @@
 #include <string>
 #include <vector>
 
+#include "latentq/decode_order.h"
 #include "latentq/transform.h"
 
 namespace latentq {
 
+// Each row's examples: what every format test runs (the edge sweep, the CPU kernels, the GPU and emulator tests,
+// the engine references). The integer row: every bits x scheme x granularity x group size {0, 32, 128}, fp32 scales,
+// and group sizes that do not divide a byte, a warp or D.
+constexpr const char* kIntExamples[] = {
+    "int8-sym-tensor", "int8-asym-tensor", "int4-sym-tensor", "int4-asym-tensor", "int2-sym-tensor", "int2-asym-tensor",
+    "int8-sym-channel", "int8-sym-channel-g32", "int8-sym-channel-g128", "int8-asym-channel", "int8-asym-channel-g32",
+    "int8-asym-channel-g128", "int4-sym-channel", "int4-sym-channel-g32", "int4-sym-channel-g128", "int4-asym-channel",
+    "int4-asym-channel-g32", "int4-asym-channel-g128", "int2-sym-channel", "int2-sym-channel-g32",
+    "int2-sym-channel-g128", "int2-asym-channel", "int2-asym-channel-g32", "int2-asym-channel-g128", "int8-sym-token",
+    "int8-sym-token-g32", "int8-sym-token-g128", "int8-asym-token", "int8-asym-token-g32", "int8-asym-token-g128",
+    "int4-sym-token", "int4-sym-token-g32", "int4-sym-token-g128", "int4-asym-token", "int4-asym-token-g32",
+    "int4-asym-token-g128", "int2-sym-token", "int2-sym-token-g32", "int2-sym-token-g128", "int2-asym-token",
+    "int2-asym-token-g32", "int2-asym-token-g128",
+    "int8-sym-tensor-fp32", "int4-asym-channel-g32-fp32", "int2-asym-channel-fp32", "int4-asym-token-g128-fp32",
+    "int8-sym-token-g32-fp32",
+    "int4-asym-token-g3", "int2-sym-token-g5", "int4-asym-token-g1", "int8-asym-token-g33", "int2-asym-token-g100",
+    "int4-asym-channel-g1", "int2-asym-channel-g7", "int4-sym-channel-g33", "int8-asym-channel-g600"};
+constexpr const char* kBf16Examples[] = {"bf16"};
+constexpr const char* kFp8TileExamples[] = {"fp8-e4m3-tile128-pow2", "fp8-e4m3-tile64-pow2-ue8m0",
+                                            "fp8-e4m3-tile32-pow2-ue8m0", "fp8-e4m3-tile20-pow2",
+                                            "fp8-e4m3-tile128-fp32", "fp8-e4m3-tile32-fp32"};
+constexpr const char* kFp8TensorExamples[] = {"fp8-e4m3-tensor", "fp8-e4m3-tensor-s1"};
+constexpr const char* kMxFp8Examples[] = {"mxfp8"};
+constexpr const char* kMxFp4Examples[] = {"mxfp4"};
+constexpr const char* kNvFp4Examples[] = {"nvfp4"};
+constexpr const char* kQ8_0Examples[] = {"q8_0"};
+constexpr const char* kQ4_0Examples[] = {"q4_0"};
+constexpr const char* kQ4_1Examples[] = {"q4_1"};
+constexpr const char* kFp4TileExamples[] = {"fp4-e2m1-tile16-e4m3", "fp4-e2m1-tile16-e4m3-rcp"};
+constexpr const char* kTurboQuantExamples[] = {"tq2", "tq3", "tq4", "tq3-nc", "tq4-nc"};
+constexpr const char* kLloydMaxExamples[] = {"lm2-tensor", "lm3-channel", "lm4-channel-g8", "lm3-channel-g5"};
+constexpr const char* kTransformCodingExamples[] = {"tc3", "tc4", "tc2-lm", "tc2.5", "tc0.75-lm", "tc8"};
+
 // clang-format off
-const FormatTraits kFormats[15] = {
+constexpr FormatTraits kFormats[kFormatCount] = {
   {Format::Int, "int{8|4|2}-{sym|asym}-tensor[-fp32] | int{8|4|2}-{sym|asym}-{channel|token}[-g<N>][-fp32]   (N >= 0; g0 or no -g = whole axis; scale/offset fp16 unless -fp32)",
-   "int", nullptr, nullptr, "KIVI (arXiv 2402.02750) min/max scalar quantization"},
-  {Format::BF16, "bf16", "bf16", "none", "element", "bf16 storage, round to nearest even"},
+   "int", nullptr, nullptr, Storage::Int, Causality::ByGranularity, "any D",
+   nullptr, "KIVI (arXiv 2402.02750) min/max scalar quantization",
+   "hand-computed: QuantizeHand.*, QuantizeProps.* (tests/quant)", kIntExamples},
+  {Format::BF16, "bf16", "bf16", "none", "element", Storage::Bf16, Causality::PerToken, "any D",
+   nullptr, "bf16 storage, round to nearest even (the engines' default cache dtype on a bf16 model)",
+   "engine_refs.bf16_bits (ml-dtypes bfloat16; tests/python/test_engine_formats.py)", kBf16Examples},
   {Format::Fp8Tile, "fp8-e4m3-tile<N>-pow2[-ue8m0] | fp8-e4m3-tile<N>-fp32   (N > 0; pow2: FlashMLA 2^ceil(log2(max(amax/448,1e-4))), -ue8m0 stores it as one byte; fp32: vLLM max(amax/448, FLT_MIN))",
-   "fp8", "sym", "tile", "FlashMLA tests/quant.py quantize_k_cache (pow2); vLLM csrc/cache_kernels.cu concat_and_cache_ds_mla_kernel (fp32)"},
+   "fp8", "sym", "tile", Storage::Block, Causality::PerToken, "any D (a last, partial tile keeps its own scale)",
+   nullptr, "FlashMLA tests/quant.py quantize_k_cache at 520fec6 / 9a7d253 (pow2); vLLM csrc/cache_kernels.cu concat_and_cache_ds_mla_kernel at 254db42e (fp32)",
+   "engine_refs.fp8_tile_pow2 / fp8_tile_fp32 (FlashMLA, vLLM written out; tests/python/test_engine_formats.py)", kFp8TileExamples},
   {Format::Fp8Tensor, "fp8-e4m3-tensor[-s1]   (one fp32 scale per layer matrix: amax/448, or 1.0 with -s1)",
-   "fp8", "sym", "tensor", "vLLM kv_cache_dtype=fp8 on MLA (per-tensor scale; 1.0 when uncalibrated)"},
-  {Format::MxFp8, "mxfp8   (e4m3, one E8M0 scale per 32)", "mx", "sym", "block", "OCP Microscaling v1.0 MXFP8, §6.3 floor rule"},
-  {Format::MxFp4, "mxfp4   (e2m1, one E8M0 scale per 32)", "mx", "sym", "block", "OCP Microscaling v1.0 MXFP4, §6.3 floor rule"},
-  {Format::NvFp4, "nvfp4   (e2m1, one e4m3 scale per 16, one fp32 per-tensor scale)", "nvfp4", "sym", "block",
-   "NVFP4 as torchao prototype/mx_formats/nvfp4_tensor.py nvfp4_quantize (two-level scaling)"},
-  {Format::Q8_0, "q8_0   (ggml: int8, fp16 d per 32)", "ggml", "sym", "block", "ggml ggml-quants.c quantize_row_q8_0_ref"},
-  {Format::Q4_0, "q4_0   (ggml: 4-bit, fp16 d per 32)", "ggml", "sym", "block", "ggml ggml-quants.c quantize_row_q4_0_ref"},
-  {Format::Q4_1, "q4_1   (ggml: 4-bit, fp16 d and min per 32)", "ggml", "asym", "block", "ggml ggml-quants.c quantize_row_q4_1_ref"},
-  {Format::Preset, "flashmla-v32-fp8 | vllm-fp8-ds-mla | flashmla-model1-fp8 | flashmla-v41-fp8 | flashmla-v41-fp4 | vllm-turboquant-4bit-nc | vllm-turboquant-3bit-nc | vllm-turboquant-k8v4 | flashinfer-nvfp4-mla   (an engine's per-token record: c_kv and k_pe formats)",
-   "preset", nullptr, nullptr, "see kPresets"},
+   "fp8", "sym", "tensor", Storage::Block, Causality::PerMatrix, "any D",
+   "vLLM --kv-cache-dtype fp8 (one k_scale per layer: calibrated, or 1.0 as -s1)", "vLLM kv_cache_dtype=fp8 on MLA (scaled_convert: x/scale, saturating)",
+   "engine_refs.fp8_tensor (vLLM written out; tests/python/test_engine_formats.py)", kFp8TensorExamples},
+  {Format::MxFp8, "mxfp8   (e4m3, one E8M0 scale per 32)", "mx", "sym", "block", Storage::Block, Causality::PerToken, "any D (a last, partial block keeps its own scale)",
+   nullptr, "OCP Microscaling v1.0 MXFP8, section 6.3 floor rule",
+   "engine_refs.mx (against torchao to_mx and ml-dtypes; tests/python/test_engine_formats.py)", kMxFp8Examples},
+  {Format::MxFp4, "mxfp4   (e2m1, one E8M0 scale per 32)", "mx", "sym", "block", Storage::Block, Causality::PerToken, "any D (a last, partial block keeps its own scale)",
+   nullptr, "OCP Microscaling v1.0 MXFP4, section 6.3 floor rule",
+   "engine_refs.mx (against torchao to_mx and ml-dtypes; tests/python/test_engine_formats.py)", kMxFp4Examples},
+  {Format::NvFp4, "nvfp4   (e2m1, one e4m3 scale per 16, one fp32 per-tensor scale)", "nvfp4", "sym", "block", Storage::Block, Causality::PerMatrix, "any D (a last, partial block keeps its own scale)",
+   nullptr, "NVFP4 as torchao prototype/mx_formats/nvfp4_tensor.py nvfp4_quantize (two-level scaling)",
+   "engine_refs.nvfp4 (against torchao nvfp4_quantize; tests/python/test_engine_formats.py)", kNvFp4Examples},
+  {Format::Q8_0, "q8_0   (ggml: int8, fp16 d per 32)", "ggml", "sym", "block", Storage::Block, Causality::PerToken, "D a multiple of 32 (ggml's blocks never straddle rows)",
+   "llama.cpp --cache-type-k q8_0 (the MLA cache's 576-wide K row)", "ggml ggml-quants.c quantize_row_q8_0_ref",
+   "engine_refs.q8_0 (against gguf.quants; tests/python/test_engine_formats.py)", kQ8_0Examples},
+  {Format::Q4_0, "q4_0   (ggml: 4-bit, fp16 d per 32)", "ggml", "sym", "block", Storage::Block, Causality::PerToken, "D a multiple of 32 (ggml's blocks never straddle rows)",
+   "llama.cpp --cache-type-k q4_0 (the MLA cache's 576-wide K row)", "ggml ggml-quants.c quantize_row_q4_0_ref",
+   "engine_refs.q4_0 (against gguf.quants; tests/python/test_engine_formats.py)", kQ4_0Examples},
+  {Format::Q4_1, "q4_1   (ggml: 4-bit, fp16 d and min per 32)", "ggml", "asym", "block", Storage::Block, Causality::PerToken, "D a multiple of 32 (ggml's blocks never straddle rows)",
+   "llama.cpp --cache-type-k q4_1 (the MLA cache's 576-wide K row)", "ggml ggml-quants.c quantize_row_q4_1_ref",
+   "engine_refs.q4_1 (against gguf.quants; tests/python/test_engine_formats.py)", kQ4_1Examples},
+  {Format::Preset, "an engine preset   (an engine's per-token record: c_kv and k_pe formats; the names: kPresets)",
+   "preset", nullptr, nullptr, Storage::Record, Causality::ByTargets, "those of its two formats; pack_record: the record's native widths",
+   nullptr, "see kPresets", "see kPresets", {}},
   {Format::Fp4Tile, "fp4-e2m1-tile16-e4m3[-rcp]   (e2m1, one e4m3 scale per 16, no per-tensor scale: e4m3(clamp(amax/6, 2^-9, 448)) and x/s; -rcp: e4m3(amax/6) and x·(1/s))",
-   "fp4", "sym", "tile", "FlashMLA tests/quant.py V41_FP4Sparse; -rcp: FlashInfer sparse_mla_sm120 nvfp4_quantization.cuh (PR 4955)"},
+   "fp4", "sym", "tile", Storage::Block, Causality::PerToken, "any D (a last, partial tile keeps its own scale)",
+   nullptr, "FlashMLA tests/quant.py V41_FP4Sparse at 9a7d253; -rcp: FlashInfer sparse_mla_sm120 nvfp4_quantization.cuh at 3fe65b06 (PR 4955)",
+   "engine_refs.fp4_tile16_e4m3_flashmla / fp4_tile16_e4m3_flashinfer (FlashMLA, FlashInfer written out; tests/python/test_engine_formats.py)", kFp4TileExamples},
   {Format::TurboQuant, "tq{2|3|4}[-nc]   (TurboQuant MSE stage: Hadamard, Lloyd-Max codebook of N(0,1/D), fp16 row norm per token; -nc: norm-corrected decode)",
-   "turboquant", "codebook", "token", "vLLM TurboQuant for MLA (arXiv 2504.19874; turboquant/centroids.py, triton_turboquant_store.py)"},
+   "turboquant", "codebook", "token", Storage::TurboQuant, Causality::PerToken, "D with a power-of-two Hadamard block (quant/README.md, TurboQuant)",
+   nullptr, "vLLM TurboQuant for MLA (arXiv 2504.19874; turboquant/centroids.py at 06d0369d, triton_turboquant_store.py at b40f4cc9)",
+   "test_turboquant_vllm.test_store_matches_vllm (vLLM's codebook and store written out)", kTurboQuantExamples},
   {Format::LloydMax, "lm{2|3|4}-tensor | lm{2|3|4}-channel[-g<N>]   (Lloyd-Max codebooks fitted on the fit split: one per layer matrix, per channel, or per N consecutive channels; fp16 centroids stored per matrix)",
-   "lloyd-max", "codebook", nullptr, "Lloyd (1982) / Max (1960) scalar quantizer, fitted per layer as KVQuant's non-uniform codebooks (arXiv 2401.18079)"},
+   "lloyd-max", "codebook", nullptr, Storage::LloydMax, Causality::PerMatrix, "any D",
+   nullptr, "Lloyd (1982) / Max (1960) scalar quantizer, fitted per layer as KVQuant's non-uniform codebooks (arXiv 2401.18079)",
+   "hand-computed: LloydMax.* (fits by hand, Max's Gaussian tables)", kLloydMaxExamples},
   {Format::TransformCoding, "tc<R>[-lm]   (transform coding at R bits per element, 0 < R <= 8, at most 3 decimals: widths 0..8 per component by greedy reverse water-filling on the fit split's variances; uniform codes, or -lm: Gaussian Lloyd-Max codes; use after klt, for the KLT basis)",
-   "transform-coding", "water-filling", "component", "Huang & Schultheiss (1963) block quantization; greedy integer bit allocation (Gersho & Gray 1992, section 8.4)"},
+   "transform-coding", "water-filling", "component", Storage::TransformCoding, Causality::PerMatrix, "R·D >= 8 (at least one code byte per token)",
+   nullptr, "Huang & Schultheiss (1963) block quantization; greedy integer bit allocation (Gersho & Gray 1992, section 8.4)",
+   "hand-computed: TransformCoding* (widths, record and code bytes, Max's tables)", kTransformCodingExamples},
 };
 
-const PresetTraits kPresets[9] = {
-  {"flashmla-v32-fp8", "fp8-e4m3-tile128-pow2", "bf16", "FlashMLA V32_FP8Sparse (tests/quant.py quantize_k_cache): 656 B at 512 + 64",
-   RecordOrder::CodesScalesRope, 0, 0},
+constexpr PresetTraits kPresets[kPresetCount] = {
+  {"flashmla-v32-fp8", "fp8-e4m3-tile128-pow2", "bf16", "FlashMLA V32_FP8Sparse (tests/quant.py quantize_k_cache at 520fec6): 656 B at 512 + 64",
+   RecordOrder::CodesScalesRope, 0, 0, "FlashMLA sparse decode, DeepSeek-V3.2's FP8 KV cache (V32_FP8Sparse)", 656,
+   {8, 128, 4, 0}, {16, 0, 0, 0}, "engine_refs.flashmla_v32_record (test_cpp_pack_record_matches_reference)"},
   {"vllm-fp8-ds-mla", "fp8-e4m3-tile128-fp32", "bf16",
-   "vLLM fp8_ds_mla (csrc/cache_kernels.cu concat_and_cache_ds_mla_kernel): 656 B at 512 + 64",
-   RecordOrder::CodesScalesRope, 0, 0},
+   "vLLM fp8_ds_mla (csrc/cache_kernels.cu concat_and_cache_ds_mla_kernel at 254db42e): 656 B at 512 + 64",
+   RecordOrder::CodesScalesRope, 0, 0, "vLLM --kv-cache-dtype fp8_ds_mla", 656,
+   {8, 128, 4, 0}, {16, 0, 0, 0}, "engine_refs.vllm_fp8_ds_mla_record (test_cpp_pack_record_matches_reference)"},
   {"flashmla-model1-fp8", "fp8-e4m3-tile64-pow2-ue8m0", "bf16",
-   "FlashMLA MODEL1_FP8Sparse (448 nope + 64 rope, tile 64, UE8M0 scale bytes): 584 B at 448 + 64",
-   RecordOrder::CodesRopeScalesPad8, 448, 64},
+   "FlashMLA MODEL1_FP8Sparse (tests/quant.py at 9a7d253; 448 nope + 64 rope, tile 64, UE8M0 scale bytes): 584 B at 448 + 64",
+   RecordOrder::CodesRopeScalesPad8, 448, 64, "FlashMLA sparse decode, DeepSeek-V4's FP8 cache entry (MODEL1_FP8Sparse)", 584,
+   {8, 64, 1, 0}, {16, 0, 0, 0}, "engine_refs.flashmla_model1_record (test_cpp_pack_record_matches_reference)"},
   {"flashmla-v41-fp8", "fp8-e4m3-tile32-pow2-ue8m0", "fp8-e4m3-tile32-pow2-ue8m0",
-   "FlashMLA V4.1 FP8 (csrc/cuda_kernels/kv_cache_format.h; tile 32, rope dims quantized too): 528 B at 448 + 64",
-   RecordOrder::CodesCodesScalesScales, 448, 64},
+   "FlashMLA V4.1 FP8 (csrc/cuda_kernels/kv_cache_format.h at 9a7d253; tile 32, rope dims quantized too): 528 B at 448 + 64",
+   RecordOrder::CodesCodesScalesScales, 448, 64, "FlashMLA V4.1 FP8 KV cache (kv_cache_format.h)", 528,
+   {8, 32, 1, 0}, {8, 32, 1, 0}, "engine_refs.flashmla_v41_fp8_record (test_cpp_pack_record_matches_reference)"},
   {"flashmla-v41-fp4", "fp4-e2m1-tile16-e4m3", "fp4-e2m1-tile16-e4m3",
-   "FlashMLA V4.1 FP4 (tests/quant.py V41_FP4Sparse; tile 16, e4m3 scales): 288 B at 448 + 64",
-   RecordOrder::CodesCodesScalesScales, 448, 64},
+   "FlashMLA V4.1 FP4 (tests/quant.py V41_FP4Sparse at 9a7d253; tile 16, e4m3 scales): 288 B at 448 + 64",
+   RecordOrder::CodesCodesScalesScales, 448, 64, "FlashMLA V4.1 FP4 KV cache (V41_FP4Sparse)", 288,
+   {4, 16, 1, 0}, {4, 16, 1, 0}, "engine_refs.flashmla_v41_fp4_record (test_cpp_pack_record_matches_reference)"},
   {"vllm-turboquant-4bit-nc", "tq4-nc", "bf16",
-   "vLLM --kv-cache-dtype turboquant_4bit_nc on MLA (triton_mla_tq.py, PR 41803): 512 4-bit indices | fp16 norm | 64 bf16 k_pe = 386 B",
-   RecordOrder::CodesScalesRope, 0, 0},
+   "vLLM --kv-cache-dtype turboquant_4bit_nc on MLA (triton_mla_tq.py at b40f4cc9, PR 41803): 512 4-bit indices | fp16 norm | 64 bf16 k_pe = 386 B",
+   RecordOrder::CodesScalesRope, 0, 0, "vLLM --kv-cache-dtype turboquant_4bit_nc", 386,
+   {4, 0, 0, 2}, {16, 0, 0, 0}, "test_turboquant_vllm.test_record_matches_vllm_at_deepseek_v2_lite_dims (vLLM's store written out)"},
   {"vllm-turboquant-3bit-nc", "tq3-nc", "bf16",
-   "vLLM --kv-cache-dtype turboquant_3bit_nc / turboquant_k3v4_nc on MLA (triton_mla_tq.py, PR 41803): 512 3-bit indices | fp16 norm | 64 bf16 k_pe = 322 B",
-   RecordOrder::CodesScalesRope, 0, 0},
+   "vLLM --kv-cache-dtype turboquant_3bit_nc / turboquant_k3v4_nc on MLA (triton_mla_tq.py at b40f4cc9, PR 41803): 512 3-bit indices | fp16 norm | 64 bf16 k_pe = 322 B",
+   RecordOrder::CodesScalesRope, 0, 0, "vLLM --kv-cache-dtype turboquant_3bit_nc (= turboquant_k3v4_nc on MLA)", 322,
+   {3, 0, 0, 2}, {16, 0, 0, 0}, "test_turboquant_vllm.test_record_matches_vllm_at_deepseek_v2_lite_dims (vLLM's store written out)"},
   {"vllm-turboquant-k8v4", "fp8-e4m3-tensor-s1", "bf16",
-   "vLLM --kv-cache-dtype turboquant_k8v4 on MLA (triton_mla_tq.py, PR 41803; k_scale 1.0): 512 e4m3 | 64 bf16 k_pe = 640 B",
-   RecordOrder::CodesScalesRope, 0, 0},
+   "vLLM --kv-cache-dtype turboquant_k8v4 on MLA (triton_mla_tq.py at b40f4cc9, PR 41803; k_scale 1.0): 512 e4m3 | 64 bf16 k_pe = 640 B",
+   RecordOrder::CodesScalesRope, 0, 0, "vLLM --kv-cache-dtype turboquant_k8v4", 640,
+   {8, 0, 0, 0}, {16, 0, 0, 0}, "engine_refs.vllm_turboquant_k8v4_record (test_cpp_pack_record_matches_reference)"},
   {"flashinfer-nvfp4-mla", "fp4-e2m1-tile16-e4m3-rcp", "bf16",
-   "FlashInfer NVFP4 sparse MLA for DeepSeek-V4 (nvfp4_cache_traits.cuh, PR 4955; SGLang PR 38646): 224 B e2m1 | 128 B bf16 rope | 28 e4m3 scales | 4 pad = 384 B",
-   RecordOrder::CodesRopeScalesPad8, 448, 64},
+   "FlashInfer NVFP4 sparse MLA for DeepSeek-V4 (nvfp4_cache_traits.cuh at 3fe65b06, PR 4955; SGLang PR 38646): 224 B e2m1 | 128 B bf16 rope | 28 e4m3 scales | 4 pad = 384 B",
+   RecordOrder::CodesRopeScalesPad8, 448, 64, "FlashInfer NVFP4 sparse MLA (PR 4955), SGLang's DeepSeek-V4 NVFP4 KV cache (PR 38646)", 384,
+   {4, 16, 1, 0}, {16, 0, 0, 0}, "engine_refs.flashinfer_nvfp4_mla_record (test_cpp_pack_record_matches_reference)"},
 };
+
+// The table's invariants, at compile time: one row per Format in enum order, and every preset's parts summing to the
+// record size its source states.
+constexpr bool rows_in_enum_order() {
+  for (size_t i = 0; i < kFormatCount; ++i)
+    if (kFormats[i].format != static_cast<Format>(i)) return false;
+  return true;
+}
+static_assert(std::size(kFormats) == kFormatCount, "kFormats: one row per Format");
+static_assert(rows_in_enum_order(), "kFormats: rows in Format's enum order");
+static_assert(kPresets[0].parts_bytes() == kPresets[0].stated_bytes, "flashmla-v32-fp8: 512 e4m3 + 4 fp32 + 64 bf16");
+static_assert(kPresets[1].parts_bytes() == kPresets[1].stated_bytes, "vllm-fp8-ds-mla: 512 e4m3 + 4 fp32 + 64 bf16");
+static_assert(kPresets[2].parts_bytes() == kPresets[2].stated_bytes, "flashmla-model1-fp8: 448 + 128 + 7, pad 8");
+static_assert(kPresets[3].parts_bytes() == kPresets[3].stated_bytes, "flashmla-v41-fp8: 512 e4m3 + 16 ue8m0");
+static_assert(kPresets[4].parts_bytes() == kPresets[4].stated_bytes, "flashmla-v41-fp4: 256 e2m1 + 32 e4m3");
+static_assert(kPresets[5].parts_bytes() == kPresets[5].stated_bytes, "vllm-turboquant-4bit-nc: 256 + 2 + 128");
+static_assert(kPresets[6].parts_bytes() == kPresets[6].stated_bytes, "vllm-turboquant-3bit-nc: 192 + 2 + 128");
+static_assert(kPresets[7].parts_bytes() == kPresets[7].stated_bytes, "vllm-turboquant-k8v4: 512 + 128");
+static_assert(kPresets[8].parts_bytes() == kPresets[8].stated_bytes, "flashinfer-nvfp4-mla: 224 + 128 + 28, pad 8");
+static_assert(std::size(kPresets) == kPresetCount);
 // clang-format on
 
 namespace {
@@ -107,7 +198,15 @@ QuantSpec simple(Format f, int bits, ScaleDtype sd) {
 
 std::string spec_grammar() {
   std::string s;
-  for (const FormatTraits& t : kFormats) s += "  " + std::string(t.grammar) + "\n";
+  for (const FormatTraits& t : kFormats) {
+    if (t.format != Format::Preset) {
+      s += "  " + std::string(t.grammar) + "\n";
+      continue;
+    }
+    std::string names;  // the presets' names from their table, not a copy
+    for (const PresetTraits& p : kPresets) names += (names.empty() ? "" : " | ") + std::string(p.name);
+    s += "  " + names + "   (an engine's per-token record: c_kv and k_pe formats)\n";
+  }
   s += "  examples: int4-asym-channel-g32, int8-sym-tensor, int2-asym-token-g64, fp8-e4m3-tile128-pow2, mxfp4, q4_0, "
        "tc2.5, "
        "flashmla-v32-fp8, bf16";
@@ -301,6 +400,8 @@ std::string QuantSpec::to_string() const {
       return kPresets[preset].name;
     case Format::Int:
       break;
+    case Format::Count:
+      throw std::invalid_argument("to_string: Format::Count is not a format");
   }
   std::string s =
       "int" + std::to_string(bits) + "-" + latentq::to_string(scheme) + "-" + latentq::to_string(granularity);
@@ -428,6 +529,8 @@ Layout layout(const QuantSpec& s, int64_t D) {
       return L;
     case Format::Preset:
       break;
+    case Format::Count:
+      throw std::invalid_argument("layout(): Format::Count is not a format");
   }
   throw std::invalid_argument("layout(): '" + s.to_string() + "' is a preset; use stored_for(target) first");
 }
@@ -479,6 +582,45 @@ const char* granularity_of(const QuantSpec& s) {
 const char* scale_dtype_of(const QuantSpec& s) {
   if (s.format == Format::BF16) return "none";
   return to_string(s.scale_dtype);
+}
+
+std::vector<std::string> format_examples() {
+  std::vector<std::string> out;
+  for (const FormatTraits& t : kFormats) out.insert(out.end(), t.examples.begin(), t.examples.end());
+  for (const PresetTraits& p : kPresets) out.emplace_back(p.name);
+  return out;
+}
+
+std::string engine_of(const QuantSpec& spec) {
+  const char* e = spec.format == Format::Preset ? kPresets[spec.preset].engine : traits(spec.format).engine;
+  return e ? e : "";
+}
+
+bool is_engine_format(const QuantSpec& spec) { return !engine_of(spec).empty(); }
+
+std::vector<FormatRow> format_rows() {
+  std::vector<FormatRow> rows;
+  for (const std::string& name : format_examples()) {
+    const QuantSpec q = QuantSpec::parse(name);
+    const bool preset = q.format == Format::Preset;
+    const FormatTraits& t = traits(preset ? q.stored_for(Target::CKV).format : q.format);
+    FormatRow r;
+    r.name = name;
+    r.family = preset ? "preset" : t.family;
+    r.engine = engine_of(q);
+    try {
+      r.record_bytes = record_bytes(q, 512, 64);
+    } catch (const std::invalid_argument&) {
+      r.record_bytes = -1;  // a width of 512 or 64 the format refuses
+    }
+    r.bits_per_element = r.record_bytes < 0 ? -1.0 : static_cast<double>(r.record_bytes) * 8.0 / 576.0;
+    r.causal = decode_scale_is_causal(q);
+    r.shapes = preset ? traits(Format::Preset).shapes : t.shapes;
+    r.source = preset ? kPresets[q.preset].source : t.source;
+    r.reference = preset ? kPresets[q.preset].reference : t.reference;
+    rows.push_back(std::move(r));
+  }
+  return rows;
 }
 
 Target parse_target(std::string_view s) {

@@ -510,6 +510,28 @@ int cmd_synth(const SynthArgs& a, std::ostream& out) {
   return kExitOk;
 }
 
+// `latentq formats`: the format table (latentq/spec.h format_rows()), one line per named format; --sources adds
+// each row's source and the test that checks it against code latentq did not write.
+int cmd_formats(bool sources, std::ostream& out) {
+  const std::vector<FormatRow> rows = format_rows();
+  size_t w = 4;
+  for (const FormatRow& r : rows) w = std::max(w, r.name.size());
+  out << fmt::format("{:<{}} {:<16} {:>7} {:>6} {:<6} {}\n", "name", w, "family", "B/token", "b/elem", "causal",
+                     "engine (setting)");
+  for (const FormatRow& r : rows) {
+    out << fmt::format("{:<{}} {:<16} {:>7} {:>6} {:<6} {}\n", r.name, w, r.family,
+                       r.record_bytes < 0 ? std::string("-") : std::to_string(r.record_bytes),
+                       r.record_bytes < 0 ? std::string("-") : fmt::format("{:.3f}", r.bits_per_element),
+                       r.causal ? "yes" : "no", r.engine.empty() ? "-" : r.engine);
+    if (sources) out << fmt::format("    shapes: {}\n    source: {}\n    reference: {}\n", r.shapes, r.source, r.reference);
+  }
+  out << fmt::format(
+      "{} formats. B/token: one token's record of c_kv 512 + k_pe 64 (per-matrix bytes left out; -: a width the "
+      "format refuses); causal: decode order encodes it token by token; engine: the engine that ships it for MLA.\n",
+      rows.size());
+  return kExitOk;
+}
+
 struct PlanArgs {
   std::string results, out, objective = "kl";
   double budget = 0;
@@ -666,6 +688,12 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
       ->check(CLI::IsMember({"kl", "mse"}));
   plan->add_option("--out", pa.out, "the study config to write (TOML)")->required();
 
+  bool formats_sources = false;
+  CLI::App* formats = app.add_subcommand(
+      "formats", "List the format table: every example spec and engine preset, its bytes per token at c_kv 512 + "
+                 "k_pe 64, whether it is causal, and the engine that ships it");
+  formats->add_flag("--sources", formats_sources, "add each format's source and its reference test");
+
   SynthArgs sa;
   CLI::App* synth = app.add_subcommand(
       "synth",
@@ -707,6 +735,7 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
       return kExitOk;
     }
     if (synth->parsed()) return cmd_synth(sa, out);
+    if (formats->parsed()) return cmd_formats(formats_sources, out);
   } catch (const std::invalid_argument& e) {
     err << "latentq: error: " << e.what() << "\n";
     return kExitUserError;

@@ -35,9 +35,9 @@ std::optional<TransformedSpec> as_spec(const std::string& q) {
   }
 }
 
-// A layout an engine stores as it is: a preset, ggml, MX, NVFP4, fp8 tiles or per-tensor fp8, unrotated.
-bool is_engine_format(const TransformedSpec& ts) {
-  return ts.transform.kind == TransformKind::None && ts.spec.format != Format::Int && ts.spec.format != Format::BF16;
+// A cache layout an engine ships for MLA as it is (the format table's engine field: latentq/spec.h), unrotated.
+bool ships_in_an_engine(const TransformedSpec& ts) {
+  return ts.transform.kind == TransformKind::None && is_engine_format(ts.spec);
 }
 
 const std::vector<std::string>& strings(const ColumnTable& t, const std::string& c) { return t.get<std::string>(c); }
@@ -221,8 +221,11 @@ ColumnTable decision_table(const std::filesystem::path& results, const std::vect
   auto& c_dppl = t.add<double>("delta_ppl");
   auto& c_src = t.add<std::string>("source");
   auto& c_obj = t.add<double>("plan_objective");
+  auto& c_engine = t.add<std::string>("engine");  // the engine and setting that ship the format ("" when none)
   const auto row = [&](double f, const char* choice, const std::string& q, double bytes, const Metric& m,
                        const std::string& src, double obj) {
+    const std::optional<TransformedSpec> ts = as_spec(q);
+    c_engine.push_back(ts && ts->transform.kind == TransformKind::None ? engine_of(ts->spec) : std::string());
     c_frac.push_back(f);
     c_budget.push_back(f * bf16);
     c_choice.push_back(choice);
@@ -242,7 +245,7 @@ ColumnTable decision_table(const std::filesystem::path& results, const std::vect
         const std::optional<TransformedSpec> ts = as_spec(sq[i]);
         const auto m = kl.find(sq[i]);
         if (!ts || m == kl.end() || !std::isfinite(m->second.kl) || sb[i] > lim) continue;
-        if (engine && !is_engine_format(*ts)) continue;
+        if (engine && !ships_in_an_engine(*ts)) continue;
         if (!best || m->second.kl < kl.at(sq[*best]).kl) best = i;
       }
       const char* choice = engine ? "engine" : "uniform";
@@ -281,6 +284,7 @@ std::string format_decision(const ColumnTable& t) {
   const auto& dppl = doubles(t, "delta_ppl");
   const auto& src = strings(t, "source");
   const auto& obj = doubles(t, "plan_objective");
+  const std::vector<std::string> engine = t.has("engine") ? strings(t, "engine") : std::vector<std::string>(q.size());
   std::string out = "decision (bytes: whole model, c_kv + k_pe, metadata included, per token):\n";
   for (size_t i = 0; i < t.num_rows(); ++i) {
     if (i == 0 || f[i] != f[i - 1])
@@ -295,7 +299,8 @@ std::string format_decision(const ColumnTable& t) {
                          std::isfinite(dppl[i]) ? fmt::format(", dppl {:+.4g}", dppl[i]) : std::string(), src[i]);
     else
       what = fmt::format("{}, planner objective {:.4g}", src[i], obj[i]);
-    out += fmt::format("  {:<8} {} at {:.6g} B/token: {}\n", choice[i], q[i], bytes[i], what);
+    const std::string shipped = choice[i] == "engine" && !engine[i].empty() ? " [" + engine[i] + "]" : "";
+    out += fmt::format("  {:<8} {}{} at {:.6g} B/token: {}\n", choice[i], q[i], shipped, bytes[i], what);
   }
   const bool e2e = std::any_of(src.begin(), src.end(), [](const std::string& s) { return s.ends_with("e2e"); });
   if (t.num_rows() > 0)

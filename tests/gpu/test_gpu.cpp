@@ -9,6 +9,8 @@
 // Every GPU test skips with "no CUDA device: <reason>" where no device is usable.
 #include <gtest/gtest.h>
 
+#include <cctype>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -203,116 +205,23 @@ void run_spec(const std::string& spec, bool both_targets = false) {
   }
 }
 
-#define LQ_SPEC_TEST(name, spec) \
-  TEST(GpuSpec, name) {          \
-    LQ_REQUIRE_GPU();            \
-    run_spec(spec);              \
-  }
-#define LQ_SPEC_TEST_BOTH_TARGETS(name, spec) \
-  TEST(GpuSpec, name) {                       \
-    LQ_REQUIRE_GPU();                         \
-    run_spec(spec, true);                     \
-  }
+// ---- every example and engine preset of the format table (latentq/spec.h format_examples()) -----------------------
+// bf16 and the presets on both targets (a preset stores k_pe in a format of its own).
+class GpuFormat : public ::testing::TestWithParam<std::string> {};
 
-// ---- every bits × scheme × granularity × group size {0, 32, 128} ------------------------------
-LQ_SPEC_TEST(int8_sym_tensor, "int8-sym-tensor")
-LQ_SPEC_TEST(int8_asym_tensor, "int8-asym-tensor")
-LQ_SPEC_TEST(int4_sym_tensor, "int4-sym-tensor")
-LQ_SPEC_TEST(int4_asym_tensor, "int4-asym-tensor")
-LQ_SPEC_TEST(int2_sym_tensor, "int2-sym-tensor")
-LQ_SPEC_TEST(int2_asym_tensor, "int2-asym-tensor")
-LQ_SPEC_TEST(int8_sym_channel_g0, "int8-sym-channel-g0")
-LQ_SPEC_TEST(int8_sym_channel_g32, "int8-sym-channel-g32")
-LQ_SPEC_TEST(int8_sym_channel_g128, "int8-sym-channel-g128")
-LQ_SPEC_TEST(int8_asym_channel_g0, "int8-asym-channel-g0")
-LQ_SPEC_TEST(int8_asym_channel_g32, "int8-asym-channel-g32")
-LQ_SPEC_TEST(int8_asym_channel_g128, "int8-asym-channel-g128")
-LQ_SPEC_TEST(int4_sym_channel_g0, "int4-sym-channel-g0")
-LQ_SPEC_TEST(int4_sym_channel_g32, "int4-sym-channel-g32")
-LQ_SPEC_TEST(int4_sym_channel_g128, "int4-sym-channel-g128")
-LQ_SPEC_TEST(int4_asym_channel_g0, "int4-asym-channel-g0")
-LQ_SPEC_TEST(int4_asym_channel_g32, "int4-asym-channel-g32")
-LQ_SPEC_TEST(int4_asym_channel_g128, "int4-asym-channel-g128")
-LQ_SPEC_TEST(int2_sym_channel_g0, "int2-sym-channel-g0")
-LQ_SPEC_TEST(int2_sym_channel_g32, "int2-sym-channel-g32")
-LQ_SPEC_TEST(int2_sym_channel_g128, "int2-sym-channel-g128")
-LQ_SPEC_TEST(int2_asym_channel_g0, "int2-asym-channel-g0")
-LQ_SPEC_TEST(int2_asym_channel_g32, "int2-asym-channel-g32")
-LQ_SPEC_TEST(int2_asym_channel_g128, "int2-asym-channel-g128")
-LQ_SPEC_TEST(int8_sym_token_g0, "int8-sym-token-g0")
-LQ_SPEC_TEST(int8_sym_token_g32, "int8-sym-token-g32")
-LQ_SPEC_TEST(int8_sym_token_g128, "int8-sym-token-g128")
-LQ_SPEC_TEST(int8_asym_token_g0, "int8-asym-token-g0")
-LQ_SPEC_TEST(int8_asym_token_g32, "int8-asym-token-g32")
-LQ_SPEC_TEST(int8_asym_token_g128, "int8-asym-token-g128")
-LQ_SPEC_TEST(int4_sym_token_g0, "int4-sym-token-g0")
-LQ_SPEC_TEST(int4_sym_token_g32, "int4-sym-token-g32")
-LQ_SPEC_TEST(int4_sym_token_g128, "int4-sym-token-g128")
-LQ_SPEC_TEST(int4_asym_token_g0, "int4-asym-token-g0")
-LQ_SPEC_TEST(int4_asym_token_g32, "int4-asym-token-g32")
-LQ_SPEC_TEST(int4_asym_token_g128, "int4-asym-token-g128")
-LQ_SPEC_TEST(int2_sym_token_g0, "int2-sym-token-g0")
-LQ_SPEC_TEST(int2_sym_token_g32, "int2-sym-token-g32")
-LQ_SPEC_TEST(int2_sym_token_g128, "int2-sym-token-g128")
-LQ_SPEC_TEST(int2_asym_token_g0, "int2-asym-token-g0")
-LQ_SPEC_TEST(int2_asym_token_g32, "int2-asym-token-g32")
-LQ_SPEC_TEST(int2_asym_token_g128, "int2-asym-token-g128")
-// ---- fp32 scales ---------------------------------------------------------------------------------
-LQ_SPEC_TEST(int8_sym_tensor_fp32, "int8-sym-tensor-fp32")
-LQ_SPEC_TEST(int4_asym_channel_g32_fp32, "int4-asym-channel-g32-fp32")
-LQ_SPEC_TEST(int2_asym_channel_g0_fp32, "int2-asym-channel-g0-fp32")
-LQ_SPEC_TEST(int4_asym_token_g128_fp32, "int4-asym-token-g128-fp32")
-LQ_SPEC_TEST(int8_sym_token_g32_fp32, "int8-sym-token-g32-fp32")
-// ---- group sizes that do not divide a byte, a warp or D ------------------------------------------
-LQ_SPEC_TEST(int4_asym_token_g3, "int4-asym-token-g3")
-LQ_SPEC_TEST(int2_sym_token_g5, "int2-sym-token-g5")
-LQ_SPEC_TEST(int4_asym_token_g1, "int4-asym-token-g1")
-LQ_SPEC_TEST(int8_asym_token_g33, "int8-asym-token-g33")
-LQ_SPEC_TEST(int2_asym_token_g100, "int2-asym-token-g100")
-LQ_SPEC_TEST(int4_asym_channel_g1, "int4-asym-channel-g1")
-LQ_SPEC_TEST(int2_asym_channel_g7, "int2-asym-channel-g7")
-LQ_SPEC_TEST(int4_sym_channel_g33, "int4-sym-channel-g33")
-LQ_SPEC_TEST(int8_asym_channel_g600, "int8-asym-channel-g600")
-// ---- baselines -----------------------------------------------------------------------------------
-LQ_SPEC_TEST_BOTH_TARGETS(bf16, "bf16")
-// ---- block formats (blocks.cu: row tiles; qmath::block_params / encode_block_bytes) ---------------
-LQ_SPEC_TEST(fp8_e4m3_tile128_pow2, "fp8-e4m3-tile128-pow2")
-LQ_SPEC_TEST(fp8_e4m3_tile64_pow2_ue8m0, "fp8-e4m3-tile64-pow2-ue8m0")
-LQ_SPEC_TEST(fp8_e4m3_tile20_pow2, "fp8-e4m3-tile20-pow2")  // partial last tile
-LQ_SPEC_TEST(fp8_e4m3_tile128_fp32, "fp8-e4m3-tile128-fp32")
-LQ_SPEC_TEST(fp8_e4m3_tile32_fp32, "fp8-e4m3-tile32-fp32")
-LQ_SPEC_TEST(fp8_e4m3_tensor, "fp8-e4m3-tensor")
-LQ_SPEC_TEST(fp8_e4m3_tensor_s1, "fp8-e4m3-tensor-s1")
-LQ_SPEC_TEST(mxfp8, "mxfp8")
-LQ_SPEC_TEST(mxfp4, "mxfp4")
-LQ_SPEC_TEST(nvfp4, "nvfp4")
-LQ_SPEC_TEST(fp4_e2m1_tile16_e4m3, "fp4-e2m1-tile16-e4m3")
-LQ_SPEC_TEST(fp4_e2m1_tile16_e4m3_rcp, "fp4-e2m1-tile16-e4m3-rcp")
-LQ_SPEC_TEST(tq2, "tq2")
-LQ_SPEC_TEST(tq3, "tq3")
-LQ_SPEC_TEST(tq4, "tq4")
-LQ_SPEC_TEST(tq3_nc, "tq3-nc")
-LQ_SPEC_TEST(tq4_nc, "tq4-nc")
-LQ_SPEC_TEST(lm2_tensor, "lm2-tensor")
-LQ_SPEC_TEST(lm3_channel, "lm3-channel")
-LQ_SPEC_TEST(lm4_channel_g8, "lm4-channel-g8")
-LQ_SPEC_TEST(lm3_channel_g5, "lm3-channel-g5")
-LQ_SPEC_TEST(tc3, "tc3")
-LQ_SPEC_TEST(tc4, "tc4")
-LQ_SPEC_TEST(tc2_lm, "tc2-lm")
-LQ_SPEC_TEST(tc2_5, "tc2.5")
-LQ_SPEC_TEST(tc0_75_lm, "tc0.75-lm")
-LQ_SPEC_TEST(tc8, "tc8")
-LQ_SPEC_TEST(q8_0, "q8_0")
-LQ_SPEC_TEST(q4_0, "q4_0")
-LQ_SPEC_TEST(q4_1, "q4_1")
-LQ_SPEC_TEST_BOTH_TARGETS(flashmla_v32_fp8, "flashmla-v32-fp8")  // k_pe stores bf16
-LQ_SPEC_TEST_BOTH_TARGETS(vllm_fp8_ds_mla, "vllm-fp8-ds-mla")
-LQ_SPEC_TEST_BOTH_TARGETS(flashmla_v41_fp8, "flashmla-v41-fp8")
-LQ_SPEC_TEST_BOTH_TARGETS(flashmla_v41_fp4, "flashmla-v41-fp4")
-LQ_SPEC_TEST_BOTH_TARGETS(vllm_turboquant_3bit_nc, "vllm-turboquant-3bit-nc")
-LQ_SPEC_TEST_BOTH_TARGETS(vllm_turboquant_k8v4, "vllm-turboquant-k8v4")
-LQ_SPEC_TEST_BOTH_TARGETS(flashinfer_nvfp4_mla, "flashinfer-nvfp4-mla")
+TEST_P(GpuFormat, MatchesTheCpuReference) {
+  LQ_REQUIRE_GPU();
+  const QuantSpec q = QuantSpec::parse(GetParam());
+  run_spec(GetParam(), q.format == Format::Preset || q.format == Format::BF16);
+}
+
+INSTANTIATE_TEST_SUITE_P(FormatTable, GpuFormat, ::testing::ValuesIn(format_examples()),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           std::string n = info.param;
+                           for (char& c : n)
+                             if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+                           return n;
+                         });
 
 // Rows narrower than a block (one clipped block per row: odd 4-bit blocks, a code byte with one
 // element), odd tiles, and tiny tiles at D = 4096 (the quantize tile needs > 48 KiB of shared memory).

@@ -525,22 +525,6 @@ def ggml_rows(q: Quant) -> np.ndarray:
 
 _TILE_RE = re.compile(r"^fp8-e4m3-tile(\d+)-(pow2|pow2-ue8m0|fp32)$")
 
-SPECS = [
-    "fp8-e4m3-tile128-pow2",
-    "fp8-e4m3-tile64-pow2-ue8m0",
-    "fp8-e4m3-tile32-pow2-ue8m0",
-    "fp8-e4m3-tile128-fp32",
-    "fp8-e4m3-tensor",
-    "fp8-e4m3-tensor-s1",
-    "mxfp8",
-    "mxfp4",
-    "nvfp4",
-    "q8_0",
-    "q4_0",
-    "q4_1",
-    "fp4-e2m1-tile16-e4m3",
-    "fp4-e2m1-tile16-e4m3-rcp",
-]
 
 
 def quantize(x, spec: str) -> Quant:

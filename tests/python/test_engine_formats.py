@@ -1,7 +1,9 @@
 """Production MLA cache formats: (1) engine_refs.py against the independent packages (ml_dtypes, gguf,
 torchao, torch; all pinned in requirements.txt); (2) the C++ module `latentq` against engine_refs.py, byte
-for byte, for every spec in engine_refs.SPECS and every record in engine_refs.RECORDS -- a name the C++
-side does not parse fails, naming it."""
+for byte, for every row of the format table (latentq.formats()) whose reference is engine_refs: each spec
+through engine_refs.quantize, each preset through its record in engine_refs.RECORDS; (3) the table complete:
+every row names a reference that exists (an engine_refs function, a test of test_turboquant_vllm, or
+hand-computed tests for latentq's own families), so a row without one fails here."""
 
 import gguf.quants as gq
 import ml_dtypes
@@ -17,6 +19,55 @@ from torchao.prototype.mx_formats.config import ScaleCalculationMode
 import engine_refs as R
 import latentq
 import latentq._core  # noqa: F401  (the compiled module: its absence is an error, not a skip)
+
+# ---------------------------------------------------------------------------------------------------
+# The format table: what this file checks comes from it, not from lists of its own
+# ---------------------------------------------------------------------------------------------------
+
+TABLE = latentq.formats()
+OWN_FAMILIES = {"int", "lloyd-max", "transform-coding"}  # latentq's own formats: no engine's code to match
+
+
+def _ref_name(reference: str) -> str:
+    """'engine_refs.fp8_tile_pow2 / ... (..)' -> 'engine_refs.fp8_tile_pow2'."""
+    return reference.split()[0]
+
+
+# the non-preset formats engine_refs.quantize reproduces (bf16: its element conversion only, checked below)
+SPECS = [
+    n
+    for n, f, r in zip(TABLE.name, TABLE.family, TABLE.reference)
+    if f not in ("preset", "bf16") and r.startswith("engine_refs.")
+]
+# the presets whose record engine_refs writes out
+PRESETS = [n for n, f, r in zip(TABLE.name, TABLE.family, TABLE.reference) if f == "preset" and r.startswith("engine_refs.")]
+
+
+def test_every_row_of_the_table_has_an_independent_reference():
+    import test_turboquant_vllm as tq
+
+    missing = []
+    for name, family, engine, ref in zip(TABLE.name, TABLE.family, TABLE.engine, TABLE.reference):
+        mod, _, fn = _ref_name(ref).partition(".")
+        if ref.startswith("hand-computed:"):
+            ok = family in OWN_FAMILIES and engine == ""  # an engine's format needs the engine's code
+        elif mod == "engine_refs":
+            ok = hasattr(R, fn) and (name in R.RECORDS if family == "preset" else True)
+        elif mod == "test_turboquant_vllm":
+            ok = callable(getattr(tq, fn, None))
+        else:
+            ok = False
+        if not ok:
+            missing.append(f"{name} ({family}): {ref!r}")
+    assert not missing, "rows without an independent reference:\n  " + "\n  ".join(missing)
+    assert len(SPECS) >= 15 and len(PRESETS) >= 7, (SPECS, PRESETS)
+
+
+def test_engine_refs_quantizes_every_spec_the_table_gives_it():
+    x = random_matrix(4, 64, 0)
+    for spec in SPECS:
+        assert R.quantize(x, spec).codes.shape[0] == 4, spec
+
 
 # ---------------------------------------------------------------------------------------------------
 # Inputs
@@ -367,7 +418,7 @@ def test_reference_accounting_at_deepseek_dims():
 
 
 def _need_spec(spec):
-    """Fail (naming `spec`) unless the C++ side parses it: every spec of engine_refs.SPECS is a claim."""
+    """Fail (naming `spec`) unless the C++ side parses it: every spec of the table is a claim."""
     try:
         latentq.quantize(np.ones((2, 64), np.float32), spec, "c_kv")
     except ValueError as e:
@@ -398,7 +449,7 @@ def _assert_same(q, ref, what):
 WIDTHS = [512, 64, 576, 128, 32, 160]  # 512 + 64 (DeepSeek), 128 + 32, and the concatenated rows
 
 
-@pytest.mark.parametrize("spec", R.SPECS)
+@pytest.mark.parametrize("spec", SPECS)
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_cpp_quantize_matches_reference(spec, seed):
     _need_spec(spec)
@@ -413,7 +464,7 @@ def test_cpp_quantize_matches_reference(spec, seed):
             _assert_same(q, R.quantize(x, spec), f"{spec} {name} T=1000 D={D} seed={seed}")
 
 
-@pytest.mark.parametrize("spec", R.SPECS)
+@pytest.mark.parametrize("spec", SPECS)
 def test_cpp_dequantize_matches_reference(spec):
     """Decode order as the engines do it (see engine_refs.dequantize)."""
     _need_spec(spec)
@@ -460,7 +511,7 @@ def _quant_pair(preset, ckv, kpe):
     return q_ckv, q_kpe
 
 
-@pytest.mark.parametrize("preset", list(R.RECORDS))
+@pytest.mark.parametrize("preset", PRESETS)
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_cpp_pack_record_matches_reference(preset, seed):
     _need_pack_record()

@@ -49,16 +49,9 @@ def numpy_decode(q, seq_offsets):
     return (o + (s * u.astype(np.float32)).astype(np.float32)).astype(np.float32)
 
 
-SPECS = [
-    "int8-sym-tensor",
-    "int4-asym-tensor",
-    "int2-asym-channel-g32",
-    "int4-sym-channel",
-    "int4-asym-token-g32",
-    "int2-sym-token",
-    "int8-asym-channel-g128-fp32",
-    "bf16",
-]
+# every integer example of the format table (latentq.formats()) and bf16
+TABLE = latentq.formats()
+SPECS = [n for n, f in zip(TABLE.name, TABLE.family) if f in ("int", "bf16")]
 
 
 @pytest.mark.parametrize("spec", SPECS)

@@ -329,25 +329,12 @@ TEST(CpuKernels, Fp16ScalesAtRoundingTiesGiveTheReferenceBytes) {
 // subnormal range and the smallest normal, signed zeros and float32 subnormals; the -s1 spec (scale 1
 // whatever amax is) also meets 448 .. 470 (saturation at 464). The fp4 kinds likewise with 6 and the e2m1
 // values, midpoints and neighbours. And a NaN and an Inf: the same message.
+// Every example and engine preset of the format table (latentq/spec.h) whose c_kv is stored in a block format.
 std::vector<std::string> block_specs() {
-  return {"fp8-e4m3-tile128-pow2",
-          "fp8-e4m3-tile64-pow2-ue8m0",
-          "fp8-e4m3-tile20-pow2",
-          "fp8-e4m3-tile128-fp32",
-          "fp8-e4m3-tile32-fp32",
-          "fp8-e4m3-tensor",
-          "fp8-e4m3-tensor-s1",
-          "mxfp8",
-          "mxfp4",
-          "nvfp4",
-          "fp4-e2m1-tile16-e4m3",
-          "q8_0",
-          "q4_0",
-          "q4_1",
-          "flashmla-v32-fp8",
-          "vllm-fp8-ds-mla",
-          "flashmla-v41-fp8",
-          "flashmla-v41-fp4"};
+  std::vector<std::string> out;
+  for (const std::string& s : format_examples())
+    if (traits(QuantSpec::parse(s).stored_for(Target::CKV).format).storage == Storage::Block) out.push_back(s);
+  return out;
 }
 
 TEST(CpuKernels, BlockFormatsGiveTheReferenceBytes) {
@@ -381,11 +368,11 @@ TEST(CpuKernels, BlockFormatsGiveTheReferenceBytes) {
     for (int64_t i = 0; i < T * D; ++i) ed[i] = edge[static_cast<size_t>(i) % edge.size()];
     for (int64_t i = 0; i < T * D; ++i) ed4[i] = edge4[static_cast<size_t>(i) % edge4.size()];
     for (const std::string& spec : block_specs()) {
-      const int64_t blk = spec.find("tile20") != std::string::npos   ? 20
-                          : spec.find("tile32") != std::string::npos ? 32
-                          : spec.find("tile64") != std::string::npos ? 64
-                                                                     : 16;  // the block max at every multiple
-      const bool fp4 = spec.find("fp4") != std::string::npos;
+      const QuantSpec stored = QuantSpec::parse(spec).stored_for(Target::CKV);
+      const Layout L = layout(stored, D);
+      const int64_t blk = L.block > 0 && L.block < D ? L.block : 16;  // the block max at every multiple
+      const bool fp4 =
+          stored.format == Format::MxFp4 || stored.format == Format::NvFp4 || stored.format == Format::Fp4Tile;
       std::vector<float> e = fp4 ? ed4 : ed;
       for (int64_t t = 0; t < T; ++t)
         for (int64_t d = 0; d < D; d += blk) e[t * D + d] = fp4 ? 6.0f : 448.0f;

@@ -17,20 +17,8 @@ using latentq::QuantizedTensor;
 using latentq::QuantSpec;
 using latentq::Target;
 
-std::vector<std::string> all_specs() {
-  std::vector<std::string> s;
-  for (int b : {8, 4, 2})
-    for (const char* sc : {"sym", "asym"}) {
-      s.push_back("int" + std::to_string(b) + "-" + sc + "-tensor");
-      for (const char* g : {"channel", "token"})
-        for (const char* gs : {"", "-g32", "-g128"}) s.push_back("int" + std::to_string(b) + "-" + sc + "-" + g + gs);
-    }
-  for (const char* b : {"bf16", "flashmla-v32-fp8", "vllm-fp8-ds-mla", "flashmla-model1-fp8", "flashmla-v41-fp8",
-                        "flashmla-v41-fp4", "fp8-e4m3-tensor", "fp8-e4m3-tensor-s1", "mxfp8", "mxfp4", "nvfp4",
-                        "fp4-e2m1-tile16-e4m3", "q8_0", "q4_0", "q4_1", "int4-asym-channel-g32-fp32"})
-    s.push_back(b);
-  return s;
-}
+// Every example and engine preset of the format table (latentq/spec.h format_examples()).
+std::vector<std::string> all_specs() { return latentq::format_examples(); }
 
 TEST(EdgeSweep, HugeGroupSizesEqualWholeAxisGroups) {
   // A group size beyond a sequence is one group per sequence (channel) / per row (token): byte for

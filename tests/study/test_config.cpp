@@ -243,7 +243,8 @@ TEST(Config, E2eKeys) {
   EXPECT_EQ(d.probes.e2e.seq_len, 0);
   EXPECT_EQ(d.probes.e2e.offset_bytes, -1);
   EXPECT_TRUE(d.probes.e2e.text.empty() && d.probes.e2e.device.empty() && d.probes.e2e.dtype.empty());
-  expect_config_error(kMatrix + "[e2e]\nseq_len = 0\n", {"test.toml:8:11:", "'e2e.seq_len' must be an integer >= 1"});
+  expect_config_error(kMatrix + "[e2e]\nseq_len = 1\n",  // a next-token metric needs 2 tokens per sequence
+                      {"test.toml:8:11:", "'e2e.seq_len' must be an integer >= 2 (at least 2 tokens per sequence"});
   expect_config_error(kMatrix + "[e2e]\nnum_seqs = 1.5\n", {"'e2e.num_seqs' must be an integer >= 1"});
   expect_config_error(kMatrix + "[e2e]\noffset_bytes = -3\n", {"'e2e.offset_bytes' must be an integer >= 0"});
   expect_config_error(kMatrix + "[e2e]\ndevice = \"tpu\"\n", {"'e2e.device' = 'tpu': expected cpu, cuda or cuda:N"});

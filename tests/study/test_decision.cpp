@@ -11,6 +11,7 @@
 
 #include "latentq/decision.h"
 #include "latentq/results.h"
+#include "latentq/spec.h"
 #include "cli_capture.h"
 #include "synth_dump.h"
 
@@ -42,7 +43,7 @@ struct DecisionTest : ::testing::Test {
     lqtest::write_synth(dump, lqtest::make_synth());  // 3 layers, kv_lora_rank 16, qk_rope_head_dim 8
     std::ofstream(config) << "[input]\ndump = \"dump.h5\"\n[quantizers]\nbits = [8, 4, 2]\n"
                              "schemes = [\"asym\"]\ngranularities = [\"token\", \"channel\"]\ngroup_sizes = [0, 8]\n"
-                             "extra = [\"bf16\", \"fp8-e4m3-tensor\", \"nvfp4\", \"had8,int4-asym-token\"]\n"
+                             "extra = [\"bf16\", \"fp8-e4m3-tensor\", \"fp8-e4m3-tensor-s1\", \"nvfp4\", \"had8,int4-asym-token\"]\n"
                              "[svd]\nenabled = false\n[cross_layer]\nenabled = false\n[attention]\nenabled = true\n";
   }
 };
@@ -74,7 +75,14 @@ TEST_F(DecisionTest, RowsComeFromTheTablesAndARunPlanIsMeasured) {
   ASSERT_EQ(d.num_rows(), 6u);
   const std::map<std::string, double> kl = attention_kl(results);
   const ColumnTable s = read_table(results, "summary");
-  const std::set<std::string> engine = {"fp8-e4m3-tensor", "nvfp4"};
+  // the engine formats: those the format table says an engine ships (latentq/spec.h), unrotated
+  const auto ships = [](const std::string& n) {
+    try {
+      return is_engine_format(QuantSpec::parse(n));
+    } catch (const std::invalid_argument&) {
+      return false;  // a transformed spec or a mixed assignment
+    }
+  };
   int found = 0;
   for (size_t i = 0; i < 6; ++i) {
     const double budget = d.get<double>("budget_bytes")[i];
@@ -93,15 +101,19 @@ TEST_F(DecisionTest, RowsComeFromTheTablesAndARunPlanIsMeasured) {
     for (size_t r = 0; r < s.num_rows(); ++r) {
       const std::string& n = s.get<std::string>("quantizer")[r];
       if (s.get<double>("bytes_per_token_model")[r] > budget || !kl.count(n)) continue;
-      if (choice == "engine" && !engine.count(n)) continue;
+      if (choice == "engine" && !ships(n)) continue;
       if (best.empty() || kl.at(n) < kl.at(best)) best = n;
     }
-    if (best.empty()) {  // nvfp4 is 3 x (8 + 1 + 4 + 1) = 42 B/token: no engine format fits 36
+    if (best.empty()) {  // fp8-e4m3-tensor-s1 is 3 x (16 + 8) = 72 B/token: no engine format fits 36
       EXPECT_EQ(choice + " " + q + " " + d.get<std::string>("source")[i], "engine - none");
       continue;
     }
     ++found;
     EXPECT_EQ(q, best);
+    EXPECT_EQ(d.get<std::string>("engine")[i], engine_of(QuantSpec::parse(q)));
+    if (choice == "engine") {
+      EXPECT_CONTAINS(o.out, "engine   " + q + " [" + engine_of(QuantSpec::parse(q)) + "]");
+    }
     EXPECT_EQ(d.get<std::string>("source")[i], "attention");
     EXPECT_DOUBLE_EQ(d.get<double>("kl_mean")[i], kl.at(best));
     EXPECT_TRUE(std::isnan(d.get<double>("delta_ppl")[i]));  // no e2e step in this study

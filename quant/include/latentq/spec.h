@@ -18,9 +18,7 @@
 //   tc{R}[-lm]                                               transform coding (latentq/transform_coding.h): R bits
 //                                                            per element, 0 < R ≤ 8, at most 3 decimals (tc2.5);
 //                                                            per-component widths by reverse water-filling
-//   engine presets (a per-target pair): flashmla-v32-fp8, vllm-fp8-ds-mla, flashmla-model1-fp8,
-//   flashmla-v41-fp8, flashmla-v41-fp4, vllm-turboquant-4bit-nc, vllm-turboquant-3bit-nc,
-//   vllm-turboquant-k8v4, flashinfer-nvfp4-mla
+//   engine presets (a per-target pair): the names of kPresets (spec_grammar() and `latentq formats` list them)
 // The integer scale/offset dtype is fp16 unless -fp32 is given (-fp16 is accepted and omitted).
 //
 // Integer granularity, on a [T, D] row-major matrix (T tokens of all sequences, D = kv_lora_rank or
@@ -41,6 +39,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "latentq/blockfmt.h"
 #include "latentq/qmath.h"
@@ -66,7 +65,9 @@ enum class Format : uint8_t {
   TurboQuant = 12,       ///< TurboQuant's MSE stage: Hadamard rotation, Lloyd-Max codebook of N(0, 1/D), fp16 row norm
   LloydMax = 13,         ///< Lloyd-Max codebooks fitted on the fit split: per layer matrix or per group of channels
   TransformCoding = 14,  ///< per-component widths by reverse water-filling, uniform or Gaussian Lloyd-Max codes
+  Count                  ///< the number of formats (kFormats has one row per value before it)
 };
+inline constexpr size_t kFormatCount = static_cast<size_t>(Format::Count);
 enum class Scheme : uint8_t { Sym = 0, Asym = 1 };
 enum class Granularity : uint8_t { Tensor = 0, Channel = 1, Token = 2 };
 /// Scale rule of an FP8 tile / tensor spec.
@@ -112,17 +113,45 @@ struct QuantSpec {
   bool operator==(const QuantSpec&) const = default;
 };
 
-/// One row of the format descriptor table.
+/// Which code quantizes and dequantizes a stored format (quantize.cpp's kernels, kernels/quant/quantize_cuda.cu).
+enum class Storage : uint8_t {
+  Int = 0,              ///< integer groups (scale, offset)
+  Bf16 = 1,             ///< bf16 elements
+  Block = 2,            ///< the block formats of latentq/blockfmt.h (fp8, mx, nvfp4, fp4, ggml)
+  TurboQuant = 3,       ///< rotated codebook rows (latentq/turboquant.h)
+  LloydMax = 4,         ///< fitted Lloyd-Max codebooks (latentq/lloyd_max.h)
+  TransformCoding = 5,  ///< per-component widths (latentq/transform_coding.h)
+  Record = 6,           ///< an engine preset: one stored format per target (kPresets)
+};
+
+/// Whether a token's stored bytes depend on that token alone, as decode order needs (latentq/decode_order.h).
+enum class Causality : uint8_t {
+  PerToken = 0,       ///< per-token scales or a fixed codebook: each token is encoded as it arrives
+  PerMatrix = 1,      ///< a per-matrix constant (a per-tensor scale, codebooks or widths fitted on the matrix)
+  ByGranularity = 2,  ///< Int: token groups and channel groups of N tokens are causal; tensor and whole-axis not
+  ByTargets = 3,      ///< Preset: causal when the formats of both targets are
+};
+
+/// One row of the format descriptor table (ggml's type_traits style): everything latentq states about a format
+/// family, in one place. Tests iterate the rows (their `examples`) rather than lists of their own.
 struct FormatTraits {
   Format format;
   const char* grammar;      ///< the spec forms of this family (one line of spec_grammar())
   const char* family;       ///< results column `format`
   const char* scheme;       ///< results column `scheme` (nullptr: from the Int spec)
   const char* granularity;  ///< results column `granularity` (nullptr: from the Int spec)
-  const char* source;       ///< the engine file/function or standard section it reproduces
+  Storage storage;          ///< which code quantizes it
+  Causality causality;      ///< whether decode order can encode it token by token
+  const char* shapes;       ///< the row lengths D it takes, derived from layout() (what it refuses, and why)
+  const char* engine;  ///< the engine that ships it as an MLA KV-cache setting, with that setting; nullptr: none does
+                       ///< (a preset row names its own)
+  const char* source;  ///< the engine file and commit, or the standard and section, it reproduces
+  const char* reference;  ///< the test against code latentq did not write, or "hand-computed: <tests>" for latentq's
+                          ///< own families
+  std::span<const char* const> examples;  ///< specs of this family that every format test runs (presets: kPresets)
 };
-/// The descriptor table, indexed by Format.
-extern const FormatTraits kFormats[15];
+/// The descriptor table, one row per Format in enum order (checked at compile time in spec.cpp).
+extern const FormatTraits kFormats[kFormatCount];
 inline const FormatTraits& traits(Format f) { return kFormats[static_cast<int>(f)]; }
 
 /// Order of the parts of an engine's per-token record (pack_record() in quantize.h).
@@ -131,17 +160,66 @@ enum class RecordOrder : uint8_t {
   CodesRopeScalesPad8 = 1,     ///< c_kv codes | k_pe | c_kv scales | zero pad to a multiple of 8 (MODEL1)
   CodesCodesScalesScales = 2,  ///< c_kv codes | k_pe codes | c_kv scales | k_pe scales (V4.1)
 };
+
+/// One target's part of an engine record as its source describes it: code bits per element, one scale of
+/// `scale_bytes` per `block` elements (block 0: none per token), and `row_bytes` more per token (TurboQuant's
+/// fp16 norm). The bytes of D elements: ceil(D·bits/8) + ceil(D/block)·scale_bytes + row_bytes.
+struct RecordPart {
+  int bits = 0;
+  int64_t block = 0;
+  int scale_bytes = 0;
+  int row_bytes = 0;
+  constexpr int64_t bytes(int64_t D) const {
+    return (D * bits + 7) / 8 + (block > 0 ? (D + block - 1) / block * scale_bytes : 0) + row_bytes;
+  }
+};
+
 /// An engine preset: the formats of c_kv and k_pe in the engine's per-token record.
 struct PresetTraits {
   const char* name;
   const char* ckv;     ///< spec of c_kv
   const char* kpe;     ///< spec of k_pe
-  const char* source;  ///< engine file / layout name
+  const char* source;  ///< engine file / layout name, with the commit or PR read
   RecordOrder order;   ///< the per-token record (pack_record)
   int64_t native_ckv;  ///< the c_kv width the engine record is defined for (0: any); pack_record refuses others
   int64_t native_kpe;  ///< the k_pe width likewise
+  const char* engine;  ///< the engine and the setting that store this record (e.g. vLLM --kv-cache-dtype fp8_ds_mla)
+  int64_t stated_bytes;          ///< the record's bytes per token as the source states them, at the native widths
+                                 ///< (512 + 64 where native is 0)
+  RecordPart ckv_part, kpe_part;  ///< the record's parts as the source describes them (their sum, padded as
+                                  ///< `order` says, is checked against stated_bytes at compile time)
+  const char* reference;          ///< the test of its bytes against the engine's code
+  /// The bytes of the parts at the native widths (512 + 64 where native is 0), padded as `order` says.
+  constexpr int64_t parts_bytes() const {
+    const int64_t b = ckv_part.bytes(native_ckv ? native_ckv : 512) + kpe_part.bytes(native_kpe ? native_kpe : 64);
+    return order == RecordOrder::CodesRopeScalesPad8 ? (b + 7) / 8 * 8 : b;
+  }
 };
-extern const PresetTraits kPresets[9];
+inline constexpr size_t kPresetCount = 9;
+extern const PresetTraits kPresets[kPresetCount];
+
+/// One named format of the table, as `latentq formats` and latentq.formats() list it: every example of every
+/// format row, and every preset.
+struct FormatRow {
+  std::string name;       ///< the spec string
+  std::string family;     ///< results column `format` of its c_kv
+  std::string engine;     ///< the engine and setting that ship it ("" when none)
+  int64_t record_bytes;   ///< bytes per token of c_kv 512 + k_pe 64 (per-matrix bytes left out); -1: a width the
+                          ///< format refuses
+  double bits_per_element;  ///< record_bytes · 8 / 576
+  bool causal;            ///< decode order can encode it token by token (decode_scale_is_causal)
+  std::string shapes;     ///< the row lengths it takes
+  std::string source;     ///< engine file and commit, or standard
+  std::string reference;  ///< the test against code latentq did not write
+};
+/// Every example of kFormats and every preset, in table order.
+std::vector<FormatRow> format_rows();
+/// The spec strings of format_rows() (what the format tests iterate).
+std::vector<std::string> format_examples();
+/// True when an engine ships `spec` as an MLA KV-cache setting (the row's or the preset's engine field).
+bool is_engine_format(const QuantSpec& spec);
+/// The engine and setting of `spec` ("" when none ships it).
+std::string engine_of(const QuantSpec& spec);
 
 /// Byte layout of one stored target ([T, D] matrix) of a non-preset spec. Every stored byte is one
 /// of: codes [T, row_code_bytes]; scales/offsets per group; a constant per matrix.

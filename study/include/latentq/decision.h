@@ -7,8 +7,9 @@
 //   uniform  the best measured uniform format: the /summary quantizer (a spec or a transformed spec) at
 //            no more than the budget with the lowest KL;
 //   engine   the best engine format at no more than the same bytes: a cache layout a serving engine
-//            stores as it is (an engine preset, ggml, MX, NVFP4, fp8 tiles or per-tensor fp8; no
-//            rotation, no generic integer grid), ranked the same way;
+//            ships for MLA as it is (the format table's engine field, latentq/spec.h is_engine_format: an
+//            engine preset, per-tensor fp8, ggml's q8_0 / q4_0 / q4_1; unrotated), ranked the same way, with
+//            the engine and its setting (column `engine`);
 //   plan     the planner's mixed assignment at the budget (latentq/plan.h solve_plan, objective "kl",
 //            else "mse" when the study has no single-target /attention_error rows). It is "measured" when
 //            the results hold a mixed assignment with exactly that choice per (layer, target) (its KL is
@@ -38,7 +39,8 @@ std::vector<double> parse_budget_fractions(const std::string& text);
 /// The /decision table of `results` (columns: budget_fraction, budget_bytes, choice (uniform, engine,
 /// plan), quantizer ("-" when nothing fits; a plan: "mixed: <spec> x<count>, ..."), bytes_per_token_model,
 /// kl_mean, top1_agree, delta_ppl, source (e2e, attention, measured-e2e, measured-attention, predicted,
-/// none), plan_objective). Throws std::invalid_argument naming the file for a missing /summary or root
+/// none), plan_objective, engine (the engine and setting that ship the row's format, "" when none)). Throws
+/// std::invalid_argument naming the file for a missing /summary or root
 /// attribute, and as read_table().
 ColumnTable decision_table(const std::filesystem::path& results, const std::vector<double>& fractions);
 
