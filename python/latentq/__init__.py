@@ -18,24 +18,17 @@ Modules:
   thresholds  ``python -m latentq.thresholds``: results/thresholds.toml from a run of the default study
   tiny_mla    the tiny-mla model; kjv_text: the KJV text and its train / held-out split
 
-``import latentq`` works without the compiled part (the model-side modules do not need it); a C++
-name is then an ImportError that says how to build it.
+``import latentq`` works without the compiled part (the model-side modules do not need it); a name that
+is not a Python one (a C++ name) is then an ImportError that says how to build it.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import pkgutil
 
 __path__ = pkgutil.extend_path(__path__, __name__)
-
-# The names python/src/core.cpp defines: without _core, each is an ImportError naming the build step.
-CORE_NAMES = (
-    "LatentqError", "QuantizedTensor", "canonical_spec", "cpu_threads", "decode_order_cache_bytes",
-    "decode_order_latents", "decode_order_mask", "decode_scale_is_causal", "decode_token_group", "dequantize",
-    "diagnose", "error_metrics", "fit_rotation", "format_rows", "pack_record", "quantize", "quantize_dequantize", "record_bytes",
-    "rotation_matrix", "set_cpu_threads", "spec_grammar", "token_split", "tq_codebook",
-)  # fmt: skip
 
 BUILD_HINT = (
     "build it with `cmake --build build --target latentq_py` (or scripts/setup.sh run), and put "
@@ -53,17 +46,22 @@ else:
 
 
 def formats():
-    """The format table as a pandas DataFrame (latentq.format_table.formats: name, family, engine, record_bytes, ...)."""
+    """The format table as a pandas DataFrame (latentq.format_table.formats: name, family, engine,
+    record_bytes, ...)."""
     from latentq.format_table import formats as table
 
     return table()
 
 
 def __getattr__(name: str):
-    """A C++ name while latentq._core is missing: ImportError saying how to build it."""
-    if name in CORE_NAMES and _core is None:
+    """A name the package does not define in Python. With latentq._core: AttributeError (every C++ name is
+    already here). Without it: ImportError saying how to build it, for any public name, which may be the
+    compiled module's (the names python/src/core.cpp defines are written there only, not copied here);
+    AttributeError for a name with a leading underscore (the compiled module exports none) and for a submodule
+    of the package (``from latentq import dump`` then imports it)."""
+    if _core is None and not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is None:
         raise ImportError(
-            f"latentq.{name} is in the compiled module latentq._core, which did not import "
-            f"({_core_error}); {BUILD_HINT}"
+            f"latentq.{name} needs the compiled module latentq._core (it is not a Python name of the package), "
+            f"which did not import ({_core_error}); {BUILD_HINT}"
         )
     raise AttributeError(f"module 'latentq' has no attribute {name!r}")

@@ -8,29 +8,20 @@ package with its compiled part (latentq.e2e.import_latentq).
 
 from __future__ import annotations
 
-import re
-
 import torch
 
 from latentq.fitted_basis import needs_basis, transform_of
 
 PREFILL_AT_ONCE = "prefill-at-once"
-_MODE_RE = re.compile(r"decode-r(\d+)-s(\d+)-p(\d+)")
 
 
 def mode_rsp(latentq, mode: str) -> tuple[int, int, int]:
-    """(residual, sink, prefill) of a cache-mode label ('prefill-at-once': (0, 0, 0)); the label is
-    validated by the module (DecodeOrder::parse). Raises ValueError naming a malformed label."""
+    """(residual, sink, prefill) of a cache-mode label ('prefill-at-once': (0, 0, 0)), parsed by the module
+    (latentq.decode_order: DecodeOrder::parse). Raises ValueError naming a malformed label."""
     try:
-        latentq.decode_order_mask(mode, 1, 1)
+        return tuple(latentq.decode_order(mode))
     except ValueError as e:
         raise ValueError(str(e) if str(e).startswith(f"cache mode '{mode}'") else f"cache mode '{mode}': {e}") from None
-    if mode == PREFILL_AT_ONCE:
-        return 0, 0, 0
-    m = _MODE_RE.fullmatch(mode)
-    if m is None:
-        raise ValueError(f"cache mode '{mode}': expected 'prefill-at-once' or 'decode-r<R>-s<S>-p<P>'")
-    return int(m[1]), int(m[2]), int(m[3])
 
 
 DECODE_TARGETS = ("c_kv", "k_pe", "c_kv+k_pe")

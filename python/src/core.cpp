@@ -280,6 +280,16 @@ void def_decode_order(py::module_& m) {
       py::arg("spec"),
       "False when the spec's scale spans the sequence (per-tensor, channel-g0, nvfp4, fp8-e4m3-tensor).");
   m.def(
+      "decode_order",
+      [](const std::string& mode) {
+        const DecodeOrder o = DecodeOrder::parse(mode);
+        return py::make_tuple(o.residual, o.sink, o.prefill);
+      },
+      py::arg("mode"),
+      "(residual R, sink S, prefill P) of a cache-mode label: 'prefill-at-once' is (0, 0, 0), 'decode-r<R>-s<S>-p<P>'\n"
+      "its three ints (latentq/decode_order.h DecodeOrder::parse, the one grammar; canonical labels only). Raises\n"
+      "ValueError naming a malformed label.");
+  m.def(
       "decode_order_mask",
       [](const std::string& mode, int64_t L, int64_t G) {
         const DecodeOrder o = DecodeOrder::parse(mode);

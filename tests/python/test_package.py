@@ -1,5 +1,6 @@
 """The `latentq` package without its compiled part: `import latentq` and the model-side modules work,
-and a C++ name raises an ImportError that says how to build latentq._core."""
+and a C++ name (any public name the package does not define in Python: the C++ names are written in
+python/src/core.cpp only) raises an ImportError that says how to build latentq._core."""
 
 import os
 import subprocess
@@ -16,10 +17,17 @@ except ImportError as e:
     assert "latentq._core" in str(e) and "cmake --build build --target latentq_py" in str(e), e
 else:
     raise AssertionError("latentq.quantize without latentq._core")
-try:
-    latentq.no_such_name
-except AttributeError:
-    pass
+for name in ("no_such_name", "decode_order"):  # no list of C++ names to miss one: every public name
+    try:
+        getattr(latentq, name)
+    except ImportError as e:
+        assert "latentq._core" in str(e) and "cmake --build build --target latentq_py" in str(e), e
+    else:
+        raise AssertionError(f"latentq.{name} without latentq._core")
+for name in ("_no_such_name", "__wrapped__"):  # private names and dunders stay AttributeErrors (hasattr works)
+    assert not hasattr(latentq, name), name
+from latentq import tiny_mla  # a submodule imports through `from latentq import`
+assert tiny_mla.__name__ == "latentq.tiny_mla"
 print("ok")
 """
 

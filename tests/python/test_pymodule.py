@@ -104,3 +104,24 @@ def test_errors_are_value_errors():
     with pytest.raises(ValueError, match="2-D"):
         latentq.quantize(np.ones(4, np.float32), "int4-asym-token")
     assert latentq.canonical_spec("int4-asym-channel-g0-fp16") == "int4-asym-channel"
+
+
+def test_every_compiled_name_is_a_package_name_and_no_other():
+    """The C++ names are written once (python/src/core.cpp): each public one is latentq.<name>, the same object,
+    and a name neither side defines is an AttributeError."""
+    names = [n for n in dir(latentq._core) if not n.startswith("_")]
+    assert {"quantize", "decode_order_mask", "decode_order"} <= set(names), names
+    for n in names:
+        assert getattr(latentq, n) is getattr(latentq._core, n), n
+    with pytest.raises(AttributeError, match="no_such_name"):
+        latentq.no_such_name  # noqa: B018
+
+
+def test_decode_order_parses_the_cache_mode_grammar():
+    """latentq.decode_order: (R, S, P) of a label by the C++ grammar (DecodeOrder::parse), canonical labels only."""
+    assert latentq.decode_order("prefill-at-once") == (0, 0, 0)
+    assert latentq.decode_order("decode-r32-s4-p0") == (32, 4, 0)
+    assert latentq.decode_order("decode-r0-s0-p512") == (0, 0, 512)
+    for bad, why in (("decode-r1-x", "expected 'prefill-at-once'"), ("decode-r08-s0-p0", "not canonical"), ("", "")):
+        with pytest.raises(ValueError, match=f"cache mode '{bad}'.*{why}"):
+            latentq.decode_order(bad)
