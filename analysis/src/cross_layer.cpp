@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "latentq/analysis/detail.h"
-#include "latentq/analysis/split.h"
+#include "latentq/split.h"
 #include "latentq/analysis/svd_probe.h"
 
 namespace latentq::probes {

@@ -12,7 +12,7 @@
 #include "latentq/analysis/gemm.h"
 #include "latentq/analysis/lapack.h"
 #include "latentq/analysis/rate_distortion.h"
-#include "latentq/analysis/split.h"
+#include "latentq/split.h"
 
 namespace latentq::probes {
 

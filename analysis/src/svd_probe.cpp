@@ -11,7 +11,7 @@
 #include "latentq/analysis/gemm.h"
 #include "latentq/analysis/lapack.h"
 #include "latentq/analysis/score_basis.h"
-#include "latentq/analysis/split.h"
+#include "latentq/split.h"
 #include "latentq/qmath.h"
 
 namespace latentq::probes {

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "internal.h"
-#include "latentq/analysis/split.h"
+#include "latentq/split.h"
 #include "latentq/attention/decode_order.h"
 #include "latentq/decode_order.h"
 #include "latentq/quantize.h"

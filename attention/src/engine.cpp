@@ -11,7 +11,7 @@
 #include "internal.h"
 #include "latentq/analysis/detail.h"
 #include "latentq/analysis/gemm.h"
-#include "latentq/analysis/split.h"
+#include "latentq/split.h"
 #include "latentq/attention/engine.h"
 
 namespace latentq::probes {

@@ -95,13 +95,6 @@ class DeepseekV2RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
-def precompute_freqs_cis(dim: int, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """Complex rotations, [T, dim/2] complex64, for the interleaved RoPE layout."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
-    freqs = positions.float()[:, None] * inv_freq[None, :]
-    return torch.polar(torch.ones_like(freqs), freqs)
-
-
 def apply_rotary_emb(xq: torch.Tensor, xk: torch.Tensor, freqs_cis: torch.Tensor):
     """Interleaved RoPE on complex pairs (2i, 2i+1), the signature of HF ``deepseek_v2``.
 

@@ -20,7 +20,7 @@
 #include "latentq/layer_shared.h"
 #include "latentq/probe_study.h"
 #include "latentq/attention/attention.h"
-#include "latentq/analysis/split.h"
+#include "latentq/split.h"
 #include "latentq/analysis/svd_probe.h"
 #include "latentq/quantize.h"
 

@@ -10,7 +10,7 @@
 #include "latentq/probe_registry.h"
 #include "latentq/layer_shared.h"
 #include "latentq/probe_study.h"
-#include "latentq/analysis/split.h"
+#include "latentq/split.h"
 #include "latentq/analysis/svd_probe.h"
 
 namespace latentq {

@@ -9,7 +9,7 @@
 #include <algorithm>
 #include <stdexcept>
 
-#include "latentq/analysis/split.h"
+#include "latentq/split.h"
 #include "latentq/analysis/svd_probe.h"
 
 namespace latentq {

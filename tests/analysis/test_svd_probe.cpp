@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "latentq/metrics.h"
-#include "latentq/analysis/split.h"
+#include "latentq/split.h"
 #include "latentq/analysis/svd_probe.h"
 #include "probe_test_util.h"
 

@@ -13,7 +13,7 @@
 //
 // Shared-basis reconstruction (xKV style) for a window of w adjacent layers at total rank k:
 //   shared   : concatenate the w layers along the feature axis → [T, w·r]; fit one rank-k basis on
-//              the fit split (latentq/analysis/split.h); each token stores k coefficients.
+//              the fit split (latentq/split.h); each token stores k coefficients.
 //   per-layer: a rank-(k/w) basis per layer fit on the same split; each token stores w·(k/w) = k
 //              coefficients.
 //   Storage equality: both store exactly k coefficients per token for the window (T·k in all). The

@@ -2,7 +2,7 @@
 // each /latent_error cell's measured error is compared with (columns bound_rel_fro, gap_db).
 //
 // The source model: each token row x ∈ R^d of one (layer, target) matrix is Gaussian N(μ, Σ) with
-// μ and Σ the mean and covariance of the fit split of the dump (latentq/analysis/split.h: the first
+// μ and Σ the mean and covariance of the fit split of the dump (latentq/split.h: the first
 // half of the sequences), Σ = (1/n)·Σ_t (x_t − μ)(x_t − μ)ᵀ over the n fit tokens, accumulated in
 // float64; λ_1..λ_d its eigenvalues (LAPACK dsyevd, probes/lapack.h; negatives from rounding clamped
 // to 0). Reverse water-filling (Cover & Thomas, Thm 10.3.3) gives, per token vector,
@@ -62,7 +62,7 @@ struct LatentSpectrum {
 };
 
 /// The spectrum of X [T, d] (row-major float32) with sequence boundaries seq_offsets [S+1] (the fit
-/// split of latentq/analysis/split.h). Throws std::invalid_argument as fit_heldout_split() and for
+/// split of latentq/split.h). Throws std::invalid_argument as fit_heldout_split() and for
 /// NaN/Inf values.
 LatentSpectrum latent_spectrum(const float* X, int64_t T, int64_t d, std::span<const int64_t> seq_offsets);
 

@@ -1,6 +1,6 @@
 // latentq/analysis/svd_probe.h — SVD pruning probe on c_kv [T, kv_lora_rank] (row-major float32).
 //
-// A rank-r basis is fit on the fit split of the tokens (latentq/analysis/split.h: the first half of
+// A rank-r basis is fit on the fit split of the tokens (latentq/split.h: the first half of
 // the sequences) and evaluated on the held-out split. Reconstruction of a token c (row vector):
 //     y = (c − μ)·V_r              the r per-token coefficients (what a pruned cache stores)
 //     ĉ = round(y)·V_rᵀ + μ
