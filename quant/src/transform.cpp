@@ -13,15 +13,23 @@ namespace latentq {
 
 namespace {
 
-constexpr const char* kTransformForms =
-    "had[N][-s<seed>] (randomized Hadamard, N a power of two >= 2 dividing the dimension; default: the "
-    "largest power of two dividing it, refused below 16), rot[-s<seed>] (seeded Haar random orthogonal), "
-    "klt (PCA basis of the fit split), sklt (score-metric KLT of the fit split and its query rows); a full spec "
-    "is '<transform>,<quantizer>', e.g. had,int4-asym-token";
-
 [[noreturn]] void bad_transform(std::string_view s, const std::string& why) {
   throw std::invalid_argument("unknown transform '" + std::string(s) + "': " + why +
-                              ". Valid forms: " + kTransformForms);
+                              ". Valid forms: " + transform_forms());
+}
+
+// "expected had, had<N>, rot, klt or sklt": every row's name (and name<N> for a row with a block).
+std::string expected_names() {
+  std::vector<std::string> names;
+  for (const TransformTraits& r : kTransforms) {
+    if (r.kind == TransformKind::None) continue;
+    names.emplace_back(r.name);
+    if (r.block) names.push_back(std::string(r.name) + "<N>");
+  }
+  std::string out = "expected ";
+  for (size_t i = 0; i < names.size(); ++i)
+    out += (i == 0 ? "" : i + 1 == names.size() ? " or " : ", ") + names[i];
+  return out;
 }
 
 template <typename I>
@@ -48,6 +56,16 @@ void check_rows(const char* what, int64_t T, int64_t D, int64_t want) {
 
 }  // namespace
 
+std::string transform_forms() {
+  std::string out;
+  for (const TransformTraits& r : kTransforms) {
+    if (r.kind == TransformKind::None) continue;
+    out += std::string(out.empty() ? "" : ", ") + r.name + (r.block ? "[N]" : "") + (r.seed ? "[-s<seed>]" : "") +
+           " (" + r.what + ")";
+  }
+  return out + "; a full spec is '<transform>,<quantizer>', e.g. had,int4-asym-token";
+}
+
 Transform Transform::parse(std::string_view s) {
   Transform t;
   if (s.empty()) return t;
@@ -58,37 +76,27 @@ Transform Transform::parse(std::string_view s) {
     if (!seed.starts_with("s") || !parse_uint(seed.substr(1), t.seed))
       bad_transform(s, "the suffix must be -s<seed>, seed a non-negative 64-bit integer");
   }
-  if (head == "klt" || head == "sklt") {
-    if (!seed.empty()) bad_transform(s, std::string(head) + " is fitted, it takes no seed");
-    t.kind = head == "klt" ? TransformKind::Klt : TransformKind::ScoreKlt;
-  } else if (head == "rot") {
-    t.kind = TransformKind::Random;
-  } else if (head.starts_with("had")) {
-    t.kind = TransformKind::Hadamard;
-    if (head.size() > 3 && (!parse_uint(head.substr(3), t.block) || !is_pow2(t.block) || t.block < 2))
-      bad_transform(s, "the Hadamard block must be a power of two >= 2");
-  } else {
-    bad_transform(s, "expected had, had<N>, rot, klt or sklt");
-  }
+  // The row whose name is the head, else a row with a block whose name starts it (had64).
+  const TransformTraits* row = nullptr;
+  for (const TransformTraits& r : kTransforms)
+    if (r.kind != TransformKind::None && head == r.name) row = &r;
+  if (!row)
+    for (const TransformTraits& r : kTransforms)
+      if (r.block && head.starts_with(r.name)) row = &r;
+  if (!row) bad_transform(s, expected_names());
+  t.kind = row->kind;
+  if (!seed.empty() && !row->seed)
+    bad_transform(s, std::string(row->name) + (fitted_transform(row->kind) ? " is fitted, it" : "") + " takes no seed");
+  const std::string_view block = head.substr(std::string_view(row->name).size());
+  if (!block.empty() && (!parse_uint(block, t.block) || !is_pow2(t.block) || t.block < 2))
+    bad_transform(s, "the Hadamard block must be a power of two >= 2");
   return t;
 }
 
 std::string Transform::to_string() const {
-  std::string s;
-  switch (kind) {
-    case TransformKind::None:
-      return s;
-    case TransformKind::Klt:
-      return "klt";
-    case TransformKind::ScoreKlt:
-      return "sklt";
-    case TransformKind::Random:
-      s = "rot";
-      break;
-    case TransformKind::Hadamard:
-      s = block ? "had" + std::to_string(block) : "had";
-      break;
-  }
+  const TransformTraits& r = traits(kind);
+  std::string s = r.name;
+  if (block) s += std::to_string(block);
   if (seed) s += "-s" + std::to_string(seed);
   return s;
 }
@@ -351,9 +359,12 @@ void dense_rows(const float* M, float* X, int64_t T, int64_t D) {
 }  // namespace
 
 Rotation Rotation::make(const Transform& t, int64_t D) {
+  if (fitted_transform(t.kind))
+    throw std::invalid_argument("transform '" + t.to_string() + "' of dimension " + std::to_string(D) +
+                                " is fitted on the fit split: build it with " +
+                                (traits(t.kind).orthogonal ? "Rotation::dense (" : "Rotation::dense_invertible (") +
+                                t.to_string() + ") from the fitted basis (the study's fit_layer_rotation)");
   switch (t.kind) {
-    case TransformKind::None:
-      return {};
     case TransformKind::Hadamard:
       return hadamard(D, t.block, t.seed);
     case TransformKind::Random: {
@@ -370,13 +381,13 @@ Rotation Rotation::make(const Transform& t, int64_t D) {
       }
       return dense(D, std::move(R));
     }
-    case TransformKind::Klt:
-    case TransformKind::ScoreKlt:
+    case TransformKind::None:
+      return {};
+    default:  // the fitted kinds, refused above
       break;
   }
-  throw std::invalid_argument("transform '" + t.to_string() + "' of dimension " + std::to_string(D) +
-                              " is fitted on the fit split: build it with Rotation::dense (klt) or "
-                              "Rotation::dense_invertible (sklt) from the fitted basis");
+  throw std::logic_error("Rotation::make: transform '" + t.to_string() +
+                         "' is built (kTransforms) but has no case here");
 }
 
 void Rotation::forward(float* X, int64_t T, int64_t D) const {

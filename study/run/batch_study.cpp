@@ -23,17 +23,18 @@ StudyPlan plan_study(const StudyConfig& config, LatentBackend& backend,
   lo.data = false;
   Dump header = load_dump(config.dump, lo);
   ProbePlan probes = plan_probes(config, header);
-  // sklt fits its score metric on the layer's query rows and W_UK: the latent cells read the attention data too
+  // A transform whose fit reads the layer's query rows and W_UK (fit_reads_queries: sklt): the latent cells read
+  // the attention data too
   const auto qs = config.all_quantizers();
   const auto sklt = std::find_if(qs.begin(), qs.end(), [](const Quantizer& q) {
-    return q.transform.kind == TransformKind::ScoreKlt ||
+    return fit_reads_queries(q.transform.kind) ||
            std::any_of(q.mixed.begin(), q.mixed.end(),
-                       [](const MixedRule& r) { return r.transform.kind == TransformKind::ScoreKlt; });
+                       [](const MixedRule& r) { return fit_reads_queries(r.transform.kind); });
   });
   if (sklt != qs.end() && !header.file_has_attention)
     throw std::invalid_argument(fmt::format(
-        "{}: quantizer {} needs the dump's attention datasets (sklt fits its score metric on the query rows and "
-        "W_UK), and this dump has none: dump with query rows, or use klt",
+        "{}: quantizer {} needs the dump's attention datasets (its transform fits its score metric on the query rows "
+        "and W_UK), and this dump has none: dump with query rows, or use klt",
         config.dump.string(), sklt->name));
   if (sklt != qs.end() ||
       std::any_of(probes.cells.begin(), probes.cells.end(), [](const ProbeCell& c) { return c.attention; })) {

@@ -67,6 +67,47 @@ TEST(Transform, ParseErrorsNameTheString) {
   expect_throw_containing([] { TransformedSpec::parse("had,int5-asym-token"); }, "int5-asym-token");
 }
 
+// The table drives the grammar: every row's name parses to its kind and prints back, takes a seed and a block
+// exactly where its row says so; the forms text is the row list (hand-written below: the text before the table),
+// and the error for an unknown transform ends with it.
+TEST(Transform, TableDrivesTheGrammarAndTheForms) {
+  const std::string forms = transform_forms();
+  for (const TransformTraits& r : kTransforms) {
+    const std::string name = r.name;
+    SCOPED_TRACE("row '" + name + "'");
+    const Transform t = Transform::parse(name);
+    EXPECT_EQ(t.kind, r.kind);
+    EXPECT_EQ(t.to_string(), name);
+    EXPECT_EQ(fitted_transform(r.kind), r.fit != TransformFit::Built);
+    EXPECT_EQ(fit_reads_queries(r.kind), r.fit == TransformFit::Queries);
+    if (r.kind == TransformKind::None) continue;
+    EXPECT_NE(forms.find(name + (r.block ? "[N]" : "") + (r.seed ? "[-s<seed>]" : "") + " ("), std::string::npos);
+    if (r.seed) {
+      EXPECT_EQ(Transform::parse(name + "-s5").seed, 5u);
+      EXPECT_EQ(Transform::parse(name + "-s5").to_string(), name + "-s5");
+    } else {
+      expect_throw_containing([&] { Transform::parse(name + "-s5"); }, name);
+      expect_throw_containing([&] { Transform::parse(name + "-s5"); }, "takes no seed");
+    }
+    if (r.block)
+      EXPECT_EQ(Transform::parse(name + "64").block, 64);
+    else
+      expect_throw_containing([&] { Transform::parse(name + "64"); }, "expected had, had<N>, rot, klt or sklt");
+  }
+  EXPECT_EQ(forms,
+            "had[N][-s<seed>] (randomized Hadamard, N a power of two >= 2 dividing the dimension; default: the "
+            "largest power of two dividing it, refused below 16), rot[-s<seed>] (seeded Haar random orthogonal), klt "
+            "(PCA basis of the fit split), sklt (score-metric KLT of the fit split and its query rows); a full spec is "
+            "'<transform>,<quantizer>', e.g. had,int4-asym-token");
+  expect_throw_containing([] { Transform::parse("pca"); },
+                          "'pca': expected had, had<N>, rot, klt or sklt. Valid forms: " + forms);
+  EXPECT_TRUE(traits(TransformKind::Klt).orthogonal);
+  EXPECT_FALSE(traits(TransformKind::ScoreKlt).orthogonal);  // sklt's A is invertible, not orthogonal
+  EXPECT_EQ(traits(TransformKind::Klt).fit, TransformFit::Latent);
+  EXPECT_EQ(traits(TransformKind::ScoreKlt).fit, TransformFit::Queries);
+  expect_throw_containing([] { Rotation::make(Transform::parse("sklt"), 16); }, "is fitted on the fit split");
+}
+
 TEST(Transform, HadamardBlockRule) {
   EXPECT_EQ(hadamard_block(512, 0), 512);
   EXPECT_EQ(hadamard_block(576, 0), 64);  // 512 + 64 = 9 * 64

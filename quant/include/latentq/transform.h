@@ -31,10 +31,14 @@
 //                      x = A⁻¹·x', and the weights fold by A⁻ᵀ (W_UK' = W_UK·A⁻¹, W_UV' = W_UV·A⁻¹,
 //                      q_pe' = A⁻ᵀ·q_pe), which keeps every score and output.
 // A full spec is "<transform>,<quantizer>", e.g. had,int4-asym-token, had64,q4_0, rot,mxfp4,
-// klt,int4-asym-channel-g32; a spec without a comma has no transform.
+// klt,int4-asym-channel-g32; a spec without a comma has no transform. One row of kTransforms per kind (below) gives
+// its name, whether it takes a block and a seed, whether it is fitted and on what; parse, to_string, the forms
+// (transform_forms()) and the study's fit (fit_layer_rotation) read it.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <span>
 #include <string>
 #include <string_view>
@@ -45,15 +49,87 @@
 
 namespace latentq {
 
-enum class TransformKind : uint8_t { None = 0, Hadamard = 1, Random = 2, Klt = 3, ScoreKlt = 4 };
+/// A transform family; one row of kTransforms each.
+enum class TransformKind : uint8_t {
+  None = 0,
+  Hadamard = 1,
+  Random = 2,
+  Klt = 3,
+  ScoreKlt = 4,
+  Count  ///< the number of kinds (kTransforms has one row per value before it)
+};
+inline constexpr size_t kTransformCount = static_cast<size_t>(TransformKind::Count);
+
+/// What a transform is made from, and so what its fit reads of a layer.
+enum class TransformFit : uint8_t {
+  Built = 0,   ///< not fitted: Rotation::make builds it from the spec and D alone (none, had, rot)
+  Latent = 1,  ///< fitted on the fit split of the target's latent rows (c_kv or k_pe) alone (klt)
+  Queries = 2,  ///< fitted on the latent and the score metric of the layer's fit-split query rows (q_nope with W_UK
+                ///< for c_kv, q_pe for k_pe; probes::fit_score_metric): the dump's attention datasets (sklt)
+};
+
+/// One row of the transform table: everything latentq states about a transform family, in one place. Parsing,
+/// to_string(), the forms of transform_forms() and of the error for an unknown transform, the fitted flag and what
+/// a fit reads all come from it.
+struct TransformTraits {
+  TransformKind kind;
+  const char* name;  ///< the grammar's word ("" for none); the spec's form is name[N][-s<seed>] as below allow
+  bool block;        ///< takes a block size N right after the name (had64)
+  bool seed;         ///< takes a -s<seed> suffix (seed 0 is the default and is not written)
+  TransformFit fit;  ///< built, or fitted on what (the study's fit_layer_rotation reads that)
+  bool orthogonal;   ///< a rotation R (inverse Rᵀ, the weights fold by R; a fitted basis is R [D, D]); false: an
+                     ///< invertible A (inverse A⁻¹, the weights fold by A⁻ᵀ; a fitted basis is (A, A⁻¹) [2, D, D])
+  const char* what;  ///< what it is, one phrase (transform_forms())
+};
+
+/// The transform table, one row per TransformKind in enum order (checked below).
+inline constexpr TransformTraits kTransforms[] = {
+    {TransformKind::None, "", false, false, TransformFit::Built, true, "no transform"},
+    {TransformKind::Hadamard, "had", true, true, TransformFit::Built, true,
+     "randomized Hadamard, N a power of two >= 2 dividing the dimension; default: the largest power of two "
+     "dividing it, refused below 16"},
+    {TransformKind::Random, "rot", false, true, TransformFit::Built, true, "seeded Haar random orthogonal"},
+    {TransformKind::Klt, "klt", false, false, TransformFit::Latent, true, "PCA basis of the fit split"},
+    {TransformKind::ScoreKlt, "sklt", false, false, TransformFit::Queries, false,
+     "score-metric KLT of the fit split and its query rows"},
+};
+
+namespace detail {
+constexpr bool transform_rows_ok() {
+  for (size_t i = 0; i < std::size(kTransforms); ++i) {
+    const TransformTraits& r = kTransforms[i];
+    if (r.kind != static_cast<TransformKind>(i)) return false;
+    // a fitted transform is determined by the data: no block, no seed (so its name alone is its spec)
+    if (r.fit != TransformFit::Built && (r.block || r.seed)) return false;
+    if ((i == 0) != (std::string_view(r.name).empty())) return false;  // only none has no name
+    for (size_t j = 0; j < i; ++j)
+      if (std::string_view(r.name) == kTransforms[j].name) return false;
+  }
+  return true;
+}
+}  // namespace detail
+static_assert(std::size(kTransforms) == kTransformCount, "kTransforms: one row per TransformKind");
+static_assert(detail::transform_rows_ok(),
+              "kTransforms: rows in TransformKind's enum order, distinct names, fitted rows without block or seed");
+
+/// The table row of a kind.
+constexpr const TransformTraits& traits(TransformKind k) { return kTransforms[static_cast<size_t>(k)]; }
 
 /// sklt's floor on the score metric's eigenvalues, relative to the largest: it bounds the condition number of
 /// A = Uᵀ·M^{1/2} by 1/sqrt(floor) = 100, so A⁻¹ and the folded weights stay within float32 (directions the
 /// queries read 10⁴× less than the strongest are kept at that weight, not dropped).
 inline constexpr double kScoreMetricFloor = 1e-4;
 
-/// True for the transforms fitted on the dump (klt, sklt): Rotation::make cannot build them.
-inline bool fitted_transform(TransformKind k) { return k == TransformKind::Klt || k == TransformKind::ScoreKlt; }
+/// True for the transforms fitted on the dump (the table's fit is not Built: klt, sklt): Rotation::make cannot
+/// build them; the study's fit_layer_rotation fits them.
+constexpr bool fitted_transform(TransformKind k) { return traits(k).fit != TransformFit::Built; }
+/// True when the fit reads the layer's query rows and W_UK besides the latent (TransformFit::Queries: sklt).
+constexpr bool fit_reads_queries(TransformKind k) { return traits(k).fit == TransformFit::Queries; }
+
+/// The valid transform forms, from the table: "had[N][-s<seed>] (randomized Hadamard, ...), rot[-s<seed>] (...),
+/// klt (...), sklt (...); a full spec is '<transform>,<quantizer>', e.g. had,int4-asym-token". The message of an
+/// unknown transform ends with it.
+std::string transform_forms();
 
 /// A parsed transform. Fields that do not apply to the kind hold their defaults.
 struct Transform {
@@ -61,10 +137,12 @@ struct Transform {
   int64_t block = 0;  ///< Hadamard: block size, 0 = automatic (largest power of two dividing D)
   uint64_t seed = 0;  ///< Hadamard signs / random rotation
 
-  /// Parses "had", "had64", "had-s7", "rot", "rot-s3", "klt" (or "" = none). Throws std::invalid_argument
-  /// naming the string and listing the forms otherwise (block not a power of two ≥ 2, bad seed).
+  /// Parses "had", "had64", "had-s7", "rot", "rot-s3", "klt", "sklt" (or "" = none): a row's name, its block
+  /// and seed where the row takes them (kTransforms). Throws std::invalid_argument naming the string and listing
+  /// the forms otherwise (an unknown name, block not a power of two ≥ 2, bad seed, a seed on a row without one).
   static Transform parse(std::string_view s);
-  /// Canonical string ("" for none); parse(to_string()) == *this. The seed is written when non-zero.
+  /// Canonical string ("" for none): the row's name, the block when set, the seed when non-zero;
+  /// parse(to_string()) == *this.
   std::string to_string() const;
   bool operator==(const Transform&) const = default;
 };
@@ -121,9 +199,9 @@ class Rotation {
   /// std::invalid_argument for sizes ≠ D·D or D ≤ 0. That A_inv inverts A is the caller's (the fit computes
   /// both from one eigendecomposition; the study's fold check measures it).
   static Rotation dense_invertible(int64_t D, std::vector<float> A, std::vector<float> A_inv);
-  /// Builds the rotation of a transform for rows of D elements (not KLT: that needs the fit split;
-  /// throws std::invalid_argument for it, and for the errors of hadamard_block). None gives identity. rot:
-  /// haar_orthogonal(D, seed), built once per (D, seed) in a process and kept (a D·D float matrix).
+  /// Builds the rotation of a built transform for rows of D elements (a fitted one, fitted_transform(), needs the
+  /// fit split: throws std::invalid_argument for it, and for the errors of hadamard_block). None gives identity.
+  /// rot: haar_orthogonal(D, seed), built once per (D, seed) in a process and kept (a D·D float matrix).
   static Rotation make(const Transform& t, int64_t D);
 
   /// Rows of X [T, D] in place. Hadamard: x' = H·(s ⊙ x) (fwht_rows); dense: x'_i = Σ_j R_ij x_j,
