@@ -10,7 +10,6 @@
 #include "latentq/analysis/detail.h"
 #include "latentq/analysis/gemm.h"
 #include "latentq/analysis/lapack.h"
-#include "latentq/analysis/score_basis.h"
 #include "latentq/split.h"
 #include "latentq/qmath.h"
 
@@ -240,23 +239,6 @@ SvdProbeResult svd_probe(const float* c_kv, int64_t T, int64_t D, std::span<cons
   res.energy_fractions = options.energy_fractions;
   for (double f : options.energy_fractions) res.energy_ranks.push_back(energy_rank(res.basis.singular_values, f));
   return res;
-}
-
-Rotation fit_rotation(const Transform& t, const float* X, int64_t T, int64_t D, std::span<const int64_t> seq_offsets,
-                      const Eigen::MatrixXd* score_metric) {
-  if (t.kind == TransformKind::ScoreKlt) {
-    if (!score_metric)
-      throw std::invalid_argument(
-          "fit_rotation: sklt needs the score metric of the layer's query rows (a dump with attention data)");
-    return fit_score_rotation(X, T, D, seq_offsets, *score_metric);
-  }
-  if (t.kind != TransformKind::Klt) return Rotation::make(t, D);
-  const TokenSplit split = fit_heldout_split(seq_offsets, T);
-  const SvdBasis b = fit_svd_basis(X, T, D, split.fit, false);
-  std::vector<float> R(static_cast<size_t>(D * D));
-  for (int64_t i = 0; i < D; ++i)
-    for (int64_t j = 0; j < D; ++j) R[i * D + j] = static_cast<float>(b.V(j, i));
-  return Rotation::dense(D, std::move(R));
 }
 
 }  // namespace latentq::probes

@@ -8,11 +8,13 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <vector>
 
+#include "latentq/analysis/fit_transform.h"
 #include "latentq/analysis/score_basis.h"
-#include "latentq/analysis/svd_probe.h"
 #include "latentq/decode_order.h"
+#include "latentq/fit_layer.h"
 #include "latentq/metrics.h"
 #include "latentq/quantize.h"
 #include "latentq/split.h"
@@ -37,27 +39,50 @@ std::vector<int64_t> offsets_or_single(const std::optional<std::vector<int64_t>>
   return so ? *so : std::vector<int64_t>{0, T};
 }
 
-// The rotation of a transformed spec for rows of D elements: Rotation::make for none/had/rot; for a fitted
-// transform the given basis as fit_rotation returns it: 'klt' R float32 [D, D] row-major (x' = R @ x), 'sklt'
-// float32 [2, D, D] = (A, A⁻¹) (x' = A @ x). Raises ValueError for a fitted spec without a basis, a basis with
-// any other transform, or a basis of another shape.
+// The fitted transforms' names, from the table: "'klt,...' or 'sklt,...'".
+std::string fitted_spec_forms() {
+  std::string out;
+  for (const TransformTraits& r : kTransforms)
+    if (fitted_transform(r.kind)) out += std::string(out.empty() ? "'" : "' or '") + r.name + ",...";
+  return out + "'";
+}
+
+// The basis of a transform as fit_layer_rotation / fit_rotation return it: for a rotation (the table's orthogonal)
+// R float32 [D, D] row-major (x' = R @ x), else (A, A⁻¹) float32 [2, D, D] (x' = A @ x).
+py::array_t<float> basis_array(const Rotation& r, const Transform& t) {
+  const int64_t D = r.dim();
+  const bool orth = traits(t.kind).orthogonal;
+  py::array_t<float> out(orth ? std::vector<py::ssize_t>{D, D} : std::vector<py::ssize_t>{2, D, D});
+  const std::vector<float> R = r.matrix();
+  std::memcpy(out.mutable_data(), R.data(), R.size() * sizeof(float));
+  if (!orth) {
+    const std::vector<float> Ri = r.inverse_matrix();
+    std::memcpy(out.mutable_data() + D * D, Ri.data(), Ri.size() * sizeof(float));
+  }
+  return out;
+}
+
+// The rotation of a transformed spec for rows of D elements: Rotation::make for a built transform (none, had,
+// rot); for a fitted one the given basis as basis_array() gives it. Raises ValueError for a fitted spec without a
+// basis, a basis with a built transform, or a basis of another shape.
 Rotation spec_rotation(const TransformedSpec& ts, int64_t D, const std::optional<F32Array>& basis) {
   const std::string name = ts.to_string();
   if (!fitted_transform(ts.transform.kind)) {
-    if (basis) throw py::value_error("'" + name + "': basis is only for a 'klt,...' or 'sklt,...' spec");
+    if (basis) throw py::value_error("'" + name + "': basis is only for a " + fitted_spec_forms() + " spec");
     return Rotation::make(ts.transform, D);
   }
-  const bool sklt = ts.transform.kind == TransformKind::ScoreKlt;
+  const bool orth = traits(ts.transform.kind).orthogonal;
   if (!basis)
     throw py::value_error("'" + name + "': a " + ts.transform.to_string() +
-                          " spec needs its basis (basis=fit_rotation(x, ...) of the study's dump)");
-  const std::string want = std::string(sklt ? "[2, " : "[") + std::to_string(D) + ", " + std::to_string(D) + "]";
-  const bool ok = sklt ? basis->ndim() == 3 && basis->shape(0) == 2 && basis->shape(1) == D && basis->shape(2) == D
-                       : basis->ndim() == 2 && basis->shape(0) == D && basis->shape(1) == D;
+                          " spec needs its basis (basis=fit_layer_rotation(dump, layer, target, transform) of the "
+                          "study's dump)");
+  const std::string want = std::string(orth ? "[" : "[2, ") + std::to_string(D) + ", " + std::to_string(D) + "]";
+  const bool ok = orth ? basis->ndim() == 2 && basis->shape(0) == D && basis->shape(1) == D
+                       : basis->ndim() == 3 && basis->shape(0) == 2 && basis->shape(1) == D && basis->shape(2) == D;
   if (!ok) throw py::value_error("'" + name + "': basis must be float32 " + want + " for rows of " + std::to_string(D) +
                                  " elements");
   const float* b = basis->data();
-  if (!sklt) return Rotation::dense(D, std::vector<float>(b, b + D * D));
+  if (orth) return Rotation::dense(D, std::vector<float>(b, b + D * D));
   return Rotation::dense_invertible(D, std::vector<float>(b, b + D * D), std::vector<float>(b + D * D, b + 2 * D * D));
 }
 
@@ -166,8 +191,8 @@ void def_quantizers(py::module_& m) {
       py::arg("basis") = py::none(),
       "Quantize then dequantize x float32 [T, D]; returns float32 [T, D]. Same errors as quantize().\n"
       "A transformed spec ('had,int4-asym-token', 'rot,mxfp4') quantizes the rotated rows and returns them\n"
-      "un-rotated (the C++ quantize_dequantize_rotated). A fitted spec takes its basis as fit_rotation returns it\n"
-      "for the study's dump: 'klt,...' R float32 [D, D], 'sklt,...' (A, A^-1) float32 [2, D, D] (returned as\n"
+      "un-rotated (the C++ quantize_dequantize_rotated). A fitted spec takes its basis as fit_layer_rotation returns\n"
+      "it for the study's dump: 'klt,...' R float32 [D, D], 'sklt,...' (A, A^-1) float32 [2, D, D] (returned as\n"
       "A^-1 @ qd(A @ x)); ValueError without it or with another shape.");
 }
 
@@ -194,38 +219,36 @@ void def_records(py::module_& m) {
         const auto so = offsets_or_single(seq_offsets, T);
         const Transform t = Transform::parse(transform);
         if (t.kind == TransformKind::None) throw py::value_error("fit_rotation: no transform given ('')");
-        const bool sklt = t.kind == TransformKind::ScoreKlt;
-        if (sklt && (!q || !q_rows || q->ndim() != 3))
-          throw py::value_error("fit_rotation: sklt needs q [Tq, H, dq] float32 and q_rows [Tq] (and w for c_kv)");
-        if (!sklt && (q || w || q_rows)) throw py::value_error("fit_rotation: q, w and q_rows are only for sklt");
-        std::vector<float> R, Ri;
+        const bool queries = fit_reads_queries(t.kind);
+        if (queries && (!q || !q_rows || q->ndim() != 3))
+          throw py::value_error("fit_rotation: " + t.to_string() +
+                                " needs q [Tq, H, dq] float32 and q_rows [Tq] (and w for c_kv)");
+        if (!queries && (q || w || q_rows))
+          throw py::value_error("fit_rotation: q, w and q_rows are only for a transform fitted on the query rows, "
+                                "not " + t.to_string());
+        Rotation r;
         {
           py::gil_scoped_release nogil;
           Eigen::MatrixXd M;
-          if (sklt) {
+          if (queries) {
             const auto qs = std::span<const float>(q->data(), static_cast<size_t>(q->size()));
             const auto ws = w ? std::span<const float>(w->data(), static_cast<size_t>(w->size())) : std::span<const float>{};
             M = probes::fit_score_metric(qs, ws, *q_rows, q->shape(1), q->shape(2), D, so, T);
           }
-          const Rotation r = probes::fit_rotation(t, x.data(), T, D, so, sklt ? &M : nullptr);
-          R = r.matrix();
-          if (sklt) Ri = r.inverse_matrix();
+          r = probes::fit_rotation(t, x.data(), T, D, so, queries ? &M : nullptr);
         }
-        py::array_t<float> out(sklt ? std::vector<py::ssize_t>{2, D, D} : std::vector<py::ssize_t>{D, D});
-        std::memcpy(out.mutable_data(), R.data(), R.size() * sizeof(float));
-        if (sklt) std::memcpy(out.mutable_data() + D * D, Ri.data(), Ri.size() * sizeof(float));
-        return out;
+        return basis_array(r, t);
       },
       py::arg("x"), py::arg("transform"), py::arg("seq_offsets") = py::none(), py::arg("q") = py::none(),
       py::arg("w") = py::none(), py::arg("q_rows") = py::none(),
-      "The transform that the study fits on one layer's target x float32 [T, D] with sequences seq_offsets [S+1]\n"
-      "(latentq/analysis/svd_probe.h fit_rotation): for 'klt' R float32 [D, D] (x' = R @ x), the eigenbasis of the\n"
-      "fit split's uncentered second moment (latentq/split.h), rows by descending variance; for 'had' / 'rot' the\n"
+      "The transform fitted on one target x float32 [T, D] with sequences seq_offsets [S+1]\n"
+      "(latentq/analysis/fit_transform.h fit_rotation): for 'klt' R float32 [D, D] (x' = R @ x), the eigenbasis of\n"
+      "the fit split's uncentered second moment (latentq/split.h), rows by descending variance; for 'had' / 'rot' the\n"
       "fixed matrix of rotation_matrix; for 'sklt' float32 [2, D, D] = (A, A^-1), the score-metric KLT\n"
       "(latentq/analysis/score_basis.h) under the metric of the query rows in the fit split: q [Tq, H, dq]\n"
       "(q_nope for c_kv, with w = W_UK [H, dq, D]; q_pe for k_pe, w None), q_rows [Tq] their token indices.\n"
-      "Pass the dump's /layers/NNN datasets and /seq_offsets to get the study's basis. Raises ValueError for bad\n"
-      "seq_offsets, an empty fit split, NaN/Inf, no query row in the fit split, an unknown or empty transform.");
+      "fit_layer_rotation gives the study's basis from its dump. Raises ValueError for bad seq_offsets, an empty\n"
+      "fit split, NaN/Inf, no query row in the fit split, an unknown or empty transform.");
   m.def(
       "pack_record",
       [](const QuantizedTensor& ckv, const QuantizedTensor& kpe, const std::string& preset) {
@@ -398,6 +421,57 @@ PYBIND11_MODULE(_core, m) {
       "family, engine (the engine and setting that ship it for MLA, '' when none), record_bytes (one token of\n"
       "c_kv 512 + k_pe 64, per-matrix bytes left out; -1: a width the format refuses), bits_per_element,\n"
       "causal, shapes, source and reference (the test against code latentq did not write).");
+
+  m.def(
+      "transform_rows",
+      [] {
+        py::list rows;
+        for (const TransformTraits& r : kTransforms) {
+          if (r.kind == TransformKind::None) continue;
+          const char* fit = r.fit == TransformFit::Built    ? ""
+                            : r.fit == TransformFit::Latent ? "latent"
+                                                            : "latent+queries";
+          rows.append(py::dict(py::arg("name") = r.name, py::arg("block") = r.block, py::arg("seed") = r.seed,
+                               py::arg("fitted") = fitted_transform(r.kind), py::arg("fit_reads") = fit,
+                               py::arg("orthogonal") = r.orthogonal, py::arg("what") = r.what));
+        }
+        return rows;
+      },
+      "The transform table (latentq/transform.h kTransforms): one dict per transform with name ('had', 'klt', ...),\n"
+      "block and seed (whether it takes had<N> / -s<seed>), fitted (fitted on the dump: its spec needs a basis),\n"
+      "fit_reads ('' built, 'latent' the target alone, 'latent+queries' also the layer's query rows and W_UK),\n"
+      "orthogonal (basis R [D, D]; else (A, A^-1) [2, D, D]) and what.");
+  m.def(
+      "fit_layer_rotation",
+      [](const std::string& dump, int layer, const std::string& target, const std::string& transform) {
+        const Transform t = Transform::parse(transform);
+        if (t.kind == TransformKind::None) throw py::value_error("fit_layer_rotation: no transform given ('')");
+        const Target tg = parse_target(target);
+        Rotation r;
+        {
+          py::gil_scoped_release nogil;
+          r = fit_layer_rotation(std::filesystem::path(dump), layer, tg, t);
+        }
+        return basis_array(r, t);
+      },
+      py::arg("dump"), py::arg("layer"), py::arg("target"), py::arg("transform"),
+      "The basis the study fits for transform ('klt', 'sklt', ...; latentq.transform_rows()) on one layer's target\n"
+      "('c_kv' or 'k_pe') of the latentq-dump/1 file `dump` (latentq/fit_layer.h fit_layer_rotation: the C++ study's\n"
+      "own fit, reading what the transform's fit needs): R float32 [D, D] (x' = R @ x) for a rotation, (A, A^-1)\n"
+      "float32 [2, D, D] otherwise; D = kv_lora_rank for c_kv, qk_rope_head_dim for k_pe. The `basis` of\n"
+      "quantize_dequantize / decode_order_latents. Raises ValueError naming the file for a layer not in it, a dump\n"
+      "without query rows for a fit that reads them, bad content; RuntimeError for a missing or unreadable file.");
+  m.def(
+      "fit_layer_missing",
+      [](const std::string& dump, const std::string& transform, std::optional<std::vector<int>> layers) {
+        return fit_layer_missing(std::filesystem::path(dump), layers.value_or(std::vector<int>{}),
+                                 Transform::parse(transform));
+      },
+      py::arg("dump"), py::arg("transform"), py::arg("layers") = py::none(),
+      "Why the dump cannot give transform's basis on `layers` (ints; None: every layer of the file), '' when\n"
+      "nothing is known to stop it: for a fit that reads the query rows, the first layer without them\n"
+      "('<dump> has no query rows in /layers/002, which sklt fits on'). Reads no values. RuntimeError for a\n"
+      "missing or unreadable file.");
 
   def_quantized_tensor(m);
   def_quantizers(m);

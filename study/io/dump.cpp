@@ -429,6 +429,36 @@ Dump load_dump(const std::filesystem::path& path, const LoadOptions& options) {
 
 namespace latentq {
 
+std::vector<int> layers_without_query_rows(const std::filesystem::path& path, const std::vector<int>& layers) {
+  const std::lock_guard<std::recursive_mutex> lock(h5::library_mutex());
+  h5::quiet();
+  const std::string p = path.string();
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) throw std::runtime_error(p + ": no such file");
+  try {
+    const H5::H5File file(p, H5F_ACC_RDONLY);
+    std::vector<int> want = layers;
+    if (want.empty() && h5::exists(file, "/layers")) {
+      const H5::Group g = file.openGroup("/layers");
+      for (hsize_t i = 0; i < g.getNumObjs(); ++i) {
+        const std::string name = g.getObjnameByIdx(i);
+        if (name.size() == 3 && std::all_of(name.begin(), name.end(), [](unsigned char c) { return std::isdigit(c); }))
+          want.push_back(std::stoi(name));
+      }
+    }
+    std::sort(want.begin(), want.end());
+    want.erase(std::unique(want.begin(), want.end()), want.end());
+    std::vector<int> out;
+    for (int li : want)
+      if (!h5::exists(file, layer_group(li) + "/q_rows")) out.push_back(li);
+    return out;
+  } catch (const H5::Exception& e) {
+    throw std::runtime_error(fmt::format("{}: HDF5 error while looking for the query rows of its layers: {}; the file "
+                                         "may not be HDF5, or be truncated or corrupt",
+                                         p, e.getDetailMsg()));
+  }
+}
+
 Layer read_layer(const Dump& header, int index, bool attention) {
   LoadOptions o;
   o.layers = {index};

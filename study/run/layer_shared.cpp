@@ -5,29 +5,9 @@
 
 #include <stdexcept>
 
-#include "latentq/analysis/score_basis.h"
 #include "latentq/analysis/svd_probe.h"
 
 namespace latentq {
-
-Rotation fit_layer_rotation(const Dump& dump, const Layer& l, Target target, const Transform& t) {
-  const bool ckv = target == Target::CKV;
-  const DumpAttrs& A = dump.attrs;
-  const int64_t D = ckv ? A.kv_lora_rank : A.qk_rope_head_dim;
-  const float* X = ckv ? l.c_kv.data() : l.k_pe.data();
-  if (t.kind != TransformKind::ScoreKlt) return probes::fit_rotation(t, X, dump.num_tokens(), D, dump.seq_offsets);
-  if (!l.has_attention())
-    throw std::invalid_argument(fmt::format(
-        "{}: layer {} {}: transform sklt fits its score metric on the query rows and W_UK, which are not loaded "
-        "(the dump has no attention datasets)",
-        dump.path.string(), l.index, to_string(target)));
-  const Eigen::MatrixXd M =
-      ckv ? probes::fit_score_metric(l.q_nope, l.w_uk, l.q_rows, A.num_heads, A.qk_nope_head_dim, D, dump.seq_offsets,
-                                     dump.num_tokens())
-          : probes::fit_score_metric(l.q_pe, {}, l.q_rows, A.num_heads, A.qk_rope_head_dim, D, dump.seq_offsets,
-                                     dump.num_tokens());
-  return probes::fit_rotation(t, X, dump.num_tokens(), D, dump.seq_offsets, &M);
-}
 
 std::shared_ptr<const Rotation> layer_rotation(const LayerAccess& in, int layer, Target target, const Transform& t) {
   static const std::shared_ptr<const Rotation> identity = std::make_shared<const Rotation>();

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "latentq/analysis/fit_transform.h"
 #include "latentq/analysis/rate_distortion.h"
 #include "latentq/analysis/score_basis.h"
 #include "latentq/analysis/svd_probe.h"

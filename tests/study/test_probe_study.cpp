@@ -2,6 +2,7 @@
 // real dump, cell plans and keys, independence of cells (subsets, thread counts), SVD-pruned
 // attention at full rank, latent-only dumps, config errors, the CLI integration (groups written and
 // readable, the printed tables, e2e / report skipped without Python).
+#include "latentq/analysis/fit_transform.h"
 #include "probe_study_test_util.h"
 
 namespace {  // probe_study_test_util.h's using-declarations apply here too

@@ -36,6 +36,11 @@ struct DumpAttrs {
   int64_t num_layers = 0, num_heads = 0, kv_lora_rank = 0, qk_rope_head_dim = 0, qk_nope_head_dim = 0, v_head_dim = 0;
   double softmax_scale = 0;  ///< the model's attention softmax scale (mscale² included); > 0 and a
                              ///< normal float32 (load_dump checks it after the conversion)
+
+  /// Bytes per token of the whole model's latent cache in bf16, c_kv and k_pe of every layer:
+  /// num_layers · (kv_lora_rank + qk_rope_head_dim) · 2. What ratio_vs_bf16 and the decision's budgets are
+  /// fractions of.
+  int64_t bf16_bytes_per_token() const { return num_layers * (kv_lora_rank + qk_rope_head_dim) * 2; }
 };
 
 /// One layer of a dump. Latents are always loaded; the attention data only when requested and
@@ -100,6 +105,12 @@ struct LoadOptions {
 /// an empty layer (T = 0), bad seq_offsets or q_rows, a requested layer that is not in the file.
 /// Every message starts with the file path.
 Dump load_dump(const std::filesystem::path& path, const LoadOptions& options = {});
+
+/// The layers among `layers` (every /layers/NNN group of the file when empty) that have no query rows
+/// (/layers/NNN/q_rows), ascending: what a fit on the query rows (latentq/fit_layer.h) cannot use. Reads no values
+/// and checks nothing else (a file with attention datasets in part is load_dump's to refuse, naming them). Throws
+/// std::runtime_error naming the path for a missing file or one HDF5 cannot open.
+std::vector<int> layers_without_query_rows(const std::filesystem::path& path, const std::vector<int>& layers = {});
 
 /// The values of one layer of the dump whose header (load_dump with data = false) is `header`: c_kv,
 /// k_pe and, with `attention` and when the file has them, the attention datasets. Validated as

@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "latentq/analysis/svd_probe.h"
+#include "latentq/fit_layer.h"
 #include "latentq/probe_registry.h"
 #include "latentq/quantize.h"
 #include "latentq/study.h"
@@ -14,16 +15,11 @@
 
 namespace latentq {
 
-/// The transform `t` of layer l's target (c_kv or k_pe) in `dump`: probes::fit_rotation of its latent, and for
-/// sklt the score metric of its fit-split query rows (probes::fit_score_metric: q_nope and W_UK for c_kv, q_pe for
-/// k_pe). Throws std::invalid_argument naming the dump, layer and target for sklt on a layer without attention
-/// data, and as fit_rotation / fit_score_metric.
-Rotation fit_layer_rotation(const Dump& dump, const Layer& l, Target target, const Transform& t);
-/// The rotation of transform `t` for one layer's target (c_kv or k_pe), as fit_layer_rotation builds it
-/// (KLT: the PCA basis of the layer's fit split; rot: the seeded Haar matrix; had: the FWHT): fitted
+/// The rotation of transform `t` for one layer's target (c_kv or k_pe), as fit_layer_rotation (latentq/fit_layer.h)
+/// builds it (klt: the PCA basis of the layer's fit split; rot: the seeded Haar matrix; had: the FWHT): fitted
 /// once per (layer, target, transform) while the layer is held and shared by the probe cells that
 /// quantize through it (/attention_error, /attention_check's fold, /attention_position). The identity
-/// for TransformKind::None. Throws as fit_rotation.
+/// for TransformKind::None. Throws as fit_layer_rotation.
 std::shared_ptr<const Rotation> layer_rotation(const LayerAccess& in, int layer, Target target, const Transform& t);
 /// The layer's c_kv or k_pe rotated by layer_rotation(in, layer, target, t) (with that rotation): made once
 /// per (layer, target, transform) while the layer is held and shared by the latent cells and the probe

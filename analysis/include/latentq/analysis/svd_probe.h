@@ -120,14 +120,4 @@ SvdSplitFit fit_svd_split(const float* X, int64_t T, int64_t D, std::span<const 
 SvdProbeResult svd_probe(const float* c_kv, int64_t T, int64_t kv_lora_rank, std::span<const int64_t> seq_offsets,
                          const SvdProbeOptions& options = {}, const SvdSplitFit* fit = nullptr);
 
-/// The rotation of transform t for one target X [T, D] (row-major float32) with sequences seq_offsets:
-/// KLT is R = Vᵀ of fit_svd_basis(X, T, D, fit split of fit_heldout_split, uncentered) — rows are the
-/// principal directions of the fit split's second moment, σ descending (the SVD probe's basis at full
-/// rank; uncentered so that it is a rotation, foldable into W_UK/W_UV); every other kind is
-/// Rotation::make(t, D). sklt is fit_score_rotation(X, T, D, seq_offsets, *score_metric) (score_basis.h; the
-/// metric of the layer's fit-split query rows, fit_score_metric). Throws std::invalid_argument as those, and for
-/// sklt without a score_metric.
-Rotation fit_rotation(const Transform& t, const float* X, int64_t T, int64_t D, std::span<const int64_t> seq_offsets,
-                      const Eigen::MatrixXd* score_metric = nullptr);
-
 }  // namespace latentq::probes
