@@ -22,10 +22,10 @@ What it reads:
   - bf16 / fp16 / fp32 tensors, cast to the compute dtype (or kept in float32 where the model keeps
     them there: parameters the model creates in float32, such as DeepSeek-V3's router, and its
     ``_keep_in_fp32_modules_strict``, as transformers' ``from_pretrained`` does);
-  - DeepSeek FP8 checkpoints (``quantization_config.quant_method == "fp8"``): float8_e4m3fn weights
-    with a float32 ``<name>_scale_inv`` per block of ``weight_block_size`` (128 × 128), dequantized
-    on load by ``dequantize_fp8_blocks`` (DeepSeek-V3 inference/kernel.py ``weight_dequant``:
-    w = fp8 · scale_inv of the weight's block, partial edge blocks included);
+  - quantized weights, decoded on load to the compute dtype by latentq.weight_formats (its table:
+    DeepSeek FP8 with a float32 ``<name>_scale_inv`` per block of ``weight_block_size``,
+    compressed-tensors ``pack-quantized`` INT4 / INT8 and ``float-quantized`` FP8, ModelOpt NVFP4 and
+    FP8): a quantized module's stored tensors are read together as its ``weight``;
   - per-expert weights as DeepSeek ships them (``mlp.experts.N.{gate,up,down}_proj.weight``, 2-D),
     placed into transformers' fused expert parameters (``experts.gate_up_proj`` [E, 2I, H] = gate
     rows then up rows per expert, ``experts.down_proj`` [E, H, I]) when the model has them, as
@@ -61,6 +61,8 @@ import torch
 from torch import nn
 
 from latentq.progress import say
+from latentq.weight_formats import Part, Quantization, detect
+from latentq.weight_formats import dequantize_fp8_blocks as dequantize_fp8_blocks  # re-exported
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
@@ -98,64 +100,22 @@ def default_memory_budget() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
 
 
-def dequantize_fp8_blocks(
-    weight: torch.Tensor, scale_inv: torch.Tensor, block_size=(128, 128), dtype: torch.dtype = torch.float32
-) -> torch.Tensor:
-    """Block-wise FP8 dequantization, DeepSeek's ``weight_dequant`` formula (DeepSeek-V3
-    inference/kernel.py): out[i, j] = float32(weight[i, j]) * scale_inv[i // bm, j // bn], computed in
-    float32 and stored in ``dtype``.
-
-    weight: [M, N] float8 (e4m3fn as DeepSeek ships it; any dtype that converts to float32);
-    scale_inv: [ceil(M / bm), ceil(N / bn)] float (DeepSeek: float32), one per block of
-    block_size = (bm, bn); the last block row / column may be partial (M or N not a multiple of
-    the block), it takes its block's scale like any other. Returns a new [M, N] CPU tensor of
-    ``dtype`` (float32: the exact float32 product). Works one block row at a time: transient memory
-    is one [bm, N] float32 row (and its int64 codes) on top of the output.
-    Raises ValueError if weight is not 2-D or the scale grid does not have that shape.
-    """
-    if weight.dim() != 2:
-        raise ValueError(f"FP8 weight must be 2-D, got shape {tuple(weight.shape)}")
-    bm, bn = (int(b) for b in block_size)
-    M, N = weight.shape
-    grid = (math.ceil(M / bm), math.ceil(N / bn))
-    if tuple(scale_inv.shape) != grid:
-        raise ValueError(
-            f"FP8 weight [{M}, {N}] with {bm}x{bn} blocks needs a weight_scale_inv of shape {grid}, "
-            f"got {tuple(scale_inv.shape)}"
-        )
-    s = scale_inv.to(torch.float32)
-    out = torch.empty((M, N), dtype=dtype)
-    codes = weight.view(torch.uint8) if weight.dtype == torch.float8_e4m3fn else None
-    table = _e4m3_table() if codes is not None else None
-    for r in range(grid[0]):
-        rows = slice(r * bm, min(M, (r + 1) * bm))
-        col_scale = s[r].repeat_interleave(bn)[:N]  # [N]: the scale of each column's block
-        x = torch.take(table, codes[rows].long()) if codes is not None else weight[rows].to(torch.float32)
-        out[rows] = (x * col_scale).to(dtype)
-    return out
-
-
-def _e4m3_table() -> torch.Tensor:
-    """float32 value of each of the 256 float8_e4m3fn codes (torch's own conversion, NaN codes
-    included). Decoding a weight through it (torch.take) gives the same numbers as
-    ``weight.to(torch.float32)`` at a quarter of the time on a CPU."""
-    global _E4M3
-    if _E4M3 is None:
-        _E4M3 = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).to(torch.float32)
-    return _E4M3
-
-
-_E4M3 = None
-
-
 class Checkpoint:
     """A local safetensors checkpoint directory: its config.json, the index
-    (``model.safetensors.index.json``, or a single ``model.safetensors``) and its FP8 quantization.
+    (``model.safetensors.index.json``, or a single ``model.safetensors``) and its weight quantization
+    (latentq.weight_formats: DeepSeek FP8, compressed-tensors pack- / float-quantized, ModelOpt NVFP4
+    / FP8), seen through model weight names: a quantized module's stored tensors (``weight_packed``,
+    ``weight_scale``, ``weight_scale_inv`` ...) appear as its one ``<module>.weight``, read decoded.
 
-    Attributes: path, config (dict), weight_map (tensor name -> shard file name), files (the shard
-    names, sorted), fp8_block ((bm, bn) for an FP8 checkpoint, else None).
+    Attributes: path, config (dict), stored_map (stored tensor name -> shard file name, as the
+    index says), weight_map (model weight name -> shard file name: stored_map with each quantized
+    module's tensors replaced by ``<module>.weight``, in the shard of its first tensor), files (the
+    shard names, sorted), quantization (latentq.weight_formats.Quantization or None), parts
+    (``<module>.weight`` -> weight_formats.Part of each quantized weight), fp8_block ((bm, bn) for a
+    DeepSeek FP8 checkpoint, else None).
     Raises CheckpointError: no config.json, no safetensors index or file, an unsupported
-    ``quantization_config``, an index naming a missing shard."""
+    quantization, a quantized module the config ignores or lacks a tensor of, an index naming a
+    missing shard."""
 
     def __init__(self, path: str):
         self.path = path
@@ -168,46 +128,38 @@ class Checkpoint:
         index = os.path.join(path, INDEX_NAME)
         if os.path.isfile(index):
             with open(index) as f:
-                self.weight_map = dict(json.load(f)["weight_map"])
+                self.stored_map = dict(json.load(f)["weight_map"])
         elif os.path.isfile(os.path.join(path, SINGLE_NAME)):
             from safetensors import safe_open
 
             with safe_open(os.path.join(path, SINGLE_NAME), framework="pt") as f:
-                self.weight_map = dict.fromkeys(f.keys(), SINGLE_NAME)
+                self.stored_map = dict.fromkeys(f.keys(), SINGLE_NAME)
         else:
             raise CheckpointError(f"{path}: no {INDEX_NAME} and no {SINGLE_NAME} (streaming reads safetensors only)")
-        self.files = sorted(set(self.weight_map.values()))
+        self.files = sorted(set(self.stored_map.values()))
         for fn in self.files:
             if not os.path.isfile(os.path.join(path, fn)):
                 raise CheckpointError(f"{path}: {INDEX_NAME} names the shard {fn}, which does not exist")
-        self.fp8_block = self._fp8_block(self.config.get("quantization_config"))
+        try:
+            self.quantization: Quantization | None = detect(path, self.config)
+            self.parts: dict[str, Part] = self.quantization.plan(self.stored_map) if self.quantization else {}
+        except ValueError as e:
+            raise CheckpointError(f"{path}: {e}") from None
+        self.fp8_block = None
+        if self.quantization is not None and self.quantization.keys == ("deepseek-fp8",):
+            self.fp8_block = self.quantization.rules[0].args["block"]
+        folded = {s for p in self.parts.values() for s in p.stored.values()}
+        self.weight_map = {k: fn for k, fn in self.stored_map.items() if k not in folded}
+        for name, p in self.parts.items():
+            self.weight_map[name] = self.stored_map[p.stored[p.decoder.needs[0]]]
         self._by_layer: dict[str, list[str]] = {}
         for k in self.weight_map:
             m = _LAYER_KEY.match(k)
             if m:
                 self._by_layer.setdefault(m["prefix"], []).append(k)
 
-    def _fp8_block(self, qc) -> tuple[int, int] | None:
-        if not qc:
-            return None
-        method = qc.get("quant_method")
-        if method != "fp8":
-            raise CheckpointError(
-                f"{self.path}: quantization_config.quant_method {method!r} is not supported "
-                "(block-wise 'fp8' as DeepSeek ships it, or an unquantized checkpoint)"
-            )
-        if qc.get("fmt", "e4m3") != "e4m3":
-            raise CheckpointError(f"{self.path}: quantization_config.fmt {qc.get('fmt')!r}: only e4m3 is supported")
-        block = qc.get("weight_block_size")
-        if not (isinstance(block, (list, tuple)) and len(block) == 2 and all(int(b) > 0 for b in block)):
-            raise CheckpointError(
-                f"{self.path}: quantization_config.weight_block_size {block!r}: "
-                "expected [rows, cols] (DeepSeek: [128, 128])"
-            )
-        return int(block[0]), int(block[1])
-
     def names_under(self, prefix: str) -> list[str]:
-        """Tensor names under ``prefix + "."`` (in index order)."""
+        """Model weight names under ``prefix + "."`` (in index order; quantized weights last)."""
         if prefix in self._by_layer:
             return list(self._by_layer[prefix])
         return [k for k in self.weight_map if k.startswith(prefix + ".")]
@@ -222,31 +174,38 @@ class Checkpoint:
         return sorted(out)
 
     def header_bytes(self, dtype: torch.dtype, skip=lambda name: False) -> int:
-        """Bytes the checkpoint's tensors take in ``dtype`` (floating tensors; scales excluded; integer
-        tensors at their stored size), from the shards' headers (nothing is read). ``skip(name)``
-        leaves tensors out."""
+        """Bytes the checkpoint's model weights take in ``dtype`` (floating and decoded quantized
+        weights; scales excluded; integer tensors at their stored size), from the shards' headers
+        (nothing is read; a packed weight counts its stored elements times the values per element,
+        an upper bound by less than one int32 word a row). ``skip(name)`` leaves weights out."""
         from safetensors import safe_open
 
         elem = torch.empty((), dtype=dtype).element_size()
         total = 0
-        by_file: dict[str, list[str]] = {}
-        for k, fn in self.weight_map.items():
-            if not k.endswith(SCALE_SUFFIX) and not skip(k):
-                by_file.setdefault(fn, []).append(k)
+        by_file: dict[str, list[tuple[str, int]]] = {}
+        for k in self.weight_map:
+            if k.endswith(SCALE_SUFFIX) or skip(k):
+                continue
+            p = self.parts.get(k)
+            stored = k if p is None else p.stored[p.decoder.needs[0]]
+            by_file.setdefault(self.stored_map[stored], []).append(
+                (stored, 1 if p is None else p.decoder.expand(p.args))
+            )
         for fn, names in by_file.items():
             with safe_open(os.path.join(self.path, fn), framework="pt") as f:
-                for k in names:
+                for k, times in names:
                     sl = f.get_slice(k)
-                    n = math.prod(sl.get_shape())
+                    n = math.prod(sl.get_shape()) * times
                     st = sl.get_dtype()
-                    total += n * (elem if st.startswith(("F", "BF")) else _SAFETENSORS_BYTES.get(st, 8))
+                    total += n * (elem if times > 1 or st.startswith(("F", "BF")) else _SAFETENSORS_BYTES.get(st, 8))
         return total
 
     def read(self, names: list[str], dtype_of: Callable[[str], torch.dtype]) -> Iterator[tuple[str, torch.Tensor]]:
-        """Yield (name, tensor) for each name, shard by shard (each shard opened once, closed after):
-        FP8 tensors dequantized to dtype_of(name) with their ``_scale_inv``, floating tensors cast
-        to it, others as stored. Raises CheckpointError: a name not in the index, an FP8 tensor
-        without its scale (or in a checkpoint without an FP8 quantization_config)."""
+        """Yield (name, tensor) for each model weight name, shard by shard (each shard opened once,
+        closed after; a quantized weight's scales are read from their own shards): quantized weights
+        decoded to dtype_of(name) (latentq.weight_formats, in float32 then cast), floating tensors
+        cast to it, others as stored. Raises CheckpointError: a name not in the checkpoint, a decoder
+        refusing its tensors (shapes), an FP8 tensor in a checkpoint that does not say how to scale it."""
         from safetensors import safe_open
 
         by_file: dict[str, list[str]] = {}
@@ -257,27 +216,38 @@ class Checkpoint:
         for fn in sorted(by_file):
             with safe_open(os.path.join(self.path, fn), framework="pt") as f:
                 for k in by_file[fn]:
+                    p = self.parts.get(k)
+                    if p is not None:
+                        yield k, self._decode(k, p, f, fn, dtype_of(k))
+                        continue
                     t = f.get_tensor(k)
                     yield k, self._convert(k, t, dtype_of(k))
                     del t
 
+    def _decode(self, k: str, p: Part, f, fn: str, dtype: torch.dtype) -> torch.Tensor:
+        from safetensors import safe_open
+
+        tensors = {}
+        for suffix, name in p.stored.items():
+            if suffix in p.decoder.hidden:
+                continue
+            if self.stored_map[name] == fn:
+                tensors[suffix] = f.get_tensor(name)
+            else:
+                with safe_open(os.path.join(self.path, self.stored_map[name]), framework="pt") as g:
+                    tensors[suffix] = g.get_tensor(name)
+        try:
+            return p.decode(tensors, dtype)
+        except (ValueError, KeyError) as e:
+            raise CheckpointError(f"{self.path}: {k} ({p.decoder.key}): {e}") from None
+
     def _convert(self, k: str, t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         if t.dtype in _FLOAT8.values():
-            if self.fp8_block is None:
-                raise CheckpointError(
-                    f"{self.path}: {k} is {t.dtype} but config.json has no fp8 quantization_config (weight_block_size)"
-                )
-            sk = k + SCALE_SUFFIX
-            if sk not in self.weight_map:
-                raise CheckpointError(f"{self.path}: FP8 tensor {k} has no {sk}")
-            from safetensors import safe_open
-
-            with safe_open(os.path.join(self.path, self.weight_map[sk]), framework="pt") as f:
-                s = f.get_tensor(sk)
-            try:
-                return dequantize_fp8_blocks(t, s, self.fp8_block, dtype)
-            except ValueError as e:
-                raise CheckpointError(f"{self.path}: {k}: {e}") from None
+            raise CheckpointError(
+                f"{self.path}: {k} is {t.dtype} but the checkpoint has no scale for it "
+                "(no fp8 quantization_config with weight_block_size and a weight_scale_inv, "
+                "or another format's scale tensors)"
+            )
         if t.is_floating_point():
             return t.to(dtype)
         return t
