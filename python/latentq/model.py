@@ -8,8 +8,9 @@ runs in memory or layer by layer (``--stream auto|on|off``, ``--memory-budget``)
     run_model(model, ids)         -> logits [B, T, V] of one forward pass (tiny-mla or HF)
 
 Models larger than memory: latentq.stream.LayerStreamer (the model on the meta device, each decoder
-layer read from the shards right before it runs). DeepSeek's block-wise FP8 e4m3 checkpoints are
-dequantized on load by latentq.stream in either mode.
+layer read from the shards right before it runs). Quantized checkpoints (DeepSeek FP8,
+compressed-tensors pack- / float-quantized, ModelOpt NVFP4 / FP8: latentq.weight_formats) are decoded
+on load to the compute dtype by latentq.stream in either mode.
 """
 
 from __future__ import annotations
@@ -66,14 +67,34 @@ def weights_revision(path: str) -> str | None:
     return "sha256:" + file_sha256(w) if w else None
 
 
-def checkpoint_dtype(cfg_file: dict | None) -> str:
-    """The ``original_dtype`` attribute of a checkpoint from its config.json: ``float8_e4m3fn`` for a
-    block-wise FP8 checkpoint (``quantization_config.quant_method == "fp8"``; its torch_dtype names the
-    unquantized tensors), else torch_dtype / dtype, else "unknown"."""
+def checkpoint_dtype(cfg_file: dict | None, path: str | None = None) -> str:
+    """The ``original_dtype`` attribute of a checkpoint from its config.json (and, given the directory
+    ``path``, its ``hf_quant_config.json``): for quantized weights the quantization's
+    (latentq.weight_formats: ``float8_e4m3fn`` for DeepSeek FP8 / FP8 formats, ``int4`` / ``int8`` for
+    compressed-tensors pack-quantized, ``nvfp4``; its torch_dtype names the unquantized tensors), else
+    torch_dtype / dtype, else "unknown". A quantization that latentq.weight_formats does not take
+    gives torch_dtype (the loader then refuses the checkpoint, naming it)."""
     cfg_file = cfg_file or {}
-    if (cfg_file.get("quantization_config") or {}).get("quant_method") == "fp8":
-        return "float8_e4m3fn"
+    q = _quantization(cfg_file, path)
+    if q is not None:
+        return q.original_dtype
     return str(cfg_file.get("torch_dtype") or cfg_file.get("dtype") or "unknown")
+
+
+def _is_quantized(cfg_file: dict, path: str) -> bool:
+    """Whether a local checkpoint says its weights are quantized (``quantization_config``, or ModelOpt's
+    ``hf_quant_config.json``), whether or not latentq.weight_formats takes the format."""
+    return bool(cfg_file.get("quantization_config")) or os.path.isfile(os.path.join(path, "hf_quant_config.json"))
+
+
+def _quantization(cfg_file: dict, path: str | None):
+    """latentq.weight_formats.detect for a local checkpoint (None: unquantized, or not one it takes)."""
+    from latentq.weight_formats import detect
+
+    try:
+        return detect(path or "", cfg_file)
+    except ValueError:
+        return None
 
 
 def load_tokenizer(path: str, trust_remote_code: bool = False):
@@ -114,9 +135,11 @@ def load_model(
     """Load tiny-mla (config.json architectures == ["TinyMLAForCausalLM"]) or an HF model.
     Returns (model, config_dict, source, revision, original_dtype, tokenizer_or_None).
 
-    HF checkpoints load with AutoModelForCausalLM.from_pretrained (eager attention), except FP8
-    ones (``checkpoint_dtype`` == float8_e4m3fn), which latentq.stream loads with its own block-wise
-    dequantization (LayerStreamer.materialize: the whole model in memory, in ``dtype``).
+    HF checkpoints load with AutoModelForCausalLM.from_pretrained (eager attention), except quantized
+    ones (a ``quantization_config`` or ``hf_quant_config.json``: DeepSeek FP8, compressed-tensors,
+    ModelOpt ...), which latentq.stream loads with the decoders of latentq.weight_formats
+    (LayerStreamer.materialize: the whole model in memory, every weight decoded to ``dtype``; the
+    same weights as the streamed path; a format it does not take raises CheckpointError).
     stream=True: ``model`` is a latentq.stream.LayerStreamer (nothing loaded yet; device, memory_budget
     and spill_dir are its own) for a local safetensors checkpoint directory; else the model is moved to
     ``device``. Raises
@@ -130,8 +153,9 @@ def load_model(
         model = TinyMLAForCausalLM.from_pretrained(path).to(dtype).to(device).eval()
         rev = "sha256:" + file_sha256([os.path.join(path, "model.safetensors")])
         return model, cfg_file, "tiny-mla", rev, str(cfg_file.get("torch_dtype", "float32")), None
-    orig = checkpoint_dtype(cfg_file)
-    if stream or orig == "float8_e4m3fn":
+    orig = checkpoint_dtype(cfg_file, path)
+    quantized = cfg_file is not None and _is_quantized(cfg_file, path)
+    if stream or quantized:
         from latentq.stream import LayerStreamer
 
         sm = LayerStreamer(
