@@ -8,7 +8,9 @@ The decoders against code we did not write, at block edges and partial words:
   float32 scale the library computes in float32; given a bf16 scale it computes in bf16, which our
   float32 product cast to bf16 equals: one rounding of the same exact product);
 - ModelOpt NVFP4: an independent numpy decoder of the bytes (ml_dtypes' float4_e2m1fn for the
-  nibbles, the float32 product order of ModelOpt's ``NVFP4QTensor.dequantize``).
+  nibbles, the float32 product order of ModelOpt's ``NVFP4QTensor.dequantize``), and
+  compressed-tensors' ``unpack_fp4_from_uint8`` for the nibble order; ModelOpt FP8: the library's
+  float-quantized decompressor with a tensor / channel scale.
 
 Three random-init DeepSeek-V3-architecture replicas (latentq.random_checkpoint; hidden 192, 3
 layers, 4 routed + 1 shared expert) written as each family ships, in 3 safetensors shards with a
@@ -35,6 +37,7 @@ import numpy as np
 import pytest
 import torch
 from compressed_tensors.compressors.naive_quantized.base import FloatQuantizationCompressor
+from compressed_tensors.compressors.nvfp4.helpers import unpack_fp4_from_uint8
 from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor
 from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
 from compressed_tensors.quantization.utils import calculate_qparams
@@ -202,10 +205,29 @@ def test_nvfp4_equals_numpy_decoder():
     np.testing.assert_array_equal(got.numpy(), want)
     assert torch.equal(wf.decode_nvfp4(parts, {"group_size": 16}, torch.bfloat16), torch.from_numpy(want).bfloat16())
     assert set(np.unique(b & 0x0F)) == set(np.unique(b >> 4)) == set(range(16))
+    # the nibble order and e2m1 values against compressed-tensors' own unpacking (unit scales)
+    ones = dict(parts, weight_scale=torch.ones(7, 5).to(torch.float8_e4m3fn), weight_scale_2=torch.tensor(1.0))
+    ct_e2m1 = unpack_fp4_from_uint8(parts["weight"], 7, 80, dtype=torch.float32)
+    assert torch.equal(wf.decode_nvfp4(ones, {"group_size": 16}, torch.float32), ct_e2m1)
     with pytest.raises(ValueError, match=r"needs a weight_scale of shape \(7, 5\)"):
         wf.decode_nvfp4(dict(parts, weight_scale=parts["weight_scale"][:, :4]), {"group_size": 16}, torch.float32)
     with pytest.raises(ValueError, match=r"needs a weight_scale"):
         wf.decode_nvfp4(dict(parts, weight=parts["weight"][:, :36]), {"group_size": 16}, torch.float32)
+
+
+@pytest.mark.parametrize("per", ["tensor", "channel"])
+def test_modelopt_fp8_equals_compressed_tensors(per):
+    """ModelOpt FP8 (w = fp8 · weight_scale, per tensor as exported, or per output channel) is
+    compressed-tensors' float-quantized arithmetic with that strategy: the library's decompressor
+    with a float32 scale, bit for bit; a scalar ([]) per-tensor scale as ModelOpt writes it."""
+    g = torch.Generator().manual_seed(9)
+    w = (torch.randn(40, 72, generator=g) * 0.05).to(torch.bfloat16)
+    args = QuantizationArgs(num_bits=8, type="float", strategy=per)
+    parts = ct_float(w, args, torch.float32)
+    ref = ct_decompress(FloatQuantizationCompressor, parts, args)
+    scale = parts["weight_scale"].reshape(()) if per == "tensor" else parts["weight_scale"].reshape(-1)
+    mine = wf.decode_modelopt_fp8({"weight": parts["weight"], "weight_scale": scale}, {}, torch.float32)
+    assert torch.equal(mine, ref), per
 
 
 def test_nvfp4_round_trip_of_modelopt_recipe():
