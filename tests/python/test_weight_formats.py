@@ -519,3 +519,24 @@ def test_dump_equals_reference(replicas, tmp_path, name, capsys):
         print(f"\n{name}: max relative difference of c_kv / k_pe to the float32 reference: {worst:.3g}")
     assert worst <= 1e-5, (name, worst)
     assert on["attrs"]["original_dtype"] == off["attrs"]["original_dtype"] != "bfloat16"
+
+
+def test_modelopt_from_quantization_config(replicas, tmp_path):
+    """The NVFP4 replica with ModelOpt's config in config.json (``quant_method: modelopt``) instead of
+    hf_quant_config.json: the same weights; an excluded module that stores NVFP4 tensors is refused."""
+    import shutil
+
+    paths, _ = replicas
+    d = tmp_path / "nvfp4-qc"
+    shutil.copytree(paths["nvfp4"], d)
+    (d / wf.HF_QUANT_NAME).unlink()
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["quantization_config"] = dict(NVFP4_HQ["quantization"], quant_method="modelopt")
+    (d / "config.json").write_text(json.dumps(cfg))
+    ref = stream.LayerStreamer(paths["nvfp4"], torch.float32).materialize().state_dict()
+    mine = stream.LayerStreamer(str(d), torch.float32).materialize().state_dict()
+    assert sorted(mine) == sorted(ref) and all(torch.equal(mine[k], ref[k]) for k in ref)
+    cfg["quantization_config"]["exclude_modules"] = ["lm_head", "model.layers.*.mlp.experts.*"]
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(stream.CheckpointError, match=r"mlp.experts.\d+.\w+_proj stores quantized tensors"):
+        stream.Checkpoint(str(d))
