@@ -28,26 +28,21 @@ here):
     ran that quantizer on).
 Quantized layers: the MLA layers the study ran (the root attribute `layers` of RESULTS.h5, else the
 `layer` column of /latent_error; recorded in the /e2e attribute `layers`), for the targets the study
-ran that quantizer on (c_kv+k_pe for a spec the study did not run, with a warning). A transformed
+ran that quantizer on (c_kv+k_pe for a spec the study did not run, with a warning); a run that would
+quantize a target its format cannot take (the study's /not_applicable, e.g. q8_0 on a k_pe of 16
+elements) is left out, with one note per target, width and reason. A transformed
 quantizer ('had,int4-asym-token', 'rot,mxfp4') quantizes the rotated rows and reads them
 un-rotated (latentq/transform.h); a 'klt,...' quantizer rotates by the KLT basis the study fitted, refitted
 from the study's dump (the root attributes input_path / input_sha256; latentq.fitted_basis), an 'sklt,...' one
 by the score-metric KLT likewise; both are left out with a note when that dump is not there.
 
-Per (quantizer, targets, cache_mode), group /e2e (one 1-D dataset per column):
-  quantizer, targets, cache_mode, kl_mean (mean over tokens of KL(p_ref ‖ p_q) over the vocabulary,
-  nats), top1_agree (fraction of tokens whose argmax logit is unchanged), nll_ref, nll_quant,
-  ppl_ref / ppl_quant (exp(mean next-token NLL)), num_tokens, bytes_per_token (the cache at the
-  sequence end, per token per layer, mean over the quantized layers: c_kv + k_pe, the bf16 tokens of
-  the decode order at 2 bytes/element, the quantized ones at the format's bytes per token
-  (QuantizedTensor.bytes_per_token), a target not quantized at 2 bytes/element), scale_causal (0 when
-  the spec's scale spans the sequence, latentq.decode_scale_is_causal; on every row, as /attention_position).
-Group /e2e_position: the same runs by query position, W = the root attribute
-decode_order_position_bucket (else --position-bucket, default 64): quantizer, targets, cache_mode,
-residual, sink, prefill (R, S, P of the mode; 0 for prefill-at-once), scale_causal, pos_start,
-pos_end (bucket [pos_start, pos_end), positions within each window), tokens (windows × positions in
-the bucket), kl_mean, top1_agree, bytes_per_token (of the run, as /e2e). The columns follow the
-C++ /attention_position group where the two share a meaning.
+Group /e2e: one row per (quantizer, targets, cache_mode), its columns E2E_COLUMNS (their units and
+definitions, stored in the group's column record: latentq.result_groups). bytes_per_token counts the bf16
+tokens of the decode order at 2 bytes/element, the quantized ones at the format's bytes per token
+(QuantizedTensor.bytes_per_token), a target not quantized at 2 bytes/element. Group /e2e_position: the same
+runs by query position, W = the root attribute decode_order_position_bucket (else --position-bucket, default
+64), its columns E2E_POSITION_COLUMNS; they follow the C++ /attention_position group where the two share a
+meaning.
 The reference is the model's own run with exact latents; no metric is computed from non-finite
 logits. Forwards: --batch-runs K runs share one forward of K × num_seqs sequences (the ids repeated
 K times), run k's quantizer on rows k·num_seqs .. (k+1)·num_seqs - 1 with its own per-sequence offsets
@@ -79,12 +74,9 @@ from __future__ import annotations
 import hashlib
 import importlib
 import os
-import shutil
 import sys
-import tempfile
 import time
 
-import h5py
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -100,17 +92,18 @@ from latentq.e2e_decode import (  # noqa: F401  (re-exported: the tests and benc
     spec_at,
 )
 from latentq.e2e_results import (  # noqa: F401  (re-exported: the tests use latentq.e2e.*)
+    applicable_only,
     decode_settings,
     mixed_specs,
     open_results,
     study_layers,
     study_quantizers,
 )
-from latentq.files import publish
 from latentq.fitted_basis import StudyBases, needs_basis, transform_of
 from latentq.inject import DecodeOrderAttention, LatentInjector
 from latentq.model import DTYPES, device_error, load_model, load_tokenizer, run_model, stream_plan
 from latentq.progress import Progress, StepParser, message, say
+from latentq.result_groups import Column, write_groups
 
 # The repository (python/latentq/e2e.py is two levels below it): the default --model data/tiny-mla.
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -254,33 +247,6 @@ def auto_batch_runs(config, seq_len: int, num_seqs: int, budget: int = BATCH_BYT
         + 4 * 5 * g("num_attention_heads", 1) * seq_len * seq_len
     )
     return int(max(1, min(16, budget // max(1, num_seqs * per_seq))))
-
-
-def write_groups(results_path: str, groups: dict[str, tuple[dict[str, np.ndarray], dict]]) -> None:
-    """Replace the groups {name: (columns, attrs)} in results_path, keeping every other group:
-    copy → edit → rename (an interrupted run leaves the previous file)."""
-    d = os.path.dirname(os.path.abspath(results_path))
-    fd, tmp = tempfile.mkstemp(prefix=".e2e-", suffix=".h5.tmp", dir=d)
-    os.close(fd)
-    try:
-        shutil.copyfile(results_path, tmp)
-        with h5py.File(tmp, "r+") as f:
-            for name, (columns, attrs) in groups.items():
-                if name in f:
-                    del f[name]
-                g = f.create_group(name)
-                for k, v in columns.items():
-                    if v.dtype.kind in "USO":
-                        g.create_dataset(k, data=v.astype(object), dtype=h5py.string_dtype("utf-8"))
-                    else:
-                        g.create_dataset(k, data=v)
-                for k, v in attrs.items():
-                    g.attrs[k] = v
-        publish(tmp, results_path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def load_tokens(
@@ -449,6 +415,9 @@ class Plan:
             self.decode_pairs = list(self.pairs)
         if attr_tg is not None:  # the study's [decode_order].targets: one run per quantizer, target set and mode
             self.decode_pairs = [(q, tuple(t.split("+"))) for q, _ in self.decode_pairs for t in attr_tg]
+        self.pairs, self.decode_pairs, notes = applicable_only(a.results, self.pairs, self.decode_pairs)
+        for n in notes:
+            say("e2e", "note", n)
         self.width = a.position_bucket or attr_w or 64
         if self.width < 1:
             raise ValueError(f"{a.results}: decode_order_position_bucket {self.width}: must be >= 1")
@@ -750,9 +719,43 @@ def execution_attrs(streamer) -> dict:
     }
 
 
+# The columns of /e2e and /e2e_position (their column records; the module docstring says more).
+_RUN = (
+    Column("quantizer", "string", "", "the quantizer: a spec string or a [[mixed]] assignment's name"),
+    Column("targets", "string", "", "the latents quantized: c_kv, k_pe or c_kv+k_pe"),
+    Column("cache_mode", "string", "", "prefill-at-once or decode-r<R>-s<S>-p<P> (latentq/decode_order.h)"),
+)
+_BYTES = Column("bytes_per_token", "float64", "byte/token", "the cache at the sequence end per token and layer, "
+                "mean over the quantized layers, c_kv + k_pe")  # fmt: skip
+_CAUSAL = Column("scale_causal", "int64", "", "1 when the spec's scales see no later token (decode_scale_is_causal)")
+_KL = Column("kl_mean", "float64", "nat", "mean over tokens of KL(p_ref ‖ p_quant) of the next-token distributions")
+_TOP1 = Column("top1_agree", "float64", "1", "the fraction of tokens whose argmax logit is unchanged")
+E2E_COLUMNS = (
+    *_RUN, _KL, _TOP1,
+    Column("nll_ref", "float64", "nat", "mean next-token NLL with exact latents"),
+    Column("nll_quant", "float64", "nat", "mean next-token NLL with quantized latents"),
+    Column("ppl_ref", "float64", "1", "exp(nll_ref)"),
+    Column("ppl_quant", "float64", "1", "exp(nll_quant)"),
+    _BYTES, _CAUSAL,
+    Column("num_tokens", "int64", "", "the tokens scored: num_seqs × seq_len"),
+)  # fmt: skip
+E2E_POSITION_COLUMNS = (
+    *_RUN,
+    Column("residual", "int64", "", "R of the cache mode (0 for prefill-at-once)"),
+    Column("sink", "int64", "", "S of the cache mode"),
+    Column("prefill", "int64", "", "P of the cache mode"),
+    _CAUSAL,
+    Column("pos_start", "int64", "", "the bucket's first query position within its window"),
+    Column("pos_end", "int64", "", "the bucket's end (exclusive)"),
+    Column("tokens", "int64", "", "the tokens in the bucket: windows × positions"),
+    _KL, _TOP1, _BYTES,
+)  # fmt: skip
+
+
 def write_tables(a, runner: Runner, tokenizer, K: int, K_dec: int, streamer=None) -> None:
-    """/e2e and /e2e_position of the runner's rows into a.results (write_groups), with their attributes
-    (streamer: the LayerStreamer of a streamed step, else None)."""
+    """/e2e and /e2e_position of the runner's rows into a.results (write_groups), with their column records
+    (E2E_COLUMNS, E2E_POSITION_COLUMNS) and attributes (streamer: the LayerStreamer of a streamed step, else
+    None)."""
     rows, pos_rows = runner.rows, runner.pos_rows
     cols = {k: np.array([r[k] for r in rows]) for k in rows[0]}
     cols["num_tokens"] = np.full(len(rows), a.num_seqs * a.seq_len, dtype=np.int64)
@@ -777,6 +780,7 @@ def write_tables(a, runner: Runner, tokenizer, K: int, K_dec: int, streamer=None
         a.results,
         {
             "e2e": (
+                E2E_COLUMNS,
                 cols,
                 {
                     **common,
@@ -786,6 +790,7 @@ def write_tables(a, runner: Runner, tokenizer, K: int, K_dec: int, streamer=None
                 },
             ),
             "e2e_position": (
+                E2E_POSITION_COLUMNS,
                 pcols,
                 {
                     **common,

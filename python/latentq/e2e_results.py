@@ -1,5 +1,6 @@
 """What the e2e step (latentq.e2e) reads of a latentq-results/1 file: the study's layers, its quantizers and
-their targets, a mixed assignment's stored specs, and the decode-order settings the C++ study writes.
+their targets, a mixed assignment's stored specs, the decode-order settings the C++ study writes, and the
+(quantizer, target) pairs whose format cannot take the width (/not_applicable).
 Every function raises ValueError naming the file (missing, unreadable, another schema, a malformed
 attribute) instead of h5py's errno text."""
 
@@ -94,3 +95,40 @@ def decode_settings(results_path: str) -> tuple[list[str] | None, list[str] | No
         if t not in DECODE_TARGETS:
             raise ValueError(f"{results_path}: decode_order_targets '{t}', expected one of {', '.join(DECODE_TARGETS)}")
     return modes, qs, w, tg
+
+
+def not_applicable(results_path: str) -> list[tuple[str, str, int, str]]:
+    """(quantizer, target, width, reason) of the /not_applicable rows: the pairs whose format cannot take the
+    target's width (latentq/applicable.h, e.g. q8_0 on a k_pe of 16 elements); [] when the group is absent
+    (every pair applies)."""
+    dec = lambda v: v.decode() if isinstance(v, bytes) else str(v)
+    with open_results(results_path) as f:
+        if "not_applicable" not in f:
+            return []
+        g = f["not_applicable"]
+        return [
+            (dec(q), dec(t), int(w), dec(r))
+            for q, t, w, r in zip(g["quantizer"][:], g["target"][:], g["width"][:], g["reason"][:])
+        ]
+
+
+Runs = list[tuple[str, tuple[str, ...]]]
+
+
+def applicable_only(results_path: str, pairs: Runs, decode_pairs: Runs) -> tuple[Runs, Runs, list[str]]:
+    """The (quantizer, targets) runs `pairs` and `decode_pairs` without those that quantize a target their
+    quantizer's format cannot take (the /not_applicable rows of the results file), as the study leaves out such
+    /attention_error rows; and the notes: one per target, width and reason, naming the quantizers of the runs
+    listed there."""
+    na = not_applicable(results_path)
+    cannot = {(q, t) for q, t, _, _ in na}
+    used = {q for q, _ in pairs + decode_pairs}
+    keep = lambda runs: [(q, t) for q, t in runs if not any((q, x) in cannot for x in t)]
+    by_reason: dict[tuple[str, int, str], list[str]] = {}
+    for q, t, w, why in na:
+        if q in used:
+            by_reason.setdefault((t, w, why), []).append(q)
+    notes = [
+        f"not applicable, not run on {t} ({w} wide): {', '.join(q)}: {why}" for (t, w, why), q in by_reason.items()
+    ]
+    return keep(pairs), keep(decode_pairs), notes

@@ -416,10 +416,47 @@ QuantSpec QuantSpec::stored_for(Target target) const {
   return parse(target == Target::CKV ? kPresets[preset].ckv : kPresets[preset].kpe);
 }
 
+namespace {
+
+// Why the stored (non-preset) format `s` cannot take rows of D > 0 elements, or "": what the `shapes` of its kFormats
+// row state. The one rule of why_not_applicable() and layout().
+std::string refusal(const QuantSpec& s, int64_t D) {
+  switch (s.format) {
+    case Format::Q8_0:
+    case Format::Q4_0:
+    case Format::Q4_1:  // ggml's blocks never straddle rows
+      return D % 32 == 0 ? "" : "ggml blocks need a row length that is a multiple of 32, got " + std::to_string(D);
+    case Format::TurboQuant:
+      try {  // its rotation: transform.h's automatic Hadamard block, one rule for both
+        (void)hadamard_block(D, 0);
+        return "";
+      } catch (const std::invalid_argument&) {  // D > 0 here: only the block rule refuses it
+        return "TurboQuant rotates rows of D = " + std::to_string(D) + " by a Hadamard block, a power of two >= " +
+               std::to_string(kMinAutoHadamardBlock) + " dividing D, and D has none";
+      }
+    case Format::TransformCoding:  // floor: the rate is never exceeded
+      return static_cast<int64_t>(s.rate_milli) * D / 8000 > 0
+                 ? ""
+                 : "it stores floor(R·D/8) = 0 code bytes per token for rows of D = " + std::to_string(D) +
+                       "; it needs R·D >= 8 bits";
+    default:
+      return "";
+  }
+}
+
+}  // namespace
+
+std::string why_not_applicable(const QuantSpec& spec, Target target, int64_t D) {
+  if (D <= 0) throw std::invalid_argument("why_not_applicable: the row length must be > 0, got " + std::to_string(D));
+  return refusal(spec.stored_for(target), D);
+}
+
 Layout layout(const QuantSpec& s, int64_t D) {
   if (D <= 0)
     throw std::invalid_argument("layout of '" + s.to_string() + "': the row length must be > 0, got " +
                                 std::to_string(D));
+  if (const std::string why = refusal(s, D); !why.empty())
+    throw std::invalid_argument("'" + s.to_string() + "': " + why);
   Layout L;
   L.code_bits = s.bits;
   L.row_code_bytes = qmath::packed_row_bytes(D, s.bits);
@@ -478,13 +515,7 @@ Layout layout(const QuantSpec& s, int64_t D) {
       block_format(s.rule == ScaleRule::Reciprocal ? qmath::BlockKind::Fp4TileRcp : qmath::BlockKind::Fp4Tile, 16, true,
                    false);
       return L;
-    case Format::TurboQuant:
-      try {  // its rotation: transform.h's automatic Hadamard block, one rule for both
-        (void)hadamard_block(D, 0);
-      } catch (const std::invalid_argument& e) {
-        throw std::invalid_argument("'" + s.to_string() + "' rotates rows of D = " + std::to_string(D) +
-                                    " with a Hadamard block: " + e.what());
-      }
+    case Format::TurboQuant:  // a width with a Hadamard block (refusal())
       L.block = D;  // one fp16 row norm per token
       L.blocks_per_row = 1;
       L.sd = ScaleDtype::F16;
@@ -499,11 +530,7 @@ Layout layout(const QuantSpec& s, int64_t D) {
     }
     case Format::TransformCoding: {
       L.code_bits = 0;  // 0..8 per component, fixed per matrix by the record
-      L.row_code_bytes = static_cast<int64_t>(s.rate_milli) * D / 8000;  // floor: the rate is never exceeded
-      if (L.row_code_bytes <= 0)
-        throw std::invalid_argument("'" + s.to_string() +
-                                    "' stores floor(R·D/8) = 0 code bytes per token for rows of D = " +
-                                    std::to_string(D) + "; it needs R·D >= 8 bits");
+      L.row_code_bytes = static_cast<int64_t>(s.rate_milli) * D / 8000;  // floor: > 0 (refusal())
       L.code_budget_bits = 8 * L.row_code_bytes;
       L.sd = ScaleDtype::F32;
       // per matrix: width byte, fp32 scale and fp32 offset per component; -lm: the fp16 unit codebooks of widths
@@ -517,11 +544,7 @@ Layout layout(const QuantSpec& s, int64_t D) {
       return L;
     case Format::Q8_0:
     case Format::Q4_0:
-    case Format::Q4_1:
-      if (D % 32 != 0)
-        throw std::invalid_argument("'" + s.to_string() +
-                                    "' needs a row length that is a multiple of 32 (ggml blocks), got " +
-                                    std::to_string(D));
+    case Format::Q4_1:  // D a multiple of 32 (refusal())
       block_format(s.format == Format::Q8_0   ? qmath::BlockKind::Q8_0
                    : s.format == Format::Q4_0 ? qmath::BlockKind::Q4_0
                                               : qmath::BlockKind::Q4_1,

@@ -20,6 +20,7 @@
 #include <variant>
 #include <stdexcept>
 
+#include "latentq/applicable.h"
 #include "latentq/batch.h"
 #include "latentq/batch_study.h"
 #include "latentq/config.h"
@@ -102,6 +103,7 @@ int cmd_run(const RunArgs& a, std::ostream& out, std::ostream& err, bool progres
   // the latent-error cells, then the probe cells; every studied layer's values checked first
   const StudyPlan plan = plan_study(cfg, *backend, progress_reporter(err, progress_bar, "layers checked"));
   for (const std::string& w : plan.probes.warnings) err << "latentq: warning: " << w << "\n";
+  out << format_not_applicable(not_applicable(cfg, plan.dump().attrs));  // the pairs left out, once
   BatchOptions bo;
   bo.shard = shard;
   bo.resume = a.resume;
@@ -189,6 +191,7 @@ void print_results_tables(const fs::path& results, const fs::path& dump, std::os
   std::vector<NamedTable> tables;
   for (const std::string& g : list_tables(results)) tables.push_back({g, read_table(results, g), {}});
   const ColumnTable* summary = find_table(tables, "summary");
+  out << format_not_applicable(not_applicable(cfg, dump_attrs_from_results(attrs)));
   if (summary) out << format_summary(*summary, dump_attrs_from_results(attrs));
   print_probe_report(cfg, probes, summary, tables, dump_attrs_from_results(attrs), out, err);
 }
@@ -238,7 +241,7 @@ int cmd_study(const StudyArgs& a, std::ostream& out, std::ostream& err, bool pro
   fs::create_directories(dir);
 
   // 1. The dump (reused when every input is unchanged).
-  const DumpStepResult d = run_dump_step(in, dump, out);
+  const DumpStepResult d = run_dump_step(in, dump, out, err);
   const std::string dump_sha = file_sha256(dump);
   const std::string text_sha = file_sha256(in.text);
 
@@ -321,7 +324,7 @@ int cmd_study(const StudyArgs& a, std::ostream& out, std::ostream& err, bool pro
   // 4. The decision summary, then 5. the report.
   decision_step(results, a.budgets, out);
   const fs::path report = dir / "report";
-  const int rc = run_report(results.string(), report.string(), out);
+  const int rc = run_report(results.string(), report.string(), out, err);
   out << fmt::format("\nstudy: {}\n  dump     {}\n  results  {}\n  report   {}\n", dir.string(), dump.string(),
                      results.string(), (report / "report.md").string());
   return rc;
@@ -723,7 +726,7 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   try {
     if (run->parsed()) return cmd_run(ra, out, err, progress_bar);
     if (inspect->parsed()) return cmd_inspect(inspect_path, out);
-    if (report->parsed()) return run_report(report_results, report_out, out);
+    if (report->parsed()) return run_report(report_results, report_out, out, err);
     if (merge->parsed()) return cmd_merge(ma, out, err);
     if (regress->parsed()) return cmd_regress(reg_results, reg_thresholds, out);
     if (plan->parsed()) return cmd_plan(pa, out, err);

@@ -1,8 +1,10 @@
-// Python steps started by latentq (latentq/external.h): posix_spawn with a pipe for the output.
+// Python steps started by latentq (latentq/external.h): posix_spawn with a pipe for its stdout and one for its
+// stderr, each relayed to its own stream.
 #include "latentq/external.h"
 #include "latentq/util.h"
 #include "latentq/provenance.h"
 
+#include <poll.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -91,8 +93,64 @@ std::string python_unavailable_reason(const PythonTools& t, const std::string& s
   return "";
 }
 
+namespace {
+/// A child's stream relayed line by line as it arrives: each line (ended by '\n', or by '\r' for a progress bar's
+/// updates) written to `to` and flushed at once, the last incomplete one by finish(). Whole lines keep the child's
+/// stdout and stderr from cutting into each other's lines where both reach one terminal.
+class LineRelay {
+ public:
+  explicit LineRelay(std::ostream& to) : to_(to) {}
+  void feed(const char* p, size_t n) {
+    for (size_t i = 0; i < n; ++i) {
+      line_ += p[i];
+      if (p[i] == '\n' || p[i] == '\r') emit();
+    }
+  }
+  void finish() {
+    if (!line_.empty()) emit();
+  }
+
+ private:
+  void emit() {
+    to_ << line_;
+    to_.flush();
+    line_.clear();
+  }
+  std::ostream& to_;
+  std::string line_;
+};
+
+/// Relay the read ends `fds` [2] (the child's stdout and stderr) to `relays` until both are at their end; closes them.
+void relay_pipes(const int (&fds)[2], LineRelay (&relays)[2]) {
+  pollfd polls[2] = {{fds[0], POLLIN, 0}, {fds[1], POLLIN, 0}};
+  int open = 2;
+  char buf[4096];
+  while (open > 0) {
+    if (::poll(polls, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      break;  // cannot wait on the pipes: stop relaying (the child is still reaped)
+    }
+    for (int i = 0; i < 2; ++i) {
+      if (polls[i].fd < 0 || polls[i].revents == 0) continue;
+      const ssize_t n = ::read(polls[i].fd, buf, sizeof buf);
+      if (n > 0) {
+        relays[i].feed(buf, static_cast<size_t>(n));
+      } else if (n == 0 || errno != EINTR) {
+        ::close(polls[i].fd);
+        polls[i].fd = -1;  // poll skips it from now on
+        --open;
+      }
+    }
+  }
+  for (const pollfd& p : polls)
+    if (p.fd >= 0) ::close(p.fd);
+  relays[0].finish();
+  relays[1].finish();
+}
+}  // namespace
+
 int run_process(const std::vector<std::string>& argv, const std::vector<std::pair<std::string, std::string>>& env,
-                std::ostream& out) {
+                std::ostream& out, std::ostream& err) {
   if (argv.empty()) throw std::runtime_error("run_process: empty command");
   // Environment: the current one with `env` replacing same-named entries.
   std::vector<std::string> envs;
@@ -110,35 +168,37 @@ int run_process(const std::vector<std::string>& argv, const std::vector<std::pai
   for (auto& s : argv_copy) args.push_back(s.data());
   args.push_back(nullptr);
 
-  int fds[2];
-  if (::pipe(fds) != 0)
+  int out_pipe[2], err_pipe[2];
+  if (::pipe(out_pipe) != 0)
     throw std::runtime_error(fmt::format("{}: cannot create a pipe: {}", argv[0], std::strerror(errno)));
+  if (::pipe(err_pipe) != 0) {
+    const int e = errno;
+    ::close(out_pipe[0]);
+    ::close(out_pipe[1]);
+    throw std::runtime_error(fmt::format("{}: cannot create a pipe: {}", argv[0], std::strerror(e)));
+  }
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addclose(&fa, fds[0]);
-  posix_spawn_file_actions_adddup2(&fa, fds[1], STDOUT_FILENO);
-  posix_spawn_file_actions_adddup2(&fa, fds[1], STDERR_FILENO);
-  posix_spawn_file_actions_addclose(&fa, fds[1]);
+  posix_spawn_file_actions_addclose(&fa, out_pipe[0]);
+  posix_spawn_file_actions_addclose(&fa, err_pipe[0]);
+  posix_spawn_file_actions_adddup2(&fa, out_pipe[1], STDOUT_FILENO);
+  posix_spawn_file_actions_adddup2(&fa, err_pipe[1], STDERR_FILENO);
+  posix_spawn_file_actions_addclose(&fa, out_pipe[1]);
+  posix_spawn_file_actions_addclose(&fa, err_pipe[1]);
   pid_t pid = 0;
   out.flush();
+  err.flush();
   const int rc = ::posix_spawn(&pid, argv[0].c_str(), &fa, nullptr, args.data(), envp.data());
   posix_spawn_file_actions_destroy(&fa);
-  ::close(fds[1]);
+  ::close(out_pipe[1]);
+  ::close(err_pipe[1]);
   if (rc != 0) {
-    ::close(fds[0]);
+    ::close(out_pipe[0]);
+    ::close(err_pipe[0]);
     throw std::runtime_error(fmt::format("{}: cannot start: {}", argv[0], std::strerror(rc)));
   }
-  char buf[4096];
-  for (;;) {
-    const ssize_t n = ::read(fds[0], buf, sizeof buf);
-    if (n > 0) {
-      out.write(buf, n);
-      out.flush();
-    } else if (n == 0 || errno != EINTR) {
-      break;
-    }
-  }
-  ::close(fds[0]);
+  LineRelay relays[2] = {LineRelay(out), LineRelay(err)};
+  relay_pipes({out_pipe[0], err_pipe[0]}, relays);
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
@@ -148,45 +208,6 @@ int run_process(const std::vector<std::string>& argv, const std::vector<std::pai
 }
 
 namespace {
-/// A child's output as it arrives, line by line (a progress bar's carriage-return updates too): its
-/// notes, warnings and errors ("e2e_inject: note:" / "warning:" / "error:") to `err`, every other line to
-/// `out`, each flushed at once, so a long step shows its progress instead of going silent.
-class RouteLines : public std::streambuf {
- public:
-  RouteLines(std::ostream& out, std::ostream& err) : out_(out), err_(err) {}
-  /// The last incomplete line, if any.
-  void finish() {
-    if (!line_.empty()) emit();
-  }
-
- protected:
-  int_type overflow(int_type c) override {
-    if (c != traits_type::eof()) put(static_cast<char>(c));
-    return c;
-  }
-  std::streamsize xsputn(const char* s, std::streamsize n) override {
-    for (std::streamsize i = 0; i < n; ++i) put(s[i]);
-    return n;
-  }
-
- private:
-  void put(char c) {
-    line_ += c;
-    if (c == '\n' || c == '\r') emit();
-  }
-  void emit() {
-    const bool to_err = line_.rfind("e2e_inject: note:", 0) == 0 || line_.rfind("e2e_inject: warning:", 0) == 0 ||
-                        line_.rfind("e2e_inject: error:", 0) == 0;
-    std::ostream& o = to_err ? err_ : out_;
-    o << line_;
-    o.flush();
-    line_.clear();
-  }
-  std::ostream& out_;
-  std::ostream& err_;
-  std::string line_;
-};
-
 /// Whether the model directory's config.json names the tiny-mla architecture (latentq.tiny_mla);
 /// false when it cannot be read.
 bool is_tiny_mla_dir(const fs::path& dir) {
@@ -246,18 +267,15 @@ bool run_e2e_step(const StudyConfig& config, const DumpAttrs& attrs, const fs::p
     if (shown[i] == "--step-key") shown[i + 1] = "<key>";
   out << "\ne2e: " << fmt::format("{}", fmt::join(shown, " ")) << "\n";
   out.flush();
-  // The step's lines (one per run, its progress with counts and an ETA, its notes and warnings) are relayed
-  // as they come (RouteLines); on a terminal it draws a bar (latentq/progress.py), else a line every ~10 s.
+  // The step's lines (one per run on its stdout; its progress with counts and an ETA, its notes and warnings on its
+  // stderr) are relayed as they come, each to its stream; on a terminal it draws a bar (latentq/progress.py), else a
+  // line every ~10 s.
   std::vector<std::pair<std::string, std::string>> env = python_env(t);
   if (!std::getenv("LATENTQ_PROGRESS") && ::isatty(STDERR_FILENO)) env.emplace_back("LATENTQ_PROGRESS", "bar");
-  RouteLines route(out, err);
-  std::ostream relay(&route);
   int rc = 0;
   try {
-    rc = run_process(argv, env, relay);
-    route.finish();
+    rc = run_process(argv, env, out, err);
   } catch (const std::runtime_error& e) {
-    route.finish();
     err << "latentq: warning: e2e: " << e.what() << "\n";
     return false;
   }
@@ -348,7 +366,7 @@ std::function<void(size_t, size_t)> hash_progress(std::ostream& out) {
 }
 }  // namespace
 
-DumpStepResult run_dump_step(const DumpStepInputs& in, const fs::path& dump, std::ostream& out) {
+DumpStepResult run_dump_step(const DumpStepInputs& in, const fs::path& dump, std::ostream& out, std::ostream& err) {
   const auto sha_or = [](const fs::path& p) {
     std::error_code ec;
     return fs::is_regular_file(p, ec) ? file_sha256(p) : std::string("-");
@@ -416,7 +434,7 @@ DumpStepResult run_dump_step(const DumpStepInputs& in, const fs::path& dump, std
       res.model_files.empty()
           ? std::async(std::launch::async, [&] { return directory_digests(in.model); })
           : std::async(std::launch::deferred, [&] { return res.model_files; });
-  const int rc = run_process(argv, env, out);
+  const int rc = run_process(argv, env, out, err);
   res.model_files = files.get();
   if (rc != 0) throw std::runtime_error(fmt::format("dump: python -m latentq.dump exited with code {}", rc));
   write_text_atomic(stamp, stamp_text(dump_key(in, res.code, res.model_files, text_sha, file_sha256(dump)),
@@ -424,11 +442,12 @@ DumpStepResult run_dump_step(const DumpStepInputs& in, const fs::path& dump, std
   return res;
 }
 
-int run_report(const std::string& results, const std::string& out_dir, std::ostream& out) {
+int run_report(const std::string& results, const std::string& out_dir, std::ostream& out, std::ostream& err) {
   const PythonTools t = python_tools();
   if (const std::string why = python_unavailable_reason(t, "python/latentq/report/__main__.py", false); !why.empty())
     throw std::runtime_error("report: " + why);
-  return run_process({t.python.string(), "-m", "latentq.report", results, "--out", out_dir}, python_env(t), out);
+  return run_process({t.python.string(), "-m", "latentq.report", results, "--out", out_dir}, python_env(t), out,
+                     err);
 }
 
 }  // namespace latentq

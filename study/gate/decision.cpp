@@ -11,6 +11,7 @@
 #include <optional>
 #include <stdexcept>
 
+#include "latentq/applicable.h"
 #include "latentq/batch_study.h"
 #include "latentq/plan.h"
 #include "latentq/results.h"
@@ -191,13 +192,38 @@ std::vector<double> parse_budget_fractions(const std::string& text) {
   return out;
 }
 
+const GroupSpec& decision_spec() {
+  static const GroupSpec g{
+      "decision",
+      {{"budget_fraction", ColType::F64, "1", "the budget as a fraction of the whole-model bf16 cache"},
+       {"budget_bytes", ColType::F64, "byte/token", "the budget: whole model, c_kv + k_pe, metadata included"},
+       {"choice", ColType::Str, "", "uniform, engine or plan (latentq/decision.h)"},
+       {"quantizer", ColType::Str, "", "the choice's quantizer (- when nothing measured fits; a plan: mixed: ...)"},
+       {"bytes_per_token_model", ColType::F64, "byte/token", "the choice's cache: whole model, c_kv + k_pe"},
+       {"kl_mean", ColType::F64, "nat", "its KL: the e2e next-token KL, else the attention KL (source)"},
+       {"top1_agree", ColType::F64, "1", "its top-1 agreement, from the same source"},
+       {"delta_ppl", ColType::F64, "1", "ppl_quant − ppl_ref of its /e2e row (NaN without the e2e step)"},
+       {"source", ColType::Str, "",
+        "where kl_mean comes from: e2e, attention, measured-e2e, measured-attention, predicted or none"},
+       {"plan_objective", ColType::F64, "",
+        "the planner's objective of the choice's assignment (the unit of the objective column's kl or mse)"},
+       {"engine", ColType::Str, "", "the engine and setting that ship the choice's format (empty when none)"},
+       {"objective", ColType::Str, "", "the planner's objective: kl or mse"}}};
+  return g;
+}
+
 ColumnTable decision_table(const std::filesystem::path& results, const std::vector<double>& fractions) {
   const DumpAttrs d = dump_attrs_from_results(read_results_attrs(results));
-  const double bf16 =
-      2.0 * static_cast<double>(d.num_layers) * static_cast<double>(d.kv_lora_rank + d.qk_rope_head_dim);
+  const double bf16 = static_cast<double>(d.bf16_bytes_per_token());
   const ColumnTable summary = read_table(results, "summary");
   const auto& sq = strings(summary, "quantizer");
   const auto& sb = doubles(summary, "bytes_per_token_model");
+  // A quantizer whose format cannot take a target's width cannot be the format of the whole cache.
+  const auto inapplicable = [&](size_t i) {
+    for (const char* c : {"c_kv_accounting", "k_pe_accounting"})
+      if (summary.has(c) && strings(summary, c)[i] == kNotApplicableAccounting) return true;
+    return false;
+  };
   std::string source;
   const std::map<std::string, Metric> kl = measured_kl(results, source);
 
@@ -210,18 +236,18 @@ ColumnTable decision_table(const std::filesystem::path& results, const std::vect
   }
   const std::map<std::string, Assignment> mixed = mixed_assignments(read_table(results, "latent_error"));
 
-  ColumnTable t;
-  auto& c_frac = t.add<double>("budget_fraction");
-  auto& c_budget = t.add<double>("budget_bytes");
-  auto& c_choice = t.add<std::string>("choice");
-  auto& c_q = t.add<std::string>("quantizer");
-  auto& c_bytes = t.add<double>("bytes_per_token_model");
-  auto& c_kl = t.add<double>("kl_mean");
-  auto& c_top1 = t.add<double>("top1_agree");
-  auto& c_dppl = t.add<double>("delta_ppl");
-  auto& c_src = t.add<std::string>("source");
-  auto& c_obj = t.add<double>("plan_objective");
-  auto& c_engine = t.add<std::string>("engine");  // the engine and setting that ship the format ("" when none)
+  ColumnTable t = empty_table(decision_spec());
+  auto& c_frac = t.get<double>("budget_fraction");
+  auto& c_budget = t.get<double>("budget_bytes");
+  auto& c_choice = t.get<std::string>("choice");
+  auto& c_q = t.get<std::string>("quantizer");
+  auto& c_bytes = t.get<double>("bytes_per_token_model");
+  auto& c_kl = t.get<double>("kl_mean");
+  auto& c_top1 = t.get<double>("top1_agree");
+  auto& c_dppl = t.get<double>("delta_ppl");
+  auto& c_src = t.get<std::string>("source");
+  auto& c_obj = t.get<double>("plan_objective");
+  auto& c_engine = t.get<std::string>("engine");
   const auto row = [&](double f, const char* choice, const std::string& q, double bytes, const Metric& m,
                        const std::string& src, double obj) {
     const std::optional<TransformedSpec> ts = as_spec(q);
@@ -244,7 +270,7 @@ ColumnTable decision_table(const std::filesystem::path& results, const std::vect
       for (size_t i = 0; i < sq.size(); ++i) {
         const std::optional<TransformedSpec> ts = as_spec(sq[i]);
         const auto m = kl.find(sq[i]);
-        if (!ts || m == kl.end() || !std::isfinite(m->second.kl) || sb[i] > lim) continue;
+        if (!ts || m == kl.end() || !std::isfinite(m->second.kl) || sb[i] > lim || inapplicable(i)) continue;
         if (engine && !ships_in_an_engine(*ts)) continue;
         if (!best || m->second.kl < kl.at(sq[*best]).kl) best = i;
       }
@@ -269,7 +295,7 @@ ColumnTable decision_table(const std::filesystem::path& results, const std::vect
       row(f, "plan", "-", kNaN, {}, "none", kNaN);
     }
   }
-  t.add<std::string>("objective") = std::vector<std::string>(t.num_rows(), in->objective);
+  t.get<std::string>("objective") = std::vector<std::string>(c_frac.size(), in->objective);
   return t;
 }
 

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include <atomic>
 #include <csignal>
@@ -134,6 +135,48 @@ void write_column(H5::Group& g, const std::string& name, const Column& col) {
   }
 }
 
+// The record of a table's columns (results.h): a JSON array of {name, dtype, unit, definition}, in column order.
+std::string column_record(const ColumnTable& t) {
+  nlohmann::ordered_json rec = nlohmann::ordered_json::array();
+  for (size_t i = 0; i < t.num_columns(); ++i) {
+    const auto& [name, col] = t.columns()[i];
+    const ColumnDoc& d = t.docs()[i];
+    rec.push_back({{"name", name}, {"dtype", column_type(col)}, {"unit", d.unit}, {"definition", d.definition}});
+  }
+  return rec.dump();
+}
+
+// The units and definitions of the column record `text` of the group at `where`, whose datasets are `names`
+// with dtypes `dtypes`; empty when the group has no record (a file of an older latentq: the attribute is
+// missing or holds the comma-separated names). Throws std::invalid_argument naming `where` for a record that
+// is not such a JSON array or does not list the group's datasets in order.
+std::vector<ColumnDoc> parse_column_record(const std::string& text, const std::string& where,
+                                           const std::vector<std::string>& names,
+                                           const std::vector<std::string>& dtypes) {
+  if (text.empty() || text.front() != '[') return {};
+  const auto bad = [&](const std::string& why) {
+    return std::invalid_argument(
+        fmt::format("{}: attribute 'columns' {} (expected a JSON array of {{name, dtype, unit, definition}}, one per "
+                    "dataset, in order)",
+                    where, why));
+  };
+  const nlohmann::json rec = nlohmann::json::parse(text, nullptr, false);
+  if (rec.is_discarded() || !rec.is_array()) throw bad("is not a JSON array");
+  if (rec.size() != names.size()) throw bad(fmt::format("lists {} columns, the group has {}", rec.size(), names.size()));
+  std::vector<ColumnDoc> out;
+  for (size_t i = 0; i < rec.size(); ++i) {
+    const nlohmann::json& c = rec[i];
+    for (const char* k : {"name", "dtype", "unit", "definition"})
+      if (!c.is_object() || !c.contains(k) || !c[k].is_string())
+        throw bad(fmt::format("entry {} has no string '{}'", i, k));
+    if (c["name"].get<std::string>() != names[i] || c["dtype"].get<std::string>() != dtypes[i])
+      throw bad(fmt::format("entry {} is {} {}, the dataset is {} {}", i, c["dtype"].get<std::string>(),
+                            c["name"].get<std::string>(), dtypes[i], names[i]));
+    out.push_back({c["unit"].get<std::string>(), c["definition"].get<std::string>()});
+  }
+  return out;
+}
+
 void write_attr_value(H5::H5Object& obj, const std::string& name, const AttrValue& v) {
   std::visit([&](const auto& x) { h5::write_attr(obj, name, x); }, v);
 }
@@ -143,7 +186,7 @@ void write_table(H5::H5File& f, const NamedTable& t) {
   for (const auto& [name, col] : t.table.columns()) write_column(g, name, col);
   for (const auto& [k, v] : t.attrs) write_attr_value(g, k, v);
   h5::write_attr(g, "rows", static_cast<int64_t>(t.table.num_rows()));
-  h5::write_attr(g, "columns", fmt::format("{}", fmt::join(t.table.names(), ",")));
+  h5::write_attr(g, "columns", column_record(t.table));
 }
 
 AttrValue read_attr_value(const H5::Attribute& a, const std::string& where) {
@@ -344,7 +387,7 @@ ColumnTable read_table(const fs::path& path, const std::string& group) {
     const std::string p = path.string();
     if (!h5::exists(f, "/" + group)) throw std::invalid_argument(p + ": no group /" + group);
     const H5::Group g = f.openGroup("/" + group);
-    ColumnTable t;
+    std::vector<std::pair<std::string, Column>> cols;
     for (const std::string& name : link_names(g.getId())) {
       const std::string where = p + ": /" + group + "/" + name;
       const H5::DataSet ds = g.openDataSet(name);
@@ -357,13 +400,13 @@ ColumnTable read_table(const fs::path& path, const std::string& group) {
         case H5T_INTEGER: {
           std::vector<int64_t> v(n);
           if (n) ds.read(v.data(), H5::PredType::NATIVE_INT64);
-          t.add_column(name, std::move(v));
+          cols.emplace_back(name, std::move(v));
           break;
         }
         case H5T_FLOAT: {
           std::vector<double> v(n);
           if (n) ds.read(v.data(), H5::PredType::NATIVE_DOUBLE);
-          t.add_column(name, std::move(v));
+          cols.emplace_back(name, std::move(v));
           break;
         }
         case H5T_STRING: {
@@ -384,13 +427,25 @@ ColumnTable read_table(const fs::path& path, const std::string& group) {
               v[i] = s;
             }
           }
-          t.add_column(name, std::move(v));
+          cols.emplace_back(name, std::move(v));
           break;
         }
         default:
           throw std::invalid_argument(where + " has type " + h5::dtype_name(dt) + ", expected int, float or string");
       }
     }
+    std::vector<ColumnDoc> docs;
+    if (g.attrExists("columns")) {
+      const H5::Attribute a = g.openAttribute("columns");
+      if (a.getTypeClass() == H5T_STRING && a.getSpace().getSimpleExtentNpoints() == 1) {
+        std::vector<std::string> names, dtypes;
+        for (const auto& [name, col] : cols) names.push_back(name), dtypes.push_back(column_type(col));
+        docs = parse_column_record(h5::read_string_attr(a), p + ": /" + group, names, dtypes);
+      }
+    }
+    ColumnTable t;
+    for (size_t i = 0; i < cols.size(); ++i)
+      t.add_column(cols[i].first, std::move(cols[i].second), docs.empty() ? ColumnDoc{} : docs[i]);
     t.num_rows();
     return t;
   });

@@ -21,6 +21,24 @@ const char* column_type(const Column& c) {
   }
 }
 
+const char* col_type_name(ColType t) {
+  switch (t) {
+    case ColType::I64:
+      return "int64";
+    case ColType::F64:
+      return "float64";
+    case ColType::Str:
+      return "string";
+  }
+  return "?";
+}
+
+std::vector<std::string> column_names(const GroupSpec& g) {
+  std::vector<std::string> out;
+  for (const ColumnSpec& c : g.columns) out.push_back(c.name);
+  return out;
+}
+
 void ColumnTable::check_new(const std::string& name) const {
   if (name.empty()) throw std::invalid_argument("a column needs a name");
   if (has(name)) throw std::invalid_argument(fmt::format("column '{}' already exists", name));
@@ -30,9 +48,17 @@ void ColumnTable::wrong_type(const std::string& name) const {
   throw std::invalid_argument(fmt::format("column '{}' has type {}", name, column_type(at(name))));
 }
 
-void ColumnTable::add_column(const std::string& name, Column values) {
+void ColumnTable::add_column(const std::string& name, Column values, ColumnDoc doc) {
   check_new(name);
   cols_.emplace_back(name, std::move(values));
+  docs_.push_back(std::move(doc));
+}
+
+const ColumnDoc& ColumnTable::doc(const std::string& name) const {
+  for (size_t i = 0; i < cols_.size(); ++i)
+    if (cols_[i].first == name) return docs_[i];
+  at(name);  // throws, naming the columns
+  throw std::logic_error("unreachable");
 }
 
 bool ColumnTable::has(const std::string& name) const {
@@ -86,6 +112,48 @@ void ColumnTable::append(const ColumnTable& other) {
           dst.insert(dst.end(), src.begin(), src.end());
         },
         cols_[i].second);
+    if (docs_[i] == ColumnDoc{}) docs_[i] = other.docs_[i];
+  }
+}
+
+ColumnTable empty_table(const GroupSpec& g) {
+  ColumnTable t;
+  for (const ColumnSpec& c : g.columns) {
+    ColumnDoc doc{c.unit, c.definition};
+    switch (c.type) {
+      case ColType::I64:
+        t.add<int64_t>(c.name, std::move(doc));
+        break;
+      case ColType::F64:
+        t.add<double>(c.name, std::move(doc));
+        break;
+      case ColType::Str:
+        t.add<std::string>(c.name, std::move(doc));
+        break;
+    }
+  }
+  return t;
+}
+
+void add_row(ColumnTable& t, const std::vector<RowValue>& values) {
+  const auto& cols = t.columns();
+  if (values.size() != cols.size()) throw std::logic_error("add_row: wrong number of values");
+  size_t i = 0;
+  for (const auto& [name, col] : cols) {
+    Column& c = t.at(name);
+    const RowValue& v = values[i++];
+    if (c.index() != v.index()) throw std::logic_error("add_row: column '" + name + "' has another type");
+    switch (c.index()) {
+      case 0:
+        std::get<0>(c).push_back(std::get<int64_t>(v));
+        break;
+      case 1:
+        std::get<1>(c).push_back(std::get<double>(v));
+        break;
+      default:
+        std::get<2>(c).push_back(std::get<std::string>(v));
+        break;
+    }
   }
 }
 

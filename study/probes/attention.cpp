@@ -14,6 +14,7 @@
 #include <numeric>
 #include <set>
 
+#include "latentq/applicable.h"
 #include "latentq/config.h"
 #include "latentq/probe_registry.h"
 #include "latentq/probe_attention.h"
@@ -46,24 +47,29 @@ struct ErrorCell {
   std::shared_ptr<const std::vector<ErrorCell>> group{};
 };
 
-const GroupSpec kCheck = {"attention_check",
-                          {{"layer", ColType::I64},
-                           {"ref_vs_dump_rel_fro", ColType::F64},
-                           {"tq", ColType::I64},
-                           {"keys", ColType::I64},
-                           {"fold_rel_fro", ColType::F64},
-                           {"fold_transforms", ColType::Str}}};
-const GroupSpec kError = {"attention_error",
-                          {{"layer", ColType::I64},
-                           {"quantizer", ColType::Str},
-                           {"targets", ColType::Str},
-                           {"out_rel_fro", ColType::F64},
-                           {"cos_mean", ColType::F64},
-                           {"kl_mean", ColType::F64},
-                           {"top1_agree", ColType::F64},
-                           {"top8_agree", ColType::F64},
-                           {"bits_per_element_c_kv", ColType::F64},
-                           {"bytes_per_token_layer", ColType::F64}}};
+const GroupSpec kCheck = {
+    "attention_check",
+    {{"layer", ColType::I64, "", "the layer index"},
+     {"ref_vs_dump_rel_fro", ColType::F64, "1",
+      "‖o − attn_out‖_F / ‖attn_out‖_F: the absorbed attention on exact latents against the dump's attn_out"},
+     {"tq", ColType::I64, "", "the query rows"},
+     {"keys", ColType::I64, "", "the keys attended, summed over the query rows"},
+     {"fold_rel_fro", ColType::F64, "1",
+      "the largest out_rel_fro of the attention on a rotated cache with the rotation folded into the weights"},
+     {"fold_transforms", ColType::Str, "", "the transforms that fold check ran, ;-separated"}}};
+const GroupSpec kError = {
+    "attention_error",
+    {{"layer", ColType::I64, "", "the layer index"},
+     {"quantizer", ColType::Str, "", "the quantizer, as /latent_error names it, or svd-rank<r>"},
+     {"targets", ColType::Str, "", "the latents quantized: c_kv, k_pe or c_kv+k_pe (the others rounded to bf16)"},
+     {"out_rel_fro", ColType::F64, "1", "‖ô − o‖_F / ‖o‖_F of the absorbed attention output (before o_proj)"},
+     {"cos_mean", ColType::F64, "1", "mean over query rows and heads of cos(ô, o)"},
+     {"kl_mean", ColType::F64, "nat", "mean over query rows and heads of KL(p ‖ p̂) of the attention weights"},
+     {"top1_agree", ColType::F64, "1", "the fraction of query rows and heads whose most-attended key is unchanged"},
+     {"top8_agree", ColType::F64, "1", "mean |top-m(p) ∩ top-m(p̂)| / m, m = min(8, keys)"},
+     {"bits_per_element_c_kv", ColType::F64, "bit/element", "c_kv as stored (16 when c_kv is not quantized)"},
+     {"bytes_per_token_layer", ColType::F64, "byte/token",
+      "c_kv + k_pe of one layer, a target not quantized counted as bf16"}}};
 
 std::string check_key(int64_t l) { return fmt::format("{:03d}/attention_check", l); }
 std::string error_key(int64_t l, const std::string& targets, const std::string& q) {
@@ -460,13 +466,17 @@ class AttentionProbe final : public Probe {
     for (int l : L)
       p.cells.push_back(ProbeCell::make(this, check_key(l), {"attention_check"}, {l}, true, CheckCell{l}));
     // Layer-major; per layer, for each target combination (config order) each quantizer of the run that
-    // the latent study ran on every target of the combination; then svd-rank<r> (c_kv) per SVD rank.
+    // the latent study ran on every target of the combination; then svd-rank<r> (c_kv) per SVD rank. A
+    // quantizer whose format cannot take a target's width (latentq/applicable.h) has no row that quantizes
+    // that target: its rows of the other target stay.
     const std::vector<int64_t> ranks = s.svd ? svd_ranks(config, dump) : std::vector<int64_t>{};
     const std::vector<Quantizer> qs = config.all_quantizers();
     auto ran = [&](Target t, const Quantizer& q) {
       const TargetPlan* tp = config.plan(t);
-      return tp && std::any_of(tp->quantizers.begin(), tp->quantizers.end(),
-                               [&](const Quantizer& x) { return x.name == q.name; });
+      return tp &&
+             std::any_of(tp->quantizers.begin(), tp->quantizers.end(),
+                         [&](const Quantizer& x) { return x.name == q.name; }) &&
+             why_not_applicable(q, t, dump.attrs).empty();
     };
     auto add = [&](ErrorCell c) {
       const int l = c.layer;

@@ -25,21 +25,25 @@ struct SharingCell {
   std::vector<int> layers;  // the w consecutive studied layers, ascending
 };
 
-const GroupSpec kPairs = {"cross_layer",
-                          {{"layer_a", ColType::I64},
-                           {"layer_b", ColType::I64},
-                           {"mean_abs_pearson", ColType::F64},
-                           {"pearson_channels", ColType::I64},
-                           {"constant_channels", ColType::I64},
-                           {"cka", ColType::F64}}};
-const GroupSpec kSharing = {"cross_layer_sharing",
-                            {{"window_start", ColType::I64},
-                             {"window", ColType::I64},
-                             {"rank", ColType::I64},
-                             {"shared_heldout_rel_fro", ColType::F64},
-                             {"per_layer_heldout_rel_fro", ColType::F64},
-                             {"shared_fit_rel_fro", ColType::F64},
-                             {"per_layer_fit_rel_fro", ColType::F64}}};
+const GroupSpec kPairs = {
+    "cross_layer",
+    {{"layer_a", ColType::I64, "", "the first layer of the pair"},
+     {"layer_b", ColType::I64, "", "the second layer (layer_a < layer_b)"},
+     {"mean_abs_pearson", ColType::F64, "1",
+      "mean over the latent dimensions of |Pearson| between the same c_kv dimension of the two layers"},
+     {"pearson_channels", ColType::I64, "", "the dimensions that mean covers (constant in neither layer)"},
+     {"constant_channels", ColType::I64, "", "the dimensions constant in either layer, left out"},
+     {"cka", ColType::F64, "1", "linear CKA of the two layers' c_kv (1 = the same up to rotation and scale)"}}};
+const GroupSpec kSharing = {
+    "cross_layer_sharing",
+    {{"window_start", ColType::I64, "", "the first layer of the window"},
+     {"window", ColType::I64, "", "w: the adjacent studied layers of the window"},
+     {"rank", ColType::I64, "", "k: the total rank, coefficients per token for all w layers"},
+     {"shared_heldout_rel_fro", ColType::F64, "1",
+      "held-out rel_fro of one rank-k basis shared by the window's concatenated c_kv"},
+     {"per_layer_heldout_rel_fro", ColType::F64, "1", "held-out rel_fro of a rank-k/w basis per layer"},
+     {"shared_fit_rel_fro", ColType::F64, "1", "the shared basis's rel_fro on the fit split"},
+     {"per_layer_fit_rel_fro", ColType::F64, "1", "the per-layer bases' rel_fro on the fit split"}}};
 
 std::string pair_key(int64_t a, int64_t b) { return fmt::format("{:03d}-{:03d}/cross_layer", a, b); }
 std::string sharing_key(int64_t w, int64_t start) { return fmt::format("w{}-{:03d}/cross_layer_sharing", w, start); }

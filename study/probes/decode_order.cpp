@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "latentq/applicable.h"
 #include "latentq/config.h"
 #include "latentq/decode_order.h"
 #include "latentq/probe_registry.h"
@@ -47,25 +48,35 @@ struct PositionCell {
   std::string targets, quantizer;
 };
 
-const GroupSpec kPosition = {"attention_position",
-                             {{"layer", ColType::I64},
-                              {"targets", ColType::Str},
-                              {"quantizer", ColType::Str},
-                              {"cache_mode", ColType::Str},
-                              {"residual", ColType::I64},
-                              {"sink", ColType::I64},
-                              {"prefill", ColType::I64},
-                              {"scale_causal", ColType::I64},
-                              {"pos_start", ColType::I64},
-                              {"pos_end", ColType::I64},
-                              {"queries", ColType::I64},
-                              {"quantized_key_frac", ColType::F64},
-                              {"kl_mean", ColType::F64},
-                              {"out_rel_fro", ColType::F64},
-                              {"bytes_per_token", ColType::F64}}};
+const GroupSpec kPosition = {
+    "attention_position",
+    {{"layer", ColType::I64, "", "the layer index"},
+     {"targets", ColType::Str, "", "the latents quantized: c_kv, k_pe or c_kv+k_pe"},
+     {"quantizer", ColType::Str, "", "the quantizer's spec"},
+     {"cache_mode", ColType::Str, "", "prefill-at-once or decode-r<R>-s<S>-p<P> (latentq/decode_order.h)"},
+     {"residual", ColType::I64, "", "R: the most recent keys, the query's own included, read in bf16"},
+     {"sink", ColType::I64, "", "S: the first tokens of each sequence, stored in bf16"},
+     {"prefill", ColType::I64, "", "P: queries at positions < P read every key in bf16 (0 for prefill-at-once)"},
+     {"scale_causal", ColType::I64, "", "1 when the spec's scales see no later token (decode_scale_is_causal)"},
+     {"pos_start", ColType::I64, "", "the position bucket's first query position within its sequence"},
+     {"pos_end", ColType::I64, "", "the bucket's end (exclusive)"},
+     {"queries", ColType::I64, "", "the query rows in the bucket"},
+     {"quantized_key_frac", ColType::F64, "1", "the fraction of the keys those queries read from the quantized cache"},
+     {"kl_mean", ColType::F64, "nat", "mean over the bucket's query rows and heads of KL(p ‖ p̂)"},
+     {"out_rel_fro", ColType::F64, "1", "‖ô − o‖_F / ‖o‖_F of the bucket's attention output"},
+     {"bytes_per_token", ColType::F64, "byte/token",
+      "the cache at each sequence's end, per token, one layer, c_kv + k_pe (decode_order_cache_bytes)"}}};
 
 std::string position_key(int64_t l, const std::string& targets, const std::string& q) {
   return fmt::format("{:03d}/{}/{}/attention_position", l, targets, q);
+}
+
+// The targets a "c_kv", "k_pe" or "c_kv+k_pe" cell quantizes.
+std::vector<Target> targets_of(const std::string& tg) {
+  std::vector<Target> out;
+  if (tg != "k_pe") out.push_back(Target::CKV);
+  if (tg != "c_kv") out.push_back(Target::KPE);
+  return out;
 }
 
 class DecodeOrderProbe final : public Probe {
@@ -137,13 +148,31 @@ class DecodeOrderProbe final : public Probe {
       return p;
     }
     p.groups = {"attention_position"};
-    // Layer-major; per layer, each target (config order), each quantizer (config order).
+    // Layer-major; per layer, each target (config order), each quantizer (config order); none that quantizes a
+    // target whose width the quantizer's format cannot take (listed by the study: quantized_pairs()).
+    auto applicable = [&](const std::string& tg, const std::string& q) {
+      const QuantSpec spec = TransformedSpec::parse(q).spec;
+      for (const Target t : targets_of(tg))
+        if (!why_not_applicable(spec, t, target_width(dump.attrs, t)).empty()) return false;
+      return true;
+    };
     for (const Layer& l : dump.layers)
       for (const std::string& tg : s.targets)
         for (const std::string& q : s.quantizers)
-          p.cells.push_back(ProbeCell::make(this, position_key(l.index, tg, q), {"attention_position"}, {l.index}, true,
-                                            PositionCell{l.index, tg, q}));
+          if (applicable(tg, q))
+            p.cells.push_back(ProbeCell::make(this, position_key(l.index, tg, q), {"attention_position"}, {l.index},
+                                              true, PositionCell{l.index, tg, q}));
     return p;
+  }
+
+  std::vector<std::pair<std::string, Target>> quantized_pairs(const StudyConfig& config) const override {
+    const DecodeOrderSettings& s = probe_settings<DecodeOrderSettings>(config, "decode_order");
+    std::vector<std::pair<std::string, Target>> out;
+    if (!s.enabled) return out;
+    for (const std::string& tg : s.targets)
+      for (const std::string& q : s.quantizers)
+        for (const Target t : targets_of(tg)) out.emplace_back(q, t);
+    return out;
   }
 
   std::vector<ColumnTable> run(const StudyConfig& config, const ProbeCell& cell, const LayerAccess& in) const override {

@@ -24,20 +24,24 @@ struct SvdCell {
   int layer = 0;
 };
 
-const GroupSpec kSvd = {"svd",
-                        {{"layer", ColType::I64},
-                         {"rank", ColType::I64},
-                         {"centered", ColType::I64},
-                         {"fit_tokens", ColType::I64},
-                         {"heldout_tokens", ColType::I64},
-                         {"heldout_rel_fro", ColType::F64},
-                         {"fit_rel_fro", ColType::F64},
-                         {"fit_energy", ColType::F64},
-                         {"rank_90", ColType::I64},
-                         {"rank_99", ColType::I64},
-                         {"rank_999", ColType::I64}}};
+const GroupSpec kSvd = {
+    "svd",
+    {{"layer", ColType::I64, "", "the layer index"},
+     {"rank", ColType::I64, "", "r: the basis vectors kept (r bf16 coefficients per token)"},
+     {"centered", ColType::I64, "", "1: the fit mean is subtracted first and stored; 0: uncentered"},
+     {"fit_tokens", ColType::I64, "", "tokens of the fit split (the first half of the sequences)"},
+     {"heldout_tokens", ColType::I64, "", "tokens of the held-out split (the other sequences)"},
+     {"heldout_rel_fro", ColType::F64, "1", "‖X − X̂_r‖_F / ‖X‖_F of c_kv's rank-r reconstruction on the held-out split"},
+     {"fit_rel_fro", ColType::F64, "1", "the same on the fit split"},
+     {"fit_energy", ColType::F64, "1", "Σ_{i≤r} σ_i² / Σ σ_i² of the fit matrix"},
+     {"rank_90", ColType::I64, "", "the smallest r holding 90% of the fit matrix's energy (the layer's, on each row)"},
+     {"rank_99", ColType::I64, "", "the same for 99%"},
+     {"rank_999", ColType::I64, "", "the same for 99.9%"}}};
 const GroupSpec kSpectrum = {"svd_spectrum",
-                             {{"layer", ColType::I64}, {"index", ColType::I64}, {"singular_value", ColType::F64}}};
+                             {{"layer", ColType::I64, "", "the layer index"},
+                              {"index", ColType::I64, "", "i: the singular value's index, 0 = the largest"},
+                              {"singular_value", ColType::F64, "latent unit",
+                               "σ_i of c_kv's fit matrix (centered as [svd] centered says)"}}};
 
 std::string sci(double x) { return std::isfinite(x) ? fmt::format("{:.3e}", x) : std::string("-"); }
 

@@ -74,12 +74,15 @@ void check_group_name(const std::string& g, const std::string& key) {
 // The rows [first, first + n) of t (same columns).
 ColumnTable slice(const ColumnTable& t, size_t first, size_t n) {
   ColumnTable out;
-  for (const auto& [name, col] : t.columns()) {
+  for (size_t c = 0; c < t.num_columns(); ++c) {
+    const auto& [name, col] = t.columns()[c];
     std::visit(
         [&](const auto& v) {
           using V = std::decay_t<decltype(v)>;
-          out.add_column(name, V(v.begin() + static_cast<std::ptrdiff_t>(first),
-                                 v.begin() + static_cast<std::ptrdiff_t>(first + n)));
+          out.add_column(name,
+                         V(v.begin() + static_cast<std::ptrdiff_t>(first),
+                           v.begin() + static_cast<std::ptrdiff_t>(first + n)),
+                         t.docs()[c]);
         },
         col);
   }
@@ -270,6 +273,17 @@ fs::path partial_path(const fs::path& out) {
 
 // ---- reading and assembling ---------------------------------------------------------------------
 
+const GroupSpec& cells_spec() {
+  static const GroupSpec g{
+      kCellsGroup,
+      {{"cell", ColType::Str, "", "the cell's key, e.g. 003/c_kv/int4-asym-channel-g32/latent_error"},
+       {"group", ColType::Str, "", "a group the cell has rows in, e.g. latent_error"},
+       {"index", ColType::I64, "", "the cell's position in the canonical plan of the whole study (0-based)"},
+       {"first_row", ColType::I64, "", "the cell's first row in /<group>"},
+       {"rows", ColType::I64, "", "the cell's number of rows in /<group> (0 allowed): [first_row, first_row + rows)"}}};
+  return g;
+}
+
 BatchFile read_batch_file(const fs::path& path) {
   BatchFile bf;
   bf.attrs = read_results_attrs(path);
@@ -339,12 +353,12 @@ BatchFile read_batch_file(const fs::path& path) {
 std::vector<NamedTable> assemble_cell_tables(const std::vector<CellRows>& cells) {
   std::vector<std::string> order;
   std::map<std::string, ColumnTable> tabs;
-  ColumnTable index;
-  auto& c_key = index.add<std::string>("cell");
-  auto& c_group = index.add<std::string>("group");
-  auto& c_index = index.add<int64_t>("index");
-  auto& c_first = index.add<int64_t>("first_row");
-  auto& c_rows = index.add<int64_t>("rows");
+  ColumnTable index = empty_table(cells_spec());
+  auto& c_key = index.get<std::string>("cell");
+  auto& c_group = index.get<std::string>("group");
+  auto& c_index = index.get<int64_t>("index");
+  auto& c_first = index.get<int64_t>("first_row");
+  auto& c_rows = index.get<int64_t>("rows");
   for (const CellRows& c : cells) {
     for (const NamedTable& part : c.parts) {
       check_group_name(part.group, c.key);

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "latentq/applicable.h"
 #include "latentq/probe_registry.h"
 #include "latentq/layer_shared.h"
 #include "latentq/probe_study.h"
@@ -159,9 +160,12 @@ std::vector<NamedTable> derive_study_tables(const Attrs& root, const std::vector
     if (t.group == "attention_error") ae = &t.table;
     if (t.group != "latent_error") continue;
     le = &t.table;
-    // Only the quantizer lists of the config are used here.
+    // Only the quantizer lists of the config are used here (and the probes' quantizers, for /not_applicable).
     const StudyConfig config = config_from_results(root);
-    out.push_back({"summary", summarize(t.table, config.all_quantizers(), dump_attrs_from_results(root)), {}});
+    const DumpAttrs dims = dump_attrs_from_results(root);
+    const std::vector<NotApplicable> na = not_applicable(config, dims);
+    out.push_back({"summary", summarize(t.table, config.all_quantizers(), dims, na), {}});
+    if (!na.empty()) out.push_back({"not_applicable", not_applicable_table(na), {}});
   }
   if (le && ae && le->has("score_mse")) out.push_back({"score_vs_attention", score_vs_attention(*le, *ae), {}});
   return out;

@@ -64,46 +64,6 @@ const GroupSpec& probe_group_spec(const std::string& group) {
   throw std::invalid_argument(fmt::format("'{}' is not a probe group", group));
 }
 
-ColumnTable empty_table(const GroupSpec& g) {
-  ColumnTable t;
-  for (const ColumnSpec& c : g.columns) {
-    switch (c.type) {
-      case ColType::I64:
-        t.add<int64_t>(c.name);
-        break;
-      case ColType::F64:
-        t.add<double>(c.name);
-        break;
-      case ColType::Str:
-        t.add<std::string>(c.name);
-        break;
-    }
-  }
-  return t;
-}
-
-void add_row(ColumnTable& t, const std::vector<RowValue>& values) {
-  const auto& cols = t.columns();
-  if (values.size() != cols.size()) throw std::logic_error("add_row: wrong number of values");
-  size_t i = 0;
-  for (const auto& [name, col] : cols) {
-    Column& c = t.at(name);
-    const RowValue& v = values[i++];
-    if (c.index() != v.index()) throw std::logic_error("add_row: column '" + name + "' has another type");
-    switch (c.index()) {
-      case 0:
-        std::get<0>(c).push_back(std::get<int64_t>(v));
-        break;
-      case 1:
-        std::get<1>(c).push_back(std::get<double>(v));
-        break;
-      default:
-        std::get<2>(c).push_back(std::get<std::string>(v));
-        break;
-    }
-  }
-}
-
 const NamedTable* ProbeReportInput::find(const std::string& group) const {
   for (const NamedTable& t : tables)
     if (t.group == group) return &t;

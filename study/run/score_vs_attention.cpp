@@ -26,10 +26,18 @@ constexpr size_t kMinBand = 3;
 
 }  // namespace
 
-const std::vector<std::string>& score_vs_attention_columns() {
-  static const std::vector<std::string> c = {"layer",       "target", "bits_band", "n_quantizers", "spearman_score_mse",
-                                             "spearman_mse"};
-  return c;
+const GroupSpec& score_vs_attention_spec() {
+  static const GroupSpec g{
+      "score_vs_attention",
+      {{"layer", ColType::I64, "", "the layer index; -1: the quantizers present on every layer, ranked by their means"},
+       {"target", ColType::Str, "", "the latent quantized alone: c_kv or k_pe"},
+       {"bits_band", ColType::I64, "bit/element",
+        "-1: all quantizers; k: those whose mean bits_per_element is in [k, k + 1)"},
+       {"n_quantizers", ColType::I64, "", "the quantizers ranked (rows with a non-finite value left out)"},
+       {"spearman_score_mse", ColType::F64, "1",
+        "Spearman's rho across quantizers between score_mse and the attention KL of that target alone"},
+       {"spearman_mse", ColType::F64, "1", "the same for mse"}}};
+  return g;
 }
 
 ColumnTable score_vs_attention(const ColumnTable& le, const ColumnTable& ae) {
@@ -63,13 +71,13 @@ ColumnTable score_vs_attention(const ColumnTable& le, const ColumnTable& ae) {
     if (!by.count(tg[i])) targets.push_back(tg[i]);
     by[tg[i]][l[i]][q[i]] = {smse[i], mse[i], it->second, bpe[i]};
   }
-  ColumnTable t;
-  auto& layer = t.add<int64_t>("layer");
-  auto& target = t.add<std::string>("target");
-  auto& band = t.add<int64_t>("bits_band");
-  auto& n_q = t.add<int64_t>("n_quantizers");
-  auto& rho_score = t.add<double>("spearman_score_mse");
-  auto& rho_mse = t.add<double>("spearman_mse");
+  ColumnTable t = empty_table(score_vs_attention_spec());
+  auto& layer = t.get<int64_t>("layer");
+  auto& target = t.get<std::string>("target");
+  auto& band = t.get<int64_t>("bits_band");
+  auto& n_q = t.get<int64_t>("n_quantizers");
+  auto& rho_score = t.get<double>("spearman_score_mse");
+  auto& rho_mse = t.get<double>("spearman_mse");
   auto add = [&](int64_t lay, const std::string& tgt, int64_t bits, const std::vector<Triple>& v) {
     std::vector<double> s, m, k;
     for (const Triple& x : v) s.push_back(x.score_mse), m.push_back(x.mse), k.push_back(x.kl);

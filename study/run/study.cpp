@@ -22,6 +22,7 @@
 
 #include "latentq/analysis/gemm.h"
 #include "latentq/analysis/svd_probe.h"
+#include "latentq/applicable.h"
 #include "latentq/layer_shared.h"
 #include "latentq/transform.h"
 #include "latentq/util.h"
@@ -62,6 +63,7 @@ std::vector<Cell> plan_cells(const StudyConfig& config, const Dump& dump) {
   for (const Layer& l : dump.layers)
     for (const TargetPlan& p : config.targets)
       for (const Quantizer& q : p.quantizers) {
+        if (!why_not_applicable(q, p.target, dump.attrs).empty()) continue;  // listed in /not_applicable
         Cell c{l.index, p.target, q};
         c.quantizer.spec = q.spec_for(l.index, p.target);            // a mixed assignment: this layer's spec
         c.quantizer.transform = q.transform_for(l.index, p.target);  // ... and its transform
@@ -78,35 +80,50 @@ std::unique_ptr<LatentBackend> make_backend(std::string_view device) {
   throw std::invalid_argument(fmt::format("unknown device '{}' (expected cpu or cuda)", device));
 }
 
-const std::vector<std::string>& latent_error_columns() {
-  static const std::vector<std::string> c = {"layer",
-                                             "target",
-                                             "quantizer",
-                                             "stored",
-                                             "bits",
-                                             "scheme",
-                                             "granularity",
-                                             "group_size",
-                                             "scale_dtype",
-                                             "bits_per_element",
-                                             "bytes_per_token_layer",
-                                             "rel_fro",
-                                             "mse",
-                                             "sqnr_db",
-                                             "max_abs_err",
-                                             "cos_mean",
-                                             "format",
-                                             "scale_underflow_groups",
-                                             "offset_rounding_groups",
-                                             "saturated_values",
-                                             "bound_rel_fro",
-                                             "gap_db",
-                                             "score_mse",
-                                             "score_bound_mse",
-                                             "score_gap_db",
-                                             "transform",
-                                             "transform_seed"};
-  return c;
+const GroupSpec& latent_error_spec() {
+  static const GroupSpec g{
+      "latent_error",
+      {{"layer", ColType::I64, "", "the layer index"},
+       {"target", ColType::Str, "", "the latent quantized: c_kv or k_pe"},
+       {"quantizer", ColType::Str, "",
+        "the quantizer: a spec string (<transform>,<spec> behind a transform) or a [[mixed]] assignment's name"},
+       {"stored", ColType::Str, "",
+        "the spec really stored for this layer and target (flashmla-v32-fp8 keeps k_pe in bf16; a mixed "
+        "assignment's spec of the layer)"},
+       {"bits", ColType::I64, "bit", "bits of an element value of the stored format, metadata excluded"},
+       {"scheme", ColType::Str, "", "sym, asym or none (the format descriptor)"},
+       {"granularity", ColType::Str, "", "what a scale covers: tensor, channel, token, tile, block or element"},
+       {"group_size", ColType::I64, "",
+        "elements per scale group (0: the whole channel or token); a block or tile format's block"},
+       {"scale_dtype", ColType::Str, "", "the dtype of the stored scales (fp16, fp32, e8m0, ...; none)"},
+       {"bits_per_element", ColType::F64, "bit/element", "stored bits per element, scales and offsets included"},
+       {"bytes_per_token_layer", ColType::F64, "byte/token",
+        "stored bytes per token of this layer and target, metadata included"},
+       {"rel_fro", ColType::F64, "1", "‖X̂ − X‖_F / ‖X‖_F over the layer's matrix, in the original basis"},
+       {"mse", ColType::F64, "latent unit²", "mean over the elements of (X̂ − X)²"},
+       {"sqnr_db", ColType::F64, "dB", "10·log10(‖X‖_F² / ‖X̂ − X‖_F²) (+inf for an exact reconstruction)"},
+       {"max_abs_err", ColType::F64, "latent unit", "max |X̂ − X|"},
+       {"cos_mean", ColType::F64, "1", "mean over tokens of cos(x̂_t, x_t)"},
+       {"format", ColType::Str, "", "the format family from the format descriptor (int, bf16, fp8, mx, nvfp4, ...)"},
+       {"scale_underflow_groups", ColType::I64, "",
+        "groups with a non-zero range whose stored scale is 0 or subnormal in its dtype"},
+       {"offset_rounding_groups", ColType::I64, "",
+        "asymmetric groups whose stored offset is off the min by more than half a step"},
+       {"saturated_values", ColType::I64, "", "elements clamped at the element format's max"},
+       {"bound_rel_fro", ColType::F64, "1",
+        "rel_fro of the Gaussian rate–distortion bound at the cell's rate (fit-split covariance; study/README.md)"},
+       {"gap_db", ColType::F64, "dB", "10·log10(mse / mse_bound): the distance to that bound (may be negative)"},
+       {"score_mse", ColType::F64, "score unit²",
+        "mean over tokens of eᵀMe, the squared attention-score error of the latent error e (NaN without the "
+        "layer's attention data)"},
+       {"score_bound_mse", ColType::F64, "score unit²",
+        "the Gaussian rate–distortion bound of score_mse at the cell's rate"},
+       {"score_gap_db", ColType::F64, "dB", "10·log10(score_mse / score_bound_mse)"},
+       {"transform", ColType::Str, "",
+        "none, or the canonical transform before the quantizer (had, had64, rot-s3, klt, sklt)"},
+       {"transform_seed", ColType::I64, "",
+        "the seed of the Hadamard signs or the random rotation (0 for none, klt and sklt)"}}};
+  return g;
 }
 
 const LatentSpectrum& SpectrumCache::get(const Dump& dump, int layer, Target target) {
@@ -207,7 +224,7 @@ void rethrow_first_cell_error(const Dump& dump, const std::vector<Cell>& cells,
   }
 }
 
-// The /latent_error table (latent_error_columns()), one row per cell.
+// The /latent_error table (latent_error_spec()), one row per cell.
 // A cell's score-space measure and bound (NaN without the layer's attention data).
 struct ScoreError {
   double mse = std::numeric_limits<double>::quiet_NaN();
@@ -217,34 +234,34 @@ struct ScoreError {
 ColumnTable latent_error_table(const DumpAttrs& A, const std::vector<Cell>& cells,
                                const std::vector<CellResult>& results, const std::vector<RateDistortionBound>& bounds,
                                const std::vector<ScoreError>& scores) {
-  ColumnTable t;
-  auto& layer = t.add<int64_t>("layer");
-  auto& target = t.add<std::string>("target");
-  auto& quantizer = t.add<std::string>("quantizer");
-  auto& stored = t.add<std::string>("stored");
-  auto& bits = t.add<int64_t>("bits");
-  auto& scheme = t.add<std::string>("scheme");
-  auto& granularity = t.add<std::string>("granularity");
-  auto& group_size = t.add<int64_t>("group_size");
-  auto& scale_dtype = t.add<std::string>("scale_dtype");
-  auto& bpe = t.add<double>("bits_per_element");
-  auto& bpt = t.add<double>("bytes_per_token_layer");
-  auto& rel_fro = t.add<double>("rel_fro");
-  auto& mse = t.add<double>("mse");
-  auto& sqnr = t.add<double>("sqnr_db");
-  auto& maxabs = t.add<double>("max_abs_err");
-  auto& cos = t.add<double>("cos_mean");
-  auto& family = t.add<std::string>("format");
-  auto& underflow = t.add<int64_t>("scale_underflow_groups");
-  auto& offround = t.add<int64_t>("offset_rounding_groups");
-  auto& saturated = t.add<int64_t>("saturated_values");
-  auto& bound_rel_fro = t.add<double>("bound_rel_fro");
-  auto& gap = t.add<double>("gap_db");
-  auto& score_mse = t.add<double>("score_mse");
-  auto& score_bound = t.add<double>("score_bound_mse");
-  auto& score_gap = t.add<double>("score_gap_db");
-  auto& transform = t.add<std::string>("transform");
-  auto& transform_seed = t.add<int64_t>("transform_seed");
+  ColumnTable t = empty_table(latent_error_spec());
+  auto& layer = t.get<int64_t>("layer");
+  auto& target = t.get<std::string>("target");
+  auto& quantizer = t.get<std::string>("quantizer");
+  auto& stored = t.get<std::string>("stored");
+  auto& bits = t.get<int64_t>("bits");
+  auto& scheme = t.get<std::string>("scheme");
+  auto& granularity = t.get<std::string>("granularity");
+  auto& group_size = t.get<int64_t>("group_size");
+  auto& scale_dtype = t.get<std::string>("scale_dtype");
+  auto& bpe = t.get<double>("bits_per_element");
+  auto& bpt = t.get<double>("bytes_per_token_layer");
+  auto& rel_fro = t.get<double>("rel_fro");
+  auto& mse = t.get<double>("mse");
+  auto& sqnr = t.get<double>("sqnr_db");
+  auto& maxabs = t.get<double>("max_abs_err");
+  auto& cos = t.get<double>("cos_mean");
+  auto& family = t.get<std::string>("format");
+  auto& underflow = t.get<int64_t>("scale_underflow_groups");
+  auto& offround = t.get<int64_t>("offset_rounding_groups");
+  auto& saturated = t.get<int64_t>("saturated_values");
+  auto& bound_rel_fro = t.get<double>("bound_rel_fro");
+  auto& gap = t.get<double>("gap_db");
+  auto& score_mse = t.get<double>("score_mse");
+  auto& score_bound = t.get<double>("score_bound_mse");
+  auto& score_gap = t.get<double>("score_gap_db");
+  auto& transform = t.get<std::string>("transform");
+  auto& transform_seed = t.get<int64_t>("transform_seed");
   for (size_t i = 0; i < cells.size(); ++i) {
     const Cell& c = cells[i];
     const CellResult& r = results[i];
@@ -369,14 +386,27 @@ std::vector<std::string> latent_precision_warnings(const ColumnTable& le) {
   return out;
 }
 
-const std::vector<std::string>& summary_columns() {
-  static const std::vector<std::string> c = {
-      "quantizer",        "mean_rel_fro_c_kv",     "max_rel_fro_c_kv", "mean_rel_fro_k_pe", "max_rel_fro_k_pe",
-      "bits_per_element", "bytes_per_token_model", "ratio_vs_bf16",    "c_kv_accounting",   "k_pe_accounting"};
-  return c;
+const GroupSpec& summary_spec() {
+  static const GroupSpec g{
+      "summary",
+      {{"quantizer", ColType::Str, "", "the quantizer, as /latent_error names it"},
+       {"mean_rel_fro_c_kv", ColType::F64, "1", "mean over layers of c_kv's rel_fro (NaN: not run on c_kv)"},
+       {"max_rel_fro_c_kv", ColType::F64, "1", "max over layers of c_kv's rel_fro"},
+       {"mean_rel_fro_k_pe", ColType::F64, "1", "mean over layers of k_pe's rel_fro (NaN: not run on k_pe)"},
+       {"max_rel_fro_k_pe", ColType::F64, "1", "max over layers of k_pe's rel_fro"},
+       {"bits_per_element", ColType::F64, "bit/element",
+        "c_kv's bits per element, metadata included, mean over layers"},
+       {"bytes_per_token_model", ColType::F64, "byte/token",
+        "the cache of the whole model per token: all layers, c_kv + k_pe, metadata included (a target that did "
+        "not run the quantizer counted as bf16)"},
+       {"ratio_vs_bf16", ColType::F64, "1", "bytes_per_token_model / the bf16 cache's bytes per token"},
+       {"c_kv_accounting", ColType::Str, "", "how c_kv's bytes are counted: measured, or bf16 (not run)"},
+       {"k_pe_accounting", ColType::Str, "", "how k_pe's bytes are counted: measured, or bf16 (not run)"}}};
+  return g;
 }
 
-ColumnTable summarize(const ColumnTable& le, const std::vector<Quantizer>& quantizers, const DumpAttrs& attrs) {
+ColumnTable summarize(const ColumnTable& le, const std::vector<Quantizer>& quantizers, const DumpAttrs& attrs,
+                      const std::vector<NotApplicable>& not_applicable) {
   const auto& q = le.get<std::string>("quantizer");
   const auto& tg = le.get<std::string>("target");
   const auto& rf = le.get<double>("rel_fro");
@@ -385,20 +415,20 @@ ColumnTable summarize(const ColumnTable& le, const std::vector<Quantizer>& quant
   const double L = static_cast<double>(attrs.num_layers);
   const double bf16_ckv = 2.0 * static_cast<double>(attrs.kv_lora_rank);
   const double bf16_kpe = 2.0 * static_cast<double>(attrs.qk_rope_head_dim);
-  const double bf16_model = L * (bf16_ckv + bf16_kpe);
+  const double bf16_model = static_cast<double>(attrs.bf16_bytes_per_token());
   const double nan = std::numeric_limits<double>::quiet_NaN();
 
-  ColumnTable t;
-  auto& name = t.add<std::string>("quantizer");
-  auto& mean_c = t.add<double>("mean_rel_fro_c_kv");
-  auto& max_c = t.add<double>("max_rel_fro_c_kv");
-  auto& mean_k = t.add<double>("mean_rel_fro_k_pe");
-  auto& max_k = t.add<double>("max_rel_fro_k_pe");
-  auto& bits = t.add<double>("bits_per_element");
-  auto& bytes = t.add<double>("bytes_per_token_model");
-  auto& ratio = t.add<double>("ratio_vs_bf16");
-  auto& acc_c = t.add<std::string>("c_kv_accounting");
-  auto& acc_k = t.add<std::string>("k_pe_accounting");
+  ColumnTable t = empty_table(summary_spec());
+  auto& name = t.get<std::string>("quantizer");
+  auto& mean_c = t.get<double>("mean_rel_fro_c_kv");
+  auto& max_c = t.get<double>("max_rel_fro_c_kv");
+  auto& mean_k = t.get<double>("mean_rel_fro_k_pe");
+  auto& max_k = t.get<double>("max_rel_fro_k_pe");
+  auto& bits = t.get<double>("bits_per_element");
+  auto& bytes = t.get<double>("bytes_per_token_model");
+  auto& ratio = t.get<double>("ratio_vs_bf16");
+  auto& acc_c = t.get<std::string>("c_kv_accounting");
+  auto& acc_k = t.get<std::string>("k_pe_accounting");
   for (const Quantizer& qu : quantizers) {
     std::vector<double> rf_c, rf_k, bpe_c, bpt_c, bpt_k;
     for (size_t i = 0; i < q.size(); ++i) {
@@ -421,8 +451,14 @@ ColumnTable summarize(const ColumnTable& le, const std::vector<Quantizer>& quant
     const double b = L * ((bpt_c.empty() ? bf16_ckv : mean_of(bpt_c)) + (bpt_k.empty() ? bf16_kpe : mean_of(bpt_k)));
     bytes.push_back(b);
     ratio.push_back(b / bf16_model);
-    acc_c.emplace_back(bpt_c.empty() ? "bf16 (not run)" : "measured");
-    acc_k.emplace_back(bpt_k.empty() ? "bf16 (not run)" : "measured");
+    const auto accounting = [&](const std::vector<double>& b, Target t) -> std::string {
+      if (!b.empty()) return "measured";
+      const bool na = std::any_of(not_applicable.begin(), not_applicable.end(),
+                                  [&](const NotApplicable& n) { return n.quantizer == qu.name && n.target == t; });
+      return na ? kNotApplicableAccounting : "bf16 (not run)";
+    };
+    acc_c.push_back(accounting(bpt_c, Target::CKV));
+    acc_k.push_back(accounting(bpt_k, Target::KPE));
   }
   return t;
 }
@@ -480,19 +516,23 @@ std::string format_summary(const ColumnTable& s, const DumpAttrs& attrs) {
   std::string out;
   out += fmt::format("{}: {} layers, c_kv [T, {}] + k_pe [T, {}]; bf16 = {} bytes/token (whole model)\n", attrs.model,
                      attrs.num_layers, attrs.kv_lora_rank, attrs.qk_rope_head_dim,
-                     attrs.num_layers * (attrs.kv_lora_rank + attrs.qk_rope_head_dim) * 2);
+                     attrs.bf16_bytes_per_token());
   out += fmt::format("{:<{}} {:>9} {:>11} {:>8} {:>10} {:>10} {:>10} {:>10}\n", "quantizer", w, "bits/elem",
                      "bytes/token", "vs bf16", "c_kv mean", "c_kv max", "k_pe mean", "k_pe max");
   out += fmt::format("{:<{}} {:>9} {:>11} {:>8} {:>21} {:>21}\n", "", w, "(c_kv)", "(model)", "", "rel_fro", "rel_fro");
-  bool assumed = false;
+  bool assumed = false, inapplicable = false;
   for (size_t i : order) {
-    const bool a = acc_c[i] != "measured" || acc_k[i] != "measured";
+    const bool na = acc_c[i] == kNotApplicableAccounting || acc_k[i] == kNotApplicableAccounting;
+    const bool a = !na && (acc_c[i] != "measured" || acc_k[i] != "measured");
     assumed = assumed || a;
-    out +=
-        fmt::format("{:<{}} {:>9} {:>11} {:>8} {:>10} {:>10} {:>10} {:>10}{}\n", name[i], w, num(bits[i], 3),
-                    num(bytes[i], 1), num(ratio[i], 3), sci(mc[i]), sci(xc[i]), sci(mk[i]), sci(xk[i]), a ? " *" : "");
+    inapplicable = inapplicable || na;
+    out += fmt::format("{:<{}} {:>9} {:>11} {:>8} {:>10} {:>10} {:>10} {:>10}{}\n", name[i], w, num(bits[i], 3),
+                       num(bytes[i], 1), num(ratio[i], 3), sci(mc[i]), sci(xc[i]), sci(mk[i]), sci(xk[i]),
+                       na ? " +" : a ? " *" : "");
   }
   if (assumed) out += "* a target that did not run this quantizer is counted as bf16\n";
+  if (inapplicable)
+    out += "+ a target whose width the format cannot take (not applicable, /not_applicable) is counted as bf16\n";
   out += "rel_fro = ||X_hat - X||_F / ||X||_F per layer; mean/max over layers. vs bf16 = bytes / bf16 bytes.\n";
   return out;
 }

@@ -319,7 +319,9 @@ def test_results_written_by_the_e2e_step_respect_the_umask(tmp_path, umask):
         f.attrs["schema"] = "latentq-results/1"
     old = os.umask(umask)
     try:
-        e2e_inject.write_groups(str(res), {"e2e": ({"kl_mean": np.array([1.0])}, {"note": "x"})})
+        e2e_inject.write_groups(
+            str(res), {"e2e": (e2e_inject.E2E_COLUMNS, {"kl_mean": np.array([1.0])}, {"note": "x"})}
+        )
     finally:
         os.umask(old)
     assert stat.S_IMODE(os.stat(res).st_mode) == 0o666 & ~umask

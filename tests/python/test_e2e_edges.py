@@ -83,3 +83,37 @@ def test_the_study_refuses_a_window_of_one_token(tmp_path):
     r = subprocess.run(args, capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "at least 2 tokens per sequence for a next-token metric" in r.stderr, r.stderr
     assert not out.exists()
+
+
+def test_a_target_the_format_cannot_take_is_not_run(tmp_path, capsys):
+    """The study's /not_applicable pairs never run: q4_0 listed on k_pe (as on a model whose k_pe is 16 wide)
+    runs on c_kv alone, its decode-order run on c_kv+k_pe is left out, and one note names it."""
+    reason = "ggml blocks need a row length that is a multiple of 32, got 16"
+    res = tmp_path / "r.h5"
+    str_t = h5py.string_dtype("utf-8")
+    with h5py.File(res, "w") as f:
+        f.attrs["schema"] = "latentq-results/1"
+        f.attrs["decode_order_modes"] = ["decode-r0-s0-p0"]
+        f.attrs["decode_order_quantizers"] = ["q4_0"]
+        f.attrs["decode_order_targets"] = ["c_kv", "c_kv+k_pe"]
+        columns = {
+            "latent_error": {"quantizer": ["q4_0", CANON, CANON], "target": ["c_kv", "c_kv", "k_pe"]},
+            "not_applicable": {"quantizer": ["q4_0"], "target": ["k_pe"], "reason": [reason]},
+        }
+        for group, cols in columns.items():
+            for name, values in cols.items():
+                f.create_dataset(f"{group}/{name}", data=np.array(values, dtype=object), dtype=str_t)
+        f["latent_error/rel_fro"] = np.array([0.01, 0.01, 0.01])
+        f["not_applicable/width"] = np.array([16], dtype=np.int64)
+    assert run_e2e(res, text_file(tmp_path), "--seq-len", "32") == 0
+    with h5py.File(res, "r") as f:
+        runs = {tuple(f[f"e2e/{c}"][i].decode() for c in ("quantizer", "targets", "cache_mode")) for i in range(3)}
+        assert len(f["e2e/quantizer"]) == 3
+    assert runs == {
+        ("q4_0", "c_kv", "prefill-at-once"),
+        (CANON, "c_kv+k_pe", "prefill-at-once"),
+        ("q4_0", "c_kv", "decode-r0-s0-p0"),
+    }, runs
+    err = capsys.readouterr().err
+    assert err.count("not applicable") == 1, err
+    assert f"latentq e2e: note: not applicable, not run on k_pe (16 wide): q4_0: {reason}" in err, err

@@ -1,6 +1,6 @@
-"""Tests of latentq.report.findings: hand-built latentq-results/1 files (h5py) whose values fix each verdict's
-numbers and outcome; the side-by-side table and its transfers column; the CLI's exit codes; the report's
-Findings section."""
+"""Tests of latentq.report.findings: latentq-results/1 files of chosen values (written by the study's writer with
+its columns: results_fixture) whose values fix each verdict's numbers and outcome; the side-by-side table and its
+transfers column; the CLI's exit codes; the report's Findings section."""
 
 import math
 import re
@@ -8,12 +8,11 @@ import subprocess
 import sys
 import unittest.mock
 
-import h5py
-import numpy as np
 import pytest
 
 from latentq.report import findings as F
 from latentq.report.load import load_results
+from results_fixture import write_results
 
 # c_kv rel_fro and gap_db per layer (2 layers), bytes per token (whole model), attention KL (c_kv+k_pe) per
 # layer. k_pe rows get rel_fro 9 and gap 0 dB: a verdict that read them would move.
@@ -66,16 +65,6 @@ def spec_columns(q):
         format="fp8", bits=8, scheme="none", granularity="block", group_size=128, scale_dtype="fp32", transform="none",
         stored=q,
     )  # fmt: skip
-
-
-def write_group(f, name, cols):
-    g = f.create_group(name)
-    for k, v in cols.items():
-        v = np.asarray(v)
-        if v.dtype.kind in "US":
-            g.create_dataset(k, data=v.astype(object), dtype=h5py.string_dtype("utf-8"))
-        else:
-            g.create_dataset(k, data=v)
 
 
 def table(rows):
@@ -139,20 +128,22 @@ def groups(cells=CELLS, decision=DECISION, objective="kl", sharing_ratio=(4.0, 1
     )
 
 
-def write(path, model="tiny-mla", drop=(), **kw):
-    """A results file of groups(**kw) without the groups in drop; returns its path."""
-    with h5py.File(path, "w") as f:
-        f.attrs["schema"] = "latentq-results/1"
-        f.attrs["model"] = model
-        f.attrs["input_path"] = "/somewhere/latents/dump.h5"
-        f.attrs["input_sha256"] = "cd" * 32
-        f.attrs["kv_lora_rank"] = np.int64(128)
-        f.attrs["num_layers"] = np.int64(2)
-        f.attrs["git_commit"] = "0123456789abcdef"
-        f.attrs["created"] = "2026-12-02T00:00:00Z"
-        for name, cols in groups(**kw).items():
-            if name not in drop:
-                write_group(f, name, cols)
+def write(path, model="tiny-mla", drop=(), drop_columns=(), **kw):
+    """A results file of groups(**kw) without the groups in drop and the (group, column) pairs in drop_columns,
+    written by the study's writer (results_fixture); returns its path."""
+    attrs = dict(
+        model=model,
+        input_path="/somewhere/latents/dump.h5",
+        input_sha256="cd" * 32,
+        kv_lora_rank=128,
+        num_layers=2,
+        git_commit="0123456789abcdef",
+        created="2026-12-02T00:00:00Z",
+    )
+    tables = {name: cols for name, cols in groups(**kw).items() if name not in drop}
+    for g, c in drop_columns:
+        del tables[g][c]
+    write_results(path, attrs, tables)
     return str(path)
 
 
@@ -261,10 +252,7 @@ def test_missing_inputs_give_na_naming_them(tmp_path):
     v = by_key(write(tmp_path / "c.h5", decision=[(0.25, "-", math.nan, math.nan)]))
     assert v["planner_1/4"].outcome == F.NA and v["planner_3/8"].outcome == F.NA
     # a column the verdict reads is missing: n/a naming it, not an exception
-    path = write(tmp_path / "d.h5")
-    with h5py.File(path, "a") as f:
-        del f["svd/centered"]
-    v = by_key(path)
+    v = by_key(write(tmp_path / "d.h5", drop_columns=[("svd", "centered")]))
     assert v["svd_half_rank"].outcome == F.NA and "centered" in v["svd_half_rank"].text
 
 

@@ -1,6 +1,8 @@
-"""Tests of latentq.report (`latentq report`): synthetic latentq-results/1 files built with h5py,
-`python -m latentq.report` run as a subprocess; figures checked as PNGs, report.md checked for figures,
-tables and the lines about missing groups; bad inputs give exit code 2 and a one-line message, never a traceback."""
+"""Tests of latentq.report (`latentq report`): synthetic latentq-results/1 files of chosen values, written by
+the results file's own writers (results_fixture: the study's C++ writer, the e2e step's write_groups) with the
+columns they declare, `python -m latentq.report` run as a subprocess; figures checked as PNGs, report.md
+checked for figures, tables, the lines about missing groups and the plain tables of the groups it has no
+figure for; bad inputs give exit code 2 and a one-line message, never a traceback."""
 
 import math
 import os
@@ -15,6 +17,7 @@ import pandas as pd
 import pytest
 
 from latentq import report as R
+from results_fixture import write_results
 
 SEED = 1234
 
@@ -114,45 +117,14 @@ def rel_fro(q, layer, rng, target):
     return base * (1 + 0.1 * layer) * (1 + 0.05 * rng.standard_normal())
 
 
-def write_group(f, name, cols):
-    g = f.create_group(name)
-    for k, v in cols.items():
-        v = np.asarray(v)
-        if v.dtype.kind in "US":
-            g.create_dataset(k, data=v.astype(object), dtype=h5py.string_dtype("utf-8"))
-        else:
-            g.create_dataset(k, data=v)
+def table(rows):
+    """{column: numpy array} of a list of dicts with the same keys (the columns a test gives a group)."""
+    return {k: np.array([r[k] for r in rows]) for k in rows[0]}
 
 
 def latent_error_columns(qs, rng):
     """/latent_error: every quantizer on every layer and target, rel_fro drawn by rel_fro()."""
-    le = {
-        k: []
-        for k in (
-            "layer",
-            "target",
-            "quantizer",
-            "format",
-            "bits",
-            "scheme",
-            "granularity",
-            "group_size",
-            "scale_dtype",
-            "bits_per_element",
-            "bytes_per_token_layer",
-            "rel_fro",
-            "mse",
-            "sqnr_db",
-            "max_abs_err",
-            "cos_mean",
-            "stored",
-            "transform",
-            "gap_db",
-            "score_mse",
-            "score_bound_mse",
-            "score_gap_db",
-        )
-    }
+    rows = []
     for layer in range(L):
         for t, dim in (("c_kv", D), ("k_pe", DR)):
             for q in qs:
@@ -160,198 +132,171 @@ def latent_error_columns(qs, rng):
                 tr, spec = split_transform(q)
                 bpe = bits_per_element(q, dim)
                 e = rel_fro(q, layer, rng, t)
-                for k, v in (
-                    ("layer", layer),
-                    ("target", t),
-                    ("quantizer", q),
-                    ("format", p["kind"]),
-                    ("bits", p["bits"]),
-                    ("scheme", p["scheme"]),
-                    ("granularity", p["granularity"]),
-                    ("group_size", p["group_size"]),
-                    ("scale_dtype", p["scale_dtype"]),
-                    ("bits_per_element", bpe),
-                    ("bytes_per_token_layer", bpe * dim / 8),
-                    ("rel_fro", e),
-                    ("mse", e * e),
-                    ("sqnr_db", -20 * math.log10(e)),
-                    ("max_abs_err", 4 * e),
-                    ("cos_mean", 1 - e * e / 2),
-                    ("stored", "bf16" if p["kind"] == "fp8" and t == "k_pe" else spec),
-                    ("transform", tr or "none"),
-                    # score space: a layer-dependent metric, a bound falling with the bits
-                    ("gap_db", 10 * math.log10(e * e / 2.0 ** (-2 * bpe))),
-                    ("score_mse", 100 * (1 + layer) * e * e),
-                    ("score_bound_mse", (1 + layer) * 2.0 ** (-2 * bpe)),
-                    ("score_gap_db", 10 * math.log10(100 * e * e / 2.0 ** (-2 * bpe))),
-                ):
-                    le[k].append(v)
-    return {k: np.array(v) for k, v in le.items()}
+                rows.append(
+                    dict(
+                        layer=layer,
+                        target=t,
+                        quantizer=q,
+                        format=p["kind"],
+                        bits=p["bits"],
+                        scheme=p["scheme"],
+                        granularity=p["granularity"],
+                        group_size=p["group_size"],
+                        scale_dtype=p["scale_dtype"],
+                        bits_per_element=bpe,
+                        bytes_per_token_layer=bpe * dim / 8,
+                        rel_fro=e,
+                        mse=e * e,
+                        sqnr_db=-20 * math.log10(e),
+                        max_abs_err=4 * e,
+                        cos_mean=1 - e * e / 2,
+                        stored="bf16" if p["kind"] == "fp8" and t == "k_pe" else spec,
+                        transform=tr or "none",
+                        # score space: a layer-dependent metric, a bound falling with the bits
+                        gap_db=10 * math.log10(e * e / 2.0 ** (-2 * bpe)),
+                        score_mse=100 * (1 + layer) * e * e,
+                        score_bound_mse=(1 + layer) * 2.0 ** (-2 * bpe),
+                        score_gap_db=10 * math.log10(100 * e * e / 2.0 ** (-2 * bpe)),
+                    )
+                )
+    return table(rows)
 
 
 def summary_columns(le, qs):
     """/summary from the /latent_error columns."""
-    s = {
-        k: []
-        for k in (
-            "quantizer",
-            "mean_rel_fro_c_kv",
-            "max_rel_fro_c_kv",
-            "mean_rel_fro_k_pe",
-            "max_rel_fro_k_pe",
-            "bits_per_element",
-            "bytes_per_token_model",
-            "ratio_vs_bf16",
-        )
-    }
+    rows = []
     for q in qs:
         mc, mk = (le["quantizer"] == q) & (le["target"] == "c_kv"), (le["quantizer"] == q) & (le["target"] == "k_pe")
         byt = L * (le["bytes_per_token_layer"][mc].mean() + le["bytes_per_token_layer"][mk].mean())
-        for k, v in (
-            ("quantizer", q),
-            ("mean_rel_fro_c_kv", le["rel_fro"][mc].mean()),
-            ("max_rel_fro_c_kv", le["rel_fro"][mc].max()),
-            ("mean_rel_fro_k_pe", le["rel_fro"][mk].mean()),
-            ("max_rel_fro_k_pe", le["rel_fro"][mk].max()),
-            ("bits_per_element", le["bits_per_element"][mc].mean()),
-            ("bytes_per_token_model", byt),
-            ("ratio_vs_bf16", byt / (L * (D + DR) * 2)),
-        ):
-            s[k].append(v)
-    return s
+        rows.append(
+            dict(
+                quantizer=q,
+                mean_rel_fro_c_kv=le["rel_fro"][mc].mean(),
+                max_rel_fro_c_kv=le["rel_fro"][mc].max(),
+                mean_rel_fro_k_pe=le["rel_fro"][mk].mean(),
+                max_rel_fro_k_pe=le["rel_fro"][mk].max(),
+                bits_per_element=le["bits_per_element"][mc].mean(),
+                bytes_per_token_model=byt,
+                ratio_vs_bf16=byt / (L * (D + DR) * 2),
+            )
+        )
+    return table(rows)
 
 
 def attention_error_columns(qs, mean_c):
     """/attention_error: the quantizers on c_kv, four on k_pe, SVD ranks; error growing with the layer."""
-    a = {
-        k: []
-        for k in ("layer", "quantizer", "targets", "out_rel_fro", "cos_mean", "kl_mean", "top1_agree", "top8_agree")
-    }
+    out = []
     for layer in range(L):
         rows = [(q, "c_kv", 0.7 * mean_c[q]) for q in qs] + [(q, "k_pe", 0.2 * mean_c[q]) for q in qs[:4]]
         rows += [(f"svd-rank{r}", "c_kv", 0.5 * (1 - r / D) + 1e-3) for r in (8, 16, 32, 64, 96, 128)]
         for q, t, e in rows:
             e *= 1 + 0.1 * layer
-            for k, v in (
-                ("layer", layer),
-                ("quantizer", q),
-                ("targets", t),
-                ("out_rel_fro", e),
-                ("cos_mean", 1 - e * e / 2),
-                ("kl_mean", e * e),
-                ("top1_agree", 1 - e),
-                ("top8_agree", 1 - e / 2),
-            ):
-                a[k].append(v)
-    return a
+            out.append(
+                dict(
+                    layer=layer,
+                    quantizer=q,
+                    targets=t,
+                    out_rel_fro=e,
+                    cos_mean=1 - e * e / 2,
+                    kl_mean=e * e,
+                    top1_agree=1 - e,
+                    top8_agree=1 - e / 2,
+                )
+            )
+    return table(out)
 
 
 def score_vs_attention_columns(qs):
     """/score_vs_attention: per target the layers, then -1 (and on c_kv a band of 4 bits); rho rising (score_mse)
     and falling (mse) with the layer."""
-    c = {k: [] for k in ("layer", "target", "bits_band", "n_quantizers", "spearman_score_mse", "spearman_mse")}
+    rows = []
     for t, n in (("c_kv", len(qs)), ("k_pe", 4)):
         for layer, band in [(x, -1) for x in range(L)] + [(-1, -1)] + ([(-1, 4)] if t == "c_kv" else []):
-            for k, v in (
-                ("layer", layer),
-                ("target", t),
-                ("bits_band", band),
-                ("n_quantizers", n if band < 0 else 3),
-                ("spearman_score_mse", 0.95 if layer < 0 else 0.9 + 0.01 * layer),
-                ("spearman_mse", 0.45 if layer < 0 else 0.5 - 0.01 * layer),
-            ):
-                c[k].append(v)
-    return c
+            rows.append(
+                dict(
+                    layer=layer,
+                    target=t,
+                    bits_band=band,
+                    n_quantizers=n if band < 0 else 3,
+                    spearman_score_mse=0.95 if layer < 0 else 0.9 + 0.01 * layer,
+                    spearman_mse=0.45 if layer < 0 else 0.5 - 0.01 * layer,
+                )
+            )
+    return table(rows)
 
 
 def svd_columns():
     """/svd: centered fits at six ranks per layer."""
-    s = {
-        k: [] for k in ("layer", "rank", "centered", "fit_rel_fro", "heldout_rel_fro", "rank_90", "rank_99", "rank_999")
-    }
+    rows = []
     for layer in range(L):
         for r in (8, 16, 32, 64, 96, 128):
             ho = max(0.6 * math.exp(-r / (25 + 5 * layer)), 1e-7) if r < D else 1e-7
-            for k, v in (
-                ("layer", layer),
-                ("rank", r),
-                ("centered", 1),
-                ("fit_rel_fro", 0.9 * ho),
-                ("heldout_rel_fro", ho),
-                ("rank_90", 20 + layer),
-                ("rank_99", 60 + 2 * layer),
-                ("rank_999", 100 + 3 * layer),
-            ):
-                s[k].append(v)
-    return s
+            rows.append(
+                dict(
+                    layer=layer,
+                    rank=r,
+                    centered=1,
+                    fit_rel_fro=0.9 * ho,
+                    heldout_rel_fro=ho,
+                    rank_90=20 + layer,
+                    rank_99=60 + 2 * layer,
+                    rank_999=100 + 3 * layer,
+                )
+            )
+    return table(rows)
 
 
 def svd_spectrum_columns():
-    s = {"layer": [], "index": [], "singular_value": []}
-    for layer in range(L):
-        for i in range(D):
-            s["layer"].append(layer)
-            s["index"].append(i)
-            s["singular_value"].append(50.0 * math.exp(-i / (15 + 4 * layer)))
-    return s
+    rows = [
+        dict(layer=layer, index=i, singular_value=50.0 * math.exp(-i / (15 + 4 * layer)))
+        for layer in range(L)
+        for i in range(D)
+    ]
+    return table(rows)
 
 
 def cross_layer_columns():
-    c = {"layer_a": [], "layer_b": [], "mean_abs_pearson": [], "cka": []}
-    for a_ in range(L):
-        for b_ in range(a_ + 1, L):  # a < b only: the report must symmetrize
-            c["layer_a"].append(a_)
-            c["layer_b"].append(b_)
-            c["mean_abs_pearson"].append(0.1 + 0.5 / (b_ - a_))
-            c["cka"].append(0.3 + 0.6 / (b_ - a_))
-    return c
+    rows = [  # a < b only: the report must symmetrize
+        dict(layer_a=a_, layer_b=b_, mean_abs_pearson=0.1 + 0.5 / (b_ - a_), cka=0.3 + 0.6 / (b_ - a_))
+        for a_ in range(L)
+        for b_ in range(a_ + 1, L)
+    ]
+    return table(rows)
 
 
 def sharing_columns():
-    c = {k: [] for k in ("window_start", "window", "rank", "shared_heldout_rel_fro", "per_layer_heldout_rel_fro")}
-    for ws in (0, 2, 4):
-        for r in (16, 32, 64, 128, 192):
-            for k, v in (
-                ("window_start", ws),
-                ("window", 2),
-                ("rank", r),
-                ("shared_heldout_rel_fro", 0.5 * math.exp(-r / (60 + 10 * ws))),
-                ("per_layer_heldout_rel_fro", 0.55 * math.exp(-r / (70 + 10 * ws))),
-            ):
-                c[k].append(v)
-    return c
+    rows = [
+        dict(
+            window_start=ws,
+            window=2,
+            rank=r,
+            shared_heldout_rel_fro=0.5 * math.exp(-r / (60 + 10 * ws)),
+            per_layer_heldout_rel_fro=0.55 * math.exp(-r / (70 + 10 * ws)),
+        )
+        for ws in (0, 2, 4)
+        for r in (16, 32, 64, 128, 192)
+    ]
+    return table(rows)
 
 
 def e2e_columns(qs, mean_c):
-    e = {
-        k: []
-        for k in (
-            "quantizer",
-            "targets",
-            "kl_mean",
-            "top1_agree",
-            "nll_ref",
-            "nll_quant",
-            "ppl_ref",
-            "ppl_quant",
-            "num_tokens",
-        )
-    }
+    rows = []
     for q in qs:
         kl = mean_c[q] ** 2
-        for k, v in (
-            ("quantizer", q),
-            ("targets", "c_kv+k_pe"),
-            ("kl_mean", kl),
-            ("top1_agree", max(0.0, 1 - mean_c[q])),
-            ("nll_ref", 1.5),
-            ("nll_quant", 1.5 + kl),
-            ("ppl_ref", math.exp(1.5)),
-            ("ppl_quant", math.exp(1.5 + kl)),
-            ("num_tokens", 2048),
-        ):
-            e[k].append(v)
-    return e
+        rows.append(
+            dict(
+                quantizer=q,
+                targets="c_kv+k_pe",
+                kl_mean=kl,
+                top1_agree=max(0.0, 1 - mean_c[q]),
+                nll_ref=1.5,
+                nll_quant=1.5 + kl,
+                ppl_ref=math.exp(1.5),
+                ppl_quant=math.exp(1.5 + kl),
+                num_tokens=2048,
+            )
+        )
+    return table(rows)
 
 
 def attention_position_columns():
@@ -381,9 +326,13 @@ def make_results(
     ),
     schema="latentq-results/1",
     transformed=False,
+    extra=None,
+    attrs=None,
 ):
-    """A synthetic results file; returns the per-quantizer mean c_kv rel_fro (dict) for checks.
-    transformed: the TRANSFORMED quantizers too."""
+    """A synthetic results file, written by the results file's own writers (results_fixture: the column
+    records are theirs); returns the per-quantizer mean c_kv rel_fro (dict) for checks. transformed: the
+    TRANSFORMED quantizers too; extra: more groups for results_fixture.write_results; attrs: more root
+    attributes; schema: another root attribute schema, written over the writer's."""
     rng = np.random.default_rng(SEED)
     qs = quantizer_list() + (list(TRANSFORMED) if transformed else [])
     le = latent_error_columns(qs, rng)
@@ -401,20 +350,21 @@ def make_results(
         "e2e_position": lambda: position_columns(POSITION_KL),
         "attention_position": attention_position_columns,
     }
-    with h5py.File(path, "w") as f:
-        if schema is not None:
+    root = dict(
+        model="tiny-mla",
+        input_path="/data/latents/tiny-mla.h5",
+        input_sha256="ab" * 32,
+        num_layers=L,
+        kv_lora_rank=D,
+        qk_rope_head_dim=DR,
+        latentq_version="0.1.0",
+        git_commit="0123456789abcdef",
+    )
+    made = {name: make() for name, make in columns.items() if name in groups}
+    write_results(path, {**root, **(attrs or {})}, {**made, **(extra or {})})
+    if schema != "latentq-results/1":
+        with h5py.File(path, "a") as f:
             f.attrs["schema"] = schema
-        f.attrs["model"] = "tiny-mla"
-        f.attrs["input_path"] = "/data/latents/tiny-mla.h5"
-        f.attrs["input_sha256"] = "ab" * 32
-        f.attrs["num_layers"] = np.int64(L)
-        f.attrs["kv_lora_rank"] = np.int64(D)
-        f.attrs["qk_rope_head_dim"] = np.int64(DR)
-        f.attrs["latentq_version"] = "0.1.0"
-        f.attrs["git_commit"] = "0123456789abcdef"
-        for name, make in columns.items():
-            if name in groups:
-                write_group(f, name, make())
     return mean_c
 
 
@@ -605,10 +555,7 @@ def test_partial_file(tmp_path):
     ],
 )
 def test_shard_or_incomplete_file_warns(tmp_path, kind, attrs, expect):
-    make_results(tmp_path / "res.h5", groups=("latent_error", "summary"))
-    with h5py.File(tmp_path / "res.h5", "a") as f:
-        for k, v in attrs.items():
-            f.attrs[k] = v if isinstance(v, str) else np.int64(v)
+    make_results(tmp_path / "res.h5", groups=("latent_error", "summary"), attrs=attrs)
     p = run_report(tmp_path / "res.h5", "--out", tmp_path / "out")
     assert p.returncode == 0, p.stderr
     assert_clean_stderr(p)
@@ -752,13 +699,22 @@ def test_parse_spec_and_short_label(tmp_path):
     assert R.short_label("bf16") == "bf16"
 
 
-def test_default_selection_and_defensive_columns():
+def loaded(tmp_path, groups):
+    """The tables of a results file of these groups (results_fixture.write_results), as load_results reads them."""
+    write_results(tmp_path / "t.h5", {}, groups)
+    return R.load_results(str(tmp_path / "t.h5"))[1]
+
+
+def test_default_selection_and_missing_columns(tmp_path):
     cols = {
-        "quantizer": np.array(["int4-sym-channel", "int4-asym-channel-g32", "int4-sym-token", "bf16"], dtype=object),
-        "rel_fro_c_kv_mean": np.array([0.2, 0.1, 0.3, 0.002]),  # renamed: found by its words
-        "bytes_per_token_model_total": np.array([100.0, 110.0, 105.0, 1920.0]),
+        "quantizer": np.array(["int4-sym-channel", "int4-asym-channel-g32", "int4-sym-token", "bf16"]),
+        "mean_rel_fro_c_kv": np.array([0.2, 0.1, 0.3, 0.002]),
+        "bytes_per_token_model": np.array([100.0, 110.0, 105.0, 1920.0]),
     }
-    Q = R.quantizer_table({"summary": pd.DataFrame(cols)})
+    # the quantizers' spec fields come from their /latent_error rows (register_specs); here without errors
+    rows = [dict(spec_fields(q), layer=0, target="c_kv", quantizer=q) for q in cols["quantizer"]]
+    le = table([{"format" if k == "kind" else k: v for k, v in r.items()} for r in rows])
+    Q = R.quantizer_table(loaded(tmp_path, {"latent_error": le, "summary": cols}))
     assert Q["int4-asym-channel-g32"]["err_c_kv"] == 0.1
     assert Q["bf16"]["bytes_model"] == 1920.0
     assert math.isnan(Q["bf16"]["ratio"])  # no ratio column: NaN, no crash
@@ -771,17 +727,16 @@ def test_default_selection_and_defensive_columns():
     assert warns == ["--quantizers: 'x' matches no quantizer of the results file"]
 
 
-def test_cross_layer_columns_named_as_the_probe_struct():
-    # cross_layer.h names the fields cka_linear / pearson_mean_abs and also has pearson_channels,
-    # which must not be taken for the Pearson value
+def test_cross_layer_matrices_read_the_recorded_columns(tmp_path):
+    # /cross_layer also has pearson_channels, which must not be taken for the Pearson value
     cols = {
         "layer_a": np.array([0, 0, 1]),
         "layer_b": np.array([1, 2, 2]),
         "pearson_channels": np.array([128, 128, 128]),
-        "pearson_mean_abs": np.array([0.5, 0.25, 0.75]),
-        "cka_linear": np.array([0.9, 0.8, 0.7]),
+        "mean_abs_pearson": np.array([0.5, 0.25, 0.75]),
+        "cka": np.array([0.9, 0.8, 0.7]),
     }
-    layers, mats = R.cross_layer_matrices({"cross_layer": pd.DataFrame(cols)})
+    layers, mats = R.cross_layer_matrices(loaded(tmp_path, {"cross_layer": cols}))
     assert layers == [0, 1, 2]
     np.testing.assert_array_equal(mats["CKA (linear)"], [[1, 0.9, 0.8], [0.9, 1, 0.7], [0.8, 0.7, 1]])
     np.testing.assert_array_equal(mats["mean |Pearson|"], [[1, 0.5, 0.25], [0.5, 1, 0.75], [0.25, 0.75, 1]])
@@ -841,26 +796,21 @@ def test_report_md_begins_with_the_decision(tmp_path):
     title: one table row per (budget, choice), with the fraction of bf16, the measured KL and where it comes
     from, 'nothing measured fits' for an empty choice and the planner's objective for a predicted plan."""
     res = tmp_path / "r.h5"
-    make_results(res, groups=("latent_error", "summary"))
     nan = float("nan")
-    with h5py.File(res, "a") as f:
-        write_group(
-            f,
-            "decision",
-            {
-                "budget_fraction": [0.125, 0.125, 0.125],
-                "budget_bytes": [240.0, 240.0, 240.0],
-                "choice": np.array(["uniform", "engine", "plan"]),
-                "quantizer": np.array(["had,int4-asym-channel-g32", "-", "mixed: int4-asym-token x12"]),
-                "bytes_per_token_model": [216.0, nan, 239.5],
-                "kl_mean": [4.4e-3, nan, nan],
-                "top1_agree": [0.97314, nan, nan],
-                "delta_ppl": [0.0055, nan, nan],
-                "source": np.array(["e2e", "none", "predicted"]),
-                "plan_objective": [0.0123, nan, 0.00904],
-                "objective": np.array(["kl", "kl", "kl"]),
-            },
-        )
+    decision = {
+        "budget_fraction": [0.125, 0.125, 0.125],
+        "budget_bytes": [240.0, 240.0, 240.0],
+        "choice": np.array(["uniform", "engine", "plan"]),
+        "quantizer": np.array(["had,int4-asym-channel-g32", "-", "mixed: int4-asym-token x12"]),
+        "bytes_per_token_model": [216.0, nan, 239.5],
+        "kl_mean": [4.4e-3, nan, nan],
+        "top1_agree": [0.97314, nan, nan],
+        "delta_ppl": [0.0055, nan, nan],
+        "source": np.array(["e2e", "none", "predicted"]),
+        "plan_objective": [0.0123, nan, 0.00904],
+        "objective": np.array(["kl", "kl", "kl"]),
+    }
+    make_results(res, groups=("latent_error", "summary"), extra={"decision": decision})
     out = tmp_path / "rep"
     p = run_report(res, "--out", out)
     assert p.returncode == 0, p.stderr

@@ -107,6 +107,59 @@ TEST(Spec, LayoutFromTheDescriptor) {
   }
 }
 
+// why_not_applicable by hand: the widths each format's `shapes` states, a preset as its stored format per target.
+TEST(Spec, WhyNotApplicableByHand) {
+  const auto why = [](const char* spec, Target t, int64_t D) {
+    return latentq::why_not_applicable(QuantSpec::parse(spec), t, D);
+  };
+  const std::string ggml = "ggml blocks need a row length that is a multiple of 32, got 16";
+  for (const char* s : {"q8_0", "q4_0", "q4_1"}) {
+    SCOPED_TRACE(s);
+    EXPECT_EQ(why(s, Target::KPE, 16), ggml);
+    EXPECT_EQ(why(s, Target::CKV, 16), ggml);  // the target does not matter to a format that is not a preset
+    EXPECT_EQ(why(s, Target::KPE, 64), "");
+    EXPECT_EQ(why(s, Target::CKV, 512), "");
+    EXPECT_NE(why(s, Target::CKV, 48).find("multiple of 32, got 48"), std::string::npos);
+  }
+  // TurboQuant: the automatic Hadamard block, the largest power of two dividing D, must be >= 16
+  EXPECT_EQ(why("tq3", Target::KPE, 16), "");
+  EXPECT_EQ(why("tq3", Target::KPE, 48), "");  // block 16
+  EXPECT_EQ(why("tq3", Target::KPE, 24),
+            "TurboQuant rotates rows of D = 24 by a Hadamard block, a power of two >= 16 dividing D, and D has none");
+  // transform coding: floor(R·D/8) code bytes per token must be > 0: tc0.75 on D = 10 stores floor(0.9) = 0
+  EXPECT_NE(why("tc0.75", Target::CKV, 10).find("0 code bytes per token for rows of D = 10"), std::string::npos);
+  EXPECT_EQ(why("tc0.75", Target::CKV, 11), "");  // floor(8.25 / 8) = 1
+  EXPECT_EQ(why("tc1", Target::CKV, 8), "");
+  // formats of any width
+  for (const char* s : {"int4-asym-channel-g32", "bf16", "fp8-e4m3-tile128-pow2", "mxfp4", "nvfp4", "lm3-channel"})
+    EXPECT_EQ(why(s, Target::KPE, 3), "") << s;
+  // a preset: its stored format of the target (vllm-turboquant-4bit-nc stores c_kv as tq4-nc, k_pe as bf16)
+  EXPECT_NE(why("vllm-turboquant-4bit-nc", Target::CKV, 24).find("Hadamard block"), std::string::npos);
+  EXPECT_EQ(why("vllm-turboquant-4bit-nc", Target::KPE, 24), "");
+  EXPECT_EQ(why("flashmla-v41-fp8", Target::KPE, 16), "");  // tiles of 32 over 16: one partial tile
+  EXPECT_THROW(why("q8_0", Target::KPE, 0), std::invalid_argument);
+}
+
+// One rule: layout() refuses exactly the widths why_not_applicable names, with its reason, for every example of the
+// format table at every width 1 .. 130.
+TEST(Spec, LayoutRefusesExactlyTheInapplicableWidths) {
+  for (const std::string& name : latentq::format_examples()) {
+    const QuantSpec q = QuantSpec::parse(name);
+    for (const Target t : {Target::CKV, Target::KPE})
+      for (int64_t D = 1; D <= 130; ++D) {
+        SCOPED_TRACE(name + " " + latentq::to_string(t) + " D = " + std::to_string(D));
+        const std::string why = latentq::why_not_applicable(q, t, D);
+        try {
+          (void)latentq::layout(q.stored_for(t), D);
+          EXPECT_EQ(why, "");
+        } catch (const std::invalid_argument& e) {
+          EXPECT_NE(why, "") << e.what();
+          EXPECT_EQ(std::string(e.what()), "'" + q.stored_for(t).to_string() + "': " + why);
+        }
+      }
+  }
+}
+
 TEST(Spec, CanonicalForms) {
   const std::pair<const char*, const char*> cases[] = {
       {"int4-asym-channel-g0", "int4-asym-channel"},

@@ -1,6 +1,7 @@
 """ctest `study.cli_probe_results_h5py`: the probe groups of a `latentq run` results file read
-with plain h5py + numpy as study/README.md says (one 1-D dataset per column, columns in
-order, strings via .asstr()), with the row counts and values the synthetic study implies.
+with plain h5py + numpy as study/README.md says (one 1-D dataset per column, columns in the
+order of the group's column record, strings via .asstr()), with the row counts and values the
+synthetic study implies.
 Usage: check_probe_results_h5py.py RESULTS.h5   (exit 77 = skipped: no h5py)
 The file is the run of tests/study/data/synth_study.toml on lq_synth_dump's dump: 4 layers,
 kv_lora_rank 16, qk_rope_head_dim 8, sequences 96 + 64 + 96, 6 query rows per layer."""
@@ -10,49 +11,11 @@ import sys
 try:
     import h5py
     import numpy as np
+    from record_check import columns
 except ImportError as e:  # pragma: no cover
     print(f"SKIP: {e}")
     sys.exit(77)
 
-COLUMNS = {
-    "svd": [
-        "layer",
-        "rank",
-        "centered",
-        "fit_tokens",
-        "heldout_tokens",
-        "heldout_rel_fro",
-        "fit_rel_fro",
-        "fit_energy",
-        "rank_90",
-        "rank_99",
-        "rank_999",
-    ],
-    "svd_spectrum": ["layer", "index", "singular_value"],
-    "cross_layer": ["layer_a", "layer_b", "mean_abs_pearson", "pearson_channels", "constant_channels", "cka"],
-    "cross_layer_sharing": [
-        "window_start",
-        "window",
-        "rank",
-        "shared_heldout_rel_fro",
-        "per_layer_heldout_rel_fro",
-        "shared_fit_rel_fro",
-        "per_layer_fit_rel_fro",
-    ],
-    "attention_check": ["layer", "ref_vs_dump_rel_fro", "tq", "keys", "fold_rel_fro", "fold_transforms"],
-    "attention_error": [
-        "layer",
-        "quantizer",
-        "targets",
-        "out_rel_fro",
-        "cos_mean",
-        "kl_mean",
-        "top1_agree",
-        "top8_agree",
-        "bits_per_element_c_kv",
-        "bytes_per_token_layer",
-    ],
-}
 ROWS = {
     "svd": 4 * 6,  # ranks 1, 2, 4, 8, 12, 16
     "svd_spectrum": 4 * 16,
@@ -71,9 +34,9 @@ def read(g):
 with h5py.File(sys.argv[1], "r") as f:
     assert f.attrs["schema"] == "latentq-results/1"
     t = {}
-    for name, cols in COLUMNS.items():
+    for name in ROWS:
         assert name in f, (name, list(f.keys()))
-        assert list(f[name].keys()) == cols, (name, list(f[name].keys()))
+        cols = columns(f[name])
         t[name] = read(f[name])
         n = len(t[name][cols[0]])
         assert all(v.shape == (n,) for v in t[name].values()), name
@@ -125,4 +88,4 @@ kpe = ae["targets"] == "k_pe"
 assert (ae["bits_per_element_c_kv"][kpe] == 16).all()
 assert np.isfinite(ae["out_rel_fro"]).all() and (ae["out_rel_fro"] >= 0).all()
 assert ((ae["top1_agree"] >= 0) & (ae["top1_agree"] <= 1)).all() and (ae["kl_mean"] > -1e-9).all()
-print("ok: " + ", ".join(f"/{k} {ROWS[k]} rows" for k in COLUMNS))
+print("ok: " + ", ".join(f"/{k} {ROWS[k]} rows" for k in ROWS))

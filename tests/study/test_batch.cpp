@@ -13,6 +13,7 @@
 #include "latentq/batch.h"
 #include "latentq/batch_study.h"
 #include "latentq/cli.h"
+#include "latentq/result_groups.h"
 #include "latentq/results.h"
 #include "latentq/util.h"
 #include "cli_capture.h"
@@ -25,11 +26,30 @@ using lqtest::Outcome;
 using lqtest::TempDir;
 namespace fs = std::filesystem;
 
-// Every group of two results files equal, in the same order (root attributes not compared).
+// Every group of two results files equal, in the same order, with the same column records (root attributes not
+// compared).
 void expect_same_file(const fs::path& a, const fs::path& b) {
   const std::vector<std::string> ga = list_tables(a), gb = list_tables(b);
   ASSERT_EQ(ga, gb) << a << " vs " << b;
-  for (const std::string& g : ga) EXPECT_EQ(table_difference(read_table(a, g), read_table(b, g)), "") << "/" << g;
+  for (const std::string& g : ga) {
+    const ColumnTable ta = read_table(a, g), tb = read_table(b, g);
+    EXPECT_EQ(table_difference(ta, tb), "") << "/" << g;
+    EXPECT_EQ(ta.docs(), tb.docs()) << "/" << g;
+  }
+}
+
+// Every group of a study's results file is one the study declares (latentq/result_groups.h) and records the
+// declared columns: names in order, units and definitions.
+void expect_declared_columns(const fs::path& f) {
+  for (const std::string& g : list_tables(f)) {
+    SCOPED_TRACE(f.string() + ": /" + g);
+    const GroupSpec* spec = find_results_group(g);
+    ASSERT_NE(spec, nullptr) << "a group the study does not declare";
+    const ColumnTable t = read_table(f, g);
+    ASSERT_EQ(t.names(), column_names(*spec));
+    for (size_t i = 0; i < spec->columns.size(); ++i)
+      EXPECT_EQ(t.docs()[i], (ColumnDoc{spec->columns[i].unit, spec->columns[i].definition})) << t.names()[i];
+  }
 }
 
 // ---- shard assignment ----------------------------------------------------------------------------
@@ -129,7 +149,7 @@ struct Synthetic {
         if (i == fail) throw std::runtime_error("synthetic failure");
         ColumnTable a;
         auto& id = a.add<int64_t>("id");
-        auto& x = a.add<double>("x");
+        auto& x = a.add<double>("x", {"1", "the value of the cell's row"});
         auto& s = a.add<std::string>("s");
         for (int j = 0; j < i % 3; ++j) {
           id.push_back(10 * i + j);
@@ -655,6 +675,8 @@ TEST_F(StudyBatchTest, CliShardsMergeAndRefusals) {
   EXPECT_CONTAINS(o.out, "merged 3 shards (3 files)");
   EXPECT_CONTAINS(o.out, "int4-asym-channel-g8");  // the summary
   expect_same_file(dir / "ref.h5", dir / "merged.h5");
+  expect_declared_columns(dir / "ref.h5");
+  expect_declared_columns(dir / "merged.h5");
 
   // Resume with an edited config: refused with both config hashes.
   const std::string edited = std::string(kStudy) + "# edited\n";

@@ -393,7 +393,32 @@ TEST_F(ProbeCliTest, ReportNeedsPythonAndPassesItsExitCodeThrough) {
   // latentq.report's own input error (a missing file): exit 2 passed through.
   const Outcome o = cli({"report", (dir / "missing.h5").string(), "--out", (dir / "rep").string()});
   EXPECT_EQ(o.rc, 2) << o.out << o.err;
-  EXPECT_CONTAINS(o.out, "latentq report:");
+  EXPECT_CONTAINS(o.err, "latentq report: error:");
+}
+
+// A Python step's streams: its stdout reaches `out` and its stderr `err`, each whole (a progress bar's '\r'
+// updates and a last line without '\n' included), however the child interleaves them; the exit code comes back.
+TEST(RunProcess, RelaysTheChildsStdoutAndStderrEachToItsOwnStream) {
+  const std::string script =
+      "echo one; echo 'note 1' >&2; printf 'bar 1/2\\rbar 2/2\\r' >&2; echo two; echo 'note 2' >&2; "
+      "printf 'last'; exit 3";
+  std::ostringstream out, err;
+  EXPECT_EQ(run_process({"/bin/sh", "-c", script}, {}, out, err), 3);
+  EXPECT_EQ(out.str(), "one\ntwo\nlast");
+  EXPECT_EQ(err.str(), "note 1\nbar 1/2\rbar 2/2\rnote 2\n");
+  // a large output on both streams at once: neither pipe blocks the other, nothing is lost
+  std::ostringstream big_out, big_err;
+  EXPECT_EQ(run_process({"/bin/sh", "-c", "i=0; while [ $i -lt 20000 ]; do echo o$i; echo e$i >&2; i=$((i+1)); done"},
+                        {}, big_out, big_err),
+            0);
+  std::string want_out, want_err;
+  for (int i = 0; i < 20000; ++i) {
+    want_out += "o" + std::to_string(i) + "\n";
+    want_err += "e" + std::to_string(i) + "\n";
+  }
+  EXPECT_EQ(big_out.str(), want_out);
+  EXPECT_EQ(big_err.str(), want_err);
+  EXPECT_THROW(run_process({"/no/such/program"}, {}, out, err), std::runtime_error);
 }
 
 // The registry: the shipped probes in canonical order; config sections come from it (an unregistered

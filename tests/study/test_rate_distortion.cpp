@@ -284,7 +284,7 @@ TEST(ScoreBound, ScoreVsAttentionTable) {
   ae.add<std::string>("quantizer") = {"a", "b", "c", "d", "e", "a", "a", "b", "c", "e", "svd-rank4"};
   ae.add<double>("kl_mean") = {0.3, 0.1, 0.2, NAN, 1, 9, 0.1, 0.2, 0.3, 1, 0.5};
   const ColumnTable t = score_vs_attention(le, ae);
-  ASSERT_EQ(t.names(), score_vs_attention_columns());
+  ASSERT_EQ(t.names(), column_names(score_vs_attention_spec()));
   ASSERT_EQ(t.num_rows(), 4u);
   EXPECT_EQ(t.get<int64_t>("layer"), (std::vector<int64_t>{0, 1, -1, -1}));
   EXPECT_EQ(t.get<std::string>("target"), std::vector<std::string>(4, "c_kv"));

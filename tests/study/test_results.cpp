@@ -1,10 +1,15 @@
-// Results files: column tables round-trip, Update keeps other groups, failed writes leave nothing.
+// Results files: column tables round-trip with their column record, Update keeps other groups, failed writes
+// leave nothing.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <fstream>
+#include <deque>
 #include <limits>
+#include <set>
 
+#include "latentq/h5util.h"
+#include "latentq/result_groups.h"
 #include "latentq/results.h"
 #include "latentq/util.h"
 #include "synth_dump.h"
@@ -59,6 +64,116 @@ TEST(ColumnTable, Basics) {
   EXPECT_THROW(t.append(other), std::invalid_argument);
   t.get<int64_t>("layer").push_back(7);
   EXPECT_THROW(t.num_rows(), std::logic_error);
+}
+
+// A table built from its GroupSpec carries each column's unit and definition; append keeps them, and fills
+// those of a table built without them.
+TEST(ColumnTable, DocsFromTheSpec) {
+  const GroupSpec g{"g",
+                    {{"layer", ColType::I64, "", "the layer index"},
+                     {"rel_fro", ColType::F64, "1", "‖X̂ − X‖_F / ‖X‖_F"},
+                     {"name", ColType::Str, "", "a label"}}};
+  ColumnTable t = empty_table(g);
+  EXPECT_EQ(t.names(), column_names(g));
+  EXPECT_EQ(t.doc("rel_fro"), (ColumnDoc{"1", "‖X̂ − X‖_F / ‖X‖_F"}));
+  EXPECT_THROW(t.doc("missing"), std::invalid_argument);
+  add_row(t, {int64_t{3}, 0.5, std::string("a")});
+  ColumnTable bare;
+  bare.add<int64_t>("layer") = {4};
+  bare.add<double>("rel_fro") = {0.25};
+  bare.add<std::string>("name") = {"b"};
+  EXPECT_EQ(bare.doc("layer"), ColumnDoc{});
+  bare.append(t);
+  EXPECT_EQ(bare.get<int64_t>("layer"), (std::vector<int64_t>{4, 3}));
+  EXPECT_EQ(bare.docs(), t.docs());
+  t.append(bare);
+  EXPECT_EQ(t.doc("layer"), (ColumnDoc{"", "the layer index"}));
+  EXPECT_THROW(add_row(t, {int64_t{1}, 0.5}), std::logic_error);
+  EXPECT_STREQ(col_type_name(ColType::F64), "float64");
+}
+
+// The group attribute `columns` is the record of results.h, hand-written here; read_table gives the units and
+// definitions back.
+TEST(Results, ColumnRecord) {
+  TempDir dir;
+  const fs::path f = dir / "r.h5";
+  const GroupSpec g{"probe",
+                    {{"layer", ColType::I64, "", "the layer index"},
+                     {"kl_mean", ColType::F64, "nat", "mean KL(p ‖ p̂)"},
+                     {"mode", ColType::Str, "", "a \"quoted\" label"}}};
+  ColumnTable t = empty_table(g);
+  add_row(t, {int64_t{0}, 1e-3, std::string("x")});
+  ColumnTable bare;
+  bare.add<double>("v") = {1.0};
+  write_results(f, {}, {{"probe", t, {}}, {"bare", bare, {}}});
+  const auto record = [&](const std::string& group) {
+    const H5::H5File h(f.string(), H5F_ACC_RDONLY);
+    return h5::read_string_attr(h.openGroup(group).openAttribute("columns"));
+  };
+  EXPECT_EQ(record("probe"),
+            R"x([{"name":"layer","dtype":"int64","unit":"","definition":"the layer index"},)x"
+            R"x({"name":"kl_mean","dtype":"float64","unit":"nat","definition":"mean KL(p ‖ p̂)"},)x"
+            R"x({"name":"mode","dtype":"string","unit":"","definition":"a \"quoted\" label"}])x");
+  EXPECT_EQ(record("bare"), R"([{"name":"v","dtype":"float64","unit":"","definition":""}])");
+  const ColumnTable back = read_table(f, "probe");
+  EXPECT_EQ(back.names(), column_names(g));
+  EXPECT_EQ(back.docs(), t.docs());
+  EXPECT_EQ(read_table(f, "bare").docs(), bare.docs());
+}
+
+// A file of an older latentq (the comma-separated names) reads without units and definitions; a record that
+// does not list the datasets is an input error naming the file, the group and what is wrong.
+TEST(Results, ColumnRecordOfOlderAndBrokenFiles) {
+  TempDir dir;
+  const fs::path f = dir / "r.h5";
+  const GroupSpec g{"probe", {{"a", ColType::I64, "", "first"}, {"b", ColType::F64, "1", "second"}}};
+  ColumnTable t = empty_table(g);
+  add_row(t, {int64_t{1}, 2.0});
+  write_results(f, {}, {{"probe", t, {}}});
+  const auto set_record = [&](const std::string& text) {
+    H5::H5File h(f.string(), H5F_ACC_RDWR);
+    H5::Group grp = h.openGroup("probe");
+    h5::write_attr(grp, "columns", text);
+  };
+  set_record("a,b");
+  ColumnTable back = read_table(f, "probe");
+  EXPECT_EQ(back.names(), (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(back.docs(), (std::deque<ColumnDoc>{{}, {}}));
+  for (const auto& [text, why] : std::vector<std::pair<std::string, std::string>>{
+           {"[not json", "is not a JSON array"},
+           {R"([{"name":"a","dtype":"int64","unit":"","definition":""}])", "lists 1 columns, the group has 2"},
+           {R"([{"name":"a","dtype":"int64","unit":""},{"name":"b","dtype":"float64","unit":"1","definition":""}])",
+            "entry 0 has no string 'definition'"},
+           {R"([{"name":"b","dtype":"float64","unit":"","definition":""},)"
+            R"({"name":"a","dtype":"int64","unit":"","definition":""}])",
+            "entry 0 is float64 b, the dataset is int64 a"}}) {
+    SCOPED_TRACE(text);
+    set_record(text);
+    try {
+      read_table(f, "probe");
+      ADD_FAILURE() << "no error";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(f.string() + ": /probe: attribute 'columns' " + why), std::string::npos)
+          << e.what();
+    }
+  }
+}
+
+// Every group the study writes declares each of its columns with a definition, once.
+TEST(ResultGroups, EveryColumnIsDefined) {
+  const std::vector<GroupSpec>& groups = results_groups();
+  for (const char* name : {"latent_error", "summary", "score_vs_attention", "decision", "cells", "svd",
+                           "attention_check", "attention_error", "attention_position"})
+    EXPECT_NE(find_results_group(name), nullptr) << name;
+  EXPECT_EQ(find_results_group("e2e"), nullptr);  // the Python step's (python/latentq/e2e.py)
+  for (const GroupSpec& g : groups) {
+    std::set<std::string> names;
+    for (const ColumnSpec& c : g.columns) {
+      SCOPED_TRACE("/" + g.name + "/" + c.name);
+      EXPECT_TRUE(names.insert(c.name).second) << "declared twice";
+      EXPECT_FALSE(c.definition.empty());
+    }
+  }
 }
 
 TEST(Results, RoundTrip) {

@@ -52,7 +52,7 @@ TEST_F(StudyTest, RowsMatchTheReferenceForAnyThreadCount) {
   RunOptions one;
   one.threads = 1;
   const ColumnTable t1 = run_latent_error(dump, cells, *backend, one);
-  ASSERT_EQ(t1.names(), latent_error_columns());
+  ASSERT_EQ(t1.names(), column_names(latent_error_spec()));
   ASSERT_EQ(t1.num_rows(), cells.size());
   for (int threads : {2, 3, 7}) {
     SCOPED_TRACE("threads " + std::to_string(threads));
@@ -161,7 +161,7 @@ TEST(Summary, HandComputed) {
   a.kv_lora_rank = 128;
   a.qk_rope_head_dim = 32;
   const ColumnTable s = summarize(le, {{"A", {}}, {"B", {}}, {"C", {}}}, a);
-  ASSERT_EQ(s.names(), summary_columns());
+  ASSERT_EQ(s.names(), column_names(summary_spec()));
   ASSERT_EQ(s.num_rows(), 3u);
   const double bf16 = 4 * (128 + 32) * 2;  // 1280 bytes per token
   EXPECT_DOUBLE_EQ(s.get<double>("mean_rel_fro_c_kv")[0], 0.2);

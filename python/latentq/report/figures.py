@@ -251,8 +251,8 @@ def fig_per_layer(out, tables, attrs, Q, selected, user_selected=False):
     att_panel = None
     if at is not None:
         aq, al = strings(at, "quantizer"), numbers(at, "layer")
-        ae = numbers(at, "out_rel_fro", contains=("out", "rel_fro"))
-        atg = strings(at, "targets", "target", contains=("target",))
+        ae = numbers(at, "out_rel_fro")
+        atg = strings(at, "targets")
         if aq is not None and al is not None and ae is not None:
             if atg is None:
                 atg = np.array(["c_kv"] * len(at), dtype=object)
@@ -343,8 +343,8 @@ def _svd_spectrum_panel(ax, sp, colors, many):
     import numpy as np
 
     lay = numbers(sp, "layer")
-    s = numbers(sp, "singular_value", contains=("singular",))
-    idx = numbers(sp, "index", contains=("index",))
+    s = numbers(sp, "singular_value")
+    idx = numbers(sp, "index")
     layers = sorted(set(int(v) for v in lay[np.isfinite(lay)]))
     col = colors(layers)
     for l in layers:
@@ -372,8 +372,8 @@ def _svd_rank_panel(ax, sv, attrs, colors, many, notes):
     import numpy as np
 
     lay, rank = numbers(sv, "layer"), numbers(sv, "rank")
-    ho = numbers(sv, "heldout_rel_fro", contains=("heldout",))
-    fit = numbers(sv, "fit_rel_fro", contains=("fit", "rel_fro"))
+    ho = numbers(sv, "heldout_rel_fro")
+    fit = numbers(sv, "fit_rel_fro")
     cen = flags(sv, "centered")
     m0 = np.ones(len(sv), dtype=bool)
     if cen is not None and cen.any() and not cen.all():
@@ -421,17 +421,13 @@ def fig_svd(out, tables, attrs):
 
     sp, sv = tables.get("svd_spectrum"), tables.get("svd")
     panels = []
-    if (
-        sp is not None
-        and numbers(sp, "layer") is not None
-        and numbers(sp, "singular_value", contains=("singular",)) is not None
-    ):
+    if sp is not None and numbers(sp, "layer") is not None and numbers(sp, "singular_value") is not None:
         panels.append("spectrum")
     if (
         sv is not None
         and numbers(sv, "layer") is not None
         and numbers(sv, "rank") is not None
-        and numbers(sv, "heldout_rel_fro", contains=("heldout",)) is not None
+        and numbers(sv, "heldout_rel_fro") is not None
     ):
         panels.append("rank")
     if not panels:
@@ -541,11 +537,11 @@ def fig_sharing(out, tables, attrs):
     t = tables.get("cross_layer_sharing")
     if t is None:
         return None
-    ws = numbers(t, "window_start", "first_layer", contains=("start",))
-    w = numbers(t, "window", "window_size", "w")
-    rank = numbers(t, "rank", "total_rank", "k")
-    sh = numbers(t, "shared_heldout_rel_fro", contains=("shared", "heldout"))
-    pl = numbers(t, "per_layer_heldout_rel_fro", contains=("per_layer", "heldout"))
+    ws = numbers(t, "window_start")
+    w = numbers(t, "window")
+    rank = numbers(t, "rank")
+    sh = numbers(t, "shared_heldout_rel_fro")
+    pl = numbers(t, "per_layer_heldout_rel_fro")
     if rank is None or (sh is None and pl is None):
         return None
     if ws is None:

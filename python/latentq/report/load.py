@@ -2,10 +2,13 @@
 figures and tables share.
 
 ``load_results(path)`` gives (root attributes as str, {group: pandas DataFrame}, notes): one DataFrame
-per known group, one column per 1-D dataset (strings decoded to str). Columns are looked up
-defensively (``find_column``: the exact name first, then a name containing the expected words), so a
-missing or renamed column removes a curve or a table column, not the report; ``numbers``, ``strings``
-and ``flags`` give a column as a float64, str or bool numpy array [rows], or None.
+per group of the file, in the file's order, one column per 1-D dataset (strings decoded to str), and the
+group's column record in ``df.attrs["columns"]``: a list of {name, dtype, unit, definition}, one per
+column, as the writer stored it in the group attribute ``columns`` (latentq/results.h; a file of an older
+latentq, without the record: the datasets' names and dtypes, no units or definitions, and a note).
+Columns are looked up by their exact recorded names: ``numbers``, ``strings`` and ``flags`` give a column
+as a float64, str or bool numpy array [rows], or None when the table has no such column (that removes a
+curve or a table column, not the report).
 Quantizer spec fields come from the /latent_error columns the C++ format descriptor writes
 (``register_specs``, ``parse_spec``); the report never re-parses spec strings.
 numpy, h5py and pandas are imported inside the functions, so ``--help`` stays fast.
@@ -14,56 +17,44 @@ numpy, h5py and pandas are imported inside the functions, so ``--help`` stays fa
 from __future__ import annotations
 
 import fnmatch
+import json
 import math
 import os
 import re
 
 SCHEMA = "latentq-results/1"
-KNOWN_GROUPS = (
-    "decision",
-    "latent_error",
-    "summary",
-    "attention_error",
-    "score_vs_attention",
-    "svd",
-    "svd_spectrum",
-    "cross_layer",
-    "cross_layer_sharing",
-    "e2e",
-    "e2e_position",
-    "attention_position",
-)
+RECORD_FIELDS = ("name", "dtype", "unit", "definition")
 
 
 class ReportError(Exception):
-    """A user/input error: reported as 'latentq report: error: <file>: <message>', exit code 2."""
+    """A user/input error: reported as 'latentq report: <file>: <message>', exit code 2."""
 
 
 # ----------------------------------------------------------------------------------------------
 # Columns of a results table (a DataFrame with one column per 1-D dataset of the group)
 
 
-def find_column(df, *names, contains=(), exclude=()):
-    """The first of `names` that is a column of df; else the first column whose name contains every
-    word of `contains` and none of `exclude`; else None."""
-    for c in names:
-        if c in df.columns:
-            return c
-    if contains:
-        for c in df.columns:
-            if all(w in c for w in contains) and not any(w in c for w in exclude):
-                return c
-    return None
+def column_record(df):
+    """The column record of a table: a list of dict(name, dtype, unit, definition), one per column in order
+    (df.attrs["columns"] as load_results set it; a DataFrame built without one: its columns, no units)."""
+    rec = df.attrs.get("columns")
+    if rec is not None:
+        return rec
+    return [dict(name=c, dtype=str(df[c].dtype), unit="", definition="") for c in df.columns]
 
 
-def numbers(df, *names, contains=(), exclude=()):
-    """Float64 array [len(df)] of the column found by find_column(), or None (missing or not numeric)."""
+def has_column(df, name):
+    """Whether the table's column record lists `name` (an exact name)."""
+    return name in df.columns and any(c["name"] == name for c in column_record(df))
+
+
+def numbers(df, name):
+    """Float64 array [len(df)] of the column `name`, or None (not a column of the table, or not numeric)."""
     import numpy as np
 
-    c = find_column(df, *names, contains=contains, exclude=exclude)
-    if c is None:
+    if not has_column(df, name):
         return None
-    v = df[c].to_numpy()
+    v = df[name].to_numpy()
     if v.dtype.kind in "biuf":
         return v.astype(np.float64)
     try:
@@ -72,25 +63,22 @@ def numbers(df, *names, contains=(), exclude=()):
         return None
 
 
-def strings(df, *names, contains=(), exclude=()):
-    """Object array of str [len(df)] of the column found by find_column(), or None."""
+def strings(df, name):
+    """Object array of str [len(df)] of the column `name`, or None."""
     import numpy as np
 
-    c = find_column(df, *names, contains=contains, exclude=exclude)
-    if c is None:
+    if not has_column(df, name):
         return None
-    return np.array([str(x) for x in df[c].to_numpy()], dtype=object)
+    return np.array([str(x) for x in df[name].to_numpy()], dtype=object)
 
 
-def flags(df, *names, contains=()):
-    """Bool array [len(df)] of the column found by find_column() (nonzero numbers; strings "1", "true",
-    "yes", "y"), or None."""
+def flags(df, name):
+    """Bool array [len(df)] of the column `name` (nonzero numbers; strings "1", "true", "yes", "y"), or None."""
     import numpy as np
 
-    c = find_column(df, *names, contains=contains)
-    if c is None:
+    if not has_column(df, name):
         return None
-    v = df[c].to_numpy()
+    v = df[name].to_numpy()
     if v.dtype.kind in "biuf":
         return v != 0
     return np.array([str(x).strip().lower() in ("1", "true", "yes", "y") for x in v])
@@ -121,14 +109,71 @@ def _attr_str(v):
     return str(v)
 
 
-def load_results(path):
-    """(root attrs as str dict, {group: pandas DataFrame}, notes) of a latentq-results/1 file: one
-    DataFrame per group of KNOWN_GROUPS in the file, one column per 1-D dataset (strings decoded to str),
-    in the file's order; a group that is not a group, has no 1-D columns, columns of unequal lengths or
-    no rows is left out with a note.
-    Raises ReportError for a missing / non-HDF5 file, a wrong schema or a file without result tables."""
+def _dtype_name(v):
+    """The record's dtype of a column read back: int64, float64 or string."""
+    return {"i": "int64", "u": "int64", "b": "int64", "f": "float64"}.get(v.dtype.kind, "string")
+
+
+def _read_record(g, cols):
+    """The column record of the group g (h5py) whose 1-D columns were read into cols: the parsed attribute
+    ``columns`` when it is a JSON list of {name, dtype, unit, definition} naming exactly those columns in
+    order, else None (no record: a file of an older latentq; or one that does not match its datasets)."""
+    raw = g.attrs.get("columns")
+    text = _attr_str(raw) if raw is not None else ""
+    if not text.startswith("["):
+        return None
+    try:
+        rec = json.loads(text)
+    except ValueError:
+        return None
+    ok = (
+        isinstance(rec, list)
+        and all(isinstance(c, dict) and all(isinstance(c.get(k), str) for k in RECORD_FIELDS) for c in rec)
+        and [c["name"] for c in rec] == list(cols)
+    )
+    return [{k: c[k] for k in RECORD_FIELDS} for c in rec] if ok else None
+
+
+def _read_group(f, g, notes, unrecorded):
+    """The DataFrame of /g with its column record in .attrs["columns"], or None (a note says why)."""
     import h5py
     import pandas as pd
+
+    if not isinstance(f[g], h5py.Group):
+        notes.append(f"/{g} is not a group; ignored")
+        return None
+    cols, lens = {}, set()
+    for k, ds in f[g].items():
+        if not isinstance(ds, h5py.Dataset) or ds.ndim != 1:
+            notes.append(f"/{g}/{k} is not a 1-D dataset; column ignored")
+            continue
+        cols[k] = _decode(ds[()])
+        lens.add(len(cols[k]))
+    if not cols:
+        notes.append(f"/{g} has no columns; ignored")
+        return None
+    if len(lens) != 1:
+        notes.append(f"/{g}: columns differ in length ({sorted(lens)}); group ignored")
+        return None
+    if lens.pop() == 0:
+        notes.append(f"/{g} has no rows; ignored")
+        return None
+    rec = _read_record(f[g], cols)
+    if rec is None:
+        unrecorded.append(g)
+        rec = [dict(name=k, dtype=_dtype_name(v), unit="", definition="") for k, v in cols.items()]
+    df = pd.DataFrame(cols)
+    df.attrs["columns"] = rec
+    return df
+
+
+def load_results(path):
+    """(root attrs as str dict, {group: pandas DataFrame}, notes) of a latentq-results/1 file: one
+    DataFrame per group of the file, in the file's order, one column per 1-D dataset (strings decoded to
+    str), its column record in .attrs["columns"]; a group that is not a group, has no 1-D columns, columns of
+    unequal lengths or no rows is left out with a note (a group without a column record: a note too).
+    Raises ReportError for a missing / non-HDF5 file, a wrong schema or a file without result tables."""
+    import h5py
 
     if not os.path.exists(path):
         raise ReportError("no such file")
@@ -145,7 +190,7 @@ def load_results(path):
             if size == 0
             else f"not an HDF5 file (expected a {SCHEMA} file)"
         )
-    notes = []
+    notes, unrecorded = [], []
     try:
         with h5py.File(path, "r") as f:
             if "schema" not in f.attrs:
@@ -155,40 +200,29 @@ def load_results(path):
                 raise ReportError(f'not a {SCHEMA} file (schema = "{schema}"); this report reads {SCHEMA} only')
             attrs = {k: _attr_str(v) for k, v in f.attrs.items()}
             tables = {}
-            for g in KNOWN_GROUPS:
-                if g not in f:
-                    continue
-                if not isinstance(f[g], h5py.Group):
-                    notes.append(f"/{g} is not a group; ignored")
-                    continue
-                cols, lens = {}, set()
-                for k, ds in f[g].items():
-                    if not isinstance(ds, h5py.Dataset) or ds.ndim != 1:
-                        notes.append(f"/{g}/{k} is not a 1-D dataset; column ignored")
-                        continue
-                    cols[k] = _decode(ds[()])
-                    lens.add(len(cols[k]))
-                if not cols:
-                    notes.append(f"/{g} has no columns; ignored")
-                    continue
-                if len(lens) != 1:
-                    notes.append(f"/{g}: columns differ in length ({sorted(lens)}); group ignored")
-                    continue
-                n = lens.pop()
-                if n == 0:
-                    notes.append(f"/{g} has no rows; ignored")
-                    continue
-                tables[g] = pd.DataFrame(cols)
+            for g in f:
+                df = _read_group(f, g, notes, unrecorded)
+                if df is not None:
+                    tables[g] = df
     except ReportError:
         raise
     except (OSError, KeyError, ValueError) as e:
         raise ReportError(f"cannot read the results file ({e})") from e
-    if not tables:
+    if not [g for g in tables if g not in INDEX_GROUPS]:
         raise ReportError(
             "no result tables (expected groups such as /latent_error and /summary; run `latentq run` first)"
         )
+    if unrecorded:
+        notes.append(
+            "no column record (attribute 'columns': a file of an older latentq, or one that does not list the "
+            f"group's datasets): {', '.join('/' + g for g in unrecorded)}; their units and definitions are unknown"
+        )
     register_specs(tables.get("latent_error"))
     return attrs, tables, notes
+
+
+# The group of the cell index (latentq/batch.h): where each cell's rows are, not a result.
+INDEX_GROUPS = ("cells",)
 
 
 _SVD_RE = re.compile(r"^svd-rank(\d+)$")
@@ -204,11 +238,11 @@ def register_specs(le):
     A file without a transform column (written before transforms existed) has no transformed rows;
     one without a stored column gives spec=None."""
     _SPEC_FIELDS.clear()
-    if le is None or not all(c in le.columns for c in _FIELD_COLS + ("quantizer", "target")):
+    if le is None or not all(has_column(le, c) for c in _FIELD_COLS + ("quantizer", "target")):
         return
     cols = {c: le[c].to_numpy() for c in _FIELD_COLS + ("quantizer", "target")}
-    transform = le["transform"].to_numpy() if "transform" in le.columns else None
-    stored = le["stored"].to_numpy() if "stored" in le.columns else None
+    transform = le["transform"].to_numpy() if has_column(le, "transform") else None
+    stored = le["stored"].to_numpy() if has_column(le, "stored") else None
     for want in ("c_kv", "k_pe"):
         for i in range(len(le)):
             q = str(cols["quantizer"][i])
@@ -331,7 +365,7 @@ def quantizer_table(tables):
     le = tables.get("latent_error")
     if le is not None:
         qs, tg = strings(le, "quantizer"), strings(le, "target")
-        rf, bpe = numbers(le, "rel_fro"), numbers(le, "bits_per_element", contains=("bits_per",))
+        rf, bpe = numbers(le, "rel_fro"), numbers(le, "bits_per_element")
         bits = numbers(le, "bits")
         gran, scheme = strings(le, "granularity"), strings(le, "scheme")
         if qs is not None:
@@ -357,13 +391,13 @@ def quantizer_table(tables):
     if sm is not None:
         qs = strings(sm, "quantizer")
         cols = dict(
-            err_c_kv=numbers(sm, "mean_rel_fro_c_kv", contains=("mean", "c_kv")),
-            err_c_kv_max=numbers(sm, "max_rel_fro_c_kv", contains=("max", "c_kv")),
-            err_k_pe=numbers(sm, "mean_rel_fro_k_pe", contains=("mean", "k_pe")),
-            err_k_pe_max=numbers(sm, "max_rel_fro_k_pe", contains=("max", "k_pe")),
-            bpe=numbers(sm, "bits_per_element", contains=("bits_per",)),
-            bytes_model=numbers(sm, "bytes_per_token_model", contains=("bytes", "model")),
-            ratio=numbers(sm, "ratio_vs_bf16", contains=("ratio",)),
+            err_c_kv=numbers(sm, "mean_rel_fro_c_kv"),
+            err_c_kv_max=numbers(sm, "max_rel_fro_c_kv"),
+            err_k_pe=numbers(sm, "mean_rel_fro_k_pe"),
+            err_k_pe_max=numbers(sm, "max_rel_fro_k_pe"),
+            bpe=numbers(sm, "bits_per_element"),
+            bytes_model=numbers(sm, "bytes_per_token_model"),
+            ratio=numbers(sm, "ratio_vs_bf16"),
         )
         if qs is not None:
             for i, q in enumerate(qs):
@@ -469,8 +503,8 @@ def attention_by_quantizer(tables):
     at = tables.get("attention_error")
     if at is None:
         return {}
-    qs, err = strings(at, "quantizer"), numbers(at, "out_rel_fro", contains=("out", "rel_fro"))
-    tg = strings(at, "targets", "target", contains=("target",))
+    qs, err = strings(at, "quantizer"), numbers(at, "out_rel_fro")
+    tg = strings(at, "targets")
     if qs is None or err is None:
         return {}
     if tg is None:
@@ -498,7 +532,7 @@ def svd_mean_by_rank(tables, col="heldout_rel_fro"):
     if sv is None:
         return {}
     rank = numbers(sv, "rank")
-    err = numbers(sv, col, contains=(col.split("_")[0], "rel_fro"))
+    err = numbers(sv, col)
     if rank is None or err is None:
         return {}
     m = np.ones(len(sv), dtype=bool)
@@ -516,9 +550,9 @@ def cross_layer_matrices(tables):
     cl = tables.get("cross_layer")
     if cl is None:
         return None
-    a, b = numbers(cl, "layer_a", "a", "layer_i", "layer_x"), numbers(cl, "layer_b", "b", "layer_j", "layer_y")
-    cka = numbers(cl, "cka", "cka_linear", contains=("cka",))
-    pe = numbers(cl, "mean_abs_pearson", "pearson_mean_abs", contains=("pearson",), exclude=("channels",))
+    a, b = numbers(cl, "layer_a"), numbers(cl, "layer_b")
+    cka = numbers(cl, "cka")
+    pe = numbers(cl, "mean_abs_pearson")
     if a is None or b is None or (cka is None and pe is None):
         return None
     out, layers = {}, None
@@ -538,16 +572,16 @@ def e2e_rows(tables, Q):
     qs = strings(e, "quantizer")
     if qs is None:
         return []
-    tg = strings(e, "targets", "target", contains=("target",))
+    tg = strings(e, "targets")
     modes = strings(e, "cache_mode")
     cols = dict(
-        kl=numbers(e, "kl_mean", contains=("kl",)),
-        top1=numbers(e, "top1_agree", contains=("top1",)),
-        ppl_ref=numbers(e, "ppl_ref", contains=("ppl", "ref")),
-        ppl_quant=numbers(e, "ppl_quant", contains=("ppl", "quant")),
+        kl=numbers(e, "kl_mean"),
+        top1=numbers(e, "top1_agree"),
+        ppl_ref=numbers(e, "ppl_ref"),
+        ppl_quant=numbers(e, "ppl_quant"),
         nll_ref=numbers(e, "nll_ref"),
         nll_quant=numbers(e, "nll_quant"),
-        num_tokens=numbers(e, "num_tokens", contains=("tokens",)),
+        num_tokens=numbers(e, "num_tokens"),
     )
     rows = []
     for i, q in enumerate(qs):

@@ -30,6 +30,9 @@ per layer and target; the lowest c_kv score_mse at each bit width with its gap_d
 report.md also has a "Findings" section (latentq.report.findings): the source the results stand on
 (tiny-mla, the V2-Lite stand-in or a real checkpoint, from the model attribute and the input path) and
 each verdict of docs/findings.md with its outcome and numbers.
+Every other group of the file (one the report has no figure for: /attention_check, a new probe's) gets a
+section of its own: its columns with dtype, unit and definition from the group's column record (the
+attribute `columns`, latentq/results.h) and its rows (the first 50). Columns are read by their exact names.
 A group that is missing gives no figure and one line saying so (stdout and report.md).
 Exit codes (latentq.report.__main__): 0 done; 2 input error (missing file, not HDF5, wrong schema, no
 result tables, bad --out), with "latentq report: error: <file>: <what>" on stderr and nothing written; 1
@@ -41,7 +44,6 @@ from __future__ import annotations
 import fnmatch
 import math
 import os
-import re
 import tempfile
 
 from latentq.files import publish
@@ -57,12 +59,15 @@ from latentq.report.figures import (
     fig_svd,
 )
 from latentq.report.load import (
+    INDEX_GROUPS,
     _attention_key,
     _int_attr,
     _nanmean,
     attention_by_quantizer,
+    column_record,
     e2e_rows,
     flags,
+    has_column,
     numbers,
     parse_spec,
     quantizer_table,
@@ -134,6 +139,10 @@ def table_top_by_bits(Q, att, e2e, k=3):
     return md_table(header, rows) if rows else ""
 
 
+# The /svd energy-rank columns and the energy fraction of each.
+ENERGY_RANKS = {"rank_90": "90%", "rank_99": "99%", "rank_999": "99.9%"}
+
+
 def table_svd_ranks(tables):
     """Per layer: energy ranks (rank_90 ...) and the held-out error at each rank."""
     import numpy as np
@@ -142,11 +151,10 @@ def table_svd_ranks(tables):
     if sv is None or numbers(sv, "layer") is None:
         return ""
     lay = numbers(sv, "layer")
-    ecols = [c for c in sv.columns if re.match(r"^(energy_)?rank_\d+$", c)]
-    ecols.sort(key=lambda c: float("0." + c.split("_")[-1]))
+    ecols = [c for c in ENERGY_RANKS if has_column(sv, c)]
     layers = sorted(set(int(v) for v in lay[np.isfinite(lay)]))
-    header = ["layer"] + [f"rank for {float('0.' + c.split('_')[-1]) * 100:g}% energy" for c in ecols]
-    rank, ho = numbers(sv, "rank"), numbers(sv, "heldout_rel_fro", contains=("heldout",))
+    header = ["layer"] + [f"rank for {ENERGY_RANKS[c]} energy" for c in ecols]
+    rank, ho = numbers(sv, "rank"), numbers(sv, "heldout_rel_fro")
     cen = flags(sv, "centered")
     m0 = np.ones(len(sv), dtype=bool)
     if cen is not None and cen.any() and not cen.all():
@@ -580,6 +588,56 @@ def _e2e_sections(rep, out, tables, attrs, Q, e2e):
         )
 
 
+# The groups report.md has a section or a figure for; every other group of the file (but the cell index,
+# load.INDEX_GROUPS) is shown as a plain table (_other_sections).
+REPORTED_GROUPS = (
+    "decision",
+    "latent_error",
+    "summary",
+    "attention_error",
+    "score_vs_attention",
+    "svd",
+    "svd_spectrum",
+    "cross_layer",
+    "cross_layer_sharing",
+    "e2e",
+    "e2e_position",
+    "attention_position",
+)
+OTHER_MAX_ROWS = 50  # rows of a plain table shown in report.md
+
+
+def _cell(v):
+    """A value of a plain table: ints as they are, floats to 4 significant digits ("–" for NaN), strings."""
+    if isinstance(v, float) or (hasattr(v, "dtype") and v.dtype.kind == "f"):
+        v = float(v)
+        return "–" if math.isnan(v) else f"{v:.4g}"
+    return str(v)
+
+
+def table_of_group(name, df, max_rows=OTHER_MAX_ROWS):
+    """A group the report has no section for, as Markdown: its columns (name, dtype, unit, definition, from the
+    group's column record) and its first max_rows rows."""
+    rec = column_record(df)
+    legend = md_table(
+        ["column", "dtype", "unit", "definition"],
+        [[f"`{c['name']}`", c["dtype"], c["unit"] or "–", c["definition"] or "–"] for c in rec],
+    )
+    names = [c["name"] for c in rec]
+    rows = [[_cell(v) for v in r] for r in df[names].head(max_rows).itertuples(index=False)]
+    shown = f"all {len(df)} rows" if len(df) <= max_rows else f"the first {max_rows} of its {len(df)} rows"
+    return f"Columns of /{name}:\n\n{legend}\n\nThe table ({shown}):\n\n{md_table(names, rows)}"
+
+
+def _other_sections(rep, tables):
+    """A section per group that the report has no figure or table for (a new probe's, /attention_check):
+    its column record and its rows, in the file's order."""
+    for name, df in tables.items():
+        if name in REPORTED_GROUPS or name in INDEX_GROUPS:
+            continue
+        rep.sections.append((f"/{name}", None, "", table_of_group(name, df)))
+
+
 def _fraction_label(f):
     """'1/8' for a budget fraction that is k/2^n (n <= 6), else the decimal."""
     for den in (2, 4, 8, 16, 32, 64):
@@ -699,6 +757,7 @@ def write_report(path, loaded, out, patterns):
     _layer_and_svd_sections(rep, out, tables, attrs, Q, patterns)
     _cross_layer_sections(rep, out, tables, attrs)
     _e2e_sections(rep, out, tables, attrs, Q, e2e)
+    _other_sections(rep, tables)
     # imported here: `python -m latentq.report.findings` imports the package (and this module) first
     from latentq.report.findings import findings_markdown
 

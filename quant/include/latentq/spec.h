@@ -244,8 +244,16 @@ struct Layout {
   int64_t bytes_per_token() const { return row_code_bytes + blocks_per_row * scale_bytes * (offsets ? 2 : 1); }
 };
 /// The layout of `stored` (not a preset) for rows of D elements. Throws std::invalid_argument for
-/// D ≤ 0, a preset, or a ggml format with D not a multiple of 32 (ggml's blocks never straddle).
+/// D ≤ 0, a preset, or a width the format cannot take (why_not_applicable(), whose reason it gives).
 Layout layout(const QuantSpec& stored, int64_t D);
+
+/// Why `spec` cannot store `target` as rows of D elements, or "" when it can: the widths the `shapes` of its
+/// kFormats row state, the one rule layout() and the quantizers refuse by (ggml q8_0 / q4_0 / q4_1: D a multiple
+/// of 32; TurboQuant: a Hadamard block of D, transform.h hadamard_block; transform coding: R·D >= 8 bits; a
+/// preset: its stored format of `target`). The reason does not name the spec (e.g. "ggml blocks need a row length
+/// that is a multiple of 32, got 16"), so specs refused alike share it. Throws std::invalid_argument for D ≤ 0 (no
+/// width at all, not a shape a format refuses).
+std::string why_not_applicable(const QuantSpec& spec, Target target, int64_t D);
 
 /// Bytes of the engine's per-token record of a preset for c_kv of D_ckv and k_pe of D_kpe elements.
 int64_t record_bytes(const QuantSpec& preset, int64_t D_ckv, int64_t D_kpe);

@@ -3,17 +3,9 @@
 // stable key and the rows (ColumnTables) it contributes to one or more groups (/latent_error;
 // /svd and /svd_spectrum; ...).
 //
-// Cell identity lives in the results file itself, in the group /cells: one row per (cell, group)
-// of every cell present, in canonical order (the order of the study's plan, then the cell's groups
-// in the order it declares them):
-//
-//   /cells   cell (string)     the cell key, e.g. "003/c_kv/int4-asym-channel-g32/latent_error"
-//            group (string)    a group it has rows in, e.g. "latent_error"
-//            index (int64)     the cell's position in the canonical plan of the whole study (0-based)
-//            first_row (int64) its first row in /<group>
-//            rows (int64)      its number of rows in /<group> (0 is allowed)
-//
-// so that the rows of a cell in a group are /<group>[first_row : first_row + rows]. The per-cell tables keep
+// Cell identity lives in the results file itself, in the group /cells (cells_spec(): cell, group, index,
+// first_row, rows): one row per (cell, group) of every cell present, in canonical order (the order of the
+// study's plan, then the cell's groups in the order it declares them), so that the rows of a cell in a group are /<group>[first_row : first_row + rows]. The per-cell tables keep
 // exactly their own columns (no extra key column); every per-cell group lists its cells in
 // canonical order, so a complete file, a resumed file and a merged file are identical table for
 // table, row for row. Groups not named in /cells are derived (e.g. /summary, recomputed from the
@@ -57,6 +49,8 @@ namespace latentq {
 
 /// The group holding the cell index of a results file.
 inline constexpr const char* kCellsGroup = "cells";
+/// Its columns with their units and definitions (batch.cpp).
+const GroupSpec& cells_spec();
 
 /// One cell of a batch: a stable key and the rows it adds to its groups.
 struct CellTask {

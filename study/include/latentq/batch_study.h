@@ -59,7 +59,8 @@ BatchResult run_study_batch(const std::filesystem::path& out, const StudyPlan& p
 
 /// The DeriveFn of the study: /summary (summarize()) from /latent_error, with the quantizers of the
 /// config text in root attribute `config` (source `config_source`) and num_layers, kv_lora_rank,
-/// qk_rope_head_dim, model from the root attributes; /score_vs_attention (score_vs_attention()) when
+/// qk_rope_head_dim, model from the root attributes; /not_applicable (latentq/applicable.h) of that config
+/// and those dims when it has a row; /score_vs_attention (score_vs_attention()) when
 /// /attention_error is present too and /latent_error has score_mse. Nothing without /latent_error. Throws
 /// std::invalid_argument for a missing attribute or a config text that does not parse.
 std::vector<NamedTable> derive_study_tables(const Attrs& root, const std::vector<NamedTable>& cell_tables);

@@ -5,7 +5,8 @@
 // 1/8, 1/4, 3/8, 1/2). Every byte figure is a whole-model bytes per token (/summary's
 // bytes_per_token_model). For each budget three rows (the /decision table, one row each):
 //   uniform  the best measured uniform format: the /summary quantizer (a spec or a transformed spec) at
-//            no more than the budget with the lowest KL;
+//            no more than the budget with the lowest KL; never one whose format cannot take a target's width
+//            (its /summary accounting is kNotApplicableAccounting, latentq/applicable.h);
 //   engine   the best engine format at no more than the same bytes: a cache layout a serving engine
 //            ships for MLA as it is (the format table's engine field, latentq/spec.h is_engine_format: an
 //            engine preset, per-tensor fp8, ggml's q8_0 / q4_0 / q4_1; unrotated), ranked the same way, with
@@ -35,6 +36,9 @@ const std::vector<double>& default_budget_fractions();
 /// Parses "1/16,1/8,0.25" (fractions a/b or decimals in (0, 1]); throws std::invalid_argument naming the
 /// entry otherwise.
 std::vector<double> parse_budget_fractions(const std::string& text);
+
+/// The /decision group: its columns with their dtypes, units and definitions (decision.cpp).
+const GroupSpec& decision_spec();
 
 /// The /decision table of `results` (columns: budget_fraction, budget_bytes, choice (uniform, engine,
 /// plan), quantizer ("-" when nothing fits; a plan: "mixed: <spec> x<count>, ..."), bytes_per_token_model,

@@ -37,16 +37,18 @@ PythonTools python_tools();
 std::string python_unavailable_reason(const PythonTools& tools, const std::string& script, bool need_module);
 
 /// Run argv (argv[0] an executable path; no shell) with the current environment plus `env`
-/// (overriding same-named variables), copying its stdout and stderr, merged, to `out` as they come.
+/// (overriding same-named variables), relaying its stdout to `out` and its stderr to `err` as they come, line by
+/// line ('\n', or '\r' for a progress bar), each line flushed.
 /// Returns its exit status (128 + signal number when killed by a signal). Throws std::runtime_error
 /// when it cannot be started (naming argv[0] and the reason).
 int run_process(const std::vector<std::string>& argv, const std::vector<std::pair<std::string, std::string>>& env,
-                std::ostream& out);
+                std::ostream& out, std::ostream& err);
 
 /// The e2e step of `latentq run`, after the results file `results` is written (call it only when
 /// config.probes.e2e.enabled): runs
 ///   <python> -m latentq.e2e --results RESULTS [--model DIR] [--threads N] [--quantizers SPEC...]
-/// with PYTHONPATH set (see above), its output copied to `out`, then prints the /e2e table
+/// with PYTHONPATH set (see above), its stdout relayed to `out` and its stderr (progress, notes, warnings, errors)
+/// to `err`, then prints the /e2e table
 /// (format_e2e_summary). Prints one line "e2e: skipped: <why>" to `out` instead when the [e2e] model
 /// is not the dump's kind (a tiny-mla dump needs no model or a tiny-mla directory; another dump, an HF
 /// MLA checkpoint, needs its checkpoint directory as [e2e] model), the model directory has no config.json, or
@@ -82,14 +84,15 @@ struct DumpStepResult {
 /// "dump: redoing DUMP: <what changed>" (when DUMP exists) and runs
 ///   <python> -m latentq.dump --model DIR --text FILE --seq-len L --num-seqs S --q-rows Q --dtype D
 ///                            --device DEV --out DUMP --force --threads N [--quiet]
-/// (its output, with its progress, copied to `out` as it comes; the checkpoint hashed meanwhile) and writes
-/// DUMP.inputs. Throws std::runtime_error when Python is unavailable or the dump fails (its exit code), or a
-/// file of the checkpoint cannot be read.
-DumpStepResult run_dump_step(const DumpStepInputs& in, const std::filesystem::path& dump, std::ostream& out);
+/// (its stdout relayed to `out`, its stderr with its progress and notes to `err`, as they come; the checkpoint
+/// hashed meanwhile) and writes DUMP.inputs. Throws std::runtime_error when Python is unavailable or the dump fails
+/// (its exit code), or a file of the checkpoint cannot be read.
+DumpStepResult run_dump_step(const DumpStepInputs& in, const std::filesystem::path& dump, std::ostream& out,
+                             std::ostream& err);
 
 /// `latentq report RESULTS.h5 --out DIR`: runs <python> -m latentq.report RESULTS --out DIR (PYTHONPATH
-/// as above) and returns its exit code (output copied to `out`). Throws std::runtime_error (exit 2)
-/// when Python or the package is unavailable, saying why.
-int run_report(const std::string& results, const std::string& out_dir, std::ostream& out);
+/// as above) and returns its exit code (its stdout relayed to `out`, its stderr to `err`). Throws
+/// std::runtime_error (exit 2) when Python or the package is unavailable, saying why.
+int run_report(const std::string& results, const std::string& out_dir, std::ostream& out, std::ostream& err);
 
 }  // namespace latentq

@@ -6,7 +6,7 @@
 //               registered sections (plus the study's own), an unknown one is an error naming the file
 //               and the known sections
 //   parse()     its settings: parse + validate + defaults (a missing section gives the defaults)
-//   groups()    the result groups it writes and their column schema
+//   groups()    the result groups it writes: their columns with dtypes, units and definitions
 //   plan()      its cells for a config and a dump header (keys, groups, the layers each reads)
 //   run()       one cell → one table per group of the cell
 //   row_keys()  the cell key of every row of one of its groups (for merge/resume checks and tests)
@@ -34,12 +34,14 @@
 #include <ostream>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <variant>
 #include <vector>
 
 #include "latentq/dump.h"
 #include "latentq/attention/device_seam.h"
 #include "latentq/results.h"
+#include "latentq/spec.h"
 #include "latentq/table.h"
 
 namespace latentq {
@@ -87,23 +89,9 @@ class SettingsReader {
 };
 
 // ---- result groups ---------------------------------------------------------------------------------
-
-enum class ColType { I64, F64, Str };
-struct ColumnSpec {
-  std::string name;
-  ColType type;
-};
-/// A result group and its columns, in order (float columns float64, integer columns int64).
-struct GroupSpec {
-  std::string name;
-  std::vector<ColumnSpec> columns;
-};
-/// A table with these columns and no rows.
-ColumnTable empty_table(const GroupSpec& g);
-/// One value per column, in column order.
-using RowValue = std::variant<int64_t, double, std::string>;
-/// Append one row; throws std::logic_error when the values do not match the columns.
-void add_row(ColumnTable& t, const std::vector<RowValue>& values);
+// A probe declares each group it writes as a GroupSpec (latentq/table.h: its columns with their dtypes,
+// units and definitions, once) and builds the group's rows from empty_table(spec) with add_row(); the
+// results writer stores that column record in the file.
 
 // ---- cells -----------------------------------------------------------------------------------------
 
@@ -209,6 +197,10 @@ class Probe {
   /// Root attributes of the results file that its settings add (e.g. for a later step to read; the
   /// runner writes them with the study's own). Default: none.
   virtual Attrs root_attrs(const StudyConfig&) const { return {}; }
+  /// The (quantizer, target) pairs its cells quantize beyond the study's quantizers (canonical
+  /// "<transform>,<spec>" names, e.g. [decode_order]'s), so that the study lists those a format cannot
+  /// take with its own (latentq/applicable.h); its plan() must leave their cells out. Default: none.
+  virtual std::vector<std::pair<std::string, Target>> quantized_pairs(const StudyConfig&) const { return {}; }
 };
 
 /// Every registered probe, ascending order(). Checks (once) that sections, orders and group names

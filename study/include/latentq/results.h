@@ -3,12 +3,18 @@
 //   /            attrs: schema = "latentq-results/1", created (UTC ISO 8601), latentq_version,
 //                git_commit, config (the full config text), input_path, input_sha256, model,
 //                num_layers, kv_lora_rank, qk_rope_head_dim, ... (see study.h for what `run` writes)
-//   /<table>/    one group per ColumnTable (latent_error, summary, later svd, attention_error, ...):
+//   /<table>/    one group per ColumnTable (latent_error, summary, svd, attention_error, ...):
 //                one 1-D dataset per column, in column order (link creation order is tracked,
 //                h5py iterates in that order): int64 columns as int64, float64 columns as
 //                float64, string columns as variable-length UTF-8 strings (h5py: .asstr()[:]).
-//                attrs: rows (int64), columns (comma-separated column names, in order).
-// So in Python:  pandas.DataFrame({k: v[:] for k, v in f["latent_error"].items()}).
+//                attrs: rows (int64), columns: the group's column record, a JSON array with one
+//                object per dataset, in order:
+//                  [{"name": "rel_fro", "dtype": "float64", "unit": "1", "definition": "..."}, ...]
+//                dtype "int64", "float64" or "string"; unit and definition as ColumnDoc
+//                (latentq/table.h) says, from the GroupSpec where the table is built ("" for a
+//                table built without one). Files of older versions hold the comma-separated names.
+// So in Python:  pandas.DataFrame({k: v[:] for k, v in f["latent_error"].items()}), and
+//                json.loads(f["latent_error"].attrs["columns"]) for what each column is.
 //
 // Files are written to a temporary file in the destination directory (".<name>.<pid>.tmp") and
 // renamed over the destination only when complete: an interrupted or failed write never leaves a
@@ -77,8 +83,9 @@ Attrs read_group_attrs(const std::filesystem::path& path, const std::string& gro
 /// Names of the table groups of a results file, in creation order (schema checked).
 std::vector<std::string> list_tables(const std::filesystem::path& path);
 
-/// Read the table /<group> back (schema checked; column order preserved). Throws
-/// std::invalid_argument if the group is missing or a dataset is not a 1-D int/float/string array.
+/// Read the table /<group> back (schema checked; column order preserved; each column's unit and definition
+/// from the group's column record, empty without one). Throws std::invalid_argument if the group is missing,
+/// a dataset is not a 1-D int/float/string array, or the column record does not list the datasets in order.
 ColumnTable read_table(const std::filesystem::path& path, const std::string& group);
 
 /// The value of `name` in attrs; throws std::invalid_argument if absent.

@@ -19,6 +19,7 @@
 #include <string_view>
 #include <vector>
 
+#include "latentq/applicable.h"
 #include "latentq/config.h"
 #include "latentq/dump.h"
 #include "latentq/metrics.h"
@@ -41,7 +42,8 @@ struct Cell {
 };
 
 /// The cells of `config` over the loaded layers of `dump`: layer-major, then target in config
-/// order, then the target's quantizers in config order.
+/// order, then the target's quantizers in config order; none of a (quantizer, target) pair whose format
+/// cannot take the target's width (latentq/applicable.h: the study lists it in /not_applicable).
 std::vector<Cell> plan_cells(const StudyConfig& config, const Dump& dump);
 
 /// What one cell measures.
@@ -135,22 +137,13 @@ class SpectrumCache {
   std::map<std::pair<int, int>, ScoreSpectrum> scores_;
 };
 
-/// Column names of /latent_error, in order.
-const std::vector<std::string>& latent_error_columns();
+/// The /latent_error group: its columns with their dtypes, units and definitions (study.cpp).
+const GroupSpec& latent_error_spec();
 
-/// Run the cells and return the /latent_error table, one row per cell in `cells` order:
-///   layer (int64), target, quantizer (the requested spec), stored (the spec actually stored),
-///   bits (int64: 2/4/8, 16 for bf16, 8 for fp8), scheme (sym/asym; "none" for bf16; fp8: sym),
-///   granularity (tensor/channel/token; bf16: element; fp8: tile), group_size (int64; fp8: the
-///   tile), scale_dtype (fp16/fp32; bf16: none; fp8: fp32), bits_per_element,
-///   bytes_per_token_layer, rel_fro, mse, sqnr_db, max_abs_err, cos_mean (float64), format,
-///   scale_underflow_groups, offset_rounding_groups, saturated_values (int64), and the Gaussian
-///   rate–distortion bound at the cell's bits_per_element (latentq/analysis/rate_distortion.h):
-///   bound_rel_fro (rel_fro's normalization), gap_db = 10·log10(mse / mse_bound) (float64, may be
-///   negative); the same in score space (latentq/analysis/rate_distortion.h): score_mse = the mean over
-///   tokens of eᵀMe, score_bound_mse, score_gap_db = 10·log10(score_mse / score_bound_mse) (float64; NaN
-///   when the layer's attention data is not loaded). `spectra` caches the fit-split spectra across calls
-///   (a local cache when null).
+/// Run the cells and return the /latent_error table (latent_error_spec()), one row per cell in `cells` order;
+/// the Gaussian rate–distortion bound at the cell's bits_per_element and its score-space counterpart from
+/// latentq/analysis/rate_distortion.h (score columns NaN when the layer's attention data is not loaded).
+/// `spectra` caches the fit-split spectra across calls (a local cache when null).
 /// The columns describe the stored format (a preset's rows say what it stores for that target, e.g. bf16 for
 /// flashmla-v32-fp8 on k_pe). Throws std::invalid_argument naming the cell (key) when a cell fails (e.g. a scale that
 /// overflows fp16); with several failures, the first in cell order.
@@ -164,8 +157,8 @@ ColumnTable run_latent_error(const Dump& dump, const std::function<const Layer&(
                              const std::vector<Cell>& cells, LatentBackend& backend, const RunOptions& options = {},
                              SpectrumCache* spectra = nullptr, const RotatedLatents& rotated = {});
 
-/// Column names of /summary, in order.
-const std::vector<std::string>& summary_columns();
+/// The /summary group: its columns with their dtypes, units and definitions (study.cpp).
+const GroupSpec& summary_spec();
 
 /// One row per quantizer (in `quantizers` order) from a /latent_error table:
 ///   quantizer; mean_rel_fro_c_kv, max_rel_fro_c_kv, mean_rel_fro_k_pe, max_rel_fro_k_pe (over
@@ -173,12 +166,14 @@ const std::vector<std::string>& summary_columns();
 ///   run); bytes_per_token_model = num_layers · (c_kv + k_pe bytes per token and layer, averaged
 ///   over the studied layers), a target that did not run the quantizer counted as bf16;
 ///   ratio_vs_bf16 = bytes_per_token_model / (num_layers · (kv_lora_rank + qk_rope_head_dim) · 2);
-///   c_kv_accounting, k_pe_accounting: "measured" or "bf16 (not run)".
+///   c_kv_accounting, k_pe_accounting: "measured", "bf16 (not run)", or kNotApplicableAccounting for a
+///   pair of `not_applicable` (its format cannot take the target's width: latentq/applicable.h; also
+///   counted as bf16, and so marked).
 ColumnTable summarize(const ColumnTable& latent_error, const std::vector<Quantizer>& quantizers,
-                      const DumpAttrs& attrs);
+                      const DumpAttrs& attrs, const std::vector<NotApplicable>& not_applicable = {});
 
-/// Column names of /score_vs_attention, in order.
-const std::vector<std::string>& score_vs_attention_columns();
+/// The /score_vs_attention group: its columns with their dtypes, units and definitions.
+const GroupSpec& score_vs_attention_spec();
 
 /// The /score_vs_attention table: Spearman's ρ (average ranks for ties, latentq/analysis/rank_correlation.h)
 /// across quantizers between each /latent_error metric and the kl_mean of the /attention_error row of the
@@ -186,10 +181,8 @@ const std::vector<std::string>& score_vs_attention_columns();
 /// (/latent_error order): one row per layer (ascending), then layer −1 (the quantizers present on every
 /// listed layer of the target, each with its means over those layers of the metrics, kl_mean and
 /// bits_per_element), then layer −1 once per bits band k with at least 3 of those quantizers (mean
-/// bits_per_element in [k, k + 1): the quantizers of about the same bytes). Columns: layer (int64),
-/// target, bits_band (int64; −1 = all), n_quantizers (int64: the quantizers ranked; rows with a non-finite
-/// mse, score_mse or kl_mean are left out), spearman_score_mse, spearman_mse (float64; NaN for fewer than 2
-/// quantizers or a constant side). A target without any such pair has no rows.
+/// bits_per_element in [k, k + 1): the quantizers of about the same bytes). Columns: score_vs_attention_spec()
+/// (rho NaN for fewer than 2 quantizers or a constant side). A target without any such pair has no rows.
 /// Throws std::invalid_argument when `latent_error` lacks layer/target/quantizer/bits_per_element/mse/
 /// score_mse or `attention_error` lacks layer/targets/quantizer/kl_mean.
 ColumnTable score_vs_attention(const ColumnTable& latent_error, const ColumnTable& attention_error);
