@@ -288,11 +288,15 @@ LatentDraw standin_ckv(const SynthOptions& o, const SynthTokens& tok, int64_t la
     const size_t c = static_cast<size_t>(perm[static_cast<size_t>(k)]);
     dormant[c] = 1.0f / out.gamma[c];
   }
+  // The spike channels' offsets μ_k (in units of z): they are not centered on 0.
+  std::vector<double> offset(static_cast<size_t>(K + 1), 0.0);
+  for (int64_t k = 1; k <= K; ++k) offset[static_cast<size_t>(k)] = P.spike_offset_sigma * N(rng);
   const MatF x = ar1_rows(tok, r, P.rho, rng);  // the white bulk, [T, r]
   std::vector<char> first(static_cast<size_t>(T), 0);
   for (size_t s = 0; s + 1 < tok.seq_offsets.size(); ++s)
     if (tok.seq_offsets[s] < tok.seq_offsets[s + 1]) first[static_cast<size_t>(tok.seq_offsets[s])] = 1;
-  const double scale = sink_layer ? 0.0 : P.spike_scale;  // a sink layer has no spikes
+  const double scale = sink_layer ? 0.0 : P.spike_scale;      // a sink layer has no spikes
+  const double burst = sink_layer ? 0.0 : P.burst_magnitude;  // nor bursts
   std::uniform_int_distribution<int64_t> pick(1, std::max<int64_t>(1, K));
   out.c_kv.resize(static_cast<size_t>(T * r));
   std::vector<double> row(static_cast<size_t>(r));
@@ -301,8 +305,16 @@ LatentDraw standin_ckv(const SynthOptions& o, const SynthTokens& tok, int64_t la
     const double m = scale * (std::pow(1.0 - U(rng), -1.0 / P.spike_tail) - 1.0);
     const int64_t k = pick(rng);
     double ss = 0;
+    for (int64_t c = 0; c < r; ++c) row[static_cast<size_t>(c)] = static_cast<double>(x(t, c));
+    // Each spike channel: its offset, and a burst of ±burst_magnitude with probability burst_rate (two
+    // uniforms per channel and token, drawn in every layer).
+    for (int64_t j = 1; j <= K; ++j) {
+      const double u = U(rng), v = U(rng);
+      row[static_cast<size_t>(perm[static_cast<size_t>(j)])] +=
+          offset[static_cast<size_t>(j)] + (u < P.burst_rate ? (v < 0.5 ? -burst : burst) : 0.0);
+    }
     for (int64_t c = 0; c < r; ++c) {
-      row[static_cast<size_t>(c)] = static_cast<double>(x(t, c)) * dormant[static_cast<size_t>(c)];
+      row[static_cast<size_t>(c)] *= dormant[static_cast<size_t>(c)];
       ss += row[static_cast<size_t>(c)] * row[static_cast<size_t>(c)];
     }
     const bool sink = first[static_cast<size_t>(t)] != 0;

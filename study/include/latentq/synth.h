@@ -6,8 +6,9 @@
 //
 //   kStandin (deepseek-v2-lite, deepseek-v3, glm-4.7-flash, minicpm3-4b): StandinModel below, fitted so
 //     that latentq's own study on a deepseek-v2-lite dump gives DeepSeek-V2-Lite's published c_kv
-//     numbers (int8 per-tensor and per-channel rel_fro, SVD-256 held-out; docs/latents.md, "The
-//     calibrated stand-in"): a sink channel, heavy-tailed spike channels and a white bulk, RMS-normalized.
+//     numbers (int8 per-tensor and per-channel rel_fro, SVD-256 held-out, int4 sym / asym and int2 asym
+//     per channel; docs/latents.md, "The calibrated stand-in"): a sink channel, spike channels (offset,
+//     bursty, heavy-tailed spikes) and a white bulk, RMS-normalized.
 //   kLowRank (tiny-mla): the shape of tiny-mla's own dump,
 //     c_kv[t] = γ ⊙ x_t / rms(x_t),  x_t = V · diag(σ) · z_t          (kv_a_layernorm: RMSNorm, eps 1e-6)
 //     σ_i   = exp(−i / τ), τ = kv_lora_rank / 16: 99% of the energy of x in the first ≈ 0.14·kv_lora_rank
@@ -69,7 +70,11 @@ struct ModelShape {
 ///      log-uniform in [spike_gain_lo, spike_gain_hi]; the channels and one sign per outlier channel are
 ///      seeded per layer;
 ///   x_t = z_t, z AR(1) over the tokens of one sequence (rho), white: every direction has the same variance;
-///      the sink and spike channels are dormant on ordinary tokens (there x = z / γ, so γ·x̂ is ordinary);
+///      on a spike channel k, x_t[k] = z_t[k] + μ_k + b_t[k]: an offset μ_k ~ N(0, spike_offset_sigma²) (the
+///      channel is not centered on 0) and a burst b_t[k] = ±burst_magnitude (random sign) with probability
+///      burst_rate, none in a sink layer (a 32-token group holds 2 on average: its range is several times its
+///      spread); the sink and spike channels are dormant on ordinary tokens (there x = (z + μ + b) / γ, so
+///      γ·x̂ is of ordinary size);
 ///   spike: token t adds sign·m_t·‖x_t‖ to one spike channel (uniform), m_t = spike_scale·(U^(−1/spike_tail) − 1),
 ///      U ~ U(0, 1] (Lomax: heavy-tailed per-token magnitudes); none in a sink layer;
 ///   sink: the first token of each sequence adds sign·sink_magnitude·‖x_t‖ to the sink channel;
@@ -81,8 +86,8 @@ struct StandinModel {
   double gamma_sigma = 0.2;            ///< σ of ln γ on the ordinary channels
   double spike_channel_frac = 0.1875;  ///< K = round(frac·r) spike channels (96 of 512)
   double spike_gain_lo = 2.0;          ///< γ of the spike channels: log-uniform in [lo, hi]
-  double spike_gain_hi = 7.0;
-  double spike_scale = 0.15;      ///< Lomax scale of the spike magnitude m_t (relative to ‖x_t‖)
+  double spike_gain_hi = 7.5;
+  double spike_scale = 0.12;      ///< Lomax scale of the spike magnitude m_t (relative to ‖x_t‖)
   double spike_tail = 1.0;        ///< Lomax tail index: P(m > y) = (1 + y/scale)^(−tail)
   double sink_gain = 4.0;         ///< γ of the sink channel in an ordinary layer
   double sink_layer_gain = 28.0;  ///< γ of the sink channel in a sink layer
@@ -90,6 +95,11 @@ struct StandinModel {
   double sink_magnitude = 50.0;   ///< the sink's m: its row is 99.98% one channel
   double rho = 0.8;               ///< AR(1) coefficient of the bulk over the tokens of a sequence
   double query_sink_bias = 3.0;   ///< mean β_h: the sink's score rises by softmax_scale·β_h·√r
+
+  // What a spike channel's 32-token groups look like between spikes (the low-bit rows; docs/latents.md).
+  double spike_offset_sigma = 1.3;  ///< σ of a spike channel's offset μ_k (units of z, the channel's own spread)
+  double burst_rate = 0.0625;       ///< P(burst) per token and spike channel: 2 per group of 32 tokens on average
+  double burst_magnitude = 10.0;    ///< a burst adds ±burst_magnitude (random sign, units of z)
 };
 
 /// The stand-in's parameters (one definition, used by synth_layer and the tests).
