@@ -12,8 +12,9 @@ Models larger than memory: ``--stream on`` runs a local safetensors checkpoint l
 right before it runs and freed after, every sequence through layer i before layer i+1, the hidden
 states on the host; in a temporary file in the output directory when they and the largest layer
 exceed ``--memory-budget``, default half the physical memory). ``--stream auto`` (the default)
-streams FP8 checkpoints and checkpoints whose weights in the compute dtype exceed the budget; tiny-mla,
-hub ids and .bin checkpoints load in memory; ``--stream off`` never streams. DeepSeek's block-wise
+decides by size, not format: it streams checkpoints whose weights in the compute dtype exceed the budget,
+and refuses before loading a local one that cannot stream (.bin weights) whose weight files exceed it;
+tiny-mla and hub ids load in memory; ``--stream off`` never streams. DeepSeek's block-wise
 FP8 e4m3 checkpoints are dequantized on load to the compute dtype by latentq.stream in either mode
 (``original_dtype`` = float8_e4m3fn). Both modes write the same file (datasets and attributes, bit
 for bit); the JSON summary says which ran (``execution``).
@@ -581,7 +582,7 @@ def main(argv=None) -> int:
         "--stream",
         choices=("auto", "on", "off"),
         default="auto",
-        help="run layer by layer from the safetensors shards (auto: for FP8 checkpoints and weights over the budget)",
+        help="run layer by layer from the safetensors shards (auto: when the weights exceed the memory budget)",
     )
     ap.add_argument(
         "--memory-budget",

@@ -54,7 +54,7 @@ an unbatched run. The file is updated through a temporary copy and a rename, so 
 the previous file intact; user errors exit 2 with one line and write nothing.
 
 Models larger than memory (``--stream auto|on|off``, ``--memory-budget``; the rule of latentq.dump,
-latentq.model.stream_decision: auto streams FP8 checkpoints and weights over the budget): the checkpoint
+latentq.model.stream_decision: auto streams when the weights in the compute dtype exceed the budget): the checkpoint
 runs layer by layer (latentq.stream.LayerStreamer: the model on the meta device, each decoder layer read
 from the shards right before it runs and freed after), every forward of the step (the reference and each batch
 of runs, the same chunks as in memory) through layer i before layer i+1, the hidden states on the host
@@ -315,7 +315,7 @@ def parse_args(argv=None):
         choices=("auto", "on", "off"),
         default="auto",
         help="run the model layer by layer from its safetensors shards, every forward of the step through "
-        "layer i before layer i+1 (auto: FP8 checkpoints and weights over the memory budget; as latentq.dump)",
+        "layer i before layer i+1 (auto: weights over the memory budget; as latentq.dump)",
     )
     ap.add_argument(
         "--memory-budget",

@@ -185,9 +185,13 @@ def load_model(
 
 def stream_decision(mode: str, path: str, dtype: torch.dtype, budget: int) -> tuple[bool, str]:
     """(stream?, why) for --stream MODE on --model path. ``on``: stream (the checkpoint must be a local
-    safetensors directory); ``off``: never; ``auto``: stream a local safetensors HF checkpoint that is FP8
-    or whose weights in ``dtype`` (from the shards' headers; layers past num_hidden_layers left out)
-    exceed ``budget`` bytes; tiny-mla, hub ids and .bin checkpoints load in memory."""
+    safetensors directory); ``off``: never; ``auto``: by size, whatever the weight format: stream a local
+    safetensors HF checkpoint whose weights in ``dtype`` (from the shards' headers, quantized weights at their
+    decoded size; layers past num_hidden_layers left out) exceed ``budget`` bytes, load it in memory
+    otherwise (a quantized one through latentq.stream too, so both ways decode the same weights); tiny-mla
+    and hub ids load in memory. Raises ModelError, before anything is loaded, for a local checkpoint that
+    cannot stream (e.g. .bin weights) whose weight files alone exceed the budget: its size, the budget and
+    why it cannot stream."""
     if mode == "off":
         return False, "--stream off"
     if mode == "on":
@@ -196,25 +200,44 @@ def stream_decision(mode: str, path: str, dtype: torch.dtype, budget: int) -> tu
 
     if not os.path.isdir(path) or is_tiny_mla(path):
         return False, "not a local HF checkpoint directory" if not os.path.isdir(path) else "tiny-mla"
+
+    def size(n: int) -> str:
+        return f"{n / (1 << 30):.2f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.2f} MiB"
+
     try:
         ck = Checkpoint(path)
     except CheckpointError as e:
-        return False, f"not streamable ({e})"
-    if ck.fp8_block is not None:
-        return True, "FP8 checkpoint"
+        on_disk = weight_files_bytes(path)
+        if on_disk > budget:
+            raise ModelError(
+                f"--model {path}: its weight files are {size(on_disk)}, over the memory budget {size(budget)}, "
+                f"and it cannot stream layer by layer: {e}. Raise --memory-budget if the machine has the memory, "
+                "or convert the checkpoint to safetensors"
+            ) from None
+        return False, f"not streamable ({e}); its weight files ({size(on_disk)}) fit the budget {size(budget)}"
     n = int(ck.config.get("num_hidden_layers") or 1 << 30)
 
     def mtp(name: str) -> bool:
         m = re.match(r"^.+\.layers\.(\d+)\.", name)
         return m is not None and int(m.group(1)) >= n
 
-    def size(n: int) -> str:
-        return f"{n / (1 << 30):.2f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.2f} MiB"
-
     need = ck.header_bytes(dtype, skip=mtp)
     if need > budget:
         return True, f"weights {size(need)} in {str(dtype).replace('torch.', '')} > budget {size(budget)}"
     return False, f"weights {size(need)} fit the budget {size(budget)}"
+
+
+WEIGHT_FILE_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf")
+
+
+def weight_files_bytes(path: str) -> int:
+    """Bytes of the weight files directly in the checkpoint directory ``path`` (WEIGHT_FILE_SUFFIXES): a lower
+    bound of what loading it in memory takes (more when the compute dtype is wider than the stored one)."""
+    total = 0
+    for e in os.scandir(path):
+        if e.is_file() and e.name.endswith(WEIGHT_FILE_SUFFIXES):
+            total += e.stat().st_size
+    return total
 
 
 def device_error(device: str) -> str | None:

@@ -202,15 +202,24 @@ def assert_same_dump(a_path, b_path, skip_attrs=("created",), what=""):
 
 
 def test_fp8_streamed_equals_in_memory(ckpts, tmp_path, capsys):
-    """The FP8 checkpoint, --stream on (also what auto picks) and --stream off (the whole dequantized
-    model in memory): the same file."""
+    """The FP8 checkpoint, --stream on and --stream off (the whole dequantized model in memory): the same
+    file. --stream auto decides by size, not by format: this small FP8 checkpoint fits the default budget and
+    loads in memory (the same file again), and under a budget below its decoded size it streams."""
     paths, _ = ckpts
-    on = _dump(ckpts, tmp_path, "fp8", "on")
-    assert "layer streaming (FP8 checkpoint)" in capsys.readouterr().err
+    on = _dump(ckpts, tmp_path, "fp8", "on", "--stream", "on")
+    assert "layer streaming (--stream on)" in capsys.readouterr().err
     off = _dump(ckpts, tmp_path, "fp8", "off", "--stream", "off")
     out = capsys.readouterr()
     assert "in memory (--stream off)" in out.err and '"execution": "in memory"' in out.out
     assert_same_dump(on, off, what="fp8 on/off")
+    auto = _dump(ckpts, tmp_path, "fp8", "auto")
+    err = capsys.readouterr().err
+    assert "in memory (weights " in err and "fit the budget" in err, err
+    assert_same_dump(on, auto, what="fp8 on/auto")
+    small = _dump(ckpts, tmp_path, "fp8", "small", "--memory-budget", "64K")
+    err = capsys.readouterr().err
+    assert "layer streaming (weights " in err and "> budget" in err, err
+    assert_same_dump(on, small, what="fp8 on/auto under a small budget")
     with h5py.File(on) as f:
         assert _attr(f.attrs["original_dtype"]) == "float8_e4m3fn" and f.attrs["num_layers"] == 4
         assert json.loads(_attr(f.attrs["config_json"]))["quantization_config"]["weight_block_size"] == [128, 128]
@@ -370,3 +379,25 @@ def test_refused_requests(ckpts, tmp_path, capsys):
         lines = [x for x in err.splitlines() if x.startswith("latentq dump: error:")]
         assert len(lines) == 1 and re.search(msg, lines[0]), (argv, err)
         assert not out.parent.exists() or os.listdir(out.parent) == [], argv
+
+
+def test_a_checkpoint_that_cannot_stream_and_does_not_fit_is_refused_before_loading(tmp_path, capsys):
+    """A local checkpoint of .bin weights (not streamable: no safetensors) whose weight files alone exceed
+    --memory-budget: exit 2 before any weight is read, naming its size, the budget and why it cannot stream;
+    nothing written. Under a budget it fits, auto loads it in memory (the decision only, stream_plan)."""
+    from latentq.model import stream_plan
+
+    ck = tmp_path / "bin-ckpt"
+    ck.mkdir()
+    (ck / "config.json").write_text(json.dumps({"model_type": "deepseek_v3", "num_hidden_layers": 2}))
+    (ck / "pytorch_model.bin").write_bytes(bytes(3 << 20))  # 3 MiB of weights, never parsed
+    (ck / "text.txt").write_text("In the beginning God created the heaven and the earth.\n" * 20)
+    out = tmp_path / "d.h5"
+    argv = ["--model", str(ck), "--text", str(ck / "text.txt"), "--out", str(out), "--memory-budget", "1M"]
+    assert dump_latents.main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"--model {ck}: its weight files are 3.00 MiB, over the memory budget 1.00 MiB" in err, err
+    assert "cannot stream layer by layer" in err and "safetensors" in err, err
+    assert not out.exists() and sorted(os.listdir(tmp_path)) == ["bin-ckpt"]
+    stream_it, why, _ = stream_plan("auto", "8M", str(ck), torch.float32)
+    assert not stream_it and why.startswith("not streamable (") and "fit the budget 8.00 MiB" in why, why
