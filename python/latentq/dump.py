@@ -579,6 +579,13 @@ def main(argv=None) -> int:
     ap.add_argument("--quiet", action="store_true", help="one line at the end instead of the JSON summary")
     ap.add_argument("--trust-remote-code", action="store_true")
     ap.add_argument(
+        "--tokenizer",
+        choices=("auto", "bytes"),
+        default="auto",
+        help="auto: the checkpoint's tokenizer (byte tokens only when it has none; one that fails to load is an "
+        "error); bytes: the text's bytes are the tokens. The dump's tokenizer attribute records which",
+    )
+    ap.add_argument(
         "--stream",
         choices=("auto", "on", "off"),
         default="auto",
@@ -648,6 +655,7 @@ def main(argv=None) -> int:
             device=a.device,
             memory_budget=budget,
             spill_dir=out_dir if os.path.isdir(out_dir) else None,
+            tokenizer=a.tokenizer,
         )
     except (CheckpointError, ModelError, MLAModuleNotFoundError) as e:
         return fail(str(e))

@@ -284,6 +284,12 @@ def parse_args(argv=None):
     ap.add_argument("--device", default="cpu", help="torch device of the model (cpu, cuda, cuda:1)")
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="compute dtype of the model")
     ap.add_argument("--trust-remote-code", action="store_true", help="for a remote-code checkpoint")
+    ap.add_argument(
+        "--tokenizer",
+        choices=("auto", "bytes"),
+        default="auto",
+        help="auto: the checkpoint's tokenizer (bytes only when it has none); bytes: the text's bytes (as dump)",
+    )
     ap.add_argument("--text", help="text file; default: the KJV held-out split")
     ap.add_argument("--seq-len", type=int, default=512, help="tokens per window")
     ap.add_argument("--num-seqs", type=int, default=4)
@@ -506,9 +512,11 @@ def load_inputs(a, plan: Plan):
                 spill_dir=spill if os.path.isdir(spill) else None,
                 trust_remote_code=a.trust_remote_code,
             )
-            model, tokenizer = streamer.model, load_tokenizer(a.model, a.trust_remote_code)
+            model, tokenizer = streamer.model, load_tokenizer(a.model, a.trust_remote_code, a.tokenizer)
         else:
-            model, _cfg, _src, _rev, _orig, tokenizer = load_model(a.model, DTYPES[a.dtype], a.trust_remote_code)
+            model, _cfg, _src, _rev, _orig, tokenizer = load_model(
+                a.model, DTYPES[a.dtype], a.trust_remote_code, tokenizer=a.tokenizer
+            )
             model = model.to(a.device)
     except CheckpointError as e:
         raise ValueError(str(e)) from None

@@ -97,15 +97,63 @@ def _quantization(cfg_file: dict, path: str | None):
         return None
 
 
-def load_tokenizer(path: str, trust_remote_code: bool = False):
-    """The checkpoint's AutoTokenizer, or None (with a warning on stderr) when it has none."""
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "spiece.model")
+TOKENIZER_MODES = ("auto", "bytes")
+
+
+def has_tokenizer_files(path: str) -> bool:
+    """Whether the checkpoint directory ``path`` holds a tokenizer (one of TOKENIZER_FILES, or a
+    ``*.tiktoken`` file)."""
+    if not os.path.isdir(path):
+        return False
+    names = os.listdir(path)
+    return any(n in TOKENIZER_FILES or n.endswith(".tiktoken") for n in names)
+
+
+def _tokenizer_class(path: str) -> str:
+    """The tokenizer class the checkpoint names (tokenizer_config.json's tokenizer_class, or its auto_map
+    entry), or "AutoTokenizer" when it names none."""
+    try:
+        with open(os.path.join(path, "tokenizer_config.json")) as f:
+            cfg = json.load(f)
+    except (OSError, ValueError):
+        return "AutoTokenizer"
+    auto = cfg.get("auto_map", {}).get("AutoTokenizer") if isinstance(cfg.get("auto_map"), dict) else None
+    if isinstance(auto, list):
+        auto = next((x for x in auto if x), None)
+    return str(cfg.get("tokenizer_class") or auto or "AutoTokenizer")
+
+
+def load_tokenizer(path: str, trust_remote_code: bool = False, mode: str = "auto"):
+    """The checkpoint's tokenizer (transformers' AutoTokenizer), or None for byte tokens.
+
+    mode ``bytes``: None (the text's bytes are the tokens; the dump records "bytes"). mode ``auto``: None,
+    with a warning, only when the checkpoint has no tokenizer at all (has_tokenizer_files; a hub id is
+    always tried); a tokenizer that is there but fails to load raises ModelError naming the class and the
+    flag that would help (--trust-remote-code when it is the checkpoint's own code, else --tokenizer bytes),
+    never bytes in silence. Raises ValueError for another mode."""
+    if mode not in TOKENIZER_MODES:
+        raise ValueError(f"--tokenizer {mode}: expected one of {', '.join(TOKENIZER_MODES)}")
+    if mode == "bytes":
+        return None
+    if os.path.isdir(path) and not has_tokenizer_files(path):
+        say("model", "warning", f"no tokenizer in {path}; using byte tokens")
+        return None
     from transformers import AutoTokenizer
 
     try:
         return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
-    except Exception as e:  # no tokenizer files: fall back to bytes
-        say("model", "warning", f"no tokenizer for {path} ({type(e).__name__}); using byte tokens")
-        return None
+    except Exception as e:  # a tokenizer that is there and does not load is the user's to decide
+        cls = _tokenizer_class(path) if os.path.isdir(path) else "AutoTokenizer"
+        remote = os.path.isdir(path) and any(n.endswith(".py") for n in os.listdir(path))
+        hint = (
+            "it is the checkpoint's own code: pass --trust-remote-code if you trust it"
+            if remote and not trust_remote_code
+            else "pass --tokenizer bytes to tokenize the text as bytes instead"
+        )
+        raise ModelError(
+            f"--model {path}: its tokenizer {cls} does not load ({type(e).__name__}: {str(e)[:300]}); {hint}"
+        ) from None
 
 
 def _read_config(path: str) -> dict | None:
@@ -131,6 +179,7 @@ def load_model(
     device: str = "cpu",
     memory_budget: int | None = None,
     spill_dir: str | None = None,
+    tokenizer: str = "auto",
 ):
     """Load tiny-mla (config.json architectures == ["TinyMLAForCausalLM"]) or an HF model.
     Returns (model, config_dict, source, revision, original_dtype, tokenizer_or_None).
@@ -180,7 +229,7 @@ def load_model(
         )
         config = model.config
     rev = getattr(config, "_commit_hash", None) or weights_revision(path)
-    return model, config.to_dict(), "hf-hooks", rev, orig, load_tokenizer(path, trust_remote_code)
+    return model, config.to_dict(), "hf-hooks", rev, orig, load_tokenizer(path, trust_remote_code, tokenizer)
 
 
 def stream_decision(mode: str, path: str, dtype: torch.dtype, budget: int) -> tuple[bool, str]:

@@ -401,3 +401,29 @@ def test_a_checkpoint_that_cannot_stream_and_does_not_fit_is_refused_before_load
     assert not out.exists() and sorted(os.listdir(tmp_path)) == ["bin-ckpt"]
     stream_it, why, _ = stream_plan("auto", "8M", str(ck), torch.float32)
     assert not stream_it and why.startswith("not streamable (") and "fit the budget 8.00 MiB" in why, why
+
+
+def test_a_tokenizer_that_fails_to_load_is_an_error_not_bytes(ckpts, tmp_path, capsys):
+    """A checkpoint whose tokenizer is there but does not load (tokenizer_config.json naming a class no one
+    ships): exit 2 naming the class and --tokenizer bytes, nothing written; with --tokenizer bytes the dump
+    runs on the text's bytes and records "bytes"; with no tokenizer files at all auto warns and uses bytes."""
+    import shutil
+
+    paths, _ = ckpts
+    ck = tmp_path / "v2-tok"
+    shutil.copytree(paths["v2"], ck)
+    assert not any(n.startswith(("tokenizer", "vocab")) for n in os.listdir(ck))
+    (ck / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "NoSuchTokenizerFast"}))
+    paths2 = ({**paths, "v2tok": str(ck)}, ckpts[1])
+    out = tmp_path / "bad.h5"
+    argv = ["--model", str(ck), "--text", ckpts[1], "--seq-len", str(SEQ_LEN), "--num-seqs", str(NUM_SEQS)]
+    assert dump_latents.main([*argv, "--out", str(out), "--threads", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "its tokenizer NoSuchTokenizerFast does not load" in err and "--tokenizer bytes" in err, err
+    assert not out.exists()
+    got = _dump(paths2, tmp_path, "v2tok", "bytes", "--tokenizer", "bytes")
+    with h5py.File(got) as f:
+        assert _attr(f.attrs["tokenizer"]) == "bytes"
+    os.remove(ck / "tokenizer_config.json")
+    _dump(paths2, tmp_path, "v2tok", "auto")
+    assert "no tokenizer in" in capsys.readouterr().err
