@@ -58,12 +58,22 @@ def state_dict_sha256(model) -> str:
     return h.hexdigest()
 
 
-def weights_revision(path: str) -> str | None:
-    """``sha256:<hex>`` over the bytes of a local directory's weight files (every ``*.safetensors`` and
-    ``*.bin``, sorted by name, concatenated), or None when there is none or path is not a directory."""
+WEIGHT_FILE_SUFFIXES = (".safetensors", ".bin")  # what from_pretrained reads for a torch model
+
+
+def weight_files(path: str) -> list[str]:
+    """The weight files directly in the checkpoint directory ``path`` (WEIGHT_FILE_SUFFIXES), sorted by name;
+    [] when there is none or ``path`` is not a directory."""
     if not os.path.isdir(path):
-        return None
-    w = sorted(os.path.join(path, n) for n in os.listdir(path) if n.endswith((".safetensors", ".bin")))
+        return []
+    return sorted(os.path.join(path, n) for n in os.listdir(path) if n.endswith(WEIGHT_FILE_SUFFIXES))
+
+
+def weights_revision(path: str) -> str | None:
+    """``sha256:<hex>`` over the bytes of a local directory's weight files (weight_files: every
+    ``*.safetensors`` and ``*.bin``, sorted by name, concatenated), or None when there is none or path is
+    not a directory."""
+    w = weight_files(path)
     return "sha256:" + file_sha256(w) if w else None
 
 
@@ -276,17 +286,10 @@ def stream_decision(mode: str, path: str, dtype: torch.dtype, budget: int) -> tu
     return False, f"weights {size(need)} fit the budget {size(budget)}"
 
 
-WEIGHT_FILE_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf")
-
-
 def weight_files_bytes(path: str) -> int:
-    """Bytes of the weight files directly in the checkpoint directory ``path`` (WEIGHT_FILE_SUFFIXES): a lower
-    bound of what loading it in memory takes (more when the compute dtype is wider than the stored one)."""
-    total = 0
-    for e in os.scandir(path):
-        if e.is_file() and e.name.endswith(WEIGHT_FILE_SUFFIXES):
-            total += e.stat().st_size
-    return total
+    """Bytes of the checkpoint directory's weight files (weight_files): a lower bound of what loading it in
+    memory takes (more when the compute dtype is wider than the stored one)."""
+    return sum(os.path.getsize(f) for f in weight_files(path))
 
 
 def device_error(device: str) -> str | None:
