@@ -1,4 +1,5 @@
-"""Shared checks for latentq-dump/1 files (used by test_dump, test_hf_hooks, test_shipped_dump).
+"""Shared checks for latentq-dump/1 files (used by test_dump, test_hf_hooks, test_shipped_dump) and the
+shard layout of the test checkpoints (test_dump_layers, test_weight_formats).
 
 Independent of latentq.dump on purpose: the reference recomputation below loops over query
 rows and never calls the dumper's own ``absorbed_attention``.
@@ -7,6 +8,7 @@ rows and never calls the dumper's own ``absorbed_attention``.
 from __future__ import annotations
 
 import json
+import os
 
 import h5py
 import numpy as np
@@ -142,3 +144,15 @@ def rel(a, b) -> float:
     """max |a - b| / max |b|."""
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-300))
+
+
+def checkpoint_layout(path):
+    """(weight_map, {layer index: the set of shard files holding its tensors}) of a sharded safetensors
+    checkpoint directory, from its model.safetensors.index.json."""
+    with open(os.path.join(path, "model.safetensors.index.json")) as f:
+        wm = json.load(f)["weight_map"]
+    layers = {}
+    for k, fn in wm.items():
+        if k.startswith("model.layers."):
+            layers.setdefault(int(k.split(".")[2]), set()).add(fn)
+    return wm, layers

@@ -29,6 +29,7 @@ import numpy as np
 import pytest
 import torch
 
+from dump_checks import checkpoint_layout
 from latentq import dump as dump_latents
 from latentq import stream
 from latentq.model import weights_revision
@@ -106,16 +107,6 @@ def test_fp8_quantize_round_trip():
 # ---- the checkpoints --------------------------------------------------------------------------
 
 
-def _layout(path):
-    with open(os.path.join(path, stream.INDEX_NAME)) as f:
-        wm = json.load(f)["weight_map"]
-    layers = {}
-    for k, fn in wm.items():
-        if k.startswith("model.layers."):
-            layers.setdefault(int(k.split(".")[2]), set()).add(fn)
-    return wm, layers
-
-
 @pytest.fixture(scope="module")
 def ckpts(tmp_path_factory):
     root = tmp_path_factory.mktemp("ckpt")
@@ -144,7 +135,7 @@ def test_fp8_checkpoint_is_shipped_as_deepseek_does(ckpts):
     """The premises of the FP8 tests: >= 3 shards, a layer split across two, per-expert 2-D FP8 weights
     with partial 128 x 128 blocks, a quantization_config, an MTP layer past num_hidden_layers."""
     paths, _ = ckpts
-    wm, layers = _layout(paths["fp8"])
+    wm, layers = checkpoint_layout(paths["fp8"])
     assert len(set(wm.values())) >= 3 and any(len(v) == 2 for v in layers.values()), layers
     assert sorted(layers) == [0, 1, 2, 3, 4]
     ck = stream.Checkpoint(paths["fp8"])

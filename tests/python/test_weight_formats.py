@@ -43,7 +43,7 @@ from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
 from compressed_tensors.quantization.utils import calculate_qparams
 from compressed_tensors.utils.match import match_name
 
-from dump_checks import check_schema, rel
+from dump_checks import check_schema, checkpoint_layout, rel
 from latentq import dump as dump_latents
 from latentq import stream
 from latentq import weight_formats as wf
@@ -442,12 +442,7 @@ def test_replica_is_shipped_as_the_family_does(replicas, name):
     the Checkpoint sees each quantized module as one ``weight``."""
     paths, _ = replicas
     d = paths[name]
-    with open(os.path.join(d, stream.INDEX_NAME)) as f:
-        wm = json.load(f)["weight_map"]
-    layers = {}
-    for k, fn in wm.items():
-        if k.startswith("model.layers."):
-            layers.setdefault(int(k.split(".")[2]), set()).add(fn)
+    wm, layers = checkpoint_layout(d)
     assert len(set(wm.values())) == 3 and any(len(v) == 2 for v in layers.values()), layers
     size = sum(os.path.getsize(os.path.join(d, fn)) for fn in set(wm.values()))
     assert size < 4 << 20, size
