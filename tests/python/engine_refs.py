@@ -526,7 +526,6 @@ def ggml_rows(q: Quant) -> np.ndarray:
 _TILE_RE = re.compile(r"^fp8-e4m3-tile(\d+)-(pow2|pow2-ue8m0|fp32)$")
 
 
-
 def quantize(x, spec: str) -> Quant:
     m = _TILE_RE.match(spec)
     if m:

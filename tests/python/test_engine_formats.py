@@ -40,7 +40,9 @@ SPECS = [
     if f not in ("preset", "bf16") and r.startswith("engine_refs.")
 ]
 # the presets whose record engine_refs writes out
-PRESETS = [n for n, f, r in zip(TABLE.name, TABLE.family, TABLE.reference) if f == "preset" and r.startswith("engine_refs.")]
+PRESETS = [
+    n for n, f, r in zip(TABLE.name, TABLE.family, TABLE.reference) if f == "preset" and r.startswith("engine_refs.")
+]
 
 
 def test_every_row_of_the_table_has_an_independent_reference():
