@@ -57,6 +57,7 @@ from latentq.model import (
     ModelError,
     device_error,
     load_model,
+    native_class_note,
     run_model,
     state_dict_sha256,
     stream_plan,
@@ -680,7 +681,11 @@ def main(argv=None) -> int:
             text_sha256=hashlib.sha256(text).hexdigest(),
             force=a.force,
             compression="gzip" if a.gzip else None,
-            extra_attrs={"tokenizer": tokenizer},
+            extra_attrs={
+                "tokenizer": tokenizer,
+                "model_class": type(model.model if stream else model).__name__,
+                "model_class_note": native_class_note(a.model) or "",
+            },
         )
     except (DumpError, MLAModuleNotFoundError, CheckpointError) as e:
         return fail(str(e))

@@ -155,6 +155,9 @@ struct StudyArgs {
   int threads = 0;
   bool no_e2e = false;
   bool verbose = false;  // --verbose: the tables `latentq run` prints, the dump's JSON summary, a line per e2e run
+  bool trust_remote_code = false;                  // the checkpoint's own code may run (dump and e2e)
+  std::string tokenizer = "auto", stream = "auto";  // --tokenizer auto|bytes, --stream auto|on|off
+  std::string memory_budget;                       // --memory-budget (empty: half the physical memory)
 };
 
 // A string root attribute of `attrs`, or "" when absent or not a string.
@@ -214,6 +217,10 @@ int cmd_study(const StudyArgs& a, std::ostream& out, std::ostream& err, bool pro
   in.device = a.device;
   in.threads = a.threads;
   in.quiet = !a.verbose;
+  in.trust_remote_code = a.trust_remote_code;
+  in.tokenizer = a.tokenizer;
+  in.stream = a.stream;
+  in.memory_budget = a.memory_budget;
   std::error_code ec;
   if (!fs::is_regular_file(in.model / "config.json", ec))
     throw std::invalid_argument(fmt::format("--model {}: no config.json (expected a checkpoint directory)", a.model));
@@ -238,10 +245,18 @@ int cmd_study(const StudyArgs& a, std::ostream& out, std::ostream& err, bool pro
     if (!f) throw std::invalid_argument(a.config + ": cannot read the config file");
     return std::string{std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
   }();
+  const bool made_dir = !fs::exists(dir, ec);
   fs::create_directories(dir);
 
-  // 1. The dump (reused when every input is unchanged).
-  const DumpStepResult d = run_dump_step(in, dump, out, err);
+  // 1. The dump (reused when every input is unchanged). A dump that fails leaves no directory this run made.
+  const DumpStepResult d = [&] {
+    try {
+      return run_dump_step(in, dump, out, err);
+    } catch (...) {
+      if (made_dir) fs::remove_all(dir, ec);
+      throw;
+    }
+  }();
   const std::string dump_sha = file_sha256(dump);
   const std::string text_sha = file_sha256(in.text);
 
@@ -290,6 +305,10 @@ int cmd_study(const StudyArgs& a, std::ostream& out, std::ostream& err, bool pro
   E.device = a.device;
   E.dtype = a.dtype;
   E.dump_text_sha256 = text_sha;
+  E.trust_remote_code = a.trust_remote_code;
+  E.tokenizer = a.tokenizer;
+  E.stream = a.stream;
+  E.memory_budget = a.memory_budget;
   StepKey e2e_now;
   e2e_now.add("latentq code", d.code);
   e2e_now.add("results", str_attr(attrs, "input_sha256") + " " + sha256_hex(str_attr(attrs, "config")));
@@ -300,6 +319,10 @@ int cmd_study(const StudyArgs& a, std::ostream& out, std::ostream& err, bool pro
   e2e_now.add("--num-seqs", std::to_string(a.num_seqs));
   e2e_now.add("--dtype", a.dtype);
   e2e_now.add("--device", a.device);
+  e2e_now.add("--trust-remote-code", a.trust_remote_code ? "on" : "off");
+  e2e_now.add("--tokenizer", a.tokenizer);
+  e2e_now.add("--stream", a.stream);
+  e2e_now.add("--memory-budget", a.memory_budget.empty() ? "default" : a.memory_budget);
   const std::vector<std::string> groups = list_tables(results);
   std::optional<std::vector<std::string>> e2e_changes;
   if (std::find(groups.begin(), groups.end(), "e2e") != groups.end()) {
@@ -666,6 +689,20 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
       ->check(CLI::PositiveNumber);
   study->add_option("--budgets", sta.budgets, budgets_help);
   study->add_option("--threads", sta.threads, "worker threads (default: all cores)")->check(CLI::NonNegativeNumber);
+  study->add_flag("--trust-remote-code", sta.trust_remote_code,
+                  "let the checkpoint's own code run (its model or tokenizer classes), in the dump and the e2e step; "
+                  "a config whose architectures name a class transformers ships loads that class without it");
+  study->add_option("--tokenizer", sta.tokenizer,
+                    "auto: the checkpoint's tokenizer (byte tokens only when it has none; one that fails to load "
+                    "is an error); bytes: the text's bytes are the tokens")
+      ->check(CLI::IsMember({"auto", "bytes"}));
+  study->add_option("--stream", sta.stream,
+                    "run the model layer by layer from its safetensors shards: auto (when the weights exceed the "
+                    "memory budget), on or off; the dump and the e2e step")
+      ->check(CLI::IsMember({"auto", "on", "off"}));
+  study->add_option("--memory-budget", sta.memory_budget,
+                    "host memory for weights and hidden states when streaming, e.g. 24G (default: half the "
+                    "physical memory)");
   study->add_flag("--no-e2e", sta.no_e2e, "skip the e2e step (the decision then uses the attention KL)");
   study->add_flag("--verbose", sta.verbose,
                   "print every table (as `latentq run` does), the dump's summary and a line per e2e run; by "

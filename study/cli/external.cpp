@@ -254,6 +254,10 @@ bool run_e2e_step(const StudyConfig& config, const DumpAttrs& attrs, const fs::p
   if (!E.dtype.empty()) argv.insert(argv.end(), {"--dtype", E.dtype});
   if (E.batch_runs > 0) argv.insert(argv.end(), {"--batch-runs", std::to_string(E.batch_runs)});
   if (!E.dump_text_sha256.empty()) argv.insert(argv.end(), {"--dump-text-sha256", E.dump_text_sha256});
+  if (E.trust_remote_code) argv.push_back("--trust-remote-code");
+  if (!E.tokenizer.empty()) argv.insert(argv.end(), {"--tokenizer", E.tokenizer});
+  if (!E.stream.empty()) argv.insert(argv.end(), {"--stream", E.stream});
+  if (!E.memory_budget.empty()) argv.insert(argv.end(), {"--memory-budget", E.memory_budget});
   const int n = worker_threads(threads);
   argv.insert(argv.end(), {"--threads", std::to_string(n)});
   if (!verbose) argv.push_back("--quiet");
@@ -312,6 +316,10 @@ StepKey dump_key(const DumpStepInputs& in, const std::string& code, const std::v
   k.add("--q-rows", std::to_string(in.q_rows));
   k.add("--dtype", in.dtype);
   k.add("--device", in.device);
+  k.add("--trust-remote-code", in.trust_remote_code ? "on" : "off");
+  k.add("--tokenizer", in.tokenizer);
+  k.add("--stream", in.stream);
+  k.add("--memory-budget", in.memory_budget.empty() ? "default" : in.memory_budget);
   k.add("dump sha256", dump_sha);
   return k;
 }
@@ -423,6 +431,9 @@ DumpStepResult run_dump_step(const DumpStepInputs& in, const fs::path& dump, std
                                    in.device,
                                    "--threads",
                                    std::to_string(worker_threads(in.threads))};
+  argv.insert(argv.end(), {"--tokenizer", in.tokenizer, "--stream", in.stream});
+  if (in.trust_remote_code) argv.push_back("--trust-remote-code");
+  if (!in.memory_budget.empty()) argv.insert(argv.end(), {"--memory-budget", in.memory_budget});
   if (in.quiet) argv.push_back("--quiet");
   out << "dump: " << fmt::format("{}", fmt::join(argv, " ")) << "\n";
   std::vector<std::pair<std::string, std::string>> env = python_env(t);

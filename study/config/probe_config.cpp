@@ -168,7 +168,7 @@ ProbeConfig parse_probe_config(std::string_view text, const std::string& source,
   P.sections = parse_probe_sections(text, source, base_dir);
   const auto r = make_settings_reader(text, source, base_dir, "e2e");
   r->check_keys({"enabled", "model", "quantizers", "text", "seq_len", "num_seqs", "offset_bytes", "device", "dtype",
-                 "batch_runs"});
+                 "batch_runs", "trust_remote_code", "tokenizer", "stream", "memory_budget"});
   E2eSettings& E = P.e2e;
   if (auto v = r->boolean("enabled")) E.enabled = *v;
   if (auto v = r->path("model")) E.model = *v;
@@ -193,6 +193,21 @@ ProbeConfig parse_probe_config(std::string_view text, const std::string& source,
     if (*v != "float32" && *v != "bfloat16" && *v != "float16")
       r->fail("dtype", fmt::format("'e2e.dtype' = '{}': expected float32, bfloat16 or float16", *v));
     E.dtype = *v;
+  }
+  if (auto v = r->boolean("trust_remote_code")) E.trust_remote_code = *v;
+  if (auto v = r->string("tokenizer")) {
+    if (*v != "auto" && *v != "bytes")
+      r->fail("tokenizer", fmt::format("'e2e.tokenizer' = '{}': expected auto or bytes", *v));
+    E.tokenizer = *v;
+  }
+  if (auto v = r->string("stream")) {
+    if (*v != "auto" && *v != "on" && *v != "off")
+      r->fail("stream", fmt::format("'e2e.stream' = '{}': expected auto, on or off", *v));
+    E.stream = *v;
+  }
+  if (auto v = r->string("memory_budget")) {
+    if (v->empty()) r->fail("memory_budget", "'e2e.memory_budget' is empty: expected a size such as 24G");
+    E.memory_budget = *v;
   }
   if (auto specs = r->strings("quantizers")) {
     std::vector<std::vector<std::string>> given;  // the spellings of each canonical spec, in E.quantizers' order

@@ -68,7 +68,11 @@ struct DumpStepInputs {
   std::string dtype = "float32";
   std::string device = "cpu";  ///< the torch device the model runs on
   int threads = 0;
-  bool quiet = false;  ///< --quiet: one line at the end instead of the dump's JSON summary
+  bool quiet = false;               ///< --quiet: one line at the end instead of the dump's JSON summary
+  bool trust_remote_code = false;   ///< --trust-remote-code: the checkpoint's own code may run (model, tokenizer)
+  std::string tokenizer = "auto";   ///< --tokenizer auto|bytes
+  std::string stream = "auto";      ///< --stream auto|on|off (auto: stream when the weights exceed the budget)
+  std::string memory_budget;        ///< --memory-budget (empty: the dump's default, half the physical memory)
 };
 /// What the dump step of `latentq study` read and whether it reused its dump.
 struct DumpStepResult {
@@ -80,10 +84,11 @@ struct DumpStepResult {
 /// `latentq study`'s dump: DUMP is reused when DUMP.inputs (written after a successful dump) records the same key
 /// (latentq/provenance.h): latentq's code (code_sha256), the model directory and the sha256 of every file in it
 /// (weights, config, tokenizer, remote code), the text and its sha256, seq_len, num_seqs, q_rows, dtype, device,
-/// and DUMP's own sha256. A file whose stat fields are those recorded is not hashed again. Otherwise prints
+/// trust_remote_code, tokenizer, stream, memory_budget, and DUMP's own sha256. A file whose stat fields are those recorded is not hashed again. Otherwise prints
 /// "dump: redoing DUMP: <what changed>" (when DUMP exists) and runs
 ///   <python> -m latentq.dump --model DIR --text FILE --seq-len L --num-seqs S --q-rows Q --dtype D
-///                            --device DEV --out DUMP --force --threads N [--quiet]
+///                            --device DEV --out DUMP --force --threads N --tokenizer T --stream S
+///                            [--trust-remote-code] [--memory-budget B] [--quiet]
 /// (its stdout relayed to `out`, its stderr with its progress and notes to `err`, as they come; the checkpoint
 /// hashed meanwhile) and writes DUMP.inputs. Throws std::runtime_error when Python is unavailable or the dump fails
 /// (its exit code), or a file of the checkpoint cannot be read.

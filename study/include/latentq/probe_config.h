@@ -76,6 +76,10 @@ struct E2eSettings {
   std::string device;            ///< torch device (--device): cpu, cuda, cuda:N
   std::string dtype;             ///< compute dtype (--dtype): float32, bfloat16, float16
   int64_t batch_runs = 0;        ///< runs per forward (--batch-runs), >= 1; 0 = auto
+  bool trust_remote_code = false;  ///< run the checkpoint's own code (--trust-remote-code): model and tokenizer
+  std::string tokenizer;           ///< --tokenizer: auto (the checkpoint's; an error when it fails) or bytes
+  std::string stream;              ///< --stream: auto (by size), on or off
+  std::string memory_budget;       ///< --memory-budget: host memory for weights when streaming, e.g. 24G
   std::string dump_text_sha256;  ///< not a config key: `latentq study` sets it (--dump-text-sha256)
 };
 
