@@ -42,6 +42,42 @@ attention_scaling^2 times the input pair's, for the same frequency index.
 The module-level function is shared by all layers, so a forward pre-hook on every attention module
 records which layer is executing; a forward hook clears it.
 
+Only the attention's own calls count. A RoPE (or attention) function called while a child module of
+the attention is executing belongs to that child, not to the layer: DeepSeek-V3.2's DSA indexer
+(``DeepseekV32Indexer``, inside ``DeepseekV32Attention``) calls ``apply_rotary_pos_emb`` on its own
+query / key, GLM-5's (``GlmMoeDsaIndexer``) ``apply_rotary_pos_emb_interleave`` (transformers 5.24
+modeling_deepseek_v32.py, modeling_glm_moe_dsa.py). The rule: every direct child of the attention
+module other than the projections and norms named in ``MLA_LEAVES`` (plain Linear / RMSNorm leaves,
+which call no module-level function) gets a forward pre-hook and a forward hook that count the
+children executing; the wrappers pass a call through untouched while that count is > 0. A call
+from a grandchild happens while its child is executing, so it is excluded too. A model whose RoPE
+is applied inside a child module is therefore not captured: it fails loudly ("no known RoPE
+function was called"), never silently. The DSA models' attention is sparse (each query reads its
+indexer's top-k keys); the capture is exact whatever index_topk is, but the dense absorbed
+recomputation (latentq.dump) equals the model only when index_topk >= the sequence length, where
+every causal key is selected.
+
+NoPE layers: a python module that defines none of the RoPE functions applies no RoPE (transformers'
+``KimiLinearAttention``, Kimi-Linear's MLA layers: its k_rot is the unrotated last qk_rope_head_dim
+columns of ``kv_a_proj_with_mqa``, its query's last qk_rope_head_dim columns enter the scores as
+they are). Its layers get ``k_pe`` = ``k_pe_pre``, ``q_pe`` = ``q_pe_pre``, ``rope_layout`` and
+``rope_function`` ``"none"``; a model that rotates through a function of another name would be
+taken as NoPE, and the absorbed self-check of latentq.dump then fails.
+
+Latent scales: an attention module with float attributes named ``mla_scale_<x>`` multiplies its
+latents after the projections (transformers' ``LongcatFlashMLA``: k_pass = kv_a_layernorm(kv) *
+mla_scale_kv_lora, q_pass and q_rot * mla_scale_q_lora, modeling_longcat_flash.py). ``<x>``
+starting with ``kv`` scales c_kv, with ``q`` both query parts (``latent_scales``); any other name is
+refused. The captured ``c_kv`` is the scaled latent the cache stores (kv_a_layernorm's output times
+the scale, the model's own product, bit for bit) and ``q_nope`` the scaled query (the q scale
+applied to the q_proj / q_b_proj output, as the model does; ``q_pe`` is post-RoPE, already
+scaled), so the absorbed recomputation with W_UK / W_UV = kv_b_proj's weight equals the model.
+``q_pe_pre`` stays unscaled (it is the projection's output). While the hooks are installed the
+module's c_kv scale attribute is set to 1.0 and the kv_a_layernorm hook returns the scaled latent
+(``inject`` sees and replaces the scaled c_kv; the model's own multiplication by 1.0 is exact), so
+an identity injection leaves the model bit for bit unchanged. Records carry ``c_kv_scale`` and
+``q_scale`` (1.0 without such attributes).
+
 The softmax scale is captured at call time: the ``scaling`` argument of the attention module's
 module-level ``eager_attention_forward`` and the ``scale`` argument of
 ``torch.nn.functional.scaled_dot_product_attention`` (HF's sdpa path and tiny-mla) are wrapped while
@@ -61,16 +97,30 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-MLA_MARKER = "kv_a_proj_with_mqa"
-
 # Module-level RoPE functions and the layout of the tensors they return.
 ROPE_FUNCTION_LAYOUTS = {
     "apply_rotary_emb": "interleaved",
     "apply_rotary_pos_emb": "half",
     "apply_rotary_pos_emb_interleave": "half",
 }
+MLA_MARKER = "kv_a_proj_with_mqa"
 EAGER_ATTENTION_NAMES = ("eager_attention_forward",)
 INJECTABLE = ("c_kv", "k_pe")
+# The attention's own projections and norms: leaves that call no module-level function. Every other
+# direct child (DSA indexer, rotary embedding module ...) is tracked: a RoPE call inside it is not the
+# attention's (module docstring).
+MLA_LEAVES = (
+    "q_proj",
+    "q_a_proj",
+    "q_a_layernorm",
+    "q_b_proj",
+    MLA_MARKER,
+    "kv_a_layernorm",
+    "kv_b_proj",
+    "o_proj",
+)
+NOPE = "none"  # rope_layout / rope_function of a layer without RoPE
+SCALE_PREFIX = "mla_scale_"
 
 InjectFn = Callable[[int, str, torch.Tensor], torch.Tensor]
 LayerFn = Callable[[int, dict], None]
@@ -124,6 +174,28 @@ def mla_dims(attn: nn.Module) -> dict:
     if h * (nope + vdim) != attn.kv_b_proj.weight.shape[0]:
         raise ValueError("kv_b_proj rows are not a multiple of qk_nope_head_dim + v_head_dim")
     return dict(num_heads=h, kv_lora_rank=r, qk_rope_head_dim=rope, qk_nope_head_dim=nope, v_head_dim=vdim)
+
+
+def latent_scales(attn: nn.Module) -> dict:
+    """The latent scales of one MLA module, from its float attributes named ``mla_scale_<x>`` (module
+    docstring): ``{"c_kv": (attribute name or None, factor), "q": (name or None, factor)}``, factor 1.0
+    without an attribute. Raises RuntimeError naming the module's class and attribute for a name that
+    is neither ``mla_scale_kv*`` nor ``mla_scale_q*``, or two attributes for one latent."""
+    out = {"c_kv": (None, 1.0), "q": (None, 1.0)}
+    for name, v in sorted(vars(attn).items()):
+        if not name.startswith(SCALE_PREFIX) or not isinstance(v, (int, float)):
+            continue
+        rest = name[len(SCALE_PREFIX) :]
+        key = "c_kv" if rest.startswith("kv") else "q" if rest.startswith("q") else None
+        if key is None:
+            raise RuntimeError(
+                f"{type(attn).__name__}.{name}: unknown latent scale (expected {SCALE_PREFIX}kv* for c_kv "
+                f"or {SCALE_PREFIX}q* for the query)"
+            )
+        if out[key][0] is not None:
+            raise RuntimeError(f"{type(attn).__name__}: two {key} scales, {out[key][0]} and {name}")
+        out[key] = (name, float(v))
+    return out
 
 
 def _pairs(x: torch.Tensor, layout: str) -> torch.Tensor:
@@ -223,10 +295,13 @@ class LatentHooks:
         self.q_rows = q_rows
         self.mla = find_mla_layers(model)
         self.dims = {idx: mla_dims(attn) for idx, _, attn in self.mla}
+        self.scales = {idx: latent_scales(attn) for idx, _, attn in self.mla}
+        self.nope: dict[int, bool] = {}  # layer -> applies no RoPE (its python module defines no RoPE function)
         self.layers: dict[int, dict] = {}
         self._handles: list = []
         self._patches: list[tuple[object, str, object]] = []
         self._current: int | None = None
+        self._in_child = 0  # children of the running attention module executing now (module docstring)
         self._rope_called = False
         self._active = False
 
@@ -281,21 +356,22 @@ class LatentHooks:
             setattr(obj, name, old)
         self._patches = []
         self._current = None
+        self._in_child = 0
         self._active = False
 
     def _install(self) -> None:
         pymods = {}
-        for idx, _, attn in self.mla:
+        for _, _, attn in self.mla:
             pymods.setdefault(type(attn).__module__, sys.modules[type(attn).__module__])
+        rope_names = {
+            name: [n for n in ROPE_FUNCTION_LAYOUTS if callable(getattr(pymod, n, None))]
+            for name, pymod in pymods.items()
+        }
+        for idx, _, attn in self.mla:
+            self.nope[idx] = not rope_names[type(attn).__module__]
             self._hook_layer(idx, attn)
-        for pymod in pymods.values():
-            names = [n for n in ROPE_FUNCTION_LAYOUTS if callable(getattr(pymod, n, None))]
-            if not names:
-                raise RuntimeError(
-                    f"module {pymod.__name__} defines none of the RoPE functions "
-                    f"{sorted(ROPE_FUNCTION_LAYOUTS)}; cannot capture post-RoPE k_pe/q_pe"
-                )
-            for n in names:
+        for name, pymod in pymods.items():
+            for n in rope_names[name]:
                 self._patch(pymod, n, self._rope_wrapper(getattr(pymod, n), n))
             if self.capture:
                 for n in EAGER_ATTENTION_NAMES:
@@ -309,18 +385,25 @@ class LatentHooks:
     def _hook_layer(self, idx: int, attn: nn.Module) -> None:
         dims = self.dims[idx]
         H, nope, rope = dims["num_heads"], dims["qk_nope_head_dim"], dims["qk_rope_head_dim"]
+        no_rope = self.nope[idx]
+        (ckv_attr, ckv_scale), (_, q_scale) = self.scales[idx]["c_kv"], self.scales[idx]["q"]
+        if ckv_attr is not None:  # the hook applies the c_kv scale (module docstring)
+            self._patch(attn, ckv_attr, 1.0)
 
         def pre(mod, args):
             self._current = idx
+            self._in_child = 0
             self._rope_called = False
             if self.capture:
                 rec = self.layers.setdefault(idx, {})
                 for k in ("softmax_scale", "softmax_scale_source", "rope_layout", "rope_function", "k_pe", "q_pe"):
                     rec.pop(k, None)
+                rec["c_kv_scale"], rec["q_scale"] = ckv_scale, q_scale
 
         def post(mod, args, out):
             self._current = None
-            if not self._rope_called:
+            self._in_child = 0
+            if not self._rope_called and not no_rope:
                 raise RuntimeError(
                     f"layer {idx}: no known RoPE function ({sorted(ROPE_FUNCTION_LAYOUTS)}) "
                     f"was called from {type(mod).__module__}; post-RoPE k_pe/q_pe unavailable"
@@ -339,21 +422,46 @@ class LatentHooks:
         self._handles.append(attn.register_forward_pre_hook(pre))
         self._handles.append(attn.register_forward_hook(post))
 
+        def child_pre(mod, args):
+            self._in_child += 1
+
+        def child_post(mod, args, out):
+            self._in_child -= 1
+
+        for name, child in attn.named_children():
+            if name not in MLA_LEAVES:
+                self._handles.append(child.register_forward_pre_hook(child_pre))
+                self._handles.append(child.register_forward_hook(child_post))
+
         def ckv_hook(mod, args, out):
+            if ckv_attr is not None:
+                out = out * ckv_scale  # the model's own product (its attribute is 1.0 meanwhile)
             if self.inject is not None:
                 out = self._replace(idx, "c_kv", out)
             self._store(idx, "c_kv", out)
-            return out if self.inject is not None else None
+            return out if self.inject is not None or ckv_attr is not None else None
 
         self._handles.append(attn.kv_a_layernorm.register_forward_hook(ckv_hook))
 
-        if self.capture:
+        if self.capture or (no_rope and self.inject is not None):
 
             def kv_a_hook(mod, args, out):
-                self._store(idx, "k_pe_pre", out[..., -rope:])
+                k = out[..., -rope:]  # [B, T, rope]: k_rot before RoPE (NoPE: as the model uses it)
+                self._store(idx, "k_pe_pre", k)
+                if not no_rope:
+                    return None
+                if self.inject is not None:
+                    k = self._replace(idx, "k_pe", k)
+                    out = torch.cat([out[..., :-rope], k], dim=-1)
+                if self.capture:
+                    rec = self.layers.setdefault(idx, {})
+                    rec["rope_layout"] = rec["rope_function"] = NOPE
+                    self._store(idx, "k_pe", k)
+                return out if self.inject is not None else None
 
             self._handles.append(attn.kv_a_proj_with_mqa.register_forward_hook(kv_a_hook))
 
+        if self.capture:
             qmod = getattr(attn, "q_b_proj", None) if getattr(attn, "q_proj", None) is None else attn.q_proj
             if qmod is None:
                 raise RuntimeError(f"layer {idx}: neither q_proj nor q_b_proj found")
@@ -361,8 +469,11 @@ class LatentHooks:
             def q_hook(mod, args, out):
                 q = out.view(*out.shape[:-1], H, nope + rope)  # [B, T, H, nope + rope]
                 q = self._rows(q, q.dim() - 3)
-                self._store(idx, "q_nope", q[..., :nope])
+                q_nope = q[..., :nope] if q_scale == 1.0 else q[..., :nope] * q_scale  # the model's product
+                self._store(idx, "q_nope", q_nope)
                 self._store(idx, "q_pe_pre", q[..., nope:])
+                if no_rope:
+                    self._store(idx, "q_pe", q[..., nope:] if q_scale == 1.0 else q[..., nope:] * q_scale)
 
             self._handles.append(qmod.register_forward_hook(q_hook))
 
@@ -380,7 +491,7 @@ class LatentHooks:
         def wrapper(*args, **kwargs):
             q_out, k_out = fn(*args, **kwargs)[:2]
             idx = self._current
-            if idx is None:
+            if idx is None or self._in_child:  # not the attention's own call (module docstring)
                 return q_out, k_out
             self._rope_called = True
             k_in = args[1] if len(args) > 1 else kwargs.get("k", kwargs.get("xk"))
@@ -412,7 +523,7 @@ class LatentHooks:
 
     def _record_scale(self, scale, source: str) -> None:
         idx = self._current
-        if idx is None or not self.capture:
+        if idx is None or self._in_child or not self.capture:
             return
         rec = self.layers.setdefault(idx, {})
         if "softmax_scale" not in rec:
@@ -435,6 +546,8 @@ class LatentHooks:
 
     def _sdpa_wrapper(self, fn):
         def wrapper(query, *args, **kwargs):
+            if self._in_child:  # a child's attention (module docstring): neither recorded nor replaced
+                return fn(query, *args, **kwargs)
             scale = kwargs.get("scale", args[5] if len(args) > 5 else None)
             if scale is None:
                 scale = query.shape[-1] ** -0.5  # SDPA's own default

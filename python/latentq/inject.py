@@ -7,7 +7,12 @@ reads.
 Injection: ``fn(layer_idx, name, tensor) -> tensor`` with name ``"c_kv"`` ([B, T, kv_lora_rank]) or
 ``"k_pe"`` ([B, T, qk_rope_head_dim], post-RoPE); the returned tensor must have the same shape and is
 cast to the model's dtype/device. The replacement is what the rest of the layer (kv_b_proj, the
-cache, the attention) sees.
+cache, the attention) sees. c_kv is the latent the cache stores: for a model that scales it after
+kv_a_layernorm (LongCat-Flash's ``mla_scale_kv_lora``) the scaled latent, replaced exactly (the hook
+applies the scale and the module's own factor is 1.0 meanwhile: latentq.capture, "Latent scales");
+an identity ``fn`` leaves the model's output bit for bit unchanged. For a NoPE layer (Kimi-Linear's
+MLA layers; rope_layout "none") k_pe is the unrotated last qk_rope_head_dim columns of
+``kv_a_proj_with_mqa``'s output, replaced there.
 
 Decode order (``DecodeOrderAttention``): the attention of every query t reads key j from one of two
 versions of the latent cache (quantized / bf16) per a [T, T] mask, which is token-by-token decode with
