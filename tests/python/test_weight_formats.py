@@ -32,104 +32,33 @@ reference's dump (the same weights and arithmetic: measured 0).
 import json
 import os
 
-import ml_dtypes
 import numpy as np
 import pytest
 import torch
 from compressed_tensors.compressors.naive_quantized.base import FloatQuantizationCompressor
 from compressed_tensors.compressors.nvfp4.helpers import unpack_fp4_from_uint8
 from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor
-from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
-from compressed_tensors.quantization.utils import calculate_qparams
+from compressed_tensors.quantization import QuantizationArgs
 from compressed_tensors.utils.match import match_name
 
 from dump_checks import check_schema, checkpoint_layout, rel
 from latentq import dump as dump_latents
 from latentq import stream
 from latentq import weight_formats as wf
-from latentq.random_checkpoint import deepseek_tensors, random_model, write_checkpoint
-
-V3 = dict(hidden_size=192, intermediate_size=160, moe_intermediate_size=64, q_lora_rank=96, num_hidden_layers=3)
-SEQ_LEN, NUM_SEQS, Q_ROWS = 32, 2, 8
-E4M3_MAX, E2M1_MAX = 448.0, 6.0
-
-
-# ---- quantizing as the formats' own code does -------------------------------------------------
-
-
-def ct_pack(w: torch.Tensor, args: QuantizationArgs) -> dict:
-    """compressed-tensors' PackedQuantizationCompressor.compress of w with min/max qparams
-    (calculate_qparams, per group / channel), as its observers give them."""
-    M, N = w.shape
-    g = args.group_size if args.strategy == "group" else N
-    blocks = w.reshape(M, N // g, g)
-    scale, zp = calculate_qparams(blocks.amin(-1), blocks.amax(-1), args)
-    sd = {"weight": w, "weight_scale": scale}
-    if not args.symmetric:
-        sd["weight_zero_point"] = zp
-    return PackedQuantizationCompressor.compress(sd, QuantizationScheme(targets=["Linear"], weights=args))
-
-
-def fp8_scale(w: torch.Tensor, args: QuantizationArgs, dtype) -> torch.Tensor:
-    """amax / 448 per tensor ([1]), row ([M, 1]) or block ([ceil(M/bm), ceil(N/bn)])."""
-    a = w.float().abs()
-    if args.strategy == "tensor":
-        s = a.max().reshape(1)
-    elif args.strategy == "channel":
-        s = a.amax(1, keepdim=True)
-    else:
-        bm, bn = args.block_structure
-        M, N = w.shape
-        s = torch.stack(
-            [torch.stack([a[i : i + bm, j : j + bn].max() for j in range(0, N, bn)]) for i in range(0, M, bm)]
-        )
-    return (s / E4M3_MAX).to(dtype)
-
-
-def ct_float(w: torch.Tensor, args: QuantizationArgs, scale_dtype) -> dict:
-    sd = {"weight": w, "weight_scale": fp8_scale(w, args, scale_dtype)}
-    return FloatQuantizationCompressor.compress(sd, QuantizationScheme(targets=["Linear"], weights=args))
-
-
-def ct_decompress(cls, parts: dict, args: QuantizationArgs, scale_dtype=torch.float32) -> torch.Tensor:
-    """The library's decompressor, the scale given in scale_dtype (it computes in that dtype)."""
-    sd = dict(parts, weight_scale=parts["weight_scale"].to(scale_dtype))
-    return cls.decompress(sd, QuantizationScheme(targets=["Linear"], weights=args))["weight"]
-
-
-def nvfp4_quantize(w: torch.Tensor) -> dict:
-    """ModelOpt's NVFP4 recipe (nvfp4_tensor.py quantize): weight_scale_2 = amax / (6 · 448), per 16
-    weight_scale = e4m3(block amax / (6 · weight_scale_2)), codes = e2m1(w / (scale · scale_2))
-    (rounded by ml_dtypes), two per byte, element 2i in the low nibble."""
-    x = w.float().numpy()
-    M, N = x.shape
-    s2 = np.float32(np.abs(x).max() / (E2M1_MAX * E4M3_MAX))
-    blocks = x.reshape(M, N // 16, 16)
-    s = (np.abs(blocks).max(-1) / (E2M1_MAX * s2)).astype(ml_dtypes.float8_e4m3fn)
-    per_block = s.astype(np.float32) * s2
-    scaled = blocks / np.where(per_block == 0, 1, per_block)[..., None]
-    codes = scaled.reshape(M, N).astype(ml_dtypes.float4_e2m1fn).view(np.uint8) & 0x0F
-    packed = codes[:, 0::2] | (codes[:, 1::2] << 4)
-    return {
-        "weight": torch.from_numpy(np.ascontiguousarray(packed, dtype=np.uint8)),
-        "weight_scale": torch.from_numpy(s.view(np.uint8).copy()).view(torch.float8_e4m3fn),
-        "weight_scale_2": torch.tensor(s2),
-        "input_scale": torch.tensor(np.float32(0.02)),
-    }
-
-
-def numpy_nvfp4(parts: dict, group: int = 16) -> np.ndarray:
-    """Independent NVFP4 decoder: nibble 2i low, 2i + 1 high, e2m1 by ml_dtypes, times
-    float32(e4m3 scale) · scale_2 (float32, the product first, as ModelOpt)."""
-    b = parts["weight"].numpy()
-    M, N = b.shape[0], 2 * b.shape[1]
-    codes = np.empty((M, N), dtype=np.uint8)
-    codes[:, 0::2], codes[:, 1::2] = b & 0x0F, b >> 4
-    e2m1 = codes.view(ml_dtypes.float4_e2m1fn).astype(np.float32)
-    s = parts["weight_scale"].view(torch.uint8).numpy().view(ml_dtypes.float8_e4m3fn).astype(np.float32)
-    per_block = s * np.float32(parts["weight_scale_2"].item())
-    return (e2m1.reshape(M, N // group, group) * per_block[..., None]).reshape(M, N)
-
+from replicas import (
+    KIMI_QC,
+    MISTRAL_QC,
+    NUM_SEQS,
+    NVFP4_HQ,
+    Q_ROWS,
+    SEQ_LEN,
+    build_replicas,
+    ct_decompress,
+    ct_float,
+    ct_pack,
+    numpy_nvfp4,
+    nvfp4_quantize,
+)
 
 # ---- the decoders ---------------------------------------------------------------------------------
 
@@ -244,70 +173,6 @@ def test_nvfp4_round_trip_of_modelopt_recipe():
 
 # ---- recognising the format ------------------------------------------------------------------------
 
-KIMI_QC = {
-    "config_groups": {
-        "group_0": {
-            "input_activations": None,
-            "output_activations": None,
-            "targets": ["Linear"],
-            "weights": {
-                "actorder": None,
-                "block_structure": None,
-                "dynamic": False,
-                "group_size": 32,
-                "num_bits": 4,
-                "observer": "minmax",
-                "observer_kwargs": {},
-                "strategy": "group",
-                "symmetric": True,
-                "type": "int",
-            },
-        }
-    },
-    "format": "pack-quantized",
-    "ignore": ["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*", r"re:.*mlp\.(gate|up|gate_up|down)_proj.*"],
-    "kv_cache_scheme": None,
-    "quant_method": "compressed-tensors",
-    "quantization_status": "compressed",
-}
-MISTRAL_QC = {
-    "config_groups": {
-        "FP8_BLOCK": {
-            "format": "float-quantized",
-            "input_activations": {
-                "dynamic": True,
-                "group_size": 128,
-                "num_bits": 8,
-                "strategy": "group",
-                "type": "float",
-            },
-            "targets": ["Linear"],
-            "weights": {
-                "block_structure": [128, 128],
-                "dynamic": False,
-                "num_bits": 8,
-                "observer": "static_minmax",
-                "strategy": "block",
-                "symmetric": True,
-                "type": "float",
-            },
-        }
-    },
-    "format": "float-quantized",
-    "ignore": ["lm_head", r"re:.*mlp\.gate$"],
-    "quant_method": "compressed-tensors",
-    "quantization_status": "compressed",
-}
-NVFP4_HQ = {
-    "producer": {"name": "modelopt", "version": "0.23.0"},
-    "quantization": {
-        "quant_algo": "NVFP4",
-        "kv_cache_quant_algo": None,
-        "group_size": 16,
-        "exclude_modules": ["lm_head", "model.layers.*.self_attn*", "model.layers.*.mlp.gate"],
-    },
-}
-
 
 def test_detect_and_plan(tmp_path):
     """The table's recognition: each config as shipped, the ignore / exclude lists (compressed-tensors'
@@ -362,77 +227,12 @@ def test_detect_and_plan(tmp_path):
 # ---- the replicas -----------------------------------------------------------------------------------
 
 
-def _ct_args(qc: dict) -> QuantizationArgs:
-    w = next(iter(qc["config_groups"].values()))["weights"]
-    return QuantizationArgs(**{k: v for k, v in w.items() if k in QuantizationArgs.model_fields})
-
-
-def _is_proj(name: str) -> bool:
-    return name.startswith("model.layers.") and name.endswith(("_proj.weight", "_proj_with_mqa.weight"))
-
-
-def _quantize(tensors: dict, which, quantize, decompress) -> tuple[dict, dict]:
-    """(checkpoint tensors, float32 reference tensors): every name ``which`` picks replaced by the
-    module's stored tensors (quantize(w) -> {suffix: tensor}) and, in the reference, by
-    decompress(parts) (float32)."""
-    out, ref = {}, {}
-    for k, t in tensors.items():
-        if which(k):
-            mod = k[: -len(".weight")]
-            parts = quantize(t)
-            out.update({f"{mod}.{s}": v.contiguous() for s, v in parts.items()})
-            ref[k] = decompress(parts).float().contiguous()
-        else:
-            out[k] = t
-            ref[k] = t.float() if t.is_floating_point() else t
-    return out, ref
-
-
 @pytest.fixture(scope="module")
 def replicas(tmp_path_factory):
-    root = tmp_path_factory.mktemp("wf")
-    torch.set_num_threads(1)
-    model = random_model("v3", seed=21, std=0.1, **V3)
-    base = deepseek_tensors(model, dtype=torch.bfloat16)
-    kimi_args, mistral_args = _ct_args(KIMI_QC), _ct_args(MISTRAL_QC)
-    kinds = {
-        "kimi": (
-            lambda k: ".mlp.experts." in k,
-            lambda w: ct_pack(w, kimi_args),
-            lambda p: ct_decompress(PackedQuantizationCompressor, p, kimi_args),
-        ),
-        "mistral": (
-            lambda k: _is_proj(k),
-            lambda w: ct_float(w, mistral_args, torch.bfloat16),
-            lambda p: ct_decompress(FloatQuantizationCompressor, p, mistral_args),
-        ),
-        "nvfp4": (
-            lambda k: _is_proj(k) and ".mlp." in k,
-            nvfp4_quantize,
-            lambda p: torch.from_numpy(numpy_nvfp4(p)),
-        ),
-    }
-    paths = {}
-    for name, (which, quantize, decompress) in kinds.items():
-        ts, ref = _quantize(base, which, quantize, decompress)
-        d, r = str(root / name / "ckpt"), str(root / name / "ref")
-        write_checkpoint(ts, model.config, d, shards=3)
-        write_checkpoint(ref, model.config, r, shards=2, torch_dtype="float32")
-        cfg = json.loads(open(os.path.join(d, "config.json")).read())
-        if name == "nvfp4":
-            with open(os.path.join(d, wf.HF_QUANT_NAME), "w") as f:
-                json.dump(NVFP4_HQ, f, indent=2)
-        else:
-            cfg["quantization_config"] = KIMI_QC if name == "kimi" else MISTRAL_QC
-        with open(os.path.join(d, "config.json"), "w") as f:
-            json.dump(cfg, f, indent=2)
-        paths[name], paths[name + "-ref"] = d, r
-    text = root / "text.txt"
-    text.write_bytes(bytes(np.random.default_rng(5).integers(0, 256, SEQ_LEN * NUM_SEQS + 7, dtype=np.uint8)))
-    return paths, str(text)
+    return build_replicas(tmp_path_factory.mktemp("wf"))
 
 
-FAMILIES = ["kimi", "mistral", "nvfp4"]
+FAMILIES = ["kimi", "mistral", "nvfp4"]  # the instruct replica (DeepSeek FP8) is test_study_checkpoints'
 MARKERS = {"kimi": "weight_packed", "mistral": "weight_scale", "nvfp4": "weight_scale_2"}
 
 
