@@ -15,8 +15,11 @@ in memory, or in a temporary file when they and the largest layer do not fit in 
 The inputs of layer 0 (hidden states, attention mask, position embeddings, position ids ...) are
 taken from the model's own forward: it runs up to the first decoder layer, whose forward pre-hook
 records its arguments and stops the pass, so the layers see exactly what the model's forward would
-give them, and the streamed outputs equal the in-memory model's bit for bit (same modules, same
-arithmetic, one input per call as before).
+give them (hybrid models, whose forward picks a layer's inputs by ``config.layer_types[i]``, e.g.
+Kimi-Linear's causal mask for its MLA layers and none for its KDA layers: once per layer type, with
+that type set for layer 0 during the call: ``LayerStreamer._layer_kinds``), and the streamed
+outputs equal the in-memory model's bit for bit (same modules, same arithmetic, one input per call
+as before).
 
 What it reads:
   - bf16 / fp16 / fp32 tensors, cast to the compute dtype (or kept in float32 where the model keeps
@@ -31,6 +34,11 @@ What it reads:
     rows then up rows per expert, ``experts.down_proj`` [E, H, I]) when the model has them, as
     transformers' own conversion (MergeModulelist + Concatenate) does, or by name when it keeps
     one module per expert (remote code);
+  - checkpoints named as their family ships them, where transformers renames or merges tensors on
+    load: its conversion table for the model (``get_model_conversion_mapping``) renames the
+    checkpoint's names and maps per-expert and row-concatenated tensors into the model's fused ones
+    (``LayerStreamer._rename_checkpoint``; Kimi-Linear: ``block_sparse_moe.experts.N.w1`` ->
+    ``mlp.experts.gate_up_proj``, ``q_conv1d`` / ``k_conv1d`` / ``v_conv1d`` -> ``conv1d``);
   - MoE and dense layers alike (``first_k_dense_replace`` is the model's own business: whatever
     module a layer has is what gets loaded); checkpoint layers past ``num_hidden_layers`` (DeepSeek-V3's
     multi-token-prediction layer 61) are never read (``skipped_layers``).
@@ -109,10 +117,11 @@ class Checkpoint:
 
     Attributes: path, config (dict), stored_map (stored tensor name -> shard file name, as the
     index says), weight_map (model weight name -> shard file name: stored_map with each quantized
-    module's tensors replaced by ``<module>.weight``, in the shard of its first tensor), files (the
-    shard names, sorted), quantization (latentq.weight_formats.Quantization or None), parts
-    (``<module>.weight`` -> weight_formats.Part of each quantized weight), fp8_block ((bm, bn) for a
-    DeepSeek FP8 checkpoint, else None).
+    module's tensors replaced by ``<module>.weight``, in the shard of its first tensor; after
+    ``rename``, keyed by the new names), files (the shard names, sorted), quantization
+    (latentq.weight_formats.Quantization or None), parts (``<module>.weight`` -> weight_formats.Part
+    of each quantized weight, by stored name), fp8_block ((bm, bn) for a DeepSeek FP8 checkpoint,
+    else None), source_of (renamed weight name -> the name before ``rename``, for renamed ones).
     Raises CheckpointError: no config.json, no safetensors index or file, an unsupported
     quantization, a quantized module the config ignores or lacks a tensor of, an index naming a
     missing shard."""
@@ -152,11 +161,28 @@ class Checkpoint:
         self.weight_map = {k: fn for k, fn in self.stored_map.items() if k not in folded}
         for name, p in self.parts.items():
             self.weight_map[name] = self.stored_map[p.stored[p.decoder.needs[0]]]
+        self.source_of: dict[str, str] = {}  # renamed weight name -> its name in the checkpoint (rename)
+        self._index_layers()
+
+    def _index_layers(self) -> None:
         self._by_layer: dict[str, list[str]] = {}
         for k in self.weight_map:
             m = _LAYER_KEY.match(k)
             if m:
                 self._by_layer.setdefault(m["prefix"], []).append(k)
+
+    def rename(self, new_name: Callable[[str], str]) -> None:
+        """See the checkpoint's weights under other names: ``weight_map`` is re-keyed by
+        ``new_name(name)``, and ``read`` of a new name reads the tensor stored under the old one (a
+        quantized weight's tensors included). Raises CheckpointError when two weights get one name."""
+        wm, src = {}, {}
+        for k, fn in self.weight_map.items():
+            n = new_name(k)
+            if n in wm:
+                raise CheckpointError(f"{self.path}: {src[n]} and {k} both map to the model weight {n}")
+            wm[n], src[n] = fn, self.source_of.get(k, k)
+        self.weight_map, self.source_of = wm, {n: k for n, k in src.items() if n != k}
+        self._index_layers()
 
     def names_under(self, prefix: str) -> list[str]:
         """Model weight names under ``prefix + "."`` (in index order; quantized weights last)."""
@@ -186,6 +212,7 @@ class Checkpoint:
         for k in self.weight_map:
             if k.endswith(SCALE_SUFFIX) or skip(k):
                 continue
+            k = self.source_of.get(k, k)
             p = self.parts.get(k)
             stored = k if p is None else p.stored[p.decoder.needs[0]]
             by_file.setdefault(self.stored_map[stored], []).append(
@@ -216,12 +243,13 @@ class Checkpoint:
         for fn in sorted(by_file):
             with safe_open(os.path.join(self.path, fn), framework="pt") as f:
                 for k in by_file[fn]:
-                    p = self.parts.get(k)
+                    src = self.source_of.get(k, k)
+                    p = self.parts.get(src)
                     if p is not None:
-                        yield k, self._decode(k, p, f, fn, dtype_of(k))
+                        yield k, self._decode(src, p, f, fn, dtype_of(k))
                         continue
-                    t = f.get_tensor(k)
-                    yield k, self._convert(k, t, dtype_of(k))
+                    t = f.get_tensor(src)
+                    yield k, self._convert(src, t, dtype_of(k))
                     del t
 
     def _decode(self, k: str, p: Part, f, fn: str, dtype: torch.dtype) -> torch.Tensor:
@@ -373,7 +401,8 @@ class LayerStreamer:
     memory when they and the largest decoder layer (in the compute dtype) fit in it, else they go to
     a temporary file in ``spill_dir`` (default: the system's temporary directory).
     trust_remote_code: for remote-code checkpoints (their decoder layers must be the entries of one
-    ``...layers`` ModuleList holding the MLA modules).
+    ``...layers`` ModuleList holding the MLA modules, directly or deeper: LongCat-Flash's
+    ``model.layers.i.self_attn.j``).
 
     Attributes: model (the meta model: install hooks on it, e.g. latentq.capture.LatentCapture),
     config (its PretrainedConfig), checkpoint (Checkpoint), layers_name ("model.layers"), layers (the
@@ -397,30 +426,26 @@ class LayerStreamer:
         attn_implementation: str = "eager",
     ):
         from accelerate import init_empty_weights
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoConfig, AutoModelForCausalLM
 
         from latentq.capture import find_mla_layers
-        from latentq.model import hf_config_and_class
 
         self.checkpoint = Checkpoint(path)
         self.path, self.dtype, self.device = path, dtype, torch.device(device)
         self.memory_budget = default_memory_budget() if memory_budget is None else int(memory_budget)
         self.spill_dir = spill_dir
-        config, cls, note = hf_config_and_class(path, trust_remote_code)
-        if note is not None:
-            say("stream", "note", note)
+        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
         with init_empty_weights(include_buffers=False):
-            if cls is None:
-                model = AutoModelForCausalLM.from_config(
-                    config, dtype=dtype, attn_implementation=attn_implementation, trust_remote_code=trust_remote_code
-                )
-            else:
-                model = cls._from_config(config, dtype=dtype, attn_implementation=attn_implementation)
+            model = AutoModelForCausalLM.from_config(
+                config, dtype=dtype, attn_implementation=attn_implementation, trust_remote_code=trust_remote_code
+            )
         self.model = model.eval()
         self.config = self.model.config
         self._names = {id(m): n for n, m in self.model.named_modules()}
+        self._concat = self._rename_checkpoint()
         mla = find_mla_layers(self.model)
-        parents = {n.rsplit(".", 2)[0] for _, n, _ in mla}  # "model.layers.3.self_attn" -> "model.layers"
+        # "model.layers.3.self_attn" and LongCat-Flash's "model.layers.3.self_attn.1" -> "model.layers"
+        parents = {m["list"] if (m := _LAYER_KEY.match(n + ".")) else n for _, n, _ in mla}
         if len(parents) != 1:
             raise CheckpointError(f"{path}: MLA modules under several layer lists {sorted(parents)}")
         self.layers_name = parents.pop()
@@ -456,6 +481,70 @@ class LayerStreamer:
         self._placements(rest, [k for k in rest if k in self.checkpoint.weight_map])
 
     # ---- what lives where ---------------------------------------------------------------------
+    def _rename_checkpoint(self) -> dict[str, tuple[str, int, int]]:
+        """Name the checkpoint's weights as the model does, with transformers' own conversion table for
+        the model (``transformers.conversion_mapping.get_model_conversion_mapping``, what from_pretrained
+        applies): every ``WeightRenaming`` in turn (Kimi-Linear: ``block_sparse_moe`` -> ``mlp``,
+        ``self_attn.A_log`` -> ``self_attn.forget_gate.A_log`` ...), then the first matching
+        ``WeightConverter`` of the two kinds read here:
+          - MergeModulelist(0) [+ Concatenate(1)] into a fused expert tensor: the per-expert weight is
+            named ``<...experts>.<e>.{gate,up,down}_proj.weight`` (the j-th source of a gate_up_proj
+            target is gate for j = 0, up for j = 1), which ``_placements`` places (DeepSeek's names
+            stay as they are; Kimi-Linear's ``w1`` / ``w3`` / ``w2`` become gate / up / down);
+          - Concatenate(0) of n sources into one tensor (Kimi-Linear's ``q_conv1d``, ``k_conv1d``,
+            ``v_conv1d`` -> ``conv1d``): the j-th source fills rows [j R / n, (j + 1) R / n) of the
+            target's R rows; returned as {renamed name: (target, j, n)}.
+        A converter of another kind leaves the name as it is (the model then lacks that tensor:
+        CheckpointError from _placements). Nothing changes when transformers has no table for the model."""
+        try:
+            from transformers.conversion_mapping import get_model_conversion_mapping
+            from transformers.core_model_loading import (
+                Concatenate,
+                MergeModulelist,
+                WeightConverter,
+                WeightRenaming,
+                apply_renamings,
+            )
+
+            transforms = get_model_conversion_mapping(self.model)
+        except (ImportError, AttributeError):  # a transformers without the table
+            return {}
+        renamings = [t for t in transforms if isinstance(t, WeightRenaming)]
+        converters = [t for t in transforms if isinstance(t, WeightConverter)]
+        concat: dict[str, tuple[str, int, int]] = {}
+
+        def new_name(k: str) -> str:
+            r = apply_renamings(k, renamings)
+            for c in converters:
+                target, pattern = c.rename_source_key(r)
+                if pattern is None:
+                    continue
+                ops, j, n = c.operations, c.source_patterns.index(pattern), len(c.source_patterns)
+                kinds = [(type(o), getattr(o, "dim", None)) for o in ops]
+                expert = re.search(r"\.experts\.(\d+)\.", r)
+                base = target.rsplit(".", 1)[0]
+                if expert and kinds in ([(MergeModulelist, 0), (Concatenate, 1)], [(MergeModulelist, 0)]):
+                    proj = target.rsplit(".", 1)[1]
+                    if proj == "gate_up_proj" and n == 2:
+                        return f"{base}.{expert[1]}.{('gate_proj', 'up_proj')[j]}.weight"
+                    if proj == "down_proj" and n == 1:
+                        return f"{base}.{expert[1]}.down_proj.weight"
+                elif kinds == [(Concatenate, 0)] and n > 1:
+                    concat[r] = (target, j, n)
+                break
+            return r
+
+        self.checkpoint.rename(new_name)
+        return concat
+
+    def decoder_layer_of(self, module_name: str) -> int:
+        """The index i of the decoder layer ``<layers_name>.<i>`` holding the module of that qualified
+        name ("model.layers.3.self_attn.1" -> 3). Raises ValueError for a module outside the layers."""
+        head = self.layers_name + "."
+        if not module_name.startswith(head) or not module_name[len(head) :].split(".")[0].isdigit():
+            raise ValueError(f"{module_name} is not inside a decoder layer of {self.layers_name}")
+        return int(module_name[len(head) :].split(".")[0])
+
     def _fp32_patterns(self):
         plan = self.model._get_dtype_plan(self.dtype) if hasattr(self.model, "_get_dtype_plan") else {}
         pats = [p.replace("*", ".*") for p, d in plan.items() if d == torch.float32]
@@ -504,6 +593,14 @@ class LayerStreamer:
                 places.append((k, k, None))
                 got[k].add(None)
                 continue
+            if k in self._concat and self._concat[k][0] in tset:  # row block j of n (_rename_checkpoint)
+                t, j, n = self._concat[k]
+                rows = self._tensors[t].shape[0] // n
+                if ("rows", j) in got[t]:
+                    raise CheckpointError(f"{self.path}: {k} given twice")
+                got[t].add(("rows", j))
+                places.append((k, t, (slice(j * rows, (j + 1) * rows),)))
+                continue
             m = _EXPERT_KEY.match(k)
             fused = m and f"{m['base']}.{'down_proj' if m['proj'] == 'down_proj' else 'gate_up_proj'}"
             if fused and fused in tset:
@@ -529,6 +626,8 @@ class LayerStreamer:
                 want = {(e, p) for e in range(t_shape[0]) for p in ("gate_proj", "up_proj")}
             elif t.endswith(".down_proj") and got[t] and None not in got[t]:
                 want = {(e, "down_proj") for e in range(t_shape[0])}
+            elif any(isinstance(g, tuple) and g[0] == "rows" for g in got[t]):
+                want = {("rows", j) for j in range(next(n for _, (tt, _, n) in self._concat.items() if tt == t))}
             else:
                 want = {None}
             if not got[t] and t in tied and tied[t] in self.checkpoint.weight_map:
@@ -609,22 +708,40 @@ class LayerStreamer:
         return self.model
 
     # ---- running ------------------------------------------------------------------------------
-    def _capture_inputs(self, ids: torch.Tensor):
+    def _layer_kinds(self) -> list:
+        """Per decoder layer, the key that selects its inputs: ``config.layer_types[i]`` when the config
+        has one entry per layer (transformers' hybrid models pick each layer's attention mask by it:
+        Kimi-Linear's ``causal_mask_mapping[config.layer_types[i]]``, a causal mask for
+        "full_attention", none for "linear_attention", modeling_kimi_linear.py), else None for all."""
+        types = getattr(self.config, "layer_types", None)
+        if isinstance(types, (list, tuple)) and len(types) >= len(self.layers):
+            return [types[i] for i in range(len(self.layers))]
+        return [None] * len(self.layers)
+
+    def _capture_inputs(self, ids: torch.Tensor, kind=None):
         """(hidden states, args after the hidden states, kwargs) with which the model's forward calls
-        decoder layer 0 for input_ids ids [B, L]."""
+        decoder layer 0 for input_ids ids [B, L]; with ``kind`` (a value of config.layer_types), those
+        it gives a layer of that kind: the forward runs with config.layer_types[0] set to kind for the
+        duration of the call, so that layer 0 is handed that kind's inputs (``_layer_kinds``)."""
         box = {}
 
         def hook(mod, args, kwargs):
             box["args"], box["kwargs"] = args, kwargs
             raise _Stop
 
+        types = getattr(self.config, "layer_types", None)
+        swap = kind is not None and types[0] != kind
         h = self.layers[0].register_forward_pre_hook(hook, with_kwargs=True)
         try:
+            if swap:
+                self.config.layer_types = [kind, *types[1:]]
             self.model(input_ids=ids, use_cache=False)
         except _Stop:
             pass
         finally:
             h.remove()
+            if swap:
+                self.config.layer_types = types
         if "args" not in box:
             raise RuntimeError(f"{self.path}: the model's forward never called decoder layer 0")
         args, kwargs = box["args"], dict(box["kwargs"])
@@ -666,18 +783,23 @@ class LayerStreamer:
         pro = self._outside()
         try:
             self._load(pro, [k for k in pro if k in self.checkpoint.weight_map], "embedding")
-            args_of, shared = [], []  # per input: index into shared (args, kwargs), deduplicated
+            kinds = self._layer_kinds()
+            # per layer kind and input: index into shared (args, kwargs), deduplicated
+            args_of: dict = {kind: [] for kind in kinds}
+            shared = []
             for n, x in enumerate(ids):
-                h, args, kwargs = self._capture_inputs(x.to(self.device))
-                states.put(n, h)
-                del h
-                for j, (a, k) in enumerate(shared):
-                    if _same(a, args) and _same(k, kwargs):
-                        args_of.append(j)
-                        break
-                else:
-                    shared.append((args, kwargs))
-                    args_of.append(len(shared) - 1)
+                for kind in args_of:
+                    h, args, kwargs = self._capture_inputs(x.to(self.device), kind)
+                    if kind == kinds[0]:
+                        states.put(n, h)
+                    del h
+                    for j, (a, k) in enumerate(shared):
+                        if _same(a, args) and _same(k, kwargs):
+                            args_of[kind].append(j)
+                            break
+                    else:
+                        shared.append((args, kwargs))
+                        args_of[kind].append(len(shared) - 1)
             self._free(pro)
             self.load_seconds = self.compute_seconds = 0.0
             for i, layer in enumerate(self.layers):
@@ -691,7 +813,7 @@ class LayerStreamer:
                     for n in range(len(ids)):
                         if before is not None:
                             before(i, n)
-                        args, kwargs = shared[args_of[n]]
+                        args, kwargs = shared[args_of[kinds[i]][n]]
                         out = layer(states.get(n).to(self.device), *args, **kwargs)
                         states.put(n, out[0] if isinstance(out, tuple) else out)
                         del out
