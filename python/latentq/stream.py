@@ -426,19 +426,25 @@ class LayerStreamer:
         attn_implementation: str = "eager",
     ):
         from accelerate import init_empty_weights
-        from transformers import AutoConfig, AutoModelForCausalLM
+        from transformers import AutoModelForCausalLM
 
         from latentq.capture import find_mla_layers
+        from latentq.model import hf_config_and_class
 
         self.checkpoint = Checkpoint(path)
         self.path, self.dtype, self.device = path, dtype, torch.device(device)
         self.memory_budget = default_memory_budget() if memory_budget is None else int(memory_budget)
         self.spill_dir = spill_dir
-        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+        config, cls, note = hf_config_and_class(path, trust_remote_code)
+        if note is not None:
+            say("stream", "note", note)
         with init_empty_weights(include_buffers=False):
-            model = AutoModelForCausalLM.from_config(
-                config, dtype=dtype, attn_implementation=attn_implementation, trust_remote_code=trust_remote_code
-            )
+            if cls is None:
+                model = AutoModelForCausalLM.from_config(
+                    config, dtype=dtype, attn_implementation=attn_implementation, trust_remote_code=trust_remote_code
+                )
+            else:
+                model = cls._from_config(config, dtype=dtype, attn_implementation=attn_implementation)
         self.model = model.eval()
         self.config = self.model.config
         self._names = {id(m): n for n, m in self.model.named_modules()}
