@@ -7,6 +7,20 @@
 HF DeepseekV2/V3-architecture checkpoint directory / hub id (loaded with AutoModelForCausalLM,
 ``attn_implementation="eager"``; ``--trust-remote-code`` for remote-code checkpoints).
 
+MLA variants (transformers 5.24 modeling code; latentq.capture says how each is hooked):
+  - DeepSeek-V3.2 / GLM-5 (DSA: an indexer picks index_topk keys per query): the dump is dense, so
+    it passes its self-check only with index_topk >= the sequence length (every causal key
+    selected); a sparse model fails the check, as it should (sparse attention is not dumped yet).
+  - LongCat-Flash: two MLA sublayers per decoder layer, dumped as layers 2i and 2i + 1 (their
+    layer_idx). Its latents are scaled after the projections (``mla_scale_kv_lora``,
+    ``mla_scale_q_lora``): the dump stores the scaled c_kv (what the cache stores) and the scaled
+    q_nope / q_pe (the query the model uses), W_UK / W_UV unchanged (kv_b_proj's weight), so the
+    absorbed recomputation is the same formula for every model; the scales are the layer
+    attributes ``c_kv_scale`` / ``q_scale`` (1.0 elsewhere).
+  - Kimi-Linear: only its MLA layers (``full_attention``) are dumped, under their model layer index
+    (non-contiguous, e.g. 1 and 3); they are NoPE: k_pe / q_pe unrotated, ``rope_layout`` "none".
+Each layer group records the qualified name of its module (attribute ``module``).
+
 Models larger than memory: ``--stream on`` runs a local safetensors checkpoint layer by layer
 (latentq.stream.LayerStreamer: the model on the meta device, each decoder layer read from the shards
 right before it runs and freed after, every sequence through layer i before layer i+1, the hidden
@@ -50,7 +64,14 @@ import tempfile
 import numpy as np
 import torch
 
-from latentq.capture import LatentCapture, MLAModuleNotFoundError, config_softmax_scale, find_mla_layers, mla_dims
+from latentq.capture import (
+    LatentCapture,
+    MLAModuleNotFoundError,
+    config_softmax_scale,
+    find_mla_layers,
+    latent_scales,
+    mla_dims,
+)
 from latentq.files import publish, refuse_output_over_input
 from latentq.model import (
     DTYPES,
@@ -190,6 +211,8 @@ class _Plan:
         mla = find_mla_layers(model)
         self.layer_ids = sorted(i for i, _, _ in mla)
         self.attn_of = {i: a for i, _, a in mla}
+        self.module_of = {i: n for i, n, _ in mla}
+        self.scales_of = {i: latent_scales(a) for i, _, a in mla}
         self.dims = dims = mla_dims(mla[0][2])
         for key, cfg_key in (
             ("num_heads", "num_attention_heads"),
@@ -246,6 +269,9 @@ def _create_datasets(f, plan: _Plan, kw: dict, weights: bool = True) -> None:
     g = f.create_group("layers")
     for i in plan.layer_ids:
         gl = g.create_group(f"{i:03d}")
+        gl.attrs["module"] = plan.module_of[i]
+        gl.attrs["c_kv_scale"] = np.float64(plan.scales_of[i]["c_kv"][1])
+        gl.attrs["q_scale"] = np.float64(plan.scales_of[i]["q"][1])
         for k in ("c_kv", "k_pe", "q_rows", "q_nope", "q_pe", "w_uk", "w_uv", "attn_out"):
             if k == "q_rows":
                 put(gl, k, plan.q_rows_global.astype(np.int32))
@@ -354,16 +380,22 @@ def _run_sequences(model, plan: _Plan, writer: _LayerWriter, check_tol: float) -
 
 def _run_streamed(streamer, f, plan: _Plan, writer: _LayerWriter, check_tol: float) -> None:
     """The same captures and checks as _run_sequences, layer-major (latentq.stream.LayerStreamer.run):
-    layer i is loaded, its W_UK / W_UV written, every sequence run through it (each layer record
-    written as it comes), the layer checked over all sequences, then freed. Raises RuntimeError as
-    _run_sequences (a sequence the layer did not run, disagreeing layers, a layer over check_tol)."""
+    decoder layer i is loaded, the W_UK / W_UV of the MLA layers inside it (none, one, or LongCat-Flash's
+    two: LayerStreamer.decoder_layer_of of each module name) written, every sequence run through it
+    (each layer record written as it comes), those MLA layers checked over all sequences, then freed.
+    Raises RuntimeError as _run_sequences (a sequence the layer did not run, disagreeing layers, a
+    layer over check_tol)."""
     S = len(plan.seqs)
     progress = Progress(len(streamer.layers), "dump", "layers (streamed)")
+    # decoder layer -> the MLA layers it holds (LongCat-Flash: two; Kimi-Linear: none or one)
+    inside: dict[int, list[int]] = {}
+    for j in plan.layer_ids:
+        inside.setdefault(streamer.decoder_layer_of(plan.module_of[j]), []).append(j)
     with LatentCapture(streamer.model, on_layer=writer) as cap, progress:
 
         def loaded(i: int) -> None:
-            if i in writer.ran:
-                _write_w_uk_uv(f, plan, i)
+            for j in inside.get(i, []):
+                _write_w_uk_uv(f, plan, j)
 
         def before(i: int, s: int) -> None:
             writer.seq = s
@@ -372,13 +404,12 @@ def _run_streamed(streamer, f, plan: _Plan, writer: _LayerWriter, check_tol: flo
 
         def after(i: int) -> None:
             progress.update()
-            if i not in writer.ran:
-                return
-            missing = sorted(set(range(S)) - writer.ran[i])
-            if missing:
-                raise RuntimeError(f"layer {i}: sequences {missing} did not run its MLA module")
-            _check_consistent(writer)
-            _check_layer(writer, i, check_tol, f"all {S} sequences")
+            for j in inside.get(i, []):
+                missing = sorted(set(range(S)) - writer.ran[j])
+                if missing:
+                    raise RuntimeError(f"layer {j}: sequences {missing} did not run its MLA module")
+                _check_consistent(writer)
+                _check_layer(writer, j, check_tol, f"all {S} sequences")
 
         streamer.run(plan.seqs, before=before, loaded=loaded, after=after)
 
@@ -473,6 +504,10 @@ def dump(
     then the file is renamed to ``out_path``; any failure removes the temporary file. The file
     layout (datasets, names, dtypes, shapes, attributes) is the same as with the whole-file writer
     it replaces, and so are the values; only the storage is chunked instead of contiguous.
+
+    Every /layers/NNN group (NNN = the MLA module's layer_idx, not necessarily contiguous) has the
+    attributes ``module`` (its qualified name), ``c_kv_scale`` and ``q_scale`` (float64; the latent
+    scales already applied to c_kv and q_nope / q_pe: latentq.capture.latent_scales).
 
     Self-check, per (sequence, layer) while streaming: the absorbed recomputation of that
     sequence's query rows (``absorbed_attention``, offsets [0, L]) against the model's attn_out; the
