@@ -42,8 +42,10 @@ def _s(v):
     return v.decode() if isinstance(v, bytes) else v
 
 
-def check_schema(path: str) -> dict:
+def check_schema(path: str, layer_ids=None, rope_layouts=("interleaved", "half")) -> dict:
     """Assert every attr/dataset of latentq-dump/1 is present with the right dtype and shape.
+    layer_ids: the layer indices the file must hold (default 0..num_layers-1); rope_layouts: the
+    accepted rope_layout values (add "none" for NoPE models).
     Returns {"attrs": {...}, "root": {name: array}, "layers": {idx: {name: array}}}."""
     out = {"attrs": {}, "root": {}, "layers": {}}
     with h5py.File(path, "r") as f:
@@ -61,7 +63,7 @@ def check_schema(path: str) -> dict:
         A = out["attrs"]
         assert A["schema"] == "latentq-dump/1"
         assert A["source"] in ("tiny-mla", "hf-hooks")
-        assert A["rope_layout"] in ("interleaved", "half")
+        assert A["rope_layout"] in rope_layouts
         assert A["created"].endswith("Z") and "T" in A["created"]
         cfg = json.loads(A["config_json"])
         assert int(cfg["kv_lora_rank"]) == A["kv_lora_rank"]
@@ -86,7 +88,8 @@ def check_schema(path: str) -> dict:
         )
         names = sorted(f["layers"].keys())
         assert len(names) == A["num_layers"]
-        assert names == [f"{i:03d}" for i in range(A["num_layers"])]
+        want_ids = range(A["num_layers"]) if layer_ids is None else sorted(layer_ids)
+        assert names == [f"{i:03d}" for i in want_ids]
         for n in names:
             g = f["layers"][n]
             assert set(g.keys()) == set(LAYER_DATASETS), f"layer {n}: {sorted(g.keys())}"

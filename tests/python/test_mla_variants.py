@@ -1,0 +1,406 @@
+"""MLA variants beyond DeepSeek-V2/V3, captured, dumped (in memory and streamed) and injected, offline.
+
+Tiny random-init models of four transformers 5.24 families, built from their config classes and saved
+with ``save_pretrained`` (safetensors, sharded with a small ``max_shard_size`` so that a decoder layer
+straddles two shards), a few hundred KB each:
+- ``deepseek_v32`` (DeepSeek-V3.2): a DSA indexer inside the attention calls ``apply_rotary_pos_emb``
+  on its own query / key (index_n_heads = num_heads, so that a capture taking the indexer's call for the
+  attention's would not even fail on shapes); index_topk >= the window, so the attention is dense;
+- ``glm_moe_dsa`` (GLM-5): the same, its indexer calling ``apply_rotary_pos_emb_interleave``, the very
+  function the attention calls;
+- ``longcat_flash`` (LongCat-Flash): two MLA sublayers per decoder layer (layer_idx 2 i + j), c_kv
+  scaled by mla_scale_kv_lora = sqrt(hidden / kv_lora_rank) after kv_a_layernorm and the query by
+  mla_scale_q_lora = sqrt(hidden / q_lora_rank); saved in the checkpoint with transformers' names;
+- ``kimi_linear`` (Kimi-Linear): KDA layers 0 and 2, NoPE MLA layers 1 and 3; saved by transformers
+  as Moonshot ships it (``q_conv1d`` / ``k_conv1d`` / ``v_conv1d``, ``block_sparse_moe.experts.N.w1``
+  ..., which transformers' conversion table merges on load).
+
+Each is dumped by ``python -m latentq.dump`` streamed and in memory (the two files equal bit for bit),
+and checked against code we did not write or that does not use latentq: c_kv, k_pe, q_nope and q_pe
+recomputed by hand (float64) from the float32 model's weights and the attention's input hidden states
+(taken by a plain forward pre-hook on the model that transformers' from_pretrained loads), within 1e-5
+relative; attn_out against dump_checks' loop-based absorbed recomputation, within 1e-5 relative.
+"""
+
+import math
+import os
+import subprocess
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from dump_checks import check_schema, checkpoint_layout, reference_attn_out, rel
+from latentq import dump as dump_latents
+from latentq.capture import LatentCapture
+from latentq.inject import LatentInjector
+
+SEQ_LEN, NUM_SEQS, Q_ROWS = 24, 2, 8
+COMMON = dict(
+    vocab_size=320,
+    hidden_size=64,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    kv_lora_rank=32,
+    qk_rope_head_dim=16,
+    qk_nope_head_dim=32,
+    v_head_dim=32,
+    max_position_embeddings=256,
+    attn_implementation="eager",
+)
+DSA = dict(
+    q_lora_rank=48,
+    num_hidden_layers=2,
+    intermediate_size=96,
+    moe_intermediate_size=32,
+    first_k_dense_replace=1,
+    n_routed_experts=4,
+    num_experts_per_tok=2,
+    n_group=2,
+    topk_group=1,
+    index_topk=64,  # >= SEQ_LEN: every causal key selected, the attention is dense
+    index_head_dim=32,
+    index_n_heads=4,
+)
+KINDS = {
+    "deepseek_v32": ("DeepseekV32", dict(DSA)),
+    "glm_moe_dsa": ("GlmMoeDsa", dict(DSA)),
+    "longcat_flash": (
+        "LongcatFlash",
+        dict(
+            q_lora_rank=48,
+            num_layers=2,
+            head_dim=16,
+            ffn_hidden_size=96,
+            n_routed_experts=4,
+            zero_expert_num=2,
+            moe_topk=2,
+            expert_ffn_hidden_size=32,
+        ),
+    ),
+    "kimi_linear": (
+        "KimiLinear",
+        dict(
+            q_lora_rank=None,
+            num_hidden_layers=4,
+            intermediate_size=96,
+            moe_intermediate_size=32,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+            linear_head_dim=16,
+            linear_num_heads=4,
+            pad_token_id=None,
+            bos_token_id=None,
+            eos_token_id=None,
+        ),
+    ),
+}
+LAYERS = {  # MLA layer index -> its module, as transformers numbers and names them
+    "deepseek_v32": {i: f"model.layers.{i}.self_attn" for i in (0, 1)},
+    "glm_moe_dsa": {i: f"model.layers.{i}.self_attn" for i in (0, 1)},
+    "longcat_flash": {i: f"model.layers.{i // 2}.self_attn.{i % 2}" for i in range(4)},
+    "kimi_linear": {i: f"model.layers.{i}.self_attn" for i in (1, 3)},
+}
+
+
+def build(kind: str, seed: int = 0, **over):
+    """A random-init float32 model of the family, eval mode: transformers' init, then every matrix
+    N(0, 0.15) and every norm gain 1 + N(0, 0.1) (sharp attention, so that a wrong tensor shows)."""
+    import transformers
+
+    cls, kw = KINDS[kind]
+    torch.manual_seed(seed)
+    cfg = getattr(transformers, cls + "Config")(**{**COMMON, **kw, **over})
+    model = getattr(transformers, cls + "ForCausalLM")(cfg)
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if n.endswith("e_score_correction_bias"):
+                p.copy_(torch.rand(p.shape, generator=g) * 0.1)
+            elif "norm" in n and p.dim() == 1:
+                p.copy_(1 + 0.1 * torch.randn(p.shape, generator=g))
+            elif p.dim() >= 2:
+                p.copy_(0.15 * torch.randn(p.shape, generator=g))
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mla-variants")
+    torch.set_num_threads(1)
+    paths = {}
+    for kind in KINDS:
+        d = str(root / kind)
+        build(kind).save_pretrained(d, max_shard_size="200KB")
+        paths[kind] = d
+    text = root / "text.txt"
+    text.write_bytes(bytes(np.random.default_rng(5).integers(0, 256, SEQ_LEN * NUM_SEQS + 5, dtype=np.uint8)))
+    return paths, str(text)
+
+
+def _dump(checkpoints, tmp_path, kind, stream):
+    paths, text = checkpoints
+    out = str(tmp_path / f"{kind}-{stream}.h5")
+    argv = ["--model", paths[kind], "--text", text, "--seq-len", str(SEQ_LEN), "--num-seqs", str(NUM_SEQS)]
+    argv += ["--q-rows", str(Q_ROWS), "--out", out, "--threads", "1", "--stream", stream, "--quiet"]
+    assert dump_latents.main(argv) == 0, argv
+    return out
+
+
+# ---- the reference: the model's math by hand, float64 ---------------------------------------------
+
+
+def _rms(x, w, eps):
+    return x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps) * w
+
+
+def _rope_interleave(x, pos, theta):
+    """transformers' apply_rotary_pos_emb_interleave by hand: pairs (2i, 2i+1) rotated by pos * theta^(-2i/d),
+    the output laid out as [first of each pair..., second of each pair...]. x [T, ..., d], pos [T]."""
+    d = x.shape[-1]
+    ang = pos.double()[:, None] * theta ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)  # [T, d/2]
+    ang = ang.view(ang.shape[0], *([1] * (x.dim() - 2)), ang.shape[1])
+    a, b = x[..., 0::2], x[..., 1::2]
+    return torch.cat([a * ang.cos() - b * ang.sin(), b * ang.cos() + a * ang.sin()], dim=-1)
+
+
+def hand_latents(kind: str, attn, x: torch.Tensor, pos: torch.Tensor, cfg) -> dict:
+    """c_kv [T, r], k_pe [T, d_r], q_nope [T, H, d_n], q_pe [T, H, d_r] of one MLA module from its input
+    hidden states x [T, hidden] (float64), as the family's modeling code computes them: LongCat-Flash's
+    scales from the config's dims (sqrt(hidden / rank)), Kimi-Linear without RoPE."""
+    W = lambda m: m.weight.detach().double()  # noqa: E731
+    r, dr, dn, H = cfg.kv_lora_rank, cfg.qk_rope_head_dim, cfg.qk_nope_head_dim, cfg.num_attention_heads
+    kv = x @ W(attn.kv_a_proj_with_mqa).T
+    c = _rms(kv[:, :r], W(attn.kv_a_layernorm), attn.kv_a_layernorm.variance_epsilon)
+    k_rot = kv[:, r:]
+    if cfg.q_lora_rank is None:
+        q = x @ W(attn.q_proj).T
+    else:
+        q = (
+            _rms(x @ W(attn.q_a_proj).T, W(attn.q_a_layernorm), attn.q_a_layernorm.variance_epsilon)
+            @ W(attn.q_b_proj).T
+        )
+    q = q.view(-1, H, dn + dr)
+    q_nope, q_rot = q[..., :dn], q[..., dn:]
+    if kind == "longcat_flash":
+        c = c * math.sqrt(cfg.hidden_size / cfg.kv_lora_rank)
+        q_nope, q_rot = (
+            q_nope * math.sqrt(cfg.hidden_size / cfg.q_lora_rank),
+            q_rot * math.sqrt(cfg.hidden_size / cfg.q_lora_rank),
+        )
+    if kind != "kimi_linear":
+        theta = float(cfg.rope_parameters["rope_theta"])
+        k_rot, q_rot = _rope_interleave(k_rot, pos, theta), _rope_interleave(q_rot, pos, theta)
+    return {"c_kv": c, "k_pe": k_rot, "q_nope": q_nope, "q_pe": q_rot}
+
+
+def reference(model, kind: str, tokens: np.ndarray, offsets: np.ndarray) -> dict:
+    """{layer: hand_latents over all tokens (sequences concatenated)} of the model run on each sequence;
+    the attention's input hidden states taken by plain forward pre-hooks (no latentq)."""
+    mods = {i: model.get_submodule(n) for i, n in LAYERS[kind].items()}
+    seen = {}
+    hooks = [
+        m.register_forward_pre_hook(
+            lambda mod, args, kwargs, i=i: seen.__setitem__(i, (args[0] if args else kwargs["hidden_states"])[0]),
+            with_kwargs=True,
+        )
+        for i, m in mods.items()
+    ]
+    out = {i: [] for i in mods}
+    try:
+        with torch.no_grad():
+            for s in range(len(offsets) - 1):
+                ids = torch.as_tensor(tokens[offsets[s] : offsets[s + 1]], dtype=torch.long)[None]
+                model(ids, use_cache=False)
+                pos = torch.arange(ids.shape[1])
+                for i, m in mods.items():
+                    out[i].append(hand_latents(kind, m, seen[i].double(), pos, model.config))
+    finally:
+        for h in hooks:
+            h.remove()
+    return {i: {k: torch.cat([p[k] for p in parts]) for k in parts[0]} for i, parts in out.items()}
+
+
+# ---- the tests -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_checkpoint_is_sharded_across_a_layer(checkpoints, kind):
+    """save_pretrained's shards: a decoder layer split across two, a few hundred KB in all; Kimi-Linear's
+    as Moonshot names its tensors (transformers reverts its conversions on save)."""
+    paths, _ = checkpoints
+    wm, layers = checkpoint_layout(paths[kind])
+    assert len(set(wm.values())) >= 2 and any(len(v) >= 2 for v in layers.values()), layers
+    size = sum(os.path.getsize(os.path.join(paths[kind], fn)) for fn in set(wm.values()))
+    assert size < 2 << 20, size
+    if kind == "kimi_linear":
+        assert "model.layers.0.self_attn.q_conv1d.weight" in wm and "model.layers.0.self_attn.conv1d.weight" not in wm
+        assert "model.layers.1.block_sparse_moe.experts.0.w1.weight" in wm
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_dump_matches_the_model(checkpoints, tmp_path, kind, capsys):
+    """The streamed and the in-memory dump are equal bit for bit (datasets and layer attributes), hold
+    the family's MLA layers under their layer_idx with their module path, and match the model: c_kv,
+    k_pe, q_nope, q_pe within 1e-5 relative of the hand recomputation, attn_out within 1e-5 of the
+    absorbed recomputation from the dumped tensors."""
+    from transformers import AutoModelForCausalLM
+
+    paths, _ = checkpoints
+    on, off = _dump(checkpoints, tmp_path, kind, "on"), _dump(checkpoints, tmp_path, kind, "off")
+    ids = sorted(LAYERS[kind])
+    layout = "none" if kind == "kimi_linear" else "half"
+    chk = check_schema(off, layer_ids=ids, rope_layouts=(layout,))
+    A = chk["attrs"]
+    assert A["num_layers"] == len(ids) and A["rope_layout"] == layout
+    with h5py.File(on, "r") as a, h5py.File(off, "r") as b:
+        assert sorted(a["layers"]) == sorted(b["layers"]) == [f"{i:03d}" for i in ids]
+        for n in b["layers"]:
+            ga, gb = a["layers"][n], b["layers"][n]
+            assert dict(ga.attrs) == dict(gb.attrs), n
+            for k in gb:
+                np.testing.assert_array_equal(ga[k][()], gb[k][()], err_msg=f"{kind} {n} {k}")
+        attrs = {int(n): dict(b["layers"][n].attrs) for n in b["layers"]}
+    model = AutoModelForCausalLM.from_pretrained(paths[kind], dtype=torch.float32, attn_implementation="eager").eval()
+    ref = reference(model, kind, chk["root"]["tokens"], chk["root"]["seq_offsets"])
+    s_kv = math.sqrt(64 / 32) if kind == "longcat_flash" else 1.0
+    s_q = math.sqrt(64 / 48) if kind == "longcat_flash" else 1.0
+    worst = {}
+    for i, d in chk["layers"].items():
+        assert attrs[i]["module"] == LAYERS[kind][i]
+        assert attrs[i]["c_kv_scale"] == s_kv and attrs[i]["q_scale"] == s_q
+        rows = d["q_rows"].astype(np.int64)
+        for k in ("c_kv", "k_pe", "q_nope", "q_pe"):
+            want = ref[i][k] if k in ("c_kv", "k_pe") else ref[i][k][rows]
+            worst[k] = max(worst.get(k, 0.0), rel(d[k], want.numpy()))
+        worst["attn_out"] = max(
+            worst.get("attn_out", 0.0),
+            rel(reference_attn_out(d, chk["root"]["seq_offsets"], A["softmax_scale"]), d["attn_out"]),
+        )
+    with capsys.disabled():
+        print(
+            f"\n{kind}: max relative error vs the hand recomputation: "
+            + ", ".join(f"{k} {v:.2g}" for k, v in worst.items())
+        )
+    assert all(v <= 1e-5 for v in worst.values()), (kind, worst)
+    if kind == "longcat_flash":  # the dumped c_kv is the scaled latent: unscaled it would be off by sqrt(2)
+        assert rel(chk["layers"][0]["c_kv"] / s_kv, ref[0]["c_kv"].numpy()) > 0.1
+    lq = os.environ.get("LATENTQ_BIN", os.path.join(os.path.dirname(__file__), "..", "..", "build", "latentq"))
+    if kind == "kimi_linear" and os.path.isfile(lq):  # the C++ reader: layers 1 and 3, rope_layout "none"
+        r = subprocess.run([lq, "inspect", on], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        assert "layers          2 [1, 3]" in r.stdout and "rope_layout     none" in r.stdout, r.stdout
+
+
+@pytest.mark.parametrize("kind", ["deepseek_v32", "glm_moe_dsa"])
+def test_sparse_dsa_capture_is_the_attentions(kind):
+    """index_topk 4 < the window: the capture still takes the attention's own tensors, not the indexer's
+    (c_kv, k_pe, q_pe equal the hand recomputation), while the dense absorbed recomputation no longer
+    equals the model's attention output: each query reads only its indexer's top 4 keys."""
+    model = build(kind, seed=3, index_topk=4)
+    ids = torch.randint(0, 320, (SEQ_LEN,), generator=torch.Generator().manual_seed(9)).numpy()
+    ref = reference(model, kind, ids, np.array([0, SEQ_LEN]))
+    with torch.no_grad(), LatentCapture(model) as cap:
+        model(torch.as_tensor(ids)[None], use_cache=False)
+    for i, rec in cap.layers.items():
+        assert rec["rope_function"] == ("apply_rotary_pos_emb_interleave") and rec["rope_layout"] == "half"
+        for k in ("c_kv", "k_pe", "q_nope", "q_pe"):
+            assert rel(rec[k][0], ref[i][k].numpy()) <= 1e-5, (kind, i, k)
+        w = model.get_submodule(LAYERS[kind][i]).kv_b_proj.weight.detach().view(4, 64, 32)
+        dense = dump_latents.absorbed_attention(
+            rec["c_kv"][0], rec["k_pe"][0], rec["q_nope"][0], rec["q_pe"][0], w[:, :32], w[:, 32:],
+            np.arange(SEQ_LEN), np.array([0, SEQ_LEN]), rec["softmax_scale"],
+        )  # fmt: skip
+        assert rel(dense, rec["attn_out"][0]) > 1e-2, (kind, i)
+
+
+def _logits(model, ids):
+    with torch.no_grad():
+        return model(ids, use_cache=False).logits
+
+
+def test_longcat_injection_replaces_the_scaled_latent():
+    """LatentInjector on LongCat-Flash: the inject callback sees the scaled c_kv (kv_a_layernorm's output
+    times mla_scale_kv_lora, taken by a plain hook); returning it unchanged leaves the logits bit for bit;
+    returning zeros, or twice the latent, for layer 2 gives the logits of a forward whose kv_a_layernorm
+    output of that layer is replaced by zeros / doubled by a plain hook (0 · s = 0 and (2x) · s = 2 (x s)
+    exactly); a k_pe replacement acts on the post-RoPE key."""
+    model = build("longcat_flash", seed=4)
+    ids = torch.randint(0, 320, (1, SEQ_LEN), generator=torch.Generator().manual_seed(10))
+    base = _logits(model, ids)
+    attn = model.get_submodule(LAYERS["longcat_flash"][2])
+    s = attn.mla_scale_kv_lora
+    normed = {}
+    h = attn.kv_a_layernorm.register_forward_hook(lambda m, a, o: normed.__setitem__("x", o.detach().clone()))
+    seen = {}
+
+    def ident(i, name, t):
+        seen[(i, name)] = t.detach().clone()
+        return t
+
+    with LatentInjector(model, ident):
+        same = _logits(model, ids)
+    h.remove()
+    assert torch.equal(same, base)
+    assert torch.equal(seen[(2, "c_kv")], normed["x"] * s) and sorted({i for i, _ in seen}) == [0, 1, 2, 3]
+    assert attn.mla_scale_kv_lora == s  # restored on exit
+    for fn, plain in (
+        (lambda t: torch.zeros_like(t), lambda o: torch.zeros_like(o)),
+        (lambda t: t * 2, lambda o: o * 2),
+    ):
+        with LatentInjector(model, lambda i, name, t, fn=fn: fn(t) if (i, name) == (2, "c_kv") else t):
+            got = _logits(model, ids)
+        h = attn.kv_a_layernorm.register_forward_hook(lambda m, a, o, plain=plain: plain(o))
+        want = _logits(model, ids)
+        h.remove()
+        assert torch.equal(got, want) and not torch.equal(got, base)
+    with LatentInjector(model, lambda i, name, t: torch.zeros_like(t) if (i, name) == (1, "k_pe") else t):
+        no_kpe = _logits(model, ids)
+    assert not torch.equal(no_kpe, base)
+
+
+def test_kimi_nope_injection_replaces_the_unrotated_key():
+    """Kimi-Linear's NoPE layers: k_pe is the last qk_rope_head_dim columns of kv_a_proj_with_mqa's output;
+    injecting twice it for layer 3 equals a plain hook that doubles those columns, bit for bit; identity
+    leaves the logits unchanged; the KDA layers are not touched (only layers 1 and 3 are seen)."""
+    model = build("kimi_linear", seed=5)
+    ids = torch.randint(0, 320, (1, SEQ_LEN), generator=torch.Generator().manual_seed(11))
+    base = _logits(model, ids)
+    seen = set()
+    with LatentInjector(model, lambda i, name, t: seen.add((i, name)) or t):
+        assert torch.equal(_logits(model, ids), base)
+    assert seen == {(1, "c_kv"), (1, "k_pe"), (3, "c_kv"), (3, "k_pe")}
+    with LatentInjector(model, lambda i, name, t: t * 2 if (i, name) == (3, "k_pe") else t):
+        got = _logits(model, ids)
+    kv_a = model.get_submodule(LAYERS["kimi_linear"][3]).kv_a_proj_with_mqa
+    h = kv_a.register_forward_hook(lambda m, a, o: torch.cat([o[..., :-16], o[..., -16:] * 2], dim=-1))
+    want = _logits(model, ids)
+    h.remove()
+    assert torch.equal(got, want) and not torch.equal(got, base)
+
+
+@pytest.mark.parametrize("kind", ["longcat_flash", "kimi_linear", "glm_moe_dsa"])
+def test_decode_order_attention_on_the_variants(kind):
+    """DecodeOrderAttention (the e2e step's attention from the captured latents) with both reads of the
+    cache exact: the model's logits within 1e-5 relative (LongCat-Flash: the scaled c_kv and q; Kimi-Linear:
+    the unrotated k_pe / q_pe; GLM-5: its indexer's RoPE and SDPA calls left alone); a cache whose c_kv
+    is zero at every key changes them."""
+    from latentq.inject import DecodeOrderAttention
+
+    model = build(kind, seed=6)
+    ids = torch.randint(0, 320, (1, SEQ_LEN), generator=torch.Generator().manual_seed(12))
+    base = _logits(model, ids)
+    read = torch.ones(SEQ_LEN, SEQ_LEN, dtype=torch.bool)
+    layers = set()
+
+    def exact(i, c, k):
+        layers.add(i)
+        return c, c, read, k, k, read
+
+    with DecodeOrderAttention(model, exact):
+        got = _logits(model, ids)
+    assert layers == set(LAYERS[kind]) and rel(got, base) <= 1e-5, (kind, rel(got, base))
+    with DecodeOrderAttention(model, lambda i, c, k: (c * 0, c * 0, read, k, k, read)):
+        assert rel(_logits(model, ids), base) > 1e-3
