@@ -39,6 +39,9 @@ What it reads:
     checkpoint's names and maps per-expert and row-concatenated tensors into the model's fused ones
     (``LayerStreamer._rename_checkpoint``; Kimi-Linear: ``block_sparse_moe.experts.N.w1`` ->
     ``mlp.experts.gate_up_proj``, ``q_conv1d`` / ``k_conv1d`` / ``v_conv1d`` -> ``conv1d``);
+  - outputs a decoder layer hands to the next one through the model's forward (``CARRIED_OUTPUTS``:
+    GLM-5's ``prev_topk_indices`` for its "shared" DSA layers) are kept per input on the host and
+    passed on, as the forward does;
   - MoE and dense layers alike (``first_k_dense_replace`` is the model's own business: whatever
     module a layer has is what gets loaded); checkpoint layers past ``num_hidden_layers`` (DeepSeek-V3's
     multi-token-prediction layer 61) are never read (``skipped_layers``).
@@ -56,6 +59,7 @@ fuse per-expert tensors. The pieces that exist are used: ``init_empty_weights``,
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import os
@@ -77,6 +81,10 @@ SINGLE_NAME = "model.safetensors"
 SCALE_SUFFIX = "_scale_inv"
 _EXPERT_KEY = re.compile(r"^(?P<base>.+\.experts)\.(?P<e>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)\.weight$")
 _LAYER_KEY = re.compile(r"^(?P<prefix>(?P<list>.+\.layers)\.(?P<i>\d+))\.")
+# Decoder-layer outputs the model's forward hands to the next layer under a keyword: name -> index of the
+# output. GLM-5 (glm_moe_dsa): a "shared" DSA layer reuses the top-k of the last "full" one, passed as
+# prev_topk_indices=<the previous layer's output[1]> (GlmMoeDsaModel.forward, modeling_glm_moe_dsa.py).
+CARRIED_OUTPUTS = {"prev_topk_indices": 1}
 _FLOAT8 = {"F8_E4M3": torch.float8_e4m3fn}
 _SAFETENSORS_BYTES = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "I64": 8, "I32": 4}
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
@@ -358,6 +366,11 @@ _LIBC = None
 
 class _Stop(Exception):
     """Raised by the layer-0 pre-hook once it has recorded the layer's inputs."""
+
+
+def _to(x, device):
+    """x on device (a tensor), or x (None)."""
+    return x.detach().to(device) if isinstance(x, torch.Tensor) else x
 
 
 def _same(a, b) -> bool:
@@ -807,6 +820,10 @@ class LayerStreamer:
                         shared.append((args, kwargs))
                         args_of[kind].append(len(shared) - 1)
             self._free(pro)
+            # outputs the model's forward passes on to the next layer (CARRIED_OUTPUTS), per input, on the host
+            params = inspect.signature(type(self.layers[0]).forward).parameters
+            carry = [k for k in CARRIED_OUTPUTS if k in params]
+            carried: list[dict] = [{} for _ in ids]
             self.load_seconds = self.compute_seconds = 0.0
             for i, layer in enumerate(self.layers):
                 t0 = time.perf_counter()
@@ -820,8 +837,12 @@ class LayerStreamer:
                         if before is not None:
                             before(i, n)
                         args, kwargs = shared[args_of[kinds[i]][n]]
+                        if carried[n]:
+                            kwargs = {**kwargs, **{k: _to(v, self.device) for k, v in carried[n].items()}}
                         out = layer(states.get(n).to(self.device), *args, **kwargs)
                         states.put(n, out[0] if isinstance(out, tuple) else out)
+                        if carry and isinstance(out, tuple):
+                            carried[n] = {k: _to(out[CARRIED_OUTPUTS[k]], "cpu") for k in carry}
                         del out
                     if after is not None:
                         after(i)

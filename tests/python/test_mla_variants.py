@@ -7,7 +7,8 @@ straddles two shards), a few hundred KB each:
   on its own query / key (index_n_heads = num_heads, so that a capture taking the indexer's call for the
   attention's would not even fail on shapes); index_topk >= the window, so the attention is dense;
 - ``glm_moe_dsa`` (GLM-5): the same, its indexer calling ``apply_rotary_pos_emb_interleave``, the very
-  function the attention calls;
+  function the attention calls; layer 1 a "shared" DSA layer, which reuses layer 0's top-k (handed on
+  by the model's forward: the streamed run must carry it);
 - ``longcat_flash`` (LongCat-Flash): two MLA sublayers per decoder layer (layer_idx 2 i + j), c_kv
   scaled by mla_scale_kv_lora = sqrt(hidden / kv_lora_rank) after kv_a_layernorm and the query by
   mla_scale_q_lora = sqrt(hidden / q_lora_rank); saved in the checkpoint with transformers' names;
@@ -65,7 +66,7 @@ DSA = dict(
 )
 KINDS = {
     "deepseek_v32": ("DeepseekV32", dict(DSA)),
-    "glm_moe_dsa": ("GlmMoeDsa", dict(DSA)),
+    "glm_moe_dsa": ("GlmMoeDsa", dict(DSA, num_hidden_layers=3, indexer_types=["full", "shared", "full"])),
     "longcat_flash": (
         "LongcatFlash",
         dict(
@@ -99,7 +100,7 @@ KINDS = {
 }
 LAYERS = {  # MLA layer index -> its module, as transformers numbers and names them
     "deepseek_v32": {i: f"model.layers.{i}.self_attn" for i in (0, 1)},
-    "glm_moe_dsa": {i: f"model.layers.{i}.self_attn" for i in (0, 1)},
+    "glm_moe_dsa": {i: f"model.layers.{i}.self_attn" for i in (0, 1, 2)},
     "longcat_flash": {i: f"model.layers.{i // 2}.self_attn.{i % 2}" for i in range(4)},
     "kimi_linear": {i: f"model.layers.{i}.self_attn" for i in (1, 3)},
 }
