@@ -37,12 +37,15 @@ from the study's dump (the root attributes input_path / input_sha256; latentq.fi
 by the score-metric KLT likewise; both are left out with a note when that dump is not there.
 
 Group /e2e: one row per (quantizer, targets, cache_mode), its columns E2E_COLUMNS (their units and
-definitions, stored in the group's column record: latentq.result_groups). bytes_per_token counts the bf16
-tokens of the decode order at 2 bytes/element, the quantized ones at the format's bytes per token
-(QuantizedTensor.bytes_per_token), a target not quantized at 2 bytes/element. Group /e2e_position: the same
-runs by query position, W = the root attribute decode_order_position_bucket (else --position-bucket, default
-64), its columns E2E_POSITION_COLUMNS; they follow the C++ /attention_position group where the two share a
-meaning.
+definitions, stored in the group's column record: latentq.result_groups): the means, the spread of the
+per-token values (KL percentiles and maximum, Δp mean and RMS, ln ppl ratio, as llama.cpp's KL-divergence mode
+defines them) and 95% intervals of kl_mean, top1_agree, ln_ppl_ratio and delta_p_rms by a bootstrap over
+sequences, the same draws for every row (latentq.e2e_stats; the attributes bootstrap_seed and
+bootstrap_resamples). bytes_per_token counts the bf16 tokens of the decode order at 2 bytes/element, the
+quantized ones at the format's bytes per token (QuantizedTensor.bytes_per_token), a target not quantized at 2
+bytes/element. Group /e2e_position: the same runs by query position, W = the root attribute
+decode_order_position_bucket (else --position-bucket, default 64), its columns E2E_POSITION_COLUMNS (the means
+and the spread, no intervals); they follow the C++ /attention_position group where the two share a meaning.
 The reference is the model's own run with exact latents; no metric is computed from non-finite
 logits. Forwards: --batch-runs K runs share one forward of K × num_seqs sequences (the ids repeated
 K times), run k's quantizer on rows k·num_seqs .. (k+1)·num_seqs - 1 with its own per-sequence offsets
@@ -79,7 +82,6 @@ import time
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from latentq.capture import find_mla_layers, mla_dims
 from latentq.e2e_decode import (  # noqa: F401  (re-exported: the tests and bench/e2e_rate.py use latentq.e2e.*)
@@ -98,6 +100,18 @@ from latentq.e2e_results import (  # noqa: F401  (re-exported: the tests use lat
     open_results,
     study_layers,
     study_quantizers,
+)
+from latentq.e2e_stats import (
+    KL_PERCENTILES,
+    METRICS,
+    RESAMPLES,
+    SEED,
+    TokenStats,
+    bootstrap_counts,
+    interval_columns,
+    position_metrics,
+    run_metrics,
+    token_stats,
 )
 from latentq.fitted_basis import StudyBases, needs_basis, transform_of
 from latentq.inject import DecodeOrderAttention, LatentInjector
@@ -159,54 +173,25 @@ def require_finite_logits(x: torch.Tensor, what: str) -> None:
         )
 
 
-def token_metrics(ref: torch.Tensor, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token KL(p_ref ‖ p_q) (nats, float64) and top-1 agreement (float64 0/1), both [B, T], of
-    the logits ref, q [B, T, V] (softmax over the vocabulary in float64). No finiteness check: the
-    callers check first (require_finite_logits)."""
-    lp_ref = F.log_softmax(ref.double(), -1)
-    lp_q = F.log_softmax(q.double(), -1)
-    return (lp_ref.exp() * (lp_ref - lp_q)).sum(-1), (ref.argmax(-1) == q.argmax(-1)).double()
-
-
 def logit_metrics(ref: torch.Tensor, q: torch.Tensor, ids: torch.Tensor, what: str = "the quantized run") -> dict:
-    """ref, q: [B, T, V] float32 logits; ids [B, T] int64. KL and top-1 over all B·T positions
-    (token_metrics); NLL on next-token targets (positions 0..T-2). Raises ValueError when ref or q
-    has NaN/Inf (require_finite_logits; `what` names the run of q)."""
+    """ref, q: [B, T, V] float32 logits; ids [B, T] int64. The /e2e values of latentq.e2e_stats.run_metrics
+    (KL and top-1 over all B·T positions, NLL and Δp on next-token targets, positions 0..T-2). Raises
+    ValueError when ref or q has NaN/Inf (require_finite_logits; `what` names the run of q)."""
     require_finite_logits(ref, "the reference run (exact latents)")
     require_finite_logits(q, what)
-    kl, top1 = token_metrics(ref, q)
-    tgt = ids[:, 1:]
-    nll_ref = -F.log_softmax(ref.double(), -1)[:, :-1].gather(-1, tgt[..., None]).mean()
-    nll_q = -F.log_softmax(q.double(), -1)[:, :-1].gather(-1, tgt[..., None]).mean()
-    return {
-        "kl_mean": float(kl.mean()),
-        "top1_agree": float(top1.mean()),
-        "nll_ref": float(nll_ref),
-        "nll_quant": float(nll_q),
-        "ppl_ref": float(torch.exp(nll_ref)),
-        "ppl_quant": float(torch.exp(nll_q)),
-    }
+    return run_metrics(token_stats(ref, q, ids))
 
 
-def position_rows(ref: torch.Tensor, q: torch.Tensor, width: int) -> list[dict]:
-    """KL and top-1 by query position: one dict(pos_start, pos_end, tokens, kl_mean, top1_agree) per
-    bucket [b·width, min((b+1)·width, T)) of the positions of ref, q [B, T, V] (finite: the caller
-    checked); tokens = B × positions in the bucket."""
-    kl, top1 = token_metrics(ref, q)
-    T = kl.shape[1]
-    rows = []
-    for a in range(0, T, width):
-        b = min(a + width, T)
-        rows.append(
-            {
-                "pos_start": a,
-                "pos_end": b,
-                "tokens": kl.shape[0] * (b - a),
-                "kl_mean": float(kl[:, a:b].mean()),
-                "top1_agree": float(top1[:, a:b].mean()),
-            }
-        )
-    return rows
+def position_rows(stats: TokenStats, width: int) -> list[dict]:
+    """The statistics of one run by query position: one dict(pos_start, pos_end, tokens, kl_mean, top1_agree,
+    and latentq.e2e_stats.position_metrics' others) per bucket [b·width, min((b+1)·width, T)) of the positions
+    of its TokenStats; tokens = B × positions in the bucket."""
+    B, T = stats.kl.shape
+    return [
+        {"pos_start": a, "pos_end": min(a + width, T), "tokens": B * (min(a + width, T) - a)}
+        | position_metrics(stats, a, min(a + width, T))
+        for a in range(0, T, width)
+    ]
 
 
 def batch_inject(fns: list, n: int):
@@ -554,6 +539,10 @@ class Runner:
         self.rows, self.pos_rows = [], []
         self.ref = None
         self.bpt_memo: dict = {}
+        # per run, its per-token values (latentq.e2e_stats.TokenStats: B x T float64 each, no vocabulary axis),
+        # for paired comparisons of runs (e2e_stats.paired_difference); the bootstrap draws every run shares
+        self.run_stats: dict = {}
+        self.draws = None
         self.progress = None  # a latentq.progress.Progress over the runs (the reference not counted)
         self.counts_runs = True  # False: the progress counts something else (streamed: layers)
 
@@ -650,7 +639,12 @@ class Runner:
             return
         spec, targets, mode = run
         how = self.resolve(spec)
-        m = logit_metrics(self.ref, q, self.ids.cpu(), f"the run with {spec} latents ({'+'.join(targets)}, {mode})")
+        require_finite_logits(q, f"the run with {spec} latents ({'+'.join(targets)}, {mode})")
+        stats = token_stats(self.ref, q, self.ids)
+        if self.draws is None:  # the same draws for every run: their intervals are paired
+            self.draws = bootstrap_counts(stats.num_seqs, RESAMPLES, SEED)
+        self.run_stats[run] = stats
+        m = run_metrics(stats) | interval_columns(stats, self.draws)
         specs = [how] if isinstance(how, str) else sorted(set(how.values()))
         causal = all(latentq.decode_scale_is_causal(s) for s in specs)
         bpt = cache_bytes_per_token(
@@ -667,7 +661,7 @@ class Runner:
             }
         )
         R, S, P = plan.rsp.get(mode, (0, 0, 0))
-        for r in position_rows(self.ref, q, plan.width):
+        for r in position_rows(stats, plan.width):
             self.pos_rows.append(
                 {
                     "quantizer": spec,
@@ -738,6 +732,47 @@ _BYTES = Column("bytes_per_token", "float64", "byte/token", "the cache at the se
 _CAUSAL = Column("scale_causal", "int64", "", "1 when the spec's scales see no later token (decode_scale_is_causal)")
 _KL = Column("kl_mean", "float64", "nat", "mean over tokens of KL(p_ref ‖ p_quant) of the next-token distributions")
 _TOP1 = Column("top1_agree", "float64", "1", "the fraction of tokens whose argmax logit is unchanged")
+# The spread of the per-token values (latentq.e2e_stats: llama.cpp tools/perplexity/perplexity.cpp, commit
+# 050fc7f32de16858ac667d775b43a51ed8976e6f, kl_divergence(): its percentile lambda, "Maximum KLD", "Δp",
+# "RMS Δp", "ln(PPL(Q)/PPL(base))"); Δp and NLL at the positions that have a next token.
+_LLAMA = "as llama.cpp perplexity.cpp kl_divergence()"
+_SPREAD = (
+    *(
+        Column(k, "float64", "nat", f"the {p:g}th percentile of the per-token KL (numpy linear; {_LLAMA})")
+        for k, p in KL_PERCENTILES.items()
+    ),
+    Column("kl_max", "float64", "nat", f"the largest per-token KL ({_LLAMA}: Maximum KLD)"),
+    Column(
+        "delta_p_mean",
+        "float64",
+        "1",
+        f"mean over the positions with a next token y of Δp = p_quant(y) − p_ref(y) ({_LLAMA}: Mean Δp)",
+    ),
+    Column(
+        "delta_p_rms",
+        "float64",
+        "1",
+        f"sqrt of the mean of Δp² over the positions with a next token ({_LLAMA}: RMS Δp)",
+    ),
+    Column(
+        "ln_ppl_ratio",
+        "float64",
+        "nat",
+        f"mean next-token NLL quantized − mean NLL exact, ln(ppl_quant / ppl_ref) ({_LLAMA}: ln(PPL(Q)/PPL(base)))",
+    ),
+)
+_CI = tuple(
+    Column(
+        f"{k}_ci_{end}",
+        "float64",
+        unit,
+        f"the {side} end of the 95% interval of {k}: percentile bootstrap over "
+        "sequences (the group's bootstrap_resamples draws, seed bootstrap_seed); NaN with one sequence",
+    )
+    for k, unit in (("kl_mean", "nat"), ("top1_agree", "1"), ("ln_ppl_ratio", "nat"), ("delta_p_rms", "1"))
+    for end, side in (("lo", "lower"), ("hi", "upper"))
+)
+assert {c.name[: -len("_ci_lo")] for c in _CI} == set(METRICS)  # one interval per bootstrapped metric
 E2E_COLUMNS = (
     *_RUN, _KL, _TOP1,
     Column("nll_ref", "float64", "nat", "mean next-token NLL with exact latents"),
@@ -746,6 +781,7 @@ E2E_COLUMNS = (
     Column("ppl_quant", "float64", "1", "exp(nll_quant)"),
     _BYTES, _CAUSAL,
     Column("num_tokens", "int64", "", "the tokens scored: num_seqs × seq_len"),
+    *_SPREAD, *_CI,
 )  # fmt: skip
 E2E_POSITION_COLUMNS = (
     *_RUN,
@@ -756,7 +792,7 @@ E2E_POSITION_COLUMNS = (
     Column("pos_start", "int64", "", "the bucket's first query position within its window"),
     Column("pos_end", "int64", "", "the bucket's end (exclusive)"),
     Column("tokens", "int64", "", "the tokens in the bucket: windows × positions"),
-    _KL, _TOP1, _BYTES,
+    _KL, _TOP1, _BYTES, *_SPREAD,
 )  # fmt: skip
 
 
@@ -794,7 +830,11 @@ def write_tables(a, runner: Runner, tokenizer, K: int, K_dec: int, streamer=None
                     **common,
                     "definition": "KL(p_ref||p_q) mean over tokens (nats); top1 = argmax agreement; "
                     "ppl = exp(mean next-token NLL); bytes_per_token: cache at the sequence end, per layer; "
-                    "cache_mode: latentq/decode_order.h",
+                    "cache_mode: latentq/decode_order.h; the spread and the intervals: latentq.e2e_stats",
+                    "bootstrap_seed": np.int64(SEED),
+                    "bootstrap_resamples": np.int64(RESAMPLES),
+                    "bootstrap_interval": "95% percentile bootstrap over the num_seqs sequences, the same draws for "
+                    "every row (paired); NaN with one sequence",
                 },
             ),
             "e2e_position": (
