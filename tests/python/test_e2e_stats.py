@@ -1,7 +1,7 @@
 """The e2e step's per-token statistics and intervals (latentq.e2e_stats): the values against hand-computed ones
 and a numpy recomputation on hand-built logits (KL, Δp and the percentiles as llama.cpp's
 tools/perplexity/perplexity.cpp defines them), the bootstrap against a literal resampling of sequences, the
-intervals' coverage on synthetic runs with a known answer, NaN with one sequence; and the
+intervals' coverage on synthetic runs with a known answer, NaN with one sequence, the report's note; and the
 /e2e and /e2e_position columns of a tiny-mla run (that one needs the compiled latentq._core)."""
 
 import math
@@ -9,6 +9,7 @@ import os
 
 import h5py
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -228,6 +229,36 @@ def test_paired_difference_coverage_and_width():
         own_w.append(np.subtract(*S.interval(a, "kl_mean", counts)[::-1]))
     assert 0.92 <= hits / 600 <= 0.97, hits / 600
     assert np.mean(paired_w) < 0.1 * np.mean(own_w), (np.mean(paired_w), np.mean(own_w))
+
+
+def test_report_says_why_there_is_no_interval():
+    """The /e2e table of the report: the KL's interval beside it when the file has finite ones; with one
+    sequence (NaN intervals) a note saying why there is none; nothing about intervals for a file without them."""
+    from latentq.report.load import e2e_rows
+    from latentq.report.markdown import table_e2e
+
+    def table(lo, hi):
+        cols = {
+            "quantizer": np.array(["int4-asym-channel-g8"], dtype=object),
+            "targets": np.array(["c_kv+k_pe"], dtype=object),
+            "cache_mode": np.array(["prefill-at-once"], dtype=object),
+            "kl_mean": np.array([2.5e-3]),
+            "top1_agree": np.array([0.97]),
+            "ppl_ref": np.array([3.0]),
+            "ppl_quant": np.array([3.03]),
+        }
+        if lo is not None:
+            cols |= {"kl_mean_ci_lo": np.array([lo]), "kl_mean_ci_hi": np.array([hi])}
+        return table_e2e(e2e_rows({"e2e": pd.DataFrame(cols)}, {}), {})
+
+    md = table(2.0e-3, 3.1e-3)
+    assert "| 2.50e-03 [2.00e-03, 3.10e-03] |" in md, md
+    assert "95% interval, a bootstrap over the scored sequences" in md
+    md = table(math.nan, math.nan)
+    assert "| 2.50e-03 |" in md and "[" not in md.split("\n\n")[1], md
+    assert "No 95% intervals: /e2e scored one sequence" in md, md
+    md = table(None, None)
+    assert "95%" not in md, md
 
 
 def run_step(tmp_path, num_seqs):

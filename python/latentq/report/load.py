@@ -565,7 +565,8 @@ def cross_layer_matrices(tables):
 
 def e2e_rows(tables, Q):
     """Per prefill-at-once /e2e row (all rows of a file without a cache_mode column): dict(quantizer,
-    targets, kl, top1, ppl_ref, ppl_quant, bytes_model)."""
+    targets, kl, top1, ppl_ref, ppl_quant, bytes_model), and kl_ci_lo, kl_ci_hi (the 95% interval of kl;
+    NaN with one sequence) where the file has kl_mean_ci_lo / kl_mean_ci_hi."""
     e = tables.get("e2e")
     if e is None:
         return []
@@ -583,6 +584,8 @@ def e2e_rows(tables, Q):
         nll_quant=numbers(e, "nll_quant"),
         num_tokens=numbers(e, "num_tokens"),
     )
+    if has_column(e, "kl_mean_ci_lo") and has_column(e, "kl_mean_ci_hi"):
+        cols.update(kl_ci_lo=numbers(e, "kl_mean_ci_lo"), kl_ci_hi=numbers(e, "kl_mean_ci_hi"))
     rows = []
     for i, q in enumerate(qs):
         if modes is not None and modes[i] != PREFILL_AT_ONCE:

@@ -212,13 +212,16 @@ def table_e2e(rows, Q, k=3):
         rs = sorted(groups[g], key=lambda r: r["kl"] if math.isfinite(r["kl"]) else math.inf)
         for r in rs[:k] if isinstance(g, int) else rs:
             d = (r["ppl_quant"] / r["ppl_ref"] - 1) * 100 if r["ppl_ref"] and math.isfinite(r["ppl_ref"]) else math.nan
+            kl = fmt(r["kl"], "e")
+            if math.isfinite(r.get("kl_ci_lo", math.nan)):
+                kl += f" [{fmt(r['kl_ci_lo'], 'e')}, {fmt(r['kl_ci_hi'], 'e')}]"
             out.append(
                 [
                     g,
                     f"`{r['quantizer']}`",
                     r["targets"] or "–",
                     fmt(r["bytes_model"], "f1"),
-                    fmt(r["kl"], "e"),
+                    kl,
                     fmt(r["top1"], "f4"),
                     fmt(r["ppl_ref"], "f4"),
                     fmt(r["ppl_quant"], "f4"),
@@ -229,6 +232,14 @@ def table_e2e(rows, Q, k=3):
         f"The {k} quantizers with the lowest KL at each integer bit width, then the baselines "
         f"({len(out)} of the {len(rows)} rows of /e2e). KL in nats per token; Δppl = ppl quant / ppl ref − 1."
     )
+    ci = [r for r in rows if "kl_ci_lo" in r]
+    if any(math.isfinite(r["kl_ci_lo"]) for r in ci):
+        note += " [lo, hi]: the KL's 95% interval, a bootstrap over the scored sequences (/e2e kl_mean_ci_lo/hi)."
+    elif ci:
+        note += (
+            " No 95% intervals: /e2e scored one sequence, and the bootstrap over sequences that gives them needs "
+            "two or more (its kl_mean_ci_lo/hi are NaN; run the e2e step with --num-seqs 2 or more)."
+        )
     return (
         note
         + "\n\n"
