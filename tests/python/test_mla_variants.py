@@ -288,11 +288,18 @@ def test_dump_matches_the_model(checkpoints, tmp_path, kind, capsys):
     assert all(v <= 1e-5 for v in worst.values()), (kind, worst)
     if kind == "longcat_flash":  # the dumped c_kv is the scaled latent: unscaled it would be off by sqrt(2)
         assert rel(chk["layers"][0]["c_kv"] / s_kv, ref[0]["c_kv"].numpy()) > 0.1
+
+
+def test_cpp_reader_takes_non_contiguous_nope_layers(checkpoints, tmp_path):
+    """``latentq inspect`` (the C++ reader, study/io/dump.cpp) reads the streamed Kimi-Linear dump: its
+    layers 1 and 3 (sorted groups counted against num_layers), rope_layout "none"."""
     lq = os.environ.get("LATENTQ_BIN", os.path.join(os.path.dirname(__file__), "..", "..", "build", "latentq"))
-    if kind == "kimi_linear" and os.path.isfile(lq):  # the C++ reader: layers 1 and 3, rope_layout "none"
-        r = subprocess.run([lq, "inspect", on], capture_output=True, text=True)
-        assert r.returncode == 0, r.stderr
-        assert "layers          2 [1, 3]" in r.stdout and "rope_layout     none" in r.stdout, r.stdout
+    assert os.path.isfile(lq), f"the latentq CLI is not built ({lq}; set LATENTQ_BIN or build build/latentq)"
+    r = subprocess.run(
+        [lq, "inspect", _dump(checkpoints, tmp_path, "kimi_linear", "on")], capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stderr
+    assert "layers          2 [1, 3]" in r.stdout and "rope_layout     none" in r.stdout, r.stdout
 
 
 @pytest.mark.parametrize("kind", ["deepseek_v32", "glm_moe_dsa"])
