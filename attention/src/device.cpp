@@ -34,6 +34,10 @@ void AbsorbedAttention<Scalar>::attach_device(const AttentionDeviceFactory& make
   } else {
     if (segment_rows < 0)
       throw std::invalid_argument("attention: attach_device: segment_rows " + sz(segment_rows) + " < 0");
+    if (!selection_.empty())
+      throw std::invalid_argument(
+          "attention: attach_device: the device attention reads every key of the causal window; a sparse "
+          "selection (DeepSeek Sparse Attention) runs on the CPU (--device cpu)");
     const int64_t rows =
         segment_rows > 0 ? segment_rows : std::max<int64_t>(1, kDeviceSegmentGemmRows / dims_.num_heads);
     // Segments of at most `rows` consecutive sorted rows of one sequence (the chunks of a sequence are

@@ -56,6 +56,30 @@ RowInfo validate_queries(const AttentionQueries& q) {
     info.s0[i] = *(it - 1);
     info.nkeys[i] = t - info.s0[i] + 1;
   }
+  if (!q.selected_offsets.empty() || !q.selected_keys.empty()) {
+    const auto& off = q.selected_offsets;
+    if (static_cast<int64_t>(off.size()) != Tq + 1 || off[0] != 0 ||
+        off[Tq] != static_cast<int64_t>(q.selected_keys.size()))
+      throw std::invalid_argument("attention: selected_offsets has " + sz(static_cast<int64_t>(off.size())) +
+                                  " entries from " + (off.empty() ? std::string("-") : sz(off[0])) + " to " +
+                                  (off.empty() ? std::string("-") : sz(off.back())) + "; expected Tq + 1 = " +
+                                  sz(Tq + 1) + " from 0 to the " + sz(static_cast<int64_t>(q.selected_keys.size())) +
+                                  " selected_keys");
+    for (int64_t i = 0; i < Tq; ++i) {
+      if (off[i + 1] <= off[i])
+        throw std::invalid_argument("attention: query row " + sz(i) + " selects no key (selected_offsets[" + sz(i) +
+                                    "] = " + sz(off[i]) + ", [" + sz(i + 1) + "] = " + sz(off[i + 1]) + ")");
+      for (int64_t a = off[i]; a < off[i + 1]; ++a) {
+        const int64_t j = q.selected_keys[a];
+        if (j < 0 || j >= info.nkeys[i] || (a > off[i] && j <= q.selected_keys[a - 1]))
+          throw std::invalid_argument("attention: query row " + sz(i) + " selects key " + sz(j) +
+                                      "; expected strictly ascending keys in [0, " + sz(info.nkeys[i]) +
+                                      ") (its causal window)");
+      }
+    }
+    info.selection.offsets.assign(off.begin(), off.end());
+    info.selection.keys.assign(q.selected_keys.begin(), q.selected_keys.end());
+  }
   return info;
 }
 
@@ -187,6 +211,7 @@ AbsorbedAttention<Scalar>::AbsorbedAttention(const AttentionQueries& q) {
   T_ = q.num_tokens;
   scale_ = working_scale<Scalar>(q.softmax_scale);
   nkeys_ = info.nkeys;
+  selection_ = info.selection;
   const int64_t Tq = static_cast<int64_t>(info.t.size());
   const int64_t H = dims_.num_heads, r = dims_.kv_lora_rank, nope = dims_.qk_nope_head_dim,
                 rope = dims_.qk_rope_head_dim, v = dims_.v_head_dim;
@@ -311,6 +336,7 @@ AttentionResult<Scalar> AbsorbedAttention<Scalar>::run_impl(std::span<const floa
       const int64_t i = order_[p], n = nkeys_[i];
       for (int64_t h = 0; h < H; ++h) {
         Scalar* row = S.row((p - c.begin) * H + h).data();
+        selection_.mask_unselected(i, row, n);
         softmax_row(row, n, c.nk);
         if (keep_probs) std::copy_n(row, n, res.probs.data() + res.prob_offsets[i] + h * n);
       }
@@ -456,6 +482,7 @@ std::vector<AttentionResult<Scalar>> AbsorbedAttention<Scalar>::run_variants(std
           const int64_t i = order_[p], n = nkeys_[i];
           for (int64_t h = 0; h < H; ++h) {
             Scalar* row = P.row(b * nH + (p - c.begin) * H + h).data();
+            selection_.mask_unselected(i, row, n);
             softmax_row(row, n, c.nk);
             if (keep_probs) std::copy_n(row, n, res[a].probs.data() + res[a].prob_offsets[i] + h * n);
           }

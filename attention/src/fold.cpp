@@ -73,6 +73,7 @@ AttentionResult<Scalar> unabsorbed_attention(const AttentionQueries& q, std::spa
     for (int64_t a = 0; a < nq; ++a) {
       const int64_t i = order[gb + a], n = info.nkeys[i];
       Scalar* row = S.row(a).data();
+      info.selection.mask_unselected(i, row, n);
       softmax_row(row, n, nk);
       if (keep_probs) std::copy_n(row, n, res.probs.data() + res.prob_offsets[i] + h * n);
     }

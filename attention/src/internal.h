@@ -36,6 +36,7 @@ using RowMatF = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowM
 
 struct RowInfo {
   std::vector<int64_t> t, s0, nkeys;  // per query row
+  KeySelection selection;             // sparse MLA (AttentionQueries::selected_*); empty for dense MLA
 };
 
 inline std::string sz(int64_t n) { return std::to_string(n); }

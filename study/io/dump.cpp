@@ -289,7 +289,8 @@ class LayerReader {
         r_(D.attrs.kv_lora_rank),
         dr_(D.attrs.qk_rope_head_dim),
         dn_(D.attrs.qk_nope_head_dim),
-        dv_(D.attrs.v_head_dim) {}
+        dv_(D.attrs.v_head_dim),
+        seq_offsets_(D.seq_offsets) {}
 
   // An empty layer gets its own message before the shape check against /tokens.
   void check_not_empty(int li) {
@@ -351,12 +352,42 @@ class LayerReader {
     ly.w_uk = L_.read_finite(g + "/w_uk", {H_, dn_, r_}, "num_heads, qk_nope_head_dim, kv_lora_rank", li);
     ly.w_uv = L_.read_finite(g + "/w_uv", {H_, dv_, r_}, "num_heads, v_head_dim, kv_lora_rank", li);
     ly.attn_out = L_.read_finite(g + "/attn_out", {Tq_, H_, dv_}, "Tq, num_heads, v_head_dim", li);
+    read_selection(ly, g);
+  }
+
+  // Sparse MLA's selection, when the layer has one: topk_offsets [Tq+1] from 0 to the length of topk_keys, each
+  // row's keys strictly ascending in its causal window, at least one.
+  void read_selection(Layer& ly, const std::string& g) {
+    const int li = ly.index;
+    const std::string on = g + "/topk_offsets", kn = g + "/topk_keys";
+    if (L_.has(on) != L_.has(kn))
+      L_.invalid(fmt::format("layer {:03d}: {} and {} must be both present or both absent", li, on, kn));
+    if (!L_.has(on)) return;
+    ly.topk_offsets = L_.read<int64_t>(L_.open(on, DType::I64, {Tq_ + 1}, "Tq + 1"), on);
+    ly.topk_keys = L_.read<int32_t>(L_.open(kn, DType::I32, {-1}, "the number of selected keys"), kn);
+    const auto& off = ly.topk_offsets;
+    if (off.front() != 0 || off.back() != static_cast<int64_t>(ly.topk_keys.size()))
+      L_.invalid(fmt::format("layer {:03d}: {} runs from {} to {}; expected 0 to {} (the length of {})", li, on,
+                             off.front(), off.back(), ly.topk_keys.size(), kn));
+    for (int64_t i = 0; i < Tq_; ++i) {
+      const int64_t t = ly.q_rows[i];
+      const int64_t s0 = *(std::upper_bound(seq_offsets_.begin(), seq_offsets_.end(), t) - 1);
+      if (off[i + 1] <= off[i])
+        L_.invalid(fmt::format("layer {:03d}: query row {} selects no key ({}[{}] = {}, [{}] = {})", li, i, on, i,
+                               off[i], i + 1, off[i + 1]));
+      for (int64_t a = off[i]; a < off[i + 1]; ++a)
+        if (ly.topk_keys[a] < 0 || ly.topk_keys[a] > t - s0 || (a > off[i] && ly.topk_keys[a] <= ly.topk_keys[a - 1]))
+          L_.invalid(fmt::format("layer {:03d}: {}[{}] = {} (query row {}); expected strictly ascending keys of the "
+                                 "row's causal window [0, {}]",
+                                 li, kn, a, ly.topk_keys[a], i, t - s0));
+    }
   }
 
  private:
   Loader& L_;
   const H5::H5File& file_;
   const int64_t T_, H_, r_, dr_, dn_, dv_;
+  const std::vector<int64_t>& seq_offsets_;
   int64_t Tq_ = -1;    // the query count, of the first layer whose q_rows was opened
   int tq_layer_ = -1;  // that layer
 };

@@ -567,6 +567,8 @@ probes::AttentionQueries attention_queries(const Dump& dump, const Layer& l) {
   q.w_uk = l.w_uk;
   q.w_uv = l.w_uv;
   q.softmax_scale = A.softmax_scale;
+  q.selected_offsets = l.topk_offsets;  // sparse MLA: the keys each row read in the model (empty: dense)
+  q.selected_keys = l.topk_keys;
   return q;
 }
 

@@ -91,7 +91,9 @@ struct LoopReference {
   std::vector<double> out;    // [Tq, H, v]
   std::vector<double> probs;  // same layout as AttentionResult::probs
 };
-inline LoopReference loop_reference(const RandomLayer& l) {
+/// sel: sparse attention's keys per query row (KeySelection; null or empty: every key of the window): a key the
+/// row does not select has probability 0 and no share of the output.
+inline LoopReference loop_reference(const RandomLayer& l, const KeySelection* sel = nullptr) {
   const MlaDims& d = l.dims;
   const int64_t H = d.num_heads, r = d.kv_lora_rank, nope = d.qk_nope_head_dim, rope = d.qk_rope_head_dim,
                 v = d.v_head_dim;
@@ -112,7 +114,10 @@ inline LoopReference loop_reference(const RandomLayer& l) {
           a += double(l.q_nope[(i * H + h) * nope + dn]) * k;
         }
         for (int64_t dr = 0; dr < rope; ++dr) a += double(l.q_pe[(i * H + h) * rope + dr]) * l.k_pe[j * rope + dr];
-        sc.push_back(a * l.scale);
+        bool read = !sel || sel->empty();
+        if (!read)
+          for (int64_t e = sel->offsets[i]; e < sel->offsets[i + 1]; ++e) read = read || sel->keys[e] == j - s0;
+        sc.push_back(read ? a * l.scale : -INFINITY);
       }
       const double m = *std::max_element(sc.begin(), sc.end());
       double z = 0;

@@ -8,7 +8,9 @@
 #include <limits>
 #include <vector>
 
+#include "latentq/attention/attention.h"
 #include "latentq/dump.h"
+#include "latentq/probe_attention.h"
 #include "latentq/util.h"
 #include "synth_dump.h"
 
@@ -378,3 +380,59 @@ TEST(Sha256, KnownDigests) {
 }
 
 }  // namespace
+
+// Sparse MLA: /layers/NNN/topk_offsets and topk_keys load with the layer, the attention the probes build from a
+// layer (attention_queries) reads only those keys, and malformed selections are refused naming the dataset.
+TEST_F(DumpTest, SparseSelectionLoadsAndTheAttentionReadsIt) {
+  // Query row i reads its own token and every third key before it (key indices j of its window).
+  const int64_t Tq = static_cast<int64_t>(data.q_rows.size());
+  std::vector<int64_t> off{0};
+  std::vector<int32_t> keys;
+  for (int32_t t : data.q_rows) {
+    const int64_t s0 = t < data.seq_offsets[1] ? 0 : data.seq_offsets[1];
+    for (int64_t j = 0; j <= t - s0; ++j)
+      if (j % 3 == 0 || j == t - s0) keys.push_back(static_cast<int32_t>(j));
+    off.push_back(static_cast<int64_t>(keys.size()));
+  }
+  // attn_out of layer 1 recomputed sparse (float64), as a sparse model's dump holds it
+  Dump whole = load_dump(path);
+  Layer& l1 = whole.layers[1];
+  l1.topk_offsets = off;
+  l1.topk_keys = keys;
+  const auto sparse = probes::absorbed_attention<double>(attention_queries(whole, l1), l1.c_kv, l1.k_pe);
+  lqtest::put_i64(path, "/layers/001/topk_offsets", {off.size()}, off);
+  lqtest::put_i32(path, "/layers/001/topk_keys", {keys.size()}, keys);
+  lqtest::put_f32(path, "/layers/001/attn_out", {static_cast<hsize_t>(Tq), 2, 4},
+                  std::vector<float>(sparse.out.begin(), sparse.out.end()));
+  const Dump d = load_dump(path);
+  EXPECT_FALSE(d.layers[0].sparse());
+  ASSERT_TRUE(d.layers[1].sparse());
+  EXPECT_EQ(d.layers[1].topk_offsets, off);
+  EXPECT_EQ(d.layers[1].topk_keys, keys);
+  const auto rel = [](const std::vector<float>& a, const std::vector<float>& b) {
+    double e = 0, n = 0;
+    for (size_t i = 0; i < a.size(); ++i) e += (a[i] - b[i]) * double(a[i] - b[i]), n += double(b[i]) * b[i];
+    return std::sqrt(e / n);
+  };
+  const Layer& l = d.layers[1];
+  const auto got = probes::absorbed_attention<float>(attention_queries(d, l), l.c_kv, l.k_pe);
+  EXPECT_LT(rel(got.out, l.attn_out), 1e-5);  // the selection is read: dense attention is far off
+  Layer dense = l;
+  dense.topk_offsets.clear(), dense.topk_keys.clear();
+  EXPECT_GT(rel(probes::absorbed_attention<float>(attention_queries(d, dense), l.c_kv, l.k_pe).out, l.attn_out), 1e-2);
+
+  std::vector<int32_t> bad = keys;
+  int64_t a = 0;  // the second key of the first row that selects two: repeat its first
+  for (int64_t i = 0; i < Tq && a == 0; ++i)
+    if (off[i + 1] - off[i] >= 2) a = off[i] + 1;
+  ASSERT_GT(a, 0);
+  bad[a] = bad[a - 1];
+  lqtest::put_i32(path, "/layers/001/topk_keys", {bad.size()}, bad);
+  expect_error<std::invalid_argument>(
+      [&] { load_dump(path); },
+      {fmt::format("layer 001: /layers/001/topk_keys[{}]", a), "expected strictly ascending keys"});
+  lqtest::put_i32(path, "/layers/001/topk_keys", {keys.size() - 1}, std::vector<int32_t>(keys.begin(), keys.end() - 1));
+  expect_error<std::invalid_argument>([&] { load_dump(path); }, {"/layers/001/topk_offsets runs from 0 to"});
+  lqtest::delete_link(path, "/layers/001/topk_keys");
+  expect_error<std::invalid_argument>([&] { load_dump(path); }, {"must be both present or both absent"});
+}

@@ -16,6 +16,10 @@
 //   /layers/NNN/w_uk     float32 [H, qk_nope_head_dim, kv_lora_rank]
 //   /layers/NNN/w_uv     float32 [H, v_head_dim, kv_lora_rank]
 //   /layers/NNN/attn_out float32 [Tq, H, v_head_dim]
+//   optional with the attention data, both or neither (sparse MLA: the keys each query row read in the model):
+//   /layers/NNN/topk_offsets int64 [Tq+1] (CSR offsets into topk_keys, 0 .. nnz)
+//   /layers/NNN/topk_keys    int32 [nnz] (key indices j of each row's causal window, token seq_offsets[s] + j,
+//                                         strictly ascending per row, at least one)
 // NNN is the layer index, zero-padded to 3 digits. All arrays are row-major. Other attributes
 // (created, compute_dtype, ...) may be present and are ignored.
 #pragma once
@@ -55,6 +59,11 @@ struct Layer {
   std::vector<float> w_uk;      ///< [H, qk_nope_head_dim, kv_lora_rank] (W_UK)
   std::vector<float> w_uv;      ///< [H, v_head_dim, kv_lora_rank] (W_UV)
   std::vector<float> attn_out;  ///< [Tq, H, v_head_dim] the model's attention output (before o_proj)
+  /// Sparse MLA (DeepSeek Sparse Attention): the keys query row i read in the model, topk_keys[topk_offsets[i] ..
+  /// topk_offsets[i+1]) (key index j: token seq_offsets[s] + j); both empty for dense MLA.
+  std::vector<int64_t> topk_offsets;  ///< [Tq+1]
+  std::vector<int32_t> topk_keys;     ///< [nnz]
+  bool sparse() const { return !topk_offsets.empty(); }
 
   /// True when all six attention datasets were loaded.
   bool has_attention() const {

@@ -81,7 +81,9 @@ class AbsorbedAttention {
   /// Validates and precomputes q_lat. Throws std::invalid_argument for dims < 1 (H, r, nope, v; rope
   /// may be 0), span sizes that do not match dims/Tq, bad seq_offsets, a q_row outside [0, T),
   /// NaN/Inf in q_nope/q_pe/W_UK/W_UV, a softmax_scale that is not finite and > 0, or one that does not
-  /// survive the conversion to Scalar (latentq/analysis/narrow.h: 1e300 is inf, 1e-50 is 0 in float32).
+  /// survive the conversion to Scalar (latentq/analysis/narrow.h: 1e300 is inf, 1e-50 is 0 in float32), and a
+  /// sparse selection (AttentionQueries::selected_*) that is not Tq + 1 offsets over ascending keys of each
+  /// row's causal window, at least one per row. With a selection every run reads only the selected keys.
   explicit AbsorbedAttention(const AttentionQueries& q);
 
   /// Attention over the cache c_kv [T, kv_lora_rank], k_pe [T, qk_rope_head_dim] (row-major float32).
@@ -135,7 +137,8 @@ class AbsorbedAttention {
   /// GEMM rows, i.e. max(1, 4096 / num_heads) query rows): each segment's GEMMs cover the keys its last row
   /// reads, so a sequence split in k segments spends ≈ 1/(2k) of its score and output arithmetic on masked
   /// keys instead of ≈ 1/2 (one segment per sequence). Throws std::logic_error for Scalar = double or a null
-  /// device, std::invalid_argument for segment_rows < 0, and what `make` throws.
+  /// device, std::invalid_argument for segment_rows < 0 or a sparse selection (the device reads every key of
+  /// the window: sparse MLA runs on the CPU), and what `make` throws.
   void attach_device(const AttentionDeviceFactory& make, int64_t segment_rows = 0);
   bool on_device() const { return device_ != nullptr; }
   /// Whether the attached device computes attention_error's terms itself (AttentionDevice::computes_error_terms).
@@ -205,6 +208,7 @@ class AbsorbedAttention {
   Scalar scale_ = 0;
   std::vector<int64_t> order_;  // sorted position → original query row
   std::vector<int64_t> nkeys_;  // [Tq] by original row
+  KeySelection selection_;      // sparse MLA: the keys each row reads (empty: dense)
   std::vector<Chunk> chunks_;
   Mat q_lat_;  // [Tq·H, r], row = sorted_pos·H + h
   Mat q_pe_;   // [Tq·H, rope], same row order

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <vector>
 
@@ -29,6 +30,36 @@ struct AttentionQueries {
   std::span<const float> w_uk;           ///< [H, qk_nope_head_dim, kv_lora_rank] float32 (W_UK)
   std::span<const float> w_uv;           ///< [H, v_head_dim, kv_lora_rank] float32 (W_UV)
   double softmax_scale = 0;              ///< > 0, finite
+  /// Sparse MLA (DeepSeek Sparse Attention: DeepSeek-V3.2, GLM-5): the keys each query row reads, in CSR form by
+  /// query row: row i reads keys selected_keys[selected_offsets[i] .. selected_offsets[i+1]) only, each a key
+  /// index j of its causal window (token seq_offsets[s] + j, 0 <= j < nkeys), strictly ascending, at least one
+  /// per row; the others get probability 0 (their scores are −inf before the softmax, as transformers'
+  /// DeepseekV32Attention masks them). Both empty: dense MLA, every key of the window.
+  std::span<const int64_t> selected_offsets;  ///< [Tq+1] int64, or empty
+  std::span<const int32_t> selected_keys;     ///< [selected_offsets[Tq]] int32, or empty
+  bool sparse() const { return !selected_offsets.empty(); }
+};
+
+/// AttentionQueries' selection, owned (AbsorbedAttention keeps it): the keys each query row reads under sparse
+/// attention, CSR by query row; empty for dense MLA.
+struct KeySelection {
+  std::vector<int64_t> offsets;  ///< [Tq+1] or empty
+  std::vector<int32_t> keys;     ///< [offsets[Tq]] key indices, strictly ascending per row
+  bool empty() const { return offsets.empty(); }
+  /// Sets the scores of the keys [0, n) that query row i does not select to −inf (a dense selection: none).
+  template <typename Scalar>
+  void mask_unselected(int64_t i, Scalar* row, int64_t n) const {
+    if (offsets.empty()) return;
+    const int32_t* k = keys.data() + offsets[i];
+    const int64_t cnt = offsets[i + 1] - offsets[i];
+    int64_t next = 0;
+    for (int64_t j = 0; j < n; ++j) {
+      if (next < cnt && k[next] == j)
+        ++next;
+      else
+        row[j] = -std::numeric_limits<Scalar>::infinity();
+    }
+  }
 };
 
 /// Output of one attention evaluation; query rows in q_rows order.
