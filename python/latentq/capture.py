@@ -262,7 +262,9 @@ class LatentHooks:
     ``capture``: keep the tensors listed in the module docstring in ``self.layers[layer_idx]``
     (a dict name -> tensor, overwritten by each forward pass; ``clear()`` empties it), plus
     ``self.layers[i]["softmax_scale"]`` (float), ``["softmax_scale_source"]``, ``["rope_layout"]``,
-    ``["rope_function"]``.
+    ``["rope_function"]``, and ``["visible"]`` ([B, Tq, T] bool: the keys each query row may read, from the
+    mask the eager attention function receives; causal, or causal ∩ top-k under DeepSeek Sparse Attention;
+    absent when the attention is not the eager function).
     ``inject``: ``fn(layer_idx, name, tensor) -> tensor`` replacing c_kv and/or post-RoPE k_pe.
     ``q_rows``: optional 1-D int tensor/list of positions along T; per-query tensors are kept only
     at those rows (settable between forward passes).
@@ -396,7 +398,15 @@ class LatentHooks:
             self._rope_called = False
             if self.capture:
                 rec = self.layers.setdefault(idx, {})
-                for k in ("softmax_scale", "softmax_scale_source", "rope_layout", "rope_function", "k_pe", "q_pe"):
+                for k in (
+                    "softmax_scale",
+                    "softmax_scale_source",
+                    "rope_layout",
+                    "rope_function",
+                    "k_pe",
+                    "q_pe",
+                    "visible",
+                ):
                     rec.pop(k, None)
                 rec["c_kv_scale"], rec["q_scale"] = ckv_scale, q_scale
 
@@ -534,11 +544,29 @@ class LatentHooks:
         """The model's SDPA call inside a hooked layer (DecodeOrderAttention skips the ones it replaces)."""
         return fn(query, *args, **kwargs)
 
+    def _record_visible(self, mask) -> None:
+        """The keys the running layer's query rows may read, from the additive (or boolean) attention mask the
+        attention function receives ([B, 1, S, T]; -inf or the dtype's min where masked): ``visible`` [B, Tq, T]
+        bool. Under DeepSeek Sparse Attention that mask is causal ∩ top-k (transformers' DeepseekV32Attention /
+        GlmMoeDsaAttention fold the indexer's selection into it), so ``visible`` is what each row read."""
+        idx = self._current
+        if idx is None or self._in_child or not self.capture or not isinstance(mask, torch.Tensor) or mask.dim() != 4:
+            return
+        m = mask[:, 0]
+        vis = m if m.dtype == torch.bool else m > torch.finfo(m.dtype).min / 2
+        self._store_bool(idx, "visible", self._rows(vis, 1))
+
+    def _store_bool(self, layer: int, name: str, x: torch.Tensor) -> None:
+        self.layers.setdefault(layer, {})[name] = x.detach().to("cpu").clone()
+
     def _eager_wrapper(self, fn, fname: str):
         def wrapper(*args, **kwargs):
             scale = kwargs["scaling"] if "scaling" in kwargs else (args[5] if len(args) > 5 else None)
             if scale is not None:
                 self._record_scale(scale, f"captured:{fname}")
+            self._record_visible(
+                kwargs["attention_mask"] if "attention_mask" in kwargs else (args[4] if len(args) > 4 else None)
+            )
             return fn(*args, **kwargs)
 
         wrapper.__wrapped__ = fn

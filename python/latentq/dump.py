@@ -8,9 +8,10 @@ HF DeepseekV2/V3-architecture checkpoint directory / hub id (loaded with AutoMod
 ``attn_implementation="eager"``; ``--trust-remote-code`` for remote-code checkpoints).
 
 MLA variants (transformers 5.24 modeling code; latentq.capture says how each is hooked):
-  - DeepSeek-V3.2 / GLM-5 (DSA: an indexer picks index_topk keys per query): the dump is dense, so
-    it passes its self-check only with index_topk >= the sequence length (every causal key
-    selected); a sparse model fails the check, as it should (sparse attention is not dumped yet).
+  - DeepSeek-V3.2 / GLM-5 (DSA: an indexer picks index_topk keys per query; root attribute cache_family
+    ``sparse_mla``): each layer also stores the keys each query row read (topk_offsets, topk_keys: the
+    mask the eager attention received, causal ∩ top-k), and the self-check recomputes the attention over
+    those keys; GLM-5's "shared" layers store the selection they reused.
   - LongCat-Flash: two MLA sublayers per decoder layer, dumped as layers 2i and 2i + 1 (their
     layer_idx). Its latents are scaled after the projections (``mla_scale_kv_lora``,
     ``mla_scale_q_lora``): the dump stores the scaled c_kv (what the cache stores) and the scaled
@@ -121,7 +122,7 @@ def windows(tokens: list[int] | np.ndarray, seq_len: int, num_seqs: int) -> list
     return [t[i * seq_len : (i + 1) * seq_len] for i in range(num_seqs)]
 
 
-def absorbed_attention(c_kv, k_pe, q_nope, q_pe, w_uk, w_uv, q_rows, seq_offsets, softmax_scale):
+def absorbed_attention(c_kv, k_pe, q_nope, q_pe, w_uk, w_uv, q_rows, seq_offsets, softmax_scale, visible=None):
     """Recompute the attention output from the latent cache with absorbed weights.
 
     A Python reference of the absorbed MLA attention, for the dumper's self-check and the tests; the
@@ -131,7 +132,8 @@ def absorbed_attention(c_kv, k_pe, q_nope, q_pe, w_uk, w_uv, q_rows, seq_offsets
     w_uv [H, d_v, r], q_rows [Tq] (indices into T), seq_offsets [S+1]. Any float dtype
     (numpy or torch); computed in float32 with an fp32 softmax, causal within each sequence:
     scores = scale * (q_nope W_UK c_kv^T + q_pe k_pe^T), out = W_UV (softmax(scores) c_kv).
-    Returns [Tq, H, d_v] float32 torch tensor.
+    visible: optional [Tq, T] bool, the keys each query row reads (sparse MLA: causal ∩ top-k); the others are
+    masked as the causal future is. Returns [Tq, H, d_v] float32 torch tensor.
     """
     f = lambda x: torch.as_tensor(np.asarray(x) if not isinstance(x, torch.Tensor) else x).float()
     c_kv, k_pe, q_nope, q_pe, w_uk, w_uv = map(f, (c_kv, k_pe, q_nope, q_pe, w_uk, w_uv))
@@ -141,6 +143,8 @@ def absorbed_attention(c_kv, k_pe, q_nope, q_pe, w_uk, w_uv, q_rows, seq_offsets
     start = off[seq_of]
     keys = torch.arange(c_kv.shape[0])
     allowed = (keys[None, :] >= start[:, None]) & (keys[None, :] <= q_rows[:, None])  # [Tq, T]
+    if visible is not None:
+        allowed = allowed & torch.as_tensor(np.asarray(visible), dtype=torch.bool)
     q_lat = torch.einsum("qhd,hdc->qhc", q_nope, w_uk)  # [Tq, H, r]
     scores = torch.einsum("qhc,tc->qht", q_lat, c_kv) + torch.einsum("qhd,td->qht", q_pe, k_pe)
     scores = scores * softmax_scale
@@ -175,7 +179,8 @@ def _seq_check(rec: dict, w_uk, w_uv, local_rows: np.ndarray, softmax_scale: flo
 
     rec: one layer's LatentCapture record of one sequence (c_kv [1, L, r], k_pe [1, L, d_r], q_nope
     [1, k, H, d_n], q_pe [1, k, H, d_r], attn_out [1, k, H, d_v]); local_rows [k] positions in the
-    sequence. The absorbed recomputation is ``absorbed_attention`` with offsets [0, L], run over blocks
+    sequence; a sparse layer's record also has ``visible`` [1, k, L] (the keys each row read). The absorbed
+    recomputation is ``absorbed_attention`` with offsets [0, L] (and that selection), run over blocks
     of query rows (each [rows, H, L] score tensor <= CHECK_BLOCK_ELEMS elements). The maxima over all
     (sequence, block) pieces of a layer give exactly max|a - b| and max|b| of the whole layer, so
     max_diff / max_ref is ``rel_err`` on the whole layer (up to float32 rounding of the recomputation,
@@ -188,8 +193,9 @@ def _seq_check(rec: dict, w_uk, w_uv, local_rows: np.ndarray, softmax_scale: flo
     max_diff = max_ref = 0.0
     for a in range(0, len(local_rows), block):
         sl = slice(a, a + block)
+        vis = rec["visible"][0, sl] if "visible" in rec else None
         out = absorbed_attention(
-            c_kv, k_pe, rec["q_nope"][0, sl], rec["q_pe"][0, sl], w_uk, w_uv, local_rows[sl], off, softmax_scale
+            c_kv, k_pe, rec["q_nope"][0, sl], rec["q_pe"][0, sl], w_uk, w_uv, local_rows[sl], off, softmax_scale, vis
         ).double()
         ref = rec["attn_out"][0, sl].double()
         # np.maximum propagates NaN (a NaN anywhere must fail the check, as rel_err's NaN does)
@@ -223,6 +229,9 @@ class _Plan:
         ):
             if cfg_key in config_dict and int(config_dict[cfg_key]) != dims[key]:
                 raise RuntimeError(f"config {cfg_key}={config_dict[cfg_key]} but the weights give {dims[key]}")
+        # The cache family: DeepSeek Sparse Attention (an index_topk in the config: DeepSeek-V3.2, GLM-5) stores
+        # the keys each query row read (topk_offsets, topk_keys) beside the dense MLA datasets.
+        self.cache_family = "sparse_mla" if config_dict.get("index_topk") else "dense_mla"
         self.seq_lens = seq_lens = [len(s) for s in self.seqs]
         self.local_rows = select_q_rows(seq_lens, q_rows)
         self.offsets = np.concatenate([[0], np.cumsum(seq_lens)]).astype(np.int64)
@@ -279,6 +288,12 @@ def _create_datasets(f, plan: _Plan, kw: dict, weights: bool = True) -> None:
                 gl.create_dataset(k, shape=plan.shapes[k], dtype="<f4", chunks=(1,) + plan.shapes[k][1:], **kw)
             else:
                 gl.create_dataset(k, shape=plan.shapes[k], dtype="<f4", chunks=chunk_shape(plan.shapes[k]), **kw)
+        if plan.cache_family == "sparse_mla":  # CSR by query row, filled sequence by sequence (_LayerWriter)
+            Tq = plan.shapes["q_rows"][0]
+            gl.create_dataset(
+                "topk_offsets", data=np.zeros(Tq + 1, dtype=np.int64), chunks=(min(Tq + 1, INDEX_CHUNK),), **kw
+            )
+            gl.create_dataset("topk_keys", shape=(0,), maxshape=(None,), dtype="<i4", chunks=(INDEX_CHUNK,), **kw)
         if weights:
             _write_w_uk_uv(f, plan, i)
 
@@ -324,6 +339,8 @@ class _LayerWriter:
                     f"{(hi - lo,) + p.shapes[k][1:]}"
                 )
             gl[k][lo:hi] = x  # the Dataset object (and its chunk cache) closes here
+        if p.cache_family == "sparse_mla":
+            self._write_selection(gl, i, s, rec, qa, qb)
         self.scales.add(rec["softmax_scale"])
         self.layouts.add(rec["rope_layout"])
         self.functions.add(rec["rope_function"])
@@ -332,6 +349,30 @@ class _LayerWriter:
         self.max_diff[i] = float(np.maximum(self.max_diff[i], d))
         self.max_ref[i] = float(np.maximum(self.max_ref[i], m))
         self.ran[i].add(s)
+
+    def _write_selection(self, gl, i: int, s: int, rec: dict, qa: int, qb: int) -> None:
+        """Sparse MLA: append the keys each of sequence s's query rows read (``visible``, within its causal
+        window, ascending) to topk_keys and their offsets to topk_offsets[qa + 1 .. qb]. Sequences come in order
+        for every layer, in memory and streamed, so the offsets run on from the previous sequence's."""
+        if "visible" not in rec:
+            raise RuntimeError(
+                f"layer {i}: no attention mask captured (the eager attention function was not called); a sparse "
+                "MLA layer's selection is read from it"
+            )
+        rows = self.plan.local_rows[s]
+        vis = rec["visible"][0].numpy()  # [k, L]
+        counts, keys = [], []
+        for a, t in enumerate(rows):
+            j = np.flatnonzero(vis[a, : t + 1]).astype(np.int32)
+            if len(j) == 0 or vis[a, t + 1 :].any():
+                raise RuntimeError(f"layer {i}, sequence {s}, row {t}: the mask selects no key, or one past the row")
+            counts.append(len(j))
+            keys.append(j)
+        n0 = int(gl["topk_offsets"][qa])
+        gl["topk_offsets"][qa + 1 : qb + 1] = n0 + np.cumsum(counts)
+        ds = gl["topk_keys"]
+        ds.resize((n0 + sum(counts),))
+        ds[n0:] = np.concatenate(keys)
 
     def rel_err(self, i: int) -> float:
         """max|Δ| / max|attn_out| of layer i over the sequences run so far."""
@@ -446,6 +487,8 @@ def _write_root_attrs(
         "torch_version": torch.__version__,
         "transformers_version": meta["transformers_version"],
     }
+    if plan.cache_family != "dense_mla":  # absent: dense MLA (the dumps written before the attribute)
+        attrs["cache_family"] = plan.cache_family
     if extra_attrs:
         attrs.update(extra_attrs)
     for k, v in attrs.items():
@@ -589,6 +632,7 @@ def dump(
         "softmax_scale": next(iter(writer.scales)),
         "softmax_scale_config": config_softmax_scale(config_dict) if "qk_nope_head_dim" in config_dict else None,
         "rope_layout": next(iter(writer.layouts)),
+        "cache_family": plan.cache_family,
         "max_rel_err": errs,
         "num_layers": len(plan.layer_ids),
     }

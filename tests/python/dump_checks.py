@@ -36,6 +36,7 @@ ROOT_ATTRS_INT = (
     "seq_len",
 )
 LAYER_DATASETS = ("c_kv", "k_pe", "q_rows", "q_nope", "q_pe", "w_uk", "w_uv", "attn_out")
+SPARSE_DATASETS = ("topk_offsets", "topk_keys")  # root attribute cache_family "sparse_mla" (DSA)
 
 
 def _s(v):
@@ -92,7 +93,9 @@ def check_schema(path: str, layer_ids=None, rope_layouts=("interleaved", "half")
         assert names == [f"{i:03d}" for i in want_ids]
         for n in names:
             g = f["layers"][n]
-            assert set(g.keys()) == set(LAYER_DATASETS), f"layer {n}: {sorted(g.keys())}"
+            sparse = _s(a.get("cache_family", "dense_mla")) == "sparse_mla"
+            want_sets = set(LAYER_DATASETS) | (set(SPARSE_DATASETS) if sparse else set())
+            assert set(g.keys()) == want_sets, f"layer {n}: {sorted(g.keys())}"
             Tq = g["q_rows"].shape[0]
             want = {
                 "c_kv": (np.float32, (T, r)),
@@ -112,6 +115,15 @@ def check_schema(path: str, layer_ids=None, rope_layouts=("interleaved", "half")
                 if dt == np.float32:
                     assert np.all(np.isfinite(d[k])), f"layer {n} {k}: non-finite values"
             assert np.all((d["q_rows"] >= 0) & (d["q_rows"] < T)) and np.all(np.diff(d["q_rows"]) > 0)
+            if sparse:  # CSR by query row: at least one key per row, ascending, in its causal window
+                off, keys = g["topk_offsets"][()], g["topk_keys"][()]
+                assert off.dtype == np.int64 and off.shape == (Tq + 1,) and keys.dtype == np.int32
+                assert off[0] == 0 and off[-1] == len(keys) and np.all(np.diff(off) > 0)
+                for i, t in enumerate(d["q_rows"]):
+                    j = keys[off[i] : off[i + 1]]
+                    s0 = offsets[np.searchsorted(offsets, t, side="right") - 1]
+                    assert np.all(np.diff(j) > 0) and j[0] >= 0 and j[-1] <= t - s0, f"layer {n} row {i}: {j}"
+                d["topk_offsets"], d["topk_keys"] = off, keys
             out["layers"][int(n)] = d
     return out
 
@@ -119,7 +131,8 @@ def check_schema(path: str, layer_ids=None, rope_layouts=("interleaved", "half")
 def reference_attn_out(d: dict, offsets: np.ndarray, scale: float) -> np.ndarray:
     """Absorbed MLA attention recomputed from one dumped layer, one sequence at a time (fp32 softmax):
     for query row t of sequence s, scores = scale * (q_nope W_UK c_kv^T + q_pe k_pe^T) over the keys
-    offsets[s]..t, out = W_UV (p c_kv). Returns [Tq, H, v_head_dim] float32."""
+    offsets[s]..t (of a sparse layer: only the keys topk_keys lists for the row), out = W_UV (p c_kv).
+    Returns [Tq, H, v_head_dim] float32."""
     c = torch.from_numpy(d["c_kv"])
     kpe = torch.from_numpy(d["k_pe"])
     w_uk, w_uv = torch.from_numpy(d["w_uk"]), torch.from_numpy(d["w_uv"])
@@ -136,6 +149,11 @@ def reference_attn_out(d: dict, offsets: np.ndarray, scale: float) -> np.ndarray
         q_lat = torch.bmm(qn, w_uk)  # [H, n, r]
         scores = (q_lat @ ck.T + qp @ kp.T) * scale  # [H, n, L]
         visible = torch.arange(lo, hi)[None, :] <= torch.from_numpy(rows[sel])[:, None]  # [n, L]
+        if "topk_offsets" in d:
+            read = torch.zeros_like(visible)
+            for a, i in enumerate(sel):
+                read[a, d["topk_keys"][d["topk_offsets"][i] : d["topk_offsets"][i + 1]]] = True
+            visible = visible & read
         scores = scores.masked_fill(~visible, float("-inf"))
         p = torch.softmax(scores.float(), dim=-1)
         o_lat = p @ ck  # [H, n, r]

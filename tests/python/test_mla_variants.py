@@ -412,3 +412,47 @@ def test_decode_order_attention_on_the_variants(kind):
     assert layers == set(LAYERS[kind]) and rel(got, base) <= 1e-5, (kind, rel(got, base))
     with DecodeOrderAttention(model, lambda i, c, k: (c * 0, c * 0, read, k, k, read)):
         assert rel(_logits(model, ids), base) > 1e-3
+
+
+@pytest.mark.parametrize("kind", ["deepseek_v32", "glm_moe_dsa"])
+def test_sparse_dsa_dump(tmp_path, kind, capsys):
+    """index_topk 5 < the window (24): python -m latentq.dump in memory and streamed (bit for bit the same) writes
+    each layer's selection (topk_offsets, topk_keys; cache_family sparse_mla) and passes its own sparse check;
+    the loop recomputation of dump_checks over the dumped keys equals attn_out; the selection of every full DSA
+    layer has min(t + 1, 5) keys per row (t: the row's position); GLM-5's shared layer 1 holds layer 0's; the C++
+    reader's attention check (`latentq run`: the absorbed attention over those keys vs attn_out) is < 1e-5."""
+    d = str(tmp_path / kind)
+    build(kind, seed=4, index_topk=5).save_pretrained(d, max_shard_size="200KB")
+    text = tmp_path / "text.txt"
+    text.write_bytes(bytes(np.random.default_rng(6).integers(0, 256, SEQ_LEN * NUM_SEQS + 5, dtype=np.uint8)))
+    files = _dump(({kind: d}, str(text)), tmp_path, kind, "on"), _dump(({kind: d}, str(text)), tmp_path, kind, "off")
+    dumps = [check_schema(f, layer_ids=sorted(LAYERS[kind]), rope_layouts=("half",)) for f in files]
+    with h5py.File(files[0], "r") as a, h5py.File(files[1], "r") as b:
+        assert a.attrs["cache_family"] == b.attrs["cache_family"] == "sparse_mla"
+        for n in a["layers"]:
+            for k in a["layers"][n]:
+                np.testing.assert_array_equal(a["layers"][n][k][()], b["layers"][n][k][()], err_msg=f"{n}/{k}")
+    chk = dumps[0]
+    offs = chk["root"]["seq_offsets"]
+    worst = 0.0
+    for i, L in chk["layers"].items():
+        counts = np.diff(L["topk_offsets"])
+        pos = L["q_rows"] - offs[np.searchsorted(offs, L["q_rows"], side="right") - 1]
+        np.testing.assert_array_equal(counts, np.minimum(pos + 1, 5), err_msg=f"layer {i}")
+        worst = max(worst, rel(reference_attn_out(L, offs, chk["attrs"]["softmax_scale"]), L["attn_out"]))
+    if kind == "glm_moe_dsa":  # layer 1 is "shared": it read layer 0's selection
+        np.testing.assert_array_equal(chk["layers"][1]["topk_keys"], chk["layers"][0]["topk_keys"])
+    with capsys.disabled():
+        print(f"\n{kind} sparse (top-5 of 24): loop recomputation over the dumped keys vs attn_out {worst:.2g}")
+    assert worst <= 1e-5, (kind, worst)
+    lq = os.environ.get("LATENTQ_BIN", os.path.join(os.path.dirname(__file__), "..", "..", "build", "latentq"))
+    cfg = tmp_path / "att.toml"
+    cfg.write_text('[quantizers]\nbits = [8]\nschemes = ["sym"]\ngranularities = ["token"]\nextra = []\n'
+                   "[svd]\nenabled = false\n[cross_layer]\nenabled = false\n[e2e]\nenabled = false\n")  # fmt: skip
+    out = tmp_path / "r.h5"
+    r = subprocess.run([lq, "run", str(cfg), "--input", files[0], "--out", str(out), "--threads", "1"],
+                       capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    with h5py.File(out, "r") as f:
+        rel_fro = f["attention_check/ref_vs_dump_rel_fro"][()]
+    assert len(rel_fro) == len(chk["layers"]) and np.all(rel_fro < 1e-5), rel_fro
