@@ -77,6 +77,7 @@ def mixed_latent_attention(
     w_uk: torch.Tensor,
     w_uv: torch.Tensor,
     softmax_scale: float,
+    visible: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal MLA attention over a latent cache read two ways, chosen per (query t, key j).
 
@@ -89,7 +90,9 @@ def mixed_latent_attention(
     [T, T], or [B, 1, T, T] for a mask per batch row: True where query t reads key j of c_kv / k_pe
     quantized (entries j > t are ignored: the attention is causal); w_uk [H, d_n, r], w_uv [H, d_v, r]
     (kv_b_proj.weight.view(H, d_n + d_v, r) split, DeepSeek-V3 inference/model.py); softmax_scale: the
-    model's applied scale.
+    model's applied scale; visible: optional bool [B, T, T] or [T, T], the keys each query reads (sparse MLA:
+    causal ∩ top-k, the mask the model's attention received: LatentHooks' ``visible``), the others masked as the
+    causal future is.
         s[t, h, j]  = scale · (q_nope W_UK · c[j] + q_pe · k_pe[j]),  each read per its mask at (t, j)
         out[t, h]   = W_UV (Σ_j softmax_j(s)[t, h, j] · c[j])         (c read per read_c, as the score)
     Computed in the expanded form (per head k_nope = W_UK·c and v = W_UV·c of each read of c_kv, as the
@@ -112,6 +115,8 @@ def mixed_latent_attention(
     E = d_n + d_r
     causal = torch.ones(T, T, dtype=torch.bool, device=dev).tril()
     as4 = lambda m: m.to(device=dev, dtype=torch.bool).reshape(-1, 1, T, T)  # [1 or B, 1, T, T]
+    if visible is not None:
+        causal = as4(visible) & causal
     read_c, read_kpe = as4(read_c) & causal, as4(read_kpe) & causal
     expand = lambda c, w: torch.einsum("btc,hdc->bhtd", c, w)  # [B, H, T, d]
     k_nope = {"q": expand(c_q, w_uk), "b": expand(c_b, w_uk)}
@@ -231,6 +236,7 @@ class DecodeOrderAttention(LatentHooks):
                 wkv_b[:, :nope],
                 wkv_b[:, nope:],
                 scale,
+                rec.get("visible"),  # sparse MLA: the keys the model's own attention read
             )
             x = args[0]
             out = out.reshape(x.shape).to(x.dtype)

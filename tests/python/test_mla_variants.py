@@ -389,15 +389,18 @@ def test_kimi_nope_injection_replaces_the_unrotated_key():
     assert torch.equal(got, want) and not torch.equal(got, base)
 
 
-@pytest.mark.parametrize("kind", ["longcat_flash", "kimi_linear", "glm_moe_dsa"])
+@pytest.mark.parametrize("kind", ["longcat_flash", "kimi_linear", "glm_moe_dsa", "deepseek_v32-sparse"])
 def test_decode_order_attention_on_the_variants(kind):
     """DecodeOrderAttention (the e2e step's attention from the captured latents) with both reads of the
     cache exact: the model's logits within 1e-5 relative (LongCat-Flash: the scaled c_kv and q; Kimi-Linear:
-    the unrotated k_pe / q_pe; GLM-5: its indexer's RoPE and SDPA calls left alone); a cache whose c_kv
+    the unrotated k_pe / q_pe; GLM-5: its indexer's RoPE and SDPA calls left alone; DeepSeek-V3.2 with
+    index_topk 5 of 24: the attention reads only the selected keys, as the model's); a cache whose c_kv
     is zero at every key changes them."""
     from latentq.inject import DecodeOrderAttention
 
-    model = build(kind, seed=6)
+    sparse = kind.endswith("-sparse")
+    kind = kind.removesuffix("-sparse")
+    model = build(kind, seed=6, **({"index_topk": 5} if sparse else {}))
     ids = torch.randint(0, 320, (1, SEQ_LEN), generator=torch.Generator().manual_seed(12))
     base = _logits(model, ids)
     read = torch.ones(SEQ_LEN, SEQ_LEN, dtype=torch.bool)
