@@ -399,3 +399,95 @@ def build_native_replicas(root) -> dict[str, str]:
         model.to(torch.float32).save_pretrained(r)
         paths[name], paths[name + "-ref"] = d, r
     return paths
+
+
+# ---- MLA variants (transformers 5.24's deepseek_v32, glm_moe_dsa, longcat_flash, kimi_linear) ---------------------
+# Tiny random-init models of each family's config class (test_mla_variants says what each variant is).
+
+VARIANT_COMMON = dict(
+    vocab_size=320,
+    hidden_size=64,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    kv_lora_rank=32,
+    qk_rope_head_dim=16,
+    qk_nope_head_dim=32,
+    v_head_dim=32,
+    max_position_embeddings=256,
+    attn_implementation="eager",
+)
+DSA = dict(
+    q_lora_rank=48,
+    num_hidden_layers=2,
+    intermediate_size=96,
+    moe_intermediate_size=32,
+    first_k_dense_replace=1,
+    n_routed_experts=4,
+    num_experts_per_tok=2,
+    n_group=2,
+    topk_group=1,
+    index_topk=64,  # >= SEQ_LEN: every causal key selected, the attention is dense
+    index_head_dim=32,
+    index_n_heads=4,
+)
+KINDS = {
+    "deepseek_v32": ("DeepseekV32", dict(DSA)),
+    "glm_moe_dsa": ("GlmMoeDsa", dict(DSA, num_hidden_layers=3, indexer_types=["full", "shared", "full"])),
+    "longcat_flash": (
+        "LongcatFlash",
+        dict(
+            q_lora_rank=48,
+            num_layers=2,
+            head_dim=16,
+            ffn_hidden_size=96,
+            n_routed_experts=4,
+            zero_expert_num=2,
+            moe_topk=2,
+            expert_ffn_hidden_size=32,
+        ),
+    ),
+    "kimi_linear": (
+        "KimiLinear",
+        dict(
+            q_lora_rank=None,
+            num_hidden_layers=4,
+            intermediate_size=96,
+            moe_intermediate_size=32,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+            linear_head_dim=16,
+            linear_num_heads=4,
+            pad_token_id=None,
+            bos_token_id=None,
+            eos_token_id=None,
+        ),
+    ),
+}
+LAYERS = {  # MLA layer index -> its module, as transformers numbers and names them
+    "deepseek_v32": {i: f"model.layers.{i}.self_attn" for i in (0, 1)},
+    "glm_moe_dsa": {i: f"model.layers.{i}.self_attn" for i in (0, 1, 2)},
+    "longcat_flash": {i: f"model.layers.{i // 2}.self_attn.{i % 2}" for i in range(4)},
+    "kimi_linear": {i: f"model.layers.{i}.self_attn" for i in (1, 3)},
+}
+
+
+def build(kind: str, seed: int = 0, **over):
+    """A random-init float32 model of the family, eval mode: transformers' init, then every matrix
+    N(0, 0.15) and every norm gain 1 + N(0, 0.1) (sharp attention, so that a wrong tensor shows)."""
+    import transformers
+
+    cls, kw = KINDS[kind]
+    torch.manual_seed(seed)
+    cfg = getattr(transformers, cls + "Config")(**{**VARIANT_COMMON, **kw, **over})
+    model = getattr(transformers, cls + "ForCausalLM")(cfg)
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if n.endswith("e_score_correction_bias"):
+                p.copy_(torch.rand(p.shape, generator=g) * 0.1)
+            elif "norm" in n and p.dim() == 1:
+                p.copy_(1 + 0.1 * torch.randn(p.shape, generator=g))
+            elif p.dim() >= 2:
+                p.copy_(0.15 * torch.randn(p.shape, generator=g))
+    return model.eval()
