@@ -105,6 +105,8 @@ ROPE_FUNCTION_LAYOUTS = {
 }
 MLA_MARKER = "kv_a_proj_with_mqa"
 EAGER_ATTENTION_NAMES = ("eager_attention_forward",)
+# What a DSA indexer adds to a layer's record (LatentHooks._hook_indexer), and its intermediates.
+INDEXER_RECORD = ("index_k", "index_q", "index_w", "index_rope_function", "index_k_pre", "index_q_pre")
 INJECTABLE = ("c_kv", "k_pe")
 # The attention's own projections and norms: leaves that call no module-level function. Every other
 # direct child (DSA indexer, rotary embedding module ...) is tracked: a RoPE call inside it is not the
@@ -304,6 +306,7 @@ class LatentHooks:
         self._patches: list[tuple[object, str, object]] = []
         self._current: int | None = None
         self._in_child = 0  # children of the running attention module executing now (module docstring)
+        self._indexer_running = False  # the running attention's DSA indexer is executing (its RoPE call is its own)
         self._rope_called = False
         self._active = False
 
@@ -406,6 +409,7 @@ class LatentHooks:
                     "k_pe",
                     "q_pe",
                     "visible",
+                    *INDEXER_RECORD,
                 ):
                     rec.pop(k, None)
                 rec["c_kv_scale"], rec["q_scale"] = ckv_scale, q_scale
@@ -442,6 +446,9 @@ class LatentHooks:
             if name not in MLA_LEAVES:
                 self._handles.append(child.register_forward_pre_hook(child_pre))
                 self._handles.append(child.register_forward_hook(child_post))
+        ix = getattr(attn, "indexer", None)
+        if self.capture and isinstance(ix, nn.Module):
+            self._hook_indexer(idx, ix)
 
         def ckv_hook(mod, args, out):
             if ckv_attr is not None:
@@ -494,6 +501,49 @@ class LatentHooks:
 
             self._handles.append(attn.o_proj.register_forward_pre_hook(o_pre))
 
+    def _hook_indexer(self, idx: int, ix: nn.Module) -> None:
+        """DeepSeek Sparse Attention's indexer (transformers 5.24 DeepseekV32Indexer / GlmMoeDsaIndexer:
+        wq_b, wk + k_norm, weights_proj, RoPE on the first qk_rope_head_dim columns of its query and key through a
+        module-level RoPE function): the record gains ``index_k`` [B, T, d] (the key its cache stores, after
+        k_norm and RoPE), ``index_q`` [B, Tq, n_h, d] (after RoPE), ``index_w`` [B, Tq, n_h] (weights_proj ·
+        n_h^-0.5) and ``index_rope_function``: what latentq.sparse_mla scores the tokens from."""
+        n_h, d, r = int(ix.n_heads), int(ix.head_dim), int(ix.qk_rope_head_dim)
+
+        def put(name, x):
+            self.layers.setdefault(idx, {})[name] = x.detach().to("cpu", torch.float32).clone()
+
+        def pre(mod, args):
+            self._indexer_running = True
+
+        def post(mod, args, out):
+            self._indexer_running = False
+            rec = self.layers.setdefault(idx, {})
+            if "index_k_rot" not in rec:
+                raise RuntimeError(
+                    f"layer {idx}: the indexer called no known RoPE function {sorted(ROPE_FUNCTION_LAYOUTS)}"
+                )
+            rec["index_k"] = torch.cat([rec.pop("index_k_rot"), rec.pop("index_k_pre")[..., r:]], dim=-1)
+            rec["index_q"] = torch.cat([rec.pop("index_q_rot"), rec.pop("index_q_pre")[..., r:]], dim=-1)
+
+        def q_hook(mod, args, out):
+            put("index_q_pre", self._rows(out.view(*out.shape[:-1], n_h, d), 1))
+
+        def w_hook(mod, args, out):
+            put("index_w", self._rows(out.float() * n_h**-0.5, 1))
+
+        self._handles.append(ix.register_forward_pre_hook(pre))
+        self._handles.append(ix.register_forward_hook(post))
+        self._handles.append(ix.k_norm.register_forward_hook(lambda m, a, o: put("index_k_pre", o)))
+        self._handles.append(ix.wq_b.register_forward_hook(q_hook))
+        self._handles.append(ix.weights_proj.register_forward_hook(w_hook))
+
+    def _indexer_rope(self, fname: str, q_out: torch.Tensor, k_out: torch.Tensor) -> None:
+        """The indexer's RoPE call (q [B, S, n_h, r], k [B, S, 1, r]): its rotated parts, kept for _hook_indexer."""
+        rec = self.layers.setdefault(self._current, {})
+        rec["index_q_rot"] = self._rows(q_out.detach(), 1).to("cpu", torch.float32).clone()
+        rec["index_k_rot"] = _as_btd(k_out.detach()).to("cpu", torch.float32).clone()
+        rec["index_rope_function"] = fname
+
     # ---- wrappers of module-level functions --------------------------------------------------
     def _rope_wrapper(self, fn, fname: str):
         layout = ROPE_FUNCTION_LAYOUTS[fname]
@@ -501,6 +551,8 @@ class LatentHooks:
         def wrapper(*args, **kwargs):
             q_out, k_out = fn(*args, **kwargs)[:2]
             idx = self._current
+            if idx is not None and self._indexer_running and self.capture:
+                self._indexer_rope(fname, q_out, k_out)
             if idx is None or self._in_child:  # not the attention's own call (module docstring)
                 return q_out, k_out
             self._rope_called = True

@@ -232,6 +232,13 @@ class _Plan:
         # The cache family: DeepSeek Sparse Attention (an index_topk in the config: DeepSeek-V3.2, GLM-5) stores
         # the keys each query row read (topk_offsets, topk_keys) beside the dense MLA datasets.
         self.cache_family = "sparse_mla" if config_dict.get("index_topk") else "dense_mla"
+        # DSA layers with their own indexer (a GLM-5 "shared" layer has none: it reuses the last one's top-k)
+        self.indexer_of = {i: getattr(a, "indexer", None) for i, _, a in mla}
+        self.index_source = {}
+        last = None
+        for i in self.layer_ids:
+            last = i if isinstance(self.indexer_of[i], torch.nn.Module) else last
+            self.index_source[i] = last
         self.seq_lens = seq_lens = [len(s) for s in self.seqs]
         self.local_rows = select_q_rows(seq_lens, q_rows)
         self.offsets = np.concatenate([[0], np.cumsum(seq_lens)]).astype(np.int64)
@@ -252,6 +259,10 @@ class _Plan:
             "w_uv": (H, vd, r),
             "attn_out": (Tq, H, vd),
         }
+        ix = next((x for x in self.indexer_of.values() if isinstance(x, torch.nn.Module)), None)
+        if self.cache_family == "sparse_mla" and ix is not None:  # the indexer's cache and what scores it
+            n_h, d = int(ix.n_heads), int(ix.head_dim)
+            self.shapes.update(index_k=(T, d), index_q=(Tq, n_h, d), index_w=(Tq, n_h))
 
     def w_uk_uv(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         """W_UK [H, d_n, r], W_UV [H, d_v, r] of layer i (float32 CPU; views of kv_b_proj.weight when it is)."""
@@ -294,6 +305,15 @@ def _create_datasets(f, plan: _Plan, kw: dict, weights: bool = True) -> None:
                 "topk_offsets", data=np.zeros(Tq + 1, dtype=np.int64), chunks=(min(Tq + 1, INDEX_CHUNK),), **kw
             )
             gl.create_dataset("topk_keys", shape=(0,), maxshape=(None,), dtype="<i4", chunks=(INDEX_CHUNK,), **kw)
+            src = plan.index_source[i]
+            gl.attrs["index_source"] = np.int64(-1 if src is None else src)
+            ix = plan.indexer_of[i]
+            if isinstance(ix, torch.nn.Module):
+                gl.attrs["index_topk"] = np.int64(ix.index_topk)
+                gl.attrs["index_softmax_scale"] = np.float64(ix.softmax_scale)
+                for k in ("index_k", "index_q", "index_w"):
+                    shape = plan.shapes[k]
+                    gl.create_dataset(k, shape=shape, dtype="<f4", chunks=chunk_shape(shape), **kw)
         if weights:
             _write_w_uk_uv(f, plan, i)
 
@@ -368,11 +388,40 @@ class _LayerWriter:
                 raise RuntimeError(f"layer {i}, sequence {s}, row {t}: the mask selects no key, or one past the row")
             counts.append(len(j))
             keys.append(j)
+        if isinstance(self.plan.indexer_of[i], torch.nn.Module):
+            self._write_indexer(gl, i, s, rec, vis)
         n0 = int(gl["topk_offsets"][qa])
         gl["topk_offsets"][qa + 1 : qb + 1] = n0 + np.cumsum(counts)
         ds = gl["topk_keys"]
         ds.resize((n0 + sum(counts),))
         ds[n0:] = np.concatenate(keys)
+
+    def _write_indexer(self, gl, i: int, s: int, rec: dict, vis: np.ndarray) -> None:
+        """A DSA layer's own indexer: write index_k (sequence s's tokens), index_q and index_w (its query rows),
+        and check that latentq.sparse_mla's selection from them is the model's (``vis``, up to ties)."""
+        from latentq.sparse_mla import index_scores, same_up_to_ties, select_topk
+
+        p = self.plan
+        a, b = int(p.offsets[s]), int(p.offsets[s + 1])
+        qa, qb = int(p.q_offsets[s]), int(p.q_offsets[s + 1])
+        missing = [k for k in ("index_k", "index_q", "index_w") if k not in rec]
+        if missing:
+            raise RuntimeError(f"layer {i}, sequence {s}: the indexer's {missing} were not captured")
+        for k, (lo, hi) in (("index_k", (a, b)), ("index_q", (qa, qb)), ("index_w", (qa, qb))):
+            x = np.ascontiguousarray(rec[k][0].numpy(), dtype=np.float32)
+            if x.shape != (hi - lo,) + p.shapes[k][1:]:
+                raise RuntimeError(f"layer {i}, sequence {s}: captured {k} has shape {x.shape}")
+            gl[k][lo:hi] = x
+        ix = p.indexer_of[i]
+        rows, L = p.local_rows[s], b - a
+        scores = index_scores(rec["index_q"][0], rec["index_w"][0], rec["index_k"][0], rows, [0, L], ix.softmax_scale)
+        mine, theirs = select_topk(scores, int(ix.index_topk)), torch.as_tensor(vis)
+        if not same_up_to_ties(scores, theirs, mine):
+            bad = int((mine != theirs).any(-1).sum())
+            raise RuntimeError(
+                f"layer {i}, sequence {s}: the top-{ix.index_topk} recomputed from the dumped indexer tensors "
+                f"differs from the model's selection in {bad} of {len(rows)} query rows (beyond ties)"
+            )
 
     def rel_err(self, i: int) -> float:
         """max|Δ| / max|attn_out| of layer i over the sequences run so far."""

@@ -72,3 +72,16 @@ def topk_recall(reference: torch.Tensor, other: torch.Tensor) -> float:
         raise ValueError(f"selections of shapes {tuple(reference.shape)} and {tuple(other.shape)}")
     n = reference.sum(-1).clamp_min(1)
     return float(((reference & other).sum(-1) / n).mean())
+
+
+def same_up_to_ties(scores: torch.Tensor, a: torch.Tensor, b: torch.Tensor, rtol: float = 1e-5) -> bool:
+    """Whether two selections ([Tq, T] bool) of the same scores ([Tq, T], -inf outside the window) differ only
+    in keys whose score is within rtol · max|score| of the row's lowest selected score in ``a`` (ties that the
+    rounding of another summation order may break either way)."""
+    diff = a ^ b
+    if not bool(diff.any()):
+        return True
+    fin = torch.where(torch.isfinite(scores), scores, torch.zeros_like(scores))
+    tol = rtol * fin.abs().amax(-1, keepdim=True).clamp_min(1e-30)
+    kth = torch.where(a, scores, torch.full_like(scores, float("inf"))).amin(-1, keepdim=True)
+    return bool(((scores - kth).abs() <= tol)[diff].all())

@@ -37,6 +37,7 @@ ROOT_ATTRS_INT = (
 )
 LAYER_DATASETS = ("c_kv", "k_pe", "q_rows", "q_nope", "q_pe", "w_uk", "w_uv", "attn_out")
 SPARSE_DATASETS = ("topk_offsets", "topk_keys")  # root attribute cache_family "sparse_mla" (DSA)
+INDEXER_DATASETS = ("index_k", "index_q", "index_w")  # a sparse layer with its own indexer (index_source = itself)
 
 
 def _s(v):
@@ -94,7 +95,9 @@ def check_schema(path: str, layer_ids=None, rope_layouts=("interleaved", "half")
         for n in names:
             g = f["layers"][n]
             sparse = _s(a.get("cache_family", "dense_mla")) == "sparse_mla"
+            own_indexer = sparse and int(g.attrs["index_source"]) == int(n)  # a GLM-5 shared layer has none
             want_sets = set(LAYER_DATASETS) | (set(SPARSE_DATASETS) if sparse else set())
+            want_sets |= set(INDEXER_DATASETS) if own_indexer else set()
             assert set(g.keys()) == want_sets, f"layer {n}: {sorted(g.keys())}"
             Tq = g["q_rows"].shape[0]
             want = {
@@ -124,6 +127,17 @@ def check_schema(path: str, layer_ids=None, rope_layouts=("interleaved", "half")
                     s0 = offsets[np.searchsorted(offsets, t, side="right") - 1]
                     assert np.all(np.diff(j) > 0) and j[0] >= 0 and j[-1] <= t - s0, f"layer {n} row {i}: {j}"
                 d["topk_offsets"], d["topk_keys"] = off, keys
+                d["index_source"] = int(g.attrs["index_source"])
+            if own_indexer:
+                ik, iq, iw = g["index_k"], g["index_q"], g["index_w"]
+                assert (
+                    ik.shape[0] == T and iq.shape[0] == Tq and iw.shape == iq.shape[:2] and ik.shape[1] == iq.shape[2]
+                )
+                for k in INDEXER_DATASETS:
+                    d[k] = g[k][()]
+                    assert d[k].dtype == np.float32 and np.all(np.isfinite(d[k])), f"layer {n} {k}"
+                d["index_topk"] = int(g.attrs["index_topk"])
+                d["index_softmax_scale"] = float(g.attrs["index_softmax_scale"])
             out["layers"][int(n)] = d
     return out
 

@@ -357,8 +357,25 @@ def test_sparse_dsa_dump(tmp_path, kind, capsys):
         pos = L["q_rows"] - offs[np.searchsorted(offs, L["q_rows"], side="right") - 1]
         np.testing.assert_array_equal(counts, np.minimum(pos + 1, 5), err_msg=f"layer {i}")
         worst = max(worst, rel(reference_attn_out(L, offs, chk["attrs"]["softmax_scale"]), L["attn_out"]))
-    if kind == "glm_moe_dsa":  # layer 1 is "shared": it read layer 0's selection
+    if kind == "glm_moe_dsa":  # layer 1 is "shared": it read layer 0's selection, and has no indexer cache
         np.testing.assert_array_equal(chk["layers"][1]["topk_keys"], chk["layers"][0]["topk_keys"])
+        assert chk["layers"][1]["index_source"] == 0 and "index_k" not in chk["layers"][1]
+    # the indexer's cache and queries: latentq.sparse_mla's selection from them is the dumped one
+    from latentq.sparse_mla import index_scores, select_topk
+
+    for i, L in chk["layers"].items():
+        if "index_k" not in L:
+            continue
+        assert L["index_source"] == i and L["index_k"].shape == (len(chk["root"]["tokens"]), 32)
+        for s in range(len(offs) - 1):
+            rows = np.flatnonzero((L["q_rows"] >= offs[s]) & (L["q_rows"] < offs[s + 1]))
+            local = L["q_rows"][rows] - offs[s]
+            sc = index_scores(L["index_q"][rows], L["index_w"][rows], L["index_k"][offs[s] : offs[s + 1]], local,
+                              [0, offs[s + 1] - offs[s]], L["index_softmax_scale"])  # fmt: skip
+            sel = select_topk(sc, L["index_topk"]).numpy()
+            for a, q in enumerate(rows):
+                keys = L["topk_keys"][L["topk_offsets"][q] : L["topk_offsets"][q + 1]]
+                np.testing.assert_array_equal(np.flatnonzero(sel[a]), keys, err_msg=f"layer {i} row {q}")
     with capsys.disabled():
         print(f"\n{kind} sparse (top-5 of 24): loop recomputation over the dumped keys vs attn_out {worst:.2g}")
     assert worst <= 1e-5, (kind, worst)

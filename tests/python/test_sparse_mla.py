@@ -142,3 +142,25 @@ def test_topk_recall_by_hand():
     assert topk_recall(ref, ref) == 1.0
     with pytest.raises(ValueError, match="index_topk must be >= 1"):
         select_topk(torch.zeros(1, 3), 0)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_capture_records_the_indexer_tensors(family):
+    """LatentCapture's index_k / index_q / index_w (all query rows) equal this file's own hooks' tensors bit for
+    bit, and its visible keys equal the selection latentq.sparse_mla recomputes from them."""
+    from latentq.capture import LatentCapture
+
+    m = _model(family, 13)
+    ids = torch.randint(0, COMMON["vocab_size"], (1, T), generator=torch.Generator().manual_seed(15))
+    ref = _indexer_tensors(m, ids)
+    with torch.no_grad(), LatentCapture(m) as cap:
+        m(ids, use_cache=False)
+    rows, off = torch.arange(T), [0, T]
+    for i, rec in cap.layers.items():
+        assert torch.equal(rec["index_k"][0], ref[i]["index_k"]), (family, i)
+        assert torch.equal(rec["index_q"][0], ref[i]["index_q"]), (family, i)
+        assert torch.equal(rec["index_w"][0], ref[i]["index_w"].float()), (family, i)
+        assert rec["index_rope_function"] == FAMILIES[family][1] or family == "glm_moe_dsa"
+        sel = select_topk(index_scores(rec["index_q"][0], rec["index_w"][0], rec["index_k"][0], rows, off,
+                                       ref[i]["scale"]), TOPK)  # fmt: skip
+        assert torch.equal(sel, rec["visible"][0]), (family, i)
