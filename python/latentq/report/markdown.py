@@ -234,7 +234,11 @@ def table_e2e(rows, Q, k=3):
     )
     ci = [r for r in rows if "kl_ci_lo" in r]
     if any(math.isfinite(r["kl_ci_lo"]) for r in ci):
-        note += " [lo, hi]: the KL's 95% interval, a bootstrap over the scored sequences (/e2e kl_mean_ci_lo/hi)."
+        note += (
+            " [lo, hi]: the KL's 95% interval, a bootstrap over the scored sequences (/e2e kl_mean_ci_lo/hi); "
+            "with few sequences (the e2e step's default is 4) it is narrower than its nominal coverage "
+            "(latentq.e2e_stats)."
+        )
     elif ci:
         note += (
             " No 95% intervals: /e2e scored one sequence, and the bootstrap over sequences that gives them needs "
