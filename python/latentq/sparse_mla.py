@@ -56,11 +56,13 @@ def index_scores(index_q, index_w, index_k, q_rows, seq_offsets, softmax_scale: 
 
 def select_topk(scores: torch.Tensor, topk: int) -> torch.Tensor:
     """The tokens each query row reads: [Tq, T] bool, the topk highest finite scores of each row (all of its
-    window when it holds no more than topk). Ties at the k-th score are broken as torch.topk breaks them."""
+    window when it holds no more than topk). Ties at the k-th score go to the lower key index (a stable sort,
+    as the C++ probe /indexer_error breaks them; relu makes exact ties at 0 common under a coarse format);
+    transformers' torch.topk breaks them its own way (the dump's check allows for it: same_up_to_ties)."""
     if topk < 1:
         raise ValueError(f"index_topk must be >= 1, got {topk}")
     k = min(topk, scores.shape[-1])
-    idx = scores.topk(k, dim=-1).indices
+    idx = torch.sort(scores, dim=-1, descending=True, stable=True).indices[..., :k]
     chosen = torch.zeros_like(scores, dtype=torch.bool).scatter_(-1, idx, True)
     return chosen & torch.isfinite(scores)
 
@@ -70,8 +72,8 @@ def topk_recall(reference: torch.Tensor, other: torch.Tensor) -> float:
     the tokens the reference indexer selects that another (e.g. a quantized indexer cache) still selects."""
     if reference.shape != other.shape:
         raise ValueError(f"selections of shapes {tuple(reference.shape)} and {tuple(other.shape)}")
-    n = reference.sum(-1).clamp_min(1)
-    return float(((reference & other).sum(-1) / n).mean())
+    n = reference.sum(-1).clamp_min(1).double()
+    return float(((reference & other).sum(-1).double() / n).mean())
 
 
 def same_up_to_ties(scores: torch.Tensor, a: torch.Tensor, b: torch.Tensor, rtol: float = 1e-5) -> bool:

@@ -36,6 +36,7 @@ class Loader {
   [[noreturn]] void invalid(const std::string& msg) const { throw std::invalid_argument(path_ + ": " + msg); }
 
   // ---- attributes ----
+  bool has_attr(const std::string& name) const { return file_.attrExists(name); }
   H5::Attribute attr(const std::string& name, const char* expected) {
     where_ = "root attribute '" + name + "'";
     if (!file_.attrExists(name)) invalid(fmt::format("missing root attribute '{}' (expected {})", name, expected));
@@ -190,6 +191,9 @@ void read_attrs(Loader& L, DumpAttrs& A) {
   A.revision = L.str_attr("revision");
   A.source = L.str_attr("source");
   A.rope_layout = L.str_attr("rope_layout");
+  A.cache_family = L.has_attr("cache_family") ? L.str_attr("cache_family") : "dense_mla";
+  if (A.cache_family != "dense_mla" && A.cache_family != "sparse_mla")
+    L.invalid(fmt::format("root attribute 'cache_family' = '{}', expected dense_mla or sparse_mla", A.cache_family));
   A.original_dtype = L.str_attr("original_dtype");
   A.config_json = L.str_attr("config_json");
   A.num_layers = L.int_attr("num_layers", 1);
@@ -355,6 +359,33 @@ class LayerReader {
     read_selection(ly, g);
   }
 
+  // A sparse layer's own DSA indexer, when it has one: index_k [T, d], index_q [Tq, n, d], index_w [Tq, n] (all or
+  // none) and the group attributes index_topk >= 1, index_softmax_scale > 0.
+  void read_indexer(Layer& ly, const std::string& g) {
+    const int li = ly.index;
+    const std::string kn = g + "/index_k", qn = g + "/index_q", wn = g + "/index_w";
+    const int present = L_.has(kn) + L_.has(qn) + L_.has(wn);
+    if (present == 0) return;
+    if (present != 3)
+      L_.invalid(fmt::format("layer {:03d}: {}, {} and {} must be all present or all absent", li, kn, qn, wn));
+    const std::vector<hsize_t> qd = h5::dims_of(L_.open(qn, DType::F32, {Tq_, -1, -1}, "Tq, index heads, index dim"));
+    ly.index_heads = static_cast<int64_t>(qd[1]);
+    ly.index_dim = static_cast<int64_t>(qd[2]);
+    ly.index_q = L_.read_finite(qn, {Tq_, ly.index_heads, ly.index_dim}, "Tq, index heads, index dim", li);
+    ly.index_k = L_.read_finite(kn, {T_, ly.index_dim}, "T from /tokens, index dim", li);
+    ly.index_w = L_.read_finite(wn, {Tq_, ly.index_heads}, "Tq, index heads", li);
+    const H5::Group grp = file_.openGroup(g);
+    const auto attr = [&](const char* name, auto& out, const H5::PredType& t) {
+      if (!grp.attrExists(name)) L_.invalid(fmt::format("layer {:03d}: {} has index_k but no attribute {}", li, g, name));
+      grp.openAttribute(name).read(t, &out);
+    };
+    attr("index_topk", ly.index_topk, H5::PredType::NATIVE_INT64);
+    attr("index_softmax_scale", ly.index_softmax_scale, H5::PredType::NATIVE_DOUBLE);
+    if (ly.index_topk < 1 || !(std::isfinite(ly.index_softmax_scale) && ly.index_softmax_scale > 0))
+      L_.invalid(fmt::format("layer {:03d}: index_topk {} (expected >= 1), index_softmax_scale {} (expected > 0)", li,
+                             ly.index_topk, ly.index_softmax_scale));
+  }
+
   // Sparse MLA's selection, when the layer has one: topk_offsets [Tq+1] from 0 to the length of topk_keys, each
   // row's keys strictly ascending in its causal window, at least one.
   void read_selection(Layer& ly, const std::string& g) {
@@ -363,6 +394,7 @@ class LayerReader {
     if (L_.has(on) != L_.has(kn))
       L_.invalid(fmt::format("layer {:03d}: {} and {} must be both present or both absent", li, on, kn));
     if (!L_.has(on)) return;
+    read_indexer(ly, g);
     ly.topk_offsets = L_.read<int64_t>(L_.open(on, DType::I64, {Tq_ + 1}, "Tq + 1"), on);
     ly.topk_keys = L_.read<int32_t>(L_.open(kn, DType::I32, {-1}, "the number of selected keys"), kn);
     const auto& off = ly.topk_offsets;

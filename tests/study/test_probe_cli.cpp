@@ -33,6 +33,10 @@ TEST_F(ProbeCliTest, RunWritesEveryGroupAndPrintsTheTables) {
   const std::vector<std::string> groups = list_tables(results);
   for (const std::string& g : probe_groups()) {
     SCOPED_TRACE(g);
+    if (g == "indexer_error") {  // sparse MLA dumps only (test_mla_variants.py runs it): a dense dump has none
+      EXPECT_EQ(std::find(groups.begin(), groups.end(), g), groups.end());
+      continue;
+    }
     ASSERT_NE(std::find(groups.begin(), groups.end(), g), groups.end());
     const ColumnTable t = read_table(results, g);
     EXPECT_EQ(t.names(), probe_columns(g));

@@ -44,8 +44,11 @@ TEST_F(ProbeTest, PlanKeysAreStable) {
   EXPECT_EQ(std::vector<std::string>(k.begin(), k.begin() + static_cast<ptrdiff_t>(expected_head.size())),
             expected_head);
   EXPECT_EQ(k.size(), 3u + 3u + 2u + 3u + 3u * 12u);
-  // Every group but /attention_position ([decode_order] absent: off).
-  EXPECT_EQ(p.groups, std::vector<std::string>(probe_groups().begin(), probe_groups().end() - 1));
+  // Every group but /attention_position ([decode_order] absent: off) and /indexer_error (sparse MLA dumps only).
+  std::vector<std::string> want = probe_groups();
+  std::erase(want, "attention_position");
+  std::erase(want, "indexer_error");
+  EXPECT_EQ(p.groups, want);
   for (const ProbePlan::Part& part : p.parts) EXPECT_TRUE(part.part.notes.empty());
   EXPECT_EQ(p.cells[0].groups, (std::vector<std::string>{"svd", "svd_spectrum"}));
   EXPECT_EQ(p.cells[0].layers, (std::vector<int>{0}));
@@ -198,6 +201,7 @@ TEST_F(ProbeTest, CellsAreIndependentOfThreadsAndOfEachOther) {
   for (const std::string& g : probe_groups()) {
     SCOPED_TRACE(g);
     if (g == "attention_position") continue;  // [decode_order] absent (ProbeCliTest runs it)
+    if (g == "indexer_error") continue;       // sparse MLA dumps only (test_mla_variants.py runs it)
     const ColumnTable& a = table_of(ra.tables, g);
     EXPECT_EQ(a.names(), probe_columns(g));
     EXPECT_GT(a.num_rows(), 0u);
@@ -421,7 +425,7 @@ TEST_F(ProbeTest, AttentionErrorCellsRunOnTheBackendsAttentionDevice) {
   EXPECT_EQ(dev.runs->load(), 3 * (1 + 12));
   for (const std::string& g : probe_groups()) {
     SCOPED_TRACE(g);
-    if (g == "attention_position") continue;
+    if (g == "attention_position" || g == "indexer_error") continue;  // not in this config / a dense dump
     const ColumnTable& x = table_of(a.tables, g);
     const ColumnTable& y = table_of(b.tables, g);
     if (g != "attention_error") {
@@ -447,7 +451,7 @@ TEST_F(ProbeTest, AttentionErrorCellsTakeTheDevicesOwnMetrics) {
   EXPECT_EQ(device_metrics.runs->load(), 3 * (1 + 12));  // per layer the kept reference + 12 cells
   for (const std::string& g : probe_groups()) {
     SCOPED_TRACE(g);
-    if (g == "attention_position") continue;  // not in this config
+    if (g == "attention_position" || g == "indexer_error") continue;  // not in this config / a dense dump
     const ColumnTable& x = table_of(a.tables, g);
     const ColumnTable& y = table_of(b.tables, g);
     if (g != "attention_error") {
@@ -655,9 +659,11 @@ TEST(ProbeRealDump, RotationFoldIsExactAndABrokenFoldFails) {
 TEST(ProbeRegistry, SectionsGroupsAndSettings) {
   std::vector<std::string> sections;
   for (const Probe* p : registered_probes()) sections.push_back(p->section());
-  EXPECT_EQ(sections, (std::vector<std::string>{"svd", "cross_layer", "attention", "decode_order"}));
-  EXPECT_EQ(probe_groups(), (std::vector<std::string>{"svd", "svd_spectrum", "cross_layer", "cross_layer_sharing",
-                                                      "attention_check", "attention_error", "attention_position"}));
+  EXPECT_EQ(sections, (std::vector<std::string>{"svd", "cross_layer", "attention", "decode_order", "indexer"}));
+  EXPECT_EQ(probe_groups(),
+            (std::vector<std::string>{"svd", "svd_spectrum", "cross_layer", "cross_layer_sharing", "attention_check",
+                                      "attention_error", "attention_position", "indexer_error"}));
+  EXPECT_EQ(probe_of_group("indexer_error"), find_probe("indexer"));
   EXPECT_EQ(probe_of_group("cross_layer_sharing"), find_probe("cross_layer"));
   EXPECT_EQ(probe_of_group("attention_position"), find_probe("decode_order"));
   try {

@@ -237,8 +237,8 @@ TEST(Regress, ConfigErrorsNameTheEntry) {
   // parse_thresholds: an unknown group, statistic, a bad layer.
   EXPECT_CONTAINS(config_error("[[threshold]]\ngroup = \"latent_errors\"\n" + q),
                   "t.toml:2:9: unknown group 'latent_errors' (groups: latent_error, summary, svd, svd_spectrum, "
-                  "cross_layer, cross_layer_sharing, attention_check, attention_error, attention_position, e2e, "
-                  "e2e_position)");
+                  "cross_layer, cross_layer_sharing, attention_check, attention_error, attention_position, "
+                  "indexer_error, e2e, e2e_position)");
   EXPECT_CONTAINS(config_error("[[threshold]]\n" + q + "statistic = \"p99\"\n"),
                   "t.toml:5:13: statistic 'p99' is not max, mean, min or p95");
   EXPECT_CONTAINS(config_error("[[threshold]]\n" + q + "layer = -1\n"), "t.toml:5:9: 'layer' must be an integer >= 0");

@@ -20,6 +20,9 @@
 //   /layers/NNN/topk_offsets int64 [Tq+1] (CSR offsets into topk_keys, 0 .. nnz)
 //   /layers/NNN/topk_keys    int32 [nnz] (key indices j of each row's causal window, token seq_offsets[s] + j,
 //                                         strictly ascending per row, at least one)
+//   optional with those (a layer with its own DSA indexer), all or none, with the group attributes index_topk
+//   (int64 >= 1) and index_softmax_scale (float64 > 0):
+//   /layers/NNN/index_k float32 [T, d_i], index_q float32 [Tq, n_i, d_i], index_w float32 [Tq, n_i]
 // NNN is the layer index, zero-padded to 3 digits. All arrays are row-major. Other attributes
 // (created, compute_dtype, ...) may be present and are ignored.
 #pragma once
@@ -37,6 +40,9 @@ inline constexpr const char* kDumpSchema = "latentq-dump/1";
 /// Root attributes of a dump.
 struct DumpAttrs {
   std::string model, revision, source, rope_layout, original_dtype, config_json;
+  /// "dense_mla" (the attribute absent), or "sparse_mla": DeepSeek Sparse Attention, whose layers hold the keys
+  /// each query row read (Layer::topk_*) and their DSA indexer's tensors (Layer::index_*).
+  std::string cache_family = "dense_mla";
   int64_t num_layers = 0, num_heads = 0, kv_lora_rank = 0, qk_rope_head_dim = 0, qk_nope_head_dim = 0, v_head_dim = 0;
   double softmax_scale = 0;  ///< the model's attention softmax scale (mscale² included); > 0 and a
                              ///< normal float32 (load_dump checks it after the conversion)
@@ -64,6 +70,15 @@ struct Layer {
   std::vector<int64_t> topk_offsets;  ///< [Tq+1]
   std::vector<int32_t> topk_keys;     ///< [nnz]
   bool sparse() const { return !topk_offsets.empty(); }
+  /// Sparse MLA, a layer with its own DSA indexer (/layers/NNN/index_k, index_q, index_w; empty otherwise): the
+  /// indexer's key cache [T, index_dim] (after its k_norm and RoPE), its queries [Tq, index_heads, index_dim]
+  /// and head weights [Tq, index_heads] (n_i^-0.5 applied); the index score of key t for row q is
+  /// Σ_h index_w[q, h] · relu(index_softmax_scale · index_q[q, h] · index_k[t]), and the row reads the causal
+  /// top-index_topk (python/latentq/sparse_mla.py, from transformers 5.24's DeepseekV32Indexer).
+  std::vector<float> index_k, index_q, index_w;
+  int64_t index_heads = 0, index_dim = 0, index_topk = 0;
+  double index_softmax_scale = 0;
+  bool has_indexer() const { return !index_k.empty(); }
 
   /// True when all six attention datasets were loaded.
   bool has_attention() const {

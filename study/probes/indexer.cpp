@@ -1,0 +1,202 @@
+// The DSA indexer probe of sparse MLA (DeepSeek-V3.2, GLM-5): [indexer] → /indexer_error, one cell per studied
+// layer ("003/indexer") of a dump whose cache_family is sparse_mla (none otherwise: a dense dump's results are
+// unchanged). Each cell quantizes the layer's indexer key cache (index_k, [T, d_i]) with each format of [indexer]
+// quantizers, recomputes every query row's selection from it (the causal top-index_topk of the index score
+// Σ_h w_h · relu(scale · q_h · k), python/latentq/sparse_mla.py, from transformers 5.24's DeepseekV32Indexer),
+// and measures what the selection change alone does: the latent exact, the attention over the new selection
+// against the attention over the model's own (the dump's topk_keys).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <iterator>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "latentq/attention/attention.h"
+#include "latentq/config.h"
+#include "latentq/probe_attention.h"
+#include "latentq/probe_registry.h"
+#include "latentq/quantize.h"
+
+namespace latentq {
+
+namespace {
+
+/// [indexer]: enabled, and the formats of the indexer key cache to study (any spec but an engine preset, whose
+/// record pairs c_kv with k_pe). The defaults: bf16, the engines' FP8 cache (e4m3 with one fp32 scale per 128:
+/// 132 B per token at d_i = 128, vLLM's DeepseekV32IndexerCache) and MXFP4 (68 B at 128).
+struct IndexerSettings : ProbeSettings {
+  bool enabled = true;
+  std::vector<std::string> quantizers{"bf16", "fp8-e4m3-tile128-fp32", "mxfp4"};
+};
+
+struct IndexerCell {
+  int layer = 0;
+};
+
+const GroupSpec kIndexerError = {
+    "indexer_error",
+    {{"layer", ColType::I64, "", "the layer index (a layer with its own DSA indexer)"},
+     {"quantizer", ColType::Str, "", "the format of the indexer key cache (index_k)"},
+     {"index_bytes_per_token", ColType::F64, "byte/token",
+      "bytes of one token's indexer key in that format (one layer; per-matrix bytes amortized over T)"},
+     {"topk_recall", ColType::F64, "1",
+      "mean over query rows of |S ∩ Ŝ| / |S|: S the keys the model selected (topk_keys), Ŝ the causal top-k of "
+      "the index scores over the quantized index_k"},
+     {"rows_changed", ColType::F64, "1", "the fraction of query rows whose selection Ŝ differs from S"},
+     {"kl_mean", ColType::F64, "nat",
+      "mean over rows×heads of KL(p ‖ p̂): p the attention over S, p̂ over Ŝ, c_kv and k_pe exact (the selection's "
+      "error alone; a dropped key of S costs ≈ 69 nats per unit of its probability, the floor 1e-30)"},
+     {"out_rel_fro", ColType::F64, "1", "‖ô − o‖_F / ‖o‖_F of the attention outputs over Ŝ and over S"},
+     {"top1_agree", ColType::F64, "1", "fraction of rows×heads whose most probable key is the same"}}};
+
+/// The selection, CSR by query row, of the causal top-k of the index scores over index_k (one layer; the rows'
+/// sequences from seq_offsets). Ties at the k-th score: the lower key index first (a stable order).
+void select_topk(const Layer& l, const std::vector<float>& index_k, std::span<const int64_t> seq_offsets,
+                 std::vector<int64_t>& off, std::vector<int32_t>& keys) {
+  const int64_t n = l.index_heads, d = l.index_dim, Tq = l.num_query_rows();
+  off.assign(1, 0);
+  keys.clear();
+  std::vector<double> score;
+  std::vector<int32_t> order;
+  for (int64_t i = 0; i < Tq; ++i) {
+    const int64_t t = l.q_rows[i];
+    const int64_t s0 = *(std::upper_bound(seq_offsets.begin(), seq_offsets.end(), t) - 1);
+    const int64_t nk = t - s0 + 1;
+    score.assign(static_cast<size_t>(nk), 0.0);
+    for (int64_t j = 0; j < nk; ++j) {
+      const float* k = index_k.data() + (s0 + j) * d;
+      double s = 0;
+      for (int64_t h = 0; h < n; ++h) {
+        const float* q = l.index_q.data() + (i * n + h) * d;
+        double dot = 0;
+        for (int64_t c = 0; c < d; ++c) dot += double(q[c]) * k[c];
+        s += double(l.index_w[i * n + h]) * std::max(0.0, dot * l.index_softmax_scale);
+      }
+      score[j] = s;
+    }
+    order.resize(static_cast<size_t>(nk));
+    std::iota(order.begin(), order.end(), 0);
+    const int64_t k = std::min<int64_t>(l.index_topk, nk);
+    std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                      [&](int32_t a, int32_t b) { return score[a] > score[b] || (score[a] == score[b] && a < b); });
+    std::sort(order.begin(), order.begin() + k);
+    keys.insert(keys.end(), order.begin(), order.begin() + k);
+    off.push_back(static_cast<int64_t>(keys.size()));
+  }
+}
+
+class IndexerProbe final : public Probe {
+ public:
+  std::string section() const override { return "indexer"; }
+  int order() const override { return 360; }  // after decode order
+
+  std::shared_ptr<const ProbeSettings> parse(const SettingsReader& r) const override {
+    auto S = std::make_shared<IndexerSettings>();
+    r.check_keys({"enabled", "quantizers"});
+    if (auto v = r.boolean("enabled")) S->enabled = *v;
+    if (auto v = r.strings("quantizers")) {
+      S->quantizers.clear();
+      for (size_t i = 0; i < v->size(); ++i) {
+        QuantSpec q;
+        try {
+          q = QuantSpec::parse((*v)[i]);
+        } catch (const std::invalid_argument& e) {
+          r.fail("quantizers", std::string("'indexer.quantizers': ") + e.what(), i);
+        }
+        if (q.format == Format::Preset)
+          r.fail("quantizers",
+                 fmt::format("'indexer.quantizers': '{}' is an engine preset (a c_kv + k_pe record); the indexer "
+                             "key cache takes one format, e.g. fp8-e4m3-tile128-fp32",
+                             (*v)[i]),
+                 i);
+        S->quantizers.push_back(q.to_string());
+      }
+    }
+    return S;
+  }
+
+  std::vector<GroupSpec> groups() const override { return {kIndexerError}; }
+
+  ProbePart plan(const StudyConfig& config, const Dump& dump) const override {
+    ProbePart p;
+    const auto& S = probe_settings<IndexerSettings>(config, "indexer");
+    if (!S.enabled || dump.attrs.cache_family != "sparse_mla" || !dump.file_has_attention) return p;
+    p.groups = {"indexer_error"};
+    for (const Layer& l : dump.layers)
+      p.cells.push_back(ProbeCell::make(this, fmt::format("{:03d}/indexer", l.index), p.groups, {l.index}, true,
+                                        IndexerCell{l.index}));
+    return p;
+  }
+
+  std::vector<ColumnTable> run(const StudyConfig& config, const ProbeCell& cell, const LayerAccess& in) const override {
+    const IndexerCell& c = cell.as<IndexerCell>();
+    const Dump& dump = in.header();
+    const Layer& l = in.layer(c.layer);
+    ColumnTable t = empty_table(kIndexerError);
+    if (!l.has_indexer()) return {std::move(t)};  // a GLM-5 "shared" layer: its keys were chosen by another layer
+    const int64_t T = dump.num_tokens(), d = l.index_dim, Tq = l.num_query_rows();
+    const probes::AttentionQueries q = attention_queries(dump, l);  // the model's selection (topk_keys)
+    const probes::AbsorbedAttention<double> ref_att(q);
+    const auto ref = ref_att.run(l.c_kv, l.k_pe, true);
+    std::vector<float> kq(static_cast<size_t>(T * d));
+    std::vector<int64_t> off;
+    std::vector<int32_t> keys;
+    for (const std::string& name : probe_settings<IndexerSettings>(config, "indexer").quantizers) {
+      const QuantSpec spec = QuantSpec::parse(name);
+      // Target::CKV: the argument picks a preset's part; the indexer cache takes plain formats only (parse()).
+      if (!why_not_applicable(spec, Target::CKV, d).empty()) continue;
+      const QuantizedTensor qt = quantize_dequantize(spec, Target::CKV, l.index_k.data(), T, d, dump.seq_offsets,
+                                                     kq.data());
+      select_topk(l, kq, dump.seq_offsets, off, keys);
+      double recall = 0;
+      int64_t changed = 0;
+      for (int64_t i = 0; i < Tq; ++i) {
+        const auto a0 = l.topk_keys.begin() + l.topk_offsets[i], a1 = l.topk_keys.begin() + l.topk_offsets[i + 1];
+        const auto b0 = keys.begin() + off[i], b1 = keys.begin() + off[i + 1];
+        std::vector<int32_t> common;
+        std::set_intersection(a0, a1, b0, b1, std::back_inserter(common));
+        recall += double(common.size()) / double(a1 - a0);
+        changed += !std::equal(a0, a1, b0, b1);
+      }
+      probes::AttentionQueries qs = q;
+      qs.selected_offsets = off;
+      qs.selected_keys = keys;
+      const auto test = probes::AbsorbedAttention<double>(qs).run(l.c_kv, l.k_pe, true);
+      const probes::AttentionError e = probes::attention_error(ref, test);
+      add_row(t, {int64_t{c.layer}, spec.to_string(), double(qt.storage_bytes()) / double(T), recall / double(Tq),
+                  double(changed) / double(Tq), e.kl_mean, e.out_rel_fro, e.top1_agree});
+    }
+    return {std::move(t)};
+  }
+
+  std::vector<std::string> row_keys(const std::string&, const ColumnTable& t) const override {
+    std::vector<std::string> k;
+    for (int64_t l : t.get<int64_t>("layer")) k.push_back(fmt::format("{:03d}/indexer", l));
+    return k;
+  }
+
+  std::string report(const ProbeReportInput& in) const override {
+    const NamedTable* found = in.find("indexer_error");
+    if (!found || found->table.num_rows() == 0) return {};
+    const ColumnTable& t = found->table;
+    std::string out =
+        "\nDSA indexer key cache (the latent exact; the selection recomputed from the quantized index_k)\n";
+    out += fmt::format("{:>5} {:<28} {:>10} {:>11} {:>8} {:>10} {:>10}\n", "layer", "quantizer", "bytes/tok",
+                       "topk_recall", "changed", "kl_mean", "out_rel");
+    for (size_t i = 0; i < t.num_rows(); ++i)
+      out += fmt::format("{:>5} {:<28} {:>10.2f} {:>11.4f} {:>8.3f} {:>10.3e} {:>10.3e}\n",
+                         t.get<int64_t>("layer")[i], t.get<std::string>("quantizer")[i],
+                         t.get<double>("index_bytes_per_token")[i], t.get<double>("topk_recall")[i],
+                         t.get<double>("rows_changed")[i], t.get<double>("kl_mean")[i],
+                         t.get<double>("out_rel_fro")[i]);
+    return out;
+  }
+};
+
+}  // namespace
+}  // namespace latentq
+
+LATENTQ_DEFINE_PROBE(indexer, latentq::IndexerProbe)
