@@ -740,7 +740,7 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
       "Write a synthetic latentq-dump/1 file with a real model's MLA shape (RMS-normalized c_kv: the "
       "stand-in calibrated to DeepSeek-V2-Lite's latents, sink and spike outlier channels; tiny-mla: "
       "low-rank; RoPE'd k_pe, queries, W_UK/W_UV, exact attn_out), one layer at a time");
-  synth->add_option("--preset", sa.preset, "tiny-mla, deepseek-v2-lite, deepseek-v3, glm-4.7-flash or minicpm3-4b");
+  synth->add_option("--preset", sa.preset, "tiny-mla, deepseek-v2-lite, deepseek-v3, glm-4.7-flash, minicpm3-4b, or sparse MLA: deepseek-v3.2, glm-5");
   synth->add_flag("--list", sa.list, "print the presets' dims and exit");
   synth->add_option("--layers", sa.layers, "number of layers (default: the preset's)")->check(CLI::PositiveNumber);
   synth->add_option("--seqs", sa.seqs, "number of sequences (default 2)")->check(CLI::PositiveNumber);

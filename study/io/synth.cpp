@@ -16,6 +16,7 @@
 
 #include "latentq/h5util.h"
 #include "latentq/attention/attention.h"
+#include "latentq/attention/dsa.h"
 #include "latentq/util.h"
 
 namespace latentq {
@@ -45,6 +46,19 @@ const std::vector<ModelShape>& model_presets() {
       {"minicpm3-4b", "openbmb/MiniCPM3-4B", 62, 40, 256, 32, 64, 64, 10000.0, "half", 0.10206207261596575, 73448,
        "MiniCPM3-4B config.json (62 layers, 40 heads, 256 + 32, nope 64 / v 64; rope_theta 1e4, "
        "vocab 73448; LongRoPE short factors not applied); scale 96^-1/2; HF: rotate_half"},
+      // Sparse MLA: transformers 5.24's config classes, whose defaults are these checkpoints' configs
+      // (DeepseekV32Config: auto_docstring checkpoint deepseek-ai/DeepSeek-V3.2-Exp; GlmMoeDsaConfig: zai-org/GLM-5).
+      {"deepseek-v3.2", "deepseek-ai/DeepSeek-V3.2-Exp", 61, 128, 512, 64, 128, 128, 10000.0, "half", 0.1352338,
+       129280,
+       "DeepSeek-V3.2-Exp config.json as transformers 5.24's DeepseekV32Config defaults (61 layers, 128 heads, "
+       "512 + 64, nope 128 / v 128; indexer 64 heads x 128, index_topk 2048); scale 192^-1/2 * mscale^2 (YaRN "
+       "mscale_all_dim 1.0, factor 40, as its predecessor's); HF apply_rotary_pos_emb_interleave: rotate_half",
+       LatentModel::kStandin, 64, 128, 2048},
+      {"glm-5", "zai-org/GLM-5", 78, 64, 512, 64, 192, 256, 10000.0, "half", 0.0625, 154880,
+       "GLM-5 config.json as transformers 5.24's GlmMoeDsaConfig defaults (78 layers, 64 heads, 512 + 64, nope "
+       "192 / v 256, vocab 154880; indexer 32 heads x 128, index_topk 2048; rope_theta: the class default, 1e4); "
+       "scale 256^-1/2; HF apply_rotary_pos_emb_interleave: rotate_half",
+       LatentModel::kStandin, 32, 128, 2048},
   };
   return p;
 }
@@ -117,7 +131,7 @@ std::mt19937_64 stream(uint64_t seed, uint64_t purpose, uint64_t layer) {
   return std::mt19937_64(q);
 }
 
-enum Purpose : uint64_t { kTokens = 1, kLatent = 2, kRope = 3, kQuery = 4, kWeights = 5 };
+enum Purpose : uint64_t { kTokens = 1, kLatent = 2, kRope = 3, kQuery = 4, kWeights = 5, kIndexer = 6 };
 
 using MatF = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
@@ -422,6 +436,20 @@ SynthLayer synth_layer(const SynthOptions& o, const SynthTokens& tok, int64_t la
   q.w_uk = out.w_uk;
   q.w_uv = out.w_uv;
   q.softmax_scale = m.softmax_scale;
+  if (m.sparse()) {  // the indexer's tensors, N(0, 1) (head weights N(0, 1)·n_i^-1/2), and the selection they make
+    std::mt19937_64 rng = stream(o.seed, kIndexer, L);
+    const int64_t n = m.index_n_heads, di = m.index_head_dim;
+    out.index_k = randn(static_cast<size_t>(T * di), 1.0, rng);
+    out.index_q = randn(static_cast<size_t>(Tq * n * di), 1.0, rng);
+    out.index_w = randn(static_cast<size_t>(Tq * n), 1.0 / std::sqrt(static_cast<double>(n)), rng);
+    probes::KeySelection sel =
+        probes::dsa_select_topk(out.index_q, out.index_w, out.index_k, n, di, tok.q_rows, tok.seq_offsets,
+                                1.0 / std::sqrt(static_cast<double>(di)), m.index_topk);
+    out.topk_offsets = std::move(sel.offsets);
+    out.topk_keys = std::move(sel.keys);
+    q.selected_offsets = out.topk_offsets;
+    q.selected_keys = out.topk_keys;
+  }
   const auto res = probes::absorbed_attention<double>(q, out.c_kv, out.k_pe);
   out.attn_out.resize(res.out.size());
   std::transform(res.out.begin(), res.out.end(), out.attn_out.begin(), [](double v) { return static_cast<float>(v); });
@@ -509,6 +537,7 @@ void write_synth_dump(const fs::path& out_path, const SynthOptions& o, const std
       h5::write_attr(f, "synth_preset", m.name);
       h5::write_attr(f, "synth_seed", static_cast<int64_t>(o.seed));
       h5::write_attr(f, "synth_source", m.source);
+      if (m.sparse()) h5::write_attr(f, "cache_family", std::string("sparse_mla"));
       const hid_t fid = f.getId();
       const hsize_t uT = static_cast<hsize_t>(T);
       put_chunked(fid, "/tokens", {uT}, {1 << 16}, tok.tokens.data(), H5T_STD_I32LE, H5T_NATIVE_INT32);
@@ -535,6 +564,23 @@ void write_synth_dump(const fs::path& out_path, const SynthOptions& o, const std
           put_chunked(fid, p + "w_uv", {H, dv, r}, {1, dv, r}, d.w_uv.data(), H5T_IEEE_F32LE, H5T_NATIVE_FLOAT);
           put_chunked(fid, p + "attn_out", {Tq, H, dv}, {rows_per_mib(m.num_heads * m.v_head_dim), H, dv},
                       d.attn_out.data(), H5T_IEEE_F32LE, H5T_NATIVE_FLOAT);
+          if (m.sparse()) {  // data/README.md: the selection and the layer's own indexer
+            const hsize_t n = static_cast<hsize_t>(m.index_n_heads), di = static_cast<hsize_t>(m.index_head_dim);
+            put_chunked(fid, p + "topk_offsets", {Tq + 1}, {1 << 16}, d.topk_offsets.data(), H5T_STD_I64LE,
+                        H5T_NATIVE_INT64);
+            put_chunked(fid, p + "topk_keys", {static_cast<hsize_t>(d.topk_keys.size())}, {1 << 16},
+                        d.topk_keys.data(), H5T_STD_I32LE, H5T_NATIVE_INT32);
+            put_chunked(fid, p + "index_k", {uT, di}, {rows_per_mib(m.index_head_dim), di}, d.index_k.data(),
+                        H5T_IEEE_F32LE, H5T_NATIVE_FLOAT);
+            put_chunked(fid, p + "index_q", {Tq, n, di}, {rows_per_mib(m.index_n_heads * m.index_head_dim), n, di},
+                        d.index_q.data(), H5T_IEEE_F32LE, H5T_NATIVE_FLOAT);
+            put_chunked(fid, p + "index_w", {Tq, n}, {rows_per_mib(m.index_n_heads), n}, d.index_w.data(),
+                        H5T_IEEE_F32LE, H5T_NATIVE_FLOAT);
+            H5::Group g = f.openGroup(p.substr(0, p.size() - 1));
+            h5::write_attr(g, "index_source", int64_t{l});
+            h5::write_attr(g, "index_topk", m.index_topk);
+            h5::write_attr(g, "index_softmax_scale", 1.0 / std::sqrt(static_cast<double>(m.index_head_dim)));
+          }
         }
         H5Fflush(fid, H5F_SCOPE_LOCAL);
         if (on_layer) on_layer(l);

@@ -2,7 +2,7 @@
 // layer ("003/indexer") of a dump whose cache_family is sparse_mla (none otherwise: a dense dump's results are
 // unchanged). Each cell quantizes the layer's indexer key cache (index_k, [T, d_i]) with each format of [indexer]
 // quantizers, recomputes every query row's selection from it (the causal top-index_topk of the index score
-// Σ_h w_h · relu(scale · q_h · k), python/latentq/sparse_mla.py, from transformers 5.24's DeepseekV32Indexer),
+// Σ_h w_h · relu(scale · q_h · k): latentq/attention/dsa.h, as python/latentq/sparse_mla.py),
 // and measures what the selection change alone does: the latent exact, the attention over the new selection
 // against the attention over the model's own (the dump's topk_keys).
 #include <fmt/format.h>
@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "latentq/attention/attention.h"
+#include "latentq/attention/dsa.h"
 #include "latentq/config.h"
 #include "latentq/probe_attention.h"
 #include "latentq/probe_registry.h"
@@ -51,42 +52,6 @@ const GroupSpec kIndexerError = {
       "error alone; a dropped key of S costs ≈ 69 nats per unit of its probability, the floor 1e-30)"},
      {"out_rel_fro", ColType::F64, "1", "‖ô − o‖_F / ‖o‖_F of the attention outputs over Ŝ and over S"},
      {"top1_agree", ColType::F64, "1", "fraction of rows×heads whose most probable key is the same"}}};
-
-/// The selection, CSR by query row, of the causal top-k of the index scores over index_k (one layer; the rows'
-/// sequences from seq_offsets). Ties at the k-th score: the lower key index first (a stable order).
-void select_topk(const Layer& l, const std::vector<float>& index_k, std::span<const int64_t> seq_offsets,
-                 std::vector<int64_t>& off, std::vector<int32_t>& keys) {
-  const int64_t n = l.index_heads, d = l.index_dim, Tq = l.num_query_rows();
-  off.assign(1, 0);
-  keys.clear();
-  std::vector<double> score;
-  std::vector<int32_t> order;
-  for (int64_t i = 0; i < Tq; ++i) {
-    const int64_t t = l.q_rows[i];
-    const int64_t s0 = *(std::upper_bound(seq_offsets.begin(), seq_offsets.end(), t) - 1);
-    const int64_t nk = t - s0 + 1;
-    score.assign(static_cast<size_t>(nk), 0.0);
-    for (int64_t j = 0; j < nk; ++j) {
-      const float* k = index_k.data() + (s0 + j) * d;
-      double s = 0;
-      for (int64_t h = 0; h < n; ++h) {
-        const float* q = l.index_q.data() + (i * n + h) * d;
-        double dot = 0;
-        for (int64_t c = 0; c < d; ++c) dot += double(q[c]) * k[c];
-        s += double(l.index_w[i * n + h]) * std::max(0.0, dot * l.index_softmax_scale);
-      }
-      score[j] = s;
-    }
-    order.resize(static_cast<size_t>(nk));
-    std::iota(order.begin(), order.end(), 0);
-    const int64_t k = std::min<int64_t>(l.index_topk, nk);
-    std::partial_sort(order.begin(), order.begin() + k, order.end(),
-                      [&](int32_t a, int32_t b) { return score[a] > score[b] || (score[a] == score[b] && a < b); });
-    std::sort(order.begin(), order.begin() + k);
-    keys.insert(keys.end(), order.begin(), order.begin() + k);
-    off.push_back(static_cast<int64_t>(keys.size()));
-  }
-}
 
 class IndexerProbe final : public Probe {
  public:
@@ -142,15 +107,17 @@ class IndexerProbe final : public Probe {
     const probes::AbsorbedAttention<double> ref_att(q);
     const auto ref = ref_att.run(l.c_kv, l.k_pe, true);
     std::vector<float> kq(static_cast<size_t>(T * d));
-    std::vector<int64_t> off;
-    std::vector<int32_t> keys;
     for (const std::string& name : probe_settings<IndexerSettings>(config, "indexer").quantizers) {
       const QuantSpec spec = QuantSpec::parse(name);
       // Target::CKV: the argument picks a preset's part; the indexer cache takes plain formats only (parse()).
       if (!why_not_applicable(spec, Target::CKV, d).empty()) continue;
       const QuantizedTensor qt = quantize_dequantize(spec, Target::CKV, l.index_k.data(), T, d, dump.seq_offsets,
                                                      kq.data());
-      select_topk(l, kq, dump.seq_offsets, off, keys);
+      const probes::KeySelection sel = probes::dsa_select_topk(l.index_q, l.index_w, kq, l.index_heads, l.index_dim,
+                                                               l.q_rows, dump.seq_offsets, l.index_softmax_scale,
+                                                               l.index_topk);
+      const std::vector<int64_t>& off = sel.offsets;
+      const std::vector<int32_t>& keys = sel.keys;
       double recall = 0;
       int64_t changed = 0;
       for (int64_t i = 0; i < Tq; ++i) {

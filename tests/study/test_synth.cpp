@@ -19,6 +19,7 @@
 #include "latentq/attention/attention.h"
 #include "latentq/analysis/cross_layer.h"
 #include "latentq/synth.h"
+#include "latentq/attention/dsa.h"
 #include "synth_dump.h"
 
 namespace {
@@ -39,6 +40,8 @@ TEST(Synth, PresetsHaveTheModelsDims) {
       {"deepseek-v3", 61, 128, 512, 64, 128, 128, 0.1352338, "half"},
       {"glm-4.7-flash", 47, 20, 512, 64, 192, 256, 1.0 / 16, "half"},
       {"minicpm3-4b", 62, 40, 256, 32, 64, 64, 1 / std::sqrt(96.0), "half"},
+      {"deepseek-v3.2", 61, 128, 512, 64, 128, 128, 0.1352338, "half"},
+      {"glm-5", 78, 64, 512, 64, 192, 256, 1.0 / 16, "half"},
   };
   ASSERT_EQ(model_presets().size(), std::size(want));
   for (const Want& w : want) {
@@ -53,6 +56,57 @@ TEST(Synth, PresetsHaveTheModelsDims) {
     EXPECT_EQ(m.rope_layout, w.layout) << w.name;
   }
   EXPECT_THROW(find_preset("deepseek-v4"), std::invalid_argument);
+  // sparse MLA: the indexers of DeepseekV32Config / GlmMoeDsaConfig (transformers 5.24 defaults)
+  EXPECT_EQ(find_preset("deepseek-v3.2").index_n_heads, 64);
+  EXPECT_EQ(find_preset("glm-5").index_n_heads, 32);
+  for (const char* n : {"deepseek-v3.2", "glm-5"}) {
+    EXPECT_EQ(find_preset(n).index_head_dim, 128) << n;
+    EXPECT_EQ(find_preset(n).index_topk, 2048) << n;
+  }
+  for (const char* n : {"tiny-mla", "deepseek-v3", "glm-4.7-flash"}) EXPECT_FALSE(find_preset(n).sparse()) << n;
+}
+
+// A sparse preset's dump: cache_family sparse_mla; per row min(position + 1, k) keys chosen by the dumped indexer
+// tensors (dsa_select_topk), and attn_out the attention over them (the probes' check, < 1e-5; dense is far off).
+TEST(Synth, SparsePresetsWriteTheSelectionAndTheIndexer) {
+  lqtest::TempDir dir;
+  for (const char* name : {"deepseek-v3.2", "glm-5"}) {
+    SynthOptions o;
+    o.shape = find_preset(name);
+    o.shape.num_layers = 1;
+    o.shape.index_topk = 16;  // below the window, as 2048 is at long context
+    o.seqs = 2;
+    o.seq_len = 48;
+    o.query_rows = 6;
+    o.seed = 3;
+    const auto path = dir / (std::string(name) + ".h5");
+    write_synth_dump(path, o);
+    const Dump d = load_dump(path);
+    SCOPED_TRACE(name);
+    EXPECT_EQ(d.attrs.cache_family, "sparse_mla");
+    const Layer& L = d.layers.at(0);
+    ASSERT_TRUE(L.sparse() && L.has_indexer());
+    EXPECT_EQ(L.index_heads, o.shape.index_n_heads);
+    EXPECT_EQ(L.index_dim, 128);
+    EXPECT_EQ(L.index_topk, 16);
+    for (size_t i = 0; i < L.q_rows.size(); ++i)
+      EXPECT_EQ(L.topk_offsets[i + 1] - L.topk_offsets[i], std::min<int64_t>(16, L.q_rows[i] % 48 + 1)) << i;
+    const probes::KeySelection again = probes::dsa_select_topk(L.index_q, L.index_w, L.index_k, L.index_heads,
+                                                               L.index_dim, L.q_rows, d.seq_offsets,
+                                                               L.index_softmax_scale, L.index_topk);
+    EXPECT_EQ(again.offsets, L.topk_offsets);
+    EXPECT_EQ(again.keys, L.topk_keys);
+    const auto rel = [](const std::vector<float>& a, const std::vector<float>& b) {
+      double e = 0, n = 0;
+      for (size_t i = 0; i < a.size(); ++i) e += (a[i] - b[i]) * double(a[i] - b[i]), n += double(b[i]) * b[i];
+      return std::sqrt(e / n);
+    };
+    EXPECT_LT(rel(probes::absorbed_attention<float>(attention_queries(d, L), L.c_kv, L.k_pe).out, L.attn_out), 1e-5);
+    Layer dense = L;
+    dense.topk_offsets.clear(), dense.topk_keys.clear();
+    EXPECT_GT(rel(probes::absorbed_attention<float>(attention_queries(d, dense), L.c_kv, L.k_pe).out, L.attn_out),
+              1e-2);
+  }
 }
 
 // Each preset's description names the config.json its dims come from and claims nothing about another model (the

@@ -61,6 +61,12 @@ struct ModelShape {
   int64_t vocab_size = 0;        ///< token ids of the synthetic /tokens are drawn in [0, vocab_size)
   std::string source;            ///< where the numbers were read
   LatentModel latent = LatentModel::kStandin;  ///< the c_kv model
+  /// Sparse MLA (DeepSeek Sparse Attention): the indexer's heads, width and top-k (0: dense MLA). A sparse preset's
+  /// dump is a sparse_mla one: per layer the indexer's key cache, queries and head weights drawn N(0, 1)
+  /// (shape-faithful, not calibrated: no real indexer statistics are known here), the selection they make
+  /// (latentq/attention/dsa.h) and attn_out over it.
+  int64_t index_n_heads = 0, index_head_dim = 0, index_topk = 0;
+  bool sparse() const { return index_topk > 0; }
 };
 
 /// The parameters of the stand-in c_kv model (docs/latents.md, "The calibrated stand-in", gives each
@@ -146,6 +152,10 @@ struct SynthLayer {
   std::vector<float> w_uk;      ///< [H, d_n, r]
   std::vector<float> w_uv;      ///< [H, d_v, r]
   std::vector<float> attn_out;  ///< [Tq, H, d_v]
+  /// A sparse preset: index_k [T, d_i], index_q [Tq, n_i, d_i], index_w [Tq, n_i] and the selection (CSR by row).
+  std::vector<float> index_k, index_q, index_w;
+  std::vector<int64_t> topk_offsets;
+  std::vector<int32_t> topk_keys;
 };
 
 /// Checks the options (throws std::invalid_argument naming the option and value: dims < 1, an odd
