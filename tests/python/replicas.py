@@ -491,3 +491,31 @@ def build(kind: str, seed: int = 0, **over):
             elif p.dim() >= 2:
                 p.copy_(0.15 * torch.randn(p.shape, generator=g))
     return model.eval()
+
+
+def build_v32_fp8(root, index_topk: int = 5) -> dict[str, str]:
+    """DeepSeek-V3.2 as DeepSeek ships it: FP8 e4m3 with 128 x 128 weight_scale_inv blocks for the decoder layers'
+    projections and the indexer's wq_b and wk (DeepSeek-V3.2-Exp inference/model.py builds them as the model's
+    FP8 Linear; weights_proj in the default dtype), kv_a_proj_with_mqa's rows a partial block (48 of 128), 3
+    shards with a layer split across two; index_topk below the window (sparse). The float32 reference holds the
+    dequantized weights (fp8_dequantize). Returns {"v32fp8": dir, "v32fp8-ref": dir}."""
+    from latentq.random_checkpoint import quantize_fp8_blocks
+
+    torch.set_num_threads(1)
+    model = build("deepseek_v32", seed=5, index_topk=index_topk)
+    tensors = deepseek_tensors(model, fp8_block=(128, 128), dtype=torch.bfloat16)
+    for k in [k for k in tensors if k.endswith((".indexer.wq_b.weight", ".indexer.wk.weight"))]:
+        tensors[k], tensors[k + "_scale_inv"] = quantize_fp8_blocks(tensors[k].float(), (128, 128))
+    weights_proj = [k for k in tensors if k.endswith(".indexer.weights_proj.weight_scale_inv")]
+    for k in weights_proj:  # the default dtype in DeepSeek's code: undo the FP8 the _proj.weight rule gave it
+        w = k[: -len("_scale_inv")]
+        tensors[w] = fp8_dequantize(tensors[w], tensors.pop(k)).to(torch.bfloat16)
+    ref = {}
+    for k, t in tensors.items():
+        if k.endswith("_scale_inv"):
+            continue
+        ref[k] = fp8_dequantize(t, tensors[k + "_scale_inv"]) if k + "_scale_inv" in tensors else t.float()
+    d, r = os.path.join(str(root), "v32fp8", "ckpt"), os.path.join(str(root), "v32fp8", "ref")
+    write_checkpoint(tensors, model.config, d, shards=3, fp8_block=(128, 128))
+    write_checkpoint(ref, model.config, r, shards=2, torch_dtype="float32")
+    return {"v32fp8": d, "v32fp8-ref": r}
