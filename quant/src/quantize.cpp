@@ -323,6 +323,13 @@ std::vector<uint8_t> pack_record(const QuantSpec& preset, const QuantizedTensor&
         put(kpe.codes, kb);
         put(kpe.scales, ks);
         break;
+      case RecordOrder::CodesScalesPad16Rope:  // k_pe is bf16 there (no scales); the 16 pad bytes stay zero
+        put(ckv.codes, cb);
+        put(ckv.scales, cs);
+        o += 16;
+        put(kpe.codes, kb);
+        put(kpe.scales, ks);
+        break;
       case RecordOrder::CodesRopeScalesPad8:  // k_pe is bf16 there (no scales); the pad stays zero
       case RecordOrder::CodesCodesScalesScales:
         put(ckv.codes, cb);

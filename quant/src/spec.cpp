@@ -85,7 +85,7 @@ constexpr FormatTraits kFormats[kFormatCount] = {
    nullptr, "see kPresets", "see kPresets", {}},
   {Format::Fp4Tile, "fp4-e2m1-tile16-e4m3[-rcp]   (e2m1, one e4m3 scale per 16, no per-tensor scale: e4m3(clamp(amax/6, 2^-9, 448)) and x/s; -rcp: e4m3(amax/6) and x·(1/s))",
    "fp4", "sym", "tile", Storage::Block, Causality::PerToken, "any D (a last, partial tile keeps its own scale)",
-   nullptr, "FlashMLA tests/quant.py V41_FP4Sparse at 9a7d253; -rcp: FlashInfer sparse_mla_sm120 nvfp4_quantization.cuh at 3fe65b06 (PR 4955)",
+   nullptr, "FlashMLA tests/quant.py V41_FP4Sparse at 9a7d253; -rcp: FlashInfer sparse_mla_sm120 nvfp4_quantization.cuh at 3fe65b06 (PR 4955), and vLLM's cvt_warp_fp16_to_fp4 at global scale 1.0 on bf16/fp16 rows (the vllm-nvfp4-ds-mla preset)",
    "engine_refs.fp4_tile16_e4m3_flashmla / fp4_tile16_e4m3_flashinfer (FlashMLA, FlashInfer written out; tests/python/test_engine_formats.py)", kFp4TileExamples},
   {Format::TurboQuant, "tq{2|3|4}[-nc]   (TurboQuant MSE stage: Hadamard, Lloyd-Max codebook of N(0,1/D), fp16 row norm per token; -nc: norm-corrected decode)",
    "turboquant", "codebook", "token", Storage::TurboQuant, Causality::PerToken, "D with a power-of-two Hadamard block (quant/README.md, TurboQuant)",
@@ -137,6 +137,19 @@ constexpr PresetTraits kPresets[kPresetCount] = {
    "FlashInfer NVFP4 sparse MLA for DeepSeek-V4 (nvfp4_cache_traits.cuh at 3fe65b06, PR 4955; SGLang PR 38646): 224 B e2m1 | 128 B bf16 rope | 28 e4m3 scales | 4 pad = 384 B",
    RecordOrder::CodesRopeScalesPad8, 448, 64, "FlashInfer NVFP4 sparse MLA (PR 4955), SGLang's DeepSeek-V4 NVFP4 KV cache (PR 38646)", 384,
    {4, 16, 1, 0}, {16, 0, 0, 0}, "engine_refs.flashinfer_nvfp4_mla_record (test_cpp_pack_record_matches_reference)"},
+  {"vllm-nvfp4-ds-mla", "fp4-e2m1-tile16-e4m3-rcp", "bf16",
+   "local-inference-lab/vllm nvfp4_ds_mla (PR 82; csrc/libtorch_stable/nvfp4_kv_cache_kernels.cu concat_and_cache_nvfp4_mla_kernel at 42d67f76, cvt_warp_fp16_to_fp4 of quantization/fp4/nvfp4_utils.cuh at 28be48fa with global scale 1.0): 256 B e2m1 | 32 e4m3 scales | 16 zero bytes | 64 bf16 k_pe = 432 B",
+   RecordOrder::CodesScalesPad16Rope, 512, 64, "vLLM fork local-inference-lab/vllm --kv-cache-dtype nvfp4_ds_mla (B12X_MLA_SPARSE: GLM-5, DeepSeek-V3.2)", 432,
+   {4, 16, 1, 0}, {16, 0, 0, 0}, "engine_refs.vllm_nvfp4_ds_mla_record (test_cpp_pack_record_matches_reference)"},
+};
+
+constexpr IndexerPresetTraits kIndexerPresets[kIndexerPresetCount] = {
+  {"vllm-dsa-indexer-fp8", "fp8-e4m3-tile128-pow2", 128,
+   "vLLM DeepseekV32IndexerCache (DeepSeek-V3.2, GLM-5 DSA indexer; Indexer.scale_fmt \"ue8m0\", quant_block_size 128)",
+   "vLLM csrc/cache_kernels.cu indexer_k_quant_and_cache_kernel and vllm/model_executor/models/deepseek_v2.py Indexer, as carried by local-inference-lab/vllm at 28be48fa: s = 2^ceil(log2(max(amax, 1e-4) / 448)) stored as fp32, code = e4m3(x / s)",
+   "a page of B tokens: B x 128 e4m3 codes (token-major), then B fp32 scales", 132, {8, 128, 4, 0},
+   "blocks with fl32(amax/448) > 2^-14 (amax above 7/256): below it vLLM floors amax at 1e-4 before dividing by 448 (scale 2^-14 .. 2^-22), the format floors amax/448 at 1e-4 (scale 2^-13)",
+   "engine_refs.vllm_indexer_k_cache (test_indexer_presets_match_engine)"},
 };
 
 // The table's invariants, at compile time: one row per Format in enum order, and every preset's parts summing to the
@@ -157,7 +170,11 @@ static_assert(kPresets[5].parts_bytes() == kPresets[5].stated_bytes, "vllm-turbo
 static_assert(kPresets[6].parts_bytes() == kPresets[6].stated_bytes, "vllm-turboquant-3bit-nc: 192 + 2 + 128");
 static_assert(kPresets[7].parts_bytes() == kPresets[7].stated_bytes, "vllm-turboquant-k8v4: 512 + 128");
 static_assert(kPresets[8].parts_bytes() == kPresets[8].stated_bytes, "flashinfer-nvfp4-mla: 224 + 128 + 28, pad 8");
+static_assert(kPresets[9].parts_bytes() == kPresets[9].stated_bytes, "vllm-nvfp4-ds-mla: 256 + 32 + 16 pad + 128");
 static_assert(std::size(kPresets) == kPresetCount);
+static_assert(kIndexerPresets[0].part.bytes(kIndexerPresets[0].width) == kIndexerPresets[0].stated_bytes,
+              "vllm-dsa-indexer-fp8: 128 e4m3 + 1 fp32");
+static_assert(std::size(kIndexerPresets) == kIndexerPresetCount);
 // clang-format on
 
 namespace {
@@ -561,9 +578,7 @@ Layout layout(const QuantSpec& s, int64_t D) {
 int64_t record_bytes(const QuantSpec& p, int64_t D_ckv, int64_t D_kpe) {
   const int64_t b = layout(p.stored_for(Target::CKV), D_ckv).bytes_per_token() +
                     layout(p.stored_for(Target::KPE), D_kpe).bytes_per_token();
-  if (p.format == Format::Preset && kPresets[p.preset].order == RecordOrder::CodesRopeScalesPad8)
-    return (b + 7) / 8 * 8;  // zero pad to a multiple of 8 bytes
-  return b;
+  return p.format == Format::Preset ? b + record_pad_bytes(kPresets[p.preset].order, b) : b;  // the record's zero pad
 }
 
 const char* to_string(Scheme s) { return s == Scheme::Sym ? "sym" : "asym"; }

@@ -711,6 +711,48 @@ def flashinfer_nvfp4_mla_record(ckv, kpe) -> np.ndarray:
     return np.concatenate([q.codes, _le_bytes(bf16_bits(kpe), "<u2"), q.scales.reshape(T, 28), pad], axis=1)
 
 
+VLLM_NVFP4_RCP6 = np.float32(1.0) / np.float32(6.0)  # get_reciprocal(FLOAT4_E2M1_MAX) = fl32(1/6) = 0x3E2AAAAB
+
+
+def vllm_nvfp4_ds_mla_scale_bits(amax) -> np.ndarray:
+    """The e4m3 scale byte of one group of 16 in the vLLM fork's nvfp4_ds_mla record: cvt_warp_fp16_to_fp4 with
+    SFScaleVal = 1.0 (local-inference-lab/vllm csrc/libtorch_stable/quantization/fp4/nvfp4_utils.cuh at 28be48fa):
+      `float SFValue = SFScaleVal * (vecMax * reciprocal_approximate_ftz(6.0f));`
+      `__nv_fp8_e4m3 tmp = __nv_fp8_e4m3(SFValue);`            (RNE, saturating to 448, no floor)
+    written as the engine's own reference writes it (vLLM tests/kernels/quantization/test_nvfp4_quant.py
+    ref_nvfp4_quant: `scale = global_scale * (vec_max * get_reciprocal(FLOAT4_E2M1_MAX))`, 1/6 an IEEE
+    division). For every bf16 and fp16 amax (the kernel reads bf16/fp16 c_kv only) this is e4m3(amax / 6), the
+    -rcp format's rule (test_vllm_nvfp4_scale_rule_is_the_division_rule_on_half_inputs); for some float32 amax
+    it is not (e.g. 0.11132812: amax / 6 rounds to the e4m3 code 9, amax * fl32(1/6) to 10)."""
+    return e4m3_bits((_f32(amax) * VLLM_NVFP4_RCP6).astype(np.float32))
+
+
+def vllm_nvfp4_ds_mla_record(ckv, kpe) -> np.ndarray:
+    """local-inference-lab/vllm --kv-cache-dtype nvfp4_ds_mla (PR 82), 432 B per token:
+    csrc/libtorch_stable/nvfp4_kv_cache_kernels.cu concat_and_cache_nvfp4_mla_kernel (42d67f76):
+      `kNopeBytes = 256; kScaleBytes = 32; kPadBytes = 16; kRopeOffset = kNopeBytes + kScaleBytes + kPadBytes`
+      per group g of 16 kv_c dims: `cvt_warp_fp16_to_fp4<CudaType, kThreadsPerScale>(in_vec, 1.0f, scale_out)`
+      (global scale 1.0: the op's `scale` argument is unused), codes at `token_dst + group * 8` as
+      `(uint64_t(packed.hi) << 32) | uint64_t(packed.lo)` (little-endian: element 2j in the low nibble of byte j,
+      from `cvt.rn.satfinite.e2m1x2.f32 b0, %3, %2` = (x[1], x[0])), the scale byte at `token_dst[kNopeBytes +
+      group]`, 16 zero bytes, then the 64 k_pe values copied raw (bf16) at byte 304.
+    Element rule (nvfp4_utils.cuh cvt_warp_fp16_to_fp4 at 28be48fa): s = vllm_nvfp4_ds_mla_scale_bits(amax);
+      `outputScale = SFValue != 0.0f ? reciprocal_approximate_ftz(SFValue * reciprocal_approximate_ftz(SFScaleVal))
+      : 0.0f`, `fp2Vals[i].x *= outputScale`, then cvt.rn.satfinite.e2m1x2.f32 (RNE, saturating to +-6).
+    The kernel's reciprocals are rcp.approx.ftz.f32; this reference, like vLLM's ref_nvfp4_quant
+    (`get_reciprocal(x) = 1.0 / x`), takes the IEEE reciprocal of the e4m3 value."""
+    ckv, kpe = _f32(ckv), _f32(kpe)
+    assert ckv.shape[1] == 512 and kpe.shape[1] == 64 and ckv.shape[0] == kpe.shape[0]
+    T = ckv.shape[0]
+    sb = vllm_nvfp4_ds_mla_scale_bits(_tile_amax(ckv, 16))
+    s = e4m3_value(sb).astype(np.float32)
+    with np.errstate(divide="ignore"):
+        inv = np.where(s == 0, np.float32(0), (np.float32(1) / s).astype(np.float32)).astype(np.float32)
+    codes = pack_nibbles_even_low(e2m1_bits((ckv * _expand(inv, 16, 512)).astype(np.float32)))
+    pad = np.zeros((T, 16), np.uint8)
+    return np.concatenate([codes, sb.reshape(T, 32), pad, _le_bytes(bf16_bits(kpe), "<u2")], axis=1)
+
+
 def vllm_turboquant_k8v4_record(ckv, kpe) -> np.ndarray:
     """vLLM --kv-cache-dtype turboquant_k8v4 on MLA (vllm/v1/attention/backends/mla/triton_mla_tq.py, b40f4cc9,
     PR 41803; _tq_mla_fused_store_fp8_kernel): 640 B at 512 + 64: [0, 512) e4m3 of `kv_c * (1/k_scale)` clamped
@@ -736,4 +778,76 @@ RECORDS = {
     "flashmla-v41-fp4": (flashmla_v41_fp4_record, 448, 64, "fp4-e2m1-tile16-e4m3", "fp4-e2m1-tile16-e4m3", 288),
     "flashinfer-nvfp4-mla": (flashinfer_nvfp4_mla_record, 448, 64, "fp4-e2m1-tile16-e4m3-rcp", "bf16", 384),
     "vllm-turboquant-k8v4": (vllm_turboquant_k8v4_record, 512, 64, "fp8-e4m3-tensor-s1", "bf16", 640),
+    "vllm-nvfp4-ds-mla": (vllm_nvfp4_ds_mla_record, 512, 64, "fp4-e2m1-tile16-e4m3-rcp", "bf16", 432),
+}
+# records whose engine reads c_kv as bf16/fp16 only and whose rule differs from latentq's on some float32 rows
+# (vllm_nvfp4_ds_mla_scale_bits): compared on bf16 rows
+HALF_INPUT_RECORDS = {"vllm-nvfp4-ds-mla"}
+
+
+# ---------------------------------------------------------------------------------------------------
+# The DSA indexer key cache (spec.h kIndexerPresets)
+# ---------------------------------------------------------------------------------------------------
+
+VLLM_INDEXER_AMAX_FLOOR = np.float32(1e-4)  # `fmaxf(amax, 1e-4)`: the double 1e-4 as a float
+
+
+def vllm_indexer_k_quant(k, ue8m0: bool = True):
+    """vLLM csrc/cache_kernels.cu indexer_k_quant_and_cache_kernel (as carried by local-inference-lab/vllm at
+    28be48fa), per token and block of quant_block_size = 128 dims (deepseek_v2.py Indexer: `self.scale_fmt =
+    "ue8m0"`, `self.quant_block_size = 128`):
+      `float scale = fmaxf(amax, 1e-4) / kFp8ScaleDivisor;`      (kFp8ScaleDivisor = 448.f on CUDA)
+      `if (use_ue8m0) { scale = exp2f(ceilf(log2f(scale))); }`
+      `kv_cache[dst_offset + i] = fp8::scaled_convert<cache_t, scalar_t, kv_dt>(k_val_ptr[i], scale);`
+    i.e. e4m3(x / s), RNE, saturating. ceil(log2(v)) is taken in exact math on the float32 v (as
+    flashmla_pow2_exponent). Returns (codes uint8 [T, D], scales float32 [T, D / 128])."""
+    k = _f32(k)
+    T, D = k.shape
+    assert D % 128 == 0, "the indexer kernel needs head_dim % quant_block_size == 0"
+    with np.errstate(over="ignore", invalid="ignore"):
+        v = (np.maximum(_tile_amax(k, 128), VLLM_INDEXER_AMAX_FLOOR) / E4M3_MAX).astype(np.float32)
+    if ue8m0:
+        b = v.view(np.uint32)
+        e = ((b >> np.uint32(23)) & np.uint32(0xFF)).astype(np.int64) - 127 + ((b & np.uint32(0x7FFFFF)) != 0)
+        v = np.ldexp(np.float32(1.0), e).astype(np.float32)
+    codes = e4m3_bits((k / _expand(v, 128, D)).astype(np.float32))
+    return codes, v
+
+
+def vllm_indexer_k_cache(k, block_size: int) -> np.ndarray:
+    """The pages of vLLM's DeepseekV32IndexerCache (uint8 [num_pages, block_size * 132] at D = 128) holding the
+    keys of tokens 0..T-1 in slots 0..T-1: per page, `dst_offset = block_idx * cache_block_size * cache_stride +
+    block_offset * head_dim + head_dim_idx` (the codes of its block_size tokens, token-major), then the fp32
+    scales at `cache_block_size * head_dim + (block_offset * head_dim + head_dim_idx) * 4 / quant_block_size`
+    bytes. Slots past T stay zero."""
+    codes, scales = vllm_indexer_k_quant(k)
+    T, D = codes.shape
+    pages = -(-T // block_size)
+    c = np.zeros((pages * block_size, D), np.uint8)
+    c[:T] = codes
+    s = np.zeros((pages * block_size, D // 128), np.float32)
+    s[:T] = scales
+    sb = s.astype("<f4").view(np.uint8).reshape(pages, block_size * (D // 128) * 4)
+    return np.concatenate([c.reshape(pages, block_size * D), sb], axis=1)
+
+
+def indexer_pow2_same(amax) -> np.ndarray:
+    """Where fp8-e4m3-tile128-pow2 (FlashMLA: 2^ceil(log2(max(fl(amax/448), 1e-4)))) and vLLM's indexer rule
+    (2^ceil(log2(fl(max(amax, 1e-4)/448)))) give the same scale: fl32(amax/448) > 2^-14, i.e. amax above 7/256
+    (both are then 2^ceil(log2(fl(amax/448))), and 1e-4 lies in (2^-14, 2^-13]). Below it the format's scale is
+    2^-13 and vLLM's 2^-14 or less."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return (_f32(amax) / E4M3_MAX).astype(np.float32) > np.float32(2.0**-14)
+
+
+INDEXER = {
+    # kIndexerPresets row: (reference, spec, width, bytes per token, the blocks on which spec gives the engine's
+    # bytes, as a function of the block amax: the row's exact_when)
+    "vllm-dsa-indexer-fp8": (
+        vllm_indexer_k_cache,
+        "fp8-e4m3-tile128-pow2",
+        128,
+        132,
+        indexer_pow2_same,
+    ),
 }

@@ -5,6 +5,9 @@ through engine_refs.quantize, each preset through its record in engine_refs.RECO
 every row names a reference that exists (an engine_refs function, a test of test_turboquant_vllm, or
 hand-computed tests for latentq's own families), so a row without one fails here."""
 
+import re
+from pathlib import Path
+
 import gguf.quants as gq
 import ml_dtypes
 import numpy as np
@@ -518,7 +521,7 @@ def _quant_pair(preset, ckv, kpe):
 def test_cpp_pack_record_matches_reference(preset, seed):
     _need_pack_record()
     fn, dc, dr, _, _, nbytes = R.RECORDS[preset]
-    for bf16 in (True, False):
+    for bf16 in (True,) if preset in R.HALF_INPUT_RECORDS else (True, False):
         x = adversarial_matrix(1000, dc + dr, seed, bf16=bf16)
         ckv, kpe = np.ascontiguousarray(x[:, :dc]), np.ascontiguousarray(x[:, dc:])
         q_ckv, q_kpe = _quant_pair(preset, ckv, kpe)
@@ -538,3 +541,118 @@ def test_cpp_pack_record_rejects_deepseek_v3_dims(preset):
     q_kpe = latentq.quantize(random_matrix(10, 64, 0), s_kpe, "k_pe")
     with pytest.raises(ValueError):
         latentq.pack_record(q_ckv, q_kpe, preset)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The vLLM fork's nvfp4_ds_mla record: its scale rule on the inputs its kernel takes
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_vllm_nvfp4_scale_rule_is_the_division_rule_on_half_inputs():
+    """cvt_warp_fp16_to_fp4 forms e4m3(amax * fl(1/6)); the -rcp format e4m3(amax / 6). The kernel reads bf16/fp16
+    c_kv only: for every positive finite bf16 and fp16 amax the two scale bytes agree (which is why the preset
+    stores c_kv as fp4-e2m1-tile16-e4m3-rcp); a float32 amax can split them (hence HALF_INPUT_RECORDS)."""
+    bf16 = (np.arange(1, 0x7F80, dtype=np.uint32) << np.uint32(16)).view(np.float32)
+    fp16 = np.arange(1, 0x7C00, dtype=np.uint16).view(np.float16).astype(np.float32)
+    for amax in (bf16, fp16):
+        div = R.e4m3_bits((amax / np.float32(6)).astype(np.float32))
+        np.testing.assert_array_equal(R.vllm_nvfp4_ds_mla_scale_bits(amax), div)
+    a = np.array([0.1113281175494194], np.float32)  # float32 only: amax/6 = 0.018554686, amax * fl(1/6) = 0.0185546875
+    assert R.e4m3_bits((a / np.float32(6)).astype(np.float32))[0] == 9
+    assert R.vllm_nvfp4_ds_mla_scale_bits(a)[0] == 10
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_vllm_nvfp4_ds_mla_record_is_the_rcp_format_bf16_rope_and_16_zero_bytes(seed):
+    """The layout by the reference alone: [0, 256) the -rcp codes, [256, 288) its scale bytes, [288, 304) zero,
+    [304, 432) bf16 k_pe, on bf16 rows (adversarial: ties, zero groups, saturation)."""
+    x = adversarial_matrix(500, 576, seed, bf16=True)
+    ckv, kpe = np.ascontiguousarray(x[:, :512]), np.ascontiguousarray(x[:, 512:])
+    rec = R.vllm_nvfp4_ds_mla_record(ckv, kpe)
+    q = R.fp4_tile16_e4m3_flashinfer(ckv)
+    assert rec.shape == (500, 432)
+    np.testing.assert_array_equal(rec[:, :256], q.codes)
+    np.testing.assert_array_equal(rec[:, 256:288], q.scales.reshape(500, 32))
+    assert not rec[:, 288:304].any()
+    np.testing.assert_array_equal(rec[:, 304:].view("<u2"), R.bf16_bits(kpe))
+
+
+# ---------------------------------------------------------------------------------------------------
+# The DSA indexer key cache (spec.h kIndexerPresets; engine_refs.INDEXER)
+# ---------------------------------------------------------------------------------------------------
+
+_SPEC_CPP = Path(__file__).resolve().parents[2] / "quant" / "src" / "spec.cpp"
+
+
+def _indexer_rows():
+    """The rows of kIndexerPresets as spec.cpp writes them: (name, spec, width, stated bytes)."""
+    text = _SPEC_CPP.read_text()
+    block = text[text.index("kIndexerPresets[kIndexerPresetCount] = {") :]
+    block = block[: block.index("\n};")]
+    rows = re.findall(r'\{"([^"]+)", "([^"]+)", (\d+),.*?, (\d+), \{\d+, \d+, \d+, \d+\},', block, re.S)
+    return [(n, s, int(w), int(b)) for n, s, w, b in rows]
+
+
+def test_every_indexer_preset_has_an_engine_reference():
+    rows = _indexer_rows()
+    assert rows, "no kIndexerPresets rows found in spec.cpp"
+    assert {r[0] for r in rows} == set(R.INDEXER), (rows, list(R.INDEXER))
+    for name, spec, width, nbytes in rows:
+        _, ref_spec, ref_width, ref_bytes, _ = R.INDEXER[name]
+        assert (spec, width, nbytes) == (ref_spec, ref_width, ref_bytes), name
+        assert spec in list(TABLE.name), f"{name}: {spec} is not a format of the table"
+
+
+def _indexer_keys(T, D, seed, lo):
+    """bf16 keys (the indexer's k is bf16): normal rows times a per-token magnitude 10^U(lo, 1)."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((T, D)) * 10.0 ** rng.uniform(lo, 1.0, (T, 1))
+    return ((R.bf16_bits(x.astype(np.float32)).astype(np.uint32)) << np.uint32(16)).view(np.float32)
+
+
+def _latentq_pages(q, T, D, block_size):
+    codes = np.asarray(q.codes).view(np.uint8).reshape(T, D)
+    scales = np.asarray(q.scales).astype("<f4").reshape(T, D // 128)
+    pages = -(-T // block_size)
+    c = np.zeros((pages * block_size, D), np.uint8)
+    c[:T] = codes
+    sc = np.zeros((pages * block_size, D // 128), "<f4")
+    sc[:T] = scales
+    return np.concatenate(
+        [c.reshape(pages, block_size * D), sc.view(np.uint8).reshape(pages, block_size * (D // 128) * 4)], axis=1
+    )
+
+
+@pytest.mark.parametrize("name", sorted(R.INDEXER))
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_indexer_presets_match_engine(name, seed):
+    """latentq.quantize(spec) laid out as the engine's page equals the engine's page, byte for byte, on keys where
+    the row's exact_when holds (amax from 0.03 to ~4e3, 200 tokens: three pages of 64 and a partial one)."""
+    fn, spec, D, nbytes, same = R.INDEXER[name]
+    _need_spec(spec)
+    T, B = 200, 64
+    x = _indexer_keys(T, D, seed, -1.5)
+    x = x[same(np.abs(x).reshape(T, -1, 128).max(axis=2)).all(axis=1)]
+    T = x.shape[0]
+    assert T >= 150, T
+    q = latentq.quantize(x, spec, "c_kv")
+    assert q.bytes_per_token == pytest.approx(nbytes)
+    page = fn(x, B)
+    assert page.shape == (-(-T // B), B * nbytes)
+    np.testing.assert_array_equal(_latentq_pages(q, T, D, B), page, err_msg=f"{name} seed={seed}")
+
+
+def test_indexer_fp8_scale_below_exact_when_by_hand():
+    """Where vllm-dsa-indexer-fp8's exact_when fails, by hand: amax = 7/256 gives fl(amax/448) = 2^-14; vLLM's
+    scale is 2^ceil(log2(2^-14)) = 2^-14, the format's 2^ceil(log2(max(2^-14, 1e-4))) = 2^-13 (1e-4 > 2^-14). An
+    all-zero key: vLLM 2^ceil(log2(1e-4/448)) = 2^-22, the format 2^-13. Above, amax = 0.03: both 2^-13."""
+    _need_spec("fp8-e4m3-tile128-pow2")
+    x = np.zeros((3, 128), np.float32)
+    x[0, 0], x[2, 5] = np.float32(7 / 256), np.float32(0.03)
+    _, vs = R.vllm_indexer_k_quant(x)
+    q = latentq.quantize(x, "fp8-e4m3-tile128-pow2", "c_kv")
+    np.testing.assert_array_equal(vs.reshape(-1), np.float32([2.0**-14, 2.0**-22, 2.0**-13]))
+    np.testing.assert_array_equal(np.asarray(q.scales, np.float32), np.float32([2.0**-13, 2.0**-13, 2.0**-13]))
+    np.testing.assert_array_equal(
+        R.INDEXER["vllm-dsa-indexer-fp8"][4](np.float32([7 / 256, 0, 0.03])), [False, False, True]
+    )

@@ -3,10 +3,14 @@
 // (the compile-time parts checked against layout() here), and the engine field the one test of "an engine ships it".
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstring>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "latentq/decode_order.h"
+#include "latentq/quantize.h"
 #include "latentq/spec.h"
 
 namespace {
@@ -80,10 +84,58 @@ TEST(FormatTable, RowsAgreeWithTheQuantizer) {
   }
 }
 
+// The vLLM fork's nvfp4_ds_mla record (432 B), by hand: group 0 of c_kv is {6, 3, -1.5, 0.5, 0, ...}: amax 6, scale
+// e4m3(6/6) = 1.0 = 0x38, codes e2m1 6 -> 7, 3 -> 5, -1.5 -> 0xB, 0.5 -> 1, packed element 2j low: 0x57, 0x1B; the
+// other 31 groups are zero (scale 0, codes 0); bytes 288..303 zero; k_pe[0] = 1.0 (bf16 0x3F80) at byte 304, LE.
+TEST(FormatTable, VllmNvfp4DsMlaRecordByHand) {
+  const QuantSpec p = QuantSpec::parse("vllm-nvfp4-ds-mla");
+  std::vector<float> c(512, 0.0f), r(64, 0.0f);
+  c[0] = 6.0f, c[1] = 3.0f, c[2] = -1.5f, c[3] = 0.5f;
+  r[0] = 1.0f, r[63] = -2.0f;
+  const std::vector<int64_t> seq{0, 1};
+  const QuantizedTensor qc = quantize(p, Target::CKV, c.data(), 1, 512, seq);
+  const QuantizedTensor qr = quantize(p, Target::KPE, r.data(), 1, 64, seq);
+  const std::vector<uint8_t> rec = pack_record(p, qc, qr);
+  ASSERT_EQ(rec.size(), 432u);
+  std::vector<uint8_t> want(432, 0);
+  want[0] = 0x57, want[1] = 0x1B, want[256] = 0x38;
+  want[304] = 0x80, want[305] = 0x3F;  // k_pe[0] = 1.0
+  want[430] = 0x00, want[431] = 0xC0;  // k_pe[63] = -2.0 = bf16 0xC000
+  EXPECT_EQ(rec, want);
+  // 512 + 64 only: the kernel refuses other widths (kv_lora_rank == 512, pe_dim == 64)
+  const QuantizedTensor q448 = quantize(p, Target::CKV, c.data(), 1, 448, seq);
+  EXPECT_THROW((void)pack_record(p, q448, qr), std::invalid_argument);
+}
+
+// The indexer-cache table: each row stores the key in a format of kFormats (one of its examples, so every format
+// test runs it), and that format's bytes per token at the row's width are the bytes the source states.
+TEST(FormatTable, IndexerPresetsAreFormatsOfTheTableAtTheirStatedBytes) {
+  const std::vector<std::string> examples = format_examples();
+  std::set<std::string> names;
+  for (const IndexerPresetTraits& p : kIndexerPresets) {
+    SCOPED_TRACE(p.name);
+    for (const char* field : {p.name, p.spec, p.engine, p.source, p.page_layout, p.exact_when, p.reference}) {
+      ASSERT_NE(field, nullptr);
+      EXPECT_FALSE(std::string(field).empty());
+    }
+    EXPECT_TRUE(names.insert(p.name).second);
+    EXPECT_NE(std::find(examples.begin(), examples.end(), std::string(p.spec)), examples.end());
+    const QuantSpec q = QuantSpec::parse(p.spec);
+    EXPECT_NE(q.format, Format::Preset);
+    EXPECT_EQ(q.to_string(), p.spec);
+    EXPECT_EQ(layout(q, p.width).bytes_per_token(), p.stated_bytes);
+    EXPECT_EQ(p.part.bytes(p.width), p.stated_bytes);
+    EXPECT_EQ(why_not_applicable(q, Target::CKV, p.width), "");
+  }
+  // vLLM's DSA indexer key: 128 e4m3 + one fp32 scale = 132 B
+  EXPECT_EQ(std::string(kIndexerPresets[0].spec), "fp8-e4m3-tile128-pow2");
+  EXPECT_EQ(kIndexerPresets[0].stated_bytes, 132);
+}
+
 // Hand-checked: which formats an engine ships for MLA, and which it does not.
 TEST(FormatTable, EngineFormats) {
   for (const char* s : {"vllm-fp8-ds-mla", "flashmla-v32-fp8", "fp8-e4m3-tensor", "fp8-e4m3-tensor-s1", "q8_0",
-                        "q4_0", "vllm-turboquant-3bit-nc", "flashinfer-nvfp4-mla"})
+                        "q4_0", "vllm-turboquant-3bit-nc", "flashinfer-nvfp4-mla", "vllm-nvfp4-ds-mla"})
     EXPECT_TRUE(is_engine_format(QuantSpec::parse(s))) << s;
   for (const char* s : {"int4-asym-channel-g32", "bf16", "tq3-nc", "tq3", "lm3-tensor", "tc3", "tc2-lm", "mxfp4",
                         "nvfp4", "fp8-e4m3-tile128-pow2", "fp4-e2m1-tile16-e4m3-rcp"})

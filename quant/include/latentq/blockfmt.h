@@ -24,7 +24,9 @@
 //   fp4 tile rcp   FlashInfer include/flashinfer/attention/sparse_mla_sm120/common/nvfp4_quantization.cuh
 //                  quantize_fp32_group16_to_nvfp4_regs (commit 3fe65b06, FlashInfer PR 4955, the DeepSeek-V4
 //                  NVFP4 MLA cache): s = e4m3(amax/6) (RNE, saturating, no floor), code = e2m1(x · (1/s)),
-//                  1/s := 0 when s = 0 (every code 0)
+//                  1/s := 0 when s = 0 (every code 0); also vLLM's nvfp4_utils.cuh cvt_warp_fp16_to_fp4 at global
+//                  scale 1.0 (the nvfp4_ds_mla record of local-inference-lab/vllm PR 82), whose e4m3(amax · fl(1/6))
+//                  is e4m3(amax/6) for every bf16 and fp16 amax
 //   ggml           ggml/src/ggml-quants.c quantize_row_q8_0_ref / q4_0_ref / q4_1_ref, and the
 //                  dequantize_row_* routines
 #pragma once

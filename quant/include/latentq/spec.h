@@ -159,7 +159,15 @@ enum class RecordOrder : uint8_t {
   CodesScalesRope = 0,         ///< c_kv codes | c_kv scales | k_pe (V3.2 / vLLM fp8_ds_mla)
   CodesRopeScalesPad8 = 1,     ///< c_kv codes | k_pe | c_kv scales | zero pad to a multiple of 8 (MODEL1)
   CodesCodesScalesScales = 2,  ///< c_kv codes | k_pe codes | c_kv scales | k_pe scales (V4.1)
+  CodesScalesPad16Rope = 3,    ///< c_kv codes | c_kv scales | 16 zero bytes | k_pe (vLLM fork nvfp4_ds_mla)
 };
+
+/// Zero bytes a record of `order` adds to its parts' `bytes` (pack_record writes them as 0).
+constexpr int64_t record_pad_bytes(RecordOrder order, int64_t bytes) {
+  if (order == RecordOrder::CodesRopeScalesPad8) return (bytes + 7) / 8 * 8 - bytes;
+  if (order == RecordOrder::CodesScalesPad16Rope) return 16;
+  return 0;
+}
 
 /// One target's part of an engine record as its source describes it: code bits per element, one scale of
 /// `scale_bytes` per `block` elements (block 0: none per token), and `row_bytes` more per token (TurboQuant's
@@ -192,11 +200,30 @@ struct PresetTraits {
   /// The bytes of the parts at the native widths (512 + 64 where native is 0), padded as `order` says.
   constexpr int64_t parts_bytes() const {
     const int64_t b = ckv_part.bytes(native_ckv ? native_ckv : 512) + kpe_part.bytes(native_kpe ? native_kpe : 64);
-    return order == RecordOrder::CodesRopeScalesPad8 ? (b + 7) / 8 * 8 : b;
+    return b + record_pad_bytes(order, b);
   }
 };
-inline constexpr size_t kPresetCount = 9;
+inline constexpr size_t kPresetCount = 10;
 extern const PresetTraits kPresets[kPresetCount];
+
+/// An engine's cache of the sparse-attention (DSA) indexer key, one row of kIndexerPresets: the indexer key of
+/// one token (index_head_dim wide, 128 on DeepSeek-V3.2 and GLM-5) as the engine stores it, in one of the formats
+/// of kFormats. Not a dump target yet: the table says which stored format reproduces which engine's bytes, and on
+/// which rows (`exact_when`).
+struct IndexerPresetTraits {
+  const char* name;
+  const char* spec;          ///< the kFormats example that stores the key (layout(), quantize())
+  int64_t width;             ///< the key width the engine's cache is defined for (index_head_dim)
+  const char* engine;        ///< the engine, its cache class and the setting that selects this cache
+  const char* source;        ///< the engine's quantizing code: file, function and commit
+  const char* page_layout;   ///< where the engine puts a token's codes and scale (its page, not one record)
+  int64_t stated_bytes;      ///< bytes per token as the source states them, at `width`
+  RecordPart part;           ///< the key's part as the source describes it (checked against stated_bytes)
+  const char* exact_when;    ///< the rows on which `spec` gives the engine's bytes ("all rows", or the condition)
+  const char* reference;     ///< the test of its bytes against the engine's formula
+};
+inline constexpr size_t kIndexerPresetCount = 1;
+extern const IndexerPresetTraits kIndexerPresets[kIndexerPresetCount];
 
 /// One named format of the table, as `latentq formats` and latentq.formats() list it: every example of every
 /// format row, and every preset.
