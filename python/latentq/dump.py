@@ -79,12 +79,12 @@ from latentq.model import (
     ModelError,
     device_error,
     load_model,
-    native_class_note,
     run_model,
     state_dict_sha256,
     stream_plan,
     weights_revision,
 )
+from latentq.model_class import native_class_note
 from latentq.progress import Progress, StepParser, say
 
 SCHEMA = "latentq-dump/1"

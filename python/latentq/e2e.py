@@ -102,10 +102,10 @@ from latentq.e2e_results import (  # noqa: F401  (re-exported: the tests use lat
     study_quantizers,
 )
 from latentq.e2e_stats import (
-    KL_PERCENTILES,
-    METRICS,
+    CI_COLUMNS,
     RESAMPLES,
     SEED,
+    SPREAD_COLUMNS,
     TokenStats,
     bootstrap_counts,
     interval_columns,
@@ -732,47 +732,6 @@ _BYTES = Column("bytes_per_token", "float64", "byte/token", "the cache at the se
 _CAUSAL = Column("scale_causal", "int64", "", "1 when the spec's scales see no later token (decode_scale_is_causal)")
 _KL = Column("kl_mean", "float64", "nat", "mean over tokens of KL(p_ref ‖ p_quant) of the next-token distributions")
 _TOP1 = Column("top1_agree", "float64", "1", "the fraction of tokens whose argmax logit is unchanged")
-# The spread of the per-token values (latentq.e2e_stats: llama.cpp tools/perplexity/perplexity.cpp, commit
-# 050fc7f32de16858ac667d775b43a51ed8976e6f, kl_divergence(): its percentile lambda, "Maximum KLD", "Δp",
-# "RMS Δp", "ln(PPL(Q)/PPL(base))"); Δp and NLL at the positions that have a next token.
-_LLAMA = "as llama.cpp perplexity.cpp kl_divergence()"
-_SPREAD = (
-    *(
-        Column(k, "float64", "nat", f"the {p:g}th percentile of the per-token KL (numpy linear; {_LLAMA})")
-        for k, p in KL_PERCENTILES.items()
-    ),
-    Column("kl_max", "float64", "nat", f"the largest per-token KL ({_LLAMA}: Maximum KLD)"),
-    Column(
-        "delta_p_mean",
-        "float64",
-        "1",
-        f"mean over the positions with a next token y of Δp = p_quant(y) − p_ref(y) ({_LLAMA}: Mean Δp)",
-    ),
-    Column(
-        "delta_p_rms",
-        "float64",
-        "1",
-        f"sqrt of the mean of Δp² over the positions with a next token ({_LLAMA}: RMS Δp)",
-    ),
-    Column(
-        "ln_ppl_ratio",
-        "float64",
-        "nat",
-        f"mean next-token NLL quantized − mean NLL exact, ln(ppl_quant / ppl_ref) ({_LLAMA}: ln(PPL(Q)/PPL(base)))",
-    ),
-)
-_CI = tuple(
-    Column(
-        f"{k}_ci_{end}",
-        "float64",
-        unit,
-        f"the {side} end of the 95% interval of {k}: percentile bootstrap over "
-        "sequences (the group's bootstrap_resamples draws, seed bootstrap_seed); NaN with one sequence",
-    )
-    for k, unit in (("kl_mean", "nat"), ("top1_agree", "1"), ("ln_ppl_ratio", "nat"), ("delta_p_rms", "1"))
-    for end, side in (("lo", "lower"), ("hi", "upper"))
-)
-assert {c.name[: -len("_ci_lo")] for c in _CI} == set(METRICS)  # one interval per bootstrapped metric
 E2E_COLUMNS = (
     *_RUN, _KL, _TOP1,
     Column("nll_ref", "float64", "nat", "mean next-token NLL with exact latents"),
@@ -781,7 +740,7 @@ E2E_COLUMNS = (
     Column("ppl_quant", "float64", "1", "exp(nll_quant)"),
     _BYTES, _CAUSAL,
     Column("num_tokens", "int64", "", "the tokens scored: num_seqs × seq_len"),
-    *_SPREAD, *_CI,
+    *SPREAD_COLUMNS, *CI_COLUMNS,
 )  # fmt: skip
 E2E_POSITION_COLUMNS = (
     *_RUN,
@@ -792,7 +751,7 @@ E2E_POSITION_COLUMNS = (
     Column("pos_start", "int64", "", "the bucket's first query position within its window"),
     Column("pos_end", "int64", "", "the bucket's end (exclusive)"),
     Column("tokens", "int64", "", "the tokens in the bucket: windows × positions"),
-    _KL, _TOP1, _BYTES, *_SPREAD,
+    _KL, _TOP1, _BYTES, *SPREAD_COLUMNS,
 )  # fmt: skip
 
 

@@ -47,6 +47,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from latentq.result_groups import Column
+
 SEED = 0  # numpy default_rng seed of the bootstrap draws (recorded as /e2e's bootstrap_seed)
 RESAMPLES = 2000  # bootstrap resamples (recorded as /e2e's bootstrap_resamples)
 LEVEL = 0.95  # the intervals' nominal coverage
@@ -221,3 +223,46 @@ def paired_difference(
     counts = bootstrap_counts(run_a.num_seqs, resamples, seed)
     lo, hi = _bounds(_resampled(run_a, metric, counts) - _resampled(run_b, metric, counts))
     return delta, lo, hi
+
+
+# The /e2e columns of the spread of the per-token values (llama.cpp tools/perplexity/perplexity.cpp, commit
+# 050fc7f32de16858ac667d775b43a51ed8976e6f, kl_divergence(): its percentile lambda, "Maximum KLD", "Δp",
+# "RMS Δp", "ln(PPL(Q)/PPL(base))"); Δp and NLL at the positions that have a next token.
+_LLAMA = "as llama.cpp perplexity.cpp kl_divergence()"
+SPREAD_COLUMNS = (
+    *(
+        Column(k, "float64", "nat", f"the {p:g}th percentile of the per-token KL (numpy linear; {_LLAMA})")
+        for k, p in KL_PERCENTILES.items()
+    ),
+    Column("kl_max", "float64", "nat", f"the largest per-token KL ({_LLAMA}: Maximum KLD)"),
+    Column(
+        "delta_p_mean",
+        "float64",
+        "1",
+        f"mean over the positions with a next token y of Δp = p_quant(y) − p_ref(y) ({_LLAMA}: Mean Δp)",
+    ),
+    Column(
+        "delta_p_rms",
+        "float64",
+        "1",
+        f"sqrt of the mean of Δp² over the positions with a next token ({_LLAMA}: RMS Δp)",
+    ),
+    Column(
+        "ln_ppl_ratio",
+        "float64",
+        "nat",
+        f"mean next-token NLL quantized − mean NLL exact, ln(ppl_quant / ppl_ref) ({_LLAMA}: ln(PPL(Q)/PPL(base)))",
+    ),
+)
+CI_COLUMNS = tuple(
+    Column(
+        f"{k}_ci_{end}",
+        "float64",
+        unit,
+        f"the {side} end of the 95% interval of {k}: percentile bootstrap over "
+        "sequences (the group's bootstrap_resamples draws, seed bootstrap_seed); NaN with one sequence",
+    )
+    for k, unit in (("kl_mean", "nat"), ("top1_agree", "1"), ("ln_ppl_ratio", "nat"), ("delta_p_rms", "1"))
+    for end, side in (("lo", "lower"), ("hi", "upper"))
+)
+assert {c.name[: -len("_ci_lo")] for c in CI_COLUMNS} == set(METRICS)  # one interval per bootstrapped metric

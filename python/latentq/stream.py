@@ -442,7 +442,7 @@ class LayerStreamer:
         from transformers import AutoModelForCausalLM
 
         from latentq.capture import find_mla_layers
-        from latentq.model import hf_config_and_class
+        from latentq.model_class import hf_config_and_class
 
         self.checkpoint = Checkpoint(path)
         self.path, self.dtype, self.device = path, dtype, torch.device(device)
