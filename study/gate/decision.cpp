@@ -25,6 +25,7 @@ constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 struct Metric {
   double kl = kNaN, top1 = kNaN, delta_ppl = kNaN;
+  double kl_lo = kNaN, kl_hi = kNaN, kl_p999 = kNaN;  ///< /e2e's 95% interval of kl_mean and its p99.9 (when written)
 };
 
 // A name of /summary that is a spec or a transformed spec (a mixed assignment's name is not).
@@ -56,8 +57,11 @@ std::map<std::string, Metric> measured_kl(const std::filesystem::path& results, 
     for (size_t i = 0; i < q.size(); ++i) {
       if (e.has("cache_mode") && strings(e, "cache_mode")[i] != "prefill-at-once") continue;
       if (e.has("targets") && strings(e, "targets")[i] != "c_kv+k_pe") continue;
-      out[q[i]] = {doubles(e, "kl_mean")[i], doubles(e, "top1_agree")[i],
-                   doubles(e, "ppl_quant")[i] - doubles(e, "ppl_ref")[i]};
+      const auto col = [&](const char* c) { return e.has(c) ? doubles(e, c)[i] : kNaN; };
+      out[q[i]] = {doubles(e, "kl_mean")[i],  doubles(e, "top1_agree")[i],
+                   doubles(e, "ppl_quant")[i] - doubles(e, "ppl_ref")[i],
+                   col("kl_mean_ci_lo"),      col("kl_mean_ci_hi"),
+                   col("kl_p999")};
     }
     if (!out.empty()) {
       source = "e2e";
@@ -208,7 +212,13 @@ const GroupSpec& decision_spec() {
        {"plan_objective", ColType::F64, "",
         "the planner's objective of the choice's assignment (the unit of the objective column's kl or mse)"},
        {"engine", ColType::Str, "", "the engine and setting that ship the choice's format (empty when none)"},
-       {"objective", ColType::Str, "", "the planner's objective: kl or mse"}}};
+       {"objective", ColType::Str, "", "the planner's objective: kl or mse"},
+       {"kl_ci_lo", ColType::F64, "nat",
+        "the lower end of kl_mean's 95% interval (its /e2e row's kl_mean_ci_lo: a bootstrap over sequences; NaN "
+        "without it)"},
+       {"kl_ci_hi", ColType::F64, "nat", "the upper end of the same interval"},
+       {"kl_p999", ColType::F64, "nat",
+        "the 99.9th percentile of the per-token KL (its /e2e row's kl_p999): the tail beside the mean"}}};
   return g;
 }
 
@@ -248,6 +258,9 @@ ColumnTable decision_table(const std::filesystem::path& results, const std::vect
   auto& c_src = t.get<std::string>("source");
   auto& c_obj = t.get<double>("plan_objective");
   auto& c_engine = t.get<std::string>("engine");
+  auto& c_lo = t.get<double>("kl_ci_lo");
+  auto& c_hi = t.get<double>("kl_ci_hi");
+  auto& c_p999 = t.get<double>("kl_p999");
   const auto row = [&](double f, const char* choice, const std::string& q, double bytes, const Metric& m,
                        const std::string& src, double obj) {
     const std::optional<TransformedSpec> ts = as_spec(q);
@@ -262,6 +275,9 @@ ColumnTable decision_table(const std::filesystem::path& results, const std::vect
     c_dppl.push_back(m.delta_ppl);
     c_src.push_back(src);
     c_obj.push_back(obj);
+    c_lo.push_back(m.kl_lo);
+    c_hi.push_back(m.kl_hi);
+    c_p999.push_back(m.kl_p999);
   };
   for (const double f : fractions) {
     const double budget = f * bf16, lim = budget * (1 + kPlanBudgetSlack);
@@ -311,6 +327,10 @@ std::string format_decision(const ColumnTable& t) {
   const auto& src = strings(t, "source");
   const auto& obj = doubles(t, "plan_objective");
   const std::vector<std::string> engine = t.has("engine") ? strings(t, "engine") : std::vector<std::string>(q.size());
+  const std::vector<double> none(q.size(), kNaN);  // files written before the columns
+  const auto& lo = t.has("kl_ci_lo") ? doubles(t, "kl_ci_lo") : none;
+  const auto& hi = t.has("kl_ci_hi") ? doubles(t, "kl_ci_hi") : none;
+  const auto& p999 = t.has("kl_p999") ? doubles(t, "kl_p999") : none;
   std::string out = "decision (bytes: whole model, c_kv + k_pe, metadata included, per token):\n";
   for (size_t i = 0; i < t.num_rows(); ++i) {
     if (i == 0 || f[i] != f[i - 1])
@@ -321,7 +341,10 @@ std::string format_decision(const ColumnTable& t) {
     }
     std::string what;
     if (std::isfinite(kl[i]))
-      what = fmt::format("KL {:.4g}, top-1 {:.4f}{} ({})", kl[i], top1[i],
+      what = fmt::format("KL {:.4g}{}{}, top-1 {:.4f}{} ({})", kl[i],
+                         std::isfinite(lo[i]) && std::isfinite(hi[i]) ? fmt::format(" [{:.4g}, {:.4g}]", lo[i], hi[i])
+                                                                      : std::string(),
+                         std::isfinite(p999[i]) ? fmt::format(", p99.9 {:.4g}", p999[i]) : std::string(), top1[i],
                          std::isfinite(dppl[i]) ? fmt::format(", dppl {:+.4g}", dppl[i]) : std::string(), src[i]);
     else
       what = fmt::format("{}, planner objective {:.4g}", src[i], obj[i]);
@@ -331,7 +354,8 @@ std::string format_decision(const ColumnTable& t) {
   const bool e2e = std::any_of(src.begin(), src.end(), [](const std::string& s) { return s.ends_with("e2e"); });
   if (t.num_rows() > 0)
     out += fmt::format("(KL: {}; the planner's objective: {})\n",
-                       e2e ? "the model's next-token KL with quantized latents (/e2e)"
+                       e2e ? "the model's next-token KL with quantized latents (/e2e), [its 95% interval over "
+                             "sequences], p99.9: the per-token tail"
                            : "the absorbed attention's KL, mean over layers (/attention_error)",
                        strings(t, "objective")[0] == "kl" ? "sum of single-target attention KL over (layer, target)"
                                                           : "sum of squared error per token over (layer, target)");

@@ -60,12 +60,18 @@ def test_one_command_writes_everything_and_a_rerun_reuses_it(tmp_path, inputs):
         assert "decision" in f
         choice = [x.decode() for x in f["decision/choice"][:]]
         quant = [x.decode() for x in f["decision/quantizer"][:]]
+        # the e2e KL's interval over the 2 sequences and its per-token tail, beside the mean
+        lo, kl, hi = (f["decision"][k][()] for k in ("kl_ci_lo", "kl_mean", "kl_ci_hi"))
+        p999, src = f["decision/kl_p999"][()], [x.decode() for x in f["decision/source"][:]]
+        e2e_rows = [i for i, s in enumerate(src) if s == "e2e"]
+        assert e2e_rows and all(lo[i] <= kl[i] <= hi[i] and p999[i] >= kl[i] for i in e2e_rows), (lo, kl, hi, p999)
     # the summary names a format at the budgets where one fits (3/8 and 1/2 of bf16 for int4 on tiny-mla)
     named = [q for c, q in zip(choice, quant) if c == "uniform" and q != "-"]
     assert named and all(
         q in ("int4-asym-channel-g32", "int4-asym-token", "int4-asym-token-g32", "q4_0") for q in named
     )
     assert "decision (bytes: whole model" in r.stdout and "uniform  int4" in r.stdout
+    assert "], p99.9 " in r.stdout, r.stdout[-2000:]
     compact(r.stdout)
     md = (out / "report" / "report.md").read_text().splitlines()
     assert md[2] == "## Decision"

@@ -158,3 +158,24 @@ TEST_F(DecisionTest, RowsComeFromTheTablesAndARunPlanIsMeasured) {
 }
 
 }  // namespace
+
+// The decision line carries the e2e KL's 95% interval and its per-token p99.9 when /e2e has them (the columns
+// kl_ci_lo, kl_ci_hi, kl_p999 of /decision), and reads as before without them.
+TEST(Decision, TheLineShowsTheIntervalAndTheTail) {
+  ColumnTable t = empty_table(decision_spec());
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  add_row(t, {0.25, 288.0, std::string("uniform"), std::string("tc3"), 216.0, 0.01927, 0.9497, 0.02554,
+              std::string("e2e"), nan, std::string(""), std::string("kl"), 0.0171, 0.0215, 0.2104});
+  add_row(t, {0.25, 288.0, std::string("engine"), std::string("q4_0"), 324.0, 0.0674, 0.897, 0.25, std::string("e2e"),
+              nan, std::string("llama.cpp --cache-type-k q4_0"), std::string("kl"), nan, nan, nan});
+  const std::string out = format_decision(t);
+  EXPECT_NE(out.find("uniform  tc3 at 216 B/token: KL 0.01927 [0.0171, 0.0215], p99.9 0.2104, top-1 0.9497, dppl "
+                     "+0.02554 (e2e)"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("engine   q4_0 [llama.cpp --cache-type-k q4_0] at 324 B/token: KL 0.0674, top-1 0.8970, dppl "
+                     "+0.25 (e2e)"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("[its 95% interval over sequences], p99.9: the per-token tail"), std::string::npos) << out;
+}

@@ -43,7 +43,9 @@ const GroupSpec& decision_spec();
 /// The /decision table of `results` (columns: budget_fraction, budget_bytes, choice (uniform, engine,
 /// plan), quantizer ("-" when nothing fits; a plan: "mixed: <spec> x<count>, ..."), bytes_per_token_model,
 /// kl_mean, top1_agree, delta_ppl, source (e2e, attention, measured-e2e, measured-attention, predicted,
-/// none), plan_objective, engine (the engine and setting that ship the row's format, "" when none)). Throws
+/// none), plan_objective, engine (the engine and setting that ship the row's format, "" when none), objective,
+/// kl_ci_lo / kl_ci_hi (the 95% interval of the row's /e2e kl_mean) and kl_p999 (its per-token tail), NaN when
+/// the source has none). Throws
 /// std::invalid_argument naming the file for a missing /summary or root
 /// attribute, and as read_table().
 ColumnTable decision_table(const std::filesystem::path& results, const std::vector<double>& fractions);
