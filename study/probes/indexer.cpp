@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <iterator>
+#include <limits>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -43,6 +44,9 @@ const GroupSpec kIndexerError = {
      {"quantizer", ColType::Str, "", "the format of the indexer key cache (index_k)"},
      {"index_bytes_per_token", ColType::F64, "byte/token",
       "bytes of one token's indexer key in that format (one layer; per-matrix bytes amortized over T)"},
+     {"index_rel_fro", ColType::F64, "1",
+      "‖k̂ − k‖_F / ‖k‖_F of the layer's indexer keys (index_k, all tokens) quantized and decoded: the latent error "
+      "of the indexer cache"},
      {"topk_recall", ColType::F64, "1",
       "mean over query rows of |S ∩ Ŝ| / |S|: S the keys the model selected (topk_keys), Ŝ the causal top-k of "
       "the index scores over the quantized index_k"},
@@ -133,7 +137,15 @@ class IndexerProbe final : public Probe {
       qs.selected_keys = keys;
       const auto test = probes::AbsorbedAttention<double>(qs).run(l.c_kv, l.k_pe, true);
       const probes::AttentionError e = probes::attention_error(ref, test);
-      add_row(t, {int64_t{c.layer}, spec.to_string(), double(qt.storage_bytes()) / double(T), recall / double(Tq),
+      double err2 = 0, ref2 = 0;
+      for (size_t a = 0; a < kq.size(); ++a) {
+        const double x = l.index_k[a], e = double(kq[a]) - x;
+        err2 += e * e;
+        ref2 += x * x;
+      }
+      const double rel_fro = ref2 > 0 ? std::sqrt(err2 / ref2) : (err2 > 0 ? std::numeric_limits<double>::infinity() : 0.0);
+      add_row(t, {int64_t{c.layer}, spec.to_string(), double(qt.storage_bytes()) / double(T), rel_fro,
+                  recall / double(Tq),
                   double(changed) / double(Tq), e.kl_mean, e.out_rel_fro, e.top1_agree});
     }
     return {std::move(t)};
@@ -151,12 +163,13 @@ class IndexerProbe final : public Probe {
     const ColumnTable& t = found->table;
     std::string out =
         "\nDSA indexer key cache (the latent exact; the selection recomputed from the quantized index_k)\n";
-    out += fmt::format("{:>5} {:<28} {:>10} {:>11} {:>8} {:>10} {:>10}\n", "layer", "quantizer", "bytes/tok",
-                       "topk_recall", "changed", "kl_mean", "out_rel");
+    out += fmt::format("{:>5} {:<28} {:>10} {:>10} {:>11} {:>8} {:>10} {:>10}\n", "layer", "quantizer", "bytes/tok",
+                       "rel_fro", "topk_recall", "changed", "kl_mean", "out_rel");
     for (size_t i = 0; i < t.num_rows(); ++i)
-      out += fmt::format("{:>5} {:<28} {:>10.2f} {:>11.4f} {:>8.3f} {:>10.3e} {:>10.3e}\n",
+      out += fmt::format("{:>5} {:<28} {:>10.2f} {:>10.3e} {:>11.4f} {:>8.3f} {:>10.3e} {:>10.3e}\n",
                          t.get<int64_t>("layer")[i], t.get<std::string>("quantizer")[i],
-                         t.get<double>("index_bytes_per_token")[i], t.get<double>("topk_recall")[i],
+                         t.get<double>("index_bytes_per_token")[i], t.get<double>("index_rel_fro")[i],
+                         t.get<double>("topk_recall")[i],
                          t.get<double>("rows_changed")[i], t.get<double>("kl_mean")[i],
                          t.get<double>("out_rel_fro")[i]);
     return out;

@@ -402,6 +402,10 @@ def test_sparse_dsa_dump(tmp_path, kind, capsys):
     for layer, q, recall, kl in zip(ix["layer"], quantizers, ix["topk_recall"], ix["kl_mean"]):
         L = chk["layers"][int(layer)]
         kq = core.quantize_dequantize(L["index_k"], q, "c_kv", [int(x) for x in offs])
+        rf = np.linalg.norm(kq.astype(np.float64) - L["index_k"]) / np.linalg.norm(L["index_k"].astype(np.float64))
+        got_rf = ix["index_rel_fro"][quantizers.index(q) + 3 * own.index(int(layer))]
+        assert abs(got_rf - rf) <= 1e-9 * max(rf, 1e-30) + 1e-15, (layer, q, got_rf, rf)
+        assert (q == "bf16") == (rf < 4e-3), (layer, q, rf)  # bf16: 8 mantissa bits, the others coarser
         got = []
         for s in range(len(offs) - 1):
             rows = np.flatnonzero((L["q_rows"] >= offs[s]) & (L["q_rows"] < offs[s + 1]))
