@@ -27,11 +27,20 @@ namespace latentq {
 namespace {
 
 /// [indexer]: enabled, and the formats of the indexer key cache to study (any spec but an engine preset, whose
-/// record pairs c_kv with k_pe). The defaults: bf16, the engines' FP8 cache (e4m3 with one fp32 scale per 128:
-/// 132 B per token at d_i = 128, vLLM's DeepseekV32IndexerCache) and MXFP4 (68 B at 128).
+/// record pairs c_kv with k_pe). The defaults: bf16, the format of every engine indexer cache of kIndexerPresets
+/// (latentq/spec.h: vLLM's FP8 DeepseekV32IndexerCache, e4m3 with a power-of-two fp32 scale per 128, 132 B per
+/// token at d_i = 128) and MXFP4 (68 B at 128).
+std::vector<std::string> default_indexer_quantizers() {
+  std::vector<std::string> q{"bf16"};
+  for (const IndexerPresetTraits& p : kIndexerPresets)
+    if (std::find(q.begin(), q.end(), p.spec) == q.end()) q.push_back(p.spec);
+  q.push_back("mxfp4");
+  return q;
+}
+
 struct IndexerSettings : ProbeSettings {
   bool enabled = true;
-  std::vector<std::string> quantizers{"bf16", "fp8-e4m3-tile128-fp32", "mxfp4"};
+  std::vector<std::string> quantizers = default_indexer_quantizers();
 };
 
 struct IndexerCell {
@@ -78,7 +87,7 @@ class IndexerProbe final : public Probe {
         if (q.format == Format::Preset)
           r.fail("quantizers",
                  fmt::format("'indexer.quantizers': '{}' is an engine preset (a c_kv + k_pe record); the indexer "
-                             "key cache takes one format, e.g. fp8-e4m3-tile128-fp32",
+                             "key cache takes one format, e.g. fp8-e4m3-tile128-pow2",
                              (*v)[i]),
                  i);
         S->quantizers.push_back(q.to_string());
