@@ -492,6 +492,7 @@ int cmd_regress(const std::string& results, const std::string& thresholds, std::
 struct SynthArgs {
   std::string preset, out;
   int64_t layers = 0, seqs = 2, seq_len = 512, query_rows = 32;
+  int64_t index_topk = 0;  // a sparse preset's top-k (0: the preset's)
   uint64_t seed = 0;
   bool list = false;
 };
@@ -517,6 +518,14 @@ int cmd_synth(const SynthArgs& a, std::ostream& out) {
   SynthOptions o;
   o.shape = find_preset(a.preset);
   if (a.layers != 0) o.shape.num_layers = a.layers;
+  if (a.index_topk != 0) {
+    if (!o.shape.sparse())
+      throw std::invalid_argument(fmt::format(
+          "synth: --index-topk {}: the preset '{}' is dense MLA (no indexer); the sparse presets are deepseek-v3.2 "
+          "and glm-5",
+          a.index_topk, a.preset));
+    o.shape.index_topk = a.index_topk;
+  }
   o.seqs = a.seqs;
   o.seq_len = a.seq_len;
   o.query_rows = a.query_rows;
@@ -743,6 +752,10 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   synth->add_option("--preset", sa.preset, "tiny-mla, deepseek-v2-lite, deepseek-v3, glm-4.7-flash, minicpm3-4b, or sparse MLA: deepseek-v3.2, glm-5");
   synth->add_flag("--list", sa.list, "print the presets' dims and exit");
   synth->add_option("--layers", sa.layers, "number of layers (default: the preset's)")->check(CLI::PositiveNumber);
+  synth->add_option("--index-topk", sa.index_topk,
+                    "a sparse preset's top-k (default: the preset's, 2048): below the sequence length to study the "
+                    "long-context ratio of selected keys on a short dump")
+      ->check(CLI::PositiveNumber);
   synth->add_option("--seqs", sa.seqs, "number of sequences (default 2)")->check(CLI::PositiveNumber);
   synth->add_option("--seq-len", sa.seq_len, "tokens per sequence (default 512)")->check(CLI::PositiveNumber);
   synth->add_option("--query-rows", sa.query_rows, "query rows per layer (default 32; attn_out costs Tq x H x T x r)")

@@ -500,6 +500,18 @@ TEST(Synth, CliListsPresetsAndRefusesBadInput) {
   EXPECT_EQ(ok.rc, 0) << ok.err;
   EXPECT_EQ(dir.entries(), (std::vector<std::string>{"g.h5"}));
   EXPECT_EQ(load_dump(dir / "g.h5").attrs.qk_nope_head_dim, 192);
+  // --index-topk: a sparse preset's top-k (each row reads min(position + 1, k) keys); refused for a dense preset
+  const auto dense = lqtest::cli({"synth", "--preset", "deepseek-v3", "--index-topk", "8", "--out",
+                                  (dir / "d.h5").string()});
+  EXPECT_EQ(dense.rc, 2);
+  EXPECT_CONTAINS(dense.err, "--index-topk 8: the preset 'deepseek-v3' is dense MLA (no indexer)");
+  const auto sparse = lqtest::cli({"synth", "--preset", "glm-5", "--layers", "1", "--seqs", "1", "--seq-len", "40",
+                                   "--query-rows", "4", "--index-topk", "8", "--out", (dir / "s.h5").string()});
+  ASSERT_EQ(sparse.rc, 0) << sparse.err;
+  const Layer L = load_dump(dir / "s.h5").layers.at(0);
+  ASSERT_EQ(L.index_topk, 8);
+  for (size_t i = 0; i < L.q_rows.size(); ++i)
+    EXPECT_EQ(L.topk_offsets[i + 1] - L.topk_offsets[i], std::min<int64_t>(8, L.q_rows[i] + 1)) << i;
 }
 
 }  // namespace
