@@ -86,6 +86,7 @@ from latentq.model import (
 )
 from latentq.model_class import native_class_note
 from latentq.progress import Progress, StepParser, say
+from latentq.sparse_mla import causal_window, index_scores, same_up_to_ties, select_topk
 
 SCHEMA = "latentq-dump/1"
 Q_ROWS_RULE = "per sequence k rows at positions floor((j+1)*L/k)-1, j=0..k-1; k=q_rows//S (+1 for the first q_rows%S)"
@@ -137,12 +138,7 @@ def absorbed_attention(c_kv, k_pe, q_nope, q_pe, w_uk, w_uv, q_rows, seq_offsets
     """
     f = lambda x: torch.as_tensor(np.asarray(x) if not isinstance(x, torch.Tensor) else x).float()
     c_kv, k_pe, q_nope, q_pe, w_uk, w_uv = map(f, (c_kv, k_pe, q_nope, q_pe, w_uk, w_uv))
-    q_rows = torch.as_tensor(np.asarray(q_rows), dtype=torch.long)
-    off = torch.as_tensor(np.asarray(seq_offsets), dtype=torch.long)
-    seq_of = torch.searchsorted(off, q_rows, right=True) - 1  # [Tq]
-    start = off[seq_of]
-    keys = torch.arange(c_kv.shape[0])
-    allowed = (keys[None, :] >= start[:, None]) & (keys[None, :] <= q_rows[:, None])  # [Tq, T]
+    allowed = causal_window(q_rows, seq_offsets, c_kv.shape[0])  # [Tq, T]
     if visible is not None:
         allowed = allowed & torch.as_tensor(np.asarray(visible), dtype=torch.bool)
     q_lat = torch.einsum("qhd,hdc->qhc", q_nope, w_uk)  # [Tq, H, r]
@@ -399,8 +395,6 @@ class _LayerWriter:
     def _write_indexer(self, gl, i: int, s: int, rec: dict, vis: np.ndarray) -> None:
         """A DSA layer's own indexer: write index_k (sequence s's tokens), index_q and index_w (its query rows),
         and check that latentq.sparse_mla's selection from them is the model's (``vis``, up to ties)."""
-        from latentq.sparse_mla import index_scores, same_up_to_ties, select_topk
-
         p = self.plan
         a, b = int(p.offsets[s]), int(p.offsets[s + 1])
         qa, qb = int(p.q_offsets[s]), int(p.q_offsets[s + 1])

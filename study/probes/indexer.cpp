@@ -10,7 +10,6 @@
 #include <algorithm>
 #include <cmath>
 #include <iterator>
-#include <limits>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -18,6 +17,7 @@
 #include "latentq/attention/attention.h"
 #include "latentq/attention/dsa.h"
 #include "latentq/config.h"
+#include "latentq/metrics.h"
 #include "latentq/probe_attention.h"
 #include "latentq/probe_registry.h"
 #include "latentq/quantize.h"
@@ -146,13 +146,7 @@ class IndexerProbe final : public Probe {
       qs.selected_keys = keys;
       const auto test = probes::AbsorbedAttention<double>(qs).run(l.c_kv, l.k_pe, true);
       const probes::AttentionError e = probes::attention_error(ref, test);
-      double err2 = 0, ref2 = 0;
-      for (size_t a = 0; a < kq.size(); ++a) {
-        const double x = l.index_k[a], e = double(kq[a]) - x;
-        err2 += e * e;
-        ref2 += x * x;
-      }
-      const double rel_fro = ref2 > 0 ? std::sqrt(err2 / ref2) : (err2 > 0 ? std::numeric_limits<double>::infinity() : 0.0);
+      const double rel_fro = error_metrics(l.index_k.data(), kq.data(), T, d).rel_fro;
       add_row(t, {int64_t{c.layer}, spec.to_string(), double(qt.storage_bytes()) / double(T), rel_fro,
                   recall / double(Tq),
                   double(changed) / double(Tq), e.kl_mean, e.out_rel_fro, e.top1_agree});

@@ -41,6 +41,18 @@ V3 = dict(hidden_size=192, intermediate_size=160, moe_intermediate_size=64, q_lo
 SEQ_LEN, NUM_SEQS, Q_ROWS = 32, 2, 8
 E4M3_MAX, E2M1_MAX = 448.0, 6.0
 FAMILIES = ("kimi", "mistral", "nvfp4", "instruct")
+# The one-format study config of the front-door tests (test_study_checkpoints, test_study_variants).
+STUDY_CONFIG = """[quantizers]
+bits = [8]
+schemes = ["sym"]
+granularities = ["token"]
+group_sizes = [32]
+extra = ["bf16"]
+[svd]
+enabled = false
+[cross_layer]
+enabled = false
+"""
 
 
 # ---- quantizing as the formats' own code does -------------------------------------------------

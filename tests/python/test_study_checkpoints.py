@@ -15,21 +15,11 @@ import pytest
 
 from dump_checks import check_schema, rel
 from latentq import dump as dump_latents
-from replicas import FAMILIES, NUM_SEQS, Q_ROWS, SEQ_LEN, build_native_replicas, build_replicas
+from replicas import FAMILIES, NUM_SEQS, Q_ROWS, SEQ_LEN, STUDY_CONFIG, build_native_replicas, build_replicas
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LQ = os.environ.get("LATENTQ_BIN", os.path.join(ROOT, "build", "latentq"))
-CONFIG = """[quantizers]
-bits = [8]
-schemes = ["sym"]
-granularities = ["token"]
-group_sizes = [32]
-extra = ["bf16"]
-[svd]
-enabled = false
-[cross_layer]
-enabled = false
-"""
+CONFIG = STUDY_CONFIG
 ALL = (*FAMILIES, "glm", "minicpm3")
 MODEL_CLASS = {"glm": "Glm4MoeLiteForCausalLM", "minicpm3": "MiniCPM3ForCausalLM"}
 ENV = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")

@@ -12,21 +12,11 @@ import pytest
 
 from dump_checks import rel
 from latentq import dump as dump_latents
-from replicas import KINDS, NUM_SEQS, Q_ROWS, SEQ_LEN, build, build_v32_fp8
+from replicas import KINDS, NUM_SEQS, Q_ROWS, SEQ_LEN, STUDY_CONFIG, build, build_v32_fp8
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LQ = os.environ.get("LATENTQ_BIN", os.path.join(ROOT, "build", "latentq"))
-CONFIG = """[quantizers]
-bits = [8]
-schemes = ["sym"]
-granularities = ["token"]
-group_sizes = [32]
-extra = ["bf16"]
-[svd]
-enabled = false
-[cross_layer]
-enabled = false
-"""
+CONFIG = STUDY_CONFIG
 ENV = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
 
 assert os.access(LQ, os.X_OK), f"the latentq CLI is not built ({LQ}; set LATENTQ_BIN or build build/latentq)"
