@@ -10,6 +10,8 @@
 #   4. compute-sanitizer memcheck + racecheck on a few tests (LQ_SANITIZE=0 skips; skipped if absent);
 #   4b. the default study on tiny-mla and on a 2-layer DeepSeek-V2-Lite-shaped synthetic dump, --device
 #      cuda against --device cpu (the V2-Lite one timed; LQ_V2LITE=0 skips it);
+#   4c. `latentq study --model` on a random-init FP8 checkpoint, --device cuda vs cpu, timed (LQ_MODEL_STUDY=0 skips;
+#      python3, or LQ_PYTHON, needs torch with CUDA, transformers and h5py);
 #   5. latentq_bench: GPU quantize/dequantize + device-to-device copy at T = 262144 and 1048576
 #      (151M and 604M elements of D = 576), each result compared with the CPU reference at 262144; and the
 #      fused decode-attention per format (gpu/fused_decode/..., batch x heads x context of LQ_FUSED);
@@ -254,6 +256,53 @@ if [ -n "$CLI" ] && [ -n "$REQ" ] && [ "${LQ_V2LITE:-1}" != 0 ]; then
     STATUS=1; tail -5 "$OUTDIR/v2lite.log"; say "latentq synth FAILED (log: $OUTDIR/v2lite.log)"
   fi
   rm -f "$V2" "$OUTDIR/v2lite_cpu.h5" "$OUTDIR/v2lite_cuda.h5"
+fi
+# ---- `latentq study --model` on a random-init FP8 checkpoint (DeepSeek-V3 architecture, V2-Lite's attention shape,
+# 2 layers; python -m latentq.random_checkpoint --fp8), --device cuda (the dump and the cells on the GPU) against
+# --device cpu: the path a team with a GPU takes. Without e2e (it needs latentq._core built for this python3).
+# The dumps differ by the GPU's float32 matmul order (reported, bound 1e-4 relative); every results table to
+# MODEL_RTOL relative (the quantizers see those inputs; bytes and strings exactly). LQ_MODEL_STUDY=0 skips;
+# LQ_PYTHON: the interpreter with torch (with CUDA) and transformers (default python3).
+PY=$(command -v "${LQ_PYTHON:-python3}" || true)
+MODEL_RTOL=${LQ_MODEL_RTOL:-2e-2}
+if [ -n "$CLI" ] && [ -n "$REQ" ] && [ "${LQ_MODEL_STUDY:-1}" != 0 ] && [ -n "$PY" ] &&
+   "$PY" -c "import torch, transformers, h5py, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+  say "latentq study --model (random-init FP8 checkpoint) --device cuda vs --device cpu, no e2e"
+  M=$OUTDIR/model_study
+  rm -rf "$M"; mkdir -p "$M"
+  export LATENTQ_PYTHON=$PY LATENTQ_SOURCE_DIR=$ROOT
+  if PYTHONPATH="$ROOT/python${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m latentq.random_checkpoint --fp8 --out "$M/ckpt" \
+       >"$OUTDIR/model_study.log" 2>&1; then
+    rc_m=0
+    for dev in cuda cpu; do
+      t0=$SECONDS
+      "$CLI" study --model "$M/ckpt" --text "$ROOT/README.md" --out "$M/$dev" --device $dev --no-e2e --tokenizer bytes \
+        --threads "$JOBS" >>"$OUTDIR/model_study.log" 2>&1 || rc_m=1
+      eval "t_$dev=$((SECONDS - t0))"
+    done
+    if [ $rc_m -eq 0 ] &&
+       "$PY" - "$M/cpu/dump.h5" "$M/cuda/dump.h5" >>"$OUTDIR/model_study.log" 2>&1 <<'PY' &&
+import sys, h5py, numpy as np
+a, b = h5py.File(sys.argv[1]), h5py.File(sys.argv[2])
+worst = 0.0
+for l in a["layers"]:
+    for d in ("c_kv", "k_pe", "q_nope", "q_pe", "attn_out"):
+        x, y = a["layers"][l][d][()].astype(np.float64), b["layers"][l][d][()].astype(np.float64)
+        worst = max(worst, float(np.linalg.norm(x - y) / max(np.linalg.norm(x), 1e-30)))
+print(f"dump cuda vs cpu: max rel_fro {worst:.3g} over layers x (c_kv, k_pe, q_nope, q_pe, attn_out)")
+sys.exit(0 if worst <= 1e-4 else 1)
+PY
+       "$REQ" "$M/cpu/results.h5" "$M/cuda/results.h5" --rtol "*=$MODEL_RTOL" --atol "*=1e-9" >>"$OUTDIR/model_study.log" 2>&1; then
+      say "model study: cuda ${t_cuda} s, cpu ${t_cpu} s; $(grep -m1 'dump cuda vs cpu' "$OUTDIR/model_study.log"); results equal to $MODEL_RTOL"
+    else
+      STATUS=1; tail -20 "$OUTDIR/model_study.log"; say "model study FAILED (log: $OUTDIR/model_study.log)"
+    fi
+  else
+    STATUS=1; tail -20 "$OUTDIR/model_study.log"; say "random_checkpoint FAILED (log: $OUTDIR/model_study.log)"
+  fi
+  rm -rf "$M"
+elif [ "${LQ_MODEL_STUDY:-1}" != 0 ]; then
+  say "model study skipped: ${LQ_PYTHON:-python3} has no torch with CUDA, transformers and h5py"
 fi
 # ---- benchmarks -------------------------------------------------------------------------------
 if [ -n "$BENCH" ]; then

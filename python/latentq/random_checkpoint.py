@@ -202,3 +202,54 @@ def write_checkpoint(
     with open(os.path.join(out_dir, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2, sort_keys=True)
     return weight_map
+
+
+def main(argv=None) -> int:
+    """``python -m latentq.random_checkpoint --out DIR [--layers 2] [--hidden 1024] [--fp8] [--seed 0]``: a
+    random-init DeepSeek-V3-architecture checkpoint with DeepSeek-V2-Lite's attention shape (16 heads,
+    kv_lora_rank 512, qk_rope_head_dim 64, qk_nope_head_dim 128, v_head_dim 128; q_lora_rank 384, 8 routed
+    experts of width 256, 2 per token, 1 shared, vocabulary 4096), in 2 shards; with --fp8 as DeepSeek ships
+    V3 (e4m3 with 128 x 128 weight_scale_inv blocks). For trying ``latentq study --model`` where no weights
+    can be downloaded (kernels/gpu_check.sh). Prints the directory and its size in bytes."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m latentq.random_checkpoint", description=main.__doc__)
+    p.add_argument("--out", required=True, help="the checkpoint directory (created)")
+    p.add_argument("--layers", type=int, default=2, help="decoder layers (default 2; the first dense)")
+    p.add_argument("--hidden", type=int, default=1024, help="hidden_size (default 1024)")
+    p.add_argument("--fp8", action="store_true", help="DeepSeek FP8 128 x 128 blocks (default: bf16)")
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args(argv)
+    if a.layers < 1 or a.hidden < 64 or a.hidden % 64:
+        p.error(f"--layers {a.layers} --hidden {a.hidden}: expected layers >= 1 and hidden a multiple of 64")
+    model = random_model(
+        "v3",
+        seed=a.seed,
+        std=0.02,
+        vocab_size=4096,
+        hidden_size=a.hidden,
+        intermediate_size=2 * a.hidden,
+        moe_intermediate_size=256,
+        num_hidden_layers=a.layers,
+        num_attention_heads=16,
+        num_key_value_heads=16,
+        q_lora_rank=384,
+        kv_lora_rank=512,
+        qk_rope_head_dim=64,
+        qk_nope_head_dim=128,
+        v_head_dim=128,
+        n_routed_experts=8,
+        num_experts_per_tok=2,
+        n_group=1,
+        topk_group=1,
+        max_position_embeddings=4096,
+    )
+    block = (128, 128) if a.fp8 else None
+    write_checkpoint(deepseek_tensors(model, fp8_block=block), model.config, a.out, shards=2, fp8_block=block)
+    size = sum(os.path.getsize(os.path.join(a.out, f)) for f in os.listdir(a.out))
+    print(f"{a.out}: {size} bytes ({'FP8 blocks' if a.fp8 else 'bf16'}, {a.layers} layers, hidden {a.hidden})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

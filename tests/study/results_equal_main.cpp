@@ -3,7 +3,8 @@
 // order, types) and the same rows in the same order, float64 bit for bit (latentq/batch.h
 // table_difference); a group named by --rtol / --atol compares finite float64 values to
 // |x − y| ≤ REL · max(|x|, |y|) + ABS instead (`--rtol attention_error=2e-2 --atol attention_error=1e-9`: the
-// device attention against the CPU's, gpu_check.sh). Root and group
+// device attention against the CPU's, gpu_check.sh); GROUP `*` sets them for every group not named (a study whose
+// dump was computed on another device: `--rtol '*=1e-2'`). Root and group
 // attributes are not compared (they hold creation times, shard numbers, ...).
 // Exit status: 0 equal ("equal: <groups>" on stdout), 1 different (the first difference on
 // stderr), 2 unreadable file or usage error.
@@ -54,7 +55,10 @@ int main(int argc, char** argv) {
     size_t rows = 0;
     for (const std::string& g : ga) {
       const ColumnTable a = read_table(fa, g), b = read_table(fb, g);
-      const double r = rtol.count(g) ? rtol.at(g) : 0.0, at = atol.count(g) ? atol.at(g) : 0.0;
+      const auto tol = [&g](const std::map<std::string, double>& m) {
+        return m.count(g) ? m.at(g) : m.count("*") ? m.at("*") : 0.0;
+      };
+      const double r = tol(rtol), at = tol(atol);
       if (const std::string d = table_difference(a, b, r, at); !d.empty()) {
         std::cerr << fmt::format("/{} differs between {} and {}{}: {}\n", g, fa, fb,
                                  r > 0 || at > 0 ? fmt::format(" (rtol {}, atol {})", r, at) : "", d);
