@@ -31,7 +31,13 @@ ldd "$OUT"/bin/* 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort 
 root=$(cd "$(dirname "$0")/../.." && pwd)
 {
   echo -n "commit $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)"
-  echo -n "; CUDA architectures $(grep -E '^CMAKE_CUDA_ARCHITECTURES' "$BUILD/CMakeCache.txt" | cut -d= -f2)"
+  # the machine code in the binaries (the project sets CMAKE_CUDA_ARCHITECTURES in CMakeLists.txt, not the cache)
+  archs=$(for f in "$OUT"/bin/*; do cuobjdump --list-elf "$f" 2>/dev/null || true; done |
+          grep -oE 'sm_[0-9]+[a-z]?' | sort -u | tr '\n' ' ' || true)
+  # without cuobjdump: the targets the build compiled for (its -gencode / --generate-code flags)
+  [ -n "$archs" ] || archs=$(grep -ohE 'code=\[?[a-z_0-9,]*sm_[0-9]+[a-z]?' "$BUILD"/build.ninja \
+    "$BUILD"/CMakeFiles/*/flags.make 2>/dev/null | grep -oE 'sm_[0-9]+[a-z]?' | sort -u | tr '\n' ' ' || true)
+  echo -n "; CUDA architectures ${archs:-unknown}"
   echo "; $(grep -E '^CMAKE_CUDA_COMPILER:' "$BUILD/CMakeCache.txt" | cut -d= -f2) on $(uname -m)"
 } > "$OUT/BUILD_INFO"
 echo "pack_prebuilt: $n binaries, $(ls "$OUT/lib" | wc -l) libraries, $(du -sh "$OUT" | cut -f1) in $OUT"
