@@ -382,7 +382,8 @@ def test_sparse_dsa_dump(tmp_path, kind, capsys):
     lq = os.environ.get("LATENTQ_BIN", os.path.join(os.path.dirname(__file__), "..", "..", "build", "latentq"))
     cfg = tmp_path / "att.toml"
     cfg.write_text('[quantizers]\nbits = [8]\nschemes = ["sym"]\ngranularities = ["token"]\nextra = []\n'
-                   "[svd]\nenabled = false\n[cross_layer]\nenabled = false\n[e2e]\nenabled = false\n")  # fmt: skip
+                   "[svd]\nenabled = false\n[cross_layer]\nenabled = false\n[e2e]\nenabled = false\n"
+                   '[indexer]\nlatent = ["exact", "int8-sym-token"]\n')  # fmt: skip
     out = tmp_path / "r.h5"
     r = subprocess.run([lq, "run", str(cfg), "--input", files[0], "--out", str(out), "--threads", "1"],
                        capture_output=True, text=True, timeout=600)  # fmt: skip
@@ -390,6 +391,7 @@ def test_sparse_dsa_dump(tmp_path, kind, capsys):
     with h5py.File(out, "r") as f:
         rel_fro = f["attention_check/ref_vs_dump_rel_fro"][()]
         ix = {k: f["indexer_error"][k][()] for k in f["indexer_error"]}
+        ae = {k: f["attention_error"][k][()] for k in f["attention_error"]}
     assert len(rel_fro) == len(chk["layers"]) and np.all(rel_fro < 1e-5), rel_fro
     # /indexer_error: per layer with its own indexer and format, topk_recall as latentq.sparse_mla recomputes it
     # from index_k quantized by the same format (latentq._core); bf16 keeps (nearly) every key
@@ -397,13 +399,31 @@ def test_sparse_dsa_dump(tmp_path, kind, capsys):
     from latentq.sparse_mla import index_scores, select_topk, topk_recall
 
     own = [i for i, L in chk["layers"].items() if "index_k" in L]
-    quantizers = [q.decode() if isinstance(q, bytes) else q for q in ix["quantizer"]]
-    assert sorted(set(ix["layer"].tolist())) == own and len(quantizers) == 3 * len(own), quantizers
-    for layer, q, recall, kl in zip(ix["layer"], quantizers, ix["topk_recall"], ix["kl_mean"]):
+    text = lambda col: [v.decode() if isinstance(v, bytes) else v for v in col]  # noqa: E731
+    quantizers, latents = text(ix["quantizer"]), text(ix["latent"])
+    # 3 index_k formats x 2 latent formats per layer with its own indexer
+    assert sorted(set(ix["layer"].tolist())) == own and len(quantizers) == 6 * len(own), quantizers
+    assert latents == ["exact", "int8-sym-token"] * (3 * len(own)), latents
+    # the latent's error alone (the model's selection) is the attention probe's c_kv+k_pe row of that format (float32
+    # engine there, float64 here); exact latents: the selection's error alone; bytes from the one accounting
+    ae_q, ae_t = text(ae["quantizer"]), text(ae["targets"])
+    for i, (layer, lat) in enumerate(zip(ix["layer"], latents)):
+        if lat == "exact":
+            assert ix["kl_latent"][i] == 0 and ix["kl_mean"][i] == ix["kl_selection"][i], i
+            assert ix["latent_bytes_per_token"][i] == 2 * (
+                chk["attrs"]["kv_lora_rank"] + chk["attrs"]["qk_rope_head_dim"]
+            ), i
+            continue
+        j = next(k for k in range(len(ae_q)) if ae["layer"][k] == layer and ae_q[k] == lat and ae_t[k] == "c_kv+k_pe")
+        # 1e-2: the float32 engine's KL near 1e-5 carries ~1e-3 of rounding (1.5e-3 seen on GLM-5's layer 0)
+        assert abs(ix["kl_latent"][i] - ae["kl_mean"][j]) <= 1e-2 * ae["kl_mean"][j] + 1e-9, (i, ix["kl_latent"][i])
+        assert ix["latent_bytes_per_token"][i] == ae["bytes_per_token_layer"][j], i
+        assert ix["kl_latent"][i] > 0 and ix["kl_selection"][i] == ix["kl_selection"][i - 1], i
+    for i, (layer, q, recall, kl) in enumerate(zip(ix["layer"], quantizers, ix["topk_recall"], ix["kl_selection"])):
         L = chk["layers"][int(layer)]
         kq = core.quantize_dequantize(L["index_k"], q, "c_kv", [int(x) for x in offs])
         rf = np.linalg.norm(kq.astype(np.float64) - L["index_k"]) / np.linalg.norm(L["index_k"].astype(np.float64))
-        got_rf = ix["index_rel_fro"][quantizers.index(q) + 3 * own.index(int(layer))]
+        got_rf = ix["index_rel_fro"][i]
         assert abs(got_rf - rf) <= 1e-9 * max(rf, 1e-30) + 1e-15, (layer, q, got_rf, rf)
         assert (q == "bf16") == (rf < 4e-3), (layer, q, rf)  # bf16: 8 mantissa bits, the others coarser
         got = []

@@ -157,6 +157,10 @@ TEST_F(ProbeTest, ConfigErrorsNameTheKey) {
       {"[cross_layer]\nwindows = [1]\n", "'cross_layer.windows': 1 is < 2"},
       {"[attention]\ntargets = [\"c_kv\", \"q\"]\n", "'attention.targets': 'q' is not one of"},
       {"[attention]\ncheck_tolerance = -1\n", "'attention.check_tolerance' must be > 0"},
+      {"[indexer]\nquantizers = [\"flashmla-v32-fp8\"]\n", "'indexer.quantizers': 'flashmla-v32-fp8' is an engine preset"},
+      {"[indexer]\nlatent = [\"exact\", \"exact\"]\n", "'indexer.latent': 'exact' is listed twice"},
+      {"[indexer]\nlatent = [\"int3-sym-token\"]\n", "(or exact: c_kv and k_pe as dumped)"},
+      {"[indexer]\nlatent = []\n", "'indexer.latent' is empty"},
       {"[e2e]\nquantizers = [\"int3-sym-token\"]\n", "'e2e.quantizers'"},
       {"[e2e]\nmodle = \"x\"\n", "unknown key 'e2e.modle'"},
   };
