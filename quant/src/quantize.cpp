@@ -349,6 +349,17 @@ Accounting account(const QuantizedTensor& qt) {
           bytes / static_cast<double>(qt.rows)};
 }
 
+Accounting with_record_pad(Accounting a, const QuantSpec& requested, Target target, int64_t D_ckv, int64_t D_kpe) {
+  if (requested.format != Format::Preset || target != Target::CKV) return a;
+  // record_bytes less its parts (a preset's parts are per-token formats: their bytes per token are the layout's)
+  const int64_t parts = layout(requested.stored_for(Target::CKV), D_ckv).bytes_per_token() +
+                        layout(requested.stored_for(Target::KPE), D_kpe).bytes_per_token();
+  const double pad = static_cast<double>(record_bytes(requested, D_ckv, D_kpe) - parts);
+  a.bytes_per_token += pad;
+  a.bits_per_element += 8.0 * pad / static_cast<double>(D_ckv);
+  return a;
+}
+
 int64_t storage_bytes(const QuantSpec& spec, Target target, int64_t D, std::span<const int64_t> seq_offsets) {
   const QuantSpec stored = spec.stored_for(target);
   const Layout L = layout(stored, D);

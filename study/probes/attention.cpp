@@ -208,7 +208,8 @@ GroupRows run_error_group(const std::vector<ErrorCell>& cells, const LayerAccess
     const bool ckv = t == Target::CKV;
     try {
       st.x.resize(ckv ? l.c_kv.size() : l.k_pe.size());
-      st.a = account(quantize_dequantize_layer(in, layer, t, spec, tr, st.x.data()));
+      st.a = with_record_pad(account(quantize_dequantize_layer(in, layer, t, spec, tr, st.x.data())), spec, t,
+                             in.header().attrs.kv_lora_rank, in.header().attrs.qk_rope_head_dim);
     } catch (...) {
       st.error = std::current_exception();
     }
@@ -300,8 +301,10 @@ std::vector<ColumnTable> run_error(const StudyConfig& config, const ErrorCell& c
     bytes_c = 2.0 * static_cast<double>(c.svd_rank);
   } else {
     const bool q_ckv = c.targets != "k_pe";
-    const Accounting a = account(quantize_dequantize_layer(in, c.layer, Target::CKV, q_ckv ? c.spec : kBf16,
-                                                           q_ckv ? c.transform : Transform{}, ckv_buf.data()));
+    const Accounting a = with_record_pad(
+        account(quantize_dequantize_layer(in, c.layer, Target::CKV, q_ckv ? c.spec : kBf16,
+                                          q_ckv ? c.transform : Transform{}, ckv_buf.data())),
+        q_ckv ? c.spec : kBf16, Target::CKV, in.header().attrs.kv_lora_rank, in.header().attrs.qk_rope_head_dim);
     bits_c = a.bits_per_element;
     bytes_c = a.bytes_per_token;
   }

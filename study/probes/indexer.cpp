@@ -174,7 +174,8 @@ class IndexerProbe final : public Probe {
                                                       L.ckv.data());
         const QuantizedTensor b = quantize_dequantize(spec, Target::KPE, l.k_pe.data(), T, Dr, dump.seq_offsets,
                                                       L.kpe.data());
-        L.bytes_per_token = double(a.storage_bytes() + b.storage_bytes()) / double(T);
+        L.bytes_per_token = with_record_pad(account(a), spec, Target::CKV, Dc, Dr).bytes_per_token +
+                            account(b).bytes_per_token;
         L.kl_latent = probes::attention_error(ref, probes::AbsorbedAttention<double>(q).run(L.ckv, L.kpe, true)).kl_mean;
       }
       latents.push_back(std::move(L));

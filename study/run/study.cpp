@@ -337,6 +337,7 @@ ColumnTable run_latent_error(const Dump& dump, const std::function<const Layer&(
       st = backend.run(c.quantizer.spec, c.target, xr->x.data(), T, D, dump.seq_offsets, decoded.data());
       xr->rotation->inverse(decoded.data(), T, D);
     }
+    st.accounting = with_record_pad(st.accounting, c.quantizer.spec, c.target, A.kv_lora_rank, A.qk_rope_head_dim);
     results[i] = {st.stored, st.accounting, error_metrics(X, decoded.data(), T, D), st.diagnostics};
     bounds[i] = rate_distortion_bound(spectra->get(dump, l, c.target), results[i].accounting.bits_per_element);
     if (const ScoreSpectrum* ss = spectra->score(dump, l, c.target))

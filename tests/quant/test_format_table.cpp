@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <set>
 #include <string>
@@ -105,6 +106,36 @@ TEST(FormatTable, VllmNvfp4DsMlaRecordByHand) {
   // 512 + 64 only: the kernel refuses other widths (kv_lora_rank == 512, pe_dim == 64)
   const QuantizedTensor q448 = quantize(p, Target::CKV, c.data(), 1, 448, seq);
   EXPECT_THROW((void)pack_record(p, q448, qr), std::invalid_argument);
+}
+
+// The study's accounting of a preset (with_record_pad on c_kv, account on k_pe) is the packed record, pad included:
+// every preset, 3 tokens of random c_kv 512 + k_pe 64; vllm-nvfp4-ds-mla 288 + 16 + 128 = 432 (a pad of 16).
+TEST(FormatTable, StudyAccountingOfAPresetIsItsPackedRecord) {
+  std::vector<float> c(3 * 512), r(3 * 64);
+  for (size_t i = 0; i < c.size(); ++i) c[i] = std::sin(0.37f * float(i)) * 3.0f;
+  for (size_t i = 0; i < r.size(); ++i) r[i] = std::cos(0.11f * float(i));
+  const std::vector<int64_t> seq{0, 3};
+  for (const PresetTraits& p : kPresets) {
+    SCOPED_TRACE(p.name);
+    const QuantSpec q = QuantSpec::parse(p.name);
+    const QuantizedTensor qc = quantize(q, Target::CKV, c.data(), 3, 512, seq);
+    const QuantizedTensor qr = quantize(q, Target::KPE, r.data(), 3, 64, seq);
+    const double bytes = with_record_pad(account(qc), q, Target::CKV, 512, 64).bytes_per_token +
+                         with_record_pad(account(qr), q, Target::KPE, 512, 64).bytes_per_token;
+    // a per-tensor scale (vllm-turboquant-k8v4's fp32 scale) is stored once per matrix, not in the record
+    const double per_matrix = static_cast<double>(qc.global.size() + qr.global.size());
+    EXPECT_DOUBLE_EQ(bytes, static_cast<double>(record_bytes(q, 512, 64)) + per_matrix / 3);
+    if (p.native_ckv == 0 || p.native_ckv == 512)
+      EXPECT_DOUBLE_EQ(bytes * 3, static_cast<double>(pack_record(q, qc, qr).size()) + per_matrix);
+    const Accounting a = with_record_pad(account(qc), q, Target::CKV, 512, 64);
+    EXPECT_DOUBLE_EQ(a.bits_per_element, 8.0 * a.bytes_per_token / 512);
+  }
+  const QuantSpec v = QuantSpec::parse("vllm-nvfp4-ds-mla"), i4 = QuantSpec::parse("int4-sym-token-g32");
+  const QuantizedTensor qc = quantize(v, Target::CKV, c.data(), 3, 512, seq);
+  EXPECT_EQ(account(qc).bytes_per_token, 288.0);
+  EXPECT_EQ(with_record_pad(account(qc), v, Target::CKV, 512, 64).bytes_per_token, 304.0);
+  const QuantizedTensor qi = quantize(i4, Target::CKV, c.data(), 3, 512, seq);  // not a preset: unchanged
+  EXPECT_EQ(with_record_pad(account(qi), i4, Target::CKV, 512, 64).bytes_per_token, account(qi).bytes_per_token);
 }
 
 // The indexer-cache table: each row stores the key in a format of kFormats (one of its examples, so every format

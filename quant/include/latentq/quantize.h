@@ -200,6 +200,12 @@ struct Accounting {
   double bytes_per_token;   ///< storage_bytes / T (one layer, one target)
 };
 Accounting account(const QuantizedTensor& q);
+/// `a`, the account() of `target`'s tensor quantized with `requested` (a spec, or an engine preset whose
+/// stored_for(target) gave the tensor), in a layer of c_kv D_ckv and k_pe D_kpe wide, with a preset record's zero
+/// pad added to its c_kv (record_pad_bytes: vLLM's nvfp4_ds_mla 16 B, FlashMLA MODEL1's pad to 8 bytes), so that
+/// a preset's c_kv and k_pe add up to record_bytes(preset, D_ckv, D_kpe) per token: every byte the engine stores.
+/// Unchanged for k_pe and for a spec that is no preset.
+Accounting with_record_pad(Accounting a, const QuantSpec& requested, Target target, int64_t D_ckv, int64_t D_kpe);
 
 /// The bytes quantize() stores for a [T, D] matrix of `target` under `spec` (a preset's spec for that
 /// target, QuantSpec::stored_for), for the sequences seq_offsets [S+1] (T = seq_offsets.back()), computed
