@@ -307,6 +307,8 @@ class LatentHooks:
         self._current: int | None = None
         self._in_child = 0  # children of the running attention module executing now (module docstring)
         self._indexer_running = False  # the running attention's DSA indexer is executing (its RoPE call is its own)
+        self._index_k_norm = None  # the running indexer's k_norm output (injection writes its columns r: in place)
+        self._index_rope_width: dict[int, int] = {}  # layer -> the indexer's qk_rope_head_dim
         self._rope_called = False
         self._active = False
 
@@ -447,7 +449,7 @@ class LatentHooks:
                 self._handles.append(child.register_forward_pre_hook(child_pre))
                 self._handles.append(child.register_forward_hook(child_post))
         ix = getattr(attn, "indexer", None)
-        if self.capture and isinstance(ix, nn.Module):
+        if (self.capture or self.inject is not None) and isinstance(ix, nn.Module):
             self._hook_indexer(idx, ix)
 
         def ckv_hook(mod, args, out):
@@ -506,17 +508,28 @@ class LatentHooks:
         wq_b, wk + k_norm, weights_proj, RoPE on the first qk_rope_head_dim columns of its query and key through a
         module-level RoPE function): the record gains ``index_k`` [B, T, d] (the key its cache stores, after
         k_norm and RoPE), ``index_q`` [B, Tq, n_h, d] (after RoPE), ``index_w`` [B, Tq, n_h] (weights_proj ·
-        n_h^-0.5) and ``index_rope_function``: what latentq.sparse_mla scores the tokens from."""
+        n_h^-0.5) and ``index_rope_function``: what latentq.sparse_mla scores the tokens from. With an inject
+        fn, the key the indexer scores (after k_norm and RoPE) is replaced by ``fn(layer, "index_k", k)``
+        (_inject_index_k), and the record, when capturing, holds the replaced key."""
         n_h, d, r = int(ix.n_heads), int(ix.head_dim), int(ix.qk_rope_head_dim)
+        self._index_rope_width[idx] = r
 
         def put(name, x):
-            self.layers.setdefault(idx, {})[name] = x.detach().to("cpu", torch.float32).clone()
+            if self.capture:
+                self.layers.setdefault(idx, {})[name] = x.detach().to("cpu", torch.float32).clone()
 
         def pre(mod, args):
             self._indexer_running = True
 
+        def norm_hook(mod, args, out):
+            self._index_k_norm = out  # the live k_norm output: its columns r: are the key's unrotated part
+            put("index_k_pre", out)
+
         def post(mod, args, out):
             self._indexer_running = False
+            self._index_k_norm = None
+            if not self.capture:
+                return
             rec = self.layers.setdefault(idx, {})
             if "index_k_rot" not in rec:
                 raise RuntimeError(
@@ -533,9 +546,27 @@ class LatentHooks:
 
         self._handles.append(ix.register_forward_pre_hook(pre))
         self._handles.append(ix.register_forward_hook(post))
-        self._handles.append(ix.k_norm.register_forward_hook(lambda m, a, o: put("index_k_pre", o)))
+        self._handles.append(ix.k_norm.register_forward_hook(norm_hook))
         self._handles.append(ix.wq_b.register_forward_hook(q_hook))
         self._handles.append(ix.weights_proj.register_forward_hook(w_hook))
+
+    def _inject_index_k(self, k_out: torch.Tensor) -> torch.Tensor:
+        """The indexer's RoPE call returned its key's rotated part k_out [B, S, 1, r]; the unrotated part is the
+        k_norm output's columns r: (the view the indexer concatenates next, transformers 5.24
+        DeepseekV32Indexer / GlmMoeDsaIndexer.forward). The whole key [B, S, d] goes through the inject fn as
+        ``index_k``; its columns r: are written back into the k_norm output in place (so the view the indexer
+        concatenates reads them), its columns :r returned in k_out's shape."""
+        idx, live = self._current, self._index_k_norm
+        r = self._index_rope_width[idx]
+        if live is None or live.dim() != 3 or live.shape[-1] <= r:
+            raise RuntimeError(f"layer {idx}: the indexer's k_norm output was not seen before its RoPE call")
+        full = torch.cat([_as_btd(k_out), live[..., r:]], dim=-1)
+        new = self._replace(idx, "index_k", full)
+        if new is not full:
+            live[..., r:] = new[..., r:]
+            if self.capture:  # the record's unrotated part is the replaced one too
+                self.layers.setdefault(idx, {})["index_k_pre"] = new.detach().to("cpu", torch.float32).clone()
+        return new[..., :r].reshape(k_out.shape)
 
     def _indexer_rope(self, fname: str, q_out: torch.Tensor, k_out: torch.Tensor) -> None:
         """The indexer's RoPE call (q [B, S, n_h, r], k [B, S, 1, r]): its rotated parts, kept for _hook_indexer."""
@@ -551,8 +582,12 @@ class LatentHooks:
         def wrapper(*args, **kwargs):
             q_out, k_out = fn(*args, **kwargs)[:2]
             idx = self._current
-            if idx is not None and self._indexer_running and self.capture:
-                self._indexer_rope(fname, q_out, k_out)
+            if idx is not None and self._indexer_running:
+                if self.inject is not None:
+                    k_out = self._inject_index_k(k_out)
+                if self.capture:
+                    self._indexer_rope(fname, q_out, k_out)
+                return q_out, k_out
             if idx is None or self._in_child:  # not the attention's own call (module docstring)
                 return q_out, k_out
             self._rope_called = True

@@ -142,9 +142,10 @@ def import_latentq():
 
 
 def make_inject(latentq, spec, targets: tuple[str, ...], layers=None, bases=None):
-    """Injection callback: quantize-dequantize c_kv / k_pe [B, T, D] per layer, one sequence per batch
-    row; only the layers in `layers` (None: every layer). `spec` is a spec string, or a dict
-    {(layer, target): spec} for a mixed assignment (mixed_specs()): a layer it lacks is left exact.
+    """Injection callback: quantize-dequantize c_kv / k_pe / a DSA indexer's key index_k [B, T, D] per layer,
+    one sequence per batch row (index_k: the spec's c_kv format, as the C++ [indexer] probe stores it); only
+    the layers in `layers` (None: every layer). `spec` is a spec string, or a dict {(layer, target): spec}
+    for a mixed assignment (mixed_specs()): a layer it lacks is left exact.
     `bases(layer, target, transform)`: the basis of a 'klt,' / 'sklt,' spec (latentq.fitted_basis.StudyBases)."""
 
     def fn(layer: int, name: str, x: torch.Tensor) -> torch.Tensor:
@@ -156,6 +157,10 @@ def make_inject(latentq, spec, targets: tuple[str, ...], layers=None, bases=None
         B, T, D = x.shape
         flat = x.detach().to("cpu", torch.float32).reshape(B * T, D).contiguous().numpy()
         offs = [b * T for b in range(B + 1)]
+        if name == "index_k":  # the DSA indexer key: one format (a preset's c_kv part), no fitted basis
+            if needs_basis(s):
+                raise ValueError(f"{s}: the indexer key cache (index_k) takes no fitted transform (klt, sklt)")
+            return torch.from_numpy(latentq.quantize_dequantize(flat, s, "c_kv", offs, None)).reshape(B, T, D)
         basis = bases(layer, name, transform_of(s)) if needs_basis(s) else None
         y = latentq.quantize_dequantize(flat, s, name, offs, basis)
         return torch.from_numpy(y).reshape(B, T, D)

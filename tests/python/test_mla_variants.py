@@ -441,3 +441,44 @@ def test_sparse_dsa_dump(tmp_path, kind, capsys):
         assert (recall == 1.0) == (kl < 1e-12) or q != "bf16", (layer, q, recall, kl)
     bf16 = [r for q, r in zip(quantizers, ix["topk_recall"]) if q == "bf16"]
     assert min(bf16) >= 0.95, bf16
+
+
+@pytest.mark.parametrize("kind", ["deepseek_v32", "glm_moe_dsa"])
+def test_indexer_key_injection_changes_the_selection_as_recomputed(kind):
+    """The DSA indexer's key cache injected (LatentInjector, name "index_k"; index_topk 5 of 32): an identity fn
+    that still writes the key back leaves the logits bit for bit; int2-sym-token-g32 on index_k puts exactly the
+    quantized key into the indexer (the first layer's captured index_k equals latentq.quantize_dequantize of the
+    exact one, its c_kv / k_pe unchanged), each row of every layer then reads the causal top-5 of the index
+    scores over that key (latentq.sparse_mla, up to ties), which differs from the exact selection on some row."""
+    import latentq._core as core
+    from latentq.e2e import make_inject
+    from latentq.sparse_mla import index_scores, same_up_to_ties, select_topk
+
+    model = build(kind, seed=6, index_topk=5)
+    ids = torch.randint(0, 320, (1, SEQ_LEN), generator=torch.Generator().manual_seed(11))
+    with torch.no_grad(), LatentCapture(model) as cap:
+        ref = model(ids, use_cache=False).logits
+    clone = lambda layer, name, x: x.clone() if name == "index_k" else x  # noqa: E731
+    with torch.no_grad(), LatentInjector(model, clone):
+        same = model(ids, use_cache=False).logits
+    assert torch.equal(same, ref), kind
+    fn = make_inject(core, "int2-sym-token-g32", ("index_k",))
+    with torch.no_grad(), LatentInjector(model, fn, capture=True) as inj:
+        out = model(ids, use_cache=False).logits
+    assert not torch.equal(out, ref), kind
+    changed = 0
+    rows, offs = np.arange(SEQ_LEN), [0, SEQ_LEN]
+    first = min(inj.layers)  # the later layers' inputs differ: the first layer's selection changed
+    for i, rec in inj.layers.items():
+        exact = cap.layers[i]
+        if i == first:
+            assert torch.equal(rec["c_kv"], exact["c_kv"]) and torch.equal(rec["k_pe"], exact["k_pe"]), kind
+            want = core.quantize_dequantize(exact["index_k"][0].numpy(), "int2-sym-token-g32", "c_kv", offs)
+            assert np.array_equal(rec["index_k"][0].numpy(), want), (kind, i)
+        if "index_k" not in exact:  # GLM-5's shared layer: no indexer of its own
+            continue
+        sc = index_scores(rec["index_q"][0], rec["index_w"][0], rec["index_k"][0], rows, offs,
+                          model.get_submodule(LAYERS[kind][i]).indexer.softmax_scale)  # fmt: skip
+        assert same_up_to_ties(sc, rec["visible"][0], select_topk(sc, 5), rtol=1e-6), (kind, i)
+        changed += int((rec["visible"][0] != exact["visible"][0]).any(dim=1).sum())
+    assert changed > 0, kind
