@@ -95,9 +95,11 @@ from latentq.e2e_decode import (  # noqa: F401  (re-exported: the tests and benc
 )
 from latentq.e2e_results import (  # noqa: F401  (re-exported: the tests use latentq.e2e.*)
     applicable_only,
+    canonical_specs,
     decode_settings,
     mixed_specs,
     open_results,
+    study_indexer_quantizers,
     study_layers,
     study_quantizers,
 )
@@ -288,6 +290,12 @@ def parse_args(argv=None):
         "--quantizers", nargs="*", help="prefill-at-once spec strings (default: every quantizer of the study)"
     )
     ap.add_argument(
+        "--indexer-quantizers",
+        nargs="*",
+        help="formats of a sparse MLA model's DSA indexer key cache, each run alone (targets index_k, the latents "
+        "exact; default: the study's [indexer] quantizers, /indexer_error; none for a dense study)",
+    )
+    ap.add_argument(
         "--cache-modes",
         nargs="*",
         help="cache-mode labels (default: the root attribute decode_order_modes, "
@@ -355,23 +363,6 @@ def parse_args(argv=None):
     return a
 
 
-def canonical_specs(latentq, specs: list[str], flag: str) -> list[str]:
-    """``specs`` in their canonical spelling (latentq.canonical_spec), each once, in first-seen order: a spec
-    given twice, under any spelling, runs once, with a note naming the spellings. Raises ValueError naming the
-    flag and the spec the grammar refuses."""
-    seen: dict[str, list[str]] = {}
-    for q in specs:
-        try:
-            c = latentq.canonical_spec(q)
-        except ValueError as e:
-            raise ValueError(f"{flag} {q}: {str(e).splitlines()[0]}") from None
-        seen.setdefault(c, []).append(q)
-    for c, given in seen.items():
-        if len(given) > 1:
-            say("e2e", "note", f"{flag} names {c} {len(given)} times ({', '.join(given)}): it runs once")
-    return list(seen)
-
-
 class Plan:
     """What the step runs, from RESULTS.h5 and the flags: the prefill-at-once (quantizer, targets) pairs,
     the decode-order ones, the cache modes (with their (R, S, P)), the /e2e_position bucket width and the
@@ -400,6 +391,15 @@ class Plan:
 
         if a.quantizers:
             self.pairs = with_targets(a.quantizers, "--quantizers")
+        # the DSA indexer key cache alone (prefill at once): the study's formats, or the flag's
+        index = study_indexer_quantizers(a.results)
+        if a.indexer_quantizers is not None:
+            if a.indexer_quantizers and not index:
+                raise ValueError(
+                    f"--indexer-quantizers: {a.results} has no /indexer_error (a dense MLA study: no DSA indexer)"
+                )
+            index = canonical_specs(latentq, a.indexer_quantizers, "--indexer-quantizers")
+        self.index_pairs = [(q, ("index_k",)) for q in index]
         self.modes = a.cache_modes if a.cache_modes is not None else (attr_modes or [PREFILL_AT_ONCE])
         self.rsp = {m: mode_rsp(latentq, m) for m in self.modes}
         self.decode_modes = [m for m in dict.fromkeys(self.modes) if m != PREFILL_AT_ONCE]
@@ -450,7 +450,7 @@ class Plan:
                 f"{len(qs)} klt/sklt quantizer(s) not injected ({reason}; their basis is "
                 f"fitted on the dump's fit split): {', '.join(qs)}",
             )
-        runs = [(q, t, PREFILL_AT_ONCE) for q, t in self.pairs if q not in why]
+        runs = [(q, t, PREFILL_AT_ONCE) for q, t in self.pairs + self.index_pairs if q not in why]
         if PREFILL_AT_ONCE not in self.modes and a.cache_modes is not None:
             runs = []
         runs += [(q, t, m) for m in self.decode_modes for q, t in self.decode_pairs if q not in why]
@@ -729,11 +729,14 @@ def execution_attrs(streamer) -> dict:
 # The columns of /e2e and /e2e_position (their column records; the module docstring says more).
 _RUN = (
     Column("quantizer", "string", "", "the quantizer: a spec string or a [[mixed]] assignment's name"),
-    Column("targets", "string", "", "the latents quantized: c_kv, k_pe or c_kv+k_pe"),
+    Column(
+        "targets", "string", "", "the caches quantized: c_kv, k_pe, c_kv+k_pe, or index_k (a DSA indexer key alone)"
+    ),
     Column("cache_mode", "string", "", "prefill-at-once or decode-r<R>-s<S>-p<P> (latentq/decode_order.h)"),
 )
 _BYTES = Column("bytes_per_token", "float64", "byte/token", "the cache at the sequence end per token and layer, "
-                "mean over the quantized layers, c_kv + k_pe")  # fmt: skip
+                "mean over the quantized layers, c_kv + k_pe (an index_k run: the latents in bf16, the "
+                "indexer key cache not counted)")  # fmt: skip
 _CAUSAL = Column("scale_causal", "int64", "", "1 when the spec's scales see no later token (decode_scale_is_causal)")
 _KL = Column("kl_mean", "float64", "nat", "mean over tokens of KL(p_ref ‖ p_quant) of the next-token distributions")
 _TOP1 = Column("top1_agree", "float64", "1", "the fraction of tokens whose argmax logit is unchanged")

@@ -12,6 +12,7 @@ import h5py
 import numpy as np
 
 from latentq.e2e_decode import DECODE_TARGETS
+from latentq.progress import say
 
 
 def open_results(results_path: str) -> h5py.File:
@@ -63,6 +64,16 @@ def study_quantizers(results_path: str) -> list[tuple[str, tuple[str, ...]]]:
         if t not in lst:
             lst.append(t)
     return [(q, tuple(t)) for q, t in order.items()]
+
+
+def study_indexer_quantizers(results_path: str) -> list[str]:
+    """The formats of the DSA indexer key cache the study measured (/indexer_error's quantizer column, first-seen
+    order; the study's [indexer] quantizers): [] for a study without /indexer_error (a dense MLA dump)."""
+    with open_results(results_path) as f:
+        if "indexer_error" not in f:
+            return []
+        qs = [q.decode() if isinstance(q, bytes) else str(q) for q in f["indexer_error"]["quantizer"][:]]
+    return list(dict.fromkeys(qs))
 
 
 def mixed_specs(results_path: str, quantizer: str) -> dict[tuple[int, str], str]:
@@ -132,3 +143,20 @@ def applicable_only(results_path: str, pairs: Runs, decode_pairs: Runs) -> tuple
         f"not applicable, not run on {t} ({w} wide): {', '.join(q)}: {why}" for (t, w, why), q in by_reason.items()
     ]
     return keep(pairs), keep(decode_pairs), notes
+
+
+def canonical_specs(latentq, specs: list[str], flag: str) -> list[str]:
+    """``specs`` in their canonical spelling (latentq.canonical_spec), each once, in first-seen order: a spec
+    given twice, under any spelling, runs once, with a note naming the spellings. Raises ValueError naming the
+    flag and the spec the grammar refuses."""
+    seen: dict[str, list[str]] = {}
+    for q in specs:
+        try:
+            c = latentq.canonical_spec(q)
+        except ValueError as e:
+            raise ValueError(f"{flag} {q}: {str(e).splitlines()[0]}") from None
+        seen.setdefault(c, []).append(q)
+    for c, given in seen.items():
+        if len(given) > 1:
+            say("e2e", "note", f"{flag} names {c} {len(given)} times ({', '.join(given)}): it runs once")
+    return list(seen)

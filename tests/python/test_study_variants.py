@@ -66,6 +66,13 @@ def test_study_runs_on_the_mla_variants(replicas, variants, tmp_path, kind, stre
     with h5py.File(out / "results.h5", "r") as f:
         assert int(f.attrs["complete"]) == 1 and len(f["e2e/quantizer"]) > 0 and "decision" in f
         check = f["attention_check/ref_vs_dump_rel_fro"][()]
+        e2e = {k: [v.decode() if isinstance(v, bytes) else v for v in f["e2e"][k][()]] for k in f["e2e"]}
+        indexer = sorted({q.decode() for q in f["indexer_error/quantizer"][()]}) if "indexer_error" in f else []
+    # a sparse study's e2e also runs each [indexer] format on the indexer key cache alone (the latents exact)
+    runs = {q: kl for q, t, kl in zip(e2e["quantizer"], e2e["targets"], e2e["kl_mean"]) if t == "index_k"}
+    assert sorted(runs) == indexer and bool(indexer) == (family == "sparse_mla"), (kind, runs, indexer)
+    if runs:  # bf16 keeps the top-5 of 32 (almost) everywhere; mxfp4's key moves some selections
+        assert 0 <= runs["bf16"] < runs["mxfp4"], (kind, stream, runs)
     assert len(check) > 0 and float(check.max()) < 1e-5, (kind, stream, check)
     assert (out / "report" / "report.md").is_file()
 
