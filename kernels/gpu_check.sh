@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
-# kernels/gpu_check.sh — THE GPU check of latentq's CUDA quantizer (≤ 5 minutes on one H200).
+# kernels/gpu_check.sh — THE GPU check of latentq's CUDA quantizer. On one H200 (2026-12-04, prebuilt binaries):
+# tests and sanitizers 40 s, the three studies 225 s, the benchmarks ≈ 6 min (the CPU verification at T = 262,144 is
+# most of it): ≈ 11 minutes in all, more than one 10-minute call: split it in two calls, the first with
+# LQ_BENCH_T=0 LQ_FUSED=0 (no benchmarks), the second with LQ_SANITIZE=0 LQ_V2LITE=0 LQ_MODEL_STUDY=0.
 #
 #   1. configure + build (Release, the GPU's own architecture or 90, only the needed targets,
 #      -j$(nproc)): the full project with -DLATENTQ_PYTHON=OFF if its dependencies are there, else
@@ -31,7 +34,7 @@
 #                         binaries (the full project's, study check included) instead of building
 #          LQ_IGNORE_SYSTEM_DEPS  1: use the carried .debs even if the system has the packages (testing)
 #          LQ_SANITIZE    0: skip compute-sanitizer
-#          LQ_BENCH_T     regex of the benchmarked T (default 262144|1048576)
+#          LQ_BENCH_T     regex of the benchmarked T (default 262144|1048576; 0 with LQ_FUSED=0: no benchmarks)
 #          LQ_FUSED       regex of the fused decode shapes B:<B>/H:<H>/L:<L> (default B:(1|64)/H:(16|128)/L:32768;
 #                         0 skips them)
 #          OUT            folder for the logs (build, test_gpu, sanitizer, bench) and bench.json
@@ -313,7 +316,9 @@ elif [ "${LQ_MODEL_STUDY:-1}" != 0 ]; then
   say "model study skipped: ${LQ_PYTHON:-python3} has no torch with CUDA, transformers and h5py"
 fi
 # ---- benchmarks -------------------------------------------------------------------------------
-if [ -n "$BENCH" ]; then
+if [ -n "$BENCH" ] && [ "$BENCH_T" = 0 ] && [ "$FUSED" = 0 ]; then
+  say "benchmarks skipped (LQ_BENCH_T=0, LQ_FUSED=0)"
+elif [ -n "$BENCH" ]; then
   FILTER="^gpu/.*/T:($BENCH_T)/"
   [ "$FUSED" != 0 ] && FILTER="^gpu/(.*/T:($BENCH_T)/|fused_decode/.*/($FUSED)(/|\$))"
   say "latentq_bench (GPU, T = $BENCH_T, D = 576; verify against the CPU at T·D ≤ 2^28; fused decode: ${FUSED})"
