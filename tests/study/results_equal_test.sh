@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# lq_results_equal's tolerances on hand-written results files (lq_results_fixture): a float of 2 against 2.01
+# (relative difference 4.98e-3) differs strictly, passes at --rtol GROUP=1e-2 and at '*=1e-2', not at 1e-3, not
+# when only another group has a tolerance, and a named group's tolerance wins over '*'; an int64 column (4 vs 5)
+# differs at any tolerance; a tolerance <= 0 is a usage error (exit 2).
+# Usage: results_equal_test.sh LQ_RESULTS_FIXTURE LQ_RESULTS_EQUAL WORKDIR
+set -u
+F=$1 E=$2 W=$3
+rm -rf "$W" && mkdir -p "$W" && cd "$W" || exit 1
+fail=0
+expect() {  # expect RC ARGS...: lq_results_equal ARGS exits RC
+  local want=$1; shift
+  "$E" "$@" >/dev/null 2>&1
+  local rc=$?
+  if [ "$rc" != "$want" ]; then echo "FAIL: lq_results_equal $* exited $rc, expected $want"; fail=1; fi
+}
+echo '{"attrs": {}, "groups": {"attention_check": {"values": {"layer": [0, 1], "ref_vs_dump_rel_fro": [1.0, 2.0],
+  "tq": [4, 4]}}, "svd": {"values": {"layer": [0]}}}}' > a.json
+sed 's/2.0\]/2.01]/' a.json > b.json
+sed 's/"tq": \[4, 4\]/"tq": [4, 5]/' a.json > c.json
+for f in a b c; do "$F" $f.json $f.h5 || { echo "FAIL: lq_results_fixture $f.json"; exit 1; }; done
+expect 0 a.h5 a.h5
+expect 1 a.h5 b.h5
+expect 0 a.h5 b.h5 --rtol attention_check=1e-2
+expect 0 a.h5 b.h5 --rtol '*=1e-2'
+expect 1 a.h5 b.h5 --rtol '*=1e-3'
+expect 1 a.h5 b.h5 --rtol svd=1e-2
+expect 1 a.h5 b.h5 --rtol attention_check=1e-3 --rtol '*=1e-2'
+expect 0 a.h5 b.h5 --atol '*=0.011'
+expect 1 a.h5 c.h5 --rtol '*=1e-2'
+expect 2 a.h5 a.h5 --rtol '*=0'
+[ $fail = 0 ] && echo "lq_results_equal tolerances: 10 cases pass"
+exit $fail
