@@ -7,11 +7,14 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cassert>
 #include <cmath>
 #include <exception>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <numeric>
+#include <optional>
 #include <set>
 
 #include "latentq/applicable.h"
@@ -21,6 +24,7 @@
 #include "latentq/layer_shared.h"
 #include "latentq/probe_study.h"
 #include "latentq/attention/attention.h"
+#include "latentq/attention/dsa.h"
 #include "latentq/split.h"
 #include "latentq/analysis/svd_probe.h"
 #include "latentq/quantize.h"
@@ -69,7 +73,15 @@ const GroupSpec kError = {
      {"top8_agree", ColType::F64, "1", "mean |top-m(p) ∩ top-m(p̂)| / m, m = min(8, keys)"},
      {"bits_per_element_c_kv", ColType::F64, "bit/element", "c_kv as stored (16 when c_kv is not quantized)"},
      {"bytes_per_token_layer", ColType::F64, "byte/token",
-      "c_kv + k_pe of one layer, a target not quantized counted as bf16"}}};
+      "c_kv + k_pe of one layer, a target not quantized counted as bf16 (+ index_k for a c_kv+k_pe+index_k row)"},
+     {"topk_recall", ColType::F64, "1",
+      "sparse MLA: mean over query rows of the fraction of the model's selected keys (topk_keys) the row's "
+      "attention reads: 1 where it reads the model's selection (the latent's error alone); for c_kv+k_pe+index_k "
+      "the causal top-k recomputed from the indexer key cache in the quantizer's c_kv format (what the engine "
+      "reads); NaN for dense MLA (no selection)"}}};
+
+/// The targets of the sparse-MLA row that also quantizes the DSA indexer's key cache (index_k).
+constexpr const char* kWithIndexer = "c_kv+k_pe+index_k";
 
 std::string check_key(int64_t l) { return fmt::format("{:03d}/attention_check", l); }
 std::string error_key(int64_t l, const std::string& targets, const std::string& q) {
@@ -77,6 +89,23 @@ std::string error_key(int64_t l, const std::string& targets, const std::string& 
 }
 
 }  // namespace
+
+SelectionRecall selection_recall(const Layer& l, const std::vector<int64_t>& offsets, const std::vector<int32_t>& keys) {
+  const int64_t Tq = l.num_query_rows();
+  assert(static_cast<int64_t>(offsets.size()) == Tq + 1 && static_cast<int64_t>(l.topk_offsets.size()) == Tq + 1);
+  double recall = 0;
+  int64_t changed = 0;
+  std::vector<int32_t> common;
+  for (int64_t i = 0; i < Tq; ++i) {
+    const auto a0 = l.topk_keys.begin() + l.topk_offsets[i], a1 = l.topk_keys.begin() + l.topk_offsets[i + 1];
+    const auto b0 = keys.begin() + offsets[i], b1 = keys.begin() + offsets[i + 1];
+    common.clear();
+    std::set_intersection(a0, a1, b0, b1, std::back_inserter(common));
+    recall += double(common.size()) / double(a1 - a0);
+    changed += !std::equal(a0, a1, b0, b1);
+  }
+  return {recall / double(Tq), double(changed) / double(Tq)};
+}
 
 std::shared_ptr<const AttentionLayerReference> attention_reference(const LayerAccess& in, int layer) {
   return in.shared<AttentionLayerReference>(layer, "attention.reference", [&] {
@@ -154,6 +183,45 @@ std::vector<ColumnTable> run_check(const StudyConfig& config, const CheckCell& c
   }
   add_row(t, {int64_t{c.layer}, rel, e->ref->num_queries,
               std::accumulate(e->ref->nkeys.begin(), e->ref->nkeys.end(), int64_t{0}), fold, names});
+  return {std::move(t)};
+}
+
+// topk_recall of a row that reads the model's own selection: 1 on a sparse MLA dump, NaN on a dense one.
+double model_selection_recall(const Dump& dump) { return dump.attrs.cache_family == "sparse_mla" ? 1.0 : kNaN; }
+
+// The c_kv+k_pe+index_k row (sparse MLA): c_kv and k_pe as the c_kv+k_pe row stores them, the indexer key cache
+// in the quantizer's c_kv format, each query row's causal top-k recomputed from it (latentq/attention/dsa.h), the
+// attention over that selection against the reference (the model's selection, exact latents). No row for a layer
+// without its own indexer (GLM-5's shared layers) or an index width the format cannot take.
+std::vector<ColumnTable> run_error_with_indexer(const ErrorCell& c, const LayerAccess& in) {
+  ColumnTable t = empty_table(kError);
+  const Dump& dump = in.header();
+  const Layer& l = in.layer(c.layer);
+  const QuantSpec index_spec = c.spec.stored_for(Target::CKV);
+  if (!l.has_indexer() || !why_not_applicable(index_spec, Target::CKV, l.index_dim).empty()) return {std::move(t)};
+  const int64_t T = dump.num_tokens(), r = dump.attrs.kv_lora_rank, rope = dump.attrs.qk_rope_head_dim;
+  std::vector<float> ckv(l.c_kv.size()), kpe(l.k_pe.size()), kq(l.index_k.size());
+  const Accounting ac = with_record_pad(
+      account(quantize_dequantize_layer(in, c.layer, Target::CKV, c.spec, c.transform, ckv.data())), c.spec,
+      Target::CKV, r, rope);
+  const QuantSpec& spec_kpe = c.spec_kpe ? *c.spec_kpe : c.spec;
+  const Accounting ak = account(quantize_dequantize_layer(in, c.layer, Target::KPE, spec_kpe,
+                                                          c.transform_kpe.value_or(c.transform), kpe.data()));
+  const QuantizedTensor qi =
+      quantize_dequantize(index_spec, Target::CKV, l.index_k.data(), T, l.index_dim, dump.seq_offsets, kq.data());
+  const probes::KeySelection sel = probes::dsa_select_topk(l.index_q, l.index_w, kq, l.index_heads, l.index_dim,
+                                                           l.q_rows, dump.seq_offsets, l.index_softmax_scale,
+                                                           l.index_topk);
+  const std::shared_ptr<const AttentionLayerReference> ref = attention_reference(in, c.layer);
+  probes::AttentionQueries qs = ref->queries;
+  qs.selected_offsets = sel.offsets;
+  qs.selected_keys = sel.keys;
+  const probes::AttentionError x =
+      probes::attention_error(*ref->prepared, probes::AbsorbedAttention<float>(qs).run(ckv, kpe, true));
+  add_row(t, {int64_t{c.layer}, c.quantizer, c.targets, x.out_rel_fro, x.cos_mean, x.kl_mean, x.top1_agree,
+              x.top8_agree, ac.bits_per_element,
+              ac.bytes_per_token + ak.bytes_per_token + account(qi).bytes_per_token,
+              selection_recall(l, sel.offsets, sel.keys).recall});
   return {std::move(t)};
 }
 
@@ -262,7 +330,7 @@ GroupRows run_error_group(const std::vector<ErrorCell>& cells, const LayerAccess
       const double bytes_c = sc_of[i] ? sc_of[i]->a.bytes_per_token : b->bytes_ckv;
       const double bytes_k = sk_of[i] ? sk_of[i]->a.bytes_per_token : b->bytes_kpe;
       add_row(t, {int64_t{c.layer}, c.quantizer, c.targets, x.out_rel_fro, x.cos_mean, x.kl_mean, x.top1_agree,
-                  x.top8_agree, bits_c, bytes_c + bytes_k});
+                  x.top8_agree, bits_c, bytes_c + bytes_k, model_selection_recall(dump)});
       g.rows[key] = std::move(t);
     } catch (...) {
       g.errors[key] = std::current_exception();
@@ -272,6 +340,7 @@ GroupRows run_error_group(const std::vector<ErrorCell>& cells, const LayerAccess
 }
 
 std::vector<ColumnTable> run_error(const StudyConfig& config, const ErrorCell& c, const LayerAccess& in) {
+  if (c.targets == kWithIndexer) return run_error_with_indexer(c, in);
   if (c.svd_rank == 0 && c.group && !c.group->empty()) {
     const std::shared_ptr<const GroupRows> g =
         in.shared<GroupRows>(c.layer, "attention.group/" + c.quantizer, [&] { return run_error_group(*c.group, in); });
@@ -316,7 +385,7 @@ std::vector<ColumnTable> run_error(const StudyConfig& config, const ErrorCell& c
   const std::span<const float> ckv = ckv_buf, kpe = kpe_buf;
   const probes::AttentionError x = e->error(ckv, kpe);
   add_row(t, {int64_t{c.layer}, c.quantizer, c.targets, x.out_rel_fro, x.cos_mean, x.kl_mean, x.top1_agree,
-              x.top8_agree, bits_c, bytes_c + bytes_k});
+              x.top8_agree, bits_c, bytes_c + bytes_k, model_selection_recall(dump)});
   return {std::move(t)};
 }
 
@@ -508,7 +577,15 @@ class AttentionProbe final : public Probe {
       for (auto& [q, v] : by_quantizer) groups[q] = std::make_shared<const std::vector<ErrorCell>>(std::move(v));
       for (ErrorCell& c : layer_cells) {
         c.group = groups[c.quantizer];
+        // sparse MLA: beside each c_kv+k_pe row, the same quantizer on the indexer key cache too (its own cell)
+        std::optional<ErrorCell> with_indexer;
+        if (c.targets == "c_kv+k_pe" && dump.attrs.cache_family == "sparse_mla") {
+          with_indexer = c;
+          with_indexer->targets = kWithIndexer;
+          with_indexer->group = nullptr;
+        }
         add(std::move(c));
+        if (with_indexer) add(std::move(*with_indexer));
       }
       for (int64_t k : ranks) add(ErrorCell{l, "c_kv", fmt::format("svd-rank{}", k), QuantSpec{}, k});
     }

@@ -153,7 +153,7 @@ class IndexerProbe final : public Probe {
     ColumnTable t = empty_table(kIndexerError);
     if (!l.has_indexer()) return {std::move(t)};  // a GLM-5 "shared" layer: its keys were chosen by another layer
     const IndexerSettings& S = probe_settings<IndexerSettings>(config, "indexer");
-    const int64_t T = dump.num_tokens(), d = l.index_dim, Tq = l.num_query_rows();
+    const int64_t T = dump.num_tokens(), d = l.index_dim;
     const int64_t Dc = dump.attrs.kv_lora_rank, Dr = dump.attrs.qk_rope_head_dim;
     const probes::AttentionQueries q = attention_queries(dump, l);  // the model's selection (topk_keys)
     const auto ref = probes::AbsorbedAttention<double>(q).run(l.c_kv, l.k_pe, true);
@@ -190,21 +190,10 @@ class IndexerProbe final : public Probe {
       const probes::KeySelection sel = probes::dsa_select_topk(l.index_q, l.index_w, kq, l.index_heads, l.index_dim,
                                                                l.q_rows, dump.seq_offsets, l.index_softmax_scale,
                                                                l.index_topk);
-      const std::vector<int64_t>& off = sel.offsets;
-      const std::vector<int32_t>& keys = sel.keys;
-      double recall = 0;
-      int64_t changed = 0;
-      for (int64_t i = 0; i < Tq; ++i) {
-        const auto a0 = l.topk_keys.begin() + l.topk_offsets[i], a1 = l.topk_keys.begin() + l.topk_offsets[i + 1];
-        const auto b0 = keys.begin() + off[i], b1 = keys.begin() + off[i + 1];
-        std::vector<int32_t> common;
-        std::set_intersection(a0, a1, b0, b1, std::back_inserter(common));
-        recall += double(common.size()) / double(a1 - a0);
-        changed += !std::equal(a0, a1, b0, b1);
-      }
+      const SelectionRecall rc = selection_recall(l, sel.offsets, sel.keys);
       probes::AttentionQueries qs = q;
-      qs.selected_offsets = off;
-      qs.selected_keys = keys;
+      qs.selected_offsets = sel.offsets;
+      qs.selected_keys = sel.keys;
       const probes::AbsorbedAttention<double> sel_att(qs);
       const probes::AttentionError exact = probes::attention_error(ref, sel_att.run(l.c_kv, l.k_pe, true));
       const double rel_fro = error_metrics(l.index_k.data(), kq.data(), T, d).rel_fro;
@@ -212,7 +201,7 @@ class IndexerProbe final : public Probe {
         const probes::AttentionError e =
             L.name == kExactLatent ? exact : probes::attention_error(ref, sel_att.run(L.ckv, L.kpe, true));
         add_row(t, {int64_t{c.layer}, spec.to_string(), L.name, double(qt.storage_bytes()) / double(T), rel_fro,
-                    recall / double(Tq), double(changed) / double(Tq), L.bytes_per_token, e.kl_mean, exact.kl_mean,
+                    rc.recall, rc.rows_changed, L.bytes_per_token, e.kl_mean, exact.kl_mean,
                     L.kl_latent, e.out_rel_fro, e.top1_agree});
       }
     }

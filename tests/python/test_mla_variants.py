@@ -419,13 +419,8 @@ def test_sparse_dsa_dump(tmp_path, kind, capsys):
         assert abs(ix["kl_latent"][i] - ae["kl_mean"][j]) <= 1e-2 * ae["kl_mean"][j] + 1e-9, (i, ix["kl_latent"][i])
         assert ix["latent_bytes_per_token"][i] == ae["bytes_per_token_layer"][j], i
         assert ix["kl_latent"][i] > 0 and ix["kl_selection"][i] == ix["kl_selection"][i - 1], i
-    for i, (layer, q, recall, kl) in enumerate(zip(ix["layer"], quantizers, ix["topk_recall"], ix["kl_selection"])):
-        L = chk["layers"][int(layer)]
-        kq = core.quantize_dequantize(L["index_k"], q, "c_kv", [int(x) for x in offs])
-        rf = np.linalg.norm(kq.astype(np.float64) - L["index_k"]) / np.linalg.norm(L["index_k"].astype(np.float64))
-        got_rf = ix["index_rel_fro"][i]
-        assert abs(got_rf - rf) <= 1e-9 * max(rf, 1e-30) + 1e-15, (layer, q, got_rf, rf)
-        assert (q == "bf16") == (rf < 4e-3), (layer, q, rf)  # bf16: 8 mantissa bits, the others coarser
+
+    def recall_of(L, kq):  # topk_recall of the selection recomputed from the index keys kq (latentq.sparse_mla)
         got = []
         for s in range(len(offs) - 1):
             rows = np.flatnonzero((L["q_rows"] >= offs[s]) & (L["q_rows"] < offs[s + 1]))
@@ -437,8 +432,32 @@ def test_sparse_dsa_dump(tmp_path, kind, capsys):
             for a, r in enumerate(rows):
                 ref[a, L["topk_keys"][L["topk_offsets"][r] : L["topk_offsets"][r + 1]]] = True
             got.append(topk_recall(torch.as_tensor(ref), mine) * len(rows))
-        assert abs(sum(got) / len(L["q_rows"]) - recall) < 1e-6, (layer, q, sum(got) / len(L["q_rows"]), recall)
+        return sum(got) / len(L["q_rows"])
+
+    for i, (layer, q, recall, kl) in enumerate(zip(ix["layer"], quantizers, ix["topk_recall"], ix["kl_selection"])):
+        L = chk["layers"][int(layer)]
+        kq = core.quantize_dequantize(L["index_k"], q, "c_kv", [int(x) for x in offs])
+        rf = np.linalg.norm(kq.astype(np.float64) - L["index_k"]) / np.linalg.norm(L["index_k"].astype(np.float64))
+        got_rf = ix["index_rel_fro"][i]
+        assert abs(got_rf - rf) <= 1e-9 * max(rf, 1e-30) + 1e-15, (layer, q, got_rf, rf)
+        assert (q == "bf16") == (rf < 4e-3), (layer, q, rf)  # bf16: 8 mantissa bits, the others coarser
+        assert abs(recall_of(L, kq) - recall) < 1e-6, (layer, q, recall_of(L, kq), recall)
         assert (recall == 1.0) == (kl < 1e-12) or q != "bf16", (layer, q, recall, kl)
+    # /attention_error: every row reads the model's selection (topk_recall 1) but c_kv+k_pe+index_k's, one per
+    # layer with its own indexer and quantizer: the recall of the selection from index_k in the quantizer's format,
+    # its bytes those of the c_kv+k_pe row plus the indexer cache's
+    with_ix = [k for k in range(len(ae_q)) if ae_t[k] == "c_kv+k_pe+index_k"]
+    assert sorted(int(ae["layer"][k]) for k in with_ix) == own, with_ix
+    for k in range(len(ae_q)):
+        if ae_t[k] != "c_kv+k_pe+index_k":
+            assert ae["topk_recall"][k] == 1.0, k
+            continue
+        L = chk["layers"][int(ae["layer"][k])]
+        kq = core.quantize_dequantize(L["index_k"], ae_q[k], "c_kv", [int(x) for x in offs])
+        assert abs(recall_of(L, kq) - ae["topk_recall"][k]) < 1e-6, (k, recall_of(L, kq), ae["topk_recall"][k])
+        j = next(i for i in range(len(ae_q)) if ae["layer"][i] == ae["layer"][k] and ae_q[i] == ae_q[k]
+                 and ae_t[i] == "c_kv+k_pe")  # fmt: skip
+        assert ae["bytes_per_token_layer"][k] > ae["bytes_per_token_layer"][j], k
     bf16 = [r for q, r in zip(quantizers, ix["topk_recall"]) if q == "bf16"]
     assert min(bf16) >= 0.95, bf16
 

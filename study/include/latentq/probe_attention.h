@@ -70,6 +70,14 @@ struct AttentionErrorEngine {
 /// /attention_error cells, not the CPU reference's other users). Throws as attention_reference() and, on a
 /// device, as AbsorbedAttention::attach_device and the device's run().
 std::shared_ptr<const AttentionErrorEngine> attention_error_engine(const LayerAccess& in, int layer);
+/// Sparse MLA: how much of the model's selection (l.topk_offsets / topk_keys) another selection of the same query
+/// rows keeps (offsets [Tq+1] into keys, each row's keys ascending, as latentq/attention/dsa.h gives them):
+/// recall = mean over rows of |S ∩ Ŝ| / |S|, rows_changed = the fraction of rows with Ŝ ≠ S.
+struct SelectionRecall {
+  double recall = 0, rows_changed = 0;
+};
+SelectionRecall selection_recall(const Layer& l, const std::vector<int64_t>& offsets, const std::vector<int32_t>& keys);
+
 /// Warning lines for the /attention_check rows above `tolerance` (or NaN).
 std::vector<std::string> attention_check_warnings(const ColumnTable& check, double tolerance);
 
