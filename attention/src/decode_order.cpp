@@ -170,7 +170,7 @@ std::vector<DecodeOrderError> decode_order_impl(const AbsorbedAttention<float>& 
     }
     // Bytes at each sequence's end: the one decode-order accounting (a target read in bf16: 2 bytes/element).
     const auto part = [&](bool on, Target t, int64_t D) {
-      return on ? decode_order_cache_bytes(q.spec, t, D, in.seq_offsets, o) : T * 2 * D;
+      return on ? decode_order_cache_bytes(q.spec, t, D, in.seq_offsets, o, rope) : T * 2 * D;
     };
     e.bytes_per_token =
         static_cast<double>(part(qc, Target::CKV, r) + part(qk, Target::KPE, rope)) / static_cast<double>(T);

@@ -128,6 +128,6 @@ def cache_bytes_per_token(
                 continue
             key = (s, name, mode, L, num_seqs, D)
             if key not in memo:
-                memo[key] = latentq.decode_order_cache_bytes(s, name, D, offsets, mode) / (num_seqs * L)
+                memo[key] = latentq.decode_order_cache_bytes(s, name, D, offsets, mode, widths["k_pe"]) / (num_seqs * L)
             total += memo[key]
     return total / len(layers)

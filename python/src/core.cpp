@@ -330,16 +330,22 @@ void def_decode_order(py::module_& m) {
   m.def(
       "decode_order_cache_bytes",
       [](const std::string& spec, const std::string& target, int64_t D, const std::vector<int64_t>& seq_offsets,
-         const std::string& mode) {
-        return decode_order_cache_bytes(TransformedSpec::parse(spec).spec, parse_target(target), D, seq_offsets,
-                                        DecodeOrder::parse(mode));
+         const std::string& mode, int64_t D_kpe) {
+        const QuantSpec s = TransformedSpec::parse(spec).spec;
+        const Target t = parse_target(target);
+        if (s.format == Format::Preset && t == Target::CKV && D_kpe <= 0)
+          throw std::invalid_argument("decode_order_cache_bytes: " + spec +
+                                      " is an engine preset: give D_kpe, the layer's k_pe width (its record's pad, "
+                                      "counted with c_kv, depends on it)");
+        return decode_order_cache_bytes(s, t, D, seq_offsets, DecodeOrder::parse(mode), D_kpe);
       },
-      py::arg("spec"), py::arg("target"), py::arg("D"), py::arg("seq_offsets"), py::arg("mode"),
+      py::arg("spec"), py::arg("target"), py::arg("D"), py::arg("seq_offsets"), py::arg("mode"), py::arg("D_kpe") = 0,
       "Bytes (int) of one target's decode-order cache of D columns once every sequence of seq_offsets [S+1] is\n"
       "decoded to its end (latentq/decode_order.h decode_order_cache_bytes, the accounting /attention_position\n"
       "uses): the attention sink, the residual window and the incomplete token group in bf16 at 2*D bytes, the\n"
-      "complete groups with their metadata (a rotation stores nothing). Raises ValueError for a malformed spec,\n"
-      "target or mode, bad seq_offsets, or a width the format's layout refuses.");
+      "complete groups with their metadata (a rotation stores nothing), an engine preset's c_kv with its record's\n"
+      "pad (D_kpe: the layer's k_pe width, required then). Raises ValueError for a malformed spec, target or mode,\n"
+      "bad seq_offsets, or a width the format's layout refuses.");
   m.def(
       "decode_order_latents",
       [](const F32Array& x, const std::string& spec, const std::string& mode, const std::string& target,

@@ -78,7 +78,7 @@ DecodeCacheTokens decode_cache_tokens(const DecodeOrder& order, int64_t L, int64
 }
 
 int64_t decode_order_cache_bytes(const QuantSpec& spec, Target target, int64_t D, std::span<const int64_t> seq_offsets,
-                                 const DecodeOrder& order) {
+                                 const DecodeOrder& order, int64_t D_kpe) {
   order.validate();
   if (seq_offsets.empty())
     throw std::invalid_argument("decode-order cache bytes: seq_offsets is empty (expected [S+1])");
@@ -91,7 +91,8 @@ int64_t decode_order_cache_bytes(const QuantSpec& spec, Target target, int64_t D
     bf16 += c.bf16_tokens;
     quantized.push_back(quantized.back() + c.quantized_tokens);
   }
-  return bf16 * 2 * D + storage_bytes(spec, target, D, quantized);
+  return bf16 * 2 * D + storage_bytes(spec, target, D, quantized) +
+         quantized.back() * (target == Target::CKV ? record_pad_per_token(spec, target, D, D_kpe) : 0);
 }
 
 void round_bf16(const float* x, int64_t n, float* out) {

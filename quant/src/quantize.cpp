@@ -349,12 +349,17 @@ Accounting account(const QuantizedTensor& qt) {
           bytes / static_cast<double>(qt.rows)};
 }
 
-Accounting with_record_pad(Accounting a, const QuantSpec& requested, Target target, int64_t D_ckv, int64_t D_kpe) {
-  if (requested.format != Format::Preset || target != Target::CKV) return a;
+int64_t record_pad_per_token(const QuantSpec& requested, Target target, int64_t D_ckv, int64_t D_kpe) {
+  if (requested.format != Format::Preset || target != Target::CKV) return 0;
   // record_bytes less its parts (a preset's parts are per-token formats: their bytes per token are the layout's)
   const int64_t parts = layout(requested.stored_for(Target::CKV), D_ckv).bytes_per_token() +
                         layout(requested.stored_for(Target::KPE), D_kpe).bytes_per_token();
-  const double pad = static_cast<double>(record_bytes(requested, D_ckv, D_kpe) - parts);
+  return record_bytes(requested, D_ckv, D_kpe) - parts;
+}
+
+Accounting with_record_pad(Accounting a, const QuantSpec& requested, Target target, int64_t D_ckv, int64_t D_kpe) {
+  const double pad = static_cast<double>(record_pad_per_token(requested, target, D_ckv, D_kpe));
+  if (pad == 0) return a;
   a.bytes_per_token += pad;
   a.bits_per_element += 8.0 * pad / static_cast<double>(D_ckv);
   return a;

@@ -306,14 +306,14 @@ TEST(DecodeOrder, BytesOfTheIncompleteGroupAreBf16Only) {
   for (size_t i = 0; i < 3; ++i) {
     SCOPED_TRACE(orders[i].label());
     EXPECT_EQ(res[i].bytes_per_token, expected[i]);
-    const int64_t c = latentq::decode_order_cache_bytes(spec, latentq::Target::CKV, 32, f.l.seq_offsets, orders[i]);
-    const int64_t k = latentq::decode_order_cache_bytes(spec, latentq::Target::KPE, 16, f.l.seq_offsets, orders[i]);
+    const int64_t c = latentq::decode_order_cache_bytes(spec, latentq::Target::CKV, 32, f.l.seq_offsets, orders[i], 16);
+    const int64_t k = latentq::decode_order_cache_bytes(spec, latentq::Target::KPE, 16, f.l.seq_offsets, orders[i], 16);
     EXPECT_EQ(static_cast<double>(c + k), expected[i] * 80);
   }
   // Prefill-at-once: the whole matrix as quantize() stores it (the incomplete group [32, 40) quantized, with its
   // metadata): c_kv 40·16 + 3·128 = 1024, k_pe 40·8 + 3·64 = 512 per sequence -> 38.4 B/token.
-  EXPECT_EQ(latentq::decode_order_cache_bytes(spec, latentq::Target::CKV, 32, f.l.seq_offsets, DecodeOrder{}), 2048);
-  EXPECT_EQ(latentq::decode_order_cache_bytes(spec, latentq::Target::KPE, 16, f.l.seq_offsets, DecodeOrder{}), 1024);
+  EXPECT_EQ(latentq::decode_order_cache_bytes(spec, latentq::Target::CKV, 32, f.l.seq_offsets, DecodeOrder{}, 16), 2048);
+  EXPECT_EQ(latentq::decode_order_cache_bytes(spec, latentq::Target::KPE, 16, f.l.seq_offsets, DecodeOrder{}, 16), 1024);
 }
 
 TEST(DecodeOrder, BytesPerTokenHandComputed) {

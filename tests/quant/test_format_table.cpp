@@ -136,6 +136,12 @@ TEST(FormatTable, StudyAccountingOfAPresetIsItsPackedRecord) {
   EXPECT_EQ(with_record_pad(account(qc), v, Target::CKV, 512, 64).bytes_per_token, 304.0);
   const QuantizedTensor qi = quantize(i4, Target::CKV, c.data(), 3, 512, seq);  // not a preset: unchanged
   EXPECT_EQ(with_record_pad(account(qi), i4, Target::CKV, 512, 64).bytes_per_token, account(qi).bytes_per_token);
+  // The decode-order accounting charges the pad on each quantized token only: 3 tokens at once 3 · 304; with the
+  // last token in the bf16 residual window (decode-r1-s0-p0) 2 · 304 + 1 · 1024; k_pe never carries it.
+  EXPECT_EQ(decode_order_cache_bytes(v, Target::CKV, 512, seq, DecodeOrder{}, 64), 3 * 304);
+  EXPECT_EQ(decode_order_cache_bytes(v, Target::CKV, 512, seq, DecodeOrder::parse("decode-r1-s0-p0"), 64),
+            2 * 304 + 1024);
+  EXPECT_EQ(decode_order_cache_bytes(v, Target::KPE, 64, seq, DecodeOrder{}, 64), 3 * 128);
 }
 
 // The indexer-cache table: each row stores the key in a format of kFormats (one of its examples, so every format

@@ -104,11 +104,13 @@ DecodeCacheTokens decode_cache_tokens(const DecodeOrder& order, int64_t L, int64
 ///   quantized_tokens the complete groups, counted as storage_bytes() (quantize.h) of the spec storing the
 ///                    quantized tokens of all sequences as one matrix: their codes and per-group metadata,
 ///                    a per-tensor scale once.
-/// No metadata is charged for a group held in bf16. Prefill-at-once: storage_bytes() of the whole matrix.
+/// No metadata is charged for a group held in bf16. Prefill-at-once: storage_bytes() of the whole matrix. An engine
+/// preset's c_kv also carries its record's zero pad on each quantized token (record_pad_per_token, quantize.h,
+/// which needs the layer's k_pe width D_kpe; the pad is not charged to a token held in bf16).
 /// /attention_position (the attention probe) and /e2e, /e2e_position (through latentq._core) all count
 /// with it. Throws std::invalid_argument as storage_bytes() and for an invalid order.
 int64_t decode_order_cache_bytes(const QuantSpec& spec, Target target, int64_t D, std::span<const int64_t> seq_offsets,
-                                 const DecodeOrder& order);
+                                 const DecodeOrder& order, int64_t D_kpe);
 
 /// The cache contents under a decode order, for X [T, D] row-major float32 (c_kv or k_pe of the
 /// sequences given by seq_offsets [S+1], validate_seq_offsets rules):

@@ -206,6 +206,9 @@ Accounting account(const QuantizedTensor& q);
 /// a preset's c_kv and k_pe add up to record_bytes(preset, D_ckv, D_kpe) per token: every byte the engine stores.
 /// Unchanged for k_pe and for a spec that is no preset.
 Accounting with_record_pad(Accounting a, const QuantSpec& requested, Target target, int64_t D_ckv, int64_t D_kpe);
+/// The zero pad with_record_pad adds, in bytes per token: record_bytes(requested, D_ckv, D_kpe) less its parts'
+/// bytes per token for a preset's c_kv; 0 for k_pe and for a spec that is no preset. Throws as layout().
+int64_t record_pad_per_token(const QuantSpec& requested, Target target, int64_t D_ckv, int64_t D_kpe);
 
 /// The bytes quantize() stores for a [T, D] matrix of `target` under `spec` (a preset's spec for that
 /// target, QuantSpec::stored_for), for the sequences seq_offsets [S+1] (T = seq_offsets.back()), computed
