@@ -85,6 +85,31 @@ def test_recomputation_equals_model(captured):
     assert torch.equal(csa.compressed_rope_position, torch.arange(T // CSA_RATE) * CSA_RATE)
 
 
+YARN = {"rope_type": "yarn", "factor": 16.0, "original_max_position_embeddings": 16}
+
+
+@pytest.mark.parametrize("n_tok, rope", [(43, None), (5, None), (43, YARN)])
+def test_recomputation_other_lengths(n_tok, rope):
+    """Tokens after the last complete window (43 = 10·4 + 3), fewer tokens than the window or an HCA window
+    (5: one CSA entry, none in HCA), and the YaRN "compress" rope of CSA / HCA layers."""
+    torch.manual_seed(0)
+    extra = {"rope_parameters": dict(rope)} if rope else {}
+    m = transformers.DeepseekV4ForCausalLM(transformers.DeepseekV4Config(**CONFIG, **extra)).eval()
+    ids = torch.randint(0, CONFIG["vocab_size"], (1, n_tok), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if name.endswith(("sinks", "position_bias")):
+                p.copy_(torch.randn_like(p))
+        with V4Capture(m) as cap:
+            m(ids)
+    for r in cap.records:
+        err = rel_error(recompute_attention(r), r.attn_out)
+        kind = "yarn" if rope else "default"
+        print(f"T={n_tok} rope={kind} {r.layer_type}: {r.compressed_kv.shape[0]} entries, rel. error {err:.3e}")
+        assert r.compressed_kv.shape[0] == (n_tok // r.compress_rate if r.compress_rate else 0)
+        assert err <= 1e-5, (r.layer_type, err)
+
+
 def test_recomputation_discriminates(captured):
     """The figures above are not met by a near miss: a window one entry wider, an HCA layer without its
     compressed entries, or a CSA layer reading every visible entry instead of its indexer's top-k all move the
