@@ -46,6 +46,8 @@ quantized ones at the format's bytes per token (QuantizedTensor.bytes_per_token)
 bytes/element. Group /e2e_position: the same runs by query position, W = the root attribute
 decode_order_position_bucket (else --position-bucket, default 64), its columns E2E_POSITION_COLUMNS (the means
 and the spread, no intervals); they follow the C++ /attention_position group where the two share a meaning.
+Groups /e2e_seq and /e2e_bootstrap: each run's KL summed per sequence and the shared draws, for paired
+comparisons of two runs (latentq.e2e_stats.paired_groups; the decision's best vs runner-up).
 The reference is the model's own run with exact latents; no metric is computed from non-finite
 logits. Forwards: --batch-runs K runs share one forward of K × num_seqs sequences (the ids repeated
 K times), run k's quantizer on rows k·num_seqs .. (k+1)·num_seqs - 1 with its own per-sequence offsets
@@ -111,6 +113,7 @@ from latentq.e2e_stats import (
     TokenStats,
     bootstrap_counts,
     interval_columns,
+    paired_groups,
     position_metrics,
     run_metrics,
     token_stats,
@@ -804,6 +807,7 @@ def write_tables(a, runner: Runner, tokenizer, K: int, K_dec: int, streamer=None
                     "every row (paired); NaN with one sequence",
                 },
             ),
+            **paired_groups(runner.run_stats, runner.draws),
             "e2e_position": (
                 E2E_POSITION_COLUMNS,
                 pcols,

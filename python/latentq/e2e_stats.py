@@ -266,3 +266,42 @@ CI_COLUMNS = tuple(
     for end, side in (("lo", "lower"), ("hi", "upper"))
 )
 assert {c.name[: -len("_ci_lo")] for c in CI_COLUMNS} == set(METRICS)  # one interval per bootstrapped metric
+
+# The per-sequence values a paired comparison of two /e2e runs needs (the C++ decision's best vs runner-up,
+# latentq/decision.h): group /e2e_seq, one row per (run, sequence); group /e2e_bootstrap, the draws every run's
+# intervals used (bootstrap_counts), one row per (draw, sequence). kl_mean of a resample is
+# Σ_s count[r, s] · kl_sum[s] / Σ_s count[r, s] · tokens[s], as METRICS["kl_mean"].
+SEQ_COLUMNS = (
+    Column("quantizer", "string", "", "the /e2e row's quantizer"),
+    Column("targets", "string", "", "the /e2e row's targets"),
+    Column("cache_mode", "string", "", "the /e2e row's cache_mode"),
+    Column("seq", "int64", "", "the sequence (window) index, 0-based"),
+    Column("kl_sum", "float64", "nat", "Σ over the window's tokens of the per-token KL(p_ref ‖ p_quant)"),
+    Column("tokens", "int64", "", "the tokens of the window that kl_sum sums"),
+)
+BOOTSTRAP_COLUMNS = (
+    Column("draw", "int64", "", "the bootstrap resample, 0 .. bootstrap_resamples − 1"),
+    Column("seq", "int64", "", "the sequence index"),
+    Column("count", "int64", "", "how often the resample drew that sequence (bootstrap_counts)"),
+)
+
+
+def paired_groups(run_stats: dict, counts: np.ndarray) -> dict:
+    """The write_groups entries of /e2e_seq and /e2e_bootstrap: run_stats {(quantizer, targets, cache_mode):
+    TokenStats} (targets a tuple of names), counts [resamples, num_seqs] int64 (bootstrap_counts)."""
+    rows = {c.name: [] for c in SEQ_COLUMNS}
+    for (q, targets, mode), s in run_stats.items():
+        num, den = METRICS["kl_mean"].sums(s)
+        for b in range(s.num_seqs):
+            for k, v in zip(rows, (q, "+".join(targets), mode, b, num[b], den[b])):
+                rows[k].append(v)
+    seq = {k: np.array(v) for k, v in rows.items()}
+    seq["seq"], seq["tokens"] = seq["seq"].astype(np.int64), seq["tokens"].astype(np.int64)
+    R, B = counts.shape
+    boot = {
+        "draw": np.repeat(np.arange(R, dtype=np.int64), B),
+        "seq": np.tile(np.arange(B, dtype=np.int64), R),
+        "count": counts.astype(np.int64).ravel(),
+    }
+    attrs = {"bootstrap_seed": np.int64(SEED), "bootstrap_resamples": np.int64(R)}
+    return {"e2e_seq": (SEQ_COLUMNS, seq, attrs), "e2e_bootstrap": (BOOTSTRAP_COLUMNS, boot, attrs)}

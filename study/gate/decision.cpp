@@ -87,6 +87,98 @@ std::map<std::string, Metric> measured_kl(const std::filesystem::path& results, 
   return out;
 }
 
+// The per-sequence KL sums of the /e2e runs (prefill-at-once, c_kv+k_pe) and the bootstrap draws they share
+// (/e2e_seq, /e2e_bootstrap, written by latentq.e2e_stats.paired_groups); empty when the file has none.
+struct PerSequence {
+  std::map<std::string, std::vector<double>> kl_sum;  ///< quantizer -> per-sequence Σ KL_t
+  std::vector<double> tokens;                         ///< per-sequence token count (equal for every run)
+  std::vector<std::vector<double>> counts;            ///< [draw][seq]
+};
+
+PerSequence per_sequence(const std::filesystem::path& results) {
+  PerSequence p;
+  const std::vector<std::string> groups = list_tables(results);
+  const auto has = [&](const char* g) { return std::find(groups.begin(), groups.end(), g) != groups.end(); };
+  if (!has("e2e_seq") || !has("e2e_bootstrap")) return p;
+  const ColumnTable s = read_table(results, "e2e_seq");
+  for (size_t i = 0; i < s.num_rows(); ++i) {
+    if (strings(s, "cache_mode")[i] != "prefill-at-once" || strings(s, "targets")[i] != "c_kv+k_pe") continue;
+    const auto b = static_cast<size_t>(s.get<int64_t>("seq")[i]);
+    auto& v = p.kl_sum[strings(s, "quantizer")[i]];
+    if (v.size() <= b) v.resize(b + 1, kNaN);
+    if (p.tokens.size() <= b) p.tokens.resize(b + 1, kNaN);
+    v[b] = doubles(s, "kl_sum")[i];
+    p.tokens[b] = static_cast<double>(s.get<int64_t>("tokens")[i]);
+  }
+  const ColumnTable c = read_table(results, "e2e_bootstrap");
+  for (size_t i = 0; i < c.num_rows(); ++i) {
+    const auto r = static_cast<size_t>(c.get<int64_t>("draw")[i]), b = static_cast<size_t>(c.get<int64_t>("seq")[i]);
+    if (p.counts.size() <= r) p.counts.resize(r + 1);
+    if (p.counts[r].size() <= b) p.counts[r].resize(b + 1, 0.0);
+    p.counts[r][b] = static_cast<double>(c.get<int64_t>("count")[i]);
+  }
+  return p;
+}
+
+// numpy.percentile's "linear": the value at fraction q/100 · (n − 1) of the sorted values.
+double percentile_linear(std::vector<double> v, double q) {
+  std::sort(v.begin(), v.end());
+  const double pos = q / 100 * static_cast<double>(v.size() - 1);
+  const auto lo = static_cast<size_t>(std::floor(pos));
+  const size_t hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (pos - static_cast<double>(lo)) * (v[hi] - v[lo]);
+}
+
+}  // namespace
+
+PairedKl paired_kl_difference(const std::vector<double>& kl_sum_a, const std::vector<double>& kl_sum_b,
+                              const std::vector<double>& tokens, const std::vector<std::vector<double>>& counts) {
+  const size_t n = tokens.size();
+  if (kl_sum_a.size() != n || kl_sum_b.size() != n || n == 0)
+    throw std::invalid_argument(fmt::format("paired KL: per-sequence values of {} and {} sequences for {} token counts",
+                                            kl_sum_a.size(), kl_sum_b.size(), n));
+  const double tok = std::accumulate(tokens.begin(), tokens.end(), 0.0);
+  PairedKl out;
+  out.tokens = static_cast<int64_t>(tok);
+  out.num_seqs = static_cast<int64_t>(n);
+  out.delta = std::accumulate(kl_sum_a.begin(), kl_sum_a.end(), 0.0) / tok -
+              std::accumulate(kl_sum_b.begin(), kl_sum_b.end(), 0.0) / tok;
+  if (n < 2 || counts.empty()) return out;
+  std::vector<double> d;
+  d.reserve(counts.size());
+  for (const std::vector<double>& c : counts) {
+    if (c.size() != n) throw std::invalid_argument(fmt::format("paired KL: a draw of {} sequences, not {}", c.size(), n));
+    double a = 0, b = 0, t = 0;
+    for (size_t s = 0; s < n; ++s) a += c[s] * kl_sum_a[s], b += c[s] * kl_sum_b[s], t += c[s] * tokens[s];
+    d.push_back(a / t - b / t);
+  }
+  out.lo = percentile_linear(d, 2.5);
+  out.hi = percentile_linear(d, 97.5);
+  return out;
+}
+
+std::string paired_verdict(const std::string& best, const std::string& runner_up, double best_bytes,
+                           double runner_up_bytes, const PairedKl& p, const std::string& source) {
+  if (runner_up.empty()) return fmt::format("{} is the only measured uniform format within the budget", best);
+  if (source != "e2e")
+    return fmt::format("{} vs {}: verdict not available (the KL is the attention KL; no /e2e per-sequence values)",
+                       best, runner_up);
+  if (!std::isfinite(p.delta))
+    return fmt::format("{} vs {}: verdict not available (/e2e has no per-sequence values: rerun the e2e step)", best,
+                       runner_up);
+  if (!std::isfinite(p.lo) || !std::isfinite(p.hi))
+    return fmt::format("{} vs {}: ΔKL = {:.4g}, no interval: {} sequence (the bootstrap over sequences needs two or "
+                       "more)",
+                       best, runner_up, p.delta, p.num_seqs);
+  if (p.lo > 0)
+    return fmt::format("{} beats {}: ΔKL = {:.4g} [{:.4g}, {:.4g}]", best, runner_up, p.delta, p.lo, p.hi);
+  const std::string& cheaper = runner_up_bytes < best_bytes ? runner_up : best;
+  return fmt::format("{} and {} are indistinguishable on {} tokens; the cheaper is {} (ΔKL = {:.4g} [{:.4g}, {:.4g}])",
+                     best, runner_up, p.tokens, cheaper, p.delta, p.lo, p.hi);
+}
+
+namespace {
+
 // Σ over the planner's groups of `quantizer`'s objective (NaN when a group lacks it).
 double plan_objective_of(const PlanInputs& in, const std::string& quantizer) {
   double s = 0;
@@ -218,7 +310,20 @@ const GroupSpec& decision_spec() {
         "without it)"},
        {"kl_ci_hi", ColType::F64, "nat", "the upper end of the same interval"},
        {"kl_p999", ColType::F64, "nat",
-        "the 99.9th percentile of the per-token KL (its /e2e row's kl_p999): the tail beside the mean"}}};
+        "the 99.9th percentile of the per-token KL (its /e2e row's kl_p999): the tail beside the mean"},
+       {"runner_up", ColType::Str, "",
+        "a uniform row: the format with the next-lowest KL at the same budget (empty when none; else empty)"},
+       {"runner_up_kl", ColType::F64, "nat", "the runner-up's kl_mean (NaN when none)"},
+       {"runner_up_p999", ColType::F64, "nat", "the runner-up's per-token p99.9 KL (NaN when none)"},
+       {"delta_kl", ColType::F64, "nat",
+        "kl_mean(runner-up) − kl_mean(choice) over the same /e2e tokens (paired_kl_difference; NaN without /e2e_seq)"},
+       {"delta_kl_lo", ColType::F64, "nat",
+        "the lower end of delta_kl's 95% paired percentile bootstrap over sequences (the /e2e_bootstrap draws of "
+        "/e2e's intervals); NaN with one sequence"},
+       {"delta_kl_hi", ColType::F64, "nat", "the upper end of the same interval"},
+       {"verdict", ColType::Str, "",
+        "a uniform row: 'X beats Y: ΔKL = a [lo, hi]' when lo > 0, else 'X and Y are indistinguishable on N tokens "
+        "...; the cheaper is Z', or why there is none (paired_verdict)"}}};
   return g;
 }
 
@@ -261,6 +366,37 @@ ColumnTable decision_table(const std::filesystem::path& results, const std::vect
   auto& c_lo = t.get<double>("kl_ci_lo");
   auto& c_hi = t.get<double>("kl_ci_hi");
   auto& c_p999 = t.get<double>("kl_p999");
+  auto& c_ru = t.get<std::string>("runner_up");
+  auto& c_ru_kl = t.get<double>("runner_up_kl");
+  auto& c_ru_p999 = t.get<double>("runner_up_p999");
+  auto& c_d = t.get<double>("delta_kl");
+  auto& c_dlo = t.get<double>("delta_kl_lo");
+  auto& c_dhi = t.get<double>("delta_kl_hi");
+  auto& c_verdict = t.get<std::string>("verdict");
+  const PerSequence seqs = per_sequence(results);
+  // The runner-up of a uniform row (sq index), its paired difference to the best and the verdict.
+  const auto compare = [&](size_t best, std::optional<size_t> second) {
+    PairedKl p;
+    if (second) {
+      const auto a = seqs.kl_sum.find(sq[*second]), b = seqs.kl_sum.find(sq[best]);
+      if (a != seqs.kl_sum.end() && b != seqs.kl_sum.end())
+        p = paired_kl_difference(a->second, b->second, seqs.tokens, seqs.counts);
+    }
+    const Metric m2 = second ? kl.at(sq[*second]) : Metric{};
+    c_ru.push_back(second ? sq[*second] : "");
+    c_ru_kl.push_back(m2.kl);
+    c_ru_p999.push_back(m2.kl_p999);
+    c_d.push_back(p.delta);
+    c_dlo.push_back(p.lo);
+    c_dhi.push_back(p.hi);
+    c_verdict.push_back(paired_verdict(sq[best], second ? sq[*second] : "", sb[best], second ? sb[*second] : kNaN, p,
+                                       source));
+  };
+  const auto no_comparison = [&]() {
+    c_ru.push_back("");
+    for (auto* c : {&c_ru_kl, &c_ru_p999, &c_d, &c_dlo, &c_dhi}) c->push_back(kNaN);
+    c_verdict.push_back("");
+  };
   const auto row = [&](double f, const char* choice, const std::string& q, double bytes, const Metric& m,
                        const std::string& src, double obj) {
     const std::optional<TransformedSpec> ts = as_spec(q);
@@ -282,19 +418,28 @@ ColumnTable decision_table(const std::filesystem::path& results, const std::vect
   for (const double f : fractions) {
     const double budget = f * bf16, lim = budget * (1 + kPlanBudgetSlack);
     for (const bool engine : {false, true}) {
-      std::optional<size_t> best;
+      std::optional<size_t> best, second;
       for (size_t i = 0; i < sq.size(); ++i) {
         const std::optional<TransformedSpec> ts = as_spec(sq[i]);
         const auto m = kl.find(sq[i]);
         if (!ts || m == kl.end() || !std::isfinite(m->second.kl) || sb[i] > lim || inapplicable(i)) continue;
         if (engine && !ships_in_an_engine(*ts)) continue;
-        if (!best || m->second.kl < kl.at(sq[*best]).kl) best = i;
+        if (!best || m->second.kl < kl.at(sq[*best]).kl) {
+          second = best;
+          best = i;
+        } else if (!second || m->second.kl < kl.at(sq[*second]).kl) {
+          second = i;
+        }
       }
       const char* choice = engine ? "engine" : "uniform";
       if (best)
         row(f, choice, sq[*best], sb[*best], kl.at(sq[*best]), source, plan_objective_of(*in, sq[*best]));
       else
         row(f, choice, "-", kNaN, {}, "none", kNaN);
+      if (best && !engine)
+        compare(*best, second);
+      else
+        no_comparison();
     }
     try {
       const PlanSolution s = solve_plan(in->groups, budget, in->units_per_byte);
@@ -310,6 +455,7 @@ ColumnTable decision_table(const std::filesystem::path& results, const std::vect
     } catch (const std::invalid_argument&) {  // the budget is below the cheapest assignment
       row(f, "plan", "-", kNaN, {}, "none", kNaN);
     }
+    no_comparison();
   }
   t.get<std::string>("objective") = std::vector<std::string>(c_frac.size(), in->objective);
   return t;
@@ -331,6 +477,9 @@ std::string format_decision(const ColumnTable& t) {
   const auto& lo = t.has("kl_ci_lo") ? doubles(t, "kl_ci_lo") : none;
   const auto& hi = t.has("kl_ci_hi") ? doubles(t, "kl_ci_hi") : none;
   const auto& p999 = t.has("kl_p999") ? doubles(t, "kl_p999") : none;
+  const std::vector<std::string> verdict =
+      t.has("verdict") ? strings(t, "verdict") : std::vector<std::string>(q.size());
+  const auto& ru_p999 = t.has("runner_up_p999") ? doubles(t, "runner_up_p999") : none;
   std::string out = "decision (bytes: whole model, c_kv + k_pe, metadata included, per token):\n";
   for (size_t i = 0; i < t.num_rows(); ++i) {
     if (i == 0 || f[i] != f[i - 1])
@@ -350,6 +499,12 @@ std::string format_decision(const ColumnTable& t) {
       what = fmt::format("{}, planner objective {:.4g}", src[i], obj[i]);
     const std::string shipped = choice[i] == "engine" && !engine[i].empty() ? " [" + engine[i] + "]" : "";
     out += fmt::format("  {:<8} {}{} at {:.6g} B/token: {}\n", choice[i], q[i], shipped, bytes[i], what);
+    if (!verdict[i].empty()) {
+      const std::string tails = std::isfinite(p999[i]) && std::isfinite(ru_p999[i])
+                                    ? fmt::format(" (p99.9 {:.4g} vs {:.4g})", p999[i], ru_p999[i])
+                                    : std::string();
+      out += fmt::format("  {:<8} {}{}\n", "vs next", verdict[i], tails);
+    }
   }
   const bool e2e = std::any_of(src.begin(), src.end(), [](const std::string& s) { return s.ends_with("e2e"); });
   if (t.num_rows() > 0)

@@ -165,9 +165,11 @@ TEST(Decision, TheLineShowsTheIntervalAndTheTail) {
   ColumnTable t = empty_table(decision_spec());
   const double nan = std::numeric_limits<double>::quiet_NaN();
   add_row(t, {0.25, 288.0, std::string("uniform"), std::string("tc3"), 216.0, 0.01927, 0.9497, 0.02554,
-              std::string("e2e"), nan, std::string(""), std::string("kl"), 0.0171, 0.0215, 0.2104});
+              std::string("e2e"), nan, std::string(""), std::string("kl"), 0.0171, 0.0215, 0.2104, std::string(""), nan, nan,
+              nan, nan, nan, std::string("")});
   add_row(t, {0.25, 288.0, std::string("engine"), std::string("q4_0"), 324.0, 0.0674, 0.897, 0.25, std::string("e2e"),
-              nan, std::string("llama.cpp --cache-type-k q4_0"), std::string("kl"), nan, nan, nan});
+              nan, std::string("llama.cpp --cache-type-k q4_0"), std::string("kl"), nan, nan, nan, std::string(""), nan,
+              nan, nan, nan, nan, std::string("")});
   const std::string out = format_decision(t);
   EXPECT_NE(out.find("uniform  tc3 at 216 B/token: KL 0.01927 [0.0171, 0.0215], p99.9 0.2104, top-1 0.9497, dppl "
                      "+0.02554 (e2e)"),
@@ -178,4 +180,67 @@ TEST(Decision, TheLineShowsTheIntervalAndTheTail) {
             std::string::npos)
       << out;
   EXPECT_NE(out.find("[its 95% interval over sequences], p99.9: the per-token tail"), std::string::npos) << out;
+}
+
+// The paired difference of two runs on hand-computed draws: 3 sequences of 10, 10 and 20 tokens; run a's KL
+// sums (1, 2, 8), run b's (0.5, 2, 4): delta = 11/40 − 6.5/40 = 0.1125. Draws (each draw's Σ c·a / Σ c·t −
+// Σ c·b / Σ c·t): (3,0,0): 3/30 − 1.5/30 = 0.05; (0,3,0): 0; (0,0,3): 24/60 − 12/60 = 0.2; (1,1,1): 0.1125;
+// (2,0,1): 10/40 − 5/40 = 0.125. Sorted 0, 0.05, 0.1125, 0.125, 0.2; numpy linear at 2.5%: position 0.1 ->
+// 0 + 0.1 × 0.05 = 0.005; at 97.5%: position 3.9 -> 0.125 + 0.9 × 0.075 = 0.1925.
+TEST(Decision, PairedDifferenceByHand) {
+  const std::vector<std::vector<double>> draws = {{3, 0, 0}, {0, 3, 0}, {0, 0, 3}, {1, 1, 1}, {2, 0, 1}};
+  const PairedKl p = paired_kl_difference({1, 2, 8}, {0.5, 2, 4}, {10, 10, 20}, draws);
+  EXPECT_DOUBLE_EQ(p.delta, 0.1125);
+  EXPECT_NEAR(p.lo, 0.005, 1e-15);
+  EXPECT_NEAR(p.hi, 0.1925, 1e-15);
+  EXPECT_EQ(p.tokens, 40);
+  EXPECT_EQ(p.num_seqs, 3);
+  // one sequence: the difference, no interval
+  const PairedKl one = paired_kl_difference({3}, {1}, {10}, {{1}, {1}});
+  EXPECT_DOUBLE_EQ(one.delta, 0.2);
+  EXPECT_TRUE(std::isnan(one.lo) && std::isnan(one.hi));
+  EXPECT_THROW(paired_kl_difference({1, 2}, {1}, {10, 10}, draws), std::invalid_argument);
+}
+
+// The verdict's wording: a clear win (the interval above 0), a tie (the interval holding 0: the cheaper named),
+// one sequence (no interval, and why), and the attention KL (no verdict).
+TEST(Decision, VerdictWording) {
+  PairedKl win;
+  win.delta = 0.0123, win.lo = 0.0081, win.hi = 0.0165, win.tokens = 2048, win.num_seqs = 4;
+  EXPECT_EQ(paired_verdict("int4-asym-channel-g32", "q4_0", 216, 180, win, "e2e"),
+            "int4-asym-channel-g32 beats q4_0: ΔKL = 0.0123 [0.0081, 0.0165]");
+  PairedKl tie = win;
+  tie.delta = 0.0011, tie.lo = -0.0004, tie.hi = 0.0027;
+  EXPECT_EQ(paired_verdict("int4-asym-channel-g32", "q4_0", 216, 180, tie, "e2e"),
+            "int4-asym-channel-g32 and q4_0 are indistinguishable on 2048 tokens; the cheaper is q4_0 "
+            "(ΔKL = 0.0011 [-0.0004, 0.0027])");
+  EXPECT_EQ(paired_verdict("a", "b", 100, 120, tie, "e2e"),
+            "a and b are indistinguishable on 2048 tokens; the cheaper is a (ΔKL = 0.0011 [-0.0004, 0.0027])");
+  PairedKl one;
+  one.delta = 0.002, one.tokens = 512, one.num_seqs = 1;
+  EXPECT_EQ(paired_verdict("a", "b", 100, 120, one, "e2e"),
+            "a vs b: ΔKL = 0.002, no interval: 1 sequence (the bootstrap over sequences needs two or more)");
+  EXPECT_EQ(paired_verdict("a", "b", 100, 120, PairedKl{}, "attention"),
+            "a vs b: verdict not available (the KL is the attention KL; no /e2e per-sequence values)");
+  EXPECT_EQ(paired_verdict("a", "b", 100, 120, PairedKl{}, "e2e"),
+            "a vs b: verdict not available (/e2e has no per-sequence values: rerun the e2e step)");
+  EXPECT_EQ(paired_verdict("a", "", 100, 0, win, "e2e"), "a is the only measured uniform format within the budget");
+}
+
+// A good mean with a bad tail: the choice wins on the mean, and the "vs next" line puts both p99.9 beside it.
+TEST(Decision, TheVerdictLineShowsBothTails) {
+  ColumnTable t = empty_table(decision_spec());
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  add_row(t, {0.25, 288.0, std::string("uniform"), std::string("int4-asym-token"), 216.0, 0.0150, 0.95, 0.02,
+              std::string("e2e"), nan, std::string(""), std::string("kl"), 0.0140, 0.0161, 1.873,
+              std::string("had,int4-asym-token"), 0.0172, 0.2210, 0.0022, 0.0012, 0.0031,
+              std::string("int4-asym-token beats had,int4-asym-token: ΔKL = 0.0022 [0.0012, 0.0031]")});
+  const std::string out = format_decision(t);
+  EXPECT_NE(out.find("uniform  int4-asym-token at 216 B/token: KL 0.015 [0.014, 0.0161], p99.9 1.873, top-1 0.9500"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("  vs next  int4-asym-token beats had,int4-asym-token: ΔKL = 0.0022 [0.0012, 0.0031] "
+                     "(p99.9 1.873 vs 0.221)\n"),
+            std::string::npos)
+      << out;
 }

@@ -618,6 +618,8 @@ REPORTED_GROUPS = (
     "e2e",
     "e2e_position",
     "attention_position",
+    "e2e_seq",  # the per-sequence KL and the bootstrap draws: read by /decision's paired comparison, shown there
+    "e2e_bootstrap",
 )
 OTHER_MAX_ROWS = 50  # rows of a plain table shown in report.md
 
@@ -702,7 +704,31 @@ def decision_lines(d):
         "",
         md_table(header, rows),
         "",
+        *_verdict_lines(d),
     ]
+
+
+def _verdict_lines(d):
+    """Per budget, the best uniform format against the runner-up (/decision's verdict, latentq/decision.h
+    paired_verdict) with both per-token p99.9 KL; [] for a file written before the column."""
+    if "verdict" not in d.columns:
+        return []
+    out = []
+    for r in d.itertuples(index=False):
+        if r.choice != "uniform" or not r.verdict:
+            continue
+        tails = ""
+        if math.isfinite(r.kl_p999) and math.isfinite(r.runner_up_p999):
+            tails = f" (p99.9 {r.kl_p999:.4g} vs {r.runner_up_p999:.4g})"
+        out.append(f"- {r.budget_bytes:.6g} ({_fraction_label(r.budget_fraction)}): {r.verdict}{tails}")
+    if not out:
+        return []
+    note = (
+        "Best uniform format against the runner-up at each budget: ΔKL = KL(runner-up) − KL(best) on the same "
+        "tokens, with its 95% paired bootstrap interval over sequences; *beats* when the interval lies above 0. "
+        "p99.9: the per-token KL tail of each."
+    )
+    return [note, "", *out, ""]
 
 
 def _markdown_lines(path, attrs, Q, front, rep, decision=None, findings=()):

@@ -22,7 +22,9 @@
 // uniform row the same sum over its options), so the three rows compare in one unit.
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -45,10 +47,32 @@ const GroupSpec& decision_spec();
 /// kl_mean, top1_agree, delta_ppl, source (e2e, attention, measured-e2e, measured-attention, predicted,
 /// none), plan_objective, engine (the engine and setting that ship the row's format, "" when none), objective,
 /// kl_ci_lo / kl_ci_hi (the 95% interval of the row's /e2e kl_mean) and kl_p999 (its per-token tail), NaN when
-/// the source has none). Throws
+/// the source has none; on a uniform row runner_up, runner_up_kl, runner_up_p999, delta_kl [delta_kl_lo,
+/// delta_kl_hi] (paired_kl_difference of the runner-up and the choice) and verdict (paired_verdict)). Throws
 /// std::invalid_argument naming the file for a missing /summary or root
 /// attribute, and as read_table().
 ColumnTable decision_table(const std::filesystem::path& results, const std::vector<double>& fractions);
+
+/// The paired difference of two /e2e runs' kl_mean on the same sequences: delta = Σ_s kl_sum_a[s] / Σ_s tokens[s]
+/// − the same of b; [lo, hi] its 95% percentile bootstrap (numpy "linear" percentiles 2.5 and 97.5) over the
+/// draws `counts` [draw][seq] (how often each sequence is drawn: the /e2e_bootstrap draws of /e2e's intervals,
+/// latentq.e2e_stats.paired_difference), each draw's Σ_s c_s·kl_sum_a[s] / Σ_s c_s·tokens[s] minus b's. NaN
+/// interval with one sequence or no draws. Throws std::invalid_argument when the lengths differ.
+struct PairedKl {
+  double delta = std::numeric_limits<double>::quiet_NaN(), lo = std::numeric_limits<double>::quiet_NaN(),
+         hi = std::numeric_limits<double>::quiet_NaN();
+  int64_t tokens = 0, num_seqs = 0;
+};
+PairedKl paired_kl_difference(const std::vector<double>& kl_sum_a, const std::vector<double>& kl_sum_b,
+                              const std::vector<double>& tokens, const std::vector<std::vector<double>>& counts);
+
+/// The verdict of `best` against `runner_up` (p = paired_kl_difference(runner-up, best)): "B beats R: ΔKL = a [lo,
+/// hi]" when lo > 0; else "B and R are indistinguishable on N tokens; the cheaper is C (ΔKL = a [lo, hi])" (C the
+/// one with fewer bytes, B on a tie); with one sequence the ΔKL and why there is no interval; with `source` other
+/// than "e2e" (the attention KL) or no per-sequence values, "verdict not available" and why. Without a
+/// runner-up (empty): "B is the only measured uniform format within the budget".
+std::string paired_verdict(const std::string& best, const std::string& runner_up, double best_bytes,
+                           double runner_up_bytes, const PairedKl& p, const std::string& source);
 
 /// The terminal form: one block per budget ("at N B/token (1/8 of bf16): use X ..."), then the objective
 /// and the metric's source in words.
