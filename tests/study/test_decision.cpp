@@ -106,7 +106,9 @@ TEST_F(DecisionTest, RowsComeFromTheTablesAndARunPlanIsMeasured) {
     }
     // fp8-e4m3-tensor[-s1] is (16 + 8) codes per layer and token plus an f32 scale per layer and target over the
     // dump's 64 tokens: 3 x 24 + 3 x 2 x 4 / 64 = 72.375 B/token, so no engine format fits 36 and one fits 108
-    if (choice == "engine" && budget == 108.0) EXPECT_EQ(q.rfind("fp8-e4m3-tensor", 0), 0u) << q;
+    if (choice == "engine" && budget == 108.0) {
+      EXPECT_EQ(q.rfind("fp8-e4m3-tensor", 0), 0u) << q;
+    }
     if (best.empty()) {
       EXPECT_EQ(choice + " " + q + " " + d.get<std::string>("source")[i], "engine - none");
       continue;

@@ -117,8 +117,9 @@ TEST_F(NotApplicableTest, DefaultStudyOnA16WideKpeCompletesAndListsThemOnce) {
   const PlanInputs in = read_plan_inputs(results, "kl");
   for (const PlanGroup& g : in.groups)
     for (const PlanOption& opt : g.options)
-      if (g.target == Target::KPE)
+      if (g.target == Target::KPE) {
         EXPECT_EQ(std::find(kGgml.begin(), kGgml.end(), opt.quantizer), kGgml.end()) << opt.quantizer;
+      }
   for (const std::string& u : in.uniform) EXPECT_EQ(std::find(kGgml.begin(), kGgml.end(), u), kGgml.end()) << u;
 }
 
