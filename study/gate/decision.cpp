@@ -14,6 +14,7 @@
 #include "latentq/applicable.h"
 #include "latentq/batch_study.h"
 #include "latentq/plan.h"
+#include "latentq/regress.h"
 #include "latentq/results.h"
 #include "latentq/spec.h"
 #include "latentq/transform.h"
@@ -120,15 +121,6 @@ PerSequence per_sequence(const std::filesystem::path& results) {
   return p;
 }
 
-// numpy.percentile's "linear": the value at fraction q/100 · (n − 1) of the sorted values.
-double percentile_linear(std::vector<double> v, double q) {
-  std::sort(v.begin(), v.end());
-  const double pos = q / 100 * static_cast<double>(v.size() - 1);
-  const auto lo = static_cast<size_t>(std::floor(pos));
-  const size_t hi = std::min(lo + 1, v.size() - 1);
-  return v[lo] + (pos - static_cast<double>(lo)) * (v[hi] - v[lo]);
-}
-
 }  // namespace
 
 PairedKl paired_kl_difference(const std::vector<double>& kl_sum_a, const std::vector<double>& kl_sum_b,
@@ -152,8 +144,8 @@ PairedKl paired_kl_difference(const std::vector<double>& kl_sum_a, const std::ve
     for (size_t s = 0; s < n; ++s) a += c[s] * kl_sum_a[s], b += c[s] * kl_sum_b[s], t += c[s] * tokens[s];
     d.push_back(a / t - b / t);
   }
-  out.lo = percentile_linear(d, 2.5);
-  out.hi = percentile_linear(d, 97.5);
+  out.lo = percentile_linear(d, 0.025);  // latentq/regress.h: numpy's "linear"
+  out.hi = percentile_linear(d, 0.975);
   return out;
 }
 
