@@ -92,7 +92,7 @@ int64_t decode_order_cache_bytes(const QuantSpec& spec, Target target, int64_t D
     quantized.push_back(quantized.back() + c.quantized_tokens);
   }
   return bf16 * 2 * D + storage_bytes(spec, target, D, quantized) +
-         quantized.back() * (target == Target::CKV ? record_pad_per_token(spec, target, D, D_kpe) : 0);
+         quantized.back() * record_pad_per_token(spec, target, D, D_kpe);  // 0 but for a preset's c_kv
 }
 
 void round_bf16(const float* x, int64_t n, float* out) {

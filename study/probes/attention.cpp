@@ -107,6 +107,11 @@ SelectionRecall selection_recall(const Layer& l, const std::vector<int64_t>& off
   return {recall / double(Tq), double(changed) / double(Tq)};
 }
 
+probes::KeySelection indexer_selection(const Dump& dump, const Layer& l, std::span<const float> index_k) {
+  return probes::dsa_select_topk(l.index_q, l.index_w, index_k, l.index_heads, l.index_dim, l.q_rows,
+                                 dump.seq_offsets, l.index_softmax_scale, l.index_topk);
+}
+
 std::shared_ptr<const AttentionLayerReference> attention_reference(const LayerAccess& in, int layer) {
   return in.shared<AttentionLayerReference>(layer, "attention.reference", [&] {
     const Layer& l = in.layer(layer);
@@ -209,9 +214,7 @@ std::vector<ColumnTable> run_error_with_indexer(const ErrorCell& c, const LayerA
                                                           c.transform_kpe.value_or(c.transform), kpe.data()));
   const QuantizedTensor qi =
       quantize_dequantize(index_spec, Target::CKV, l.index_k.data(), T, l.index_dim, dump.seq_offsets, kq.data());
-  const probes::KeySelection sel = probes::dsa_select_topk(l.index_q, l.index_w, kq, l.index_heads, l.index_dim,
-                                                           l.q_rows, dump.seq_offsets, l.index_softmax_scale,
-                                                           l.index_topk);
+  const probes::KeySelection sel = indexer_selection(dump, l, kq);
   const std::shared_ptr<const AttentionLayerReference> ref = attention_reference(in, c.layer);
   probes::AttentionQueries qs = ref->queries;
   qs.selected_offsets = sel.offsets;

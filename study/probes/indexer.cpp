@@ -17,7 +17,6 @@
 #include <vector>
 
 #include "latentq/attention/attention.h"
-#include "latentq/attention/dsa.h"
 #include "latentq/config.h"
 #include "latentq/metrics.h"
 #include "latentq/probe_attention.h"
@@ -157,7 +156,8 @@ class IndexerProbe final : public Probe {
     const int64_t Dc = dump.attrs.kv_lora_rank, Dr = dump.attrs.qk_rope_head_dim;
     const probes::AttentionQueries q = attention_queries(dump, l);  // the model's selection (topk_keys)
     const auto ref = probes::AbsorbedAttention<double>(q).run(l.c_kv, l.k_pe, true);
-    // Each latent format's decoded c_kv and k_pe, and the attention over the model's selection on them.
+    // Each latent format's decoded c_kv and k_pe (none for exact: the layer's own are read), and the attention
+    // over the model's selection on them.
     struct Latent {
       std::string name;
       std::vector<float> ckv, kpe;
@@ -165,11 +165,13 @@ class IndexerProbe final : public Probe {
     };
     std::vector<Latent> latents;
     for (const std::string& name : S.latent) {
-      Latent L{name, l.c_kv, l.k_pe, double(2 * (Dc + Dr)), 0.0};
+      Latent L{name, {}, {}, double(2 * (Dc + Dr)), 0.0};
       if (name != kExactLatent) {
         const QuantSpec spec = QuantSpec::parse(name);
         if (!why_not_applicable(spec, Target::CKV, Dc).empty() || !why_not_applicable(spec, Target::KPE, Dr).empty())
           continue;
+        L.ckv.resize(l.c_kv.size());
+        L.kpe.resize(l.k_pe.size());
         const QuantizedTensor a = quantize_dequantize(spec, Target::CKV, l.c_kv.data(), T, Dc, dump.seq_offsets,
                                                       L.ckv.data());
         const QuantizedTensor b = quantize_dequantize(spec, Target::KPE, l.k_pe.data(), T, Dr, dump.seq_offsets,
@@ -187,9 +189,7 @@ class IndexerProbe final : public Probe {
       if (!why_not_applicable(spec, Target::CKV, d).empty()) continue;
       const QuantizedTensor qt = quantize_dequantize(spec, Target::CKV, l.index_k.data(), T, d, dump.seq_offsets,
                                                      kq.data());
-      const probes::KeySelection sel = probes::dsa_select_topk(l.index_q, l.index_w, kq, l.index_heads, l.index_dim,
-                                                               l.q_rows, dump.seq_offsets, l.index_softmax_scale,
-                                                               l.index_topk);
+      const probes::KeySelection sel = indexer_selection(dump, l, kq);
       const SelectionRecall rc = selection_recall(l, sel.offsets, sel.keys);
       probes::AttentionQueries qs = q;
       qs.selected_offsets = sel.offsets;

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -77,6 +78,10 @@ struct SelectionRecall {
   double recall = 0, rows_changed = 0;
 };
 SelectionRecall selection_recall(const Layer& l, const std::vector<int64_t>& offsets, const std::vector<int32_t>& keys);
+/// Sparse MLA, a layer with its own DSA indexer: each query row's causal top-index_topk (latentq/attention/dsa.h
+/// dsa_select_topk) from the layer's index_q, index_w and scale over `index_k` [T, index_dim] (the layer's own key
+/// cache, or its quantize-dequantize). Throws as dsa_select_topk.
+probes::KeySelection indexer_selection(const Dump& dump, const Layer& l, std::span<const float> index_k);
 
 /// Warning lines for the /attention_check rows above `tolerance` (or NaN).
 std::vector<std::string> attention_check_warnings(const ColumnTable& check, double tolerance);
