@@ -103,6 +103,7 @@ int cmd_run(const RunArgs& a, std::ostream& out, std::ostream& err, bool progres
   // the latent-error cells, then the probe cells; every studied layer's values checked first
   const StudyPlan plan = plan_study(cfg, *backend, progress_reporter(err, progress_bar, "layers checked"));
   for (const std::string& w : plan.probes.warnings) err << "latentq: warning: " << w << "\n";
+  const double plan_secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   out << format_not_applicable(not_applicable(cfg, plan.dump().attrs));  // the pairs left out, once
   BatchOptions bo;
   bo.shard = shard;
@@ -132,8 +133,10 @@ int cmd_run(const RunArgs& a, std::ostream& out, std::ostream& err, bool progres
     if (!a.verbose)
       out << fmt::format("study: {} tables in {} (--verbose prints them; the report shows them)\n", r.tables.size(),
                          cfg.results.string());
-    out << fmt::format("\n{} cells ({} quantizers{}) on {} in {:.1f} s\nresults: {}\n", r.owned, plan.quantizers.size(),
-                       resumed, backend->name(), secs, cfg.results.string());
+    out << fmt::format("\n{} cells ({} quantizers{}) on {} in {:.1f} s\ntime: plan (dump read, layers checked) {:.1f} s; "
+                       "{}\nresults: {}\n",
+                       r.owned, plan.quantizers.size(), resumed, backend->name(), secs, plan_secs,
+                       format_cell_time(r, worker_threads(a.threads)), cfg.results.string());
     if (cfg.probes.e2e.enabled && !a.no_e2e)
       run_e2e_step(cfg, plan.dump().attrs, cfg.results, a.threads, out, err, a.verbose);
     if (!a.no_decision) decision_step(cfg.results, a.budgets, out);
@@ -143,8 +146,9 @@ int cmd_run(const RunArgs& a, std::ostream& out, std::ostream& err, bool progres
       out << "e2e: skipped: a shard; `latentq merge` runs it on the merged file\n";
     out << fmt::format(
         "shard {}: {} of the {} cells{} on {} in {:.1f} s (no /summary: `latentq merge` writes it)\n"
-        "results: {}\n",
-        shard.to_string(), r.owned, r.total, resumed, backend->name(), secs, cfg.results.string());
+        "time: plan (dump read, layers checked) {:.1f} s; {}\nresults: {}\n",
+        shard.to_string(), r.owned, r.total, resumed, backend->name(), secs, plan_secs,
+        format_cell_time(r, worker_threads(a.threads)), cfg.results.string());
   }
   return kExitOk;
 }

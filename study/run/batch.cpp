@@ -564,6 +564,7 @@ class CellPool {
   // Read after run().
   std::vector<std::exception_ptr> errors;  // by plan index
   size_t unwritten = 0, computed = 0, failed = 0;
+  std::map<std::string, CellTime> time_by_group;  // computed cells by their first group
 
  private:
   void work() {
@@ -574,17 +575,22 @@ class CellPool {
       const size_t i = pending_[k];
       std::shared_ptr<const CellTables> t;
       std::exception_ptr err;
+      const auto t0 = std::chrono::steady_clock::now();
       try {
         t = compute_cell(plan_[i], serial_);
       } catch (...) {
         err = std::current_exception();
         t.reset();
       }
+      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       {
         const std::lock_guard<std::mutex> lk(m_);
         if (t) {
           done_[i] = std::move(t);
           ++computed;
+          CellTime& ct = time_by_group[plan_[i].groups.empty() ? std::string("?") : plan_[i].groups.front()];
+          ++ct.cells;
+          ct.seconds += secs;
           ++unwritten;
           if (options_.stop_after && computed >= options_.stop_after) stop_ = true;
         } else {
@@ -665,7 +671,13 @@ BatchResult run_batch(const fs::path& out, const Attrs& attrs, const std::vector
 
   // Workers take pending cells in canonical order; the calling thread checkpoints.
   CellPool pool(plan, pending, options, done);
+  const auto t_cells = std::chrono::steady_clock::now();
   pool.run(res.resumed, owned.size(), write_partial);
+  const auto t_finish = std::chrono::steady_clock::now();
+  res.cells_seconds = std::chrono::duration<double>(t_finish - t_cells).count();
+  for (auto& [g, ct] : pool.time_by_group) res.cell_time.push_back({g, ct.cells, ct.seconds});
+  std::stable_sort(res.cell_time.begin(), res.cell_time.end(),
+                   [](const CellTime& a, const CellTime& b) { return a.seconds > b.seconds; });
   const size_t computed = pool.computed;
   res.computed = computed;
 
@@ -689,11 +701,31 @@ BatchResult run_batch(const fs::path& out, const Attrs& attrs, const std::vector
   const bool keep_foreign = !res.resumed_from.empty() && res.resumed_from == out;
   write_results(out, a, tables, keep_foreign ? WriteMode::Update : WriteMode::Replace);
   fs::remove(partial, ec);
+  res.finish_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_finish).count();
   res.complete = true;
   res.written = out;
   res.attrs = std::move(a);
   res.tables = std::move(tables);
   return res;
+}
+
+std::string format_cell_time(const BatchResult& r, int threads, size_t kinds) {
+  std::string parts;
+  double other = 0;
+  size_t other_cells = 0;
+  for (size_t k = 0; k < r.cell_time.size(); ++k) {
+    const CellTime& c = r.cell_time[k];
+    if (k < kinds) {
+      parts += fmt::format("{}{} {:.1f} s / {} cells", parts.empty() ? "" : ", ", c.group, c.seconds, c.cells);
+    } else {
+      other += c.seconds;
+      other_cells += c.cells;
+    }
+  }
+  if (other_cells) parts += fmt::format(", other {:.1f} s / {} cells", other, other_cells);
+  return fmt::format("cells {:.1f} s wall on {} thread{} (thread-seconds: {}); derived tables + write {:.1f} s",
+                     r.cells_seconds, threads, threads == 1 ? "" : "s", parts.empty() ? "none computed" : parts,
+                     r.finish_seconds);
 }
 
 // ---- merge ----------------------------------------------------------------------------------------

@@ -9,6 +9,8 @@
 #include <limits>
 #include <set>
 #include <sstream>
+#include <thread>
+#include <chrono>
 
 #include "latentq/batch.h"
 #include "latentq/batch_study.h"
@@ -255,6 +257,46 @@ TEST_F(BatchTest, UnshardedFileLayout) {
   EXPECT_EQ(bf.cells[5].parts[1].group, "c");
   EXPECT_EQ(bf.cells[5].parts[1].table.num_columns(), 0u);
   EXPECT_FALSE(fs::exists(partial_path(out)));
+}
+
+TEST_F(BatchTest, CellTimeByKind) {
+  // 2 cells of kind "slow" (30 ms each), 3 of kind "fast" (second group "b" not counted as a kind), 1 thread.
+  std::vector<CellTask> p;
+  for (int i = 0; i < 5; ++i) {
+    CellTask t;
+    const bool slow = i < 2;
+    t.key = fmt::format("k{}", i);
+    t.groups = {slow ? "slow" : "fast"};
+    if (!slow) t.groups.push_back("b");
+    t.compute = [slow] {
+      if (slow) std::this_thread::sleep_for(std::chrono::milliseconds(30));
+      std::vector<ColumnTable> out(slow ? 1 : 2);
+      for (ColumnTable& x : out) x.add<double>("v") = {1.0};
+      return out;
+    };
+    p.push_back(std::move(t));
+  }
+  BatchOptions o;
+  o.threads = 1;
+  const BatchResult r = run_batch(dir / "t.h5", syn.attrs(), p, {}, o);
+  ASSERT_EQ(r.cell_time.size(), 2u);
+  EXPECT_EQ(r.cell_time[0].group, "slow");
+  EXPECT_EQ(r.cell_time[0].cells, 2u);
+  EXPECT_GE(r.cell_time[0].seconds, 0.06);
+  EXPECT_EQ(r.cell_time[1].group, "fast");
+  EXPECT_EQ(r.cell_time[1].cells, 3u);
+  EXPECT_LT(r.cell_time[1].seconds, r.cell_time[0].seconds);
+  EXPECT_GE(r.cells_seconds, 0.06);
+
+  BatchResult h;  // hand-built: the kinds beyond `kinds` summed as "other"
+  h.cells_seconds = 2.5;
+  h.finish_seconds = 0.3;
+  h.cell_time = {{"attention_error", 84, 3.0}, {"latent_error", 168, 1.5}, {"svd", 2, 0.5}, {"cross_layer", 1, 0.25}};
+  EXPECT_EQ(format_cell_time(h, 2, 2),
+            "cells 2.5 s wall on 2 threads (thread-seconds: attention_error 3.0 s / 84 cells, latent_error 1.5 s / "
+            "168 cells, other 0.8 s / 3 cells); derived tables + write 0.3 s");
+  EXPECT_EQ(format_cell_time(BatchResult{}, 1), "cells 0.0 s wall on 1 thread (thread-seconds: none computed); "
+                                                "derived tables + write 0.0 s");
 }
 
 TEST_F(BatchTest, ShardsMergeToTheUnshardedRun) {
