@@ -46,8 +46,9 @@ def study_layers(results_path: str) -> list[int] | None:
 
 
 def study_quantizers(results_path: str) -> list[tuple[str, tuple[str, ...]]]:
-    """(quantizer, targets) pairs of /latent_error in first-seen order. Raises ValueError on a file
-    that is missing, unreadable, not latentq-results/1 or has no /latent_error."""
+    """(quantizer, targets) pairs of /latent_error's latent rows (c_kv, k_pe) in first-seen order; the index_k rows
+    of a sparse MLA study (the indexer key cache, run apart: study_indexer_quantizers) are left out. Raises
+    ValueError on a file that is missing, unreadable, not latentq-results/1 or has no /latent_error."""
     with open_results(results_path) as f:
         schema = f.attrs.get("schema", b"")
         schema = schema.decode() if isinstance(schema, bytes) else str(schema)
@@ -60,6 +61,8 @@ def study_quantizers(results_path: str) -> list[tuple[str, tuple[str, ...]]]:
         ts = [t.decode() if isinstance(t, bytes) else str(t) for t in g["target"][:]]
     order: dict[str, list[str]] = {}
     for q, t in zip(qs, ts):
+        if t not in ("c_kv", "k_pe"):
+            continue
         lst = order.setdefault(q, [])
         if t not in lst:
             lst.append(t)

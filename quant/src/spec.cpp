@@ -150,6 +150,12 @@ constexpr IndexerPresetTraits kIndexerPresets[kIndexerPresetCount] = {
    "a page of B tokens: B x 128 e4m3 codes (token-major), then B fp32 scales", 132, {8, 128, 4, 0},
    "blocks with fl32(amax/448) > 2^-14 (amax above 7/256): below it vLLM floors amax at 1e-4 before dividing by 448 (scale 2^-14 .. 2^-22), the format floors amax/448 at 1e-4 (scale 2^-13)",
    "engine_refs.vllm_indexer_k_cache (test_indexer_presets_match_engine)"},
+  {"sglang-dsa-indexer-mxfp4", "mxfp4", 128,
+   "SGLang DSA indexer (DeepSeek-V3.2, GLM-5) --enable-dsa-fp4-indexer (PR 30546, closed unmerged), reusing the DeepSeek-V4 --enable-deepseek-v4-fp4-indexer cache of PR 26209",
+   "SGLang python/sglang/srt/layers/attention/dsv4/fp4_indexer.py quantize_fp4_indexer_tensor and store_fp4_index_k_cache at sgl-project/sglang 301bcf08726b97f5d5cdae493f5fe8e31a59ab31 (PR 26209; PR 30546's fused MXFP4 store in jit_kernel/csrc/deepseek_v32/indexer_k.cuh matches it): per 32, s = 2^ceil(log2(max(amax / 6, 1e-4))) as one UE8M0 byte, code = e2m1(x / s) with ties toward zero and no -0, element 2k in the low nibble",
+   "a page of B tokens (64 on CUDA): B x 64 e2m1 code bytes (token-major), then B x 4 UE8M0 bytes (group 0 first)", 68, {4, 32, 1, 0},
+   "blocks whose two scales agree (amax >= 2^-11 with significand <= 1.5: ceil(log2(max(fl(amax/6), 1e-4))) = floor(log2 amax) - 2) and with no x/s at +-0.75, 1.75, 3.5 (SGLang rounds these ties down, the format to even) and no negative x/s >= -0.25 (SGLang +0, the format -0); elsewhere the format's OCP floor scale is half SGLang's and its largest elements saturate",
+   "engine_refs.sglang_mxfp4_index_k_cache (test_indexer_presets_match_engine)"},
 };
 
 // The table's invariants, at compile time: one row per Format in enum order, and every preset's parts summing to the
@@ -174,6 +180,8 @@ static_assert(kPresets[9].parts_bytes() == kPresets[9].stated_bytes, "vllm-nvfp4
 static_assert(std::size(kPresets) == kPresetCount);
 static_assert(kIndexerPresets[0].part.bytes(kIndexerPresets[0].width) == kIndexerPresets[0].stated_bytes,
               "vllm-dsa-indexer-fp8: 128 e4m3 + 1 fp32");
+static_assert(kIndexerPresets[1].part.bytes(kIndexerPresets[1].width) == kIndexerPresets[1].stated_bytes,
+              "sglang-dsa-indexer-mxfp4: 128 e2m1 + 4 ue8m0");
 static_assert(std::size(kIndexerPresets) == kIndexerPresetCount);
 // clang-format on
 
@@ -430,6 +438,9 @@ std::string QuantSpec::to_string() const {
 QuantSpec QuantSpec::stored_for(Target target) const {
   if (format != Format::Preset) return *this;
   if (preset >= std::size(kPresets)) throw std::invalid_argument("invalid preset index " + std::to_string(preset));
+  if (!is_latent_target(target))
+    throw std::invalid_argument(std::string("engine preset '") + kPresets[preset].name + "' stores c_kv and k_pe; " +
+                                latentq::to_string(target) + " takes a plain format");
   return parse(target == Target::CKV ? kPresets[preset].ckv : kPresets[preset].kpe);
 }
 
@@ -465,6 +476,8 @@ std::string refusal(const QuantSpec& s, int64_t D) {
 
 std::string why_not_applicable(const QuantSpec& spec, Target target, int64_t D) {
   if (D <= 0) throw std::invalid_argument("why_not_applicable: the row length must be > 0, got " + std::to_string(D));
+  if (spec.format == Format::Preset && !is_latent_target(target))
+    return std::string("an engine record holds c_kv and k_pe, not ") + to_string(target);
   return refusal(spec.stored_for(target), D);
 }
 
@@ -593,7 +606,11 @@ const char* to_string(Granularity g) {
   }
   return "?";
 }
-const char* to_string(Target t) { return t == Target::CKV ? "c_kv" : "k_pe"; }
+const char* to_string(Target t) {
+  const auto i = static_cast<size_t>(t);
+  if (i >= kTargetCount) throw std::logic_error("invalid Target " + std::to_string(i));
+  return kTargets[i].name;
+}
 const char* to_string(ScaleDtype d) {
   switch (d) {
     case ScaleDtype::F16:
@@ -662,9 +679,12 @@ std::vector<FormatRow> format_rows() {
 }
 
 Target parse_target(std::string_view s) {
-  if (s == "c_kv") return Target::CKV;
-  if (s == "k_pe") return Target::KPE;
-  throw std::invalid_argument("unknown target '" + std::string(s) + "': expected c_kv or k_pe");
+  std::string names;
+  for (const TargetTraits& t : kTargets) {
+    if (s == t.name) return t.target;
+    names += std::string(names.empty() ? "" : ", ") + t.name;
+  }
+  throw std::invalid_argument("unknown target '" + std::string(s) + "', available: " + names);
 }
 
 }  // namespace latentq

@@ -240,6 +240,10 @@ std::vector<Target> parse_input_targets(const Parser& P, const toml::node& n) {
     } catch (const std::invalid_argument& e) {
       P.fail(n, std::string("'input.targets': ") + e.what());
     }
+    if (!is_latent_target(t))
+      P.fail(n, fmt::format("'input.targets': '{}' is studied by [indexer] on a sparse MLA dump (its quantizers); "
+                            "input.targets lists c_kv and/or k_pe",
+                            s));
     if (std::find(targets.begin(), targets.end(), t) != targets.end())
       P.fail(n, fmt::format("'input.targets': '{}' is listed twice", s));
     targets.push_back(t);

@@ -305,6 +305,7 @@ PlanInputs read_plan_inputs(const std::filesystem::path& results, const std::str
   std::vector<std::vector<Frac>> frac;
   int64_t den = 1;  // the least common denominator
   for (size_t i = 0; i < layer.size(); ++i) {
+    if (!is_latent_target(parse_target(target[i]))) continue;  // sparse MLA's index_k: not the latent cache's bytes
     const auto key = std::make_pair(layer[i], target[i]);
     auto it = index.find(key);
     if (it == index.end()) {

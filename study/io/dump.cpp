@@ -269,6 +269,28 @@ void check_attention_sets(Loader& L, Dump& D) {
   D.file_has_attention = first_with >= 0;
 }
 
+// D.attrs.index_head_dim: the width of every layer's indexer key cache (/layers/NNN/index_k [T, d]), one for the
+// whole file; 0 when no layer has one (dense MLA; a sparse dump whose layers share another's indexer).
+void read_index_width(Loader& L, const H5::H5File& file, Dump& D) {
+  int first = -1;
+  for (int li : D.file_layers) {
+    const std::string kn = layer_group(li) + "/index_k";
+    if (!L.has(kn)) continue;
+    const std::vector<hsize_t> d = h5::dims_of(file.openDataSet(kn));
+    if (d.size() != 2 || d[1] == 0)
+      L.invalid(fmt::format("{} has shape {}, expected [T, index dim] with index dim >= 1", kn, h5::shape_str(d)));
+    const auto w = static_cast<int64_t>(d[1]);
+    D.indexer_layers.push_back(li);
+    if (first < 0) {
+      first = li;
+      D.attrs.index_head_dim = w;
+    } else if (w != D.attrs.index_head_dim) {
+      L.invalid(fmt::format("{} is {} wide but layer {:03d}'s index_k is {} wide (one indexer width per dump)", kn, w,
+                            first, D.attrs.index_head_dim));
+    }
+  }
+}
+
 // The layers to load: opt.layers (sorted, distinct; every file layer when empty), each in the file.
 std::vector<int> wanted_layers(const std::filesystem::path& path, const Dump& D, const LoadOptions& opt) {
   std::vector<int> want = opt.layers.empty() ? D.file_layers : opt.layers;
@@ -431,6 +453,7 @@ Dump load(const std::filesystem::path& path, const H5::H5File& file, const LoadO
   read_token_arrays(L, D);
   read_layer_list(L, file, D);
   check_attention_sets(L, D);
+  read_index_width(L, file, D);
   const std::vector<int> want = wanted_layers(path, D, opt);
   const bool attention = opt.attention && D.file_has_attention;
   LayerReader R(L, file, D);
@@ -448,6 +471,35 @@ Dump load(const std::filesystem::path& path, const H5::H5File& file, const LoadO
 }
 
 }  // namespace
+
+int64_t DumpAttrs::width(Target t) const {
+  switch (t) {
+    case Target::CKV:
+      return kv_lora_rank;
+    case Target::KPE:
+      return qk_rope_head_dim;
+    case Target::IndexK:
+      return index_head_dim;
+  }
+  throw std::logic_error(fmt::format("invalid Target {}", static_cast<int>(t)));
+}
+
+const std::vector<float>& Layer::rows(Target t) const {
+  switch (t) {
+    case Target::CKV:
+      return c_kv;
+    case Target::KPE:
+      return k_pe;
+    case Target::IndexK:
+      return index_k;
+  }
+  throw std::logic_error(fmt::format("invalid Target {}", static_cast<int>(t)));
+}
+
+bool Dump::holds(int index, Target target) const {
+  if (is_latent_target(target)) return true;
+  return file_has_attention && std::binary_search(indexer_layers.begin(), indexer_layers.end(), index);
+}
 
 const Layer& Dump::layer(int index) const {
   for (const Layer& l : layers)

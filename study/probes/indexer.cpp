@@ -28,14 +28,16 @@ namespace latentq {
 namespace {
 
 /// [indexer]: enabled, and the formats of the indexer key cache to study (any spec but an engine preset, whose
-/// record pairs c_kv with k_pe). The defaults: bf16, the format of every engine indexer cache of kIndexerPresets
-/// (latentq/spec.h: vLLM's FP8 DeepseekV32IndexerCache, e4m3 with a power-of-two fp32 scale per 128, 132 B per
-/// token at d_i = 128) and MXFP4 (68 B at 128).
+/// record pairs c_kv with k_pe). The defaults, each once, in this order: bf16, the format of every engine indexer
+/// cache of kIndexerPresets (latentq/spec.h: vLLM's FP8 DeepseekV32IndexerCache, e4m3 with a power-of-two fp32 scale
+/// per 128, 132 B per token at d_i = 128; SGLang's MXFP4 index-K cache, 68 B) and MXFP4 (68 B at 128).
 std::vector<std::string> default_indexer_quantizers() {
   std::vector<std::string> q{"bf16"};
-  for (const IndexerPresetTraits& p : kIndexerPresets)
-    if (std::find(q.begin(), q.end(), p.spec) == q.end()) q.push_back(p.spec);
-  q.push_back("mxfp4");
+  const auto add = [&q](const std::string& s) {
+    if (std::find(q.begin(), q.end(), s) == q.end()) q.push_back(s);
+  };
+  for (const IndexerPresetTraits& p : kIndexerPresets) add(p.spec);
+  add("mxfp4");
   return q;
 }
 
@@ -134,6 +136,16 @@ class IndexerProbe final : public Probe {
 
   std::vector<GroupSpec> groups() const override { return {kIndexerError}; }
 
+  // /latent_error rows of index_k for each [indexer] format (rel_fro, bits, bytes and the rate-distortion bound of
+  // the indexer cache beside the latent's), on a dump with indexer key caches.
+  std::vector<TargetPlan> latent_targets(const StudyConfig& config, const DumpAttrs& attrs) const override {
+    const auto& S = probe_settings<IndexerSettings>(config, "indexer");
+    if (!S.enabled || attrs.index_head_dim == 0) return {};
+    TargetPlan p{Target::IndexK, {}};
+    for (const std::string& name : S.quantizers) p.quantizers.push_back({name, QuantSpec::parse(name), {}});
+    return {p};
+  }
+
   ProbePart plan(const StudyConfig& config, const Dump& dump) const override {
     ProbePart p;
     const auto& S = probe_settings<IndexerSettings>(config, "indexer");
@@ -185,9 +197,8 @@ class IndexerProbe final : public Probe {
     std::vector<float> kq(static_cast<size_t>(T * d));
     for (const std::string& name : S.quantizers) {
       const QuantSpec spec = QuantSpec::parse(name);
-      // Target::CKV: the argument picks a preset's part; the indexer cache takes plain formats only (parse()).
-      if (!why_not_applicable(spec, Target::CKV, d).empty()) continue;
-      const QuantizedTensor qt = quantize_dequantize(spec, Target::CKV, l.index_k.data(), T, d, dump.seq_offsets,
+      if (!why_not_applicable(spec, Target::IndexK, d).empty()) continue;  // in /not_applicable
+      const QuantizedTensor qt = quantize_dequantize(spec, Target::IndexK, l.index_k.data(), T, d, dump.seq_offsets,
                                                      kq.data());
       const probes::KeySelection sel = indexer_selection(dump, l, kq);
       const SelectionRecall rc = selection_recall(l, sel.offsets, sel.keys);

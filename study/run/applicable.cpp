@@ -8,12 +8,13 @@
 #include <tuple>
 
 #include "latentq/probe_registry.h"
+#include "latentq/study.h"
 #include "latentq/transform.h"
 
 namespace latentq {
 
 int64_t target_width(const DumpAttrs& dims, Target target) {
-  return target == Target::CKV ? dims.kv_lora_rank : dims.qk_rope_head_dim;
+  return dims.width(target);
 }
 
 std::string why_not_applicable(const Quantizer& q, Target target, const DumpAttrs& dims) {
@@ -34,7 +35,7 @@ std::vector<NotApplicable> not_applicable(const StudyConfig& config, const DumpA
       return;
     out.push_back({name, t, target_width(dims, t), std::move(why)});
   };
-  for (const TargetPlan& p : config.targets)
+  for (const TargetPlan& p : latent_error_targets(config, dims))
     for (const Quantizer& q : p.quantizers) add(q.name, p.target, why_not_applicable(q, p.target, dims));
   for (const Probe* probe : registered_probes())
     for (const auto& [name, t] : probe->quantized_pairs(config))

@@ -62,7 +62,7 @@ StudyPlan plan_study(const StudyConfig& config, LatentBackend& backend,
     t.groups = {"latent_error"};
     t.concurrent = backend.concurrent();
     // With the attention data when the probes read it: the score columns need the layer's queries and W_UK.
-    const LayerUse use{{c.layer}, lo.attention};
+    const LayerUse use{{c.layer}, lo.attention || !is_latent_target(c.target)};  // index_k is read with them
     t.compute = [store, spectra, &backend, c, use] {
       const std::unique_ptr<LayerAccess> in = store->open(use);
       RunOptions one;

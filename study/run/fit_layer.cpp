@@ -13,9 +13,14 @@ namespace latentq {
 Rotation fit_layer_rotation(const Dump& dump, const Layer& l, Target target, const Transform& t) {
   const bool ckv = target == Target::CKV;
   const DumpAttrs& A = dump.attrs;
-  const int64_t D = ckv ? A.kv_lora_rank : A.qk_rope_head_dim;
-  const float* X = ckv ? l.c_kv.data() : l.k_pe.data();
+  const int64_t D = A.width(target);
+  const float* X = l.rows(target).data();
   if (!fit_reads_queries(t.kind)) return probes::fit_rotation(t, X, dump.num_tokens(), D, dump.seq_offsets);
+  if (!is_latent_target(target))
+    throw std::invalid_argument(fmt::format(
+        "{}: layer {} {}: transform {} fits the attention's score metric of c_kv or k_pe; the indexer's score "
+        "(a relu of q·k) has none: use a transform without queries (had, rot, klt)",
+        dump.path.string(), l.index, to_string(target), t.to_string()));
   if (!l.has_attention())
     throw std::invalid_argument(fmt::format(
         "{}: layer {} {}: transform {} fits its score metric on the query rows and W_UK, which are not loaded "

@@ -24,21 +24,17 @@ std::shared_ptr<const RotatedLatent> rotated_latent(const LayerAccess& in, int l
   return in.shared<RotatedLatent>(layer, fmt::format("rotated/{}/{}", to_string(target), t.to_string()), [&] {
     const Dump& d = in.header();
     const Layer& l = in.layer(layer);
-    const bool ckv = target == Target::CKV;
-    return rotate_latent(layer_rotation(in, layer, target, t), ckv ? l.c_kv.data() : l.k_pe.data(), d.num_tokens(),
-                         ckv ? d.attrs.kv_lora_rank : d.attrs.qk_rope_head_dim);
+    return rotate_latent(layer_rotation(in, layer, target, t), l.rows(target).data(), d.num_tokens(),
+                         d.attrs.width(target));
   });
 }
 
 QuantizedTensor quantize_dequantize_layer(const LayerAccess& in, int layer, Target target, const QuantSpec& spec,
                                           const Transform& t, float* out) {
   const Dump& d = in.header();
-  const int64_t T = d.num_tokens(), D = target == Target::CKV ? d.attrs.kv_lora_rank : d.attrs.qk_rope_head_dim;
-  if (t.kind == TransformKind::None) {
-    const Layer& l = in.layer(layer);
-    return quantize_dequantize(spec, target, target == Target::CKV ? l.c_kv.data() : l.k_pe.data(), T, D, d.seq_offsets,
-                               out);
-  }
+  const int64_t T = d.num_tokens(), D = d.attrs.width(target);
+  if (t.kind == TransformKind::None)
+    return quantize_dequantize(spec, target, in.layer(layer).rows(target).data(), T, D, d.seq_offsets, out);
   const std::shared_ptr<const RotatedLatent> xr = rotated_latent(in, layer, target, t);
   QuantizedTensor q = quantize_dequantize(spec, target, xr->x.data(), T, D, d.seq_offsets, out);
   xr->rotation->inverse(out, T, D);

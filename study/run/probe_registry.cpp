@@ -2,6 +2,8 @@
 // by the build in latentq_probe_list.inc (one LATENTQ_PROBE(<file stem>) per file).
 #include "latentq/probe_registry.h"
 
+#include "latentq/config.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -15,6 +17,8 @@ namespace registry {
 #include "latentq_probe_list.inc"
 #undef LATENTQ_PROBE
 }  // namespace registry
+
+std::vector<TargetPlan> Probe::latent_targets(const StudyConfig&, const DumpAttrs&) const { return {}; }
 
 const std::vector<const Probe*>& registered_probes() {
   static const std::vector<const Probe*> probes = [] {

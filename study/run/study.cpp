@@ -1,5 +1,7 @@
 // The latent-error study (latentq/study.h).
 #include "latentq/study.h"
+
+#include "latentq/probe_registry.h"
 #include "latentq/provenance.h"
 
 #include <fmt/format.h>
@@ -58,11 +60,20 @@ std::string Cell::key(std::string_view group) const {
   return fmt::format("{:03d}/{}/{}/{}", layer, to_string(target), quantizer.name, group);
 }
 
+std::vector<TargetPlan> latent_error_targets(const StudyConfig& config, const DumpAttrs& attrs) {
+  std::vector<TargetPlan> plans = config.targets;
+  for (const Probe* probe : registered_probes())
+    for (TargetPlan& p : probe->latent_targets(config, attrs)) plans.push_back(std::move(p));
+  return plans;
+}
+
 std::vector<Cell> plan_cells(const StudyConfig& config, const Dump& dump) {
   std::vector<Cell> cells;
+  const std::vector<TargetPlan> plans = latent_error_targets(config, dump.attrs);
   for (const Layer& l : dump.layers)
-    for (const TargetPlan& p : config.targets)
+    for (const TargetPlan& p : plans)
       for (const Quantizer& q : p.quantizers) {
+        if (!dump.holds(l.index, p.target)) continue;                       // e.g. no indexer of its own
         if (!why_not_applicable(q, p.target, dump.attrs).empty()) continue;  // listed in /not_applicable
         Cell c{l.index, p.target, q};
         c.quantizer.spec = q.spec_for(l.index, p.target);            // a mixed assignment: this layer's spec
@@ -84,7 +95,8 @@ const GroupSpec& latent_error_spec() {
   static const GroupSpec g{
       "latent_error",
       {{"layer", ColType::I64, "", "the layer index"},
-       {"target", ColType::Str, "", "the latent quantized: c_kv or k_pe"},
+       {"target", ColType::Str, "",
+        "the cached tensor quantized: c_kv or k_pe (the latent cache), or index_k (sparse MLA's indexer key cache)"},
        {"quantizer", ColType::Str, "",
         "the quantizer: a spec string (<transform>,<spec> behind a transform) or a [[mixed]] assignment's name"},
        {"stored", ColType::Str, "",
@@ -136,7 +148,7 @@ const LatentSpectrum& SpectrumCache::get(const Dump& dump, const Layer& l, Targe
 }
 
 const ScoreSpectrum* SpectrumCache::score(const Dump& dump, const Layer& l, Target target) {
-  if (!l.has_attention()) return nullptr;
+  if (!l.has_attention() || !is_latent_target(target)) return nullptr;  // the index score is no quadratic form
   const std::lock_guard<std::mutex> lock(mutex_);
   const auto key = std::make_pair(l.index, static_cast<int>(target));
   if (auto it = scores_.find(key); it != scores_.end()) return &it->second;
@@ -151,10 +163,9 @@ const ScoreSpectrum* SpectrumCache::score(const Dump& dump, const Layer& l, Targ
 const LatentSpectrum& SpectrumCache::spectrum_locked(const Dump& dump, const Layer& l, Target target) {
   const auto key = std::make_pair(l.index, static_cast<int>(target));
   if (auto it = spectra_.find(key); it != spectra_.end()) return it->second;
-  const bool ckv = target == Target::CKV;
-  const int64_t D = ckv ? dump.attrs.kv_lora_rank : dump.attrs.qk_rope_head_dim;
   return spectra_
-      .emplace(key, latent_spectrum(ckv ? l.c_kv.data() : l.k_pe.data(), dump.num_tokens(), D, dump.seq_offsets))
+      .emplace(key, latent_spectrum(l.rows(target).data(), dump.num_tokens(), dump.attrs.width(target),
+                                    dump.seq_offsets))
       .first->second;
 }
 
@@ -275,7 +286,7 @@ ColumnTable latent_error_table(const DumpAttrs& A, const std::vector<Cell>& cell
     granularity.emplace_back(granularity_of(s));
     group_size.push_back(s.format == Format::Int || s.format == Format::Fp8Tile
                              ? s.group_size
-                             : layout(s, c.target == Target::CKV ? A.kv_lora_rank : A.qk_rope_head_dim).block);
+                             : layout(s, A.width(c.target)).block);
     scale_dtype.emplace_back(scale_dtype_of(s));
     bpe.push_back(r.accounting.bits_per_element);
     bpt.push_back(r.accounting.bytes_per_token);
@@ -316,8 +327,15 @@ ColumnTable run_latent_error(const Dump& dump, const std::function<const Layer&(
   // Resolve layer pointers up front (throws for a cell whose layer is not loaded).
   std::vector<const Layer*> layer_of(n);
   for (size_t i = 0; i < n; ++i) layer_of[i] = &layer_data(cells[i].layer);
-  auto input = [&](const Layer& l, Target target) { return target == Target::CKV ? l.c_kv.data() : l.k_pe.data(); };
-  auto dim = [&](Target target) { return target == Target::CKV ? A.kv_lora_rank : A.qk_rope_head_dim; };
+  auto input = [&](const Layer& l, Target target) {
+    const std::vector<float>& x = l.rows(target);
+    if (x.size() != static_cast<size_t>(T * A.width(target)))
+      throw std::invalid_argument(fmt::format("{}: layer {} has no {} loaded ({} values, expected {} x {})",
+                                              dump.path.string(), l.index, to_string(target), x.size(), T,
+                                              A.width(target)));
+    return x.data();
+  };
+  auto dim = [&](Target target) { return A.width(target); };
   CellRotations rotations(dump, cells, rotated);
 
   auto one = [&](size_t i) {
@@ -438,7 +456,7 @@ ColumnTable summarize(const ColumnTable& le, const std::vector<Quantizer>& quant
         rf_c.push_back(rf[i]);
         bpe_c.push_back(bpe[i]);
         bpt_c.push_back(bpt[i]);
-      } else {
+      } else if (tg[i] == "k_pe") {  // index_k rows (sparse MLA's indexer cache) are not the latent cache's
         rf_k.push_back(rf[i]);
         bpt_k.push_back(bpt[i]);
       }

@@ -78,7 +78,7 @@ def test_fit_layer_rotation_refusals(tmp_path):
         latentq.fit_layer_rotation(DUMP, 1, "c_kv", "pca")
     with pytest.raises(ValueError, match="no transform given"):
         latentq.fit_layer_rotation(DUMP, 1, "c_kv", "")
-    with pytest.raises(ValueError, match="unknown target 'q_pe': expected c_kv or k_pe"):
+    with pytest.raises(ValueError, match="unknown target 'q_pe', available: c_kv, k_pe, index_k"):
         latentq.fit_layer_rotation(DUMP, 1, "q_pe", "klt")
     gone = str(tmp_path / "gone.h5")
     with pytest.raises(RuntimeError, match=f"{gone}: no such file"):

@@ -392,6 +392,8 @@ def test_sparse_dsa_dump(tmp_path, kind, capsys):
         rel_fro = f["attention_check/ref_vs_dump_rel_fro"][()]
         ix = {k: f["indexer_error"][k][()] for k in f["indexer_error"]}
         ae = {k: f["attention_error"][k][()] for k in f["attention_error"]}
+        le = {k: f["latent_error"][k][()] for k in f["latent_error"]}
+        summary_q = [v.decode() for v in f["summary/quantizer"][()]]
     assert len(rel_fro) == len(chk["layers"]) and np.all(rel_fro < 1e-5), rel_fro
     # /indexer_error: per layer with its own indexer and format, topk_recall as latentq.sparse_mla recomputes it
     # from index_k quantized by the same format (latentq._core); bf16 keeps (nearly) every key
@@ -436,7 +438,7 @@ def test_sparse_dsa_dump(tmp_path, kind, capsys):
 
     for i, (layer, q, recall, kl) in enumerate(zip(ix["layer"], quantizers, ix["topk_recall"], ix["kl_selection"])):
         L = chk["layers"][int(layer)]
-        kq = core.quantize_dequantize(L["index_k"], q, "c_kv", [int(x) for x in offs])
+        kq = core.quantize_dequantize(L["index_k"], q, "index_k", [int(x) for x in offs])
         rf = np.linalg.norm(kq.astype(np.float64) - L["index_k"]) / np.linalg.norm(L["index_k"].astype(np.float64))
         got_rf = ix["index_rel_fro"][i]
         assert abs(got_rf - rf) <= 1e-9 * max(rf, 1e-30) + 1e-15, (layer, q, got_rf, rf)
@@ -453,13 +455,27 @@ def test_sparse_dsa_dump(tmp_path, kind, capsys):
             assert ae["topk_recall"][k] == 1.0, k
             continue
         L = chk["layers"][int(ae["layer"][k])]
-        kq = core.quantize_dequantize(L["index_k"], ae_q[k], "c_kv", [int(x) for x in offs])
+        kq = core.quantize_dequantize(L["index_k"], ae_q[k], "index_k", [int(x) for x in offs])
         assert abs(recall_of(L, kq) - ae["topk_recall"][k]) < 1e-6, (k, recall_of(L, kq), ae["topk_recall"][k])
         j = next(i for i in range(len(ae_q)) if ae["layer"][i] == ae["layer"][k] and ae_q[i] == ae_q[k]
                  and ae_t[i] == "c_kv+k_pe")  # fmt: skip
         assert ae["bytes_per_token_layer"][k] > ae["bytes_per_token_layer"][j], k
     bf16 = [r for q, r in zip(quantizers, ix["topk_recall"]) if q == "bf16"]
     assert min(bf16) >= 0.95, bf16
+    # /latent_error: an index_k row per (layer with its own indexer, [indexer] format), none on GLM-5's shared layer;
+    # its rel_fro and bytes are /indexer_error's (one quantize, one accounting); /summary counts c_kv + k_pe only
+    le_t, le_q = text(le["target"]), text(le["quantizer"])
+    rows = [k for k in range(len(le_t)) if le_t[k] == "index_k"]
+    assert [(int(le["layer"][k]), le_q[k]) for k in rows] == [
+        (i, q)
+        for i in own
+        for q in dict.fromkeys(quantizers)  # [indexer]'s formats, in /indexer_error's order
+    ], [(int(le["layer"][k]), le_q[k]) for k in rows]
+    for k in rows:
+        i = next(j for j in range(len(quantizers)) if ix["layer"][j] == le["layer"][k] and quantizers[j] == le_q[k])
+        assert le["rel_fro"][k] == ix["index_rel_fro"][i], (k, le["rel_fro"][k], ix["index_rel_fro"][i])
+        assert le["bytes_per_token_layer"][k] == ix["index_bytes_per_token"][i], k
+    assert summary_q == ["int8-sym-token"], summary_q
 
 
 @pytest.mark.parametrize("kind", ["deepseek_v32", "glm_moe_dsa"])

@@ -68,6 +68,10 @@ def test_study_runs_on_the_mla_variants(replicas, variants, tmp_path, kind, stre
         check = f["attention_check/ref_vs_dump_rel_fro"][()]
         e2e = {k: [v.decode() if isinstance(v, bytes) else v for v in f["e2e"][k][()]] for k in f["e2e"]}
         indexer = sorted({q.decode() for q in f["indexer_error/quantizer"][()]}) if "indexer_error" in f else []
+        le_index = sorted({q.decode() for q, t in zip(f["latent_error/quantizer"][()], f["latent_error/target"][()])
+                           if t == b"index_k"})  # fmt: skip
+    # /latent_error holds the indexer key's rows (each [indexer] format) on a sparse study, none on a dense one
+    assert le_index == indexer, (kind, le_index, indexer)
     # a sparse study's e2e also runs each [indexer] format on the indexer key cache alone (the latents exact)
     runs = {q: kl for q, t, kl in zip(e2e["quantizer"], e2e["targets"], e2e["kl_mean"]) if t == "index_k"}
     assert sorted(runs) == indexer and bool(indexer) == (family == "sparse_mla"), (kind, runs, indexer)

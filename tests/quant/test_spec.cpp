@@ -232,17 +232,42 @@ TEST(Spec, RejectionsNameTheStringAndListTheValidForms) {
 }
 
 TEST(Spec, TargetsAndNames) {
-  EXPECT_EQ(latentq::parse_target("c_kv"), Target::CKV);
-  EXPECT_EQ(latentq::parse_target("k_pe"), Target::KPE);
+  // every row of kTargets round-trips, in Target order
+  for (size_t i = 0; i < latentq::kTargetCount; ++i) {
+    const latentq::TargetTraits& t = latentq::kTargets[i];
+    EXPECT_EQ(static_cast<size_t>(t.target), i) << t.name;
+    EXPECT_EQ(latentq::parse_target(t.name), t.target) << t.name;
+    EXPECT_STREQ(latentq::to_string(t.target), t.name);
+  }
+  EXPECT_EQ(latentq::parse_target("index_k"), Target::IndexK);
   EXPECT_STREQ(latentq::to_string(Target::KPE), "k_pe");
   EXPECT_STREQ(latentq::to_string(ScaleDtype::F32), "fp32");
+  EXPECT_TRUE(latentq::is_latent_target(Target::CKV) && latentq::is_latent_target(Target::KPE));
+  EXPECT_FALSE(latentq::is_latent_target(Target::IndexK));
   try {
     latentq::parse_target("kv");
     ADD_FAILURE() << "accepted";
   } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("'kv'"), std::string::npos);
-    EXPECT_NE(std::string(e.what()).find("c_kv or k_pe"), std::string::npos);
+    EXPECT_EQ(std::string(e.what()), "unknown target 'kv', available: c_kv, k_pe, index_k");
   }
+}
+
+TEST(Spec, PresetsStoreTheLatentTargetsOnly) {
+  // an engine record pairs c_kv with k_pe: index_k is refused with a reason, and stored_for throws
+  const QuantSpec p = QuantSpec::parse("flashmla-v32-fp8");
+  EXPECT_EQ(latentq::why_not_applicable(p, Target::IndexK, 128), "an engine record holds c_kv and k_pe, not index_k");
+  EXPECT_EQ(latentq::why_not_applicable(p, Target::CKV, 512), "");
+  try {
+    (void)p.stored_for(Target::IndexK);
+    ADD_FAILURE() << "accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "engine preset 'flashmla-v32-fp8' stores c_kv and k_pe; index_k takes a plain format");
+  }
+  // a plain format stores index_k as itself
+  const QuantSpec f = QuantSpec::parse("fp8-e4m3-tile128-pow2");
+  EXPECT_EQ(f.stored_for(Target::IndexK), f);
+  EXPECT_EQ(latentq::why_not_applicable(f, Target::IndexK, 128), "");
 }
 
 }  // namespace

@@ -192,6 +192,8 @@ TEST(Config, BadValues) {
   expect_config_error(kMatrix + "[input]\nlayers = [1, 1]\n", {"layer 1 is listed twice"});
   expect_config_error(kMatrix + "[input]\ntargets = [\"q_nope\"]\n", {"unknown target 'q_nope'"});
   expect_config_error(kMatrix + "[input]\ntargets = []\n", {"'input.targets' is empty"});
+  expect_config_error(kMatrix + "[input]\ntargets = [\"c_kv\", \"index_k\"]\n",
+                      {"'input.targets': 'index_k' is studied by [indexer] on a sparse MLA dump"});
   expect_config_error(kMatrix + "[input]\ndump = 3\n", {"'input.dump' must be a string"});
   expect_config_error(kMatrix + "[input]\ntargets = [\"c_kv\"]\n[targets.k_pe]\nquantizers = [\"bf16\"]\n",
                       {"[targets.k_pe] is configured but 'k_pe' is not in input.targets"});

@@ -82,8 +82,33 @@ enum class ScaleRule : uint8_t {
   GaussianCodebook = 7,  ///< TransformCoding -lm: unit-variance Gaussian Lloyd-Max codes scaled by each component's std
 };
 
-/// Which cached tensor a spec is applied to. Presets store the two differently.
-enum class Target : uint8_t { CKV = 0, KPE = 1 };
+/// Which cached tensor a spec is applied to: the MLA latent cache's two (an engine preset stores them differently)
+/// and, for sparse MLA (DeepSeek-V3.2, GLM-5), the DSA indexer's key cache, which takes plain formats only.
+enum class Target : uint8_t { CKV = 0, KPE = 1, IndexK = 2 };
+
+/// One row per target, in Target order: its results name, the dump attribute that gives its row width, and what it
+/// is. Whatever names, parses or sizes a target reads this table.
+struct TargetTraits {
+  Target target;
+  const char* name;   ///< as /latent_error, /not_applicable and the config name it
+  const char* width;  ///< the row width's name in the dump (latentq/dump.h DumpAttrs)
+  const char* what;
+};
+inline constexpr TargetTraits kTargets[] = {
+    {Target::CKV, "c_kv", "kv_lora_rank",
+     "the MLA latent c_kv (kv_a_proj_with_mqa's first rows, after kv_a_layernorm)"},
+    {Target::KPE, "k_pe", "qk_rope_head_dim", "the shared RoPE key k_pe (after RoPE)"},
+    {Target::IndexK, "index_k", "index_head_dim",
+     "the DSA indexer's key cache of sparse MLA (after its k_norm and RoPE; one 128-wide key per token in "
+     "DeepSeek-V3.2 and GLM-5)"},
+};
+inline constexpr size_t kTargetCount = std::size(kTargets);
+static_assert(kTargets[0].target == Target::CKV && kTargets[1].target == Target::KPE &&
+                  kTargets[2].target == Target::IndexK,
+              "kTargets is in Target order");
+/// The MLA latent cache's targets (c_kv, k_pe): what an engine preset's record, /summary's bytes and the decision's
+/// budgets count. The indexer key cache is counted apart (/indexer_error, the index_k rows of /latent_error).
+constexpr bool is_latent_target(Target t) { return t == Target::CKV || t == Target::KPE; }
 
 /// A parsed quantizer spec. Fields that do not apply to a format hold their defaults.
 struct QuantSpec {
@@ -107,7 +132,8 @@ struct QuantSpec {
   /// Canonical string; parse(to_string()) == *this.
   std::string to_string() const;
 
-  /// The format actually stored for `target` (a preset's per-target format; else *this).
+  /// The format actually stored for `target` (a preset's per-target format; else *this). Throws
+  /// std::invalid_argument for a preset and Target::IndexK (a record holds c_kv and k_pe only).
   QuantSpec stored_for(Target target) const;
 
   bool operator==(const QuantSpec&) const = default;
@@ -208,8 +234,9 @@ extern const PresetTraits kPresets[kPresetCount];
 
 /// An engine's cache of the sparse-attention (DSA) indexer key, one row of kIndexerPresets: the indexer key of
 /// one token (index_head_dim wide, 128 on DeepSeek-V3.2 and GLM-5) as the engine stores it, in one of the formats
-/// of kFormats. Not a dump target yet: the table says which stored format reproduces which engine's bytes, and on
-/// which rows (`exact_when`).
+/// of kFormats: vLLM's FP8 DeepseekV32IndexerCache (132 B) and SGLang's MXFP4 index-K cache (68 B). The table says
+/// which stored format reproduces which engine's bytes, and on which scale blocks (`exact_when`); the test named in
+/// `reference` checks every row against its engine's formula block by block, both ways.
 struct IndexerPresetTraits {
   const char* name;
   const char* spec;          ///< the kFormats example that stores the key (layout(), quantize())
@@ -219,10 +246,10 @@ struct IndexerPresetTraits {
   const char* page_layout;   ///< where the engine puts a token's codes and scale (its page, not one record)
   int64_t stated_bytes;      ///< bytes per token as the source states them, at `width`
   RecordPart part;           ///< the key's part as the source describes it (checked against stated_bytes)
-  const char* exact_when;    ///< the rows on which `spec` gives the engine's bytes ("all rows", or the condition)
+  const char* exact_when;    ///< the scale blocks on which `spec` gives the engine's bytes ("all", or the condition)
   const char* reference;     ///< the test of its bytes against the engine's formula
 };
-inline constexpr size_t kIndexerPresetCount = 1;
+inline constexpr size_t kIndexerPresetCount = 2;
 extern const IndexerPresetTraits kIndexerPresets[kIndexerPresetCount];
 
 /// One named format of the table, as `latentq formats` and latentq.formats() list it: every example of every
@@ -277,9 +304,9 @@ Layout layout(const QuantSpec& stored, int64_t D);
 /// Why `spec` cannot store `target` as rows of D elements, or "" when it can: the widths the `shapes` of its
 /// kFormats row state, the one rule layout() and the quantizers refuse by (ggml q8_0 / q4_0 / q4_1: D a multiple
 /// of 32; TurboQuant: a Hadamard block of D, transform.h hadamard_block; transform coding: R·D >= 8 bits; a
-/// preset: its stored format of `target`). The reason does not name the spec (e.g. "ggml blocks need a row length
-/// that is a multiple of 32, got 16"), so specs refused alike share it. Throws std::invalid_argument for D ≤ 0 (no
-/// width at all, not a shape a format refuses).
+/// preset: its stored format of `target`; no preset can store index_k). The reason does not name the spec (e.g.
+/// "ggml blocks need a row length that is a multiple of 32, got 16"), so specs refused alike share it. Throws
+/// std::invalid_argument for D ≤ 0 (no width at all, not a shape a format refuses).
 std::string why_not_applicable(const QuantSpec& spec, Target target, int64_t D);
 
 /// Bytes of the engine's per-token record of a preset for c_kv of D_ckv and k_pe of D_kpe elements.
@@ -297,7 +324,7 @@ const char* family_of(const QuantSpec&);
 const char* scheme_of(const QuantSpec&);
 const char* granularity_of(const QuantSpec&);
 const char* scale_dtype_of(const QuantSpec&);
-/// Parses "c_kv" / "k_pe"; throws std::invalid_argument otherwise.
+/// Parses a kTargets name ("c_kv", "k_pe", "index_k"); throws std::invalid_argument listing them otherwise.
 Target parse_target(std::string_view);
 
 }  // namespace latentq

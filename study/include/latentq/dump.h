@@ -33,6 +33,8 @@
 #include <string>
 #include <vector>
 
+#include "latentq/spec.h"
+
 namespace latentq {
 
 inline constexpr const char* kDumpSchema = "latentq-dump/1";
@@ -44,6 +46,9 @@ struct DumpAttrs {
   /// each query row read (Layer::topk_*) and their DSA indexer's tensors (Layer::index_*).
   std::string cache_family = "dense_mla";
   int64_t num_layers = 0, num_heads = 0, kv_lora_rank = 0, qk_rope_head_dim = 0, qk_nope_head_dim = 0, v_head_dim = 0;
+  /// Sparse MLA: the width of the layers' indexer key cache (/layers/NNN/index_k [T, index_head_dim], one for the
+  /// file); 0 when no layer has one. From the datasets' shapes (no root attribute).
+  int64_t index_head_dim = 0;
   double softmax_scale = 0;  ///< the model's attention softmax scale (mscale² included); > 0 and a
                              ///< normal float32 (load_dump checks it after the conversion)
 
@@ -51,6 +56,8 @@ struct DumpAttrs {
   /// num_layers · (kv_lora_rank + qk_rope_head_dim) · 2. What ratio_vs_bf16 and the decision's budgets are
   /// fractions of.
   int64_t bf16_bytes_per_token() const { return num_layers * (kv_lora_rank + qk_rope_head_dim) * 2; }
+  /// The row width of `target` (latentq/spec.h kTargets): kv_lora_rank, qk_rope_head_dim or index_head_dim.
+  int64_t width(Target target) const;
 };
 
 /// One layer of a dump. Latents are always loaded; the attention data only when requested and
@@ -79,6 +86,9 @@ struct Layer {
   int64_t index_heads = 0, index_dim = 0, index_topk = 0;
   double index_softmax_scale = 0;
   bool has_indexer() const { return !index_k.empty(); }
+  /// The rows of `target` [T, DumpAttrs::width(target)]: c_kv, k_pe or index_k (empty when the layer has no
+  /// indexer or its attention data was not loaded).
+  const std::vector<float>& rows(Target target) const;
 
   /// True when all six attention datasets were loaded.
   bool has_attention() const {
@@ -98,6 +108,10 @@ struct Dump {
   std::vector<Layer> layers;         ///< the loaded layers, ascending index
   std::vector<int> file_layers;      ///< every layer index present in the file, ascending
   bool file_has_attention = false;   ///< the file holds the attention datasets (even if not loaded)
+  std::vector<int> indexer_layers;   ///< the file's layers with an indexer key cache (index_k), ascending
+  /// Whether layer `index` of the file holds `target` with its values loadable: c_kv and k_pe always; index_k on
+  /// indexer_layers with the attention datasets (it is read with them).
+  bool holds(int index, Target target) const;
   std::filesystem::path path;        ///< the file it was loaded from
 
   int64_t num_tokens() const { return static_cast<int64_t>(tokens.size()); }         ///< T

@@ -47,6 +47,7 @@
 namespace latentq {
 
 struct StudyConfig;
+struct TargetPlan;  // latentq/config.h
 
 // ---- settings -------------------------------------------------------------------------------------
 
@@ -201,6 +202,11 @@ class Probe {
   /// "<transform>,<spec>" names, e.g. [decode_order]'s), so that the study lists those a format cannot
   /// take with its own (latentq/applicable.h); its plan() must leave their cells out. Default: none.
   virtual std::vector<std::pair<std::string, Target>> quantized_pairs(const StudyConfig&) const { return {}; }
+  /// Cached tensors beyond the study's [input] targets (c_kv, k_pe) whose /latent_error cells the study plans, with
+  /// their quantizers: e.g. [indexer]'s formats on index_k of a sparse MLA dump. The study plans them on the layers
+  /// that hold the target (Dump::holds), lists the pairs a format cannot take in /not_applicable, and keeps them
+  /// out of /summary, the decision and the planner (is_latent_target). Default: none.
+  virtual std::vector<TargetPlan> latent_targets(const StudyConfig&, const DumpAttrs&) const;
 };
 
 /// Every registered probe, ascending order(). Checks (once) that sections, orders and group names

@@ -41,9 +41,15 @@ struct Cell {
   std::string key(std::string_view group = "latent_error") const;
 };
 
-/// The cells of `config` over the loaded layers of `dump`: layer-major, then target in config
-/// order, then the target's quantizers in config order; none of a (quantizer, target) pair whose format
-/// cannot take the target's width (latentq/applicable.h: the study lists it in /not_applicable).
+/// The targets whose /latent_error cells a study plans, with their quantizers: config.targets ([input] targets x
+/// the study's quantizers), then each registered probe's latent_targets() (e.g. [indexer]'s formats on index_k of a
+/// sparse MLA dump, latentq/probe_registry.h).
+std::vector<TargetPlan> latent_error_targets(const StudyConfig& config, const DumpAttrs& attrs);
+
+/// The cells of `config` over the loaded layers of `dump`: layer-major, then target in latent_error_targets()
+/// order, then the target's quantizers in order; none of a layer that does not hold the target (Dump::holds: a
+/// sparse layer without an indexer of its own) and none of a (quantizer, target) pair whose format cannot take the
+/// target's width (latentq/applicable.h: the study lists it in /not_applicable).
 std::vector<Cell> plan_cells(const StudyConfig& config, const Dump& dump);
 
 /// What one cell measures.
