@@ -5,12 +5,16 @@ reaches the logits.
     .venv/bin/python -m latentq.e2e --results results/default.h5 [--model DIR]
         [--device cpu|cuda] [--dtype float32|bfloat16|float16] [--text FILE]
         [--cache-modes prefill-at-once decode-r32-s4-p0 ...] [--decode-quantizers SPEC ...]
+        [--e2e frontier|all] [--budgets 1/16,1/8,1/4,3/8,1/2]
 
 Cache modes (latentq/decode_order.h, through the `latentq` Python module; the rule is not restated
 here):
-  prefill-at-once  for every quantizer of the study in RESULTS.h5 (the `quantizer` column of
-    /latent_error, in order; or --quantizers): c_kv is replaced at the output of `kv_a_layernorm`
-    and k_pe after RoPE (latentq.inject.LatentInjector) by its quantize-dequantize through
+  prefill-at-once  for the quantizers of the study in RESULTS.h5 (the `quantizer` column of
+    /latent_error, in order; or --quantizers) that can win (--e2e frontier, the default: the decision's
+    best or runner-up at some budget of --budgets by the cheap probes' ranking with a margin, and every
+    engine format, mixed assignment and bf16: latentq.e2e_frontier; the others are listed in group
+    /e2e_not_run with the format that dominates them; --e2e all: every one): c_kv is replaced at the
+    output of `kv_a_layernorm` and k_pe after RoPE (latentq.inject.LatentInjector) by its quantize-dequantize through
     the C++ quantizers, each window's whole prefill at once (per-channel groups and per-tensor
     scales see later tokens of the window): the study's rows.
   decode-r<R>-s<S>-p<P>  the cache as a serving engine builds it token by token: the query at t
@@ -85,7 +89,9 @@ import time
 import numpy as np
 import torch
 
+from latentq import e2e_args, e2e_frontier
 from latentq.capture import find_mla_layers, mla_dims
+from latentq.e2e_args import ROOT  # noqa: F401  (re-exported)
 from latentq.e2e_decode import (  # noqa: F401  (re-exported: the tests and bench/e2e_rate.py use latentq.e2e.*)
     DECODE_TARGETS,
     PREFILL_AT_ONCE,
@@ -121,11 +127,13 @@ from latentq.e2e_stats import (
 from latentq.fitted_basis import StudyBases, needs_basis, transform_of
 from latentq.inject import DecodeOrderAttention, LatentInjector
 from latentq.model import DTYPES, device_error, load_model, load_tokenizer, run_model, stream_plan
-from latentq.progress import Progress, StepParser, message, say
+from latentq.progress import Progress, message, say
 from latentq.result_groups import Column, write_groups
 
-# The repository (python/latentq/e2e.py is two levels below it): the default --model data/tiny-mla.
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+def parse_args(argv=None):
+    """The command line (latentq.e2e_args, this docstring as its help): the namespace, or 2 after one error line."""
+    return e2e_args.parse_args(argv, __doc__)
 
 
 def import_latentq():
@@ -266,106 +274,6 @@ def load_tokens(
     return t
 
 
-def parse_args(argv=None):
-    """The command line (module docstring). Returns the namespace, or 2 after printing one error line when
-    a number is out of range."""
-    ap = StepParser("e2e", prog="python -m latentq.e2e", description=__doc__)
-    ap.add_argument("--results", required=True, help="latentq-results/1 file of `latentq run` (updated in place)")
-    ap.add_argument(
-        "--model",
-        default=os.path.join(ROOT, "data", "tiny-mla"),
-        help="tiny-mla directory or HF MLA checkpoint directory (DeepseekV2/V3, GLM-4 MoE Lite, MiniCPM3)",
-    )
-    ap.add_argument("--device", default="cpu", help="torch device of the model (cpu, cuda, cuda:1)")
-    ap.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="compute dtype of the model")
-    ap.add_argument("--trust-remote-code", action="store_true", help="for a remote-code checkpoint")
-    ap.add_argument(
-        "--tokenizer",
-        choices=("auto", "bytes"),
-        default="auto",
-        help="auto: the checkpoint's tokenizer (bytes only when it has none); bytes: the text's bytes (as dump)",
-    )
-    ap.add_argument("--text", help="text file; default: the KJV held-out split")
-    ap.add_argument("--seq-len", type=int, default=512, help="tokens per window")
-    ap.add_argument("--num-seqs", type=int, default=4)
-    ap.add_argument("--offset-bytes", type=int, default=2048)
-    ap.add_argument(
-        "--quantizers", nargs="*", help="prefill-at-once spec strings (default: every quantizer of the study)"
-    )
-    ap.add_argument(
-        "--indexer-quantizers",
-        nargs="*",
-        help="formats of a sparse MLA model's DSA indexer key cache, each run alone (targets index_k, the latents "
-        "exact; default: the study's [indexer] quantizers, /indexer_error; none for a dense study)",
-    )
-    ap.add_argument(
-        "--cache-modes",
-        nargs="*",
-        help="cache-mode labels (default: the root attribute decode_order_modes, "
-        "else prefill-at-once); the prefill-at-once rows run unless this flag leaves that label out",
-    )
-    ap.add_argument(
-        "--decode-quantizers",
-        nargs="*",
-        help="specs run in the decode modes (default: the root attribute "
-        "decode_order_quantizers, else the prefill-at-once quantizers)",
-    )
-    ap.add_argument(
-        "--position-bucket",
-        type=int,
-        help="W of /e2e_position (default: the root attribute decode_order_position_bucket, else 64)",
-    )
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--quiet", action="store_true", help="no line per run (the progress and the last line remain)")
-    ap.add_argument(
-        "--stream",
-        choices=("auto", "on", "off"),
-        default="auto",
-        help="run the model layer by layer from its safetensors shards, every forward of the step through "
-        "layer i before layer i+1 (auto: weights over the memory budget; as latentq.dump)",
-    )
-    ap.add_argument(
-        "--memory-budget",
-        default=None,
-        help="host memory for weights + hidden states when streaming, e.g. 24G (default: half the physical memory)",
-    )
-    ap.add_argument(
-        "--dump-text-sha256",
-        default="",
-        help="the dump's text_sha256: refuse to score another text (latentq study passes it)",
-    )
-    ap.add_argument(
-        "--batch-runs",
-        type=int,
-        default=0,
-        help="runs per forward pass: K runs (and the reference) share one forward of K x num-seqs "
-        "sequences, each run's quantizer on its own rows; 0 (default) = auto: prefill-at-once runs as "
-        "many as keep the activations under 768 MiB (auto_batch_runs; 4 for tiny-mla at 4 x 512), "
-        "decode-order runs one per forward (batching them gained nothing); 1 = one run per forward",
-    )
-    ap.add_argument(
-        "--step-key",
-        default="",
-        help="what `latentq study` keys the reuse of /e2e on (a JSON object): recorded as /e2e's attribute "
-        "step_key, not interpreted",
-    )
-    a = ap.parse_args(argv)
-    if a.seq_len is not None and a.seq_len < 2:
-        say("e2e", "error", f"--seq-len {a.seq_len}: at least 2 tokens per sequence for a next-token metric")
-        return 2
-    for flag, v, lo in (
-        ("--num-seqs", a.num_seqs, 1),
-        ("--offset-bytes", a.offset_bytes, 0),
-        ("--threads", a.threads, 1),
-        ("--position-bucket", a.position_bucket, 1),
-        ("--batch-runs", a.batch_runs, 0),
-    ):
-        if v is not None and v < lo:
-            say("e2e", "error", f"{flag} {v}: must be >= {lo}")
-            return 2
-    return a
-
-
 class Plan:
     """What the step runs, from RESULTS.h5 and the flags: the prefill-at-once (quantizer, targets) pairs,
     the decode-order ones, the cache modes (with their (R, S, P)), the /e2e_position bucket width and the
@@ -412,6 +320,7 @@ class Plan:
             self.decode_pairs = with_targets(attr_qs, f"{a.results}: decode_order_quantizers", decode=True)
         else:
             self.decode_pairs = list(self.pairs)
+        self.decode_follows = a.decode_quantizers is None and attr_qs is None  # the frontier applies to them too
         if attr_tg is not None:  # the study's [decode_order].targets: one run per quantizer, target set and mode
             self.decode_pairs = [(q, tuple(t.split("+"))) for q, _ in self.decode_pairs for t in attr_tg]
         self.pairs, self.decode_pairs, notes = applicable_only(a.results, self.pairs, self.decode_pairs)
@@ -437,7 +346,9 @@ class Plan:
     def runs(self, a) -> list[tuple[str, tuple[str, ...], str]]:
         """(quantizer, targets, cache_mode) of every run, in the rows' order. The klt / sklt quantizers (and
         mixed rows with such a rule) run behind the study's bases (self.bases, refitted from the study's dump);
-        where the dump cannot give one (gone, or no query rows for sklt) they are left out, a note saying why."""
+        where the dump cannot give one (gone, or no query rows for sklt) they are left out, a note saying why.
+        --e2e frontier (without --quantizers): the prefill-at-once quantizers latentq.e2e_frontier.select leaves
+        out do not run (self.frontier lists them), nor in the decode modes when those default to them."""
         why: dict[str, str] = {}  # quantizer -> why its basis cannot be fitted
         fitted = set()  # quantizers that run behind a fitted basis
         for q, _ in self.pairs + self.decode_pairs:
@@ -453,10 +364,17 @@ class Plan:
                 f"{len(qs)} klt/sklt quantizer(s) not injected ({reason}; their basis is "
                 f"fitted on the dump's fit split): {', '.join(qs)}",
             )
-        runs = [(q, t, PREFILL_AT_ONCE) for q, t in self.pairs + self.index_pairs if q not in why]
+        self.frontier, off = None, set()  # off: the prefill-at-once quantizers the frontier leaves out
+        pre = [(q, t) for q, t in self.pairs if q not in why]
+        if a.selection == "frontier" and not a.quantizers and pre:
+            self.frontier = e2e_frontier.select(a.results, self.latentq, pre, a.budget_fractions)
+            off = {n.quantizer for n in self.frontier.not_run}
+        dec_off = off if self.decode_follows else set()  # decode quantizers the study or a flag names run as named
+        runs = [(q, t, PREFILL_AT_ONCE) for q, t in self.pairs if q not in why and q not in off]
+        runs += [(q, t, PREFILL_AT_ONCE) for q, t in self.index_pairs if q not in why]
         if PREFILL_AT_ONCE not in self.modes and a.cache_modes is not None:
             runs = []
-        runs += [(q, t, m) for m in self.decode_modes for q, t in self.decode_pairs if q not in why]
+        runs += [(q, t, m) for m in self.decode_modes for q, t in self.decode_pairs if q not in why.keys() | dec_off]
         self.uses_bases = any(r[0] in fitted for r in runs)  # main checks the dump before the first forward
         return runs
 
@@ -789,6 +707,7 @@ def write_tables(a, runner: Runner, tokenizer, K: int, K_dec: int, streamer=None
         **execution_attrs(streamer),
         "batch_runs_decode": np.int64(K_dec),
         "step_key": a.step_key,
+        "selection": "named" if a.quantizers else a.selection,
     }
     write_groups(
         a.results,
@@ -808,6 +727,7 @@ def write_tables(a, runner: Runner, tokenizer, K: int, K_dec: int, streamer=None
                 },
             ),
             **paired_groups(runner.run_stats, runner.draws),
+            "e2e_not_run": e2e_frontier.not_run_group(runner.plan.frontier, common["selection"]),
             "e2e_position": (
                 E2E_POSITION_COLUMNS,
                 pcols,
@@ -847,7 +767,14 @@ def main(argv=None) -> int:
             f"the study ran layers {','.join(map(str, plan.layers))} only; the other "
             f"{len(model_layers) - len(plan.layers)} of {len(model_layers)} layers stay unquantized",
         )
-    runs = plan.runs(a)
+    try:
+        runs = plan.runs(a)
+    except ValueError as e:  # the frontier's reading of the results file
+        say("e2e", "error", str(e))
+        return 2
+    if plan.frontier is not None and plan.frontier.metric != "none":  # "none": nothing ranked, every one runs
+        lines = e2e_frontier.not_run_lines(plan.frontier, len(plan.pairs))
+        print("\n".join(lines[:1] if a.quiet else lines), flush=True)
     try:  # a run behind a fitted basis: the dump must be the study's, checked before the first forward
         if plan.uses_bases:
             plan.bases.check_dump()

@@ -1,6 +1,6 @@
 """Write results/thresholds.toml (the regression gate of `latentq regress`) from a measured run.
 
-    build/latentq run --out /tmp/default.h5            # the embedded default study (e2e included)
+    build/latentq run --e2e all --out /tmp/default.h5  # the embedded default study, every format end to end
     .venv/bin/python -m latentq.thresholds /tmp/default.h5 > results/thresholds.toml
 
 Each threshold's bound is the measured value with a margin of `--margin` (default 1.25) on the error
@@ -176,7 +176,7 @@ def thresholds_text(path: str, m: float) -> str:
     w("#   digit of that slack (value <= bound).")
     w("# The study is deterministic (the e2e step too: float32 on the CPU): a change in these numbers means the")
     w("# quantizers, the dump or the model changed. Regenerate after an intended change:")
-    w("#   build/latentq run --out /tmp/default.h5")
+    w("#   build/latentq run --e2e all --out /tmp/default.h5")
     w("#   .venv/bin/python -m latentq.thresholds /tmp/default.h5 > results/thresholds.toml")
 
     def entry(metric, stat, bound, comment, direction=None, group=None, **filters):

@@ -49,6 +49,7 @@ struct RunArgs {
   double checkpoint_interval = 10;  // seconds (each checkpoint rewrites every completed cell)
   bool no_e2e = false;              // skip [e2e] even when enabled
   std::string budgets;              // the decision summary's budgets (fractions of bf16); empty = default
+  std::string e2e = "frontier";     // --e2e: the e2e step runs the formats that can win (frontier) or all
   bool no_decision = false;         // `latentq study`: the summary comes after its own e2e step
   bool verbose = true;              // false (`latentq study` without --verbose): no tables, where they are instead
 };
@@ -137,8 +138,11 @@ int cmd_run(const RunArgs& a, std::ostream& out, std::ostream& err, bool progres
                        "{}\nresults: {}\n",
                        r.owned, plan.quantizers.size(), resumed, backend->name(), secs, plan_secs,
                        format_cell_time(r, worker_threads(a.threads)), cfg.results.string());
-    if (cfg.probes.e2e.enabled && !a.no_e2e)
+    if (cfg.probes.e2e.enabled && !a.no_e2e) {
+      cfg.probes.e2e.selection = a.e2e;
+      cfg.probes.e2e.budgets = a.budgets;
       run_e2e_step(cfg, plan.dump().attrs, cfg.results, a.threads, out, err, a.verbose);
+    }
     if (!a.no_decision) decision_step(cfg.results, a.budgets, out);
   } else {
     print_probe_report(cfg, plan.probes, nullptr, r.tables, plan.dump().attrs, out, err);
@@ -154,7 +158,7 @@ int cmd_run(const RunArgs& a, std::ostream& out, std::ostream& err, bool progres
 }
 
 struct StudyArgs {
-  std::string model, text, out, config, device = "cpu", dtype = "float32", budgets;
+  std::string model, text, out, config, device = "cpu", dtype = "float32", budgets, e2e = "frontier";
   int64_t seq_len = 512, num_seqs = 4, q_rows = 256;
   int threads = 0;
   bool no_e2e = false;
@@ -313,6 +317,8 @@ int cmd_study(const StudyArgs& a, std::ostream& out, std::ostream& err, bool pro
   E.tokenizer = a.tokenizer;
   E.stream = a.stream;
   E.memory_budget = a.memory_budget;
+  E.selection = a.e2e;
+  E.budgets = a.budgets;
   StepKey e2e_now;
   e2e_now.add("latentq code", d.code);
   e2e_now.add("results", str_attr(attrs, "input_sha256") + " " + sha256_hex(str_attr(attrs, "config")));
@@ -327,6 +333,8 @@ int cmd_study(const StudyArgs& a, std::ostream& out, std::ostream& err, bool pro
   e2e_now.add("--tokenizer", a.tokenizer);
   e2e_now.add("--stream", a.stream);
   e2e_now.add("--memory-budget", a.memory_budget.empty() ? "default" : a.memory_budget);
+  e2e_now.add("--e2e", a.e2e);
+  e2e_now.add("--budgets", a.budgets.empty() ? "default" : a.budgets);
   const std::vector<std::string> groups = list_tables(results);
   std::optional<std::vector<std::string>> e2e_changes;
   if (std::find(groups.begin(), groups.end(), "e2e") != groups.end()) {
@@ -401,14 +409,17 @@ struct MergeArgs {
   std::vector<std::string> inputs;
   int threads = 0;
   bool no_e2e = false;
-  std::string budgets;
+  std::string budgets, e2e = "frontier";
 };
 
 // The e2e step of a merged study: what `latentq run` does after writing an unsharded OUT, so the
 // merged file gets every group of the unsharded run (shards never run it).
-void merged_e2e_step(const fs::path& merged, const Attrs& attrs, int threads, std::ostream& out, std::ostream& err) {
+void merged_e2e_step(const fs::path& merged, const Attrs& attrs, const MergeArgs& a, std::ostream& out,
+                     std::ostream& err) {
   bool has_dir = false;
-  const StudyConfig cfg = config_from_results(attrs, &has_dir);
+  StudyConfig cfg = config_from_results(attrs, &has_dir);
+  cfg.probes.e2e.selection = a.e2e;
+  cfg.probes.e2e.budgets = a.budgets;
   if (!cfg.probes.e2e.enabled) return;
   if (!has_dir) {
     out << fmt::format(
@@ -417,7 +428,7 @@ void merged_e2e_step(const fs::path& merged, const Attrs& attrs, int threads, st
         merged.string(), merged.string());
     return;
   }
-  run_e2e_step(cfg, dump_attrs_from_results(attrs), merged, threads, out, err);
+  run_e2e_step(cfg, dump_attrs_from_results(attrs), merged, a.threads, out, err);
 }
 
 int cmd_merge(const MergeArgs& a, std::ostream& out, std::ostream& err) {
@@ -448,7 +459,7 @@ int cmd_merge(const MergeArgs& a, std::ostream& out, std::ostream& err) {
   out << fmt::format(
       "merged {} shard{} ({} files): {} cells{}\nresults: {}\n", m.shards, m.shards == 1 ? "" : "s", inputs.size(),
       m.cells, m.overlapping ? fmt::format(" ({} of them in more than one file, equal)", m.overlapping) : "", merged);
-  if (!a.no_e2e) merged_e2e_step(merged, m.attrs, a.threads, out, err);
+  if (!a.no_e2e) merged_e2e_step(merged, m.attrs, a, out, err);
   decision_step(merged, a.budgets, out);
   return kExitOk;
 }
@@ -646,6 +657,10 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   const char* budgets_help =
       "budgets of the decision summary, as fractions of the bf16 cache (default 1/16,1/8,1/4,3/8,1/2)";
   run->add_option("--budgets", ra.budgets, budgets_help);
+  const char* e2e_help =
+      "frontier (default): the e2e step runs the formats the probes leave in reach of the decision at some budget "
+      "(the others listed in /e2e_not_run); all: every quantizer of the study";
+  run->add_option("--e2e", ra.e2e, e2e_help)->check(CLI::IsMember({"frontier", "all"}));
   run->footer("Quantizer specs:\n" + spec_grammar());
 
   std::string inspect_path;
@@ -675,6 +690,7 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   merge->add_option("--threads", ma.threads, "threads of the e2e step (0 = all cores)")->check(CLI::NonNegativeNumber);
   merge->add_flag("--no-e2e", ma.no_e2e, "do not start python -m latentq.e2e even when the config has [e2e] enabled");
   merge->add_option("--budgets", ma.budgets, budgets_help);
+  merge->add_option("--e2e", ma.e2e, e2e_help)->check(CLI::IsMember({"frontier", "all"}));
 
   std::string init_path, init_model;
   CLI::App* init = app.add_subcommand(
@@ -701,6 +717,7 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   study->add_option("--q-rows", sta.q_rows, "query rows per layer over all windows (default 256)")
       ->check(CLI::PositiveNumber);
   study->add_option("--budgets", sta.budgets, budgets_help);
+  study->add_option("--e2e", sta.e2e, e2e_help)->check(CLI::IsMember({"frontier", "all"}));
   study->add_option("--threads", sta.threads, "worker threads (default: all cores)")->check(CLI::NonNegativeNumber);
   study->add_flag("--trust-remote-code", sta.trust_remote_code,
                   "let the checkpoint's own code run (its model or tokenizer classes), in the dump and the e2e step; "

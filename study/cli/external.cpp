@@ -258,6 +258,8 @@ bool run_e2e_step(const StudyConfig& config, const DumpAttrs& attrs, const fs::p
   if (!E.tokenizer.empty()) argv.insert(argv.end(), {"--tokenizer", E.tokenizer});
   if (!E.stream.empty()) argv.insert(argv.end(), {"--stream", E.stream});
   if (!E.memory_budget.empty()) argv.insert(argv.end(), {"--memory-budget", E.memory_budget});
+  if (!E.selection.empty()) argv.insert(argv.end(), {"--e2e", E.selection});
+  if (!E.budgets.empty()) argv.insert(argv.end(), {"--budgets", E.budgets});
   const int n = worker_threads(threads);
   argv.insert(argv.end(), {"--threads", std::to_string(n)});
   if (!verbose) argv.push_back("--quiet");

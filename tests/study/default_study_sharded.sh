@@ -2,7 +2,7 @@
 # ctest `study.default_study_sharded`: the embedded default study run as 3
 # shards + `latentq merge` has every group of the unsharded run (OUT_DIR/default_study.h5, written by
 # ctest study.default_study_and_gate), /e2e included: the shards never run the e2e step, the
-# merge runs it on the merged file. Compared with tests/slurm/compare_results.py: every group exactly,
+# merge runs it on the merged file (--e2e all, as the reference). Compared with tests/slurm/compare_results.py: every group exactly,
 # /e2e (torch logits) within rtol 1e-4, atol 1e-7. Skipped (77) without the dump, the reference or Python.
 #   default_study_sharded.sh LATENTQ SOURCE_DIR OUT_DIR PYTHON
 set -eu
@@ -21,7 +21,7 @@ for i in 0 1 2; do
   grep -q '^e2e: skipped: a shard; `latentq merge` runs it on the merged file' "$OUT/sharded/shard_$i.log"
 done
 "$LATENTQ" merge "$OUT/sharded/merged.h5" "$OUT/sharded/shard_0.h5" "$OUT/sharded/shard_1.h5" \
-  "$OUT/sharded/shard_2.h5" --threads 2 >"$OUT/sharded/merge.log"
+  "$OUT/sharded/shard_2.h5" --threads 2 --e2e all >"$OUT/sharded/merge.log"
 cat "$OUT/sharded/merge.log"
 if grep -q '^e2e: skipped: ' "$OUT/sharded/merge.log"; then
   echo "note: the e2e step was skipped (above); the reference has no /e2e either"

@@ -81,6 +81,8 @@ struct E2eSettings {
   std::string stream;              ///< --stream: auto (by size), on or off
   std::string memory_budget;       ///< --memory-budget: host memory for weights when streaming, e.g. 24G
   std::string dump_text_sha256;  ///< not a config key: `latentq study` sets it (--dump-text-sha256)
+  std::string selection;  ///< not a config key: --e2e of run / study / merge (frontier or all; empty = frontier)
+  std::string budgets;    ///< not a config key: their --budgets, the decision's budgets (empty = the default)
 };
 
 /// The probe sections of a config and [e2e].
