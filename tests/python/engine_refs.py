@@ -814,6 +814,14 @@ def vllm_indexer_k_quant(k, ue8m0: bool = True):
     return codes, v
 
 
+def _indexer_pages(codes: np.ndarray, scale_bytes: np.ndarray, block_size: int) -> np.ndarray:
+    """uint8 [num_pages, block_size * bytes per token], as both indexer caches page: the code bytes of the page's
+    tokens (token-major), then their scale bytes (token-major). Slots past T stay zero."""
+    pages = -(-codes.shape[0] // block_size)
+    pad = [np.pad(a, ((0, pages * block_size - len(a)), (0, 0))).reshape(pages, -1) for a in (codes, scale_bytes)]
+    return np.concatenate(pad, axis=1)
+
+
 def vllm_indexer_k_cache(k, block_size: int) -> np.ndarray:
     """The pages of vLLM's DeepseekV32IndexerCache (uint8 [num_pages, block_size * 132] at D = 128) holding the
     keys of tokens 0..T-1 in slots 0..T-1: per page, `dst_offset = block_idx * cache_block_size * cache_stride +
@@ -821,14 +829,7 @@ def vllm_indexer_k_cache(k, block_size: int) -> np.ndarray:
     scales at `cache_block_size * head_dim + (block_offset * head_dim + head_dim_idx) * 4 / quant_block_size`
     bytes. Slots past T stay zero."""
     codes, scales = vllm_indexer_k_quant(k)
-    T, D = codes.shape
-    pages = -(-T // block_size)
-    c = np.zeros((pages * block_size, D), np.uint8)
-    c[:T] = codes
-    s = np.zeros((pages * block_size, D // 128), np.float32)
-    s[:T] = scales
-    sb = s.astype("<f4").view(np.uint8).reshape(pages, block_size * (D // 128) * 4)
-    return np.concatenate([c.reshape(pages, block_size * D), sb], axis=1)
+    return _indexer_pages(codes, scales.astype("<f4").view(np.uint8), block_size)
 
 
 def indexer_pow2_same(amax) -> np.ndarray:
@@ -840,14 +841,60 @@ def indexer_pow2_same(amax) -> np.ndarray:
         return (_f32(amax) / E4M3_MAX).astype(np.float32) > np.float32(2.0**-14)
 
 
+# SGLang's MXFP4 index-K cache: sgl-project/sglang python/sglang/srt/layers/attention/dsv4/fp4_indexer.py at 301bcf08
+# (PR 26209, DeepSeek-V4), which the DSA (V3.2 / GLM-5) port --enable-dsa-fp4-indexer (PR 30546, closed) reuses as is.
+SGLANG_FP4_SCALE_FLOOR = np.float32(1e-4)  # `tl.maximum(amax0 / 6.0, 1.0e-4)`: 1e-4 as a float32
+SGLANG_E2M1_THRESHOLDS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)  # _fp4_e2m1_code: `idx += (ax > t)`
+
+
+def sglang_mxfp4_index_k_quant(k):
+    """SGLang quantize_fp4_indexer_tensor (_quantize_fp4_indexer_kernel, BLOCK_N = 128, GROUP_N = 32), per token of
+    D = 128 and group of 32: `sf0 = tl.maximum(amax0 / 6.0, 1.0e-4)`; `_ceil_ue8m0_exp`: the biased exponent of sf,
+    plus 1 if any mantissa bit is set, clamped to [1, 254]; `v0 = x / scale0` (scale0 = 2^(exp0 - 127));
+    `_fp4_e2m1_code`: `ax = tl.minimum(tl.abs(x), 6.0)`, idx = the thresholds ax exceeds (ties toward zero),
+    `sign = ((x < 0) & (idx != 0))`; `packed = (code0 & 0x0F) | ((code1 & 0x0F) << 4)` (element 2k low);
+    `packed_sf = exp0 | (exp1 << 8) | (exp2 << 16) | (exp3 << 24)`. Division in exact float32 (the sources'
+    `/`). Returns (codes uint8 [T, 64], scale bytes uint8 [T, 4], group 0 first as the int32 stores it)."""
+    assert np.shape(k)[1:] == (128,), f"SGLang's FP4 indexer needs [T, 128] keys, got {np.shape(k)}"
+    g = _f32(k).reshape(-1, 4, 32)
+    sf = np.maximum((np.abs(g).max(axis=2) / E2M1_MAX).astype(np.float32), SGLANG_FP4_SCALE_FLOOR)
+    b = sf.view(np.uint32)
+    e = np.clip((b >> np.uint32(23)).astype(np.int64) + ((b & np.uint32(0x7FFFFF)) != 0), 1, 254)
+    v = g / e8m0_value(e)[..., None]
+    a = np.minimum(np.abs(v), E2M1_MAX)
+    idx = sum((a > np.float32(t)).astype(np.uint8) for t in SGLANG_E2M1_THRESHOLDS)
+    code = idx | (((v < 0) & (idx != 0)).astype(np.uint8) << np.uint8(3))
+    return pack_nibbles_even_low(code.reshape(-1, 128)), e.astype(np.uint8)
+
+
+def sglang_mxfp4_index_k_cache(k, page_size: int) -> np.ndarray:
+    """SGLang store_fp4_index_k_cache (_store_fp4_index_k_cache_kernel, BLOCK = 64) of tokens 0..T-1 at slots
+    0..T-1: a page holds `page_size * (64 + 4)` bytes, slot s's codes at `page_offset * BLOCK`, its four scale
+    bytes at `page_size * BLOCK + page_offset * 4`. uint8 [num_pages, page_size * 68]; slots past T stay zero."""
+    return _indexer_pages(*sglang_mxfp4_index_k_quant(k), page_size)
+
+
+def sglang_mxfp4_same(k) -> np.ndarray:
+    """Groups [T, 4] on which mxfp4 (OCP floor scale 2^(floor(log2 amax) - 2), RNE) stores SGLang's bytes: the two
+    exponents agree (amax >= 2^-11, significand <= 1.5) and no x / scale is +-0.75, 1.75, 3.5 (ties: SGLang rounds
+    down, RNE to even) or a negative at most 0.25 (SGLang stores +0, the format -0: code 8)."""
+    _, e = sglang_mxfp4_index_k_quant(k)
+    g = _f32(k).reshape(-1, 4, 32)
+    floor_byte = np.clip((np.abs(g).max(axis=2).view(np.uint32) >> np.uint32(23)).astype(np.int64) - 129, -127, 127)
+    v = np.abs(g) / e8m0_value(e)[..., None]
+    off = np.isin(v, np.float32([0.75, 1.75, 3.5])) | (np.signbit(g) & (v <= np.float32(0.25)))
+    return (e == floor_byte + 127) & ~off.any(axis=2)
+
+
 INDEXER = {
-    # kIndexerPresets row: (reference, spec, width, bytes per token, the blocks on which spec gives the engine's
-    # bytes, as a function of the block amax: the row's exact_when)
+    # kIndexerPresets row: (reference, spec, width, bytes per token, the keys [T, width] -> bool [T, scale blocks]:
+    # the blocks on which spec gives the engine's bytes, the row's exact_when)
     "vllm-dsa-indexer-fp8": (
         vllm_indexer_k_cache,
         "fp8-e4m3-tile128-pow2",
         128,
         132,
-        indexer_pow2_same,
+        lambda k: indexer_pow2_same(_tile_amax(_f32(k), 128)),
     ),
+    "sglang-dsa-indexer-mxfp4": (sglang_mxfp4_index_k_cache, "mxfp4", 128, 68, sglang_mxfp4_same),
 }
