@@ -191,9 +191,12 @@ void read_attrs(Loader& L, DumpAttrs& A) {
   A.revision = L.str_attr("revision");
   A.source = L.str_attr("source");
   A.rope_layout = L.str_attr("rope_layout");
-  A.cache_family = L.has_attr("cache_family") ? L.str_attr("cache_family") : "dense_mla";
-  if (A.cache_family != "dense_mla" && A.cache_family != "sparse_mla")
-    L.invalid(fmt::format("root attribute 'cache_family' = '{}', expected dense_mla or sparse_mla", A.cache_family));
+  A.cache_family = L.has_attr("cache_family") ? L.str_attr("cache_family") : kCacheFamilies[0].name;
+  try {
+    (void)cache_family_traits(A.cache_family);
+  } catch (const std::invalid_argument& e) {
+    L.invalid(fmt::format("root attribute {}", e.what()));
+  }
   A.original_dtype = L.str_attr("original_dtype");
   A.config_json = L.str_attr("config_json");
   A.num_layers = L.int_attr("num_layers", 1);
@@ -472,6 +475,15 @@ Dump load(const std::filesystem::path& path, const H5::H5File& file, const LoadO
 
 }  // namespace
 
+const CacheFamilyTraits& cache_family_traits(std::string_view name) {
+  std::string names;
+  for (const CacheFamilyTraits& f : kCacheFamilies) {
+    if (name == f.name) return f;
+    names += std::string(names.empty() ? "" : ", ") + f.name;
+  }
+  throw std::invalid_argument(fmt::format("unknown cache_family '{}', available: {}", name, names));
+}
+
 int64_t DumpAttrs::width(Target t) const {
   switch (t) {
     case Target::CKV:
@@ -497,7 +509,8 @@ const std::vector<float>& Layer::rows(Target t) const {
 }
 
 bool Dump::holds(int index, Target target) const {
-  if (is_latent_target(target)) return true;
+  if (!attrs.family().caches[static_cast<size_t>(target)]) return false;
+  if (target != Target::IndexK) return true;
   return file_has_attention && std::binary_search(indexer_layers.begin(), indexer_layers.end(), index);
 }
 

@@ -192,7 +192,7 @@ std::vector<ColumnTable> run_check(const StudyConfig& config, const CheckCell& c
 }
 
 // topk_recall of a row that reads the model's own selection: 1 on a sparse MLA dump, NaN on a dense one.
-double model_selection_recall(const Dump& dump) { return dump.attrs.cache_family == "sparse_mla" ? 1.0 : kNaN; }
+double model_selection_recall(const Dump& dump) { return dump.attrs.family().topk_selection ? 1.0 : kNaN; }
 
 // The c_kv+k_pe+index_k row (sparse MLA): c_kv and k_pe as the c_kv+k_pe row stores them, the indexer key cache
 // in the quantizer's c_kv format, each query row's causal top-k recomputed from it (latentq/attention/dsa.h), the
@@ -582,7 +582,7 @@ class AttentionProbe final : public Probe {
         c.group = groups[c.quantizer];
         // sparse MLA: beside each c_kv+k_pe row, the same quantizer on the indexer key cache too (its own cell)
         std::optional<ErrorCell> with_indexer;
-        if (c.targets == "c_kv+k_pe" && dump.attrs.cache_family == "sparse_mla") {
+        if (c.targets == "c_kv+k_pe" && dump.attrs.family().caches[static_cast<size_t>(Target::IndexK)]) {
           with_indexer = c;
           with_indexer->targets = kWithIndexer;
           with_indexer->group = nullptr;

@@ -145,6 +145,27 @@ TEST_F(DumpTest, WrongSchema) {
                                       {p(), "'schema' is \"latentq-dump/0\", expected \"latentq-dump/1\""});
 }
 
+// The cache families: each table row is found by its name and caches c_kv and k_pe; a dump without the attribute is
+// dense MLA (no index_k held); an unknown family is refused naming the value and the table's names.
+TEST_F(DumpTest, CacheFamilyFromTheTable) {
+  for (const CacheFamilyTraits& f : kCacheFamilies) {
+    SCOPED_TRACE(f.name);
+    EXPECT_EQ(&cache_family_traits(f.name), &f);
+    EXPECT_TRUE(f.caches[static_cast<size_t>(Target::CKV)] && f.caches[static_cast<size_t>(Target::KPE)]);
+    EXPECT_EQ(f.topk_selection, f.caches[static_cast<size_t>(Target::IndexK)]);  // the indexer picks the keys
+  }
+  const Dump d = load_dump(path);
+  EXPECT_EQ(d.attrs.cache_family, "dense_mla");
+  EXPECT_FALSE(d.attrs.family().topk_selection);
+  EXPECT_EQ(d.attrs.index_head_dim, 0);
+  EXPECT_TRUE(d.holds(0, Target::CKV));
+  EXPECT_FALSE(d.holds(0, Target::IndexK));
+  lqtest::set_string_attr(path, "cache_family", "deepseek_v4");
+  expect_error<std::invalid_argument>(
+      [&] { load_dump(path); },
+      {p(), "root attribute unknown cache_family 'deepseek_v4', available: dense_mla, sparse_mla"});
+}
+
 TEST_F(DumpTest, MissingSchema) {
   lqtest::delete_attr(path, "schema");
   expect_error<std::invalid_argument>([&] { load_dump(path); }, {p(), "missing root attribute 'schema'"});

@@ -84,7 +84,15 @@ TEST(Synth, SparsePresetsWriteTheSelectionAndTheIndexer) {
     const Dump d = load_dump(path);
     SCOPED_TRACE(name);
     EXPECT_EQ(d.attrs.cache_family, "sparse_mla");
+    // the family's table row: the latent and the indexer key cache, a per-row selection; index_k's width from the
+    // dataset, held by the layer
+    EXPECT_TRUE(d.attrs.family().topk_selection);
+    EXPECT_EQ(d.attrs.index_head_dim, 128);
+    EXPECT_EQ(d.attrs.width(Target::IndexK), 128);
+    EXPECT_EQ(d.indexer_layers, std::vector<int>{0});
+    EXPECT_TRUE(d.holds(0, Target::IndexK) && d.holds(0, Target::CKV) && d.holds(0, Target::KPE));
     const Layer& L = d.layers.at(0);
+    EXPECT_EQ(L.rows(Target::IndexK).size(), L.index_k.size());
     ASSERT_TRUE(L.sparse() && L.has_indexer());
     EXPECT_EQ(L.index_heads, o.shape.index_n_heads);
     EXPECT_EQ(L.index_dim, 128);

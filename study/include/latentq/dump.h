@@ -31,6 +31,7 @@
 #include <filesystem>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "latentq/spec.h"
@@ -38,6 +39,30 @@
 namespace latentq {
 
 inline constexpr const char* kDumpSchema = "latentq-dump/1";
+
+/// The cache families a dump can hold (its root attribute cache_family): what the model caches per token and layer
+/// and which of those tokens each query row reads. Every stage that depends on the family (the dump's reader and
+/// its check, the probes' planning, the attention's key selection) asks this table, not the family's name.
+struct CacheFamilyTraits {
+  const char* name;  ///< the root attribute's value ("dense_mla" when absent: dumps written before it)
+  /// The cached tensors a layer of the family holds (latentq/spec.h kTargets), in Target order.
+  bool caches[kTargetCount];
+  /// Each query row reads a per-row selection of the causal keys (Layer::topk_offsets / topk_keys, chosen by an
+  /// indexer from its own key cache) rather than every causal key.
+  bool topk_selection;
+  const char* models;  ///< the models that cache this way
+  const char* source;  ///< what it is computed from (the reference modeling code)
+};
+inline constexpr CacheFamilyTraits kCacheFamilies[] = {
+    {"dense_mla", {true, true, false}, false, "DeepSeek-V2/V3, Kimi K2, GLM-4.7-Flash, MiniCPM3, LongCat-Flash",
+     "transformers 5.24 deepseek_v2 / deepseek_v3 (DeepseekV3Attention): c_kv after kv_a_layernorm, k_pe after RoPE, "
+     "every causal key read"},
+    {"sparse_mla", {true, true, true}, true, "DeepSeek-V3.2, GLM-5 (DeepSeek Sparse Attention)",
+     "transformers 5.24 deepseek_v32 / glm_moe_dsa (DeepseekV32Indexer): the latent plus the lightning indexer's key "
+     "cache (index_k, after its k_norm and RoPE); each query row reads the causal top-index_topk of the index score"},
+};
+/// The row of `name`; throws std::invalid_argument "unknown cache_family 'x', available: dense_mla, sparse_mla".
+const CacheFamilyTraits& cache_family_traits(std::string_view name);
 
 /// Root attributes of a dump.
 struct DumpAttrs {
@@ -51,6 +76,9 @@ struct DumpAttrs {
   int64_t index_head_dim = 0;
   double softmax_scale = 0;  ///< the model's attention softmax scale (mscale² included); > 0 and a
                              ///< normal float32 (load_dump checks it after the conversion)
+
+  /// The row of kCacheFamilies of cache_family.
+  const CacheFamilyTraits& family() const { return cache_family_traits(cache_family); }
 
   /// Bytes per token of the whole model's latent cache in bf16, c_kv and k_pe of every layer:
   /// num_layers · (kv_lora_rank + qk_rope_head_dim) · 2. What ratio_vs_bf16 and the decision's budgets are
