@@ -115,12 +115,21 @@ def test_the_frontier_of_a_hand_built_study(tmp_path, attention):
     assert [n.quantizer for n in fr3.not_run] == ["int8-sym-tensor"]
 
 
-def test_budgets_parse_as_the_decision_reads_them():
+def test_budgets_parse_as_the_decision_reads_them(tmp_path, capsys):
     assert ef.parse_budgets("1/16,0.25, 3/8,1") == [0.0625, 0.25, 0.375, 1.0]
     for bad in ("0", "1.5", "a/b", "1/0", "", "1/4,"):
         with pytest.raises(ValueError, match="expected a fraction of the bf16 cache in"):
             ef.parse_budgets(bad)
     assert [ef.fraction_label(f) for f in (1 / 16, 3 / 8, 1.0, 0.3)] == ["1/16", "3/8", "all", "0.3"]
+    # the step: exit 2 with one line naming the flag, before the results file is read
+    from latentq import e2e
+
+    assert e2e.main(["--results", str(tmp_path / "none.h5"), "--budgets", "1/8,3/2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "latentq e2e: error: --budgets 1/8,3/2: budget '3/2': expected a fraction of the bf16 cache in (0, 1], "
+        "as a/b or a decimal"
+    ], err
 
 
 SMALL = """[quantizers]
