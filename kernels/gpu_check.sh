@@ -224,18 +224,28 @@ fi
 # absolute. The absolute part is float32's noise on a KL near 0: on one H200 (commit 7a8cdef) one /attention_position
 # kl_mean of tiny-mla read 8.13e-7 on the CPU and 8.38e-7 on the GPU. The CPU's float32 attention itself is within
 # 6.7e-3 (KL), 2.5e-5 (out_rel_fro) of a float64 evaluation on tiny-mla (README "GPU and benchmarks").
-# /decision takes its KL from /attention_error (no e2e here), /score_vs_attention ranks that KL (a Spearman of
-# 0.9994532 on the CPU, 0.9994330 on the GPU, commit 4b101e0): the same tolerance (strings must match).
+# /decision takes its KL from /attention_error (no e2e here): the same tolerance (its strings must match).
+# /score_vs_attention ranks that KL by Spearman's rho, over as few as 2 quantizers a band: two KLs near a tie swap in
+# their last bits (a rho of 1 on the CPU, -1 on the GPU, one H200, commit eab4ca6), so its values are not compared,
+# only its columns and rows (lq_results_equal --shape-only); its inputs are (/latent_error bit for bit, /attention_error
+# to the tolerance).
 ATT_RTOL=${LQ_ATT_RTOL:-2e-2}
 ATT_ATOL=${LQ_ATT_ATOL:-1e-6}
-ATT_TOL=()
-for g in attention_error attention_position score_vs_attention decision; do ATT_TOL+=(--rtol "$g=$ATT_RTOL" --atol "$g=$ATT_ATOL"); done
+ATT_TOL=(--shape-only score_vs_attention)
+for g in attention_error attention_position decision; do ATT_TOL+=(--rtol "$g=$ATT_RTOL" --atol "$g=$ATT_ATOL"); done
+# The gate on a study without its e2e step: every threshold of results/thresholds.toml but the /e2e* groups'.
+GATE=$OUTDIR/thresholds_no_e2e.toml
+python3 - "$ROOT/results/thresholds.toml" "$GATE" <<'PY' || GATE=$ROOT/results/thresholds.toml
+import re, sys
+parts = re.split(r"(?m)^(?=\[\[threshold\]\])", open(sys.argv[1]).read())
+open(sys.argv[2], "w").write("".join(p for p in parts if not re.search(r'(?m)^group = "e2e', p)))
+PY
 if [ -n "$CLI" ] && [ -n "$REQ" ] && [ -f "$ROOT/data/latents/tiny-mla.h5" ]; then
   say "latentq run --device cuda vs --device cpu (default study, no e2e)"
   if "$CLI" run --no-e2e --input "$ROOT/data/latents/tiny-mla.h5" --device cpu --out "$OUTDIR/study_cpu.h5" >"$OUTDIR/study.log" 2>&1 &&
      "$CLI" run --no-e2e --input "$ROOT/data/latents/tiny-mla.h5" --device cuda --out "$OUTDIR/study_cuda.h5" >>"$OUTDIR/study.log" 2>&1 &&
      "$REQ" "$OUTDIR/study_cpu.h5" "$OUTDIR/study_cuda.h5" "${ATT_TOL[@]}" >>"$OUTDIR/study.log" 2>&1 &&
-     "$CLI" regress "$OUTDIR/study_cuda.h5" --thresholds "$ROOT/results/thresholds.toml" >>"$OUTDIR/study.log" 2>&1; then
+     "$CLI" regress "$OUTDIR/study_cuda.h5" --thresholds "$GATE" >>"$OUTDIR/study.log" 2>&1; then
     say "study: cuda results equal the cpu results (/attention_error to $ATT_RTOL relative); the threshold gate passes on them"
   else
     STATUS=1; tail -20 "$OUTDIR/study.log"; say "study on the GPU FAILED (log: $OUTDIR/study.log)"

@@ -4,8 +4,10 @@
 // table_difference); a group named by --rtol / --atol compares finite float64 values to
 // |x − y| ≤ REL · max(|x|, |y|) + ABS instead (`--rtol attention_error=2e-2 --atol attention_error=1e-9`: the
 // device attention against the CPU's, gpu_check.sh); GROUP `*` sets them for every group not named (a study whose
-// dump was computed on another device: `--rtol '*=1e-2'`). Root and group
-// attributes are not compared (they hold creation times, shard numbers, ...).
+// dump was computed on another device: `--rtol '*=1e-2'`). --shape-only GROUP compares that group's columns (names,
+// order, types) and row count only: for rank statistics (/score_vs_attention's Spearman over as few as 2 quantizers
+// flips from 1 to -1 when two KLs near a tie swap in their last bits, as the GPU's cuBLAS attention does). Root and
+// group attributes are not compared (they hold creation times, shard numbers, ...).
 // Exit status: 0 equal ("equal: <groups>" on stdout), 1 different (the first difference on
 // stderr), 2 unreadable file or usage error.
 #include <fmt/format.h>
@@ -13,6 +15,7 @@
 #include <cstdlib>
 #include <iostream>
 #include <map>
+#include <set>
 #include <string>
 
 #include "latentq/batch.h"
@@ -20,8 +23,10 @@
 
 int main(int argc, char** argv) {
   using namespace latentq;
-  const char* usage = "usage: lq_results_equal A.h5 B.h5 [--rtol GROUP=REL ...] [--atol GROUP=ABS ...]\n";
+  const char* usage =
+      "usage: lq_results_equal A.h5 B.h5 [--rtol GROUP=REL ...] [--atol GROUP=ABS ...] [--shape-only GROUP ...]\n";
   std::map<std::string, double> rtol, atol;
+  std::set<std::string> shape_only;
   std::vector<std::string> files;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -35,6 +40,11 @@ int main(int argc, char** argv) {
         return 2;
       }
       (a == "--rtol" ? rtol : atol)[v.substr(0, eq)] = r;
+    } else if (a == "--shape-only" && i + 1 < argc) {
+      shape_only.insert(argv[++i]);
+    } else if (a.rfind("--", 0) == 0) {
+      std::cerr << "lq_results_equal: unknown option " << a << "\n" << usage;
+      return 2;
     } else {
       files.push_back(a);
     }
@@ -55,6 +65,16 @@ int main(int argc, char** argv) {
     size_t rows = 0;
     for (const std::string& g : ga) {
       const ColumnTable a = read_table(fa, g), b = read_table(fb, g);
+      if (shape_only.count(g)) {
+        if (a.names() != b.names() || a.num_rows() != b.num_rows()) {
+          std::cerr << fmt::format("/{} differs in shape between {} and {}: columns [{}] x {} rows vs [{}] x {} rows\n",
+                                   g, fa, fb, fmt::join(a.names(), ", "), a.num_rows(), fmt::join(b.names(), ", "),
+                                   b.num_rows());
+          return 1;
+        }
+        rows += a.num_rows();
+        continue;
+      }
       const auto tol = [&g](const std::map<std::string, double>& m) {
         return m.count(g) ? m.at(g) : m.count("*") ? m.at("*") : 0.0;
       };

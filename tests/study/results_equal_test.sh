@@ -2,7 +2,8 @@
 # lq_results_equal's tolerances on hand-written results files (lq_results_fixture): a float of 2 against 2.01
 # (relative difference 4.98e-3) differs strictly, passes at --rtol GROUP=1e-2 and at '*=1e-2', not at 1e-3, not
 # when only another group has a tolerance, and a named group's tolerance wins over '*'; an int64 column (4 vs 5)
-# differs at any tolerance; a tolerance <= 0 is a usage error (exit 2).
+# differs at any tolerance; a tolerance <= 0 is a usage error (exit 2); --shape-only GROUP ignores that group's values
+# (4 vs 5 passes) but not its row count or columns; an unknown option is a usage error.
 # Usage: results_equal_test.sh LQ_RESULTS_FIXTURE LQ_RESULTS_EQUAL WORKDIR
 set -u
 F=$1 E=$2 W=$3
@@ -18,7 +19,8 @@ echo '{"attrs": {}, "groups": {"attention_check": {"values": {"layer": [0, 1], "
   "tq": [4, 4]}}, "svd": {"values": {"layer": [0]}}}}' > a.json
 sed 's/2.0\]/2.01]/' a.json > b.json
 sed 's/"tq": \[4, 4\]/"tq": [4, 5]/' a.json > c.json
-for f in a b c; do "$F" $f.json $f.h5 || { echo "FAIL: lq_results_fixture $f.json"; exit 1; }; done
+sed 's/"layer": \[0, 1\], "ref_vs_dump_rel_fro": \[1.0, 2.0\],/"layer": [0], "ref_vs_dump_rel_fro": [1.0],/; s/"tq": \[4, 4\]/"tq": [4]/' a.json > d.json
+for f in a b c d; do "$F" $f.json $f.h5 || { echo "FAIL: lq_results_fixture $f.json"; exit 1; }; done
 expect 0 a.h5 a.h5
 expect 1 a.h5 b.h5
 expect 0 a.h5 b.h5 --rtol attention_check=1e-2
@@ -29,5 +31,9 @@ expect 1 a.h5 b.h5 --rtol attention_check=1e-3 --rtol '*=1e-2'
 expect 0 a.h5 b.h5 --atol '*=0.011'
 expect 1 a.h5 c.h5 --rtol '*=1e-2'
 expect 2 a.h5 a.h5 --rtol '*=0'
-[ $fail = 0 ] && echo "lq_results_equal tolerances: 10 cases pass"
+expect 0 a.h5 c.h5 --shape-only attention_check
+expect 1 a.h5 c.h5 --shape-only svd
+expect 1 a.h5 d.h5 --shape-only attention_check
+expect 2 a.h5 a.h5 --shape attention_check
+[ $fail = 0 ] && echo "lq_results_equal tolerances: 14 cases pass"
 exit $fail
