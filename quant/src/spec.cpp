@@ -35,7 +35,7 @@ constexpr const char* kFp8TileExamples[] = {"fp8-e4m3-tile128-pow2", "fp8-e4m3-t
                                             "fp8-e4m3-tile128-fp32", "fp8-e4m3-tile32-fp32"};
 constexpr const char* kFp8TensorExamples[] = {"fp8-e4m3-tensor", "fp8-e4m3-tensor-s1"};
 constexpr const char* kMxFp8Examples[] = {"mxfp8"};
-constexpr const char* kMxFp4Examples[] = {"mxfp4"};
+constexpr const char* kMxFp4Examples[] = {"mxfp4", "mxfp4-ceil"};
 constexpr const char* kNvFp4Examples[] = {"nvfp4"};
 constexpr const char* kQ8_0Examples[] = {"q8_0"};
 constexpr const char* kQ4_0Examples[] = {"q4_0"};
@@ -65,9 +65,9 @@ constexpr FormatTraits kFormats[kFormatCount] = {
   {Format::MxFp8, "mxfp8   (e4m3, one E8M0 scale per 32)", "mx", "sym", "block", Storage::Block, Causality::PerToken, "any D (a last, partial block keeps its own scale)",
    nullptr, "OCP Microscaling v1.0 MXFP8, section 6.3 floor rule",
    "engine_refs.mx (against torchao to_mx and ml-dtypes; tests/python/test_engine_formats.py)", kMxFp8Examples},
-  {Format::MxFp4, "mxfp4   (e2m1, one E8M0 scale per 32)", "mx", "sym", "block", Storage::Block, Causality::PerToken, "any D (a last, partial block keeps its own scale)",
-   nullptr, "OCP Microscaling v1.0 MXFP4, section 6.3 floor rule",
-   "engine_refs.mx (against torchao to_mx and ml-dtypes; tests/python/test_engine_formats.py)", kMxFp4Examples},
+  {Format::MxFp4, "mxfp4   (e2m1, one E8M0 scale per 32; mxfp4-ceil: SGLang's ceil scale, codes by thresholds)", "mx", "sym", "block", Storage::Block, Causality::PerToken, "any D (a last, partial block keeps its own scale)",
+   nullptr, "OCP Microscaling v1.0 MXFP4, section 6.3 floor rule; mxfp4-ceil: SGLang python/sglang/srt/layers/attention/dsv4/fp4_indexer.py at 301bcf08 (_quantize_fp4_indexer_kernel, its DSA indexer key cache)",
+   "engine_refs.mx (against torchao to_mx and ml-dtypes); mxfp4-ceil: engine_refs.sglang_mxfp4 (tests/python/test_engine_formats.py)", kMxFp4Examples},
   {Format::NvFp4, "nvfp4   (e2m1, one e4m3 scale per 16, one fp32 per-tensor scale)", "nvfp4", "sym", "block", Storage::Block, Causality::PerMatrix, "any D (a last, partial block keeps its own scale)",
    nullptr, "NVFP4 as torchao prototype/mx_formats/nvfp4_tensor.py nvfp4_quantize (two-level scaling)",
    "engine_refs.nvfp4 (against torchao nvfp4_quantize; tests/python/test_engine_formats.py)", kNvFp4Examples},
@@ -150,11 +150,11 @@ constexpr IndexerPresetTraits kIndexerPresets[kIndexerPresetCount] = {
    "a page of B tokens: B x 128 e4m3 codes (token-major), then B fp32 scales", 132, {8, 128, 4, 0},
    "blocks with fl32(amax/448) > 2^-14 (amax above 7/256): below it vLLM floors amax at 1e-4 before dividing by 448 (scale 2^-14 .. 2^-22), the format floors amax/448 at 1e-4 (scale 2^-13)",
    "engine_refs.vllm_indexer_k_cache (test_indexer_presets_match_engine)"},
-  {"sglang-dsa-indexer-mxfp4", "mxfp4", 128,
+  {"sglang-dsa-indexer-mxfp4", "mxfp4-ceil", 128,
    "SGLang DSA indexer (DeepSeek-V3.2, GLM-5) --enable-dsa-fp4-indexer (PR 30546, closed unmerged), reusing the DeepSeek-V4 --enable-deepseek-v4-fp4-indexer cache of PR 26209",
    "SGLang python/sglang/srt/layers/attention/dsv4/fp4_indexer.py quantize_fp4_indexer_tensor and store_fp4_index_k_cache at sgl-project/sglang 301bcf08726b97f5d5cdae493f5fe8e31a59ab31 (PR 26209; PR 30546's fused MXFP4 store in jit_kernel/csrc/deepseek_v32/indexer_k.cuh matches it): per 32, s = 2^ceil(log2(max(amax / 6, 1e-4))) as one UE8M0 byte, code = e2m1(x / s) with ties toward zero and no -0, element 2k in the low nibble",
    "a page of B tokens (64 on CUDA): B x 64 e2m1 code bytes (token-major), then B x 4 UE8M0 bytes (group 0 first)", 68, {4, 32, 1, 0},
-   "blocks whose two scales agree (amax >= 2^-11 with significand <= 1.5: ceil(log2(max(fl(amax/6), 1e-4))) = floor(log2 amax) - 2) and with no x/s at +-0.75, 1.75, 3.5 (SGLang rounds these ties down, the format to even) and no negative x/s >= -0.25 (SGLang +0, the format -0); elsewhere the format's OCP floor scale is half SGLang's and its largest elements saturate",
+   "all",
    "engine_refs.sglang_mxfp4_index_k_cache (test_indexer_presets_match_engine)"},
 };
 
@@ -242,6 +242,11 @@ QuantSpec QuantSpec::parse(std::string_view s) {
   if (s == "bf16") return simple(Format::BF16, 16, ScaleDtype::F32);
   if (s == "mxfp8") return simple(Format::MxFp8, 8, ScaleDtype::UE8M0);
   if (s == "mxfp4") return simple(Format::MxFp4, 4, ScaleDtype::UE8M0);
+  if (s == "mxfp4-ceil") {
+    QuantSpec q = simple(Format::MxFp4, 4, ScaleDtype::UE8M0);
+    q.rule = ScaleRule::Ue8m0Ceil;
+    return q;
+  }
   if (s == "nvfp4") return simple(Format::NvFp4, 4, ScaleDtype::E4M3);
   if (s == "q8_0") return simple(Format::Q8_0, 8, ScaleDtype::F16);
   if (s == "q4_0") return simple(Format::Q4_0, 4, ScaleDtype::F16);
@@ -396,7 +401,7 @@ std::string QuantSpec::to_string() const {
     case Format::MxFp8:
       return "mxfp8";
     case Format::MxFp4:
-      return "mxfp4";
+      return rule == ScaleRule::Ue8m0Ceil ? "mxfp4-ceil" : "mxfp4";
     case Format::NvFp4:
       return "nvfp4";
     case Format::Q8_0:
@@ -539,7 +544,8 @@ Layout layout(const QuantSpec& s, int64_t D) {
       block_format(qmath::BlockKind::MxFp8, 32, true, false);
       return L;
     case Format::MxFp4:
-      block_format(qmath::BlockKind::MxFp4, 32, true, false);
+      block_format(s.rule == ScaleRule::Ue8m0Ceil ? qmath::BlockKind::MxFp4Ceil : qmath::BlockKind::MxFp4, 32, true,
+                   false);
       return L;
     case Format::Fp4Tile:
       block_format(s.rule == ScaleRule::Reciprocal ? qmath::BlockKind::Fp4TileRcp : qmath::BlockKind::Fp4Tile, 16, true,

@@ -370,6 +370,32 @@ def mx(x, elem: str, block: int = 32, torchao_min_scale: bool = False) -> Quant:
     return Quant(name, T, D, codes, byte.reshape(-1), block=block)
 
 
+# SGLang's MXFP4 (mxfp4-ceil): sgl-project/sglang python/sglang/srt/layers/attention/dsv4/fp4_indexer.py at 301bcf08
+# (PR 26209, the DeepSeek-V4 FP4 indexer cache; the DSA port --enable-dsa-fp4-indexer of PR 30546 reuses it as is).
+SGLANG_FP4_SCALE_FLOOR = np.float32(1e-4)  # `tl.maximum(amax0 / 6.0, 1.0e-4)`: 1e-4 as a float32
+SGLANG_E2M1_THRESHOLDS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)  # _fp4_e2m1_code: `idx += (ax > t)`
+
+
+def sglang_mxfp4(x) -> Quant:
+    """SGLang quantize_fp4_indexer_tensor (_quantize_fp4_indexer_kernel, GROUP_N = 32), per token and group of 32
+    (a last, partial group of a row keeps its own scale, as latentq's mxfp4-ceil):
+    `sf0 = tl.maximum(amax0 / 6.0, 1.0e-4)`; `_ceil_ue8m0_exp`: the biased exponent of sf, plus 1 if any mantissa
+    bit is set, clamped to [1, 254]; `v0 = x / scale0` (scale0 = 2^(exp0 - 127)); `_fp4_e2m1_code`:
+    `ax = tl.minimum(tl.abs(x), 6.0)`, idx = the thresholds ax exceeds (ties toward zero), `sign = ((x < 0) &
+    (idx != 0))`; `packed = (code0 & 0x0F) | ((code1 & 0x0F) << 4)` (element 2k low). Division in exact float32
+    (the sources' `/`). Returns the Quant of spec mxfp4-ceil (scales: the UE8M0 bytes, token then group)."""
+    x = _f32(x)
+    T, D = x.shape
+    sf = np.maximum((_tile_amax(x, 32) / E2M1_MAX).astype(np.float32), SGLANG_FP4_SCALE_FLOOR)
+    b = sf.view(np.uint32)
+    e = np.clip((b >> np.uint32(23)).astype(np.int64) + ((b & np.uint32(0x7FFFFF)) != 0), 1, 254)
+    v = (x / _expand(e8m0_value(e), 32, D)).astype(np.float32)
+    a = np.minimum(np.abs(v), E2M1_MAX)
+    idx = sum((a > np.float32(t)).astype(np.uint8) for t in SGLANG_E2M1_THRESHOLDS)
+    code = idx | (((v < 0) & (idx != 0)).astype(np.uint8) << np.uint8(3))
+    return Quant("mxfp4-ceil", T, D, pack_nibbles_even_low(code), e.astype(np.uint8).reshape(-1), block=32)
+
+
 # ---------------------------------------------------------------------------------------------------
 # 5. NVFP4: e2m1 in blocks of 16, e4m3 block scale, fp32 per-tensor scale
 # ---------------------------------------------------------------------------------------------------
@@ -538,6 +564,7 @@ def quantize(x, spec: str) -> Quant:
         "fp8-e4m3-tensor-s1": lambda v: fp8_tensor(v, 1.0),
         "mxfp8": lambda v: mx(v, "e4m3"),
         "mxfp4": lambda v: mx(v, "e2m1"),
+        "mxfp4-ceil": sglang_mxfp4,
         "nvfp4": nvfp4,
         "q8_0": q8_0,
         "q4_0": q4_0,
@@ -562,7 +589,7 @@ def dequantize(q: Quant) -> np.ndarray:
         return (e4m3_value(q.codes) * _expand(sc.reshape(T, -1), n, D)).astype(np.float32)
     if s.startswith("fp8-e4m3-tensor"):
         return (e4m3_value(q.codes) * q.global_scale[0]).astype(np.float32)
-    if s in ("mxfp8", "mxfp4"):
+    if s in ("mxfp8", "mxfp4", "mxfp4-ceil"):  # SGLang's dequant of mxfp4-ceil: the e2m1 value times 2^(b - 127)
         v = e4m3_value(q.codes) if s == "mxfp8" else e2m1_value(unpack_nibbles_even_low(q.codes, D))
         return (v * _expand(e8m0_value(q.scales).reshape(T, -1), 32, D)).astype(np.float32)
     if s == "nvfp4":
@@ -594,7 +621,7 @@ def bytes_per_token(spec: str, D: int, T: int = 1) -> float:
         return D + 4 / T
     if spec == "mxfp8":
         return D + -(-D // 32)
-    if spec == "mxfp4":
+    if spec in ("mxfp4", "mxfp4-ceil"):
         return -(-D // 2) + -(-D // 32)
     if spec == "nvfp4":
         return -(-D // 2) + -(-D // 16) + 4 / T
@@ -783,118 +810,3 @@ RECORDS = {
 # records whose engine reads c_kv as bf16/fp16 only and whose rule differs from latentq's on some float32 rows
 # (vllm_nvfp4_ds_mla_scale_bits): compared on bf16 rows
 HALF_INPUT_RECORDS = {"vllm-nvfp4-ds-mla"}
-
-
-# ---------------------------------------------------------------------------------------------------
-# The DSA indexer key cache (spec.h kIndexerPresets)
-# ---------------------------------------------------------------------------------------------------
-
-VLLM_INDEXER_AMAX_FLOOR = np.float32(1e-4)  # `fmaxf(amax, 1e-4)`: the double 1e-4 as a float
-
-
-def vllm_indexer_k_quant(k, ue8m0: bool = True):
-    """vLLM csrc/cache_kernels.cu indexer_k_quant_and_cache_kernel (as carried by local-inference-lab/vllm at
-    28be48fa), per token and block of quant_block_size = 128 dims (deepseek_v2.py Indexer: `self.scale_fmt =
-    "ue8m0"`, `self.quant_block_size = 128`):
-      `float scale = fmaxf(amax, 1e-4) / kFp8ScaleDivisor;`      (kFp8ScaleDivisor = 448.f on CUDA)
-      `if (use_ue8m0) { scale = exp2f(ceilf(log2f(scale))); }`
-      `kv_cache[dst_offset + i] = fp8::scaled_convert<cache_t, scalar_t, kv_dt>(k_val_ptr[i], scale);`
-    i.e. e4m3(x / s), RNE, saturating. ceil(log2(v)) is taken in exact math on the float32 v (as
-    flashmla_pow2_exponent). Returns (codes uint8 [T, D], scales float32 [T, D / 128])."""
-    k = _f32(k)
-    T, D = k.shape
-    assert D % 128 == 0, "the indexer kernel needs head_dim % quant_block_size == 0"
-    with np.errstate(over="ignore", invalid="ignore"):
-        v = (np.maximum(_tile_amax(k, 128), VLLM_INDEXER_AMAX_FLOOR) / E4M3_MAX).astype(np.float32)
-    if ue8m0:
-        b = v.view(np.uint32)
-        e = ((b >> np.uint32(23)) & np.uint32(0xFF)).astype(np.int64) - 127 + ((b & np.uint32(0x7FFFFF)) != 0)
-        v = np.ldexp(np.float32(1.0), e).astype(np.float32)
-    codes = e4m3_bits((k / _expand(v, 128, D)).astype(np.float32))
-    return codes, v
-
-
-def _indexer_pages(codes: np.ndarray, scale_bytes: np.ndarray, block_size: int) -> np.ndarray:
-    """uint8 [num_pages, block_size * bytes per token], as both indexer caches page: the code bytes of the page's
-    tokens (token-major), then their scale bytes (token-major). Slots past T stay zero."""
-    pages = -(-codes.shape[0] // block_size)
-    pad = [np.pad(a, ((0, pages * block_size - len(a)), (0, 0))).reshape(pages, -1) for a in (codes, scale_bytes)]
-    return np.concatenate(pad, axis=1)
-
-
-def vllm_indexer_k_cache(k, block_size: int) -> np.ndarray:
-    """The pages of vLLM's DeepseekV32IndexerCache (uint8 [num_pages, block_size * 132] at D = 128) holding the
-    keys of tokens 0..T-1 in slots 0..T-1: per page, `dst_offset = block_idx * cache_block_size * cache_stride +
-    block_offset * head_dim + head_dim_idx` (the codes of its block_size tokens, token-major), then the fp32
-    scales at `cache_block_size * head_dim + (block_offset * head_dim + head_dim_idx) * 4 / quant_block_size`
-    bytes. Slots past T stay zero."""
-    codes, scales = vllm_indexer_k_quant(k)
-    return _indexer_pages(codes, scales.astype("<f4").view(np.uint8), block_size)
-
-
-def indexer_pow2_same(amax) -> np.ndarray:
-    """Where fp8-e4m3-tile128-pow2 (FlashMLA: 2^ceil(log2(max(fl(amax/448), 1e-4)))) and vLLM's indexer rule
-    (2^ceil(log2(fl(max(amax, 1e-4)/448)))) give the same scale: fl32(amax/448) > 2^-14, i.e. amax above 7/256
-    (both are then 2^ceil(log2(fl(amax/448))), and 1e-4 lies in (2^-14, 2^-13]). Below it the format's scale is
-    2^-13 and vLLM's 2^-14 or less."""
-    with np.errstate(over="ignore", invalid="ignore"):
-        return (_f32(amax) / E4M3_MAX).astype(np.float32) > np.float32(2.0**-14)
-
-
-# SGLang's MXFP4 index-K cache: sgl-project/sglang python/sglang/srt/layers/attention/dsv4/fp4_indexer.py at 301bcf08
-# (PR 26209, DeepSeek-V4), which the DSA (V3.2 / GLM-5) port --enable-dsa-fp4-indexer (PR 30546, closed) reuses as is.
-SGLANG_FP4_SCALE_FLOOR = np.float32(1e-4)  # `tl.maximum(amax0 / 6.0, 1.0e-4)`: 1e-4 as a float32
-SGLANG_E2M1_THRESHOLDS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)  # _fp4_e2m1_code: `idx += (ax > t)`
-
-
-def sglang_mxfp4_index_k_quant(k):
-    """SGLang quantize_fp4_indexer_tensor (_quantize_fp4_indexer_kernel, BLOCK_N = 128, GROUP_N = 32), per token of
-    D = 128 and group of 32: `sf0 = tl.maximum(amax0 / 6.0, 1.0e-4)`; `_ceil_ue8m0_exp`: the biased exponent of sf,
-    plus 1 if any mantissa bit is set, clamped to [1, 254]; `v0 = x / scale0` (scale0 = 2^(exp0 - 127));
-    `_fp4_e2m1_code`: `ax = tl.minimum(tl.abs(x), 6.0)`, idx = the thresholds ax exceeds (ties toward zero),
-    `sign = ((x < 0) & (idx != 0))`; `packed = (code0 & 0x0F) | ((code1 & 0x0F) << 4)` (element 2k low);
-    `packed_sf = exp0 | (exp1 << 8) | (exp2 << 16) | (exp3 << 24)`. Division in exact float32 (the sources'
-    `/`). Returns (codes uint8 [T, 64], scale bytes uint8 [T, 4], group 0 first as the int32 stores it)."""
-    assert np.shape(k)[1:] == (128,), f"SGLang's FP4 indexer needs [T, 128] keys, got {np.shape(k)}"
-    g = _f32(k).reshape(-1, 4, 32)
-    sf = np.maximum((np.abs(g).max(axis=2) / E2M1_MAX).astype(np.float32), SGLANG_FP4_SCALE_FLOOR)
-    b = sf.view(np.uint32)
-    e = np.clip((b >> np.uint32(23)).astype(np.int64) + ((b & np.uint32(0x7FFFFF)) != 0), 1, 254)
-    v = g / e8m0_value(e)[..., None]
-    a = np.minimum(np.abs(v), E2M1_MAX)
-    idx = sum((a > np.float32(t)).astype(np.uint8) for t in SGLANG_E2M1_THRESHOLDS)
-    code = idx | (((v < 0) & (idx != 0)).astype(np.uint8) << np.uint8(3))
-    return pack_nibbles_even_low(code.reshape(-1, 128)), e.astype(np.uint8)
-
-
-def sglang_mxfp4_index_k_cache(k, page_size: int) -> np.ndarray:
-    """SGLang store_fp4_index_k_cache (_store_fp4_index_k_cache_kernel, BLOCK = 64) of tokens 0..T-1 at slots
-    0..T-1: a page holds `page_size * (64 + 4)` bytes, slot s's codes at `page_offset * BLOCK`, its four scale
-    bytes at `page_size * BLOCK + page_offset * 4`. uint8 [num_pages, page_size * 68]; slots past T stay zero."""
-    return _indexer_pages(*sglang_mxfp4_index_k_quant(k), page_size)
-
-
-def sglang_mxfp4_same(k) -> np.ndarray:
-    """Groups [T, 4] on which mxfp4 (OCP floor scale 2^(floor(log2 amax) - 2), RNE) stores SGLang's bytes: the two
-    exponents agree (amax >= 2^-11, significand <= 1.5) and no x / scale is +-0.75, 1.75, 3.5 (ties: SGLang rounds
-    down, RNE to even) or a negative at most 0.25 (SGLang stores +0, the format -0: code 8)."""
-    _, e = sglang_mxfp4_index_k_quant(k)
-    g = _f32(k).reshape(-1, 4, 32)
-    floor_byte = np.clip((np.abs(g).max(axis=2).view(np.uint32) >> np.uint32(23)).astype(np.int64) - 129, -127, 127)
-    v = np.abs(g) / e8m0_value(e)[..., None]
-    off = np.isin(v, np.float32([0.75, 1.75, 3.5])) | (np.signbit(g) & (v <= np.float32(0.25)))
-    return (e == floor_byte + 127) & ~off.any(axis=2)
-
-
-INDEXER = {
-    # kIndexerPresets row: (reference, spec, width, bytes per token, the keys [T, width] -> bool [T, scale blocks]:
-    # the blocks on which spec gives the engine's bytes, the row's exact_when)
-    "vllm-dsa-indexer-fp8": (
-        vllm_indexer_k_cache,
-        "fp8-e4m3-tile128-pow2",
-        128,
-        132,
-        lambda k: indexer_pow2_same(_tile_amax(_f32(k), 128)),
-    ),
-    "sglang-dsa-indexer-mxfp4": (sglang_mxfp4_index_k_cache, "mxfp4", 128, 68, sglang_mxfp4_same),
-}

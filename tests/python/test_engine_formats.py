@@ -20,6 +20,7 @@ from gguf import GGMLQuantizationType as G
 from torchao.prototype.mx_formats.config import ScaleCalculationMode
 
 import engine_refs as R
+import engine_refs_indexer as RI
 import latentq
 import latentq._core  # noqa: F401  (the compiled module: its absence is an error, not a skip)
 
@@ -596,9 +597,9 @@ def _indexer_rows():
 def test_every_indexer_preset_has_an_engine_reference():
     rows = _indexer_rows()
     assert rows, "no kIndexerPresets rows found in spec.cpp"
-    assert {r[0] for r in rows} == set(R.INDEXER), (rows, list(R.INDEXER))
+    assert {r[0] for r in rows} == set(RI.INDEXER), (rows, list(RI.INDEXER))
     for name, spec, width, nbytes in rows:
-        _, ref_spec, ref_width, ref_bytes, _ = R.INDEXER[name]
+        _, ref_spec, ref_width, ref_bytes, _ = RI.INDEXER[name]
         assert (spec, width, nbytes) == (ref_spec, ref_width, ref_bytes), name
         assert spec in list(TABLE.name), f"{name}: {spec} is not a format of the table"
 
@@ -631,13 +632,13 @@ def _paged(codes, scales, block_size):
     return np.concatenate(out, axis=1)
 
 
-@pytest.mark.parametrize("name", sorted(R.INDEXER))
+@pytest.mark.parametrize("name", sorted(RI.INDEXER))
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_indexer_presets_match_engine(name, seed):
     """Every kIndexerPresets row: latentq.quantize(spec) laid out as the engine's page equals the engine's page byte
     for byte on exactly the scale blocks where the row's exact_when holds (2000 bf16 keys, amax 0.03 to ~4e3, pages
     of 64: 31 full and a partial one): every byte of an exact block equal, some byte of every other block not."""
-    fn, spec, D, nbytes, exact = R.INDEXER[name]
+    fn, spec, D, nbytes, exact = RI.INDEXER[name]
     _need_spec(spec)
     T, B = 2000, 64
     x = _indexer_keys(T, D, seed, -1.5)
@@ -666,11 +667,11 @@ def test_indexer_fp8_scale_below_exact_when_by_hand():
     _need_spec("fp8-e4m3-tile128-pow2")
     x = np.zeros((3, 128), np.float32)
     x[0, 0], x[2, 5] = np.float32(7 / 256), np.float32(0.03)
-    _, vs = R.vllm_indexer_k_quant(x)
+    _, vs = RI.vllm_indexer_k_quant(x)
     q = latentq.quantize(x, "fp8-e4m3-tile128-pow2", "c_kv")
     np.testing.assert_array_equal(vs.reshape(-1), np.float32([2.0**-14, 2.0**-22, 2.0**-13]))
     np.testing.assert_array_equal(np.asarray(q.scales, np.float32), np.float32([2.0**-13, 2.0**-13, 2.0**-13]))
-    np.testing.assert_array_equal(R.INDEXER["vllm-dsa-indexer-fp8"][4](x), [[False], [False], [True]])
+    np.testing.assert_array_equal(RI.INDEXER["vllm-dsa-indexer-fp8"][4](x), [[False], [False], [True]])
 
 
 def test_indexer_sglang_mxfp4_by_hand():
@@ -686,14 +687,19 @@ def test_indexer_sglang_mxfp4_by_hand():
     x = np.zeros((2, 128), np.float32)
     x[0, [0, 1, 2, 32, 96, 97]] = [3.0, 0.5, -0.1, 7.0, 2.0, 0.375]
     x[1, 0::32], x[1, 1::32] = 1.0, 0.5
-    codes, e = R.sglang_mxfp4_index_k_quant(x)
+    codes, e = RI.sglang_mxfp4_index_k_quant(x)
     np.testing.assert_array_equal(e, [[126, 128, 114, 126], [125, 125, 125, 125]])
     np.testing.assert_array_equal(codes[0, [0, 1, 16, 32, 48]], [0x27, 0x00, 0x05, 0x00, 0x16])
     np.testing.assert_array_equal(codes[1, 0::16], [0x46] * 4)
     assert not codes[1, np.arange(64) % 16 != 0].any()
-    np.testing.assert_array_equal(R.sglang_mxfp4_same(x), [[False] * 4, [True] * 4])
+    np.testing.assert_array_equal(RI.sglang_mxfp4_same(x), [[False] * 4, [True] * 4])
     q = latentq.quantize(x, "mxfp4", "c_kv")
     lc, ls = _latentq_token_bytes(q, 2)
     np.testing.assert_array_equal(ls, [[126, 127, 0, 126], [125, 125, 125, 125]])
     np.testing.assert_array_equal(lc[0, [0, 1, 16, 48]], [0x27, 0x08, 0x07, 0x26])
     np.testing.assert_array_equal(lc[1], codes[1])
+    # mxfp4-ceil stores SGLang's bytes on both rows, the four differences included
+    q = latentq.quantize(x, "mxfp4-ceil", "c_kv")
+    lc, ls = _latentq_token_bytes(q, 2)
+    np.testing.assert_array_equal(ls, e)
+    np.testing.assert_array_equal(lc, codes)

@@ -403,9 +403,11 @@ def test_sparse_dsa_dump(tmp_path, kind, capsys):
     own = [i for i, L in chk["layers"].items() if "index_k" in L]
     text = lambda col: [v.decode() if isinstance(v, bytes) else v for v in col]  # noqa: E731
     quantizers, latents = text(ix["quantizer"]), text(ix["latent"])
-    # 3 index_k formats x 2 latent formats per layer with its own indexer
-    assert sorted(set(ix["layer"].tolist())) == own and len(quantizers) == 6 * len(own), quantizers
-    assert latents == ["exact", "int8-sym-token"] * (3 * len(own)), latents
+    # 4 index_k formats ([indexer]'s defaults: bf16, the engines' FP8 and MXFP4 caches, OCP mxfp4) x 2 latent
+    # formats per layer with its own indexer
+    assert list(dict.fromkeys(quantizers)) == ["bf16", "fp8-e4m3-tile128-pow2", "mxfp4-ceil", "mxfp4"], quantizers
+    assert sorted(set(ix["layer"].tolist())) == own and len(quantizers) == 8 * len(own), quantizers
+    assert latents == ["exact", "int8-sym-token"] * (4 * len(own)), latents
     # the latent's error alone (the model's selection) is the attention probe's c_kv+k_pe row of that format (float32
     # engine there, float64 here); exact latents: the selection's error alone; bytes from the one accounting
     ae_q, ae_t = text(ae["quantizer"]), text(ae["targets"])

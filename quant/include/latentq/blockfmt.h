@@ -19,6 +19,10 @@
 //   fp8 tensor     vLLM kv_cache_dtype=fp8 (one scale per layer; calibrated amax/448, or 1.0)
 //   MX             OCP Microscaling Formats (MX) v1.0 §6.3 (shared exponent floor(log2 amax) − emax),
 //                  as torchao prototype/mx_formats to_mx, ScaleCalculationMode.FLOOR
+//   MX ceil        SGLang python/sglang/srt/layers/attention/dsv4/fp4_indexer.py (commit 301bcf08)
+//                  _quantize_fp4_indexer_kernel, _ceil_ue8m0_exp, _fp4_e2m1_code (its DSA indexer key cache in
+//                  MXFP4): s = 2^ceil(log2(max(amax/6, 1e-4))) as one UE8M0 byte clamped to [1, 254]; the e2m1
+//                  code by thresholds on min(|x/s|, 6) (a tie goes toward zero) with no −0
 //   NVFP4          torchao prototype/mx_formats nvfp4_tensor.py nvfp4_quantize (two-level scaling)
 //   fp4 tile       FlashMLA tests/quant.py (V41_FP4Sparse): s = e4m3(clamp(amax/6, 2^-9, 448)), code = e2m1(x/s)
 //   fp4 tile rcp   FlashInfer include/flashinfer/attention/sparse_mla_sm120/common/nvfp4_quantization.cuh
@@ -50,6 +54,7 @@ enum class BlockKind : uint8_t {
   Q4_1 = 8,       ///< ggml: 4-bit codes, fp16 d = (max−min)/15 and fp16 m = min, per 32
   Fp4Tile = 9,    ///< e2m1, e4m3 scale e4m3(clamp(amax/6, 2^-9, 448)) per tile, no per-tensor scale (FlashMLA V4.1 FP4)
   Fp4TileRcp = 10,  ///< e2m1, e4m3 scale e4m3(amax/6) per tile, elements times 1/scale (FlashInfer NVFP4 MLA)
+  MxFp4Ceil = 11,   ///< e2m1 by thresholds, UE8M0 scale 2^ceil(log2(max(amax/6, 1e-4))) per 32 (SGLang FP4 indexer)
 };
 
 /// Runtime description of a block format, as the kernels receive it (POD).
@@ -132,6 +137,16 @@ LQ_HD uint8_t e2m1_sat(float v, int& saturated) {
   saturated += e2m1_saturates(v) ? 1 : 0;
   return f32_to_e2m1_bits(v);
 }
+/// SGLang _fp4_e2m1_code: a = min(|v|, 6); the magnitude code is the number of the thresholds 0.25, 0.75, 1.25,
+/// 1.75, 2.5, 3.5, 5 that a exceeds (so a tie goes to the smaller magnitude, where RNE goes to the even code); the
+/// sign bit only on a non-zero magnitude (no −0). |v| > 6 counts as saturated (the min() changes it).
+LQ_HD uint8_t e2m1_threshold(float v, int& saturated) {
+  const float a = min_num(abs_f(v), 6.0f);
+  saturated += abs_f(v) > 6.0f ? 1 : 0;
+  const uint8_t m = static_cast<uint8_t>((a > 0.25f) + (a > 0.75f) + (a > 1.25f) + (a > 1.75f) + (a > 2.5f) +
+                                         (a > 3.5f) + (a > 5.0f));
+  return static_cast<uint8_t>(m | (v < 0.0f && m != 0 ? 0x8u : 0u));
+}
 }  // namespace detail
 
 /// What a block's statistics fix for its elements (block_params → encode_block_bytes): the
@@ -178,6 +193,16 @@ LQ_HD BlockParams block_params_amax(const BlockDesc& f, float amax, const float*
       p.s = exp2_int(e);
       p.inv = exp2_int(-e);  // 2^-127 … 2^127 (2^-127 subnormal, exact)
       scale[0] = static_cast<uint8_t>(e + 127);
+      return p;
+    }
+    case BlockKind::MxFp4Ceil: {
+      // SGLang _ceil_ue8m0_exp: sf = max(amax / 6, 1e-4); byte = the biased exponent of sf, plus 1 if any mantissa
+      // bit is set, clamped to [1, 254]; scale = 2^(byte − 127)
+      int b = ceil_log2_normal(max_num(div_rn(amax, kE2M1Max), kFlashMlaScaleFloor)) + 127;
+      b = b < 1 ? 1 : (b > 254 ? 254 : b);
+      p.s = exp2_int(b - 127);
+      p.inv = exp2_int(127 - b);
+      scale[0] = static_cast<uint8_t>(b);
       return p;
     }
     case BlockKind::NvFp4: {
@@ -266,7 +291,8 @@ LQ_HD BlockParams block_params(const BlockDesc& f, const float* x, int n, float 
 /// its rounded reciprocal), false: v / p.s (Fp8Fp32, Fp8Tensor,
 /// Fp4Tile). The CPU's AVX2 e4m3 encoder takes its operation from here too.
 LQ_HD bool scales_by_inverse(BlockKind k) {
-  return k == BlockKind::Fp8Pow2 || k == BlockKind::MxFp8 || k == BlockKind::MxFp4 || k == BlockKind::Fp4TileRcp;
+  return k == BlockKind::Fp8Pow2 || k == BlockKind::MxFp8 || k == BlockKind::MxFp4 || k == BlockKind::Fp4TileRcp ||
+         k == BlockKind::MxFp4Ceil;
 }
 
 /// The float8/float4 kinds: element v scaled by the block's parameters, the value its code rounds.
@@ -279,6 +305,7 @@ LQ_HD float scaled_element(const BlockDesc& f, const BlockParams& p, float v) {
     case BlockKind::Fp8Pow2:
     case BlockKind::MxFp8:
     case BlockKind::MxFp4:
+    case BlockKind::MxFp4Ceil:
     case BlockKind::Fp8Fp32:
     case BlockKind::Fp8Tensor:
     case BlockKind::Fp4Tile:
@@ -305,6 +332,8 @@ LQ_HD uint32_t encode_element(const BlockDesc& f, const BlockParams& p, float v,
     case BlockKind::Fp4TileRcp:
     case BlockKind::NvFp4:  // an all-zero NVFP4 tensor scales every element to 0: code 0, no saturation
       return detail::e2m1_sat(scaled_element(f, p, v), saturated);
+    case BlockKind::MxFp4Ceil:
+      return detail::e2m1_threshold(scaled_element(f, p, v), saturated);
     case BlockKind::Q8_0: {
       float q = round_half_away(mul_rn(v, p.s));
       q = min_num(max_num(q, -127.0f), 127.0f);  // never binds for finite input: |x · id| ≤ 127 (1 + 2^-23)
@@ -360,6 +389,8 @@ LQ_HD float saturation_threshold(const BlockDesc& f) {
     case BlockKind::Fp4TileRcp:
     case BlockKind::NvFp4:
       return detail::kE2M1Saturation;
+    case BlockKind::MxFp4Ceil:
+      return 6.0f;  // e2m1_threshold clamps anything above 6
     default:
       return f32_from_bits(0x7f800000u);
   }
@@ -369,6 +400,7 @@ LQ_HD float saturation_threshold(const BlockDesc& f) {
 /// detail::e2m1_saturates); false for the ggml kinds (their codes clamp by definition).
 LQ_HD bool element_saturates(const BlockDesc& f, float v) {
   const float t = saturation_threshold(f);  // the element format, by its threshold; +inf for the ggml kinds
+  if (f.kind == BlockKind::MxFp4Ceil) return abs_f(v) > t;
   if (t == detail::kE4M3Saturation) return detail::e4m3_saturates(v);
   return t == detail::kE2M1Saturation && detail::e2m1_saturates(v);
 }
@@ -408,6 +440,7 @@ LQ_HD float minifloat_block_multiplier(const BlockDesc& f, const uint8_t* scale,
       return global;
     case BlockKind::MxFp8:
     case BlockKind::MxFp4:
+    case BlockKind::MxFp4Ceil:
       return e8m0_bits_to_f32(scale[0]);
     case BlockKind::Fp4Tile:
     case BlockKind::Fp4TileRcp:
@@ -434,6 +467,7 @@ LQ_HD void dequantize_elements(const BlockDesc& f, const uint8_t* codes, const u
       return;
     }
     case BlockKind::MxFp4:
+    case BlockKind::MxFp4Ceil:
     case BlockKind::NvFp4:
     case BlockKind::Fp4Tile:
     case BlockKind::Fp4TileRcp: {

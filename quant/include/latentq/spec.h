@@ -80,6 +80,7 @@ enum class ScaleRule : uint8_t {
   Reciprocal = 5,        ///< fp4 tile: s = e4m3(amax/6) unclamped, elements times 1/s (FlashInfer NVFP4 MLA)
   NormCorrected = 6,     ///< TurboQuant: the decode renormalizes the codeword to unit norm (vLLM's `_nc` presets)
   GaussianCodebook = 7,  ///< TransformCoding -lm: unit-variance Gaussian Lloyd-Max codes scaled by each component's std
+  Ue8m0Ceil = 8,  ///< mxfp4-ceil (SGLang's MXFP4 indexer cache): 2^ceil(log2(max(amax/6, 1e-4))), e2m1 by thresholds
 };
 
 /// Which cached tensor a spec is applied to: the MLA latent cache's two (an engine preset stores them differently)
