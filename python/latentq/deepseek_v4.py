@@ -222,10 +222,14 @@ def _cpu(x: torch.Tensor) -> torch.Tensor:
 
 class V4Capture:
     """Context manager: ``with V4Capture(model) as cap: model(input_ids)``; then ``cap.records`` is one
-    :class:`V4LayerRecord` per layer (module docstring: fields, hook points, scope)."""
+    :class:`V4LayerRecord` per layer (module docstring: fields, hook points, scope).
 
-    def __init__(self, model: nn.Module):
+    ``V4Capture(model, on_layer=fn)`` instead calls ``fn(record)`` from each layer's forward hook, once the
+    layer's record is complete, and keeps nothing (a dump writes the layer and drops it before the next runs)."""
+
+    def __init__(self, model: nn.Module, on_layer=None):
         self.model = model
+        self.on_layer = on_layer
         self.attns = find_v4_layers(model)
         self.records: list[V4LayerRecord] = []
         self._handles: list = []
@@ -310,7 +314,10 @@ class V4Capture:
                 rec.index_softmax_scale, rec.index_topk = float(ix.scorer.softmax_scale), int(ix.index_topk)
                 if rec.index_k.shape[0] != n:
                     raise AssertionError(f"layer {idx}: {rec.index_k.shape[0]} index keys for {n} entries")
-            self.records.append(rec)
+            if self.on_layer is not None:
+                self.on_layer(rec)
+            else:
+                self.records.append(rec)
 
         add(attn.register_forward_pre_hook(pre, with_kwargs=True))
         add(attn.register_forward_hook(post, with_kwargs=True))

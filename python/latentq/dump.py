@@ -21,6 +21,8 @@ MLA variants (transformers 5.24 modeling code; latentq.capture says how each is 
   - Kimi-Linear: only its MLA layers (``full_attention``) are dumped, under their model layer index
     (non-contiguous, e.g. 1 and 3); they are NoPE: k_pe / q_pe unrotated, ``rope_layout`` "none".
 Each layer group records the qualified name of its module (attribute ``module``).
+DeepSeek-V4 (``model_type`` deepseek_v4) caches no MLA latent: latentq.dump_v4 writes its own datasets
+(root attribute cache_family ``deepseek_v4``), in memory only, with its own check.
 
 Models larger than memory: ``--stream on`` runs a local safetensors checkpoint layer by layer
 (latentq.stream.LayerStreamer: the model on the meta device, each decoder layer read from the shards
@@ -571,6 +573,7 @@ def dump(
     check_tol: max relative error allowed between the absorbed recomputation and the model's
     attn_out (default 1e-4 in float32, 2e-2 otherwise).
     Returns a summary dict (path, bytes, softmax_scale, rope_layout, max_rel_err per layer).
+    A config whose model_type is deepseek_v4 goes to latentq.dump_v4.dump_v4 with the same arguments.
 
     Streaming: the file (a temporary file in the output directory) is created before the first
     forward pass with every dataset at its final shape (T, Tq and the dims are known from the
@@ -617,6 +620,12 @@ def dump(
     """
     import h5py
 
+    if config_dict.get("model_type") == "deepseek_v4":  # its own cache family and writer (latentq.dump_v4)
+        from latentq.dump_v4 import dump_v4
+
+        kw = dict(model_name=model_name, revision=revision, source=source, original_dtype=original_dtype)
+        kw.update(text_sha256=text_sha256, force=force, compression=compression, check_tol=check_tol)
+        return dump_v4(model, config_dict, token_ids_per_seq, q_rows, out_path, extra_attrs=extra_attrs, **kw)
     if os.path.exists(out_path) and not force:
         raise DumpError(f"{out_path} exists; pass force=True (--force) to overwrite")
     from latentq.stream import LayerStreamer
