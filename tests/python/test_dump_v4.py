@@ -19,7 +19,7 @@ import transformers
 from latentq import dump as dump_mod
 from latentq import dump_v4
 from latentq.deepseek_v4 import V4Capture
-from test_deepseek_v4 import CONFIG, CSA_RATE, HCA_RATE, TOPK, WINDOW  # the V4 tests' tiny shape
+from test_deepseek_v4 import CONFIG, CSA_RATE, HCA_RATE, TOPK, WINDOW, YARN  # the V4 tests' tiny shape
 
 SEQ_LEN, NUM_SEQS, Q_ROWS = 40, 2, 16
 H, D, ROPE, N_H, C = 4, 32, 8, 4, 16  # CONFIG: heads, head_dim, head_dim * partial_rotary_factor, indexer dims
@@ -27,11 +27,11 @@ ROWS = [4, 9, 14, 19, 24, 29, 34, 39]  # select_q_rows: (j + 1) * 40 // 8 - 1, 8
 TEXT = b"In the beginning God created the heaven and the earth. And the earth was without form, and void. " * 2
 
 
-def make_model(seed: int = 0):
-    """The tiny DeepseekV4ForCausalLM of test_deepseek_v4 (eager attention) with random sinks and position biases
-    (the init zeroes them)."""
+def make_model(seed: int = 0, **extra):
+    """The tiny DeepseekV4ForCausalLM of test_deepseek_v4 (eager attention; ``extra``: more config) with random
+    sinks and position biases (the init zeroes them)."""
     torch.manual_seed(seed)
-    m = transformers.DeepseekV4ForCausalLM(transformers.DeepseekV4Config(**CONFIG)).eval()
+    m = transformers.DeepseekV4ForCausalLM(transformers.DeepseekV4Config(**CONFIG, **extra)).eval()
     with torch.no_grad():
         for name, p in m.named_parameters():
             if name.endswith(("sinks", "position_bias")):
@@ -258,3 +258,22 @@ def test_bfloat16_compute(tmp_path):
     with h5py.File(tmp_path / "bf16.h5") as f:
         assert f.attrs["compute_dtype"] == "bfloat16" and f["layers/001/q"].dtype == np.float32
         assert f["layers/001/index_selected"].dtype == np.int64
+
+
+def test_yarn_rope(tmp_path):
+    """YaRN on the "compress" rope (CSA / HCA layers; transformers' V4 config keeps attention_factor 1): the stored
+    cos / sin are those of position · the layer's own inv_freq (YaRN's on layers 1 and 2, the default rope's on the
+    sliding layer), and the check holds."""
+    m = make_model(rope_parameters=dict(YARN))
+    seqs = [np.arange(SEQ_LEN) % 100, np.arange(SEQ_LEN) % 77 + 3]
+    summary = dump_mod.dump(m, m.config.to_dict(), seqs, Q_ROWS, str(tmp_path / "yarn.h5"))
+    print(f"yarn: rel. errors {summary['max_rel_err']}")
+    assert max(summary["max_rel_err"].values()) < 1e-5
+    rope = m.model.rotary_emb
+    with h5py.File(tmp_path / "yarn.h5") as f:
+        pos = f["positions"][()][f["layers/000/q_rows"][()]].astype(np.float64)
+        for name, inv_freq in (("000", rope.main_inv_freq), ("001", rope.compress_inv_freq)):
+            angle = pos[:, None] * inv_freq.double().numpy()[None, :]
+            np.testing.assert_allclose(f[f"layers/{name}/rope_cos"][()], np.cos(angle), atol=1e-5)
+            np.testing.assert_allclose(f[f"layers/{name}/rope_sin"][()], np.sin(angle), atol=1e-5)
+    assert not torch.allclose(rope.compress_inv_freq, make_model().model.rotary_emb.compress_inv_freq)
