@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from latentq.deepseek_v4 import CSA, HCA, SLIDING, V4Capture, V4LayerRecord, compressed_spans, find_v4_layers
-from latentq.dump import INDEX_CHUNK, Q_ROWS_RULE, SCHEMA, DumpError, chunk_shape, rel_err, select_q_rows
+from latentq.dump_format import INDEX_CHUNK, Q_ROWS_RULE, SCHEMA, DumpError, chunk_shape, rel_err, select_q_rows
 from latentq.files import publish
 from latentq.model import run_model, state_dict_sha256
 from latentq.progress import Progress
