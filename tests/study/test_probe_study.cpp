@@ -619,8 +619,8 @@ TEST(ProbeRealDump, AbsorbedRecomputationMatchesTheDumpedAttnOut) {
 }
 
 // The rotation fold: on every layer of tiny-mla, the absorbed attention with the cache rotated (c_kv and k_pe, each
-// with its own rotation) and W_UK, W_UV, q_pe rotated, no quantization, equals the unrotated one to 1e-5
-// relative in float32 — for had, had32 (block-diagonal: 4 blocks on c_kv, 1 on k_pe), rot and klt. Leaving
+// with its own rotation) and W_UK, W_UV, q_pe rotated, no quantization, equals the unrotated one to 1e-4
+// relative in float32 (kFoldTolerance) — for had, had32 (block-diagonal: 4 blocks on c_kv, 1 on k_pe), rot and klt. Leaving
 // W_UV (or W_UK, or q_pe) unrotated must fail the check loudly.
 TEST(ProbeRealDump, RotationFoldIsExactAndABrokenFoldFails) {
   const fs::path dump_path = fs::path(LATENTQ_SOURCE_DIR) / "data" / "latents" / "tiny-mla.h5";
@@ -653,7 +653,7 @@ TEST(ProbeRealDump, RotationFoldIsExactAndABrokenFoldFails) {
           ADD_FAILURE() << "a fold without " << what << " passed the check";
         } catch (const std::runtime_error& e) {
           EXPECT_NE(std::string(e.what()).find("fold check failed: skip"), std::string::npos) << e.what();
-          EXPECT_NE(std::string(e.what()).find("> 1e-05"), std::string::npos) << e.what();
+          EXPECT_NE(std::string(e.what()).find("> 1e-04"), std::string::npos) << e.what();
         }
       }
     }

@@ -21,8 +21,11 @@ struct FoldCheck {
   double out_rel_fro = 0;  ///< ‖out_rot − out‖_F / ‖out‖_F over [Tq, H, v]
   double kl_mean = 0;      ///< attention_error's KL(p ‖ p_rot), nats
 };
-/// Relative tolerance of the fold check (float32).
-inline constexpr double kFoldTolerance = 1e-5;
+/// Relative tolerance of the fold check (float32). The rotation's own float32 rounding reaches 1.04e-5 on the
+/// calibrated DeepSeek-V2-Lite stand-in (kv_lora_rank 512, layer 1, rot) on an AVX-512 Xeon's OpenBLAS sgemm, under
+/// 1e-5 on AMD Zen 4 (the kernels sum in other orders); a broken fold (a weight path not rotated) is off by > 1e-2
+/// (test_probe_study: RotationFoldIsExactAndABrokenFoldFails).
+inline constexpr double kFoldTolerance = 1e-4;
 
 /// Folds r_ckv (dimension kv_lora_rank) and r_kpe (qk_rope_head_dim; identity allowed) into the
 /// weights — c_kv' = R·c_kv, W_UK' = W_UK·Rᵀ and W_UV' = W_UV·Rᵀ (each row of W_UK[h] / W_UV[h], a
@@ -32,7 +35,7 @@ inline constexpr double kFoldTolerance = 1e-5;
 /// dimension is not the dims' kv_lora_rank / qk_rope_head_dim.
 FoldCheck fold_check(const AttentionQueries& q, std::span<const float> c_kv, std::span<const float> k_pe,
                      const Rotation& r_ckv, const Rotation& r_kpe, FoldMode mode = FoldMode::Full);
-/// fold_check, then throws std::runtime_error("fold check failed: ... out_rel_fro X > 1e-05 ...") naming
+/// fold_check, then throws std::runtime_error("fold check failed: ... out_rel_fro X > 1e-04 ...") naming
 /// `what` (e.g. "layer 3, had") when out_rel_fro > kFoldTolerance. Returns the check otherwise.
 FoldCheck require_fold_exact(const AttentionQueries& q, std::span<const float> c_kv, std::span<const float> k_pe,
                              const Rotation& r_ckv, const Rotation& r_kpe, const std::string& what,
