@@ -32,7 +32,8 @@ constexpr const char* kIntExamples[] = {
 constexpr const char* kBf16Examples[] = {"bf16"};
 constexpr const char* kFp8TileExamples[] = {"fp8-e4m3-tile128-pow2", "fp8-e4m3-tile64-pow2-ue8m0",
                                             "fp8-e4m3-tile32-pow2-ue8m0", "fp8-e4m3-tile20-pow2",
-                                            "fp8-e4m3-tile128-fp32", "fp8-e4m3-tile32-fp32"};
+                                            "fp8-e4m3-tile128-fp32", "fp8-e4m3-tile32-fp32",
+                                            "fp8-e4m3-tile128-pow2-amaxfloor"};
 constexpr const char* kFp8TensorExamples[] = {"fp8-e4m3-tensor", "fp8-e4m3-tensor-s1"};
 constexpr const char* kMxFp8Examples[] = {"mxfp8"};
 constexpr const char* kMxFp4Examples[] = {"mxfp4", "mxfp4-ceil"};
@@ -54,7 +55,7 @@ constexpr FormatTraits kFormats[kFormatCount] = {
   {Format::BF16, "bf16", "bf16", "none", "element", Storage::Bf16, Causality::PerToken, "any D",
    nullptr, "bf16 storage, round to nearest even (the engines' default cache dtype on a bf16 model)",
    "engine_refs.bf16_bits (ml-dtypes bfloat16; tests/python/test_engine_formats.py)", kBf16Examples},
-  {Format::Fp8Tile, "fp8-e4m3-tile<N>-pow2[-ue8m0] | fp8-e4m3-tile<N>-fp32   (N > 0; pow2: FlashMLA 2^ceil(log2(max(amax/448,1e-4))), -ue8m0 stores it as one byte; fp32: vLLM max(amax/448, FLT_MIN))",
+  {Format::Fp8Tile, "fp8-e4m3-tile<N>-pow2[-ue8m0 | -amaxfloor] | fp8-e4m3-tile<N>-fp32   (N > 0; pow2: FlashMLA 2^ceil(log2(max(amax/448,1e-4))), -ue8m0 stores it as one byte; -amaxfloor: vLLM's DSA indexer cache 2^ceil(log2(max(amax,1e-4)/448)); fp32: vLLM max(amax/448, FLT_MIN))",
    "fp8", "sym", "tile", Storage::Block, Causality::PerToken, "any D (a last, partial tile keeps its own scale)",
    nullptr, "FlashMLA tests/quant.py quantize_k_cache at 520fec6 / 9a7d253 (pow2); vLLM csrc/cache_kernels.cu concat_and_cache_ds_mla_kernel at 254db42e (fp32)",
    "engine_refs.fp8_tile_pow2 / fp8_tile_fp32 (FlashMLA, vLLM written out; tests/python/test_engine_formats.py)", kFp8TileExamples},
@@ -144,11 +145,11 @@ constexpr PresetTraits kPresets[kPresetCount] = {
 };
 
 constexpr IndexerPresetTraits kIndexerPresets[kIndexerPresetCount] = {
-  {"vllm-dsa-indexer-fp8", "fp8-e4m3-tile128-pow2", 128,
+  {"vllm-dsa-indexer-fp8", "fp8-e4m3-tile128-pow2-amaxfloor", 128,
    "vLLM DeepseekV32IndexerCache (DeepSeek-V3.2, GLM-5 DSA indexer; Indexer.scale_fmt \"ue8m0\", quant_block_size 128)",
    "vLLM csrc/cache_kernels.cu indexer_k_quant_and_cache_kernel and vllm/model_executor/models/deepseek_v2.py Indexer, as carried by local-inference-lab/vllm at 28be48fa: s = 2^ceil(log2(max(amax, 1e-4) / 448)) stored as fp32, code = e4m3(x / s)",
    "a page of B tokens: B x 128 e4m3 codes (token-major), then B fp32 scales", 132, {8, 128, 4, 0},
-   "blocks with fl32(amax/448) > 2^-14 (amax above 7/256): below it vLLM floors amax at 1e-4 before dividing by 448 (scale 2^-14 .. 2^-22), the format floors amax/448 at 1e-4 (scale 2^-13)",
+   "all",
    "engine_refs.vllm_indexer_k_cache (test_indexer_presets_match_engine)"},
   {"sglang-dsa-indexer-mxfp4", "mxfp4-ceil", 128,
    "SGLang DSA indexer (DeepSeek-V3.2, GLM-5) --enable-dsa-fp4-indexer (PR 30546, closed unmerged), reusing the DeepSeek-V4 --enable-deepseek-v4-fp4-indexer cache of PR 26209",
@@ -338,10 +339,12 @@ QuantSpec QuantSpec::parse(std::string_view s) {
       else if (parts[3] == "pow2" && parts.size() == 5 && parts[4] == "ue8m0") {
         q.rule = ScaleRule::Pow2;
         q.scale_dtype = ScaleDtype::UE8M0;
+      } else if (parts[3] == "pow2" && parts.size() == 5 && parts[4] == "amaxfloor") {
+        q.rule = ScaleRule::Pow2AmaxFloor;
       } else if (parts[3] == "fp32" && parts.size() == 4)
         q.rule = ScaleRule::Fp32;
       else
-        bad(s, "the fp8 tile scale rule must be pow2, pow2-ue8m0 or fp32");
+        bad(s, "the fp8 tile scale rule must be pow2, pow2-ue8m0, pow2-amaxfloor or fp32");
       return q;
     }
   }
@@ -394,6 +397,7 @@ std::string QuantSpec::to_string() const {
     case Format::Fp8Tile:
       return "fp8-e4m3-tile" + std::to_string(group_size) +
              (rule == ScaleRule::Fp32            ? "-fp32"
+              : rule == ScaleRule::Pow2AmaxFloor ? "-pow2-amaxfloor"
               : scale_dtype == ScaleDtype::UE8M0 ? "-pow2-ue8m0"
                                                  : "-pow2");
     case Format::Fp8Tensor:
@@ -533,8 +537,10 @@ Layout layout(const QuantSpec& s, int64_t D) {
     case Format::BF16:
       return L;
     case Format::Fp8Tile:
-      block_format(s.rule == ScaleRule::Fp32 ? qmath::BlockKind::Fp8Fp32 : qmath::BlockKind::Fp8Pow2, s.group_size,
-                   true, false);
+      block_format(s.rule == ScaleRule::Fp32            ? qmath::BlockKind::Fp8Fp32
+                   : s.rule == ScaleRule::Pow2AmaxFloor ? qmath::BlockKind::Fp8Pow2AmaxFloor
+                                                        : qmath::BlockKind::Fp8Pow2,
+                   s.group_size, true, false);
       return L;
     case Format::Fp8Tensor:
       block_format(qmath::BlockKind::Fp8Tensor, D, false, false);

@@ -116,7 +116,7 @@ class IndexerProbe final : public Probe {
         if (q.format == Format::Preset)
           r.fail("quantizers",
                  fmt::format("'indexer.quantizers': '{}' is an engine preset (a c_kv + k_pe record); the indexer "
-                             "key cache takes one format, e.g. fp8-e4m3-tile128-pow2",
+                             "key cache takes one format, e.g. fp8-e4m3-tile128-pow2-amaxfloor",
                              (*v)[i]),
                  i);
         S->quantizers.push_back(q.to_string());

@@ -272,6 +272,27 @@ def fp8_tile_pow2(x, tile: int, ue8m0: bool = False) -> Quant:
     return Quant(name, T, D, codes, scales, block=tile)
 
 
+VLLM_INDEXER_AMAX_FLOOR = np.float32(1e-4)  # `fmaxf(amax, 1e-4)`: the double 1e-4 as a float
+
+
+def fp8_tile_pow2_amax_floor(x, tile: int) -> Quant:
+    """vLLM csrc/cache_kernels.cu indexer_k_quant_and_cache_kernel with scale_fmt "ue8m0" (the DSA indexer key cache,
+    as carried by local-inference-lab/vllm at 28be48fa), per token and block of `tile` dims:
+      `float scale = fmaxf(amax, 1e-4) / kFp8ScaleDivisor;`      (kFp8ScaleDivisor = 448.f on CUDA)
+      `if (use_ue8m0) { scale = exp2f(ceilf(log2f(scale))); }`
+    then e4m3(x / s), RNE, saturating; the float32 s stored. ceil(log2(v)) in exact math on the float32 v (as
+    flashmla_pow2_exponent). Spec fp8-e4m3-tile<N>-pow2-amaxfloor."""
+    x = _f32(x)
+    T, D = x.shape
+    with np.errstate(over="ignore", invalid="ignore"):
+        v = (np.maximum(_tile_amax(x, tile), VLLM_INDEXER_AMAX_FLOOR) / E4M3_MAX).astype(np.float32)
+    b = v.view(np.uint32)
+    e = ((b >> np.uint32(23)) & np.uint32(0xFF)).astype(np.int64) - 127 + ((b & np.uint32(0x7FFFFF)) != 0)
+    s = np.ldexp(np.float32(1.0), e).astype(np.float32)
+    codes = e4m3_bits((x / _expand(s, tile, D)).astype(np.float32))
+    return Quant(f"fp8-e4m3-tile{tile}-pow2-amaxfloor", T, D, codes, s.reshape(-1), block=tile)
+
+
 # ---------------------------------------------------------------------------------------------------
 # 2. vLLM fp8_ds_mla: fp8-e4m3-tile<N>-fp32
 # ---------------------------------------------------------------------------------------------------
@@ -549,7 +570,7 @@ def ggml_rows(q: Quant) -> np.ndarray:
 # Dispatcher, dequantization, accounting
 # ---------------------------------------------------------------------------------------------------
 
-_TILE_RE = re.compile(r"^fp8-e4m3-tile(\d+)-(pow2|pow2-ue8m0|fp32)$")
+_TILE_RE = re.compile(r"^fp8-e4m3-tile(\d+)-(pow2|pow2-ue8m0|pow2-amaxfloor|fp32)$")
 
 
 def quantize(x, spec: str) -> Quant:
@@ -558,6 +579,8 @@ def quantize(x, spec: str) -> Quant:
         n, kind = int(m.group(1)), m.group(2)
         if kind == "fp32":
             return fp8_tile_fp32(x, n)
+        if kind == "pow2-amaxfloor":
+            return fp8_tile_pow2_amax_floor(x, n)
         return fp8_tile_pow2(x, n, ue8m0=(kind == "pow2-ue8m0"))
     table = {
         "fp8-e4m3-tensor": lambda v: fp8_tensor(v),

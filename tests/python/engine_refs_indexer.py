@@ -9,19 +9,19 @@ import numpy as np
 
 from engine_refs import (
     E4M3_MAX,
+    VLLM_INDEXER_AMAX_FLOOR,
     _expand,
     _f32,
     _tile_amax,
     e4m3_bits,
     e8m0_value,
+    fp8_tile_pow2_amax_floor,
     sglang_mxfp4,
 )
 
 # ---------------------------------------------------------------------------------------------------
 # The DSA indexer key cache (spec.h kIndexerPresets)
 # ---------------------------------------------------------------------------------------------------
-
-VLLM_INDEXER_AMAX_FLOOR = np.float32(1e-4)  # `fmaxf(amax, 1e-4)`: the double 1e-4 as a float
 
 
 def vllm_indexer_k_quant(k, ue8m0: bool = True):
@@ -36,12 +36,11 @@ def vllm_indexer_k_quant(k, ue8m0: bool = True):
     k = _f32(k)
     T, D = k.shape
     assert D % 128 == 0, "the indexer kernel needs head_dim % quant_block_size == 0"
+    if ue8m0:  # engine_refs.fp8_tile_pow2_amax_floor: the same lines at any tile width
+        q = fp8_tile_pow2_amax_floor(k, 128)
+        return q.codes, q.scales.reshape(T, -1)
     with np.errstate(over="ignore", invalid="ignore"):
         v = (np.maximum(_tile_amax(k, 128), VLLM_INDEXER_AMAX_FLOOR) / E4M3_MAX).astype(np.float32)
-    if ue8m0:
-        b = v.view(np.uint32)
-        e = ((b >> np.uint32(23)) & np.uint32(0xFF)).astype(np.int64) - 127 + ((b & np.uint32(0x7FFFFF)) != 0)
-        v = np.ldexp(np.float32(1.0), e).astype(np.float32)
     codes = e4m3_bits((k / _expand(v, 128, D)).astype(np.float32))
     return codes, v
 
@@ -110,10 +109,10 @@ INDEXER = {
     # the blocks on which spec gives the engine's bytes, the row's exact_when)
     "vllm-dsa-indexer-fp8": (
         vllm_indexer_k_cache,
-        "fp8-e4m3-tile128-pow2",
+        "fp8-e4m3-tile128-pow2-amaxfloor",
         128,
         132,
-        lambda k: indexer_pow2_same(_tile_amax(_f32(k), 128)),
+        lambda k: np.ones((len(k), 1), dtype=bool),
     ),
     "sglang-dsa-indexer-mxfp4": (
         sglang_mxfp4_index_k_cache,

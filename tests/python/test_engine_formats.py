@@ -661,17 +661,21 @@ def test_indexer_presets_match_engine(name, seed):
 
 
 def test_indexer_fp8_scale_below_exact_when_by_hand():
-    """Where vllm-dsa-indexer-fp8's exact_when fails, by hand: amax = 7/256 gives fl(amax/448) = 2^-14; vLLM's
-    scale is 2^ceil(log2(2^-14)) = 2^-14, the format's 2^ceil(log2(max(2^-14, 1e-4))) = 2^-13 (1e-4 > 2^-14). An
-    all-zero key: vLLM 2^ceil(log2(1e-4/448)) = 2^-22, the format 2^-13. Above, amax = 0.03: both 2^-13."""
+    """Why vLLM's indexer cache is fp8-e4m3-tile128-pow2-amaxfloor and not FlashMLA's pow2, by hand: amax = 7/256
+    gives fl(amax/448) = 2^-14; vLLM's scale is 2^ceil(log2(max(amax, 1e-4)/448)) = 2^-14, FlashMLA's pow2
+    2^ceil(log2(max(2^-14, 1e-4))) = 2^-13 (1e-4 > 2^-14). An all-zero key: vLLM 2^ceil(log2(1e-4/448)) = 2^-22,
+    pow2 2^-13. Above, amax = 0.03: both 2^-13. -amaxfloor gives vLLM's three."""
     _need_spec("fp8-e4m3-tile128-pow2")
+    _need_spec("fp8-e4m3-tile128-pow2-amaxfloor")
     x = np.zeros((3, 128), np.float32)
     x[0, 0], x[2, 5] = np.float32(7 / 256), np.float32(0.03)
     _, vs = RI.vllm_indexer_k_quant(x)
     q = latentq.quantize(x, "fp8-e4m3-tile128-pow2", "c_kv")
     np.testing.assert_array_equal(vs.reshape(-1), np.float32([2.0**-14, 2.0**-22, 2.0**-13]))
     np.testing.assert_array_equal(np.asarray(q.scales, np.float32), np.float32([2.0**-13, 2.0**-13, 2.0**-13]))
-    np.testing.assert_array_equal(RI.INDEXER["vllm-dsa-indexer-fp8"][4](x), [[False], [False], [True]])
+    np.testing.assert_array_equal(RI.indexer_pow2_same(R._tile_amax(x, 128)), [[False], [False], [True]])
+    q = latentq.quantize(x, "fp8-e4m3-tile128-pow2-amaxfloor", "index_k")
+    np.testing.assert_array_equal(np.asarray(q.scales, np.float32), vs.reshape(-1))
 
 
 def test_indexer_sglang_mxfp4_by_hand():

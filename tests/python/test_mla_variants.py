@@ -405,7 +405,9 @@ def test_sparse_dsa_dump(tmp_path, kind, capsys):
     quantizers, latents = text(ix["quantizer"]), text(ix["latent"])
     # 4 index_k formats ([indexer]'s defaults: bf16, the engines' FP8 and MXFP4 caches, OCP mxfp4) x 2 latent
     # formats per layer with its own indexer
-    assert list(dict.fromkeys(quantizers)) == ["bf16", "fp8-e4m3-tile128-pow2", "mxfp4-ceil", "mxfp4"], quantizers
+    assert list(dict.fromkeys(quantizers)) == ["bf16", "fp8-e4m3-tile128-pow2-amaxfloor", "mxfp4-ceil", "mxfp4"], (
+        quantizers
+    )
     assert sorted(set(ix["layer"].tolist())) == own and len(quantizers) == 8 * len(own), quantizers
     assert latents == ["exact", "int8-sym-token"] * (4 * len(own)), latents
     # the latent's error alone (the model's selection) is the attention probe's c_kv+k_pe row of that format (float32

@@ -162,11 +162,13 @@ TEST(FormatTable, IndexerPresetsAreFormatsOfTheTableAtTheirStatedBytes) {
     EXPECT_EQ(q.to_string(), p.spec);
     EXPECT_EQ(layout(q, p.width).bytes_per_token(), p.stated_bytes);
     EXPECT_EQ(p.part.bytes(p.width), p.stated_bytes);
-    EXPECT_EQ(why_not_applicable(q, Target::CKV, p.width), "");
+    EXPECT_EQ(why_not_applicable(q, Target::IndexK, p.width), "");
   }
-  // vLLM's DSA indexer key: 128 e4m3 + one fp32 scale = 132 B
-  EXPECT_EQ(std::string(kIndexerPresets[0].spec), "fp8-e4m3-tile128-pow2");
+  // vLLM's DSA indexer key: 128 e4m3 + one fp32 scale = 132 B; SGLang's MXFP4: 64 B of e2m1 + 4 UE8M0 = 68 B
+  EXPECT_EQ(std::string(kIndexerPresets[0].spec), "fp8-e4m3-tile128-pow2-amaxfloor");
   EXPECT_EQ(kIndexerPresets[0].stated_bytes, 132);
+  EXPECT_EQ(std::string(kIndexerPresets[1].spec), "mxfp4-ceil");
+  EXPECT_EQ(kIndexerPresets[1].stated_bytes, 68);
 }
 
 // Hand-checked: which formats an engine ships for MLA, and which it does not.

@@ -16,6 +16,9 @@
 //   fp8 tile pow2  FlashMLA tests/quant.py quantize_k_cache (V32_FP8Sparse; MODEL1 / V4.1 store the
 //                  same power of two as one UE8M0 byte)
 //   fp8 tile fp32  vLLM csrc/cache_kernels.cu concat_and_cache_ds_mla_kernel
+//   fp8 tile pow2 amax floor  vLLM csrc/cache_kernels.cu indexer_k_quant_and_cache_kernel (the DSA indexer key
+//                  cache, scale_fmt ue8m0; local-inference-lab/vllm 28be48fa): s = 2^ceil(log2(max(amax, 1e-4) / 448))
+//                  stored as fp32 (exact math, as for FlashMLA's pow2), code = e4m3(x / s)
 //   fp8 tensor     vLLM kv_cache_dtype=fp8 (one scale per layer; calibrated amax/448, or 1.0)
 //   MX             OCP Microscaling Formats (MX) v1.0 §6.3 (shared exponent floor(log2 amax) − emax),
 //                  as torchao prototype/mx_formats to_mx, ScaleCalculationMode.FLOOR
@@ -55,6 +58,7 @@ enum class BlockKind : uint8_t {
   Fp4Tile = 9,    ///< e2m1, e4m3 scale e4m3(clamp(amax/6, 2^-9, 448)) per tile, no per-tensor scale (FlashMLA V4.1 FP4)
   Fp4TileRcp = 10,  ///< e2m1, e4m3 scale e4m3(amax/6) per tile, elements times 1/scale (FlashInfer NVFP4 MLA)
   MxFp4Ceil = 11,   ///< e2m1 by thresholds, UE8M0 scale 2^ceil(log2(max(amax/6, 1e-4))) per 32 (SGLang FP4 indexer)
+  Fp8Pow2AmaxFloor = 12,  ///< e4m3, s = 2^ceil(log2(max(amax, 1e-4) / 448)) as fp32 (vLLM's DSA indexer cache)
 };
 
 /// Runtime description of a block format, as the kernels receive it (POD).
@@ -170,6 +174,14 @@ LQ_HD BlockParams block_params_amax(const BlockDesc& f, float amax, const float*
     case BlockKind::Fp8Pow2: {
       // FlashMLA: scale = 2^ceil(log2(max(amax / 448, 1e-4))); code = e4m3(x / scale)
       const int e = ceil_log2_normal(max_num(div_rn(amax, kE4M3Max), kFlashMlaScaleFloor));  // −13 … 120
+      p.s = exp2_int(e);
+      p.inv = exp2_int(-e);
+      store_dtype(scale, p.s, f.sd);
+      return p;
+    }
+    case BlockKind::Fp8Pow2AmaxFloor: {
+      // vLLM indexer_k_quant_and_cache_kernel: scale = 2^ceil(log2(fmaxf(amax, 1e-4) / 448)); code = e4m3(x / scale)
+      const int e = ceil_log2_normal(div_rn(max_num(amax, kFlashMlaScaleFloor), kE4M3Max));  // −22 … 121
       p.s = exp2_int(e);
       p.inv = exp2_int(-e);
       store_dtype(scale, p.s, f.sd);
@@ -292,7 +304,7 @@ LQ_HD BlockParams block_params(const BlockDesc& f, const float* x, int n, float 
 /// Fp4Tile). The CPU's AVX2 e4m3 encoder takes its operation from here too.
 LQ_HD bool scales_by_inverse(BlockKind k) {
   return k == BlockKind::Fp8Pow2 || k == BlockKind::MxFp8 || k == BlockKind::MxFp4 || k == BlockKind::Fp4TileRcp ||
-         k == BlockKind::MxFp4Ceil;
+         k == BlockKind::MxFp4Ceil || k == BlockKind::Fp8Pow2AmaxFloor;
 }
 
 /// The float8/float4 kinds: element v scaled by the block's parameters, the value its code rounds.
@@ -303,6 +315,7 @@ LQ_HD bool scales_by_inverse(BlockKind k) {
 LQ_HD float scaled_element(const BlockDesc& f, const BlockParams& p, float v) {
   switch (f.kind) {
     case BlockKind::Fp8Pow2:
+    case BlockKind::Fp8Pow2AmaxFloor:
     case BlockKind::MxFp8:
     case BlockKind::MxFp4:
     case BlockKind::MxFp4Ceil:
@@ -323,6 +336,7 @@ LQ_HD float scaled_element(const BlockDesc& f, const BlockParams& p, float v) {
 LQ_HD uint32_t encode_element(const BlockDesc& f, const BlockParams& p, float v, int& saturated) {
   switch (f.kind) {
     case BlockKind::Fp8Pow2:
+    case BlockKind::Fp8Pow2AmaxFloor:
     case BlockKind::MxFp8:
     case BlockKind::Fp8Fp32:
     case BlockKind::Fp8Tensor:
@@ -380,6 +394,7 @@ LQ_HD int encode_block_bytes(const BlockDesc& f, const BlockParams& p, const flo
 LQ_HD float saturation_threshold(const BlockDesc& f) {
   switch (f.kind) {
     case BlockKind::Fp8Pow2:
+    case BlockKind::Fp8Pow2AmaxFloor:
     case BlockKind::MxFp8:
     case BlockKind::Fp8Fp32:
     case BlockKind::Fp8Tensor:
@@ -434,6 +449,7 @@ LQ_HD BlockStatus quantize_block(const BlockDesc& f, const float* x, int n, floa
 LQ_HD float minifloat_block_multiplier(const BlockDesc& f, const uint8_t* scale, float global) {
   switch (f.kind) {
     case BlockKind::Fp8Pow2:
+    case BlockKind::Fp8Pow2AmaxFloor:
     case BlockKind::Fp8Fp32:
       return load_dtype(scale, f.sd);
     case BlockKind::Fp8Tensor:
@@ -459,6 +475,7 @@ LQ_HD void dequantize_elements(const BlockDesc& f, const uint8_t* codes, const u
                                float global, int n, int i0, int i1, float* out) {
   switch (f.kind) {
     case BlockKind::Fp8Pow2:
+    case BlockKind::Fp8Pow2AmaxFloor:
     case BlockKind::Fp8Fp32:
     case BlockKind::Fp8Tensor:
     case BlockKind::MxFp8: {

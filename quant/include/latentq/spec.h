@@ -81,6 +81,7 @@ enum class ScaleRule : uint8_t {
   NormCorrected = 6,     ///< TurboQuant: the decode renormalizes the codeword to unit norm (vLLM's `_nc` presets)
   GaussianCodebook = 7,  ///< TransformCoding -lm: unit-variance Gaussian Lloyd-Max codes scaled by each component's std
   Ue8m0Ceil = 8,  ///< mxfp4-ceil (SGLang's MXFP4 indexer cache): 2^ceil(log2(max(amax/6, 1e-4))), e2m1 by thresholds
+  Pow2AmaxFloor = 9,  ///< fp8 tile -pow2-amaxfloor (vLLM's DSA indexer cache): 2^ceil(log2(max(amax, 1e-4)/448)), fp32
 };
 
 /// Which cached tensor a spec is applied to: the MLA latent cache's two (an engine preset stores them differently)
