@@ -22,6 +22,7 @@ import torch
 import transformers
 
 from latentq import dump as dump_latents
+from latentq import dump_format
 from latentq.capture import LatentCapture, find_mla_layers, mla_dims
 from latentq.dump import Q_ROWS_RULE, SCHEMA, absorbed_attention, rel_err, select_q_rows
 from latentq.model import run_model, state_dict_sha256
@@ -162,7 +163,7 @@ def _attr(v):
 
 CASES = {
     # name: (builder, sequence lengths, q_rows, compression, CHUNK_BYTES)
-    "tiny": (_tiny, [40, 29, 33], 13, None, dump_latents.CHUNK_BYTES),
+    "tiny": (_tiny, [40, 29, 33], 13, None, dump_format.CHUNK_BYTES),
     # 7-row chunks of c_kv (32 floats a row): every sequence boundary falls inside a chunk
     "tiny-gzip-small-chunks": (_tiny, [40, 29, 33], 13, "gzip", 7 * 32 * 4),
     "hf-v3": (_v3, [40, 40], 16, None, dump_latents.CHUNK_BYTES),
@@ -177,7 +178,7 @@ def test_streamed_equals_whole_file_dump(name, tmp_path, monkeypatch):
     seqs = [torch.randint(0, 256, (n,), generator=g).numpy() for n in lens]
     kw = dict(model_name=name, source="test", text_sha256="ab" * 32, extra_attrs={"tokenizer": "bytes"})
     root, layers, attrs, errs = old_dump(model, cfg, seqs, q_rows, **kw)
-    monkeypatch.setattr(dump_latents, "CHUNK_BYTES", chunk_bytes)
+    monkeypatch.setattr(dump_format, "CHUNK_BYTES", chunk_bytes)  # read by dump_format.chunk_shape
     out = str(tmp_path / "d.h5")
     summary = dump_latents.dump(model, cfg, seqs, q_rows, out, compression=compression, **kw)
     with h5py.File(out, "r") as f:
