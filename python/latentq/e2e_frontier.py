@@ -30,8 +30,8 @@ rank by the probe score): tiny-mla's default study, the runner-up at 3/8 and 1/2
 9.7 × the lowest; on random-init DeepSeek checkpoints (latentq.random_checkpoint: V2 2 layers, V3 3 layers in
 bf16 and in FP8 blocks, 4 × 128 KJV bytes), the best is at most 5th by attention KL within 1.22 × the lowest,
 and the runner-up at most 25th, at 2.69 ×. KEEP_BEST = 4 and WITHIN = 4 keep every one of them, by rank (3rd
-<= 4) or by factor (<= 2.69 × < 4 ×), with a rank and 1.5 × of the factor to spare (docs/e2e.md gives the table); tests/python/test_e2e_frontier.py checks on the default study
-that the decision is that of ``--e2e all``.
+<= 4) or by factor (<= 2.69 × < 4 ×), with a rank and 1.5 × of the factor to spare (docs/e2e.md gives the
+table); tests/python/test_e2e_frontier.py checks on the default study that the decision is that of ``--e2e all``.
 """
 
 from __future__ import annotations
