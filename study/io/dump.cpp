@@ -509,7 +509,7 @@ const std::vector<float>& Layer::rows(Target t) const {
 }
 
 bool Dump::holds(int index, Target target) const {
-  if (!attrs.family().caches[static_cast<size_t>(target)]) return false;
+  if (!attrs.family().holds(target)) return false;
   if (target != Target::IndexK) return true;
   return file_has_attention && std::binary_search(indexer_layers.begin(), indexer_layers.end(), index);
 }

@@ -582,7 +582,7 @@ class AttentionProbe final : public Probe {
         c.group = groups[c.quantizer];
         // sparse MLA: beside each c_kv+k_pe row, the same quantizer on the indexer key cache too (its own cell)
         std::optional<ErrorCell> with_indexer;
-        if (c.targets == "c_kv+k_pe" && dump.attrs.family().caches[static_cast<size_t>(Target::IndexK)]) {
+        if (c.targets == "c_kv+k_pe" && dump.attrs.family().holds(Target::IndexK)) {
           with_indexer = c;
           with_indexer->targets = kWithIndexer;
           with_indexer->group = nullptr;

@@ -149,8 +149,7 @@ class IndexerProbe final : public Probe {
   ProbePart plan(const StudyConfig& config, const Dump& dump) const override {
     ProbePart p;
     const auto& S = probe_settings<IndexerSettings>(config, "indexer");
-    if (!S.enabled || !dump.attrs.family().caches[static_cast<size_t>(Target::IndexK)] || !dump.file_has_attention)
-      return p;
+    if (!S.enabled || !dump.attrs.family().holds(Target::IndexK) || !dump.file_has_attention) return p;
     p.groups = {"indexer_error"};
     for (const Layer& l : dump.layers)
       p.cells.push_back(ProbeCell::make(this, fmt::format("{:03d}/indexer", l.index), p.groups, {l.index}, true,

@@ -151,8 +151,8 @@ TEST_F(DumpTest, CacheFamilyFromTheTable) {
   for (const CacheFamilyTraits& f : kCacheFamilies) {
     SCOPED_TRACE(f.name);
     EXPECT_EQ(&cache_family_traits(f.name), &f);
-    EXPECT_TRUE(f.caches[static_cast<size_t>(Target::CKV)] && f.caches[static_cast<size_t>(Target::KPE)]);
-    EXPECT_EQ(f.topk_selection, f.caches[static_cast<size_t>(Target::IndexK)]);  // the indexer picks the keys
+    EXPECT_TRUE(f.holds(Target::CKV) && f.holds(Target::KPE));
+    EXPECT_EQ(f.topk_selection, f.holds(Target::IndexK));  // the indexer picks the keys
   }
   const Dump d = load_dump(path);
   EXPECT_EQ(d.attrs.cache_family, "dense_mla");

@@ -52,6 +52,8 @@ struct CacheFamilyTraits {
   bool topk_selection;
   const char* models;  ///< the models that cache this way
   const char* source;  ///< what it is computed from (the reference modeling code)
+  /// Whether a layer of the family holds `t` (caches[t]).
+  constexpr bool holds(Target t) const { return caches[static_cast<size_t>(t)]; }
 };
 inline constexpr CacheFamilyTraits kCacheFamilies[] = {
     {"dense_mla", {true, true, false}, false, "DeepSeek-V2/V3, Kimi K2, GLM-4.7-Flash, MiniCPM3, LongCat-Flash",
