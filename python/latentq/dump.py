@@ -57,12 +57,10 @@ renamed: an interrupted dump never leaves a partial file. An existing output is 
 
 from __future__ import annotations
 
-import datetime
 import hashlib
 import json
 import os
 import sys
-import tempfile
 
 import numpy as np
 import torch
@@ -82,8 +80,14 @@ from latentq.dump_format import (  # noqa: F401  (re-exported: latentq.dump.X st
     SCHEMA,
     DumpError,
     chunk_shape,
+    common_root_attrs,
+    compression_kw,
+    put_index,
+    put_token_arrays,
     rel_err,
     select_q_rows,
+    temp_output,
+    write_root_attrs,
 )
 from latentq.files import publish, refuse_output_over_input
 from latentq.model import (
@@ -248,13 +252,7 @@ def _create_datasets(f, plan: _Plan, kw: dict, weights: bool = True) -> None:
     k_pe, q_nope, q_pe and attn_out empty, chunked with chunk_shape. kw: the compression arguments of
     every dataset."""
 
-    def put(parent, name, data):
-        """A dataset written whole at creation, chunked: INDEX_CHUNK elements (1-D)."""
-        parent.create_dataset(name, data=data, chunks=(min(len(data), INDEX_CHUNK),), **kw)
-
-    put(f, "tokens", plan.tokens.astype(np.int32))
-    put(f, "positions", plan.positions.astype(np.int32))
-    put(f, "seq_offsets", plan.offsets.astype(np.int64))
+    put_token_arrays(f, plan.tokens, plan.positions, plan.offsets, kw)
     g = f.create_group("layers")
     for i in plan.layer_ids:
         gl = g.create_group(f"{i:03d}")
@@ -263,7 +261,7 @@ def _create_datasets(f, plan: _Plan, kw: dict, weights: bool = True) -> None:
         gl.attrs["q_scale"] = np.float64(plan.scales_of[i]["q"][1])
         for k in ("c_kv", "k_pe", "q_rows", "q_nope", "q_pe", "w_uk", "w_uv", "attn_out"):
             if k == "q_rows":
-                put(gl, k, plan.q_rows_global.astype(np.int32))
+                put_index(gl, k, plan.q_rows_global.astype(np.int32), kw)
             elif k in ("w_uk", "w_uv"):  # one head per chunk
                 gl.create_dataset(k, shape=plan.shapes[k], dtype="<f4", chunks=(1,) + plan.shapes[k][1:], **kw)
             else:
@@ -475,40 +473,28 @@ def _write_root_attrs(
     f, plan: _Plan, writer: _LayerWriter, config_dict: dict, meta: dict, extra_attrs: dict | None
 ) -> None:
     """The root attributes of the file (data/README.md), once every sequence has run, then extra_attrs.
-    meta: model, revision, source, original_dtype, compute_dtype, text_sha256, transformers_version."""
+    meta: model, revision, source, original_dtype, compute_dtype, text_sha256 (dump_format.common_root_attrs)."""
     d = plan.dims
-    attrs = {
-        "schema": SCHEMA,
-        "model": meta["model"],
-        "revision": meta["revision"],
-        "source": meta["source"],
-        "created": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "config_json": json.dumps(config_dict, sort_keys=True, default=str),
-        "num_layers": np.int64(len(plan.layer_ids)),
-        "num_heads": np.int64(d["num_heads"]),
-        "kv_lora_rank": np.int64(d["kv_lora_rank"]),
-        "qk_rope_head_dim": np.int64(d["qk_rope_head_dim"]),
-        "qk_nope_head_dim": np.int64(d["qk_nope_head_dim"]),
-        "v_head_dim": np.int64(d["v_head_dim"]),
-        "softmax_scale": np.float64(next(iter(writer.scales))),
-        "softmax_scale_source": ",".join(sorted(writer.sources)),
-        "rope_layout": next(iter(writer.layouts)),
-        "rope_function": ",".join(sorted(writer.functions)),
-        "original_dtype": meta["original_dtype"],
-        "compute_dtype": meta["compute_dtype"],
-        "num_seqs": np.int64(len(plan.seqs)),
-        "seq_len": np.int64(plan.seq_lens[0] if len(set(plan.seq_lens)) == 1 else -1),
-        "text_sha256": meta["text_sha256"],
-        "q_rows_rule": Q_ROWS_RULE,
-        "torch_version": torch.__version__,
-        "transformers_version": meta["transformers_version"],
-    }
+    attrs = common_root_attrs(
+        meta,
+        config_dict,
+        num_layers=len(plan.layer_ids),
+        num_heads=d["num_heads"],
+        softmax_scale=next(iter(writer.scales)),
+        seq_lens=plan.seq_lens,
+    )
+    attrs.update(
+        kv_lora_rank=np.int64(d["kv_lora_rank"]),
+        qk_rope_head_dim=np.int64(d["qk_rope_head_dim"]),
+        qk_nope_head_dim=np.int64(d["qk_nope_head_dim"]),
+        v_head_dim=np.int64(d["v_head_dim"]),
+        softmax_scale_source=",".join(sorted(writer.sources)),
+        rope_layout=next(iter(writer.layouts)),
+        rope_function=",".join(sorted(writer.functions)),
+    )
     if plan.cache_family != "dense_mla":  # absent: dense MLA (the dumps written before the attribute)
         attrs["cache_family"] = plan.cache_family
-    if extra_attrs:
-        attrs.update(extra_attrs)
-    for k, v in attrs.items():
-        f.attrs[k] = str(v) if isinstance(v, str) else v  # str(): TorchVersion is a str subclass
+    write_root_attrs(f, attrs, extra_attrs)
 
 
 @torch.no_grad()
@@ -615,13 +601,8 @@ def dump(
         original_dtype = str(config_dict.get("torch_dtype") or config_dict.get("dtype") or compute_dtype).replace(
             "torch.", ""
         )
-    import transformers  # noqa: F401  (version only)
-
-    kw = {"compression": "gzip", "compression_opts": 4, "shuffle": True} if compression == "gzip" else {}
-    out_dir = os.path.dirname(os.path.abspath(out_path))
-    os.makedirs(out_dir, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-" + os.path.basename(out_path) + ".", dir=out_dir)
-    os.close(fd)
+    kw = compression_kw(compression)
+    tmp = temp_output(out_path)
     was_training = module.training
     try:
         with h5py.File(tmp, "w") as f:
@@ -638,7 +619,6 @@ def dump(
                 "original_dtype": original_dtype,
                 "compute_dtype": str(compute_dtype).replace("torch.", ""),
                 "text_sha256": text_sha256,
-                "transformers_version": transformers.__version__,
             }
             _write_root_attrs(f, plan, writer, config_dict, meta, extra_attrs)
         publish(tmp, out_path)

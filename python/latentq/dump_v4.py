@@ -31,16 +31,24 @@ positions are the compressors' rule. A failure raises :class:`V4CheckError` (the
 
 from __future__ import annotations
 
-import datetime
-import json
 import os
-import tempfile
 
 import numpy as np
 import torch
 
 from latentq.deepseek_v4 import CSA, HCA, SLIDING, V4Capture, V4LayerRecord, compressed_spans, find_v4_layers
-from latentq.dump_format import INDEX_CHUNK, Q_ROWS_RULE, SCHEMA, DumpError, chunk_shape, rel_err, select_q_rows
+from latentq.dump_format import (
+    DumpError,
+    chunk_shape,
+    common_root_attrs,
+    compression_kw,
+    put_index,
+    put_token_arrays,
+    rel_err,
+    select_q_rows,
+    temp_output,
+    write_root_attrs,
+)
 from latentq.files import publish
 from latentq.model import run_model, state_dict_sha256
 from latentq.progress import Progress
@@ -316,43 +324,27 @@ def check_file(f, check_tol: float) -> dict[int, float]:
 
 
 def _root_attrs(f, layers, seqs, config_dict: dict, meta: dict, extra_attrs: dict | None) -> None:
-    """The root attributes (data/README.md: those of every dump, the MLA shapes replaced by V4's)."""
-    import transformers
-
+    """The root attributes (data/README.md: those of every dump, dump_format.common_root_attrs, the MLA shapes
+    replaced by V4's)."""
     g0 = f["layers"][f"{layers[0]['idx']:03d}"]
     scales = {float(f["layers"][f"{d['idx']:03d}"].attrs["softmax_scale"]) for d in layers}
     if len(scales) != 1:
         raise RuntimeError(f"layers disagree on the softmax scale: {sorted(scales)}")
     lens = [len(s) for s in seqs]
     attn = layers[0]["attn"]
-    attrs = {
-        "schema": SCHEMA,
-        "cache_family": CACHE_FAMILY,
-        "model": meta["model"],
-        "revision": meta["revision"],
-        "source": meta["source"],
-        "created": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "config_json": json.dumps(config_dict, sort_keys=True, default=str),
-        "num_layers": np.int64(len(layers)),
-        "num_heads": np.int64(attn.num_heads),
-        "head_dim": np.int64(attn.head_dim),
-        "qk_rope_head_dim": np.int64(g0["rope_cos"].shape[1] * 2),
-        "softmax_scale": np.float64(next(iter(scales))),
-        "softmax_scale_source": "attribute:scaling",
-        "rope_layout": "interleaved",
-        "rope_function": "apply_rotary_pos_emb",
-        "original_dtype": meta["original_dtype"],
-        "compute_dtype": meta["compute_dtype"],
-        "num_seqs": np.int64(len(seqs)),
-        "seq_len": np.int64(lens[0] if len(set(lens)) == 1 else -1),
-        "text_sha256": meta["text_sha256"],
-        "q_rows_rule": Q_ROWS_RULE,
-        "torch_version": str(torch.__version__),
-        "transformers_version": transformers.__version__,
-    }
-    attrs.update(extra_attrs or {})
-    for k, v in attrs.items():
-        f.attrs[k] = str(v) if isinstance(v, str) else v
+    attrs = common_root_attrs(
+        meta, config_dict, num_layers=len(layers), num_heads=attn.num_heads, softmax_scale=next(iter(scales)),
+        seq_lens=lens,
+    )  # fmt: skip
+    attrs.update(
+        cache_family=CACHE_FAMILY,
+        head_dim=np.int64(attn.head_dim),
+        qk_rope_head_dim=np.int64(g0["rope_cos"].shape[1] * 2),
+        softmax_scale_source="attribute:scaling",
+        rope_layout="interleaved",
+        rope_function="apply_rotary_pos_emb",
+    )
+    write_root_attrs(f, attrs, extra_attrs)
 
 
 def _create(f, layers, seqs, local_rows, kw) -> None:
@@ -360,19 +352,14 @@ def _create(f, layers, seqs, local_rows, kw) -> None:
     lens = [len(s) for s in seqs]
     offsets = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
 
-    def put(parent, name, data):
-        parent.create_dataset(name, data=data, chunks=(min(len(data), INDEX_CHUNK),), **kw)
-
-    put(f, "tokens", np.concatenate(seqs).astype(np.int32))
-    put(f, "positions", np.concatenate([np.arange(n) for n in lens]).astype(np.int32))
-    put(f, "seq_offsets", offsets)
+    put_token_arrays(f, np.concatenate(seqs), np.concatenate([np.arange(n) for n in lens]), offsets, kw)
     q_rows = np.concatenate([o + r for o, r in zip(offsets[:-1], local_rows)]).astype(np.int32)
     g = f.create_group("layers")
     for d in layers:
         gl = g.create_group(f"{d['idx']:03d}")
         gl.attrs["module"] = d["module"]
         gl.attrs["layer"] = np.int64(d["idx"])
-        put(gl, "q_rows", q_rows)
+        put_index(gl, "q_rows", q_rows, kw)
 
 
 @torch.no_grad()
@@ -420,11 +407,8 @@ def dump_v4(
     revision = revision or "sha256-state-dict:" + state_dict_sha256(model)
     if original_dtype is None:
         original_dtype = str(config_dict.get("torch_dtype") or config_dict.get("dtype") or compute_dtype)
-    kw = {"compression": "gzip", "compression_opts": 4, "shuffle": True} if compression == "gzip" else {}
-    out_dir = os.path.dirname(os.path.abspath(out_path))
-    os.makedirs(out_dir, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-" + os.path.basename(out_path) + ".", dir=out_dir)
-    os.close(fd)
+    kw = compression_kw(compression)
+    tmp = temp_output(out_path)
     was_training = model.training
     device = next(model.parameters()).device
     try:
