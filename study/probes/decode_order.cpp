@@ -153,7 +153,7 @@ class DecodeOrderProbe final : public Probe {
     auto applicable = [&](const std::string& tg, const std::string& q) {
       const QuantSpec spec = TransformedSpec::parse(q).spec;
       for (const Target t : targets_of(tg))
-        if (!why_not_applicable(spec, t, target_width(dump.attrs, t)).empty()) return false;
+        if (!why_not_applicable(spec, t, dump.attrs.width(t)).empty()) return false;
       return true;
     };
     for (const Layer& l : dump.layers)

@@ -13,12 +13,8 @@
 
 namespace latentq {
 
-int64_t target_width(const DumpAttrs& dims, Target target) {
-  return dims.width(target);
-}
-
 std::string why_not_applicable(const Quantizer& q, Target target, const DumpAttrs& dims) {
-  const int64_t D = target_width(dims, target);
+  const int64_t D = dims.width(target);
   if (!q.is_mixed()) return why_not_applicable(q.spec, target, D);
   for (const MixedRule& r : q.mixed)
     if (r.target == target)
@@ -33,13 +29,13 @@ std::vector<NotApplicable> not_applicable(const StudyConfig& config, const DumpA
     if (std::any_of(out.begin(), out.end(),
                     [&](const NotApplicable& n) { return n.quantizer == name && n.target == t; }))
       return;
-    out.push_back({name, t, target_width(dims, t), std::move(why)});
+    out.push_back({name, t, dims.width(t), std::move(why)});
   };
   for (const TargetPlan& p : latent_error_targets(config, dims))
     for (const Quantizer& q : p.quantizers) add(q.name, p.target, why_not_applicable(q, p.target, dims));
   for (const Probe* probe : registered_probes())
     for (const auto& [name, t] : probe->quantized_pairs(config))
-      add(name, t, why_not_applicable(TransformedSpec::parse(name).spec, t, target_width(dims, t)));
+      add(name, t, why_not_applicable(TransformedSpec::parse(name).spec, t, dims.width(t)));
   return out;
 }
 
@@ -47,7 +43,7 @@ const GroupSpec& not_applicable_spec() {
   static const GroupSpec g{
       "not_applicable",
       {{"quantizer", ColType::Str, "", "the quantizer, as /summary names it"},
-       {"target", ColType::Str, "", "the cached tensor its format cannot take: c_kv or k_pe"},
+       {"target", ColType::Str, "", "the cached tensor its format cannot take: c_kv, k_pe or index_k"},
        {"width", ColType::I64, "", "elements per row of the target in the dump (kv_lora_rank or qk_rope_head_dim)"},
        {"reason", ColType::Str, "", "why the format cannot take that width (the format table's shapes)"}}};
   return g;

@@ -28,9 +28,6 @@
 
 namespace latentq {
 
-/// The width of `target` in a dump: kv_lora_rank (c_kv) or qk_rope_head_dim (k_pe).
-int64_t target_width(const DumpAttrs& dims, Target target);
-
 /// Why quantizer `q` cannot store `target` of a dump of dims `dims`, or "" when it can: why_not_applicable() of
 /// its spec, or of the first rule of a mixed assignment on that target whose format refuses the width.
 std::string why_not_applicable(const Quantizer& q, Target target, const DumpAttrs& dims);
@@ -51,7 +48,7 @@ std::vector<NotApplicable> not_applicable(const StudyConfig& config, const DumpA
 /// The value of /summary's c_kv_accounting / k_pe_accounting for a target the quantizer cannot take.
 inline constexpr const char* kNotApplicableAccounting = "not applicable (bf16 counted)";
 
-/// The columns of /not_applicable: quantizer (str), target (str, "c_kv" or "k_pe"), width (int64, elements per
+/// The columns of /not_applicable: quantizer (str), target (str, a kTargets name), width (int64, elements per
 /// row), reason (str); a derived group (latentq/result_groups.h).
 const GroupSpec& not_applicable_spec();
 /// The /not_applicable table of `pairs` (one row each, in order).
