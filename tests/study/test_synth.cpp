@@ -68,6 +68,31 @@ TEST(Synth, PresetsHaveTheModelsDims) {
 
 // A sparse preset's dump: cache_family sparse_mla; per row min(position + 1, k) keys chosen by the dumped indexer
 // tensors (dsa_select_topk), and attn_out the attention over them (the probes' check, < 1e-5; dense is far off).
+// One indexer width per dump: a layer whose index_k is 64 wide beside a 128-wide one is refused, naming both layers.
+TEST(Synth, IndexerWidthsThatDisagreeAreRefused) {
+  lqtest::TempDir dir;
+  SynthOptions o;
+  o.shape = find_preset("deepseek-v3.2");
+  o.shape.num_layers = 2;
+  o.shape.index_topk = 8;
+  o.seqs = 1;
+  o.seq_len = 24;
+  o.query_rows = 4;
+  const auto path = dir / "v32.h5";
+  write_synth_dump(path, o);
+  ASSERT_EQ(load_dump(path).attrs.index_head_dim, 128);
+  lqtest::delete_link(path, "/layers/001/index_k");
+  lqtest::put_f32(path, "/layers/001/index_k", {24, 64}, std::vector<float>(24 * 64, 0.5f));
+  try {
+    (void)load_dump(path);
+    ADD_FAILURE() << "a dump with two index_k widths was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("/layers/001/index_k is 64 wide but layer 000's index_k is 128 wide"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(Synth, SparsePresetsWriteTheSelectionAndTheIndexer) {
   lqtest::TempDir dir;
   for (const char* name : {"deepseek-v3.2", "glm-5"}) {
