@@ -19,8 +19,8 @@
 #   4. waits until squeue is empty, checks that every array task and the merge job COMPLETED with
 #      exit code 0 (scontrol, jobcomp/filetxt log), that the merged file has /e2e when the config
 #      enables the e2e step (the merge job runs it; shards never do), and compares the merged file with
-#      the reference using tests/slurm/compare_results.py (the project venv's python with h5py; /e2e
-#      within rtol 1e-4, atol 1e-7, every other group exactly);
+#      the reference using tests/slurm/compare_results.py (the project venv's python with h5py; the groups
+#      computed from the model's logits within rtol 1e-4, atol 1e-7 (--logits-tol), every other group exactly);
 #   5. always tears down: scancel, stop slurmd, slurmctld, munged, remove the temp dir
 #      (LATENTQ_SLURM_KEEP=1 keeps it).
 # Exit status: 0 pass; 1 fail (a job failed, the results differ, a timeout once the cluster ran);
@@ -311,7 +311,7 @@ for path in sys.argv[1:]:
 print("/e2e in the reference and in the merged file")
 PYEOF
 fi
-"$python" "$here/compare_results.py" "$ref" "$merged" --group-tol e2e:1e-4:1e-7 ||
+"$python" "$here/compare_results.py" "$ref" "$merged" --logits-tol 1e-4:1e-7 ||
   fail "the merged results differ from the unsharded run"
 log "PASS: ${shards}-shard Slurm run of $name equals the unsharded run"
 exit 0
