@@ -109,6 +109,14 @@ def parse_group_tol(text: str) -> tuple[str, float, float]:
     return parts[0], rtol, atol
 
 
+def parse_logits_tol(text: str) -> tuple[str, float, float]:
+    """--logits-tol RTOL:ATOL, each >= 0."""
+    try:
+        return parse_group_tol("logits:" + text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not RTOL:ATOL with RTOL, ATOL >= 0") from None
+
+
 LOGIT_GROUPS = ("e2e", "e2e_position", "e2e_seq", "e2e_bootstrap", "decision")
 
 
@@ -199,7 +207,7 @@ def main(argv: list[str]) -> int:
     )
     p.add_argument(
         "--logits-tol",
-        type=lambda t: parse_group_tol("logits:" + t),
+        type=parse_logits_tol,
         default=None,
         metavar="RTOL:ATOL",
         help="tolerance for every group computed from the model's logits (LOGIT_GROUPS)",
