@@ -224,14 +224,17 @@ fi
 # absolute. The absolute part is float32's noise on a KL near 0: on one H200 (commit 7a8cdef) one /attention_position
 # kl_mean of tiny-mla read 8.13e-7 on the CPU and 8.38e-7 on the GPU. The CPU's float32 attention itself is within
 # 6.7e-3 (KL), 2.5e-5 (out_rel_fro) of a float64 evaluation on tiny-mla (README "GPU and benchmarks").
-# /decision takes its KL from /attention_error (no e2e here): the same tolerance (its strings must match).
+# /decision takes its KL from /attention_error (no e2e here): the same tolerance, on its numbers only
+# (lq_results_equal --numbers-only): its mixed plan names one of two mixes of the same bytes whose planner objectives
+# tie to 1e-4 relative (5.873e-05 on the CPU, 5.874e-05 on the GPU: one H200, commit 54a5c3e); a flip of bytes or KL
+# still differs.
 # /score_vs_attention ranks that KL by Spearman's rho, over as few as 2 quantizers a band: two KLs near a tie swap in
 # their last bits (a rho of 1 on the CPU, -1 on the GPU, one H200, commit eab4ca6), so its values are not compared,
 # only its columns and rows (lq_results_equal --shape-only); its inputs are (/latent_error bit for bit, /attention_error
 # to the tolerance).
 ATT_RTOL=${LQ_ATT_RTOL:-2e-2}
 ATT_ATOL=${LQ_ATT_ATOL:-1e-6}
-ATT_TOL=(--shape-only score_vs_attention)
+ATT_TOL=(--shape-only score_vs_attention --numbers-only decision)
 for g in attention_error attention_position decision; do ATT_TOL+=(--rtol "$g=$ATT_RTOL" --atol "$g=$ATT_ATOL"); done
 # The gate on a study without its e2e step: every threshold of results/thresholds.toml but the /e2e* groups'.
 GATE=$OUTDIR/thresholds_no_e2e.toml
