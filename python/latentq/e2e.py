@@ -72,6 +72,9 @@ step on the same runs (tests/python/test_e2e_stream.py); the progress then count
 attribute ``execution`` of /e2e records which way it ran ("in memory", "layer streaming (hidden states
 in memory)" or "... in a file)").
 
+DeepSeek-V4 (a checkpoint whose config.json has model_type deepseek_v4): the step hands over to latentq.e2e_v4 (its
+window, compressed and indexer-key caches, any subset, prefill and decode order; --caches for an assignment per run).
+
 Text: by default the held-out split of the KJV text (latentq.kjv_text); tokens from byte
 `--offset-bytes` on (the shipped dump reads the first 4 × 512 bytes, so the default 2048 keeps the
 two apart): the bytes for tiny-mla, the checkpoint's tokenizer for an HF model that has one (no
@@ -379,15 +382,9 @@ class Plan:
         return runs
 
 
-def load_inputs(a, plan: Plan):
-    """(model on --device, its tokenizer or None, ids [num_seqs, seq_len] on the device, MLA dims, the
-    model's MLA layers, the LayerStreamer or None); plan.layers defaults to the MLA layers. Streaming
-    (--stream, decided by latentq.model.stream_plan as the dump decides it): the model is the
-    streamer's meta model, nothing loaded yet. Raises ValueError (no CUDA, unreadable --text, no
-    config.json, a checkpoint that cannot be streamed, windows the model or text cannot hold, study
-    layers the model lacks), OSError, RuntimeError."""
-    if why_not := device_error(a.device):
-        raise ValueError(why_not)
+def read_text(a) -> bytes:
+    """The bytes of --text (default: the KJV held-out split); sets a.text_sha256. Raises ValueError for a file that
+    cannot be read or, with --dump-text-sha256, a text that is not the dumped one."""
     if a.text:
         try:
             with open(a.text, "rb") as f:
@@ -404,6 +401,19 @@ def load_inputs(a, plan: Plan):
             f"the scored text {a.text or '(the KJV held-out split)'} (sha256 {a.text_sha256[:16]}...) is not the "
             f"dumped text (the dump's text_sha256 {a.dump_text_sha256[:16]}...): score the text the latents came from"
         )
+    return text
+
+
+def load_inputs(a, plan: Plan):
+    """(model on --device, its tokenizer or None, ids [num_seqs, seq_len] on the device, MLA dims, the
+    model's MLA layers, the LayerStreamer or None); plan.layers defaults to the MLA layers. Streaming
+    (--stream, decided by latentq.model.stream_plan as the dump decides it): the model is the
+    streamer's meta model, nothing loaded yet. Raises ValueError (no CUDA, unreadable --text, no
+    config.json, a checkpoint that cannot be streamed, windows the model or text cannot hold, study
+    layers the model lacks), OSError, RuntimeError."""
+    if why_not := device_error(a.device):
+        raise ValueError(why_not)
+    text = read_text(a)
     if not os.path.isfile(os.path.join(a.model, "config.json")):
         raise ValueError(f"--model {a.model}: no config.json (expected a tiny-mla or HF MLA checkpoint directory)")
     from latentq.stream import CheckpointError, LayerStreamer
@@ -754,6 +764,13 @@ def main(argv=None) -> int:
 
     quiet_import_noise()
     torch.set_num_threads(a.threads)
+    from latentq import e2e_v4
+
+    if e2e_v4.is_v4_checkpoint(a.model):  # DeepSeek-V4: its own caches and hooks (latentq.e2e_v4)
+        return e2e_v4.main_v4(a, latentq)
+    if a.caches:
+        say("e2e", "error", f"--caches is for a DeepSeek-V4 model; {a.model} is not one (model_type deepseek_v4)")
+        return 2
     try:
         plan = Plan(a, latentq)
         model, tokenizer, ids, dims, model_layers, streamer = load_inputs(a, plan)

@@ -46,6 +46,12 @@ def parse_args(argv=None, description: str | None = None):
         "exact; default: the study's [indexer] quantizers, /indexer_error; none for a dense study)",
     )
     ap.add_argument(
+        "--caches",
+        nargs="*",
+        help="DeepSeek-V4 only: one run per assignment window_kv=SPEC,compressed_kv=SPEC,index_k=SPEC (any subset, "
+        "each cache its own format; latentq.e2e_v4)",
+    )
+    ap.add_argument(
         "--cache-modes",
         nargs="*",
         help="cache-mode labels (default: the root attribute decode_order_modes, "

@@ -79,6 +79,32 @@ def study_indexer_quantizers(results_path: str) -> list[str]:
     return list(dict.fromkeys(qs))
 
 
+def study_v4_quantizers(results_path: str) -> tuple[list[tuple[str, tuple[str, ...]]], list[str]]:
+    """A DeepSeek-V4 study's formats (cache_family deepseek_v4): ((quantizer, entry caches) pairs of /latent_error's
+    window_kv / compressed_kv rows, in first-seen order, the caches in that order; the formats of its index_k rows
+    and of /indexer_error, first-seen order), each run apart by the e2e step as the MLA latents and the indexer keys
+    are. Raises ValueError as study_quantizers for a file that is missing, unreadable or not latentq-results/1; a
+    file without /latent_error gives ([], [])."""
+    dec = lambda v: v.decode() if isinstance(v, bytes) else str(v)
+    with open_results(results_path) as f:
+        schema = dec(f.attrs.get("schema", b""))
+        if schema != "latentq-results/1":
+            raise ValueError(f"{results_path}: schema '{schema}', expected 'latentq-results/1'")
+        rows = []
+        if "latent_error" in f:
+            g = f["latent_error"]
+            rows = [(dec(q), dec(t)) for q, t in zip(g["quantizer"][:], g["target"][:])]
+    order: dict[str, list[str]] = {}
+    for q, t in rows:
+        if t in ("window_kv", "compressed_kv"):
+            order.setdefault(q, [])
+            if t not in order[q]:
+                order[q].append(t)
+    entry = [(q, tuple(sorted(t, key=("window_kv", "compressed_kv").index))) for q, t in order.items()]
+    index = [q for q, t in rows if t == "index_k"] + study_indexer_quantizers(results_path)
+    return entry, list(dict.fromkeys(index))
+
+
 def mixed_specs(results_path: str, quantizer: str) -> dict[tuple[int, str], str]:
     """{(layer, target): stored spec} of the /latent_error rows of `quantizer`: what a mixed
     assignment ([[mixed]] in the study config, a name that is no spec) stores on each layer, behind

@@ -1,0 +1,370 @@
+"""The e2e step on a DeepSeek-V4 model (``model_type`` deepseek_v4): ``python -m latentq.e2e --results RESULTS.h5
+--model DIR`` hands over here (latentq.e2e.main), with the same flags, text, statistics and groups.
+
+The model runs through transformers 5.24's ``modeling_deepseek_v4.py`` (in memory; eager attention) on num_seqs
+windows of seq_len tokens, once with its own caches (the reference) and once per run with some of its caches
+(latentq.inject_v4.V4_CACHES: window_kv, compressed_kv, index_k) quantize-dequantized through the C++ quantizers
+(the ``latentq`` module), on the study's layers (the root attribute ``layers``, else every layer):
+
+* runs: each format of the study's /latent_error rows on window_kv / compressed_kv runs on the caches the study ran
+  it on (e.g. targets ``window_kv+compressed_kv``); each format of its index_k rows (or /indexer_error) on index_k
+  alone (the CSA indexer's keys: the top-k each query reads is the one the model computes from the quantized keys);
+  ``--quantizers SPEC ...``: each spec on window_kv+compressed_kv; ``--indexer-quantizers SPEC ...``: each on
+  index_k; ``--caches window_kv=A,compressed_kv=B,index_k=C ...``: one run per assignment, any subset, each cache
+  its own spec. Every run goes through every cache mode (--cache-modes, else the root attribute decode_order_modes,
+  else prefill-at-once). Runs whose format the study found not applicable to a cache (/not_applicable) are left out
+  with a note.
+* an entry cache's row (window_kv, compressed_kv: head_dim wide, the rope slice its last d_r columns): a plain
+  format quantizes the whole row; an engine record preset (e.g. flashmla-model1-fp8: 448 e4m3 + 64 bf16 + 7 ue8m0
+  scales + pad = 584 B) its "c_kv" part the first head_dim - d_r columns and its "k_pe" part the last d_r, each
+  through the module with that target (the module has no V4 targets yet: the two part formats are applied to the
+  two column slices here). index_k takes plain formats (a preset's c_kv part, as the MLA indexer runs do).
+* cache modes: prefill-at-once (each window's whole cache at once) and decode-r<R>-s<S>-p<P>
+  (latentq/decode_order.h) over each cache's own rows: tokens for window_kv, entries for compressed_kv and index_k
+  (the compressor emits entry w once token (w+1)·m - 1 is processed; an entry is quantized when written, its
+  scale groups complete as latentq.decode_order_latents has them; the R most recent rows, the first S and the
+  first P stay in bf16, the engine's precision). latentq.inject_v4 says how one forward reads them.
+
+Group /e2e: the dense step's columns (latentq.e2e.E2E_COLUMNS: KL mean and percentiles, top-1, NLL, ln ppl ratio,
+Δp, bootstrap intervals; latentq.e2e_stats), ``targets`` the caches quantized ("window_kv+compressed_kv"),
+``caches`` which format each took ("window_kv=SPEC,compressed_kv=SPEC"), and the bytes as the V4 plan defines them
+(V4_BYTES, V4_WINDOW_BYTES): per stored row from the one accounting (latentq.decode_order_cache_bytes, a preset as
+its two parts, its record's pad with the first); per token at long context compressed_kv and index_k amortized by
+their rate (1/compress_rate rows per token), mean over the model's layers (a sliding layer stores none); the window
+is bounded (sliding_window rows per sequence) and reported per sequence. /e2e_position, /e2e_seq, /e2e_bootstrap as
+the dense step; /e2e attribute ``cache_family`` = "deepseek_v4". User errors: ValueError (exit 2, nothing written).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import torch
+
+from latentq.deepseek_v4 import CSA, find_v4_layers
+from latentq.e2e_decode import PREFILL_AT_ONCE, mode_rsp
+from latentq.e2e_frontier import not_run_group
+from latentq.e2e_results import applicable_only, canonical_specs, study_layers, study_v4_quantizers
+from latentq.e2e_stats import (
+    RESAMPLES,
+    SEED,
+    bootstrap_counts,
+    interval_columns,
+    paired_groups,
+    run_metrics,
+    token_stats,
+)
+from latentq.inject_v4 import ENTRY_CACHES, V4_CACHES, V4CacheInjector
+from latentq.model import DTYPES, device_error, load_model, run_model
+from latentq.progress import say
+from latentq.result_groups import Column, write_groups
+
+MODEL_TYPE = "deepseek_v4"
+
+
+def is_v4_checkpoint(path: str) -> bool:
+    """Whether the checkpoint directory's config.json names model_type deepseek_v4 (False when unreadable)."""
+    import json
+
+    try:
+        with open(os.path.join(path, "config.json")) as f:
+            return json.load(f).get("model_type") == MODEL_TYPE
+    except (OSError, ValueError):
+        return False
+
+
+# ---- the quantizers on one cache's rows ------------------------------------------------------------------------
+_PRESETS: set[str] = set()
+
+
+def is_preset(latentq, spec: str) -> bool:
+    """Whether spec is an engine record preset (the format table's family "preset")."""
+    if not _PRESETS:
+        _PRESETS.update(r["name"] for r in latentq.format_rows() if r["family"] == "preset")
+    return latentq.canonical_spec(spec) in _PRESETS
+
+
+def parts(latentq, spec: str, cache: str, D: int, d_rope: int) -> list[tuple[slice, str]]:
+    """The column slices of a row of `cache` (D wide) and the module target each is quantized as: a preset on an entry
+    cache: [first D - d_rope columns as "c_kv", last d_rope as "k_pe"]; else the whole row as "c_kv"."""
+    if cache in ENTRY_CACHES and is_preset(latentq, spec):
+        return [(slice(0, D - d_rope), "c_kv"), (slice(D - d_rope, D), "k_pe")]
+    return [(slice(0, D), "c_kv")]
+
+
+def rows_of(x: torch.Tensor) -> tuple[np.ndarray, list[int]]:
+    """x [B, R, D] -> (float32 [B·R, D] C-contiguous, sequence offsets [B+1]: one sequence per batch row)."""
+    B, R, D = x.shape
+    return x.detach().to("cpu", torch.float32).reshape(B * R, D).contiguous().numpy(), [b * R for b in range(B + 1)]
+
+
+def quantize_rows(latentq, x: torch.Tensor, spec: str, cache: str, d_rope: int) -> torch.Tensor:
+    """Quantize-dequantize a cache's rows x [B, R, D] (one sequence per batch row) in `spec` (parts()): float32."""
+    flat, offs = rows_of(x)
+    out = np.empty_like(flat)
+    for cols, target in parts(latentq, spec, cache, flat.shape[1], d_rope):
+        out[:, cols] = latentq.quantize_dequantize(np.ascontiguousarray(flat[:, cols]), spec, target, offs, None)
+    return torch.from_numpy(out).reshape(x.shape)
+
+
+def decode_rows(latentq, x: torch.Tensor, spec: str, mode: str, cache: str, d_rope: int):
+    """The decode-order reads of a cache's rows x [B, R, D]: (quantized, bf16 [B, R, D] float32, read [R, R] bool)
+    (latentq.decode_order_latents per part; read = decode_order_mask(mode, R, decode_token_group(spec)))."""
+    flat, offs = rows_of(x)
+    q, b = np.empty_like(flat), np.empty_like(flat)
+    for cols, target in parts(latentq, spec, cache, flat.shape[1], d_rope):
+        q[:, cols], b[:, cols] = latentq.decode_order_latents(
+            np.ascontiguousarray(flat[:, cols]), spec, mode, target, offs, None
+        )
+    read = latentq.decode_order_mask(mode, x.shape[1], latentq.decode_token_group(spec))
+    return torch.from_numpy(q).reshape(x.shape), torch.from_numpy(b).reshape(x.shape), torch.from_numpy(read)
+
+
+def make_fns(latentq, assignment: dict[str, str], mode: str, layers, rope: dict[int, int]):
+    """The V4CacheInjector callback of one run: inject= (prefill-at-once) or decode= (a decode mode), quantizing
+    cache c of layer l in assignment[c] where l is in `layers` (None: every layer); rope {layer: d_r}."""
+
+    def spec_of(layer: int, cache: str):
+        return None if (layers is not None and layer not in layers) else assignment.get(cache)
+
+    def inject(layer, cache, x):
+        s = spec_of(layer, cache)
+        return x if s is None else quantize_rows(latentq, x, s, cache, rope[layer])
+
+    def decode(layer, cache, x):
+        s = spec_of(layer, cache)
+        return None if s is None else decode_rows(latentq, x, s, mode, cache, rope[layer])
+
+    return {"inject": inject} if mode == PREFILL_AT_ONCE else {"decode": decode}
+
+
+# ---- bytes (the V4 plan's definitions) -------------------------------------------------------------------------
+def cache_bytes(latentq, spec: str | None, cache: str, D: int, d_rope: int, rows: int, num_seqs: int, mode: str):
+    """Bytes of num_seqs sequences of `rows` rows of one cache (D wide) under `mode`, per row: the one accounting
+    (latentq.decode_order_cache_bytes: bf16 rows at 2·D, complete groups with their metadata, a preset's record pad
+    with its c_kv part), summed over parts(); spec None: bf16, 2·D. rows 0 counts one row."""
+    if spec is None:
+        return 2.0 * D
+    rows = max(rows, 1)
+    offs = [i * rows for i in range(num_seqs + 1)]
+    pre = is_preset(latentq, spec)
+    total = 0
+    for cols, target in parts(latentq, spec, cache, D, d_rope):
+        w = cols.stop - cols.start
+        total += latentq.decode_order_cache_bytes(spec, target, w, offs, mode, d_rope if pre else 0)
+    return total / (num_seqs * rows)
+
+
+def v4_bytes(latentq, assignment: dict, mode: str, info: list[dict], layers, L: int, num_seqs: int):
+    """(bytes_per_token, window_bytes_per_seq) of one run (V4_BYTES, V4_WINDOW_BYTES): per layer of `info` (dicts
+    layer, rate, csa, D, d_rope, index_dim, window), mean over the model's layers; a layer outside `layers` (not
+    None) counts its caches in bf16."""
+    per_tok, per_seq = 0.0, 0.0
+    for d in info:
+        quantized = layers is None or d["layer"] in layers
+        spec = {c: assignment.get(c) if quantized else None for c in V4_CACHES}.get
+        W = min(d["window"], L)
+        per_seq += W * cache_bytes(latentq, spec("window_kv"), "window_kv", d["D"], d["d_rope"], W, num_seqs, mode)
+        if d["rate"]:
+            n = L // d["rate"]
+            b = cache_bytes(latentq, spec("compressed_kv"), "compressed_kv", d["D"], d["d_rope"], n, num_seqs, mode)
+            if d["csa"]:
+                b += cache_bytes(latentq, spec("index_k"), "index_k", d["index_dim"], 0, n, num_seqs, mode)
+            per_tok += b / d["rate"]
+    return per_tok / len(info), per_seq / len(info)
+
+
+def layer_info(model) -> list[dict]:
+    """One dict per DeepseekV4Attention: layer, rate (0: sliding), csa, D (head_dim), d_rope, index_dim, window."""
+    cfg, rotary = model.config, getattr(model, "model", model).rotary_emb
+    out = []
+    for attn in find_v4_layers(model):
+        d_rope = 2 * getattr(rotary, f"{attn.rope_layer_type}_inv_freq").numel()  # one angle per rotated pair
+        rate = int(attn.compressor.compress_rate) if attn.compressor is not None else 0
+        out.append(
+            dict(layer=int(attn.layer_idx), rate=rate, csa=attn.layer_type == CSA, D=int(attn.head_dim),
+                 d_rope=d_rope, index_dim=int(cfg.index_head_dim), window=int(attn.sliding_window))
+        )  # fmt: skip
+    return out
+
+
+# ---- the runs ---------------------------------------------------------------------------------------------------
+def parse_assignment(latentq, text: str) -> dict[str, str]:
+    """'window_kv=SPEC,compressed_kv=SPEC,index_k=SPEC' (any non-empty subset) -> {cache: canonical spec}. Raises
+    ValueError naming --caches and what is wrong (an unknown cache, a cache twice, a spec the grammar refuses)."""
+    out: dict[str, str] = {}
+    for item in text.split(","):
+        cache, eq, spec = item.partition("=")
+        cache = cache.strip()
+        if not eq or cache not in V4_CACHES or cache in out:
+            why = "twice" if cache in out else f"expected <cache>=<spec> with cache one of {', '.join(V4_CACHES)}"
+            raise ValueError(f"--caches {text}: '{item}': {why}")
+        out[cache] = canonical_specs(latentq, [spec.strip()], "--caches")[0]
+    return {c: out[c] for c in V4_CACHES if c in out}
+
+
+def run_label(assignment: dict[str, str]) -> tuple[str, str, str]:
+    """(quantizer, targets, caches) columns of an assignment: the spec when every cache takes the same one, else
+    the assignment; the caches joined by '+'; 'cache=spec' joined by ','."""
+    specs = set(assignment.values())
+    caches = ",".join(f"{c}={s}" for c, s in assignment.items())
+    return (specs.pop() if len(specs) == 1 else caches), "+".join(assignment), caches
+
+
+def _decode_modes_attr(results: str) -> list[str] | None:
+    from latentq.e2e_results import open_results
+
+    with open_results(results) as f:
+        v = f.attrs.get("decode_order_modes")
+    return None if v is None else [x.decode() if isinstance(x, bytes) else str(x) for x in np.atleast_1d(v)]
+
+
+def plan_runs(a, latentq) -> list[tuple[dict, str]]:
+    """(assignment, cache_mode) of every run, in the rows' order (module docstring). Raises ValueError naming the
+    flag or file."""
+    entry, index = study_v4_quantizers(a.results)
+    if a.quantizers:
+        entry = [(q, ENTRY_CACHES) for q in canonical_specs(latentq, a.quantizers, "--quantizers")]
+    if a.indexer_quantizers is not None:
+        index = canonical_specs(latentq, a.indexer_quantizers, "--indexer-quantizers")
+    pairs = entry + [(q, ("index_k",)) for q in index]
+    pairs, _, notes = applicable_only(a.results, pairs, [])
+    for n in notes:
+        say("e2e", "note", n)
+    runs = [{c: q for c in t} for q, t in pairs] + [parse_assignment(latentq, c) for c in a.caches or []]
+    modes = a.cache_modes if a.cache_modes is not None else (_decode_modes_attr(a.results) or [PREFILL_AT_ONCE])
+    for m in modes:
+        mode_rsp(latentq, m)  # a malformed label: ValueError naming it
+    if not runs:
+        raise ValueError(
+            f"{a.results}: no window_kv / compressed_kv / index_k format to run (its /latent_error has none); "
+            "name them with --quantizers, --indexer-quantizers or --caches"
+        )
+    return [(r, m) for m in dict.fromkeys(modes) for r in runs]
+
+
+# ---- the groups -------------------------------------------------------------------------------------------------
+V4_TARGETS = Column("targets", "string", "", "the caches quantized: window_kv, compressed_kv, index_k joined by '+'")
+V4_BYTES = Column("bytes_per_token", "float64", "byte/token", "per token and layer at long context: the compressed_kv "
+                  "and index_k rows amortized by their rate (1/compress_rate rows per token: CSA 1/4, HCA 1/128), per "
+                  "row by latentq.decode_order_cache_bytes at this run's rows, mean over the model's layers (a sliding "
+                  "layer stores none); a cache not quantized at 2 bytes/element; the window apart "
+                  "(window_bytes_per_seq)")  # fmt: skip
+V4_WINDOW_BYTES = Column("window_bytes_per_seq", "float64", "byte/sequence", "the window_kv cache of one sequence per "
+                         "layer: min(sliding_window, seq_len) rows, bounded whatever the context, mean over the "
+                         "model's layers")  # fmt: skip
+CACHES_COLUMN = Column("caches", "string", "", "the format each quantized cache took: cache=spec joined by ','")
+
+
+def _v4_columns(columns: tuple) -> tuple:
+    swap = {"targets": V4_TARGETS, "bytes_per_token": V4_BYTES}
+    return tuple(swap.get(c.name, c) for c in columns) + (CACHES_COLUMN, V4_WINDOW_BYTES)
+
+
+def load_v4(a):
+    """(model on --device, tokenizer or None, ids [num_seqs, seq_len], text sha256). Raises ValueError."""
+    from latentq.e2e import load_tokens, read_text
+    from latentq.model import stream_plan
+
+    if why_not := device_error(a.device):
+        raise ValueError(why_not)
+    text = read_text(a)
+    stream, why, _ = stream_plan(a.stream, a.memory_budget, a.model, DTYPES[a.dtype])
+    if stream:
+        raise ValueError(f"--model {a.model}: the DeepSeek-V4 e2e step runs in memory only ({why}); use --stream off")
+    model, _cfg, _src, _rev, _orig, tokenizer = load_model(a.model, DTYPES[a.dtype], a.trust_remote_code,
+                                                           tokenizer=a.tokenizer)  # fmt: skip
+    model = model.to(a.device).eval()
+    max_pos = getattr(model.config, "max_position_embeddings", None)
+    if max_pos is not None and a.seq_len > max_pos:
+        raise ValueError(f"--seq-len {a.seq_len} exceeds max_position_embeddings {max_pos} of the model {a.model}")
+    ids = load_tokens(text, a.offset_bytes, tokenizer, a.seq_len, a.num_seqs, model.config.vocab_size)
+    return model, tokenizer, ids.to(a.device)
+
+
+def main_v4(a, latentq) -> int:
+    """The step on a V4 checkpoint (module docstring): 0 when the groups are written, 2 after one error line."""
+    from latentq.e2e import E2E_COLUMNS, E2E_POSITION_COLUMNS, position_rows, require_finite_logits
+
+    try:
+        runs = plan_runs(a, latentq)
+        model, tokenizer, ids = load_v4(a)
+        info = layer_info(model)
+        layers = study_layers(a.results)
+        known = {d["layer"] for d in info}
+        if layers is not None and not set(layers) <= known:
+            raise ValueError(f"{a.results}: study layer(s) {sorted(set(layers) - known)} not in the model {a.model}")
+    except (ValueError, OSError, RuntimeError) as e:
+        say("e2e", "error", str(e))
+        return 2
+    rope = {d["layer"]: d["d_rope"] for d in info}
+    width = a.position_bucket or 64
+    t0 = time.time()
+    rows, pos_rows, run_stats, draws = [], [], {}, None
+    try:
+        with torch.no_grad():
+            ref = run_model(model, ids).float().cpu()
+            require_finite_logits(ref, f"the reference run (exact caches) of {a.model}")
+            for assignment, mode in runs:
+                quantizer, targets, caches = run_label(assignment)
+                with V4CacheInjector(model, **make_fns(latentq, assignment, mode, layers, rope)):
+                    q = run_model(model, ids).float().cpu()
+                require_finite_logits(q, f"the run with {caches} ({mode})")
+                stats = token_stats(ref, q, ids.cpu())
+                draws = bootstrap_counts(stats.num_seqs, RESAMPLES, SEED) if draws is None else draws
+                run_stats[(quantizer, tuple(assignment), mode)] = stats
+                m = run_metrics(stats) | interval_columns(stats, draws)
+                bpt, wps = v4_bytes(latentq, assignment, mode, info, layers, a.seq_len, a.num_seqs)
+                causal = np.int64(all(latentq.decode_scale_is_causal(s) for s in assignment.values()))
+                key = {"quantizer": quantizer, "targets": targets, "cache_mode": mode}
+                extra = {"bytes_per_token": bpt, "caches": caches, "window_bytes_per_seq": wps, "scale_causal": causal}
+                rows.append(key | m | extra)
+                R, S, P = mode_rsp(latentq, mode)
+                for r in position_rows(stats, width):
+                    pos_rows.append(key | {"residual": R, "sink": S, "prefill": P} | r | extra)
+                if not a.quiet:
+                    print(f"  {caches:48s} {mode:20s} KL {m['kl_mean']:.3e}  top1 {m['top1_agree']:.4f}  "
+                          f"{bpt:.1f} B/token  window {wps:.0f} B/seq", flush=True)  # fmt: skip
+    except (ValueError, OSError) as e:
+        say("e2e", "error", f"{e}; {a.results} is left unchanged")
+        return 2
+    cols = {k: np.array([r[k] for r in rows]) for k in rows[0]}
+    cols["num_tokens"] = np.full(len(rows), a.num_seqs * a.seq_len, dtype=np.int64)
+    pcols = {k: np.array([r[k] for r in pos_rows]) for k in pos_rows[0]}
+    selection = "named" if (a.quantizers or a.caches or a.indexer_quantizers) else "all"
+    common = {
+        "model": os.path.abspath(a.model),
+        "cache_family": MODEL_TYPE,
+        "text_offset_bytes": a.offset_bytes,
+        "seq_len": a.seq_len,
+        "num_seqs": a.num_seqs,
+        "layers": ",".join(str(d["layer"]) for d in info if layers is None or d["layer"] in layers),
+        "device": a.device,
+        "dtype": a.dtype,
+        "tokenizer": "bytes" if tokenizer is None else type(tokenizer).__name__,
+        "text": os.path.abspath(a.text) if a.text else "kjv-heldout",
+        "text_sha256": a.text_sha256,
+        "execution": "in memory",
+        "step_key": a.step_key,
+        "selection": selection,
+    }
+    write_groups(
+        a.results,
+        {
+            "e2e": (_v4_columns(E2E_COLUMNS), cols, {
+                **common,
+                "definition": "KL(p_ref||p_q) mean over tokens (nats) of DeepSeek-V4 with the caches of `caches` "
+                "quantized (latentq.e2e_v4); bytes: the V4 plan's (bytes_per_token, window_bytes_per_seq)",
+                "bootstrap_seed": np.int64(SEED),
+                "bootstrap_resamples": np.int64(RESAMPLES),
+            }),
+            **paired_groups(run_stats, draws),
+            "e2e_not_run": not_run_group(None, selection),
+            "e2e_position": (_v4_columns(E2E_POSITION_COLUMNS), pcols, {**common, "position_bucket": np.int64(width)}),
+        },
+    )  # fmt: skip
+    print(f"e2e: {len(rows)} runs (DeepSeek-V4), {a.num_seqs}x{a.seq_len} tokens, {time.time() - t0:.1f}s -> "
+          f"{a.results}:/e2e, /e2e_position")  # fmt: skip
+    return 0
