@@ -8,9 +8,10 @@ runs in memory or layer by layer (``--stream auto|on|off``, ``--memory-budget``)
     run_model(model, ids)         -> logits [B, T, V] of one forward pass (tiny-mla or HF)
 
 Models larger than memory: latentq.stream.LayerStreamer (the model on the meta device, each decoder
-layer read from the shards right before it runs). Quantized checkpoints (DeepSeek FP8,
-compressed-tensors pack- / float-quantized, ModelOpt NVFP4 / FP8: latentq.weight_formats) are decoded
-on load to the compute dtype by latentq.stream in either mode.
+layer read from the shards right before it runs). Quantized checkpoints (DeepSeek FP8, DeepSeek-V4's
+FP8 with e8m0 block scales and MXFP4 routed experts, compressed-tensors pack- / float-quantized,
+ModelOpt NVFP4 / FP8: latentq.weight_formats) are decoded on load to the compute dtype by latentq.stream in
+either mode.
 """
 
 from __future__ import annotations
@@ -81,10 +82,10 @@ def weights_revision(path: str) -> str | None:
 def checkpoint_dtype(cfg_file: dict | None, path: str | None = None) -> str:
     """The ``original_dtype`` attribute of a checkpoint from its config.json (and, given the directory
     ``path``, its ``hf_quant_config.json``): for quantized weights the quantization's
-    (latentq.weight_formats: ``float8_e4m3fn`` for DeepSeek FP8 / FP8 formats, ``int4`` / ``int8`` for
-    compressed-tensors pack-quantized, ``nvfp4``; its torch_dtype names the unquantized tensors), else
-    torch_dtype / dtype, else "unknown". A quantization that latentq.weight_formats does not take
-    gives torch_dtype (the loader then refuses the checkpoint, naming it)."""
+    (latentq.weight_formats: ``float8_e4m3fn`` for DeepSeek FP8 / FP8 formats, ``float8_e4m3fn+mxfp4`` for
+    DeepSeek-V4 with MXFP4 experts, ``int4`` / ``int8`` for compressed-tensors pack-quantized, ``nvfp4``; its
+    torch_dtype names the unquantized tensors), else torch_dtype / dtype, else "unknown". A quantization that
+    latentq.weight_formats does not take gives torch_dtype (the loader then refuses the checkpoint, naming it)."""
     cfg_file = cfg_file or {}
     q = _quantization(cfg_file, path)
     if q is not None:
@@ -279,9 +280,9 @@ def stream_decision(mode: str, path: str, dtype: torch.dtype, budget: int) -> tu
         return False, f"not streamable ({e}); its weight files ({size(on_disk)}) fit the budget {size(budget)}"
     n = int(ck.config.get("num_hidden_layers") or 1 << 30)
 
-    def mtp(name: str) -> bool:
+    def mtp(name: str) -> bool:  # DeepSeek-V3's layer 61, DeepSeek-V4's mtp.K. blocks
         m = re.match(r"^.+\.layers\.(\d+)\.", name)
-        return m is not None and int(m.group(1)) >= n
+        return (m is not None and int(m.group(1)) >= n) or name.startswith("mtp.")
 
     need = ck.header_bytes(dtype, skip=mtp)
     if need > budget:

@@ -1,4 +1,4 @@
-"""Layer streaming: run an HF MLA checkpoint larger than memory, one decoder layer at a time.
+"""Layer streaming: run an HF MLA (or DeepSeek-V4) checkpoint larger than memory, one decoder layer at a time.
 
 The model is built on the meta device (accelerate's ``init_empty_weights``: parameters on meta,
 buffers such as the rotary ``inv_freq`` real), so it costs no memory. Its decoder layers then run
@@ -26,9 +26,10 @@ What it reads:
     them there: parameters the model creates in float32, such as DeepSeek-V3's router, and its
     ``_keep_in_fp32_modules_strict``, as transformers' ``from_pretrained`` does);
   - quantized weights, decoded on load to the compute dtype by latentq.weight_formats (its table:
-    DeepSeek FP8 with a float32 ``<name>_scale_inv`` per block of ``weight_block_size``,
-    compressed-tensors ``pack-quantized`` INT4 / INT8 and ``float-quantized`` FP8, ModelOpt NVFP4 and
-    FP8): a quantized module's stored tensors are read together as its ``weight``;
+    DeepSeek FP8 with a float32 ``<name>_scale_inv`` per block of ``weight_block_size``, DeepSeek-V4's
+    FP8 with an e8m0 ``<module>.scale`` per block and its MXFP4 routed experts, compressed-tensors
+    ``pack-quantized`` INT4 / INT8 and ``float-quantized`` FP8, ModelOpt NVFP4 and FP8): a quantized
+    module's stored tensors are read together as its ``weight``;
   - per-expert weights as DeepSeek ships them (``mlp.experts.N.{gate,up,down}_proj.weight``, 2-D),
     placed into transformers' fused expert parameters (``experts.gate_up_proj`` [E, 2I, H] = gate
     rows then up rows per expert, ``experts.down_proj`` [E, H, I]) when the model has them, as
@@ -38,7 +39,12 @@ What it reads:
     load: its conversion table for the model (``get_model_conversion_mapping``) renames the
     checkpoint's names and maps per-expert and row-concatenated tensors into the model's fused ones
     (``LayerStreamer._rename_checkpoint``; Kimi-Linear: ``block_sparse_moe.experts.N.w1`` ->
-    ``mlp.experts.gate_up_proj``, ``q_conv1d`` / ``k_conv1d`` / ``v_conv1d`` -> ``conv1d``);
+    ``mlp.experts.gate_up_proj``, ``q_conv1d`` / ``k_conv1d`` / ``v_conv1d`` -> ``conv1d``; DeepSeek-V4:
+    ``layers.N.attn.wq_a`` -> ``model.layers.N.self_attn.q_a_proj``, the base model's prefix added as
+    from_pretrained adds it, ``mtp.K.`` blocks never read);
+  - DeepSeek-V4's layer layout (``model_type`` deepseek_v4): its ``DeepseekV4Attention`` layers, the
+    ``hc_mult`` residual streams between layers ([B, L, hc_mult, hidden] on the host) and the final
+    ``norm(hc_head(h))`` before the head (``DeepseekV4Model.forward``);
   - outputs a decoder layer hands to the next one through the model's forward (``CARRIED_OUTPUTS``:
     GLM-5's ``prev_topk_indices`` for its "shared" DSA layers) are kept per input on the host and
     passed on, as the forward does;
@@ -349,7 +355,7 @@ class LayerStreamer:
     kept in memory; the seconds of the layers' loads and of their runs).
 
     Raises CheckpointError (see Checkpoint; a model layer missing from the checkpoint),
-    latentq.capture.MLAModuleNotFoundError (no MLA module).
+    latentq.capture.MLAModuleNotFoundError (no MLA module, and not DeepSeek-V4).
     """
 
     def __init__(
@@ -366,7 +372,6 @@ class LayerStreamer:
         from accelerate import init_empty_weights
         from transformers import AutoModelForCausalLM
 
-        from latentq.capture import find_mla_layers
         from latentq.model_class import hf_config_and_class
 
         self.checkpoint = Checkpoint(path)
@@ -387,11 +392,11 @@ class LayerStreamer:
         self.config = self.model.config
         self._names = {id(m): n for n, m in self.model.named_modules()}
         self._concat = self._rename_checkpoint()
-        mla = find_mla_layers(self.model)
+        attns = self._attention_modules()
         # "model.layers.3.self_attn" and LongCat-Flash's "model.layers.3.self_attn.1" -> "model.layers"
-        parents = {m["list"] if (m := _LAYER_KEY.match(n + ".")) else n for _, n, _ in mla}
+        parents = {m["list"] if (m := _LAYER_KEY.match(n + ".")) else n for n in attns}
         if len(parents) != 1:
-            raise CheckpointError(f"{path}: MLA modules under several layer lists {sorted(parents)}")
+            raise CheckpointError(f"{path}: attention modules under several layer lists {sorted(parents)}")
         self.layers_name = parents.pop()
         self.layers = self.model.get_submodule(self.layers_name)
         if not isinstance(self.layers, nn.ModuleList):
@@ -406,12 +411,16 @@ class LayerStreamer:
         self.skipped_layers = [i for i in have if i >= n]
         self._fp32 = self._fp32_patterns()
         head = self.model.get_output_embeddings()
-        norm = getattr(getattr(self.model, self.model.base_model_prefix, None), "norm", None)
+        base = getattr(self.model, self.model.base_model_prefix, None)
+        norm = getattr(base, "norm", None)
         if head is None or norm is None:
             raise CheckpointError(
                 f"{path}: {type(self.model).__name__} has no final norm (<base>.norm) or output embeddings"
             )
         self.norm_name, self.head_name = self._names[id(norm)], self._names[id(head)]
+        # DeepSeek-V4 collapses its hc_mult residual streams before the norm: norm(hc_head(h)) (DeepseekV4Model)
+        hc_head = getattr(base, "hc_head", None)
+        self.final_names = ([self._names[id(hc_head)]] if isinstance(hc_head, nn.Module) else []) + [self.norm_name]
         self._tensors = _persistent_tensors(self.model)
         self.states_in_memory: bool | None = None
         # after ``run``: wall seconds spent reading + converting decoder-layer weights (load_layer) and
@@ -425,6 +434,22 @@ class LayerStreamer:
         self._placements(rest, [k for k in rest if k in self.checkpoint.weight_map])
 
     # ---- what lives where ---------------------------------------------------------------------
+    def _attention_modules(self) -> list[str]:
+        """Qualified names of the attention modules whose caches latentq reads: the MLA modules
+        (latentq.capture.find_mla_layers) or, in a DeepSeek-V4 model (``model_type`` deepseek_v4), its
+        ``DeepseekV4Attention`` modules (latentq.deepseek_v4.find_v4_layers). Raises
+        latentq.capture.MLAModuleNotFoundError for a model with neither."""
+        from latentq.capture import MLAModuleNotFoundError, find_mla_layers
+
+        try:
+            return [n for _, n, _ in find_mla_layers(self.model)]
+        except MLAModuleNotFoundError:
+            if getattr(self.config, "model_type", None) != "deepseek_v4":
+                raise
+        from latentq.deepseek_v4 import find_v4_layers
+
+        return [self._names[id(a)] for a in find_v4_layers(self.model)]
+
     def _rename_checkpoint(self) -> dict[str, tuple[str, int, int]]:
         """Name the checkpoint's weights as the model does, with transformers' own conversion table for
         the model (``transformers.conversion_mapping.get_model_conversion_mapping``, what from_pretrained
@@ -439,7 +464,10 @@ class LayerStreamer:
             ``v_conv1d`` -> ``conv1d``): the j-th source fills rows [j R / n, (j + 1) R / n) of the
             target's R rows; returned as {renamed name: (target, j, n)}.
         A converter of another kind leaves the name as it is (the model then lacks that tensor:
-        CheckpointError from _placements). Nothing changes when transformers has no table for the model."""
+        CheckpointError from _placements). A renamed name whose first component is no child of the model
+        gets the base model's prefix (``model.``), as from_pretrained gives base-model keys (DeepSeek-V4's
+        ``layers.N....``, ``embed_tokens.weight``). Nothing changes when transformers has no table for the
+        model."""
         try:
             from transformers.conversion_mapping import get_model_conversion_mapping
             from transformers.core_model_loading import (
@@ -456,9 +484,12 @@ class LayerStreamer:
         renamings = [t for t in transforms if isinstance(t, WeightRenaming)]
         converters = [t for t in transforms if isinstance(t, WeightConverter)]
         concat: dict[str, tuple[str, int, int]] = {}
+        prefix, top = self.model.base_model_prefix, {n for n, _ in self.model.named_children()}
 
         def new_name(k: str) -> str:
             r = apply_renamings(k, renamings)
+            if prefix in top and r.split(".", 1)[0] not in top:
+                r = f"{prefix}.{r}"
             for c in converters:
                 target, pattern = c.rename_source_key(r)
                 if pattern is None:
@@ -639,7 +670,7 @@ class LayerStreamer:
     def _outside(self) -> list[str]:
         """The model's tensors outside the decoder layers, the final norm and the head: the embedding
         and anything else that runs before layer 0."""
-        skip = [self.layers_name, self.norm_name, self.head_name]
+        skip = [self.layers_name, *self.final_names, self.head_name]
         return [n for n in self._tensors if not any(n == s or n.startswith(s + ".") for s in skip)]
 
     def materialize(self) -> nn.Module:
@@ -717,8 +748,11 @@ class LayerStreamer:
         """
         ids = [torch.as_tensor(np.asarray(x), dtype=torch.long) for x in inputs]
         ids = [x[None, :] if x.dim() == 1 else x for x in ids]
-        hidden = int(self.config.hidden_size)
-        shapes = [tuple(x.shape) + (hidden,) for x in ids]
+        # per input [B, L, hidden]; DeepSeek-V4 keeps hc_mult residual streams: [B, L, hc_mult, hidden]
+        tail = (int(self.config.hidden_size),)
+        if getattr(self.config, "model_type", None) == "deepseek_v4":
+            tail = (int(self.config.hc_mult),) + tail
+        shapes = [tuple(x.shape) + tail for x in ids]
         elem = torch.empty((), dtype=self.dtype).element_size()
         states_bytes = sum(math.prod(s) for s in shapes) * elem
         biggest = max(self.layer_bytes(i) for i in range(len(self.layers)))
@@ -775,12 +809,15 @@ class LayerStreamer:
                     self.free_layer(i)
                     self.compute_seconds += time.perf_counter() - t1
             if on_logits is not None:
-                head = self._under(self.norm_name) + self._under(self.head_name)
+                head = [t for n in self.final_names + [self.head_name] for t in self._under(n)]
                 self._load(head, [k for k in head if k in self.checkpoint.weight_map], "head")
                 try:
-                    norm, lm_head = self.model.get_submodule(self.norm_name), self.model.get_submodule(self.head_name)
+                    final = [self.model.get_submodule(n) for n in self.final_names + [self.head_name]]
                     for n in range(len(ids)):
-                        on_logits(n, lm_head(norm(states.get(n).to(self.device))))
+                        h = states.get(n).to(self.device)
+                        for mod in final:  # [hc_head,] norm, lm_head
+                            h = mod(h)
+                        on_logits(n, h)
                 finally:
                     self._free(head)
         finally:

@@ -12,6 +12,13 @@ The table (``DECODERS``; ``detect`` reads config.json's ``quantization_config`` 
 - ``deepseek-fp8``: ``quant_method: fp8`` with ``weight_block_size``; per module ``weight``
   float8_e4m3fn and ``weight_scale_inv`` f32 per block; w = fp8 · scale_inv of its block
   (DeepSeek-V3 ``inference/kernel.py`` ``weight_dequant``).
+- ``deepseek-v4-fp8``: the same with ``scale_fmt: ue8m0`` (DeepSeek-V4); per module ``weight``
+  float8_e4m3fn and ``scale`` e8m0 (one byte b per block, 2^(b − 127)); w = fp8 · 2^(b − 127).
+- ``deepseek-v4-mxfp4``: DeepSeek-V4's routed experts with ``expert_dtype: fp4`` (in the
+  quantization_config, or at the config's top level as DeepSeek-V4-Flash ships it): ``weight`` int8
+  [M, N / 2] (two e2m1, element 2i in the low nibble), ``scale`` e8m0 [M, N / 32]; w = e2m1 · 2^(b − 127)
+  (OCP MX v1.0 MXFP4). The same byte layout transformers 5.24 dequantizes on a CPU
+  (``integrations/finegrained_fp8.py`` ``Fp8Dequantize._dequantize_one``), which the tests compare with.
 - ``ct-pack-quantized``: ``quant_method: compressed-tensors``, format ``pack-quantized``; per module
   ``weight_packed`` int32, ``weight_scale``, ``weight_shape`` and, asymmetric, ``weight_zero_point``;
   w = (q − zp) · scale (compressed-tensors 0.20.0, ``compressors/pack_quantized/base.py`` and
@@ -28,7 +35,7 @@ The table (``DECODERS``; ``detect`` reads config.json's ``quantization_config`` 
   tensor, ``input_scale``; w = fp8 · weight_scale.
 
 Which modules are quantized: those that store the format's marker tensor (``weight_scale_inv``,
-``weight_packed``, ``weight_scale``, ``weight_scale_2``); the others are read as stored. The
+``scale``, ``weight_packed``, ``weight_scale``, ``weight_scale_2``); the others are read as stored. The
 config's module lists are honoured: a compressed-tensors module takes the weights arguments of the
 first config group whose ``targets`` match it (a name, a ``re:`` pattern matched from the start of
 the name as compressed-tensors' ``match_name`` does, or a class name such as ``Linear``, which every
@@ -113,6 +120,47 @@ def dequantize_fp8_blocks(
         col_scale = s[r].repeat_interleave(bn)[:N]  # [N]: the scale of each column's block
         out[rows] = (_as_float32(weight[rows]) * col_scale).to(dtype)
     return out
+
+
+# ---- DeepSeek-V4: e8m0 block scales, MXFP4 experts --------------------------------------------
+
+
+def e8m0_to_float32(scale: torch.Tensor) -> torch.Tensor:
+    """float32 2^(b − 127) of e8m0 scale bytes b (OCP MX v1.0 E8M0: no sign, no mantissa; b = 255 is NaN), stored
+    as float8_e8m0fnu (DeepSeek-V4's ``F8_E8M0``) or uint8. Any other dtype raises ValueError."""
+    if scale.dtype not in (torch.float8_e8m0fnu, torch.uint8):
+        raise ValueError(f"e8m0 scale must be float8_e8m0fnu or uint8, got {scale.dtype}")
+    b = scale.view(torch.uint8).to(torch.int32)
+    out = torch.ldexp(torch.ones(b.shape, dtype=torch.float32), b - 127)
+    return torch.where(b == 255, torch.full_like(out, float("nan")), out)
+
+
+def decode_fp8_e8m0(parts: dict, args: dict, dtype: torch.dtype) -> torch.Tensor:
+    """DeepSeek-V4 FP8 (``quant_method: fp8``, ``scale_fmt: ue8m0``): ``weight`` float8_e4m3fn [M, N] and ``scale``
+    e8m0 [ceil(M / bm), ceil(N / bn)] (``weight_block_size``, edge blocks partial); w = float32(fp8) · 2^(b − 127)
+    of its block (exact in float32), cast to dtype. DeepSeek-V4 inference/model.py ``weight_dequant`` with
+    ``scale_fmt`` ue8m0."""
+    return dequantize_fp8_blocks(parts["weight"], e8m0_to_float32(parts["scale"]), args["block"], dtype)
+
+
+def decode_mxfp4(parts: dict, args: dict, dtype: torch.dtype) -> torch.Tensor:
+    """DeepSeek-V4's routed experts (``expert_dtype: fp4``; OCP MX v1.0 MXFP4): ``weight`` int8 / uint8 /
+    float4_e2m1fn_x2 [M, N / 2], two e2m1 codes per byte, element 2i in the low nibble, 2i + 1 in the high one,
+    each sign (bit 3) and magnitude (E2M1_VALUES[bits 0-2]); ``scale`` e8m0 [M, N / 32], one per 32 inputs of a row.
+    w = e2m1 · 2^(b − 127) (exact in float32), cast to dtype. Raises ValueError for another weight dtype or a scale
+    of another shape."""
+    b = parts["weight"]
+    g = int(args.get("group_size", 32))
+    if b.dtype not in (torch.int8, torch.uint8, torch.float4_e2m1fn_x2) or b.dim() != 2:
+        raise ValueError(f"MXFP4 weight must be int8 [rows, cols / 2], got {b.dtype} {tuple(b.shape)}")
+    M, N = b.shape[0], 2 * b.shape[1]
+    s = parts["scale"]
+    if N % g or tuple(s.shape) != (M, N // g):
+        raise ValueError(f"MXFP4 weight [{M}, {N}] needs a scale of shape ({M}, {N // g}), got {tuple(s.shape)}")
+    u = b.view(torch.uint8)
+    table = torch.tensor(E2M1_VALUES + tuple(-v for v in E2M1_VALUES), dtype=torch.float32)
+    codes = torch.stack((u & 0x0F, u >> 4), dim=-1).reshape(M, N).long()
+    return (table[codes].reshape(M, N // g, g) * e8m0_to_float32(s).unsqueeze(-1)).reshape(M, N).to(dtype)
 
 
 # ---- compressed-tensors ------------------------------------------------------------------------
@@ -272,6 +320,21 @@ DECODERS = {
             ("weight", "weight_scale_inv"),
             _fp8_decoder,
             "DeepSeek-V3 inference/kernel.py weight_dequant",
+        ),
+        Decoder(
+            "deepseek-v4-fp8",
+            "scale",
+            ("weight", "scale"),
+            decode_fp8_e8m0,
+            "DeepSeek-V4 inference/model.py weight_dequant, scale_fmt ue8m0",
+        ),
+        Decoder(
+            "deepseek-v4-mxfp4",
+            "scale",
+            ("weight", "scale"),
+            decode_mxfp4,
+            "OCP MX v1.0 MXFP4 (DeepSeek-V4 expert_dtype fp4)",
+            expand=lambda args: 2,
         ),
         Decoder(
             "ct-pack-quantized",
@@ -444,7 +507,14 @@ def _modelopt(q: dict, where: str) -> Quantization:
     raise ValueError(f"{where}: ModelOpt quant_algo {q.get('quant_algo')!r} is not supported (NVFP4, FP8)")
 
 
-def _deepseek_fp8(qc: dict) -> Quantization:
+# DeepSeek-V4's routed experts, by stored module name (``layers.N.ffn.experts.E.w{1,2,3}``, ``mtp.K.`` alike)
+V4_ROUTED_EXPERT = re.compile(r"(^|\.)ffn\.experts\.\d+\.w[123]$")
+
+
+def _deepseek_fp8(qc: dict, config: dict) -> Quantization:
+    """DeepSeek's FP8 (``quant_method: fp8``): V3's float32 ``weight_scale_inv`` per block, or, with ``scale_fmt:
+    ue8m0``, V4's e8m0 ``scale`` per block and, with ``expert_dtype: fp4`` (in the quantization_config or, as
+    DeepSeek-V4-Flash ships it, at the config's top level), MXFP4 routed experts."""
     if qc.get("fmt", "e4m3") != "e4m3":
         raise ValueError(f"quantization_config.fmt {qc.get('fmt')!r}: only e4m3 is supported")
     block = qc.get("weight_block_size")
@@ -453,7 +523,22 @@ def _deepseek_fp8(qc: dict) -> Quantization:
             f"quantization_config.weight_block_size {block!r}: expected [rows, cols] (DeepSeek: [128, 128])"
         )
     args = {"block": (int(block[0]), int(block[1]))}
-    return Quantization("DeepSeek FP8", "float8_e4m3fn", [Rule(DECODERS["deepseek-fp8"], args)], keys=("deepseek-fp8",))
+    scale_fmt = qc.get("scale_fmt") or "float"
+    if scale_fmt not in ("float", "ue8m0"):
+        raise ValueError(f"quantization_config.scale_fmt {scale_fmt!r}: expected float (DeepSeek-V3) or ue8m0 (V4)")
+    if scale_fmt == "float":
+        rule = Rule(DECODERS["deepseek-fp8"], args)
+        return Quantization("DeepSeek FP8", "float8_e4m3fn", [rule], keys=("deepseek-fp8",))
+    experts = qc.get("expert_dtype") or config.get("expert_dtype") or "fp8"
+    if experts not in ("fp8", "fp4"):
+        raise ValueError(f"expert_dtype {experts!r}: expected fp8 or fp4 (DeepSeek-V4)")
+    rules = [Rule(DECODERS["deepseek-v4-fp8"], args)]
+    if experts == "fp4":
+        mx = Rule(DECODERS["deepseek-v4-mxfp4"], {"group_size": 32}, lambda m: V4_ROUTED_EXPERT.search(m) is not None)
+        rules.insert(0, mx)
+    label = "DeepSeek-V4 FP8" + (" + MXFP4 experts" if experts == "fp4" else "")
+    return Quantization(label, "float8_e4m3fn" + ("+mxfp4" if experts == "fp4" else ""), rules,
+                        keys=tuple(r.decoder.key for r in rules))  # fmt: skip
 
 
 def detect(path: str, config: dict) -> Quantization | None:
@@ -465,7 +550,7 @@ def detect(path: str, config: dict) -> Quantization | None:
     if qc:
         method = qc.get("quant_method")
         if method == "fp8":
-            return _deepseek_fp8(qc)
+            return _deepseek_fp8(qc, config)
         if method == "compressed-tensors":
             return _compressed_tensors(qc)
         if method == "modelopt":
