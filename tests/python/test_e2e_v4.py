@@ -5,6 +5,7 @@ quantized index_k changes the CSA selection to the top-k of the quantized keys, 
 where it must and differs where it must, presets split at the rope slice, the bytes as the V4 plan defines them,
 and the CLI writes /e2e, /e2e_seq, /e2e_position with the caches named."""
 
+import dataclasses
 import json
 import sys
 
@@ -16,16 +17,24 @@ import torch
 import latentq
 import latentq._core  # noqa: F401  (the compiled module: its absence is an error)
 from latentq import e2e, e2e_v4
-from latentq.deepseek_v4 import V4Capture, find_v4_layers, index_scores_v4, indexer_selection
+from latentq.deepseek_v4 import (
+    V4Capture,
+    find_v4_layers,
+    index_scores_v4,
+    indexer_selection,
+    recompute_attention,
+    rel_error,
+)
 from latentq.e2e_stats import token_stats
 from latentq.inject_v4 import V4CacheInjector, entry_read, stacked_reads
 from latentq.model import run_model
-from latentq.sparse_mla import same_up_to_ties
+from latentq.sparse_mla import same_up_to_ties, select_topk
 from test_dump_v4 import TEXT, make_model
 
 T, B, ROPE, TOPK, CSA_RATE = 40, 2, 8, 3, 4
 ALL = {"window_kv": "int4-sym-token", "compressed_kv": "int4-sym-token", "index_k": "int4-sym-token"}
 PREFILL = "prefill-at-once"
+ENTRY = ("window_kv", "compressed_kv")
 
 
 def ids_of(seed: int = 0, n: int = B) -> torch.Tensor:
@@ -172,6 +181,70 @@ def test_decode_order_against_prefill(model):
     assert torch.equal(r0, pre) and torch.equal(opened, bf16) and torch.equal(static_dec, static_pre)
     assert k["r4"] < k["pre"] and not torch.equal(r4, pre)
     assert not torch.equal(chan_dec, chan_pre) and abs(k["chan_dec"] - k["chan_pre"]) > 1e-9
+
+
+def reads_per_query(rec, spec: str, mode: str, t: int):
+    """The record with the window / compressed entries query t reads in decode order, by the cache model's own rule
+    written out: window row j quantized iff decode_order_mask(mode, T, 1)[t, j]; compressed entry w quantized iff the
+    entry mask's row n - 1 says so, n = (t + 1) // compress_rate the entries written by t."""
+
+    def two(x):
+        q, b = latentq.decode_order_latents(x.numpy(), spec, mode, "c_kv", [0, x.shape[0]])
+        return torch.from_numpy(q), torch.from_numpy(b), torch.from_numpy(latentq.decode_order_mask(mode, len(x), 1))
+
+    wq, wb, wm = two(rec.window_kv)
+    win = torch.where(wm[t][:, None], wq, wb)
+    comp, n = rec.compressed_kv, (t + 1) // rec.compress_rate if rec.compress_rate else 0
+    if comp.shape[0]:
+        cq, cb, cm = two(comp)
+        comp = torch.where(cm[n - 1][:, None], cq, cb) if n >= 1 else cb
+    return dataclasses.replace(rec, window_kv=win, compressed_kv=comp)
+
+
+def test_decode_order_is_per_query_reads(model):
+    """decode-r2-s1-p0 with int4-sym-token on window_kv and compressed_kv (one sequence, V4Capture inside): each
+    layer's attention output (sliding, CSA, HCA) at every query equals the float64 recomputation from the layer's
+    captured q, sinks and selection with the entries that query reads (reads_per_query) to 1e-5, and not the
+    recomputation with every entry quantized (prefill order's reads)."""
+    spec, mode, ids = "int4-sym-token", "decode-r2-s1-p0", ids_of(4, 1)
+    with torch.no_grad(), V4CacheInjector(model, **fns(model, dict.fromkeys(ENTRY, spec), mode)):
+        with V4Capture(model) as cap:
+            run_model(model, ids)
+    for rec in cap.records:
+        mine = torch.stack([recompute_attention(reads_per_query(rec, spec, mode, t))[t] for t in range(T)])
+        quant = dataclasses.replace(rec, window_kv=reads_per_query(rec, spec, PREFILL, T - 1).window_kv)
+        if rec.compress_rate:
+            quant.compressed_kv = reads_per_query(rec, spec, PREFILL, T - 1).compressed_kv
+        err, other = rel_error(mine, rec.attn_out), rel_error(recompute_attention(quant), rec.attn_out)
+        print(f"layer {rec.layer} ({rec.layer_type}): per-query reads rel. error {err:.2e}, all quantized {other:.2e}")
+        assert err < 1e-5 and other > 1e-3
+
+
+def test_decode_order_index_k_per_query(model):
+    """decode-r2-s0-p0 with int2-sym-token on index_k (one sequence): the CSA selection of every query is the top-3
+    of the scores recomputed with the keys it reads (entry w quantized iff the entry mask's row n - 1 says so), up to
+    ties, and differs on some row from the top-3 of all-quantized keys (prefill order's reads)."""
+    spec, mode, ids = "int2-sym-token", "decode-r2-s0-p0", ids_of(5, 1)
+    with torch.no_grad(), V4CacheInjector(model, **fns(model, {"index_k": spec}, mode), record=True) as inj:
+        with V4Capture(model) as cap:
+            run_model(model, ids)
+    rec = cap.records[1]
+    k = rec.index_k.numpy()
+    kq, kb = (torch.from_numpy(x) for x in latentq.decode_order_latents(k, spec, mode, "c_kv", [0, len(k)]))
+    km = torch.from_numpy(latentq.decode_order_mask(mode, len(k), 1))
+    rows, quant = [], dataclasses.replace(rec, index_k=kq)
+    for t in range(T):
+        n = (t + 1) // CSA_RATE
+        keys = torch.where(km[n - 1][:, None], kq, kb) if n >= 1 else kb
+        rows.append(index_scores_v4(dataclasses.replace(rec, index_k=keys))[t])
+    scores = torch.stack(rows)
+    sel = inj.selected[1][0]
+    n_e = k.shape[0]
+    picked = torch.zeros(T, n_e + 1, dtype=torch.bool).scatter_(1, torch.where(sel < 0, n_e, sel), True)[:, :n_e]
+    mine = select_topk(scores, TOPK)
+    differ = int((indexer_selection(quant) != picked).any(1).sum())
+    print(f"index_k {spec} {mode}: {differ} of {T} rows read other entries than with every key quantized")
+    assert same_up_to_ties(scores, mine, picked) and differ > 0
 
 
 def test_entry_read():
