@@ -264,33 +264,117 @@ def _v4_columns(columns: tuple) -> tuple:
 
 
 def load_v4(a):
-    """(model on --device, tokenizer or None, ids [num_seqs, seq_len], text sha256). Raises ValueError."""
+    """(model, tokenizer or None, ids [num_seqs, seq_len] on --device, the LayerStreamer or None). Streaming
+    (--stream, latentq.model.stream_plan as the dense step decides it): the model is the streamer's meta model,
+    nothing loaded yet; else the model on --device. Raises ValueError (no CUDA, unreadable --text, a checkpoint that
+    cannot be streamed, windows the model or text cannot hold)."""
     from latentq.e2e import load_tokens, read_text
-    from latentq.model import stream_plan
+    from latentq.model import load_tokenizer, stream_plan
+    from latentq.stream import CheckpointError, LayerStreamer
 
     if why_not := device_error(a.device):
         raise ValueError(why_not)
     text = read_text(a)
-    stream, why, _ = stream_plan(a.stream, a.memory_budget, a.model, DTYPES[a.dtype])
-    if stream:
-        raise ValueError(f"--model {a.model}: the DeepSeek-V4 e2e step runs in memory only ({why}); use --stream off")
-    model, _cfg, _src, _rev, _orig, tokenizer = load_model(a.model, DTYPES[a.dtype], a.trust_remote_code,
-                                                           tokenizer=a.tokenizer)  # fmt: skip
-    model = model.to(a.device).eval()
+    stream, why, budget = stream_plan(a.stream, a.memory_budget, a.model, DTYPES[a.dtype])
+    streamer = None
+    try:
+        if stream:
+            say("e2e", "note", f"layer streaming ({why})")
+            spill = os.path.dirname(os.path.abspath(a.results))
+            streamer = LayerStreamer(a.model, DTYPES[a.dtype], device=a.device, memory_budget=budget,
+                                     spill_dir=spill if os.path.isdir(spill) else None,
+                                     trust_remote_code=a.trust_remote_code)  # fmt: skip
+            model, tokenizer = streamer.model, load_tokenizer(a.model, a.trust_remote_code, a.tokenizer)
+        else:
+            model, _cfg, _src, _rev, _orig, tokenizer = load_model(a.model, DTYPES[a.dtype], a.trust_remote_code,
+                                                                   tokenizer=a.tokenizer)  # fmt: skip
+            model = model.to(a.device).eval()
+    except CheckpointError as e:
+        raise ValueError(str(e)) from None
     max_pos = getattr(model.config, "max_position_embeddings", None)
     if max_pos is not None and a.seq_len > max_pos:
         raise ValueError(f"--seq-len {a.seq_len} exceeds max_position_embeddings {max_pos} of the model {a.model}")
     ids = load_tokens(text, a.offset_bytes, tokenizer, a.seq_len, a.num_seqs, model.config.vocab_size)
-    return model, tokenizer, ids.to(a.device)
+    return model, tokenizer, ids.to(a.device), streamer
+
+
+class _Rows:
+    """The rows of the step from each forward's logits, in the runs' order: ``record(n, logits)`` with n = 0 the
+    reference (exact caches), n = k + 1 run k of ``runs`` (assignment, cache_mode)."""
+
+    def __init__(self, a, latentq, runs, info, layers, ids):
+        self.a, self.latentq, self.runs, self.info, self.layers, self.ids = a, latentq, runs, info, layers, ids.cpu()
+        self.rows, self.pos_rows, self.run_stats, self.draws, self.ref = [], [], {}, None, None
+
+    def record(self, n: int, logits: torch.Tensor) -> None:
+        from latentq.e2e import position_rows, require_finite_logits
+
+        a, latentq, q = self.a, self.latentq, logits.float().cpu()
+        if n == 0:
+            require_finite_logits(q, f"the reference run (exact caches) of {a.model}")
+            self.ref = q
+            return
+        assignment, mode = self.runs[n - 1]
+        quantizer, targets, caches = run_label(assignment)
+        require_finite_logits(q, f"the run with {caches} ({mode})")
+        stats = token_stats(self.ref, q, self.ids)
+        self.draws = bootstrap_counts(stats.num_seqs, RESAMPLES, SEED) if self.draws is None else self.draws
+        self.run_stats[(quantizer, tuple(assignment), mode)] = stats
+        m = run_metrics(stats) | interval_columns(stats, self.draws)
+        bpt, wps = v4_bytes(latentq, assignment, mode, self.info, self.layers, a.seq_len, a.num_seqs)
+        causal = np.int64(all(latentq.decode_scale_is_causal(s) for s in assignment.values()))
+        key = {"quantizer": quantizer, "targets": targets, "cache_mode": mode}
+        extra = {"bytes_per_token": bpt, "caches": caches, "window_bytes_per_seq": wps, "scale_causal": causal}
+        self.rows.append(key | m | extra)
+        R, S, P = mode_rsp(latentq, mode)
+        for r in position_rows(stats, a.position_bucket or 64):
+            self.pos_rows.append(key | {"residual": R, "sink": S, "prefill": P} | r | extra)
+        if not a.quiet:
+            print(f"  {caches:48s} {mode:20s} KL {m['kl_mean']:.3e}  top1 {m['top1_agree']:.4f}  "
+                  f"{bpt:.1f} B/token  window {wps:.0f} B/seq", flush=True)  # fmt: skip
+
+
+def run_forwards(model, ids, hooks: list, rows: _Rows, streamer=None) -> None:
+    """The reference and every run (hooks[k]: run k's V4CacheInjector), each one forward of the num_seqs windows,
+    their logits recorded in order. Streamed (a LayerStreamer): layer-major, every forward through layer i before
+    layer i+1, run k's hooks installed while layer i runs its input."""
+    if streamer is None:
+        with torch.no_grad():
+            rows.record(0, run_model(model, ids))
+            for k, h in enumerate(hooks):
+                with h:
+                    logits = run_model(model, ids)
+                rows.record(k + 1, logits)
+        return
+    active: list = [None]
+
+    def use(h) -> None:
+        if active[0] is not h:
+            if active[0] is not None:
+                active[0].__exit__(None, None, None)
+            if h is not None:
+                h.__enter__()
+            active[0] = h
+
+    def on_logits(n: int, logits: torch.Tensor) -> None:
+        use(None)
+        rows.record(n, logits)
+
+    try:
+        streamer.run(
+            [ids] * (len(hooks) + 1), before=lambda i, n: use(hooks[n - 1] if n else None), on_logits=on_logits
+        )
+    finally:
+        use(None)
 
 
 def main_v4(a, latentq) -> int:
     """The step on a V4 checkpoint (module docstring): 0 when the groups are written, 2 after one error line."""
-    from latentq.e2e import E2E_COLUMNS, E2E_POSITION_COLUMNS, position_rows, require_finite_logits
+    from latentq.e2e import E2E_COLUMNS, E2E_POSITION_COLUMNS, execution_attrs
 
     try:
         runs = plan_runs(a, latentq)
-        model, tokenizer, ids = load_v4(a)
+        model, tokenizer, ids, streamer = load_v4(a)
         info = layer_info(model)
         layers = study_layers(a.results)
         known = {d["layer"] for d in info}
@@ -300,39 +384,17 @@ def main_v4(a, latentq) -> int:
         say("e2e", "error", str(e))
         return 2
     rope = {d["layer"]: d["d_rope"] for d in info}
-    width = a.position_bucket or 64
+    hooks = [V4CacheInjector(model, **make_fns(latentq, asg, mode, layers, rope)) for asg, mode in runs]
+    rows = _Rows(a, latentq, runs, info, layers, ids)
     t0 = time.time()
-    rows, pos_rows, run_stats, draws = [], [], {}, None
     try:
-        with torch.no_grad():
-            ref = run_model(model, ids).float().cpu()
-            require_finite_logits(ref, f"the reference run (exact caches) of {a.model}")
-            for assignment, mode in runs:
-                quantizer, targets, caches = run_label(assignment)
-                with V4CacheInjector(model, **make_fns(latentq, assignment, mode, layers, rope)):
-                    q = run_model(model, ids).float().cpu()
-                require_finite_logits(q, f"the run with {caches} ({mode})")
-                stats = token_stats(ref, q, ids.cpu())
-                draws = bootstrap_counts(stats.num_seqs, RESAMPLES, SEED) if draws is None else draws
-                run_stats[(quantizer, tuple(assignment), mode)] = stats
-                m = run_metrics(stats) | interval_columns(stats, draws)
-                bpt, wps = v4_bytes(latentq, assignment, mode, info, layers, a.seq_len, a.num_seqs)
-                causal = np.int64(all(latentq.decode_scale_is_causal(s) for s in assignment.values()))
-                key = {"quantizer": quantizer, "targets": targets, "cache_mode": mode}
-                extra = {"bytes_per_token": bpt, "caches": caches, "window_bytes_per_seq": wps, "scale_causal": causal}
-                rows.append(key | m | extra)
-                R, S, P = mode_rsp(latentq, mode)
-                for r in position_rows(stats, width):
-                    pos_rows.append(key | {"residual": R, "sink": S, "prefill": P} | r | extra)
-                if not a.quiet:
-                    print(f"  {caches:48s} {mode:20s} KL {m['kl_mean']:.3e}  top1 {m['top1_agree']:.4f}  "
-                          f"{bpt:.1f} B/token  window {wps:.0f} B/seq", flush=True)  # fmt: skip
+        run_forwards(model, ids, hooks, rows, streamer)
     except (ValueError, OSError) as e:
         say("e2e", "error", f"{e}; {a.results} is left unchanged")
         return 2
-    cols = {k: np.array([r[k] for r in rows]) for k in rows[0]}
-    cols["num_tokens"] = np.full(len(rows), a.num_seqs * a.seq_len, dtype=np.int64)
-    pcols = {k: np.array([r[k] for r in pos_rows]) for k in pos_rows[0]}
+    cols = {k: np.array([r[k] for r in rows.rows]) for k in rows.rows[0]}
+    cols["num_tokens"] = np.full(len(rows.rows), a.num_seqs * a.seq_len, dtype=np.int64)
+    pcols = {k: np.array([r[k] for r in rows.pos_rows]) for k in rows.pos_rows[0]}
     selection = "named" if (a.quantizers or a.caches or a.indexer_quantizers) else "all"
     common = {
         "model": os.path.abspath(a.model),
@@ -346,7 +408,7 @@ def main_v4(a, latentq) -> int:
         "tokenizer": "bytes" if tokenizer is None else type(tokenizer).__name__,
         "text": os.path.abspath(a.text) if a.text else "kjv-heldout",
         "text_sha256": a.text_sha256,
-        "execution": "in memory",
+        **execution_attrs(streamer),
         "step_key": a.step_key,
         "selection": selection,
     }
@@ -360,11 +422,12 @@ def main_v4(a, latentq) -> int:
                 "bootstrap_seed": np.int64(SEED),
                 "bootstrap_resamples": np.int64(RESAMPLES),
             }),
-            **paired_groups(run_stats, draws),
+            **paired_groups(rows.run_stats, rows.draws),
             "e2e_not_run": not_run_group(None, selection),
-            "e2e_position": (_v4_columns(E2E_POSITION_COLUMNS), pcols, {**common, "position_bucket": np.int64(width)}),
+            "e2e_position": (_v4_columns(E2E_POSITION_COLUMNS), pcols,
+                             {**common, "position_bucket": np.int64(a.position_bucket or 64)}),
         },
     )  # fmt: skip
-    print(f"e2e: {len(rows)} runs (DeepSeek-V4), {a.num_seqs}x{a.seq_len} tokens, {time.time() - t0:.1f}s -> "
+    print(f"e2e: {len(rows.rows)} runs (DeepSeek-V4), {a.num_seqs}x{a.seq_len} tokens, {time.time() - t0:.1f}s -> "
           f"{a.results}:/e2e, /e2e_position")  # fmt: skip
     return 0

@@ -377,3 +377,29 @@ def test_cli_errors(ckpt, tmp_path, capsys):
     tiny = ["--results", str(res), "--caches", "window_kv=bf16", "--threads", "1"]  # the default model: tiny-mla
     assert e2e.main(tiny) == 2 and "--caches is for a DeepSeek-V4 model" in capsys.readouterr().err
     assert res.read_bytes() == before
+
+
+def test_streamed_equals_in_memory(tmp_path):
+    """A V4 checkpoint as DeepSeek ships it (latentq.random_checkpoint_v4: FP8 blocks, MXFP4 experts, 3 shards, a
+    layer split across two): the step streamed layer by layer (--stream on) writes the in-memory step's /e2e rows
+    (prefill and decode order, float32) bit for bit; /e2e's execution attribute says which way it ran."""
+    from latentq import random_checkpoint_v4 as rc
+    from test_v4_checkpoint import V4
+
+    m = rc.random_v4_model(seed=0, **V4)
+    rc.write_v4_checkpoint(rc.v4_tensors(m), m.config, str(tmp_path / "ckpt"), shards=3, split_layer=1)
+    (tmp_path / "text.txt").write_bytes(TEXT)
+    got = {}
+    for way in ("off", "on"):
+        res = tmp_path / f"{way}.h5"
+        make_results(res)
+        modes = ["--cache-modes", PREFILL, "decode-r4-s0-p0", "--caches", "window_kv=int4-sym-token,index_k=mxfp4"]
+        assert cli(tmp_path, res, "--stream", way, *modes) == 0
+        with h5py.File(res) as f:
+            got[way] = ({k: f["e2e"][k][()] for k in f["e2e"]}, f["e2e"].attrs["execution"])
+    (mem, how_mem), (st, how_st) = got["off"], got["on"]
+    print(f"{how_mem} vs {how_st}: KL {mem['kl_mean']}")
+    assert how_mem == "in memory" and how_st.startswith("layer streaming")
+    assert mem.keys() == st.keys() and len(mem["kl_mean"]) == 8 and (mem["kl_mean"][1:4] > 0).all()
+    for k in mem:
+        np.testing.assert_array_equal(mem[k], st[k], k)
