@@ -1,7 +1,8 @@
 """The e2e step on a DeepSeek-V4 model (``model_type`` deepseek_v4): ``python -m latentq.e2e --results RESULTS.h5
 --model DIR`` hands over here (latentq.e2e.main), with the same flags, text, statistics and groups.
 
-The model runs through transformers 5.24's ``modeling_deepseek_v4.py`` (in memory; eager attention) on num_seqs
+The model runs through transformers 5.24's ``modeling_deepseek_v4.py`` (eager attention; in memory, or layer by
+layer from its shards with --stream as the dense step: latentq.stream.LayerStreamer, the same rows) on num_seqs
 windows of seq_len tokens, once with its own caches (the reference) and once per run with some of its caches
 (latentq.inject_v4.V4_CACHES: window_kv, compressed_kv, index_k) quantize-dequantized through the C++ quantizers
 (the ``latentq`` module), on the study's layers (the root attribute ``layers``, else every layer):
@@ -22,8 +23,9 @@ windows of seq_len tokens, once with its own caches (the reference) and once per
 * cache modes: prefill-at-once (each window's whole cache at once) and decode-r<R>-s<S>-p<P>
   (latentq/decode_order.h) over each cache's own rows: tokens for window_kv, entries for compressed_kv and index_k
   (the compressor emits entry w once token (w+1)·m - 1 is processed; an entry is quantized when written, its
-  scale groups complete as latentq.decode_order_latents has them; the R most recent rows, the first S and the
-  first P stay in bf16, the engine's precision). latentq.inject_v4 says how one forward reads them.
+  scale groups complete as latentq.decode_order_latents has them; the R most recent rows and the first S are read in
+  bf16, the engine's precision, and so is every row for a query whose step is before P; R, S and P count the cache's
+  own rows and steps). latentq.inject_v4 says how one forward reads them.
 
 Group /e2e: the dense step's columns (latentq.e2e.E2E_COLUMNS: KL mean and percentiles, top-1, NLL, ln ppl ratio,
 Δp, bootstrap intervals; latentq.e2e_stats), ``targets`` the caches quantized ("window_kv+compressed_kv"),
@@ -32,7 +34,9 @@ Group /e2e: the dense step's columns (latentq.e2e.E2E_COLUMNS: KL mean and perce
 its two parts, its record's pad with the first); per token at long context compressed_kv and index_k amortized by
 their rate (1/compress_rate rows per token), mean over the model's layers (a sliding layer stores none); the window
 is bounded (sliding_window rows per sequence) and reported per sequence. /e2e_position, /e2e_seq, /e2e_bootstrap as
-the dense step; /e2e attribute ``cache_family`` = "deepseek_v4". User errors: ValueError (exit 2, nothing written).
+the dense step; /e2e attribute ``cache_family`` = "deepseek_v4". Every run goes through its own forward (no
+--batch-runs), and every format of the study runs (no frontier: --e2e and --budgets are not read). User errors:
+ValueError (exit 2, nothing written).
 """
 
 from __future__ import annotations
