@@ -98,6 +98,21 @@ def parts(latentq, spec: str, cache: str, D: int, d_rope: int) -> list[tuple[sli
     return [(slice(0, D), "c_kv")]
 
 
+def preset_refusal(latentq, spec: str, D: int, d_rope: int) -> str:
+    """Why an engine record preset cannot hold an entry row of D columns with a rope slice of d_rope ('' when it
+    can, or spec is no preset): the module's pack_record on a zero row split as parts() splits it (a preset's record
+    holds its native widths: flashmla-model1-fp8 448 + 64)."""
+    if not is_preset(latentq, spec):
+        return ""
+    try:
+        a = latentq.quantize(np.zeros((1, D - d_rope), np.float32), spec, "c_kv")
+        b = latentq.quantize(np.zeros((1, d_rope), np.float32), spec, "k_pe")
+        latentq.pack_record(a, b, spec)
+    except ValueError as e:
+        return str(e).splitlines()[0]
+    return ""
+
+
 def rows_of(x: torch.Tensor) -> tuple[np.ndarray, list[int]]:
     """x [B, R, D] -> (float32 [B·R, D] C-contiguous, sequence offsets [B+1]: one sequence per batch row)."""
     B, R, D = x.shape
@@ -215,6 +230,18 @@ def run_label(assignment: dict[str, str]) -> tuple[str, str, str]:
     specs = set(assignment.values())
     caches = ",".join(f"{c}={s}" for c, s in assignment.items())
     return (specs.pop() if len(specs) == 1 else caches), "+".join(assignment), caches
+
+
+def applicable_presets(latentq, runs: list[tuple[dict, str]], info: list[dict]) -> list[tuple[dict, str]]:
+    """The runs without those whose assignment puts an engine record preset on an entry cache (window_kv,
+    compressed_kv) whose rows it cannot hold (preset_refusal at the model's head_dim and rope slice), with one note
+    per preset saying why (the V4 plan: a preset applies when its native widths are the entry's)."""
+    D, d_rope = info[0]["D"], info[0]["d_rope"]
+    why = {s: preset_refusal(latentq, s, D, d_rope) for r, _ in runs for c, s in r.items() if c in ENTRY_CACHES}
+    for s, w in why.items():
+        if w:
+            say("e2e", "note", f"not applicable, not run on window_kv / compressed_kv ({D} wide, rope {d_rope}): {w}")
+    return [(r, m) for r, m in runs if not any(why.get(s) for c, s in r.items() if c in ENTRY_CACHES)]
 
 
 def _decode_modes_attr(results: str) -> list[str] | None:
@@ -388,6 +415,10 @@ def main_v4(a, latentq) -> int:
         say("e2e", "error", str(e))
         return 2
     rope = {d["layer"]: d["d_rope"] for d in info}
+    runs = applicable_presets(latentq, runs, info)
+    if not runs:
+        say("e2e", "error", f"no run left for {a.model} (every one named a preset its entries cannot hold)")
+        return 2
     hooks = [V4CacheInjector(model, **make_fns(latentq, asg, mode, layers, rope)) for asg, mode in runs]
     rows = _Rows(a, latentq, runs, info, layers, ids)
     t0 = time.time()

@@ -13,6 +13,7 @@ import h5py
 import numpy as np
 import pytest
 import torch
+import transformers
 
 import latentq
 import latentq._core  # noqa: F401  (the compiled module: its absence is an error)
@@ -29,6 +30,7 @@ from latentq.e2e_stats import token_stats
 from latentq.inject_v4 import V4CacheInjector, entry_read, stacked_reads
 from latentq.model import run_model
 from latentq.sparse_mla import same_up_to_ties, select_topk
+from test_deepseek_v4 import CONFIG
 from test_dump_v4 import TEXT, make_model
 
 T, B, ROPE, TOPK, CSA_RATE = 40, 2, 8, 3, 4
@@ -368,12 +370,19 @@ def test_cli_groups(ckpt, tmp_path):
 
 
 def test_cli_errors(ckpt, tmp_path, capsys):
-    """A --caches entry naming no V4 cache, and --caches on an MLA model: exit 2, one line, the file unchanged."""
+    """A --caches entry naming no V4 cache, a preset the tiny V4's 32-wide entries cannot hold (flashmla-model1-fp8:
+    448 + 64) as the only run, and --caches on an MLA model: exit 2, the file unchanged."""
     res = tmp_path / "r.h5"
     make_results(res)
     before = res.read_bytes()
     assert cli(ckpt, res, "--caches", "c_kv=bf16") == 2
     assert "'c_kv=bf16': expected <cache>=<spec>" in capsys.readouterr().err
+    bare = tmp_path / "bare.h5"  # a results file with no format of its own: --caches the only run
+    with h5py.File(bare, "w") as f:
+        f.attrs["schema"] = "latentq-results/1"
+    assert cli(ckpt, bare, "--caches", "window_kv=flashmla-model1-fp8") == 2
+    err = capsys.readouterr().err
+    assert "holds c_kv of 448 and k_pe of 64 dims, got 24 + 8" in err and "no run left" in err
     tiny = ["--results", str(res), "--caches", "window_kv=bf16", "--threads", "1"]  # the default model: tiny-mla
     assert e2e.main(tiny) == 2 and "--caches is for a DeepSeek-V4 model" in capsys.readouterr().err
     assert res.read_bytes() == before
@@ -403,3 +412,30 @@ def test_streamed_equals_in_memory(tmp_path):
     assert mem.keys() == st.keys() and len(mem["kl_mean"]) == 8 and (mem["kl_mean"][1:4] > 0).all()
     for k in mem:
         np.testing.assert_array_equal(mem[k], st[k], k)
+
+
+def test_preset_on_512_wide_entries():
+    """A tiny V4 with V4's entry width (head_dim 512, rope slice 64, indexer keys 128): flashmla-model1-fp8
+    applies (preset_refusal ''), and with it on window_kv and compressed_kv each layer's attention output equals the
+    float64 recomputation from the captured record with its entries replaced by the preset's two parts
+    (quantize_rows) to 1e-5."""
+    torch.manual_seed(0)
+    cfg = {**CONFIG, "head_dim": 512, "partial_rotary_factor": 64 / 512, "index_head_dim": 128}
+    m = transformers.DeepseekV4ForCausalLM(transformers.DeepseekV4Config(**cfg)).eval()
+    with torch.no_grad():  # random sinks and position biases, as test_dump_v4.make_model
+        for name, p in m.named_parameters():
+            if name.endswith(("sinks", "position_bias")):
+                p.copy_(torch.randn_like(p))
+    spec, ids = "flashmla-model1-fp8", ids_of(6, 1)
+    info = e2e_v4.layer_info(m)
+    assert {(d["D"], d["d_rope"]) for d in info} == {(512, 64)} and e2e_v4.preset_refusal(latentq, spec, 512, 64) == ""
+    with torch.no_grad(), V4CacheInjector(m, **fns(m, dict.fromkeys(ENTRY, spec))):
+        with V4Capture(m) as cap:
+            run_model(m, ids)
+    for rec in cap.records:
+        qd = lambda x: e2e_v4.quantize_rows(latentq, x[None], spec, "window_kv", 64)[0]  # noqa: E731
+        comp = qd(rec.compressed_kv) if rec.compressed_kv.shape[0] else rec.compressed_kv
+        mine = recompute_attention(dataclasses.replace(rec, window_kv=qd(rec.window_kv), compressed_kv=comp))
+        err, exact = rel_error(mine, rec.attn_out), rel_error(recompute_attention(rec), rec.attn_out)
+        print(f"layer {rec.layer}: {spec} entries rel. error {err:.2e}; unquantized entries {exact:.2e}")
+        assert err < 1e-5 and exact > 1e-4
