@@ -83,7 +83,6 @@ special tokens; else the bytes), `--num-seqs` windows of `--seq-len` tokens.
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import os
 import sys
@@ -114,16 +113,21 @@ from latentq.e2e_results import (  # noqa: F401  (re-exported: the tests use lat
     study_layers,
     study_quantizers,
 )
+from latentq.e2e_shared import (  # noqa: F401  (re-exported: the tests and latentq.e2e_v4's users read latentq.e2e.*)
+    E2E_COLUMNS,
+    E2E_POSITION_COLUMNS,
+    execution_attrs,
+    load_tokens,
+    position_rows,
+    read_text,
+    require_finite_logits,
+)
 from latentq.e2e_stats import (
-    CI_COLUMNS,
     RESAMPLES,
     SEED,
-    SPREAD_COLUMNS,
-    TokenStats,
     bootstrap_counts,
     interval_columns,
     paired_groups,
-    position_metrics,
     run_metrics,
     token_stats,
 )
@@ -131,7 +135,7 @@ from latentq.fitted_basis import StudyBases, needs_basis, transform_of
 from latentq.inject import DecodeOrderAttention, LatentInjector
 from latentq.model import DTYPES, device_error, load_model, load_tokenizer, run_model, stream_plan
 from latentq.progress import Progress, message, say
-from latentq.result_groups import Column, write_groups
+from latentq.result_groups import write_groups
 
 
 def parse_args(argv=None):
@@ -184,16 +188,6 @@ def make_inject(latentq, spec, targets: tuple[str, ...], layers=None, bases=None
     return fn
 
 
-def require_finite_logits(x: torch.Tensor, what: str) -> None:
-    """Raise ValueError naming `what` and the count when the logits x (any shape) hold NaN/Inf: no
-    metric is computed from them (a NaN reference would give NaN or, for top-1, arbitrary numbers)."""
-    bad = int((~torch.isfinite(x)).sum())
-    if bad:
-        raise ValueError(
-            f"{what}: {bad} of {x.numel()} logits are NaN/Inf; no metric is computed from non-finite logits"
-        )
-
-
 def logit_metrics(ref: torch.Tensor, q: torch.Tensor, ids: torch.Tensor, what: str = "the quantized run") -> dict:
     """ref, q: [B, T, V] float32 logits; ids [B, T] int64. The /e2e values of latentq.e2e_stats.run_metrics
     (KL and top-1 over all B·T positions, NLL and Δp on next-token targets, positions 0..T-2). Raises
@@ -201,18 +195,6 @@ def logit_metrics(ref: torch.Tensor, q: torch.Tensor, ids: torch.Tensor, what: s
     require_finite_logits(ref, "the reference run (exact latents)")
     require_finite_logits(q, what)
     return run_metrics(token_stats(ref, q, ids))
-
-
-def position_rows(stats: TokenStats, width: int) -> list[dict]:
-    """The statistics of one run by query position: one dict(pos_start, pos_end, tokens, kl_mean, top1_agree,
-    and latentq.e2e_stats.position_metrics' others) per bucket [b·width, min((b+1)·width, T)) of the positions
-    of its TokenStats; tokens = B × positions in the bucket."""
-    B, T = stats.kl.shape
-    return [
-        {"pos_start": a, "pos_end": min(a + width, T), "tokens": B * (min(a + width, T) - a)}
-        | position_metrics(stats, a, min(a + width, T))
-        for a in range(0, T, width)
-    ]
 
 
 def batch_inject(fns: list, n: int):
@@ -253,28 +235,6 @@ def auto_batch_runs(config, seq_len: int, num_seqs: int, budget: int = BATCH_BYT
         + 4 * 5 * g("num_attention_heads", 1) * seq_len * seq_len
     )
     return int(max(1, min(16, budget // max(1, num_seqs * per_seq))))
-
-
-def load_tokens(
-    text: bytes, offset_bytes: int, tokenizer, seq_len: int, num_seqs: int, vocab_size: int
-) -> torch.Tensor:
-    """[num_seqs, seq_len] int64 token windows of text[offset_bytes:]: its bytes, or the checkpoint's
-    tokenizer (no special tokens). Raises ValueError when there are too few tokens or an id is
-    outside the model's vocabulary."""
-    rest = text[offset_bytes:]
-    if tokenizer is None:
-        ids, what = list(rest), "bytes"
-    else:
-        ids, what = tokenizer(rest.decode("utf-8", errors="replace"), add_special_tokens=False)["input_ids"], "tokens"
-    need = seq_len * num_seqs
-    if len(ids) < need:
-        raise ValueError(
-            f"text has {len(ids)} {what} after --offset-bytes {offset_bytes}; {need} needed for {num_seqs} x {seq_len}"
-        )
-    t = torch.tensor(ids[:need], dtype=torch.int64).reshape(num_seqs, seq_len)
-    if int(t.max()) >= vocab_size:
-        raise ValueError(f"token id {int(t.max())} is outside the model's vocabulary ({vocab_size})")
-    return t
 
 
 class Plan:
@@ -380,28 +340,6 @@ class Plan:
         runs += [(q, t, m) for m in self.decode_modes for q, t in self.decode_pairs if q not in why.keys() | dec_off]
         self.uses_bases = any(r[0] in fitted for r in runs)  # main checks the dump before the first forward
         return runs
-
-
-def read_text(a) -> bytes:
-    """The bytes of --text (default: the KJV held-out split); sets a.text_sha256. Raises ValueError for a file that
-    cannot be read or, with --dump-text-sha256, a text that is not the dumped one."""
-    if a.text:
-        try:
-            with open(a.text, "rb") as f:
-                text = f.read()
-        except OSError as e:
-            raise ValueError(f"--text {a.text}: cannot read ({e.strerror or type(e).__name__})") from None
-    else:
-        from latentq.kjv_text import load_kjv, split_kjv
-
-        text = split_kjv(load_kjv())[1]
-    a.text_sha256 = hashlib.sha256(text).hexdigest()
-    if a.dump_text_sha256 and a.dump_text_sha256 != a.text_sha256:
-        raise ValueError(
-            f"the scored text {a.text or '(the KJV held-out split)'} (sha256 {a.text_sha256[:16]}...) is not the "
-            f"dumped text (the dump's text_sha256 {a.dump_text_sha256[:16]}...): score the text the latents came from"
-        )
-    return text
 
 
 def load_inputs(a, plan: Plan):
@@ -641,57 +579,6 @@ class Runner:
                 else:
                     for run, q in zip(chunk, logits):
                         self.record(run, q)
-
-
-def execution_attrs(streamer) -> dict:
-    """The /e2e attributes saying how the step ran: ``execution`` ("in memory", or "layer streaming
-    (hidden states in memory)" / "... in a file)"), and for a streamed run (a LayerStreamer after its
-    ``run``) ``load_seconds`` and ``compute_seconds``."""
-    if streamer is None:
-        return {"execution": "in memory"}
-    where = "in memory" if streamer.states_in_memory else "in a file"
-    return {
-        "execution": f"layer streaming (hidden states {where})",
-        "load_seconds": streamer.load_seconds,
-        "compute_seconds": streamer.compute_seconds,
-    }
-
-
-# The columns of /e2e and /e2e_position (their column records; the module docstring says more).
-_RUN = (
-    Column("quantizer", "string", "", "the quantizer: a spec string or a [[mixed]] assignment's name"),
-    Column(
-        "targets", "string", "", "the caches quantized: c_kv, k_pe, c_kv+k_pe, or index_k (a DSA indexer key alone)"
-    ),
-    Column("cache_mode", "string", "", "prefill-at-once or decode-r<R>-s<S>-p<P> (latentq/decode_order.h)"),
-)
-_BYTES = Column("bytes_per_token", "float64", "byte/token", "the cache at the sequence end per token and layer, "
-                "mean over the quantized layers, c_kv + k_pe (an index_k run: the latents in bf16, the "
-                "indexer key cache not counted)")  # fmt: skip
-_CAUSAL = Column("scale_causal", "int64", "", "1 when the spec's scales see no later token (decode_scale_is_causal)")
-_KL = Column("kl_mean", "float64", "nat", "mean over tokens of KL(p_ref ‖ p_quant) of the next-token distributions")
-_TOP1 = Column("top1_agree", "float64", "1", "the fraction of tokens whose argmax logit is unchanged")
-E2E_COLUMNS = (
-    *_RUN, _KL, _TOP1,
-    Column("nll_ref", "float64", "nat", "mean next-token NLL with exact latents"),
-    Column("nll_quant", "float64", "nat", "mean next-token NLL with quantized latents"),
-    Column("ppl_ref", "float64", "1", "exp(nll_ref)"),
-    Column("ppl_quant", "float64", "1", "exp(nll_quant)"),
-    _BYTES, _CAUSAL,
-    Column("num_tokens", "int64", "", "the tokens scored: num_seqs × seq_len"),
-    *SPREAD_COLUMNS, *CI_COLUMNS,
-)  # fmt: skip
-E2E_POSITION_COLUMNS = (
-    *_RUN,
-    Column("residual", "int64", "", "R of the cache mode (0 for prefill-at-once)"),
-    Column("sink", "int64", "", "S of the cache mode"),
-    Column("prefill", "int64", "", "P of the cache mode"),
-    _CAUSAL,
-    Column("pos_start", "int64", "", "the bucket's first query position within its window"),
-    Column("pos_end", "int64", "", "the bucket's end (exclusive)"),
-    Column("tokens", "int64", "", "the tokens in the bucket: windows × positions"),
-    _KL, _TOP1, _BYTES, *SPREAD_COLUMNS,
-)  # fmt: skip
 
 
 def write_tables(a, runner: Runner, tokenizer, K: int, K_dec: int, streamer=None) -> None:

@@ -51,6 +51,15 @@ from latentq.deepseek_v4 import CSA, find_v4_layers
 from latentq.e2e_decode import PREFILL_AT_ONCE, mode_rsp
 from latentq.e2e_frontier import not_run_group
 from latentq.e2e_results import applicable_only, canonical_specs, study_layers, study_v4_quantizers
+from latentq.e2e_shared import (
+    E2E_COLUMNS,
+    E2E_POSITION_COLUMNS,
+    execution_attrs,
+    load_tokens,
+    position_rows,
+    read_text,
+    require_finite_logits,
+)
 from latentq.e2e_stats import (
     RESAMPLES,
     SEED,
@@ -299,7 +308,6 @@ def load_v4(a):
     (--stream, latentq.model.stream_plan as the dense step decides it): the model is the streamer's meta model,
     nothing loaded yet; else the model on --device. Raises ValueError (no CUDA, unreadable --text, a checkpoint that
     cannot be streamed, windows the model or text cannot hold)."""
-    from latentq.e2e import load_tokens, read_text
     from latentq.model import load_tokenizer, stream_plan
     from latentq.stream import CheckpointError, LayerStreamer
 
@@ -338,8 +346,6 @@ class _Rows:
         self.rows, self.pos_rows, self.run_stats, self.draws, self.ref = [], [], {}, None, None
 
     def record(self, n: int, logits: torch.Tensor) -> None:
-        from latentq.e2e import position_rows, require_finite_logits
-
         a, latentq, q = self.a, self.latentq, logits.float().cpu()
         if n == 0:
             require_finite_logits(q, f"the reference run (exact caches) of {a.model}")
@@ -401,8 +407,6 @@ def run_forwards(model, ids, hooks: list, rows: _Rows, streamer=None) -> None:
 
 def main_v4(a, latentq) -> int:
     """The step on a V4 checkpoint (module docstring): 0 when the groups are written, 2 after one error line."""
-    from latentq.e2e import E2E_COLUMNS, E2E_POSITION_COLUMNS, execution_attrs
-
     try:
         runs = plan_runs(a, latentq)
         model, tokenizer, ids, streamer = load_v4(a)
