@@ -7,6 +7,7 @@
 //   latentq/attention/decode_order.h  decode_order_attention (sink and residual window in bf16)
 //   latentq/attention/fold.h          fold_check, require_fold_exact
 //   latentq/attention/device_seam.h   AttentionDeviceFactory
+//   latentq/attention/v4.h            V4Attention: DeepSeek-V4's window, compressed entries, CSA selection, sinks
 #pragma once
 
 #include <cstdint>
@@ -23,6 +24,7 @@
 #include "latentq/attention/fold.h"
 #include "latentq/attention/metrics.h"
 #include "latentq/attention/types.h"
+#include "latentq/attention/v4.h"
 #include "latentq/decode_order.h"
 #include "latentq/spec.h"
 #include "latentq/transform.h"
