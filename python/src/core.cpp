@@ -24,6 +24,8 @@
 namespace py = pybind11;
 using namespace latentq;
 
+void def_attention_v4(py::module_& m);  // attention_v4.cpp: DeepSeek-V4's attention (latentq/attention/v4.h)
+
 namespace {
 
 using F32Array = py::array_t<float, py::array::c_style | py::array::forcecast>;
@@ -484,4 +486,5 @@ PYBIND11_MODULE(_core, m) {
   def_records(m);
   def_decode_order(m);
   def_metrics(m);
+  def_attention_v4(m);
 }
