@@ -309,6 +309,15 @@ std::vector<uint8_t> pack_record(const QuantSpec& preset, const QuantizedTensor&
   const int64_t T = ckv.rows, R = record_bytes(preset, ckv.cols, kpe.cols);
   const int64_t cb = ckv.row_bytes(), kb = kpe.row_bytes();
   const int64_t cs = static_cast<int64_t>(ckv.scales.size()) / T, ks = static_cast<int64_t>(kpe.scales.size()) / T;
+  // Fp4AllScalesPad16Rope also stores the rope columns in c_kv's fp4 format: the engine quantizes the entry's
+  // bf16-rounded row, which is what decoding the bf16 k_pe gives back exactly
+  QuantizedTensor rope4;
+  if (P.order == RecordOrder::Fp4AllScalesPad16Rope && T > 0) {
+    std::vector<float> r(static_cast<size_t>(T * kpe.cols));
+    dequantize(kpe, r.data());
+    const int64_t offs[2] = {0, T};
+    rope4 = quantize(ckv.spec, Target::CKV, r.data(), T, kpe.cols, offs);
+  }
   std::vector<uint8_t> out(static_cast<size_t>(T * R), 0);
   for (int64_t t = 0; t < T; ++t) {
     uint8_t* o = out.data() + t * R;
@@ -330,6 +339,24 @@ std::vector<uint8_t> pack_record(const QuantSpec& preset, const QuantizedTensor&
         put(kpe.codes, kb);
         put(kpe.scales, ks);
         break;
+      case RecordOrder::CodesScalesAlign16Rope:  // k_pe is bf16 there; the zero pad puts it on a 16-byte boundary
+        put(ckv.codes, cb);
+        put(ckv.scales, cs);
+        o = out.data() + t * R + (R - kb - ks);
+        put(kpe.codes, kb);
+        put(kpe.scales, ks);
+        break;
+      case RecordOrder::Fp4AllScalesPad16Rope: {  // the rope's fp4 copy beside c_kv's; 16 zero bytes; bf16 k_pe
+        const int64_t rb = rope4.row_bytes(), rs = static_cast<int64_t>(rope4.scales.size()) / T;
+        put(ckv.codes, cb);
+        put(rope4.codes, rb);
+        put(ckv.scales, cs);
+        put(rope4.scales, rs);
+        o += 16;
+        put(kpe.codes, kb);
+        put(kpe.scales, ks);
+        break;
+      }
       case RecordOrder::CodesRopeScalesPad8:  // k_pe is bf16 there (no scales); the pad stays zero
       case RecordOrder::CodesCodesScalesScales:
         put(ckv.codes, cb);

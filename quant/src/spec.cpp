@@ -36,7 +36,7 @@ constexpr const char* kFp8TileExamples[] = {"fp8-e4m3-tile128-pow2", "fp8-e4m3-t
                                             "fp8-e4m3-tile128-pow2-amaxfloor"};
 constexpr const char* kFp8TensorExamples[] = {"fp8-e4m3-tensor", "fp8-e4m3-tensor-s1"};
 constexpr const char* kMxFp8Examples[] = {"mxfp8"};
-constexpr const char* kMxFp4Examples[] = {"mxfp4", "mxfp4-ceil"};
+constexpr const char* kMxFp4Examples[] = {"mxfp4", "mxfp4-ceil", "mxfp4-rn"};
 constexpr const char* kNvFp4Examples[] = {"nvfp4"};
 constexpr const char* kQ8_0Examples[] = {"q8_0"};
 constexpr const char* kQ4_0Examples[] = {"q4_0"};
@@ -45,6 +45,7 @@ constexpr const char* kFp4TileExamples[] = {"fp4-e2m1-tile16-e4m3", "fp4-e2m1-ti
 constexpr const char* kTurboQuantExamples[] = {"tq2", "tq3", "tq4", "tq3-nc", "tq4-nc"};
 constexpr const char* kLloydMaxExamples[] = {"lm2-tensor", "lm3-channel", "lm4-channel-g8", "lm3-channel-g5"};
 constexpr const char* kTransformCodingExamples[] = {"tc3", "tc4", "tc2-lm", "tc2.5", "tc0.75-lm", "tc8"};
+constexpr const char* kIntTileExamples[] = {"int4-sym-g32-e4m3"};
 
 // clang-format off
 constexpr FormatTraits kFormats[kFormatCount] = {
@@ -66,9 +67,9 @@ constexpr FormatTraits kFormats[kFormatCount] = {
   {Format::MxFp8, "mxfp8   (e4m3, one E8M0 scale per 32)", "mx", "sym", "block", Storage::Block, Causality::PerToken, "any D (a last, partial block keeps its own scale)",
    nullptr, "OCP Microscaling v1.0 MXFP8, section 6.3 floor rule",
    "engine_refs.mx (against torchao to_mx and ml-dtypes; tests/python/test_engine_formats.py)", kMxFp8Examples},
-  {Format::MxFp4, "mxfp4   (e2m1, one E8M0 scale per 32; mxfp4-ceil: SGLang's ceil scale, codes by thresholds)", "mx", "sym", "block", Storage::Block, Causality::PerToken, "any D (a last, partial block keeps its own scale)",
-   nullptr, "OCP Microscaling v1.0 MXFP4, section 6.3 floor rule; mxfp4-ceil: SGLang python/sglang/srt/layers/attention/dsv4/fp4_indexer.py at 301bcf08 (_quantize_fp4_indexer_kernel, its DSA indexer key cache)",
-   "engine_refs.mx (against torchao to_mx and ml-dtypes); mxfp4-ceil: engine_refs.sglang_mxfp4 (tests/python/test_engine_formats.py)", kMxFp4Examples},
+  {Format::MxFp4, "mxfp4   (e2m1, one E8M0 scale per 32; mxfp4-ceil: SGLang's ceil scale, codes by thresholds; mxfp4-rn: SGLang's round-to-nearest scale 2^round(log2(amax/6)), RNE codes)", "mx", "sym", "block", Storage::Block, Causality::PerToken, "any D (a last, partial block keeps its own scale)",
+   nullptr, "OCP Microscaling v1.0 MXFP4, section 6.3 floor rule; mxfp4-ceil: SGLang python/sglang/srt/layers/attention/dsv4/fp4_indexer.py at 301bcf08 (_quantize_fp4_indexer_kernel, its DSA indexer key cache); mxfp4-rn: SGLang python/sglang/srt/layers/attention/dsv4/mxfp4_k_cache.py at 07619bc2 (_quantize_mxfp4_k_cache_into_kernel, the DeepSeek-V4 MXFP4 KV cache of PRs 37136 / 37138)",
+   "engine_refs.mx (against torchao to_mx and ml-dtypes); mxfp4-ceil: engine_refs.sglang_mxfp4; mxfp4-rn: engine_refs.sglang_mxfp4_rn (tests/python/test_engine_formats.py)", kMxFp4Examples},
   {Format::NvFp4, "nvfp4   (e2m1, one e4m3 scale per 16, one fp32 per-tensor scale)", "nvfp4", "sym", "block", Storage::Block, Causality::PerMatrix, "any D (a last, partial block keeps its own scale)",
    nullptr, "NVFP4 as torchao prototype/mx_formats/nvfp4_tensor.py nvfp4_quantize (two-level scaling)",
    "engine_refs.nvfp4 (against torchao nvfp4_quantize; tests/python/test_engine_formats.py)", kNvFp4Examples},
@@ -100,6 +101,10 @@ constexpr FormatTraits kFormats[kFormatCount] = {
    "transform-coding", "water-filling", "component", Storage::TransformCoding, Causality::PerMatrix, "R·D >= 8 (at least one code byte per token)",
    nullptr, "Huang & Schultheiss (1963) block quantization; greedy integer bit allocation (Gersho & Gray 1992, section 8.4)",
    "hand-computed: TransformCoding* (widths, record and code bytes, Max's tables)", kTransformCodingExamples},
+  {Format::IntTile, "int4-sym-g32-e4m3   (signed INT4 in [-7, 7] per tile of 32, one e4m3 scale e4m3(min(amax/7, 448)), codes rne(x/s); SGLang's DeepSeek-V4 INT4 KV cache)",
+   "int-e4m3", "sym", "tile", Storage::Block, Causality::PerToken, "any D (a last, partial tile keeps its own scale)",
+   nullptr, "SGLang python/sglang/srt/mem_cache/kvbit_dsv4_codec.py encode_dsv4_int4_reference at 2754fe74 (PR 38301, --kv-cache-dtype int4; its Triton _dsv4_int4_pack_scatter_kernel states the same rule)",
+   "engine_refs.sglang_int4_e4m3 (SGLang's reference codec written out; tests/python/test_engine_formats.py)", kIntTileExamples},
 };
 
 constexpr PresetTraits kPresets[kPresetCount] = {
@@ -142,6 +147,18 @@ constexpr PresetTraits kPresets[kPresetCount] = {
    "local-inference-lab/vllm nvfp4_ds_mla (PR 82; csrc/libtorch_stable/nvfp4_kv_cache_kernels.cu concat_and_cache_nvfp4_mla_kernel at 42d67f76, cvt_warp_fp16_to_fp4 of quantization/fp4/nvfp4_utils.cuh at 28be48fa with global scale 1.0): 256 B e2m1 | 32 e4m3 scales | 16 zero bytes | 64 bf16 k_pe = 432 B",
    RecordOrder::CodesScalesPad16Rope, 512, 64, "vLLM fork local-inference-lab/vllm --kv-cache-dtype nvfp4_ds_mla (B12X_MLA_SPARSE: GLM-5, DeepSeek-V3.2)", 432,
    {4, 16, 1, 0}, {16, 0, 0, 0}, "engine_refs.vllm_nvfp4_ds_mla_record (test_cpp_pack_record_matches_reference)"},
+  {"sglang-dsv4-mxfp4", "mxfp4-rn", "bf16",
+   "SGLang DeepSeek-V4 MXFP4 KV cache (python/sglang/srt/layers/attention/dsv4/mxfp4_k_cache.py at 07619bc2, PRs 37136 / 37138): 224 B e2m1 | 14 UE8M0 | 2 zero bytes | 64 bf16 rope = 368 B",
+   RecordOrder::CodesScalesAlign16Rope, 448, 64, "SGLang --kv-cache-dtype fp4_e2m1 (--fp4-kv-cache-recipe mxfp4) for DeepSeek-V4 on SM90 (PR 37138: SWA, C4 and C128 pools)", 368,
+   {4, 32, 1, 0}, {16, 0, 0, 0}, "engine_refs.sglang_dsv4_mxfp4_record (test_cpp_pack_record_matches_reference)"},
+  {"sglang-dsv4-int4", "int4-sym-g32-e4m3", "bf16",
+   "SGLang DeepSeek-V4 Direct INT4 KV cache (python/sglang/srt/mem_cache/kvbit_dsv4_codec.py encode_dsv4_int4_reference and kvbit_dsv4_layout_constants.py at 2754fe74, PR 38301, layout aos_368): 224 B int4 | 14 e4m3 | 2 zero bytes | 64 bf16 rope = 368 B",
+   RecordOrder::CodesScalesAlign16Rope, 448, 64, "SGLang --kv-cache-dtype int4 for DeepSeek-V4 on SM90 (PR 38301; SGLANG_DSV4_INT4_LAYOUT=aos_368)", 368,
+   {4, 32, 1, 0}, {16, 0, 0, 0}, "engine_refs.sglang_dsv4_int4_record (test_cpp_pack_record_matches_reference)"},
+  {"b12x-dsv4-nvfp4", "fp4-e2m1-tile16-e4m3-rcp", "bf16",
+   "DeepSeek-V4 NVFP4 432 B record of local-inference-lab/vllm PR 632 and b12x PR 304 (neither in the corpus read); layout and rule as tpurtell/ds4fv-vllm-28-sm12x overlay/vllm/models/deepseek_v4/common/ops/nvfp4_ds_mla.py _store_nvfp4_latent at 6407692e writes B12x's record: 256 B e2m1 of all 512 entry columns | 32 e4m3 | 16 zero bytes | 64 bf16 rope = 432 B",
+   RecordOrder::Fp4AllScalesPad16Rope, 448, 64, "vLLM fork local-inference-lab/vllm native NVFP4 MLA cache for DeepSeek-V4 (PR 632; kv_cache_dtype nvfp4_ds_mla, read by B12X compressed sparse MLA, b12x PR 304)", 432,
+   {4, 16, 1, 0}, {16, 0, 0, 0}, "engine_refs.b12x_dsv4_nvfp4_record (test_cpp_pack_record_matches_reference)"},
 };
 
 constexpr IndexerPresetTraits kIndexerPresets[kIndexerPresetCount] = {
@@ -178,6 +195,9 @@ static_assert(kPresets[6].parts_bytes() == kPresets[6].stated_bytes, "vllm-turbo
 static_assert(kPresets[7].parts_bytes() == kPresets[7].stated_bytes, "vllm-turboquant-k8v4: 512 + 128");
 static_assert(kPresets[8].parts_bytes() == kPresets[8].stated_bytes, "flashinfer-nvfp4-mla: 224 + 128 + 28, pad 8");
 static_assert(kPresets[9].parts_bytes() == kPresets[9].stated_bytes, "vllm-nvfp4-ds-mla: 256 + 32 + 16 pad + 128");
+static_assert(kPresets[10].parts_bytes() == kPresets[10].stated_bytes, "sglang-dsv4-mxfp4: 224 + 14 + 2 pad + 128");
+static_assert(kPresets[11].parts_bytes() == kPresets[11].stated_bytes, "sglang-dsv4-int4: 224 + 14 + 2 pad + 128");
+static_assert(kPresets[12].parts_bytes() == kPresets[12].stated_bytes, "b12x-dsv4-nvfp4: 224 + 28 + 128, 52 more");
 static_assert(std::size(kPresets) == kPresetCount);
 static_assert(kIndexerPresets[0].part.bytes(kIndexerPresets[0].width) == kIndexerPresets[0].stated_bytes,
               "vllm-dsa-indexer-fp8: 128 e4m3 + 1 fp32");
@@ -246,6 +266,17 @@ QuantSpec QuantSpec::parse(std::string_view s) {
   if (s == "mxfp4-ceil") {
     QuantSpec q = simple(Format::MxFp4, 4, ScaleDtype::UE8M0);
     q.rule = ScaleRule::Ue8m0Ceil;
+    return q;
+  }
+  if (s == "mxfp4-rn") {
+    QuantSpec q = simple(Format::MxFp4, 4, ScaleDtype::UE8M0);
+    q.rule = ScaleRule::Ue8m0Round;
+    return q;
+  }
+  if (s == "int4-sym-g32-e4m3") {
+    QuantSpec q = simple(Format::IntTile, 4, ScaleDtype::E4M3);
+    q.scheme = Scheme::Sym;
+    q.group_size = 32;
     return q;
   }
   if (s == "nvfp4") return simple(Format::NvFp4, 4, ScaleDtype::E4M3);
@@ -405,7 +436,9 @@ std::string QuantSpec::to_string() const {
     case Format::MxFp8:
       return "mxfp8";
     case Format::MxFp4:
-      return rule == ScaleRule::Ue8m0Ceil ? "mxfp4-ceil" : "mxfp4";
+      return rule == ScaleRule::Ue8m0Ceil ? "mxfp4-ceil" : rule == ScaleRule::Ue8m0Round ? "mxfp4-rn" : "mxfp4";
+    case Format::IntTile:
+      return "int4-sym-g32-e4m3";
     case Format::NvFp4:
       return "nvfp4";
     case Format::Q8_0:
@@ -550,8 +583,13 @@ Layout layout(const QuantSpec& s, int64_t D) {
       block_format(qmath::BlockKind::MxFp8, 32, true, false);
       return L;
     case Format::MxFp4:
-      block_format(s.rule == ScaleRule::Ue8m0Ceil ? qmath::BlockKind::MxFp4Ceil : qmath::BlockKind::MxFp4, 32, true,
-                   false);
+      block_format(s.rule == ScaleRule::Ue8m0Ceil    ? qmath::BlockKind::MxFp4Ceil
+                   : s.rule == ScaleRule::Ue8m0Round ? qmath::BlockKind::MxFp4Round
+                                                     : qmath::BlockKind::MxFp4,
+                   32, true, false);
+      return L;
+    case Format::IntTile:
+      block_format(qmath::BlockKind::Int4E4m3, 32, true, false);
       return L;
     case Format::Fp4Tile:
       block_format(s.rule == ScaleRule::Reciprocal ? qmath::BlockKind::Fp4TileRcp : qmath::BlockKind::Fp4Tile, 16, true,

@@ -588,6 +588,8 @@ def quantize(x, spec: str) -> Quant:
         "mxfp8": lambda v: mx(v, "e4m3"),
         "mxfp4": lambda v: mx(v, "e2m1"),
         "mxfp4-ceil": sglang_mxfp4,
+        "mxfp4-rn": sglang_mxfp4_rn,  # engine_refs_v4
+        "int4-sym-g32-e4m3": sglang_int4_e4m3,  # engine_refs_v4
         "nvfp4": nvfp4,
         "q8_0": q8_0,
         "q4_0": q4_0,
@@ -612,7 +614,9 @@ def dequantize(q: Quant) -> np.ndarray:
         return (e4m3_value(q.codes) * _expand(sc.reshape(T, -1), n, D)).astype(np.float32)
     if s.startswith("fp8-e4m3-tensor"):
         return (e4m3_value(q.codes) * q.global_scale[0]).astype(np.float32)
-    if s in ("mxfp8", "mxfp4", "mxfp4-ceil"):  # SGLang's dequant of mxfp4-ceil: the e2m1 value times 2^(b - 127)
+    if s == "int4-sym-g32-e4m3":
+        return sglang_int4_e4m3_decode(q)
+    if s in ("mxfp8", "mxfp4", "mxfp4-ceil", "mxfp4-rn"):  # SGLang's dequant: the e2m1 value times 2^(b - 127)
         v = e4m3_value(q.codes) if s == "mxfp8" else e2m1_value(unpack_nibbles_even_low(q.codes, D))
         return (v * _expand(e8m0_value(q.scales).reshape(T, -1), 32, D)).astype(np.float32)
     if s == "nvfp4":
@@ -644,7 +648,7 @@ def bytes_per_token(spec: str, D: int, T: int = 1) -> float:
         return D + 4 / T
     if spec == "mxfp8":
         return D + -(-D // 32)
-    if spec in ("mxfp4", "mxfp4-ceil"):
+    if spec in ("mxfp4", "mxfp4-ceil", "mxfp4-rn", "int4-sym-g32-e4m3"):
         return -(-D // 2) + -(-D // 32)
     if spec == "nvfp4":
         return -(-D // 2) + -(-D // 16) + 4 / T
@@ -833,3 +837,21 @@ RECORDS = {
 # records whose engine reads c_kv as bf16/fp16 only and whose rule differs from latentq's on some float32 rows
 # (vllm_nvfp4_ds_mla_scale_bits): compared on bf16 rows
 HALF_INPUT_RECORDS = {"vllm-nvfp4-ds-mla"}
+
+# DeepSeek-V4's entry records and their formats (engine_refs_v4 imports the helpers above)
+from engine_refs_v4 import (  # noqa: E402
+    V4_HALF_INPUT_RECORDS,
+    V4_RECORD_EXACT_ROWS,
+    V4_RECORDS,
+    b12x_dsv4_nvfp4_record,  # noqa: F401  (named by kPresets' reference)
+    sglang_dsv4_int4_record,  # noqa: F401
+    sglang_dsv4_mxfp4_record,  # noqa: F401
+    sglang_int4_e4m3,
+    sglang_int4_e4m3_decode,
+    sglang_mxfp4_rn,
+)
+
+RECORDS.update(V4_RECORDS)
+HALF_INPUT_RECORDS |= V4_HALF_INPUT_RECORDS
+# records whose bytes latentq gives on a subset of rows only: preset -> (ckv, kpe) -> bool [T]
+RECORD_EXACT_ROWS = dict(V4_RECORD_EXACT_ROWS)

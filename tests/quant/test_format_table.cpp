@@ -108,6 +108,42 @@ TEST(FormatTable, VllmNvfp4DsMlaRecordByHand) {
   EXPECT_THROW((void)pack_record(p, q448, qr), std::invalid_argument);
 }
 
+// DeepSeek-V4's entry records at 448 + 64, by hand (engine_refs_v4 writes the engines' code out).
+// sglang-dsv4-mxfp4: group 0 = {4.21875, -0, 0.75, 1.25}: round(log2(4.21875 / 6)) = -1, byte 126, scale 1/2; codes
+// 8.4375 -> 7, -0 -> 0x8, 1.5 -> 3, 2.5 -> 4 (RNE): 0x87, 0x43; zero groups byte 0. sglang-dsv4-int4: group 0 =
+// {7, 2.5, -3.5, 0.5}: step e4m3(1) = 0x38, codes 7, 2, -4 (0xC), 0: 0x27, 0x0C. Both: 2 zero bytes, k_pe at 240.
+// b12x-dsv4-nvfp4: c_kv group 0 = {6, 3, -1.5, 0.5} -> 0x57, 0x1B, scale 0x38 at 256; the rope again in e2m1 at 224:
+// k_pe[0] = 1: scale e4m3(1/6) = 0.171875 (0x23) at 284, 1 / 0.171875 = 5.8 -> 6 (code 7); k_pe[63] = -2: scale
+// e4m3(1/3) = 0.34375 (0x2B) at 287, code 0xF in the high nibble of byte 255; 16 zero bytes; bf16 k_pe at 304.
+TEST(FormatTable, DeepSeekV4EntryRecordsByHand) {
+  std::vector<float> r(64, 0.0f);
+  r[0] = 1.0f, r[63] = -2.0f;
+  const std::vector<int64_t> seq{0, 1};
+  const auto record = [&](const char* name, std::vector<float> c) {
+    const QuantSpec p = QuantSpec::parse(name);
+    const QuantizedTensor qc = quantize(p, Target::CKV, c.data(), 1, 448, seq);
+    const QuantizedTensor qr = quantize(p, Target::KPE, r.data(), 1, 64, seq);
+    return pack_record(p, qc, qr);
+  };
+  std::vector<float> c(448, 0.0f);
+  c[0] = 4.21875f, c[1] = -0.0f, c[2] = 0.75f, c[3] = 1.25f;
+  std::vector<uint8_t> want(368, 0);
+  want[0] = 0x87, want[1] = 0x43, want[224] = 126;
+  want[240] = 0x80, want[241] = 0x3F, want[366] = 0x00, want[367] = 0xC0;
+  EXPECT_EQ(record("sglang-dsv4-mxfp4", c), want);
+  c[0] = 7.0f, c[1] = 2.5f, c[2] = -3.5f, c[3] = 0.5f;
+  want[0] = 0x27, want[1] = 0x0C, want[224] = 0x38;
+  EXPECT_EQ(record("sglang-dsv4-int4", c), want);
+  c[0] = 6.0f, c[1] = 3.0f, c[2] = -1.5f, c[3] = 0.5f;
+  std::vector<uint8_t> w4(432, 0);
+  w4[0] = 0x57, w4[1] = 0x1B, w4[256] = 0x38;
+  w4[224] = 0x07, w4[255] = 0xF0, w4[284] = 0x23, w4[287] = 0x2B;
+  w4[304] = 0x80, w4[305] = 0x3F, w4[430] = 0x00, w4[431] = 0xC0;
+  EXPECT_EQ(record("b12x-dsv4-nvfp4", c), w4);
+  for (const char* name : {"sglang-dsv4-mxfp4", "sglang-dsv4-int4", "b12x-dsv4-nvfp4"})
+    EXPECT_EQ(record_bytes(QuantSpec::parse(name), 448, 64), std::string(name).starts_with("b12x") ? 432 : 368);
+}
+
 // The study's accounting of a preset (with_record_pad on c_kv, account on k_pe) is the packed record, pad included:
 // every preset, 3 tokens of random c_kv 512 + k_pe 64; vllm-nvfp4-ds-mla 288 + 16 + 128 = 432 (a pad of 16).
 TEST(FormatTable, StudyAccountingOfAPresetIsItsPackedRecord) {

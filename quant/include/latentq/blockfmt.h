@@ -34,6 +34,15 @@
 //                  1/s := 0 when s = 0 (every code 0); also vLLM's nvfp4_utils.cuh cvt_warp_fp16_to_fp4 at global
 //                  scale 1.0 (the nvfp4_ds_mla record of local-inference-lab/vllm PR 82), whose e4m3(amax · fl(1/6))
 //                  is e4m3(amax/6) for every bf16 and fp16 amax
+//   MX round       SGLang python/sglang/srt/layers/attention/dsv4/mxfp4_k_cache.py (_quantize_mxfp4_k_cache_into_kernel,
+//                  the DeepSeek-V4 MXFP4 KV cache of PRs 32741 / 37136-37138): byte = clamp(round(log2(max(amax, 1e-40)) −
+//                  log2 6) + 127, 0, 255), round half up; codes e2m1 RNE of x / 2^(byte − 127) (by midpoint comparisons
+//                  on x, which for a power-of-two scale is RNE of the exact quotient), the sign bit of x kept (−0: 0x8).
+//                  Exact math here: the tie amax = 3·√2·2^k is irrational, so the byte is floor(log2 amax) − 3, plus 1
+//                  when amax's significand is ≥ 3·√2/4 (kMxRoundSignificand)
+//   int4 e4m3      SGLang python/sglang/srt/mem_cache/kvbit_dsv4_codec.py encode_dsv4_int4_reference (and the Triton
+//                  _dsv4_int4_pack_scatter_kernel; PR 38301, --kv-cache-dtype int4): s = e4m3(min(amax / 7, 448)) (RNE),
+//                  code = clamp(rne(x / s), −7, 7) as a 4-bit two's complement nibble, every code 0 when s = 0
 //   ggml           ggml/src/ggml-quants.c quantize_row_q8_0_ref / q4_0_ref / q4_1_ref, and the
 //                  dequantize_row_* routines
 #pragma once
@@ -59,6 +68,8 @@ enum class BlockKind : uint8_t {
   Fp4TileRcp = 10,  ///< e2m1, e4m3 scale e4m3(amax/6) per tile, elements times 1/scale (FlashInfer NVFP4 MLA)
   MxFp4Ceil = 11,   ///< e2m1 by thresholds, UE8M0 scale 2^ceil(log2(max(amax/6, 1e-4))) per 32 (SGLang FP4 indexer)
   Fp8Pow2AmaxFloor = 12,  ///< e4m3, s = 2^ceil(log2(max(amax, 1e-4) / 448)) as fp32 (vLLM's DSA indexer cache)
+  MxFp4Round = 13,        ///< e2m1 RNE, UE8M0 scale 2^round(log2(amax / 6)) per 32 (SGLang's DeepSeek-V4 MXFP4 KV cache)
+  Int4E4m3 = 14,          ///< signed INT4 in [−7, 7], e4m3 scale e4m3(min(amax / 7, 448)) per 32 (SGLang's V4 INT4 KV cache)
 };
 
 /// Runtime description of a block format, as the kernels receive it (POD).
@@ -74,6 +85,10 @@ struct BlockDesc {
 constexpr float kFlashMlaScaleFloor = 1e-4f;  ///< FlashMLA: max(amax / 448, 1e-4)
 constexpr float kFltMin = 1.17549435e-38f;    ///< FLT_MIN, vLLM's floor
 constexpr float kE4M3Tiny = 0.015625f;        ///< 2^-6, torch.finfo(float8_e4m3fn).tiny: NVFP4's scale floor
+/// MxFp4Round: the smallest 23-bit significand field m with 1 + m·2^-23 ≥ 3·√2/4 = 1.06066017177982…, i.e. the
+/// first float32 significand at which log2(amax / 6) rounds up (508854.40… · 2^-23 lies below the tie).
+constexpr uint32_t kMxRoundSignificand = 508855u;
+constexpr float kInt4Max = 7.0f;  ///< Int4E4m3: the largest code magnitude (the scale is amax / 7)
 
 /// What quantize_block reports: whether a stored value overflowed its dtype (then raw holds the
 /// float32 value before rounding, offset tells which), and how many elements saturated (the saturating cast
@@ -127,6 +142,7 @@ LQ_HD uint32_t get_code(const uint8_t* codes, int i, int code_bits, bool ggml_or
 /// (|v| at or beyond it rounds past the largest code, which then clamps).
 constexpr float kE4M3Saturation = 464.0f;  // 448 + 32/2
 constexpr float kE2M1Saturation = 7.0f;    // 6 + 2/2
+constexpr float kInt4Saturation = 7.5f;    // Int4E4m3: rne(|v|) > 7 from 7.5 (a tie that goes to 8), clamped to 7
 /// Whether the saturating cast changes v: |v| rounds (RNE) past the format's max. e4m3: |v| > 464, since 464, the
 /// midpoint of 448 and the next step 480, is a tie that goes to 448 (even mantissa 110) with or without the clamp;
 /// e2m1: |v| ≥ 7, since 7, the midpoint of 6 and 8, goes to 8 (even mantissa) and only the clamp brings it to 6.
@@ -217,6 +233,25 @@ LQ_HD BlockParams block_params_amax(const BlockDesc& f, float amax, const float*
       scale[0] = static_cast<uint8_t>(b);
       return p;
     }
+    case BlockKind::MxFp4Round: {
+      // SGLang mxfp4_k_cache.py: byte = clamp(floor(log2(max(amax, 1e-40)) - log2(6) + 0.5) + 127, 0, 255). Exactly:
+      // floor(log2 amax) - 3 (log2 6 is in (2, 3)), plus 1 from the significand 3·√2/4 up; a zero, subnormal or
+      // amax below 6·2^-127.5 gives a byte ≤ 0, clamped to 0 (scale 2^-127)
+      const uint32_t u = f32_bits(amax);
+      int b = floor_log2_bits(amax) - 3 + ((u & 0x7fffffu) >= kMxRoundSignificand ? 1 : 0) + 127;
+      b = b < 0 ? 0 : (b > 255 ? 255 : b);
+      p.s = exp2_int(b - 127);
+      p.inv = exp2_int(127 - b);  // 2^-128 … 2^127: exact (b ≤ 252 for a finite amax)
+      scale[0] = static_cast<uint8_t>(b);
+      return p;
+    }
+    case BlockKind::Int4E4m3: {
+      // SGLang encode_dsv4_int4_reference: stored_step = e4m3(min(amax / 7, 448)); code = clamp(round(x / step), -7, 7)
+      const uint8_t sbits = f32_to_e4m3_bits(min_num(div_rn(amax, kInt4Max), kE4M3Max));
+      scale[0] = sbits;
+      p.s = e4m3_bits_to_f32(sbits);
+      return p;
+    }
     case BlockKind::NvFp4: {
       // torchao nvfp4_quantize, two-level: s_b = e4m3(clamp(amax/6 / global, 2^-6, 448));
       // code = e2m1(clamp(x · ((1/global) / s_b), −6, 6)); decode x̂ = code · (global · s_b)
@@ -304,7 +339,7 @@ LQ_HD BlockParams block_params(const BlockDesc& f, const float* x, int n, float 
 /// Fp4Tile). The CPU's AVX2 e4m3 encoder takes its operation from here too.
 LQ_HD bool scales_by_inverse(BlockKind k) {
   return k == BlockKind::Fp8Pow2 || k == BlockKind::MxFp8 || k == BlockKind::MxFp4 || k == BlockKind::Fp4TileRcp ||
-         k == BlockKind::MxFp4Ceil || k == BlockKind::Fp8Pow2AmaxFloor;
+         k == BlockKind::MxFp4Ceil || k == BlockKind::Fp8Pow2AmaxFloor || k == BlockKind::MxFp4Round;
 }
 
 /// The float8/float4 kinds: element v scaled by the block's parameters, the value its code rounds.
@@ -319,10 +354,12 @@ LQ_HD float scaled_element(const BlockDesc& f, const BlockParams& p, float v) {
     case BlockKind::MxFp8:
     case BlockKind::MxFp4:
     case BlockKind::MxFp4Ceil:
+    case BlockKind::MxFp4Round:
     case BlockKind::Fp8Fp32:
     case BlockKind::Fp8Tensor:
     case BlockKind::Fp4Tile:
     case BlockKind::Fp4TileRcp:
+    case BlockKind::Int4E4m3:  // x / step (the source's true division)
       return scales_by_inverse(f.kind) ? mul_rn(v, p.inv) : div_rn(v, p.s);
     case BlockKind::NvFp4:
       return p.zero ? 0.0f : mul_rn(v, p.s);
@@ -342,10 +379,18 @@ LQ_HD uint32_t encode_element(const BlockDesc& f, const BlockParams& p, float v,
     case BlockKind::Fp8Tensor:
       return detail::e4m3_sat(scaled_element(f, p, v), saturated);
     case BlockKind::MxFp4:
+    case BlockKind::MxFp4Round:
     case BlockKind::Fp4Tile:
     case BlockKind::Fp4TileRcp:
     case BlockKind::NvFp4:  // an all-zero NVFP4 tensor scales every element to 0: code 0, no saturation
       return detail::e2m1_sat(scaled_element(f, p, v), saturated);
+    case BlockKind::Int4E4m3: {  // a zero step: every code 0 (the source's has_step)
+      if (p.s == 0.0f) return 0u;
+      const float v_s = scaled_element(f, p, v);
+      saturated += abs_f(v_s) >= detail::kInt4Saturation ? 1 : 0;
+      const int q = static_cast<int>(rne_clamp(v_s, -kInt4Max, kInt4Max));
+      return static_cast<uint32_t>(q) & 0x0fu;
+    }
     case BlockKind::MxFp4Ceil:
       return detail::e2m1_threshold(scaled_element(f, p, v), saturated);
     case BlockKind::Q8_0: {
@@ -400,10 +445,13 @@ LQ_HD float saturation_threshold(const BlockDesc& f) {
     case BlockKind::Fp8Tensor:
       return detail::kE4M3Saturation;
     case BlockKind::MxFp4:
+    case BlockKind::MxFp4Round:
     case BlockKind::Fp4Tile:
     case BlockKind::Fp4TileRcp:
     case BlockKind::NvFp4:
       return detail::kE2M1Saturation;
+    case BlockKind::Int4E4m3:
+      return detail::kInt4Saturation;
     case BlockKind::MxFp4Ceil:
       return 6.0f;  // e2m1_threshold clamps anything above 6
     default:
@@ -416,6 +464,7 @@ LQ_HD float saturation_threshold(const BlockDesc& f) {
 LQ_HD bool element_saturates(const BlockDesc& f, float v) {
   const float t = saturation_threshold(f);  // the element format, by its threshold; +inf for the ggml kinds
   if (f.kind == BlockKind::MxFp4Ceil) return abs_f(v) > t;
+  if (f.kind == BlockKind::Int4E4m3) return abs_f(v) >= t;
   if (t == detail::kE4M3Saturation) return detail::e4m3_saturates(v);
   return t == detail::kE2M1Saturation && detail::e2m1_saturates(v);
 }
@@ -424,6 +473,7 @@ LQ_HD bool element_saturates(const BlockDesc& f, float v) {
 /// encoding (what diagnose() reports): the elements whose scaled_element the saturating cast changes
 /// (detail::e4m3_saturates, detail::e2m1_saturates); 0 for the ggml kinds and an all-zero NVFP4 tensor.
 LQ_HD int count_saturated(const BlockDesc& f, const BlockParams& p, const float* x, int n) {
+  if (f.kind == BlockKind::Int4E4m3 && p.s == 0.0f) return 0;  // a zero step: every code 0 (encode_element)
   int sat = 0;
   for (int i = 0; i < n; ++i) sat += element_saturates(f, scaled_element(f, p, x[i])) ? 1 : 0;
   return sat;
@@ -457,9 +507,11 @@ LQ_HD float minifloat_block_multiplier(const BlockDesc& f, const uint8_t* scale,
     case BlockKind::MxFp8:
     case BlockKind::MxFp4:
     case BlockKind::MxFp4Ceil:
+    case BlockKind::MxFp4Round:
       return e8m0_bits_to_f32(scale[0]);
     case BlockKind::Fp4Tile:
     case BlockKind::Fp4TileRcp:
+    case BlockKind::Int4E4m3:
       return e4m3_bits_to_f32(scale[0]);
     case BlockKind::NvFp4:
       return mul_rn(global, e4m3_bits_to_f32(scale[0]));
@@ -485,12 +537,21 @@ LQ_HD void dequantize_elements(const BlockDesc& f, const uint8_t* codes, const u
     }
     case BlockKind::MxFp4:
     case BlockKind::MxFp4Ceil:
+    case BlockKind::MxFp4Round:
     case BlockKind::NvFp4:
     case BlockKind::Fp4Tile:
     case BlockKind::Fp4TileRcp: {
       const float s = minifloat_block_multiplier(f, scale, global);
       for (int i = i0; i < i1; ++i)
         out[i - i0] = mul_rn(e2m1_bits_to_f32(static_cast<uint8_t>(detail::get_code(codes, i, 4, false, n))), s);
+      return;
+    }
+    case BlockKind::Int4E4m3: {  // SGLang decode_dsv4_int4_reference: signed nibble (≥ 8: − 16) times the step
+      const float s = e4m3_bits_to_f32(scale[0]);
+      for (int i = i0; i < i1; ++i) {
+        const int c = static_cast<int>(detail::get_code(codes, i, 4, false, n));
+        out[i - i0] = mul_rn(static_cast<float>(c >= 8 ? c - 16 : c), s);
+      }
       return;
     }
     case BlockKind::Q8_0: {  // ggml dequantize_row_q8_0: x = q · d

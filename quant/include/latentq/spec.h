@@ -65,6 +65,7 @@ enum class Format : uint8_t {
   TurboQuant = 12,       ///< TurboQuant's MSE stage: Hadamard rotation, Lloyd-Max codebook of N(0, 1/D), fp16 row norm
   LloydMax = 13,         ///< Lloyd-Max codebooks fitted on the fit split: per layer matrix or per group of channels
   TransformCoding = 14,  ///< per-component widths by reverse water-filling, uniform or Gaussian Lloyd-Max codes
+  IntTile = 15,          ///< signed INT4 per tile of 32 with an e4m3 scale amax/7 (SGLang's DeepSeek-V4 INT4 KV cache)
   Count                  ///< the number of formats (kFormats has one row per value before it)
 };
 inline constexpr size_t kFormatCount = static_cast<size_t>(Format::Count);
@@ -82,6 +83,7 @@ enum class ScaleRule : uint8_t {
   GaussianCodebook = 7,  ///< TransformCoding -lm: unit-variance Gaussian Lloyd-Max codes scaled by each component's std
   Ue8m0Ceil = 8,  ///< mxfp4-ceil (SGLang's MXFP4 indexer cache): 2^ceil(log2(max(amax/6, 1e-4))), e2m1 by thresholds
   Pow2AmaxFloor = 9,  ///< fp8 tile -pow2-amaxfloor (vLLM's DSA indexer cache): 2^ceil(log2(max(amax, 1e-4)/448)), fp32
+  Ue8m0Round = 10,    ///< mxfp4-rn (SGLang's DeepSeek-V4 MXFP4 KV cache): 2^round(log2(amax/6)), e2m1 RNE
 };
 
 /// Which cached tensor a spec is applied to: the MLA latent cache's two (an engine preset stores them differently)
@@ -188,12 +190,19 @@ enum class RecordOrder : uint8_t {
   CodesRopeScalesPad8 = 1,     ///< c_kv codes | k_pe | c_kv scales | zero pad to a multiple of 8 (MODEL1)
   CodesCodesScalesScales = 2,  ///< c_kv codes | k_pe codes | c_kv scales | k_pe scales (V4.1)
   CodesScalesPad16Rope = 3,    ///< c_kv codes | c_kv scales | 16 zero bytes | k_pe (vLLM fork nvfp4_ds_mla)
+  CodesScalesAlign16Rope = 4,  ///< c_kv codes | c_kv scales | zero pad to a 16-byte boundary | k_pe (SGLang V4 368 B)
+  /// c_kv codes | e2m1 codes of k_pe | c_kv scales | k_pe's e2m1 scales | 16 zero bytes | k_pe (the DeepSeek-V4 NVFP4
+  /// 432 B record: all 512 entry columns in c_kv's fp4 format, then the rope columns again as stored; native 64-wide
+  /// k_pe only)
+  Fp4AllScalesPad16Rope = 5,
 };
 
 /// Zero bytes a record of `order` adds to its parts' `bytes` (pack_record writes them as 0).
 constexpr int64_t record_pad_bytes(RecordOrder order, int64_t bytes) {
   if (order == RecordOrder::CodesRopeScalesPad8) return (bytes + 7) / 8 * 8 - bytes;
   if (order == RecordOrder::CodesScalesPad16Rope) return 16;
+  if (order == RecordOrder::CodesScalesAlign16Rope) return (bytes + 15) / 16 * 16 - bytes;  // k_pe: 16-byte multiple
+  if (order == RecordOrder::Fp4AllScalesPad16Rope) return 32 + 4 + 16;  // 64 rope columns in e2m1, 4 scales, 16 zero
   return 0;
 }
 
@@ -231,7 +240,7 @@ struct PresetTraits {
     return b + record_pad_bytes(order, b);
   }
 };
-inline constexpr size_t kPresetCount = 10;
+inline constexpr size_t kPresetCount = 13;
 extern const PresetTraits kPresets[kPresetCount];
 
 /// An engine's cache of the sparse-attention (DSA) indexer key, one row of kIndexerPresets: the indexer key of
