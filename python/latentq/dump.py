@@ -22,7 +22,7 @@ MLA variants (transformers 5.24 modeling code; latentq.capture says how each is 
     (non-contiguous, e.g. 1 and 3); they are NoPE: k_pe / q_pe unrotated, ``rope_layout`` "none".
 Each layer group records the qualified name of its module (attribute ``module``).
 DeepSeek-V4 (``model_type`` deepseek_v4) caches no MLA latent: latentq.dump_v4 writes its own datasets
-(root attribute cache_family ``deepseek_v4``), in memory only, with its own check.
+(root attribute cache_family ``deepseek_v4``), in memory or streamed, with its own check.
 
 Models larger than memory: ``--stream on`` runs a local safetensors checkpoint layer by layer
 (latentq.stream.LayerStreamer: the model on the meta device, each decoder layer read from the shards

@@ -18,8 +18,11 @@ Per layer ``/layers/NNN`` (NNN = ``layer_idx``):
 
 Each sequence runs as its own forward (batch 1, positions from 0, eager attention: latentq.deepseek_v4.V4Capture's
 scope), each layer's record written and dropped from the capture's hook (``V4Capture(on_layer=...)``), so host
-memory holds one layer's record of one sequence beside the model's forward. The file is a temporary file in the
-output directory, renamed at the end; any failure removes it.
+memory holds one layer's record of one sequence beside the model's forward. Streamed (``--stream on``: the model a
+latentq.stream.LayerStreamer of a V4 checkpoint), the layers run layer-major, every sequence through layer i before
+layer i + 1 with layer i's weights loaded only then; the capture's hooks sit on the meta model's modules and see
+the same calls, so the file is the same (tests/python/test_v4_checkpoint.py: identical datasets). The file is a
+temporary file in the output directory, renamed at the end; any failure removes it.
 
 The dump's own check (``check_file``), once every sequence has run, from the stored datasets alone (read back
 from the file, not from the capture): per layer ``recompute_rows`` (float64) against ``attn_out``, max|Δ| /
@@ -50,7 +53,7 @@ from latentq.dump_format import (
     write_root_attrs,
 )
 from latentq.files import publish
-from latentq.model import run_model, state_dict_sha256
+from latentq.model import run_model, state_dict_sha256, weights_revision
 from latentq.progress import Progress
 from latentq.sparse_mla import same_up_to_ties, select_topk
 
@@ -362,6 +365,38 @@ def _create(f, layers, seqs, local_rows, kw) -> None:
         put_index(gl, "q_rows", q_rows, kw)
 
 
+def _run_in_memory(model, seqs: list[np.ndarray], writer: _Writer) -> None:
+    """Each sequence through the whole model (one forward each, batch 1), the capture's hooks writing every layer's
+    record as it completes. Raises RuntimeError when a layer did not run for a sequence."""
+    device = next(model.parameters()).device
+    with Progress(len(seqs), "dump", "sequences") as progress:
+        for s, seq in enumerate(seqs):
+            writer.seq = s
+            run_model(model, torch.as_tensor(seq, device=device)[None, :])
+            missing = sorted(i for i in writer.ran if s not in writer.ran[i])
+            if missing:
+                raise RuntimeError(f"sequence {s}: DeepSeek-V4 layers {missing} did not run")
+            progress.update()
+
+
+def _run_streamed(streamer, seqs: list[np.ndarray], writer: _Writer) -> None:
+    """Layer-major (latentq.stream.LayerStreamer.run): decoder layer i's weights loaded, every sequence through it
+    (the capture writing its record of sequence n; ``before`` sets the writer's sequence), then freed. The layers run
+    the modules and inputs of the model's own forward, so the records are the in-memory ones. Raises RuntimeError
+    when a layer did not run for every sequence (decoder layer i holds the attention of layer_idx i)."""
+    with Progress(len(streamer.layers), "dump", "layers") as progress:
+
+        def before(i: int, n: int) -> None:
+            writer.seq = n
+
+        def after(i: int) -> None:
+            if writer.ran.get(i) != set(range(len(seqs))):
+                raise RuntimeError(f"DeepSeek-V4 layer {i} did not run for every sequence")
+            progress.update()
+
+        streamer.run([torch.as_tensor(s)[None, :] for s in seqs], before=before, after=after)
+
+
 @torch.no_grad()
 def dump_v4(
     model,
@@ -380,50 +415,50 @@ def dump_v4(
     check_tol: float | None = None,
     extra_attrs: dict | None = None,
 ) -> dict:
-    """Run a DeepSeek-V4 model (``DeepseekV4ForCausalLM`` / ``DeepseekV4Model``, eager attention, in memory) on
-    each sequence and write its caches to ``out_path`` (module docstring; the arguments are latentq.dump.dump's).
-    Returns a summary dict (path, bytes, cache_family, max_rel_err per layer, num_layers, softmax_scale).
+    """Run a DeepSeek-V4 model (``DeepseekV4ForCausalLM``, eager attention: in memory, or a
+    latentq.stream.LayerStreamer of a V4 checkpoint, layer by layer) on each sequence and write its caches to
+    ``out_path`` (module docstring; the arguments are latentq.dump.dump's). Returns a summary dict (path, bytes,
+    cache_family, max_rel_err per layer, num_layers, softmax_scale, layer_types). Both ways write the same file.
 
-    Raises DumpError (existing output without force, bad q_rows, empty input, a layer-streamed model: V4 dumps
-    run in memory), V4CheckError (the dump's own check; a DumpError), ValueError (latentq.deepseek_v4's scope:
-    not a V4 model, non-eager attention), RuntimeError (a layer that did not run, records that disagree across
-    sequences); input errors are raised before any file is created, and no failure leaves a file."""
+    Raises DumpError (existing output without force, bad q_rows, empty input), V4CheckError (the dump's own
+    check; a DumpError), ValueError (latentq.deepseek_v4's scope: not a V4 model, non-eager attention),
+    RuntimeError (a layer that did not run, records that disagree across sequences); input errors are raised
+    before any file is created, and no failure leaves a file."""
     import h5py
 
     from latentq.stream import LayerStreamer
 
     if os.path.exists(out_path) and not force:
         raise DumpError(f"{out_path} exists; pass force=True (--force) to overwrite")
-    if isinstance(model, LayerStreamer):
-        raise DumpError("DeepSeek-V4 dumps run in memory (the layer streamer does not run V4 layers); use --stream off")
+    streamer = model if isinstance(model, LayerStreamer) else None
+    module = streamer.model if streamer is not None else model
     seqs = [np.asarray(s, dtype=np.int64).reshape(-1) for s in token_ids_per_seq]
     if not seqs or any(len(s) == 0 for s in seqs):
         raise DumpError("need at least one non-empty sequence")
     local_rows = select_q_rows([len(s) for s in seqs], q_rows)
-    layers = _plan_layers(model)
-    compute_dtype = next(model.parameters()).dtype
+    layers = _plan_layers(module)
+    compute_dtype = streamer.dtype if streamer is not None else next(model.parameters()).dtype
     if check_tol is None:
         check_tol = 1e-4 if compute_dtype == torch.float32 else 2e-2
-    revision = revision or "sha256-state-dict:" + state_dict_sha256(model)
+    if revision is None:
+        revision = (
+            weights_revision(streamer.path) if streamer is not None else "sha256-state-dict:" + state_dict_sha256(model)
+        )
     if original_dtype is None:
         original_dtype = str(config_dict.get("torch_dtype") or config_dict.get("dtype") or compute_dtype)
     kw = compression_kw(compression)
     tmp = temp_output(out_path)
-    was_training = model.training
-    device = next(model.parameters()).device
+    was_training = module.training
     try:
-        model.eval()
+        module.eval()
         with h5py.File(tmp, "w") as f:
             _create(f, layers, seqs, local_rows, kw)
             writer = _Writer(f, layers, [len(s) for s in seqs], local_rows, kw)
-            with V4Capture(model, on_layer=writer), Progress(len(seqs), "dump", "sequences") as progress:
-                for s, seq in enumerate(seqs):
-                    writer.seq = s
-                    run_model(model, torch.as_tensor(seq, device=device)[None, :])
-                    missing = sorted(i for i in writer.ran if s not in writer.ran[i])
-                    if missing:
-                        raise RuntimeError(f"sequence {s}: DeepSeek-V4 layers {missing} did not run")
-                    progress.update()
+            with V4Capture(module, on_layer=writer):
+                if streamer is not None:
+                    _run_streamed(streamer, seqs, writer)
+                else:
+                    _run_in_memory(model, seqs, writer)
             errs = check_file(f, check_tol)
             meta = {
                 "model": model_name,
@@ -441,7 +476,7 @@ def dump_v4(
             os.remove(tmp)
         raise
     finally:
-        model.train(was_training)
+        module.train(was_training)
     return {
         "path": out_path,
         "bytes": os.path.getsize(out_path),

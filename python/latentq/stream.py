@@ -464,10 +464,12 @@ class LayerStreamer:
             ``v_conv1d`` -> ``conv1d``): the j-th source fills rows [j R / n, (j + 1) R / n) of the
             target's R rows; returned as {renamed name: (target, j, n)}.
         A converter of another kind leaves the name as it is (the model then lacks that tensor:
-        CheckpointError from _placements). A renamed name whose first component is no child of the model
-        gets the base model's prefix (``model.``), as from_pretrained gives base-model keys (DeepSeek-V4's
-        ``layers.N....``, ``embed_tokens.weight``). Nothing changes when transformers has no table for the
-        model."""
+        CheckpointError from _placements). As from_pretrained does (``rename_source_key``), the base model's
+        prefix (``model.``) is added or stripped where that gives a name the model has (DeepSeek-V4's
+        ``layers.N....``, ``embed.weight`` -> ``model.embed_tokens.weight``), and a checkpoint name the model
+        has is kept when the renaming would lose it (transformers' own V4 save writes ``model.norm.weight``,
+        which the rule ``.norm.`` -> ``.kv_norm.`` meant for the compressors would rename). Nothing changes when
+        transformers has no table for the model."""
         try:
             from transformers.conversion_mapping import get_model_conversion_mapping
             from transformers.core_model_loading import (
@@ -484,16 +486,30 @@ class LayerStreamer:
         renamings = [t for t in transforms if isinstance(t, WeightRenaming)]
         converters = [t for t in transforms if isinstance(t, WeightConverter)]
         concat: dict[str, tuple[str, int, int]] = {}
-        prefix, top = self.model.base_model_prefix, {n for n, _ in self.model.named_children()}
+        known, p = set(_persistent_tensors(self.model)), self.model.base_model_prefix + "."
 
-        def new_name(k: str) -> str:
-            r = apply_renamings(k, renamings)
-            if prefix in top and r.split(".", 1)[0] not in top:
-                r = f"{prefix}.{r}"
+        def converted(r: str) -> tuple:
+            """(converter, target, source pattern) of the first converter matching r, else (None, r, None)."""
             for c in converters:
                 target, pattern = c.rename_source_key(r)
-                if pattern is None:
-                    continue
+                if pattern is not None:
+                    return c, target, pattern
+            return None, r, None
+
+        def reprefix(r: str) -> str:
+            """r with the base model's prefix stripped or added when that makes its model name (its converter's
+            target) one the model has: ``rename_source_key`` in transformers' core_model_loading.py."""
+            name = converted(r)[1]
+            if p != "." and name.startswith(p) and name[len(p) :] in known:
+                return r[len(p) :]
+            return p + r if p != "." and p + name in known else r
+
+        def new_name(k: str) -> str:
+            r = reprefix(apply_renamings(k, renamings))
+            c, target, pattern = converted(r)
+            if target not in known and reprefix(k) in known:  # a name the renaming lost is kept (from_pretrained)
+                return reprefix(k)
+            if c is not None:
                 ops, j, n = c.operations, c.source_patterns.index(pattern), len(c.source_patterns)
                 kinds = [(type(o), getattr(o, "dim", None)) for o in ops]
                 expert = re.search(r"\.experts\.(\d+)\.", r)
@@ -506,7 +522,6 @@ class LayerStreamer:
                         return f"{base}.{expert[1]}.down_proj.weight"
                 elif kinds == [(Concatenate, 0)] and n > 1:
                     concat[r] = (target, j, n)
-                break
             return r
 
         self.checkpoint.rename(new_name)

@@ -138,8 +138,8 @@ def e8m0_to_float32(scale: torch.Tensor) -> torch.Tensor:
 def decode_fp8_e8m0(parts: dict, args: dict, dtype: torch.dtype) -> torch.Tensor:
     """DeepSeek-V4 FP8 (``quant_method: fp8``, ``scale_fmt: ue8m0``): ``weight`` float8_e4m3fn [M, N] and ``scale``
     e8m0 [ceil(M / bm), ceil(N / bn)] (``weight_block_size``, edge blocks partial); w = float32(fp8) · 2^(b − 127)
-    of its block (exact in float32), cast to dtype. DeepSeek-V4 inference/model.py ``weight_dequant`` with
-    ``scale_fmt`` ue8m0."""
+    of its block (exact in float32), cast to dtype: DeepSeek-V3's ``weight_dequant`` with e8m0 scales, as transformers
+    5.24 ``integrations/finegrained_fp8.py`` ``Fp8Dequantize._dequantize_one`` reads them (uint8 / e8m0 bytes)."""
     return dequantize_fp8_blocks(parts["weight"], e8m0_to_float32(parts["scale"]), args["block"], dtype)
 
 
@@ -326,7 +326,7 @@ DECODERS = {
             "scale",
             ("weight", "scale"),
             decode_fp8_e8m0,
-            "DeepSeek-V4 inference/model.py weight_dequant, scale_fmt ue8m0",
+            "DeepSeek-V3 weight_dequant with e8m0 scales (transformers 5.24 Fp8Dequantize)",
         ),
         Decoder(
             "deepseek-v4-mxfp4",

@@ -1,10 +1,10 @@
 """``python -m latentq.dump`` on DeepSeek-V4 (latentq.dump_v4): a random-init transformers 5.24
 DeepseekV4ForCausalLM (the tiny shape of test_deepseek_v4: a sliding, a CSA and an HCA layer, index_topk below the
 number of CSA entries, random sinks and position biases) saved as a checkpoint directory, dumped through the CLI
-over two sequences (offline, CPU). The dump's own check passes; every dataset has the documented shape and dtype;
-the stored tensors are the capture's; the recomputation from the stored arrays alone is the model's attention and
-moves when the window, the HCA entries or the CSA selection is wrong; a corrupted attn_out or index_selected is
-refused (CLI exit 2, no file)."""
+over two sequences (offline, CPU), in memory and streamed layer by layer (the same file). The dump's own check
+passes; every dataset has the documented shape and dtype; the stored tensors are the capture's; the recomputation
+from the stored arrays alone is the model's attention and moves when the window, the HCA entries or the CSA
+selection is wrong; a corrupted attn_out or index_selected is refused (CLI exit 2, no file)."""
 
 import json
 import os
@@ -188,6 +188,28 @@ def test_recomputation_discriminates(dumped):
         err = dump_mod.rel_err(rec, ref[0]["attn_out"])
         print(f"{name}: rel. error {err:.3e}")
         assert err > 1e-3, name
+
+
+def test_streamed_equals_in_memory(files, dumped, capsys):
+    """``--stream on`` (latentq.stream.LayerStreamer, layer-major, the checkpoint as save_pretrained writes it,
+    float32): the same datasets, values and attributes as the in-memory dump (measured: identical)."""
+    out = files / "streamed.h5"
+    assert dump_mod.main(cli_args(files / "ckpt", files / "text.txt", out, "--stream", "on")) == 0
+    assert json.loads(capsys.readouterr().out)["execution"] == "layer streaming"
+    with h5py.File(dumped) as a, h5py.File(out) as b:
+        names = []
+        a.visititems(lambda n, o: names.append(n) if isinstance(o, h5py.Dataset) else None)
+        assert len(names) == 3 + 7 + 15 + 11 and all(n in b for n in names)  # root, sliding, CSA, HCA
+        for n in names:
+            np.testing.assert_array_equal(a[n][()], b[n][()], n)
+            assert dict(a[n].attrs) == dict(b[n].attrs)
+        for g in a["layers"]:
+            assert {k: str(v) for k, v in a["layers"][g].attrs.items()} == {
+                k: str(v) for k, v in b["layers"][g].attrs.items()
+            }
+        assert {k: str(a.attrs[k]) for k in a.attrs if k != "created"} == {
+            k: str(b.attrs[k]) for k in b.attrs if k != "created"
+        }
 
 
 def test_corrupted_attn_out_is_refused(files, monkeypatch, capsys):

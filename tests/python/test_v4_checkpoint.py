@@ -11,17 +11,21 @@
   (between a weight and its scale) and an MTP block the model does not have.
 - transformers' own loader (from_pretrained, which dequantizes FP8 and MXFP4 on a CPU) gives the same float32
   weights as latentq's, bit for bit, and the same logits; so does the streamed model.
+- ``python -m latentq.dump`` in memory and ``--stream on``: the dump's own check passes and both files hold the same
+  datasets with the same values (measured: identical), equal to the dump of transformers' model.
 """
 
 import json
 import os
 import struct
 
+import h5py
 import numpy as np
 import pytest
 import torch
 import transformers
 
+from latentq import dump as dump_mod
 from latentq import random_checkpoint_v4 as rc
 from latentq import weight_formats as wf
 from latentq.stream import CheckpointError, LayerStreamer
@@ -251,6 +255,58 @@ def test_loaders_agree_with_transformers(ckpt, dtype):
     LayerStreamer(ckpt["path"], dtype).run([ids], on_logits=lambda n, x: streamed.setdefault(n, x))
     print(f"{dtype}: max |logits| {float(la.abs().max()):.3f}; ours - transformers {float((lb - la).abs().max())}")
     assert torch.equal(la, lb) and torch.equal(streamed[0], la)
+
+
+def _dump(ckpt, name, *extra):
+    out = ckpt["dir"] / f"{name}.h5"
+    sizes = ["--seq-len", str(SEQ_LEN), "--num-seqs", str(NUM_SEQS), "--q-rows", str(Q_ROWS)]
+    args = ["--model", ckpt["path"], "--text", str(ckpt["dir"] / "text.txt"), *sizes, "--out", str(out)]
+    assert dump_mod.main([*args, "--tokenizer", "bytes", *extra]) == 0
+    return out
+
+
+def _datasets(path) -> dict:
+    out = {}
+    with h5py.File(path) as f:
+        f.visititems(lambda n, o: out.__setitem__(n, o[()]) if isinstance(o, h5py.Dataset) else None)
+        attrs = {k: f.attrs[k] for k in f.attrs if k != "created"}
+    return out, attrs
+
+
+def test_dump_in_memory_and_streamed(ckpt, capsys):
+    mem = _dump(ckpt, "mem", "--stream", "off")
+    mem_summary = json.loads(capsys.readouterr().out)
+    streamed = _dump(ckpt, "streamed", "--stream", "on")
+    st_summary = json.loads(capsys.readouterr().out)
+    assert (mem_summary["execution"], st_summary["execution"]) == ("in memory", "layer streaming")
+    assert st_summary["layer_types"] == {"0": "sliding", "1": "csa", "2": "hca"}
+    for s in (mem_summary, st_summary):
+        errs = s["max_rel_err"].values()
+        assert s["cache_family"] == "deepseek_v4" and 0 < max(errs) < 1e-5
+    a, a_attrs = _datasets(mem)
+    b, b_attrs = _datasets(streamed)
+    assert a.keys() == b.keys() and a_attrs.keys() == b_attrs.keys()
+    assert {k for k in a_attrs if str(a_attrs[k]) != str(b_attrs[k])} == set()
+    worst = 0.0
+    for k in a:
+        assert a[k].dtype == b[k].dtype and a[k].shape == b[k].shape, k
+        if a[k].dtype.kind == "f" and a[k].size:
+            worst = max(worst, float(np.abs(a[k].astype(np.float64) - b[k]).max()))
+        else:
+            np.testing.assert_array_equal(a[k], b[k], k)
+    print(f"dump check (in memory) {mem_summary['max_rel_err']}; streamed - in memory, max |Δ| = {worst}")
+    assert worst <= 1e-6
+    assert a_attrs["original_dtype"] == "float8_e4m3fn+mxfp4" and a_attrs["model_class"] == "DeepseekV4ForCausalLM"
+    assert (a["layers/001/index_selected"] >= 0).sum(1).max() == 3 and a["layers/001/compressed_kv"].shape[0] == 20
+    # the same dump from transformers' own model
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        ckpt["path"], dtype=torch.float32, attn_implementation="eager"
+    )
+    seqs = [np.frombuffer(TEXT[i * SEQ_LEN : (i + 1) * SEQ_LEN], dtype=np.uint8) for i in range(NUM_SEQS)]
+    dump_mod.dump(hf, hf.config.to_dict(), seqs, Q_ROWS, str(ckpt["dir"] / "hf.h5"))
+    c, _ = _datasets(ckpt["dir"] / "hf.h5")
+    for k in a:
+        np.testing.assert_array_equal(a[k], c[k], k)
 
 
 def test_broken_scales_are_refused(ckpt, tmp_path):
