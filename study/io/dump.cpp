@@ -9,171 +9,18 @@
 #include <limits>
 #include <stdexcept>
 
-#include "latentq/h5util.h"
+#include "dump_loader.h"
 #include "latentq/analysis/narrow.h"
-#include "latentq/quantize.h"  // count_nonfinite
+#include "latentq/h5util.h"
 
 namespace latentq {
 namespace {
 
-enum class DType { I32, I64, F32 };
-const char* dtype_str(DType d) { return d == DType::I32 ? "int32" : d == DType::I64 ? "int64" : "float32"; }
+using dumpio::DType;
+using dumpio::layer_group;
+using dumpio::Loader;
 
-bool dtype_is(const H5::DataType& t, DType want) {
-  if (want == DType::F32) return t.getClass() == H5T_FLOAT && t.getSize() == 4;
-  if (t.getClass() != H5T_INTEGER) return false;
-  const H5::IntType it(t.getId());
-  return it.getSign() != H5T_SGN_NONE && t.getSize() == (want == DType::I32 ? 4u : 8u);
-}
-
-std::string layer_group(int index) { return fmt::format("/layers/{:03d}", index); }
-
-// Reads one file; `where` tracks the object being read for HDF5 error messages.
-class Loader {
- public:
-  Loader(const std::filesystem::path& path, const H5::H5File& file) : path_(path.string()), file_(file) {}
-
-  [[noreturn]] void invalid(const std::string& msg) const { throw std::invalid_argument(path_ + ": " + msg); }
-
-  // ---- attributes ----
-  bool has_attr(const std::string& name) const { return file_.attrExists(name); }
-  H5::Attribute attr(const std::string& name, const char* expected) {
-    where_ = "root attribute '" + name + "'";
-    if (!file_.attrExists(name)) invalid(fmt::format("missing root attribute '{}' (expected {})", name, expected));
-    return file_.openAttribute(name);
-  }
-  std::string str_attr(const std::string& name) {
-    const H5::Attribute a = attr(name, "a string");
-    if (a.getTypeClass() != H5T_STRING)
-      invalid(fmt::format("root attribute '{}' has type {}, expected a string", name, h5::dtype_name(a.getDataType())));
-    single(a, name, "a string");
-    return h5::read_string_attr(a);
-  }
-  // An attribute holding one value (a scalar or a one-element array).
-  void single(const H5::Attribute& a, const std::string& name, const char* expected) const {
-    if (const hssize_t n = a.getSpace().getSimpleExtentNpoints(); n != 1)
-      invalid(fmt::format("root attribute '{}' holds {} values, expected {}", name, n, expected));
-  }
-  H5::Attribute scalar_attr(const std::string& name, H5T_class_t cls, const char* expected) {
-    const H5::Attribute a = attr(name, expected);
-    if (a.getTypeClass() != cls)
-      invalid(
-          fmt::format("root attribute '{}' has type {}, expected {}", name, h5::dtype_name(a.getDataType()), expected));
-    single(a, name, expected);
-    return a;
-  }
-  int64_t int_attr(const std::string& name, int64_t min_value) {
-    int64_t v = 0;
-    scalar_attr(name, H5T_INTEGER, "an integer").read(H5::PredType::NATIVE_INT64, &v);
-    if (v < min_value) invalid(fmt::format("root attribute '{}' = {}, expected an integer >= {}", name, v, min_value));
-    return v;
-  }
-  double float_attr(const std::string& name) {
-    double v = 0;
-    scalar_attr(name, H5T_FLOAT, "a float").read(H5::PredType::NATIVE_DOUBLE, &v);
-    return v;
-  }
-
-  // ---- datasets ----
-  bool has(const std::string& name) const { return h5::exists(file_, name); }
-
-  // Opens `name` and checks dtype and shape. expected[i] < 0 means "any extent".
-  H5::DataSet open(const std::string& name, DType dt, const std::vector<int64_t>& expected, const std::string& why) {
-    where_ = name;
-    if (!has(name)) invalid(fmt::format("missing dataset {} ({} {})", name, dtype_str(dt), why));
-    if (file_.childObjType(name) != H5O_TYPE_DATASET) invalid(fmt::format("{} is not a dataset", name));
-    H5::DataSet ds = file_.openDataSet(name);
-    const H5::DataType t = ds.getDataType();
-    if (!dtype_is(t, dt)) invalid(fmt::format("{} has dtype {}, expected {}", name, h5::dtype_name(t), dtype_str(dt)));
-    const std::vector<hsize_t> d = h5::dims_of(ds);
-    bool ok = d.size() == expected.size();
-    for (size_t i = 0; ok && i < d.size(); ++i) ok = expected[i] < 0 || static_cast<int64_t>(d[i]) == expected[i];
-    if (!ok) {
-      std::vector<std::string> e;
-      for (int64_t x : expected) e.push_back(x < 0 ? "*" : std::to_string(x));
-      invalid(fmt::format("{} has shape {}, expected [{}] ({})", name, h5::shape_str(d), fmt::join(e, ", "), why));
-    }
-    return ds;
-  }
-
-  // The element count of `ds`, checked before its memory is allocated: every value must be stored in
-  // the file. HDF5 reads fill values for storage that was never written, so a dataset declared with
-  // an extent but written in part (an interrupted writer) or not at all would load as zeros, and a
-  // file of a few kB could ask for gigabytes.
-  size_t stored_count(const H5::DataSet& ds, const std::string& name, size_t mem_size) {
-    const std::vector<hsize_t> d = h5::dims_of(ds);
-    const size_t file_size = ds.getDataType().getSize();
-    size_t n = 1, bytes = 0;
-    for (hsize_t x : d)
-      if (__builtin_mul_overflow(n, x, &n)) n = std::numeric_limits<size_t>::max();
-    if (__builtin_mul_overflow(n, std::max(mem_size, file_size), &bytes))
-      invalid(fmt::format("{} has shape {}: too many elements to hold in memory", name, h5::shape_str(d)));
-    if (n == 0) return 0;
-    const H5::DSetCreatPropList cp = ds.getCreatePlist();
-    switch (cp.getLayout()) {
-      case H5D_CHUNKED: {
-        std::vector<hsize_t> c(d.size());
-        cp.getChunk(static_cast<int>(c.size()), c.data());
-        hsize_t chunks = 1, written = 0;
-        for (size_t i = 0; i < d.size(); ++i) chunks *= c[i] ? (d[i] + c[i] - 1) / c[i] : 0;
-        if (const H5::DataSpace all = ds.getSpace(); H5Dget_num_chunks(ds.getId(), all.getId(), &written) < 0)
-          throw H5::DataSetIException("H5Dget_num_chunks", "cannot count the written chunks");
-        if (written < chunks)
-          invalid(
-              fmt::format("{} has shape {} in {} chunks, of which {} are written: the dataset was not written in "
-                          "full (an interrupted write?)",
-                          name, h5::shape_str(d), chunks, written));
-        break;
-      }
-      case H5D_CONTIGUOUS:
-      case H5D_COMPACT:
-        if (cp.getExternalCount() > 0) break;  // in external raw files: reading reports a missing or short one
-        if (const hsize_t stored = ds.getStorageSize(); stored < n * file_size)
-          invalid(
-              fmt::format("{} has shape {} ({} bytes) but {} bytes of it are stored: the dataset was not written "
-                          "in full (an interrupted write?)",
-                          name, h5::shape_str(d), n * file_size, stored));
-        break;
-      default:
-        invalid(fmt::format("{} is a virtual dataset: a dump holds its values itself", name));
-    }
-    return n;
-  }
-
-  template <class T>
-  std::vector<T> read(const H5::DataSet& ds, const std::string& name) {
-    where_ = name;
-    if (const std::string why = h5::storage_problem(ds); !why.empty()) invalid(name + ": " + why);
-    const size_t n = stored_count(ds, name, sizeof(T));
-    std::vector<T> v(n);
-    if (n == 0) return v;
-    if constexpr (std::is_same_v<T, float>)
-      ds.read(v.data(), H5::PredType::NATIVE_FLOAT);
-    else if constexpr (std::is_same_v<T, int32_t>)
-      ds.read(v.data(), H5::PredType::NATIVE_INT32);
-    else
-      ds.read(v.data(), H5::PredType::NATIVE_INT64);
-    return v;
-  }
-
-  std::vector<float> read_finite(const std::string& name, const std::vector<int64_t>& expected, const std::string& why,
-                                 int layer) {
-    std::vector<float> v = read<float>(open(name, DType::F32, expected, why), name);
-    if (const int64_t bad = count_nonfinite(v.data(), static_cast<int64_t>(v.size())))
-      invalid(fmt::format("layer {:03d}: {} has {} NaN/Inf values (of {}); the dump must be finite", layer, name, bad,
-                          v.size()));
-    return v;
-  }
-
-  const std::string& where() const { return where_; }
-
- private:
-  std::string path_;
-  const H5::H5File& file_;
-  std::string where_ = "the file";
-};
-
-const char* const kAttentionSets[] = {"q_rows", "q_nope", "q_pe", "w_uk", "w_uv", "attn_out"};
+const std::vector<const char*> kAttentionSets = {"q_rows", "q_nope", "q_pe", "w_uk", "w_uv", "attn_out"};
 
 // The root attributes: the schema first, then the model's (softmax_scale checked finite, > 0 and
 // in the float32 normal range).
@@ -201,10 +48,14 @@ void read_attrs(Loader& L, DumpAttrs& A) {
   A.config_json = L.str_attr("config_json");
   A.num_layers = L.int_attr("num_layers", 1);
   A.num_heads = L.int_attr("num_heads", 1);
-  A.kv_lora_rank = L.int_attr("kv_lora_rank", 1);
-  A.qk_rope_head_dim = L.int_attr("qk_rope_head_dim", 1);
-  A.qk_nope_head_dim = L.int_attr("qk_nope_head_dim", 1);
-  A.v_head_dim = L.int_attr("v_head_dim", 1);
+  if (A.v4()) {
+    dumpio::read_v4_attrs(L, A);  // head_dim and qk_rope_head_dim instead of the MLA shapes
+  } else {
+    A.kv_lora_rank = L.int_attr("kv_lora_rank", 1);
+    A.qk_rope_head_dim = L.int_attr("qk_rope_head_dim", 1);
+    A.qk_nope_head_dim = L.int_attr("qk_nope_head_dim", 1);
+    A.v_head_dim = L.int_attr("v_head_dim", 1);
+  }
   A.softmax_scale = L.float_attr("softmax_scale");
   if (!(A.softmax_scale > 0) || !std::isfinite(A.softmax_scale))
     L.invalid(fmt::format("root attribute 'softmax_scale' = {}, expected a finite value > 0", A.softmax_scale));
@@ -258,9 +109,10 @@ void read_layer_list(Loader& L, const H5::H5File& file, Dump& D) {
 // D.file_has_attention: the attention datasets are all present or all absent, the same in every layer.
 void check_attention_sets(Loader& L, Dump& D) {
   int first_with = -1, first_without = -1;
+  const std::vector<const char*>& sets = D.attrs.v4() ? dumpio::v4_attention_sets() : kAttentionSets;
   for (int li : D.file_layers) {
     std::vector<std::string> present, missing;
-    for (const char* n : kAttentionSets) (L.has(layer_group(li) + "/" + n) ? present : missing).emplace_back(n);
+    for (const char* n : sets) (L.has(layer_group(li) + "/" + n) ? present : missing).emplace_back(n);
     if (!present.empty() && !missing.empty())
       L.invalid(fmt::format("layer {:03d}: attention datasets must be all present or all absent; has {} but not {}", li,
                             fmt::join(present, ", "), fmt::join(missing, ", ")));
@@ -272,8 +124,9 @@ void check_attention_sets(Loader& L, Dump& D) {
   D.file_has_attention = first_with >= 0;
 }
 
-// D.attrs.index_head_dim: the width of every layer's indexer key cache (/layers/NNN/index_k [T, d]), one for the
-// whole file; 0 when no layer has one (dense MLA; a sparse dump whose layers share another's indexer).
+// D.attrs.index_head_dim: the width of every layer's indexer key cache (/layers/NNN/index_k [T, d]; DeepSeek-V4
+// [N, d]), one for the whole file; 0 when no layer has one (dense MLA; a sparse dump whose layers share another's
+// indexer).
 void read_index_width(Loader& L, const H5::H5File& file, Dump& D) {
   int first = -1;
   for (int li : D.file_layers) {
@@ -281,7 +134,8 @@ void read_index_width(Loader& L, const H5::H5File& file, Dump& D) {
     if (!L.has(kn)) continue;
     const std::vector<hsize_t> d = h5::dims_of(file.openDataSet(kn));
     if (d.size() != 2 || d[1] == 0)
-      L.invalid(fmt::format("{} has shape {}, expected [T, index dim] with index dim >= 1", kn, h5::shape_str(d)));
+      L.invalid(fmt::format("{} has shape {}, expected [{}, index dim] with index dim >= 1", kn, h5::shape_str(d),
+                            D.attrs.v4() ? "N" : "T"));
     const auto w = static_cast<int64_t>(d[1]);
     D.indexer_layers.push_back(li);
     if (first < 0) {
@@ -457,12 +311,20 @@ Dump load(const std::filesystem::path& path, const H5::H5File& file, const LoadO
   read_layer_list(L, file, D);
   check_attention_sets(L, D);
   read_index_width(L, file, D);
+  if (D.attrs.v4()) dumpio::read_v4_layer_lists(L, file, D);
   const std::vector<int> want = wanted_layers(path, D, opt);
   const bool attention = opt.attention && D.file_has_attention;
   LayerReader R(L, file, D);
+  int64_t v4_tq = -1;
+  int v4_tq_layer = -1;
   for (int li : want) {
     Layer ly;
     ly.index = li;
+    if (D.attrs.v4()) {
+      dumpio::read_v4_layer(L, file, D, ly, attention, opt.data, v4_tq, v4_tq_layer);
+      D.layers.push_back(std::move(ly));
+      continue;
+    }
     R.check_not_empty(li);
     if (opt.data)
       R.read(ly, attention);
@@ -492,6 +354,9 @@ int64_t DumpAttrs::width(Target t) const {
       return qk_rope_head_dim;
     case Target::IndexK:
       return index_head_dim;
+    case Target::WindowKV:
+    case Target::CompressedKV:
+      return head_dim;
   }
   throw std::logic_error(fmt::format("invalid Target {}", static_cast<int>(t)));
 }
@@ -504,14 +369,34 @@ const std::vector<float>& Layer::rows(Target t) const {
       return k_pe;
     case Target::IndexK:
       return index_k;
+    case Target::WindowKV:
+      return window_kv;
+    case Target::CompressedKV:
+      return compressed_kv;
   }
   throw std::logic_error(fmt::format("invalid Target {}", static_cast<int>(t)));
 }
 
+const std::vector<int64_t>& Layer::row_offsets(Target t, const std::vector<int64_t>& seq_offsets) const {
+  static const std::vector<int64_t> none;
+  if (!v4() || !(t == Target::CompressedKV || t == Target::IndexK)) return seq_offsets;
+  return compressed_offsets.empty() ? none : compressed_offsets;
+}
+
+int64_t Layer::num_rows(Target t, const std::vector<int64_t>& seq_offsets) const {
+  const std::vector<int64_t>& o = row_offsets(t, seq_offsets);
+  return o.empty() ? 0 : o.back();
+}
+
 bool Dump::holds(int index, Target target) const {
   if (!attrs.family().holds(target)) return false;
+  const auto in = [index](const std::vector<int>& v) { return std::binary_search(v.begin(), v.end(), index); };
+  if (attrs.v4()) {
+    if (target == Target::WindowKV) return true;
+    return in(compressed_layers) && (target == Target::CompressedKV || in(indexer_layers));
+  }
   if (target != Target::IndexK) return true;
-  return file_has_attention && std::binary_search(indexer_layers.begin(), indexer_layers.end(), index);
+  return file_has_attention && in(indexer_layers);
 }
 
 const Layer& Dump::layer(int index) const {

@@ -107,13 +107,16 @@ std::string format_inspect(const Dump& header, const LayerSource& read, double o
       lens.push_back(dump.seq_offsets[s + 1] - dump.seq_offsets[s]);
     return fmt::format("{}", fmt::join(lens, ", "));
   }());
-  out += fmt::format(
-      "dims            num_heads {}, kv_lora_rank {}, qk_rope_head_dim {}, qk_nope_head_dim {}, v_head_dim {}\n",
-      A.num_heads, A.kv_lora_rank, A.qk_rope_head_dim, A.qk_nope_head_dim, A.v_head_dim);
+  if (A.v4())
+    out += fmt::format("dims            num_heads {}, head_dim {}, qk_rope_head_dim {}, index_head_dim {} ({})\n",
+                       A.num_heads, A.head_dim, A.qk_rope_head_dim, A.index_head_dim, A.cache_family);
+  else
+    out += fmt::format(
+        "dims            num_heads {}, kv_lora_rank {}, qk_rope_head_dim {}, qk_nope_head_dim {}, v_head_dim {}\n",
+        A.num_heads, A.kv_lora_rank, A.qk_rope_head_dim, A.qk_nope_head_dim, A.v_head_dim);
   out += fmt::format("softmax_scale   {:.7g}\n", A.softmax_scale);
   out += fmt::format("rope_layout     {}\n", A.rope_layout);
   out += fmt::format("original_dtype  {}\n", A.original_dtype);
-  const int64_t T = dump.num_tokens();
   // Layer by layer: at most the previous layer (for the adjacent-layer Pearson) and this one are held.
   std::string stats, decision;
   std::optional<Layer> prev;
@@ -125,32 +128,36 @@ std::string format_inspect(const Dump& header, const LayerSource& read, double o
       attention_rows_known = true;
       query_rows = l.has_attention() ? l.num_query_rows() : -1;
     }
-    for (int t = 0; t < 2; ++t) {
-      const bool ckv = t == 0;
-      const int64_t D = ckv ? A.kv_lora_rank : A.qk_rope_head_dim;
-      const float* x = ckv ? l.c_kv.data() : l.k_pe.data();
-      const TensorStats s = tensor_stats(x, T, D, outlier_factor);
+    // the family's caches (MLA: c_kv, k_pe; DeepSeek-V4: window_kv, compressed_kv, index_k), each over its own rows
+    const std::vector<Target> targets = A.v4() ? std::vector<Target>{Target::WindowKV, Target::CompressedKV,
+                                                                      Target::IndexK}
+                                               : std::vector<Target>{Target::CKV, Target::KPE};
+    for (const Target t : targets) {
+      if (A.v4() && !dump.holds(l.index, t)) continue;
+      const char* name = to_string(t);
+      const int64_t D = A.width(t), R = l.num_rows(t, dump.seq_offsets);
+      const float* x = l.rows(t).data();
+      const TensorStats s = tensor_stats(x, R, D, outlier_factor);
       const std::string outl = s.outlier_channels.empty() ? "-"
                                                           : fmt::format("{} [{}]", s.outlier_channels.size(),
                                                                         fmt::join(s.outlier_channels, ", "));
-      stats += fmt::format("{:>5} {:<6} {:>10.4g} {:>10.4g} {:>8.3g}  {}\n", l.index, ckv ? "c_kv" : "k_pe", s.absmax,
-                           s.mean_abs, s.range_spread, outl);
-      const LatentStats z = latent_stats(x, T, D, dump.seq_offsets);
+      stats += fmt::format("{:>5} {:<6} {:>10.4g} {:>10.4g} {:>8.3g}  {}\n", l.index, name, s.absmax, s.mean_abs,
+                           s.range_spread, outl);
+      const LatentStats z = latent_stats(x, R, D, l.row_offsets(t, dump.seq_offsets));
       std::string adjacent = "-";
-      if (prev && prev->index == l.index - 1 && T >= 2) {
-        const float* px = ckv ? prev->c_kv.data() : prev->k_pe.data();
-        const probes::CrossLayerPair p = probes::cross_layer_pair(px, x, T, D);
+      if (prev && prev->index == l.index - 1 && R >= 2 && prev->num_rows(t, dump.seq_offsets) == R) {
+        const probes::CrossLayerPair p = probes::cross_layer_pair(prev->rows(t).data(), x, R, D);
         adjacent = std::isnan(p.pearson_mean_abs) ? "nan" : fmt::format("{:.4f}", p.pearson_mean_abs);
       }
-      decision +=
-          fmt::format("{:>5} {:<6} {:>8.3g} {:>7.4f} {:>7.4f} {:>7.4f} {:>8.3g} {:>8.3g} {:>8.3g}  {}\n", l.index,
-                      ckv ? "c_kv" : "k_pe", z.channel_rms_ratio, z.energy_top_eighth, z.energy_top_quarter,
-                      z.energy_top_half, z.norm_p99_ratio, z.norm_max_ratio, z.first_token_ratio, adjacent);
+      decision += fmt::format("{:>5} {:<6} {:>8.3g} {:>7.4f} {:>7.4f} {:>7.4f} {:>8.3g} {:>8.3g} {:>8.3g}  {}\n",
+                              l.index, name, z.channel_rms_ratio, z.energy_top_eighth, z.energy_top_quarter,
+                              z.energy_top_half, z.norm_p99_ratio, z.norm_max_ratio, z.first_token_ratio, adjacent);
     }
     prev = std::move(l);
   }
   if (dump.file_has_attention && query_rows >= 0)
-    out += fmt::format("attention data  yes ({} query rows per layer, W_UK, W_UV, attn_out)\n", query_rows);
+    out += fmt::format("attention data  yes ({} query rows per layer, {})\n", query_rows,
+                       A.v4() ? "q, rope cos / sin, sinks, attn_out" : "W_UK, W_UV, attn_out");
   else
     out += fmt::format("attention data  {}\n", dump.file_has_attention ? "yes" : "no (latent-only dump)");
   out += fmt::format(

@@ -150,6 +150,12 @@ class IndexerProbe final : public Probe {
     ProbePart p;
     const auto& S = probe_settings<IndexerSettings>(config, "indexer");
     if (!S.enabled || !dump.attrs.family().holds(Target::IndexK) || !dump.file_has_attention) return p;
+    if (!dump.attrs.family().topk_selection) {  // DeepSeek-V4: index_k selects compressed entries, not topk_keys
+      p.notes.push_back(fmt::format("indexer: /indexer_error not applicable to {} (its CSA selection reads compressed "
+                                    "entries, not c_kv + k_pe); its index_k rows are in /latent_error",
+                                    dump.attrs.cache_family));
+      return p;
+    }
     p.groups = {"indexer_error"};
     for (const Layer& l : dump.layers)
       p.cells.push_back(ProbeCell::make(this, fmt::format("{:03d}/indexer", l.index), p.groups, {l.index}, true,

@@ -244,11 +244,19 @@ TEST(Spec, TargetsAndNames) {
   EXPECT_STREQ(latentq::to_string(ScaleDtype::F32), "fp32");
   EXPECT_TRUE(latentq::is_latent_target(Target::CKV) && latentq::is_latent_target(Target::KPE));
   EXPECT_FALSE(latentq::is_latent_target(Target::IndexK));
+  // DeepSeek-V4's entries: neither the MLA latent nor the indexer; one row split as an engine record's two parts
+  for (const latentq::TargetTraits& t : latentq::kTargets) {
+    SCOPED_TRACE(t.name);
+    EXPECT_EQ(latentq::is_entry_target(t.target), std::string(t.width) == "head_dim");
+    EXPECT_FALSE(latentq::is_entry_target(t.target) && latentq::is_latent_target(t.target));
+  }
+  EXPECT_EQ(latentq::parse_target("window_kv"), Target::WindowKV);
+  EXPECT_EQ(latentq::parse_target("compressed_kv"), Target::CompressedKV);
   try {
     latentq::parse_target("kv");
     ADD_FAILURE() << "accepted";
   } catch (const std::invalid_argument& e) {
-    EXPECT_EQ(std::string(e.what()), "unknown target 'kv', available: c_kv, k_pe, index_k");
+    EXPECT_EQ(std::string(e.what()), "unknown target 'kv', available: c_kv, k_pe, index_k, window_kv, compressed_kv");
   }
 }
 
@@ -256,6 +264,9 @@ TEST(Spec, PresetsStoreTheLatentTargetsOnly) {
   // an engine record pairs c_kv with k_pe: index_k is refused with a reason, and stored_for throws
   const QuantSpec p = QuantSpec::parse("flashmla-v32-fp8");
   EXPECT_EQ(latentq::why_not_applicable(p, Target::IndexK, 128), "an engine record holds c_kv and k_pe, not index_k");
+  // a V4 entry row needs its split (the study's, which knows qk_rope_head_dim): the spec alone refuses it
+  EXPECT_EQ(latentq::why_not_applicable(p, Target::WindowKV, 512),
+            "an engine record holds c_kv and k_pe, not window_kv");
   EXPECT_EQ(latentq::why_not_applicable(p, Target::CKV, 512), "");
   try {
     (void)p.stored_for(Target::IndexK);

@@ -151,8 +151,10 @@ TEST_F(DumpTest, CacheFamilyFromTheTable) {
   for (const CacheFamilyTraits& f : kCacheFamilies) {
     SCOPED_TRACE(f.name);
     EXPECT_EQ(&cache_family_traits(f.name), &f);
-    EXPECT_TRUE(f.holds(Target::CKV) && f.holds(Target::KPE));
-    EXPECT_EQ(f.topk_selection, f.holds(Target::IndexK));  // the indexer picks the keys
+    // an MLA family caches c_kv and k_pe, its indexer picks the keys; DeepSeek-V4 caches its entries instead
+    EXPECT_EQ(f.holds(Target::CKV) && f.holds(Target::KPE), !f.compressed_entries);
+    EXPECT_EQ(f.holds(Target::WindowKV) && f.holds(Target::CompressedKV), f.compressed_entries);
+    if (!f.compressed_entries) EXPECT_EQ(f.topk_selection, f.holds(Target::IndexK));
   }
   const Dump d = load_dump(path);
   EXPECT_EQ(d.attrs.cache_family, "dense_mla");
@@ -160,10 +162,10 @@ TEST_F(DumpTest, CacheFamilyFromTheTable) {
   EXPECT_EQ(d.attrs.index_head_dim, 0);
   EXPECT_TRUE(d.holds(0, Target::CKV));
   EXPECT_FALSE(d.holds(0, Target::IndexK));
-  lqtest::set_string_attr(path, "cache_family", "deepseek_v4");
+  lqtest::set_string_attr(path, "cache_family", "deepseek_v5");
   expect_error<std::invalid_argument>(
       [&] { load_dump(path); },
-      {p(), "root attribute unknown cache_family 'deepseek_v4', available: dense_mla, sparse_mla"});
+      {p(), "root attribute unknown cache_family 'deepseek_v5', available: dense_mla, sparse_mla, deepseek_v4"});
 }
 
 TEST_F(DumpTest, MissingSchema) {

@@ -86,9 +86,11 @@ enum class ScaleRule : uint8_t {
   Ue8m0Round = 10,    ///< mxfp4-rn (SGLang's DeepSeek-V4 MXFP4 KV cache): 2^round(log2(amax/6)), e2m1 RNE
 };
 
-/// Which cached tensor a spec is applied to: the MLA latent cache's two (an engine preset stores them differently)
-/// and, for sparse MLA (DeepSeek-V3.2, GLM-5), the DSA indexer's key cache, which takes plain formats only.
-enum class Target : uint8_t { CKV = 0, KPE = 1, IndexK = 2 };
+/// Which cached tensor a spec is applied to: the MLA latent cache's two (an engine preset stores them differently),
+/// for sparse MLA (DeepSeek-V3.2, GLM-5) and DeepSeek-V4's CSA layers the indexer's key cache, which takes plain
+/// formats only, and DeepSeek-V4's two attention entries (one row holds K = V: its first head_dim - qk_rope_head_dim
+/// columns are an engine record's "c_kv" part, its last qk_rope_head_dim its "k_pe" part).
+enum class Target : uint8_t { CKV = 0, KPE = 1, IndexK = 2, WindowKV = 3, CompressedKV = 4 };
 
 /// One row per target, in Target order: its results name, the dump attribute that gives its row width, and what it
 /// is. Whatever names, parses or sizes a target reads this table.
@@ -104,15 +106,26 @@ inline constexpr TargetTraits kTargets[] = {
     {Target::KPE, "k_pe", "qk_rope_head_dim", "the shared RoPE key k_pe (after RoPE)"},
     {Target::IndexK, "index_k", "index_head_dim",
      "the DSA indexer's key cache of sparse MLA (after its k_norm and RoPE; one 128-wide key per token in "
-     "DeepSeek-V3.2 and GLM-5)"},
+     "DeepSeek-V3.2 and GLM-5) and of DeepSeek-V4's CSA layers (one key per compressed entry, not per token)"},
+    {Target::WindowKV, "window_kv", "head_dim",
+     "DeepSeek-V4's shared K = V sliding-window entry of every token ([T, head_dim], after RoPE on its last "
+     "qk_rope_head_dim columns, interleaved pairs)"},
+    {Target::CompressedKV, "compressed_kv", "head_dim",
+     "DeepSeek-V4's CSA / HCA compressor entries ([N, head_dim], one per compress_rate tokens of a sequence, the "
+     "same RoPE slice)"},
 };
 inline constexpr size_t kTargetCount = std::size(kTargets);
 static_assert(kTargets[0].target == Target::CKV && kTargets[1].target == Target::KPE &&
-                  kTargets[2].target == Target::IndexK,
+                  kTargets[2].target == Target::IndexK && kTargets[3].target == Target::WindowKV &&
+                  kTargets[4].target == Target::CompressedKV,
               "kTargets is in Target order");
 /// The MLA latent cache's targets (c_kv, k_pe): what an engine preset's record, /summary's bytes and the decision's
-/// budgets count. The indexer key cache is counted apart (/indexer_error, the index_k rows of /latent_error).
+/// budgets count. The indexer key cache is counted apart (/indexer_error, the index_k rows of /latent_error), and so
+/// are DeepSeek-V4's entries.
 constexpr bool is_latent_target(Target t) { return t == Target::CKV || t == Target::KPE; }
+/// DeepSeek-V4's attention entries (window_kv, compressed_kv): rows of head_dim whose last qk_rope_head_dim columns
+/// are rotated; an engine record stores one entry row as its c_kv part followed by its k_pe part.
+constexpr bool is_entry_target(Target t) { return t == Target::WindowKV || t == Target::CompressedKV; }
 
 /// A parsed quantizer spec. Fields that do not apply to a format hold their defaults.
 struct QuantSpec {
@@ -240,7 +253,7 @@ struct PresetTraits {
     return b + record_pad_bytes(order, b);
   }
 };
-inline constexpr size_t kPresetCount = 13;
+inline constexpr size_t kPresetCount = 14;
 extern const PresetTraits kPresets[kPresetCount];
 
 /// An engine's cache of the sparse-attention (DSA) indexer key, one row of kIndexerPresets: the indexer key of
@@ -335,7 +348,8 @@ const char* family_of(const QuantSpec&);
 const char* scheme_of(const QuantSpec&);
 const char* granularity_of(const QuantSpec&);
 const char* scale_dtype_of(const QuantSpec&);
-/// Parses a kTargets name ("c_kv", "k_pe", "index_k"); throws std::invalid_argument listing them otherwise.
+/// Parses a kTargets name ("c_kv", "k_pe", "index_k", "window_kv", "compressed_kv"); throws std::invalid_argument
+/// listing them otherwise.
 Target parse_target(std::string_view);
 
 }  // namespace latentq

@@ -25,6 +25,16 @@
 //   /layers/NNN/index_k float32 [T, d_i], index_q float32 [Tq, n_i, d_i], index_w float32 [Tq, n_i]
 // NNN is the layer index, zero-padded to 3 digits. All arrays are row-major. Other attributes
 // (created, compute_dtype, ...) may be present and are ignored.
+//
+// DeepSeek-V4 (root attribute cache_family = "deepseek_v4", data/README.md "DeepSeek-V4 caches"): root attributes
+// head_dim (D) and qk_rope_head_dim (d_r) instead of kv_lora_rank, qk_nope_head_dim and v_head_dim; per layer, with
+// the group attributes layer_type (sliding | csa | hca), compress_rate (0 | >= 1), sliding_window, softmax_scale
+// (and on CSA layers index_topk, index_softmax_scale), N the layer's compressed entries over all sequences:
+//   window_kv [T, D] (every layer); compressed_kv [N, D], compressed_span int64 [N, 2], compressed_rope_position
+//   int64 [N], compressed_offsets int64 [S+1] (CSA, HCA); index_k [N, c] (CSA);
+//   with the attention data: q_rows int32 [Tq], q [Tq, H, D], rope_cos / rope_sin [Tq, d_r/2], attn_out [Tq, H, D],
+//   sinks [H] (every layer); index_q [Tq, n_h, c], index_w [Tq, n_h], index_selected int64 [Tq, index_topk] (CSA).
+// Read by study/io/dump_v4.cpp.
 #pragma once
 
 #include <cstdint>
@@ -50,31 +60,45 @@ struct CacheFamilyTraits {
   /// Each query row reads a per-row selection of the causal keys (Layer::topk_offsets / topk_keys, chosen by an
   /// indexer from its own key cache) rather than every causal key.
   bool topk_selection;
+  /// The caches' rows: one per token (false), or, for the entry caches of DeepSeek-V4, also one per compressed entry
+  /// (compressed_kv and index_k: Layer::row_offsets).
+  bool compressed_entries;
   const char* models;  ///< the models that cache this way
   const char* source;  ///< what it is computed from (the reference modeling code)
   /// Whether a layer of the family holds `t` (caches[t]).
   constexpr bool holds(Target t) const { return caches[static_cast<size_t>(t)]; }
 };
 inline constexpr CacheFamilyTraits kCacheFamilies[] = {
-    {"dense_mla", {true, true, false}, false, "DeepSeek-V2/V3, Kimi K2, GLM-4.7-Flash, MiniCPM3, LongCat-Flash",
+    {"dense_mla", {true, true, false, false, false}, false, false, "DeepSeek-V2/V3, Kimi K2, GLM-4.7-Flash, MiniCPM3, LongCat-Flash",
      "transformers 5.24 deepseek_v2 / deepseek_v3 (DeepseekV3Attention): c_kv after kv_a_layernorm, k_pe after RoPE, "
      "every causal key read"},
-    {"sparse_mla", {true, true, true}, true, "DeepSeek-V3.2, GLM-5 (DeepSeek Sparse Attention)",
+    {"sparse_mla", {true, true, true, false, false}, true, false, "DeepSeek-V3.2, GLM-5 (DeepSeek Sparse Attention)",
      "transformers 5.24 deepseek_v32 / glm_moe_dsa (DeepseekV32Indexer): the latent plus the lightning indexer's key "
      "cache (index_k, after its k_norm and RoPE); each query row reads the causal top-index_topk of the index score"},
+    {"deepseek_v4", {false, false, true, true, true}, false, true,
+     "DeepSeek-V4 (sliding, CSA and HCA layers; no MLA latent)",
+     "transformers 5.24 deepseek_v4 (DeepseekV4Attention): the sliding window's K = V entry of every token "
+     "(window_kv), the CSA / HCA compressor's entries (compressed_kv, one per compress_rate tokens) and the CSA "
+     "indexer's keys (index_k, one per compressed entry); a CSA query row reads the index_selected entries, an HCA "
+     "row every complete entry of its sequence (its selection is the layer's index_selected, not topk_keys)"},
 };
-/// The row of `name`; throws std::invalid_argument "unknown cache_family 'x', available: dense_mla, sparse_mla".
+/// The row of `name`; throws std::invalid_argument "unknown cache_family 'x', available: dense_mla, sparse_mla,
+/// deepseek_v4".
 const CacheFamilyTraits& cache_family_traits(std::string_view name);
 
 /// Root attributes of a dump.
 struct DumpAttrs {
   std::string model, revision, source, rope_layout, original_dtype, config_json;
-  /// "dense_mla" (the attribute absent), or "sparse_mla": DeepSeek Sparse Attention, whose layers hold the keys
-  /// each query row read (Layer::topk_*) and their DSA indexer's tensors (Layer::index_*).
+  /// "dense_mla" (the attribute absent), "sparse_mla": DeepSeek Sparse Attention, whose layers hold the keys each
+  /// query row read (Layer::topk_*) and their DSA indexer's tensors (Layer::index_*), or "deepseek_v4" (Layer's V4
+  /// datasets; kv_lora_rank, qk_nope_head_dim and v_head_dim are 0, head_dim is the entry width).
   std::string cache_family = "dense_mla";
   int64_t num_layers = 0, num_heads = 0, kv_lora_rank = 0, qk_rope_head_dim = 0, qk_nope_head_dim = 0, v_head_dim = 0;
-  /// Sparse MLA: the width of the layers' indexer key cache (/layers/NNN/index_k [T, index_head_dim], one for the
-  /// file); 0 when no layer has one. From the datasets' shapes (no root attribute).
+  /// DeepSeek-V4: the width D of an attention entry (window_kv, compressed_kv, q, attn_out); its last
+  /// qk_rope_head_dim columns are rotated. 0 for the MLA families.
+  int64_t head_dim = 0;
+  /// Sparse MLA and DeepSeek-V4: the width of the layers' indexer key cache (/layers/NNN/index_k [T or N,
+  /// index_head_dim], one for the file); 0 when no layer has one. From the datasets' shapes (no root attribute).
   int64_t index_head_dim = 0;
   double softmax_scale = 0;  ///< the model's attention softmax scale (mscale² included); > 0 and a
                              ///< normal float32 (load_dump checks it after the conversion)
@@ -86,7 +110,10 @@ struct DumpAttrs {
   /// num_layers · (kv_lora_rank + qk_rope_head_dim) · 2. What ratio_vs_bf16 and the decision's budgets are
   /// fractions of.
   int64_t bf16_bytes_per_token() const { return num_layers * (kv_lora_rank + qk_rope_head_dim) * 2; }
-  /// The row width of `target` (latentq/spec.h kTargets): kv_lora_rank, qk_rope_head_dim or index_head_dim.
+  /// Whether the dump is DeepSeek-V4's (cache_family deepseek_v4).
+  bool v4() const { return family().compressed_entries; }
+  /// The row width of `target` (latentq/spec.h kTargets): kv_lora_rank, qk_rope_head_dim, index_head_dim or
+  /// head_dim (window_kv, compressed_kv).
   int64_t width(Target target) const;
 };
 
@@ -116,12 +143,41 @@ struct Layer {
   int64_t index_heads = 0, index_dim = 0, index_topk = 0;
   double index_softmax_scale = 0;
   bool has_indexer() const { return !index_k.empty(); }
-  /// The rows of `target` [T, DumpAttrs::width(target)]: c_kv, k_pe or index_k (empty when the layer has no
-  /// indexer or its attention data was not loaded).
-  const std::vector<float>& rows(Target target) const;
 
-  /// True when all six attention datasets were loaded.
+  /// DeepSeek-V4 (cache_family deepseek_v4; empty / 0 otherwise), data/README.md "DeepSeek-V4 caches". The group
+  /// attributes (read with the header too): layer_type "sliding", "csa" or "hca"; compress_rate m (0 on sliding
+  /// layers: tokens per compressed entry); sliding_window (window entries a query row reads); softmax_scale (the
+  /// layer's, D^-1/2); on CSA layers index_topk and index_softmax_scale above.
+  std::string layer_type;
+  int64_t compress_rate = 0, sliding_window = 0;
+  double softmax_scale = 0;
+  std::vector<float> window_kv;                  ///< [T, head_dim] K = V entry of every token, after RoPE
+  std::vector<float> compressed_kv;              ///< [N, head_dim] CSA / HCA entries, after RoPE (empty on sliding)
+  std::vector<int64_t> compressed_span;          ///< [N, 2] [first token, end) within the sequence
+  std::vector<int64_t> compressed_rope_position; ///< [N] entry w's RoPE position w · m
+  std::vector<int64_t> compressed_offsets;       ///< [S+1] sequence s owns entries [o_s, o_{s+1}) (CSA, HCA)
+  // with the attention data (every layer): q [Tq, H, head_dim] after RoPE, rope_cos / rope_sin [Tq, d_r/2] (the
+  // query rows' cos / sin, one per pair), sinks [H]; attn_out above is [Tq, H, head_dim] on V4; CSA also index_q,
+  // index_w above and index_selected [Tq, index_topk] (entries within the row's sequence; -1: none).
+  std::vector<float> q, rope_cos, rope_sin, sinks;
+  std::vector<int64_t> index_selected;
+  /// Whether this is a DeepSeek-V4 layer (its layer_type was read).
+  bool v4() const { return !layer_type.empty(); }
+
+  /// The rows of `target` [rows, DumpAttrs::width(target)]: c_kv, k_pe, index_k, window_kv or compressed_kv (empty
+  /// when the layer has none; index_k of sparse MLA when its attention data was not loaded).
+  const std::vector<float>& rows(Target target) const;
+  /// The row ranges of each sequence in rows(target), [S+1] from 0 to the row count: `seq_offsets` (the dump's,
+  /// one row per token) except for DeepSeek-V4's compressed_kv and index_k, whose rows are the layer's compressed
+  /// entries (compressed_offsets; empty on a sliding layer). Nothing may assume a target has T rows.
+  const std::vector<int64_t>& row_offsets(Target target, const std::vector<int64_t>& seq_offsets) const;
+  /// The number of rows of `target`: row_offsets(target, seq_offsets).back() (0 when it has none).
+  int64_t num_rows(Target target, const std::vector<int64_t>& seq_offsets) const;
+
+  /// True when the attention datasets were loaded: all six of MLA, or on a DeepSeek-V4 layer q_rows, q, rope_cos,
+  /// rope_sin, attn_out and sinks.
   bool has_attention() const {
+    if (v4()) return !q_rows.empty() && !q.empty() && !rope_cos.empty() && !attn_out.empty() && !sinks.empty();
     return !q_rows.empty() && !q_nope.empty() && !q_pe.empty() && !w_uk.empty() && !w_uv.empty() && !attn_out.empty();
   }
   /// Number of query rows Tq (0 without attention data).
@@ -139,9 +195,15 @@ struct Dump {
   std::vector<int> file_layers;      ///< every layer index present in the file, ascending
   bool file_has_attention = false;   ///< the file holds the attention datasets (even if not loaded)
   std::vector<int> indexer_layers;   ///< the file's layers with an indexer key cache (index_k), ascending
-  /// Whether layer `index` of the file holds `target` with its values loadable: c_kv and k_pe always; index_k on
-  /// indexer_layers with the attention datasets (it is read with them).
+  /// DeepSeek-V4: the file's layers with at least one compressed entry (compressed_kv of N >= 1 rows), ascending.
+  std::vector<int> compressed_layers;
+  /// Whether layer `index` of the file holds `target` with its values loadable, at least one row of it: c_kv and
+  /// k_pe always (MLA); index_k of sparse MLA on indexer_layers with the attention datasets (it is read with them);
+  /// DeepSeek-V4's window_kv always, compressed_kv on compressed_layers, index_k on the indexer_layers among them.
   bool holds(int index, Target target) const;
+  /// Whether `target`'s values are read with the attention datasets (LoadOptions::attention): index_k of sparse
+  /// MLA. DeepSeek-V4's caches are read without them.
+  bool reads_with_attention(Target target) const { return target == Target::IndexK && !attrs.v4(); }
   std::filesystem::path path;        ///< the file it was loaded from
 
   int64_t num_tokens() const { return static_cast<int64_t>(tokens.size()); }         ///< T
@@ -152,7 +214,7 @@ struct Dump {
 
 struct LoadOptions {
   std::vector<int> layers;  ///< layer indices to load; empty = all layers of the file
-  bool attention = true;    ///< load q_rows/q_nope/q_pe/w_uk/w_uv/attn_out when present
+  bool attention = true;    ///< load q_rows/q_nope/q_pe/w_uk/w_uv/attn_out (V4: q_rows, q, ...) when present
   /// false: a header only — attributes, tokens, positions, seq_offsets, the layer list, and every
   /// dataset's dtype and shape checked, but no layer values read (Layer entries hold their index only;
   /// read_layer() reads one layer's values). The finiteness checks happen when the values are read.
