@@ -253,17 +253,19 @@ def applicable_presets(latentq, runs: list[tuple[dict, str]], info: list[dict]) 
     return [(r, m) for r, m in runs if not any(why.get(s) for c, s in r.items() if c in ENTRY_CACHES)]
 
 
-def _decode_modes_attr(results: str) -> list[str] | None:
+def _decode_attrs(results: str) -> tuple[list[str] | None, int | None]:
+    """The root attributes decode_order_modes and decode_order_position_bucket the C++ study writes (None: absent)."""
     from latentq.e2e_results import open_results
 
     with open_results(results) as f:
-        v = f.attrs.get("decode_order_modes")
-    return None if v is None else [x.decode() if isinstance(x, bytes) else str(x) for x in np.atleast_1d(v)]
+        v, w = f.attrs.get("decode_order_modes"), f.attrs.get("decode_order_position_bucket")
+    modes = None if v is None else [x.decode() if isinstance(x, bytes) else str(x) for x in np.atleast_1d(v)]
+    return modes, None if w is None else int(w)
 
 
 def plan_runs(a, latentq) -> list[tuple[dict, str]]:
-    """(assignment, cache_mode) of every run, in the rows' order (module docstring). Raises ValueError naming the
-    flag or file."""
+    """(assignment, cache_mode) of every run, in the rows' order (module docstring); sets a.position_bucket (the flag,
+    else the root attribute decode_order_position_bucket, else 64). Raises ValueError naming the flag or file."""
     entry, index = study_v4_quantizers(a.results)
     if a.quantizers:
         entry = [(q, ENTRY_CACHES) for q in canonical_specs(latentq, a.quantizers, "--quantizers")]
@@ -274,7 +276,11 @@ def plan_runs(a, latentq) -> list[tuple[dict, str]]:
     for n in notes:
         say("e2e", "note", n)
     runs = [{c: q for c in t} for q, t in pairs] + [parse_assignment(latentq, c) for c in a.caches or []]
-    modes = a.cache_modes if a.cache_modes is not None else (_decode_modes_attr(a.results) or [PREFILL_AT_ONCE])
+    attr_modes, attr_width = _decode_attrs(a.results)
+    modes = a.cache_modes if a.cache_modes is not None else (attr_modes or [PREFILL_AT_ONCE])
+    a.position_bucket = a.position_bucket or attr_width or 64  # W of /e2e_position, as the dense step's
+    if a.position_bucket < 1:
+        raise ValueError(f"{a.results}: decode_order_position_bucket {a.position_bucket}: must be >= 1")
     for m in modes:
         mode_rsp(latentq, m)  # a malformed label: ValueError naming it
     if not runs:
@@ -364,7 +370,7 @@ class _Rows:
         extra = {"bytes_per_token": bpt, "caches": caches, "window_bytes_per_seq": wps, "scale_causal": causal}
         self.rows.append(key | m | extra)
         R, S, P = mode_rsp(latentq, mode)
-        for r in position_rows(stats, a.position_bucket or 64):
+        for r in position_rows(stats, a.position_bucket):
             self.pos_rows.append(key | {"residual": R, "sink": S, "prefill": P} | r | extra)
         if not a.quiet:
             print(f"  {caches:48s} {mode:20s} KL {m['kl_mean']:.3e}  top1 {m['top1_agree']:.4f}  "
@@ -464,7 +470,7 @@ def main_v4(a, latentq) -> int:
             **paired_groups(rows.run_stats, rows.draws),
             "e2e_not_run": not_run_group(None, selection),
             "e2e_position": (_v4_columns(E2E_POSITION_COLUMNS), pcols,
-                             {**common, "position_bucket": np.int64(a.position_bucket or 64)}),
+                             {**common, "position_bucket": np.int64(a.position_bucket)}),
         },
     )  # fmt: skip
     print(f"e2e: {len(rows.rows)} runs (DeepSeek-V4), {a.num_seqs}x{a.seq_len} tokens, {time.time() - t0:.1f}s -> "

@@ -249,6 +249,23 @@ def test_decode_order_index_k_per_query(model):
     assert same_up_to_ties(scores, mine, picked) and differ > 0
 
 
+def test_study_layers_only(model):
+    """The study's layers: int4-sym-token on compressed_kv of layer 0 only (a sliding layer: no compressed entry)
+    leaves the logits bit for bit; window_kv on layer 2 only moves them, less than on every layer."""
+    ids = ids_of(7)
+    ref, _ = run(model, ids)
+    rope = {d["layer"]: d["d_rope"] for d in e2e_v4.layer_info(model)}
+
+    def on(layers, assignment):
+        with torch.no_grad(), V4CacheInjector(model, **e2e_v4.make_fns(latentq, assignment, PREFILL, layers, rope)):
+            return run_model(model, ids).float()
+
+    assert torch.equal(on([0], {"compressed_kv": "int4-sym-token"}), ref)
+    last, every = on([2], {"window_kv": "int4-sym-token"}), on(None, {"window_kv": "int4-sym-token"})
+    print(f"window_kv int4-sym-token: KL layer 2 only {kl(ref, last, ids):.3e}, every layer {kl(ref, every, ids):.3e}")
+    assert 0 < kl(ref, last, ids) < kl(ref, every, ids)
+
+
 def test_entry_read():
     """Entry-time mask -> query rows: a query at position t reads entry w as row (t + 1) // 4 - 1 of the entry mask;
     before its first entry, none."""
@@ -315,6 +332,7 @@ def make_results(path, layers=None):
     rows += [("int4-sym-token", "compressed_kv"), ("mxfp4", "index_k")]
     with h5py.File(path, "w") as f:
         f.attrs["schema"] = "latentq-results/1"
+        f.attrs["decode_order_position_bucket"] = 20  # /e2e_position's W when --position-bucket is not given
         if layers is not None:
             f.attrs["layers"] = layers
         g = f.create_group("latent_error")
@@ -391,7 +409,8 @@ def test_cli_errors(ckpt, tmp_path, capsys):
 def test_streamed_equals_in_memory(tmp_path):
     """A V4 checkpoint as DeepSeek ships it (latentq.random_checkpoint_v4: FP8 blocks, MXFP4 experts, 3 shards, a
     layer split across two): the step streamed layer by layer (--stream on) writes the in-memory step's /e2e rows
-    (prefill and decode order, float32) bit for bit; /e2e's execution attribute says which way it ran."""
+    (prefill and decode order, float32) bit for bit; /e2e's execution attribute says which way it ran; /e2e_position
+    takes its bucket width from the results file."""
     from latentq import random_checkpoint_v4 as rc
     from test_v4_checkpoint import V4
 
@@ -406,6 +425,8 @@ def test_streamed_equals_in_memory(tmp_path):
         assert cli(tmp_path, res, "--stream", way, *modes) == 0
         with h5py.File(res) as f:
             got[way] = ({k: f["e2e"][k][()] for k in f["e2e"]}, f["e2e"].attrs["execution"])
+            pos = f["e2e_position"]  # W = the root attribute decode_order_position_bucket (20): 2 buckets per run
+            assert pos.attrs["position_bucket"] == 20 and pos["pos_start"][:2].tolist() == [0, 20]
     (mem, how_mem), (st, how_st) = got["off"], got["on"]
     print(f"{how_mem} vs {how_st}: KL {mem['kl_mean']}")
     assert how_mem == "in memory" and how_st.startswith("layer streaming")
