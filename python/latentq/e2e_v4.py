@@ -41,6 +41,7 @@ ValueError (exit 2, nothing written).
 
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -79,8 +80,6 @@ MODEL_TYPE = "deepseek_v4"
 
 def is_v4_checkpoint(path: str) -> bool:
     """Whether the checkpoint directory's config.json names model_type deepseek_v4 (False when unreadable)."""
-    import json
-
     try:
         with open(os.path.join(path, "config.json")) as f:
             return json.load(f).get("model_type") == MODEL_TYPE

@@ -201,11 +201,13 @@ class V4CacheInjector:
         for name, x in (("window_kv", key[:, 0, :T]), ("compressed_kv", key[:, 0, T:])):
             got = self.decode(idx, name, x) if x.shape[1] else None
             if got is None:
-                kqs.append(x), kbs.append(x)
+                kqs.append(x)
+                kbs.append(x)
                 reads.append(torch.zeros(T, x.shape[1], dtype=torch.bool, device=dev))
                 continue
             xq, xb, read = (torch.as_tensor(v).to(dev) for v in got)
-            kqs.append(xq.to(key.dtype)), kbs.append(xb.to(key.dtype))
+            kqs.append(xq.to(key.dtype))
+            kbs.append(xb.to(key.dtype))
             read = read.to(torch.bool)
             reads.append(read if name == "window_kv" else entry_read(read, pos, module.compressor.compress_rate))
         kq, kb, read = torch.cat(kqs, 1)[:, None], torch.cat(kbs, 1)[:, None], torch.cat(reads, 1)
