@@ -90,6 +90,62 @@ _V4_NAMES = [
     (r"\.attn_hc\.(fn|base|scale)$", r".hc_attn_\1"),
     (r"\.ffn_hc\.(fn|base|scale)$", r".hc_ffn_\1"),
 ]
+SLIDING, CSA, HCA = "sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"
+# DeepseekV4Config arguments of the checkpoints main() writes
+PRESETS = {
+    # the tests' shape: one layer of each type, index_topk 3 below the 10 CSA entries of 40 tokens, a hash-routed
+    # first layer, 8 heads so that wq_b holds two FP8 blocks, every FP8 weight whole 128 x 128 blocks or less
+    "tiny": dict(
+        vocab_size=128,
+        hidden_size=64,
+        moe_intermediate_size=32,
+        num_hidden_layers=3,
+        num_attention_heads=8,
+        num_key_value_heads=1,
+        head_dim=32,
+        q_lora_rank=32,
+        partial_rotary_factor=0.25,
+        num_experts_per_tok=2,
+        n_routed_experts=4,
+        layer_types=[SLIDING, CSA, HCA],
+        mlp_layer_types=["hash_moe", "moe", "moe"],
+        compress_rates={CSA: 4, HCA: 8},
+        hc_mult=2,
+        sliding_window=8,
+        o_groups=2,
+        o_lora_rank=16,
+        index_n_heads=4,
+        index_head_dim=16,
+        index_topk=3,
+        max_position_embeddings=256,
+    ),
+    # DeepSeek-V4-Flash's cache widths (head_dim 512 = 448 + 64 rope, index_head_dim 128, sliding_window 128, CSA 4,
+    # HCA 128) on a narrow model: 8 heads, hidden 512, 8 experts of 256, index_topk 64
+    "flash-caches": dict(
+        vocab_size=4096,
+        hidden_size=512,
+        moe_intermediate_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=1,
+        head_dim=512,
+        q_lora_rank=256,
+        partial_rotary_factor=0.125,
+        num_experts_per_tok=2,
+        n_routed_experts=8,
+        layer_types=[SLIDING, CSA, HCA, CSA],
+        mlp_layer_types=["hash_moe", "moe", "moe", "moe"],
+        compress_rates={CSA: 4, HCA: 128},
+        hc_mult=4,
+        sliding_window=128,
+        o_groups=2,
+        o_lora_rank=256,
+        index_n_heads=8,
+        index_head_dim=128,
+        index_topk=64,
+        max_position_embeddings=8192,
+    ),
+}
 _FUSED = re.compile(r"^(?P<base>.+\.ffn\.experts)\.(?P<kind>gate_up_proj|down_proj)$")
 FP8_WEIGHT = re.compile(
     r"^layers\.\d+\.(attn\.(wq_a|wq_b|wkv|wo_a|wo_b)|attn\.indexer\.wq_b|ffn\.shared_experts\.w[123])\.weight$"
@@ -325,3 +381,32 @@ def write_v4_checkpoint(
     with open(os.path.join(out_dir, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2, sort_keys=True)
     return weight_map
+
+
+def main(argv=None) -> int:
+    """``python -m latentq.random_checkpoint_v4 --out DIR [--preset tiny|flash-caches] [--seed 0] [--shards 3]``: a
+    random-init DeepSeek-V4 checkpoint as DeepSeek ships V4-Flash (module docstring) of a PRESETS shape, with an
+    MTP block; for trying ``latentq study --model DIR`` on V4 where no weights can be downloaded. Prints the
+    directory, its size in bytes and the layer types. Exit 2 on an existing non-empty --out."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m latentq.random_checkpoint_v4", description=main.__doc__)
+    p.add_argument("--out", required=True, help="the checkpoint directory (created; must be empty or absent)")
+    p.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--shards", type=int, default=3, help="safetensors shards (>= 2; layer 1 spans two)")
+    a = p.parse_args(argv)
+    if a.shards < 2:
+        p.error(f"--shards {a.shards}: expected >= 2")
+    if os.path.isdir(a.out) and os.listdir(a.out):
+        p.error(f"--out {a.out}: the directory exists and is not empty")
+    model = random_v4_model(seed=a.seed, std=0.2 if a.preset == "tiny" else 0.05, **PRESETS[a.preset])
+    write_v4_checkpoint(v4_tensors(model, mtp_layers=1), model.config, a.out, shards=a.shards, split_layer=1)
+    size = sum(os.path.getsize(os.path.join(a.out, f)) for f in os.listdir(a.out))
+    kinds = ",".join({SLIDING: "sliding", CSA: "csa", HCA: "hca"}[t] for t in model.config.layer_types)
+    print(f"{a.out}: {size} bytes (DeepSeek-V4 {a.preset}: layers {kinds}; FP8 + e8m0 blocks, MXFP4 experts)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -33,8 +33,7 @@ from test_deepseek_v4 import CONFIG
 
 SEQ_LEN, NUM_SEQS, Q_ROWS = 40, 2, 16
 TEXT = b"In the beginning God created the heaven and the earth. And the earth was without form, and void. " * 2
-V4 = {k: v for k, v in CONFIG.items() if k != "attn_implementation"}
-V4.update(num_attention_heads=8, mlp_layer_types=["hash_moe", "moe", "moe"])
+V4 = rc.PRESETS["tiny"]  # test_deepseek_v4's CONFIG with 8 heads and a hash-routed first layer
 
 # ---- independent numpy decoders -------------------------------------------------------------------------------
 
@@ -307,6 +306,19 @@ def test_dump_in_memory_and_streamed(ckpt, capsys):
     c, _ = _datasets(ckpt["dir"] / "hf.h5")
     for k in a:
         np.testing.assert_array_equal(a[k], c[k], k)
+
+
+def test_tiny_preset_is_the_test_shape_and_main_writes_it(tmp_path, capsys):
+    assert {**V4, "num_attention_heads": 4, "mlp_layer_types": ["moe"] * 3, "attn_implementation": "eager"} == CONFIG
+    assert rc.main(["--out", str(tmp_path / "ck")]) == 0
+    line = capsys.readouterr().out
+    assert "DeepSeek-V4 tiny: layers sliding,csa,hca" in line
+    with open(tmp_path / "ck" / "model.safetensors.index.json") as f:
+        wmap = json.load(f)["weight_map"]
+    assert len(set(wmap.values())) == 3 and "mtp.0.attn.wq_a.scale" in wmap and "layers.2.attn.compressor.ape" in wmap
+    with pytest.raises(SystemExit) as e:  # an existing non-empty --out is refused, nothing written
+        rc.main(["--out", str(tmp_path / "ck")])
+    assert e.value.code == 2 and "not empty" in capsys.readouterr().err
 
 
 def test_broken_scales_are_refused(ckpt, tmp_path):
