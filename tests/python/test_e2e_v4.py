@@ -460,3 +460,20 @@ def test_preset_on_512_wide_entries():
         err, exact = rel_error(mine, rec.attn_out), rel_error(recompute_attention(rec), rec.attn_out)
         print(f"layer {rec.layer}: {spec} entries rel. error {err:.2e}; unquantized entries {exact:.2e}")
         assert err < 1e-5 and exact > 1e-4
+
+
+def test_every_preset_on_v4_entries():
+    """Every engine record preset of the format table on a 512-wide entry row (rope 64): those whose record holds
+    448 + 64 apply, and their bytes per row by the one accounting are their record's (record_bytes(p, 448, 64), plus
+    a per-matrix scale amortized over the rows);
+    the V4 records apply, an MLA record of 512 + 64 (vllm-nvfp4-ds-mla) does not."""
+    presets = [r["name"] for r in latentq.format_rows() if r["family"] == "preset"]
+    fits = {p for p in presets if e2e_v4.preset_refusal(latentq, p, 512, 64) == ""}
+    for p in sorted(fits):
+        got = e2e_v4.cache_bytes(latentq, p, "compressed_kv", 512, 64, 6, 2, PREFILL)
+        print(f"{p}: {got} B per entry row")
+        rec = latentq.record_bytes(p, 448, 64)  # per token; a per-matrix scale (k8v4's fp32) comes on top, over 12 rows
+        assert rec <= got <= rec + 4 / 12, p
+    v4 = {"flashmla-model1-fp8", "flashmla-v41-fp8", "flashmla-v41-fp4"}
+    v4 |= {p for p in presets if "dsv4" in p}
+    assert v4 <= fits and "vllm-nvfp4-ds-mla" not in fits
