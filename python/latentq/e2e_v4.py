@@ -13,8 +13,9 @@ windows of seq_len tokens, once with its own caches (the reference) and once per
   ``--quantizers SPEC ...``: each spec on window_kv+compressed_kv; ``--indexer-quantizers SPEC ...``: each on
   index_k; ``--caches window_kv=A,compressed_kv=B,index_k=C ...``: one run per assignment, any subset, each cache
   its own spec. Every run goes through every cache mode (--cache-modes, else the root attribute decode_order_modes,
-  else prefill-at-once). Runs whose format the study found not applicable to a cache (/not_applicable) are left out
-  with a note.
+  else prefill-at-once). Runs whose format the study found not applicable to a cache (/not_applicable), a preset
+  whose record cannot hold the entry row, or a klt / sklt quantizer (no fitted basis for V4's caches here) are left
+  out with a note.
 * an entry cache's row (window_kv, compressed_kv: head_dim wide, the rope slice its last d_r columns): a plain
   format quantizes the whole row; an engine record preset (e.g. flashmla-model1-fp8: 448 e4m3 + 64 bf16 + 7 ue8m0
   scales + pad = 584 B) its "c_kv" part the first head_dim - d_r columns and its "k_pe" part the last d_r, each
@@ -70,6 +71,7 @@ from latentq.e2e_stats import (
     run_metrics,
     token_stats,
 )
+from latentq.fitted_basis import needs_basis
 from latentq.inject_v4 import ENTRY_CACHES, V4_CACHES, V4CacheInjector
 from latentq.model import DTYPES, device_error, load_model, run_model
 from latentq.progress import say
@@ -275,6 +277,11 @@ def plan_runs(a, latentq) -> list[tuple[dict, str]]:
     for n in notes:
         say("e2e", "note", n)
     runs = [{c: q for c in t} for q, t in pairs] + [parse_assignment(latentq, c) for c in a.caches or []]
+    fitted = sorted({s for r in runs for s in r.values() if needs_basis(s)})
+    if fitted:  # the step fits no basis on V4's caches (latentq.fitted_basis reads MLA dumps)
+        say("e2e", "note", f"{len(fitted)} klt/sklt quantizer(s) not injected on DeepSeek-V4 (no fitted basis for its "
+                           f"caches in the e2e step): {', '.join(fitted)}")  # fmt: skip
+        runs = [r for r in runs if not any(needs_basis(s) for s in r.values())]
     attr_modes, attr_width = _decode_attrs(a.results)
     modes = a.cache_modes if a.cache_modes is not None else (attr_modes or [PREFILL_AT_ONCE])
     a.position_bucket = a.position_bucket or attr_width or 64  # W of /e2e_position, as the dense step's

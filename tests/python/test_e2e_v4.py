@@ -389,7 +389,8 @@ def test_cli_groups(ckpt, tmp_path):
 
 def test_cli_errors(ckpt, tmp_path, capsys):
     """A --caches entry naming no V4 cache, a preset the tiny V4's 32-wide entries cannot hold (flashmla-model1-fp8:
-    448 + 64) as the only run, and --caches on an MLA model: exit 2, the file unchanged."""
+    448 + 64) as the only run, and --caches on an MLA model: exit 2, the file unchanged; a klt quantizer is left out
+    with a note (no fitted basis for V4's caches) and the other runs run."""
     res = tmp_path / "r.h5"
     make_results(res)
     before = res.read_bytes()
@@ -401,6 +402,10 @@ def test_cli_errors(ckpt, tmp_path, capsys):
     assert cli(ckpt, bare, "--caches", "window_kv=flashmla-model1-fp8") == 2
     err = capsys.readouterr().err
     assert "holds c_kv of 448 and k_pe of 64 dims, got 24 + 8" in err and "no run left" in err
+    assert cli(ckpt, bare, "--quantizers", "klt,int4-sym-token", "--caches", "index_k=bf16") == 0
+    assert "klt/sklt quantizer(s) not injected on DeepSeek-V4" in capsys.readouterr().err
+    with h5py.File(bare) as f:
+        assert [c.decode() for c in f["e2e/caches"][()]] == ["index_k=bf16"]
     tiny = ["--results", str(res), "--caches", "window_kv=bf16", "--threads", "1"]  # the default model: tiny-mla
     assert e2e.main(tiny) == 2 and "--caches is for a DeepSeek-V4 model" in capsys.readouterr().err
     assert res.read_bytes() == before
