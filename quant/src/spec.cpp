@@ -159,6 +159,10 @@ constexpr PresetTraits kPresets[kPresetCount] = {
    "DeepSeek-V4 NVFP4 432 B record of local-inference-lab/vllm PR 632 and b12x PR 304 (neither in the corpus read); layout and rule as tpurtell/ds4fv-vllm-28-sm12x overlay/vllm/models/deepseek_v4/common/ops/nvfp4_ds_mla.py _store_nvfp4_latent at 6407692e writes B12x's record: 256 B e2m1 of all 512 entry columns | 32 e4m3 | 16 zero bytes | 64 bf16 rope = 432 B",
    RecordOrder::Fp4AllScalesPad16Rope, 448, 64, "vLLM fork local-inference-lab/vllm native NVFP4 MLA cache for DeepSeek-V4 (PR 632; kv_cache_dtype nvfp4_ds_mla, read by B12X compressed sparse MLA, b12x PR 304)", 432,
    {4, 16, 1, 0}, {16, 0, 0, 0}, "engine_refs.b12x_dsv4_nvfp4_record (test_cpp_pack_record_matches_reference)"},
+  {"trtllm-dsv4-nvfp4-cold", "fp4-e2m1-tile16-e4m3-rcp", "bf16",
+   "TensorRT-LLM NVFP4 cold-page compression of DeepSeek-V4's CSA entries (PRs 18783, 19317; cpp/tensorrt_llm/kernels/nvfp4ColdPageKernels.cu offloadFrom16BitTiledKernel at 2d7f402e, cvt_warp_fp16_to_fp4 at the identity global scale of nvfp4_quantization.py): per entry 224 B e2m1 NoPE | 28 e4m3 | 64 bf16 rope copied losslessly = 380 B",
+   RecordOrder::CodesScalesRope, 448, 64, "TensorRT-LLM KVCM V2 cold-page NVFP4 (host / disk tier only; the GPU keeps BF16) with skip_rope_quantization, no ModelOpt KV scales", 380,
+   {4, 16, 1, 0}, {16, 0, 0, 0}, "engine_refs.trtllm_dsv4_nvfp4_cold_record (test_cpp_pack_record_matches_reference)"},
 };
 
 constexpr IndexerPresetTraits kIndexerPresets[kIndexerPresetCount] = {
@@ -198,6 +202,7 @@ static_assert(kPresets[9].parts_bytes() == kPresets[9].stated_bytes, "vllm-nvfp4
 static_assert(kPresets[10].parts_bytes() == kPresets[10].stated_bytes, "sglang-dsv4-mxfp4: 224 + 14 + 2 pad + 128");
 static_assert(kPresets[11].parts_bytes() == kPresets[11].stated_bytes, "sglang-dsv4-int4: 224 + 14 + 2 pad + 128");
 static_assert(kPresets[12].parts_bytes() == kPresets[12].stated_bytes, "b12x-dsv4-nvfp4: 224 + 28 + 128, 52 more");
+static_assert(kPresets[13].parts_bytes() == kPresets[13].stated_bytes, "trtllm-dsv4-nvfp4-cold: 224 + 28 + 128");
 static_assert(std::size(kPresets) == kPresetCount);
 static_assert(kIndexerPresets[0].part.bytes(kIndexerPresets[0].width) == kIndexerPresets[0].stated_bytes,
               "vllm-dsa-indexer-fp8: 128 e4m3 + 1 fp32");

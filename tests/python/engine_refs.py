@@ -849,6 +849,7 @@ from engine_refs_v4 import (  # noqa: E402
     sglang_int4_e4m3,
     sglang_int4_e4m3_decode,
     sglang_mxfp4_rn,
+    trtllm_dsv4_nvfp4_cold_record,  # noqa: F401
 )
 
 RECORDS.update(V4_RECORDS)

@@ -1,5 +1,6 @@
 """Independent Python references for DeepSeek-V4's cache-entry records that latentq reproduces (kPresets rows
-sglang-dsv4-mxfp4, sglang-dsv4-int4, b12x-dsv4-nvfp4 and the formats mxfp4-rn, int4-sym-g32-e4m3).
+sglang-dsv4-mxfp4, sglang-dsv4-int4, b12x-dsv4-nvfp4, trtllm-dsv4-nvfp4-cold; the formats mxfp4-rn and
+int4-sym-g32-e4m3).
 
 A DeepSeek-V4 attention entry is one 512-wide row (K = V): 448 NoPE columns, then 64 RoPE columns. latentq's
 presets take the first 448 as their "c_kv" part and the last 64 as their "k_pe" part. The element conventions are
@@ -183,14 +184,56 @@ def b12x_dsv4_nvfp4_exact_rows(ckv, kpe) -> np.ndarray:
     return (e4m3_bits((_tile_amax(x, 16) * B12X_RCP6).astype(np.float32)) != 0).all(axis=1)
 
 
+# ---------------------------------------------------------------------------------------------------
+# TensorRT-LLM's NVFP4 cold pages of DeepSeek-V4's CSA entries (preset trtllm-dsv4-nvfp4-cold)
+# NVIDIA/TensorRT-LLM cpp/tensorrt_llm/kernels/nvfp4ColdPageKernels.cu at 2d7f402e (PRs 18783, 19317)
+# ---------------------------------------------------------------------------------------------------
+
+
+def trtllm_dsv4_nvfp4_cold_record(ckv, kpe) -> np.ndarray:
+    """One CSA entry of a TensorRT-LLM NVFP4 cold page, 380 B, in latentq's record order (codes | scales | rope).
+    nvfp4_quantization.py _build_deepseek_v4_layer_layouts: the CSA `deepseek_v4_compress` rows are 512 wide, with
+    skip_rope_quantization the quantized range is the 448 NoPE elements and the 64 RoPE elements are a lossless
+    suffix; the global scale is `_IDENTITY_NVFP4_SCALE = (1.0, 1.0)` unless ModelOpt KV scales are loaded.
+    offloadFrom16BitTiledKernel (BF16 runtime page): per 16 NoPE elements `cvt_warp_fp16_to_fp4<T, 16, false>(input,
+    params.nvfp4ScaleOrigQuant, scale)`, TensorRT-LLM's copy of the rule of engine_refs.vllm_nvfp4_ds_mla_scale_bits
+    (`SFValue = SFScaleVal * (vecMax * reciprocal_approximate_ftz(6.0f))`, e4m3; `outputScale = vecMax != 0 ?
+    reciprocal_approximate_ftz(SFValue * reciprocal_approximate_ftz(SFScaleVal)) : 0`; cvt.rn.satfinite.e2m1x2).
+    The page holds its entries' codes (224 B each), then their scales (28 B each, coldScaleOffset), then their RoPE
+    bytes (coldLosslessSuffixOffset = scales + rows · 448 / 16). Reciprocals IEEE here (the kernel's are
+    rcp.approx.ftz). A group with 0 < amax and a zero e4m3 scale (amax/6 below 2^-10) gets 1/0 = inf there: ±6 codes,
+    and cvt of NaN for its zeros (code 0 here, not defined); latentq's -rcp stores 0
+    (trtllm_dsv4_nvfp4_cold_exact_rows)."""
+    ckv, kpe = _f32(ckv), _f32(kpe)
+    assert ckv.shape[1] == 448 and kpe.shape[1] == 64 and ckv.shape[0] == kpe.shape[0]
+    T = ckv.shape[0]
+    amax = _tile_amax(ckv, 16)
+    sb = e4m3_bits((amax * B12X_RCP6).astype(np.float32))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        inv = np.where(amax != 0, np.float32(1) / e4m3_value(sb), np.float32(0)).astype(np.float32)
+        y = (ckv * _expand(inv, 16, 448)).astype(np.float32)
+    codes = np.where(np.isnan(y), np.uint8(0), e2m1_bits(np.nan_to_num(y, nan=0.0)))  # cvt(NaN): not defined here
+    return np.concatenate([pack_nibbles_even_low(codes), sb.reshape(T, 28), _le_bytes(bf16_bits(kpe), "<u2")], 1)
+
+
+def trtllm_dsv4_nvfp4_cold_exact_rows(ckv, kpe) -> np.ndarray:
+    """Rows where no NoPE group has 0 < amax with a zero e4m3 scale (there the kernel's codes saturate). bool [T]."""
+    amax = _tile_amax(_f32(ckv), 16)
+    return ~((amax > 0) & (e4m3_bits((amax * B12X_RCP6).astype(np.float32)) == 0)).any(axis=1)
+
+
 V4_RECORDS = {
     # preset: (reference, c_kv width, k_pe width, c_kv spec, k_pe spec, record bytes)
     "sglang-dsv4-mxfp4": (sglang_dsv4_mxfp4_record, 448, 64, "mxfp4-rn", "bf16", 368),
     "sglang-dsv4-int4": (sglang_dsv4_int4_record, 448, 64, "int4-sym-g32-e4m3", "bf16", 368),
     "b12x-dsv4-nvfp4": (b12x_dsv4_nvfp4_record, 448, 64, "fp4-e2m1-tile16-e4m3-rcp", "bf16", 432),
+    "trtllm-dsv4-nvfp4-cold": (trtllm_dsv4_nvfp4_cold_record, 448, 64, "fp4-e2m1-tile16-e4m3-rcp", "bf16", 380),
 }
-# the engines read bf16 entries: the MXFP4 byte's float32 expression and the NVFP4 kernel's fl(1/6) are latentq's
-# exact rules on bf16 rows only
-V4_HALF_INPUT_RECORDS = {"sglang-dsv4-mxfp4", "b12x-dsv4-nvfp4"}
+# the engines read bf16 entries: the MXFP4 byte's float32 expression and the NVFP4 kernels' amax · fl(1/6) are
+# latentq's exact rules on bf16 rows only
+V4_HALF_INPUT_RECORDS = {"sglang-dsv4-mxfp4", "b12x-dsv4-nvfp4", "trtllm-dsv4-nvfp4-cold"}
 # records whose bytes latentq gives on a subset of rows only: preset -> (ckv, kpe) -> bool [T]
-V4_RECORD_EXACT_ROWS = {"b12x-dsv4-nvfp4": b12x_dsv4_nvfp4_exact_rows}
+V4_RECORD_EXACT_ROWS = {
+    "b12x-dsv4-nvfp4": b12x_dsv4_nvfp4_exact_rows,
+    "trtllm-dsv4-nvfp4-cold": trtllm_dsv4_nvfp4_cold_exact_rows,
+}

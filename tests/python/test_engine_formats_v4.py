@@ -121,3 +121,23 @@ def test_b12x_dsv4_nvfp4_record_by_hand():
     np.testing.assert_array_equal(rec[:, :224], q.codes)
     np.testing.assert_array_equal(rec[:, 256:284], q.scales.reshape(2, 28))
     assert rec[1, 256] == ref[1, 256] == 0 and (ref[1, 0] & 0xF) == 7 and (rec[1, 0] & 0xF) == 0
+
+
+def test_trtllm_dsv4_nvfp4_cold_record_by_hand():
+    """TensorRT-LLM's cold-page entry at the identity global scale: the -rcp format's codes and scales of the 448
+    NoPE columns, then the 64 RoPE columns as bf16 (380 B). Group 0 = (6, 3, -1.5, 0.5): scale 0x38, bytes 0x57,
+    0x1B. Row 1's group 0 = (0.001, 0...): amax/6 rounds to the e4m3 scale 0, and the kernel's `vecMax != 0` takes
+    1/0 = inf (code 7), latentq's -rcp 0 (code 0): not an exact row. An all-zero group (amax 0) is 0 in both."""
+    ckv = _bf16(np.random.default_rng(1).standard_normal((2, 448)))
+    ckv[:, :16] = 0
+    ckv[0, :4] = [6.0, 3.0, -1.5, 0.5]
+    ckv[1, 0] = _bf16([0.001])[0]
+    kpe = _bf16(np.random.default_rng(2).standard_normal((2, 64)))
+    ref, rec = R4.trtllm_dsv4_nvfp4_cold_record(ckv, kpe), _record("trtllm-dsv4-nvfp4-cold", ckv, kpe)
+    assert rec.shape == ref.shape == (2, 380)
+    np.testing.assert_array_equal(R4.trtllm_dsv4_nvfp4_cold_exact_rows(ckv, kpe), [True, False])
+    np.testing.assert_array_equal(rec[0], ref[0])
+    assert rec[0, 0] == 0x57 and rec[0, 1] == 0x1B and rec[0, 224] == 0x38
+    np.testing.assert_array_equal(rec[:, 252:], R._le_bytes(R.bf16_bits(kpe), "<u2"))
+    assert rec[1, 224] == ref[1, 224] == 0 and (ref[1, 0] & 0xF) == 7 and (rec[1, 0] & 0xF) == 0
+    np.testing.assert_array_equal(rec[1, 1:], ref[1, 1:])
