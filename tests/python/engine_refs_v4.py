@@ -222,6 +222,36 @@ def trtllm_dsv4_nvfp4_cold_exact_rows(ckv, kpe) -> np.ndarray:
     return ~((amax > 0) & (e4m3_bits((amax * B12X_RCP6).astype(np.float32)) == 0)).any(axis=1)
 
 
+# ---------------------------------------------------------------------------------------------------
+# vLLM's DeepSeek-V4 CSA indexer keys, FP8 (kIndexerPresets vllm-dsa-indexer-fp8 at V4's index_head_dim 128)
+# vllm-project/vllm vllm/v1/attention/ops/deepseek_v4_ops/fused_compress_quant_cache.py at 43860973
+# ---------------------------------------------------------------------------------------------------
+
+VLLM_V4_INV_FP8_MAX = np.float32(1.0 / 448.0)  # `INV_FP8_MAX: tl.constexpr = 1.0 / FP8_MAX`, used as a float32
+
+
+def _ceil_log2_f32(v: np.ndarray) -> np.ndarray:
+    """ceil(log2(v)) of positive normal float32 v, exact: the exponent, plus 1 if any significand bit is set."""
+    b = _f32(v).view(np.uint32)
+    return (b >> np.uint32(23)).astype(np.int64) - 127 + ((b & np.uint32(0x7FFFFF)) != 0)
+
+
+def vllm_v4_indexer_fp8(k):
+    """_fused_kv_compress_norm_rope_insert_indexer_attn's quantization of one compressed indexer key (head 128, one
+    block), on the bf16 key it forms (`result_bf16 = result.to(tl.bfloat16).to(tl.float32)`):
+      `absmax = tl.maximum(absmax, 1e-4)`; `raw_scale = absmax * INV_FP8_MAX` (a multiply by fl(1/448));
+      `exponent = tl.ceil(tl.log2(raw_scale))` (exact math here); `x_scaled = result_bf16 * tl.exp2(-exponent)`;
+      `tl.clamp(x_scaled, -FP8_MAX, FP8_MAX).to(tl.float8e4nv)`; the float32 scale `tl.exp2(exponent)`.
+    The page: [0, bs·128) codes, then bs float32 scales (the layout of vllm-dsa-indexer-fp8). Returns (codes uint8
+    [T, 128], scales float32 [T, 1])."""
+    k = _f32(k)
+    assert k.shape[1:] == (128,), k.shape
+    absmax = np.maximum(np.abs(k).max(axis=1, keepdims=True), np.float32(1e-4))
+    e = _ceil_log2_f32((absmax * VLLM_V4_INV_FP8_MAX).astype(np.float32))
+    y = np.clip((k * np.ldexp(np.float32(1), -e).astype(np.float32)).astype(np.float32), -E4M3_MAX, E4M3_MAX)
+    return e4m3_bits(y), np.ldexp(np.float32(1), e).astype(np.float32)
+
+
 V4_RECORDS = {
     # preset: (reference, c_kv width, k_pe width, c_kv spec, k_pe spec, record bytes)
     "sglang-dsv4-mxfp4": (sglang_dsv4_mxfp4_record, 448, 64, "mxfp4-rn", "bf16", 368),

@@ -141,3 +141,29 @@ def test_trtllm_dsv4_nvfp4_cold_record_by_hand():
     np.testing.assert_array_equal(rec[:, 252:], R._le_bytes(R.bf16_bits(kpe), "<u2"))
     assert rec[1, 224] == ref[1, 224] == 0 and (ref[1, 0] & 0xF) == 7 and (rec[1, 0] & 0xF) == 0
     np.testing.assert_array_equal(rec[1, 1:], ref[1, 1:])
+
+
+def test_vllm_v4_indexer_fp8_is_the_amaxfloor_row_on_bf16_keys():
+    """vLLM's DeepSeek-V4 compressor writes the CSA indexer keys with amax · fl(1/448) where the V3.2 kernel (the
+    vllm-dsa-indexer-fp8 row, fp8-e4m3-tile128-pow2-amaxfloor) divides by 448. fl(1/448) = (1/448)(1 + 4.5e-8): on
+    every bf16 amax the two exponents agree (448 · 2^k gives exactly 2^k either way), so on V4's bf16 keys the row
+    stores vLLM's V4 bytes: 2000 keys of magnitudes 1e-6 to 1e3 (some below the 1e-4 floor, some 448 · 2^k), codes
+    and scales byte for byte."""
+    bf16 = (np.arange(1, 0x7F80, dtype=np.uint32) << np.uint32(16)).view(np.float32)
+    a = np.maximum(bf16, np.float32(1e-4))
+    np.testing.assert_array_equal(
+        R4._ceil_log2_f32((a * R4.VLLM_V4_INV_FP8_MAX).astype(np.float32)),
+        R4._ceil_log2_f32((a / np.float32(448)).astype(np.float32)),
+    )
+    rng = np.random.default_rng(7)
+    k = rng.standard_normal((2000, 128)) * 10.0 ** rng.uniform(-6, 3, (2000, 1))
+    k[:20, 0] = 448.0 * 2.0 ** np.arange(-10, 10)  # amax exactly 448 · 2^k
+    k[:20, 1:] = np.clip(k[:20, 1:], -1.0, 1.0) * 2.0 ** np.arange(-10, 10)[:, None]
+    k = _bf16(k.astype(np.float32))
+    codes, scales = R4.vllm_v4_indexer_fp8(k)
+    q = latentq.quantize(np.ascontiguousarray(k), "fp8-e4m3-tile128-pow2-amaxfloor", "index_k")
+    np.testing.assert_array_equal(np.asarray(q.codes).view(np.uint8), codes)
+    np.testing.assert_array_equal(
+        np.asarray(q.scales, np.float32).reshape(-1, 1).view(np.uint32), scales.view(np.uint32)
+    )
+    assert (np.abs(k).max(axis=1) < 1e-4).any() and (scales == 1.0).any()
