@@ -29,7 +29,9 @@ here):
     --decode-quantizers × --cache-modes (flags win; --decode-quantizers defaults to the
     prefill-at-once quantizers), on each target set of the root attribute decode_order_targets
     ("c_kv", "k_pe", "c_kv+k_pe": the /attention_position rows' targets; absent: the targets the study
-    ran that quantizer on).
+    ran that quantizer on). Under --e2e frontier the decode-order runs of a format the frontier leaves out
+    are left out with it and listed in /e2e_not_run (the decision reads no decode-order row), unless
+    --decode-quantizers names them.
 Quantized layers: the MLA layers the study ran (the root attribute `layers` of RESULTS.h5, else the
 `layer` column of /latent_error; recorded in the /e2e attribute `layers`), for the targets the study
 ran that quantizer on (c_kv+k_pe for a spec the study did not run, with a warning); a run that would
@@ -283,7 +285,7 @@ class Plan:
             self.decode_pairs = with_targets(attr_qs, f"{a.results}: decode_order_quantizers", decode=True)
         else:
             self.decode_pairs = list(self.pairs)
-        self.decode_follows = a.decode_quantizers is None and attr_qs is None  # the frontier applies to them too
+        self.decode_named = a.decode_quantizers is not None  # named by the flag: they all run, no frontier
         if attr_tg is not None:  # the study's [decode_order].targets: one run per quantizer, target set and mode
             self.decode_pairs = [(q, tuple(t.split("+"))) for q, _ in self.decode_pairs for t in attr_tg]
         self.pairs, self.decode_pairs, notes = applicable_only(a.results, self.pairs, self.decode_pairs)
@@ -311,7 +313,8 @@ class Plan:
         mixed rows with such a rule) run behind the study's bases (self.bases, refitted from the study's dump);
         where the dump cannot give one (gone, or no query rows for sklt) they are left out, a note saying why.
         --e2e frontier (without --quantizers): the prefill-at-once quantizers latentq.e2e_frontier.select leaves
-        out do not run (self.frontier lists them), nor in the decode modes when those default to them."""
+        out do not run, nor their decode-order runs unless --decode-quantizers names them
+        (latentq.e2e_frontier.leave_out_decode); self.frontier lists both."""
         why: dict[str, str] = {}  # quantizer -> why its basis cannot be fitted
         fitted = set()  # quantizers that run behind a fitted basis
         for q, _ in self.pairs + self.decode_pairs:
@@ -332,12 +335,14 @@ class Plan:
         if a.selection == "frontier" and not a.quantizers and pre:
             self.frontier = e2e_frontier.select(a.results, self.latentq, pre, a.budget_fractions)
             off = {n.quantizer for n in self.frontier.not_run}
-        dec_off = off if self.decode_follows else set()  # decode quantizers the study or a flag names run as named
         runs = [(q, t, PREFILL_AT_ONCE) for q, t in self.pairs if q not in why and q not in off]
         runs += [(q, t, PREFILL_AT_ONCE) for q, t in self.index_pairs if q not in why]
         if PREFILL_AT_ONCE not in self.modes and a.cache_modes is not None:
             runs = []
-        runs += [(q, t, m) for m in self.decode_modes for q, t in self.decode_pairs if q not in why.keys() | dec_off]
+        dec = [(q, t, m) for m in self.decode_modes for q, t in self.decode_pairs if q not in why]
+        if self.frontier is not None and not self.decode_named:  # the decision reads no decode-order row
+            self.frontier, dec = e2e_frontier.leave_out_decode(self.frontier, dec)
+        runs += dec
         self.uses_bases = any(r[0] in fitted for r in runs)  # main checks the dump before the first forward
         return runs
 

@@ -25,6 +25,14 @@ format is left out and listed in /e2e_not_run (NOT_RUN_COLUMNS): "dominated by X
 score at the tightest budget it fits), or "over every budget" (more bytes than the largest budget). ``--e2e all``
 runs every quantizer, as before the frontier.
 
+The decode-order runs (the study's [decode_order] quantizers × cache modes × target sets, or the prefill-at-once
+quantizers when the study has none) of a format left out are left out with it (leave_out_decode), for the same
+reason, one /e2e_not_run row per run (its targets and cache_mode): the decision reads only the prefill-at-once
+c_kv+k_pe rows of /e2e, /e2e_seq and /e2e_bootstrap (study/gate/decision.cpp: measured_kl, per_sequence), so no
+decode-order row can change its summary. The report's error-vs-position figure draws the decode-order /e2e_position
+rows that ran (every [decode_order] quantizer stays in its /attention_position row). Decode-order quantizers named
+with ``--decode-quantizers`` all run.
+
 The margin, measured (every run made, ``--e2e all``; where the decision's best and runner-up at each budget
 rank by the probe score): tiny-mla's default study, the runner-up at 3/8 and 1/2 is 3rd by attention KL, at
 9.7 × the lowest; on random-init DeepSeek checkpoints (latentq.random_checkpoint: V2 2 layers, V3 3 layers in
@@ -54,6 +62,7 @@ NOT_APPLICABLE = "not applicable (bf16 counted)"
 KEEP_BEST = 4  # formats of the lowest probe score kept at each budget
 WITHIN = 4.0  # and every format whose probe score is within this factor of the lowest there
 WHOLE_CACHE = ("c_kv", "k_pe")
+PREFILL_AT_ONCE = "prefill-at-once"  # latentq.e2e_decode.PREFILL_AT_ONCE
 
 
 def parse_budgets(text: str) -> list[float]:
@@ -84,9 +93,10 @@ def fraction_label(f: float) -> str:
 
 
 class NotRun(NamedTuple):
-    """A quantizer the frontier leaves out: why ("dominated by X at the probes" or "over every budget"), X (""
-    for the latter), the budget it was compared at (its tightest; NaN when over every budget), its probe score
-    and X's there, and its bytes per token (whole model)."""
+    """A run the frontier leaves out: its quantizer, why ("dominated by X at the probes" or "over every budget"),
+    X ("" for the latter), the budget it was compared at (its tightest; NaN when over every budget), its probe
+    score and X's there, its bytes per token (whole model), and the run's targets and cache mode (a decode-order
+    run is left out with its format's prefill-at-once run, for its reason)."""
 
     quantizer: str
     reason: str
@@ -95,11 +105,19 @@ class NotRun(NamedTuple):
     probe_score: float
     best_score: float
     bytes_per_token_model: float
+    targets: str = "+".join(WHOLE_CACHE)
+    cache_mode: str = PREFILL_AT_ONCE
 
 
-_WHY = "'dominated by X at the probes' or 'over every budget' (latentq.e2e_frontier)"
+_WHY = (
+    "'dominated by X at the probes' or 'over every budget' (latentq.e2e_frontier); a decode-order run has its "
+    "format's reason (the decision reads prefill-at-once rows only)"
+)
 NOT_RUN_COLUMNS = (
     Column("quantizer", "string", "", "a quantizer of the study the e2e step did not run (--e2e frontier)"),
+    Column("targets", "string", "", "the latents the run would have quantized (c_kv+k_pe, c_kv, k_pe)"),
+    Column("cache_mode", "string", "", "the run's cache mode: prefill-at-once or decode-r<R>-s<S>-p<P> "
+           "(latentq/decode_order.h)"),
     Column("reason", "string", "", _WHY),
     Column("dominated_by", "string", "", "X: the lowest probe score at that budget (empty: over every budget)"),
     Column("budget_fraction", "float64", "1", "that budget, the tightest of --budgets it fits, as a fraction of the "
@@ -169,7 +187,8 @@ def summary_bytes(results: str) -> dict[str, tuple[float, bool]]:
 
 class Frontier(NamedTuple):
     """What select() decided: the quantizers to run (a set), the others (NotRun, in the study's order), the
-    probe metric and the frontier's parameters."""
+    probe metric and the frontier's parameters; the decode-order runs left out with them (NotRun, in the runs'
+    order) and how many decode-order runs there were (leave_out_decode)."""
 
     run: set
     not_run: list
@@ -177,6 +196,8 @@ class Frontier(NamedTuple):
     budgets: list
     keep_best: int
     within: float
+    decode_not_run: tuple = ()
+    decode_total: int = 0
 
 
 def select(results: str, latentq, pairs: list, budgets, keep_best: int = KEEP_BEST, within: float = WITHIN) -> Frontier:
@@ -227,6 +248,20 @@ def select(results: str, latentq, pairs: list, budgets, keep_best: int = KEEP_BE
     return Frontier(run, not_run, metric, fractions, keep_best, within)
 
 
+def leave_out_decode(fr: Frontier, decode_runs: list) -> tuple[Frontier, list]:
+    """The decode-order runs [(quantizer, targets, cache_mode)] (targets a tuple of names) without those of the
+    formats fr leaves out, and fr with them as ``decode_not_run`` (each with its format's NotRun fields, its
+    targets and cache mode; the module docstring says why) and ``decode_total``."""
+    off = {n.quantizer: n for n in fr.not_run}
+    keep, left = [], []
+    for q, targets, mode in decode_runs:
+        if q in off:
+            left.append(off[q]._replace(targets="+".join(targets), cache_mode=mode))
+        else:
+            keep.append((q, targets, mode))
+    return fr._replace(decode_not_run=tuple(left), decode_total=len(decode_runs)), keep
+
+
 def rule(fr: Frontier) -> str:
     """The frontier's rule in words, for the step's note and /e2e_not_run's attribute ``rule``."""
     if fr.metric == "none":
@@ -240,9 +275,11 @@ def rule(fr: Frontier) -> str:
 
 def not_run_lines(fr: Frontier, total: int) -> list[str]:
     """The step's output about the frontier: a summary line, then one line per format left out."""
+    dec = fr.decode_not_run
+    also = f", with {len(dec)} of the {fr.decode_total} decode-order runs (theirs)" if fr.decode_total else ""
     lines = [
         f"e2e: frontier: {total - len(fr.not_run)} of {total} prefill-at-once quantizers run ({rule(fr)}); "
-        f"{len(fr.not_run)} not run, listed in /e2e_not_run (--e2e all runs every one)"
+        f"{len(fr.not_run)} not run{also}; listed in /e2e_not_run (--e2e all runs every one)"
     ]
     for n in fr.not_run:
         if n.dominated_by:
@@ -254,17 +291,22 @@ def not_run_lines(fr: Frontier, total: int) -> list[str]:
             top = fraction_label(fr.budgets[-1])
             why = f"over every budget ({n.bytes_per_token_model:.6g} B/token > {top} of bf16)"
         lines.append(f"  not run  {n.quantizer:28s} {why}")
+    by_format: dict[str, list[NotRun]] = {}
+    for n in dec:
+        by_format.setdefault(n.quantizer, []).append(n)
+    for q, ns in by_format.items():
+        tg = ", ".join(dict.fromkeys(n.targets for n in ns))
+        lines.append(f"  not run  {q:28s} in {len(ns)} decode-order runs ({tg}): with its prefill-at-once run")
     return lines
 
 
 def not_run_group(fr: Frontier | None, selection: str) -> tuple:
     """/e2e_not_run for latentq.result_groups.write_groups: (NOT_RUN_COLUMNS, values, attrs); no rows under
     --e2e all or explicit --quantizers (fr None), so that a rerun replaces an earlier file's list."""
-    rows = fr.not_run if fr is not None else []
+    rows = [*fr.not_run, *fr.decode_not_run] if fr is not None else []
     values = {
-        "quantizer": np.array([n.quantizer for n in rows], dtype=object),
-        "reason": np.array([n.reason for n in rows], dtype=object),
-        "dominated_by": np.array([n.dominated_by for n in rows], dtype=object),
+        **{c: np.array([getattr(n, c) for n in rows], dtype=object)
+           for c in ("quantizer", "targets", "cache_mode", "reason", "dominated_by")},
         **{c: np.array([getattr(n, c) for n in rows], dtype=np.float64)
            for c in ("budget_fraction", "probe_score", "best_score", "bytes_per_token_model")},
     }  # fmt: skip
@@ -273,7 +315,8 @@ def not_run_group(fr: Frontier | None, selection: str) -> tuple:
         "probe_metric": fr.metric if fr is not None else "",
         "rule": rule(fr) if fr is not None else "every quantizer ran (--e2e all or --quantizers)",
         "budgets": ",".join(map(fraction_label, fr.budgets)) if fr is not None else "",
-        "definition": "the study's quantizers the e2e step left out because the cheap probes show they cannot be "
-        "the decision's best or runner-up at any budget (latentq.e2e_frontier); --e2e all runs them",
+        "definition": "the runs of the study's quantizers the e2e step left out because the cheap probes show they "
+        "cannot be the decision's best or runner-up at any budget, a format's decode-order runs with its "
+        "prefill-at-once run (latentq.e2e_frontier); --e2e all runs them",
     }
     return NOT_RUN_COLUMNS, values, attrs

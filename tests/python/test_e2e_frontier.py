@@ -115,6 +115,37 @@ def test_the_frontier_of_a_hand_built_study(tmp_path, attention):
     assert [n.quantizer for n in fr3.not_run] == ["int8-sym-tensor"]
 
 
+def test_decode_order_runs_leave_with_their_format(tmp_path):
+    """The hand-built study's frontier (as above: int2-asym-token and int4-sym-token left out) over 2 decode-order
+    quantizers x 2 modes: int2-asym-token's 2 runs leave with its format, with its reason; int4-asym-token's stay,
+    in their order; /e2e_not_run gets one row per run left out, its targets and cache mode."""
+    pairs = write_study(str(tmp_path / "r.h5"))
+    fr = ef.select(str(tmp_path / "r.h5"), latentq, pairs, [0.25, 0.5], keep_best=2, within=2.0)
+    modes = ("decode-r0-s0-p0", "decode-r32-s4-p0")
+    two = (("int2-asym-token", ("c_kv", "k_pe")), ("int4-asym-token", ("c_kv",)))
+    dec = [(q, tg, m) for m in modes for q, tg in two]
+    fr2, kept = ef.leave_out_decode(fr, dec)
+    assert kept == [("int4-asym-token", ("c_kv",), m) for m in modes]
+    assert fr2.not_run == fr.not_run and fr2.decode_total == 4
+    assert [(n.quantizer, n.targets, n.cache_mode, n.reason) for n in fr2.decode_not_run] == [
+        ("int2-asym-token", "c_kv+k_pe", m, "dominated by int2-asym-channel-g32 at the probes") for m in modes
+    ]
+    assert fr2.decode_not_run[0].probe_score == pytest.approx(0.30, rel=1e-12)
+    lines = ef.not_run_lines(fr2, len(pairs))
+    assert lines[0].endswith("; 4 not run, with 2 of the 4 decode-order runs (theirs); listed in /e2e_not_run "
+                             "(--e2e all runs every one)"), lines[0]  # fmt: skip
+    want = "not run int2-asym-token in 2 decode-order runs (c_kv+k_pe): with its prefill-at-once run"
+    assert lines[-1].split() == want.split(), lines[-1]
+    cols, values, attrs = ef.not_run_group(fr2, "frontier")
+    assert [c.name for c in cols] == list(values)
+    assert list(values["quantizer"]) == [n.quantizer for n in fr.not_run] + ["int2-asym-token"] * 2
+    assert list(values["cache_mode"]) == ["prefill-at-once"] * 4 + list(modes)
+    assert set(values["targets"]) == {"c_kv+k_pe"}
+    # no decode-order run: the first line is that of the prefill-at-once quantizers alone
+    alone = ef.not_run_lines(ef.leave_out_decode(fr, [])[0], len(pairs))[0]
+    assert alone.endswith("; 4 not run; listed in /e2e_not_run (--e2e all runs every one)"), alone
+
+
 def test_budgets_parse_as_the_decision_reads_them(tmp_path, capsys):
     assert ef.parse_budgets("1/16,0.25, 3/8,1") == [0.0625, 0.25, 0.375, 1.0]
     for bad in ("0", "1.5", "a/b", "1/0", "", "1/4,"):
@@ -221,9 +252,19 @@ def latentq_spec(q):
         return False
 
 
+def e2e_rows(path):
+    """{(quantizer, targets, cache_mode): kl_mean} of a file's /e2e, and {the same: reason} of /e2e_not_run."""
+    with h5py.File(path, "r") as f:
+        e, n = f["e2e"], f["e2e_not_run"]
+        key = lambda g: zip(g["quantizer"].asstr()[:], g["targets"].asstr()[:], g["cache_mode"].asstr()[:])
+        return dict(zip(key(e), e["kl_mean"][:])), dict(zip(key(n), n["reason"].asstr()[:]))
+
+
 def test_the_default_study_decides_the_same_with_the_frontier(tmp_path):
     """The default study (the embedded config on the shipped tiny-mla dump; its e2e step as `latentq run`
-    starts it) with --e2e frontier and --e2e all: the same decision summary, line for line."""
+    starts it) with --e2e frontier and --e2e all: the same decision summary, line for line. The frontier's
+    runs are those of --e2e all less those /e2e_not_run lists, its decode-order runs those of the formats it runs
+    (the same KL as under --e2e all: one run per forward either way), and it leaves some decode-order runs out."""
     base = tmp_path / "base.h5"
     run("run", "--out", str(base), "--threads", "2", "--no-e2e")
     py = [sys.executable, "-m", "latentq.e2e", "--model", MODEL, "--threads", "2", "--quiet"]
@@ -241,5 +282,16 @@ def test_the_default_study_decides_the_same_with_the_frontier(tmp_path):
     assert counts["all"][1] == 0 and counts["frontier"][1] > 0
     assert counts["all"][0] - counts["frontier"][0] == counts["frontier"][1]
     assert summaries["frontier"] == summaries["all"]
+    (ran_a, left_a), (ran_f, left_f) = e2e_rows(tmp_path / "all.h5"), e2e_rows(tmp_path / "frontier.h5")
+    assert not left_a and set(ran_a) == set(ran_f) | set(left_f) and not set(ran_f) & set(left_f)
+    pre_left = {q for q, _, m in left_f if m == "prefill-at-once"}
+    dec_all = [r for r in ran_a if r[2] != "prefill-at-once"]
+    dec_left = [r for r in left_f if r[2] != "prefill-at-once"]
+    print(f"decode-order runs: {len(dec_all)} under --e2e all, {len(dec_left)} left out by the frontier")
+    assert sorted(dec_left) == sorted(r for r in dec_all if r[0] in pre_left) and dec_left, dec_left
+    for r in dec_left:
+        assert left_f[r] == left_f[(r[0], "c_kv+k_pe", "prefill-at-once")], (r, left_f[r])
+    for r in (r for r in dec_all if r not in left_f):
+        assert ran_f[r] == pytest.approx(ran_a[r], rel=1e-6), r
     differ = [(f, p, e) for f, p, e in probes_vs_e2e(tmp_path / "all.h5") if p != e]
     print(f"budgets where the probes' best uniform format is not the e2e's: {differ or 'none'}")
