@@ -86,6 +86,7 @@ special tokens; else the bytes), `--num-seqs` windows of `--seq-len` tokens.
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import sys
 import time
@@ -138,6 +139,19 @@ from latentq.inject import DecodeOrderAttention, LatentInjector
 from latentq.model import DTYPES, device_error, load_model, load_tokenizer, run_model, stream_plan
 from latentq.progress import Progress, message, say
 from latentq.result_groups import write_groups
+
+V4_MODEL_TYPE = "deepseek_v4"  # latentq.e2e_v4.MODEL_TYPE, whose module is imported only for such a checkpoint
+
+
+def checkpoint_model_type(path: str) -> str | None:
+    """The model_type of a checkpoint directory's config.json; None when it is unreadable or names none. main
+    asks it before importing latentq.e2e_v4, whose model code imports transformers (2-4 s on 2 cores)."""
+    try:
+        with open(os.path.join(path, "config.json")) as f:
+            t = json.load(f).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return t if isinstance(t, str) else None
 
 
 def parse_args(argv=None):
@@ -656,9 +670,9 @@ def main(argv=None) -> int:
 
     quiet_import_noise()
     torch.set_num_threads(a.threads)
-    from latentq import e2e_v4
+    if checkpoint_model_type(a.model) == V4_MODEL_TYPE:  # DeepSeek-V4: its own caches and hooks (latentq.e2e_v4)
+        from latentq import e2e_v4
 
-    if e2e_v4.is_v4_checkpoint(a.model):  # DeepSeek-V4: its own caches and hooks (latentq.e2e_v4)
         return e2e_v4.main_v4(a, latentq)
     if a.caches:
         say("e2e", "error", f"--caches is for a DeepSeek-V4 model; {a.model} is not one (model_type deepseek_v4)")

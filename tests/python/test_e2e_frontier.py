@@ -163,6 +163,33 @@ def test_budgets_parse_as_the_decision_reads_them(tmp_path, capsys):
     ], err
 
 
+def test_the_step_imports_no_transformers_for_an_mla_model(tmp_path):
+    """checkpoint_model_type on config.json files written here; and the step on tiny-mla, stopped by a missing
+    results file right after it has told V4 from MLA, has not imported transformers (latentq.e2e_v4's model code
+    does: 2-4 s of the default study's e2e step on 2 cores), in a fresh interpreter."""
+    from latentq import e2e
+
+    for name, text, want in (
+        ("v4", '{"model_type": "deepseek_v4"}', "deepseek_v4"),
+        ("v3", '{"model_type": "deepseek_v3", "x": 1}', "deepseek_v3"),
+        ("list", "[1, 2]", None),
+        ("bad", "{", None),
+        ("number", '{"model_type": 4}', None),
+    ):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(text)
+        assert e2e.checkpoint_model_type(str(tmp_path / name)) == want, name
+    assert e2e.checkpoint_model_type(str(tmp_path / "absent")) is None
+    code = (
+        "import sys; from latentq import e2e; "
+        f"rc = e2e.main(['--results', {str(tmp_path / 'none.h5')!r}, '--model', {MODEL!r}]); "
+        "print(rc, 'transformers' in sys.modules)"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.stdout.split() == ["2", "False"], r.stdout + r.stderr[-2000:]
+    assert "none.h5" in r.stderr, r.stderr
+
+
 SMALL = """[quantizers]
 bits = [4, 2]
 schemes = ["asym"]
