@@ -29,6 +29,7 @@
 #include "latentq/external.h"
 #include "latentq/inspect.h"
 #include "latentq/plan.h"
+#include "latentq/plan_runs.h"
 #include "latentq/provenance.h"
 #include "latentq/probe_study.h"
 #include "latentq/regress.h"
@@ -58,9 +59,32 @@ struct RunArgs {
 // /decision (the report's first section).
 void decision_step(const fs::path& results, const std::string& budgets, std::ostream& out) {
   const std::vector<double> f = budgets.empty() ? default_budget_fractions() : parse_budget_fractions(budgets);
+  write_plan_runs(results, f);  // a plan at a budget of `decide` the file has no run of: stored for the e2e step
   const ColumnTable t = decision_table(results, f);
   write_results(results, {}, {{"decision", t, {}}}, WriteMode::Update);
   out << "\n" << format_decision(t);
+  std::vector<std::string> predicted;
+  for (size_t i = 0; i < t.num_rows(); ++i)
+    if (t.get<std::string>("source")[i] == "predicted")
+      predicted.push_back(budget_fraction_label(t.get<double>("budget_fraction")[i]));
+  if (!predicted.empty())
+    out << fmt::format(
+        "plan: predicted at {} of bf16 (not run end to end); /plan_runs holds its assignments, which the e2e step "
+        "runs. Measure them as the other rows, then decide again:\n  {}\n  latentq decide {}{}\n",
+        fmt::join(predicted, ", "), e2e_command_line(results), results.string(),
+        budgets.empty() ? std::string() : " --budgets " + budgets);
+}
+
+// The planner's assignments at the decision's budgets, into /plan_runs (latentq/plan_runs.h), for the e2e step to run
+// before the decision reads them; one line naming the runs.
+void plan_runs_step(const fs::path& results, const std::string& budgets, std::ostream& out) {
+  if (dump_attrs_from_results(read_results_attrs(results)).v4()) return;  // the planner budgets the MLA latent cache
+  const std::vector<double> f = budgets.empty() ? default_budget_fractions() : parse_budget_fractions(budgets);
+  const std::vector<std::string> runs = write_plan_runs(results, f);
+  if (!runs.empty())
+    out << fmt::format("plan runs: {} (/plan_runs: the planner's assignments at the decision's budgets, run by the "
+                       "e2e step)\n",
+                       fmt::join(runs, ", "));
 }
 
 // LATENTQ_TEST_KILL_AFTER_CELLS=N (tests only): stop after N computed cells, checkpoint, SIGKILL.
@@ -138,6 +162,7 @@ int cmd_run(const RunArgs& a, std::ostream& out, std::ostream& err, bool progres
                        "{}\nresults: {}\n",
                        r.owned, plan.quantizers.size(), resumed, backend->name(), secs, plan_secs,
                        format_cell_time(r, worker_threads(a.threads)), cfg.results.string());
+    plan_runs_step(cfg.results, a.budgets, out);
     if (cfg.probes.e2e.enabled && !a.no_e2e) {
       cfg.probes.e2e.selection = a.e2e;
       cfg.probes.e2e.budgets = a.budgets;
@@ -342,6 +367,7 @@ int cmd_study(const StudyArgs& a, std::ostream& out, std::ostream& err, bool pro
     e2e_changes = recorded.empty() ? std::vector<std::string>{"no step_key recorded"}
                                    : key_changes(StepKey::parse_json(recorded), e2e_now);
   }
+  plan_runs_step(results, a.budgets, out);
   if (a.no_e2e) {
     out << "e2e: skipped (--no-e2e)\n";
   } else if (e2e_changes && e2e_changes->empty()) {
@@ -459,6 +485,7 @@ int cmd_merge(const MergeArgs& a, std::ostream& out, std::ostream& err) {
   out << fmt::format(
       "merged {} shard{} ({} files): {} cells{}\nresults: {}\n", m.shards, m.shards == 1 ? "" : "s", inputs.size(),
       m.cells, m.overlapping ? fmt::format(" ({} of them in more than one file, equal)", m.overlapping) : "", merged);
+  plan_runs_step(merged, a.budgets, out);
   if (!a.no_e2e) merged_e2e_step(merged, m.attrs, a, out, err);
   decision_step(merged, a.budgets, out);
   return kExitOk;

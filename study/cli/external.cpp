@@ -27,6 +27,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "latentq/batch_study.h"
 #include "latentq/probe_study.h"
 #include "latentq/plan.h"
 #include "latentq/results.h"
@@ -216,6 +217,39 @@ bool is_tiny_mla_dir(const fs::path& dir) {
   return text.find("\"TinyMLAForCausalLM\"") != std::string::npos;
 }
 }  // namespace
+
+std::string e2e_command_line(const fs::path& results) {
+  const fs::path abs = fs::absolute(results);
+  const PythonTools t = python_tools();
+  std::vector<std::string> argv = {t.python.empty() ? std::string("python") : t.python.string(), "-m", "latentq.e2e",
+                                   "--results", abs.string()};
+  const std::vector<std::string> groups = list_tables(abs);
+  if (std::find(groups.begin(), groups.end(), "e2e") == groups.end()) {
+    const fs::path model = config_from_results(read_results_attrs(abs)).probes.e2e.model;
+    if (!model.empty()) argv.insert(argv.end(), {"--model", model.string()});
+  } else {
+    const Attrs e = read_group_attrs(abs, "e2e");
+    const auto value = [&](const std::string& name) -> std::string {
+      for (const auto& [k, v] : e)
+        if (k == name) {
+          if (const auto* s = std::get_if<std::string>(&v)) return *s;
+          if (const auto* i = std::get_if<int64_t>(&v)) return std::to_string(*i);
+        }
+      return "";
+    };
+    for (const auto& [flag, name] : {std::pair<const char*, const char*>{"--model", "model"},
+                                     {"--text", "text"},
+                                     {"--seq-len", "seq_len"},
+                                     {"--num-seqs", "num_seqs"},
+                                     {"--offset-bytes", "text_offset_bytes"},
+                                     {"--device", "device"},
+                                     {"--dtype", "dtype"}}) {
+      const std::string v = value(name);
+      if (!v.empty() && !(std::string(name) == "text" && v == "kjv-heldout")) argv.insert(argv.end(), {flag, v});
+    }
+  }
+  return fmt::format("{}", fmt::join(argv, " "));
+}
 
 bool run_e2e_step(const StudyConfig& config, const DumpAttrs& attrs, const fs::path& results, int threads,
                   std::ostream& out, std::ostream& err, bool verbose, const StepKey* step_key) {

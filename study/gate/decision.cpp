@@ -14,6 +14,7 @@
 #include "latentq/applicable.h"
 #include "latentq/batch_study.h"
 #include "latentq/plan.h"
+#include "latentq/plan_runs.h"
 #include "latentq/regress.h"
 #include "latentq/results.h"
 #include "latentq/spec.h"
@@ -183,33 +184,6 @@ double plan_objective_of(const PlanInputs& in, const std::string& quantizer) {
   return s;
 }
 
-// The mixed assignments of /latent_error (rows whose quantizer is no spec): name -> (layer, target) ->
-// (transform, stored).
-using Assignment = std::map<std::pair<int64_t, std::string>, std::pair<std::string, std::string>>;
-std::map<std::string, Assignment> mixed_assignments(const ColumnTable& le) {
-  std::map<std::string, Assignment> out;
-  if (!le.has("stored") || !le.has("transform")) return out;
-  const auto& q = strings(le, "quantizer");
-  for (size_t i = 0; i < q.size(); ++i) {
-    if (as_spec(q[i])) continue;
-    out[q[i]][{le.get<int64_t>("layer")[i], strings(le, "target")[i]}] = {strings(le, "transform")[i],
-                                                                          strings(le, "stored")[i]};
-  }
-  return out;
-}
-
-// The plan's choice in /latent_error's terms.
-Assignment plan_assignment(const PlanInputs& in, const PlanSolution& s) {
-  Assignment a;
-  for (size_t g = 0; g < in.groups.size(); ++g) {
-    const PlanGroup& G = in.groups[g];
-    const TransformedSpec ts = TransformedSpec::parse(G.options[s.choice[g]].quantizer);
-    const std::string tr = ts.transform.to_string();
-    a[{G.layer, to_string(G.target)}] = {tr.empty() ? "none" : tr, ts.spec.stored_for(G.target).to_string()};
-  }
-  return a;
-}
-
 std::string plan_name(const PlanInputs& in, const PlanSolution& s) {
   std::map<std::string, int> count;
   std::vector<std::string> order;
@@ -248,16 +222,6 @@ double parse_fraction(const std::string& s) {
   }
   if (!(v > 0 && v <= 1)) throw bad();
   return v;
-}
-
-std::string fraction_label(double f) {
-  for (int den : {2, 4, 8, 16, 32, 64})
-    for (int num = 1; num <= den; ++num)
-      if (std::abs(f * den - num) < 1e-12) {
-        const int g = std::gcd(num, den);
-        return num == den ? "all" : fmt::format("{}/{}", num / g, den / g);
-      }
-  return fmt::format("{:.4g}", f);
 }
 
 }  // namespace
@@ -304,18 +268,21 @@ const GroupSpec& decision_spec() {
        {"kl_p999", ColType::F64, "nat",
         "the 99.9th percentile of the per-token KL (its /e2e row's kl_p999): the tail beside the mean"},
        {"runner_up", ColType::Str, "",
-        "a uniform row: the format with the next-lowest KL at the same budget (empty when none; else empty)"},
+        "a uniform row: the format with the next-lowest KL at the same budget; a measured plan row: the uniform "
+        "row's format (the best uniform at the same budget); empty when none"},
        {"runner_up_kl", ColType::F64, "nat", "the runner-up's kl_mean (NaN when none)"},
        {"runner_up_p999", ColType::F64, "nat", "the runner-up's per-token p99.9 KL (NaN when none)"},
        {"delta_kl", ColType::F64, "nat",
-        "kl_mean(runner-up) − kl_mean(choice) over the same /e2e tokens (paired_kl_difference; NaN without /e2e_seq)"},
+        "kl_mean(runner-up) − kl_mean(choice) over the same /e2e tokens (paired_kl_difference; NaN without /e2e_seq; "
+        "a plan row: the best uniform format's minus the plan's)"},
        {"delta_kl_lo", ColType::F64, "nat",
         "the lower end of delta_kl's 95% paired percentile bootstrap over sequences (the /e2e_bootstrap draws of "
         "/e2e's intervals); NaN with one sequence"},
        {"delta_kl_hi", ColType::F64, "nat", "the upper end of the same interval"},
        {"verdict", ColType::Str, "",
         "a uniform row: 'X beats Y: ΔKL = a [lo, hi]' when lo > 0, else 'X and Y are indistinguishable on N tokens "
-        "...; the cheaper is Z', or why there is none (paired_verdict)"}}};
+        "...; the cheaper is Z', or why there is none (paired_verdict); a measured plan row: the same of the plan "
+        "and the best uniform format (the uniform one named first when its interval is below 0)"}}};
   return g;
 }
 
@@ -334,14 +301,13 @@ ColumnTable decision_table(const std::filesystem::path& results, const std::vect
   std::string source;
   const std::map<std::string, Metric> kl = measured_kl(results, source);
 
-  // The planner: objective kl when /attention_error has single-target rows, else mse.
-  std::optional<PlanInputs> in;
-  try {
-    in = read_plan_inputs(results, "kl");
-  } catch (const std::invalid_argument&) {
-    in = read_plan_inputs(results, "mse");
-  }
-  const std::map<std::string, Assignment> mixed = mixed_assignments(read_table(results, "latent_error"));
+  // The planner at every budget (objective kl when /attention_error has single-target rows, else mse), and the
+  // mixed runs that may measure it: the study's [[mixed]] assignments, then the runs of /plan_runs.
+  const DecisionPlans plans = decision_plans(results, fractions);
+  const PlanInputs* in = &plans.in;
+  std::vector<std::pair<std::string, Assignment>> mixed;
+  for (auto& m : study_mixed_assignments(read_table(results, "latent_error"))) mixed.emplace_back(std::move(m));
+  for (auto& m : planned_runs(results)) mixed.emplace_back(std::move(m));
 
   ColumnTable t = empty_table(decision_spec());
   auto& c_frac = t.get<double>("budget_fraction");
@@ -389,6 +355,31 @@ ColumnTable decision_table(const std::filesystem::path& results, const std::vect
     for (auto* c : {&c_ru_kl, &c_ru_p999, &c_d, &c_dlo, &c_dhi}) c->push_back(kNaN);
     c_verdict.push_back("");
   };
+  // A measured plan row against the best uniform format at its budget (none: no comparison): the runner-up
+  // columns hold that format, delta_kl = KL(uniform) − KL(plan) paired over the /e2e sequences, and the verdict
+  // names the plan by its run.
+  const auto compare_plan = [&](const std::string& run, double bytes, std::optional<size_t> uniform) {
+    if (!uniform) return no_comparison();
+    PairedKl p;
+    const auto a = seqs.kl_sum.find(sq[*uniform]), b = seqs.kl_sum.find(run);
+    if (a != seqs.kl_sum.end() && b != seqs.kl_sum.end())
+      p = paired_kl_difference(a->second, b->second, seqs.tokens, seqs.counts);
+    const Metric& m2 = kl.at(sq[*uniform]);
+    c_ru.push_back(sq[*uniform]);
+    c_ru_kl.push_back(m2.kl);
+    c_ru_p999.push_back(m2.kl_p999);
+    c_d.push_back(p.delta);
+    c_dlo.push_back(p.lo);
+    c_dhi.push_back(p.hi);
+    const std::string plan = "the plan (" + run + ")";
+    if (p.hi < 0) {  // the uniform format wins: its verdict, the difference the other way round
+      PairedKl r = p;
+      r.delta = -p.delta, r.lo = -p.hi, r.hi = -p.lo;
+      c_verdict.push_back(paired_verdict(sq[*uniform], plan, sb[*uniform], bytes, r, source));
+    } else {
+      c_verdict.push_back(paired_verdict(plan, sq[*uniform], bytes, sb[*uniform], p, source));
+    }
+  };
   const auto row = [&](double f, const char* choice, const std::string& q, double bytes, const Metric& m,
                        const std::string& src, double obj) {
     const std::optional<TransformedSpec> ts = as_spec(q);
@@ -407,8 +398,9 @@ ColumnTable decision_table(const std::filesystem::path& results, const std::vect
     c_hi.push_back(m.kl_hi);
     c_p999.push_back(m.kl_p999);
   };
-  for (const double f : fractions) {
-    const double budget = f * bf16, lim = budget * (1 + kPlanBudgetSlack);
+  for (size_t k = 0; k < fractions.size(); ++k) {
+    const double f = fractions[k], lim = f * bf16 * (1 + kPlanBudgetSlack);
+    std::optional<size_t> uniform_best;  // its /summary row
     for (const bool engine : {false, true}) {
       std::optional<size_t> best, second;
       for (size_t i = 0; i < sq.size(); ++i) {
@@ -428,26 +420,30 @@ ColumnTable decision_table(const std::filesystem::path& results, const std::vect
         row(f, choice, sq[*best], sb[*best], kl.at(sq[*best]), source, plan_objective_of(*in, sq[*best]));
       else
         row(f, choice, "-", kNaN, {}, "none", kNaN);
+      if (!engine) uniform_best = best;
       if (best && !engine)
         compare(*best, second);
       else
         no_comparison();
     }
-    try {
-      const PlanSolution s = solve_plan(in->groups, budget, in->units_per_byte);
-      const Assignment a = plan_assignment(*in, s);
-      std::string measured;
-      for (const auto& [name, m] : mixed)
-        if (m == a) measured = name;
-      const auto mk = measured.empty() ? kl.end() : kl.find(measured);
-      if (mk != kl.end())
-        row(f, "plan", plan_name(*in, s), s.bytes, mk->second, "measured-" + source, s.objective);
-      else
-        row(f, "plan", plan_name(*in, s), s.bytes, {}, "predicted", s.objective);
-    } catch (const std::invalid_argument&) {  // the budget is below the cheapest assignment
+    const std::optional<PlanSolution>& s = plans.at[k];
+    if (!s) {  // the budget is below the cheapest assignment
       row(f, "plan", "-", kNaN, {}, "none", kNaN);
+      no_comparison();
+      continue;
     }
-    no_comparison();
+    const Assignment a = plan_assignment(*in, *s);
+    const auto run = std::find_if(mixed.begin(), mixed.end(), [&](const auto& m) {
+      const auto k = kl.find(m.first);
+      return m.second == a && k != kl.end() && std::isfinite(k->second.kl);
+    });
+    if (run == mixed.end()) {
+      row(f, "plan", plan_name(*in, *s), s->bytes, {}, "predicted", s->objective);
+      no_comparison();
+      continue;
+    }
+    row(f, "plan", plan_name(*in, *s), s->bytes, kl.at(run->first), "measured-" + source, s->objective);
+    compare_plan(run->first, s->bytes, uniform_best);
   }
   t.get<std::string>("objective") = std::vector<std::string>(c_frac.size(), in->objective);
   return t;
@@ -475,7 +471,7 @@ std::string format_decision(const ColumnTable& t) {
   std::string out = "decision (bytes: whole model, c_kv + k_pe, metadata included, per token):\n";
   for (size_t i = 0; i < t.num_rows(); ++i) {
     if (i == 0 || f[i] != f[i - 1])
-      out += fmt::format("at {:.6g} B/token ({} of bf16):\n", budget[i], fraction_label(f[i]));
+      out += fmt::format("at {:.6g} B/token ({} of bf16):\n", budget[i], budget_fraction_label(f[i]));
     if (q[i] == "-") {
       out += fmt::format("  {:<8} nothing measured fits\n", choice[i]);
       continue;
@@ -495,7 +491,7 @@ std::string format_decision(const ColumnTable& t) {
       const std::string tails = std::isfinite(p999[i]) && std::isfinite(ru_p999[i])
                                     ? fmt::format(" (p99.9 {:.4g} vs {:.4g})", p999[i], ru_p999[i])
                                     : std::string();
-      out += fmt::format("  {:<8} {}{}\n", "vs next", verdict[i], tails);
+      out += fmt::format("  {:<8} {}{}\n", choice[i] == "plan" ? "vs uniform" : "vs next", verdict[i], tails);
     }
   }
   const bool e2e = std::any_of(src.begin(), src.end(), [](const std::string& s) { return s.ends_with("e2e"); });

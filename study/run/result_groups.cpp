@@ -8,6 +8,7 @@
 
 #include "latentq/batch.h"
 #include "latentq/decision.h"
+#include "latentq/plan_runs.h"
 #include "latentq/probe_registry.h"
 #include "latentq/study.h"
 
@@ -20,6 +21,7 @@ const std::vector<GroupSpec>& results_groups() {
       for (GroupSpec& g : p->groups()) v.push_back(std::move(g));
     for (const GroupSpec* g : {&summary_spec(), &score_vs_attention_spec(), &decision_spec(), &cells_spec()})
       v.push_back(*g);
+    v.push_back(plan_runs_spec());  // the planner's runs for the e2e step (latentq/plan_runs.h)
     std::set<std::string> names;
     for (const GroupSpec& g : v)
       if (!names.insert(g.name).second)

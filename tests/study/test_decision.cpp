@@ -1,6 +1,7 @@
 // The decision summary (latentq/decision.h): budgets parsed by hand, and on a real study of a synthetic dump
 // the rows checked against the tables they come from (recomputed here from /summary and /attention_error), a
-// plan that the study then runs reported as measured, and the errors.
+// plan that the study then runs reported as measured, the planner's runs of /plan_runs (latentq/plan_runs.h)
+// measured end to end, and the errors.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -159,6 +160,123 @@ TEST_F(DecisionTest, RowsComeFromTheTablesAndARunPlanIsMeasured) {
   EXPECT_CONTAINS(sh.err, "a decision over a subset of the cells is meaningless");
 }
 
+
+// The planner's assignment at a budget, stored by `run` as /plan_runs (the rows checked against /latent_error and
+// /attention_error: its bytes and objective recomputed here), then given /e2e rows by hand as the e2e step writes
+// them: the plan row is measured-e2e with the run's KL, interval and tail, and the paired comparison with the best
+// uniform format uses the per-sequence sums and draws of Decision.PairedDifferenceByHand (uniform int8-asym-token
+// sums (1, 2, 8), the plan's (0.5, 2, 4) over 10, 10 and 20 tokens: ΔKL = 0.1125 [0.005, 0.1925]). Before the
+// /e2e rows, the plan is predicted and the command that measures it is printed.
+TEST_F(DecisionTest, APlanRunEndToEndIsMeasured) {
+  const Outcome o = cli({"run", config.string(), "--out", results.string(), "--threads", "2", "--budgets", "3/4"});
+  ASSERT_EQ(o.rc, 0) << o.err;
+  EXPECT_CONTAINS(o.out, "plan runs: plan-3/4 (/plan_runs");
+  EXPECT_CONTAINS(o.out, "plan: predicted at 3/4 of bf16 (not run end to end)");
+  EXPECT_CONTAINS(o.out, " -m latentq.e2e --results " + fs::absolute(results).string() + "\n");
+  EXPECT_CONTAINS(o.out, "  latentq decide " + results.string() + " --budgets 3/4\n");
+  const ColumnTable d0 = read_table(results, "decision");
+  ASSERT_EQ(d0.get<std::string>("choice")[2], "plan");
+  EXPECT_EQ(d0.get<std::string>("source")[2], "predicted");
+
+  // /plan_runs: one row per (layer, target) of the 3 studied layers, each a quantizer /latent_error measured there;
+  // Σ of their bytes_per_token_layer (every layer studied) and of their single-target attention KL are the plan's.
+  const ColumnTable pr = read_table(results, "plan_runs");
+  ASSERT_EQ(pr.num_rows(), 6u);
+  const ColumnTable le = read_table(results, "latent_error"), ae = read_table(results, "attention_error");
+  double bytes = 0, objective = 0;
+  std::set<std::pair<int64_t, std::string>> groups;
+  for (size_t i = 0; i < pr.num_rows(); ++i) {
+    const int64_t layer = pr.get<int64_t>("layer")[i];
+    const std::string target = pr.get<std::string>("target")[i], q = pr.get<std::string>("quantizer")[i];
+    SCOPED_TRACE(std::to_string(layer) + " " + target + " " + q);
+    EXPECT_EQ(pr.get<std::string>("run")[i], "plan-3/4");
+    EXPECT_EQ(pr.get<double>("budget_fraction")[i], 0.75);
+    groups.insert({layer, target});
+    int found = 0;
+    for (size_t r = 0; r < le.num_rows(); ++r)
+      if (le.get<int64_t>("layer")[r] == layer && le.get<std::string>("target")[r] == target &&
+          le.get<std::string>("quantizer")[r] == q) {
+        bytes += le.get<double>("bytes_per_token_layer")[r];
+        EXPECT_EQ(pr.get<std::string>("stored")[i], le.get<std::string>("stored")[r]);
+        EXPECT_EQ(pr.get<std::string>("transform")[i], le.get<std::string>("transform")[r]);
+        ++found;
+      }
+    for (size_t r = 0; r < ae.num_rows(); ++r)
+      if (ae.get<int64_t>("layer")[r] == layer && ae.get<std::string>("targets")[r] == target &&
+          ae.get<std::string>("quantizer")[r] == q)
+        objective += ae.get<double>("kl_mean")[r];
+    EXPECT_EQ(found, 1);
+  }
+  EXPECT_EQ(groups.size(), 6u);
+  EXPECT_NEAR(pr.get<double>("bytes_per_token_model")[0], bytes, 1e-9);
+  EXPECT_NEAR(d0.get<double>("bytes_per_token_model")[2], bytes, 1e-9);
+  EXPECT_LE(bytes, 108.0);
+  EXPECT_NEAR(d0.get<double>("plan_objective")[2], objective, 1e-12 * objective);
+  EXPECT_NEAR(pr.get<double>("plan_objective")[0], objective, 1e-12 * objective);
+
+  // the e2e step's groups, by hand: two uniform formats within 108 B/token and the plan's run
+  const auto col = [](const char* n, ColType t) { return ColumnSpec{n, t, "", ""}; };
+  ColumnTable e = empty_table(GroupSpec{
+      "e2e",
+      {col("quantizer", ColType::Str), col("targets", ColType::Str), col("cache_mode", ColType::Str),
+       col("kl_mean", ColType::F64), col("top1_agree", ColType::F64), col("ppl_ref", ColType::F64),
+       col("ppl_quant", ColType::F64), col("kl_mean_ci_lo", ColType::F64), col("kl_mean_ci_hi", ColType::F64),
+       col("kl_p999", ColType::F64)}});
+  ColumnTable seq = empty_table(GroupSpec{
+      "e2e_seq",
+      {col("quantizer", ColType::Str), col("targets", ColType::Str), col("cache_mode", ColType::Str),
+       col("seq", ColType::I64), col("kl_sum", ColType::F64), col("tokens", ColType::I64)}});
+  const std::map<std::string, std::vector<double>> sums = {
+      {"int8-asym-token", {1, 2, 8}}, {"int4-asym-token", {5, 5, 10}}, {"plan-3/4", {0.5, 2, 4}}};
+  const std::vector<int64_t> tokens = {10, 10, 20};
+  for (const auto& [q, s] : sums) {
+    const double kl = (s[0] + s[1] + s[2]) / 40;  // 0.275, 0.5, 0.1625
+    add_row(e, {q, std::string("c_kv+k_pe"), std::string("prefill-at-once"), kl, 0.97, 4.0, 4.01, kl - 0.0125,
+                kl + 0.0175, 0.9});
+    for (int64_t b = 0; b < 3; ++b)
+      add_row(seq, {q, std::string("c_kv+k_pe"), std::string("prefill-at-once"), b, s[b], tokens[b]});
+  }
+  ColumnTable boot = empty_table(
+      GroupSpec{"e2e_bootstrap", {col("draw", ColType::I64), col("seq", ColType::I64), col("count", ColType::I64)}});
+  const std::vector<std::vector<int64_t>> draws = {{3, 0, 0}, {0, 3, 0}, {0, 0, 3}, {1, 1, 1}, {2, 0, 1}};
+  for (int64_t r = 0; r < 5; ++r)
+    for (int64_t b = 0; b < 3; ++b) add_row(boot, {r, b, draws[r][b]});
+  const ColumnTable s = read_table(results, "summary");
+  for (size_t r = 0; r < s.num_rows(); ++r)
+    if (sums.count(s.get<std::string>("quantizer")[r])) EXPECT_LE(s.get<double>("bytes_per_token_model")[r], 108.0);
+  write_results(results, {}, {{"e2e", e, {}}, {"e2e_seq", seq, {}}, {"e2e_bootstrap", boot, {}}}, WriteMode::Update);
+
+  const Outcome dec = cli({"decide", results.string(), "--budgets", "3/4"});
+  ASSERT_EQ(dec.rc, 0) << dec.err;
+  EXPECT_EQ(dec.out.find("predicted"), std::string::npos) << dec.out;
+  const ColumnTable d = read_table(results, "decision");
+  ASSERT_EQ(d.num_rows(), 3u);
+  EXPECT_EQ(d.get<std::string>("quantizer")[0], "int8-asym-token");
+  EXPECT_EQ(d.get<std::string>("quantizer")[2], d0.get<std::string>("quantizer")[2]);
+  EXPECT_EQ(d.get<std::string>("source")[2], "measured-e2e");
+  EXPECT_DOUBLE_EQ(d.get<double>("kl_mean")[2], 0.1625);
+  EXPECT_DOUBLE_EQ(d.get<double>("kl_ci_lo")[2], 0.15);
+  EXPECT_DOUBLE_EQ(d.get<double>("kl_ci_hi")[2], 0.18);
+  EXPECT_DOUBLE_EQ(d.get<double>("kl_p999")[2], 0.9);
+  EXPECT_NEAR(d.get<double>("delta_ppl")[2], 0.01, 1e-12);
+  EXPECT_EQ(d.get<std::string>("runner_up")[2], "int8-asym-token");
+  EXPECT_DOUBLE_EQ(d.get<double>("runner_up_kl")[2], 0.275);
+  EXPECT_DOUBLE_EQ(d.get<double>("delta_kl")[2], 0.1125);
+  EXPECT_NEAR(d.get<double>("delta_kl_lo")[2], 0.005, 1e-15);
+  EXPECT_NEAR(d.get<double>("delta_kl_hi")[2], 0.1925, 1e-15);
+  EXPECT_EQ(d.get<std::string>("verdict")[2], "the plan (plan-3/4) beats int8-asym-token: ΔKL = 0.1125 [0.005, 0.1925]");
+  EXPECT_CONTAINS(dec.out, "KL 0.1625 [0.15, 0.18], p99.9 0.9, top-1 0.9700, dppl +0.01 (measured-e2e)\n"
+                           "  vs uniform the plan (plan-3/4) beats int8-asym-token: ΔKL = 0.1125 [0.005, 0.1925]");
+
+  // `decide` at another budget adds that plan's run after the first, whose rows stay as they were
+  ASSERT_EQ(cli({"decide", results.string(), "--budgets", "1/2"}).rc, 0);
+  const ColumnTable pr2 = read_table(results, "plan_runs");
+  ASSERT_GT(pr2.num_rows(), 6u);
+  for (size_t i = 0; i < 6; ++i) EXPECT_EQ(pr2.get<std::string>("run")[i], "plan-3/4");
+  EXPECT_EQ(pr2.get<std::string>("run")[6], "plan-1/2");
+  EXPECT_EQ(cli({"decide", results.string(), "--budgets", "3/4"}).rc, 0);
+  EXPECT_EQ(read_table(results, "decision").get<std::string>("source")[2], "measured-e2e");
+}
 }  // namespace
 
 // The decision line carries the e2e KL's 95% interval and its per-token p99.9 when /e2e has them (the columns

@@ -12,9 +12,13 @@
 //            engine preset, per-tensor fp8, ggml's q8_0 / q4_0 / q4_1; unrotated), ranked the same way, with
 //            the engine and its setting (column `engine`);
 //   plan     the planner's mixed assignment at the budget (latentq/plan.h solve_plan, objective "kl",
-//            else "mse" when the study has no single-target /attention_error rows). It is "measured" when
-//            the results hold a mixed assignment with exactly that choice per (layer, target) (its KL is
-//            then that row's), else "predicted" (its KL is NaN and only its planner objective is known).
+//            else "mse" when the study has no single-target /attention_error rows: latentq/plan_runs.h
+//            decision_plans). It is "measured" when the results hold a run of a mixed assignment with exactly
+//            that choice per (layer, target): a [[mixed]] rule of the study, or a run of /plan_runs, which
+//            `latentq run`, `merge`, `study` and `decide` write for the e2e step to run (latentq/plan_runs.h);
+//            its KL is then that run's, with the same statistics and intervals as the uniform row, and its
+//            paired comparison with the best uniform format at the budget. Else "predicted" (its KL is NaN and
+//            only its planner objective is known).
 // KL: the e2e KL (/e2e, cache_mode prefill-at-once, targets c_kv+k_pe: kl_mean, top1_agree,
 // delta_ppl = ppl_quant − ppl_ref) when the e2e step ran; otherwise the attention KL (/attention_error,
 // targets c_kv+k_pe, mean over layers of kl_mean and top1_agree; delta_ppl NaN). `source` says which.
@@ -48,7 +52,9 @@ const GroupSpec& decision_spec();
 /// none), plan_objective, engine (the engine and setting that ship the row's format, "" when none), objective,
 /// kl_ci_lo / kl_ci_hi (the 95% interval of the row's /e2e kl_mean) and kl_p999 (its per-token tail), NaN when
 /// the source has none; on a uniform row runner_up, runner_up_kl, runner_up_p999, delta_kl [delta_kl_lo,
-/// delta_kl_hi] (paired_kl_difference of the runner-up and the choice) and verdict (paired_verdict)). Throws
+/// delta_kl_hi] (paired_kl_difference of the runner-up and the choice) and verdict (paired_verdict); on a measured
+/// plan row the same against the best uniform format at the budget, the plan named "the plan (<run>)", the uniform
+/// format first in the verdict when it wins). Throws
 /// std::invalid_argument naming the file for a missing /summary or root
 /// attribute, and as read_table().
 ColumnTable decision_table(const std::filesystem::path& results, const std::vector<double>& fractions);

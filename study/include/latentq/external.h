@@ -61,6 +61,12 @@ int run_process(const std::vector<std::string>& argv, const std::vector<std::pai
 bool run_e2e_step(const StudyConfig& config, const DumpAttrs& attrs, const std::filesystem::path& results, int threads,
                   std::ostream& out, std::ostream& err, bool verbose = true, const StepKey* step_key = nullptr);
 
+/// The command that runs the e2e step on `results` again as it ran (`decide` prints it under a plan that was not run
+/// end to end): "<python> -m latentq.e2e --results RESULTS" with, when the file has /e2e, that step's model, text,
+/// --seq-len, --num-seqs, --offset-bytes, --device and --dtype from the group's attributes, else the [e2e] model of
+/// the results' config when it names one. Throws as read_results_attrs.
+std::string e2e_command_line(const std::filesystem::path& results);
+
 /// The inputs of a dump `latentq study` makes: what decides whether a finished dump can be reused.
 struct DumpStepInputs {
   std::filesystem::path model, text;  ///< absolute

@@ -5,6 +5,7 @@
 //   per cell   /latent_error (study.h), every probe's groups (the registry, probe_registry.h)
 //   derived    /summary (study.h), /score_vs_attention (study.h)
 //   decision   /decision (decision.h)
+//   plan runs  /plan_runs (plan_runs.h): the planner's assignments that the e2e step runs
 //   index      /cells (batch.h)
 //
 // The e2e step's /e2e and /e2e_position are declared by the Python step that writes them
