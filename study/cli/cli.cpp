@@ -58,6 +58,10 @@ struct RunArgs {
 // The decision summary (latentq/decision.h) of a complete results file: printed, and written into it as
 // /decision (the report's first section).
 void decision_step(const fs::path& results, const std::string& budgets, std::ostream& out) {
+  if (dump_attrs_from_results(read_results_attrs(results)).v4()) {  // the budgets are of the MLA latent cache
+    out << fmt::format("\ndecision: {}; /v4_cache has the bytes of its caches\n", kV4SummaryNotApplicable);
+    return;
+  }
   const std::vector<double> f = budgets.empty() ? default_budget_fractions() : parse_budget_fractions(budgets);
   write_plan_runs(results, f);  // a plan at a budget of `decide` the file has no run of: stored for the e2e step
   const ColumnTable t = decision_table(results, f);
@@ -154,6 +158,7 @@ int cmd_run(const RunArgs& a, std::ostream& out, std::ostream& err, bool progres
   if (shard.count == 1) {
     const ColumnTable* summary = find_table(r.tables, "summary");
     if (summary && a.verbose) out << format_summary(*summary, plan.dump().attrs);
+    if (const ColumnTable* v4 = find_table(r.tables, "v4_cache"); v4 && a.verbose) out << format_v4_cache(*v4);
     print_probe_report(cfg, plan.probes, a.verbose ? summary : nullptr, r.tables, plan.dump().attrs, out, err);
     if (!a.verbose)
       out << fmt::format("study: {} tables in {} (--verbose prints them; the report shows them)\n", r.tables.size(),

@@ -1,5 +1,6 @@
 // The decision summary (latentq/decision.h).
 #include "latentq/decision.h"
+#include "latentq/study.h"
 
 #include <fmt/format.h>
 
@@ -288,6 +289,8 @@ const GroupSpec& decision_spec() {
 
 ColumnTable decision_table(const std::filesystem::path& results, const std::vector<double>& fractions) {
   const DumpAttrs d = dump_attrs_from_results(read_results_attrs(results));
+  if (d.v4())  // its budgets are fractions of the bf16 c_kv + k_pe cache
+    throw std::invalid_argument(fmt::format("{}: the decision is {}", results.string(), kV4SummaryNotApplicable));
   const double bf16 = static_cast<double>(d.bf16_bytes_per_token());
   const ColumnTable summary = read_table(results, "summary");
   const auto& sq = strings(summary, "quantizer");

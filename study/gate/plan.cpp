@@ -1,5 +1,6 @@
 // `latentq plan` (latentq/plan.h).
 #include "latentq/plan.h"
+#include "latentq/study.h"
 
 #include <fmt/format.h>
 #include <toml++/toml.h>
@@ -263,6 +264,8 @@ PlanInputs read_plan_inputs(const std::filesystem::path& results, const std::str
     throw std::invalid_argument(fmt::format("--objective '{}': expected kl or mse", objective));
   const Attrs root = read_results_attrs(results);
   const DumpAttrs A = dump_attrs_from_results(root);
+  if (A.v4())  // the planner budgets the MLA latent cache (c_kv + k_pe per token)
+    throw std::invalid_argument(fmt::format("{}: the planner is {}", results.string(), kV4SummaryNotApplicable));
   const std::vector<std::string> groups = list_tables(results);
   auto need = [&](const std::string& g) {
     if (std::find(groups.begin(), groups.end(), g) == groups.end())

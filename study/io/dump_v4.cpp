@@ -33,7 +33,8 @@ H5::Attribute group_attr(Loader& L, const H5::Group& grp, const std::string& g, 
 int64_t group_int(Loader& L, const H5::Group& grp, const std::string& g, const char* name, int64_t min_value) {
   int64_t v = 0;
   group_attr(L, grp, g, name, H5T_INTEGER, "an integer").read(H5::PredType::NATIVE_INT64, &v);
-  if (v < min_value) L.invalid(fmt::format("{}: attribute '{}' = {}, expected an integer >= {}", g, name, v, min_value));
+  if (v < min_value)
+    L.invalid(fmt::format("{}: attribute '{}' = {}, expected an integer >= {}", g, name, v, min_value));
   return v;
 }
 
@@ -54,7 +55,8 @@ const LayerKind& read_layer_attrs(Loader& L, const H5::H5File& file, Layer& ly) 
   const LayerKind* kind = nullptr;
   for (const LayerKind& k : kLayerKinds)
     if (ly.layer_type == k.name) kind = &k;
-  if (!kind) L.invalid(fmt::format("{}: attribute 'layer_type' is \"{}\", expected sliding, csa or hca", g, ly.layer_type));
+  if (!kind)
+    L.invalid(fmt::format("{}: attribute 'layer_type' is \"{}\", expected sliding, csa or hca", g, ly.layer_type));
   ly.compress_rate = group_int(L, grp, g, "compress_rate", 0);
   if ((ly.compress_rate == 0) == kind->compressed)
     L.invalid(fmt::format("{}: attribute 'compress_rate' = {} on a {} layer, expected {}", g, ly.compress_rate,
@@ -88,7 +90,8 @@ void check_entries(Loader& L, const std::string& g, const Dump& D, const Layer& 
                             g, fmt::join(o, ", "), s, len, o[s + 1] - o[s], want, ly.compress_rate));
   }
   if (o.back() != N)
-    L.invalid(fmt::format("{}/compressed_offsets ends at {}, expected N = {} (the rows of compressed_kv)", g, o.back(), N));
+    L.invalid(
+        fmt::format("{}/compressed_offsets ends at {}, expected N = {} (the rows of compressed_kv)", g, o.back(), N));
   for (size_t s = 0; s + 1 < o.size(); ++s) {
     const int64_t len = D.seq_offsets[s + 1] - D.seq_offsets[s];
     for (int64_t w = o[s]; w < o[s + 1]; ++w) {

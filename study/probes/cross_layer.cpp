@@ -93,6 +93,11 @@ class CrossLayerProbe final : public Probe {
     ProbePart p;
     const CrossLayerSettings& s = probe_settings<CrossLayerSettings>(config, "cross_layer");
     if (!s.enabled) return p;
+    if (!dump.attrs.family().holds(Target::CKV)) {  // DeepSeek-V4
+      p.notes.push_back(fmt::format("cross_layer: not applicable to {} (no c_kv + k_pe): c_kv across layers skipped",
+                                    dump.attrs.cache_family));
+      return p;
+    }
     p.groups = {"cross_layer", "cross_layer_sharing"};
     std::vector<int> L;
     for (const Layer& l : dump.layers) L.push_back(l.index);

@@ -143,6 +143,11 @@ class DecodeOrderProbe final : public Probe {
     ProbePart p;
     const DecodeOrderSettings& s = probe_settings<DecodeOrderSettings>(config, "decode_order");
     if (!s.enabled) return p;
+    if (!dump.attrs.family().holds(Target::CKV)) {  // DeepSeek-V4
+      p.notes.push_back(fmt::format("decode_order: not applicable to {} (no c_kv + k_pe): the absorbed MLA attention in decode order skipped",
+                                    dump.attrs.cache_family));
+      return p;
+    }
     if (std::string why = attention_unavailable_reason(dump); !why.empty()) {
       p.notes.push_back("decode_order: skipped: " + why);
       return p;

@@ -68,6 +68,12 @@ class SvdProbe final : public Probe {
   ProbePart plan(const StudyConfig& config, const Dump& dump) const override {
     ProbePart p;
     // One line for every automatic rank list capped by a short dump ([svd], [cross_layer]).
+    if (!dump.attrs.family().holds(Target::CKV)) {  // DeepSeek-V4: no c_kv to prune
+      if (probe_settings<SvdSettings>(config, "svd").enabled)
+        p.notes.push_back(fmt::format("svd: not applicable to {} (no c_kv + k_pe): {} skipped",
+                                      dump.attrs.cache_family, "the SVD of c_kv"));
+      return p;
+    }
     p.warnings = rank_cap_warnings(config, dump);
     if (!probe_settings<SvdSettings>(config, "svd").enabled) return p;
     svd_ranks(config, dump);  // throws for ranks the dump cannot take

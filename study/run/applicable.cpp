@@ -13,8 +13,38 @@
 
 namespace latentq {
 
+namespace {
+
+// Why `q` cannot store DeepSeek-V4's entry rows (window_kv, compressed_kv: head_dim wide, the last
+// qk_rope_head_dim rotated) or V4's index_k, or "" when it can.
+std::string why_not_on_v4(const Quantizer& q, Target target, const DumpAttrs& dims) {
+  if (q.is_mixed())
+    return fmt::format("a [[mixed]] assignment assigns c_kv and k_pe; {} caches no c_kv + k_pe", dims.cache_family);
+  if (fit_reads_queries(q.transform.kind))
+    return fmt::format("{} fits the MLA score metric (q_nope · W_UK, q_pe); {} caches no c_kv + k_pe",
+                       q.transform.to_string(), dims.cache_family);
+  if (q.spec.format != Format::Preset || !is_entry_target(target))
+    return why_not_applicable(q.spec, target, dims.width(target));
+  if (q.transform.kind != TransformKind::None)
+    return "a rotation mixes the entry's RoPE columns into the others; an engine record stores them apart";
+  const PresetTraits& p = kPresets[q.spec.preset];
+  const int64_t dn = dims.head_dim - dims.qk_rope_head_dim, dr = dims.qk_rope_head_dim;
+  if ((p.native_ckv && p.native_ckv != dn) || (p.native_kpe && p.native_kpe != dr))
+    return fmt::format(
+        "the engine record is defined for an entry of {} + {} (its c_kv part + k_pe part), this one is {} + {} "
+        "(head_dim {} less qk_rope_head_dim, qk_rope_head_dim)",
+        p.native_ckv ? std::to_string(p.native_ckv) : "any", p.native_kpe ? std::to_string(p.native_kpe) : "any", dn,
+        dr, dims.head_dim);
+  if (std::string why = why_not_applicable(q.spec, Target::CKV, dn); !why.empty()) return "its c_kv part: " + why;
+  if (std::string why = why_not_applicable(q.spec, Target::KPE, dr); !why.empty()) return "its k_pe part: " + why;
+  return "";
+}
+
+}  // namespace
+
 std::string why_not_applicable(const Quantizer& q, Target target, const DumpAttrs& dims) {
   const int64_t D = dims.width(target);
+  if (dims.v4()) return why_not_on_v4(q, target, dims);
   if (!q.is_mixed()) return why_not_applicable(q.spec, target, D);
   for (const MixedRule& r : q.mixed)
     if (r.target == target)
@@ -35,7 +65,8 @@ std::vector<NotApplicable> not_applicable(const StudyConfig& config, const DumpA
     for (const Quantizer& q : p.quantizers) add(q.name, p.target, why_not_applicable(q, p.target, dims));
   for (const Probe* probe : registered_probes())
     for (const auto& [name, t] : probe->quantized_pairs(config))
-      add(name, t, why_not_applicable(TransformedSpec::parse(name).spec, t, dims.width(t)));
+      if (dims.family().holds(t))  // e.g. [decode_order]'s c_kv / k_pe: no cell on a DeepSeek-V4 dump
+        add(name, t, why_not_applicable(TransformedSpec::parse(name).spec, t, dims.width(t)));
   return out;
 }
 
@@ -43,9 +74,13 @@ const GroupSpec& not_applicable_spec() {
   static const GroupSpec g{
       "not_applicable",
       {{"quantizer", ColType::Str, "", "the quantizer, as /summary names it"},
-       {"target", ColType::Str, "", "the cached tensor its format cannot take: c_kv, k_pe or index_k"},
-       {"width", ColType::I64, "", "elements per row of the target in the dump (kv_lora_rank or qk_rope_head_dim)"},
-       {"reason", ColType::Str, "", "why the format cannot take that width (the format table's shapes)"}}};
+       {"target", ColType::Str, "",
+        "the cached tensor its format cannot take: c_kv, k_pe or index_k; window_kv or compressed_kv (DeepSeek-V4)"},
+       {"width", ColType::I64, "",
+        "elements per row of the target in the dump (kv_lora_rank, qk_rope_head_dim, index_head_dim or head_dim)"},
+       {"reason", ColType::Str, "",
+        "why the format cannot take that width (the format table's shapes), or the target (a DeepSeek-V4 entry: an "
+        "engine record's native widths, a [[mixed]] assignment, a score-metric transform)"}}};
   return g;
 }
 

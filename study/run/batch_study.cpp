@@ -62,7 +62,7 @@ StudyPlan plan_study(const StudyConfig& config, LatentBackend& backend,
     t.groups = {"latent_error"};
     t.concurrent = backend.concurrent();
     // With the attention data when the probes read it: the score columns need the layer's queries and W_UK.
-    const LayerUse use{{c.layer}, lo.attention || !is_latent_target(c.target)};  // index_k is read with them
+    const LayerUse use{{c.layer}, lo.attention || dump.reads_with_attention(c.target)};  // sparse index_k: with them
     t.compute = [store, spectra, &backend, c, use] {
       const std::unique_ptr<LayerAccess> in = store->open(use);
       RunOptions one;
@@ -135,6 +135,13 @@ DumpAttrs dump_attrs_from_results(const Attrs& root) {
   a.num_layers = num("num_layers");
   a.kv_lora_rank = num("kv_lora_rank");
   a.qk_rope_head_dim = num("qk_rope_head_dim");
+  for (const auto& [k, v] : root)  // a DeepSeek-V4 study's (study_attrs); absent: the MLA families
+    if (k == "cache_family" && std::holds_alternative<std::string>(v)) {
+      a.cache_family = std::get<std::string>(v);
+      (void)a.family();  // throws for an unknown family
+      a.head_dim = num("head_dim");
+      a.index_head_dim = num("index_head_dim");
+    }
   return a;
 }
 
@@ -166,6 +173,13 @@ std::vector<NamedTable> derive_study_tables(const Attrs& root, const std::vector
     const std::vector<NotApplicable> na = not_applicable(config, dims);
     out.push_back({"summary", summarize(t.table, config.all_quantizers(), dims, na), {}});
     if (!na.empty()) out.push_back({"not_applicable", not_applicable_table(na), {}});
+    if (dims.v4()) {  // DeepSeek-V4: the entries' bytes per token and per sequence
+      const AttrValue& layers = attr(root, "v4_layers");
+      if (!std::holds_alternative<std::vector<std::string>>(layers))
+        throw std::invalid_argument("attribute 'v4_layers' is not a list of strings");
+      const std::vector<V4LayerInfo> info = parse_v4_layer_records(std::get<std::vector<std::string>>(layers));
+      out.push_back({"v4_cache", v4_cache_table(t.table, info), {}});
+    }
   }
   if (le && ae && le->has("score_mse")) out.push_back({"score_vs_attention", score_vs_attention(*le, *ae), {}});
   return out;

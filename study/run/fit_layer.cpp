@@ -15,7 +15,8 @@ Rotation fit_layer_rotation(const Dump& dump, const Layer& l, Target target, con
   const DumpAttrs& A = dump.attrs;
   const int64_t D = A.width(target);
   const float* X = l.rows(target).data();
-  if (!fit_reads_queries(t.kind)) return probes::fit_rotation(t, X, dump.num_tokens(), D, dump.seq_offsets);
+  const std::vector<int64_t>& rows = l.row_offsets(target, dump.seq_offsets);  // DeepSeek-V4's entries: N, not T
+  if (!fit_reads_queries(t.kind)) return probes::fit_rotation(t, X, rows.back(), D, rows);
   if (!is_latent_target(target))
     throw std::invalid_argument(fmt::format(
         "{}: layer {} {}: transform {} fits the attention's score metric of c_kv or k_pe; the indexer's score "

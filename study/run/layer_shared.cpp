@@ -24,19 +24,20 @@ std::shared_ptr<const RotatedLatent> rotated_latent(const LayerAccess& in, int l
   return in.shared<RotatedLatent>(layer, fmt::format("rotated/{}/{}", to_string(target), t.to_string()), [&] {
     const Dump& d = in.header();
     const Layer& l = in.layer(layer);
-    return rotate_latent(layer_rotation(in, layer, target, t), l.rows(target).data(), d.num_tokens(),
-                         d.attrs.width(target));
+    return rotate_latent(layer_rotation(in, layer, target, t), l.rows(target).data(),
+                         l.num_rows(target, d.seq_offsets), d.attrs.width(target));
   });
 }
 
 QuantizedTensor quantize_dequantize_layer(const LayerAccess& in, int layer, Target target, const QuantSpec& spec,
                                           const Transform& t, float* out) {
   const Dump& d = in.header();
-  const int64_t T = d.num_tokens(), D = d.attrs.width(target);
+  const std::vector<int64_t>& rows = in.layer(layer).row_offsets(target, d.seq_offsets);  // V4's entries: N rows
+  const int64_t T = rows.back(), D = d.attrs.width(target);
   if (t.kind == TransformKind::None)
-    return quantize_dequantize(spec, target, in.layer(layer).rows(target).data(), T, D, d.seq_offsets, out);
+    return quantize_dequantize(spec, target, in.layer(layer).rows(target).data(), T, D, rows, out);
   const std::shared_ptr<const RotatedLatent> xr = rotated_latent(in, layer, target, t);
-  QuantizedTensor q = quantize_dequantize(spec, target, xr->x.data(), T, D, d.seq_offsets, out);
+  QuantizedTensor q = quantize_dequantize(spec, target, xr->x.data(), T, D, rows, out);
   xr->rotation->inverse(out, T, D);
   return q;
 }

@@ -19,7 +19,8 @@ const std::vector<GroupSpec>& results_groups() {
     std::vector<GroupSpec> v = {latent_error_spec()};
     for (const Probe* p : registered_probes())
       for (GroupSpec& g : p->groups()) v.push_back(std::move(g));
-    for (const GroupSpec* g : {&summary_spec(), &score_vs_attention_spec(), &decision_spec(), &cells_spec()})
+    for (const GroupSpec* g :
+         {&summary_spec(), &v4_cache_spec(), &score_vs_attention_spec(), &decision_spec(), &cells_spec()})
       v.push_back(*g);
     v.push_back(plan_runs_spec());  // the planner's runs for the e2e step (latentq/plan_runs.h)
     std::set<std::string> names;

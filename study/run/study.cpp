@@ -25,6 +25,7 @@
 #include "latentq/analysis/gemm.h"
 #include "latentq/analysis/svd_probe.h"
 #include "latentq/applicable.h"
+#include "latentq/split.h"
 #include "latentq/layer_shared.h"
 #include "latentq/transform.h"
 #include "latentq/util.h"
@@ -60,8 +61,15 @@ std::string Cell::key(std::string_view group) const {
   return fmt::format("{:03d}/{}/{}/{}", layer, to_string(target), quantizer.name, group);
 }
 
+std::vector<TargetPlan> v4_entry_targets(const StudyConfig& config) {
+  const TargetPlan* from = config.plan(Target::CKV);
+  if (!from && !config.targets.empty()) from = &config.targets.front();
+  if (!from) return {};
+  return {{Target::WindowKV, from->quantizers}, {Target::CompressedKV, from->quantizers}};
+}
+
 std::vector<TargetPlan> latent_error_targets(const StudyConfig& config, const DumpAttrs& attrs) {
-  std::vector<TargetPlan> plans = config.targets;
+  std::vector<TargetPlan> plans = attrs.v4() ? v4_entry_targets(config) : config.targets;
   for (const Probe* probe : registered_probes())
     for (TargetPlan& p : probe->latent_targets(config, attrs)) plans.push_back(std::move(p));
   return plans;
@@ -163,9 +171,9 @@ const ScoreSpectrum* SpectrumCache::score(const Dump& dump, const Layer& l, Targ
 const LatentSpectrum& SpectrumCache::spectrum_locked(const Dump& dump, const Layer& l, Target target) {
   const auto key = std::make_pair(l.index, static_cast<int>(target));
   if (auto it = spectra_.find(key); it != spectra_.end()) return it->second;
+  const std::vector<int64_t>& offsets = l.row_offsets(target, dump.seq_offsets);
   return spectra_
-      .emplace(key, latent_spectrum(l.rows(target).data(), dump.num_tokens(), dump.attrs.width(target),
-                                    dump.seq_offsets))
+      .emplace(key, latent_spectrum(l.rows(target).data(), offsets.back(), dump.attrs.width(target), offsets))
       .first->second;
 }
 
@@ -200,7 +208,7 @@ class CellRotations {
   // The rotated [T, D] input X of cell c (a transformed cell) of layer l; thread-safe.
   std::shared_ptr<const RotatedLatent> get(const Cell& c, const Layer& l, const float* X, int64_t D) {
     if (rotated_) return rotated_(c.layer, c.target, c.quantizer.transform);
-    const int64_t T = dump_.num_tokens();
+    const int64_t T = l.num_rows(c.target, dump_.seq_offsets);
     Own& o = own_.at(key_of(c));
     std::call_once(o.once, [&] {
       o.value = std::make_shared<const RotatedLatent>(rotate_latent(
@@ -221,6 +229,45 @@ class CellRotations {
   const RotatedLatents& rotated_;
   std::map<std::string, Own> own_;
 };
+
+// Whether rows of `offsets` split into a fit and a held-out part (latentq/split.h), as the bound's spectrum needs.
+bool splittable(const std::vector<int64_t>& offsets) {
+  try {
+    (void)probes::fit_heldout_split(offsets, offsets.back());
+    return true;
+  } catch (const std::invalid_argument&) {
+    return false;
+  }
+}
+
+// An engine record `preset` on the [T, D] entry rows X of a DeepSeek-V4 cache: its c_kv part stores columns
+// [0, D - dr), its k_pe part the last dr (their decoded columns written back in place into `decoded`); the bytes are
+// the record's (with_record_pad: both parts and the record's zero pad), the diagnostics both parts'; `stored` is the
+// c_kv part's format (the row's bulk). The applicability (native widths) is the caller's (why_not_applicable).
+StoredCell run_entry_record(LatentBackend& backend, const QuantSpec& preset, const float* X, int64_t T, int64_t D,
+                            int64_t dr, std::span<const int64_t> offsets, float* decoded) {
+  const int64_t Dn = D - dr;
+  std::vector<float> a(static_cast<size_t>(T * Dn)), b(static_cast<size_t>(T * dr)), da(a.size()), db(b.size());
+  for (int64_t t = 0; t < T; ++t) {
+    std::copy(X + t * D, X + t * D + Dn, a.begin() + t * Dn);
+    std::copy(X + t * D + Dn, X + (t + 1) * D, b.begin() + t * dr);
+  }
+  const StoredCell sa = backend.run(preset, Target::CKV, a.data(), T, Dn, offsets, da.data());
+  const StoredCell sb = backend.run(preset, Target::KPE, b.data(), T, dr, offsets, db.data());
+  for (int64_t t = 0; t < T; ++t) {
+    std::copy(da.begin() + t * Dn, da.begin() + (t + 1) * Dn, decoded + t * D);
+    std::copy(db.begin() + t * dr, db.begin() + (t + 1) * dr, decoded + t * D + Dn);
+  }
+  StoredCell out;
+  out.stored = sa.stored;
+  out.accounting.bytes_per_token =
+      with_record_pad(sa.accounting, preset, Target::CKV, Dn, dr).bytes_per_token + sb.accounting.bytes_per_token;
+  out.accounting.bits_per_element = 8.0 * out.accounting.bytes_per_token / static_cast<double>(D);
+  out.diagnostics = {sa.diagnostics.scale_underflow + sb.diagnostics.scale_underflow,
+                     sa.diagnostics.offset_rounding + sb.diagnostics.offset_rounding,
+                     sa.diagnostics.saturated + sb.diagnostics.saturated};
+  return out;
+}
 
 // Rethrows the first failed cell's exception as std::invalid_argument naming the dump and the cell.
 void rethrow_first_cell_error(const Dump& dump, const std::vector<Cell>& cells,
@@ -284,9 +331,12 @@ ColumnTable latent_error_table(const DumpAttrs& A, const std::vector<Cell>& cell
     bits.push_back(s.bits);
     scheme.emplace_back(scheme_of(s));
     granularity.emplace_back(granularity_of(s));
-    group_size.push_back(s.format == Format::Int || s.format == Format::Fp8Tile
-                             ? s.group_size
-                             : layout(s, A.width(c.target)).block);
+    // an engine record on a V4 entry: `s` is its c_kv part, head_dim - qk_rope_head_dim wide
+    const int64_t width = c.quantizer.spec.format == Format::Preset && is_entry_target(c.target)
+                              ? A.width(c.target) - A.qk_rope_head_dim
+                              : A.width(c.target);
+    group_size.push_back(s.format == Format::Int || s.format == Format::Fp8Tile ? s.group_size
+                                                                                : layout(s, width).block);
     scale_dtype.emplace_back(scale_dtype_of(s));
     bpe.push_back(r.accounting.bits_per_element);
     bpt.push_back(r.accounting.bytes_per_token);
@@ -322,16 +372,17 @@ ColumnTable run_latent_error(const Dump& dump, const std::function<const Layer&(
   std::vector<CellResult> results(n);
   std::vector<RateDistortionBound> bounds(n);
   std::vector<ScoreError> scores(n);
-  const int64_t T = dump.num_tokens();
   const DumpAttrs& A = dump.attrs;
   // Resolve layer pointers up front (throws for a cell whose layer is not loaded).
   std::vector<const Layer*> layer_of(n);
   for (size_t i = 0; i < n; ++i) layer_of[i] = &layer_data(cells[i].layer);
+  // The target's rows [R, D] and their per-sequence offsets (R = T, or a V4 layer's compressed entries N).
   auto input = [&](const Layer& l, Target target) {
     const std::vector<float>& x = l.rows(target);
-    if (x.size() != static_cast<size_t>(T * A.width(target)))
+    const int64_t R = l.num_rows(target, dump.seq_offsets);
+    if (R == 0 || x.size() != static_cast<size_t>(R * A.width(target)))
       throw std::invalid_argument(fmt::format("{}: layer {} has no {} loaded ({} values, expected {} x {})",
-                                              dump.path.string(), l.index, to_string(target), x.size(), T,
+                                              dump.path.string(), l.index, to_string(target), x.size(), R,
                                               A.width(target)));
     return x.data();
   };
@@ -343,21 +394,28 @@ ColumnTable run_latent_error(const Dump& dump, const std::function<const Layer&(
     const Layer& l = *layer_of[i];
     const float* X = input(l, c.target);
     const int64_t D = dim(c.target);
+    const std::vector<int64_t>& offsets = l.row_offsets(c.target, dump.seq_offsets);
+    const int64_t T = offsets.back();
     thread_local std::vector<float> decoded;  // [T, D], reused by the thread's cells (no page faults per cell)
     decoded.resize(static_cast<size_t>(T * D));
     StoredCell st;
-    if (c.quantizer.transform.kind == TransformKind::None) {
-      st = backend.run(c.quantizer.spec, c.target, X, T, D, dump.seq_offsets, decoded.data());
+    if (c.quantizer.spec.format == Format::Preset && is_entry_target(c.target)) {
+      // An engine record on a V4 entry row: its c_kv part on the first D - d_r columns, its k_pe part on the last.
+      st = run_entry_record(backend, c.quantizer.spec, X, T, D, A.qk_rope_head_dim, offsets, decoded.data());
+    } else if (c.quantizer.transform.kind == TransformKind::None) {
+      st = backend.run(c.quantizer.spec, c.target, X, T, D, offsets, decoded.data());
+      st.accounting = with_record_pad(st.accounting, c.quantizer.spec, c.target, A.kv_lora_rank, A.qk_rope_head_dim);
     } else {
       // Transformed cell: quantize R·x, un-rotate the decoded rows, measure in the original basis. The
       // diagnostics and the accounting are those of the stored (rotated) matrix.
       const std::shared_ptr<const RotatedLatent> xr = rotations.get(c, l, X, D);
-      st = backend.run(c.quantizer.spec, c.target, xr->x.data(), T, D, dump.seq_offsets, decoded.data());
+      st = backend.run(c.quantizer.spec, c.target, xr->x.data(), T, D, offsets, decoded.data());
       xr->rotation->inverse(decoded.data(), T, D);
+      st.accounting = with_record_pad(st.accounting, c.quantizer.spec, c.target, A.kv_lora_rank, A.qk_rope_head_dim);
     }
-    st.accounting = with_record_pad(st.accounting, c.quantizer.spec, c.target, A.kv_lora_rank, A.qk_rope_head_dim);
     results[i] = {st.stored, st.accounting, error_metrics(X, decoded.data(), T, D), st.diagnostics};
-    bounds[i] = rate_distortion_bound(spectra->get(dump, l, c.target), results[i].accounting.bits_per_element);
+    if (&offsets == &dump.seq_offsets || splittable(offsets))  // a V4 target of too few entries has no bound
+      bounds[i] = rate_distortion_bound(spectra->get(dump, l, c.target), results[i].accounting.bits_per_element);
     if (const ScoreSpectrum* ss = spectra->score(dump, l, c.target))
       scores[i] = {score_mse(X, decoded.data(), T, D, ss->sqrt_metric),
                    score_bound_mse(*ss, results[i].accounting.bits_per_element)};
@@ -448,6 +506,12 @@ ColumnTable summarize(const ColumnTable& le, const std::vector<Quantizer>& quant
   auto& ratio = t.get<double>("ratio_vs_bf16");
   auto& acc_c = t.get<std::string>("c_kv_accounting");
   auto& acc_k = t.get<std::string>("k_pe_accounting");
+  if (attrs.v4()) {  // no c_kv + k_pe: /v4_cache has the entries' bytes
+    for (const Quantizer& qu : quantizers)
+      add_row(t, {qu.name, nan, nan, nan, nan, nan, nan, nan, std::string(kV4SummaryNotApplicable),
+                  std::string(kV4SummaryNotApplicable)});
+    return t;
+  }
   for (const Quantizer& qu : quantizers) {
     std::vector<double> rf_c, rf_k, bpe_c, bpt_c, bpt_k;
     for (size_t i = 0; i < q.size(); ++i) {
@@ -488,7 +552,7 @@ Attrs study_attrs(const StudyConfig& config, const Dump& dump, const std::string
   std::vector<std::string> targets;
   for (const TargetPlan& p : config.targets) targets.emplace_back(to_string(p.target));
   const DumpAttrs& A = dump.attrs;
-  return {
+  Attrs a = {
       {"created", utc_now_iso8601()},
       {"latentq_version", std::string(version())},
       {"git_commit", std::string(git_commit())},
@@ -508,9 +572,20 @@ Attrs study_attrs(const StudyConfig& config, const Dump& dump, const std::string
       {"device", device},
       {"blas", probes::blas_backend()},  // the probes' GEMMs: their last bits depend on its CPU kernel
   };
+  if (A.v4()) {  // what /summary and /not_applicable need of a DeepSeek-V4 dump (dump_attrs_from_results)
+    a.push_back({"cache_family", A.cache_family});
+    a.push_back({"head_dim", A.head_dim});
+    a.push_back({"index_head_dim", A.index_head_dim});
+    a.push_back({"v4_layers", v4_layer_records(dump)});
+  }
+  return a;
 }
 
 std::string format_summary(const ColumnTable& s, const DumpAttrs& attrs) {
+  if (attrs.v4())
+    return fmt::format("{}: {} layers, {}: /summary {}; /latent_error has its window_kv, compressed_kv and index_k "
+                       "rows, /v4_cache their bytes\n",
+                       attrs.model, attrs.num_layers, attrs.cache_family, kV4SummaryNotApplicable);
   const auto& name = s.get<std::string>("quantizer");
   const auto& mc = s.get<double>("mean_rel_fro_c_kv");
   const auto& xc = s.get<double>("max_rel_fro_c_kv");

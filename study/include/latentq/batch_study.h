@@ -65,8 +65,9 @@ BatchResult run_study_batch(const std::filesystem::path& out, const StudyPlan& p
 /// std::invalid_argument for a missing attribute or a config text that does not parse.
 std::vector<NamedTable> derive_study_tables(const Attrs& root, const std::vector<NamedTable>& cell_tables);
 
-/// model, num_layers, kv_lora_rank, qk_rope_head_dim of a results file's root attributes (other
-/// fields default). Throws std::invalid_argument naming a missing attribute.
+/// model, num_layers, kv_lora_rank, qk_rope_head_dim of a results file's root attributes, and for a DeepSeek-V4 study
+/// (root attribute cache_family) cache_family, head_dim and index_head_dim (other fields default). Throws
+/// std::invalid_argument naming a missing attribute or an unknown cache_family.
 DumpAttrs dump_attrs_from_results(const Attrs& root);
 
 /// The study config of a results file: the text of root attribute `config` parsed with source

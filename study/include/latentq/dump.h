@@ -69,7 +69,8 @@ struct CacheFamilyTraits {
   constexpr bool holds(Target t) const { return caches[static_cast<size_t>(t)]; }
 };
 inline constexpr CacheFamilyTraits kCacheFamilies[] = {
-    {"dense_mla", {true, true, false, false, false}, false, false, "DeepSeek-V2/V3, Kimi K2, GLM-4.7-Flash, MiniCPM3, LongCat-Flash",
+    {"dense_mla", {true, true, false, false, false}, false, false,
+     "DeepSeek-V2/V3, Kimi K2, GLM-4.7-Flash, MiniCPM3, LongCat-Flash",
      "transformers 5.24 deepseek_v2 / deepseek_v3 (DeepseekV3Attention): c_kv after kv_a_layernorm, k_pe after RoPE, "
      "every causal key read"},
     {"sparse_mla", {true, true, true, false, false}, true, false, "DeepSeek-V3.2, GLM-5 (DeepSeek Sparse Attention)",

@@ -3,7 +3,7 @@
 // latentq/table.h) and stored in the file as the group's column record (latentq/results.h).
 //
 //   per cell   /latent_error (study.h), every probe's groups (the registry, probe_registry.h)
-//   derived    /summary (study.h), /score_vs_attention (study.h)
+//   derived    /summary (study.h), /v4_cache (study.h, DeepSeek-V4 only), /score_vs_attention (study.h)
 //   decision   /decision (decision.h)
 //   plan runs  /plan_runs (plan_runs.h): the planner's assignments that the e2e step runs
 //   index      /cells (batch.h)

@@ -41,9 +41,16 @@ struct Cell {
   std::string key(std::string_view group = "latent_error") const;
 };
 
+/// DeepSeek-V4's entry caches as the study quantizes them: window_kv and compressed_kv, each with the quantizers of
+/// config's c_kv target (the first [input] target's when c_kv is not studied). Plain formats store the whole
+/// head_dim row; an engine record its c_kv part on the first head_dim - qk_rope_head_dim columns and its k_pe part on
+/// the last (latentq/applicable.h says where its native widths do not match).
+std::vector<TargetPlan> v4_entry_targets(const StudyConfig& config);
+
 /// The targets whose /latent_error cells a study plans, with their quantizers: config.targets ([input] targets x
-/// the study's quantizers), then each registered probe's latent_targets() (e.g. [indexer]'s formats on index_k of a
-/// sparse MLA dump, latentq/probe_registry.h).
+/// the study's quantizers; on a DeepSeek-V4 dump, which caches no c_kv + k_pe, v4_entry_targets() instead), then
+/// each registered probe's latent_targets() (e.g. [indexer]'s formats on index_k of a sparse MLA dump or of V4's
+/// CSA layers, latentq/probe_registry.h).
 std::vector<TargetPlan> latent_error_targets(const StudyConfig& config, const DumpAttrs& attrs);
 
 /// The cells of `config` over the loaded layers of `dump`: layer-major, then target in latent_error_targets()
@@ -202,7 +209,36 @@ Attrs study_attrs(const StudyConfig& config, const Dump& dump, const std::string
                   const std::string& device);
 
 /// A paper-style summary table of a /summary table (fmt), sorted by bytes per token, then by mean
-/// c_kv rel_fro.
+/// c_kv rel_fro. A DeepSeek-V4 dump: one line saying /summary is not applicable (kV4SummaryNotApplicable).
 std::string format_summary(const ColumnTable& summary, const DumpAttrs& attrs);
+
+// ---- DeepSeek-V4 ----------------------------------------------------------------------------------------------
+
+/// /summary's c_kv_accounting / k_pe_accounting on a DeepSeek-V4 dump, whose cache holds no c_kv + k_pe: every
+/// c_kv / k_pe column NaN. The decision and the planner, which budget the MLA latent cache, refuse such a file with
+/// the same words.
+inline constexpr const char* kV4SummaryNotApplicable = "not applicable to deepseek_v4 (no c_kv + k_pe)";
+
+/// One studied layer of a DeepSeek-V4 study, as the root attribute v4_layers records it ("1:csa:4:128").
+struct V4LayerInfo {
+  int layer = 0;
+  std::string layer_type;  ///< sliding, csa or hca
+  int64_t compress_rate = 0, sliding_window = 0;
+};
+/// The root attribute v4_layers of a study of `dump` (its loaded layers): "layer:type:compress_rate:sliding_window".
+std::vector<std::string> v4_layer_records(const Dump& dump);
+/// Parses v4_layer_records(); throws std::invalid_argument naming a malformed record.
+std::vector<V4LayerInfo> parse_v4_layer_records(const std::vector<std::string>& records);
+
+/// The /v4_cache group (derived, DeepSeek-V4 studies only): its columns (v4_cache.cpp).
+const GroupSpec& v4_cache_spec();
+/// One row per (quantizer, target, layer type) of the window_kv, compressed_kv and index_k rows of `latent_error`,
+/// first-seen order: bytes per stored row (the one accounting: /latent_error's bytes_per_token_layer, per row),
+/// rows per token at long context (1/compress_rate for compressed_kv and index_k), bytes per token of context
+/// (compressed caches) and per sequence (window_kv: sliding_window entries), mean rel_fro. Throws
+/// std::invalid_argument for a row whose layer `layers` lacks.
+ColumnTable v4_cache_table(const ColumnTable& latent_error, const std::vector<V4LayerInfo>& layers);
+/// The printed form of a /v4_cache table.
+std::string format_v4_cache(const ColumnTable& v4_cache);
 
 }  // namespace latentq
