@@ -112,6 +112,7 @@ from latentq.e2e_results import (  # noqa: F401  (re-exported: the tests use lat
     decode_settings,
     mixed_specs,
     open_results,
+    planned_runs,
     study_indexer_quantizers,
     study_layers,
     study_quantizers,
@@ -261,7 +262,7 @@ class Plan:
     def __init__(self, a, latentq):
         """Raises ValueError naming the file or flag (a spec, mode or target the study cannot have)."""
         self.latentq = latentq
-        self.pairs = study_quantizers(a.results)
+        self.pairs = study_quantizers(a.results) + planned_runs(a.results)  # the plan's mixed runs (/plan_runs)
         self.layers = study_layers(a.results)
         attr_modes, attr_qs, attr_w, attr_tg = decode_settings(a.results)
         known = dict(self.pairs)

@@ -1,8 +1,8 @@
 """What the e2e step (latentq.e2e) reads of a latentq-results/1 file: the study's layers, its quantizers and
-their targets, a mixed assignment's stored specs, the decode-order settings the C++ study writes, and the
-(quantizer, target) pairs whose format cannot take the width (/not_applicable).
-Every function raises ValueError naming the file (missing, unreadable, another schema, a malformed
-attribute) instead of h5py's errno text."""
+their targets, a mixed assignment's stored specs (a [[mixed]] rule's, or a planner's run of /plan_runs), the
+decode-order settings the C++ study writes, and the (quantizer, target) pairs whose format cannot take the width
+(/not_applicable). Every function raises ValueError naming the file (missing, unreadable, another schema, a
+malformed attribute) instead of h5py's errno text."""
 
 from __future__ import annotations
 
@@ -108,16 +108,39 @@ def study_v4_quantizers(results_path: str) -> tuple[list[tuple[str, tuple[str, .
 def mixed_specs(results_path: str, quantizer: str) -> dict[tuple[int, str], str]:
     """{(layer, target): stored spec} of the /latent_error rows of `quantizer`: what a mixed
     assignment ([[mixed]] in the study config, a name that is no spec) stores on each layer, behind
-    its transform ("<transform>,<spec>") where the row's transform column is not "none"."""
+    its transform ("<transform>,<spec>") where the row's transform column is not "none"; for a name that
+    /latent_error lacks, the same of its /plan_runs rows (a planner's run: planned_runs)."""
+    dec = lambda v: v.decode() if isinstance(v, bytes) else str(v)
     with open_results(results_path) as f:
-        g = f["latent_error"]
-        dec = lambda v: v.decode() if isinstance(v, bytes) else str(v)
-        tr = g["transform"][:] if "transform" in g else [b"none"] * len(g["layer"])
-        return {
-            (int(l), dec(t)): dec(s) if dec(x) == "none" else f"{dec(x)},{dec(s)}"
-            for l, t, q, s, x in zip(g["layer"][:], g["target"][:], g["quantizer"][:], g["stored"][:], tr)
-            if dec(q) == quantizer
-        }
+        for group in ("latent_error", PLAN_RUNS):
+            if group not in f:
+                continue
+            g = f[group]
+            names = g["run" if group == PLAN_RUNS else "quantizer"][:]
+            tr = g["transform"][:] if "transform" in g else [b"none"] * len(g["layer"])
+            out = {
+                (int(l), dec(t)): dec(s) if dec(x) == "none" else f"{dec(x)},{dec(s)}"
+                for l, t, q, s, x in zip(g["layer"][:], g["target"][:], names, g["stored"][:], tr)
+                if dec(q) == quantizer
+            }
+            if out:
+                return out
+    return {}
+
+
+PLAN_RUNS = "plan_runs"
+
+
+def planned_runs(results_path: str) -> list[tuple[str, tuple[str, ...]]]:
+    """The planner's assignments at the decision's budgets that the e2e step runs as mixed runs on c_kv + k_pe:
+    (run name, ("c_kv", "k_pe")) of the /plan_runs rows in first-seen order (written by `latentq run`, `merge`,
+    `study` and `decide` before the step: latentq/plan_runs.h); [] when the file has none. mixed_specs gives a
+    run's spec per (layer, target)."""
+    with open_results(results_path) as f:
+        if PLAN_RUNS not in f:
+            return []
+        runs = [r.decode() if isinstance(r, bytes) else str(r) for r in f[PLAN_RUNS]["run"][:]]
+    return [(r, ("c_kv", "k_pe")) for r in dict.fromkeys(runs)]
 
 
 def decode_settings(results_path: str) -> tuple[list[str] | None, list[str] | None, int | None, list[str] | None]:
