@@ -78,7 +78,10 @@ const GroupSpec kError = {
       "sparse MLA: mean over query rows of the fraction of the model's selected keys (topk_keys) the row's "
       "attention reads: 1 where it reads the model's selection (the latent's error alone); for c_kv+k_pe+index_k "
       "the causal top-k recomputed from the indexer key cache in the quantizer's c_kv format (what the engine "
-      "reads); NaN for dense MLA (no selection)"}}};
+      "reads); NaN for dense MLA (no selection). DeepSeek-V4: on CSA layers the same for the entries index_selected "
+      "names (1 unless index_k is quantized: its top-k recomputed); NaN on sliding and HCA layers"},
+     {"layer_type", ColType::Str, "",
+      "DeepSeek-V4: the layer's type (sliding, csa, hca); empty for MLA dumps"}}};
 
 /// The targets of the sparse-MLA row that also quantizes the DSA indexer's key cache (index_k).
 constexpr const char* kWithIndexer = "c_kv+k_pe+index_k";
@@ -224,7 +227,7 @@ std::vector<ColumnTable> run_error_with_indexer(const ErrorCell& c, const LayerA
   add_row(t, {int64_t{c.layer}, c.quantizer, c.targets, x.out_rel_fro, x.cos_mean, x.kl_mean, x.top1_agree,
               x.top8_agree, ac.bits_per_element,
               ac.bytes_per_token + ak.bytes_per_token + account(qi).bytes_per_token,
-              selection_recall(l, sel.offsets, sel.keys).recall});
+              selection_recall(l, sel.offsets, sel.keys).recall, std::string()});
   return {std::move(t)};
 }
 
@@ -333,7 +336,7 @@ GroupRows run_error_group(const std::vector<ErrorCell>& cells, const LayerAccess
       const double bytes_c = sc_of[i] ? sc_of[i]->a.bytes_per_token : b->bytes_ckv;
       const double bytes_k = sk_of[i] ? sk_of[i]->a.bytes_per_token : b->bytes_kpe;
       add_row(t, {int64_t{c.layer}, c.quantizer, c.targets, x.out_rel_fro, x.cos_mean, x.kl_mean, x.top1_agree,
-                  x.top8_agree, bits_c, bytes_c + bytes_k, model_selection_recall(dump)});
+                  x.top8_agree, bits_c, bytes_c + bytes_k, model_selection_recall(dump), std::string()});
       g.rows[key] = std::move(t);
     } catch (...) {
       g.errors[key] = std::current_exception();
@@ -388,7 +391,7 @@ std::vector<ColumnTable> run_error(const StudyConfig& config, const ErrorCell& c
   const std::span<const float> ckv = ckv_buf, kpe = kpe_buf;
   const probes::AttentionError x = e->error(ckv, kpe);
   add_row(t, {int64_t{c.layer}, c.quantizer, c.targets, x.out_rel_fro, x.cos_mean, x.kl_mean, x.top1_agree,
-              x.top8_agree, bits_c, bytes_c + bytes_k, model_selection_recall(dump)});
+              x.top8_agree, bits_c, bytes_c + bytes_k, model_selection_recall(dump), std::string()});
   return {std::move(t)};
 }
 
@@ -535,6 +538,7 @@ class AttentionProbe final : public Probe {
       p.notes.push_back("attention: skipped: " + why);
       return p;
     }
+    if (dump.attrs.v4()) return plan_v4_attention(this, config, dump);  // study/run/attention_v4.cpp
     p.groups = {"attention_check", "attention_error"};
     std::vector<int> L;
     for (const Layer& l : dump.layers) L.push_back(l.index);
@@ -596,6 +600,7 @@ class AttentionProbe final : public Probe {
   }
 
   std::vector<ColumnTable> run(const StudyConfig& config, const ProbeCell& cell, const LayerAccess& in) const override {
+    if (in.header().attrs.v4()) return run_v4_attention(cell, in);
     if (cell.groups.front() == "attention_check") return run_check(config, cell.as<CheckCell>(), in);
     return run_error(config, cell.as<ErrorCell>(), in);
   }
@@ -621,7 +626,7 @@ class AttentionProbe final : public Probe {
 
   std::string report(const ProbeReportInput& in) const override {
     const NamedTable* a = in.find("attention_error");
-    if (!in.summary || !a || a->table.num_rows() == 0) return {};
+    if (!in.summary || !a || a->table.num_rows() == 0 || in.attrs.v4()) return {};  // the table is MLA's
     const NamedTable* svd = in.find("svd");
     return attention_table(*in.summary, a->table, svd ? &svd->table : nullptr, in.attrs);
   }

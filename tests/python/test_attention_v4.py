@@ -4,7 +4,12 @@ layer type, its float32 output equals the model's ``attn_out`` and the float64 r
 ``latentq.dump_v4.recompute_rows`` (max|Δ| / max|attn_out| <= 1e-4), its float64 output equals recompute_rows to
 float64 rounding; its probabilities (window keys, visible entries, sink) sum to 1; on the CSA layer the top-k it
 recomputes from index_q / index_w / index_k is the dump's selection, and a quantized index_k moves it exactly as
-the Python indexer (latentq.dump_v4.index_scores_rows + latentq.sparse_mla.select_topk) moves it."""
+the Python indexer (latentq.dump_v4.index_scores_rows + latentq.sparse_mla.select_topk) moves it. ``latentq run`` on the
+dump writes /attention_check per layer and /attention_error per (layer, cache set, quantizer), each row the engine's
+error recomputed here from the caches quantized by ``latentq.quantize_dequantize``."""
+
+import os
+import subprocess
 
 import h5py
 import numpy as np
@@ -30,7 +35,7 @@ def dumped(tmp_path_factory):
     with h5py.File(out) as f:
         root = {k: f[k][()] for k in ("positions", "seq_offsets")}
         layers = {int(n): ({k: g[k][()] for k in g}, dict(g.attrs)) for n, g in f["layers"].items()}
-    return root, layers
+    return root, layers, out
 
 
 POSITIONAL = ("q", "q_rows", "positions", "seq_offsets", "window_kv", "sinks", "rope_cos", "rope_sin")
@@ -52,7 +57,7 @@ def engine(root, ds, attrs, float64=False, **over):
 
 @pytest.mark.parametrize("kind", ["sliding", "csa", "hca"])
 def test_engine_is_the_model_and_the_float64_recomputation(dumped, kind):
-    root, layers = dumped
+    root, layers, _ = dumped
     (i,) = [i for i, (_, a) in layers.items() if a["layer_type"] == kind]
     ds, attrs = layers[i]
     ref = dump_v4.recompute_rows(ds, attrs, root["seq_offsets"], root["positions"]).numpy()
@@ -85,7 +90,7 @@ def test_engine_is_the_model_and_the_float64_recomputation(dumped, kind):
 
 
 def test_csa_selection_from_the_indexer_and_a_quantized_index_k(dumped):
-    root, layers = dumped
+    root, layers, _ = dumped
     (i,) = [i for i, (_, a) in layers.items() if a["layer_type"] == "csa"]
     ds, attrs = layers[i]
     idx = dict(
@@ -124,7 +129,7 @@ def test_csa_selection_from_the_indexer_and_a_quantized_index_k(dumped):
 
 
 def test_bad_inputs_are_value_errors(dumped):
-    root, layers = dumped
+    root, layers, _ = dumped
     ds, attrs = next(v for v in layers.values() if v[1]["layer_type"] == "csa")
     with pytest.raises(ValueError, match="index_selected"):
         engine(root, ds, attrs, index_selected=np.full_like(ds["index_selected"], 10**6))
@@ -132,3 +137,103 @@ def test_bad_inputs_are_value_errors(dumped):
         engine(root, ds, attrs, window_kv=ds["window_kv"][:-1])
     with pytest.raises(ValueError, match="layer_type 'dense'"):
         engine(root, ds, {**attrs, "layer_type": "dense"})
+
+
+LQ = os.environ.get("LATENTQ_BIN", os.path.join(os.path.dirname(__file__), "..", "..", "build", "latentq"))
+CACHES = {
+    "sliding": ["window_kv"],
+    "csa": ["window_kv", "compressed_kv", "index_k"],
+    "hca": ["window_kv", "compressed_kv"],
+}
+
+
+RECORDS = {"flashmla-v32-fp8"}  # the engine presets among the specs below
+
+
+def quantized(ds, root, cache, spec, rope):
+    """The cache as the study quantizes it: each sequence's rows apart; an engine record's c_kv part on the first
+    D - d_r columns of an entry row, its k_pe part on the last d_r."""
+    x = ds[cache]
+    off = (root["seq_offsets"] if cache == "window_kv" else ds["compressed_offsets"]).tolist()
+    if spec not in RECORDS:
+        return latentq.quantize_dequantize(x, spec, cache, off)
+    d = x.shape[1] - rope
+    a = latentq.quantize_dequantize(np.ascontiguousarray(x[:, :d]), spec, "c_kv", off)
+    return np.concatenate([a, latentq.quantize_dequantize(np.ascontiguousarray(x[:, d:]), spec, "k_pe", off)], 1)
+
+
+def metrics(ref, test, H):
+    """out_rel_fro, kl_mean (floor 1e-30), top1_agree of two engine results (out, nkeys, probs) in float64."""
+    (o, nk, p), (o2, _, p2) = ref, test
+    rel = np.linalg.norm((o2 - o).astype(np.float64)) / np.linalg.norm(o.astype(np.float64))
+    starts = np.concatenate([[0], np.cumsum(np.repeat(nk, H))])
+    kl, top1 = [], []
+    for a, b in zip(starts[:-1], starts[1:]):
+        pr, pt = p[a:b].astype(np.float64), p2[a:b].astype(np.float64)
+        m = pr > 0
+        kl.append(np.sum(pr[m] * np.log(pr[m] / np.maximum(pt[m], 1e-30))))
+        top1.append(np.argmax(pr) == np.argmax(pt))
+    return rel, np.mean(kl), np.mean(top1)
+
+
+def test_study_attention_rows(dumped, tmp_path):
+    """``latentq run`` on the dump, [indexer] quantizers int2-sym-token (moves the CSA selection) and mxfp4: the
+    /attention_check and /attention_error rows, each recomputed here."""
+    root, layers, path = dumped
+    cfg, out = tmp_path / "study.toml", tmp_path / "results.h5"
+    assert subprocess.run([LQ, "init", str(cfg)], capture_output=True).returncode == 0
+    with open(cfg, "a") as f:
+        f.write('\n[indexer]\nquantizers = ["int2-sym-token", "mxfp4"]\n')
+    args = [LQ, "run", str(cfg), "--input", str(path), "--out", str(out), "--no-e2e"]
+    run = subprocess.run(args, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    with h5py.File(out) as f:
+        check = {k: f["attention_check"][k][()] for k in f["attention_check"]}
+        err = {k: f["attention_error"][k][()] for k in f["attention_error"]}
+    for k in ("quantizer", "targets", "layer_type"):
+        err[k] = err[k].astype(str)
+    rope = int(next(iter(layers.values()))[0]["rope_cos"].shape[1]) * 2
+    print("attention_check ref_vs_dump_rel_fro:", dict(zip(check["layer"].tolist(), check["ref_vs_dump_rel_fro"])))
+    assert sorted(check["layer"].tolist()) == sorted(layers) and (check["ref_vs_dump_rel_fro"] < 1e-5).all()
+    rows = {(int(a), b, c): i for i, (a, b, c) in enumerate(zip(err["layer"], err["targets"], err["quantizer"]))}
+    # (spec, the cache sets it runs on: None = every set of the layer)
+    cases = [("mxfp4", None), ("int4-asym-token-g32", "window_kv"), ("flashmla-v32-fp8", "window_kv")]
+    cases += [("int2-sym-token", "index_k"), ("int2-sym-token", "window_kv+compressed_kv+index_k")]
+    for i, (ds, attrs) in layers.items():
+        kind, H = str(attrs["layer_type"]), ds["q"].shape[1]
+        caches = CACHES[kind]
+        sets = {"+".join(c) for c in [[x] for x in caches] + [caches]}
+        got = {t for (l, t, q) in rows if l == i and q == "mxfp4"}
+        assert got == sets, (i, kind, got)
+        assert set(err["layer_type"][err["layer"] == i]) == {kind}
+        ref = engine(root, ds, attrs)
+        for spec, only in cases:
+            for ts in [only] if only else sorted(sets):
+                if (i, ts, spec) not in rows:  # a cache the layer does not hold
+                    assert ts not in sets, (i, ts, spec)
+                    continue
+                over = {c: quantized(ds, root, c, spec, rope) for c in ts.split("+")}
+                if "index_k" in over:
+                    over.update(
+                        index_q=ds["index_q"],
+                        index_w=ds["index_w"],
+                        index_topk=int(attrs["index_topk"]),
+                        index_softmax_scale=float(attrs["index_softmax_scale"]),
+                    )
+                rel, kl, top1 = metrics(ref, engine(root, ds, attrs, **over), H)
+                r = rows[(i, ts, spec)]
+                print(
+                    f"layer {i} ({kind}) {ts} {spec}: out_rel_fro {rel:.4g} (row {err['out_rel_fro'][r]:.4g}), "
+                    f"kl {kl:.4g} (row {err['kl_mean'][r]:.4g}), top1 {top1:.4g}"
+                )
+                np.testing.assert_allclose(
+                    [err["out_rel_fro"][r], err["kl_mean"][r], err["top1_agree"][r]],
+                    [rel, kl, top1],
+                    rtol=1e-6,
+                    atol=1e-12,
+                )
+                recall = err["topk_recall"][r]  # the model's selection kept: < 1 only where int2 index_k moves it
+                if kind != "csa":
+                    assert np.isnan(recall)
+                else:
+                    assert (recall < 0.9) if (spec == "int2-sym-token") else (recall == 1.0), (ts, spec, recall)

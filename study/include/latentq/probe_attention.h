@@ -78,6 +78,14 @@ struct SelectionRecall {
   double recall = 0, rows_changed = 0;
 };
 SelectionRecall selection_recall(const Layer& l, const std::vector<int64_t>& offsets, const std::vector<int32_t>& keys);
+
+/// DeepSeek-V4 (a dump of cache_family deepseek_v4; study/run/attention_v4.cpp): the attention probe's cells on
+/// it, which the probe hands over to: per layer an /attention_check cell (latentq/attention/v4.h's engine on the
+/// dumped caches against attn_out) and /attention_error cells, one per (layer, quantizer) for each cache the layer
+/// holds quantized alone (window_kv, compressed_kv, index_k: study/README.md) and for all of them. Throws
+/// std::invalid_argument as attention_reference.
+ProbePart plan_v4_attention(const Probe* probe, const StudyConfig& config, const Dump& dump);
+std::vector<ColumnTable> run_v4_attention(const ProbeCell& cell, const LayerAccess& in);
 /// Sparse MLA, a layer with its own DSA indexer: each query row's causal top-index_topk (latentq/attention/dsa.h
 /// dsa_select_topk) from the layer's index_q, index_w and scale over `index_k` [T, index_dim] (the layer's own key
 /// cache, or its quantize-dequantize). Throws as dsa_select_topk.
