@@ -57,7 +57,8 @@ struct RunArgs {
 
 // The decision summary (latentq/decision.h) of a complete results file: printed, and written into it as
 // /decision (the report's first section).
-void decision_step(const fs::path& results, const std::string& budgets, std::ostream& out) {
+// measure_hint (`decide`): under a plan still predicted, the command that measures it.
+void decision_step(const fs::path& results, const std::string& budgets, std::ostream& out, bool measure_hint = false) {
   if (dump_attrs_from_results(read_results_attrs(results)).v4()) {  // the budgets are of the MLA latent cache
     out << fmt::format("\ndecision: {}; /v4_cache has the bytes of its caches\n", kV4SummaryNotApplicable);
     return;
@@ -71,7 +72,7 @@ void decision_step(const fs::path& results, const std::string& budgets, std::ost
   for (size_t i = 0; i < t.num_rows(); ++i)
     if (t.get<std::string>("source")[i] == "predicted")
       predicted.push_back(budget_fraction_label(t.get<double>("budget_fraction")[i]));
-  if (!predicted.empty())
+  if (measure_hint && !predicted.empty())
     out << fmt::format(
         "plan: predicted at {} of bf16 (not run end to end); /plan_runs holds its assignments, which the e2e step "
         "runs. Measure them as the other rows, then decide again:\n  {}\n  latentq decide {}{}\n",
@@ -80,12 +81,12 @@ void decision_step(const fs::path& results, const std::string& budgets, std::ost
 }
 
 // The planner's assignments at the decision's budgets, into /plan_runs (latentq/plan_runs.h), for the e2e step to run
-// before the decision reads them; one line naming the runs.
-void plan_runs_step(const fs::path& results, const std::string& budgets, std::ostream& out) {
+// before the decision reads them; with `e2e` (the step follows) one line naming the runs.
+void plan_runs_step(const fs::path& results, const std::string& budgets, bool e2e, std::ostream& out) {
   if (dump_attrs_from_results(read_results_attrs(results)).v4()) return;  // the planner budgets the MLA latent cache
   const std::vector<double> f = budgets.empty() ? default_budget_fractions() : parse_budget_fractions(budgets);
   const std::vector<std::string> runs = write_plan_runs(results, f);
-  if (!runs.empty())
+  if (e2e && !runs.empty())
     out << fmt::format("plan runs: {} (/plan_runs: the planner's assignments at the decision's budgets, run by the "
                        "e2e step)\n",
                        fmt::join(runs, ", "));
@@ -167,7 +168,7 @@ int cmd_run(const RunArgs& a, std::ostream& out, std::ostream& err, bool progres
                        "{}\nresults: {}\n",
                        r.owned, plan.quantizers.size(), resumed, backend->name(), secs, plan_secs,
                        format_cell_time(r, worker_threads(a.threads)), cfg.results.string());
-    plan_runs_step(cfg.results, a.budgets, out);
+    plan_runs_step(cfg.results, a.budgets, cfg.probes.e2e.enabled && !a.no_e2e, out);
     if (cfg.probes.e2e.enabled && !a.no_e2e) {
       cfg.probes.e2e.selection = a.e2e;
       cfg.probes.e2e.budgets = a.budgets;
@@ -372,7 +373,7 @@ int cmd_study(const StudyArgs& a, std::ostream& out, std::ostream& err, bool pro
     e2e_changes = recorded.empty() ? std::vector<std::string>{"no step_key recorded"}
                                    : key_changes(StepKey::parse_json(recorded), e2e_now);
   }
-  plan_runs_step(results, a.budgets, out);
+  plan_runs_step(results, a.budgets, !a.no_e2e, out);
   if (a.no_e2e) {
     out << "e2e: skipped (--no-e2e)\n";
   } else if (e2e_changes && e2e_changes->empty()) {
@@ -490,7 +491,7 @@ int cmd_merge(const MergeArgs& a, std::ostream& out, std::ostream& err) {
   out << fmt::format(
       "merged {} shard{} ({} files): {} cells{}\nresults: {}\n", m.shards, m.shards == 1 ? "" : "s", inputs.size(),
       m.cells, m.overlapping ? fmt::format(" ({} of them in more than one file, equal)", m.overlapping) : "", merged);
-  plan_runs_step(merged, a.budgets, out);
+  plan_runs_step(merged, a.budgets, !a.no_e2e && config_from_results(m.attrs).probes.e2e.enabled, out);
   if (!a.no_e2e) merged_e2e_step(merged, m.attrs, a, out, err);
   decision_step(merged, a.budgets, out);
   return kExitOk;
@@ -837,7 +838,7 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
     if (init->parsed()) return cmd_init(init_path, init_model, out);
     if (decide->parsed()) {
       require_complete_results(decide_results, "a decision");
-      decision_step(decide_results, decide_budgets, out);
+      decision_step(decide_results, decide_budgets, out, true);
       return kExitOk;
     }
     if (synth->parsed()) return cmd_synth(sa, out);

@@ -74,8 +74,9 @@ TEST_F(CliTest, RunWritesResultsAndPrintsTheSummary) {
   EXPECT_EQ(created.size(), 20u);
   EXPECT_EQ(created.back(), 'Z');
   EXPECT_EQ(list_tables(results),
-            (std::vector<std::string>{"latent_error", "summary", "cells",
-                                      "decision"}));  // /cells: latentq/batch.h; /decision: latentq/decision.h
+            (std::vector<std::string>{"latent_error", "summary", "cells", "plan_runs",
+                                      "decision"}));  // /cells: latentq/batch.h; /plan_runs: latentq/plan_runs.h;
+                                                      // /decision: latentq/decision.h
   EXPECT_EQ(read_table(results, "latent_error").num_rows(), 108u);
   EXPECT_EQ(read_table(results, "summary").num_rows(), 18u);
 }
