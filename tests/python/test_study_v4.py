@@ -127,3 +127,11 @@ def test_long_context_bytes_summary_and_decision(study):
     assert f"decision: {NA}" in out
     for probe in ("svd: not applicable", "cross_layer: not applicable", "indexer: /indexer_error not applicable"):
         assert f"{probe} to deepseek_v4" in out
+    # the decision and the planner budget the MLA latent cache: decide says so, plan refuses (exit 2, nothing written)
+    r = subprocess.run([LQ, "decide", str(d / "r.h5")], capture_output=True, text=True)
+    assert r.returncode == 0 and f"decision: {NA}" in r.stdout
+    r = subprocess.run(
+        [LQ, "plan", str(d / "r.h5"), "--budget", "100", "--out", str(d / "p.toml")], capture_output=True, text=True
+    )
+    print("plan:", r.returncode, r.stderr.strip())
+    assert r.returncode == 2 and f"r.h5: the planner is {NA}" in r.stderr and not (d / "p.toml").exists()
