@@ -36,6 +36,7 @@
 #include "latentq/results.h"
 #include "latentq/study.h"
 #include "latentq/synth.h"
+#include "latentq/synth_v4.h"
 #include "latentq/util.h"
 
 namespace latentq {
@@ -552,7 +553,24 @@ std::string format_presets() {
     s += fmt::format("{:<17} {:>6} {:>5} {:>5} {:>4} {:>5} {:>4} {:>9.0f} {:<11} {:>9.7f}  {}\n", m.name, m.num_layers,
                      m.num_heads, m.kv_lora_rank, m.qk_rope_head_dim, m.qk_nope_head_dim, m.v_head_dim, m.rope_theta,
                      m.rope_layout, m.softmax_scale, m.model);
+  for (const V4Shape& v : v4_presets()) s += describe_v4_preset(v);
   return s;
+}
+
+// `latentq synth` of a DeepSeek-V4 preset (latentq/synth_v4.h).
+int synth_v4(const V4Shape& shape, const SynthArgs& a, std::ostream& out) {
+  V4SynthOptions o;
+  o.shape = shape;
+  if (a.layers != 0) o.shape.num_layers = a.layers;
+  if (a.index_topk != 0) o.shape.index_topk = a.index_topk;
+  o.seqs = a.seqs, o.seq_len = a.seq_len, o.query_rows = a.query_rows, o.seed = a.seed;
+  validate_v4(o);
+  out << fmt::format("synth {}: {} layers, {} x {} tokens, {} query rows, index_topk {}, seed {} (values "
+                     "shape-faithful only)\n",
+                     shape.name, o.shape.num_layers, o.seqs, o.seq_len, o.query_rows, o.shape.index_topk, o.seed);
+  write_synth_v4_dump(a.out, o);
+  out << "dump: " << fs::absolute(a.out).lexically_normal().string() << "\n";
+  return kExitOk;
 }
 
 // `latentq synth`: a synthetic dump of a preset's shape (latentq/synth.h), layer by layer.
@@ -563,14 +581,15 @@ int cmd_synth(const SynthArgs& a, std::ostream& out) {
   }
   if (a.preset.empty()) throw std::invalid_argument("synth: --preset is required (--list shows the presets)");
   if (a.out.empty()) throw std::invalid_argument("synth: --out is required");
+  if (const V4Shape* v4 = find_v4_preset(a.preset)) return synth_v4(*v4, a, out);
   SynthOptions o;
   o.shape = find_preset(a.preset);
   if (a.layers != 0) o.shape.num_layers = a.layers;
   if (a.index_topk != 0) {
     if (!o.shape.sparse())
       throw std::invalid_argument(fmt::format(
-          "synth: --index-topk {}: the preset '{}' is dense MLA (no indexer); the sparse presets are deepseek-v3.2 "
-          "and glm-5",
+          "synth: --index-topk {}: the preset '{}' is dense MLA (no indexer); the sparse presets are deepseek-v3.2, "
+          "glm-5 and deepseek-v4-flash",
           a.index_topk, a.preset));
     o.shape.index_topk = a.index_topk;
   }
@@ -803,12 +822,17 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
       "Write a synthetic latentq-dump/1 file with a real model's MLA shape (RMS-normalized c_kv: the "
       "stand-in calibrated to DeepSeek-V2-Lite's latents, sink and spike outlier channels; tiny-mla: "
       "low-rank; RoPE'd k_pe, queries, W_UK/W_UV, exact attn_out), one layer at a time");
-  synth->add_option("--preset", sa.preset, "tiny-mla, deepseek-v2-lite, deepseek-v3, glm-4.7-flash, minicpm3-4b, or sparse MLA: deepseek-v3.2, glm-5");
+  synth->add_option("--preset", sa.preset,
+                    "tiny-mla, deepseek-v2-lite, deepseek-v3, glm-4.7-flash, minicpm3-4b, sparse MLA: deepseek-v3.2, "
+                    "glm-5, or DeepSeek-V4: deepseek-v4-flash (shape-faithful values)");
   synth->add_flag("--list", sa.list, "print the presets' dims and exit");
-  synth->add_option("--layers", sa.layers, "number of layers (default: the preset's)")->check(CLI::PositiveNumber);
+  synth->add_option("--layers", sa.layers,
+                    "number of layers (default: the preset's; deepseek-v4-flash: 6, the first N of its 43)")
+      ->check(CLI::PositiveNumber);
   synth->add_option("--index-topk", sa.index_topk,
-                    "a sparse preset's top-k (default: the preset's, 2048): below the sequence length to study the "
-                    "long-context ratio of selected keys on a short dump")
+                    "a sparse or V4 preset's top-k (default: the preset's, 2048; deepseek-v4-flash 512): below the "
+                    "sequence length (V4: the CSA entries) to study the long-context ratio of selected keys on a "
+                    "short dump")
       ->check(CLI::PositiveNumber);
   synth->add_option("--seqs", sa.seqs, "number of sequences (default 2)")->check(CLI::PositiveNumber);
   synth->add_option("--seq-len", sa.seq_len, "tokens per sequence (default 512)")->check(CLI::PositiveNumber);

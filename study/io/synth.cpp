@@ -1,5 +1,6 @@
 // Synthetic dumps of a real model's shape (latentq/synth.h).
 #include "latentq/synth.h"
+#include "latentq/synth_v4.h"
 
 #include <H5Cpp.h>
 #include <unistd.h>
@@ -18,6 +19,7 @@
 #include "latentq/attention/attention.h"
 #include "latentq/attention/dsa.h"
 #include "latentq/util.h"
+#include "synth_internal.h"
 
 namespace latentq {
 namespace fs = std::filesystem;
@@ -80,6 +82,7 @@ const ModelShape& find_preset(const std::string& name) {
     if (s.name == name) return s;
     names += (names.empty() ? "" : ", ") + s.name;
   }
+  for (const V4Shape& s : v4_presets()) names += ", " + s.name + " (DeepSeek-V4)";
   throw std::invalid_argument(fmt::format("unknown preset '{}' (presets: {})", name, names));
 }
 
@@ -124,12 +127,7 @@ void validate(const SynthOptions& o) {
 
 namespace {
 
-// One independent stream per (seed, purpose, layer).
-std::mt19937_64 stream(uint64_t seed, uint64_t purpose, uint64_t layer) {
-  std::seed_seq q{static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32), static_cast<uint32_t>(purpose),
-                  static_cast<uint32_t>(layer), static_cast<uint32_t>(layer >> 32)};
-  return std::mt19937_64(q);
-}
+using synthio::stream;
 
 enum Purpose : uint64_t { kTokens = 1, kLatent = 2, kRope = 3, kQuery = 4, kWeights = 5, kIndexer = 6 };
 
@@ -458,28 +456,6 @@ SynthLayer synth_layer(const SynthOptions& o, const SynthTokens& tok, int64_t la
 
 namespace {
 
-// A chunked dataset of `dims` with chunk `chunk`, written whole from `data`.
-template <class T>
-void put_chunked(hid_t file, const std::string& name, const std::vector<hsize_t>& dims, std::vector<hsize_t> chunk,
-                 const T* data, hid_t file_type, hid_t mem_type) {
-  for (size_t i = 0; i < dims.size(); ++i) chunk[i] = std::max<hsize_t>(1, std::min(chunk[i], dims[i]));
-  const hid_t space = H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr);
-  const hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
-  H5Pset_chunk(dcpl, static_cast<int>(chunk.size()), chunk.data());
-  const hid_t lcpl = H5Pcreate(H5P_LINK_CREATE);
-  H5Pset_create_intermediate_group(lcpl, 1);
-  const hid_t ds = H5Dcreate2(file, name.c_str(), file_type, space, lcpl, dcpl, H5P_DEFAULT);
-  herr_t st = ds < 0 ? -1 : H5Dwrite(ds, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data);
-  if (ds >= 0) H5Dclose(ds);
-  H5Pclose(lcpl);
-  H5Pclose(dcpl);
-  H5Sclose(space);
-  if (ds < 0 || st < 0) throw std::runtime_error(fmt::format("cannot write dataset {} ({})", name, h5::error_stack()));
-}
-
-// Rows per ≈ 1 MiB chunk of a float32 dataset whose rows hold `row_elems` values.
-hsize_t rows_per_mib(int64_t row_elems) { return static_cast<hsize_t>(std::max<int64_t>(1, (1 << 18) / row_elems)); }
-
 std::string config_json(const SynthOptions& o) {
   const ModelShape& m = o.shape;
   return fmt::format(
@@ -493,6 +469,8 @@ std::string config_json(const SynthOptions& o) {
 }  // namespace
 
 void write_synth_dump(const fs::path& out_path, const SynthOptions& o, const std::function<void(int64_t)>& on_layer) {
+  using synthio::put_chunked;
+  using synthio::rows_per_mib;
   const SynthTokens tok = synth_tokens(o);  // validates
   const fs::path out = fs::absolute(out_path).lexically_normal();
   const fs::path dir = out.parent_path();

@@ -117,7 +117,8 @@ bool is_standin_sink_layer(int64_t layer);
 /// K, the stand-in's spike channels for kv_lora_rank r: round(spike_channel_frac·r), at most r − 1.
 int64_t standin_spike_channels(int64_t r);
 
-/// The presets: tiny-mla, deepseek-v2-lite, deepseek-v3, glm-4.7-flash, minicpm3-4b, each with the dims of the
+/// The MLA presets (DeepSeek-V4's: latentq/synth_v4.h): tiny-mla, deepseek-v2-lite, deepseek-v3, glm-4.7-flash,
+/// minicpm3-4b, deepseek-v3.2, glm-5, each with the dims of the
 /// config.json it names (ModelShape::source) and nothing more.
 const std::vector<ModelShape>& model_presets();
 
