@@ -11,6 +11,9 @@ import subprocess
 
 import h5py
 import numpy as np
+import pandas as pd
+
+from latentq.report.markdown import _verdict_lines
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LQ = os.environ.get("LATENTQ_BIN", os.path.join(ROOT, "build", "latentq"))
@@ -104,6 +107,14 @@ def test_the_default_study_runs_its_plan_end_to_end(tmp_path):
         runs = list(dict.fromkeys(f["plan_runs/run"].asstr()[:]))
     assert f"plan runs: {', '.join(runs)} (/plan_runs" in text
     assert len(rows) == len(runs)  # tiny-mla: a distinct assignment at each budget that has one
+    # report.md lists each plan's verdict under the decision table, as the uniform rows'
+    with h5py.File(res, "r") as f:
+        d = pd.DataFrame(
+            {k: (v.asstr()[:] if h5py.check_string_dtype(v.dtype) else v[:]) for k, v in f["decision"].items()}
+        )
+    listed = "\n".join(_verdict_lines(d))
+    for r in rows:
+        assert f"): {r['verdict']} (p99.9 {r['kl_p999']:.4g} vs {r['runner_up_p999']:.4g})" in listed, listed
 
 
 def test_decide_without_the_e2e_step_prints_the_command_that_measures_the_plan(tmp_path):

@@ -700,7 +700,7 @@ def decision_lines(d):
         "",
         "At each budget (whole-model bytes per token, c_kv + k_pe, metadata included): the best measured uniform "
         "format, the best engine format at no more bytes, and the planner's mixed assignment (`latentq plan`; "
-        f"*predicted* until a study runs it). KL: {what}.",
+        f"*predicted* until the e2e step runs it: `/plan_runs`). KL: {what}.",
         "",
         md_table(header, rows),
         "",
@@ -709,13 +709,14 @@ def decision_lines(d):
 
 
 def _verdict_lines(d):
-    """Per budget, the best uniform format against the runner-up (/decision's verdict, latentq/decision.h
-    paired_verdict) with both per-token p99.9 KL; [] for a file written before the column."""
+    """Per budget, the best uniform format against the runner-up, and a measured plan against the best uniform format
+    (/decision's verdict, latentq/decision.h paired_verdict) with both per-token p99.9 KL; [] for a file written
+    before the column."""
     if "verdict" not in d.columns:
         return []
     out = []
     for r in d.itertuples(index=False):
-        if r.choice != "uniform" or not r.verdict:
+        if r.choice not in ("uniform", "plan") or not r.verdict:
             continue
         tails = ""
         if math.isfinite(r.kl_p999) and math.isfinite(r.runner_up_p999):
@@ -724,8 +725,9 @@ def _verdict_lines(d):
     if not out:
         return []
     note = (
-        "Best uniform format against the runner-up at each budget: ΔKL = KL(runner-up) − KL(best) on the same "
-        "tokens, with its 95% paired bootstrap interval over sequences; *beats* when the interval lies above 0. "
+        "Best uniform format against the runner-up at each budget (and a measured plan against the best uniform "
+        "format): ΔKL = KL(runner-up) − KL(best) on the same tokens, with its 95% paired bootstrap interval over "
+        "sequences; *beats* when the interval lies above 0. "
         "p99.9: the per-token KL tail of each."
     )
     return [note, "", *out, ""]
