@@ -332,6 +332,7 @@ Dump load(const std::filesystem::path& path, const H5::H5File& file, const LoadO
       R.check_shapes(li, attention);
     D.layers.push_back(std::move(ly));
   }
+  if (D.attrs.v4()) D.attrs.entry_split_problem = dumpio::v4_entry_split_problem(D.layers);
   return D;
 }
 

@@ -191,4 +191,8 @@ void read_v4_layer_lists(Loader& L, const H5::H5File& file, Dump& D);
 void read_v4_layer(Loader& L, const H5::H5File& file, const Dump& D, Layer& ly, bool attention, bool data,
                    int64_t& Tq, int& tq_layer);
 
+/// Why the compressed entries of some layer of `layers` give no fit and held-out split (latentq/split.h: a single
+/// non-empty sequence of 1 entry), naming the first such layer; "" when every layer's do (or it has none).
+std::string v4_entry_split_problem(const std::vector<Layer>& layers);
+
 }  // namespace latentq::dumpio

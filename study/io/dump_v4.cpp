@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "dump_loader.h"
+#include "latentq/split.h"
 
 namespace latentq::dumpio {
 namespace {
@@ -174,7 +175,10 @@ void read_v4_layer(Loader& L, const H5::H5File& file, const Dump& D, Layer& ly, 
     f32(ly.compressed_kv, "compressed_kv", {N, Dh}, "N compressed entries, head_dim");
     i64(ly.compressed_span, "compressed_span", {N, 2}, "N from compressed_kv, [first token, end)");
     i64(ly.compressed_rope_position, "compressed_rope_position", {N}, "N from compressed_kv");
-    i64(ly.compressed_offsets, "compressed_offsets", {S1}, "S+1 from /seq_offsets");
+    {  // read with the header too ([S+1]): the fit split of the entries is planned from it
+      const std::string on = g + "/compressed_offsets";
+      ly.compressed_offsets = L.read<int64_t>(L.open(on, DType::I64, {S1}, "S+1 from /seq_offsets"), on);
+    }
     if (data) check_entries(L, g, D, ly, N);
   } else {
     refuse_extra(L, g, ly, {"compressed_kv", "compressed_span", "compressed_rope_position", "compressed_offsets"});
@@ -213,6 +217,23 @@ void read_v4_layer(Loader& L, const H5::H5File& file, const Dump& D, Layer& ly, 
   f32(ly.index_w, "index_w", {Tq, ly.index_heads}, "Tq, index heads from index_q");
   i64(ly.index_selected, "index_selected", {Tq, ly.index_topk}, "Tq, index_topk");
   if (data) check_selection(L, g, D, ly);
+}
+
+std::string v4_entry_split_problem(const std::vector<Layer>& layers) {
+  for (const Layer& l : layers) {
+    const std::vector<int64_t>& o = l.compressed_offsets;
+    if (o.empty() || o.back() == 0) continue;  // no entries: no cell
+    try {
+      (void)probes::fit_heldout_split(o, o.back());
+    } catch (const std::invalid_argument&) {
+      int64_t seqs = 0;
+      for (size_t s = 0; s + 1 < o.size(); ++s) seqs += o[s + 1] > o[s];
+      return fmt::format("layer {:03d} ({}) has {} compressed entr{} in {} sequence{}: no fit and held-out split "
+                         "of them (latentq/split.h)",
+                         l.index, l.layer_type, o.back(), o.back() == 1 ? "y" : "ies", seqs, seqs == 1 ? "" : "s");
+    }
+  }
+  return "";
 }
 
 }  // namespace latentq::dumpio

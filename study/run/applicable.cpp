@@ -23,6 +23,10 @@ std::string why_not_on_v4(const Quantizer& q, Target target, const DumpAttrs& di
   if (fit_reads_queries(q.transform.kind))
     return fmt::format("{} fits the MLA score metric (q_nope · W_UK, q_pe); {} caches no c_kv + k_pe",
                        q.transform.to_string(), dims.cache_family);
+  const bool entries = target == Target::CompressedKV || target == Target::IndexK;
+  if (entries && fitted_transform(q.transform.kind) && !dims.entry_split_problem.empty())
+    return fmt::format("{} is fitted on the fit split of the entries, and {}", q.transform.to_string(),
+                       dims.entry_split_problem);
   if (q.spec.format != Format::Preset || !is_entry_target(target))
     return why_not_applicable(q.spec, target, dims.width(target));
   if (q.transform.kind != TransformKind::None)

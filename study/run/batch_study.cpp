@@ -141,6 +141,8 @@ DumpAttrs dump_attrs_from_results(const Attrs& root) {
       (void)a.family();  // throws for an unknown family
       a.head_dim = num("head_dim");
       a.index_head_dim = num("index_head_dim");
+    } else if (k == "v4_entry_split_problem" && std::holds_alternative<std::string>(v)) {
+      a.entry_split_problem = std::get<std::string>(v);
     }
   return a;
 }

@@ -577,6 +577,7 @@ Attrs study_attrs(const StudyConfig& config, const Dump& dump, const std::string
     a.push_back({"head_dim", A.head_dim});
     a.push_back({"index_head_dim", A.index_head_dim});
     a.push_back({"v4_layers", v4_layer_records(dump)});
+    if (!A.entry_split_problem.empty()) a.push_back({"v4_entry_split_problem", A.entry_split_problem});
   }
   return a;
 }

@@ -148,6 +148,50 @@ TEST_F(StudyV4Test, FittedFormatFitsOnTheFitSplitsEntries) {
   EXPECT_NE(want, error_metrics(l.compressed_kv.data(), one.data(), N, D).rel_fro);
 }
 
+// One sequence with one CSA entry: no fit and held-out split of the entries, so klt (fitted on the fit split) does
+// not apply to compressed_kv and index_k, with the layer named; the window's tokens still split, and lm (which then
+// fits on every entry, latentq/split.h quantizer_fit_ranges) still runs.
+TEST_F(StudyV4Test, AFitOnTooFewEntriesDoesNotApply) {
+  lqtest::SynthV4Spec s;
+  s.seq_lens = {6};
+  s.query_rows = 2;
+  lqtest::write_synth_v4(path, lqtest::make_synth_v4(s));
+  LoadOptions o;
+  o.data = false;
+  const Dump d = load_dump(path, o);
+  EXPECT_EQ(d.attrs.entry_split_problem,
+            "layer 001 (csa) has 1 compressed entry in 1 sequence: no fit and held-out split of them (latentq/split.h)");
+  const StudyConfig c = parse_config(R"(
+[quantizers]
+bits = [8]
+schemes = ["sym"]
+granularities = ["token"]
+group_sizes = [0]
+extra = ["klt,int4-asym-token", "lm3-channel"]
+[indexer]
+quantizers = ["bf16"]
+)",
+                                     "klt.toml", dir.path());
+  const std::vector<NotApplicable> na = not_applicable(c, d.attrs);
+  ASSERT_EQ(na.size(), 1u);
+  EXPECT_EQ(na[0].quantizer, "klt,int4-asym-token");
+  EXPECT_EQ(na[0].target, Target::CompressedKV);
+  EXPECT_EQ(na[0].reason, "klt is fitted on the fit split of the entries, and " + d.attrs.entry_split_problem);
+  std::vector<std::string> keys;
+  for (const Cell& cell : plan_cells(c, d)) keys.push_back(cell.key());
+  EXPECT_EQ(keys, (std::vector<std::string>{
+                      "000/window_kv/int8-sym-token/latent_error", "000/window_kv/klt,int4-asym-token/latent_error",
+                      "000/window_kv/lm3-channel/latent_error", "001/window_kv/int8-sym-token/latent_error",
+                      "001/window_kv/klt,int4-asym-token/latent_error", "001/window_kv/lm3-channel/latent_error",
+                      "001/compressed_kv/int8-sym-token/latent_error", "001/compressed_kv/lm3-channel/latent_error",
+                      "001/index_k/bf16/latent_error", "002/window_kv/int8-sym-token/latent_error",
+                      "002/window_kv/klt,int4-asym-token/latent_error", "002/window_kv/lm3-channel/latent_error"}));
+  const Dump full = load_dump(path);
+  auto backend = make_cpu_backend();
+  const ColumnTable t = run_latent_error(full, plan_cells(c, full), *backend);
+  EXPECT_EQ(t.num_rows(), keys.size());
+}
+
 // /v4_cache: bytes per row from /latent_error, per token at long context (compressed: 1/compress_rate rows), per
 // sequence for the window (sliding_window rows).
 TEST_F(StudyV4Test, LongContextBytes) {

@@ -98,6 +98,10 @@ struct DumpAttrs {
   /// DeepSeek-V4: the width D of an attention entry (window_kv, compressed_kv, q, attn_out); its last
   /// qk_rope_head_dim columns are rotated. 0 for the MLA families.
   int64_t head_dim = 0;
+  /// DeepSeek-V4: why the compressed entries of a loaded layer give no fit and held-out split (a single non-empty
+  /// sequence of one entry), naming the layer; "" when they all do. A transform fitted on the fit split (klt) is
+  /// then not applicable to compressed_kv and index_k (latentq/applicable.h).
+  std::string entry_split_problem;
   /// Sparse MLA and DeepSeek-V4: the width of the layers' indexer key cache (/layers/NNN/index_k [T or N,
   /// index_head_dim], one for the file); 0 when no layer has one. From the datasets' shapes (no root attribute).
   int64_t index_head_dim = 0;
