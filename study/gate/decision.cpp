@@ -185,6 +185,37 @@ double plan_objective_of(const PlanInputs& in, const std::string& quantizer) {
   return s;
 }
 
+// A row's comparison with another measured format (`other`): that format, its KL and tail, the paired difference
+// KL(other) − KL(row) over the /e2e sequences (NaN without them) and the verdict; all empty for none.
+struct Comparison {
+  std::string other;
+  double kl = kNaN, p999 = kNaN;
+  PairedKl p;
+  std::string verdict;
+};
+Comparison paired(const PerSequence& seqs, const std::string& other, const Metric& m, const std::string& row) {
+  Comparison c{other, m.kl, m.kl_p999, {}, ""};
+  const auto a = seqs.kl_sum.find(other), b = seqs.kl_sum.find(row);
+  if (a != seqs.kl_sum.end() && b != seqs.kl_sum.end())
+    c.p = paired_kl_difference(a->second, b->second, seqs.tokens, seqs.counts);
+  return c;
+}
+
+// The verdict of a measured plan (its run `run`) against the best uniform format (c.other): the plan named "the plan
+// (<run>)", the uniform format first when it wins (the interval below 0: the difference the other way round).
+Comparison plan_comparison(Comparison c, const std::string& run, double bytes, double uniform_bytes,
+                           const std::string& source) {
+  const std::string plan = "the plan (" + run + ")";
+  if (c.p.hi < 0) {
+    PairedKl r = c.p;
+    r.delta = -c.p.delta, r.lo = -c.p.hi, r.hi = -c.p.lo;
+    c.verdict = paired_verdict(c.other, plan, uniform_bytes, bytes, r, source);
+  } else {
+    c.verdict = paired_verdict(plan, c.other, bytes, uniform_bytes, c.p, source);
+  }
+  return c;
+}
+
 std::string plan_name(const PlanInputs& in, const PlanSolution& s) {
   std::map<std::string, int> count;
   std::vector<std::string> order;
@@ -335,53 +366,27 @@ ColumnTable decision_table(const std::filesystem::path& results, const std::vect
   auto& c_dhi = t.get<double>("delta_kl_hi");
   auto& c_verdict = t.get<std::string>("verdict");
   const PerSequence seqs = per_sequence(results);
+  const auto push = [&](const Comparison& c) {
+    c_ru.push_back(c.other);
+    c_ru_kl.push_back(c.kl);
+    c_ru_p999.push_back(c.p999);
+    c_d.push_back(c.p.delta);
+    c_dlo.push_back(c.p.lo);
+    c_dhi.push_back(c.p.hi);
+    c_verdict.push_back(c.verdict);
+  };
   // The runner-up of a uniform row (sq index), its paired difference to the best and the verdict.
   const auto compare = [&](size_t best, std::optional<size_t> second) {
-    PairedKl p;
-    if (second) {
-      const auto a = seqs.kl_sum.find(sq[*second]), b = seqs.kl_sum.find(sq[best]);
-      if (a != seqs.kl_sum.end() && b != seqs.kl_sum.end())
-        p = paired_kl_difference(a->second, b->second, seqs.tokens, seqs.counts);
-    }
-    const Metric m2 = second ? kl.at(sq[*second]) : Metric{};
-    c_ru.push_back(second ? sq[*second] : "");
-    c_ru_kl.push_back(m2.kl);
-    c_ru_p999.push_back(m2.kl_p999);
-    c_d.push_back(p.delta);
-    c_dlo.push_back(p.lo);
-    c_dhi.push_back(p.hi);
-    c_verdict.push_back(paired_verdict(sq[best], second ? sq[*second] : "", sb[best], second ? sb[*second] : kNaN, p,
-                                       source));
+    Comparison c;
+    if (second) c = paired(seqs, sq[*second], kl.at(sq[*second]), sq[best]);
+    c.verdict = paired_verdict(sq[best], c.other, sb[best], second ? sb[*second] : kNaN, c.p, source);
+    push(c);
   };
-  const auto no_comparison = [&]() {
-    c_ru.push_back("");
-    for (auto* c : {&c_ru_kl, &c_ru_p999, &c_d, &c_dlo, &c_dhi}) c->push_back(kNaN);
-    c_verdict.push_back("");
-  };
-  // A measured plan row against the best uniform format at its budget (none: no comparison): the runner-up
-  // columns hold that format, delta_kl = KL(uniform) − KL(plan) paired over the /e2e sequences, and the verdict
-  // names the plan by its run.
+  const auto no_comparison = [&]() { push(Comparison{}); };
+  // A measured plan row (its run `run`) against the best uniform format at its budget (none: no comparison).
   const auto compare_plan = [&](const std::string& run, double bytes, std::optional<size_t> uniform) {
     if (!uniform) return no_comparison();
-    PairedKl p;
-    const auto a = seqs.kl_sum.find(sq[*uniform]), b = seqs.kl_sum.find(run);
-    if (a != seqs.kl_sum.end() && b != seqs.kl_sum.end())
-      p = paired_kl_difference(a->second, b->second, seqs.tokens, seqs.counts);
-    const Metric& m2 = kl.at(sq[*uniform]);
-    c_ru.push_back(sq[*uniform]);
-    c_ru_kl.push_back(m2.kl);
-    c_ru_p999.push_back(m2.kl_p999);
-    c_d.push_back(p.delta);
-    c_dlo.push_back(p.lo);
-    c_dhi.push_back(p.hi);
-    const std::string plan = "the plan (" + run + ")";
-    if (p.hi < 0) {  // the uniform format wins: its verdict, the difference the other way round
-      PairedKl r = p;
-      r.delta = -p.delta, r.lo = -p.hi, r.hi = -p.lo;
-      c_verdict.push_back(paired_verdict(sq[*uniform], plan, sb[*uniform], bytes, r, source));
-    } else {
-      c_verdict.push_back(paired_verdict(plan, sq[*uniform], bytes, sb[*uniform], p, source));
-    }
+    push(plan_comparison(paired(seqs, sq[*uniform], kl.at(sq[*uniform]), run), run, bytes, sb[*uniform], source));
   };
   const auto row = [&](double f, const char* choice, const std::string& q, double bytes, const Metric& m,
                        const std::string& src, double obj) {

@@ -217,37 +217,42 @@ TEST_F(DecisionTest, APlanRunEndToEndIsMeasured) {
   EXPECT_NEAR(d0.get<double>("plan_objective")[2], objective, 1e-12 * objective);
   EXPECT_NEAR(pr.get<double>("plan_objective")[0], objective, 1e-12 * objective);
 
-  // the e2e step's groups, by hand: two uniform formats within 108 B/token and the plan's run
+  // the e2e step's groups, by hand: two uniform formats within 108 B/token and the plan's run, each with its
+  // per-sequence KL sums over 10, 10 and 20 tokens (kl_mean = Σ sums / 40, interval [kl - 0.0125, kl + 0.0175])
   const auto col = [](const char* n, ColType t) { return ColumnSpec{n, t, "", ""}; };
-  ColumnTable e = empty_table(GroupSpec{
-      "e2e",
-      {col("quantizer", ColType::Str), col("targets", ColType::Str), col("cache_mode", ColType::Str),
-       col("kl_mean", ColType::F64), col("top1_agree", ColType::F64), col("ppl_ref", ColType::F64),
-       col("ppl_quant", ColType::F64), col("kl_mean_ci_lo", ColType::F64), col("kl_mean_ci_hi", ColType::F64),
-       col("kl_p999", ColType::F64)}});
-  ColumnTable seq = empty_table(GroupSpec{
-      "e2e_seq",
-      {col("quantizer", ColType::Str), col("targets", ColType::Str), col("cache_mode", ColType::Str),
-       col("seq", ColType::I64), col("kl_sum", ColType::F64), col("tokens", ColType::I64)}});
-  const std::map<std::string, std::vector<double>> sums = {
-      {"int8-asym-token", {1, 2, 8}}, {"int4-asym-token", {5, 5, 10}}, {"plan-3/4", {0.5, 2, 4}}};
-  const std::vector<int64_t> tokens = {10, 10, 20};
-  for (const auto& [q, s] : sums) {
-    const double kl = (s[0] + s[1] + s[2]) / 40;  // 0.275, 0.5, 0.1625
-    add_row(e, {q, std::string("c_kv+k_pe"), std::string("prefill-at-once"), kl, 0.97, 4.0, 4.01, kl - 0.0125,
-                kl + 0.0175, 0.9});
-    for (int64_t b = 0; b < 3; ++b)
-      add_row(seq, {q, std::string("c_kv+k_pe"), std::string("prefill-at-once"), b, s[b], tokens[b]});
-  }
-  ColumnTable boot = empty_table(
-      GroupSpec{"e2e_bootstrap", {col("draw", ColType::I64), col("seq", ColType::I64), col("count", ColType::I64)}});
-  const std::vector<std::vector<int64_t>> draws = {{3, 0, 0}, {0, 3, 0}, {0, 0, 3}, {1, 1, 1}, {2, 0, 1}};
-  for (int64_t r = 0; r < 5; ++r)
-    for (int64_t b = 0; b < 3; ++b) add_row(boot, {r, b, draws[r][b]});
+  const auto write_e2e = [&](const std::map<std::string, std::vector<double>>& sums) {
+    ColumnTable e = empty_table(GroupSpec{
+        "e2e",
+        {col("quantizer", ColType::Str), col("targets", ColType::Str), col("cache_mode", ColType::Str),
+         col("kl_mean", ColType::F64), col("top1_agree", ColType::F64), col("ppl_ref", ColType::F64),
+         col("ppl_quant", ColType::F64), col("kl_mean_ci_lo", ColType::F64), col("kl_mean_ci_hi", ColType::F64),
+         col("kl_p999", ColType::F64)}});
+    ColumnTable seq = empty_table(GroupSpec{
+        "e2e_seq",
+        {col("quantizer", ColType::Str), col("targets", ColType::Str), col("cache_mode", ColType::Str),
+         col("seq", ColType::I64), col("kl_sum", ColType::F64), col("tokens", ColType::I64)}});
+    const std::vector<int64_t> tokens = {10, 10, 20};
+    for (const auto& [q, v] : sums) {
+      const double kl = (v[0] + v[1] + v[2]) / 40;
+      add_row(e, {q, std::string("c_kv+k_pe"), std::string("prefill-at-once"), kl, 0.97, 4.0, 4.01, kl - 0.0125,
+                  kl + 0.0175, 0.9});
+      for (int64_t b = 0; b < 3; ++b)
+        add_row(seq, {q, std::string("c_kv+k_pe"), std::string("prefill-at-once"), b, v[b], tokens[b]});
+    }
+    ColumnTable boot = empty_table(
+        GroupSpec{"e2e_bootstrap", {col("draw", ColType::I64), col("seq", ColType::I64), col("count", ColType::I64)}});
+    const std::vector<std::vector<int64_t>> draws = {{3, 0, 0}, {0, 3, 0}, {0, 0, 3}, {1, 1, 1}, {2, 0, 1}};
+    for (int64_t r = 0; r < 5; ++r)
+      for (int64_t b = 0; b < 3; ++b) add_row(boot, {r, b, draws[r][b]});
+    write_results(results, {}, {{"e2e", e, {}}, {"e2e_seq", seq, {}}, {"e2e_bootstrap", boot, {}}},
+                  WriteMode::Update);
+  };
   const ColumnTable s = read_table(results, "summary");
-  for (size_t r = 0; r < s.num_rows(); ++r)
-    if (sums.count(s.get<std::string>("quantizer")[r])) EXPECT_LE(s.get<double>("bytes_per_token_model")[r], 108.0);
-  write_results(results, {}, {{"e2e", e, {}}, {"e2e_seq", seq, {}}, {"e2e_bootstrap", boot, {}}}, WriteMode::Update);
+  for (size_t r = 0; r < s.num_rows(); ++r) {
+    const std::string& q = s.get<std::string>("quantizer")[r];
+    if (q == "int8-asym-token" || q == "int4-asym-token") EXPECT_LE(s.get<double>("bytes_per_token_model")[r], 108.0);
+  }
+  write_e2e({{"int8-asym-token", {1, 2, 8}}, {"int4-asym-token", {5, 5, 10}}, {"plan-3/4", {0.5, 2, 4}}});
 
   const Outcome dec = cli({"decide", results.string(), "--budgets", "3/4"});
   ASSERT_EQ(dec.rc, 0) << dec.err;
@@ -270,6 +275,16 @@ TEST_F(DecisionTest, APlanRunEndToEndIsMeasured) {
   EXPECT_EQ(d.get<std::string>("verdict")[2], "the plan (plan-3/4) beats int8-asym-token: ΔKL = 0.1125 [0.005, 0.1925]");
   EXPECT_CONTAINS(dec.out, "KL 0.1625 [0.15, 0.18], p99.9 0.9, top-1 0.9700, dppl +0.01 (measured-e2e)\n"
                            "  vs uniform the plan (plan-3/4) beats int8-asym-token: ΔKL = 0.1125 [0.005, 0.1925]");
+
+  // the uniform format ahead: the verdict names it first, the difference the other way round
+  write_e2e({{"int8-asym-token", {0.5, 2, 4}}, {"int4-asym-token", {5, 5, 10}}, {"plan-3/4", {1, 2, 8}}});
+  ASSERT_EQ(cli({"decide", results.string(), "--budgets", "3/4"}).rc, 0);
+  const ColumnTable w = read_table(results, "decision");
+  EXPECT_DOUBLE_EQ(w.get<double>("kl_mean")[2], 0.275);
+  EXPECT_DOUBLE_EQ(w.get<double>("delta_kl")[2], -0.1125);
+  EXPECT_NEAR(w.get<double>("delta_kl_lo")[2], -0.1925, 1e-15);
+  EXPECT_NEAR(w.get<double>("delta_kl_hi")[2], -0.005, 1e-15);
+  EXPECT_EQ(w.get<std::string>("verdict")[2], "int8-asym-token beats the plan (plan-3/4): ΔKL = 0.1125 [0.005, 0.1925]");
 
   // `decide` at another budget adds that plan's run after the first, whose rows stay as they were
   ASSERT_EQ(cli({"decide", results.string(), "--budgets", "1/2"}).rc, 0);
