@@ -82,13 +82,12 @@ void rms_norm_rows(const Rows& x, int64_t width, const std::vector<double>& gamm
 }
 
 // V4's RoPE (transformers 5.24 modeling_deepseek_v4.apply_rotary_pos_emb): in every `block`-wide block of row r of
-// x (rows of `row_width` values), the pairs (2k, 2k+1) of the last d_r columns rotated by positions[r]·θ^(−2k/d_r).
+// x (rows of `row_width` values), the pairs (2k, 2k+1) of the last d_r columns rotated by positions[r]·inv_freq[k].
 void rope_tail(std::vector<float>& x, int64_t row_width, int64_t block, int64_t dr,
-               const std::vector<int64_t>& positions, double theta) {
+               const std::vector<int64_t>& positions, const std::vector<double>& inv_freq) {
   for (size_t r = 0; r < positions.size(); ++r)
     for (int64_t k = 0; k < dr / 2; ++k) {
-      const double ang = static_cast<double>(positions[r]) *
-                         std::pow(theta, -2.0 * static_cast<double>(k) / static_cast<double>(dr));
+      const double ang = static_cast<double>(positions[r]) * inv_freq[static_cast<size_t>(k)];
       const double c = std::cos(ang), s = std::sin(ang);
       for (int64_t h = 0; h < row_width / block; ++h) {
         float* p = x.data() + static_cast<int64_t>(r) * row_width + h * block + block - dr + 2 * k;
@@ -134,9 +133,10 @@ Rows pool_windows(const Rows& kv, const Rows& gate, const std::vector<double>& b
   return out;
 }
 
-// One compressor of a layer over every sequence: entries [N, width] after kv_norm and RoPE at w·m (θ), and with
+// One compressor of a layer over every sequence: entries [N, width] after kv_norm and RoPE at w·m, and with
 // `spans` the layer's compressed_span / compressed_rope_position / compressed_offsets.
-std::vector<float> compressor(const SynthTokens& tok, int64_t m, int64_t width, int64_t dr, bool overlap, double theta,
+std::vector<float> compressor(const SynthTokens& tok, int64_t m, int64_t width, int64_t dr, bool overlap,
+                              const std::vector<double>& inv_freq,
                               std::mt19937_64& rng, SynthV4Layer* spans) {
   const std::vector<double> gamma = norm_weight(width, rng);
   const std::vector<double> bias = draws(static_cast<size_t>(m * width * (overlap ? 2 : 1)), 1.0, rng);
@@ -157,7 +157,7 @@ std::vector<float> compressor(const SynthTokens& tok, int64_t m, int64_t width, 
     }
     if (spans) spans->compressed_offsets.push_back(static_cast<int64_t>(pos.size()));
   }
-  rope_tail(out, width, width, dr, pos, theta);
+  rope_tail(out, width, width, dr, pos, inv_freq);
   return out;
 }
 
@@ -219,10 +219,39 @@ const std::vector<V4Shape>& v4_presets() {
        128, 512, 10000.0, 160000.0, 129280,
        "DeepSeek-V4-Flash config.json (compress_ratios: layers 0-1 sliding, then CSA 4 / HCA 128 alternating; 43 "
        "layers) and transformers 5.24 DeepseekV4Config defaults (64 heads x head_dim 512, last 64 rotated; "
-       "sliding_window 128; indexer 64 heads x 128, index_topk 512; rope_theta 1e4, compress_rope_theta 1.6e5 without "
-       "its YaRN); softmax scale 512^-1/2. Values shape-faithful only, not the trained model's statistics"},
+       "sliding_window 128; indexer 64 heads x 128, index_topk 512; rope_theta 1e4, compress_rope_theta 1.6e5 with "
+       "the config.json's YaRN: factor 16, original_max_position_embeddings 65536, beta_fast 32, beta_slow 1, "
+       "attention_factor 1); softmax scale 512^-1/2. Values shape-faithful only, not the trained model's statistics",
+       16.0, 65536, 32.0, 1.0},
   };
   return p;
+}
+
+std::vector<double> v4_inv_freq(const V4Shape& s, bool compress) {
+  const int64_t dim = s.qk_rope_head_dim, half = dim / 2;
+  const double base = compress ? s.compress_rope_theta : s.rope_theta;
+  std::vector<double> pos_freq(static_cast<size_t>(half)), inv(static_cast<size_t>(half));
+  for (int64_t i = 0; i < half; ++i)
+    pos_freq[static_cast<size_t>(i)] = std::pow(base, static_cast<double>(2 * i) / static_cast<double>(dim));
+  if (!compress || s.yarn_factor <= 0) {
+    for (int64_t i = 0; i < half; ++i) inv[static_cast<size_t>(i)] = 1.0 / pos_freq[static_cast<size_t>(i)];
+    return inv;
+  }
+  // _compute_yarn_parameters: the correction range of beta_fast / beta_slow rotations over the original context
+  // (truncated: floor / ceil), a linear ramp over it from extrapolation (θ's own frequency) to interpolation (/factor)
+  const double orig = static_cast<double>(s.yarn_original_max_position);
+  const auto dim_of = [&](double rotations) {
+    return static_cast<double>(dim) * std::log(orig / (rotations * 2 * M_PI)) / (2 * std::log(base));
+  };
+  const double low = std::max(std::floor(dim_of(s.yarn_beta_fast)), 0.0);
+  double high = std::min(std::ceil(dim_of(s.yarn_beta_slow)), static_cast<double>(dim - 1));
+  if (low == high) high += 0.001;
+  for (int64_t i = 0; i < half; ++i) {
+    const double ramp = std::clamp((static_cast<double>(i) - low) / (high - low), 0.0, 1.0), extra = 1 - ramp;
+    const double f = pos_freq[static_cast<size_t>(i)];
+    inv[static_cast<size_t>(i)] = 1.0 / (s.yarn_factor * f) * (1 - extra) + 1.0 / f * extra;
+  }
+  return inv;
 }
 
 const V4Shape* find_v4_preset(const std::string& name) {
@@ -277,6 +306,11 @@ void validate_v4(const V4SynthOptions& o) {
         std::isfinite(s.compress_rope_theta)))
     bad(fmt::format("rope_theta = {}, compress_rope_theta = {} must be finite and > 0", s.rope_theta,
                     s.compress_rope_theta));
+  if (s.yarn_factor < 0 || (s.yarn_factor > 0 && (s.yarn_original_max_position < 1 || !(s.yarn_beta_fast > 0) ||
+                                                    !(s.yarn_beta_slow > 0))))
+    bad(fmt::format("YaRN factor = {}, original_max_position_embeddings = {}, beta_fast = {}, beta_slow = {}: expected "
+                    "factor 0 (none) or > 0 with positive others",
+                    s.yarn_factor, s.yarn_original_max_position, s.yarn_beta_fast, s.yarn_beta_slow));
   validate(token_options(o));
 }
 
@@ -296,6 +330,7 @@ SynthV4Layer synth_v4_layer(const V4SynthOptions& o, const SynthTokens& tok, int
   d.layer_type = m.layer_type(layer);
   d.compress_rate = m.compress_rate(layer);
   d.rope_theta = d.layer_type == "sliding" ? m.rope_theta : m.compress_rope_theta;
+  const std::vector<double> inv_freq = v4_inv_freq(m, d.layer_type != "sliding");
   const std::vector<int64_t> tpos(tok.positions.begin(), tok.positions.end());
   std::vector<int64_t> qpos;
   for (int32_t t : tok.q_rows) qpos.push_back(tok.positions[static_cast<size_t>(t)]);
@@ -305,20 +340,19 @@ SynthV4Layer synth_v4_layer(const V4SynthOptions& o, const SynthTokens& tok, int
     const std::vector<double> gamma = norm_weight(D, rng);
     for (size_t s = 0; s + 1 < tok.seq_offsets.size(); ++s)
       rms_norm_rows(ar1(tok.seq_offsets[s + 1] - tok.seq_offsets[s], D, rng), D, gamma, d.window_kv);
-    rope_tail(d.window_kv, D, D, dr, tpos, d.rope_theta);
+    rope_tail(d.window_kv, D, D, dr, tpos, inv_freq);
   }
   if (d.compress_rate > 0) {
     std::mt19937_64 rng = synthio::stream(o.seed, kCompress, L);
-    d.compressed_kv = compressor(tok, d.compress_rate, D, dr, d.layer_type == "csa", d.rope_theta, rng, &d);
+    d.compressed_kv = compressor(tok, d.compress_rate, D, dr, d.layer_type == "csa", inv_freq, rng, &d);
   }
   {  // q: q_b_norm (unweighted RMSNorm per head), RoPE at the query's position; the sinks
     std::mt19937_64 rng = synthio::stream(o.seed, kQuery, L);
     rms_norm_rows(draws(static_cast<size_t>(Tq * H * D), 1.0, rng), D, {}, d.q);
-    rope_tail(d.q, H * D, D, dr, qpos, d.rope_theta);
+    rope_tail(d.q, H * D, D, dr, qpos, inv_freq);
     for (int64_t i = 0; i < Tq; ++i)
       for (int64_t j = 0; j < dr / 2; ++j) {
-        const double ang = static_cast<double>(qpos[static_cast<size_t>(i)]) *
-                           std::pow(d.rope_theta, -2.0 * static_cast<double>(j) / static_cast<double>(dr));
+        const double ang = static_cast<double>(qpos[static_cast<size_t>(i)]) * inv_freq[static_cast<size_t>(j)];
         d.rope_cos.push_back(static_cast<float>(std::cos(ang)));
         d.rope_sin.push_back(static_cast<float>(std::sin(ang)));
       }
@@ -328,10 +362,10 @@ SynthV4Layer synth_v4_layer(const V4SynthOptions& o, const SynthTokens& tok, int
   const bool csa = d.layer_type == "csa";
   if (csa) {  // the indexer: its compressor's keys, its queries and head weights, its picks
     std::mt19937_64 krng = synthio::stream(o.seed, kIndexKeys, L);
-    d.index_k = compressor(tok, d.compress_rate, c, dr, true, d.rope_theta, krng, nullptr);
+    d.index_k = compressor(tok, d.compress_rate, c, dr, true, inv_freq, krng, nullptr);
     std::mt19937_64 rng = synthio::stream(o.seed, kIndexQuery, L);
     for (double x : draws(static_cast<size_t>(Tq * n * c), 1.0, rng)) d.index_q.push_back(static_cast<float>(x));
-    rope_tail(d.index_q, n * c, c, dr, qpos, d.rope_theta);
+    rope_tail(d.index_q, n * c, c, dr, qpos, inv_freq);
     for (double x : draws(static_cast<size_t>(Tq * n), inv_sqrt(n), rng))
       d.index_w.push_back(static_cast<float>(x));
     d.index_selected = indexer_picks(d, tok, n, c, d.compress_rate, k, inv_sqrt(c));
@@ -362,10 +396,15 @@ std::string v4_config_json(const V4SynthOptions& o) {
       "{{\"model_type\": \"latentq-synthetic\", \"preset\": \"{}\", \"model\": \"{}\", \"num_hidden_layers\": {}, "
       "\"num_attention_heads\": {}, \"head_dim\": {}, \"qk_rope_head_dim\": {}, \"sliding_window\": {}, "
       "\"compress_ratios\": [{}], \"layer_types\": [{}], \"index_n_heads\": {}, \"index_head_dim\": {}, "
-      "\"index_topk\": {}, \"rope_theta\": {}, \"compress_rope_theta\": {}, \"vocab_size\": {}, \"rms_norm_eps\": {}}}",
+      "\"index_topk\": {}, \"rope_theta\": {}, \"compress_rope_theta\": {}, \"rope_scaling\": {}, \"vocab_size\": {}, "
+      "\"rms_norm_eps\": {}}}",
       m.name, m.model, m.num_layers, m.num_heads, m.head_dim, m.qk_rope_head_dim, m.sliding_window,
       fmt::join(std::vector<int64_t>(m.compress_ratios.begin(), m.compress_ratios.begin() + m.num_layers), ", "),
       fmt::join(types, ", "), m.index_n_heads, m.index_head_dim, m.index_topk, m.rope_theta, m.compress_rope_theta,
+      m.yarn_factor > 0 ? fmt::format("{{\"type\": \"yarn\", \"factor\": {}, \"original_max_position_embeddings\": {}, "
+                                      "\"beta_fast\": {}, \"beta_slow\": {}}}",
+                                      m.yarn_factor, m.yarn_original_max_position, m.yarn_beta_fast, m.yarn_beta_slow)
+                        : std::string("null"),
       m.vocab_size, kRmsEps);
 }
 

@@ -75,6 +75,30 @@ def test_csa_picks_are_the_top_k_of_the_index_score(dump):
     assert full >= 4, full
 
 
+def test_rope_is_transformers_main_and_compress_rope(dump):
+    """rope_cos / rope_sin of the query rows are transformers 5.24's DeepseekV4RotaryEmbedding at their positions: the
+    "main" rope (rope_theta 1e4) on sliding layers, the "compress" rope (compress_rope_theta 1.6e5 with V4-Flash's
+    config.json YaRN: factor 16, original_max_position_embeddings 65536, beta_fast 32, beta_slow 1) on CSA / HCA."""
+    import torch
+    from transformers.models.deepseek_v4.configuration_deepseek_v4 import DeepseekV4Config
+    from transformers.models.deepseek_v4.modeling_deepseek_v4 import DeepseekV4RotaryEmbedding
+
+    yarn = dict(rope_type="yarn", factor=16, original_max_position_embeddings=65536, beta_fast=32, beta_slow=1)
+    rope = DeepseekV4RotaryEmbedding(DeepseekV4Config(num_hidden_layers=4, rope_parameters=yarn))
+    with h5py.File(dump / "v4.h5") as f:
+        pos = f["positions"][()]
+        for i, kind in enumerate(["main", "main", "compress", "compress"]):
+            ds, attrs = layer(f, i)
+            p = torch.as_tensor(pos[ds["q_rows"]].astype(np.int64))[None]
+            cos, sin = rope(torch.zeros(1, 1, 1), p, layer_type=kind)
+            assert attrs["rope_layer_type"] == kind and cos.shape[-1] == ds["rope_cos"].shape[1] == 32
+            # float32 angles in transformers (position · inv_freq), float64 in latentq: |Δ| <= 512 · 2^-24 rad
+            np.testing.assert_allclose(ds["rope_cos"], cos[0].numpy(), atol=5e-5, rtol=0)
+            np.testing.assert_allclose(ds["rope_sin"], sin[0].numpy(), atol=5e-5, rtol=0)
+    slow = rope.compress_inv_freq[31].item() * 160000 ** (62 / 64)
+    assert abs(slow - 1 / 16) < 1e-6  # the slowest compress pair is interpolated: its frequency / 16
+
+
 def test_the_dumps_own_check_passes(dump):
     """latentq.dump_v4.check_file: the spans / RoPE positions are the compressors' rule, the picks the top-k up to
     ties, attn_out the recomputation within 1e-4."""

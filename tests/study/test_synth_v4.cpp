@@ -64,6 +64,21 @@ TEST(SynthV4, FlashPresetHasTheConfigShapes) {
   EXPECT_EQ(find_v4_preset("deepseek-v3"), nullptr);
 }
 
+// The ropes by hand (d_r = 64, 32 pairs). Main: 1e4^(−2k/64). Compress: 1.6e5 with YaRN factor 16 over 65,536
+// original positions: correction range [floor(64·ln(65536/(32·2π)) / (2·ln 1.6e5)), ceil(… 1 rotation …)] = [15, 25],
+// pairs below 15 keep θ's frequency, pairs from 25 divide it by 16, pair 20 is halfway: (0.5/16 + 0.5)·f.
+TEST(SynthV4, RopeFrequenciesAreTheMainAndTheYarnCompressRope) {
+  const std::vector<double> main = v4_inv_freq(flash(), false), comp = v4_inv_freq(flash(), true);
+  ASSERT_EQ(main.size(), 32u);
+  ASSERT_EQ(comp.size(), 32u);
+  EXPECT_DOUBLE_EQ(main[1], std::pow(1e4, -2.0 / 64));
+  EXPECT_DOUBLE_EQ(comp[0], 1.0);
+  EXPECT_DOUBLE_EQ(comp[15], std::pow(1.6e5, -30.0 / 64));
+  EXPECT_DOUBLE_EQ(comp[20], std::pow(1.6e5, -40.0 / 64) * (0.5 / 16 + 0.5));
+  EXPECT_DOUBLE_EQ(comp[25], std::pow(1.6e5, -50.0 / 64) / 16);
+  EXPECT_DOUBLE_EQ(comp[31], std::pow(1.6e5, -62.0 / 64) / 16);
+}
+
 // Four layers (sliding, sliding, csa, hca) over sequences of 300 and 200 tokens: HCA entries 2 + 1, CSA 75 + 50;
 // index_topk 8 below the CSA entries the later rows see.
 V4SynthOptions small(uint64_t seed = 3) {

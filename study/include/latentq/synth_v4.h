@@ -22,10 +22,11 @@
 //       ties to the lower entry, −1 after the last visible one (DeepseekV4Indexer.forward)
 //   attn_out      = latentq/attention/v4.h's V4Attention<double> over these caches (and on CSA layers the
 //                   selection of index_selected), rounded once to float32: the dump's own check passes.
-// RoPE: pairs (2k, 2k+1) of the last d_r columns rotated by position·θ^(−2k/d_r), θ = rope_theta on sliding layers
-// and compress_rope_theta on CSA / HCA layers (the indexer too); V4-Flash's YaRN scaling of the compress rope
-// (factor 16 beyond 65,536 positions) is not applied — rope_cos / rope_sin hold what was used, so the data stay
-// self-consistent. Every layer is a pure function of (seed, layer); write_synth_v4_dump holds one layer at a time.
+// RoPE: pairs (2k, 2k+1) of the last d_r columns rotated by position·inv_freq[k] (v4_inv_freq): θ^(−2k/d_r) with
+// θ = rope_theta on sliding layers; on CSA / HCA layers (and their indexer) compress_rope_theta with V4-Flash's YaRN
+// (factor 16 over 65,536 original positions: the slow pairs' frequencies divided by up to 16), as transformers 5.24
+// computes the "compress" rope; rope_cos / rope_sin hold the query rows' cos / sin. Every layer is a pure function
+// of (seed, layer); write_synth_v4_dump holds one layer at a time.
 #pragma once
 
 #include <cstdint>
@@ -56,12 +57,22 @@ struct V4Shape {
   double compress_rope_theta = 0;  ///< the compress rope (CSA / HCA layers and the indexer)
   int64_t vocab_size = 0;          ///< /tokens are drawn in [0, vocab_size)
   std::string source;              ///< where the numbers were read
+  /// The compress rope's YaRN (config.json rope_scaling; transformers applies it to the CSA / HCA layers and the
+  /// indexer only, with attention_factor 1): factor (0: none), original_max_position_embeddings, beta_fast / _slow.
+  double yarn_factor = 0;
+  int64_t yarn_original_max_position = 0;
+  double yarn_beta_fast = 32, yarn_beta_slow = 1;
   /// "sliding", "csa" or "hca" for layer `layer` (throws std::invalid_argument outside compress_ratios or for a rate
   /// that is none of 0, csa_rate, hca_rate).
   std::string layer_type(int64_t layer) const;
   /// 0 on a sliding layer, else the layer's compress rate.
   int64_t compress_rate(int64_t layer) const;
 };
+
+/// The inverse frequencies [d_r/2] of the main rope (θ^(−2k/d_r), θ = rope_theta) or, with `compress`, of the
+/// compress rope (compress_rope_theta, with the preset's YaRN as transformers 5.24 modeling_rope_utils
+/// _compute_yarn_parameters computes it, truncate true).
+std::vector<double> v4_inv_freq(const V4Shape& s, bool compress);
 
 /// The V4 presets (deepseek-v4-flash), each with the shapes of the config.json it names.
 const std::vector<V4Shape>& v4_presets();
