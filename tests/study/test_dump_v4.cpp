@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "latentq/dump.h"
+#include "latentq/inspect.h"
 #include "synth_dump.h"
 #include "synth_v4.h"
 
@@ -132,6 +133,28 @@ TEST_F(DumpV4Test, HeaderThenLayers) {
   EXPECT_EQ(l.index_k, data.layers[1].index_k);
   EXPECT_TRUE(l.q.empty() && l.index_q.empty() && l.index_selected.empty() && !l.has_attention());
   validate_layers(h, true);
+}
+
+// `latentq inspect` of a V4 dump: its shapes, then per layer each cache it holds over its own rows (window_kv on
+// every layer, compressed_kv on CSA / HCA, index_k on CSA).
+TEST_F(DumpV4Test, Inspect) {
+  const std::string out = format_inspect(load_dump(path));
+  EXPECT_NE(out.find("dims            num_heads 2, head_dim 32, qk_rope_head_dim 8, index_head_dim 16 (deepseek_v4)"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("attention data  yes (6 query rows per layer, q, rope cos / sin, sinks, attn_out)"),
+            std::string::npos);
+  std::vector<std::string> rows;
+  for (size_t a = out.find("layer target     absmax"), b; (b = out.find('\n', a)) != std::string::npos; a = b + 1) {
+    const std::string line = out.substr(a, b - a);
+    if (line.empty()) break;
+    rows.push_back(line);
+  }
+  ASSERT_EQ(rows.size(), 7u) << out;  // the header, then 3 window_kv, 2 compressed_kv, 1 index_k
+  EXPECT_EQ(rows[1].substr(0, 15), "    0 window_kv");
+  EXPECT_EQ(rows[3].substr(0, 19), "    1 compressed_kv");
+  EXPECT_EQ(rows[4].substr(0, 13), "    1 index_k");
+  EXPECT_EQ(rows[6].substr(0, 19), "    2 compressed_kv");
 }
 
 // A sequence too short for any HCA entry: the layer holds compressed_kv [0, D] and no compressed_kv rows to study.
