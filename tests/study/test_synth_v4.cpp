@@ -249,13 +249,19 @@ TEST(SynthV4, CliWritesTheV4PresetAndRefusesBadInput) {
   const auto unknown = lqtest::cli({"synth", "--preset", "deepseek-v9", "--out", (dir / "x.h5").string()});
   EXPECT_CONTAINS(unknown.err, "deepseek-v4-flash (DeepSeek-V4)");
   EXPECT_TRUE(dir.entries().empty());
-  const auto ok = lqtest::cli({"synth", "--preset", "deepseek-v4-flash", "--layers", "3", "--seqs", "1", "--seq-len",
+  // 64 tokens: 16 CSA entries, no HCA entry (fewer tokens than its rate 128): an empty compressed_kv [0, 512]
+  const auto ok = lqtest::cli({"synth", "--preset", "deepseek-v4-flash", "--layers", "4", "--seqs", "1", "--seq-len",
                                "64", "--query-rows", "4", "--index-topk", "5", "--out", (dir / "f.h5").string()});
   ASSERT_EQ(ok.rc, 0) << ok.err;
   EXPECT_CONTAINS(ok.out, "shape-faithful only");
   const Dump D = load_dump(dir / "f.h5");
   EXPECT_EQ(D.layer(2).layer_type, "csa");
   EXPECT_EQ(D.layer(2).index_topk, 5);
+  EXPECT_EQ(D.layer(2).compressed_offsets, (std::vector<int64_t>{0, 16}));
+  EXPECT_EQ(D.layer(3).layer_type, "hca");
+  EXPECT_EQ(D.layer(3).compressed_offsets, (std::vector<int64_t>{0, 0}));
+  EXPECT_TRUE(D.layer(3).compressed_kv.empty());
+  EXPECT_EQ(D.compressed_layers, (std::vector<int>{2}));
 }
 
 }  // namespace
