@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <numbers>
 #include <numeric>
 #include <random>
 #include <stdexcept>
@@ -241,7 +242,7 @@ std::vector<double> v4_inv_freq(const V4Shape& s, bool compress) {
   // (truncated: floor / ceil), a linear ramp over it from extrapolation (θ's own frequency) to interpolation (/factor)
   const double orig = static_cast<double>(s.yarn_original_max_position);
   const auto dim_of = [&](double rotations) {
-    return static_cast<double>(dim) * std::log(orig / (rotations * 2 * M_PI)) / (2 * std::log(base));
+    return static_cast<double>(dim) * std::log(orig / (rotations * 2 * std::numbers::pi)) / (2 * std::log(base));
   };
   const double low = std::max(std::floor(dim_of(s.yarn_beta_fast)), 0.0);
   double high = std::min(std::ceil(dim_of(s.yarn_beta_slow)), static_cast<double>(dim - 1));
