@@ -89,13 +89,21 @@ class CrossLayerProbe final : public Probe {
 
   std::vector<GroupSpec> groups() const override { return {kPairs, kSharing}; }
 
+  // DeepSeek-V4 caches no c_kv + k_pe: nothing to measure.
+  std::pair<Target, std::string> not_applicable_reason(const StudyConfig& config,
+                                                       const DumpAttrs& attrs) const override {
+    if (!probe_settings<CrossLayerSettings>(config, "cross_layer").enabled || attrs.family().holds(Target::CKV))
+      return {Target::CKV, ""};
+    return {Target::CKV,
+            fmt::format("not applicable to {} (no c_kv + k_pe): c_kv across layers skipped", attrs.cache_family)};
+  }
+
   ProbePart plan(const StudyConfig& config, const Dump& dump) const override {
     ProbePart p;
     const CrossLayerSettings& s = probe_settings<CrossLayerSettings>(config, "cross_layer");
     if (!s.enabled) return p;
-    if (!dump.attrs.family().holds(Target::CKV)) {  // DeepSeek-V4
-      p.notes.push_back(fmt::format("cross_layer: not applicable to {} (no c_kv + k_pe): c_kv across layers skipped",
-                                    dump.attrs.cache_family));
+    if (const auto na = not_applicable_reason(config, dump.attrs); !na.second.empty()) {
+      p.notes.push_back("cross_layer: " + na.second);
       return p;
     }
     p.groups = {"cross_layer", "cross_layer_sharing"};

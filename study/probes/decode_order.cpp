@@ -139,13 +139,22 @@ class DecodeOrderProbe final : public Probe {
 
   std::vector<GroupSpec> groups() const override { return {kPosition}; }
 
+  // DeepSeek-V4 caches no c_kv + k_pe: nothing to measure.
+  std::pair<Target, std::string> not_applicable_reason(const StudyConfig& config,
+                                                       const DumpAttrs& attrs) const override {
+    if (!probe_settings<DecodeOrderSettings>(config, "decode_order").enabled || attrs.family().holds(Target::CKV))
+      return {Target::CKV, ""};
+    return {Target::CKV,
+            fmt::format("not applicable to {} (no c_kv + k_pe): the absorbed MLA attention in decode order skipped",
+                        attrs.cache_family)};
+  }
+
   ProbePart plan(const StudyConfig& config, const Dump& dump) const override {
     ProbePart p;
     const DecodeOrderSettings& s = probe_settings<DecodeOrderSettings>(config, "decode_order");
     if (!s.enabled) return p;
-    if (!dump.attrs.family().holds(Target::CKV)) {  // DeepSeek-V4
-      p.notes.push_back(fmt::format("decode_order: not applicable to {} (no c_kv + k_pe): the absorbed MLA attention in decode order skipped",
-                                    dump.attrs.cache_family));
+    if (const auto na = not_applicable_reason(config, dump.attrs); !na.second.empty()) {
+      p.notes.push_back("decode_order: " + na.second);
       return p;
     }
     if (std::string why = attention_unavailable_reason(dump); !why.empty()) {

@@ -65,15 +65,23 @@ class SvdProbe final : public Probe {
 
   std::vector<GroupSpec> groups() const override { return {kSvd, kSpectrum}; }
 
+  // DeepSeek-V4 caches no c_kv + k_pe: nothing to measure.
+  std::pair<Target, std::string> not_applicable_reason(const StudyConfig& config,
+                                                       const DumpAttrs& attrs) const override {
+    if (!probe_settings<SvdSettings>(config, "svd").enabled || attrs.family().holds(Target::CKV))
+      return {Target::CKV, ""};
+    return {Target::CKV,
+            fmt::format("not applicable to {} (no c_kv + k_pe): the SVD of c_kv skipped", attrs.cache_family)};
+  }
+
   ProbePart plan(const StudyConfig& config, const Dump& dump) const override {
     ProbePart p;
-    // One line for every automatic rank list capped by a short dump ([svd], [cross_layer]).
-    if (!dump.attrs.family().holds(Target::CKV)) {  // DeepSeek-V4: no c_kv to prune
-      if (probe_settings<SvdSettings>(config, "svd").enabled)
-        p.notes.push_back(fmt::format("svd: not applicable to {} (no c_kv + k_pe): {} skipped",
-                                      dump.attrs.cache_family, "the SVD of c_kv"));
+    if (const auto na = not_applicable_reason(config, dump.attrs); !na.second.empty()) {
+      p.notes.push_back("svd: " + na.second);
       return p;
     }
+    if (!dump.attrs.family().holds(Target::CKV)) return p;  // disabled on a family without c_kv
+    // One line for every automatic rank list capped by a short dump ([svd], [cross_layer]).
     p.warnings = rank_cap_warnings(config, dump);
     if (!probe_settings<SvdSettings>(config, "svd").enabled) return p;
     svd_ranks(config, dump);  // throws for ranks the dump cannot take

@@ -67,6 +67,9 @@ std::vector<NotApplicable> not_applicable(const StudyConfig& config, const DumpA
   };
   for (const TargetPlan& p : latent_error_targets(config, dims))
     for (const Quantizer& q : p.quantizers) add(q.name, p.target, why_not_applicable(q, p.target, dims));
+  for (const Probe* probe : registered_probes())  // probes that have nothing to measure on this family
+    if (auto [t, why] = probe->not_applicable_reason(config, dims); !why.empty())
+      out.push_back({"[" + probe->section() + "]", t, 0, std::move(why)});
   for (const Probe* probe : registered_probes())
     for (const auto& [name, t] : probe->quantized_pairs(config))
       if (dims.family().holds(t))  // e.g. [decode_order]'s c_kv / k_pe: no cell on a DeepSeek-V4 dump

@@ -19,6 +19,9 @@ namespace registry {
 }  // namespace registry
 
 std::vector<TargetPlan> Probe::latent_targets(const StudyConfig&, const DumpAttrs&) const { return {}; }
+std::pair<Target, std::string> Probe::not_applicable_reason(const StudyConfig&, const DumpAttrs&) const {
+  return {Target::CKV, ""};
+}
 
 const std::vector<const Probe*>& registered_probes() {
   static const std::vector<const Probe*> probes = [] {

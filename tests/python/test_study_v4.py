@@ -93,6 +93,11 @@ def test_latent_error_rows_bytes_and_error(study):
             assert r["rel_fro"] == pytest.approx(want, rel=1e-9)
         assert not any(q == "flashmla-model1-fp8" for (_, _, q) in rows)
         na = table(f, "not_applicable")
+        probes = {q: r for q, r in zip(na["quantizer"], na["reason"]) if q.startswith("[")}
+        assert probes == {
+            "[svd]": f"{NA}: the SVD of c_kv skipped",
+            "[cross_layer]": f"{NA}: c_kv across layers skipped",
+        }
         for t in ("window_kv", "compressed_kv"):
             i = [
                 k

@@ -72,7 +72,13 @@ TEST_F(StudyV4Test, CellsPerLayerTypeAndWhatDoesNotApply) {
   // per entry layer: int8-sym-token, bf16, lm3-channel (3 presets and sklt left out); index_k: 2
   EXPECT_EQ(cells.size(), 3u * 3u + 2u * 3u + 2u);
   const std::vector<NotApplicable> na = not_applicable(config, d.attrs);
-  ASSERT_EQ(na.size(), 8u);  // 4 quantizers x 2 entry targets
+  // 4 quantizers x 2 entry targets, then the probes with nothing to measure on V4 ([svd], [cross_layer]: on by
+  // default)
+  ASSERT_EQ(na.size(), 10u);
+  EXPECT_EQ(na[8].quantizer, "[svd]");
+  EXPECT_EQ(na[8].reason, "not applicable to deepseek_v4 (no c_kv + k_pe): the SVD of c_kv skipped");
+  EXPECT_EQ(na[9].quantizer, "[cross_layer]");
+  EXPECT_EQ(na[9].width, 0);
   EXPECT_EQ(na[0].quantizer, "flashmla-model1-fp8");
   EXPECT_EQ(na[0].target, Target::WindowKV);
   EXPECT_EQ(na[0].width, 32);
@@ -173,7 +179,7 @@ quantizers = ["bf16"]
 )",
                                      "klt.toml", dir.path());
   const std::vector<NotApplicable> na = not_applicable(c, d.attrs);
-  ASSERT_EQ(na.size(), 1u);
+  ASSERT_EQ(na.size(), 3u);  // klt on compressed_kv, then [svd], [cross_layer]
   EXPECT_EQ(na[0].quantizer, "klt,int4-asym-token");
   EXPECT_EQ(na[0].target, Target::CompressedKV);
   EXPECT_EQ(na[0].reason, "klt is fitted on the fit split of the entries, and " + d.attrs.entry_split_problem);

@@ -41,7 +41,9 @@ struct NotApplicable {
 };
 
 /// Every (quantizer, target) pair of `config` whose format cannot take the target's width in a dump of `dims`: the
-/// quantizers of each studied target (config order), then the pairs the probes quantize on their own
+/// quantizers of each studied target (config order), then one row per enabled probe with nothing to measure on the
+/// dump's cache family (Probe::not_applicable_reason; quantizer "[section]", width 0: [svd] on DeepSeek-V4), then
+/// the pairs the probes quantize on their own
 /// (Probe::quantized_pairs, e.g. [decode_order]'s quantizers on its targets); each pair once.
 std::vector<NotApplicable> not_applicable(const StudyConfig& config, const DumpAttrs& dims);
 

@@ -207,6 +207,11 @@ class Probe {
   /// that hold the target (Dump::holds), lists the pairs a format cannot take in /not_applicable, and keeps them
   /// out of /summary, the decision and the planner (is_latent_target). Default: none.
   virtual std::vector<TargetPlan> latent_targets(const StudyConfig&, const DumpAttrs&) const;
+  /// Why the probe, enabled in `config`, has nothing to measure on a dump of `attrs`'s cache family, with the cached
+  /// tensor it would read (e.g. [svd] on DeepSeek-V4: no c_kv), or {CKV, ""} when it applies (or is disabled). The
+  /// study lists a reason in /not_applicable (quantizer "[section]", width 0) and the probe's plan() prints it and
+  /// plans no cell. Default: applies.
+  virtual std::pair<Target, std::string> not_applicable_reason(const StudyConfig&, const DumpAttrs&) const;
 };
 
 /// Every registered probe, ascending order(). Checks (once) that sections, orders and group names
