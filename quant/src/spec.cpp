@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <charconv>
 #include <iterator>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -264,7 +265,10 @@ std::string spec_grammar() {
   return s;
 }
 
-QuantSpec QuantSpec::parse(std::string_view s) {
+namespace {
+// The specs named by one fixed string (bf16, the MX and NVFP4 block formats, ggml's, the fp4 tiles, SGLang's INT4
+// entry format), or nothing.
+std::optional<QuantSpec> named_spec(std::string_view s) {
   if (s == "bf16") return simple(Format::BF16, 16, ScaleDtype::F32);
   if (s == "mxfp8") return simple(Format::MxFp8, 8, ScaleDtype::UE8M0);
   if (s == "mxfp4") return simple(Format::MxFp4, 4, ScaleDtype::UE8M0);
@@ -294,6 +298,12 @@ QuantSpec QuantSpec::parse(std::string_view s) {
     if (s.ends_with("-rcp")) q.rule = ScaleRule::Reciprocal;
     return q;
   }
+  return std::nullopt;
+}
+}  // namespace
+
+QuantSpec QuantSpec::parse(std::string_view s) {
+  if (const std::optional<QuantSpec> q = named_spec(s)) return *q;
   if (s.starts_with("lm")) {
     const auto p = split_dash(s);
     int64_t b = 0;

@@ -239,14 +239,8 @@ void print_results_tables(const fs::path& results, const fs::path& dump, std::os
   print_probe_report(cfg, probes, summary, tables, dump_attrs_from_results(attrs), out, err);
 }
 
-// `latentq study`: the user's checkpoint to a decision. dump -> study (cells, probes, attention) -> e2e (the same
-// model and the same tokenized text: the dump's windows from byte 0) -> decision summary -> report, into OUTDIR.
-// A rerun resumes: each step is reused only when everything it read is unchanged (latentq/provenance.h): the dump
-// when its key matches DUMP.inputs (run_dump_step), a complete results file of the same dump, config, code and
-// device (an OUT.partial of them resumes), and /e2e when its step_key (the checkpoint's files, the text, the code,
-// the flags) matches; otherwise the step is redone and the terminal says which input changed.
-int cmd_study(const StudyArgs& a, std::ostream& out, std::ostream& err, bool progress_bar) {
-  const fs::path dir = fs::absolute(a.out).lexically_normal();
+// The dump step's inputs from `latentq study`'s arguments (paths made absolute).
+DumpStepInputs dump_step_inputs(const StudyArgs& a) {
   DumpStepInputs in;
   in.model = fs::absolute(a.model).lexically_normal();
   in.text = fs::absolute(a.text).lexically_normal();
@@ -261,6 +255,18 @@ int cmd_study(const StudyArgs& a, std::ostream& out, std::ostream& err, bool pro
   in.tokenizer = a.tokenizer;
   in.stream = a.stream;
   in.memory_budget = a.memory_budget;
+  return in;
+}
+
+// `latentq study`: the user's checkpoint to a decision. dump -> study (cells, probes, attention) -> e2e (the same
+// model and the same tokenized text: the dump's windows from byte 0) -> decision summary -> report, into OUTDIR.
+// A rerun resumes: each step is reused only when everything it read is unchanged (latentq/provenance.h): the dump
+// when its key matches DUMP.inputs (run_dump_step), a complete results file of the same dump, config, code and
+// device (an OUT.partial of them resumes), and /e2e when its step_key (the checkpoint's files, the text, the code,
+// the flags) matches; otherwise the step is redone and the terminal says which input changed.
+int cmd_study(const StudyArgs& a, std::ostream& out, std::ostream& err, bool progress_bar) {
+  const fs::path dir = fs::absolute(a.out).lexically_normal();
+  const DumpStepInputs in = dump_step_inputs(a);
   std::error_code ec;
   if (!fs::is_regular_file(in.model / "config.json", ec))
     throw std::invalid_argument(fmt::format("--model {}: no config.json (expected a checkpoint directory)", a.model));
