@@ -9,7 +9,14 @@ import pandas as pd
 import pytest
 
 from latentq import report as R
-from test_report import TRANSFORMED, make_results, split_transform  # the report tests' synthetic results files
+from test_report import (  # the report tests' synthetic results files
+    POSITION_KL,
+    TRANSFORMED,
+    make_results,
+    position_columns,
+    run_report,
+    split_transform,
+)
 
 
 @pytest.fixture()
@@ -226,3 +233,86 @@ def test_forced_labels_of_a_cluster_get_free_places():
                 assert not ba.overlaps(bb), (a, b)
     finally:
         plt.close(fig)
+
+
+INT2, INT4 = "int2-asym-channel-g32", "int4-asym-channel-g32"
+NOT_RUN_WHY = "dominated by had,int4-asym-channel-g32 at the probes"
+
+
+def position_file(path, not_run):
+    """A results file whose /e2e_position lacks INT4's rows (INT2's as POSITION_KL) and whose /attention_position
+    has both; with not_run, /e2e_not_run as the e2e step writes it (latentq.e2e_frontier) for a frontier that left
+    out INT4 (its decode-order runs with it: two on c_kv+k_pe, one on c_kv alone) and int3-asym-token (over every
+    budget, prefill-at-once only)."""
+    from latentq.e2e_frontier import Frontier, NotRun, leave_out_decode, not_run_group
+    from latentq.result_groups import write_groups
+
+    ran = {k: v for k, v in POSITION_KL.items() if k[0] != INT4}
+    groups = ("latent_error", "summary", "e2e", "attention_position")
+    make_results(path, groups=groups, extra={"e2e_position": position_columns(ran)})
+    if not_run:
+        nan = float("nan")
+        left = [
+            NotRun(INT4, NOT_RUN_WHY, "had,int4-asym-channel-g32", 0.25, 0.02, 0.01, 1216.0),
+            NotRun("int3-asym-token", "over every budget", "", nan, 0.5, nan, 3000.0),
+        ]
+        fr = Frontier(set(), left, "attention KL", [0.25, 0.5], 4, 4.0)
+        whole = ("c_kv", "k_pe")
+        decode = [
+            (INT2, whole, "decode-r0-s0-p0"),
+            (INT4, whole, "decode-r0-s0-p0"),
+            (INT4, whole, "decode-r32-s4-p0"),
+            (INT4, ("c_kv",), "decode-r128-s4-p0"),
+        ]
+        fr, kept = leave_out_decode(fr, decode)
+        assert kept == [(INT2, whole, "decode-r0-s0-p0")]
+        write_groups(str(path), {"e2e_not_run": not_run_group(fr, "frontier")})
+    return R.load_results(str(path))[1]
+
+
+def test_position_panels_of_formats_not_run(tmp_path, monkeypatch):
+    """error_vs_position.png: INT4 (attention rows, /e2e_not_run rows, no /e2e_position rows) gets the note with
+    its reason in its e2e panel and the caption names it; INT2 (with /e2e_position rows) is drawn as in the file
+    without /e2e_not_run; report.md has the caption's sentence under the figure."""
+    from latentq.report import figures
+
+    figs = {}
+    monkeypatch.setattr(figures, "_save", lambda fig, p: figs.__setitem__(os.path.basename(p), fig))
+    tables = position_file(tmp_path / "not_run.h5", True)
+    # INT4's decode-order rows of c_kv+k_pe (the set the curves draw); its prefill-at-once and c_kv rows and
+    # int3-asym-token's row stay out
+    assert figures.decode_not_run(tables["e2e_not_run"]) == {
+        INT4: {NOT_RUN_WHY: ["decode-r0-s0-p0", "decode-r32-s4-p0"]}
+    }
+    fn, cap, drawn = figures.fig_position(str(tmp_path), tables)
+    fig = figs.pop(fn)
+    _, base_cap, base_drawn = figures.fig_position(str(tmp_path), position_file(tmp_path / "ran.h5", False))
+    base = figs.pop(fn)
+    import matplotlib.pyplot as plt
+
+    try:
+        sentence = f" Decode-order runs not run (--e2e frontier), no e2e curves (/e2e_not_run): {INT4} ({NOT_RUN_WHY})."
+        assert cap == base_cap + sentence
+        assert drawn["shown"] == base_drawn["shown"] == [INT2, INT4]
+        e_int2, e_int4, a_int2, a_int4 = fig.axes  # row 1 e2e, row 2 attention; a column per quantizer
+        assert [ax.get_title() for ax in fig.axes] == [INT2, INT4, INT2, INT4]
+        note = [t.get_text() for t in e_int4.texts]
+        assert len(note) == 1 and not e_int4.lines, (note, e_int4.lines)
+        head, *why = note[0].split("\n")
+        assert head == "not run (--e2e frontier):" and " ".join(why) == NOT_RUN_WHY, note
+        assert len(a_int4.lines) == 1  # its attention curve (decode-r0-s0-p0)
+        assert [ax.get_title() for ax in base.axes] == [INT2, INT4, INT2, INT4] and not base.axes[1].texts
+        for ax, ref in zip((e_int2, a_int2, a_int4), (base.axes[0], base.axes[2], base.axes[3])):
+            assert not ax.texts
+            assert [
+                (ln.get_label(), ln.get_color(), list(ln.get_xdata()), list(ln.get_ydata())) for ln in ax.lines
+            ] == [(ln.get_label(), ln.get_color(), list(ln.get_xdata()), list(ln.get_ydata())) for ln in ref.lines]
+        assert len(e_int2.lines) == 4  # prefill-at-once and R=0/32/128 (decode-r64 is no drawn mode)
+    finally:
+        plt.close(fig)
+        plt.close(base)
+    p = run_report(tmp_path / "not_run.h5", "--out", tmp_path / "out")
+    assert p.returncode == 0, p.stderr
+    md = (tmp_path / "out" / "report.md").read_text()
+    section = md.split("## Error against position (decode order)")[1].split("\n## ")[0]
+    assert sentence in section, section

@@ -645,6 +645,53 @@ def fig_e2e(out, tables, attrs, Q):
 
 
 POSITION_MAX_PANELS = 4
+NOT_RUN_NOTE = "not run (--e2e frontier)"
+
+
+def decode_not_run(table):
+    """{quantizer: {reason: [cache_mode]}} of the decode-order rows (cache_mode not prefill-at-once) of an
+    /e2e_not_run table (latentq.e2e_frontier.NOT_RUN_COLUMNS: the runs the e2e step's frontier left out, each
+    with its format's reason), in the table's order; rows of targets c_kv+k_pe when the table has any (the set
+    position_curves draws), else all. {} without the table or its quantizer, cache_mode and reason columns."""
+    if table is None:
+        return {}
+    q, m, tg = strings(table, "quantizer"), strings(table, "cache_mode"), strings(table, "targets")
+    reason = strings(table, "reason")
+    if q is None or m is None or reason is None:
+        return {}
+    whole = tg is not None and "c_kv+k_pe" in set(tg)
+    out = {}
+    for i in range(len(q)):
+        if m[i] == PREFILL_AT_ONCE or (whole and tg[i] != "c_kv+k_pe"):
+            continue
+        modes = out.setdefault(q[i], {}).setdefault(reason[i], [])
+        if m[i] not in modes:
+            modes.append(m[i])
+    return out
+
+
+def _not_run_panel(ax, reasons):
+    """An e2e panel of a format whose decode-order runs were not run: the note with its reason (per cache
+    mode when they differ) in place of an empty axis."""
+    import textwrap
+
+    if len(reasons) == 1:
+        lines = [f"{NOT_RUN_NOTE}:", textwrap.fill(next(iter(reasons)), 40)]
+    else:
+        lines = [f"{NOT_RUN_NOTE}:"] + [textwrap.fill(f"{', '.join(ms)}: {r}", 40) for r, ms in reasons.items()]
+    ax.text(0.5, 0.5, "\n".join(lines), transform=ax.transAxes, ha="center", va="center", fontsize=8, color="0.3")
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def _not_run_caption(not_run):
+    """The caption's sentence on the decode-order runs /e2e_not_run lists: the formats by reason."""
+    by_reason = {}
+    for q, reasons in not_run.items():
+        for r in reasons:
+            by_reason.setdefault(r, []).append(q)
+    parts = "; ".join(f"{', '.join(qs)} ({r})" for r, qs in by_reason.items())
+    return f" Decode-order runs {NOT_RUN_NOTE}, no e2e curves (/e2e_not_run): {parts}."
 
 
 def fig_position(out, tables):
@@ -652,9 +699,12 @@ def fig_position(out, tables):
     None when neither /e2e_position nor /attention_position has a decode-order row with the columns.
     drawn: the curves of the table (position_curves of /e2e_position, else /attention_position), the
     decode-order quantizers in order, those drawn (the first POSITION_MAX_PANELS) and the modes drawn;
-    markdown.table_position makes the figure's table from it."""
+    markdown.table_position makes the figure's table from it. An e2e panel without a curve of a format whose
+    decode-order runs /e2e_not_run lists (the e2e step's frontier left them out) says so and why; the caption
+    lists those formats."""
     e = position_curves(tables.get("e2e_position"), "tokens")
     a = position_curves(tables.get("attention_position"), "queries")
+    not_run = decode_not_run(tables.get("e2e_not_run"))
     sources = [(n, c) for n, c in (("e2e logit KL", e), ("attention KL (mean over layers)", a)) if c]
     qs = []
     for _, c in sources:
@@ -672,6 +722,12 @@ def fig_position(out, tables):
         modes = _position_modes(curves)
         for col, q in enumerate(shown):
             ax = axes[row][col]
+            if curves is e and q in not_run and not any(qq == q and mode in modes for qq, mode in curves):
+                _not_run_panel(ax, not_run[q])
+                ax.set_title(q, fontsize=9)
+                if col == 0:
+                    ax.set_ylabel(f"{what}, nats")
+                continue
             for (qq, mode), (r, s, p, x, y) in sorted(curves.items(), key=lambda kv: kv[1][:3]):
                 if qq != q or mode not in modes:
                     continue
@@ -708,4 +764,6 @@ def fig_position(out, tables):
     )
     if dropped:
         cap += f" Not drawn (first {POSITION_MAX_PANELS} quantizers only): {', '.join(dropped)}."
+    if not_run:
+        cap += _not_run_caption(not_run)
     return fn, cap, dict(curves=e or a, quantizers=qs, shown=shown, modes=drawn_modes)

@@ -22,7 +22,10 @@ shows them with captions and short tables. Figures, each made only when its grou
   error_vs_position.png    KL against query position for the decode-order quantizers, one panel per
                            quantizer: e2e logit KL (/e2e_position) and, when present, attention KL
                            (/attention_position, mean over layers); prefill-at-once and the decode
-                           orders with residual R in {0, 32, 128} and sink S in {0, 4}
+                           orders with residual R in {0, 32, 128} and sink S in {0, 4}; the e2e panel
+                           of a format whose decode-order runs the e2e step's frontier left out says
+                           "not run (--e2e frontier)" with its /e2e_not_run reason, and the caption
+                           lists those formats
 
 Tables without a figure: the top quantizers by c_kv error at each bit width, and "Score-space error and
 attention" (/score_vs_attention: Spearman's rho across quantizers of score_mse and of mse with attention KL,
