@@ -192,11 +192,12 @@ def test_unfittable_bases_leave_their_runs_out_with_a_note(tmp_path, capsys):
     assert "which sklt fits on; their basis is fitted on the dump's fit split): sklt,tc3" in err, err
     with h5py.File(res, "r") as f:
         assert [_dec(v) for v in f["e2e/quantizer"][:]] == ["int4-asym-channel-g32"]
-    # the dump gone: the mixed row, whose c_kv rule is klt, is left out too
+    # the dump gone: the mixed row, whose c_kv rule is klt, and the planner's assignment at 1/4 (/plan_runs), which
+    # stores sklt,tc3 on some (layer, target), are left out too
     os.remove(dump)
     assert e2e_inject.main(args) == 0
     err = capsys.readouterr().err
-    assert f"2 klt/sklt quantizer(s) not injected (the study's dump {dump} is not there" in err, err
-    assert "): mx, sklt,tc3" in err, err
+    assert f"3 klt/sklt quantizer(s) not injected (the study's dump {dump} is not there" in err, err
+    assert "): mx, plan-1/4, sklt,tc3" in err, err
     with h5py.File(res, "r") as f:
         assert [_dec(v) for v in f["e2e/quantizer"][:]] == ["int4-asym-channel-g32"]
