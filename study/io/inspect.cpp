@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cassert>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <optional>
 
@@ -122,16 +123,19 @@ std::string format_inspect(const Dump& header, const LayerSource& read, double o
   std::optional<Layer> prev;
   bool attention_rows_known = false;
   int64_t query_rows = 0;
+  // the family's caches (MLA: c_kv, k_pe; DeepSeek-V4: window_kv, compressed_kv, index_k), each over its own rows;
+  // the target column as wide as the longest of their names
+  const std::vector<Target> targets = A.v4() ? std::vector<Target>{Target::WindowKV, Target::CompressedKV,
+                                                                    Target::IndexK}
+                                             : std::vector<Target>{Target::CKV, Target::KPE};
+  size_t tw = 6;
+  for (const Target t : targets) tw = std::max(tw, std::strlen(to_string(t)));
   for (const Layer& h : dump.layers) {
     Layer l = read(h.index);
     if (!attention_rows_known) {
       attention_rows_known = true;
       query_rows = l.has_attention() ? l.num_query_rows() : -1;
     }
-    // the family's caches (MLA: c_kv, k_pe; DeepSeek-V4: window_kv, compressed_kv, index_k), each over its own rows
-    const std::vector<Target> targets = A.v4() ? std::vector<Target>{Target::WindowKV, Target::CompressedKV,
-                                                                      Target::IndexK}
-                                               : std::vector<Target>{Target::CKV, Target::KPE};
     for (const Target t : targets) {
       if (A.v4() && !dump.holds(l.index, t)) continue;
       const char* name = to_string(t);
@@ -141,7 +145,7 @@ std::string format_inspect(const Dump& header, const LayerSource& read, double o
       const std::string outl = s.outlier_channels.empty() ? "-"
                                                           : fmt::format("{} [{}]", s.outlier_channels.size(),
                                                                         fmt::join(s.outlier_channels, ", "));
-      stats += fmt::format("{:>5} {:<6} {:>10.4g} {:>10.4g} {:>8.3g}  {}\n", l.index, name, s.absmax, s.mean_abs,
+      stats += fmt::format("{:>5} {:<{}} {:>10.4g} {:>10.4g} {:>8.3g}  {}\n", l.index, name, tw, s.absmax, s.mean_abs,
                            s.range_spread, outl);
       const LatentStats z = latent_stats(x, R, D, l.row_offsets(t, dump.seq_offsets));
       std::string adjacent = "-";
@@ -149,8 +153,8 @@ std::string format_inspect(const Dump& header, const LayerSource& read, double o
         const probes::CrossLayerPair p = probes::cross_layer_pair(prev->rows(t).data(), x, R, D);
         adjacent = std::isnan(p.pearson_mean_abs) ? "nan" : fmt::format("{:.4f}", p.pearson_mean_abs);
       }
-      decision += fmt::format("{:>5} {:<6} {:>8.3g} {:>7.4f} {:>7.4f} {:>7.4f} {:>8.3g} {:>8.3g} {:>8.3g}  {}\n",
-                              l.index, name, z.channel_rms_ratio, z.energy_top_eighth, z.energy_top_quarter,
+      decision += fmt::format("{:>5} {:<{}} {:>8.3g} {:>7.4f} {:>7.4f} {:>7.4f} {:>8.3g} {:>8.3g} {:>8.3g}  {}\n",
+                              l.index, name, tw, z.channel_rms_ratio, z.energy_top_eighth, z.energy_top_quarter,
                               z.energy_top_half, z.norm_p99_ratio, z.norm_max_ratio, z.first_token_ratio, adjacent);
     }
     prev = std::move(l);
@@ -164,7 +168,7 @@ std::string format_inspect(const Dump& header, const LayerSource& read, double o
       "\nper layer: absmax, mean |x|, range spread = max/median over channels of (max - min),\n"
       "outlier channels = channels with absmax > {:g} x the median channel absmax\n\n",
       outlier_factor);
-  out += fmt::format("{:>5} {:<6} {:>10} {:>10} {:>8}  {}\n", "layer", "target", "absmax", "mean|x|", "spread",
+  out += fmt::format("{:>5} {:<{}} {:>10} {:>10} {:>8}  {}\n", "layer", "target", tw, "absmax", "mean|x|", "spread",
                      "outlier channels");
   out += stats;
   out += fmt::format(
@@ -173,7 +177,7 @@ std::string format_inspect(const Dump& header, const LayerSource& read, double o
       "  E1/8 E1/4 E1/2   energy fraction in the top 1/8, 1/4, 1/2 of directions (SVD, uncentered)\n"
       "  p99 max  token L2 norm p99 / median and max / median;  first  first tokens' mean norm / median\n"
       "  adj|r|   mean |Pearson| of matched channels with the previous layer\n\n");
-  out += fmt::format("{:>5} {:<6} {:>8} {:>7} {:>7} {:>7} {:>8} {:>8} {:>8}  {}\n", "layer", "target", "ch-rms", "E1/8",
+  out += fmt::format("{:>5} {:<{}} {:>8} {:>7} {:>7} {:>7} {:>8} {:>8} {:>8}  {}\n", "layer", "target", tw, "ch-rms", "E1/8",
                      "E1/4", "E1/2", "p99", "max", "first", "adj|r|");
   out += decision;
   return out;

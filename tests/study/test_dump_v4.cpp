@@ -145,7 +145,9 @@ TEST_F(DumpV4Test, Inspect) {
   EXPECT_NE(out.find("attention data  yes (6 query rows per layer, q, rope cos / sin, sinks, attn_out)"),
             std::string::npos);
   std::vector<std::string> rows;
-  for (size_t a = out.find("layer target     absmax"), b; (b = out.find('\n', a)) != std::string::npos; a = b + 1) {
+  // the target column as wide as compressed_kv (13), so that every row's numbers line up under the header's
+  for (size_t a = out.find("layer target            absmax"), b; (b = out.find('\n', a)) != std::string::npos;
+       a = b + 1) {
     const std::string line = out.substr(a, b - a);
     if (line.empty()) break;
     rows.push_back(line);
@@ -155,6 +157,11 @@ TEST_F(DumpV4Test, Inspect) {
   EXPECT_EQ(rows[3].substr(0, 19), "    1 compressed_kv");
   EXPECT_EQ(rows[4].substr(0, 13), "    1 index_k");
   EXPECT_EQ(rows[6].substr(0, 19), "    2 compressed_kv");
+  for (const std::string& r : rows) {  // "absmax" and each row's absmax end in column 29
+    EXPECT_EQ(r[19], ' ') << r;
+    EXPECT_NE(r[29], ' ') << r;
+    EXPECT_EQ(r[30], ' ') << r;
+  }
 }
 
 // A sequence too short for any HCA entry: the layer holds compressed_kv [0, D] and no compressed_kv rows to study.
