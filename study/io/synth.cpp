@@ -3,7 +3,6 @@
 #include "latentq/synth_v4.h"
 
 #include <H5Cpp.h>
-#include <unistd.h>
 
 #include <Eigen/Dense>
 #include <fmt/format.h>
@@ -472,104 +471,86 @@ void write_synth_dump(const fs::path& out_path, const SynthOptions& o, const std
   using synthio::put_chunked;
   using synthio::rows_per_mib;
   const SynthTokens tok = synth_tokens(o);  // validates
-  const fs::path out = fs::absolute(out_path).lexically_normal();
-  const fs::path dir = out.parent_path();
-  if (!fs::is_directory(dir))
-    throw std::invalid_argument(fmt::format("{}: the output directory {} does not exist", out.string(), dir.string()));
-  if (fs::is_directory(out)) throw std::invalid_argument(fmt::format("{}: is a directory", out.string()));
-  const fs::path tmp = dir / fmt::format(".{}.{}.tmp", out.filename().string(), ::getpid());
-  h5::quiet();
   const ModelShape& m = o.shape;
-  try {
-    {
-      H5::H5File f(tmp.string(), H5F_ACC_TRUNC);
-      const int64_t T = tok.num_tokens(), S = static_cast<int64_t>(tok.seq_offsets.size()) - 1;
-      bool equal = true;
-      for (int64_t s = 1; s < S; ++s)
-        equal = equal && tok.seq_offsets[s + 1] - tok.seq_offsets[s] == tok.seq_offsets[1];
-      h5::write_attr(f, "schema", std::string("latentq-dump/1"));
-      h5::write_attr(f, "model", "synthetic:" + m.name);
-      h5::write_attr(f, "revision", fmt::format("synthetic-seed-{}", o.seed));
-      h5::write_attr(f, "source", std::string("synthetic"));
-      h5::write_attr(f, "created", utc_now_iso8601());
-      h5::write_attr(f, "config_json", config_json(o));
-      h5::write_attr(f, "num_layers", m.num_layers);
-      h5::write_attr(f, "num_heads", m.num_heads);
-      h5::write_attr(f, "kv_lora_rank", m.kv_lora_rank);
-      h5::write_attr(f, "qk_rope_head_dim", m.qk_rope_head_dim);
-      h5::write_attr(f, "qk_nope_head_dim", m.qk_nope_head_dim);
-      h5::write_attr(f, "v_head_dim", m.v_head_dim);
-      h5::write_attr(f, "softmax_scale", m.softmax_scale);
-      h5::write_attr(f, "softmax_scale_source", std::string("preset:" + m.name));
-      h5::write_attr(f, "rope_layout", m.rope_layout);
-      h5::write_attr(f, "rope_function", std::string("latentq synth (rope_theta in config_json)"));
-      h5::write_attr(f, "original_dtype", std::string("float32"));
-      h5::write_attr(f, "compute_dtype", std::string("float64"));
-      h5::write_attr(f, "num_seqs", S);
-      h5::write_attr(f, "seq_len", equal ? tok.seq_offsets[1] : int64_t{-1});
-      h5::write_attr(f, "text_sha256", std::string(""));
-      h5::write_attr(f, "tokenizer", std::string("synthetic"));
-      h5::write_attr(f, "q_rows_rule",
-                     std::string("per sequence k = floor(Tq/S) (+1 for the first Tq mod S), local "
-                                 "positions floor((j+1)*L/k)-1"));
-      h5::write_attr(f, "synth_preset", m.name);
-      h5::write_attr(f, "synth_seed", static_cast<int64_t>(o.seed));
-      h5::write_attr(f, "synth_source", m.source);
-      if (m.sparse()) h5::write_attr(f, "cache_family", std::string("sparse_mla"));
-      const hid_t fid = f.getId();
-      const hsize_t uT = static_cast<hsize_t>(T);
-      put_chunked(fid, "/tokens", {uT}, {1 << 16}, tok.tokens.data(), H5T_STD_I32LE, H5T_NATIVE_INT32);
-      put_chunked(fid, "/positions", {uT}, {1 << 16}, tok.positions.data(), H5T_STD_I32LE, H5T_NATIVE_INT32);
-      put_chunked(fid, "/seq_offsets", {static_cast<hsize_t>(S + 1)}, {1 << 16}, tok.seq_offsets.data(), H5T_STD_I64LE,
-                  H5T_NATIVE_INT64);
-      const hsize_t r = static_cast<hsize_t>(m.kv_lora_rank), dr = static_cast<hsize_t>(m.qk_rope_head_dim),
-                    H = static_cast<hsize_t>(m.num_heads), dn = static_cast<hsize_t>(m.qk_nope_head_dim),
-                    dv = static_cast<hsize_t>(m.v_head_dim), Tq = tok.q_rows.size();
-      for (int64_t l = 0; l < m.num_layers; ++l) {
-        const std::string p = fmt::format("/layers/{:03d}/", l);
-        {
-          const SynthLayer d = synth_layer(o, tok, l);
-          put_chunked(fid, p + "c_kv", {uT, r}, {rows_per_mib(m.kv_lora_rank), r}, d.c_kv.data(), H5T_IEEE_F32LE,
-                      H5T_NATIVE_FLOAT);
-          put_chunked(fid, p + "k_pe", {uT, dr}, {rows_per_mib(m.qk_rope_head_dim), dr}, d.k_pe.data(), H5T_IEEE_F32LE,
-                      H5T_NATIVE_FLOAT);
-          put_chunked(fid, p + "q_rows", {Tq}, {1 << 16}, tok.q_rows.data(), H5T_STD_I32LE, H5T_NATIVE_INT32);
-          put_chunked(fid, p + "q_nope", {Tq, H, dn}, {rows_per_mib(m.num_heads * m.qk_nope_head_dim), H, dn},
-                      d.q_nope.data(), H5T_IEEE_F32LE, H5T_NATIVE_FLOAT);
-          put_chunked(fid, p + "q_pe", {Tq, H, dr}, {rows_per_mib(m.num_heads * m.qk_rope_head_dim), H, dr},
-                      d.q_pe.data(), H5T_IEEE_F32LE, H5T_NATIVE_FLOAT);
-          put_chunked(fid, p + "w_uk", {H, dn, r}, {1, dn, r}, d.w_uk.data(), H5T_IEEE_F32LE, H5T_NATIVE_FLOAT);
-          put_chunked(fid, p + "w_uv", {H, dv, r}, {1, dv, r}, d.w_uv.data(), H5T_IEEE_F32LE, H5T_NATIVE_FLOAT);
-          put_chunked(fid, p + "attn_out", {Tq, H, dv}, {rows_per_mib(m.num_heads * m.v_head_dim), H, dv},
-                      d.attn_out.data(), H5T_IEEE_F32LE, H5T_NATIVE_FLOAT);
-          if (m.sparse()) {  // data/README.md: the selection and the layer's own indexer
-            const hsize_t n = static_cast<hsize_t>(m.index_n_heads), di = static_cast<hsize_t>(m.index_head_dim);
-            put_chunked(fid, p + "topk_offsets", {Tq + 1}, {1 << 16}, d.topk_offsets.data(), H5T_STD_I64LE,
-                        H5T_NATIVE_INT64);
-            put_chunked(fid, p + "topk_keys", {static_cast<hsize_t>(d.topk_keys.size())}, {1 << 16},
-                        d.topk_keys.data(), H5T_STD_I32LE, H5T_NATIVE_INT32);
-            put_chunked(fid, p + "index_k", {uT, di}, {rows_per_mib(m.index_head_dim), di}, d.index_k.data(),
-                        H5T_IEEE_F32LE, H5T_NATIVE_FLOAT);
-            put_chunked(fid, p + "index_q", {Tq, n, di}, {rows_per_mib(m.index_n_heads * m.index_head_dim), n, di},
-                        d.index_q.data(), H5T_IEEE_F32LE, H5T_NATIVE_FLOAT);
-            put_chunked(fid, p + "index_w", {Tq, n}, {rows_per_mib(m.index_n_heads), n}, d.index_w.data(),
-                        H5T_IEEE_F32LE, H5T_NATIVE_FLOAT);
-            H5::Group g = f.openGroup(p.substr(0, p.size() - 1));
-            h5::write_attr(g, "index_source", int64_t{l});
-            h5::write_attr(g, "index_topk", m.index_topk);
-            h5::write_attr(g, "index_softmax_scale", 1.0 / std::sqrt(static_cast<double>(m.index_head_dim)));
-          }
+  synthio::write_via_temp(out_path, [&](H5::H5File& f) {
+    const int64_t T = tok.num_tokens(), S = static_cast<int64_t>(tok.seq_offsets.size()) - 1;
+    bool equal = true;
+    for (int64_t s = 1; s < S; ++s)
+      equal = equal && tok.seq_offsets[s + 1] - tok.seq_offsets[s] == tok.seq_offsets[1];
+    h5::write_attr(f, "schema", std::string("latentq-dump/1"));
+    h5::write_attr(f, "model", "synthetic:" + m.name);
+    h5::write_attr(f, "revision", fmt::format("synthetic-seed-{}", o.seed));
+    h5::write_attr(f, "source", std::string("synthetic"));
+    h5::write_attr(f, "created", utc_now_iso8601());
+    h5::write_attr(f, "config_json", config_json(o));
+    h5::write_attr(f, "num_layers", m.num_layers);
+    h5::write_attr(f, "num_heads", m.num_heads);
+    h5::write_attr(f, "kv_lora_rank", m.kv_lora_rank);
+    h5::write_attr(f, "qk_rope_head_dim", m.qk_rope_head_dim);
+    h5::write_attr(f, "qk_nope_head_dim", m.qk_nope_head_dim);
+    h5::write_attr(f, "v_head_dim", m.v_head_dim);
+    h5::write_attr(f, "softmax_scale", m.softmax_scale);
+    h5::write_attr(f, "softmax_scale_source", std::string("preset:" + m.name));
+    h5::write_attr(f, "rope_layout", m.rope_layout);
+    h5::write_attr(f, "rope_function", std::string("latentq synth (rope_theta in config_json)"));
+    h5::write_attr(f, "original_dtype", std::string("float32"));
+    h5::write_attr(f, "compute_dtype", std::string("float64"));
+    h5::write_attr(f, "num_seqs", S);
+    h5::write_attr(f, "seq_len", equal ? tok.seq_offsets[1] : int64_t{-1});
+    h5::write_attr(f, "text_sha256", std::string(""));
+    h5::write_attr(f, "tokenizer", std::string("synthetic"));
+    h5::write_attr(f, "q_rows_rule",
+                   std::string("per sequence k = floor(Tq/S) (+1 for the first Tq mod S), local "
+                               "positions floor((j+1)*L/k)-1"));
+    h5::write_attr(f, "synth_preset", m.name);
+    h5::write_attr(f, "synth_seed", static_cast<int64_t>(o.seed));
+    h5::write_attr(f, "synth_source", m.source);
+    if (m.sparse()) h5::write_attr(f, "cache_family", std::string("sparse_mla"));
+    const hid_t fid = f.getId();
+    synthio::put_token_arrays(fid, tok);
+    const hsize_t uT = static_cast<hsize_t>(T);
+    const hsize_t r = static_cast<hsize_t>(m.kv_lora_rank), dr = static_cast<hsize_t>(m.qk_rope_head_dim),
+                  H = static_cast<hsize_t>(m.num_heads), dn = static_cast<hsize_t>(m.qk_nope_head_dim),
+                  dv = static_cast<hsize_t>(m.v_head_dim), Tq = tok.q_rows.size();
+    for (int64_t l = 0; l < m.num_layers; ++l) {
+      const std::string p = fmt::format("/layers/{:03d}/", l);
+      {
+        const SynthLayer d = synth_layer(o, tok, l);
+        put_chunked(fid, p + "c_kv", {uT, r}, {rows_per_mib(m.kv_lora_rank), r}, d.c_kv.data(), H5T_IEEE_F32LE,
+                    H5T_NATIVE_FLOAT);
+        put_chunked(fid, p + "k_pe", {uT, dr}, {rows_per_mib(m.qk_rope_head_dim), dr}, d.k_pe.data(), H5T_IEEE_F32LE,
+                    H5T_NATIVE_FLOAT);
+        put_chunked(fid, p + "q_rows", {Tq}, {1 << 16}, tok.q_rows.data(), H5T_STD_I32LE, H5T_NATIVE_INT32);
+        put_chunked(fid, p + "q_nope", {Tq, H, dn}, {rows_per_mib(m.num_heads * m.qk_nope_head_dim), H, dn},
+                    d.q_nope.data(), H5T_IEEE_F32LE, H5T_NATIVE_FLOAT);
+        put_chunked(fid, p + "q_pe", {Tq, H, dr}, {rows_per_mib(m.num_heads * m.qk_rope_head_dim), H, dr},
+                    d.q_pe.data(), H5T_IEEE_F32LE, H5T_NATIVE_FLOAT);
+        put_chunked(fid, p + "w_uk", {H, dn, r}, {1, dn, r}, d.w_uk.data(), H5T_IEEE_F32LE, H5T_NATIVE_FLOAT);
+        put_chunked(fid, p + "w_uv", {H, dv, r}, {1, dv, r}, d.w_uv.data(), H5T_IEEE_F32LE, H5T_NATIVE_FLOAT);
+        put_chunked(fid, p + "attn_out", {Tq, H, dv}, {rows_per_mib(m.num_heads * m.v_head_dim), H, dv},
+                    d.attn_out.data(), H5T_IEEE_F32LE, H5T_NATIVE_FLOAT);
+        if (m.sparse()) {  // data/README.md: the selection and the layer's own indexer
+          const hsize_t n = static_cast<hsize_t>(m.index_n_heads), di = static_cast<hsize_t>(m.index_head_dim);
+          put_chunked(fid, p + "topk_offsets", {Tq + 1}, {1 << 16}, d.topk_offsets.data(), H5T_STD_I64LE,
+                      H5T_NATIVE_INT64);
+          put_chunked(fid, p + "topk_keys", {static_cast<hsize_t>(d.topk_keys.size())}, {1 << 16},
+                      d.topk_keys.data(), H5T_STD_I32LE, H5T_NATIVE_INT32);
+          put_chunked(fid, p + "index_k", {uT, di}, {rows_per_mib(m.index_head_dim), di}, d.index_k.data(),
+                      H5T_IEEE_F32LE, H5T_NATIVE_FLOAT);
+          put_chunked(fid, p + "index_q", {Tq, n, di}, {rows_per_mib(m.index_n_heads * m.index_head_dim), n, di},
+                      d.index_q.data(), H5T_IEEE_F32LE, H5T_NATIVE_FLOAT);
+          put_chunked(fid, p + "index_w", {Tq, n}, {rows_per_mib(m.index_n_heads), n}, d.index_w.data(),
+                      H5T_IEEE_F32LE, H5T_NATIVE_FLOAT);
+          H5::Group g = f.openGroup(p.substr(0, p.size() - 1));
+          h5::write_attr(g, "index_source", int64_t{l});
+          h5::write_attr(g, "index_topk", m.index_topk);
+          h5::write_attr(g, "index_softmax_scale", 1.0 / std::sqrt(static_cast<double>(m.index_head_dim)));
         }
-        H5Fflush(fid, H5F_SCOPE_LOCAL);
-        if (on_layer) on_layer(l);
       }
+      H5Fflush(fid, H5F_SCOPE_LOCAL);
+      if (on_layer) on_layer(l);
     }
-    fs::rename(tmp, out);
-  } catch (...) {
-    std::error_code ec;
-    fs::remove(tmp, ec);
-    throw;
-  }
+  });
 }
 
 }  // namespace latentq

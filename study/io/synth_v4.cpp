@@ -2,7 +2,6 @@
 #include "latentq/synth_v4.h"
 
 #include <H5Cpp.h>
-#include <unistd.h>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -513,35 +512,16 @@ void write_layer(H5::H5File& f, const V4SynthOptions& o, const SynthTokens& tok,
 void write_synth_v4_dump(const fs::path& out_path, const V4SynthOptions& o,
                          const std::function<void(int64_t)>& on_layer) {
   const SynthTokens tok = synth_v4_tokens(o);  // validates
-  const fs::path out = fs::absolute(out_path).lexically_normal();
-  const fs::path dir = out.parent_path();
-  if (!fs::is_directory(dir))
-    throw std::invalid_argument(fmt::format("{}: the output directory {} does not exist", out.string(), dir.string()));
-  if (fs::is_directory(out)) throw std::invalid_argument(fmt::format("{}: is a directory", out.string()));
-  const fs::path tmp = dir / fmt::format(".{}.{}.tmp", out.filename().string(), ::getpid());
-  h5::quiet();
-  try {
-    {
-      H5::H5File f(tmp.string(), H5F_ACC_TRUNC);
-      write_root(f, o, tok);
-      const hid_t fid = f.getId();
-      const hsize_t T = static_cast<hsize_t>(tok.num_tokens()), S1 = tok.seq_offsets.size();
-      synthio::put_chunked(fid, "/tokens", {T}, {1 << 16}, tok.tokens.data(), H5T_STD_I32LE, H5T_NATIVE_INT32);
-      synthio::put_chunked(fid, "/positions", {T}, {1 << 16}, tok.positions.data(), H5T_STD_I32LE, H5T_NATIVE_INT32);
-      synthio::put_chunked(fid, "/seq_offsets", {S1}, {1 << 16}, tok.seq_offsets.data(), H5T_STD_I64LE,
-                           H5T_NATIVE_INT64);
-      for (int64_t l = 0; l < o.shape.num_layers; ++l) {
-        write_layer(f, o, tok, l, synth_v4_layer(o, tok, l));
-        H5Fflush(fid, H5F_SCOPE_LOCAL);
-        if (on_layer) on_layer(l);
-      }
+  synthio::write_via_temp(out_path, [&](H5::H5File& f) {
+    write_root(f, o, tok);
+    const hid_t fid = f.getId();
+    synthio::put_token_arrays(fid, tok);
+    for (int64_t l = 0; l < o.shape.num_layers; ++l) {
+      write_layer(f, o, tok, l, synth_v4_layer(o, tok, l));
+      H5Fflush(fid, H5F_SCOPE_LOCAL);
+      if (on_layer) on_layer(l);
     }
-    fs::rename(tmp, out);
-  } catch (...) {
-    std::error_code ec;
-    fs::remove(tmp, ec);
-    throw;
-  }
+  });
 }
 
 }  // namespace latentq
