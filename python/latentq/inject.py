@@ -85,12 +85,14 @@ def mixed_latent_attention(
     the product is the C++ engine (attention/, header latentq/attention/attention.h), which the study's
     attention cells run.
 
-    q_nope [B, T, H, d_n], q_pe [B, T, H, d_r] (post-RoPE); c_q / c_b [B, T, r]: c_kv as read from the
+    q_nope [B, Tq, H, d_n], q_pe [B, Tq, H, d_r] (post-RoPE): the queries at the last Tq of the T key
+    positions, T - Tq .. T - 1 (Tq = T: every position; Tq < T: incremental decode over a stored history,
+    latentq.e2e_generate); c_q / c_b [B, T, r]: c_kv as read from the
     quantized cache / in bf16; kpe_q / kpe_b [B, T, d_r]: post-RoPE k_pe, same; read_c, read_kpe bool
-    [T, T], or [B, 1, T, T] for a mask per batch row: True where query t reads key j of c_kv / k_pe
+    [Tq, T], or [B, 1, Tq, T] for a mask per batch row: True where query t reads key j of c_kv / k_pe
     quantized (entries j > t are ignored: the attention is causal); w_uk [H, d_n, r], w_uv [H, d_v, r]
     (kv_b_proj.weight.view(H, d_n + d_v, r) split, DeepSeek-V3 inference/model.py); softmax_scale: the
-    model's applied scale; visible: optional bool [B, T, T] or [T, T], the keys each query reads (sparse MLA:
+    model's applied scale; visible: optional bool [B, Tq, T] or [Tq, T], the keys each query reads (sparse MLA:
     causal ∩ top-k, the mask the model's attention received: LatentHooks' ``visible``), the others masked as the
     causal future is.
         s[t, h, j]  = scale · (q_nope W_UK · c[j] + q_pe · k_pe[j]),  each read per its mask at (t, j)
@@ -104,17 +106,20 @@ def mixed_latent_attention(
     causal key once, so every row has its key t.
     v is padded with zero columns to q's head dim (torch's CPU flash kernel needs equal head dims; the
     columns change no output). float32 (float64 when q_nope is float64), on the inputs' device.
-    Returns [B, T, H, d_v] in that dtype.
+    Returns [B, Tq, H, d_v] in that dtype. Raises ValueError when Tq > T.
     """
     dt = _compute_dtype(q_nope)
     q_nope, q_pe, c_q, c_b, kpe_q, kpe_b, w_uk, w_uv = (
         x.to(dt) for x in (q_nope, q_pe, c_q, c_b, kpe_q, kpe_b, w_uk, w_uv)
     )
-    B, T, H, d_n = q_nope.shape
+    B, Tq, H, d_n = q_nope.shape
+    T = c_q.shape[1]  # keys; the queries are the last Tq positions (Tq = T but in incremental decode)
+    if Tq > T:
+        raise ValueError(f"mixed_latent_attention: {Tq} queries over {T} keys (the queries are the last positions)")
     d_r, d_v, dev = q_pe.shape[-1], w_uv.shape[1], c_q.device
     E = d_n + d_r
-    causal = torch.ones(T, T, dtype=torch.bool, device=dev).tril()
-    as4 = lambda m: m.to(device=dev, dtype=torch.bool).reshape(-1, 1, T, T)  # [1 or B, 1, T, T]
+    causal = torch.ones(Tq, T, dtype=torch.bool, device=dev).tril(T - Tq)
+    as4 = lambda m: m.to(device=dev, dtype=torch.bool).reshape(-1, 1, Tq, T)  # [1 or B, 1, Tq, T]
     if visible is not None:
         causal = as4(visible) & causal
     read_c, read_kpe = as4(read_c) & causal, as4(read_kpe) & causal
@@ -130,13 +135,13 @@ def mixed_latent_attention(
                 continue
             keys.append(torch.cat([k_nope[x], kpe[y]], dim=-1))
             vals.append(v[x])
-            masks.append(m)  # [1 or B, 1, T, T]: the same leading dim for every pair
-    qs = torch.cat([q_nope, q_pe], dim=-1).transpose(1, 2)  # [B, H, T, E]
+            masks.append(m)  # [1 or B, 1, Tq, T]: the same leading dim for every pair
+    qs = torch.cat([q_nope, q_pe], dim=-1).transpose(1, 2)  # [B, H, Tq, E]
     vv = torch.cat(vals, dim=2)
     if d_v < E:
         vv = torch.nn.functional.pad(vv, [0, E - d_v])
     o = _SDPA(qs, torch.cat(keys, dim=2), vv, attn_mask=torch.cat(masks, dim=-1), scale=softmax_scale)
-    return o[..., :d_v].transpose(1, 2)  # [B, T, H, d_v]
+    return o[..., :d_v].transpose(1, 2)  # [B, Tq, H, d_v]
 
 
 class DecodeOrderAttention(LatentHooks):
