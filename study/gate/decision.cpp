@@ -3,6 +3,7 @@
 #include "latentq/study.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
@@ -11,6 +12,7 @@
 #include <numeric>
 #include <optional>
 #include <stdexcept>
+#include <variant>
 
 #include "latentq/applicable.h"
 #include "latentq/batch_study.h"
@@ -314,9 +316,68 @@ const GroupSpec& decision_spec() {
        {"verdict", ColType::Str, "",
         "a uniform row: 'X beats Y: ΔKL = a [lo, hi]' when lo > 0, else 'X and Y are indistinguishable on N tokens "
         "...; the cheaper is Z', or why there is none (paired_verdict); a measured plan row: the same of the plan "
-        "and the best uniform format (the uniform one named first when its interval is below 0)"}}};
+        "and the best uniform format (the uniform one named first when its interval is below 0)"},
+       {"e2e_run", ColType::Str, "",
+        "the /e2e run (its quantizer column: a spec, or a plan's /plan_runs name) the measured columns come from; "
+        "empty when none"},
+       {"gen_first_divergence", ColType::F64, "token",
+        "its /generation row's first_divergence_mean: where its free-running greedy tokens first leave the "
+        "reference's (gen_new_tokens when they never do; NaN without /generation)"},
+       {"gen_first_divergence_lo", ColType::F64, "token", "the lower end of that row's 95% interval over prompts"},
+       {"gen_first_divergence_hi", ColType::F64, "token", "the upper end of the same interval"},
+       {"gen_identical", ColType::F64, "1", "its /generation row's identical_fraction"},
+       {"gen_new_tokens", ColType::I64, "token", "the tokens generated per prompt (/generation's new_tokens; 0 without)"},
+       {"retrieval_accuracy", ColType::F64, "1",
+        "its /retrieval_summary row's accuracy: the needle samples its greedy continuation reproduces (NaN without)"},
+       {"retrieval_ci_lo", ColType::F64, "1", "the lower end of that accuracy's 95% Wilson interval"},
+       {"retrieval_ci_hi", ColType::F64, "1", "the upper end of the same interval"},
+       {"retrieval_ref_accuracy", ColType::F64, "1", "the reference's accuracy on the same samples"},
+       {"retrieval_samples", ColType::I64, "", "the needle samples (0 without /retrieval_summary)"},
+       {"retrieval_lost", ColType::I64, "", "samples the reference retrieves and the choice does not"}}};
   return g;
 }
+
+namespace {
+// The free-running columns of each /decision row from /generation and /retrieval_summary (their prefill-at-once,
+// c_kv+k_pe rows, as the KL of measured_kl), by the row's e2e_run; NaN / 0 where the file has none.
+void add_free_running(const std::filesystem::path& results, ColumnTable& t) {
+  const std::vector<std::string> groups = list_tables(results);
+  const auto has = [&](const char* g) { return std::find(groups.begin(), groups.end(), g) != groups.end(); };
+  const auto rows_of = [&](const char* g) {
+    std::map<std::string, size_t> at;  // quantizer -> row
+    if (!has(g)) return std::pair{ColumnTable{}, at};
+    ColumnTable r = read_table(results, g);
+    for (size_t i = 0; i < r.num_rows(); ++i)
+      if (strings(r, "cache_mode")[i] == "prefill-at-once" && strings(r, "targets")[i] == "c_kv+k_pe")
+        at[strings(r, "quantizer")[i]] = i;
+    return std::pair{std::move(r), at};
+  };
+  const auto [gen, gen_at] = rows_of("generation");
+  const auto [ret, ret_at] = rows_of("retrieval_summary");
+  int64_t new_tokens = 0;
+  if (has("generation"))
+    for (const auto& [k, v] : read_group_attrs(results, "generation"))
+      if (k == "new_tokens" && std::holds_alternative<int64_t>(v)) new_tokens = std::get<int64_t>(v);
+  const auto& run = strings(t, "e2e_run");
+  for (size_t i = 0; i < run.size(); ++i) {
+    const auto g = gen_at.find(run[i]);
+    const auto r = ret_at.find(run[i]);
+    const auto gcol = [&](const char* c) { return g == gen_at.end() ? kNaN : doubles(gen, c)[g->second]; };
+    const auto rcol = [&](const char* c) { return r == ret_at.end() ? kNaN : doubles(ret, c)[r->second]; };
+    t.get<double>("gen_first_divergence").push_back(gcol("first_divergence_mean"));
+    t.get<double>("gen_first_divergence_lo").push_back(gcol("first_divergence_ci_lo"));
+    t.get<double>("gen_first_divergence_hi").push_back(gcol("first_divergence_ci_hi"));
+    t.get<double>("gen_identical").push_back(gcol("identical_fraction"));
+    t.get<int64_t>("gen_new_tokens").push_back(g == gen_at.end() ? 0 : new_tokens);
+    t.get<double>("retrieval_accuracy").push_back(rcol("accuracy"));
+    t.get<double>("retrieval_ci_lo").push_back(rcol("accuracy_ci_lo"));
+    t.get<double>("retrieval_ci_hi").push_back(rcol("accuracy_ci_hi"));
+    t.get<double>("retrieval_ref_accuracy").push_back(rcol("ref_accuracy"));
+    t.get<int64_t>("retrieval_samples").push_back(r == ret_at.end() ? 0 : ret.get<int64_t>("samples")[r->second]);
+    t.get<int64_t>("retrieval_lost").push_back(r == ret_at.end() ? 0 : ret.get<int64_t>("lost")[r->second]);
+  }
+}
+}  // namespace
 
 ColumnTable decision_table(const std::filesystem::path& results, const std::vector<double>& fractions) {
   const DumpAttrs d = dump_attrs_from_results(read_results_attrs(results));
@@ -388,8 +449,10 @@ ColumnTable decision_table(const std::filesystem::path& results, const std::vect
     if (!uniform) return no_comparison();
     push(plan_comparison(paired(seqs, sq[*uniform], kl.at(sq[*uniform]), run), run, bytes, sb[*uniform], source));
   };
+  auto& c_run = t.get<std::string>("e2e_run");
   const auto row = [&](double f, const char* choice, const std::string& q, double bytes, const Metric& m,
-                       const std::string& src, double obj) {
+                       const std::string& src, double obj, const std::string& run = "") {
+    c_run.push_back(std::isfinite(m.kl) && src.ends_with("e2e") ? (run.empty() ? q : run) : std::string());
     const std::optional<TransformedSpec> ts = as_spec(q);
     c_engine.push_back(ts && ts->transform.kind == TransformKind::None ? engine_of(ts->spec) : std::string());
     c_frac.push_back(f);
@@ -450,12 +513,35 @@ ColumnTable decision_table(const std::filesystem::path& results, const std::vect
       no_comparison();
       continue;
     }
-    row(f, "plan", plan_name(*in, *s), s->bytes, kl.at(run->first), "measured-" + source, s->objective);
+    row(f, "plan", plan_name(*in, *s), s->bytes, kl.at(run->first), "measured-" + source, s->objective, run->first);
     compare_plan(run->first, s->bytes, uniform_best);
   }
   t.get<std::string>("objective") = std::vector<std::string>(c_frac.size(), in->objective);
+  add_free_running(results, t);
   return t;
 }
+
+namespace {
+// "generation: …; retrieval: …" of /decision row i (empty when it has neither, or a file written before them).
+std::string free_running_line(const ColumnTable& t, size_t i) {
+  if (!t.has("gen_first_divergence")) return "";
+  std::vector<std::string> parts;
+  const auto d = [&](const char* c) { return doubles(t, c)[i]; };
+  if (std::isfinite(d("gen_first_divergence"))) {
+    const bool ci = std::isfinite(d("gen_first_divergence_lo")) && std::isfinite(d("gen_first_divergence_hi"));
+    parts.push_back(fmt::format(
+        "generation: first divergence at {:.3g}{} of {} tokens, identical {:.3f}", d("gen_first_divergence"),
+        ci ? fmt::format(" [{:.3g}, {:.3g}]", d("gen_first_divergence_lo"), d("gen_first_divergence_hi")) : "",
+        t.get<int64_t>("gen_new_tokens")[i], d("gen_identical")));
+  }
+  if (std::isfinite(d("retrieval_accuracy")))
+    parts.push_back(fmt::format("retrieval: {:.3f} [{:.3f}, {:.3f}] of {} needles (reference {:.3f}, lost {})",
+                                d("retrieval_accuracy"), d("retrieval_ci_lo"), d("retrieval_ci_hi"),
+                                t.get<int64_t>("retrieval_samples")[i], d("retrieval_ref_accuracy"),
+                                t.get<int64_t>("retrieval_lost")[i]));
+  return fmt::format("{}", fmt::join(parts, "; "));
+}
+}  // namespace
 
 std::string format_decision(const ColumnTable& t) {
   const auto& f = doubles(t, "budget_fraction");
@@ -501,6 +587,7 @@ std::string format_decision(const ColumnTable& t) {
                                     : std::string();
       out += fmt::format("  {:<8} {}{}\n", choice[i] == "plan" ? "vs uniform" : "vs next", verdict[i], tails);
     }
+    if (const std::string fr = free_running_line(t, i); !fr.empty()) out += fmt::format("  {:<8} {}\n", "", fr);
   }
   const bool e2e = std::any_of(src.begin(), src.end(), [](const std::string& s) { return s.ends_with("e2e"); });
   if (t.num_rows() > 0)
@@ -510,6 +597,11 @@ std::string format_decision(const ColumnTable& t) {
                            : "the absorbed attention's KL, mean over layers (/attention_error)",
                        strings(t, "objective")[0] == "kl" ? "sum of single-target attention KL over (layer, target)"
                                                           : "sum of squared error per token over (layer, target)");
+  if (t.has("gen_first_divergence") &&
+      std::any_of(t.get<double>("gen_first_divergence").begin(), t.get<double>("gen_first_divergence").end(),
+                  [](double x) { return std::isfinite(x); }))
+    out += "(generation: free-running greedy tokens vs the reference's, mean over prompts [95% interval]; "
+           "retrieval: needles reproduced, [Wilson 95% interval]; both with the prefill-at-once cache)\n";
   return out;
 }
 
