@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "bench_common.h"
+#include "latentq/fitted.h"
 #include "latentq/quantize.h"
 #include "latentq/transform.h"
 
@@ -144,6 +145,40 @@ void bm_dequantize(benchmark::State& st, const std::string& spec_s, int64_t T, C
   set_counters(st, bytes, total);
 }
 
+// Fit once, encode fast (latentq/fitted.h) for the codebook families: `fit` times fit_quantizer() alone (it
+// reads the fit split of X; its bytes are counted as quantize's, T·D·4 + storage, so that its vs_memcpy compares
+// with quantize's), `encode` encode_into() a tensor kept across iterations (as cpu-into/quantize: no allocation
+// in the timed region) with a fit made before it, `decode` decode() with that fit.
+enum class FitOp { Fit, Encode, Decode };
+void bm_fitted(benchmark::State& st, const std::string& spec_s, int64_t T, FitOp op) {
+  const KernelScope ks(CpuKernel::Auto, 1);
+  const QuantSpec spec = QuantSpec::parse(spec_s);
+  const std::vector<float>& X = cpu_input(T);
+  const std::vector<int64_t> seqs = bench_seq_offsets(T);
+  const QuantFit fit = fit_quantizer(spec, Target::CKV, X.data(), T, kD, seqs);
+  QuantizedTensor q = encode(fit, X.data(), T, seqs);
+  const int64_t bytes = T * kD * 4 + q.storage_bytes();
+  std::vector<float> out(static_cast<size_t>(T * kD), 0.0f);
+  double total = 0;
+  for (auto _ : st) {
+    const auto t0 = Clock::now();
+    if (op == FitOp::Fit) {
+      const QuantFit f = fit_quantizer(spec, Target::CKV, X.data(), T, kD, seqs);
+      benchmark::DoNotOptimize(f.global.data());
+    } else if (op == FitOp::Encode) {
+      encode_into(q, fit, X.data(), T, seqs);
+      benchmark::DoNotOptimize(q.codes.data());
+    } else {
+      decode(fit, q, out.data());
+    }
+    benchmark::ClobberMemory();
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    st.SetIterationTime(s);
+    total += s;
+  }
+  set_counters(st, bytes, total);
+}
+
 // The randomized Hadamard (latentq/transform.h, `had`: block 64 at D = 576) forward on [T, 576]: reads and
 // writes T·576·4 bytes; the input is restored outside the timed region.
 void bm_hadamard(benchmark::State& st, int64_t T) {
@@ -207,6 +242,12 @@ void register_cpu_benchmarks(const Options& opt) {
                                      CpuKernel::Auto, 1)
             ->UseManualTime()
             ->Unit(benchmark::kMillisecond);
+      if (T == 65536 && (spec.rfind("tq", 0) == 0 || spec.rfind("lm", 0) == 0 || spec.rfind("tc", 0) == 0))
+        for (const auto& [op, name] :
+             {std::pair{FitOp::Fit, "fit"}, {FitOp::Encode, "encode"}, {FitOp::Decode, "decode"}})
+          benchmark::RegisterBenchmark(bench_name("cpu", name, spec, T).c_str(), bm_fitted, spec, T, op)
+              ->UseManualTime()
+              ->Unit(benchmark::kMillisecond);
       for (const Variant& v : variants) {
         benchmark::RegisterBenchmark(bench_name(v.device, "quantize", spec, T).c_str(), bm_quantize, spec, T, v.kernel,
                                      v.threads)

@@ -74,6 +74,12 @@ step on the same runs (tests/python/test_e2e_stream.py); the progress then count
 attribute ``execution`` of /e2e records which way it ran ("in memory", "layer streaming (hidden states
 in memory)" or "... in a file)").
 
+Group /generation (--generation; --gen-prompts, --gen-prompt-len, --gen-new-tokens): free-running greedy
+continuations of prompts cut from the text under every /e2e run's cache against the reference's, by the
+incremental decoder latentq.e2e_generate (the cache read in decode order, one token per step); its columns and
+definitions: latentq.e2e_generation. Dense MLA in memory only: a streamed, sparse MLA or hybrid model gets one note
+line and no group (a DeepSeek-V4 one too).
+
 DeepSeek-V4 (a checkpoint whose config.json has model_type deepseek_v4): the step hands over to latentq.e2e_v4 (its
 window, compressed and indexer-key caches, any subset, prefill and decode order; --caches for an assignment per run).
 
@@ -94,7 +100,7 @@ import time
 import numpy as np
 import torch
 
-from latentq import e2e_args, e2e_frontier
+from latentq import e2e_args, e2e_frontier, e2e_generation
 from latentq.capture import find_mla_layers, mla_dims
 from latentq.e2e_args import ROOT  # noqa: F401  (re-exported)
 from latentq.e2e_decode import (  # noqa: F401  (re-exported: the tests and bench/e2e_rate.py use latentq.e2e.*)
@@ -601,10 +607,10 @@ class Runner:
                         self.record(run, q)
 
 
-def write_tables(a, runner: Runner, tokenizer, K: int, K_dec: int, streamer=None) -> None:
+def write_tables(a, runner: Runner, tokenizer, K: int, K_dec: int, streamer=None, extra: dict | None = None) -> None:
     """/e2e and /e2e_position of the runner's rows into a.results (write_groups), with their column records
     (E2E_COLUMNS, E2E_POSITION_COLUMNS) and attributes (streamer: the LayerStreamer of a streamed step, else
-    None)."""
+    None); `extra`: more write_groups entries written with them (/generation)."""
     rows, pos_rows = runner.rows, runner.pos_rows
     cols = {k: np.array([r[k] for r in rows]) for k in rows[0]}
     cols["num_tokens"] = np.full(len(rows), a.num_seqs * a.seq_len, dtype=np.int64)
@@ -655,6 +661,7 @@ def write_tables(a, runner: Runner, tokenizer, K: int, K_dec: int, streamer=None
                     "of each window",
                 },
             ),
+            **(extra or {}),
         },
     )
 
@@ -674,6 +681,9 @@ def main(argv=None) -> int:
     if checkpoint_model_type(a.model) == V4_MODEL_TYPE:  # DeepSeek-V4: its own caches and hooks (latentq.e2e_v4)
         from latentq import e2e_v4
 
+        if a.generation:
+            say("e2e", "note", "--generation: no /generation group for a DeepSeek-V4 model (dense MLA only for now)")
+
         return e2e_v4.main_v4(a, latentq)
     if a.caches:
         say("e2e", "error", f"--caches is for a DeepSeek-V4 model; {a.model} is not one (model_type deepseek_v4)")
@@ -681,6 +691,7 @@ def main(argv=None) -> int:
     try:
         plan = Plan(a, latentq)
         model, tokenizer, ids, dims, model_layers, streamer = load_inputs(a, plan)
+        prompts = e2e_generation.prepare(a, model, tokenizer, streamer)  # None: no --generation, or a note
     except (ValueError, OSError, RuntimeError) as e:
         say("e2e", "error", str(e))
         return 2
@@ -731,14 +742,18 @@ def main(argv=None) -> int:
             runner.counts_runs = False
             with Progress(len(streamer.layers), "e2e", f"layers (streamed, {len(chunks)} forwards)") as runner.progress:
                 runner.run_streamed(streamer, chunks, after=lambda i: runner.progress.update(1))
+        extra, gen_s = {}, None
+        if prompts is not None:
+            record, values, attrs, gen_s = e2e_generation.generation_group(a, runner, prompts)
+            extra["generation"] = (record, values, attrs)
     except (ValueError, OSError) as e:  # non-finite logits, a refused spec, a spill file that cannot be written
         say("e2e", "error", f"{e}; {a.results} is left unchanged")
         return 2
-    write_tables(a, runner, tokenizer, K, K_dec, streamer)
+    write_tables(a, runner, tokenizer, K, K_dec, streamer, extra)
     print(
         f"e2e: {len(runner.rows)} runs, {a.num_seqs}x{a.seq_len} tokens, {len(chunks)} forwards of <= {K} runs, "
         f"{time.time() - t0:.1f}s -> "
-        f"{a.results}:/e2e, /e2e_position"
+        f"{a.results}:/e2e, /e2e_position" + ("" if gen_s is None else f", /generation ({gen_s:.1f}s of it)")
     )
     return 0
 

@@ -117,6 +117,17 @@ def parse_args(argv=None, description: str | None = None):
         help="the decision's budgets the frontier is taken at, as fractions of the bf16 cache, e.g. 1/16,1/4,0.5 "
         "(default: the decision's, 1/16,1/8,1/4,3/8,1/2; `latentq run --budgets` passes its own)",
     )
+    ap.add_argument(
+        "--generation",
+        action="store_true",
+        help="also write /generation: free-running greedy continuations of prompts cut from the text under each "
+        "/e2e run's cache against the reference's (latentq.e2e_generation)",
+    )
+    ap.add_argument("--gen-prompts", type=int, default=4, help="prompts of --generation (default 4)")
+    ap.add_argument("--gen-prompt-len", type=int, default=64, help="tokens per prompt of --generation (default 64)")
+    ap.add_argument(
+        "--gen-new-tokens", type=int, default=32, help="greedy tokens generated per prompt by --generation (default 32)"
+    )
     a = ap.parse_args(argv)
     if a.seq_len is not None and a.seq_len < 2:
         say("e2e", "error", f"--seq-len {a.seq_len}: at least 2 tokens per sequence for a next-token metric")
@@ -127,6 +138,9 @@ def parse_args(argv=None, description: str | None = None):
         ("--threads", a.threads, 1),
         ("--position-bucket", a.position_bucket, 1),
         ("--batch-runs", a.batch_runs, 0),
+        ("--gen-prompts", a.gen_prompts, 1),
+        ("--gen-prompt-len", a.gen_prompt_len, 1),
+        ("--gen-new-tokens", a.gen_new_tokens, 1),
     ):
         if v is not None and v < lo:
             say("e2e", "error", f"{flag} {v}: must be >= {lo}")

@@ -53,7 +53,7 @@ import torch
 from torch import nn
 
 from latentq.capture import find_mla_layers
-from latentq.e2e_decode import spec_at
+from latentq.e2e_decode import PREFILL_AT_ONCE, spec_at
 from latentq.fitted_basis import needs_basis, transform_of
 from latentq.inject import DecodeOrderAttention
 from latentq.model import _is_hf
@@ -97,16 +97,28 @@ class IncrementalCache:
     the two reads of that history with the read masks of the new queries.
 
     runs: K entries, CacheRun or None (exact latents); n: prompts per run (batch rows k·n .. (k+1)·n - 1 are run
-    k's); layers: the layers a run quantizes (None: every MLA layer); bases(layer, target, transform): the basis
-    of a 'klt,' / 'sklt,' spec (latentq.fitted_basis.StudyBases). Called with the new rows c_kv [K·n, Tq, r],
+    k's); capacity: the longest history (prompt + new tokens; buffers of that length are allocated once per layer);
+    layers: the layers a run quantizes (None: every MLA layer); bases(layer, target, transform): the basis of a
+    'klt,' / 'sklt,' spec (latentq.fitted_basis.StudyBases). Called with the new rows c_kv [K·n, Tq, r],
     k_pe [K·n, Tq, d_r]; returns (c_kv quantized, c_kv bf16, read_c [K·n, 1, Tq, L], k_pe quantized, k_pe bf16,
-    read_kpe [K·n, 1, Tq, L]) over the history of length L. Raises ValueError as latentq.decode_order_latents
-    (a spec the quantizers refuse, non-finite latents)."""
+    read_kpe [K·n, 1, Tq, L]) over the history of length L (views of the buffers, valid until the next call).
 
-    def __init__(self, latentq, runs: list, n: int, layers=None, bases=None):
-        self.latentq, self.runs, self.n, self.layers, self.bases = latentq, runs, n, layers, bases
-        self.history: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    A causal spec's rows are quantized once: the buffers hold the history's reads up to the start a of its last
+    incomplete token group (a = S + G·floor((L - S) / G): the sink rows [0, S) and every complete group of G tokens
+    aligned at S), and only rows [a, L) are quantized at the next call, as their own sequences ('prefill-at-once'
+    on rows past the sink: per-token values, and groups aligned at a, are those of decode_order_latents on the
+    whole history). A non-causal spec is quantized on the whole history at every call (module docstring).
+    Raises ValueError as latentq.decode_order_latents (a spec the quantizers refuse, non-finite latents) and when
+    the history would exceed capacity."""
+
+    def __init__(self, latentq, runs: list, n: int, capacity: int, layers=None, bases=None):
+        self.latentq, self.runs, self.n, self.capacity = latentq, runs, n, capacity
+        self.layers, self.bases = layers, bases
+        self.length: dict[int, int] = {}  # layer -> L
+        self._buf: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}  # (x, q, b)
+        self._done: dict[tuple[int, int, str], int] = {}  # (run, layer, target) -> rows [0, a) stored for good
         self._masks: dict[tuple[str, int, int], torch.Tensor] = {}
+        self._is_causal: dict[str, bool] = {}
 
     def _spec(self, run, layer: int, name: str) -> str | None:
         if run is None or name not in run.targets or (self.layers is not None and layer not in self.layers):
@@ -119,42 +131,107 @@ class IncrementalCache:
             self._masks[key] = torch.from_numpy(self.latentq.decode_order_mask(mode, L, G))
         return self._masks[key]
 
-    def _reads(self, run, layer: int, name: str, x: torch.Tensor, Tq: int):
-        """(quantized, bf16, mask [Tq, L]) of one run's rows x [n, L, D]."""
-        s = self._spec(run, layer, name)
+    def _causal(self, s: str) -> bool:
+        if s not in self._is_causal:
+            self._is_causal[s] = bool(self.latentq.decode_scale_is_causal(s))
+        return self._is_causal[s]
+
+    def _latents(self, x: torch.Tensor, s: str, mode: str, name: str, basis) -> tuple[torch.Tensor, torch.Tensor]:
+        """decode_order_latents of x [n, L, D] (each row one sequence), as tensors of x's dtype and device."""
         n, L, D = x.shape
-        if s is None:
-            return x, x, torch.zeros(Tq, L, dtype=torch.bool)
         flat = x.detach().to("cpu", torch.float32).reshape(n * L, D).contiguous().numpy()
-        basis = self.bases(layer, name, transform_of(s)) if needs_basis(s) else None
-        q, b = self.latentq.decode_order_latents(flat, s, run.mode, name, [i * L for i in range(n + 1)], basis)
-        G = self.latentq.decode_token_group(s)
+        q, b = self.latentq.decode_order_latents(flat, s, mode, name, [i * L for i in range(n + 1)], basis)
         as_x = lambda a: torch.from_numpy(a).reshape(n, L, D).to(device=x.device, dtype=x.dtype)
-        return as_x(q), as_x(b), self._mask(run.mode, L, G)[L - Tq :]
+        return as_x(q), as_x(b)
+
+    def _update(self, k: int, run, layer: int, name: str, L0: int, L: int) -> torch.Tensor:
+        """Write run k's reads of rows [., L) into the buffers of (layer, name); its read mask [Tq, L]."""
+        x, qb, bb = self._buf[(layer, name)]
+        rows = slice(k * self.n, (k + 1) * self.n)
+        s = self._spec(run, layer, name)
+        if s is None:  # read exactly: both reads are the latents
+            qb[rows, L0:L] = x[rows, L0:L]
+            bb[rows, L0:L] = x[rows, L0:L]
+            return torch.zeros(L - L0, L, dtype=torch.bool)
+        basis = self.bases(layer, name, transform_of(s)) if needs_basis(s) else None
+        G = self.latentq.decode_token_group(s)
+        S = self.latentq.decode_order(run.mode)[1]
+        a = self._done.get((k, layer, name), 0) if self._causal(s) else 0
+        if a < S:  # the sink is not complete yet (or a non-causal spec): the whole history in the run's mode
+            a = 0
+        q, b = self._latents(x[rows, a:L], s, run.mode if a == 0 else PREFILL_AT_ONCE, name, basis)
+        qb[rows, a:L], bb[rows, a:L] = q, b
+        self._done[(k, layer, name)] = L if L < S else S + G * ((L - S) // G)
+        return self._mask(run.mode, L, G)[L0:]
 
     def __call__(self, layer: int, c_kv: torch.Tensor, k_pe: torch.Tensor):
-        old = self.history.get(layer)
-        if old is not None:
-            c_kv, k_pe = torch.cat([old[0], c_kv.detach()], 1), torch.cat([old[1], k_pe.detach()], 1)
-        Tq = c_kv.shape[1] if old is None else c_kv.shape[1] - old[0].shape[1]
-        self.history[layer] = (c_kv.detach(), k_pe.detach())
-        L, n, out = c_kv.shape[1], self.n, []
-        for name, x in (("c_kv", c_kv), ("k_pe", k_pe)):
-            q, b, m = [], [], []
-            for k, run in enumerate(self.runs):
-                rq, rb, rm = self._reads(run, layer, name, x[k * n : (k + 1) * n], Tq)
-                q.append(rq)
-                b.append(rb)
-                m.append(rm.to(x.device).expand(n, 1, Tq, L))
-            out += [torch.cat(q), torch.cat(b), torch.cat(m)]
+        L0 = self.length.get(layer, 0)
+        Tq = c_kv.shape[1]
+        L = L0 + Tq
+        if L > self.capacity:
+            raise ValueError(f"IncrementalCache: layer {layer}: {L} positions exceed the capacity {self.capacity}")
+        out = []
+        for name, new in (("c_kv", c_kv), ("k_pe", k_pe)):
+            if (layer, name) not in self._buf:
+                shape = (new.shape[0], self.capacity, new.shape[2])
+                self._buf[(layer, name)] = tuple(new.new_zeros(shape) for _ in range(3))
+            x, qb, bb = self._buf[(layer, name)]
+            x[:, L0:L] = new.detach()
+            masks = [self._update(k, run, layer, name, L0, L) for k, run in enumerate(self.runs)]
+            m = torch.stack(masks).to(x.device).repeat_interleave(self.n, 0)[:, None]  # [K·n, 1, Tq, L]
+            out += [qb[:, :L], bb[:, :L], m]
+        self.length[layer] = L
         return tuple(out)
+
+
+def absorbed_mixed_attention(
+    q_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    c_q: torch.Tensor,
+    c_b: torch.Tensor,
+    read_c: torch.Tensor,
+    kpe_q: torch.Tensor,
+    kpe_b: torch.Tensor,
+    read_kpe: torch.Tensor,
+    w_uk: torch.Tensor,
+    w_uv: torch.Tensor,
+    softmax_scale: float,
+    visible: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """latentq.inject.mixed_latent_attention's result (same arguments, shapes and dtype; Tq <= T queries at the
+    last positions; `visible` must be None: dense MLA) in the absorbed form of DeepSeek-V3 inference/model.py
+    (attn_impl "absorb"): q_lat = q_nope W_UK [B, Tq, H, r] once, then per (t, j) the score
+        s[t, h, j] = scale · (q_lat[t, h] · c[j] + q_pe[t, h] · k_pe[j]),  c and k_pe each read per its mask,
+    softmax over the causal keys j <= t + T - Tq, o_lat = Σ_j p · c[j] (c read per read_c), out = W_UV o_lat.
+    The same products reassociated: for one new query over L keys it costs B·H·L·r multiply-adds per read instead
+    of the expanded form's B·H·L·r·(d_n + d_v) to rebuild every key and value."""
+    if visible is not None:
+        raise ValueError("absorbed_mixed_attention: dense MLA only (no visible mask)")
+    dt = torch.float64 if q_nope.dtype == torch.float64 else torch.float32
+    q_nope, q_pe, c_q, c_b, kpe_q, kpe_b, w_uk, w_uv = (
+        x.to(dt) for x in (q_nope, q_pe, c_q, c_b, kpe_q, kpe_b, w_uk, w_uv)
+    )
+    Tq, T, dev = q_nope.shape[1], c_q.shape[1], c_q.device
+    causal = torch.ones(Tq, T, dtype=torch.bool, device=dev).tril(T - Tq)
+    as4 = lambda m: m.to(device=dev, dtype=torch.bool).reshape(-1, 1, Tq, T)  # [1 or B, 1, Tq, T]
+    rc, rk = as4(read_c) & causal, as4(read_kpe) & causal
+    q_lat = torch.einsum("bthd,hdc->bhtc", q_nope, w_uk)  # [B, H, Tq, r]
+    qp = q_pe.transpose(1, 2)  # [B, H, Tq, d_r]
+    score = lambda q, k: torch.einsum("bhtc,bjc->bhtj", q, k)
+    s = torch.where(rc, score(q_lat, c_q), score(q_lat, c_b)) + torch.where(rk, score(qp, kpe_q), score(qp, kpe_b))
+    p = torch.softmax((s * softmax_scale).masked_fill(~causal, float("-inf")), dim=-1)
+    o_lat = torch.einsum("bhtj,bjc->bhtc", p * rc, c_q) + torch.einsum("bhtj,bjc->bhtc", p * ~rc, c_b)
+    return torch.einsum("bhtc,hdc->bthd", o_lat, w_uv)  # [B, Tq, H, d_v]
 
 
 class IncrementalDecodeAttention(DecodeOrderAttention):
     """DecodeOrderAttention whose queries are the last Tq positions of the layer's stored history
     (IncrementalCache as cache_fn): every MLA layer's attention output is replaced, never the model's own kept (its
     attention sees only the new tokens). The mask an eager attention function receives covers the new tokens only
-    and is not recorded (dense MLA: the history's causal order is the mask)."""
+    and is not recorded (dense MLA: the history's causal order is the mask). The attention is computed in the
+    absorbed form (absorbed_mixed_attention)."""
+
+    attention = staticmethod(absorbed_mixed_attention)
 
     def _record_visible(self, mask) -> None:
         return None
@@ -210,7 +287,7 @@ def greedy_continue(
         )
     K, (n, P), N, dev = len(runs), prompts.shape, int(new_tokens), prompts.device
     forced_tok, is_forced = _forced_rows(forced, K, n, N, dev)
-    cache = IncrementalCache(latentq, runs, n, layers, bases)
+    cache = IncrementalCache(latentq, runs, n, P + N, layers, bases)
     tokens = torch.empty(K * n, N, dtype=torch.int64, device=dev)
     logits = [] if return_logits else None
     pos = torch.arange(P, device=dev).expand(K * n, P)

@@ -166,6 +166,9 @@ class DecodeOrderAttention(LatentHooks):
     """
 
     _NO_CACHE = object()
+    # the attention of the captured tensors and the cache's reads (mixed_latent_attention's signature); a subclass
+    # may give another form of the same arithmetic (latentq.e2e_generate's absorbed form for incremental decode)
+    attention = staticmethod(mixed_latent_attention)
 
     def __init__(self, model: nn.Module, cache_fn: DecodeCacheFn):
         if not callable(cache_fn):
@@ -229,7 +232,7 @@ class DecodeOrderAttention(LatentHooks):
             wkv_b = attn.kv_b_proj.weight.detach().to(_compute_dtype(rec["q_nope"])).view(H, nope + vd, r)
             dev = rec["q_nope"].device
             c_q, c_b, read_c, kpe_q, kpe_b, read_kpe = (torch.as_tensor(x).to(dev) for x in cache[:6])
-            out = mixed_latent_attention(
+            out = self.attention(
                 rec["q_nope"],
                 rec["q_pe"],
                 c_q,

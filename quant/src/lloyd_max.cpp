@@ -93,30 +93,61 @@ LloydMaxTables lloyd_max_tables(std::span<const uint8_t> stored, int bits, int64
       t.midpoint[g * (t.levels - 1) + i] =
           q::div_rn(q::add_rn(t.centroid[g * t.levels + i], t.centroid[g * t.levels + i + 1]), 2.0f);
   }
+  t.midpoint_by_channel.resize(static_cast<size_t>(D * (t.levels - 1)));
+  t.centroid_by_channel.resize(static_cast<size_t>(D * t.levels));
+  for (int64_t d = 0; d < D; ++d) {
+    const int64_t g = d / width;
+    for (int i = 0; i + 1 < t.levels; ++i) t.midpoint_by_channel[i * D + d] = t.midpoint[g * (t.levels - 1) + i];
+    for (int i = 0; i < t.levels; ++i) t.centroid_by_channel[i * D + d] = t.centroid[g * t.levels + i];
+  }
   return t;
 }
 
 namespace cpu {
 
-void quantize_lm(QuantizedTensor& qt, const Layout& L, const QuantizeInput& in) {
-  const int64_t T = in.T, D = in.D, rb = L.row_code_bytes;
-  const int bits = qt.spec.bits;
-  qt.global = fit_lloyd_max(in.X, T, D, in.seq_offsets, bits, L.codebook_width);
-  const LloydMaxTables tab = lloyd_max_tables(qt.global, bits, L.codebook_width, D);
+void lm_encode_rows(const LloydMaxTables& tab, const float* X, int64_t T, int64_t D, uint8_t* codes,
+                    [[maybe_unused]] CpuKernel kernel) {
+#if LQ_HAVE_AVX2_KERNEL
+  if (kernel == CpuKernel::Avx2) {
+    const bool one = tab.codebooks == 1;
+    codebook_encode_rows_avx2(X, T, D, one ? tab.midpoint.data() : tab.midpoint_by_channel.data(), one ? 0 : D,
+                              tab.bits, codes);
+    return;
+  }
+#endif
+  const int64_t rb = q::packed_row_bytes(D, tab.bits);
   for (int64_t t = 0; t < T; ++t)
     for (int64_t k = 0; k < rb; ++k)
-      qt.codes[t * rb + k] = q::lm_encode_byte(in.X + t * D, static_cast<int>(D), bits, tab.midpoint.data(),
-                                               L.codebook_width, static_cast<int>(k));
+      codes[t * rb + k] = q::lm_encode_byte(X + t * D, static_cast<int>(D), tab.bits, tab.midpoint.data(), tab.width,
+                                            static_cast<int>(k));
 }
 
-void dequantize_lm(const QuantizedTensor& qt, float* out, CpuKernel) {
-  const int64_t T = qt.rows, D = qt.cols, rb = qt.row_bytes();
-  const Layout L = qt.layout();
-  const LloydMaxTables tab = lloyd_max_tables(qt.global, qt.spec.bits, L.codebook_width, D);
+void lm_decode_rows(const LloydMaxTables& tab, const uint8_t* codes, int64_t T, int64_t D, float* out,
+                    [[maybe_unused]] CpuKernel kernel) {
+#if LQ_HAVE_AVX2_KERNEL
+  if (kernel == CpuKernel::Avx2) {
+    const bool one = tab.codebooks == 1;
+    codebook_decode_rows_avx2(codes, T, D, tab.bits, one ? tab.centroid.data() : tab.centroid_by_channel.data(), !one,
+                              out);
+    return;
+  }
+#endif
+  const int64_t rb = q::packed_row_bytes(D, tab.bits);
   for (int64_t t = 0; t < T; ++t)
     for (int64_t i = 0; i < D; ++i)
-      out[t * D + i] = q::lm_decode_element(qt.codes.data() + t * rb, static_cast<int>(i), qt.spec.bits,
-                                            tab.centroid.data(), L.codebook_width);
+      out[t * D + i] =
+          q::lm_decode_element(codes + t * rb, static_cast<int>(i), tab.bits, tab.centroid.data(), tab.width);
+}
+
+void quantize_lm(QuantizedTensor& qt, const Layout& L, const QuantizeInput& in) {
+  qt.global = fit_lloyd_max(in.X, in.T, in.D, in.seq_offsets, qt.spec.bits, L.codebook_width);
+  const LloydMaxTables tab = lloyd_max_tables(qt.global, qt.spec.bits, L.codebook_width, in.D);
+  lm_encode_rows(tab, in.X, in.T, in.D, qt.codes.data(), in.kernel);
+}
+
+void dequantize_lm(const QuantizedTensor& qt, float* out, CpuKernel kernel) {
+  const LloydMaxTables tab = lloyd_max_tables(qt.global, qt.spec.bits, qt.layout().codebook_width, qt.cols);
+  lm_decode_rows(tab, qt.codes.data(), qt.rows, qt.cols, out, kernel);
 }
 
 }  // namespace cpu

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <mutex>
 #include <queue>
 #include <stdexcept>
@@ -285,6 +286,9 @@ TcHostTables tc_tables(const QuantSpec& spec, std::span<const uint8_t> rec, int6
     t.bit_offset[i + 1] = t.bit_offset[i] + rec[i];
     t.scale[i] = q::load_dtype(rec.data() + D + 4 * i, ScaleDtype::F32);
     t.offset[i] = q::load_dtype(rec.data() + 5 * D + 4 * i, ScaleDtype::F32);
+    t.width.push_back(rec[i]);
+    t.qmax.push_back(static_cast<float>((1 << rec[i]) - 1));
+    t.coded.push_back(rec[i] > 0 ? -1 : 0);
   }
   if (t.bit_offset[D] > L.code_budget_bits)
     throw std::invalid_argument("transform coding tables: the widths sum to " + std::to_string(t.bit_offset[D]) +
@@ -298,23 +302,104 @@ TcHostTables tc_tables(const QuantSpec& spec, std::span<const uint8_t> rec, int6
 }
 
 namespace cpu {
+namespace {
 
-void quantize_tc(QuantizedTensor& qt, const Layout& L, const QuantizeInput& in) {
-  const int64_t T = in.T, D = in.D, rb = L.row_code_bytes;
-  qt.global = fit_transform_coding(qt.spec, in.X, T, D, in.seq_offsets);
-  const TcHostTables tab = tc_tables(qt.spec, qt.global, D);
-  const q::TcTables v = tab.view();
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t k = 0; k < rb; ++k) qt.codes[t * rb + k] = q::tc_encode_byte(v, in.X + t * D, static_cast<int>(k));
+// Codes code[i] < 2^w_i (0 where w_i = 0) at per-component widths, LSB-first from bit 0 (tc_encode_byte's
+// bytes), into out [rb], trailing bytes zero.
+void pack_widths(const uint8_t* code, const int32_t* width, int64_t D, int64_t rb, uint8_t* out) {
+  uint64_t acc = 0;
+  int nb = 0;
+  uint8_t* o = out;
+  for (int64_t i = 0; i < D; ++i) {
+    acc |= static_cast<uint64_t>(code[i] & ((1u << width[i]) - 1u)) << nb;
+    nb += width[i];
+    if (nb >= 32) {
+      const uint32_t lo = static_cast<uint32_t>(acc);
+      std::memcpy(o, &lo, 4);
+      o += 4;
+      acc >>= 32;
+      nb -= 32;
+    }
+  }
+  for (; nb > 0; nb -= 8, acc >>= 8) *o++ = static_cast<uint8_t>(acc);
+  std::fill(o, out + rb, uint8_t{0});
 }
 
-void dequantize_tc(const QuantizedTensor& qt, float* out, CpuKernel) {
-  const int64_t T = qt.rows, D = qt.cols, rb = qt.row_bytes();
-  const TcHostTables tab = tc_tables(qt.spec, qt.global, D);
+// The inverse: code[i] = bits [o_i, o_i + w_i) of row [rb] (0 where w_i = 0).
+void unpack_widths(const uint8_t* row, const int32_t* width, int64_t D, int64_t rb, uint8_t* code) {
+  uint64_t acc = 0;
+  int nb = 0;
+  const uint8_t* p = row;
+  const uint8_t* end = row + rb;
+  for (int64_t i = 0; i < D; ++i) {
+    const int w = width[i];
+    if (nb < w)
+      for (; nb <= 56 && p < end; nb += 8) acc |= static_cast<uint64_t>(*p++) << nb;
+    code[i] = static_cast<uint8_t>(acc & ((uint64_t{1} << w) - 1));
+    acc >>= w;
+    nb -= w;
+  }
+}
+
+}  // namespace
+
+void tc_encode_rows(const TcHostTables& tab, const float* X, int64_t T, int64_t D, int64_t rb, uint8_t* codes,
+                    [[maybe_unused]] CpuKernel kernel) {
   const q::TcTables v = tab.view();
+#if LQ_HAVE_AVX2_KERNEL
+  if (kernel == CpuKernel::Avx2) {
+    const TcRowTables r{tab.scale.data(), tab.offset.data(), tab.qmax.data(), tab.width.data(), tab.coded.data()};
+    std::vector<uint8_t> code(static_cast<size_t>(D));
+    for (int64_t t = 0; t < T; ++t) {
+      const float* x = X + t * D;
+      if (v.centroid == nullptr) {
+        tc_uniform_codes_avx2(x, D, r, code.data());
+      } else {
+        for (int64_t i = 0; i < D; ++i)
+          code[i] = tab.width[i] ? static_cast<uint8_t>(q::tc_code(v, static_cast<int>(i), tab.width[i], x[i])) : 0;
+      }
+      pack_widths(code.data(), tab.width.data(), D, rb, codes + t * rb);
+    }
+    return;
+  }
+#endif
   for (int64_t t = 0; t < T; ++t)
-    for (int64_t i = 0; i < D; ++i)
-      out[t * D + i] = q::tc_decode_element(v, qt.codes.data() + t * rb, static_cast<int>(i));
+    for (int64_t k = 0; k < rb; ++k) codes[t * rb + k] = q::tc_encode_byte(v, X + t * D, static_cast<int>(k));
+}
+
+void tc_decode_rows(const TcHostTables& tab, const uint8_t* codes, int64_t T, int64_t D, int64_t rb, float* out,
+                    [[maybe_unused]] CpuKernel kernel) {
+  const q::TcTables v = tab.view();
+#if LQ_HAVE_AVX2_KERNEL
+  if (kernel == CpuKernel::Avx2) {
+    const TcRowTables r{tab.scale.data(), tab.offset.data(), tab.qmax.data(), tab.width.data(), tab.coded.data()};
+    std::vector<uint8_t> code(static_cast<size_t>(D));
+    for (int64_t t = 0; t < T; ++t) {
+      float* o = out + t * D;
+      unpack_widths(codes + t * rb, tab.width.data(), D, rb, code.data());
+      if (v.centroid == nullptr) {
+        tc_uniform_decode_avx2(code.data(), D, r, o);
+      } else {
+        for (int64_t i = 0; i < D; ++i)
+          o[i] = tab.width[i] ? q::tc_decode_code(v, static_cast<int>(i), tab.width[i], code[i]) : tab.offset[i];
+      }
+    }
+    return;
+  }
+#endif
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < D; ++i) out[t * D + i] = q::tc_decode_element(v, codes + t * rb, static_cast<int>(i));
+}
+
+void quantize_tc(QuantizedTensor& qt, const Layout& L, const QuantizeInput& in) {
+  qt.global = fit_transform_coding(qt.spec, in.X, in.T, in.D, in.seq_offsets);
+  const TcHostTables tab = tc_tables(qt.spec, qt.global, in.D);
+  tc_encode_rows(tab, in.X, in.T, in.D, L.row_code_bytes, qt.codes.data(), in.kernel);
+}
+
+void dequantize_tc(const QuantizedTensor& qt, float* out, CpuKernel kernel) {
+  const TcHostTables tab = tc_tables(qt.spec, qt.global, qt.cols);
+  tc_decode_rows(tab, qt.codes.data(), qt.rows, qt.cols, qt.row_bytes(), out, kernel);
 }
 
 }  // namespace cpu

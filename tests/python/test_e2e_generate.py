@@ -9,8 +9,13 @@ full forward differ by GEMM rounding (~1e-7 relative), which can move a value ac
 quantizer (one fp8 code: 6e-4 in the logits); in float64 both paths give the same float32 latents.
 """
 
+import hashlib
+import json
 import os
+from types import SimpleNamespace
 
+import h5py
+import numpy as np
 import pytest
 import torch
 
@@ -19,9 +24,17 @@ MODEL = os.path.join(ROOT, "data", "tiny-mla")
 
 import latentq  # noqa: E402
 import latentq._core  # noqa: E402, F401  (the compiled module: its absence is an error)
+from latentq import e2e as e2e_step  # noqa: E402
 from latentq import tiny_mla  # noqa: E402
 from latentq.e2e_decode import make_decode_cache  # noqa: E402
 from latentq.e2e_generate import CacheRun, greedy_continue, teacher_forced_logits  # noqa: E402
+from latentq.e2e_generation import (  # noqa: E402
+    GENERATION_COLUMNS,
+    divergence,
+    generation_table,
+    kl_per_position,
+    mean_and_interval,
+)
 from latentq.inject import DecodeOrderAttention  # noqa: E402
 
 P, N, NP = 20, 12, 3  # prompt length, new tokens, prompts
@@ -47,7 +60,8 @@ def teacher_forced(model, spec, mode, ids):
 
 
 # causal specs: per-channel token groups with a sink and a residual (prompt = the prefill P), per-token integer,
-# the fp8 engine presets (FlashMLA's V3.2 record, vLLM's fp8_ds_mla), an fp8 tile format behind a rotation
+# the fp8 engine presets (FlashMLA's V3.2 record, vLLM's fp8_ds_mla), an fp8 tile format behind a rotation,
+# TurboQuant's per-token codebook, ggml's q4_0 read quantized at once, a sink longer than the prompt
 CAUSAL = [
     ("int4-asym-channel-g32", f"decode-r8-s2-p{P}"),
     ("int4-asym-channel-g4", "decode-r1-s0-p0"),
@@ -55,6 +69,9 @@ CAUSAL = [
     ("flashmla-v32-fp8", f"decode-r0-s0-p{P}"),
     ("vllm-fp8-ds-mla", "decode-r0-s0-p0"),
     ("had,fp8-e4m3-tile64-pow2", "decode-r4-s1-p0"),
+    ("tq3-nc", "decode-r0-s0-p0"),
+    ("q4_0", "prefill-at-once"),
+    ("int4-asym-channel-g8", "decode-r1-s26-p0"),
 ]
 
 
@@ -114,3 +131,147 @@ def test_forced_shapes_and_errors(model64):
     assert torch.equal(toks[1], forced)
     free = greedy_continue(model64, latentq, [None], ids, 4)
     assert torch.equal(toks[0], free[0])  # the free row is unchanged by the forced one beside it
+
+
+# ---- the /generation statistics and the e2e step's group -----------------------------------------------------
+
+
+def test_divergence_by_hand():
+    """first divergence and identical fraction of hand-built token arrays, and their bootstrap bounds."""
+    ref = torch.tensor([[1, 2, 3, 4], [1, 2, 3, 4], [5, 5, 5, 5]])
+    run = torch.tensor([[1, 2, 9, 4], [1, 2, 3, 4], [6, 5, 5, 5]])
+    first, identical = divergence(ref, run)
+    assert first.tolist() == [2, 4, 0]  # position 2; none: N = 4; position 0
+    assert identical.tolist() == [0.75, 1.0, 0.75]
+    counts = np.array([[3, 0, 0], [0, 3, 0], [1, 1, 1]])  # resampled means 2, 4, 2
+    m, lo, hi = mean_and_interval(first.astype(np.float64), counts)
+    assert m == 2.0 and lo == 2.0 and hi == pytest.approx(3.9)  # numpy linear percentiles of [2, 2, 4]
+    m1, lo1, hi1 = mean_and_interval(np.array([3.0]), counts[:, :1])
+    assert m1 == 3.0 and np.isnan(lo1) and np.isnan(hi1)  # one prompt: no interval
+    with pytest.raises(ValueError, match="shapes"):
+        divergence(ref, run[:2])
+
+
+def test_kl_by_hand():
+    """KL(p||q) of p = (1/2, 1/2), q = (1/4, 3/4): ½ ln(4/3); 0 for equal logits."""
+    ref = torch.zeros(1, 2, 2)
+    q = torch.tensor([[[0.0, np.log(3.0)], [0.0, 0.0]]])
+    kl = kl_per_position(ref, q)
+    assert kl.shape == (1, 2)
+    assert kl[0, 0] == pytest.approx(0.5 * np.log(4 / 3), rel=1e-12) and kl[0, 1] == 0.0
+
+
+def test_reference_row_has_no_divergence(model64):
+    """A run whose cache holds every target exactly (targets ()) is the reference itself: first divergence N,
+    identical fraction 1, KL 0 (float tolerance: its rows share a batch with the forced rows), in the table's
+    own path (generation_table)."""
+    runner = SimpleNamespace(
+        latentq=latentq,
+        model=model64,
+        layer_set=frozenset(range(6)),
+        bases=None,
+        dims={"kv_lora_rank": 128, "qk_rope_head_dim": 32},
+        resolve=lambda q: q,
+    )
+    runs = [("bf16", (), "prefill-at-once"), ("int2-sym-token", ("c_kv", "k_pe"), "decode-r0-s0-p0")]
+    t = generation_table(runner, runs, prompts(), N, 2)
+    print({k: v.tolist() for k, v in t.items()})
+    assert t["first_divergence_mean"][0] == N and t["identical_fraction"][0] == 1.0
+    assert 0.0 <= t["kl_mean"][0] < 1e-9
+    assert t["first_divergence_ci_lo"][0] == N and t["identical_fraction_ci_hi"][0] == 1.0
+    assert t["bytes_per_token"][0] == 2 * (128 + 32)  # nothing quantized: bf16 both targets
+    assert t["kl_mean"][1] > 1e-3 and t["identical_fraction"][1] < 1.0  # int2 on both targets moves the tokens
+
+
+def _results(path):
+    """A results file with bf16 and int8-sym-token studied on c_kv and k_pe (as tests/python/test_e2e.py)."""
+    with h5py.File(path, "w") as f:
+        f.attrs["schema"] = "latentq-results/1"
+        g = f.create_group("latent_error")
+        s = h5py.string_dtype("utf-8")
+        q = ["bf16", "bf16", "int2-sym-token", "int2-sym-token"]
+        g.create_dataset("quantizer", data=np.array(q, dtype=object), dtype=s)
+        g.create_dataset("target", data=np.array(["c_kv", "k_pe"] * 2, dtype=object), dtype=s)
+        g.create_dataset("rel_fro", data=np.array([0.001, 0.001, 0.3, 0.3]))
+
+
+def _sha(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def _step_args(res, text):
+    return ["--results", str(res), "--text", str(text), "--offset-bytes", "0", "--seq-len", "64"]
+
+
+def test_cli_writes_generation(tmp_path):
+    """python -m latentq.e2e --generation: /generation has one row per /e2e run in its order, the column record,
+    the prompt attributes, and the values of the engine run here on the same prompts (the bf16 row recomputed by
+    hand from greedy_continue)."""
+    from latentq import e2e as e2e_step
+
+    text = tmp_path / "text.txt"
+    text.write_bytes((b"In the beginning God created the heaven and the earth. " * 20)[:1024])
+    res = tmp_path / "r.h5"
+    _results(res)
+    n, p, new = 2, 16, 6
+    argv = _step_args(res, text) + ["--num-seqs", "2", "--threads", "1", "--quiet", "--cache-modes"]
+    argv += ["prefill-at-once", "decode-r0-s0-p16", "--generation", "--gen-prompts", str(n)]
+    argv += ["--gen-prompt-len", str(p), "--gen-new-tokens", str(new)]
+    assert e2e_step.main(argv) == 0
+    with h5py.File(res, "r") as f:
+        e2e = [
+            (q.decode(), t.decode(), m.decode())
+            for q, t, m in zip(*(f["e2e"][c][:] for c in ("quantizer", "targets", "cache_mode")))
+        ]
+        g = f["generation"]
+        rows = [
+            (q.decode(), t.decode(), m.decode())
+            for q, t, m in zip(*(g[c][:] for c in ("quantizer", "targets", "cache_mode")))
+        ]
+        vals = {c: g[c][:] for c in g}
+        attrs = dict(g.attrs)
+    print(rows, {k: v.tolist() for k, v in vals.items() if k not in ("quantizer", "targets", "cache_mode")})
+    assert rows == e2e and len(rows) == 4
+    assert [c["name"] for c in json.loads(attrs["columns"])] == sorted(c.name for c in GENERATION_COLUMNS)
+    assert (attrs["num_prompts"], attrs["prompt_len"], attrs["new_tokens"]) == (n, p, new)
+    assert attrs["bootstrap_resamples"] == 2000 and "16916" in attrs["definition"]
+    # the bf16 prefill-at-once row, recomputed: prompts = the text's first n windows of p bytes
+    model = tiny_mla.TinyMLAForCausalLM.from_pretrained(MODEL)
+    ids = torch.tensor(list(text.read_bytes()[: n * p])).reshape(n, p)
+    ref_tok, ref_lg = greedy_continue(model, latentq, [None], ids, new, return_logits=True)
+    run = CacheRun("bf16", ("c_kv", "k_pe"), "prefill-at-once")
+    tok = greedy_continue(model, latentq, [run], ids, new)[0]
+    lq = greedy_continue(model, latentq, [run], ids, new, forced=ref_tok[0], return_logits=True)[1][0]
+    first, identical = divergence(ref_tok[0], tok)
+    i = rows.index(("bf16", "c_kv+k_pe", "prefill-at-once"))
+    assert vals["first_divergence_mean"][i] == first.mean() and vals["identical_fraction"][i] == identical.mean()
+    assert vals["kl_mean"][i] == pytest.approx(kl_per_position(ref_lg[0], lq).mean(), rel=1e-3, abs=1e-9)
+    for c in ("first_divergence", "identical_fraction", "kl_mean"):
+        mean = vals[c + ("_mean" if c == "first_divergence" else "")]
+        assert np.all(vals[c + "_ci_lo"] <= mean + 1e-12) and np.all(mean <= vals[c + "_ci_hi"] + 1e-12)
+    assert np.all((vals["first_divergence_mean"] >= 0) & (vals["first_divergence_mean"] <= new))
+    assert vals["scale_causal"].tolist() == [1, 1, 1, 1]
+
+
+@pytest.mark.parametrize(
+    "flags,needle",
+    [
+        (["--gen-new-tokens", "0"], "--gen-new-tokens 0: must be >= 1"),
+        (["--gen-prompts", "0"], "--gen-prompts 0: must be >= 1"),
+        (["--gen-prompt-len", "1000", "--gen-new-tokens", "100"], "exceeds max_position_embeddings 1024"),
+        (["--gen-prompts", "40", "--gen-prompt-len", "64"], "--generation prompts (40 x 64)"),
+    ],
+)
+def test_cli_bad_generation_flags(tmp_path, capsys, flags, needle):
+    """A bad --gen-* value: exit 2 with one error line naming it, the results file unchanged."""
+    text = tmp_path / "text.txt"
+    text.write_bytes((b"In the beginning God created the heaven and the earth. " * 20)[:1024])
+    res = tmp_path / "r.h5"
+    _results(res)
+    before = _sha(res)
+    assert e2e_step.main(_step_args(res, text) + ["--num-seqs", "2", "--generation"] + flags) == 2
+    err = capsys.readouterr().err
+    print(err)
+    assert needle in err and "latentq e2e: error:" in err
+    assert _sha(res) == before

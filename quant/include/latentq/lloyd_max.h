@@ -37,6 +37,11 @@ struct LloydMaxTables {
   int64_t codebooks = 0, width = 0;  ///< codebooks per matrix, channels per codebook
   std::vector<float> centroid;       ///< [codebooks, levels], ascending per codebook
   std::vector<float> midpoint;       ///< [codebooks, levels − 1]
+  /// The same tables per channel, for the vectorized encoder and decoder (quant/src/cpu/codebook_avx2.cpp):
+  /// midpoint j of channel d's codebook at j·D + d ([levels − 1, D]) and its centroid c at c·D + d
+  /// ([levels, D]): eight channels per load.
+  std::vector<float> midpoint_by_channel;
+  std::vector<float> centroid_by_channel;
 };
 
 /// Fits the fp16 centroids of every codebook of X [T, D] (row-major float32, finite) with sequence boundaries

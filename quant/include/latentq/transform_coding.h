@@ -159,6 +159,11 @@ struct TcHostTables {
   std::vector<int32_t> bit_offset;        ///< [D + 1]
   std::vector<float> scale, offset;       ///< [D]
   std::vector<float> centroid, midpoint;  ///< -lm: [kTcCentroids], [kTcMidpoints]; else empty
+  /// Per component [D], for the vectorized rows (quant/src/cpu/codebook_avx2.cpp): w_i, 2^w_i − 1 as float32,
+  /// and −1 where w_i ≥ 1, else 0.
+  std::vector<int32_t> width;
+  std::vector<float> qmax;
+  std::vector<int32_t> coded;
   qmath::TcTables view() const;
   std::vector<int> widths() const;  ///< [D]
 };

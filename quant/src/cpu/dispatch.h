@@ -5,6 +5,7 @@
 //   Baseline   int_baseline.cpp  the fused integer kernels (int_fused.h) for the baseline ISA
 //   Avx2       int_avx2.cpp      the fused integer kernels with target("avx2,f16c"), the AVX2 dequantize
 //              block_avx2.cpp    the AVX2 e4m3 / e2m1 / ggml block elements, the one-pass max|x|
+//              codebook_avx2.cpp the rows of the codebook families (lm, tq, tc) once their tables are fitted
 // The block formats run blockfmt.h's block functions on every kernel (dispatch.cpp, quantize_blocks).
 #pragma once
 
@@ -12,7 +13,10 @@
 #include <span>
 
 #include "kernels.h"
+#include "latentq/lloyd_max.h"
 #include "latentq/quantize.h"
+#include "latentq/transform_coding.h"
+#include "latentq/turboquant.h"
 
 namespace latentq::cpu {
 
@@ -58,6 +62,18 @@ void dequantize_lm(const QuantizedTensor& qt, float* out, CpuKernel kernel);
 /// (transform_coding.cpp).
 void quantize_tc(QuantizedTensor& qt, const Layout& L, const QuantizeInput& in);
 void dequantize_tc(const QuantizedTensor& qt, float* out, CpuKernel kernel);
+
+/// The rows of the codebook families once their tables are fitted (fit_quantizer and encode in fitted.h, and
+/// quantize() after its fit): X [T, D] float32 into codes [T, rb] (rb: the layout's row_code_bytes) and back.
+/// Avx2 runs codebook_avx2.cpp's rows; Reference and Baseline the scalar element math (codebook.h,
+/// lloyd_max.h, turboquant.h, transform_coding.h). The bytes are the same on every kernel.
+void lm_encode_rows(const LloydMaxTables& tab, const float* X, int64_t T, int64_t D, uint8_t* codes, CpuKernel kernel);
+void lm_decode_rows(const LloydMaxTables& tab, const uint8_t* codes, int64_t T, int64_t D, float* out,
+                    CpuKernel kernel);
+void tc_encode_rows(const TcHostTables& tab, const float* X, int64_t T, int64_t D, int64_t rb, uint8_t* codes,
+                    CpuKernel kernel);
+void tc_decode_rows(const TcHostTables& tab, const uint8_t* codes, int64_t T, int64_t D, int64_t rb, float* out,
+                    CpuKernel kernel);
 
 /// The output size (bytes) from which the fused kernels write with non-temporal stores
 /// (set_cpu_stream_min_bytes).
@@ -111,6 +127,41 @@ __attribute__((LQ_AVX2_TARGET)) void encode_ggml_avx2(const q::BlockDesc& f, con
                                                       int n, uint8_t* codes);
 /// max over i < n of the bits of |x[i]|: max|x| for finite x; ≥ 0x7f800000 when a NaN/Inf is present.
 __attribute__((LQ_AVX2_TARGET)) uint32_t abs_bits_max_avx2(const float* x, int64_t n);
+
+// Avx2, the codebook families (codebook_avx2.cpp).
+/// Codes of rows X [T, D]: index of x[t, d] = the count of midpoints mid[j·mid_stride + d] ≤ x, j < 2^bits − 1
+/// (mid_stride D: a table per channel, [2^bits − 1, D]; 0: one codebook), packed LSB-first (codebook.h) into
+/// codes [T, ceil(D·bits/8)]; bits 1..4.
+__attribute__((LQ_AVX2_TARGET)) void codebook_encode_rows_avx2(const float* X, int64_t T, int64_t D, const float* mid,
+                                                               int64_t mid_stride, int bits, uint8_t* codes);
+/// out[t, d] = the centroid of the code c of (t, d): cent[c·D + d] (per_channel: a codebook per channel,
+/// [2^bits, D]), else cent[c] (one codebook of 2^bits entries); bits 1..4.
+__attribute__((LQ_AVX2_TARGET)) void codebook_decode_rows_avx2(const uint8_t* codes, int64_t T, int64_t D, int bits,
+                                                               const float* cent, bool per_channel, float* out);
+/// s[k] = Σ_i x_k[i]² over the eight rows x_k = X + k·D, each a sequential float32 chain in element order
+/// (tq_row_norm's and tq_nc_inverse's sums).
+__attribute__((LQ_AVX2_TARGET)) void sum_squares_rows8_avx2(const float* X, int64_t D, float* s);
+/// fwht_rows (transform.h) of one row x [D], block a power of two ≥ 8 dividing D: the same butterflies.
+__attribute__((LQ_AVX2_TARGET)) void fwht_row_avx2(float* x, int64_t D, int64_t block);
+/// y[i] = x[i] / a (divide) or x[i] · a, i < D (y may be x).
+__attribute__((LQ_AVX2_TARGET)) void scale_row_avx2(const float* x, float* y, int64_t D, float a, bool divide);
+/// x[i] = (x[i] · a) · b, i < D.
+__attribute__((LQ_AVX2_TARGET)) void scale2_row_avx2(float* x, int64_t D, float a, float b);
+/// Transform coding's uniform rule per component (transform_coding.h): scale, offset [D], qmax = 2^w − 1,
+/// width w, coded = −1 where w ≥ 1 else 0 (TcHostTables' arrays).
+struct TcRowTables {
+  const float* scale;
+  const float* offset;
+  const float* qmax;
+  const int32_t* width;
+  const int32_t* coded;
+};
+/// code[i] = encode_asym(x[i], scale[i], offset[i], w_i), i < D.
+__attribute__((LQ_AVX2_TARGET)) void tc_uniform_codes_avx2(const float* x, int64_t D, const TcRowTables& r,
+                                                           uint8_t* code);
+/// out[i] = decode_asym(code[i], scale[i], offset[i]) where w_i ≥ 1, else offset[i].
+__attribute__((LQ_AVX2_TARGET)) void tc_uniform_decode_avx2(const uint8_t* code, int64_t D, const TcRowTables& r,
+                                                            float* out);
 /// The block kinds each AVX2 element path covers.
 bool e4m3_elements(const q::BlockDesc& f);
 bool e2m1_elements(const q::BlockDesc& f);

@@ -1,0 +1,279 @@
+// quant/src/cpu/codebook_avx2.cpp — CpuKernel::Avx2's rows of the codebook families: the Lloyd-Max codes
+// (lloyd_max.h), TurboQuant's norm, rotation and codes (turboquant.h) and transform coding's uniform codes
+// (transform_coding.h), eight elements at a time. Every value is the scalar element math's: a code is the
+// count of midpoints m ≤ x (vcmpps GE, the scalar `y >= mid[j]`), packed LSB-first as codebook.h packs it;
+// decoded values are table reads; the float operations are the scalar ones lane by lane (IEEE +, −, ×, /,
+// sqrt rounded once each, no FMA), in the scalar order: a row's Σx² is one sequential chain per row, so eight
+// rows run in the eight lanes (an 8×8 transpose) rather than eight partial sums of one row. The reference
+// loops stay the base case (Reference, Baseline); tests/quant/test_fitted.cpp compares the two byte for byte.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "dispatch.h"
+#include "latentq/codebook.h"
+#include "latentq/transform_coding.h"
+
+#if LQ_HAVE_AVX2_KERNEL
+
+namespace latentq::cpu {
+namespace {
+
+// Lane i shifted by i·bits: the bit position of code i within its group of eight (bits ≤ 4: 32 bits hold 8).
+LQ_AVX2_AI __m256i code_shifts(int bits) {
+  return _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(bits));
+}
+
+// The OR of the eight lanes (disjoint bit fields: the packed word of eight codes).
+LQ_AVX2_AI uint32_t or_lanes(__m256i v) {
+  __m128i x = _mm_or_si128(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  x = _mm_or_si128(x, _mm_shuffle_epi32(x, 0x4E));
+  x = _mm_or_si128(x, _mm_shuffle_epi32(x, 0xB1));
+  return static_cast<uint32_t>(_mm_cvtsi128_si32(x));
+}
+
+// The count of midpoints ≤ x of element d: mid[j·stride + d], j < nmid (stride 0: one codebook).
+LQ_AI uint32_t count_scalar(float x, const float* mid, int64_t stride, int nmid, int64_t d) {
+  uint32_t k = 0;
+  const float* m = stride != 0 ? mid + d : mid;
+  const int64_t step = stride != 0 ? stride : 1;
+  for (int j = 0; j < nmid; ++j) k += (x >= m[j * step]) ? 1u : 0u;
+  return k;
+}
+
+// 8×8 transpose: lane r of out[k] = lane k of in[r].
+LQ_AVX2_AI void transpose8(__m256 r[8]) {
+  const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+  const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+  const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+  const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+  const __m256 s0 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(1, 0, 1, 0));
+  const __m256 s1 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(3, 2, 3, 2));
+  const __m256 s2 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0));
+  const __m256 s3 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 2, 3, 2));
+  const __m256 s4 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(1, 0, 1, 0));
+  const __m256 s5 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(3, 2, 3, 2));
+  const __m256 s6 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(1, 0, 1, 0));
+  const __m256 s7 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(3, 2, 3, 2));
+  r[0] = _mm256_permute2f128_ps(s0, s4, 0x20);
+  r[1] = _mm256_permute2f128_ps(s1, s5, 0x20);
+  r[2] = _mm256_permute2f128_ps(s2, s6, 0x20);
+  r[3] = _mm256_permute2f128_ps(s3, s7, 0x20);
+  r[4] = _mm256_permute2f128_ps(s0, s4, 0x31);
+  r[5] = _mm256_permute2f128_ps(s1, s5, 0x31);
+  r[6] = _mm256_permute2f128_ps(s2, s6, 0x31);
+  r[7] = _mm256_permute2f128_ps(s3, s7, 0x31);
+}
+
+}  // namespace
+
+namespace {
+
+// The rows of codebook_encode_rows_avx2 at BITS bits (constant: the compares unroll, the stores have a fixed size).
+template <int BITS>
+__attribute__((LQ_AVX2_TARGET)) void encode_rows(const float* X, int64_t T, int64_t D, const float* mid,
+                                                 int64_t mid_stride, uint8_t* codes) {
+  constexpr int kMid = (1 << BITS) - 1;
+  const int64_t rb = (D * BITS + 7) / 8, full = D / 8;
+  const __m256i shifts = code_shifts(BITS);
+  __m256 shared[kMid];
+  for (int j = 0; j < kMid; ++j) shared[j] = _mm256_set1_ps(mid_stride == 0 ? mid[j] : 0.0f);
+  for (int64_t t = 0; t < T; ++t) {
+    const float* x = X + t * D;
+    uint8_t* out = codes + t * rb;
+    for (int64_t g = 0; g < full; ++g) {
+      const __m256 v = _mm256_loadu_ps(x + 8 * g);
+      __m256i cnt = _mm256_setzero_si256();
+      for (int j = 0; j < kMid; ++j) {
+        const __m256 m = mid_stride == 0 ? shared[j] : _mm256_loadu_ps(mid + j * mid_stride + 8 * g);
+        cnt = _mm256_sub_epi32(cnt, _mm256_castps_si256(_mm256_cmp_ps(v, m, _CMP_GE_OQ)));
+      }
+      const uint32_t word = or_lanes(_mm256_sllv_epi32(cnt, shifts));
+      std::memcpy(out + g * BITS, &word, BITS);
+    }
+    uint32_t acc = 0;  // the last D mod 8 codes (≤ 28 bits), trailing bits zero
+    for (int64_t d = 8 * full; d < D; ++d)
+      acc |= count_scalar(x[d], mid, mid_stride, kMid, d) << ((d - 8 * full) * BITS);
+    std::memcpy(out + full * BITS, &acc, static_cast<size_t>(rb - full * BITS));
+  }
+}
+
+// Lane i of c[idx_i] for 2^BITS vectors c (a codebook per lane): a tree of blends on the index bits from bit
+// 0 up (vblendvps reads a lane's sign bit: bit k of the index shifted to bit 31). No gather: vgatherdps is slow
+// on CPUs with the Gather Data Sampling mitigation.
+template <int BITS>
+LQ_AVX2_AI __m256 select_lanes(const __m256* c, __m256i idx) {
+  __m256 v[1 << BITS];
+  for (int j = 0; j < (1 << BITS); ++j) v[j] = c[j];
+  for (int k = 0, n = 1 << BITS; k < BITS; ++k, n /= 2) {
+    const __m256 m = _mm256_castsi256_ps(_mm256_slli_epi32(idx, 31 - k));
+    for (int j = 0; j < n / 2; ++j) v[j] = _mm256_blendv_ps(v[2 * j], v[2 * j + 1], m);
+  }
+  return v[0];
+}
+
+template <int BITS>
+__attribute__((LQ_AVX2_TARGET)) void decode_rows(const uint8_t* codes, int64_t T, int64_t D, const float* cent,
+                                                 bool per_channel, float* out) {
+  constexpr int kLevels = 1 << BITS;
+  const int64_t rb = (D * BITS + 7) / 8, full = D / 8;
+  const __m256i shifts = code_shifts(BITS), mask = _mm256_set1_epi32(kLevels - 1);
+  float tab[16] = {};
+  if (!per_channel) std::copy(cent, cent + kLevels, tab);
+  const __m256 lo = _mm256_loadu_ps(tab), hi = _mm256_loadu_ps(tab + 8);
+  const __m256i seven = _mm256_set1_epi32(7);
+  for (int64_t t = 0; t < T; ++t) {
+    const uint8_t* row = codes + t * rb;
+    float* o = out + t * D;
+    for (int64_t g = 0; g < full; ++g) {
+      uint32_t word = 0;  // a 4-byte load where the row has the bytes (the bits above the group's are masked off)
+      if (g * BITS + 4 <= rb)
+        std::memcpy(&word, row + g * BITS, 4);
+      else
+        std::memcpy(&word, row + g * BITS, BITS);
+      const __m256i idx = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(word)), shifts), mask);
+      __m256 v;
+      if (!per_channel) {
+        v = _mm256_permutevar8x32_ps(lo, idx);
+        if constexpr (kLevels > 8)
+          v = _mm256_blendv_ps(v, _mm256_permutevar8x32_ps(hi, idx),
+                               _mm256_castsi256_ps(_mm256_cmpgt_epi32(idx, seven)));
+      } else {
+        __m256 c[kLevels];
+        for (int j = 0; j < kLevels; ++j) c[j] = _mm256_loadu_ps(cent + j * D + 8 * g);
+        v = select_lanes<BITS>(c, idx);
+      }
+      _mm256_storeu_ps(o + 8 * g, v);
+    }
+    for (int64_t d = 8 * full; d < D; ++d) {
+      const uint32_t c = q::lsb_get_code(row, static_cast<int>(d), BITS);
+      o[d] = per_channel ? cent[c * D + d] : cent[c];
+    }
+  }
+}
+
+}  // namespace
+
+__attribute__((LQ_AVX2_TARGET)) void codebook_encode_rows_avx2(const float* X, int64_t T, int64_t D, const float* mid,
+                                                               int64_t mid_stride, int bits, uint8_t* codes) {
+  switch (bits) {
+    case 1:
+      return encode_rows<1>(X, T, D, mid, mid_stride, codes);
+    case 2:
+      return encode_rows<2>(X, T, D, mid, mid_stride, codes);
+    case 3:
+      return encode_rows<3>(X, T, D, mid, mid_stride, codes);
+    default:
+      return encode_rows<4>(X, T, D, mid, mid_stride, codes);
+  }
+}
+
+__attribute__((LQ_AVX2_TARGET)) void codebook_decode_rows_avx2(const uint8_t* codes, int64_t T, int64_t D, int bits,
+                                                               const float* cent, bool per_channel, float* out) {
+  switch (bits) {
+    case 1:
+      return decode_rows<1>(codes, T, D, cent, per_channel, out);
+    case 2:
+      return decode_rows<2>(codes, T, D, cent, per_channel, out);
+    case 3:
+      return decode_rows<3>(codes, T, D, cent, per_channel, out);
+    default:
+      return decode_rows<4>(codes, T, D, cent, per_channel, out);
+  }
+}
+
+__attribute__((LQ_AVX2_TARGET)) void sum_squares_rows8_avx2(const float* X, int64_t D, float* s) {
+  __m256 acc = _mm256_setzero_ps();
+  const int64_t full = D / 8;
+  for (int64_t g = 0; g < full; ++g) {
+    __m256 r[8];
+    for (int k = 0; k < 8; ++k) r[k] = _mm256_loadu_ps(X + k * D + 8 * g);
+    transpose8(r);  // r[k]: element 8g + k of the eight rows
+    for (int k = 0; k < 8; ++k) acc = _mm256_add_ps(acc, _mm256_mul_ps(r[k], r[k]));
+  }
+  _mm256_storeu_ps(s, acc);
+  for (int k = 0; k < 8; ++k)
+    for (int64_t i = 8 * full; i < D; ++i) s[k] = q::add_rn(s[k], q::mul_rn(X[k * D + i], X[k * D + i]));
+}
+
+__attribute__((LQ_AVX2_TARGET)) void fwht_row_avx2(float* x, int64_t D, int64_t block) {
+  const float norm = static_cast<float>(1.0 / std::sqrt(static_cast<double>(block)));
+  const __m256 vn = _mm256_set1_ps(norm);
+  for (int64_t b0 = 0; b0 < D; b0 += block) {
+    float* y = x + b0;
+    // stages h = 1, 2, 4 inside each vector: lane i takes a + c (bit h of i clear: a = its value, c = the
+    // partner's) or a − c (set: a = the partner's, c = its value)
+    for (int64_t i = 0; i < block; i += 8) {
+      __m256 v = _mm256_loadu_ps(y + i);
+      __m256 p = _mm256_permute_ps(v, _MM_SHUFFLE(2, 3, 0, 1));
+      v = _mm256_blend_ps(_mm256_add_ps(v, p), _mm256_sub_ps(p, v), 0xAA);
+      p = _mm256_permute_ps(v, _MM_SHUFFLE(1, 0, 3, 2));
+      v = _mm256_blend_ps(_mm256_add_ps(v, p), _mm256_sub_ps(p, v), 0xCC);
+      p = _mm256_permute2f128_ps(v, v, 0x01);
+      v = _mm256_blend_ps(_mm256_add_ps(v, p), _mm256_sub_ps(p, v), 0xF0);
+      _mm256_storeu_ps(y + i, v);
+    }
+    for (int64_t h = 8; h < block; h <<= 1)
+      for (int64_t j0 = 0; j0 < block; j0 += 2 * h)
+        for (int64_t k = 0; k < h; k += 8) {
+          const __m256 a = _mm256_loadu_ps(y + j0 + k), c = _mm256_loadu_ps(y + j0 + h + k);
+          _mm256_storeu_ps(y + j0 + k, _mm256_add_ps(a, c));
+          _mm256_storeu_ps(y + j0 + h + k, _mm256_sub_ps(a, c));
+        }
+    for (int64_t i = 0; i < block; i += 8) _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_loadu_ps(y + i), vn));
+  }
+}
+
+__attribute__((LQ_AVX2_TARGET)) void scale_row_avx2(const float* x, float* y, int64_t D, float a, bool divide) {
+  const __m256 va = _mm256_set1_ps(a);
+  int64_t i = 0;
+  for (; i + 8 <= D; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    _mm256_storeu_ps(y + i, divide ? _mm256_div_ps(v, va) : _mm256_mul_ps(v, va));
+  }
+  for (; i < D; ++i) y[i] = divide ? q::div_rn(x[i], a) : q::mul_rn(x[i], a);
+}
+
+__attribute__((LQ_AVX2_TARGET)) void scale2_row_avx2(float* x, int64_t D, float a, float b) {
+  const __m256 va = _mm256_set1_ps(a), vb = _mm256_set1_ps(b);
+  int64_t i = 0;
+  for (; i + 8 <= D; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), va), vb));
+  for (; i < D; ++i) x[i] = q::mul_rn(q::mul_rn(x[i], a), b);
+}
+
+__attribute__((LQ_AVX2_TARGET)) void tc_uniform_codes_avx2(const float* x, int64_t D, const TcRowTables& r,
+                                                           uint8_t* code) {
+  const __m256 zero = _mm256_setzero_ps(), magic = _mm256_set1_ps(12582912.0f);
+  int64_t i = 0;
+  for (; i + 8 <= D; i += 8) {
+    const __m256 s = _mm256_loadu_ps(r.scale + i);
+    const __m256 v = _mm256_div_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(r.offset + i)), s);
+    // rne_clamp: min_num(max_num(0, v), qmax) (a NaN v, from a zero scale, gives 0), then the 1.5·2^23 rounding
+    __m256 c = _mm256_min_ps(_mm256_loadu_ps(r.qmax + i), _mm256_max_ps(v, zero));
+    c = _mm256_sub_ps(_mm256_add_ps(c, magic), magic);
+    c = _mm256_and_ps(c, _mm256_cmp_ps(s, zero, _CMP_GT_OQ));  // scale ≤ 0: code 0 (encode_asym)
+    const __m256i ci = _mm256_cvttps_epi32(c);
+    const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(ci), _mm256_extracti128_si256(ci, 1));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(code + i), _mm_packus_epi16(w, w));
+  }
+  for (; i < D; ++i) code[i] = static_cast<uint8_t>(q::encode_asym(x[i], r.scale[i], r.offset[i], r.width[i]));
+}
+
+__attribute__((LQ_AVX2_TARGET)) void tc_uniform_decode_avx2(const uint8_t* code, int64_t D, const TcRowTables& r,
+                                                            float* out) {
+  int64_t i = 0;
+  for (; i + 8 <= D; i += 8) {
+    const __m256 off = _mm256_loadu_ps(r.offset + i);
+    const __m128i c8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(code + i));
+    const __m256 c = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(c8));
+    const __m256 v = _mm256_add_ps(off, _mm256_mul_ps(_mm256_loadu_ps(r.scale + i), c));
+    // width 0 decodes to the offset itself (offset + 0 would turn −0 into +0)
+    const __m256 coded = _mm256_castsi256_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(r.coded + i)));
+    _mm256_storeu_ps(out + i, _mm256_blendv_ps(off, v, coded));
+  }
+  for (; i < D; ++i) out[i] = r.coded[i] ? q::decode_asym(code[i], r.scale[i], r.offset[i]) : r.offset[i];
+}
+
+}  // namespace latentq::cpu
+
+#endif  // LQ_HAVE_AVX2_KERNEL

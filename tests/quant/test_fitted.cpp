@@ -1,0 +1,231 @@
+// The codebook families (kFormats rows of storage TurboQuant, LloydMax and TransformCoding, every example spec)
+// on the vectorized rows (CpuKernel::Avx2, quant/src/cpu/codebook_avx2.cpp) against the scalar element math
+// (CpuKernel::Reference), byte for byte: codes, row scales, fitted record, decoded floats (bit patterns) and the
+// error message; and fit once, encode fast (latentq/fitted.h): encode(fit_quantizer(X), X) is quantize(X), and
+// decode(fit) is dequantize(). Random shapes (D not a multiple of 8 included) with fixed seeds, printed on
+// failure with the spec and shape; edge inputs coded with a fit of other data: values on the midpoints and one
+// ulp either side (a tie goes to the upper centroid), signed zeros, half steps of the uniform codes, zero rows.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "latentq/fitted.h"
+#include "latentq/quantize.h"
+
+namespace {
+using namespace latentq;
+
+std::vector<std::string> codebook_specs() {
+  std::vector<std::string> out;
+  for (const FormatTraits& f : kFormats)
+    if (f.storage == Storage::TurboQuant || f.storage == Storage::LloydMax || f.storage == Storage::TransformCoding)
+      for (const char* s : f.examples) out.emplace_back(s);
+  return out;
+}
+
+std::vector<CpuKernel> fast_kernels() {
+  std::vector<CpuKernel> k;
+  for (CpuKernel c : available_cpu_kernels())
+    if (c != CpuKernel::Reference) k.push_back(c);
+  return k;
+}
+
+struct Coded {
+  std::optional<QuantizedTensor> q;
+  std::vector<uint32_t> decoded;  // bit patterns
+  std::string error;
+};
+
+std::vector<uint32_t> bits_of(const std::vector<float>& v) {
+  std::vector<uint32_t> b(v.size());
+  std::memcpy(b.data(), v.data(), v.size() * 4);
+  return b;
+}
+
+// quantize() then dequantize() on kernel k; with a fit: fit_quantizer(fit_x), encode(X) and decode(fit).
+Coded code(CpuKernel k, const std::string& spec, const std::vector<float>& x, int64_t T, int64_t D,
+           const std::vector<float>* fit_x = nullptr, int64_t fit_T = 0) {
+  const ScopedCpuKernel scope(k);
+  Coded r;
+  try {
+    std::vector<float> out(static_cast<size_t>(T * D));
+    if (fit_x == nullptr) {
+      r.q = quantize(QuantSpec::parse(spec), Target::CKV, x.data(), T, D, std::vector<int64_t>{0, T});
+      dequantize(*r.q, out.data());
+    } else {
+      const QuantFit fit =
+          fit_quantizer(QuantSpec::parse(spec), Target::CKV, fit_x->data(), fit_T, D, std::vector<int64_t>{0, fit_T});
+      r.q = encode(fit, x.data(), T, std::vector<int64_t>{0, T});
+      decode(fit, *r.q, out.data());
+      // encode_into a tensor of this shape whose bytes are 0xA5: every code byte is written again
+      QuantizedTensor reused = *r.q;
+      std::fill(reused.codes.begin(), reused.codes.end(), uint8_t{0xA5});
+      encode_into(reused, fit, x.data(), T, std::vector<int64_t>{0, T});
+      EXPECT_EQ(reused.codes, r.q->codes) << spec << ": encode_into a reused tensor";
+    }
+    r.decoded = bits_of(out);
+  } catch (const std::invalid_argument& e) {
+    r.error = e.what();
+  }
+  return r;
+}
+
+void expect_same(const Coded& a, const Coded& b, const std::string& what) {
+  ASSERT_EQ(a.error, b.error) << what;
+  if (!a.q) return;
+  ASSERT_TRUE(b.q.has_value()) << what;
+  EXPECT_EQ(a.q->spec, b.q->spec) << what;
+  EXPECT_EQ(a.q->codes, b.q->codes) << what << ": codes";
+  EXPECT_EQ(a.q->scales, b.q->scales) << what << ": scales";
+  EXPECT_EQ(a.q->global, b.q->global) << what << ": global";
+  EXPECT_EQ(a.decoded, b.decoded) << what << ": decoded";
+}
+
+// Latent-like rows: per-column scale and offset, a few outliers; seeded.
+std::vector<float> random_rows(uint64_t seed, int64_t T, int64_t D) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> nd;
+  std::vector<float> sc(static_cast<size_t>(D)), off(static_cast<size_t>(D)), x(static_cast<size_t>(T * D));
+  for (int64_t d = 0; d < D; ++d) sc[d] = std::exp(0.7f * nd(rng)), off[d] = 0.2f * nd(rng);
+  for (int64_t i = 0; i < T * D; ++i) x[i] = nd(rng) * sc[i % D] + off[i % D];
+  for (int64_t k = 0; k < T * D / 50; ++k) x[rng() % (T * D)] *= 20.0f;
+  return x;
+}
+
+TEST(Fitted, VectorizedRowsGiveTheReferenceBytesOnRandomShapes) {
+  const int64_t shapes[][2] = {{1, 16}, {7, 48}, {9, 576}, {17, 512}, {33, 64}, {5, 100}, {12, 13}, {64, 80}};
+  for (const std::string& spec : codebook_specs())
+    for (const auto& [T, D] : shapes)
+      for (uint64_t seed : {1u, 2u}) {
+        const std::vector<float> x = random_rows(seed * 1000 + static_cast<uint64_t>(T * D), T, D);
+        const std::string what =
+            spec + " seed " + std::to_string(seed) + " [" + std::to_string(T) + ", " + std::to_string(D) + "]";
+        const Coded ref = code(CpuKernel::Reference, spec, x, T, D);
+        for (CpuKernel k : fast_kernels()) expect_same(ref, code(k, spec, x, T, D), what);
+      }
+}
+
+TEST(Fitted, EncodeOfTheFitIsQuantizeAndDecodeIsDequantize) {
+  for (const std::string& spec : codebook_specs())
+    for (const auto& [T, D] : {std::pair<int64_t, int64_t>{21, 576}, {8, 40}})
+      for (CpuKernel k : available_cpu_kernels()) {
+        const std::vector<float> x = random_rows(77, T, D);
+        const std::string what = spec + " seed 77 [" + std::to_string(T) + ", " + std::to_string(D) + "] kernel " +
+                                 std::to_string(static_cast<int>(k));
+        expect_same(code(k, spec, x, T, D), code(k, spec, x, T, D, &x, T), what);
+      }
+}
+
+// Values at the stored midpoints of each lm codebook and one float32 ulp either side, signed zeros, the
+// centroids themselves: coded with a fit of random data, every kernel gives the reference's bytes, and a value
+// on a midpoint decodes to the upper centroid.
+TEST(Fitted, LloydMaxMidpointTiesGiveTheReferenceBytes) {
+  for (const std::string& spec : codebook_specs()) {
+    if (QuantSpec::parse(spec).format != Format::LloydMax) continue;
+    const int64_t D = 37, fitT = 40;
+    const std::vector<float> fx = random_rows(5, fitT, D);
+    const QuantFit fit =
+        fit_quantizer(QuantSpec::parse(spec), Target::CKV, fx.data(), fitT, D, std::vector<int64_t>{0, fitT});
+    const int L = fit.lm.levels;
+    std::vector<float> x;  // row r: for every column d, candidate r of its codebook
+    std::vector<std::vector<float>> cand(static_cast<size_t>(D));
+    for (int64_t d = 0; d < D; ++d) {
+      const int64_t g = d / fit.lm.width;
+      for (int j = 0; j + 1 < L; ++j) {
+        const float m = fit.lm.midpoint[g * (L - 1) + j];
+        cand[d].insert(cand[d].end(), {m, std::nextafter(m, -INFINITY), std::nextafter(m, INFINITY)});
+      }
+      for (int j = 0; j < L; ++j) cand[d].push_back(fit.lm.centroid[g * L + j]);
+      cand[d].insert(cand[d].end(), {0.0f, -0.0f, 1e30f, -1e30f});
+    }
+    const int64_t T = static_cast<int64_t>(cand[0].size());
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t d = 0; d < D; ++d) x.push_back(cand[d][t]);
+    const Coded ref = code(CpuKernel::Reference, spec, x, T, D, &fx, fitT);
+    ASSERT_TRUE(ref.q.has_value()) << spec << ": " << ref.error;
+    for (int64_t d = 0; d < D; ++d) {  // row 0: the first midpoint exactly → centroid 1
+      const int64_t g = d / fit.lm.width;
+      EXPECT_EQ(ref.decoded[d], bits_of({fit.lm.centroid[g * L + 1]})[0]) << spec << " column " << d;
+    }
+    for (CpuKernel k : fast_kernels()) expect_same(ref, code(k, spec, x, T, D, &fx, fitT), spec + " ties");
+  }
+}
+
+// tc: values at the half steps offset + (k + ½)·scale of every component and one ulp either side (RNE ties),
+// beyond the clip, and the offset itself; tq: zero rows (norm 0), rows of one non-zero value, constant rows
+// (rotated coordinates at exactly 0 and on the Hadamard's ±n/√block).
+TEST(Fitted, TransformCodingHalfStepsAndTurboQuantEdgeRowsGiveTheReferenceBytes) {
+  for (const std::string& spec : codebook_specs()) {
+    const QuantSpec s = QuantSpec::parse(spec);
+    if (s.format == Format::TransformCoding) {
+      const int64_t D = 29, fitT = 64;
+      const std::vector<float> fx = random_rows(9, fitT, D);
+      const QuantFit fit = fit_quantizer(s, Target::CKV, fx.data(), fitT, D, std::vector<int64_t>{0, fitT});
+      std::vector<float> x;
+      const int64_t T = 3 * 6 + 3;
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t d = 0; d < D; ++d) {
+          const float sc = fit.tc.scale[d], of = fit.tc.offset[d];
+          const float h = of + (static_cast<float>(t / 3) + 0.5f) * sc;
+          x.push_back(t >= 18      ? (t == 18   ? of
+                                      : t == 19 ? of + 1e3f * sc
+                                                : of - 1e3f * sc)
+                      : t % 3 == 0 ? h
+                      : t % 3 == 1 ? std::nextafter(h, -INFINITY)
+                                   : std::nextafter(h, INFINITY));
+        }
+      const Coded ref = code(CpuKernel::Reference, spec, x, T, D, &fx, fitT);
+      ASSERT_TRUE(ref.q.has_value()) << spec << ": " << ref.error;
+      for (CpuKernel k : fast_kernels()) expect_same(ref, code(k, spec, x, T, D, &fx, fitT), spec + " half steps");
+    } else if (s.format == Format::TurboQuant) {
+      const int64_t D = 576, T = 11;
+      std::vector<float> x(static_cast<size_t>(T * D), 0.0f);
+      for (int64_t d = 0; d < D; ++d) {
+        x[1 * D + d] = d == 3 ? -2.5f : 0.0f;
+        x[2 * D + d] = 1.0f;
+        x[3 * D + d] = d % 64 < 32 ? 0.75f : -0.75f;
+        x[4 * D + d] = -0.0f;
+        for (int64_t t = 5; t < T; ++t) x[t * D + d] = static_cast<float>((d * 7 + t) % 5) - 2.0f;
+      }
+      const Coded ref = code(CpuKernel::Reference, spec, x, T, D);
+      ASSERT_TRUE(ref.q.has_value()) << spec << ": " << ref.error;
+      for (CpuKernel k : fast_kernels()) expect_same(ref, code(k, spec, x, T, D), spec + " edge rows");
+    }
+  }
+}
+
+TEST(Fitted, ErrorsAreQuantizesOnEveryKernel) {
+  for (const std::string& spec : codebook_specs()) {
+    std::vector<float> x = random_rows(3, 16, 48);
+    x[5 * 48 + 7] = NAN;
+    x[9 * 48 + 1] = INFINITY;
+    const Coded ref = code(CpuKernel::Reference, spec, x, 16, 48);
+    EXPECT_NE(ref.error.find("2 NaN/Inf values in the [16, 48] input"), std::string::npos) << spec << ": " << ref.error;
+    for (CpuKernel k : fast_kernels()) expect_same(ref, code(k, spec, x, 16, 48), spec + " NaN/Inf");
+    const std::vector<float> big(static_cast<size_t>(8 * 48), 1e5f);  // tq: a row norm beyond fp16
+    for (CpuKernel k : fast_kernels())
+      expect_same(code(CpuKernel::Reference, spec, big, 8, 48), code(k, spec, big, 8, 48), spec + " overflow");
+  }
+}
+
+TEST(Fitted, DecodeRefusesATensorOfAnotherFit) {
+  const std::vector<float> a = random_rows(1, 16, 48), b = random_rows(2, 16, 48);
+  const std::vector<int64_t> seqs{0, 16};
+  const QuantSpec spec = QuantSpec::parse("lm3-channel");
+  const QuantFit fa = fit_quantizer(spec, Target::CKV, a.data(), 16, 48, seqs);
+  const QuantFit fb = fit_quantizer(spec, Target::CKV, b.data(), 16, 48, seqs);
+  const QuantizedTensor q = encode(fb, a.data(), 16, seqs);
+  std::vector<float> out(16 * 48);
+  EXPECT_THROW(decode(fa, q, out.data()), std::invalid_argument);
+  EXPECT_NO_THROW(decode(fit_of(q), q, out.data()));
+  EXPECT_NE(q.codes, quantize(spec, Target::CKV, a.data(), 16, 48, seqs).codes)
+      << "a fit of other data gave quantize()'s codes: the test data do not tell the fits apart";
+}
+
+}  // namespace
