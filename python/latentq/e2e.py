@@ -80,6 +80,11 @@ incremental decoder latentq.e2e_generate (the cache read in decode order, one to
 definitions: latentq.e2e_generation. Dense MLA in memory only: a streamed, sparse MLA or hybrid model gets one note
 line and no group (a DeepSeek-V4 one too).
 
+Groups /retrieval and /retrieval_summary (--retrieval; --needle-lengths, --needle-depths, --needle-span,
+--needle-cue, --needle-samples): needles cut from the text (latentq.needle), reproduced or not by every /e2e run's
+greedy continuation, decided by one teacher-forced forward through this step's own hooks; the reference's successes
+on the same samples beside each run's; latentq.e2e_retrieval. The same models as /generation.
+
 DeepSeek-V4 (a checkpoint whose config.json has model_type deepseek_v4): the step hands over to latentq.e2e_v4 (its
 window, compressed and indexer-key caches, any subset, prefill and decode order; --caches for an assignment per run).
 
@@ -100,7 +105,7 @@ import time
 import numpy as np
 import torch
 
-from latentq import e2e_args, e2e_frontier, e2e_generation
+from latentq import e2e_args, e2e_frontier, e2e_generation, e2e_retrieval
 from latentq.capture import find_mla_layers, mla_dims
 from latentq.e2e_args import ROOT  # noqa: F401  (re-exported)
 from latentq.e2e_decode import (  # noqa: F401  (re-exported: the tests and bench/e2e_rate.py use latentq.e2e.*)
@@ -681,8 +686,9 @@ def main(argv=None) -> int:
     if checkpoint_model_type(a.model) == V4_MODEL_TYPE:  # DeepSeek-V4: its own caches and hooks (latentq.e2e_v4)
         from latentq import e2e_v4
 
-        if a.generation:
-            say("e2e", "note", "--generation: no /generation group for a DeepSeek-V4 model (dense MLA only for now)")
+        for flag, on in (("--generation", a.generation), ("--retrieval", a.retrieval)):
+            if on:
+                say("e2e", "note", f"{flag}: not run on a DeepSeek-V4 model (dense MLA only for now)")
 
         return e2e_v4.main_v4(a, latentq)
     if a.caches:
@@ -692,6 +698,7 @@ def main(argv=None) -> int:
         plan = Plan(a, latentq)
         model, tokenizer, ids, dims, model_layers, streamer = load_inputs(a, plan)
         prompts = e2e_generation.prepare(a, model, tokenizer, streamer)  # None: no --generation, or a note
+        needles = e2e_retrieval.prepare(a, model, tokenizer, streamer)  # None: no --retrieval, or a note
     except (ValueError, OSError, RuntimeError) as e:
         say("e2e", "error", str(e))
         return 2
@@ -746,6 +753,10 @@ def main(argv=None) -> int:
         if prompts is not None:
             record, values, attrs, gen_s = e2e_generation.generation_group(a, runner, prompts)
             extra["generation"] = (record, values, attrs)
+        ret_s = None
+        if needles is not None:
+            groups, ret_s = e2e_retrieval.retrieval_step(a, runner, needles)
+            extra.update(groups)
     except (ValueError, OSError) as e:  # non-finite logits, a refused spec, a spill file that cannot be written
         say("e2e", "error", f"{e}; {a.results} is left unchanged")
         return 2
@@ -753,7 +764,9 @@ def main(argv=None) -> int:
     print(
         f"e2e: {len(runner.rows)} runs, {a.num_seqs}x{a.seq_len} tokens, {len(chunks)} forwards of <= {K} runs, "
         f"{time.time() - t0:.1f}s -> "
-        f"{a.results}:/e2e, /e2e_position" + ("" if gen_s is None else f", /generation ({gen_s:.1f}s of it)")
+        f"{a.results}:/e2e, /e2e_position"
+        + ("" if gen_s is None else f", /generation ({gen_s:.1f}s of it)")
+        + ("" if ret_s is None else f", /retrieval ({ret_s:.1f}s of it)")
     )
     return 0
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 
+from latentq import e2e_retrieval
 from latentq.e2e_frontier import DEFAULT_BUDGETS, SELECTIONS, parse_budgets
 from latentq.model import DTYPES
 from latentq.progress import StepParser, say
@@ -128,7 +129,11 @@ def parse_args(argv=None, description: str | None = None):
     ap.add_argument(
         "--gen-new-tokens", type=int, default=32, help="greedy tokens generated per prompt by --generation (default 32)"
     )
+    e2e_retrieval.add_args(ap)
     a = ap.parse_args(argv)
+    if why := e2e_retrieval.check_args(a):
+        say("e2e", "error", why)
+        return 2
     if a.seq_len is not None and a.seq_len < 2:
         say("e2e", "error", f"--seq-len {a.seq_len}: at least 2 tokens per sequence for a next-token metric")
         return 2

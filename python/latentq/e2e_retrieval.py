@@ -31,11 +31,13 @@ inference, the law of succession, and statistical inference", JASA 22:209–212)
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 import torch
 
 from latentq import needle
+from latentq.progress import say
 from latentq.result_groups import Column
 
 Z95 = 1.959963984540054  # the standard normal's 97.5th percentile
@@ -221,3 +223,134 @@ def retrieval_groups(rows: list[dict], settings: dict) -> dict:
         "retrieval": (RETRIEVAL_COLUMNS, cols, attrs),
         "retrieval_summary": (SUMMARY_COLUMNS, _values(SUMMARY_COLUMNS, summary_rows(rows)), summary_attrs),
     }
+
+
+SEED = 0  # needle_samples' seed (recorded as /retrieval's needle_seed)
+
+
+def add_args(ap) -> None:
+    """The step's retrieval flags (latentq.e2e_args.parse_args)."""
+    ap.add_argument(
+        "--retrieval",
+        action="store_true",
+        help="also write /retrieval and /retrieval_summary: needles cut from the text, reproduced or not by each "
+        "/e2e run's greedy continuation (latentq.e2e_retrieval)",
+    )
+    ap.add_argument(
+        "--needle-lengths",
+        type=int,
+        nargs="+",
+        default=None,
+        help=f"context lengths in tokens (default {' '.join(map(str, needle.DEFAULT_LENGTHS))}, those the model's "
+        "max_position_embeddings holds)",
+    )
+    ap.add_argument(
+        "--needle-depths",
+        type=float,
+        nargs="+",
+        default=list(needle.DEFAULT_DEPTHS),
+        help=f"needle depths, fractions of context - span (default {' '.join(map(str, needle.DEFAULT_DEPTHS))})",
+    )
+    ap.add_argument("--needle-span", type=int, default=needle.DEFAULT_SPAN, help="needle tokens, cue included")
+    ap.add_argument("--needle-cue", type=int, default=needle.DEFAULT_CUE, help="the needle's first tokens, the cue")
+    ap.add_argument("--needle-samples", type=int, default=1, help="samples per (length, depth) (default 1)")
+
+
+def check_args(a) -> str | None:
+    """The error line of a bad retrieval flag value, or None."""
+    if a.needle_span < 2 or not 1 <= a.needle_cue < a.needle_span:
+        return f"--needle-span {a.needle_span} / --needle-cue {a.needle_cue}: need 1 <= cue < span"
+    if a.needle_samples < 1:
+        return f"--needle-samples {a.needle_samples}: must be >= 1"
+    if bad := [L for L in a.needle_lengths or () if L < a.needle_span]:
+        return f"--needle-lengths {bad[0]}: shorter than --needle-span {a.needle_span}"
+    if bad := [d for d in a.needle_depths if not 0.0 <= d <= 1.0]:
+        return f"--needle-depths {bad[0]}: expected a fraction in [0, 1]"
+    return None
+
+
+def text_tokens(text: bytes, tokenizer) -> np.ndarray:
+    """The whole scored text as int64 token ids, tokenized as latentq.e2e_shared.load_tokens tokenizes a window."""
+    if tokenizer is None:
+        return np.frombuffer(text, dtype=np.uint8).astype(np.int64)
+    ids = tokenizer(text.decode("utf-8", errors="replace"), add_special_tokens=False)["input_ids"]
+    return np.asarray(ids, dtype=np.int64)
+
+
+def prepare(a, model, tokenizer, streamer) -> dict | None:
+    """The needle samples by context length (build_samples) when --retrieval is given and the model can run it;
+    None (and one note line saying why) for a streamed model, one the step cannot inject into token by token
+    (latentq.e2e_generate.unsupported_reason: sparse MLA, hybrid layers) or a text that cannot give the samples
+    (shorter than a context and two needles, or no needle whose cue is unique in its context: needle_samples'
+    error). Raises ValueError naming --needle-lengths for a length the model cannot hold."""
+    if not a.retrieval:
+        return None
+    from latentq.e2e_generate import unsupported_reason
+    from latentq.e2e_shared import read_text
+
+    why = "the model runs layer by layer (streamed)" if streamer is not None else unsupported_reason(model)
+    if why is not None:
+        say("e2e", "note", f"--retrieval: no /retrieval group: {why}")
+        return None
+    tokens = text_tokens(read_text(a), tokenizer)
+    max_pos = getattr(model.config, "max_position_embeddings", None)
+    lengths = a.needle_lengths
+    if lengths is None:  # the defaults the model and the text hold (a length given by flag that does not fit: error)
+        span = a.needle_span
+        fits = lambda L: (max_pos is None or L + span - 1 <= max_pos) and len(tokens) >= L + 2 * span  # noqa: E731
+        lengths = [L for L in needle.DEFAULT_LENGTHS if fits(L)]
+        if dropped := [L for L in needle.DEFAULT_LENGTHS if not fits(L)]:
+            say("e2e", "note", f"--retrieval: context lengths {dropped} not run: over the model's "
+                f"max_position_embeddings ({max_pos}) or the text's {len(tokens)} tokens")  # fmt: skip
+        if not lengths:
+            return None
+    try:
+        return build_samples(
+            tokens, lengths, a.needle_depths, a.needle_span, a.needle_cue, a.needle_samples, SEED, max_pos
+        )
+    except ValueError as e:  # the text cannot give the samples (too short, too repetitive): the other groups stand
+        if str(e).startswith("--needle-lengths"):  # a length the flag named that the model cannot hold
+            raise
+        say("e2e", "note", f"--retrieval: no /retrieval group: {e}")
+        return None
+
+
+def retrieval_step(a, runner, by_length: dict) -> tuple[dict, float]:
+    """({group: write_groups entry} of /retrieval and /retrieval_summary, seconds) for the /e2e runs of `runner`
+    (its rows' order): the prefill-at-once runs `auto_batch_runs` at a time, the decode-order ones one at a time
+    (as the step batches them)."""
+    from latentq.e2e import auto_batch_runs
+    from latentq.e2e_decode import PREFILL_AT_ONCE
+    from latentq.progress import Progress
+
+    t0 = time.time()
+    runs = [(r["quantizer"], tuple(r["targets"].split("+")), r["cache_mode"]) for r in runner.rows]
+    causal = {(r["quantizer"], r["targets"], r["cache_mode"]): int(r["scale_causal"]) for r in runner.rows}
+    longest = max(by_length) + a.needle_span
+    K = a.batch_runs or auto_batch_runs(runner.model.config, longest, max(len(g) for g in by_length.values()))
+    pre = [r for r in runs if r[2] == PREFILL_AT_ONCE]
+    dec = [r for r in runs if r[2] != PREFILL_AT_ONCE]
+    rows = []
+    with Progress(len(runs) * len(by_length), "e2e", "retrieval forwards") as progress:
+        for group, batch in ((pre, K), (dec, a.batch_runs or 1)):
+            if group:
+                rows += retrieval_rows(
+                    runner.latentq, a, runner.model, runner.plan, runner.dims, group, by_length, batch,
+                    lambda r: causal[(r[0], "+".join(r[1]), r[2])], progress,
+                )  # fmt: skip
+    order = {r: i for i, r in enumerate(runs)}  # the rows in /e2e's order, then by length and depth
+    rows.sort(key=lambda r: (order[(r["quantizer"], tuple(r["targets"].split("+")), r["cache_mode"])],
+                             int(r["context_len"]), r["depth"]))  # fmt: skip
+    seconds = time.time() - t0
+    settings = {
+        "needle_lengths": ",".join(map(str, by_length)),
+        "needle_depths": ",".join(f"{d:g}" for d in a.needle_depths),
+        "needle_span": np.int64(a.needle_span),
+        "needle_cue": np.int64(a.needle_cue),
+        "needle_samples": np.int64(a.needle_samples),
+        "needle_seed": np.int64(SEED),
+        "text_sha256": a.text_sha256,
+        "layers": ",".join(map(str, runner.plan.layers)),
+        "seconds": float(seconds),
+    }
+    return retrieval_groups(rows, settings), seconds

@@ -294,6 +294,20 @@ bool run_e2e_step(const StudyConfig& config, const DumpAttrs& attrs, const fs::p
   if (!E.memory_budget.empty()) argv.insert(argv.end(), {"--memory-budget", E.memory_budget});
   if (!E.selection.empty()) argv.insert(argv.end(), {"--e2e", E.selection});
   if (!E.budgets.empty()) argv.insert(argv.end(), {"--budgets", E.budgets});
+  if (E.generation.value_or(false)) {
+    argv.push_back("--generation");
+    if (E.gen_prompts > 0) argv.insert(argv.end(), {"--gen-prompts", std::to_string(E.gen_prompts)});
+    if (E.gen_prompt_len > 0) argv.insert(argv.end(), {"--gen-prompt-len", std::to_string(E.gen_prompt_len)});
+    if (E.gen_new_tokens > 0) argv.insert(argv.end(), {"--gen-new-tokens", std::to_string(E.gen_new_tokens)});
+  }
+  if (E.retrieval.value_or(false)) {
+    argv.push_back("--retrieval");
+    if (!E.needle_lengths.empty()) {
+      argv.push_back("--needle-lengths");
+      for (const int64_t L : E.needle_lengths) argv.push_back(std::to_string(L));
+    }
+    if (E.needle_samples > 0) argv.insert(argv.end(), {"--needle-samples", std::to_string(E.needle_samples)});
+  }
   const int n = worker_threads(threads);
   argv.insert(argv.end(), {"--threads", std::to_string(n)});
   if (!verbose) argv.push_back("--quiet");

@@ -184,6 +184,9 @@ int cmd_study(const StudyArgs& a, std::ostream& out, std::ostream& err, bool pro
   E.memory_budget = a.memory_budget;
   E.selection = a.e2e;
   E.budgets = a.budgets;
+  // Generation and retrieval: on unless the config turns them off (the step notes what it cannot run)
+  if (!E.generation) E.generation = true;
+  if (!E.retrieval) E.retrieval = true;
   StepKey e2e_now;
   e2e_now.add("latentq code", d.code);
   e2e_now.add("results", str_attr(attrs, "input_sha256") + " " + sha256_hex(str_attr(attrs, "config")));
@@ -200,6 +203,8 @@ int cmd_study(const StudyArgs& a, std::ostream& out, std::ostream& err, bool pro
   e2e_now.add("--memory-budget", a.memory_budget.empty() ? "default" : a.memory_budget);
   e2e_now.add("--e2e", a.e2e);
   e2e_now.add("--budgets", a.budgets.empty() ? "default" : a.budgets);
+  e2e_now.add("--generation", *E.generation ? "on" : "off");
+  e2e_now.add("--retrieval", *E.retrieval ? "on" : "off");
   const std::vector<std::string> groups = list_tables(results);
   std::optional<std::vector<std::string>> e2e_changes;
   if (std::find(groups.begin(), groups.end(), "e2e") != groups.end()) {

@@ -168,7 +168,9 @@ ProbeConfig parse_probe_config(std::string_view text, const std::string& source,
   P.sections = parse_probe_sections(text, source, base_dir);
   const auto r = make_settings_reader(text, source, base_dir, "e2e");
   r->check_keys({"enabled", "model", "quantizers", "text", "seq_len", "num_seqs", "offset_bytes", "device", "dtype",
-                 "batch_runs", "trust_remote_code", "tokenizer", "stream", "memory_budget"});
+                 "batch_runs", "trust_remote_code", "tokenizer", "stream", "memory_budget", "generation",
+                 "generation_prompts", "generation_prompt_len", "generation_new_tokens", "retrieval", "needle_lengths",
+                 "needle_samples"});
   E2eSettings& E = P.e2e;
   if (auto v = r->boolean("enabled")) E.enabled = *v;
   if (auto v = r->path("model")) E.model = *v;
@@ -184,6 +186,16 @@ ProbeConfig parse_probe_config(std::string_view text, const std::string& source,
   integer("num_seqs", 1, E.num_seqs);
   integer("offset_bytes", 0, E.offset_bytes);
   integer("batch_runs", 1, E.batch_runs);
+  if (auto v = r->boolean("generation")) E.generation = *v;
+  integer("generation_prompts", 1, E.gen_prompts);
+  integer("generation_prompt_len", 1, E.gen_prompt_len);
+  integer("generation_new_tokens", 1, E.gen_new_tokens);
+  if (auto v = r->boolean("retrieval")) E.retrieval = *v;
+  if (auto v = r->ints("needle_lengths", 2)) {
+    if (v->empty()) r->fail("needle_lengths", "'e2e.needle_lengths' is empty: expected context lengths, e.g. [128, 256]");
+    E.needle_lengths = *v;
+  }
+  integer("needle_samples", 1, E.needle_samples);
   if (auto v = r->string("device")) {
     if (*v != "cpu" && v->rfind("cuda", 0) != 0)
       r->fail("device", fmt::format("'e2e.device' = '{}': expected cpu, cuda or cuda:N", *v));

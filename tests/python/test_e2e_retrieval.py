@@ -92,3 +92,19 @@ def test_summary_sums_a_runs_cells():
     assert attrs["reference_accuracy"] == pytest.approx(5 / 6)
     scols, svalues, _ = groups["retrieval_summary"]
     assert scols == SUMMARY_COLUMNS and list(svalues["successes"]) == [3, 0]
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--needle-cue", "24"], "--needle-span 24 / --needle-cue 24: need 1 <= cue < span"),
+        (["--needle-samples", "0"], "--needle-samples 0: must be >= 1"),
+        (["--needle-lengths", "128", "16"], "--needle-lengths 16: shorter than --needle-span 24"),
+        (["--needle-depths", "0.5", "1.5"], "--needle-depths 1.5: expected a fraction in [0, 1]"),
+    ],
+)
+def test_bad_retrieval_flags_exit_2_before_reading_anything(flags, message, capsys):
+    from latentq.e2e_args import parse_args
+
+    assert parse_args(["--results", "/nonexistent/r.h5", "--retrieval", *flags]) == 2
+    assert capsys.readouterr().err.strip() == f"latentq e2e: error: {message}"

@@ -254,4 +254,30 @@ TEST(Config, E2eKeys) {
                       {"'e2e.dtype' = 'fp8': expected float32, bfloat16 or float16"});
   expect_config_error(kMatrix + "[e2e]\ntexts = \"x\"\n", {"unknown key 'e2e.texts'"});
 }
+
+// [e2e]'s generation and retrieval keys: unset is distinguishable from false (`latentq study` turns an unset one on).
+TEST(Config, E2eGenerationAndRetrievalKeys) {
+  const StudyConfig c = parse(kMatrix +
+                              "[e2e]\ngeneration = true\ngeneration_prompts = 3\ngeneration_prompt_len = 48\n"
+                              "generation_new_tokens = 16\nretrieval = false\nneedle_lengths = [64, 200]\n"
+                              "needle_samples = 2\n");
+  const E2eSettings& e = c.probes.e2e;
+  ASSERT_TRUE(e.generation.has_value());
+  EXPECT_TRUE(*e.generation);
+  EXPECT_EQ(e.gen_prompts, 3);
+  EXPECT_EQ(e.gen_prompt_len, 48);
+  EXPECT_EQ(e.gen_new_tokens, 16);
+  ASSERT_TRUE(e.retrieval.has_value());
+  EXPECT_FALSE(*e.retrieval);
+  EXPECT_EQ(e.needle_lengths, (std::vector<int64_t>{64, 200}));
+  EXPECT_EQ(e.needle_samples, 2);
+  const StudyConfig d = parse(kMatrix + "[e2e]\nenabled = true\n");
+  EXPECT_FALSE(d.probes.e2e.generation.has_value());
+  EXPECT_FALSE(d.probes.e2e.retrieval.has_value());
+  EXPECT_TRUE(d.probes.e2e.needle_lengths.empty());
+  expect_config_error(kMatrix + "[e2e]\ngeneration_new_tokens = 0\n",
+                      {"'e2e.generation_new_tokens' must be an integer >= 1"});
+  expect_config_error(kMatrix + "[e2e]\nneedle_lengths = []\n", {"'e2e.needle_lengths' is empty"});
+  expect_config_error(kMatrix + "[e2e]\ngeneration = 1\n", {"e2e.generation"});
+}
 }  // namespace

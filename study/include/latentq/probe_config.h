@@ -28,6 +28,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <map>
@@ -80,6 +81,16 @@ struct E2eSettings {
   std::string tokenizer;           ///< --tokenizer: auto (the checkpoint's; an error when it fails) or bytes
   std::string stream;              ///< --stream: auto (by size), on or off
   std::string memory_budget;       ///< --memory-budget: host memory for weights when streaming, e.g. 24G
+  // Free-running generation (/generation, latentq.e2e_generation) and retrieval at range (/retrieval,
+  // latentq.e2e_retrieval): unset = off for `latentq run`, on for `latentq study` (the step skips them, with a
+  // note, for a model it streams or a sparse-MLA / DeepSeek-V4 model).
+  std::optional<bool> generation;  ///< --generation
+  int64_t gen_prompts = 0;         ///< prompts cut from the text (--gen-prompts), >= 1; 0 = the script's default
+  int64_t gen_prompt_len = 0;      ///< tokens per prompt (--gen-prompt-len), >= 1; 0 = default
+  int64_t gen_new_tokens = 0;      ///< greedy tokens per prompt (--gen-new-tokens), >= 1; 0 = default
+  std::optional<bool> retrieval;   ///< --retrieval
+  std::vector<int64_t> needle_lengths;  ///< context lengths of the needle test (--needle-lengths); empty = default
+  int64_t needle_samples = 0;           ///< samples per (length, depth) (--needle-samples), >= 1; 0 = default
   std::string dump_text_sha256;  ///< not a config key: `latentq study` sets it (--dump-text-sha256)
   std::string selection;  ///< not a config key: --e2e of run / study / merge (frontier or all; empty = frontier)
   std::string budgets;    ///< not a config key: their --budgets, the decision's budgets (empty = the default)
