@@ -37,6 +37,9 @@ from latentq.e2e_stats import RESAMPLES, SEED, _bounds, bootstrap_counts
 from latentq.progress import say
 from latentq.result_groups import Column
 
+# torch threads of the decodes: their steps are small GEMMs (one token of 2 x 8 x 4 rows); on the 2-core VM with
+# other jobs running, 10 of the default study's runs took 37.6 s on two threads and 6.9 s on one.
+GENERATION_THREADS = 1
 # Runs per batch of the decodes (each batch: its runs free-running and forced on the reference, 2 x K x prompts rows).
 RUNS_PER_BATCH = 8
 
@@ -190,7 +193,12 @@ def generation_group(
     offset_bytes)."""
     t0 = time.time()
     runs = [(r["quantizer"], tuple(r["targets"].split("+")), r["cache_mode"]) for r in runner.rows]
-    values = generation_table(runner, runs, prompts, a.gen_new_tokens, runs_per_batch)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(GENERATION_THREADS)
+    try:
+        values = generation_table(runner, runs, prompts, a.gen_new_tokens, runs_per_batch)
+    finally:
+        torch.set_num_threads(threads)
     seconds = time.time() - t0
     attrs = {
         "num_prompts": np.int64(prompts.shape[0]),
@@ -211,6 +219,7 @@ def generation_group(
         "bootstrap_interval": "95% percentile bootstrap over the prompts, the same draws for every row; NaN with "
         "one prompt",
         "runs_per_batch": np.int64(runs_per_batch),
+        "threads": np.int64(GENERATION_THREADS),
         "seconds": float(seconds),
     }
     return GENERATION_COLUMNS, values, attrs, seconds

@@ -36,6 +36,7 @@ from latentq.e2e_generation import (  # noqa: E402
     mean_and_interval,
 )
 from latentq.inject import DecodeOrderAttention  # noqa: E402
+from latentq.model import run_model  # noqa: E402
 
 P, N, NP = 20, 12, 3  # prompt length, new tokens, prompts
 TEXT = (b"And God said, Let there be light: and there was light. And God saw the light, that it was good. " * 4)[
@@ -56,7 +57,7 @@ def prompts():
 def teacher_forced(model, spec, mode, ids):
     """Logits [n, T, V] of the one-forward decode-order run over ids [n, T] (the e2e step's path)."""
     with torch.no_grad(), DecodeOrderAttention(model, make_decode_cache(latentq, spec, ("c_kv", "k_pe"), None, mode)):
-        return model(ids).float()
+        return run_model(model, ids).float()
 
 
 # causal specs: per-channel token groups with a sink and a residual (prompt = the prefill P), per-token integer,
@@ -101,6 +102,61 @@ def test_incremental_equals_teacher_forced(model64, spec, mode):
     forced = teacher_forced_logits(model64, latentq, [run], ids, toks[0])[0]
     tf = teacher_forced(model64, spec, mode, torch.cat([ids, toks[0]], 1))[:, P - 1 : P - 1 + N]
     assert (forced - tf).abs().max().item() < 1e-5
+
+
+def build_hf(kind: str):
+    """A random-init HF DeepseekV2 (eager attention) or DeepseekV3 (sdpa, q_lora, interleaved RoPE) in float64,
+    dense MLP, as tests/python/test_e2e_decode.py builds them."""
+    from transformers import DeepseekV2Config, DeepseekV2ForCausalLM, DeepseekV3Config, DeepseekV3ForCausalLM
+
+    common = dict(
+        vocab_size=300,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        kv_lora_rank=32,
+        qk_rope_head_dim=16,
+        qk_nope_head_dim=16,
+        v_head_dim=16,
+        max_position_embeddings=640,
+        first_k_dense_replace=2,
+    )
+    torch.manual_seed(7)
+    if kind == "v2":
+        m = DeepseekV2ForCausalLM(DeepseekV2Config(q_lora_rank=None, attn_implementation="eager", **common))
+    else:
+        m = DeepseekV3ForCausalLM(
+            DeepseekV3Config(q_lora_rank=24, rope_interleave=True, attn_implementation="sdpa", **common)
+        )
+    for n, p in m.named_parameters():
+        if p.dim() == 2 and "norm" not in n:
+            torch.nn.init.normal_(p, std=0.25)
+    return m.eval().double()
+
+
+@pytest.mark.parametrize("kind", ["v2", "v3"])
+def test_incremental_equals_teacher_forced_hf(kind):
+    """The same claim on HF checkpoints' own modules: position_ids give RoPE at the true positions (no HF cache).
+    Relative tolerance: the exact run's teacher-forced reference is HF's own eager attention, whose softmax runs in
+    float32 (3e-7 of the largest logit here); the quantized runs compare two float64 paths."""
+    model = build_hf(kind)
+    spec, mode = "int4-asym-channel-g8", "decode-r4-s1-p0"
+    ids = torch.randint(0, 300, (2, 12), generator=torch.Generator().manual_seed(3))
+    run = CacheRun(spec, ("c_kv", "k_pe"), mode)
+    toks, logits = greedy_continue(model, latentq, [None, run], ids, 10, return_logits=True)
+    for k in (0, 1):
+        full = torch.cat([ids, toks[k]], 1)
+        if k == 0:
+            with torch.no_grad():
+                tf = run_model(model, full).float()
+        else:
+            tf = teacher_forced(model, spec, mode, full)
+        tf = tf[:, 11:21]
+        err = ((logits[k] - tf).abs().max() / tf.abs().max()).item()
+        print(f"HF {kind} run {k}: max |logit diff| / max |logit| {err:.3g}, shape {tuple(tf.shape)}")
+        assert err < 1e-6 and torch.equal(tf.argmax(-1), toks[k])
 
 
 def test_non_causal_recomputed_on_history(model64):
