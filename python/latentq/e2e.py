@@ -749,7 +749,9 @@ def main(argv=None) -> int:
             runner.counts_runs = False
             with Progress(len(streamer.layers), "e2e", f"layers (streamed, {len(chunks)} forwards)") as runner.progress:
                 runner.run_streamed(streamer, chunks, after=lambda i: runner.progress.update(1))
-        extra, gen_s = {}, None
+        # a group this run does not compute is removed: no /generation or /retrieval of an earlier run stays beside
+        # the new /e2e (the decision joins them to its rows)
+        extra, gen_s = dict.fromkeys(("generation", "retrieval", "retrieval_summary")), None
         if prompts is not None:
             record, values, attrs, gen_s = e2e_generation.generation_group(a, runner, prompts)
             extra["generation"] = (record, values, attrs)

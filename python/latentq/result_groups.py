@@ -59,17 +59,23 @@ def write_groups(results_path: str, groups: dict[str, tuple[tuple[Column, ...], 
     record that `values` gives ({column: 1-D array}) and the attributes `attrs`, then ``rows`` and ``columns``
     (its column record). The group lists its datasets by name (it does not track their creation order, as
     /e2e never has: its columns read back in the same order as before the record), so the record lists them
-    in that order. Raises ValueError as _checked (nothing written)."""
+    in that order. A group given as None is removed when the file has it (a step that did not compute it this
+    time leaves no earlier copy behind). Raises ValueError as _checked (nothing written)."""
     checked = {
-        name: (sorted(_checked(name, rec, values), key=lambda cv: cv[0].name.encode()), attrs)
-        for name, (rec, values, attrs) in groups.items()
+        name: (sorted(_checked(name, g[0], g[1]), key=lambda cv: cv[0].name.encode()), g[2])
+        for name, g in groups.items()
+        if g is not None
     }
+    removed = [name for name, g in groups.items() if g is None]
     d = os.path.dirname(os.path.abspath(results_path))
     fd, tmp = tempfile.mkstemp(prefix=".e2e-", suffix=".h5.tmp", dir=d)
     os.close(fd)
     try:
         shutil.copyfile(results_path, tmp)
         with h5py.File(tmp, "r+") as f:
+            for name in removed:
+                if name in f:
+                    del f[name]
             for name, (cols, attrs) in checked.items():
                 if name in f:
                     del f[name]

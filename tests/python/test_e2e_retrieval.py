@@ -108,3 +108,47 @@ def test_bad_retrieval_flags_exit_2_before_reading_anything(flags, message, caps
 
     assert parse_args(["--results", "/nonexistent/r.h5", "--retrieval", *flags]) == 2
     assert capsys.readouterr().err.strip() == f"latentq e2e: error: {message}"
+
+
+def _results(path):
+    """A results file with bf16 and int2-sym-token studied on c_kv and k_pe (as tests/python/test_e2e.py)."""
+    import h5py
+
+    with h5py.File(path, "w") as f:
+        f.attrs["schema"] = "latentq-results/1"
+        g = f.create_group("latent_error")
+        s = h5py.string_dtype("utf-8")
+        q = ["bf16", "bf16", "int2-sym-token", "int2-sym-token"]
+        g.create_dataset("quantizer", data=np.array(q, dtype=object), dtype=s)
+        g.create_dataset("target", data=np.array(["c_kv", "k_pe"] * 2, dtype=object), dtype=s)
+        g.create_dataset("rel_fro", data=np.array([0.001, 0.001, 0.3, 0.3]))
+
+
+def test_step_writes_retrieval_and_a_rerun_without_it_removes_it(tmp_path):
+    """python -m latentq.e2e --retrieval on tiny-mla (the KJV held-out text): one /retrieval row per (run, length,
+    depth) in /e2e's order, the summary's counts their sums; the step rerun without --retrieval leaves no
+    /retrieval behind (the decision would join a stale one to the new /e2e)."""
+    import h5py
+
+    from latentq import e2e as e2e_step
+
+    res = tmp_path / "r.h5"
+    _results(res)
+    argv = ["--results", str(res), "--seq-len", "64", "--num-seqs", "2", "--threads", "1", "--quiet"]
+    argv += ["--cache-modes", "prefill-at-once", "--retrieval", "--needle-lengths", "96", "160"]
+    argv += ["--needle-depths", "0.2", "0.8"]
+    assert e2e_step.main(argv) == 0
+    with h5py.File(res, "r") as f:
+        runs = [(q, m) for q, m in zip(f["e2e"]["quantizer"].asstr()[:], f["e2e"]["cache_mode"].asstr()[:])]
+        r = {c: f["retrieval"][c][()] for c in f["retrieval"]}
+        s = {c: f["retrieval_summary"][c][()] for c in f["retrieval_summary"]}
+        attrs = dict(f["retrieval"].attrs)
+    assert len(runs) == 2 and len(r["quantizer"]) == 2 * 2 * 2, r
+    got = [(q.decode(), int(L), float(d)) for q, L, d in zip(r["quantizer"], r["context_len"], r["depth"])]
+    assert got == [(q, L, d) for q, _ in runs for L in (96, 160) for d in (0.2, 0.8)]
+    assert np.all(r["samples"] == 1) and np.all(r["ref_successes"] == r["ref_successes"][:4].tolist() * 2)
+    assert list(s["samples"]) == [4, 4] and list(s["successes"]) == [r["successes"][:4].sum(), r["successes"][4:].sum()]
+    assert (attrs["needle_lengths"], attrs["needle_span"], attrs["needle_cue"]) == ("96,160", 24, 8)
+    assert e2e_step.main(argv[: argv.index("--retrieval")]) == 0
+    with h5py.File(res, "r") as f:
+        assert "e2e" in f and "retrieval" not in f and "retrieval_summary" not in f
