@@ -110,11 +110,13 @@ void lm_encode_rows(const LloydMaxTables& tab, const float* X, int64_t T, int64_
 #if LQ_HAVE_AVX2_KERNEL
   if (kernel == CpuKernel::Avx2) {
     const bool one = tab.codebooks == 1;
-    codebook_encode_rows_avx2(X, T, D, one ? tab.midpoint.data() : tab.midpoint_by_channel.data(), one ? 0 : D,
-                              tab.bits, codes);
+    if (codebook_encode_rows_avx2(X, T, D, one ? tab.midpoint.data() : tab.midpoint_by_channel.data(), one ? 0 : D,
+                                  tab.bits, codes))
+      throw std::invalid_argument(nonfinite_message(count_nonfinite(X, T * D), T, D));
     return;
   }
 #endif
+  if (const int64_t bad = count_nonfinite(X, T * D)) throw std::invalid_argument(nonfinite_message(bad, T, D));
   const int64_t rb = q::packed_row_bytes(D, tab.bits);
   for (int64_t t = 0; t < T; ++t)
     for (int64_t k = 0; k < rb; ++k)

@@ -325,22 +325,6 @@ void pack_widths(const uint8_t* code, const int32_t* width, int64_t D, int64_t r
   std::fill(o, out + rb, uint8_t{0});
 }
 
-// The inverse: code[i] = bits [o_i, o_i + w_i) of row [rb] (0 where w_i = 0).
-void unpack_widths(const uint8_t* row, const int32_t* width, int64_t D, int64_t rb, uint8_t* code) {
-  uint64_t acc = 0;
-  int nb = 0;
-  const uint8_t* p = row;
-  const uint8_t* end = row + rb;
-  for (int64_t i = 0; i < D; ++i) {
-    const int w = width[i];
-    if (nb < w)
-      for (; nb <= 56 && p < end; nb += 8) acc |= static_cast<uint64_t>(*p++) << nb;
-    code[i] = static_cast<uint8_t>(acc & ((uint64_t{1} << w) - 1));
-    acc >>= w;
-    nb -= w;
-  }
-}
-
 }  // namespace
 
 void tc_encode_rows(const TcHostTables& tab, const float* X, int64_t T, int64_t D, int64_t rb, uint8_t* codes,
@@ -373,10 +357,13 @@ void tc_decode_rows(const TcHostTables& tab, const uint8_t* codes, int64_t T, in
 #if LQ_HAVE_AVX2_KERNEL
   if (kernel == CpuKernel::Avx2) {
     const TcRowTables r{tab.scale.data(), tab.offset.data(), tab.qmax.data(), tab.width.data(), tab.coded.data()};
-    std::vector<uint8_t> code(static_cast<size_t>(D));
+    std::vector<uint8_t> code(static_cast<size_t>(D)), padded(static_cast<size_t>(rb + 16), 0);
+    TcUnpack u;
+    tc_unpack_tables(tab.bit_offset.data(), D, u);
     for (int64_t t = 0; t < T; ++t) {
       float* o = out + t * D;
-      unpack_widths(codes + t * rb, tab.width.data(), D, rb, code.data());
+      std::memcpy(padded.data(), codes + t * rb, static_cast<size_t>(rb));
+      tc_unpack_avx2(padded.data(), u, tab.bit_offset.data(), D, code.data());
       if (v.centroid == nullptr) {
         tc_uniform_decode_avx2(code.data(), D, r, o);
       } else {

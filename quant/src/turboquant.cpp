@@ -101,14 +101,14 @@ void store_row_norm(QuantizedTensor& qt, int64_t t, float n) {
 }
 
 #if LQ_HAVE_AVX2_KERNEL
-// Avx2: eight rows at a time, in a buffer that stays in cache: the eight norms (one sequential chain per lane),
-// x / (n + 1e-8), the butterflies, the codes; the bytes of the scalar loops below.
+// Avx2: eight rows at a time: the eight norms (one sequential chain per lane), then per row x / (n + 1e-8), the
+// butterflies and the codes one Hadamard block's registers at a time; the bytes of the scalar loops below.
 void quantize_tq_avx2(QuantizedTensor& qt, const q::TqCodebook& cb, const float* X, int64_t T, int64_t D, int64_t block,
                       int64_t rb) {
-  std::vector<float> y(static_cast<size_t>(8 * D));
+  std::vector<float> scratch(static_cast<size_t>(D));
   for (int64_t t0 = 0; t0 < T; t0 += 8) {
     const int64_t r = std::min<int64_t>(8, T - t0);
-    float n[8];
+    float n[8], denom[8];
     if (r == 8) {
       sum_squares_rows8_avx2(X + t0 * D, D, n);
       for (float& v : n) v = q::sqrt_rn(v);
@@ -117,16 +117,18 @@ void quantize_tq_avx2(QuantizedTensor& qt, const q::TqCodebook& cb, const float*
     }
     for (int64_t k = 0; k < r; ++k) {
       store_row_norm(qt, t0 + k, n[k]);
-      float* yk = y.data() + k * D;
-      scale_row_avx2(X + (t0 + k) * D, yk, D, q::add_rn(n[k], q::kTqNormEps), true);
-      fwht_row_avx2(yk, D, block);
+      denom[k] = q::add_rn(n[k], q::kTqNormEps);
     }
-    codebook_encode_rows_avx2(y.data(), r, D, cb.midpoint, 0, cb.bits, qt.codes.data() + t0 * rb);
+    tq_encode_rows_avx2(X + t0 * D, r, D, block, denom, cb.midpoint, cb.bits, qt.codes.data() + t0 * rb,
+                        scratch.data());
   }
 }
 
+// Eight rows at a time: the centroids, the eight norm corrections (sequential chains), then per row
+// ((ĉ · inv) · n or ĉ · n) and the butterflies one block's registers at a time.
 void dequantize_tq_avx2(const QuantizedTensor& qt, const q::TqCodebook& cb, float* out, int64_t block, bool nc) {
   const int64_t T = qt.rows, D = qt.cols, rb = qt.row_bytes();
+  std::vector<float> scratch(static_cast<size_t>(D));
   for (int64_t t0 = 0; t0 < T; t0 += 8) {
     const int64_t r = std::min<int64_t>(8, T - t0);
     float* o = out + t0 * D;
@@ -141,11 +143,7 @@ void dequantize_tq_avx2(const QuantizedTensor& qt, const q::TqCodebook& cb, floa
     }
     for (int64_t k = 0; k < r; ++k) {
       const float n = q::load_dtype(qt.scales.data() + 2 * (t0 + k), ScaleDtype::F16);
-      if (nc)
-        scale2_row_avx2(o + k * D, D, inv[k], n);
-      else
-        scale_row_avx2(o + k * D, o + k * D, D, n, false);
-      fwht_row_avx2(o + k * D, D, block);
+      tq_rotate_back_row_avx2(o + k * D, D, block, nc ? inv[k] : n, n, nc, scratch.data());
     }
   }
 }

@@ -99,7 +99,8 @@ std::vector<float> random_rows(uint64_t seed, int64_t T, int64_t D) {
 }
 
 TEST(Fitted, VectorizedRowsGiveTheReferenceBytesOnRandomShapes) {
-  const int64_t shapes[][2] = {{1, 16}, {7, 48}, {9, 576}, {17, 512}, {33, 64}, {5, 100}, {12, 13}, {64, 80}};
+  const int64_t shapes[][2] = {{1, 16},  {7, 48},  {9, 576}, {17, 512}, {33, 64},
+                               {5, 100}, {12, 13}, {64, 80}, {3, 96},   {10, 128}};
   for (const std::string& spec : codebook_specs())
     for (const auto& [T, D] : shapes)
       for (uint64_t seed : {1u, 2u}) {
@@ -212,6 +213,41 @@ TEST(Fitted, ErrorsAreQuantizesOnEveryKernel) {
     for (CpuKernel k : fast_kernels())
       expect_same(code(CpuKernel::Reference, spec, big, 8, 48), code(k, spec, big, 8, 48), spec + " overflow");
   }
+}
+
+// encode() checks NaN/Inf in its own pass (lm, Avx2): the message of quantize(), before a bad seq_offsets.
+TEST(Fitted, EncodeReportsNaNInfAsQuantizeDoes) {
+  const std::vector<float> fx = random_rows(4, 16, 44);
+  const std::vector<int64_t> seqs{0, 16};
+  for (const std::string& spec : codebook_specs())
+    for (const int64_t at : {int64_t{0}, int64_t{5 * 44 + 43}, int64_t{15 * 44 + 41}}) {  // vector lanes and the tail
+      std::vector<float> x = random_rows(6, 16, 44);
+      x[at] = at % 2 ? -INFINITY : NAN;
+      for (CpuKernel k : available_cpu_kernels()) {
+        const ScopedCpuKernel scope(k);
+        const QuantFit fit = fit_quantizer(QuantSpec::parse(spec), Target::CKV, fx.data(), 16, 44, seqs);
+        const std::string what =
+            spec + " NaN/Inf at " + std::to_string(at) + " kernel " + std::to_string(static_cast<int>(k));
+        QuantizedTensor q;
+        try {
+          encode_into(q, fit, x.data(), 16, seqs);
+          ADD_FAILURE() << what << ": no error";
+        } catch (const std::invalid_argument& e) {
+          EXPECT_STREQ(e.what(), "1 NaN/Inf values in the [16, 44] input") << what;
+        }
+        EXPECT_TRUE(q.codes.empty()) << what << ": encode_into left a tensor after an error";
+        EXPECT_THROW(
+            {
+              try {
+                (void)encode(fit, x.data(), 16, std::vector<int64_t>{0, 17});
+              } catch (const std::invalid_argument& e) {
+                EXPECT_STREQ(e.what(), "1 NaN/Inf values in the [16, 44] input") << what << " and bad seq_offsets";
+                throw;
+              }
+            },
+            std::invalid_argument);
+      }
+    }
 }
 
 TEST(Fitted, DecodeRefusesATensorOfAnotherFit) {

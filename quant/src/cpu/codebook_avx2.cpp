@@ -71,11 +71,13 @@ namespace {
 
 // The rows of codebook_encode_rows_avx2 at BITS bits (constant: the compares unroll, the stores have a fixed size).
 template <int BITS>
-__attribute__((LQ_AVX2_TARGET)) void encode_rows(const float* X, int64_t T, int64_t D, const float* mid,
+__attribute__((LQ_AVX2_TARGET)) bool encode_rows(const float* X, int64_t T, int64_t D, const float* mid,
                                                  int64_t mid_stride, uint8_t* codes) {
   constexpr int kMid = (1 << BITS) - 1;
   const int64_t rb = (D * BITS + 7) / 8, full = D / 8;
-  const __m256i shifts = code_shifts(BITS);
+  const __m256i shifts = code_shifts(BITS), expo = _mm256_set1_epi32(0x7f800000);
+  __m256i bad = _mm256_setzero_si256();  // lanes that saw an exponent of all ones (NaN/Inf)
+  uint32_t bad_tail = 0;
   __m256 shared[kMid];
   for (int j = 0; j < kMid; ++j) shared[j] = _mm256_set1_ps(mid_stride == 0 ? mid[j] : 0.0f);
   for (int64_t t = 0; t < T; ++t) {
@@ -83,6 +85,7 @@ __attribute__((LQ_AVX2_TARGET)) void encode_rows(const float* X, int64_t T, int6
     uint8_t* out = codes + t * rb;
     for (int64_t g = 0; g < full; ++g) {
       const __m256 v = _mm256_loadu_ps(x + 8 * g);
+      bad = _mm256_or_si256(bad, _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(v), expo), expo));
       __m256i cnt = _mm256_setzero_si256();
       for (int j = 0; j < kMid; ++j) {
         const __m256 m = mid_stride == 0 ? shared[j] : _mm256_loadu_ps(mid + j * mid_stride + 8 * g);
@@ -92,10 +95,13 @@ __attribute__((LQ_AVX2_TARGET)) void encode_rows(const float* X, int64_t T, int6
       std::memcpy(out + g * BITS, &word, BITS);
     }
     uint32_t acc = 0;  // the last D mod 8 codes (≤ 28 bits), trailing bits zero
-    for (int64_t d = 8 * full; d < D; ++d)
+    for (int64_t d = 8 * full; d < D; ++d) {
       acc |= count_scalar(x[d], mid, mid_stride, kMid, d) << ((d - 8 * full) * BITS);
+      bad_tail |= !q::is_finite(x[d]);
+    }
     std::memcpy(out + full * BITS, &acc, static_cast<size_t>(rb - full * BITS));
   }
+  return bad_tail != 0 || !_mm256_testz_si256(bad, bad);
 }
 
 // Lane i of c[idx_i] for 2^BITS vectors c (a codebook per lane): a tree of blends on the index bits from bit
@@ -154,7 +160,7 @@ __attribute__((LQ_AVX2_TARGET)) void decode_rows(const uint8_t* codes, int64_t T
 
 }  // namespace
 
-__attribute__((LQ_AVX2_TARGET)) void codebook_encode_rows_avx2(const float* X, int64_t T, int64_t D, const float* mid,
+__attribute__((LQ_AVX2_TARGET)) bool codebook_encode_rows_avx2(const float* X, int64_t T, int64_t D, const float* mid,
                                                                int64_t mid_stride, int bits, uint8_t* codes) {
   switch (bits) {
     case 1:
@@ -196,49 +202,148 @@ __attribute__((LQ_AVX2_TARGET)) void sum_squares_rows8_avx2(const float* X, int6
     for (int64_t i = 8 * full; i < D; ++i) s[k] = q::add_rn(s[k], q::mul_rn(X[k * D + i], X[k * D + i]));
 }
 
-__attribute__((LQ_AVX2_TARGET)) void fwht_row_avx2(float* x, int64_t D, int64_t block) {
-  const float norm = static_cast<float>(1.0 / std::sqrt(static_cast<double>(block)));
-  const __m256 vn = _mm256_set1_ps(norm);
-  for (int64_t b0 = 0; b0 < D; b0 += block) {
-    float* y = x + b0;
-    // stages h = 1, 2, 4 inside each vector: lane i takes a + c (bit h of i clear: a = its value, c = the
-    // partner's) or a − c (set: a = the partner's, c = its value)
-    for (int64_t i = 0; i < block; i += 8) {
-      __m256 v = _mm256_loadu_ps(y + i);
-      __m256 p = _mm256_permute_ps(v, _MM_SHUFFLE(2, 3, 0, 1));
-      v = _mm256_blend_ps(_mm256_add_ps(v, p), _mm256_sub_ps(p, v), 0xAA);
-      p = _mm256_permute_ps(v, _MM_SHUFFLE(1, 0, 3, 2));
-      v = _mm256_blend_ps(_mm256_add_ps(v, p), _mm256_sub_ps(p, v), 0xCC);
-      p = _mm256_permute2f128_ps(v, v, 0x01);
-      v = _mm256_blend_ps(_mm256_add_ps(v, p), _mm256_sub_ps(p, v), 0xF0);
-      _mm256_storeu_ps(y + i, v);
-    }
-    for (int64_t h = 8; h < block; h <<= 1)
-      for (int64_t j0 = 0; j0 < block; j0 += 2 * h)
+namespace {
+
+// The butterflies of stages h = 1, 2, 4 inside one vector: lane i takes a + c (bit h of i clear: a = its value,
+// c = the partner's) or a − c (set: a = the partner's, c = its value); the same exact a ± c as fwht_rows.
+LQ_AVX2_AI __m256 fwht8(__m256 v) {
+  __m256 p = _mm256_permute_ps(v, _MM_SHUFFLE(2, 3, 0, 1));
+  v = _mm256_blend_ps(_mm256_add_ps(v, p), _mm256_sub_ps(p, v), 0xAA);
+  p = _mm256_permute_ps(v, _MM_SHUFFLE(1, 0, 3, 2));
+  v = _mm256_blend_ps(_mm256_add_ps(v, p), _mm256_sub_ps(p, v), 0xCC);
+  p = _mm256_permute2f128_ps(v, v, 0x01);
+  return _mm256_blend_ps(_mm256_add_ps(v, p), _mm256_sub_ps(p, v), 0xF0);
+}
+
+// Every stage h < 8·NB of a sub-block of 8·NB elements held in NB registers.
+template <int NB>
+LQ_AVX2_AI void fwht_regs(__m256* v) {
+  for (int i = 0; i < NB; ++i) v[i] = fwht8(v[i]);
+  for (int h = 1; h < NB; h <<= 1)
+    for (int j0 = 0; j0 < NB; j0 += 2 * h)
+      for (int k = 0; k < h; ++k) {
+        const __m256 a = v[j0 + k], c = v[j0 + h + k];
+        v[j0 + k] = _mm256_add_ps(a, c);
+        v[j0 + h + k] = _mm256_sub_ps(a, c);
+      }
+}
+
+// The stages h = from, 2·from, ... < block of each block of x [D] in memory (contiguous runs of 8).
+LQ_AVX2_AI void fwht_memory_stages(float* x, int64_t D, int64_t block, int64_t from) {
+  for (int64_t b0 = 0; b0 < D; b0 += block)
+    for (int64_t h = from; h < block; h <<= 1)
+      for (int64_t j0 = b0; j0 < b0 + block; j0 += 2 * h)
         for (int64_t k = 0; k < h; k += 8) {
-          const __m256 a = _mm256_loadu_ps(y + j0 + k), c = _mm256_loadu_ps(y + j0 + h + k);
-          _mm256_storeu_ps(y + j0 + k, _mm256_add_ps(a, c));
-          _mm256_storeu_ps(y + j0 + h + k, _mm256_sub_ps(a, c));
+          const __m256 a = _mm256_loadu_ps(x + j0 + k), c = _mm256_loadu_ps(x + j0 + h + k);
+          _mm256_storeu_ps(x + j0 + k, _mm256_add_ps(a, c));
+          _mm256_storeu_ps(x + j0 + h + k, _mm256_sub_ps(a, c));
         }
-    for (int64_t i = 0; i < block; i += 8) _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_loadu_ps(y + i), vn));
+}
+
+// v / p1 (div), else v · p1, then · p2 when npre = 2.
+LQ_AVX2_AI __m256 pre_scale(__m256 v, __m256 p1, __m256 p2, int npre, bool div) {
+  if (div) return _mm256_div_ps(v, p1);
+  v = _mm256_mul_ps(v, p1);
+  return npre == 2 ? _mm256_mul_ps(v, p2) : v;
+}
+
+// The outputs of rotate_row: the codes of group g (CodeOut), or the rotated floats (StoreOut).
+template <int BITS>
+struct CodeOut {
+  const __m256* mid;
+  __m256i shifts;
+  uint8_t* row;
+  LQ_AVX2_AI void operator()(int64_t g, __m256 y) const {
+    __m256i cnt = _mm256_setzero_si256();
+    for (int j = 0; j < (1 << BITS) - 1; ++j)
+      cnt = _mm256_sub_epi32(cnt, _mm256_castps_si256(_mm256_cmp_ps(y, mid[j], _CMP_GE_OQ)));
+    const uint32_t word = or_lanes(_mm256_sllv_epi32(cnt, shifts));
+    std::memcpy(row + g * BITS, &word, BITS);
+  }
+};
+struct StoreOut {
+  float* x;
+  LQ_AVX2_AI void operator()(int64_t g, __m256 y) const { _mm256_storeu_ps(x + 8 * g, y); }
+};
+
+// y = H·(x · pre1 · pre2) per block (pre2 = 1: one multiply) — x / a when div — the sub-blocks of ≤ 64 elements
+// in registers, then out(g, v) for each group g of eight outputs.
+template <int NB, class Out>
+LQ_AVX2_AI void rotate_row(const float* x, int64_t D, int64_t block, float* scratch, __m256 pre1, __m256 pre2, int npre,
+                           bool div, const Out& out) {
+  const __m256 norm = _mm256_set1_ps(static_cast<float>(1.0 / std::sqrt(static_cast<double>(block))));
+  if (block == 8 * NB) {  // whole blocks in registers
+    for (int64_t b0 = 0; b0 < D; b0 += block) {
+      __m256 v[NB];
+      for (int k = 0; k < NB; ++k) v[k] = pre_scale(_mm256_loadu_ps(x + b0 + 8 * k), pre1, pre2, npre, div);
+      fwht_regs<NB>(v);
+      for (int k = 0; k < NB; ++k) out(b0 / 8 + k, _mm256_mul_ps(v[k], norm));
+    }
+    return;
+  }
+  for (int64_t s0 = 0; s0 < D; s0 += 8 * NB) {  // blocks above 8·NB: the stages below 8·NB per sub-block, then memory
+    __m256 v[NB];
+    for (int k = 0; k < NB; ++k) v[k] = pre_scale(_mm256_loadu_ps(x + s0 + 8 * k), pre1, pre2, npre, div);
+    fwht_regs<NB>(v);
+    for (int k = 0; k < NB; ++k) _mm256_storeu_ps(scratch + s0 + 8 * k, v[k]);
+  }
+  fwht_memory_stages(scratch, D, block, 8 * NB);
+  for (int64_t g = 0; g < D / 8; ++g) out(g, _mm256_mul_ps(_mm256_loadu_ps(scratch + 8 * g), norm));
+}
+
+template <int BITS>
+__attribute__((LQ_AVX2_TARGET)) void tq_encode_rows(const float* X, int64_t T, int64_t D, int64_t block,
+                                                    const float* denom, const float* mid, uint8_t* codes,
+                                                    float* scratch) {
+  constexpr int kMid = (1 << BITS) - 1;
+  const int64_t rb = (D * BITS + 7) / 8;
+  const __m256i shifts = code_shifts(BITS);
+  __m256 m[kMid];
+  for (int j = 0; j < kMid; ++j) m[j] = _mm256_set1_ps(mid[j]);
+  for (int64_t t = 0; t < T; ++t) {
+    const CodeOut<BITS> out{m, shifts, codes + t * rb};
+    const __m256 a = _mm256_set1_ps(denom[t]);
+    if (block >= 64)
+      rotate_row<8>(X + t * D, D, block, scratch, a, a, 1, true, out);
+    else if (block == 32)
+      rotate_row<4>(X + t * D, D, block, scratch, a, a, 1, true, out);
+    else if (block == 16)
+      rotate_row<2>(X + t * D, D, block, scratch, a, a, 1, true, out);
+    else
+      rotate_row<1>(X + t * D, D, block, scratch, a, a, 1, true, out);
   }
 }
 
-__attribute__((LQ_AVX2_TARGET)) void scale_row_avx2(const float* x, float* y, int64_t D, float a, bool divide) {
-  const __m256 va = _mm256_set1_ps(a);
-  int64_t i = 0;
-  for (; i + 8 <= D; i += 8) {
-    const __m256 v = _mm256_loadu_ps(x + i);
-    _mm256_storeu_ps(y + i, divide ? _mm256_div_ps(v, va) : _mm256_mul_ps(v, va));
+}  // namespace
+
+__attribute__((LQ_AVX2_TARGET)) void tq_encode_rows_avx2(const float* X, int64_t T, int64_t D, int64_t block,
+                                                         const float* denom, const float* mid, int bits, uint8_t* codes,
+                                                         float* scratch) {
+  switch (bits) {
+    case 1:
+      return tq_encode_rows<1>(X, T, D, block, denom, mid, codes, scratch);
+    case 2:
+      return tq_encode_rows<2>(X, T, D, block, denom, mid, codes, scratch);
+    case 3:
+      return tq_encode_rows<3>(X, T, D, block, denom, mid, codes, scratch);
+    default:
+      return tq_encode_rows<4>(X, T, D, block, denom, mid, codes, scratch);
   }
-  for (; i < D; ++i) y[i] = divide ? q::div_rn(x[i], a) : q::mul_rn(x[i], a);
 }
 
-__attribute__((LQ_AVX2_TARGET)) void scale2_row_avx2(float* x, int64_t D, float a, float b) {
+__attribute__((LQ_AVX2_TARGET)) void tq_rotate_back_row_avx2(float* x, int64_t D, int64_t block, float a, float b,
+                                                             bool two, float* scratch) {
+  const StoreOut out{x};
   const __m256 va = _mm256_set1_ps(a), vb = _mm256_set1_ps(b);
-  int64_t i = 0;
-  for (; i + 8 <= D; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), va), vb));
-  for (; i < D; ++i) x[i] = q::mul_rn(q::mul_rn(x[i], a), b);
+  const int npre = two ? 2 : 1;
+  if (block >= 64)
+    rotate_row<8>(x, D, block, scratch, va, vb, npre, false, out);
+  else if (block == 32)
+    rotate_row<4>(x, D, block, scratch, va, vb, npre, false, out);
+  else if (block == 16)
+    rotate_row<2>(x, D, block, scratch, va, vb, npre, false, out);
+  else
+    rotate_row<1>(x, D, block, scratch, va, vb, npre, false, out);
 }
 
 __attribute__((LQ_AVX2_TARGET)) void tc_uniform_codes_avx2(const float* x, int64_t D, const TcRowTables& r,
@@ -272,6 +377,45 @@ __attribute__((LQ_AVX2_TARGET)) void tc_uniform_decode_avx2(const uint8_t* code,
     _mm256_storeu_ps(out + i, _mm256_blendv_ps(off, v, coded));
   }
   for (; i < D; ++i) out[i] = r.coded[i] ? q::decode_asym(code[i], r.scale[i], r.offset[i]) : r.offset[i];
+}
+
+void tc_unpack_tables(const int32_t* bit_offset, int64_t D, TcUnpack& u) {
+  const int64_t groups = D / 8;
+  u.base.assign(static_cast<size_t>(groups), 0);
+  u.ctrl.assign(static_cast<size_t>(groups * 32), 0);
+  u.shift.assign(static_cast<size_t>(groups * 8), 0);
+  u.mask.assign(static_cast<size_t>(groups * 8), 0);
+  for (int64_t g = 0; g < groups; ++g) {
+    u.base[g] = bit_offset[8 * g] >> 3;
+    for (int i = 0; i < 8; ++i) {
+      const int32_t o = bit_offset[8 * g + i], w = bit_offset[8 * g + i + 1] - o;
+      const int b = (o >> 3) - u.base[g];  // ≤ 7: eight codes of ≤ 8 bits start within 8 bytes
+      for (int k = 0; k < 4; ++k) u.ctrl[g * 32 + 4 * i + k] = static_cast<int8_t>(b + k);
+      u.shift[g * 8 + i] = o & 7;
+      u.mask[g * 8 + i] = static_cast<int32_t>((1u << w) - 1u);
+    }
+  }
+}
+
+__attribute__((LQ_AVX2_TARGET)) void tc_unpack_avx2(const uint8_t* padded, const TcUnpack& u, const int32_t* bit_offset,
+                                                    int64_t D, uint8_t* code) {
+  const int64_t groups = D / 8;
+  for (int64_t g = 0; g < groups; ++g) {
+    // the 16 bytes from the group's first code byte in both halves; lane i takes the 4 bytes of code i's window
+    const __m256i src =
+        _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(padded + u.base[g])));
+    const __m256i ctrl = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u.ctrl.data() + g * 32));
+    __m256i v = _mm256_shuffle_epi8(src, ctrl);
+    v = _mm256_srlv_epi32(v, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u.shift.data() + g * 8)));
+    v = _mm256_and_si256(v, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u.mask.data() + g * 8)));
+    const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(code + 8 * g), _mm_packus_epi16(w, w));
+  }
+  for (int64_t i = 8 * groups; i < D; ++i) {
+    uint32_t v;
+    std::memcpy(&v, padded + (bit_offset[i] >> 3), 4);
+    code[i] = static_cast<uint8_t>((v >> (bit_offset[i] & 7)) & ((1u << (bit_offset[i + 1] - bit_offset[i])) - 1u));
+  }
 }
 
 }  // namespace latentq::cpu

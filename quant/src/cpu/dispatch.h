@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "kernels.h"
 #include "latentq/lloyd_max.h"
@@ -67,6 +68,8 @@ void dequantize_tc(const QuantizedTensor& qt, float* out, CpuKernel kernel);
 /// quantize() after its fit): X [T, D] float32 into codes [T, rb] (rb: the layout's row_code_bytes) and back.
 /// Avx2 runs codebook_avx2.cpp's rows; Reference and Baseline the scalar element math (codebook.h,
 /// lloyd_max.h, turboquant.h, transform_coding.h). The bytes are the same on every kernel.
+/// lm_encode_rows also checks X for NaN/Inf (Avx2: in its one pass over X; else before it) and throws
+/// std::invalid_argument (nonfinite_message) for one.
 void lm_encode_rows(const LloydMaxTables& tab, const float* X, int64_t T, int64_t D, uint8_t* codes, CpuKernel kernel);
 void lm_decode_rows(const LloydMaxTables& tab, const uint8_t* codes, int64_t T, int64_t D, float* out,
                     CpuKernel kernel);
@@ -131,8 +134,9 @@ __attribute__((LQ_AVX2_TARGET)) uint32_t abs_bits_max_avx2(const float* x, int64
 // Avx2, the codebook families (codebook_avx2.cpp).
 /// Codes of rows X [T, D]: index of x[t, d] = the count of midpoints mid[j·mid_stride + d] ≤ x, j < 2^bits − 1
 /// (mid_stride D: a table per channel, [2^bits − 1, D]; 0: one codebook), packed LSB-first (codebook.h) into
-/// codes [T, ceil(D·bits/8)]; bits 1..4.
-__attribute__((LQ_AVX2_TARGET)) void codebook_encode_rows_avx2(const float* X, int64_t T, int64_t D, const float* mid,
+/// codes [T, ceil(D·bits/8)]; bits 1..4. Returns whether X holds a NaN/Inf (checked in the same pass; the codes
+/// are then to be discarded).
+__attribute__((LQ_AVX2_TARGET)) bool codebook_encode_rows_avx2(const float* X, int64_t T, int64_t D, const float* mid,
                                                                int64_t mid_stride, int bits, uint8_t* codes);
 /// out[t, d] = the centroid of the code c of (t, d): cent[c·D + d] (per_channel: a codebook per channel,
 /// [2^bits, D]), else cent[c] (one codebook of 2^bits entries); bits 1..4.
@@ -141,12 +145,15 @@ __attribute__((LQ_AVX2_TARGET)) void codebook_decode_rows_avx2(const uint8_t* co
 /// s[k] = Σ_i x_k[i]² over the eight rows x_k = X + k·D, each a sequential float32 chain in element order
 /// (tq_row_norm's and tq_nc_inverse's sums).
 __attribute__((LQ_AVX2_TARGET)) void sum_squares_rows8_avx2(const float* X, int64_t D, float* s);
-/// fwht_rows (transform.h) of one row x [D], block a power of two ≥ 8 dividing D: the same butterflies.
-__attribute__((LQ_AVX2_TARGET)) void fwht_row_avx2(float* x, int64_t D, int64_t block);
-/// y[i] = x[i] / a (divide) or x[i] · a, i < D (y may be x).
-__attribute__((LQ_AVX2_TARGET)) void scale_row_avx2(const float* x, float* y, int64_t D, float a, bool divide);
-/// x[i] = (x[i] · a) · b, i < D.
-__attribute__((LQ_AVX2_TARGET)) void scale2_row_avx2(float* x, int64_t D, float a, float b);
+/// TurboQuant's codes of rows X [T, D] (turboquant.h): y = fwht_rows of x / denom[t] (block a power of two ≥ 8
+/// dividing D), codes of y among the 2^bits − 1 midpoints mid, packed into codes [T, ceil(D·bits/8)]; scratch [D]
+/// (blocks above 64 elements). The same operations as the scalar loops, one block's registers at a time.
+__attribute__((LQ_AVX2_TARGET)) void tq_encode_rows_avx2(const float* X, int64_t T, int64_t D, int64_t block,
+                                                         const float* denom, const float* mid, int bits, uint8_t* codes,
+                                                         float* scratch);
+/// x = fwht_rows of (x · a) · b (two) or x · a, one row x [D] in place; scratch [D] (blocks above 64).
+__attribute__((LQ_AVX2_TARGET)) void tq_rotate_back_row_avx2(float* x, int64_t D, int64_t block, float a, float b,
+                                                             bool two, float* scratch);
 /// Transform coding's uniform rule per component (transform_coding.h): scale, offset [D], qmax = 2^w − 1,
 /// width w, coded = −1 where w ≥ 1 else 0 (TcHostTables' arrays).
 struct TcRowTables {
@@ -162,6 +169,18 @@ __attribute__((LQ_AVX2_TARGET)) void tc_uniform_codes_avx2(const float* x, int64
 /// out[i] = decode_asym(code[i], scale[i], offset[i]) where w_i ≥ 1, else offset[i].
 __attribute__((LQ_AVX2_TARGET)) void tc_uniform_decode_avx2(const uint8_t* code, int64_t D, const TcRowTables& r,
                                                             float* out);
+/// The tables of tc_unpack_avx2 for the component bit offsets o [D + 1] of a record, per group of eight
+/// components: the byte of its first code, a vpshufb control giving each code the 4 bytes from its own
+/// byte, the shift o_i mod 8 and the mask 2^w_i − 1.
+struct TcUnpack {
+  std::vector<int32_t> base;
+  std::vector<int8_t> ctrl;
+  std::vector<int32_t> shift, mask;
+};
+void tc_unpack_tables(const int32_t* bit_offset, int64_t D, TcUnpack& u);
+/// code[i] = bits [o_i, o_i + w_i) of a row copied into padded [row bytes + 16] (zero past the row), i < D.
+__attribute__((LQ_AVX2_TARGET)) void tc_unpack_avx2(const uint8_t* padded, const TcUnpack& u, const int32_t* bit_offset,
+                                                    int64_t D, uint8_t* code);
 /// The block kinds each AVX2 element path covers.
 bool e4m3_elements(const q::BlockDesc& f);
 bool e2m1_elements(const q::BlockDesc& f);
