@@ -59,17 +59,12 @@ void encode_into(QuantizedTensor& qt, const QuantFit& fit, const float* X, int64
       throw std::invalid_argument("cannot quantize an empty matrix [" + std::to_string(T) + ", " + std::to_string(D) +
                                   "]");
     const CpuKernel kernel = active_cpu_kernel();
-    const bool lm = fit.spec.format == Format::LloydMax;
-    if (lm) {  // lm_encode_rows checks NaN/Inf in its pass over X; a bad seq_offsets still reports a NaN/Inf first
-      try {
-        validate_seq_offsets(seq_offsets, T);
-      } catch (const std::invalid_argument&) {
-        (void)cpu::check_finite(X, T, D, kernel);
-        throw;
-      }
-    } else {
-      (void)cpu::check_finite(X, T, D, kernel);
+    // the row encoders check NaN/Inf in their pass over X; a bad seq_offsets still reports a NaN/Inf first
+    try {
       validate_seq_offsets(seq_offsets, T);
+    } catch (const std::invalid_argument&) {
+      (void)cpu::check_finite(X, T, D, kernel);
+      throw;
     }
     const int64_t rb = layout(fit.spec, D).row_code_bytes;
     // the row encoders write every code byte: a buffer of the right size is reused as it is
@@ -84,7 +79,7 @@ void encode_into(QuantizedTensor& qt, const QuantFit& fit, const float* X, int64
     qt.scales.clear();
     qt.offsets.clear();
     qt.global = fit.global;
-    if (lm)
+    if (fit.spec.format == Format::LloydMax)
       cpu::lm_encode_rows(fit.lm, X, T, D, qt.codes.data(), kernel);
     else
       cpu::tc_encode_rows(fit.tc, X, T, D, rb, qt.codes.data(), kernel);

@@ -302,30 +302,6 @@ TcHostTables tc_tables(const QuantSpec& spec, std::span<const uint8_t> rec, int6
 }
 
 namespace cpu {
-namespace {
-
-// Codes code[i] < 2^w_i (0 where w_i = 0) at per-component widths, LSB-first from bit 0 (tc_encode_byte's
-// bytes), into out [rb], trailing bytes zero.
-void pack_widths(const uint8_t* code, const int32_t* width, int64_t D, int64_t rb, uint8_t* out) {
-  uint64_t acc = 0;
-  int nb = 0;
-  uint8_t* o = out;
-  for (int64_t i = 0; i < D; ++i) {
-    acc |= static_cast<uint64_t>(code[i] & ((1u << width[i]) - 1u)) << nb;
-    nb += width[i];
-    if (nb >= 32) {
-      const uint32_t lo = static_cast<uint32_t>(acc);
-      std::memcpy(o, &lo, 4);
-      o += 4;
-      acc >>= 32;
-      nb -= 32;
-    }
-  }
-  for (; nb > 0; nb -= 8, acc >>= 8) *o++ = static_cast<uint8_t>(acc);
-  std::fill(o, out + rb, uint8_t{0});
-}
-
-}  // namespace
 
 void tc_encode_rows(const TcHostTables& tab, const float* X, int64_t T, int64_t D, int64_t rb, uint8_t* codes,
                     [[maybe_unused]] CpuKernel kernel) {
@@ -334,19 +310,26 @@ void tc_encode_rows(const TcHostTables& tab, const float* X, int64_t T, int64_t 
   if (kernel == CpuKernel::Avx2) {
     const TcRowTables r{tab.scale.data(), tab.offset.data(), tab.qmax.data(), tab.width.data(), tab.coded.data()};
     std::vector<uint8_t> code(static_cast<size_t>(D));
+    TcUnpack u;
+    tc_unpack_tables(tab.bit_offset.data(), D, u);
+    bool bad = false;  // a NaN/Inf, seen in the same pass
     for (int64_t t = 0; t < T; ++t) {
       const float* x = X + t * D;
       if (v.centroid == nullptr) {
-        tc_uniform_codes_avx2(x, D, r, code.data());
+        bad |= tc_uniform_codes_avx2(x, D, r, code.data());
       } else {
-        for (int64_t i = 0; i < D; ++i)
+        for (int64_t i = 0; i < D; ++i) {
+          bad |= !q::is_finite(x[i]);
           code[i] = tab.width[i] ? static_cast<uint8_t>(q::tc_code(v, static_cast<int>(i), tab.width[i], x[i])) : 0;
+        }
       }
-      pack_widths(code.data(), tab.width.data(), D, rb, codes + t * rb);
+      tc_pack_avx2(code.data(), u, tab.bit_offset.data(), D, rb, codes + t * rb);
     }
+    if (bad) throw std::invalid_argument(nonfinite_message(count_nonfinite(X, T * D), T, D));
     return;
   }
 #endif
+  if (const int64_t bad = count_nonfinite(X, T * D)) throw std::invalid_argument(nonfinite_message(bad, T, D));
   for (int64_t t = 0; t < T; ++t)
     for (int64_t k = 0; k < rb; ++k) codes[t * rb + k] = q::tc_encode_byte(v, X + t * D, static_cast<int>(k));
 }

@@ -346,13 +346,18 @@ __attribute__((LQ_AVX2_TARGET)) void tq_rotate_back_row_avx2(float* x, int64_t D
     rotate_row<1>(x, D, block, scratch, va, vb, npre, false, out);
 }
 
-__attribute__((LQ_AVX2_TARGET)) void tc_uniform_codes_avx2(const float* x, int64_t D, const TcRowTables& r,
+__attribute__((LQ_AVX2_TARGET)) bool tc_uniform_codes_avx2(const float* x, int64_t D, const TcRowTables& r,
                                                            uint8_t* code) {
   const __m256 zero = _mm256_setzero_ps(), magic = _mm256_set1_ps(12582912.0f);
+  const __m256i expo = _mm256_set1_epi32(0x7f800000);
+  __m256i bad = _mm256_setzero_si256();
+  uint32_t bad_tail = 0;
   int64_t i = 0;
   for (; i + 8 <= D; i += 8) {
     const __m256 s = _mm256_loadu_ps(r.scale + i);
-    const __m256 v = _mm256_div_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(r.offset + i)), s);
+    const __m256 xv = _mm256_loadu_ps(x + i);
+    bad = _mm256_or_si256(bad, _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(xv), expo), expo));
+    const __m256 v = _mm256_div_ps(_mm256_sub_ps(xv, _mm256_loadu_ps(r.offset + i)), s);
     // rne_clamp: min_num(max_num(0, v), qmax) (a NaN v, from a zero scale, gives 0), then the 1.5·2^23 rounding
     __m256 c = _mm256_min_ps(_mm256_loadu_ps(r.qmax + i), _mm256_max_ps(v, zero));
     c = _mm256_sub_ps(_mm256_add_ps(c, magic), magic);
@@ -361,7 +366,11 @@ __attribute__((LQ_AVX2_TARGET)) void tc_uniform_codes_avx2(const float* x, int64
     const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(ci), _mm256_extracti128_si256(ci, 1));
     _mm_storel_epi64(reinterpret_cast<__m128i*>(code + i), _mm_packus_epi16(w, w));
   }
-  for (; i < D; ++i) code[i] = static_cast<uint8_t>(q::encode_asym(x[i], r.scale[i], r.offset[i], r.width[i]));
+  for (; i < D; ++i) {
+    bad_tail |= !q::is_finite(x[i]);
+    code[i] = static_cast<uint8_t>(q::encode_asym(x[i], r.scale[i], r.offset[i], r.width[i]));
+  }
+  return bad_tail != 0 || !_mm256_testz_si256(bad, bad);
 }
 
 __attribute__((LQ_AVX2_TARGET)) void tc_uniform_decode_avx2(const uint8_t* code, int64_t D, const TcRowTables& r,
@@ -385,8 +394,12 @@ void tc_unpack_tables(const int32_t* bit_offset, int64_t D, TcUnpack& u) {
   u.ctrl.assign(static_cast<size_t>(groups * 32), 0);
   u.shift.assign(static_cast<size_t>(groups * 8), 0);
   u.mask.assign(static_cast<size_t>(groups * 8), 0);
+  u.rel.assign(static_cast<size_t>(groups * 8), 0);
+  u.group_bits.assign(static_cast<size_t>(groups), 0);
   for (int64_t g = 0; g < groups; ++g) {
     u.base[g] = bit_offset[8 * g] >> 3;
+    u.group_bits[g] = bit_offset[8 * g + 8] - bit_offset[8 * g];
+    for (int i = 0; i < 8; ++i) u.rel[g * 8 + i] = bit_offset[8 * g + i] - bit_offset[8 * g];
     for (int i = 0; i < 8; ++i) {
       const int32_t o = bit_offset[8 * g + i], w = bit_offset[8 * g + i + 1] - o;
       const int b = (o >> 3) - u.base[g];  // ≤ 7: eight codes of ≤ 8 bits start within 8 bytes
@@ -416,6 +429,45 @@ __attribute__((LQ_AVX2_TARGET)) void tc_unpack_avx2(const uint8_t* padded, const
     std::memcpy(&v, padded + (bit_offset[i] >> 3), 4);
     code[i] = static_cast<uint8_t>((v >> (bit_offset[i] & 7)) & ((1u << (bit_offset[i + 1] - bit_offset[i])) - 1u));
   }
+}
+
+__attribute__((LQ_AVX2_TARGET)) void tc_pack_avx2(const uint8_t* code, const TcUnpack& u, const int32_t* bit_offset,
+                                                  int64_t D, int64_t rb, uint8_t* out) {
+  const int64_t groups = D / 8;
+  unsigned __int128 acc = 0;  // the bits not yet written, LSB first
+  int nb = 0;
+  uint8_t* o = out;
+  auto flush = [&] {
+    if (nb >= 64) {
+      const uint64_t lo = static_cast<uint64_t>(acc);
+      std::memcpy(o, &lo, 8);
+      o += 8;
+      acc >>= 64;
+      nb -= 64;
+    }
+  };
+  for (int64_t g = 0; g < groups; ++g) {
+    // the group's ≤ 64 bits: code i shifted to o_i − o_(8g), in four 64-bit lanes, then OR-ed
+    const __m128i c8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(code + 8 * g));
+    const __m256i lo = _mm256_sllv_epi64(_mm256_cvtepu8_epi64(c8),
+                                         _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u.rel.data() + 8 * g)));
+    const __m256i hi =
+        _mm256_sllv_epi64(_mm256_cvtepu8_epi64(_mm_srli_si128(c8, 4)),
+                          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u.rel.data() + 8 * g + 4)));
+    const __m256i v = _mm256_or_si256(lo, hi);
+    __m128i x = _mm_or_si128(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    x = _mm_or_si128(x, _mm_unpackhi_epi64(x, x));
+    acc |= static_cast<unsigned __int128>(static_cast<uint64_t>(_mm_cvtsi128_si64(x))) << nb;
+    nb += u.group_bits[g];
+    flush();
+  }
+  for (int64_t i = 8 * groups; i < D; ++i) {
+    acc |= static_cast<unsigned __int128>(code[i]) << nb;
+    nb += bit_offset[i + 1] - bit_offset[i];
+    flush();
+  }
+  for (; nb > 0; nb -= 8, acc >>= 8) *o++ = static_cast<uint8_t>(acc);
+  std::fill(o, out + rb, uint8_t{0});
 }
 
 }  // namespace latentq::cpu

@@ -68,7 +68,7 @@ void dequantize_tc(const QuantizedTensor& qt, float* out, CpuKernel kernel);
 /// quantize() after its fit): X [T, D] float32 into codes [T, rb] (rb: the layout's row_code_bytes) and back.
 /// Avx2 runs codebook_avx2.cpp's rows; Reference and Baseline the scalar element math (codebook.h,
 /// lloyd_max.h, turboquant.h, transform_coding.h). The bytes are the same on every kernel.
-/// lm_encode_rows also checks X for NaN/Inf (Avx2: in its one pass over X; else before it) and throws
+/// The encoders also check X for NaN/Inf (Avx2: in their one pass over X; else before it) and throw
 /// std::invalid_argument (nonfinite_message) for one.
 void lm_encode_rows(const LloydMaxTables& tab, const float* X, int64_t T, int64_t D, uint8_t* codes, CpuKernel kernel);
 void lm_decode_rows(const LloydMaxTables& tab, const uint8_t* codes, int64_t T, int64_t D, float* out,
@@ -163,24 +163,31 @@ struct TcRowTables {
   const int32_t* width;
   const int32_t* coded;
 };
-/// code[i] = encode_asym(x[i], scale[i], offset[i], w_i), i < D.
-__attribute__((LQ_AVX2_TARGET)) void tc_uniform_codes_avx2(const float* x, int64_t D, const TcRowTables& r,
+/// code[i] = encode_asym(x[i], scale[i], offset[i], w_i), i < D; returns whether x holds a NaN/Inf.
+__attribute__((LQ_AVX2_TARGET)) bool tc_uniform_codes_avx2(const float* x, int64_t D, const TcRowTables& r,
                                                            uint8_t* code);
 /// out[i] = decode_asym(code[i], scale[i], offset[i]) where w_i ≥ 1, else offset[i].
 __attribute__((LQ_AVX2_TARGET)) void tc_uniform_decode_avx2(const uint8_t* code, int64_t D, const TcRowTables& r,
                                                             float* out);
-/// The tables of tc_unpack_avx2 for the component bit offsets o [D + 1] of a record, per group of eight
-/// components: the byte of its first code, a vpshufb control giving each code the 4 bytes from its own
-/// byte, the shift o_i mod 8 and the mask 2^w_i − 1.
+/// The tables of tc_unpack_avx2 and tc_pack_avx2 for the component bit offsets o [D + 1] of a record, per
+/// group of eight components: the byte of its first code, a vpshufb control giving each code the 4 bytes
+/// from its own byte, the shift o_i mod 8 and the mask 2^w_i − 1 (unpack); each code's bit within the group,
+/// o_i − o_(8g), and the group's bits (pack).
 struct TcUnpack {
   std::vector<int32_t> base;
   std::vector<int8_t> ctrl;
   std::vector<int32_t> shift, mask;
+  std::vector<int64_t> rel;
+  std::vector<int32_t> group_bits;
 };
 void tc_unpack_tables(const int32_t* bit_offset, int64_t D, TcUnpack& u);
 /// code[i] = bits [o_i, o_i + w_i) of a row copied into padded [row bytes + 16] (zero past the row), i < D.
 __attribute__((LQ_AVX2_TARGET)) void tc_unpack_avx2(const uint8_t* padded, const TcUnpack& u, const int32_t* bit_offset,
                                                     int64_t D, uint8_t* code);
+/// The codes code[i] < 2^w_i (0 where w_i = 0) packed LSB-first at their widths into out [rb] (tc_encode_byte's
+/// bytes), trailing bytes zero.
+__attribute__((LQ_AVX2_TARGET)) void tc_pack_avx2(const uint8_t* code, const TcUnpack& u, const int32_t* bit_offset,
+                                                  int64_t D, int64_t rb, uint8_t* out);
 /// The block kinds each AVX2 element path covers.
 bool e4m3_elements(const q::BlockDesc& f);
 bool e2m1_elements(const q::BlockDesc& f);
