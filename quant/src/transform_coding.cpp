@@ -313,7 +313,18 @@ void tc_encode_rows(const TcHostTables& tab, const float* X, int64_t T, int64_t 
     TcUnpack u;
     tc_unpack_tables(tab.bit_offset.data(), D, u);
     bool bad = false;  // a NaN/Inf, seen in the same pass
-    for (int64_t t = 0; t < T; ++t) {
+    int64_t t = 0;
+    if (v.centroid != nullptr) {  // -lm: eight rows at a time in the lanes, then each row packed
+      code.resize(static_cast<size_t>(8 * D));
+      std::vector<float> col(static_cast<size_t>(8 * D));
+      for (; t + 8 <= T; t += 8) {
+        const float* next = t + 16 <= T ? X + (t + 8) * D : X + t * D;
+        bad |= tc_lm_codes_rows8_avx2(X + t * D, D, v, tab.width.data(), u, next, col.data(), code.data());
+        for (int64_t k = 0; k < 8; ++k)
+          tc_pack_avx2(code.data() + k * D, u, tab.bit_offset.data(), D, rb, codes + (t + k) * rb);
+      }
+    }
+    for (; t < T; ++t) {
       const float* x = X + t * D;
       if (v.centroid == nullptr) {
         bad |= tc_uniform_codes_avx2(x, D, r, code.data());
@@ -340,10 +351,23 @@ void tc_decode_rows(const TcHostTables& tab, const uint8_t* codes, int64_t T, in
 #if LQ_HAVE_AVX2_KERNEL
   if (kernel == CpuKernel::Avx2) {
     const TcRowTables r{tab.scale.data(), tab.offset.data(), tab.qmax.data(), tab.width.data(), tab.coded.data()};
-    std::vector<uint8_t> code(static_cast<size_t>(D)), padded(static_cast<size_t>(rb + 16), 0);
+    std::vector<uint8_t> code(static_cast<size_t>(8 * D)), padded(static_cast<size_t>(rb + 16), 0);
     TcUnpack u;
     tc_unpack_tables(tab.bit_offset.data(), D, u);
-    for (int64_t t = 0; t < T; ++t) {
+    int64_t t = 0;
+    std::vector<float> col(v.centroid != nullptr ? static_cast<size_t>(16 * D) : 0);  // -lm: col [8, D], rows [8, D]
+    const bool stream = T * D * 4 >= stream_min_bytes();  // the output past the caches: non-temporal stores
+    if (v.centroid != nullptr)  // -lm: eight rows unpacked, then decoded in the lanes
+      for (; t + 8 <= T; t += 8) {
+        for (int64_t k = 0; k < 8; ++k) {
+          std::memcpy(padded.data(), codes + (t + k) * rb, static_cast<size_t>(rb));
+          tc_unpack_avx2(padded.data(), u, tab.bit_offset.data(), D, code.data() + k * D);
+        }
+        tc_lm_decode_rows8_avx2(code.data(), D, v, tab.width.data(), u, col.data(), col.data() + 8 * D, stream,
+                                out + t * D);
+      }
+    if (stream) _mm_sfence();
+    for (; t < T; ++t) {
       float* o = out + t * D;
       std::memcpy(padded.data(), codes + t * rb, static_cast<size_t>(rb));
       tc_unpack_avx2(padded.data(), u, tab.bit_offset.data(), D, code.data());

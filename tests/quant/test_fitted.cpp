@@ -201,6 +201,78 @@ TEST(Fitted, TransformCodingHalfStepsAndTurboQuantEdgeRowsGiveTheReferenceBytes)
   }
 }
 
+// tc-lm: for every component, u = (x − offset)/scale on each midpoint of its width's codebook (x = offset +
+// m·scale) and one ulp either side, the offset, clips (±1e3·scale), ±0; widths 0 to 8 (tc0.75-lm, tc2-lm,
+// tc6-lm); D = 43 (five groups of eight and a tail), T a multiple of 8 plus a tail of rows. Then the same rows
+// with a hand-made record whose scales are 0, −0, NaN and tiny in four components (u = 0, or NaN). Every kernel
+// gives the reference's bytes, and where u lands exactly on a midpoint m_j the value decodes to centroid j + 1.
+TEST(Fitted, TransformCodingLloydMaxMidpointsWidthsAndScalesGiveTheReferenceBytes) {
+  for (const char* spec : {"tc0.75-lm", "tc2-lm", "tc6-lm"}) {
+    const int64_t D = 43, fitT = 96;
+    const std::vector<float> fx = random_rows(11, fitT, D);
+    const QuantFit fit =
+        fit_quantizer(QuantSpec::parse(spec), Target::CKV, fx.data(), fitT, D, std::vector<int64_t>{0, fitT});
+    const std::vector<int> w = fit.tc.widths();
+    std::vector<std::vector<float>> cand(static_cast<size_t>(D));
+    for (int64_t d = 0; d < D; ++d) {
+      const float sc = fit.tc.scale[d], of = fit.tc.offset[d];
+      cand[d] = {of, of + 1e3f * sc, of - 1e3f * sc, 0.0f, -0.0f};
+      if (w[d] == 0) continue;
+      for (int j = 0; j + 1 < (1 << w[d]); ++j) {
+        const float x = of + fit.tc.midpoint[qmath::tc_midpoint_base(w[d]) + j] * sc;
+        cand[d].insert(cand[d].end(), {x, std::nextafter(x, -INFINITY), std::nextafter(x, INFINITY)});
+      }
+    }
+    size_t rows = 0;
+    for (const auto& c : cand) rows = std::max(rows, c.size());
+    const int64_t T = static_cast<int64_t>(rows / 8 * 8 + 8 + 5);  // ≥ 8 rows beyond the longest list
+    std::vector<float> x;
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t d = 0; d < D; ++d) x.push_back(cand[d][static_cast<size_t>(t) % cand[d].size()]);
+    const Coded ref = code(CpuKernel::Reference, spec, x, T, D, &fx, fitT);
+    ASSERT_TRUE(ref.q.has_value()) << spec << ": " << ref.error;
+    int ties = 0;
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t d = 0; d < D; ++d) {
+        const float sc = fit.tc.scale[d], of = fit.tc.offset[d], u = (x[t * D + d] - of) / sc;
+        for (int j = 0; w[d] > 0 && j + 1 < (1 << w[d]); ++j)
+          if (u == fit.tc.midpoint[qmath::tc_midpoint_base(w[d]) + j]) {
+            const float c = fit.tc.centroid[qmath::tc_centroid_base(w[d]) + j + 1];
+            EXPECT_EQ(ref.decoded[t * D + d], bits_of({of + sc * c})[0]) << spec << " row " << t << " component " << d;
+            ++ties;
+            break;
+          }
+      }
+    EXPECT_GT(ties, 10) << spec << ": too few values on a midpoint to test the ties";
+    for (CpuKernel k : fast_kernels())
+      expect_same(ref, code(k, spec, x, T, D, &fx, fitT), std::string(spec) + " edges");
+    set_cpu_stream_min_bytes(0);  // the decode's non-temporal stores (large outputs)
+    for (CpuKernel k : fast_kernels())
+      expect_same(ref, code(k, spec, x, T, D, &fx, fitT), std::string(spec) + " edges, streamed");
+    set_cpu_stream_min_bytes(-1);
+
+    // scales 0, −0, NaN and 1e-38 in components 0, 9, 17 and 42 (a hand-made record, read back by fit_of)
+    QuantizedTensor q = *ref.q;
+    for (const auto& [d, s] : {std::pair<int64_t, float>{0, 0.0f}, {9, -0.0f}, {17, NAN}, {42, 1e-38f}})
+      std::memcpy(q.global.data() + D + 4 * d, &s, 4);
+    const QuantFit odd = fit_of(q);
+    std::vector<std::vector<uint32_t>> decoded;
+    std::vector<std::vector<uint8_t>> codes;
+    for (CpuKernel k : available_cpu_kernels()) {
+      const ScopedCpuKernel scope(k);
+      const QuantizedTensor e = encode(odd, x.data(), T, std::vector<int64_t>{0, T});
+      std::vector<float> out(static_cast<size_t>(T * D));
+      decode(odd, e, out.data());
+      codes.push_back(e.codes);
+      decoded.push_back(bits_of(out));
+    }
+    for (size_t k = 1; k < codes.size(); ++k) {
+      EXPECT_EQ(codes[k], codes[0]) << spec << " odd scales: codes, kernel " << k;
+      EXPECT_EQ(decoded[k], decoded[0]) << spec << " odd scales: decoded, kernel " << k;
+    }
+  }
+}
+
 TEST(Fitted, ErrorsAreQuantizesOnEveryKernel) {
   for (const std::string& spec : codebook_specs()) {
     std::vector<float> x = random_rows(3, 16, 48);

@@ -4,7 +4,9 @@
 // count of midpoints m ≤ x (vcmpps GE, the scalar `y >= mid[j]`), packed LSB-first as codebook.h packs it;
 // decoded values are table reads; the float operations are the scalar ones lane by lane (IEEE +, −, ×, /,
 // sqrt rounded once each, no FMA), in the scalar order: a row's Σx² is one sequential chain per row, so eight
-// rows run in the eight lanes (an 8×8 transpose) rather than eight partial sums of one row. The reference
+// rows run in the eight lanes (an 8×8 transpose) rather than eight partial sums of one row; tc-lm's codes, whose
+// codebook changes with each component's width, also take eight rows in the lanes, so that a component's width,
+// scale and offset are one broadcast and its components run grouped by width. The reference
 // loops stay the base case (Reference, Baseline); tests/quant/test_fitted.cpp compares the two byte for byte.
 #include <algorithm>
 #include <cmath>
@@ -388,6 +390,219 @@ __attribute__((LQ_AVX2_TARGET)) void tc_uniform_decode_avx2(const uint8_t* code,
   for (; i < D; ++i) out[i] = r.coded[i] ? q::decode_asym(code[i], r.scale[i], r.offset[i]) : r.offset[i];
 }
 
+namespace {
+
+// The count of the n midpoints m[j] ≤ u in each lane (codebook_index: vcmpps GE, m broadcast), N = n unrolled.
+template <int N>
+LQ_AVX2_AI __m256i count_ge(__m256 u, const float* m) {
+  __m256i cnt = _mm256_setzero_si256();
+  for (int j = 0; j < N; ++j)
+    cnt = _mm256_sub_epi32(cnt, _mm256_castps_si256(_mm256_cmp_ps(u, _mm256_set1_ps(m[j]), _CMP_GE_OQ)));
+  return cnt;
+}
+LQ_AVX2_AI __m256i count_ge_n(__m256 u, const float* m, int n) {
+  __m256i cnt = _mm256_setzero_si256();
+  for (int j = 0; j < n; ++j)
+    cnt = _mm256_sub_epi32(cnt, _mm256_castps_si256(_mm256_cmp_ps(u, _mm256_set1_ps(m[j]), _CMP_GE_OQ)));
+  return cnt;
+}
+
+// Lane l of tab[idx_l] for a table of 2^W entries (W 1..8; idx < 2^W): vpermps on each run of eight entries, then
+// a blend tree on the index bits 3 .. W − 1 (no vgatherdps, see select_lanes). Reads tab[0, max(8, 2^W)).
+template <int W>
+LQ_AVX2_AI __m256 lookup(const float* tab, __m256i idx) {
+  constexpr int kRuns = W <= 3 ? 1 : 1 << (W - 3);
+  __m256 v[kRuns];
+  for (int j = 0; j < kRuns; ++j) v[j] = _mm256_permutevar8x32_ps(_mm256_loadu_ps(tab + 8 * j), idx);
+  for (int k = 3, n = kRuns; n > 1; ++k, n /= 2) {
+    const __m256 m = _mm256_castsi256_ps(_mm256_slli_epi32(idx, 31 - k));
+    for (int j = 0; j < n / 2; ++j) v[j] = _mm256_blendv_ps(v[2 * j], v[2 * j + 1], m);
+  }
+  return v[0];
+}
+
+// tc_decode_code of the codes idx of a component of width W ≥ 1 (tc_decode_code: offset + scale · centroid).
+template <int W>
+LQ_AVX2_AI __m256 tc_lm_value(const float* centroid, float scale, __m256 off, __m256i idx) {
+  const __m256 c = lookup<W>(centroid + qmath::tc_centroid_base(W), idx);
+  return _mm256_add_ps(off, _mm256_mul_ps(_mm256_set1_ps(scale), c));
+}
+
+// Eight int32 lanes (values ≤ 255) as eight bytes at out.
+LQ_AVX2_AI void store_bytes8(uint8_t* out, __m256i c) {
+  const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(out), _mm_packus_epi16(w, w));
+}
+
+}  // namespace
+
+namespace {
+
+// The codes of the n components comp[p] of width W, each column col [8] (a component's value in eight rows) coded
+// in place (tc_code: u = (x − offset) / scale, 0 where scale ≤ 0 or NaN; the count of W's midpoints ≤ u).
+template <int W>
+__attribute__((LQ_AVX2_TARGET)) void tc_lm_code_run(float* col, const int32_t* comp, int64_t n,
+                                                    const qmath::TcTables& v) {
+  const float* m = v.midpoint + qmath::tc_midpoint_base(W);
+  for (int64_t p = 0; p < n; ++p) {
+    const int64_t i = comp[p];
+    float* c = col + 8 * i;
+    __m256i cnt = _mm256_setzero_si256();
+    if constexpr (W > 0) {
+      const float s = v.scale[i];
+      const __m256 u =
+          s > 0.0f ? _mm256_div_ps(_mm256_sub_ps(_mm256_loadu_ps(c), _mm256_set1_ps(v.offset[i])), _mm256_set1_ps(s))
+                   : _mm256_setzero_ps();
+      if constexpr (W <= 4)
+        cnt = count_ge<(1 << W) - 1>(u, m);
+      else
+        cnt = count_ge_n(u, m, (1 << W) - 1);
+    }
+    _mm256_storeu_ps(c, _mm256_castsi256_ps(cnt));
+  }
+}
+
+// The values of the n components comp[p] of width W, each column col [8] of codes decoded in place.
+template <int W>
+__attribute__((LQ_AVX2_TARGET)) void tc_lm_decode_run(float* col, const int32_t* comp, int64_t n,
+                                                      const qmath::TcTables& v) {
+  for (int64_t p = 0; p < n; ++p) {
+    const int64_t i = comp[p];
+    float* c = col + 8 * i;
+    const __m256 off = _mm256_set1_ps(v.offset[i]);
+    if constexpr (W == 0)
+      _mm256_storeu_ps(c, off);  // the offset itself
+    else
+      _mm256_storeu_ps(c, tc_lm_value<W>(v.centroid, v.scale[i], off,
+                                         _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c))));
+  }
+}
+
+template <int W>
+struct CodeRun {
+  LQ_AVX2_AI static void run(float* col, const int32_t* comp, int64_t n, const qmath::TcTables& v) {
+    tc_lm_code_run<W>(col, comp, n, v);
+  }
+};
+template <int W>
+struct DecodeRun {
+  LQ_AVX2_AI static void run(float* col, const int32_t* comp, int64_t n, const qmath::TcTables& v) {
+    tc_lm_decode_run<W>(col, comp, n, v);
+  }
+};
+
+// Run<W>::run on each run of equal width W of the components by_width (sorted by width: nine runs at most, so one
+// switch per run rather than a data-dependent branch per component, which mispredicted on tc2-lm's 576 widths).
+template <template <int> class Run>
+__attribute__((LQ_AVX2_TARGET)) void width_runs(float* col, const std::vector<int32_t>& by_width,
+                                                const int32_t* width, const qmath::TcTables& v) {
+  const int64_t n = static_cast<int64_t>(by_width.size());
+  for (int64_t p = 0, e = 0; p < n; p = e) {
+    const int w = width[by_width[p]];
+    while (e < n && width[by_width[e]] == w) ++e;
+    const int32_t* c = by_width.data() + p;
+    switch (w) {
+      case 0:
+        Run<0>::run(col, c, e - p, v);
+        break;
+      case 1:
+        Run<1>::run(col, c, e - p, v);
+        break;
+      case 2:
+        Run<2>::run(col, c, e - p, v);
+        break;
+      case 3:
+        Run<3>::run(col, c, e - p, v);
+        break;
+      case 4:
+        Run<4>::run(col, c, e - p, v);
+        break;
+      case 5:
+        Run<5>::run(col, c, e - p, v);
+        break;
+      case 6:
+        Run<6>::run(col, c, e - p, v);
+        break;
+      case 7:
+        Run<7>::run(col, c, e - p, v);
+        break;
+      default:
+        Run<8>::run(col, c, e - p, v);
+    }
+  }
+}
+
+}  // namespace
+
+__attribute__((LQ_AVX2_TARGET)) bool tc_lm_codes_rows8_avx2(const float* X, int64_t D, const qmath::TcTables& v,
+                                                            const int32_t* width, const TcUnpack& u, const float* next,
+                                                            float* col, uint8_t* code) {
+  const int64_t full = D / 8;
+  const __m256i expo = _mm256_set1_epi32(0x7f800000);
+  __m256i bad = _mm256_setzero_si256();
+  uint32_t bad_tail = 0;
+  for (int64_t g = 0; g < full; ++g) {  // the eight rows as columns: col[8i + k] = x_k[i]
+    __m256 r[8];
+    for (int k = 0; k < 8; ++k) {
+      _mm_prefetch(reinterpret_cast<const char*>(next + k * D + 8 * g), _MM_HINT_T0);
+      r[k] = _mm256_loadu_ps(X + k * D + 8 * g);
+      bad = _mm256_or_si256(bad, _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(r[k]), expo), expo));
+    }
+    transpose8(r);
+    for (int k = 0; k < 8; ++k) _mm256_storeu_ps(col + 64 * g + 8 * k, r[k]);
+  }
+  width_runs<CodeRun>(col, u.by_width, width, v);
+  for (int64_t g = 0; g < full; ++g) {  // back to rows, eight codes a byte each
+    __m256 r[8];
+    for (int k = 0; k < 8; ++k) r[k] = _mm256_loadu_ps(col + 64 * g + 8 * k);
+    transpose8(r);
+    for (int k = 0; k < 8; ++k) store_bytes8(code + k * D + 8 * g, _mm256_castps_si256(r[k]));
+  }
+  for (int k = 0; k < 8; ++k)
+    for (int64_t i = 8 * full; i < D; ++i) {
+      const float x = X[k * D + i];
+      bad_tail |= !q::is_finite(x);
+      code[k * D + i] = width[i] ? static_cast<uint8_t>(q::tc_code(v, static_cast<int>(i), width[i], x)) : 0;
+    }
+  return bad_tail != 0 || !_mm256_testz_si256(bad, bad);
+}
+
+__attribute__((LQ_AVX2_TARGET)) void tc_lm_decode_rows8_avx2(const uint8_t* code, int64_t D, const qmath::TcTables& v,
+                                                             const int32_t* width, const TcUnpack& u, float* col,
+                                                             float* rows, bool stream, float* out) {
+  const int64_t full = D / 8;
+  for (int64_t g = 0; g < full; ++g) {  // the eight rows' codes as columns
+    __m256 r[8];
+    for (int k = 0; k < 8; ++k)
+      r[k] = _mm256_castsi256_ps(
+          _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(code + k * D + 8 * g))));
+    transpose8(r);
+    for (int k = 0; k < 8; ++k) _mm256_storeu_ps(col + 64 * g + 8 * k, r[k]);
+  }
+  width_runs<DecodeRun>(col, u.by_width, width, v);
+  for (int64_t g = 0; g < full; ++g) {  // back to rows in rows [8, D], then each row copied out whole
+    __m256 r[8];
+    for (int k = 0; k < 8; ++k) r[k] = _mm256_loadu_ps(col + 64 * g + 8 * k);
+    transpose8(r);
+    for (int k = 0; k < 8; ++k) _mm256_storeu_ps(rows + k * D + 8 * g, r[k]);
+  }
+  for (int k = 0; k < 8; ++k)
+    for (int64_t i = 8 * full; i < D; ++i)
+      rows[k * D + i] =
+          width[i] ? q::tc_decode_code(v, static_cast<int>(i), width[i], code[k * D + i]) : v.offset[i];
+  // the eight rows are one contiguous run of out: one copy (non-temporal stores past stream_min_bytes; the caller
+  // fences)
+  if (!stream) {
+    std::memcpy(out, rows, static_cast<size_t>(8 * D) * 4);
+    return;
+  }
+  const int64_t n = 8 * D;
+  int64_t i = std::min<int64_t>(n, static_cast<int64_t>((32 - (reinterpret_cast<uintptr_t>(out) & 31)) & 31) / 4);
+  std::memcpy(out, rows, static_cast<size_t>(i) * 4);
+  for (; i + 8 <= n; i += 8) _mm256_stream_ps(out + i, _mm256_loadu_ps(rows + i));
+  std::memcpy(out + i, rows + i, static_cast<size_t>(n - i) * 4);
+}
+
 void tc_unpack_tables(const int32_t* bit_offset, int64_t D, TcUnpack& u) {
   const int64_t groups = D / 8;
   u.base.assign(static_cast<size_t>(groups), 0);
@@ -396,6 +611,11 @@ void tc_unpack_tables(const int32_t* bit_offset, int64_t D, TcUnpack& u) {
   u.mask.assign(static_cast<size_t>(groups * 8), 0);
   u.rel.assign(static_cast<size_t>(groups * 8), 0);
   u.group_bits.assign(static_cast<size_t>(groups), 0);
+  u.by_width.resize(static_cast<size_t>(8 * groups));
+  for (int32_t i = 0; i < 8 * groups; ++i) u.by_width[i] = i;
+  std::stable_sort(u.by_width.begin(), u.by_width.end(), [&](int32_t a, int32_t b) {
+    return bit_offset[a + 1] - bit_offset[a] < bit_offset[b + 1] - bit_offset[b];
+  });
   for (int64_t g = 0; g < groups; ++g) {
     u.base[g] = bit_offset[8 * g] >> 3;
     u.group_bits[g] = bit_offset[8 * g + 8] - bit_offset[8 * g];

@@ -179,11 +179,29 @@ struct TcUnpack {
   std::vector<int32_t> shift, mask;
   std::vector<int64_t> rel;
   std::vector<int32_t> group_bits;
+  std::vector<int32_t> by_width;  ///< the components of the full groups, i < 8·floor(D/8), stably sorted by width
 };
 void tc_unpack_tables(const int32_t* bit_offset, int64_t D, TcUnpack& u);
 /// code[i] = bits [o_i, o_i + w_i) of a row copied into padded [row bytes + 16] (zero past the row), i < D.
 __attribute__((LQ_AVX2_TARGET)) void tc_unpack_avx2(const uint8_t* padded, const TcUnpack& u, const int32_t* bit_offset,
                                                     int64_t D, uint8_t* code);
+/// tc-lm's codes of eight rows X [8, D] (row stride D) with the tables v (midpoints set), the widths w [D] and
+/// u.by_width: code [8, D] (row stride D), code[k·D + i] = tc_code(v, i, w_i, x_k[i]), 0 where w_i = 0. The eight
+/// rows run in the eight lanes: an 8×8 transpose per eight components into col [8·D] (col[8i + k] = x_k[i]), the
+/// components then coded in order of width (a component's width, scale and offset one broadcast; its code the
+/// count of its width's midpoints ≤ u, every midpoint compared, as codebook_index), and transposed back.
+/// next [8, D]: the rows to prefetch meanwhile (the next eight; without them, X again). Returns whether the rows
+/// hold a NaN/Inf.
+__attribute__((LQ_AVX2_TARGET)) bool tc_lm_codes_rows8_avx2(const float* X, int64_t D, const qmath::TcTables& v,
+                                                            const int32_t* width, const TcUnpack& u, const float* next,
+                                                            float* col, uint8_t* code);
+/// out [8, D] (row stride D) = tc_decode_code of the codes code [8, D] (tc_unpack_avx2's, row stride D; the offset
+/// where w_i = 0), through col [8·D] as above, the centroid read by vpermps and a blend tree on the bits above 3;
+/// the rows assembled in rows [8, D], then copied to out in one run (stream: with non-temporal stores, the caller
+/// issues the sfence).
+__attribute__((LQ_AVX2_TARGET)) void tc_lm_decode_rows8_avx2(const uint8_t* code, int64_t D, const qmath::TcTables& v,
+                                                             const int32_t* width, const TcUnpack& u, float* col,
+                                                             float* rows, bool stream, float* out);
 /// The codes code[i] < 2^w_i (0 where w_i = 0) packed LSB-first at their widths into out [rb] (tc_encode_byte's
 /// bytes), trailing bytes zero.
 __attribute__((LQ_AVX2_TARGET)) void tc_pack_avx2(const uint8_t* code, const TcUnpack& u, const int32_t* bit_offset,
