@@ -45,7 +45,8 @@ class NeedleSample:
     prompt: int64 ``[length + cue]`` — the context (needle written over it at ``needle_at``), then the cue.
     answer: int64 ``[span - cue]`` — the needle's tokens after the cue, which a retrieving model continues with.
     length: context length in tokens; depth: the requested depth in [0, 1];
-    needle_at: token index of the needle's first token in the context (``round(depth * (length - span))``).
+    needle_at: token index of the needle's first token in the context, ``round(depth * (length - span))`` (Python's
+    round: half to even, 0.5 * 7 -> 4, 0.25 * 10 -> 2).
     """
 
     prompt: np.ndarray
