@@ -34,6 +34,14 @@ LQ_AVX2_AI uint32_t or_lanes(__m256i v) {
   return static_cast<uint32_t>(_mm_cvtsi128_si32(x));
 }
 
+// A prefetch of the line `bytes` past p (a software prefetch ahead of a one-pass read of X: without it the
+// encoders waited on each load, lm3-tensor's encode 1.19 ns per element at T = 65,536 against 0.42 in cache).
+// The address is formed as an integer: past the end of X it is only a hint, never dereferenced.
+LQ_AI void prefetch_ahead(const float* p, uintptr_t bytes) {
+  __builtin_prefetch(reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(p) + bytes), 0, 3);
+}
+inline constexpr uintptr_t kPrefetchBytes = 4096;
+
 // The count of midpoints ≤ x of element d: mid[j·stride + d], j < nmid (stride 0: one codebook).
 LQ_AI uint32_t count_scalar(float x, const float* mid, int64_t stride, int nmid, int64_t d) {
   uint32_t k = 0;
@@ -86,6 +94,7 @@ __attribute__((LQ_AVX2_TARGET)) bool encode_rows(const float* X, int64_t T, int6
     const float* x = X + t * D;
     uint8_t* out = codes + t * rb;
     for (int64_t g = 0; g < full; ++g) {
+      if (g % 2 == 0) prefetch_ahead(x + 8 * g, kPrefetchBytes);
       const __m256 v = _mm256_loadu_ps(x + 8 * g);
       bad = _mm256_or_si256(bad, _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(v), expo), expo));
       __m256i cnt = _mm256_setzero_si256();
