@@ -169,11 +169,20 @@ QuantizedTensor quantize(const QuantSpec& spec_in, Target target, const float* X
     cpu::quantize_int_fast(qt, spec_in, target, X, T, D, seq_offsets, kernel);
     return qt;
   }
-  const float amax_x = cpu::check_finite(X, T, D, kernel);  // NaN/Inf first: the error every path gives
-  validate_spec_fields(spec_in);
-  validate_seq_offsets(seq_offsets, T);
-  qt.spec = spec_in.stored_for(target);
-  const Layout L = latentq::layout(qt.spec, D);  // throws for rows a format cannot store
+  // NaN/Inf first: the error every path gives. TurboQuant on Avx2 finds them in its norm pass (a NaN/Inf makes a
+  // row norm non-finite, and that error checks X first), so its errors before that pass check X here.
+  const bool tq_checks = spec_in.format == Format::TurboQuant && kernel == CpuKernel::Avx2;
+  const float amax_x = tq_checks ? -1.0f : cpu::check_finite(X, T, D, kernel);
+  Layout L;
+  try {
+    validate_spec_fields(spec_in);
+    validate_seq_offsets(seq_offsets, T);
+    qt.spec = spec_in.stored_for(target);
+    L = latentq::layout(qt.spec, D);  // throws for rows a format cannot store
+  } catch (const std::invalid_argument&) {
+    if (tq_checks) (void)cpu::check_finite(X, T, D, kernel);
+    throw;
+  }
   assert(L.block_format == (storage_of(qt.spec.format) == Storage::Block));
   qt.rows = T;
   qt.cols = D;

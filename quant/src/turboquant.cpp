@@ -103,14 +103,13 @@ void store_row_norm(QuantizedTensor& qt, int64_t t, float n) {
 #if LQ_HAVE_AVX2_KERNEL
 // Avx2: eight rows at a time: the eight norms (one sequential chain per lane), then per row x / (n + 1e-8), the
 // butterflies and the codes one Hadamard block's registers at a time; the bytes of the scalar loops below.
-void quantize_tq_avx2(QuantizedTensor& qt, const q::TqCodebook& cb, const float* X, int64_t T, int64_t D, int64_t block,
-                      int64_t rb) {
-  std::vector<float> scratch(static_cast<size_t>(D));
+void quantize_tq_rows8(QuantizedTensor& qt, const q::TqCodebook& cb, const float* X, int64_t T, int64_t D,
+                       int64_t block, int64_t rb, float* scratch) {
   for (int64_t t0 = 0; t0 < T; t0 += 8) {
     const int64_t r = std::min<int64_t>(8, T - t0);
     float n[8], denom[8];
     if (r == 8) {
-      sum_squares_rows8_avx2(X + t0 * D, D, n);
+      sum_squares_rows8_avx2(X + t0 * D, D, n, t0 + 16 <= T ? X + (t0 + 8) * D : nullptr);
       for (float& v : n) v = q::sqrt_rn(v);
     } else {
       for (int64_t k = 0; k < r; ++k) n[k] = q::tq_row_norm(X + (t0 + k) * D, static_cast<int>(D));
@@ -119,8 +118,21 @@ void quantize_tq_avx2(QuantizedTensor& qt, const q::TqCodebook& cb, const float*
       store_row_norm(qt, t0 + k, n[k]);
       denom[k] = q::add_rn(n[k], q::kTqNormEps);
     }
-    tq_encode_rows_avx2(X + t0 * D, r, D, block, denom, cb.midpoint, cb.bits, qt.codes.data() + t0 * rb,
-                        scratch.data());
+    tq_encode_rows_avx2(X + t0 * D, r, D, block, denom, cb.midpoint, cb.bits, qt.codes.data() + t0 * rb, scratch);
+  }
+}
+
+// quantize() leaves X's NaN/Inf check to these rows (their norms): see the catch.
+void quantize_tq_avx2(QuantizedTensor& qt, const q::TqCodebook& cb, const float* X, int64_t T, int64_t D, int64_t block,
+                      int64_t rb) {
+  std::vector<float> scratch(static_cast<size_t>(D));
+  try {
+    quantize_tq_rows8(qt, cb, X, T, D, block, rb, scratch.data());
+  } catch (const std::invalid_argument&) {
+    // quantize() left X's NaN/Inf check to this pass: a NaN/Inf makes its row norm non-finite, whose overflow error
+    // lands here; a NaN/Inf anywhere in X is the error, as check_finite before the pass gave it
+    (void)check_finite(X, T, D, CpuKernel::Avx2);
+    throw;
   }
 }
 
@@ -158,6 +170,7 @@ void quantize_tq(QuantizedTensor& qt, const Layout& L, const QuantizeInput& in) 
   qt.scales.assign(static_cast<size_t>(T * 2), 0);
 #if LQ_HAVE_AVX2_KERNEL
   if (in.kernel == CpuKernel::Avx2 && block % 8 == 0) return quantize_tq_avx2(qt, cb, in.X, T, D, block, rb);
+  if (in.kernel == CpuKernel::Avx2) (void)check_finite(in.X, T, D, in.kernel);  // quantize() left it to the Avx2 rows
 #endif
   std::vector<float> y(static_cast<size_t>(T * D));
   for (int64_t t = 0; t < T; ++t) {

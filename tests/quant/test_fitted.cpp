@@ -322,6 +322,37 @@ TEST(Fitted, EncodeReportsNaNInfAsQuantizeDoes) {
     }
 }
 
+// tq on Avx2 checks NaN/Inf in its norm pass: a row norm beyond fp16 in row 1 and a NaN in row 13 (and an Inf in
+// row 13 alone) still report the NaN/Inf, with quantize()'s count, on every kernel; an overflow alone its own error.
+TEST(Fitted, TurboQuantReportsNaNInfBeforeANormOverflow) {
+  const int64_t T = 16, D = 64;
+  for (const char* spec : {"tq3", "tq4-nc"})
+    for (const float bad : {NAN, INFINITY}) {
+      std::vector<float> x = random_rows(8, T, D);
+      for (int64_t d = 0; d < D; ++d) x[1 * D + d] = 1e5f;  // norm 8e5 > 65504
+      x[13 * D + 5] = bad;
+      std::vector<float> over = x;
+      over[13 * D + 5] = 0.0f;
+      for (CpuKernel k : available_cpu_kernels()) {
+        const ScopedCpuKernel scope(k);
+        const std::string what = std::string(spec) + " kernel " + std::to_string(static_cast<int>(k));
+        try {
+          (void)quantize(QuantSpec::parse(spec), Target::CKV, x.data(), T, D, std::vector<int64_t>{0, T});
+          ADD_FAILURE() << what << ": no error";
+        } catch (const std::invalid_argument& e) {
+          EXPECT_STREQ(e.what(), "1 NaN/Inf values in the [16, 64] input") << what;
+        }
+        try {
+          (void)quantize(QuantSpec::parse(spec), Target::CKV, over.data(), T, D, std::vector<int64_t>{0, T});
+          ADD_FAILURE() << what << ": no error for the overflow";
+        } catch (const std::invalid_argument& e) {
+          EXPECT_NE(std::string(e.what()).find("of token 1 overflows the fp16 storage"), std::string::npos)
+              << what << ": " << e.what();
+        }
+      }
+    }
+}
+
 TEST(Fitted, DecodeRefusesATensorOfAnotherFit) {
   const std::vector<float> a = random_rows(1, 16, 48), b = random_rows(2, 16, 48);
   const std::vector<int64_t> seqs{0, 16};

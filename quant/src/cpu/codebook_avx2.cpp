@@ -199,11 +199,13 @@ __attribute__((LQ_AVX2_TARGET)) void codebook_decode_rows_avx2(const uint8_t* co
   }
 }
 
-__attribute__((LQ_AVX2_TARGET)) void sum_squares_rows8_avx2(const float* X, int64_t D, float* s) {
+__attribute__((LQ_AVX2_TARGET)) void sum_squares_rows8_avx2(const float* X, int64_t D, float* s, const float* next) {
   __m256 acc = _mm256_setzero_ps();
   const int64_t full = D / 8;
   for (int64_t g = 0; g < full; ++g) {
     __m256 r[8];
+    if (next != nullptr)
+      for (int k = 0; k < 8; ++k) _mm_prefetch(reinterpret_cast<const char*>(next + k * D + 8 * g), _MM_HINT_T0);
     for (int k = 0; k < 8; ++k) r[k] = _mm256_loadu_ps(X + k * D + 8 * g);
     transpose8(r);  // r[k]: element 8g + k of the eight rows
     for (int k = 0; k < 8; ++k) acc = _mm256_add_ps(acc, _mm256_mul_ps(r[k], r[k]));

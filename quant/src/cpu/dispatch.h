@@ -143,8 +143,9 @@ __attribute__((LQ_AVX2_TARGET)) bool codebook_encode_rows_avx2(const float* X, i
 __attribute__((LQ_AVX2_TARGET)) void codebook_decode_rows_avx2(const uint8_t* codes, int64_t T, int64_t D, int bits,
                                                                const float* cent, bool per_channel, float* out);
 /// s[k] = Σ_i x_k[i]² over the eight rows x_k = X + k·D, each a sequential float32 chain in element order
-/// (tq_row_norm's and tq_nc_inverse's sums).
-__attribute__((LQ_AVX2_TARGET)) void sum_squares_rows8_avx2(const float* X, int64_t D, float* s);
+/// (tq_row_norm's and tq_nc_inverse's sums); next [8, D]: rows to prefetch meanwhile (X's next eight), or null.
+__attribute__((LQ_AVX2_TARGET)) void sum_squares_rows8_avx2(const float* X, int64_t D, float* s,
+                                                            const float* next = nullptr);
 /// TurboQuant's codes of rows X [T, D] (turboquant.h): y = fwht_rows of x / denom[t] (block a power of two ≥ 8
 /// dividing D), codes of y among the 2^bits − 1 midpoints mid, packed into codes [T, ceil(D·bits/8)]; scratch [D]
 /// (blocks above 64 elements). The same operations as the scalar loops, one block's registers at a time.
