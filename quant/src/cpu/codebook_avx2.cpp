@@ -367,6 +367,7 @@ __attribute__((LQ_AVX2_TARGET)) bool tc_uniform_codes_avx2(const float* x, int64
   uint32_t bad_tail = 0;
   int64_t i = 0;
   for (; i + 8 <= D; i += 8) {
+    if (i % 16 == 0) prefetch_ahead(x + i, kPrefetchBytes);
     const __m256 s = _mm256_loadu_ps(r.scale + i);
     const __m256 xv = _mm256_loadu_ps(x + i);
     bad = _mm256_or_si256(bad, _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(xv), expo), expo));
