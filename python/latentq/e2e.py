@@ -757,7 +757,7 @@ def main(argv=None) -> int:
             extra["generation"] = (record, values, attrs)
         ret_s = None
         if needles is not None:
-            groups, ret_s = e2e_retrieval.retrieval_step(a, runner, needles)
+            groups, ret_s = e2e_retrieval.retrieval_step(a, runner, needles, auto_batch_runs)
             extra.update(groups)
     except (ValueError, OSError) as e:  # non-finite logits, a refused spec, a spill file that cannot be written
         say("e2e", "error", f"{e}; {a.results} is left unchanged")

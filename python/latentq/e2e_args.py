@@ -120,9 +120,13 @@ def parse_args(argv=None, description: str | None = None):
     )
     ap.add_argument(
         "--generation",
-        action="store_true",
+        nargs="?",
+        const="on",
+        choices=("on", "auto"),
         help="also write /generation: free-running greedy continuations of prompts cut from the text under each "
-        "/e2e run's cache against the reference's (latentq.e2e_generation)",
+        "/e2e run's cache against the reference's (latentq.e2e_generation); `--generation auto` (what `latentq "
+        "study` passes unless its config sets generation): a text or model too short for the prompts gives a note "
+        "and no group instead of an error",
     )
     ap.add_argument("--gen-prompts", type=int, default=4, help="prompts of --generation (default 4)")
     ap.add_argument("--gen-prompt-len", type=int, default=64, help="tokens per prompt of --generation (default 64)")

@@ -229,7 +229,8 @@ def prepare(a, model, tokenizer, streamer) -> torch.Tensor | None:
     """The prompts int64 [gen_prompts, gen_prompt_len] on the model's device when --generation is given and the
     model can run it; None (and one note line saying why) for a streamed model or one latentq.e2e_generate cannot
     decode (sparse MLA, hybrid layers). Checked before the step's runs. Raises ValueError naming the flag when
-    prompt + new tokens exceed the model's max_position_embeddings or the text is too short."""
+    prompt + new tokens exceed the model's max_position_embeddings or the text is too short; with
+    ``--generation auto`` those give a note and None instead."""
     if not a.generation:
         return None
     why = "the model runs layer by layer (streamed)" if streamer is not None else unsupported_reason(model)
@@ -237,6 +238,17 @@ def prepare(a, model, tokenizer, streamer) -> torch.Tensor | None:
         say("e2e", "note", f"--generation: no /generation group: {why}")
         return None
     P, N = a.gen_prompt_len, a.gen_new_tokens
+    try:
+        return _prompts(a, model, tokenizer, P, N)
+    except ValueError as e:
+        if a.generation != "auto":
+            raise
+        say("e2e", "note", f"--generation: no /generation group: {e}")
+        return None
+
+
+def _prompts(a, model, tokenizer, P: int, N: int) -> torch.Tensor:
+    """prepare's prompts; raises its ValueErrors."""
     max_pos = getattr(model.config, "max_position_embeddings", None)
     if max_pos is not None and P + N > max_pos:
         raise ValueError(

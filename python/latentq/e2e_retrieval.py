@@ -109,29 +109,35 @@ def _ids(group) -> tuple[torch.Tensor, np.ndarray]:
     return torch.from_numpy(ids.astype(np.int64)), np.stack([s.answer for s in group])
 
 
-def retrieval_rows(latentq, a, model, plan, dims, runs, by_length: dict, batch: int, causal_of, progress=None):
+REF = None  # the reference run in a chunk of runs (latentq.e2e.REF)
+
+
+def retrieval_rows(runner, runs, by_length: dict, batch: int, causal_of, progress=None):
     """The /retrieval rows of `runs` ((quantizer, targets, cache_mode) as the e2e step's) on the samples
     `by_length` (build_samples): per length one forward of the reference and forwards of `batch` runs at a time
-    through latentq.e2e.Runner (the step's hooks), success by latentq.needle.teacher_forced_success.
+    through a latentq.e2e.Runner like `runner` (the step's hooks, its model, plan and dims, on the samples' ids),
+    success by latentq.needle.teacher_forced_success.
     causal_of(run) -> 0/1: the run's scale_causal. progress: a latentq.progress.Progress counted in runs × lengths,
     or None. Raises ValueError as Runner.forward (a refused spec, non-finite logits)."""
-    from latentq.e2e import REF, Runner
     from latentq.e2e_shared import require_finite_logits
+
+    Runner = type(runner)  # latentq.e2e.Runner (not imported: latentq.e2e imports this module)
 
     rows = []
     for L, group in by_length.items():
         ids, answers = _ids(group)
-        ids = ids.to(a.device)
+        ids = ids.to(runner.a.device)
         P = ids.shape[1] - answers.shape[1] + 1
-        runner = Runner(latentq, a, model, ids, plan, dims)
+        on_ids = Runner(runner.latentq, runner.a, runner.model, ids, runner.plan, runner.dims)
+        latentq = runner.latentq
         with torch.no_grad():
-            ref = runner.forward([REF])[0]
+            ref = on_ids.forward([REF])[0]
             require_finite_logits(ref, f"the retrieval reference at context {L}")
             ref_ok = needle.teacher_forced_success(ref.numpy(), answers)
             adapted = [(q, t, retrieval_mode(latentq, m, P)) for q, t, m in runs]
             for i in range(0, len(runs), batch):
                 chunk = adapted[i : i + batch]
-                for run, own, logits in zip(runs[i : i + batch], chunk, runner.forward(chunk)):
+                for run, own, logits in zip(runs[i : i + batch], chunk, on_ids.forward(chunk)):
                     require_finite_logits(logits, f"the retrieval run {run[0]} ({own[2]}) at context {L}")
                     ok = needle.teacher_forced_success(logits.numpy(), answers)
                     rows += _cells(run, causal_of(run), L, group, ok, ref_ok)
@@ -315,11 +321,10 @@ def prepare(a, model, tokenizer, streamer) -> dict | None:
         return None
 
 
-def retrieval_step(a, runner, by_length: dict) -> tuple[dict, float]:
+def retrieval_step(a, runner, by_length: dict, auto_batch_runs) -> tuple[dict, float]:
     """({group: write_groups entry} of /retrieval and /retrieval_summary, seconds) for the /e2e runs of `runner`
-    (its rows' order): the prefill-at-once runs `auto_batch_runs` at a time, the decode-order ones one at a time
-    (as the step batches them)."""
-    from latentq.e2e import auto_batch_runs
+    (its rows' order): the prefill-at-once runs `auto_batch_runs(config, seq_len, num_seqs)` (latentq.e2e's) at a
+    time, the decode-order ones one at a time (as the step batches them)."""
     from latentq.e2e_decode import PREFILL_AT_ONCE
     from latentq.progress import Progress
 
@@ -335,9 +340,8 @@ def retrieval_step(a, runner, by_length: dict) -> tuple[dict, float]:
         for group, batch in ((pre, K), (dec, a.batch_runs or 1)):
             if group:
                 rows += retrieval_rows(
-                    runner.latentq, a, runner.model, runner.plan, runner.dims, group, by_length, batch,
-                    lambda r: causal[(r[0], "+".join(r[1]), r[2])], progress,
-                )  # fmt: skip
+                    runner, group, by_length, batch, lambda r: causal[(r[0], "+".join(r[1]), r[2])], progress
+                )
     order = {r: i for i, r in enumerate(runs)}  # the rows in /e2e's order, then by length and depth
     rows.sort(key=lambda r: (order[(r["quantizer"], tuple(r["targets"].split("+")), r["cache_mode"])],
                              int(r["context_len"]), r["depth"]))  # fmt: skip

@@ -296,6 +296,7 @@ bool run_e2e_step(const StudyConfig& config, const DumpAttrs& attrs, const fs::p
   if (!E.budgets.empty()) argv.insert(argv.end(), {"--budgets", E.budgets});
   if (E.generation.value_or(false)) {
     argv.push_back("--generation");
+    if (E.generation_auto) argv.push_back("auto");
     if (E.gen_prompts > 0) argv.insert(argv.end(), {"--gen-prompts", std::to_string(E.gen_prompts)});
     if (E.gen_prompt_len > 0) argv.insert(argv.end(), {"--gen-prompt-len", std::to_string(E.gen_prompt_len)});
     if (E.gen_new_tokens > 0) argv.insert(argv.end(), {"--gen-new-tokens", std::to_string(E.gen_new_tokens)});

@@ -185,7 +185,10 @@ int cmd_study(const StudyArgs& a, std::ostream& out, std::ostream& err, bool pro
   E.selection = a.e2e;
   E.budgets = a.budgets;
   // Generation and retrieval: on unless the config turns them off (the step notes what it cannot run)
-  if (!E.generation) E.generation = true;
+  if (!E.generation) {
+    E.generation = true;
+    E.generation_auto = true;
+  }
   if (!E.retrieval) E.retrieval = true;
   StepKey e2e_now;
   e2e_now.add("latentq code", d.code);

@@ -331,3 +331,20 @@ def test_cli_bad_generation_flags(tmp_path, capsys, flags, needle):
     print(err)
     assert needle in err and "latentq e2e: error:" in err
     assert _sha(res) == before
+
+
+def test_generation_auto_notes_what_it_cannot_run(tmp_path, capsys):
+    """`--generation auto` (what `latentq study` passes unless its config sets generation): prompts the text cannot
+    hold give one note and no /generation group, and /e2e is written; the same with plain --generation: exit 2."""
+    text = tmp_path / "text.txt"
+    text.write_bytes((b"In the beginning God created the heaven and the earth. " * 20)[:1024])
+    res = tmp_path / "r.h5"
+    _results(res)
+    flags = ["--gen-prompts", "40", "--gen-prompt-len", "64"]
+    argv = _step_args(res, text) + ["--num-seqs", "2", "--quiet", "--cache-modes", "prefill-at-once"]
+    assert e2e_step.main(argv + ["--generation", "auto"] + flags) == 0
+    err = capsys.readouterr().err
+    assert "latentq e2e: note: --generation: no /generation group: --generation prompts (40 x 64)" in err, err
+    with h5py.File(res, "r") as f:
+        assert "e2e" in f and "generation" not in f
+    assert e2e_step.main(argv + ["--generation"] + flags) == 2

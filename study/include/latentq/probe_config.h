@@ -85,6 +85,8 @@ struct E2eSettings {
   // latentq.e2e_retrieval): unset = off for `latentq run`, on for `latentq study` (the step skips them, with a
   // note, for a model it streams or a sparse-MLA / DeepSeek-V4 model).
   std::optional<bool> generation;  ///< --generation
+  bool generation_auto = false;    ///< not a config key: `latentq study` turned it on (--generation auto: no error
+                                   ///< when the text or model cannot hold the prompts, a note)
   int64_t gen_prompts = 0;         ///< prompts cut from the text (--gen-prompts), >= 1; 0 = the script's default
   int64_t gen_prompt_len = 0;      ///< tokens per prompt (--gen-prompt-len), >= 1; 0 = default
   int64_t gen_new_tokens = 0;      ///< greedy tokens per prompt (--gen-new-tokens), >= 1; 0 = default
