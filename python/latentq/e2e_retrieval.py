@@ -277,10 +277,9 @@ def check_args(a) -> str | None:
 
 def text_tokens(text: bytes, tokenizer) -> np.ndarray:
     """The whole scored text as int64 token ids, tokenized as latentq.e2e_shared.load_tokens tokenizes a window."""
-    if tokenizer is None:
-        return np.frombuffer(text, dtype=np.uint8).astype(np.int64)
-    ids = tokenizer(text.decode("utf-8", errors="replace"), add_special_tokens=False)["input_ids"]
-    return np.asarray(ids, dtype=np.int64)
+    from latentq.e2e_shared import text_ids
+
+    return np.asarray(text_ids(text, tokenizer), dtype=np.int64)
 
 
 def prepare(a, model, tokenizer, streamer) -> dict | None:

@@ -35,17 +35,21 @@ def position_rows(stats: TokenStats, width: int) -> list[dict]:
     ]
 
 
+def text_ids(text: bytes, tokenizer) -> list[int]:
+    """The token ids of `text`: its bytes (tokenizer None), or the checkpoint's tokenizer on its UTF-8 decoding
+    (invalid bytes replaced, no special tokens)."""
+    if tokenizer is None:
+        return list(text)
+    return tokenizer(text.decode("utf-8", errors="replace"), add_special_tokens=False)["input_ids"]
+
+
 def load_tokens(
     text: bytes, offset_bytes: int, tokenizer, seq_len: int, num_seqs: int, vocab_size: int
 ) -> torch.Tensor:
     """[num_seqs, seq_len] int64 token windows of text[offset_bytes:]: its bytes, or the checkpoint's
     tokenizer (no special tokens). Raises ValueError when there are too few tokens or an id is
     outside the model's vocabulary."""
-    rest = text[offset_bytes:]
-    if tokenizer is None:
-        ids, what = list(rest), "bytes"
-    else:
-        ids, what = tokenizer(rest.decode("utf-8", errors="replace"), add_special_tokens=False)["input_ids"], "tokens"
+    ids, what = text_ids(text[offset_bytes:], tokenizer), "bytes" if tokenizer is None else "tokens"
     need = seq_len * num_seqs
     if len(ids) < need:
         raise ValueError(

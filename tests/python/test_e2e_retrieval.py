@@ -110,20 +110,6 @@ def test_bad_retrieval_flags_exit_2_before_reading_anything(flags, message, caps
     assert capsys.readouterr().err.strip() == f"latentq e2e: error: {message}"
 
 
-def _results(path):
-    """A results file with bf16 and int2-sym-token studied on c_kv and k_pe (as tests/python/test_e2e.py)."""
-    import h5py
-
-    with h5py.File(path, "w") as f:
-        f.attrs["schema"] = "latentq-results/1"
-        g = f.create_group("latent_error")
-        s = h5py.string_dtype("utf-8")
-        q = ["bf16", "bf16", "int2-sym-token", "int2-sym-token"]
-        g.create_dataset("quantizer", data=np.array(q, dtype=object), dtype=s)
-        g.create_dataset("target", data=np.array(["c_kv", "k_pe"] * 2, dtype=object), dtype=s)
-        g.create_dataset("rel_fro", data=np.array([0.001, 0.001, 0.3, 0.3]))
-
-
 def test_step_writes_retrieval_and_a_rerun_without_it_removes_it(tmp_path):
     """python -m latentq.e2e --retrieval on tiny-mla (the KJV held-out text): one /retrieval row per (run, length,
     depth) in /e2e's order, the summary's counts their sums; the step rerun without --retrieval leaves no
@@ -131,6 +117,7 @@ def test_step_writes_retrieval_and_a_rerun_without_it_removes_it(tmp_path):
     import h5py
 
     from latentq import e2e as e2e_step
+    from test_e2e_generate import _results  # the bf16 / int2-sym-token results file of the step's tests
 
     res = tmp_path / "r.h5"
     _results(res)
