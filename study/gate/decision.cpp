@@ -333,8 +333,30 @@ const GroupSpec& decision_spec() {
        {"retrieval_ci_hi", ColType::F64, "1", "the upper end of the same interval"},
        {"retrieval_ref_accuracy", ColType::F64, "1", "the reference's accuracy on the same samples"},
        {"retrieval_samples", ColType::I64, "", "the needle samples (0 without /retrieval_summary)"},
-       {"retrieval_lost", ColType::I64, "", "samples the reference retrieves and the choice does not"}}};
+       {"retrieval_lost", ColType::I64, "", "samples the reference retrieves and the choice does not"},
+       {"free_running", ColType::Str, "",
+        "the row's generation and retrieval figures as one line ('generation: first divergence at a [lo, hi] of N "
+        "tokens, identical f; retrieval: acc [lo, hi] of n needles (reference r, lost k)'), the line the terminal and "
+        "report.md print under the choice; empty when it has neither"}}};
   return g;
+}
+
+std::string free_running_line(const ColumnTable& t, size_t i) {
+  std::vector<std::string> parts;
+  const auto d = [&](const char* c) { return doubles(t, c)[i]; };
+  if (std::isfinite(d("gen_first_divergence"))) {
+    const bool ci = std::isfinite(d("gen_first_divergence_lo")) && std::isfinite(d("gen_first_divergence_hi"));
+    parts.push_back(fmt::format(
+        "generation: first divergence at {:.3g}{} of {} tokens, identical {:.3f}", d("gen_first_divergence"),
+        ci ? fmt::format(" [{:.3g}, {:.3g}]", d("gen_first_divergence_lo"), d("gen_first_divergence_hi")) : "",
+        t.get<int64_t>("gen_new_tokens")[i], d("gen_identical")));
+  }
+  if (std::isfinite(d("retrieval_accuracy")))
+    parts.push_back(fmt::format("retrieval: {:.3f} [{:.3f}, {:.3f}] of {} needles (reference {:.3f}, lost {})",
+                                d("retrieval_accuracy"), d("retrieval_ci_lo"), d("retrieval_ci_hi"),
+                                t.get<int64_t>("retrieval_samples")[i], d("retrieval_ref_accuracy"),
+                                t.get<int64_t>("retrieval_lost")[i]));
+  return fmt::format("{}", fmt::join(parts, "; "));
 }
 
 namespace {
@@ -375,6 +397,7 @@ void add_free_running(const std::filesystem::path& results, ColumnTable& t) {
     t.get<double>("retrieval_ref_accuracy").push_back(rcol("ref_accuracy"));
     t.get<int64_t>("retrieval_samples").push_back(r == ret_at.end() ? 0 : ret.get<int64_t>("samples")[r->second]);
     t.get<int64_t>("retrieval_lost").push_back(r == ret_at.end() ? 0 : ret.get<int64_t>("lost")[r->second]);
+    t.get<std::string>("free_running").push_back(free_running_line(t, i));
   }
 }
 }  // namespace
@@ -521,27 +544,6 @@ ColumnTable decision_table(const std::filesystem::path& results, const std::vect
   return t;
 }
 
-namespace {
-// "generation: …; retrieval: …" of /decision row i (empty when it has neither, or a file written before them).
-std::string free_running_line(const ColumnTable& t, size_t i) {
-  if (!t.has("gen_first_divergence")) return "";
-  std::vector<std::string> parts;
-  const auto d = [&](const char* c) { return doubles(t, c)[i]; };
-  if (std::isfinite(d("gen_first_divergence"))) {
-    const bool ci = std::isfinite(d("gen_first_divergence_lo")) && std::isfinite(d("gen_first_divergence_hi"));
-    parts.push_back(fmt::format(
-        "generation: first divergence at {:.3g}{} of {} tokens, identical {:.3f}", d("gen_first_divergence"),
-        ci ? fmt::format(" [{:.3g}, {:.3g}]", d("gen_first_divergence_lo"), d("gen_first_divergence_hi")) : "",
-        t.get<int64_t>("gen_new_tokens")[i], d("gen_identical")));
-  }
-  if (std::isfinite(d("retrieval_accuracy")))
-    parts.push_back(fmt::format("retrieval: {:.3f} [{:.3f}, {:.3f}] of {} needles (reference {:.3f}, lost {})",
-                                d("retrieval_accuracy"), d("retrieval_ci_lo"), d("retrieval_ci_hi"),
-                                t.get<int64_t>("retrieval_samples")[i], d("retrieval_ref_accuracy"),
-                                t.get<int64_t>("retrieval_lost")[i]));
-  return fmt::format("{}", fmt::join(parts, "; "));
-}
-}  // namespace
 
 std::string format_decision(const ColumnTable& t) {
   const auto& f = doubles(t, "budget_fraction");
@@ -562,6 +564,8 @@ std::string format_decision(const ColumnTable& t) {
   const std::vector<std::string> verdict =
       t.has("verdict") ? strings(t, "verdict") : std::vector<std::string>(q.size());
   const auto& ru_p999 = t.has("runner_up_p999") ? doubles(t, "runner_up_p999") : none;
+  const std::vector<std::string> free_running =
+      t.has("free_running") ? strings(t, "free_running") : std::vector<std::string>(q.size());
   std::string out = "decision (bytes: whole model, c_kv + k_pe, metadata included, per token):\n";
   for (size_t i = 0; i < t.num_rows(); ++i) {
     if (i == 0 || f[i] != f[i - 1])
@@ -587,7 +591,7 @@ std::string format_decision(const ColumnTable& t) {
                                     : std::string();
       out += fmt::format("  {:<8} {}{}\n", choice[i] == "plan" ? "vs uniform" : "vs next", verdict[i], tails);
     }
-    if (const std::string fr = free_running_line(t, i); !fr.empty()) out += fmt::format("  {:<8} {}\n", "", fr);
+    if (!free_running[i].empty()) out += fmt::format("  {:<8} {}\n", "", free_running[i]);
   }
   const bool e2e = std::any_of(src.begin(), src.end(), [](const std::string& s) { return s.ends_with("e2e"); });
   if (t.num_rows() > 0)

@@ -304,10 +304,10 @@ TEST(Decision, TheLineShowsTheIntervalAndTheTail) {
   const double nan = std::numeric_limits<double>::quiet_NaN();
   add_row(t, {0.25, 288.0, std::string("uniform"), std::string("tc3"), 216.0, 0.01927, 0.9497, 0.02554,
               std::string("e2e"), nan, std::string(""), std::string("kl"), 0.0171, 0.0215, 0.2104, std::string(""), nan, nan,
-              nan, nan, nan, std::string(""), std::string(""), nan, nan, nan, nan, int64_t{0}, nan, nan, nan, nan, int64_t{0}, int64_t{0}});
+              nan, nan, nan, std::string(""), std::string(""), nan, nan, nan, nan, int64_t{0}, nan, nan, nan, nan, int64_t{0}, int64_t{0}, std::string()});
   add_row(t, {0.25, 288.0, std::string("engine"), std::string("q4_0"), 324.0, 0.0674, 0.897, 0.25, std::string("e2e"),
               nan, std::string("llama.cpp --cache-type-k q4_0"), std::string("kl"), nan, nan, nan, std::string(""), nan,
-              nan, nan, nan, nan, std::string(""), std::string(""), nan, nan, nan, nan, int64_t{0}, nan, nan, nan, nan, int64_t{0}, int64_t{0}});
+              nan, nan, nan, nan, std::string(""), std::string(""), nan, nan, nan, nan, int64_t{0}, nan, nan, nan, nan, int64_t{0}, int64_t{0}, std::string()});
   const std::string out = format_decision(t);
   EXPECT_NE(out.find("uniform  tc3 at 216 B/token: KL 0.01927 [0.0171, 0.0215], p99.9 0.2104, top-1 0.9497, dppl "
                      "+0.02554 (e2e)"),
@@ -374,7 +374,12 @@ TEST(Decision, TheVerdictLineShowsBothTails) {
               std::string("had,int4-asym-token"), 0.0172, 0.2210, 0.0022, 0.0012, 0.0031,
               std::string("int4-asym-token beats had,int4-asym-token: ΔKL = 0.0022 [0.0012, 0.0031]"),
               std::string("int4-asym-token"), 21.25, 17.5, 25.0, 0.6875, int64_t{32}, 0.8, 0.548, 0.930, 1.0, int64_t{15},
-              int64_t{3}});
+              int64_t{3}, std::string()});
+  const std::string line = free_running_line(t, 0);
+  EXPECT_EQ(line,
+            "generation: first divergence at 21.2 [17.5, 25] of 32 tokens, identical 0.688; "
+            "retrieval: 0.800 [0.548, 0.930] of 15 needles (reference 1.000, lost 3)");
+  t.get<std::string>("free_running")[0] = line;  // as decision_table stores it
   const std::string out = format_decision(t);
   EXPECT_NE(out.find("uniform  int4-asym-token at 216 B/token: KL 0.015 [0.014, 0.0161], p99.9 1.873, top-1 0.9500"),
             std::string::npos)

@@ -713,29 +713,16 @@ def decision_lines(d):
 
 
 def _free_running_lines(d):
-    """Per decision row, its free-running generation (/generation) and retrieval (/retrieval_summary) figures as
-    /decision joins them (latentq/decision.h); [] when no row has them."""
-    if "gen_first_divergence" not in d.columns:
+    """Per decision row, its free-running generation (/generation) and retrieval (/retrieval_summary) line, the
+    /decision column ``free_running`` that ``latentq decide`` prints (latentq/decision.h free_running_line); [] when
+    no row has one."""
+    if "free_running" not in d.columns:
         return []
-    out = []
-    for r in d.itertuples(index=False):
-        parts = []
-        if math.isfinite(r.gen_first_divergence):
-            ci = ""
-            if math.isfinite(r.gen_first_divergence_lo) and math.isfinite(r.gen_first_divergence_hi):
-                ci = f" [{r.gen_first_divergence_lo:.3g}, {r.gen_first_divergence_hi:.3g}]"
-            parts.append(
-                f"generation: first divergence at {r.gen_first_divergence:.3g}{ci} of {r.gen_new_tokens} tokens, "
-                f"identical {r.gen_identical:.3f}"
-            )
-        if math.isfinite(r.retrieval_accuracy):
-            parts.append(
-                f"retrieval: {r.retrieval_accuracy:.3f} [{r.retrieval_ci_lo:.3f}, {r.retrieval_ci_hi:.3f}] of "
-                f"{r.retrieval_samples} needles (reference {r.retrieval_ref_accuracy:.3f}, lost {r.retrieval_lost})"
-            )
-        if parts:
-            out.append(f"- {r.budget_bytes:.6g} ({_fraction_label(r.budget_fraction)}) {r.choice} `{r.quantizer}`: "
-                       + "; ".join(parts))  # fmt: skip
+    out = [
+        f"- {r.budget_bytes:.6g} ({_fraction_label(r.budget_fraction)}) {r.choice} `{r.quantizer}`: {r.free_running}"
+        for r in d.itertuples(index=False)
+        if r.free_running
+    ]
     if not out:
         return []
     note = (

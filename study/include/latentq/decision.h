@@ -80,6 +80,11 @@ PairedKl paired_kl_difference(const std::vector<double>& kl_sum_a, const std::ve
 std::string paired_verdict(const std::string& best, const std::string& runner_up, double best_bytes,
                            double runner_up_bytes, const PairedKl& p, const std::string& source);
 
+/// /decision row i's free_running line from its gen_* and retrieval_* columns: "generation: first divergence at a
+/// [lo, hi] of N tokens, identical f" and/or "retrieval: acc [lo, hi] of n needles (reference r, lost k)", joined
+/// by "; "; empty when both are NaN. The terminal and report.md print the stored column, not a copy of this.
+std::string free_running_line(const ColumnTable& decision, size_t i);
+
 /// The terminal form: one block per budget ("at N B/token (1/8 of bf16): use X ..."), then the objective
 /// and the metric's source in words.
 std::string format_decision(const ColumnTable& decision);
