@@ -373,8 +373,9 @@ class Plan:
         return runs
 
 
-def load_inputs(a, plan: Plan):
-    """(model on --device, its tokenizer or None, ids [num_seqs, seq_len] on the device, MLA dims, the
+def load_inputs(a, plan: Plan, text: bytes):
+    """From the scored text (latentq.e2e_shared.read_text's bytes): (model on --device, its tokenizer or None,
+    ids [num_seqs, seq_len] on the device, MLA dims, the
     model's MLA layers, the LayerStreamer or None); plan.layers defaults to the MLA layers. Streaming
     (--stream, decided by latentq.model.stream_plan as the dump decides it): the model is the
     streamer's meta model, nothing loaded yet. Raises ValueError (no CUDA, unreadable --text, no
@@ -382,7 +383,6 @@ def load_inputs(a, plan: Plan):
     layers the model lacks), OSError, RuntimeError."""
     if why_not := device_error(a.device):
         raise ValueError(why_not)
-    text = read_text(a)
     if not os.path.isfile(os.path.join(a.model, "config.json")):
         raise ValueError(f"--model {a.model}: no config.json (expected a tiny-mla or HF MLA checkpoint directory)")
     from latentq.stream import CheckpointError, LayerStreamer
@@ -696,9 +696,10 @@ def main(argv=None) -> int:
         return 2
     try:
         plan = Plan(a, latentq)
-        model, tokenizer, ids, dims, model_layers, streamer = load_inputs(a, plan)
-        prompts = e2e_generation.prepare(a, model, tokenizer, streamer)  # None: no --generation, or a note
-        needles = e2e_retrieval.prepare(a, model, tokenizer, streamer)  # None: no --retrieval, or a note
+        text = read_text(a)  # read once: the scored windows, the prompts and the needles are cut from it
+        model, tokenizer, ids, dims, model_layers, streamer = load_inputs(a, plan, text)
+        prompts = e2e_generation.prepare(a, text, model, tokenizer, streamer)  # None: no --generation, or a note
+        needles = e2e_retrieval.prepare(a, text, model, tokenizer, streamer)  # None: no --retrieval, or a note
     except (ValueError, OSError, RuntimeError) as e:
         say("e2e", "error", str(e))
         return 2

@@ -32,7 +32,7 @@ import torch
 
 from latentq.e2e_decode import cache_bytes_per_token
 from latentq.e2e_generate import CacheRun, greedy_continue, unsupported_reason
-from latentq.e2e_shared import load_tokens, read_text
+from latentq.e2e_shared import load_tokens
 from latentq.e2e_stats import RESAMPLES, SEED, _bounds, bootstrap_counts
 from latentq.progress import say
 from latentq.result_groups import Column
@@ -225,8 +225,9 @@ def generation_group(
     return GENERATION_COLUMNS, values, attrs, seconds
 
 
-def prepare(a, model, tokenizer, streamer) -> torch.Tensor | None:
-    """The prompts int64 [gen_prompts, gen_prompt_len] on the model's device when --generation is given and the
+def prepare(a, text: bytes, model, tokenizer, streamer) -> torch.Tensor | None:
+    """From the scored text (bytes, as read by latentq.e2e_shared.read_text): the prompts int64
+    [gen_prompts, gen_prompt_len] on the model's device when --generation is given and the
     model can run it; None (and one note line saying why) for a streamed model or one latentq.e2e_generate cannot
     decode (sparse MLA, hybrid layers). Checked before the step's runs. Raises ValueError naming the flag when
     prompt + new tokens exceed the model's max_position_embeddings or the text is too short; with
@@ -239,7 +240,7 @@ def prepare(a, model, tokenizer, streamer) -> torch.Tensor | None:
         return None
     P, N = a.gen_prompt_len, a.gen_new_tokens
     try:
-        return _prompts(a, model, tokenizer, P, N)
+        return _prompts(a, text, model, tokenizer, P, N)
     except ValueError as e:
         if a.generation != "auto":
             raise
@@ -247,7 +248,7 @@ def prepare(a, model, tokenizer, streamer) -> torch.Tensor | None:
         return None
 
 
-def _prompts(a, model, tokenizer, P: int, N: int) -> torch.Tensor:
+def _prompts(a, text: bytes, model, tokenizer, P: int, N: int) -> torch.Tensor:
     """prepare's prompts; raises its ValueErrors."""
     max_pos = getattr(model.config, "max_position_embeddings", None)
     if max_pos is not None and P + N > max_pos:
@@ -256,7 +257,7 @@ def _prompts(a, model, tokenizer, P: int, N: int) -> torch.Tensor:
         )
     vocab = getattr(model.config, "vocab_size", None) or model.get_output_embeddings().weight.shape[0]
     try:
-        ids = load_tokens(read_text(a), a.offset_bytes, tokenizer, P, a.gen_prompts, vocab)
+        ids = load_tokens(text, a.offset_bytes, tokenizer, P, a.gen_prompts, vocab)
     except ValueError as e:
         raise ValueError(f"--generation prompts ({a.gen_prompts} x {P}): {e}") from None
     return ids.to(next(model.parameters()).device)

@@ -282,8 +282,9 @@ def text_tokens(text: bytes, tokenizer) -> np.ndarray:
     return np.asarray(text_ids(text, tokenizer), dtype=np.int64)
 
 
-def prepare(a, model, tokenizer, streamer) -> dict | None:
-    """The needle samples by context length (build_samples) when --retrieval is given and the model can run it;
+def prepare(a, text: bytes, model, tokenizer, streamer) -> dict | None:
+    """From the scored text (bytes, as read by latentq.e2e_shared.read_text): the needle samples by context
+    length (build_samples) when --retrieval is given and the model can run it;
     None (and one note line saying why) for a streamed model, one the step cannot inject into token by token
     (latentq.e2e_generate.unsupported_reason: sparse MLA, hybrid layers) or a text that cannot give the samples
     (shorter than a context and two needles, or no needle whose cue is unique in its context: needle_samples'
@@ -291,13 +292,12 @@ def prepare(a, model, tokenizer, streamer) -> dict | None:
     if not a.retrieval:
         return None
     from latentq.e2e_generate import unsupported_reason
-    from latentq.e2e_shared import read_text
 
     why = "the model runs layer by layer (streamed)" if streamer is not None else unsupported_reason(model)
     if why is not None:
         say("e2e", "note", f"--retrieval: no /retrieval group: {why}")
         return None
-    tokens = text_tokens(read_text(a), tokenizer)
+    tokens = text_tokens(text, tokenizer)
     max_pos = getattr(model.config, "max_position_embeddings", None)
     lengths = a.needle_lengths
     if lengths is None:  # the defaults the model and the text hold (a length given by flag that does not fit: error)
