@@ -101,24 +101,28 @@ void store_row_norm(QuantizedTensor& qt, int64_t t, float n) {
 }
 
 #if LQ_HAVE_AVX2_KERNEL
-// Avx2: eight rows at a time: the eight norms (one sequential chain per lane), then per row x / (n + 1e-8), the
-// butterflies and the codes one Hadamard block's registers at a time; the bytes of the scalar loops below.
-void quantize_tq_rows8(QuantizedTensor& qt, const q::TqCodebook& cb, const float* X, int64_t T, int64_t D,
-                       int64_t block, int64_t rb, float* scratch) {
-  for (int64_t t0 = 0; t0 < T; t0 += 8) {
-    const int64_t r = std::min<int64_t>(8, T - t0);
-    float n[8], denom[8];
-    if (r == 8) {
-      sum_squares_rows8_avx2(X + t0 * D, D, n, t0 + 16 <= T ? X + (t0 + 8) * D : nullptr);
-      for (float& v : n) v = q::sqrt_rn(v);
-    } else {
-      for (int64_t k = 0; k < r; ++k) n[k] = q::tq_row_norm(X + (t0 + k) * D, static_cast<int>(D));
-    }
+// Avx2: sixteen rows at a time: the norms (one sequential chain per row, sixteen rows in two interleaved chains of
+// eight lanes), then per row x / (n + 1e-8), the butterflies and the codes one Hadamard block's registers at a time;
+// the bytes of the scalar loops below. A row norm beyond fp16 is reported for the first such row, as they do.
+void quantize_tq_rows16(QuantizedTensor& qt, const q::TqCodebook& cb, const float* X, int64_t T, int64_t D,
+                        int64_t block, int64_t rb, float* scratch) {
+  for (int64_t t0 = 0; t0 < T; t0 += 16) {
+    const int64_t r = std::min<int64_t>(16, T - t0);
+    float n[16], denom[16];
+    const int64_t summed = r == 16 ? 16 : r / 8 * 8;  // rows whose Σx² the vector passes give
+    if (r == 16)
+      sum_squares_rows16_avx2(X + t0 * D, D, n, nullptr);  // the code pass of the rows before prefetched these
+    else if (r >= 8)
+      sum_squares_rows8_avx2(X + t0 * D, D, n);
+    for (int64_t k = 0; k < summed; ++k) n[k] = q::sqrt_rn(n[k]);
+    for (int64_t k = summed; k < r; ++k) n[k] = q::tq_row_norm(X + (t0 + k) * D, static_cast<int>(D));
     for (int64_t k = 0; k < r; ++k) {
       store_row_norm(qt, t0 + k, n[k]);
       denom[k] = q::add_rn(n[k], q::kTqNormEps);
     }
-    tq_encode_rows_avx2(X + t0 * D, r, D, block, denom, cb.midpoint, cb.bits, qt.codes.data() + t0 * rb, scratch);
+    const float* next = r == 16 && t0 + 32 <= T ? X + (t0 + 16) * D : nullptr;
+    tq_encode_rows_avx2(X + t0 * D, r, D, block, denom, cb.midpoint, cb.bits, qt.codes.data() + t0 * rb, scratch,
+                        next);
   }
 }
 
@@ -127,7 +131,7 @@ void quantize_tq_avx2(QuantizedTensor& qt, const q::TqCodebook& cb, const float*
                       int64_t rb) {
   std::vector<float> scratch(static_cast<size_t>(D));
   try {
-    quantize_tq_rows8(qt, cb, X, T, D, block, rb, scratch.data());
+    quantize_tq_rows16(qt, cb, X, T, D, block, rb, scratch.data());
   } catch (const std::invalid_argument&) {
     // quantize() left X's NaN/Inf check to this pass: a NaN/Inf makes its row norm non-finite, whose overflow error
     // lands here; a NaN/Inf anywhere in X is the error, as check_finite before the pass gave it

@@ -17,6 +17,7 @@
 
 #include "latentq/fitted.h"
 #include "latentq/quantize.h"
+#include "latentq/turboquant.h"
 
 namespace {
 using namespace latentq;
@@ -320,6 +321,46 @@ TEST(Fitted, EncodeReportsNaNInfAsQuantizeDoes) {
             std::invalid_argument);
       }
     }
+}
+
+// tq at D = 576 (Hadamard blocks of 64: y = (x / (n + 1e-8)) · 1/8 where a block holds one non-zero x): rows whose
+// rotated coordinates land on every midpoint m_j of the codebook and within 8 ulps either side (x_0 = a stepped
+// ulp by ulp around 8·m_j, x_64 = √(1 − 64·m_j²)), 16 rows at a time on Avx2 (the codes by a binary search over the
+// midpoints, packed eight groups at once). Every kernel gives the reference's bytes, and a coordinate on m_j codes
+// as j + 1 (a tie goes up).
+TEST(Fitted, TurboQuantCoordinatesOnTheMidpointsGiveTheReferenceBytes) {
+  const int64_t D = 576;
+  for (const char* spec : {"tq2", "tq3", "tq4-nc"}) {
+    const QuantSpec s = QuantSpec::parse(spec);
+    const qmath::TqCodebook& cb = tq_codebook(D, s.bits);
+    std::vector<float> x;
+    std::vector<float> y0;  // the rotated coordinate of block 0 of each row, as the scalar math gives it
+    for (int j = 0; j + 1 < cb.levels; ++j) {
+      float a = 8.0f * cb.midpoint[j];
+      const float b = std::sqrt(1.0f - a * a);
+      for (int k = 0; k < 8; ++k) a = std::nextafter(a, -INFINITY);
+      for (int k = 0; k <= 16; ++k, a = std::nextafter(a, INFINITY)) {
+        std::vector<float> row(static_cast<size_t>(D), 0.0f);
+        row[0] = a;
+        row[64] = b;
+        y0.push_back(qmath::mul_rn(qmath::tq_unit(a, qmath::tq_row_norm(row.data(), static_cast<int>(D))), 0.125f));
+        x.insert(x.end(), row.begin(), row.end());
+      }
+    }
+    const int64_t T = static_cast<int64_t>(y0.size());
+    const Coded ref = code(CpuKernel::Reference, spec, x, T, D);
+    ASSERT_TRUE(ref.q.has_value()) << spec << ": " << ref.error;
+    int ties = 0;
+    for (int64_t t = 0; t < T; ++t)
+      for (int j = 0; j + 1 < cb.levels; ++j)
+        if (y0[t] == cb.midpoint[j]) {
+          // code 0 of the row: the low s.bits bits of its first byte
+          EXPECT_EQ(ref.q->codes[t * ref.q->row_bytes()] & ((1 << s.bits) - 1), j + 1) << spec << " row " << t;
+          ++ties;
+        }
+    EXPECT_GE(ties, cb.levels / 2) << spec << ": too few coordinates on a midpoint to test the ties";
+    for (CpuKernel k : fast_kernels()) expect_same(ref, code(k, spec, x, T, D), std::string(spec) + " on midpoints");
+  }
 }
 
 // tq on Avx2 checks NaN/Inf in its norm pass: a row norm beyond fp16 in row 1 and a NaN in row 13 (and an Inf in

@@ -1,7 +1,8 @@
 // quant/src/cpu/codebook_avx2.cpp — CpuKernel::Avx2's rows of the codebook families: the Lloyd-Max codes
 // (lloyd_max.h), TurboQuant's norm, rotation and codes (turboquant.h) and transform coding's uniform codes
 // (transform_coding.h), eight elements at a time. Every value is the scalar element math's: a code is the
-// count of midpoints m ≤ x (vcmpps GE, the scalar `y >= mid[j]`), packed LSB-first as codebook.h packs it;
+// count of midpoints m ≤ x (vcmpps GE, the scalar `y >= mid[j]`; TurboQuant's sorted midpoints by a binary search
+// of the same compares), packed LSB-first as codebook.h packs it;
 // decoded values are table reads; the float operations are the scalar ones lane by lane (IEEE +, −, ×, /,
 // sqrt rounded once each, no FMA), in the scalar order: a row's Σx² is one sequential chain per row, so eight
 // rows run in the eight lanes (an 8×8 transpose) rather than eight partial sums of one row; tc-lm's codes, whose
@@ -217,6 +218,46 @@ __attribute__((LQ_AVX2_TARGET)) void sum_squares_rows8_avx2(const float* X, int6
 
 namespace {
 
+// Elements 8g .. 8g + 7 of the eight rows x_k = X + k·D as columns: r[j] lane k = x_k[8g + j]. The halves come in
+// by vinsertf128 from memory (rows k and k + 4 in one register), so that the transpose is the 4×4 shuffles of each
+// half: 16 shuffles rather than transpose8's 24.
+LQ_AVX2_AI void load_columns8(const float* X, int64_t D, int64_t g, __m256 r[8]) {
+  for (int k = 0; k < 4; ++k)
+    for (int h = 0; h < 2; ++h)
+      r[4 * h + k] = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_loadu_ps(X + k * D + 8 * g + 4 * h)),
+                                          _mm_loadu_ps(X + (k + 4) * D + 8 * g + 4 * h), 1);
+  for (int h = 0; h < 2; ++h) {
+    __m256* t = r + 4 * h;
+    const __m256 a = _mm256_unpacklo_ps(t[0], t[1]), b = _mm256_unpackhi_ps(t[0], t[1]);
+    const __m256 c = _mm256_unpacklo_ps(t[2], t[3]), d = _mm256_unpackhi_ps(t[2], t[3]);
+    t[0] = _mm256_shuffle_ps(a, c, _MM_SHUFFLE(1, 0, 1, 0));
+    t[1] = _mm256_shuffle_ps(a, c, _MM_SHUFFLE(3, 2, 3, 2));
+    t[2] = _mm256_shuffle_ps(b, d, _MM_SHUFFLE(1, 0, 1, 0));
+    t[3] = _mm256_shuffle_ps(b, d, _MM_SHUFFLE(3, 2, 3, 2));
+  }
+}
+
+}  // namespace
+
+__attribute__((LQ_AVX2_TARGET)) void sum_squares_rows16_avx2(const float* X, int64_t D, float* s, const float* next) {
+  __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+  const int64_t full = D / 8;
+  for (int64_t g = 0; g < full; ++g) {
+    __m256 r[2][8];
+    if (next != nullptr && g % 2 == 0)
+      for (int k = 0; k < 16; ++k) _mm_prefetch(reinterpret_cast<const char*>(next + k * D + 8 * g), _MM_HINT_T0);
+    for (int h = 0; h < 2; ++h) load_columns8(X + 8 * h * D, D, g, r[h]);
+    for (int k = 0; k < 8; ++k)  // two independent chains (rows 0..7 and 8..15) interleaved: half the latency
+      for (int h = 0; h < 2; ++h) acc[h] = _mm256_add_ps(acc[h], _mm256_mul_ps(r[h][k], r[h][k]));
+  }
+  _mm256_storeu_ps(s, acc[0]);
+  _mm256_storeu_ps(s + 8, acc[1]);
+  for (int k = 0; k < 16; ++k)
+    for (int64_t i = 8 * full; i < D; ++i) s[k] = q::add_rn(s[k], q::mul_rn(X[k * D + i], X[k * D + i]));
+}
+
+namespace {
+
 // The butterflies of stages h = 1, 2, 4 inside one vector: lane i takes a + c (bit h of i clear: a = its value,
 // c = the partner's) or a − c (set: a = the partner's, c = its value); the same exact a ± c as fwht_rows.
 LQ_AVX2_AI __m256 fwht8(__m256 v) {
@@ -260,23 +301,107 @@ LQ_AVX2_AI __m256 pre_scale(__m256 v, __m256 p1, __m256 p2, int npre, bool div) 
   return npre == 2 ? _mm256_mul_ps(v, p2) : v;
 }
 
-// The outputs of rotate_row: the codes of group g (CodeOut), or the rotated floats (StoreOut).
+// The count of the 2^BITS − 1 midpoints m ≤ y in each lane (codebook_index), compared one by one (vcmpps GE).
+template <int BITS>
+LQ_AVX2_AI __m256i count_mid(__m256 y, const __m256* mid) {
+  __m256i cnt = _mm256_setzero_si256();
+  for (int j = 0; j < (1 << BITS) - 1; ++j)
+    cnt = _mm256_sub_epi32(cnt, _mm256_castps_si256(_mm256_cmp_ps(y, mid[j], _CMP_GE_OQ)));
+  return cnt;
+}
+
+// The same count by a binary search, BITS compares, for midpoints in non-decreasing order (then the midpoints ≤ y
+// are a prefix, and its length is the code, MSB first: c += 2^s where y ≥ m[c + 2^s − 1]); a NaN y fails every
+// compare and gets 0, as it does counted. step[s] holds m[k·2^(s+1) + 2^s − 1] in lane k (vpermps on the code's
+// bits above s).
+template <int BITS>
+LQ_AVX2_AI __m256i search_mid(__m256 y, const __m256* step) {
+  __m256i c = _mm256_castps_si256(_mm256_cmp_ps(y, step[BITS - 1], _CMP_GE_OQ));  // −1 where the top bit is set
+  c = _mm256_sub_epi32(_mm256_setzero_si256(), c);
+  for (int s = BITS - 2; s >= 0; --s) {
+    const __m256 m = _mm256_permutevar8x32_ps(step[s], c);
+    c = _mm256_sub_epi32(_mm256_add_epi32(c, c), _mm256_castps_si256(_mm256_cmp_ps(y, m, _CMP_GE_OQ)));
+  }
+  return c;
+}
+
+// The 64 codes c[8] (int32 lanes, < 16) of eight groups packed LSB-first, BITS 2..4, into out[8·BITS]: the codes
+// as bytes (vpackssdw, vpackuswb, vpermd), then neighbours merged by multiply-adds (pmaddubsw, pmaddwd: the fields
+// are disjoint, so the sums are the ORs) — rather than a horizontal OR of each group's eight lanes.
+template <int BITS>
+LQ_AVX2_AI void pack_codes64(const __m256i* c, uint8_t* out) {
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  __m256i e[2];  // codes 0..31, 32..63, a byte each
+  for (int h = 0; h < 2; ++h)
+    e[h] = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(_mm256_packs_epi32(c[4 * h], c[4 * h + 1]),
+                                                           _mm256_packs_epi32(c[4 * h + 2], c[4 * h + 3])),
+                                       order);
+  if constexpr (BITS == 4) {  // byte pairs: lo + 16·hi
+    const __m256i f = _mm256_set1_epi16(0x1001);
+    const __m256i b = _mm256_packus_epi16(_mm256_maddubs_epi16(e[0], f), _mm256_maddubs_epi16(e[1], f));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm256_permute4x64_epi64(b, 0xD8));
+  } else if constexpr (BITS == 2) {  // four codes a byte: (c0 + 4·c1) + 16·(c2 + 4·c3)
+    __m256i w[2];
+    for (int h = 0; h < 2; ++h)
+      w[h] = _mm256_madd_epi16(_mm256_maddubs_epi16(e[h], _mm256_set1_epi16(0x0401)), _mm256_set1_epi32(0x00100001));
+    const __m256i p = _mm256_packus_epi16(_mm256_packs_epi32(w[0], w[1]), _mm256_setzero_si256());
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out),
+                     _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 0, 0, 0, 0))));
+  } else {  // eight codes, 24 bits, in the low bytes of each 64-bit lane; two lanes merged into 48 bits
+    __m128i q[2];
+    for (int h = 0; h < 2; ++h) {
+      // c0 + 8·c1, then four codes (12 bits), then a group's eight (24 bits), then two groups (48 bits)
+      __m256i w = _mm256_maddubs_epi16(e[h], _mm256_set1_epi16(0x0801));
+      w = _mm256_madd_epi16(w, _mm256_set1_epi32(0x00400001));
+      w = _mm256_and_si256(_mm256_or_si256(w, _mm256_srli_epi64(w, 20)), _mm256_set1_epi64x(0xFFFFFF));
+      w = _mm256_or_si256(w, _mm256_slli_epi64(_mm256_bsrli_epi128(w, 8), 24));
+      w = _mm256_permute4x64_epi64(w, 0x08);  // groups 4h .. 4h + 3 in the low 128 bits
+      q[h] = _mm_shuffle_epi8(_mm256_castsi256_si128(w),
+                              _mm_setr_epi8(0, 1, 2, 3, 4, 5, 8, 9, 10, 11, 12, 13, -1, -1, -1, -1));
+    }
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out), q[0]);  // bytes 12..15 are rewritten below
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(out + 12), q[1]);
+    const uint32_t tail = static_cast<uint32_t>(_mm_extract_epi32(q[1], 2));
+    std::memcpy(out + 20, &tail, 4);
+  }
+}
+
+// The outputs of rotate_row: the codes of group g (CodeOut), or the rotated floats (StoreOut); block8 takes the
+// eight groups of a 64-element block at once.
 template <int BITS>
 struct CodeOut {
   const __m256* mid;
+  const __m256* step;  // search_mid's tables, or null: the midpoints are not sorted (count them)
   __m256i shifts;
   uint8_t* row;
+  const float* next;  // a row of the next rows, to prefetch a block's four lines of (into L2), or null
+  LQ_AVX2_AI __m256i code(__m256 y) const {
+    if constexpr (BITS >= 3)
+      if (step != nullptr) return search_mid<BITS>(y, step);
+    return count_mid<BITS>(y, mid);
+  }
   LQ_AVX2_AI void operator()(int64_t g, __m256 y) const {
-    __m256i cnt = _mm256_setzero_si256();
-    for (int j = 0; j < (1 << BITS) - 1; ++j)
-      cnt = _mm256_sub_epi32(cnt, _mm256_castps_si256(_mm256_cmp_ps(y, mid[j], _CMP_GE_OQ)));
-    const uint32_t word = or_lanes(_mm256_sllv_epi32(cnt, shifts));
+    const uint32_t word = or_lanes(_mm256_sllv_epi32(code(y), shifts));
     std::memcpy(row + g * BITS, &word, BITS);
+  }
+  LQ_AVX2_AI void block8(int64_t g0, const __m256* y) const {
+    if (next != nullptr)
+      for (int k = 0; k < 4; ++k) _mm_prefetch(reinterpret_cast<const char*>(next + 8 * g0 + 16 * k), _MM_HINT_T1);
+    if constexpr (BITS == 1) {
+      for (int k = 0; k < 8; ++k) (*this)(g0 + k, y[k]);
+    } else {
+      __m256i c[8];
+      for (int k = 0; k < 8; ++k) c[k] = code(y[k]);
+      pack_codes64<BITS>(c, row + g0 * BITS);
+    }
   }
 };
 struct StoreOut {
   float* x;
   LQ_AVX2_AI void operator()(int64_t g, __m256 y) const { _mm256_storeu_ps(x + 8 * g, y); }
+  LQ_AVX2_AI void block8(int64_t g0, const __m256* y) const {
+    for (int k = 0; k < 8; ++k) (*this)(g0 + k, y[k]);
+  }
 };
 
 // y = H·(x · pre1 · pre2) per block (pre2 = 1: one multiply) — x / a when div — the sub-blocks of ≤ 64 elements
@@ -290,7 +415,11 @@ LQ_AVX2_AI void rotate_row(const float* x, int64_t D, int64_t block, float* scra
       __m256 v[NB];
       for (int k = 0; k < NB; ++k) v[k] = pre_scale(_mm256_loadu_ps(x + b0 + 8 * k), pre1, pre2, npre, div);
       fwht_regs<NB>(v);
-      for (int k = 0; k < NB; ++k) out(b0 / 8 + k, _mm256_mul_ps(v[k], norm));
+      for (int k = 0; k < NB; ++k) v[k] = _mm256_mul_ps(v[k], norm);
+      if constexpr (NB == 8)
+        out.block8(b0 / 8, v);
+      else
+        for (int k = 0; k < NB; ++k) out(b0 / 8 + k, v[k]);
     }
     return;
   }
@@ -307,14 +436,21 @@ LQ_AVX2_AI void rotate_row(const float* x, int64_t D, int64_t block, float* scra
 template <int BITS>
 __attribute__((LQ_AVX2_TARGET)) void tq_encode_rows(const float* X, int64_t T, int64_t D, int64_t block,
                                                     const float* denom, const float* mid, uint8_t* codes,
-                                                    float* scratch) {
+                                                    float* scratch, const float* next) {
   constexpr int kMid = (1 << BITS) - 1;
   const int64_t rb = (D * BITS + 7) / 8;
   const __m256i shifts = code_shifts(BITS);
-  __m256 m[kMid];
+  __m256 m[kMid], step[BITS];
   for (int j = 0; j < kMid; ++j) m[j] = _mm256_set1_ps(mid[j]);
+  for (int s = 0; s < BITS; ++s) {  // search_mid's tables: lane k of step[s] = mid[k·2^(s+1) + 2^s − 1]
+    float lanes[8] = {};
+    for (int k = 0; k < 8 && k * (2 << s) + (1 << s) - 1 < kMid; ++k) lanes[k] = mid[k * (2 << s) + (1 << s) - 1];
+    step[s] = _mm256_loadu_ps(lanes);
+  }
+  step[BITS - 1] = _mm256_set1_ps(mid[(1 << (BITS - 1)) - 1]);  // the first compare: every lane
+  const bool sorted = std::is_sorted(mid, mid + kMid);
   for (int64_t t = 0; t < T; ++t) {
-    const CodeOut<BITS> out{m, shifts, codes + t * rb};
+    const CodeOut<BITS> out{m, sorted ? step : nullptr, shifts, codes + t * rb, next ? next + t * D : nullptr};
     const __m256 a = _mm256_set1_ps(denom[t]);
     if (block >= 64)
       rotate_row<8>(X + t * D, D, block, scratch, a, a, 1, true, out);
@@ -331,16 +467,16 @@ __attribute__((LQ_AVX2_TARGET)) void tq_encode_rows(const float* X, int64_t T, i
 
 __attribute__((LQ_AVX2_TARGET)) void tq_encode_rows_avx2(const float* X, int64_t T, int64_t D, int64_t block,
                                                          const float* denom, const float* mid, int bits, uint8_t* codes,
-                                                         float* scratch) {
+                                                         float* scratch, const float* next) {
   switch (bits) {
     case 1:
-      return tq_encode_rows<1>(X, T, D, block, denom, mid, codes, scratch);
+      return tq_encode_rows<1>(X, T, D, block, denom, mid, codes, scratch, next);
     case 2:
-      return tq_encode_rows<2>(X, T, D, block, denom, mid, codes, scratch);
+      return tq_encode_rows<2>(X, T, D, block, denom, mid, codes, scratch, next);
     case 3:
-      return tq_encode_rows<3>(X, T, D, block, denom, mid, codes, scratch);
+      return tq_encode_rows<3>(X, T, D, block, denom, mid, codes, scratch, next);
     default:
-      return tq_encode_rows<4>(X, T, D, block, denom, mid, codes, scratch);
+      return tq_encode_rows<4>(X, T, D, block, denom, mid, codes, scratch, next);
   }
 }
 

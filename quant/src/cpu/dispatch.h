@@ -146,12 +146,16 @@ __attribute__((LQ_AVX2_TARGET)) void codebook_decode_rows_avx2(const uint8_t* co
 /// (tq_row_norm's and tq_nc_inverse's sums); next [8, D]: rows to prefetch meanwhile (X's next eight), or null.
 __attribute__((LQ_AVX2_TARGET)) void sum_squares_rows8_avx2(const float* X, int64_t D, float* s,
                                                             const float* next = nullptr);
+/// The same sums of sixteen rows X [16, D] into s [16] (two chains interleaved); next [16, D]: rows to prefetch, or
+/// null.
+__attribute__((LQ_AVX2_TARGET)) void sum_squares_rows16_avx2(const float* X, int64_t D, float* s, const float* next);
 /// TurboQuant's codes of rows X [T, D] (turboquant.h): y = fwht_rows of x / denom[t] (block a power of two ≥ 8
 /// dividing D), codes of y among the 2^bits − 1 midpoints mid, packed into codes [T, ceil(D·bits/8)]; scratch [D]
-/// (blocks above 64 elements). The same operations as the scalar loops, one block's registers at a time.
+/// (blocks above 64 elements). The same operations as the scalar loops, one block's registers at a time. next [T, D]:
+/// rows to prefetch into L2 meanwhile (X's next T rows; with blocks of 64 elements), or null.
 __attribute__((LQ_AVX2_TARGET)) void tq_encode_rows_avx2(const float* X, int64_t T, int64_t D, int64_t block,
                                                          const float* denom, const float* mid, int bits, uint8_t* codes,
-                                                         float* scratch);
+                                                         float* scratch, const float* next);
 /// x = fwht_rows of (x · a) · b (two) or x · a, one row x [D] in place; scratch [D] (blocks above 64).
 __attribute__((LQ_AVX2_TARGET)) void tq_rotate_back_row_avx2(float* x, int64_t D, int64_t block, float a, float b,
                                                              bool two, float* scratch);
