@@ -135,12 +135,12 @@ DumpAttrs dump_attrs_from_results(const Attrs& root) {
   a.num_layers = num("num_layers");
   a.kv_lora_rank = num("kv_lora_rank");
   a.qk_rope_head_dim = num("qk_rope_head_dim");
-  for (const auto& [k, v] : root)  // a DeepSeek-V4 study's (study_attrs); absent: the MLA families
+  for (const auto& [k, v] : root)  // sparse MLA's and DeepSeek-V4's (study_attrs); absent: dense MLA
     if (k == "cache_family" && std::holds_alternative<std::string>(v)) {
       a.cache_family = std::get<std::string>(v);
       (void)a.family();  // throws for an unknown family
-      a.head_dim = num("head_dim");
       a.index_head_dim = num("index_head_dim");
+      if (a.v4()) a.head_dim = num("head_dim");
     } else if (k == "v4_entry_split_problem" && std::holds_alternative<std::string>(v)) {
       a.entry_split_problem = std::get<std::string>(v);
     }

@@ -572,10 +572,12 @@ Attrs study_attrs(const StudyConfig& config, const Dump& dump, const std::string
       {"device", device},
       {"blas", probes::blas_backend()},  // the probes' GEMMs: their last bits depend on its CPU kernel
   };
-  if (A.v4()) {  // what /summary and /not_applicable need of a DeepSeek-V4 dump (dump_attrs_from_results)
-    a.push_back({"cache_family", A.cache_family});
-    a.push_back({"head_dim", A.head_dim});
+  if (A.cache_family != kCacheFamilies[0].name) {  // sparse MLA, DeepSeek-V4: the indexer's width, for /summary
+    a.push_back({"cache_family", A.cache_family});     // and /not_applicable (dump_attrs_from_results)
     a.push_back({"index_head_dim", A.index_head_dim});
+  }
+  if (A.v4()) {  // what /summary and /not_applicable need of a DeepSeek-V4 dump
+    a.push_back({"head_dim", A.head_dim});
     a.push_back({"v4_layers", v4_layer_records(dump)});
     if (!A.entry_split_problem.empty()) a.push_back({"v4_entry_split_problem", A.entry_split_problem});
   }

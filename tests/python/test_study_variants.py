@@ -65,11 +65,19 @@ def test_study_runs_on_the_mla_variants(replicas, variants, tmp_path, kind, stre
     assert family == ("sparse_mla" if kind in ("deepseek_v32", "glm_moe_dsa") else "dense_mla")
     with h5py.File(out / "results.h5", "r") as f:
         assert int(f.attrs["complete"]) == 1 and len(f["e2e/quantizer"]) > 0 and "decision" in f
+        # the results keep the family and the indexer's width (what /summary and /not_applicable are derived from)
+        attrs = {k: f.attrs[k] for k in ("cache_family", "index_head_dim") if k in f.attrs}
+        with h5py.File(out / "dump.h5", "r") as d:
+            widths = {g["index_k"].shape[1] for g in d["layers"].values() if "index_k" in g}
+        width = widths.pop() if len(widths) == 1 else len(widths)  # one width, or 0 without an indexer
         check = f["attention_check/ref_vs_dump_rel_fro"][()]
         e2e = {k: [v.decode() if isinstance(v, bytes) else v for v in f["e2e"][k][()]] for k in f["e2e"]}
         indexer = sorted({q.decode() for q in f["indexer_error/quantizer"][()]}) if "indexer_error" in f else []
         le_index = sorted({q.decode() for q, t in zip(f["latent_error/quantizer"][()], f["latent_error/target"][()])
                            if t == b"index_k"})  # fmt: skip
+    want = {"cache_family": "sparse_mla", "index_head_dim": width} if family == "sparse_mla" else {}
+    got = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in attrs.items()}
+    assert got == want and (width > 0) == (family == "sparse_mla"), (kind, got, want)
     # /latent_error holds the indexer key's rows (each [indexer] format) on a sparse study, none on a dense one
     assert le_index == indexer, (kind, le_index, indexer)
     # a sparse study's e2e also runs each [indexer] format on the indexer key cache alone (the latents exact)
