@@ -59,7 +59,7 @@ from torch import nn
 from latentq.capture import find_mla_layers
 from latentq.e2e_decode import PREFILL_AT_ONCE, spec_at
 from latentq.fitted_basis import needs_basis, transform_of
-from latentq.inject import DecodeOrderAttention
+from latentq.inject import DecodeOrderAttention, absorbed_mixed_attention
 from latentq.model import _is_hf
 
 
@@ -186,46 +186,6 @@ class IncrementalCache:
             out += [qb[:, :L], bb[:, :L], m]
         self.length[layer] = L
         return tuple(out)
-
-
-def absorbed_mixed_attention(
-    q_nope: torch.Tensor,
-    q_pe: torch.Tensor,
-    c_q: torch.Tensor,
-    c_b: torch.Tensor,
-    read_c: torch.Tensor,
-    kpe_q: torch.Tensor,
-    kpe_b: torch.Tensor,
-    read_kpe: torch.Tensor,
-    w_uk: torch.Tensor,
-    w_uv: torch.Tensor,
-    softmax_scale: float,
-    visible: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """latentq.inject.mixed_latent_attention's result (same arguments, shapes and dtype; Tq <= T queries at the
-    last positions; `visible` must be None: dense MLA) in the absorbed form of DeepSeek-V3 inference/model.py
-    (attn_impl "absorb"): q_lat = q_nope W_UK [B, Tq, H, r] once, then per (t, j) the score
-        s[t, h, j] = scale · (q_lat[t, h] · c[j] + q_pe[t, h] · k_pe[j]),  c and k_pe each read per its mask,
-    softmax over the causal keys j <= t + T - Tq, o_lat = Σ_j p · c[j] (c read per read_c), out = W_UV o_lat.
-    The same products reassociated: for one new query over L keys it costs B·H·L·r multiply-adds per read instead
-    of the expanded form's B·H·L·r·(d_n + d_v) to rebuild every key and value."""
-    if visible is not None:
-        raise ValueError("absorbed_mixed_attention: dense MLA only (no visible mask)")
-    dt = torch.float64 if q_nope.dtype == torch.float64 else torch.float32
-    q_nope, q_pe, c_q, c_b, kpe_q, kpe_b, w_uk, w_uv = (
-        x.to(dt) for x in (q_nope, q_pe, c_q, c_b, kpe_q, kpe_b, w_uk, w_uv)
-    )
-    Tq, T, dev = q_nope.shape[1], c_q.shape[1], c_q.device
-    causal = torch.ones(Tq, T, dtype=torch.bool, device=dev).tril(T - Tq)
-    as4 = lambda m: m.to(device=dev, dtype=torch.bool).reshape(-1, 1, Tq, T)  # [1 or B, 1, Tq, T]
-    rc, rk = as4(read_c) & causal, as4(read_kpe) & causal
-    q_lat = torch.einsum("bthd,hdc->bhtc", q_nope, w_uk)  # [B, H, Tq, r]
-    qp = q_pe.transpose(1, 2)  # [B, H, Tq, d_r]
-    score = lambda q, k: torch.einsum("bhtc,bjc->bhtj", q, k)
-    s = torch.where(rc, score(q_lat, c_q), score(q_lat, c_b)) + torch.where(rk, score(qp, kpe_q), score(qp, kpe_b))
-    p = torch.softmax((s * softmax_scale).masked_fill(~causal, float("-inf")), dim=-1)
-    o_lat = torch.einsum("bhtj,bjc->bhtc", p * rc, c_q) + torch.einsum("bhtj,bjc->bhtc", p * ~rc, c_b)
-    return torch.einsum("bhtc,hdc->bthd", o_lat, w_uv)  # [B, Tq, H, d_v]
 
 
 class IncrementalDecodeAttention(DecodeOrderAttention):
