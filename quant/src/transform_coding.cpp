@@ -303,6 +303,60 @@ TcHostTables tc_tables(const QuantSpec& spec, std::span<const uint8_t> rec, int6
 
 namespace cpu {
 
+namespace {
+
+// The least float d with div_rn(d, s) ≥ m (s > 0 finite, m finite): from m·s, a few ulps up or down; a binary
+// search over the ordered floats where that takes long (d subnormal). +Inf always qualifies (Inf / s = Inf).
+float least_quotient_at_least(float m, float s) {
+  auto holds = [&](float d) { return q::div_rn(d, s) >= m; };
+  float d = q::mul_rn(m, s);
+  for (int step = 0; step < 16; ++step) {
+    if (holds(d)) {
+      const float below = std::nextafter(d, -INFINITY);
+      if (below == d || !holds(below)) return d;
+      d = below;
+    } else {
+      d = std::nextafter(d, INFINITY);
+    }
+  }
+  // the floats as ordered integers: negative ones −(bits & 0x7fffffff) − 1, others their bits
+  auto key = [](float f) {
+    int32_t b;
+    std::memcpy(&b, &f, 4);
+    return b < 0 ? -static_cast<int64_t>(b & 0x7fffffff) - 1 : static_cast<int64_t>(b);
+  };
+  auto value = [](int64_t k) {
+    const int32_t b = k < 0 ? static_cast<int32_t>((-(k + 1)) | 0x80000000u) : static_cast<int32_t>(k);
+    float f;
+    std::memcpy(&f, &b, 4);
+    return f;
+  };
+  int64_t lo = key(-INFINITY), hi = key(INFINITY);  // holds(value(hi)); find the least such key
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (holds(value(mid)))
+      hi = mid;
+    else
+      lo = mid + 1;
+  }
+  return value(hi);
+}
+
+}  // namespace
+
+void tc_lm_thresholds(const q::TcTables& v, const int32_t* width, int64_t D, TcUnpack& u) {
+  u.tau.clear();
+  u.tau_at.assign(static_cast<size_t>(D), -1);
+  for (int64_t i = 0; i < D; ++i) {
+    const int w = width[i];
+    const float s = v.scale[i];
+    if (w < 1 || w > 4 || !(s > 0.0f) || !std::isfinite(s)) continue;
+    u.tau_at[i] = static_cast<int32_t>(u.tau.size());
+    const float* m = v.midpoint + q::tc_midpoint_base(w);
+    for (int j = 0; j + 1 < (1 << w); ++j) u.tau.push_back(least_quotient_at_least(m[j], s));
+  }
+}
+
 void tc_encode_rows(const TcHostTables& tab, const float* X, int64_t T, int64_t D, int64_t rb, uint8_t* codes,
                     [[maybe_unused]] CpuKernel kernel) {
   const q::TcTables v = tab.view();
@@ -317,8 +371,9 @@ void tc_encode_rows(const TcHostTables& tab, const float* X, int64_t T, int64_t 
     if (v.centroid != nullptr) {  // -lm: eight rows at a time in the lanes, then each row packed
       code.resize(static_cast<size_t>(8 * D));
       std::vector<float> col(static_cast<size_t>(8 * D));
+      if (T >= 8) tc_lm_thresholds(v, tab.width.data(), D, u);
       for (; t + 8 <= T; t += 8) {
-        const float* next = t + 16 <= T ? X + (t + 8) * D : X + t * D;
+        const float* next = t + 16 <= T ? X + (t + 8) * D : nullptr;
         bad |= tc_lm_codes_rows8_avx2(X + t * D, D, v, tab.width.data(), u, next, col.data(), code.data());
         for (int64_t k = 0; k < 8; ++k)
           tc_pack_avx2(code.data() + k * D, u, tab.bit_offset.data(), D, rb, codes + (t + k) * rb);

@@ -323,6 +323,83 @@ TEST(Fitted, EncodeReportsNaNInfAsQuantizeDoes) {
     }
 }
 
+// The least float d with d / s ≥ m (s > 0 finite), by a binary search over the floats ordered as integers.
+float least_quotient_at_least(float m, float s) {
+  auto value = [](int64_t k) {
+    const uint32_t b = k < 0 ? static_cast<uint32_t>(-(k + 1)) | 0x80000000u : static_cast<uint32_t>(k);
+    float f;
+    std::memcpy(&f, &b, 4);
+    return f;
+  };
+  int64_t lo = -0x7f800001, hi = 0x7f800000;  // −Inf, +Inf
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (value(mid) / s >= m)
+      hi = mid;
+    else
+      lo = mid + 1;
+  }
+  return value(hi);
+}
+
+// tc-lm's Avx2 encode compares x − offset with a threshold per midpoint instead of dividing: a hand-made record with
+// offsets 0 (so that x is x − offset) and scales from 1e-40 (subnormal quotients) to 1e30, and for every midpoint
+// m_j of a component the least x with x / scale ≥ m_j, and one and two ulps either side. Every kernel gives the
+// reference's bytes, and the least x codes one above its lower neighbour.
+TEST(Fitted, TransformCodingLloydMaxThresholdsGiveTheReferenceBytes) {
+  for (const char* spec : {"tc0.75-lm", "tc2-lm", "tc6-lm"}) {
+    const int64_t D = 43, fitT = 96;
+    const std::vector<float> fx = random_rows(12, fitT, D);
+    const QuantFit fit =
+        fit_quantizer(QuantSpec::parse(spec), Target::CKV, fx.data(), fitT, D, std::vector<int64_t>{0, fitT});
+    QuantizedTensor q = encode(fit, fx.data(), fitT, std::vector<int64_t>{0, fitT});
+    const float scales[] = {1e-40f, 1e-30f, 3e-5f, 0.37f, 1.0f, 2.5f, 1e30f};
+    for (int64_t d = 0; d < D; ++d) {
+      const float s = scales[d % 7], zero = 0.0f;
+      std::memcpy(q.global.data() + D + 4 * d, &s, 4);
+      std::memcpy(q.global.data() + 5 * D + 4 * d, &zero, 4);
+    }
+    const QuantFit odd = fit_of(q);
+    const std::vector<int> w = odd.tc.widths();
+    std::vector<std::vector<float>> cand(static_cast<size_t>(D));
+    std::vector<std::vector<bool>> least(static_cast<size_t>(D));
+    for (int64_t d = 0; d < D; ++d) {
+      cand[d] = {0.0f};
+      least[d] = {false};
+      for (int j = 0; w[d] > 0 && j + 1 < (1 << w[d]); ++j) {
+        const float x = least_quotient_at_least(odd.tc.midpoint[qmath::tc_midpoint_base(w[d]) + j], odd.tc.scale[d]);
+        const float below = std::nextafter(x, -INFINITY), above = std::nextafter(x, INFINITY);
+        cand[d].insert(cand[d].end(),
+                       {below, x, std::nextafter(below, -INFINITY), above, std::nextafter(above, INFINITY)});
+        least[d].insert(least[d].end(), {false, true, false, false, false});
+      }
+    }
+    size_t rows = 0;
+    for (const auto& c : cand) rows = std::max(rows, c.size());
+    const int64_t T = static_cast<int64_t>(rows / 8 * 8 + 8 + 3);
+    std::vector<float> x;
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t d = 0; d < D; ++d) x.push_back(cand[d][static_cast<size_t>(t) % cand[d].size()]);
+    std::vector<QuantizedTensor> coded;
+    for (CpuKernel k : available_cpu_kernels()) {
+      const ScopedCpuKernel scope(k);
+      coded.push_back(encode(odd, x.data(), T, std::vector<int64_t>{0, T}));
+    }
+    for (size_t k = 1; k < coded.size(); ++k) EXPECT_EQ(coded[k].codes, coded[0].codes) << spec << ", kernel " << k;
+    // the reference's decoded values: the least x decodes above the x one ulp below it (row t − 1 holds that x)
+    std::vector<float> out(static_cast<size_t>(T * D));
+    decode(odd, coded[0], out.data());
+    int steps = 0;
+    for (int64_t t = 1; t < T && t < static_cast<int64_t>(rows); ++t)
+      for (int64_t d = 0; d < D; ++d)
+        if (static_cast<size_t>(t) < cand[d].size() && least[d][t]) {
+          EXPECT_GT(out[t * D + d], out[(t - 1) * D + d]) << spec << " row " << t << " component " << d;
+          ++steps;
+        }
+    EXPECT_GT(steps, 40) << spec << ": too few thresholds tested";
+  }
+}
+
 // tq at D = 576 (Hadamard blocks of 64: y = (x / (n + 1e-8)) · 1/8 where a block holds one non-zero x): rows whose
 // rotated coordinates land on every midpoint m_j of the codebook and within 8 ulps either side (x_0 = a stepped
 // ulp by ulp around 8·m_j, x_64 = √(1 − 64·m_j²)), 16 rows at a time on Avx2 (the codes by a binary search over the

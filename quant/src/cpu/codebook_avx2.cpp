@@ -587,24 +587,33 @@ LQ_AVX2_AI void store_bytes8(uint8_t* out, __m256i c) {
 namespace {
 
 // The codes of the n components comp[p] of width W, each column col [8] (a component's value in eight rows) coded
-// in place (tc_code: u = (x − offset) / scale, 0 where scale ≤ 0 or NaN; the count of W's midpoints ≤ u).
+// in place (tc_code: u = (x − offset) / scale, 0 where scale ≤ 0 or NaN; the count of W's midpoints ≤ u), or, where
+// u.tau_at gives them, the count of the component's thresholds ≤ x − offset (no division: tc_lm_thresholds).
 template <int W>
 __attribute__((LQ_AVX2_TARGET)) void tc_lm_code_run(float* col, const int32_t* comp, int64_t n,
-                                                    const qmath::TcTables& v) {
+                                                    const qmath::TcTables& v, const TcUnpack& u) {
   const float* m = v.midpoint + qmath::tc_midpoint_base(W);
   for (int64_t p = 0; p < n; ++p) {
     const int64_t i = comp[p];
     float* c = col + 8 * i;
     __m256i cnt = _mm256_setzero_si256();
+    if constexpr (W > 0 && W <= 4) {
+      const int32_t at = u.tau_at[i];
+      if (at >= 0) {
+        cnt = count_ge<(1 << W) - 1>(_mm256_sub_ps(_mm256_loadu_ps(c), _mm256_set1_ps(v.offset[i])), u.tau.data() + at);
+        _mm256_storeu_ps(c, _mm256_castsi256_ps(cnt));
+        continue;
+      }
+    }
     if constexpr (W > 0) {
       const float s = v.scale[i];
-      const __m256 u =
+      const __m256 x =
           s > 0.0f ? _mm256_div_ps(_mm256_sub_ps(_mm256_loadu_ps(c), _mm256_set1_ps(v.offset[i])), _mm256_set1_ps(s))
                    : _mm256_setzero_ps();
       if constexpr (W <= 4)
-        cnt = count_ge<(1 << W) - 1>(u, m);
+        cnt = count_ge<(1 << W) - 1>(x, m);
       else
-        cnt = count_ge_n(u, m, (1 << W) - 1);
+        cnt = count_ge_n(x, m, (1 << W) - 1);
     }
     _mm256_storeu_ps(c, _mm256_castsi256_ps(cnt));
   }
@@ -613,7 +622,7 @@ __attribute__((LQ_AVX2_TARGET)) void tc_lm_code_run(float* col, const int32_t* c
 // The values of the n components comp[p] of width W, each column col [8] of codes decoded in place.
 template <int W>
 __attribute__((LQ_AVX2_TARGET)) void tc_lm_decode_run(float* col, const int32_t* comp, int64_t n,
-                                                      const qmath::TcTables& v) {
+                                                      const qmath::TcTables& v, const TcUnpack&) {
   for (int64_t p = 0; p < n; ++p) {
     const int64_t i = comp[p];
     float* c = col + 8 * i;
@@ -628,55 +637,76 @@ __attribute__((LQ_AVX2_TARGET)) void tc_lm_decode_run(float* col, const int32_t*
 
 template <int W>
 struct CodeRun {
-  LQ_AVX2_AI static void run(float* col, const int32_t* comp, int64_t n, const qmath::TcTables& v) {
-    tc_lm_code_run<W>(col, comp, n, v);
+  LQ_AVX2_AI static void run(float* col, const int32_t* comp, int64_t n, const qmath::TcTables& v,
+                             const TcUnpack& u) {
+    tc_lm_code_run<W>(col, comp, n, v, u);
   }
 };
 template <int W>
 struct DecodeRun {
-  LQ_AVX2_AI static void run(float* col, const int32_t* comp, int64_t n, const qmath::TcTables& v) {
-    tc_lm_decode_run<W>(col, comp, n, v);
+  LQ_AVX2_AI static void run(float* col, const int32_t* comp, int64_t n, const qmath::TcTables& v,
+                             const TcUnpack& u) {
+    tc_lm_decode_run<W>(col, comp, n, v, u);
   }
 };
 
-// Run<W>::run on each run of equal width W of the components by_width (sorted by width: nine runs at most, so one
-// switch per run rather than a data-dependent branch per component, which mispredicted on tc2-lm's 576 widths).
+// The lines of the rows next [8, D], prefetched into L2 a few at a time (done(k) after k of n steps: all of them by
+// the last step), so that their misses overlap the work rather than queue up in one burst; next null: none.
+struct SpreadPrefetch {
+  const float* next;
+  int64_t D, lines_per_row, issued = 0, row = 0, line = 0;  // line `line` of row `row` is the next to prefetch
+  SpreadPrefetch(const float* n, int64_t d) : next(n), D(d), lines_per_row((d + 15) / 16) {}
+  LQ_AI void done(int64_t k, int64_t n) {
+    if (next == nullptr || n <= 0) return;
+    for (const int64_t due = 8 * lines_per_row * k / n; issued < due; ++issued) {
+      _mm_prefetch(reinterpret_cast<const char*>(next + row * D + 16 * line), _MM_HINT_T1);
+      if (++line == lines_per_row) line = 0, ++row;
+    }
+  }
+};
+
+// Run<W>::run on each run of equal width W of the components u.by_width (sorted by width: nine runs at most, so one
+// switch per run rather than a data-dependent branch per component, which mispredicted on tc2-lm's 576 widths), 16
+// components at a time with pf.done between.
 template <template <int> class Run>
-__attribute__((LQ_AVX2_TARGET)) void width_runs(float* col, const std::vector<int32_t>& by_width,
-                                                const int32_t* width, const qmath::TcTables& v) {
+__attribute__((LQ_AVX2_TARGET)) void width_runs(float* col, const TcUnpack& u, const int32_t* width,
+                                                const qmath::TcTables& v, SpreadPrefetch pf) {
+  const std::vector<int32_t>& by_width = u.by_width;
   const int64_t n = static_cast<int64_t>(by_width.size());
   for (int64_t p = 0, e = 0; p < n; p = e) {
     const int w = width[by_width[p]];
-    while (e < n && width[by_width[e]] == w) ++e;
+    e = p + 1;
+    while (e < n && e - p < 16 && width[by_width[e]] == w) ++e;
     const int32_t* c = by_width.data() + p;
     switch (w) {
       case 0:
-        Run<0>::run(col, c, e - p, v);
+        Run<0>::run(col, c, e - p, v, u);
         break;
       case 1:
-        Run<1>::run(col, c, e - p, v);
+        Run<1>::run(col, c, e - p, v, u);
         break;
       case 2:
-        Run<2>::run(col, c, e - p, v);
+        Run<2>::run(col, c, e - p, v, u);
         break;
       case 3:
-        Run<3>::run(col, c, e - p, v);
+        Run<3>::run(col, c, e - p, v, u);
         break;
       case 4:
-        Run<4>::run(col, c, e - p, v);
+        Run<4>::run(col, c, e - p, v, u);
         break;
       case 5:
-        Run<5>::run(col, c, e - p, v);
+        Run<5>::run(col, c, e - p, v, u);
         break;
       case 6:
-        Run<6>::run(col, c, e - p, v);
+        Run<6>::run(col, c, e - p, v, u);
         break;
       case 7:
-        Run<7>::run(col, c, e - p, v);
+        Run<7>::run(col, c, e - p, v, u);
         break;
       default:
-        Run<8>::run(col, c, e - p, v);
+        Run<8>::run(col, c, e - p, v, u);
     }
+    pf.done(e, n);
   }
 }
 
@@ -691,20 +721,32 @@ __attribute__((LQ_AVX2_TARGET)) bool tc_lm_codes_rows8_avx2(const float* X, int6
   uint32_t bad_tail = 0;
   for (int64_t g = 0; g < full; ++g) {  // the eight rows as columns: col[8i + k] = x_k[i]
     __m256 r[8];
+    load_columns8(X, D, g, r);
     for (int k = 0; k < 8; ++k) {
-      _mm_prefetch(reinterpret_cast<const char*>(next + k * D + 8 * g), _MM_HINT_T0);
-      r[k] = _mm256_loadu_ps(X + k * D + 8 * g);
       bad = _mm256_or_si256(bad, _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(r[k]), expo), expo));
+      _mm256_storeu_ps(col + 64 * g + 8 * k, r[k]);
     }
-    transpose8(r);
-    for (int k = 0; k < 8; ++k) _mm256_storeu_ps(col + 64 * g + 8 * k, r[k]);
   }
-  width_runs<CodeRun>(col, u.by_width, width, v);
-  for (int64_t g = 0; g < full; ++g) {  // back to rows, eight codes a byte each
-    __m256 r[8];
-    for (int k = 0; k < 8; ++k) r[k] = _mm256_loadu_ps(col + 64 * g + 8 * k);
-    transpose8(r);
-    for (int k = 0; k < 8; ++k) store_bytes8(code + k * D + 8 * g, _mm256_castps_si256(r[k]));
+  width_runs<CodeRun>(col, u, width, v, SpreadPrefetch(next, D));
+  // back to rows: the codes (< 256) of eight components as bytes first (component-major 4×4 blocks of bytes in
+  // each half), those transposed by a byte shuffle, then row k's eight bytes assembled by 32-bit unpacks
+  const __m256i t4 = _mm256_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15, 0, 4, 8, 12, 1, 5, 9, 13,
+                                      2, 6, 10, 14, 3, 7, 11, 15);
+  for (int64_t g = 0; g < full; ++g) {
+    const __m256i* c = reinterpret_cast<const __m256i*>(col + 64 * g);
+    __m256i b[2];  // components 4h .. 4h + 3: rows 0..3 in the low half, 4..7 in the high half
+    for (int h = 0; h < 2; ++h)
+      b[h] = _mm256_shuffle_epi8(
+          _mm256_packus_epi16(_mm256_packs_epi32(_mm256_loadu_si256(c + 4 * h), _mm256_loadu_si256(c + 4 * h + 1)),
+                              _mm256_packs_epi32(_mm256_loadu_si256(c + 4 * h + 2), _mm256_loadu_si256(c + 4 * h + 3))),
+          t4);
+    const __m256i lo = _mm256_unpacklo_epi32(b[0], b[1]), hi = _mm256_unpackhi_epi32(b[0], b[1]);
+    const __m128i rows[4] = {_mm256_castsi256_si128(lo), _mm256_castsi256_si128(hi), _mm256_extracti128_si256(lo, 1),
+                             _mm256_extracti128_si256(hi, 1)};  // rows 0 1, 2 3, 4 5, 6 7
+    for (int k = 0; k < 4; ++k) {
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(code + 2 * k * D + 8 * g), rows[k]);
+      _mm_storeh_pd(reinterpret_cast<double*>(code + (2 * k + 1) * D + 8 * g), _mm_castsi128_pd(rows[k]));
+    }
   }
   for (int k = 0; k < 8; ++k)
     for (int64_t i = 8 * full; i < D; ++i) {
@@ -727,7 +769,7 @@ __attribute__((LQ_AVX2_TARGET)) void tc_lm_decode_rows8_avx2(const uint8_t* code
     transpose8(r);
     for (int k = 0; k < 8; ++k) _mm256_storeu_ps(col + 64 * g + 8 * k, r[k]);
   }
-  width_runs<DecodeRun>(col, u.by_width, width, v);
+  width_runs<DecodeRun>(col, u, width, v, SpreadPrefetch(nullptr, D));
   for (int64_t g = 0; g < full; ++g) {  // back to rows in rows [8, D], then each row copied out whole
     __m256 r[8];
     for (int k = 0; k < 8; ++k) r[k] = _mm256_loadu_ps(col + 64 * g + 8 * k);

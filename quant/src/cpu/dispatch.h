@@ -185,8 +185,16 @@ struct TcUnpack {
   std::vector<int64_t> rel;
   std::vector<int32_t> group_bits;
   std::vector<int32_t> by_width;  ///< the components of the full groups, i < 8·floor(D/8), stably sorted by width
+  /// -lm encode (tc_lm_thresholds): component i's code is the count of its 2^w_i − 1 thresholds tau[tau_at[i] + j]
+  /// ≤ x − offset_i, no division; tau_at[i] = −1: divided (widths above 4, scales not positive and finite).
+  std::vector<float> tau;
+  std::vector<int32_t> tau_at;
 };
 void tc_unpack_tables(const int32_t* bit_offset, int64_t D, TcUnpack& u);
+/// u.tau and u.tau_at for the -lm tables v (midpoints set) and widths w [D]: for a component of width 1..4 and a
+/// positive finite scale s, threshold j is the least float d with div_rn(d, s) ≥ m_j (m_j its width's midpoint j):
+/// the division is monotone in d, so d ≥ threshold ⇔ u = d / s ≥ m_j, for every float d (±Inf, and NaN failing both).
+void tc_lm_thresholds(const qmath::TcTables& v, const int32_t* width, int64_t D, TcUnpack& u);
 /// code[i] = bits [o_i, o_i + w_i) of a row copied into padded [row bytes + 16] (zero past the row), i < D.
 __attribute__((LQ_AVX2_TARGET)) void tc_unpack_avx2(const uint8_t* padded, const TcUnpack& u, const int32_t* bit_offset,
                                                     int64_t D, uint8_t* code);
@@ -194,9 +202,10 @@ __attribute__((LQ_AVX2_TARGET)) void tc_unpack_avx2(const uint8_t* padded, const
 /// u.by_width: code [8, D] (row stride D), code[k·D + i] = tc_code(v, i, w_i, x_k[i]), 0 where w_i = 0. The eight
 /// rows run in the eight lanes: an 8×8 transpose per eight components into col [8·D] (col[8i + k] = x_k[i]), the
 /// components then coded in order of width (a component's width, scale and offset one broadcast; its code the
-/// count of its width's midpoints ≤ u, every midpoint compared, as codebook_index), and transposed back.
-/// next [8, D]: the rows to prefetch meanwhile (the next eight; without them, X again). Returns whether the rows
-/// hold a NaN/Inf.
+/// count of its width's midpoints ≤ u, every midpoint compared, as codebook_index; with u.tau_at[i] ≥ 0 the count
+/// of its thresholds ≤ x − offset, tc_lm_thresholds), and transposed back.
+/// next [8, D]: the rows to prefetch into L2 meanwhile, a few lines between runs of components (the next eight), or
+/// null. Returns whether the rows hold a NaN/Inf.
 __attribute__((LQ_AVX2_TARGET)) bool tc_lm_codes_rows8_avx2(const float* X, int64_t D, const qmath::TcTables& v,
                                                             const int32_t* width, const TcUnpack& u, const float* next,
                                                             float* col, uint8_t* code);
