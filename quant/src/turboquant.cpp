@@ -141,13 +141,17 @@ void quantize_tq_avx2(QuantizedTensor& qt, const q::TqCodebook& cb, const float*
 }
 
 // Eight rows at a time: the centroids, the eight norm corrections (sequential chains), then per row
-// ((ĉ · inv) · n or ĉ · n) and the butterflies one block's registers at a time.
+// ((ĉ · inv) · n or ĉ · n) and the butterflies one block's registers at a time. An output past stream_min_bytes is
+// assembled eight rows at a time in a buffer and streamed out (non-temporal stores): written in place, each line of
+// out was first read from memory (a store miss), which held tq2-nc's decode at 0.29–0.31 of memcpy.
 void dequantize_tq_avx2(const QuantizedTensor& qt, const q::TqCodebook& cb, float* out, int64_t block, bool nc) {
   const int64_t T = qt.rows, D = qt.cols, rb = qt.row_bytes();
   std::vector<float> scratch(static_cast<size_t>(D));
+  const bool stream = T * D * 4 >= stream_min_bytes();
+  std::vector<float> rows(stream ? static_cast<size_t>(8 * D) : 0);
   for (int64_t t0 = 0; t0 < T; t0 += 8) {
     const int64_t r = std::min<int64_t>(8, T - t0);
-    float* o = out + t0 * D;
+    float* o = stream ? rows.data() : out + t0 * D;
     codebook_decode_rows_avx2(qt.codes.data() + t0 * rb, r, D, cb.bits, cb.centroid_bf16, false, o);
     float inv[8];
     if (nc && r == 8) {
@@ -161,7 +165,9 @@ void dequantize_tq_avx2(const QuantizedTensor& qt, const q::TqCodebook& cb, floa
       const float n = q::load_dtype(qt.scales.data() + 2 * (t0 + k), ScaleDtype::F16);
       tq_rotate_back_row_avx2(o + k * D, D, block, nc ? inv[k] : n, n, nc, scratch.data());
     }
+    if (stream) stream_copy_avx2(o, r * D, out + t0 * D);
   }
+  if (stream) _mm_sfence();
 }
 #endif
 

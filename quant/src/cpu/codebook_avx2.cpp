@@ -786,11 +786,14 @@ __attribute__((LQ_AVX2_TARGET)) void tc_lm_decode_rows8_avx2(const uint8_t* code
     std::memcpy(out, rows, static_cast<size_t>(8 * D) * 4);
     return;
   }
-  const int64_t n = 8 * D;
+  stream_copy_avx2(rows, 8 * D, out);
+}
+
+__attribute__((LQ_AVX2_TARGET)) void stream_copy_avx2(const float* src, int64_t n, float* out) {
   int64_t i = std::min<int64_t>(n, static_cast<int64_t>((32 - (reinterpret_cast<uintptr_t>(out) & 31)) & 31) / 4);
-  std::memcpy(out, rows, static_cast<size_t>(i) * 4);
-  for (; i + 8 <= n; i += 8) _mm256_stream_ps(out + i, _mm256_loadu_ps(rows + i));
-  std::memcpy(out + i, rows + i, static_cast<size_t>(n - i) * 4);
+  std::memcpy(out, src, static_cast<size_t>(i) * 4);
+  for (; i + 8 <= n; i += 8) _mm256_stream_ps(out + i, _mm256_loadu_ps(src + i));
+  std::memcpy(out + i, src + i, static_cast<size_t>(n - i) * 4);
 }
 
 void tc_unpack_tables(const int32_t* bit_offset, int64_t D, TcUnpack& u) {

@@ -216,6 +216,9 @@ __attribute__((LQ_AVX2_TARGET)) bool tc_lm_codes_rows8_avx2(const float* X, int6
 __attribute__((LQ_AVX2_TARGET)) void tc_lm_decode_rows8_avx2(const uint8_t* code, int64_t D, const qmath::TcTables& v,
                                                              const int32_t* width, const TcUnpack& u, float* col,
                                                              float* rows, bool stream, float* out);
+/// out[0, n) = src[0, n) by non-temporal stores where out is 32-byte aligned (plain copies at the ends); the caller
+/// issues the sfence.
+__attribute__((LQ_AVX2_TARGET)) void stream_copy_avx2(const float* src, int64_t n, float* out);
 /// The codes code[i] < 2^w_i (0 where w_i = 0) packed LSB-first at their widths into out [rb] (tc_encode_byte's
 /// bytes), trailing bytes zero.
 __attribute__((LQ_AVX2_TARGET)) void tc_pack_avx2(const uint8_t* code, const TcUnpack& u, const int32_t* bit_offset,
