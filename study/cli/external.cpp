@@ -257,10 +257,11 @@ bool run_e2e_step(const StudyConfig& config, const DumpAttrs& attrs, const fs::p
   const PythonTools t = python_tools();
   std::error_code ec;
   std::string why;
-  // The step runs the [e2e] model (default: tiny-mla); it must be the dump's model: a tiny-mla dump
-  // with a tiny-mla directory, another dump (an HF checkpoint) with a non-tiny-mla directory.
-  const bool dump_tiny = attrs.model == "tiny-mla";
-  if (E.model.empty() && !dump_tiny)
+  // The step runs the [e2e] model (default: the shipped tiny-mla); it must be the dump's model: a dump of a TinyMLA
+  // directory (source tiny-mla: tiny-mla, copy-mla) with a TinyMLA directory, another dump (an HF checkpoint) with
+  // another directory. A results file written before input_source: the model's name decides.
+  const bool dump_tiny = attrs.source.empty() ? attrs.model == "tiny-mla" : attrs.source == "tiny-mla";
+  if (E.model.empty() && attrs.model != "tiny-mla")
     why = fmt::format(
         "the dump's model is '{}' and [e2e] names no model: set [e2e] model to its checkpoint "
         "directory",

@@ -143,6 +143,8 @@ DumpAttrs dump_attrs_from_results(const Attrs& root) {
       if (a.v4()) a.head_dim = num("head_dim");
     } else if (k == "v4_entry_split_problem" && std::holds_alternative<std::string>(v)) {
       a.entry_split_problem = std::get<std::string>(v);
+    } else if (k == "input_source" && std::holds_alternative<std::string>(v)) {  // absent in older files
+      a.source = std::get<std::string>(v);
     }
   return a;
 }

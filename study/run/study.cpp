@@ -563,6 +563,7 @@ Attrs study_attrs(const StudyConfig& config, const Dump& dump, const std::string
       {"input_path", std::filesystem::absolute(config.dump).lexically_normal().string()},
       {"input_sha256", sha},
       {"input_revision", A.revision},
+      {"input_source", A.source},  // the kind of checkpoint the dump came from (tiny-mla: a TinyMLA directory)
       {"model", A.model},
       {"num_layers", A.num_layers},
       {"kv_lora_rank", A.kv_lora_rank},
