@@ -303,6 +303,7 @@ TcHostTables tc_tables(const QuantSpec& spec, std::span<const uint8_t> rec, int6
 
 namespace cpu {
 
+#if LQ_HAVE_AVX2_KERNEL  // TcUnpack and the -lm thresholds serve the AVX2 encode only (cpu/dispatch.h)
 namespace {
 
 // The least float d with div_rn(d, s) ≥ m (s > 0 finite, m finite): from m·s, a few ulps up or down; a binary
@@ -356,6 +357,7 @@ void tc_lm_thresholds(const q::TcTables& v, const int32_t* width, int64_t D, TcU
     for (int j = 0; j + 1 < (1 << w); ++j) u.tau.push_back(least_quotient_at_least(m[j], s));
   }
 }
+#endif  // LQ_HAVE_AVX2_KERNEL
 
 void tc_encode_rows(const TcHostTables& tab, const float* X, int64_t T, int64_t D, int64_t rb, uint8_t* codes,
                     [[maybe_unused]] CpuKernel kernel) {

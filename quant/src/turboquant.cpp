@@ -110,8 +110,9 @@ void quantize_tq_rows16(QuantizedTensor& qt, const q::TqCodebook& cb, const floa
     const int64_t r = std::min<int64_t>(16, T - t0);
     float n[16], denom[16];
     const int64_t summed = r == 16 ? 16 : r / 8 * 8;  // rows whose Σx² the vector passes give
-    if (r == 16)
-      sum_squares_rows16_avx2(X + t0 * D, D, n, nullptr);  // the code pass of the rows before prefetched these
+    const float* next = r == 16 && t0 + 32 <= T ? X + (t0 + 16) * D : nullptr;
+    if (r == 16)  // the code pass prefetches the next rows for 64-element blocks (block8), the norm pass otherwise
+      sum_squares_rows16_avx2(X + t0 * D, D, n, block == 64 ? nullptr : next);
     else if (r >= 8)
       sum_squares_rows8_avx2(X + t0 * D, D, n);
     for (int64_t k = 0; k < summed; ++k) n[k] = q::sqrt_rn(n[k]);
@@ -120,7 +121,6 @@ void quantize_tq_rows16(QuantizedTensor& qt, const q::TqCodebook& cb, const floa
       store_row_norm(qt, t0 + k, n[k]);
       denom[k] = q::add_rn(n[k], q::kTqNormEps);
     }
-    const float* next = r == 16 && t0 + 32 <= T ? X + (t0 + 16) * D : nullptr;
     tq_encode_rows_avx2(X + t0 * D, r, D, block, denom, cb.midpoint, cb.bits, qt.codes.data() + t0 * rb, scratch,
                         next);
   }

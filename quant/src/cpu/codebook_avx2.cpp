@@ -7,7 +7,9 @@
 // sqrt rounded once each, no FMA), in the scalar order: a row's Σx² is one sequential chain per row, so eight
 // rows run in the eight lanes (an 8×8 transpose) rather than eight partial sums of one row; tc-lm's codes, whose
 // codebook changes with each component's width, also take eight rows in the lanes, so that a component's width,
-// scale and offset are one broadcast and its components run grouped by width. The reference
+// scale and offset are one broadcast and its components run grouped by width, each code the count of the
+// component's thresholds ≤ x − offset (the least floats d with d / scale ≥ m_j: the scalar code without its
+// division, tc_lm_thresholds). The reference
 // loops stay the base case (Reference, Baseline); tests/quant/test_fitted.cpp compares the two byte for byte.
 #include <algorithm>
 #include <cmath>
