@@ -259,7 +259,9 @@ bool run_e2e_step(const StudyConfig& config, const DumpAttrs& attrs, const fs::p
   std::string why;
   // The step runs the [e2e] model (default: the shipped tiny-mla); it must be the dump's model: a dump of a TinyMLA
   // directory (source tiny-mla: tiny-mla, copy-mla) with a TinyMLA directory, another dump (an HF checkpoint) with
-  // another directory. A results file written before input_source: the model's name decides.
+  // another directory; a TinyMLA dump's model is its directory's name (latentq.dump), which the [e2e] model's must
+  // be (the default config's tiny-mla does not serve a copy-mla dump). A results file written before input_source:
+  // the model's name decides.
   const bool dump_tiny = attrs.source.empty() ? attrs.model == "tiny-mla" : attrs.source == "tiny-mla";
   if (E.model.empty() && attrs.model != "tiny-mla")
     why = fmt::format(
@@ -273,6 +275,11 @@ bool run_e2e_step(const StudyConfig& config, const DumpAttrs& attrs, const fs::p
         "the dump's model is '{}' but the [e2e] model {} is {}a tiny-mla directory: set [e2e] model "
         "to the dump's checkpoint directory",
         attrs.model, E.model.string(), dump_tiny ? "not " : "");
+  else if (!E.model.empty() && dump_tiny && (E.model.lexically_normal() / "").parent_path().filename() != attrs.model)
+    why = fmt::format(
+        "the dump's model is '{}' but the [e2e] model {} is another TinyMLA directory (a TinyMLA dump names its "
+        "directory): set [e2e] model to the dump's checkpoint directory",
+        attrs.model, E.model.string());
   else
     why = python_unavailable_reason(t, "python/latentq/e2e.py", true);
   if (!why.empty()) {

@@ -28,7 +28,7 @@ from latentq.tiny_mla import TinyMLAForCausalLM
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "data"))
-from train_copy_mla import RETRIEVAL_LENGTHS, needle_text  # noqa: E402
+from train_copy_mla import COPY_LEAD, RETRIEVAL_LENGTHS, copy_sequences, copy_text, needle_text  # noqa: E402
 
 MODEL = os.path.join(ROOT, "data", "copy-mla")
 LQ = os.environ.get("LATENTQ_BIN", os.path.join(ROOT, "build", "latentq"))
@@ -37,8 +37,31 @@ EVAL_SEED = 5  # train_copy_mla's --eval-seed default: the needle text and the s
 
 @pytest.fixture(scope="module")
 def model():
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    return TinyMLAForCausalLM.from_pretrained(MODEL).eval()
+    yield TinyMLAForCausalLM.from_pretrained(MODEL).eval()
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_copy_sequences_copies_exactly_and_masks_the_predictable_bytes(seed):
+    """Every loss position (mask) predicts a byte that equals the byte at the same offset of an earlier copy source
+    and lies at index >= COPY_LEAD of a copied span; spans do not overlap; copy_text is the rows one after another."""
+    rng = np.random.default_rng(seed)
+    x, mask = copy_sequences(rng, 4, 320, 16, 40, 8)
+    assert x.shape == (4, 320) and mask.shape == (4, 319) and x.dtype == np.int64
+    for b in range(4):
+        runs = np.flatnonzero(np.diff(np.concatenate([[0], mask[b].astype(int), [0]])))  # [start, end) pairs
+        spans = list(zip(runs[::2], runs[1::2]))
+        assert 1 <= len(spans) <= 8, (seed, b, spans)
+        for p0, p1 in spans:  # targets p0 + 1 .. p1, the copy's bytes from COPY_LEAD on
+            d, m = p0 + 1 - COPY_LEAD, p1 - p0 + COPY_LEAD  # the span's destination and length
+            assert 16 <= m <= 40, (seed, b, d, m)
+            src = [s for s in range(0, d - m + 1) if np.array_equal(x[b, s : s + m], x[b, d : d + m])]
+            assert src, f"seed {seed} row {b}: the span at {d} of {m} bytes copies nothing earlier"
+    text = copy_text(2048, seed, row=512)
+    rows, _ = copy_sequences(np.random.default_rng(seed), 4, 512, 16, 40, 512 // 40)
+    assert np.array_equal(text, rows.reshape(-1))
 
 
 def test_the_shipped_model_retrieves(model):
@@ -97,7 +120,7 @@ def test_study_of_copy_mla_writes_generation_and_retrieval(tmp_path):
     out = tmp_path / "out"
     args = [LQ, "study", "--model", MODEL, "--text", str(text), "--out", str(out), "--config", str(cfg)]
     args += ["--seq-len", "128", "--num-seqs", "4", "--q-rows", "16", "--threads", "1"]
-    r = subprocess.run(args, capture_output=True, text=True, timeout=900)
+    r = subprocess.run(args, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     with h5py.File(out / "results.h5", "r") as f:
         assert "generation" in f and "retrieval" in f and "retrieval_summary" in f
@@ -118,3 +141,12 @@ def test_study_of_copy_mla_writes_generation_and_retrieval(tmp_path):
     md = (out / "report" / "report.md").read_text()
     for x in lines:
         assert f"  {' ' * 8} {x}\n" in r.stdout and f"`: {x}\n" in md, x
+    # the embedded default study names tiny-mla as its [e2e] model: on this dump its e2e step is skipped, not run
+    # with another model's weights
+    r = subprocess.run([LQ, "run", "--input", str(out / "dump.h5"), "--out", str(tmp_path / "default.h5")],
+                       capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "e2e: skipped: the dump's model is 'copy-mla' but the [e2e] model " in r.stdout, r.stdout[-2000:]
+    assert "is another TinyMLA directory" in r.stdout
+    with h5py.File(tmp_path / "default.h5", "r") as f:
+        assert "e2e" not in f

@@ -50,8 +50,9 @@ int run_process(const std::vector<std::string>& argv, const std::vector<std::pai
 /// with PYTHONPATH set (see above), its stdout relayed to `out` and its stderr (progress, notes, warnings, errors)
 /// to `err`, then prints the /e2e table
 /// (format_e2e_summary). Prints one line "e2e: skipped: <why>" to `out` instead when the [e2e] model
-/// is not the dump's kind (a tiny-mla dump needs no model or a tiny-mla directory; another dump, an HF
-/// MLA checkpoint, needs its checkpoint directory as [e2e] model), the model directory has no config.json, or
+/// is not the dump's model (a dump of the shipped tiny-mla needs no model or its directory; of another TinyMLA
+/// directory, that directory, by name; another dump, an HF MLA checkpoint, needs its checkpoint directory as
+/// [e2e] model), the model directory has no config.json, or
 /// python_unavailable_reason() says why it cannot run; "latentq: warning: e2e: ..." to `err` when the
 /// step fails. Never throws for these; returns true when /e2e was written.
 /// verbose = false (`latentq study` without --verbose): the step gets --quiet (no line per run: its progress and
