@@ -157,6 +157,7 @@ def main() -> None:
     os.makedirs(a.out, exist_ok=True)
     log_path = os.path.join(a.out, "train_log.tsv")
     history = []
+    step = 0
     t0 = time.time()
     with open(log_path + ".tmp", "w") as log:
         log.write("step\tlength\tloss_nats_per_byte\tlr\telapsed_s\tval_retrieval\n")

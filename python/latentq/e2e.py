@@ -374,11 +374,11 @@ class Plan:
 
 
 def load_inputs(a, plan: Plan, text: bytes):
-    """From the scored text (latentq.e2e_shared.read_text's bytes): (model on --device, its tokenizer or None,
-    ids [num_seqs, seq_len] on the device, MLA dims, the
+    """From the scored text (latentq.e2e_shared.read_text's bytes, read by main before the model): (model on
+    --device, its tokenizer or None, ids [num_seqs, seq_len] on the device, MLA dims, the
     model's MLA layers, the LayerStreamer or None); plan.layers defaults to the MLA layers. Streaming
     (--stream, decided by latentq.model.stream_plan as the dump decides it): the model is the
-    streamer's meta model, nothing loaded yet. Raises ValueError (no CUDA, unreadable --text, no
+    streamer's meta model, nothing loaded yet. Raises ValueError (no CUDA, no
     config.json, a checkpoint that cannot be streamed, windows the model or text cannot hold, study
     layers the model lacks), OSError, RuntimeError."""
     if why_not := device_error(a.device):

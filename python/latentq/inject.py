@@ -22,8 +22,10 @@ versions and the mask with the ``latentq`` module). The model's own attention ou
 per (t, j)) of the captured q_nope, q_pe, c_kv and k_pe; the model's own SDPA call is skipped there.
 
 ``mixed_latent_attention`` is a reference implementation in torch, kept for the e2e step and the
-tests; the product is the C++ absorbed-attention engine (attention/, header
-latentq/attention/attention.h), which the study's /attention_error and /attention_position cells run.
+tests, and ``absorbed_mixed_attention`` the same result in DeepSeek-V3's absorbed form (the one
+latentq.e2e_generate decodes with: one new query over a long history); the product is the C++
+absorbed-attention engine (attention/, header latentq/attention/attention.h), which the study's
+/attention_error and /attention_position cells run.
 """
 
 from __future__ import annotations
@@ -165,9 +167,15 @@ def absorbed_mixed_attention(
         s[t, h, j] = scale · (q_lat[t, h] · c[j] + q_pe[t, h] · k_pe[j]),  c and k_pe each read per its mask,
     softmax over the causal keys j <= t + T - Tq, o_lat = Σ_j p · c[j] (c read per read_c), out = W_UV o_lat.
     The same products reassociated: for one new query over L keys it costs B·H·L·r multiply-adds per read instead
-    of the expanded form's B·H·L·r·(d_n + d_v) to rebuild every key and value."""
+    of the expanded form's B·H·L·r·(d_n + d_v) to rebuild every key and value. Raises ValueError as
+    mixed_latent_attention (Tq > T) and for a ``visible`` mask."""
     if visible is not None:
         raise ValueError("absorbed_mixed_attention: dense MLA only (no visible mask)")
+    if q_nope.shape[1] > c_q.shape[1]:
+        raise ValueError(
+            f"absorbed_mixed_attention: {q_nope.shape[1]} queries over {c_q.shape[1]} keys (the queries are the last "
+            "positions)"
+        )
     dt = _compute_dtype(q_nope)
     q_nope, q_pe, c_q, c_b, kpe_q, kpe_b, w_uk, w_uv = (
         x.to(dt) for x in (q_nope, q_pe, c_q, c_b, kpe_q, kpe_b, w_uk, w_uv)

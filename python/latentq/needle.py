@@ -1,4 +1,5 @@
-"""Needle (copy) samples built from a text: the one definition used by training and by retrieval checks.
+"""Needle (copy) samples built from a text: the one definition the retrieval checks use (latentq.e2e_retrieval, the
+copy model's validation in data/train_copy_mla.py and its tests).
 
 A needle sample is a context of ``length`` tokens cut from the text, with a *needle* of ``span`` tokens
 (cut from elsewhere in the same text, not overlapping the context) written over the context at token

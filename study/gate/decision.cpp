@@ -544,7 +544,6 @@ ColumnTable decision_table(const std::filesystem::path& results, const std::vect
   return t;
 }
 
-
 std::string format_decision(const ColumnTable& t) {
   const auto& f = doubles(t, "budget_fraction");
   const auto& budget = doubles(t, "budget_bytes");
@@ -564,8 +563,11 @@ std::string format_decision(const ColumnTable& t) {
   const std::vector<std::string> verdict =
       t.has("verdict") ? strings(t, "verdict") : std::vector<std::string>(q.size());
   const auto& ru_p999 = t.has("runner_up_p999") ? doubles(t, "runner_up_p999") : none;
-  const std::vector<std::string> free_running =
-      t.has("free_running") ? strings(t, "free_running") : std::vector<std::string>(q.size());
+  std::vector<std::string> free_running(q.size());  // a file written before the column: from its gen_* columns
+  for (size_t i = 0; i < q.size(); ++i)
+    free_running[i] = t.has("free_running")           ? strings(t, "free_running")[i]
+                      : t.has("gen_first_divergence") ? free_running_line(t, i)
+                                                      : std::string();
   std::string out = "decision (bytes: whole model, c_kv + k_pe, metadata included, per token):\n";
   for (size_t i = 0; i < t.num_rows(); ++i) {
     if (i == 0 || f[i] != f[i - 1])

@@ -16,7 +16,7 @@ B, H, DN, DR, DV, R, T = 2, 3, 8, 4, 6, 10, 12
 
 def _inputs(seed: int, tq: int, per_row: bool):
     g = torch.Generator().manual_seed(seed)
-    n = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
+    n = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)
     mask = (
         (lambda: torch.rand(B, 1, tq, T, generator=g) < 0.5)
         if per_row
@@ -45,7 +45,7 @@ def test_one_head_by_hand():
     c_kv = [1, 2] quantized, [1.5, 2.5] in bf16; k_pe = [0, 1] / [0.5, 1.5]; q_nope = 1, q_pe = 2. Query 1 reads key 0
     of c_kv quantized and key 1 in bf16, both k_pe keys quantized: s0 = 1·1 + 2·0 = 1, s1 = 1·2.5 + 2·1 = 4.5;
     out = (e^1 · 1 + e^4.5 · 2.5) / (e^1 + e^4.5)."""
-    t = lambda *v: torch.tensor(v, dtype=torch.float64)  # noqa: E731
+    t = lambda *v: torch.tensor(v, dtype=torch.float64)
     x = dict(
         q_nope=t(1.0).view(1, 1, 1, 1), q_pe=t(2.0).view(1, 1, 1, 1),
         c_q=t(1.0, 2.0).view(1, 2, 1), c_b=t(1.5, 2.5).view(1, 2, 1), read_c=torch.tensor([[True, False]]),
@@ -57,7 +57,12 @@ def test_one_head_by_hand():
         assert float(f(**x).flatten()[0]) == pytest.approx(want, abs=1e-14), f.__name__
 
 
-def test_the_absorbed_form_refuses_a_sparse_mask():
+def test_the_absorbed_form_refuses_a_sparse_mask_and_more_queries_than_keys():
     x = _inputs(0, T, False)
     with pytest.raises(ValueError, match="dense MLA only"):
         absorbed_mixed_attention(**x, visible=torch.ones(T, T, dtype=torch.bool))
+    x = _inputs(0, T, False)
+    x.update(c_q=x["c_q"][:, :5], c_b=x["c_b"][:, :5], kpe_q=x["kpe_q"][:, :5], kpe_b=x["kpe_b"][:, :5])
+    for f in (mixed_latent_attention, absorbed_mixed_attention):
+        with pytest.raises(ValueError, match=f"{T} queries over 5 keys"):
+            f(**x)

@@ -304,10 +304,12 @@ TEST(Decision, TheLineShowsTheIntervalAndTheTail) {
   const double nan = std::numeric_limits<double>::quiet_NaN();
   add_row(t, {0.25, 288.0, std::string("uniform"), std::string("tc3"), 216.0, 0.01927, 0.9497, 0.02554,
               std::string("e2e"), nan, std::string(""), std::string("kl"), 0.0171, 0.0215, 0.2104, std::string(""), nan, nan,
-              nan, nan, nan, std::string(""), std::string(""), nan, nan, nan, nan, int64_t{0}, nan, nan, nan, nan, int64_t{0}, int64_t{0}, std::string()});
+              nan, nan, nan, std::string(""), std::string(""), nan, nan, nan, nan, int64_t{0}, nan, nan, nan, nan,
+              int64_t{0}, int64_t{0}, std::string()});
   add_row(t, {0.25, 288.0, std::string("engine"), std::string("q4_0"), 324.0, 0.0674, 0.897, 0.25, std::string("e2e"),
               nan, std::string("llama.cpp --cache-type-k q4_0"), std::string("kl"), nan, nan, nan, std::string(""), nan,
-              nan, nan, nan, nan, std::string(""), std::string(""), nan, nan, nan, nan, int64_t{0}, nan, nan, nan, nan, int64_t{0}, int64_t{0}, std::string()});
+              nan, nan, nan, nan, std::string(""), std::string(""), nan, nan, nan, nan, int64_t{0}, nan, nan, nan,
+              nan, int64_t{0}, int64_t{0}, std::string()});
   const std::string out = format_decision(t);
   EXPECT_NE(out.find("uniform  tc3 at 216 B/token: KL 0.01927 [0.0171, 0.0215], p99.9 0.2104, top-1 0.9497, dppl "
                      "+0.02554 (e2e)"),
