@@ -131,6 +131,7 @@ from latentq.e2e_results import (  # noqa: F401  (re-exported: the tests use lat
 from latentq.e2e_shared import (  # noqa: F401  (re-exported: the tests and latentq.e2e_v4's users read latentq.e2e.*)
     E2E_COLUMNS,
     E2E_POSITION_COLUMNS,
+    REF,
     execution_attrs,
     load_tokens,
     position_rows,
@@ -427,9 +428,6 @@ def load_inputs(a, plan: Plan, text: bytes):
             f"(MLA layers {model_layers[0]}..{model_layers[-1]})"
         )
     return model, tokenizer, ids, dims, model_layers, streamer
-
-
-REF = None  # the reference run (exact latents) in a chunk of runs
 
 
 class Runner:

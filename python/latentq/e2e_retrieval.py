@@ -109,9 +109,6 @@ def _ids(group) -> tuple[torch.Tensor, np.ndarray]:
     return torch.from_numpy(ids.astype(np.int64)), np.stack([s.answer for s in group])
 
 
-REF = None  # the reference run in a chunk of runs (latentq.e2e.REF)
-
-
 def retrieval_rows(runner, runs, by_length: dict, batch: int, causal_of, progress=None):
     """The /retrieval rows of `runs` ((quantizer, targets, cache_mode) as the e2e step's) on the samples
     `by_length` (build_samples): per length one forward of the reference and forwards of `batch` runs at a time
@@ -119,7 +116,7 @@ def retrieval_rows(runner, runs, by_length: dict, batch: int, causal_of, progres
     success by latentq.needle.teacher_forced_success.
     causal_of(run) -> 0/1: the run's scale_causal. progress: a latentq.progress.Progress counted in runs × lengths,
     or None. Raises ValueError as Runner.forward (a refused spec, non-finite logits)."""
-    from latentq.e2e_shared import require_finite_logits
+    from latentq.e2e_shared import REF, require_finite_logits
 
     Runner = type(runner)  # latentq.e2e.Runner (not imported: latentq.e2e imports this module)
 

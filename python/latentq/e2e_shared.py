@@ -23,6 +23,11 @@ def require_finite_logits(x: torch.Tensor, what: str) -> None:
         )
 
 
+#: the reference run (exact latents) in a chunk of runs of latentq.e2e.Runner.forward, beside the
+#: (quantizer, targets, cache_mode) runs; here so that latentq.e2e_retrieval names the same one
+REF = None
+
+
 def position_rows(stats: TokenStats, width: int) -> list[dict]:
     """The statistics of one run by query position: one dict(pos_start, pos_end, tokens, kl_mean, top1_agree,
     and latentq.e2e_stats.position_metrics' others) per bucket [b·width, min((b+1)·width, T)) of the positions
