@@ -67,6 +67,19 @@ DecodeCacheFn = Callable[[int, torch.Tensor, torch.Tensor], "tuple | None"]
 _SDPA = torch.nn.functional.scaled_dot_product_attention
 
 
+def _read_masks(name: str, Tq: int, T: int, dev, read_c, read_kpe, visible=None):
+    """The masks of both attention forms below: (causal, read_c, read_kpe), bool [1 or B, 1, Tq, T] on `dev`, the
+    queries at the last Tq of T positions (query t sees key j <= t + T - Tq; ∩ `visible` when given), each read
+    mask cut to the keys its query sees. Raises ValueError naming `name` when Tq > T."""
+    if Tq > T:
+        raise ValueError(f"{name}: {Tq} queries over {T} keys (the queries are the last positions)")
+    as4 = lambda m: m.to(device=dev, dtype=torch.bool).reshape(-1, 1, Tq, T)  # [1 or B, 1, Tq, T]
+    causal = as4(torch.ones(Tq, T, dtype=torch.bool, device=dev).tril(T - Tq))
+    if visible is not None:
+        causal = as4(visible) & causal
+    return causal, as4(read_c) & causal, as4(read_kpe) & causal
+
+
 def mixed_latent_attention(
     q_nope: torch.Tensor,
     q_pe: torch.Tensor,
@@ -116,15 +129,9 @@ def mixed_latent_attention(
     )
     B, Tq, H, d_n = q_nope.shape
     T = c_q.shape[1]  # keys; the queries are the last Tq positions (Tq = T but in incremental decode)
-    if Tq > T:
-        raise ValueError(f"mixed_latent_attention: {Tq} queries over {T} keys (the queries are the last positions)")
     d_r, d_v, dev = q_pe.shape[-1], w_uv.shape[1], c_q.device
     E = d_n + d_r
-    causal = torch.ones(Tq, T, dtype=torch.bool, device=dev).tril(T - Tq)
-    as4 = lambda m: m.to(device=dev, dtype=torch.bool).reshape(-1, 1, Tq, T)  # [1 or B, 1, Tq, T]
-    if visible is not None:
-        causal = as4(visible) & causal
-    read_c, read_kpe = as4(read_c) & causal, as4(read_kpe) & causal
+    causal, read_c, read_kpe = _read_masks("mixed_latent_attention", Tq, T, dev, read_c, read_kpe, visible)
     expand = lambda c, w: torch.einsum("btc,hdc->bhtd", c, w)  # [B, H, T, d]
     k_nope = {"q": expand(c_q, w_uk), "b": expand(c_b, w_uk)}
     v = {"q": expand(c_q, w_uv), "b": expand(c_b, w_uv)}
@@ -171,19 +178,12 @@ def absorbed_mixed_attention(
     mixed_latent_attention (Tq > T) and for a ``visible`` mask."""
     if visible is not None:
         raise ValueError("absorbed_mixed_attention: dense MLA only (no visible mask)")
-    if q_nope.shape[1] > c_q.shape[1]:
-        raise ValueError(
-            f"absorbed_mixed_attention: {q_nope.shape[1]} queries over {c_q.shape[1]} keys (the queries are the last "
-            "positions)"
-        )
     dt = _compute_dtype(q_nope)
     q_nope, q_pe, c_q, c_b, kpe_q, kpe_b, w_uk, w_uv = (
         x.to(dt) for x in (q_nope, q_pe, c_q, c_b, kpe_q, kpe_b, w_uk, w_uv)
     )
-    Tq, T, dev = q_nope.shape[1], c_q.shape[1], c_q.device
-    causal = torch.ones(Tq, T, dtype=torch.bool, device=dev).tril(T - Tq)
-    as4 = lambda m: m.to(device=dev, dtype=torch.bool).reshape(-1, 1, Tq, T)  # [1 or B, 1, Tq, T]
-    rc, rk = as4(read_c) & causal, as4(read_kpe) & causal
+    Tq, T = q_nope.shape[1], c_q.shape[1]
+    causal, rc, rk = _read_masks("absorbed_mixed_attention", Tq, T, c_q.device, read_c, read_kpe)
     q_lat = torch.einsum("bthd,hdc->bhtc", q_nope, w_uk)  # [B, H, Tq, r]
     qp = q_pe.transpose(1, 2)  # [B, H, Tq, d_r]
     score = lambda q, k: torch.einsum("bhtc,bjc->bhtj", q, k)
