@@ -38,7 +38,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from latentq.needle import DEFAULT_CUE, DEFAULT_DEPTHS, DEFAULT_SPAN, needle_samples, teacher_forced_success
+from latentq.needle import (
+    DEFAULT_CUE,
+    DEFAULT_DEPTHS,
+    DEFAULT_LENGTHS,
+    DEFAULT_SPAN,
+    needle_samples,
+    teacher_forced_success,
+)
 from latentq.tiny_mla import TinyMLAConfig, TinyMLAForCausalLM
 
 #: copy-mla's shape: 3 layers, hidden 128, 8 heads, kv_lora_rank 128, qk_rope_head_dim 16 (--heads overrides the heads)
@@ -54,7 +61,9 @@ COPY_MLA_CONFIG = dict(
     max_position_embeddings=1024,
 )
 #: the context lengths (tokens) the shipped model retrieves at (the needle grid of its checks)
-RETRIEVAL_LENGTHS: tuple[int, ...] = (128, 256, 512)
+RETRIEVAL_LENGTHS: tuple[int, ...] = DEFAULT_LENGTHS
+#: the seeds of the validation needle text (--val-seed) and of the reported one and its samples (--eval-seed)
+VAL_SEED, EVAL_SEED = 4, 5
 #: bytes of a copy before its predictable part (two bytes single out the source among the sequence's bytes)
 COPY_LEAD = 2
 
@@ -139,8 +148,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--eval-every", type=int, default=200)
     ap.add_argument("--stop-at", type=float, default=0.97, help="validation success at every length that stops")
-    ap.add_argument("--val-seed", type=int, default=4, help="seed of the validation needle text")
-    ap.add_argument("--eval-seed", type=int, default=5, help="seed of the reported needle text and its samples")
+    ap.add_argument("--val-seed", type=int, default=VAL_SEED, help="seed of the validation needle text")
+    ap.add_argument("--eval-seed", type=int, default=EVAL_SEED, help="seed of the reported needle text and its samples")
     ap.add_argument("--eval-samples", type=int, default=8, help="needle samples per (length, depth)")
     a = ap.parse_args()
 

@@ -28,11 +28,17 @@ from latentq.tiny_mla import TinyMLAForCausalLM
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "data"))
-from train_copy_mla import COPY_LEAD, RETRIEVAL_LENGTHS, copy_sequences, copy_text, needle_text  # noqa: E402
+from train_copy_mla import (  # noqa: E402
+    COPY_LEAD,
+    EVAL_SEED,  # the needle text and the samples of heldout.json's figure
+    RETRIEVAL_LENGTHS,
+    copy_sequences,
+    copy_text,
+    needle_text,
+)
 
 MODEL = os.path.join(ROOT, "data", "copy-mla")
 LQ = os.environ.get("LATENTQ_BIN", os.path.join(ROOT, "build", "latentq"))
-EVAL_SEED = 5  # train_copy_mla's --eval-seed default: the needle text and the samples
 
 
 @pytest.fixture(scope="module")
