@@ -207,7 +207,12 @@ def main() -> None:
             log.flush()
             if step % 50 == 0 or step == 1:
                 elapsed = time.time() - t0
-                print(f"step {step}/{a.steps} L {length} loss {float(loss.detach()):.4f} lr {lr:.2e} {elapsed:.0f}s")
+                eta = elapsed / step * (a.steps - step)  # at most: --stop-at may end it sooner
+                print(
+                    f"step {step}/{a.steps} L {length} loss {float(loss.detach()):.4f} lr {lr:.2e} {elapsed:.0f}s "
+                    f"(ETA <= {eta:.0f}s)",
+                    flush=True,
+                )
             if done:
                 break
     os.replace(log_path + ".tmp", log_path)
